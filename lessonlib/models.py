@@ -1,0 +1,184 @@
+"""The course's two models: a tiny GPT and an MLP. Plain modules that know nothing about ranks.
+
+What it teaches: the model is one thing and how it is split is another. Every parallel
+layout in lessonlib starts from these modules built from the same seed, then slices or
+wraps them (``parallelize_*`` functions elsewhere), so any layout can be compared with
+this single-process model exactly.
+
+The GPT is a sequence of parts, ``embed -> blocks[0..L-1] -> head``, so that a pipeline
+can cut it between any two parts: ``nn.Sequential(*model.parts())`` is the same function.
+
+Laptop:  ``python -m lessonlib.models`` prints the parameter count of the default shapes.
+GPU box: the same; the models have no device logic of their own.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Megatron-LM 2021 notation: V vocabulary, s sequence, h hidden, a heads, L layers."""
+    vocab: int = 64      # V
+    seq: int = 32        # s
+    hidden: int = 64     # h
+    heads: int = 4       # a
+    layers: int = 2      # L
+    ffn_mult: int = 4    # the MLP's inner size is ffn_mult * h
+
+    def __post_init__(self):
+        for name in ("vocab", "seq", "hidden", "heads", "layers", "ffn_mult"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer; got {value!r}")
+        if self.hidden % self.heads:
+            raise ValueError(f"GPTConfig.hidden={self.hidden} must be divisible by "
+                             f"heads={self.heads} (each head gets hidden/heads dims)")
+
+
+class MLP(nn.Module):
+    """Megatron's MLP: Y = GeLU(X A), Z = Y B, with A = ``fc1`` (h -> 4h), B = ``fc2``."""
+
+    def __init__(self, hidden: int, inner: int | None = None):
+        super().__init__()
+        inner = inner or 4 * hidden
+        self.fc1 = nn.Linear(hidden, inner)
+        self.fc2 = nn.Linear(inner, hidden)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class SelfAttention(nn.Module):
+    """Causal multi-head self-attention; q, k, v kept as separate projections so that a
+    tensor-parallel version can split them by heads column-wise, and ``proj`` row-wise."""
+
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        b, s, _ = x.shape                                               # (b, s, h)
+        q, k, v = (self.split_heads(f(x)) for f in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)     # (b, a, s, h/a)
+        return self.proj(y.transpose(1, 2).reshape(b, s, -1))           # (b, s, h)
+
+    def split_heads(self, x):
+        b, s, _ = x.shape                     # works for all heads or a shard of them
+        return x.view(b, s, -1, self.head_dim).transpose(1, 2)          # (b, heads, s, h/a)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer layer: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.attn = SelfAttention(cfg.hidden, cfg.heads)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = MLP(cfg.hidden, cfg.ffn_mult * cfg.hidden)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Embed(nn.Module):
+    """Token plus learned position embeddings: (b, s) token ids -> (b, s, h)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.pos = nn.Embedding(cfg.seq, cfg.hidden)
+
+    def forward(self, idx):
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        return self.tok(idx) + self.pos(positions)                      # (b, s, h)
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the projection to vocabulary logits: (b, s, h) -> (b, s, V)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln = nn.LayerNorm(cfg.hidden)
+        self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+
+    def forward(self, x):
+        return self.out(self.ln(x))                                     # (b, s, V)
+
+
+class TinyGPT(nn.Module):
+    """A GPT-2-shaped decoder, small enough to train on a laptop CPU."""
+
+    def __init__(self, cfg: GPTConfig = GPTConfig(), seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embed(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.head = Head(cfg)
+        init_weights_(self, seed, std=0.02)
+
+    def parts(self) -> list[nn.Module]:
+        """The model as a list of L + 2 parts a pipeline can cut between."""
+        return [self.embed, *self.blocks, self.head]
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def lm_loss(logits, targets):
+    """Mean next-token cross-entropy over every position: (b, s, V), (b, s) -> scalar."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def mlp_stack(width: int = 64, depth: int = 4, seed: int = 0, out: int | None = None) -> nn.Sequential:
+    """``depth`` layers of Linear + GeLU (the last without GeLU): the model that data- and
+    model-parallel lessons split and replicate. Deterministic from ``seed``."""
+    layers: list[nn.Module] = []
+    for i in range(depth):
+        last = i == depth - 1
+        layers.append(nn.Linear(width, out if (last and out) else width))
+        if not last:
+            layers.append(nn.GELU())
+    model = nn.Sequential(*layers)
+    init_weights_(model, seed)
+    return model
+
+
+@torch.no_grad()
+def init_weights_(module: nn.Module, seed: int, std: float | None = None) -> nn.Module:
+    """Fill every parameter from one generator seeded with ``seed``, in parameter order.
+
+    Matrices and embeddings get N(0, std), or N(0, 1/fan_in) when ``std`` is None; biases
+    get zeros and LayerNorm weights ones. The global RNG is not touched."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in module.named_parameters():
+        if p.ndim >= 2:
+            sigma = std if std is not None else 1.0 / math.sqrt(p.shape[1])
+            p.copy_(torch.randn(p.shape, generator=gen) * sigma)
+        elif name.endswith("bias"):
+            p.zero_()
+        else:
+            p.fill_(1.0)
+    return module
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Distinct parameters (a tied weight counts once)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+if __name__ == "__main__":
+    print(f"TinyGPT{GPTConfig()}: {count_parameters(TinyGPT()):,} parameters")
+    print(f"mlp_stack(64, 4): {count_parameters(mlp_stack()):,} parameters")

@@ -1,0 +1,89 @@
+"""What every lab script shares: its command line, one result shape, and honest timing.
+
+What it teaches: a benchmark is a claim about a ratio, so every lab times lessonlib and
+PyTorch's own implementation in the same run, reports medians, and writes one JSON shape:
+
+    {"lab": "ddp", "world_size": 2, "backend": "gloo", "device": "cpu",
+     "settings": {...}, "results": {"lessonlib": {"step_time_s": ...}, "torch": {...}}}
+
+so sweeps and notebooks can read any lab's output.
+
+Laptop:  ``python labs/ddp.py --world-size 2 --json results/ddp.json``
+GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py --json results/ddp.json``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from lessonlib import device, launcher
+
+
+def parser(lab: str, description: str) -> argparse.ArgumentParser:
+    """The flags every lab takes; a lab adds its own on the returned parser."""
+    p = argparse.ArgumentParser(prog=f"labs/{lab}.py", description=description)
+    p.add_argument("--world-size", type=int, default=2,
+                   help="ranks to spawn (ignored under torchrun, which sets it)")
+    p.add_argument("--backend", default="auto", choices=list(device.BACKENDS))
+    p.add_argument("--steps", type=int, default=10, help="timed steps per implementation")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before ranks are stopped")
+    p.add_argument("--json", type=Path, default=None, help="write the result here")
+    return p
+
+
+def check_positive(p: argparse.ArgumentParser, args, *names: str) -> None:
+    """Reject non-positive integer settings before any process starts."""
+    for name in names:
+        value = getattr(args, name.replace("-", "_"))
+        if value is None or value < 1:
+            p.error(f"--{name} must be a positive integer; got {value}")
+
+
+def time_steps(step, steps: int, warmup: int) -> list[float]:
+    """Wall time of each of ``steps`` calls to ``step()`` after ``warmup`` untimed ones.
+
+    Ranks line up at a barrier before each step, so one rank's slowness is not hidden."""
+    times = []
+    for i in range(warmup + steps):
+        dist.barrier()
+        start = device.timer()
+        step()
+        elapsed = device.timer() - start
+        if i >= warmup:
+            times.append(elapsed)
+        launcher.progress(f"timed step {i + 1} of {warmup + steps}")
+    return times
+
+
+def median(values) -> float:
+    return float(statistics.median(values))
+
+
+def rank_info() -> dict:
+    """Call on a rank: its backend and device, for the result record."""
+    return {"backend": dist.get_backend(), "device": device.describe()}
+
+
+def result(lab: str, world_size: int, settings: dict, results: dict, info: dict) -> dict:
+    """The shared result shape (see the module docstring); ``info`` from ``rank_info()``."""
+    return {"lab": lab, "world_size": world_size, "backend": info["backend"],
+            "device": info["device"], "settings": settings, "results": results,
+            "unix_time": time.time()}
+
+
+def emit(record: dict, path: Path | None) -> None:
+    """Print the result (rank 0 only under torchrun) and write it as JSON if asked."""
+    if not launcher.is_main_process():
+        return
+    text = json.dumps(record, indent=2, sort_keys=True)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    print(text, file=sys.stdout)

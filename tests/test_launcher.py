@@ -1,0 +1,151 @@
+"""The launcher: results in rank order, clear errors, no leftover processes, no collisions."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+import lessonlib
+import rank_workers
+from conftest import is_rank_process
+from lessonlib.launcher import LaunchTimeout, RankError
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_four_ranks_all_reduce_in_rank_order(no_children_left):
+    out = lessonlib.launch(rank_workers.rank_and_sum, 4)
+    assert [r["rank"] for r in out] == [0, 1, 2, 3]
+    assert all(r["world"] == 4 and r["sum"] == 10.0 for r in out)
+    assert len({r["pid"] for r in out}) == 4
+
+
+def test_tensors_and_state_dicts_come_back_by_value(no_children_left):
+    out = lessonlib.launch(rank_workers.state_dict_and_tensor, 2)
+    assert torch.equal(out[1]["state"]["weight"], torch.ones(2, 3))
+    assert torch.equal(out[1]["t"], torch.arange(4))
+
+
+def test_failing_rank_is_named_with_its_traceback_and_nothing_is_left(no_children_left):
+    with pytest.raises(RankError) as info:
+        lessonlib.launch(rank_workers.fail_on, 3, 1, timeout=60)
+    assert info.value.rank == 1
+    message = str(info.value)
+    assert "rank 1 of 3" in message
+    assert "boom on purpose in rank 1" in message and "fail_on" in message  # its traceback
+    assert lessonlib.launch(rank_workers.rank_and_sum, 2)[0]["sum"] == 3.0  # launching again works
+
+
+def test_hang_ends_at_timeout_with_each_ranks_last_step(no_children_left):
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        lessonlib.launch(rank_workers.skip_collective_on, 2, 1, timeout=8)
+    assert time.monotonic() - start < 30
+    steps = info.value.last_steps
+    assert "all_reduce" in steps[0]
+    assert "deliberately skipping the all-reduce" in steps[1]
+    assert "rank 0:" in str(info.value) and "rank 1:" in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "2", True, None])
+def test_bad_world_size_is_rejected_before_any_process_starts(bad, no_children_left):
+    with pytest.raises(ValueError, match="world_size must be a positive integer"):
+        lessonlib.launch(rank_workers.rank_and_sum, bad)
+
+
+def test_bad_backend_and_timeout_are_rejected():
+    with pytest.raises(ValueError, match="backend='mpi'"):
+        lessonlib.launch(rank_workers.rank_and_sum, 2, backend="mpi")
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        lessonlib.launch(rank_workers.rank_and_sum, 2, timeout=0)
+
+
+def test_function_defined_in_an_interactive_main_gets_a_clear_error(monkeypatch):
+    interactive_main = types.ModuleType("__main__")  # like a notebook kernel: no __file__
+    monkeypatch.setitem(sys.modules, "__main__", interactive_main)
+
+    def from_a_cell():
+        return 1
+
+    from_a_cell.__module__ = "__main__"
+    from_a_cell.__qualname__ = "from_a_cell"
+    with pytest.raises(ValueError, match="defined in the notebook.*Move it into a .py module"):
+        lessonlib.launch(from_a_cell, 2)
+
+
+def test_lambdas_and_nested_functions_are_rejected():
+    with pytest.raises(ValueError, match="lambda"):
+        lessonlib.launch(lambda: 1, 2)
+
+
+def test_two_launches_at_the_same_time_do_not_collide():
+    script = textwrap.dedent("""
+        import sys; sys.path.insert(0, %r)
+        import lessonlib, rank_workers
+        if __name__ == "__main__":
+            for _ in range(2):
+                assert lessonlib.launch(rank_workers.rank_and_sum, 2)[1]["sum"] == 3.0
+            print("ok")
+    """ % str(ROOT / "tests"))
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=100) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert all(out.strip() == "ok" for out, _ in outs)
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["interrupt", "kill"])
+def test_stopping_the_caller_leaves_no_rank_behind(how):
+    """SIGINT is what "interrupt the kernel" sends; SIGKILL is a kernel restart or crash."""
+    script = textwrap.dedent("""
+        import sys; sys.path.insert(0, %r)
+        import lessonlib, rank_workers
+        if __name__ == "__main__":
+            lessonlib.launch(rank_workers.sleep_forever, 2, timeout=300)
+    """ % str(ROOT / "tests"))
+    caller = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    ranks = []
+    while time.monotonic() < deadline and len(ranks) < 2:
+        time.sleep(0.5)
+        ranks = [p for p in psutil.Process(caller.pid).children() if is_rank_process(p)]
+    assert len(ranks) == 2
+    time.sleep(2)  # let them reach the sleep
+    caller.send_signal(how)
+    _, err = caller.communicate(timeout=30)
+    assert how == signal.SIGKILL or "KeyboardInterrupt" in err
+    gone, alive = psutil.wait_procs(ranks, timeout=10)
+    assert not alive, f"ranks outlived the interrupted caller: {[p.pid for p in alive]}"
+
+
+def test_rank_output_goes_to_logs_not_the_caller(capfd):
+    lessonlib.launch(rank_workers.rank_and_sum, 2)
+    out, err = capfd.readouterr()
+    assert out == ""
+
+
+def test_worker_code_reads_rank_from_the_process_group_under_torchrun(tmp_path):
+    """The labs' entry point, run for real under torchrun with 2 CPU ranks."""
+    script = tmp_path / "entry.py"
+    script.write_text(textwrap.dedent("""
+        import sys; sys.path.insert(0, %r)
+        import lessonlib, rank_workers
+        if __name__ == "__main__":
+            out = lessonlib.run(rank_workers.rank_and_sum, 99)
+            if lessonlib.launcher.is_main_process():
+                print("sums", [r["sum"] for r in out], "world", out[0]["world"])
+    """ % str(ROOT / "tests")))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2", str(script)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(torchrun, capture_output=True, text=True, timeout=100, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "sums [3.0, 3.0] world 2" in done.stdout

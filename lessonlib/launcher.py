@@ -39,6 +39,7 @@ from lessonlib import device
 DEFAULT_TIMEOUT_S = 120.0
 _PROGRESS_ENV = "LESSONLIB_PROGRESS_DIR"
 _progress_fd: int | None = None
+phase_times: dict[str, float] = {}  # this rank's wall-clock milestones (labs/launch_overhead.py)
 _STARTUP_HINT = ("(nothing: it died while starting. From a script, call launch under "
                  "`if __name__ == '__main__':`, since each rank re-imports the script.)")
 
@@ -139,6 +140,7 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def _rank_main(rank, fn, args, kwargs, world_size, backend, port, workdir, timeout, parent_pid):
+    phase_times["entered"] = time.time()
     log = os.open(Path(workdir) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -152,6 +154,7 @@ def _rank_main(rank, fn, args, kwargs, world_size, backend, port, workdir, timeo
                           timeout=timedelta(seconds=timeout))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout))
+    phase_times["group_ready"] = time.time()
     try:
         progress("started")
         result = fn(*args, **kwargs)
@@ -159,6 +162,11 @@ def _rank_main(rank, fn, args, kwargs, world_size, backend, port, workdir, timeo
     finally:
         dist.destroy_process_group()
     Path(workdir, f"rank{rank}.result").write_bytes(pickle.dumps(_to_cpu(result)))
+    # The result is safe on disk: skip the interpreter's slow teardown of torch (about a
+    # second per rank on a small CPU), which would otherwise dominate short launches.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ---------------------------------------------------------------- the caller side

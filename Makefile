@@ -1,0 +1,39 @@
+# Two commands matter (see README):  make course   and   make test
+# Both create .venv and install everything on first use; later runs reuse it.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed
+
+.PHONY: setup course test test-fast notebooks bench site clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+course: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+# The whole suite: library tests, then every notebook under nbval.
+test: setup
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q
+
+# Library tests only (no notebooks), for quick iteration.
+test-fast: setup
+	$(PY) -m pytest tests -q
+
+# Rebuild every notebook from its paired .py file and execute it (for authors).
+notebooks: setup
+	$(PY) tools/notebooks.py build
+
+bench: setup
+	$(PY) labs/launch_overhead.py
+
+clean:
+	rm -rf $(VENV) build site results .pytest_cache

@@ -1,0 +1,62 @@
+"""Keep each notebook and its reviewable py:percent twin in step, and execute notebooks.
+
+    python tools/notebooks.py build [NAME ...]   # .py -> executed .ipynb (all by default)
+    python tools/notebooks.py check              # exit 1 if any pair differs
+
+The .py file is the source of truth; the executed .ipynb is committed so the course reads
+well without running it.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def pairs() -> list[tuple[Path, Path]]:
+    return [(py, py.with_suffix(".ipynb")) for py in sorted(NOTEBOOKS.glob("[0-9][0-9]-*.py"))]
+
+
+def cells(notebook) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source.strip()) for c in notebook.cells]
+
+
+def differences() -> list[str]:
+    problems = []
+    for py, ipynb in pairs():
+        if not ipynb.exists():
+            problems.append(f"{ipynb.name} is missing (run: python tools/notebooks.py build)")
+        elif cells(jupytext.read(py)) != cells(jupytext.read(ipynb)):
+            problems.append(f"{py.name} and {ipynb.name} differ "
+                            f"(run: python tools/notebooks.py build {py.stem})")
+    return problems
+
+
+def build(names: list[str]) -> None:
+    for py, ipynb in pairs():
+        if names and py.stem not in names:
+            continue
+        print(f"executing {py.name} ...", flush=True)
+        nb = jupytext.read(py)
+        nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python",
+                                     "name": "python3"}
+        NotebookClient(nb, timeout=900, kernel_name="python3",
+                       resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+        nbformat.write(nb, ipynb)
+
+
+if __name__ == "__main__":
+    command, *rest = sys.argv[1:] or ["check"]
+    if command == "build":
+        build(rest)
+    elif command == "check":
+        problems = differences()
+        print("\n".join(problems) or "every notebook matches its .py twin")
+        sys.exit(1 if problems else 0)
+    else:
+        sys.exit(__doc__)

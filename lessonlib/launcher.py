@@ -26,6 +26,7 @@ import pickle
 import sys
 import tempfile
 import threading
+import traceback
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -159,6 +160,9 @@ def _rank_main(rank, fn, args, kwargs, world_size, backend, port, workdir, timeo
         progress("started")
         result = fn(*args, **kwargs)
         progress("returned")
+    except BaseException:
+        Path(workdir, f"rank{rank}.error").write_text(f"{time.time()}\n{traceback.format_exc()}")
+        raise
     finally:
         dist.destroy_process_group()
     Path(workdir, f"rank{rank}.result").write_bytes(pickle.dumps(_to_cpu(result)))
@@ -229,15 +233,29 @@ def _wait(ctx, workdir: Path, world_size: int, backend: str, timeout: float) -> 
                     f"A rank that never joins a collective leaves the others waiting; "
                     f"raise timeout= if the work is only slow.", steps)
     except mp.ProcessRaisedException as exc:
-        rank = exc.error_index
-        raise RankError(f"rank {rank} of {world_size} raised an exception; the other ranks "
-                        f"were stopped. Traceback from rank {rank}:\n{exc.msg}", rank) from None
+        raise _first_failure(workdir, world_size, exc) from None
     except mp.ProcessExitedException as exc:
         rank = exc.error_index
         how = f"signal {exc.signal_name}" if exc.signal_name else f"exit code {exc.exit_code}"
         raise RankError(f"rank {rank} of {world_size} died ({how}) without a Python traceback; "
                         f"the other ranks were stopped. Last lines it printed:\n"
                         f"{_log_tail(workdir, rank) or _STARTUP_HINT}", rank) from None
+
+
+def _first_failure(workdir: Path, world_size: int, exc) -> RankError:
+    """The rank that raised first is the cause; the others usually failed because it left."""
+    errors = {exc.error_index: (float("inf"), exc.msg)}  # failed before reaching fn
+    for rank in range(world_size):
+        path = workdir / f"rank{rank}.error"
+        if path.exists():
+            stamp, _, text = path.read_text().partition("\n")
+            errors[rank] = (float(stamp), text)
+    rank = min(errors, key=lambda r: errors[r][0])
+    others = sorted(set(errors) - {rank})
+    after = (f" Rank(s) {others} failed after it, most likely because rank {rank} stopped."
+             if others else "")
+    return RankError(f"rank {rank} of {world_size} raised an exception; the other ranks were "
+                     f"stopped.{after} Traceback from rank {rank}:\n{errors[rank][1]}", rank)
 
 
 # ---------------------------------------------------------------- one entry for scripts

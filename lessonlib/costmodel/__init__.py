@@ -1,0 +1,71 @@
+"""A pure cost model of large-model training: memory, time and throughput of a layout.
+
+No torch here, only arithmetic, so a notebook can predict a run before it starts and a test
+can check the prediction against published numbers. Notation is Megatron-LM 2021's
+(Narayanan et al.): p pipeline stages, t tensor-parallel size, d data-parallel size,
+m micro-batches of b sequences, v interleaved chunks; a model has L layers, hidden size h,
+a heads, sequence length s, vocabulary V.
+
+The one entry point::
+
+    from lessonlib.costmodel import MODELS, CLUSTERS, Layout, estimate
+    est = estimate(MODELS["gpt3-175B"],
+                   Layout(t=8, p=12, d=4, b=1, global_batch=1536),
+                   CLUSTERS["dgx-a100"])
+    est.tflops_per_gpu, est.step_time_s, est.bubble_fraction, est.memory.total
+    print(est.summary())
+
+returns an ``Estimate``: per-GPU memory by part (weights, gradients, optimizer state,
+activations), the step time split into compute, elementwise, TP comm, PP comm, DP comm and
+bubble, and achieved TFLOP/s per GPU counted as Megatron-LM 2021 counts it (Eq. 3).
+``plan(model, cluster, n_gpus, global_batch)`` ranks every layout that fits and
+``explain()`` says why the best wins; ``table1_report()`` compares the model with
+Megatron-LM 2021's Table 1.
+
+Modules, one idea each: ``hardware`` (GPU and cluster presets), ``model`` (GPT shapes,
+Eq. 2), ``memory``, ``compute`` (FLOPs and training time), ``bubble``, ``comm``
+(alpha-beta collectives), ``throughput`` (``estimate``), ``planner``, ``megatron2021``.
+
+Command line (exit status 2 and a one-line message on bad settings)::
+
+    python -m lessonlib.costmodel --layers 96 --hidden 12288 --heads 96 --seq 2048 \\
+        --vocab 51200 --t 8 --p 12 --d 4 --microbatch 1 --global-batch 1536 \\
+        --gpu A100-80GB --gpus-per-node 8 --json
+    python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048
+    python -m lessonlib.costmodel --table1
+"""
+from .bubble import bubble_fraction, stashed_microbatches
+from .comm import (bus_bandwidth, busbw_factor, group_spans_nodes, parameter_server_bytes,
+                   parameter_server_time_s, pp_elements_per_boundary,
+                   ring_all_gather_time_s, ring_allreduce_bytes_per_rank,
+                   ring_allreduce_time_s, ring_reduce_scatter_time_s, tp_elements_per_layer)
+from .compute import (SECONDS_PER_DAY, SECONDS_PER_YEAR, megatron_flops_per_iteration,
+                      megatron_training_days, megatron_training_time_s,
+                      model_flops_per_iteration, rate_for_time, training_flops,
+                      training_time_s)
+from .hardware import CLUSTERS, GPU, GPUS, Cluster, get_cluster, get_gpu, make_cluster
+from .megatron2021 import load_table1, table1_report, table1_rows
+from .memory import (BYTES_PER_PARAM, MemoryBreakdown, activation_bytes,
+                     activation_bytes_per_layer, in_flight_microbatches, memory_per_gpu,
+                     model_state_bytes)
+from .model import GPT, MODELS, get_model
+from .planner import Plan, candidate_layouts, explain, plan, tp_sweep
+from .throughput import Estimate, Layout, estimate
+
+__all__ = [
+    "bubble_fraction", "stashed_microbatches",
+    "bus_bandwidth", "busbw_factor", "group_spans_nodes", "parameter_server_bytes",
+    "parameter_server_time_s", "pp_elements_per_boundary", "ring_all_gather_time_s",
+    "ring_allreduce_bytes_per_rank", "ring_allreduce_time_s", "ring_reduce_scatter_time_s",
+    "tp_elements_per_layer",
+    "SECONDS_PER_DAY", "SECONDS_PER_YEAR", "megatron_flops_per_iteration",
+    "megatron_training_days", "megatron_training_time_s", "model_flops_per_iteration",
+    "rate_for_time", "training_flops", "training_time_s",
+    "CLUSTERS", "GPU", "GPUS", "Cluster", "get_cluster", "get_gpu", "make_cluster",
+    "load_table1", "table1_report", "table1_rows",
+    "BYTES_PER_PARAM", "MemoryBreakdown", "activation_bytes", "activation_bytes_per_layer",
+    "in_flight_microbatches", "memory_per_gpu", "model_state_bytes",
+    "GPT", "MODELS", "get_model",
+    "Plan", "candidate_layouts", "explain", "plan", "tp_sweep",
+    "Estimate", "Layout", "estimate",
+]

@@ -1,0 +1,147 @@
+"""Command line for the cost model: one layout's estimate, a plan, or the Table 1 check.
+
+    python -m lessonlib.costmodel --layers 96 --hidden 12288 --heads 96 --seq 2048 \\
+        --vocab 51200 --t 8 --p 12 --d 4 --microbatch 1 --global-batch 1536 \\
+        --gpu A100-80GB --gpus-per-node 8 --json
+    python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048
+    python -m lessonlib.costmodel --table1
+
+Bad settings print one line naming the setting, its value and what would work, and exit
+with status 2.
+"""
+import argparse
+import json
+import sys
+
+from .hardware import CLUSTERS, GPUS, get_cluster, get_gpu, make_cluster
+from .megatron2021 import table1_report
+from .model import GPT, MODELS, get_model
+from .planner import plan
+from .throughput import Layout, estimate
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(
+        prog="python -m lessonlib.costmodel",
+        description="Predict memory, step time and TFLOP/s per GPU of a GPT training layout "
+                    "(Megatron-LM 2021 notation), or plan the best layout.")
+    shape = ap.add_argument_group("model (a preset, or its shape; flags override a preset)")
+    shape.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
+    shape.add_argument("--layers", type=int, help="L")
+    shape.add_argument("--hidden", type=int, help="h")
+    shape.add_argument("--heads", type=int, help="a")
+    shape.add_argument("--seq", type=int, help="s (default 2048)")
+    shape.add_argument("--vocab", type=int, help="V (default 51200)")
+    lay = ap.add_argument_group("layout")
+    lay.add_argument("--t", type=int, default=1, help="tensor-parallel size")
+    lay.add_argument("--p", type=int, default=1, help="pipeline-parallel size")
+    lay.add_argument("--d", type=int, help="data-parallel size (default: gpus/(t*p))")
+    lay.add_argument("--microbatch", "--b", dest="b", type=int, default=1, help="b")
+    lay.add_argument("--global-batch", type=int, help="B, sequences per step")
+    lay.add_argument("--m", type=int, help="micro-batches per step (instead of B)")
+    lay.add_argument("--v", type=int, default=1, help="interleaved chunks per stage")
+    lay.add_argument("--recompute", default="full", choices=("none", "selective", "full"))
+    lay.add_argument("--sequence-parallel", action="store_true")
+    lay.add_argument("--no-scatter-gather", action="store_true")
+    lay.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
+    lay.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over d")
+    hw = ap.add_argument_group("hardware")
+    hw.add_argument("--cluster", help=f"preset: {', '.join(CLUSTERS)}")
+    hw.add_argument("--gpu", default="A100-80GB", help=f"one of {', '.join(GPUS)}")
+    hw.add_argument("--gpus-per-node", type=int, default=8)
+    hw.add_argument("--network-gbit", type=float, help="InfiniBand Gb/s per GPU")
+    hw.add_argument("--gpus", type=int, help="total GPUs n (checked against t*p*d)")
+    out = ap.add_argument_group("what to print")
+    out.add_argument("--plan", action="store_true", help="rank every layout for --gpus")
+    out.add_argument("--table1", action="store_true",
+                     help="compare with Megatron-LM 2021 Table 1 and exit")
+    out.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    return ap
+
+
+def _model(args):
+    base = get_model(args.model) if args.model else None
+    given = {"L": args.layers, "h": args.hidden, "a": args.heads, "s": args.seq,
+             "V": args.vocab}
+    if base is None:
+        missing = [flag for flag, key in (("--layers", "L"), ("--hidden", "h"),
+                                          ("--heads", "a")) if given[key] is None]
+        if missing:
+            raise ValueError(f"model is not set: give --model (one of {', '.join(MODELS)}) "
+                             f"or {' '.join(missing)}")
+        given["s"] = given["s"] or 2048
+        given["V"] = given["V"] or 51200
+        return GPT(**given)
+    changes = {k: v for k, v in given.items() if v is not None}
+    if not changes:
+        return base
+    fields = {k: getattr(base, k) for k in ("L", "h", "a", "s", "V")}
+    return GPT(**{**fields, **changes}, name=f"{base.name} (modified)")
+
+
+def _cluster(args):
+    if args.cluster:
+        return get_cluster(args.cluster)
+    return make_cluster(get_gpu(args.gpu), args.gpus_per_node, args.network_gbit)
+
+
+def _layout(args):
+    t, p, d = args.t, args.p, args.d
+    if d is None:
+        if args.gpus is None:
+            d = 1
+        elif args.gpus % (t * p):
+            raise ValueError(f"gpus={args.gpus} is not divisible by t*p = {t}*{p} = {t * p}; "
+                             f"use a multiple of {t * p}, or change t or p")
+        else:
+            d = args.gpus // (t * p)
+    if args.gpus is not None and t * p * d != args.gpus:
+        hint = (f"use d={args.gpus // (t * p)}" if args.gpus % (t * p) == 0
+                else f"use gpus={t * p * d}")
+        raise ValueError(f"t*p*d = {t}*{p}*{d} = {t * p * d} does not match gpus={args.gpus}; "
+                         f"{hint}")
+    if args.global_batch is None and args.m is None:
+        raise ValueError("global-batch is not set: give --global-batch B (sequences per step) "
+                         "or --m (micro-batches per step)")
+    return Layout(t=t, p=p, d=d, b=args.b, m=args.m, global_batch=args.global_batch, v=args.v,
+                  recompute=args.recompute, sequence_parallel=args.sequence_parallel,
+                  scatter_gather=not args.no_scatter_gather, schedule=args.schedule,
+                  zero_stage=args.zero)
+
+
+def _run(args):
+    if args.table1:
+        return table1_report()
+    model, cluster = _model(args), _cluster(args)
+    if args.plan:
+        if args.gpus is None or args.global_batch is None:
+            raise ValueError("plan needs --gpus N and --global-batch B")
+        result = plan(model, cluster, args.gpus, args.global_batch,
+                      recompute=args.recompute, sequence_parallel=args.sequence_parallel,
+                      zero_stage=args.zero, schedule=args.schedule)
+        if not args.json:
+            return result.explain()
+        best = result.best
+        return json.dumps({"best": best.as_dict() if best else None,
+                           "explanation": result.explain(),
+                           "ranked": [e.as_dict() for e in result.ranked[:10]],
+                           "fitting_layouts": len(result.ranked),
+                           "rejected_layouts": len(result.rejected)}, indent=2)
+    est = estimate(model, _layout(args), cluster)
+    return json.dumps(est.as_dict(), indent=2) if args.json else est.summary()
+
+
+def main(argv=None):
+    """Entry point; returns the exit status (0 ok, 2 bad settings)."""
+    args = build_parser().parse_args(argv)
+    try:
+        text = _run(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

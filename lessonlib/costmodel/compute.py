@@ -1,0 +1,82 @@
+"""How much arithmetic training takes, and how long that is at a given FLOP/s.
+
+Rule of thumb: a forward pass costs 2 FLOPs per parameter per token, the backward pass twice
+that, so training on D tokens costs about 6*P*D; recomputing activations runs the forward
+again, 8*P*D (the 8 of Megatron-LM 2021's Eq. 4, Narayanan et al.).
+
+Megatron-LM 2021 counts more exactly (Eq. 3), per iteration of B sequences, with full
+recompute:
+
+    F = 96 B s L h^2 (1 + s/(6h) + V/(16 L h))
+
+which it divides by time and GPU count to report "TFLOP/s per GPU", and estimates training
+time as T_train ~ 8 T P / (n X) (Eq. 4) for T tokens on n GPUs at X FLOP/s each.
+
+Try ``python -c "from lessonlib.costmodel import *; print(megatron_training_days(175e9,
+300e9, 1024, 140e12))"`` (34 days, Megatron-LM 2021 with Eq. 4).
+"""
+SECONDS_PER_DAY = 86400.0
+SECONDS_PER_YEAR = 365.25 * SECONDS_PER_DAY
+
+
+def training_flops(n_params, n_tokens, recompute=False):
+    """6*P*D (forward 2PD + backward 4PD), or 8*P*D when the forward is recomputed."""
+    return (8 if recompute else 6) * n_params * n_tokens
+
+
+def layer_forward_flops(model, b):
+    """Forward FLOPs of one transformer layer for b sequences: 24bsh^2 + 4bs^2h.
+
+    24bsh^2: the QKV, output and two MLP GEMMs (2 FLOPs per multiply-add);
+    4bs^2h: the attention scores QK^T and their product with V.
+    """
+    s, h = model.s, model.h
+    return 24 * b * s * h**2 * (1 + s / (6 * h))
+
+
+def attention_core_forward_flops(model, b):
+    """The 4bs^2h of ``layer_forward_flops`` that selective recompute runs twice."""
+    return 4 * b * model.s**2 * model.h
+
+
+def logits_forward_flops(model, b):
+    """Forward FLOPs of the output layer (h -> V logits) for b sequences: 2bshV."""
+    return 2 * b * model.s * model.h * model.V
+
+
+def megatron_flops_per_iteration(model, global_batch):
+    """Megatron-LM 2021 Eq. 3: FLOPs of one iteration of B sequences, recompute included."""
+    B, s, L, h, V = global_batch, model.s, model.L, model.h, model.V
+    return 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
+
+
+def model_flops_per_iteration(model, global_batch):
+    """FLOPs the model needs without recompute (3 forward passes' worth); for MFU."""
+    return global_batch * (3 * model.L * layer_forward_flops(model, 1)
+                           + 3 * logits_forward_flops(model, 1))
+
+
+def training_time_s(flops, n_gpus, flops_per_gpu):
+    """Seconds to execute ``flops`` on ``n_gpus`` GPUs that each sustain ``flops_per_gpu``."""
+    if n_gpus <= 0 or flops_per_gpu <= 0:
+        raise ValueError(f"n_gpus={n_gpus} and flops_per_gpu={flops_per_gpu} must be positive")
+    return flops / (n_gpus * flops_per_gpu)
+
+
+def rate_for_time(flops, n_gpus, time_s):
+    """Per-GPU FLOP/s at which ``flops`` take ``time_s`` on ``n_gpus``: training_time_s solved
+    for the rate. E.g. the V100 rate behind "288 years" for GPT-3 (Megatron-LM 2021 §1)."""
+    if n_gpus <= 0 or time_s <= 0:
+        raise ValueError(f"n_gpus={n_gpus} and time_s={time_s} must be positive")
+    return flops / (n_gpus * time_s)
+
+
+def megatron_training_time_s(n_params, n_tokens, n_gpus, flops_per_gpu):
+    """Megatron-LM 2021 Eq. 4: 8*T*P / (n*X) seconds (recompute included)."""
+    return training_time_s(training_flops(n_params, n_tokens, recompute=True), n_gpus,
+                           flops_per_gpu)
+
+
+def megatron_training_days(n_params, n_tokens, n_gpus, flops_per_gpu):
+    """Eq. 4 in days: GPT-3 175B, 300e9 tokens, 1024 A100 at 140 TFLOP/s -> about 34."""
+    return megatron_training_time_s(n_params, n_tokens, n_gpus, flops_per_gpu) / SECONDS_PER_DAY

@@ -1,0 +1,169 @@
+"""Choosing t, p and d: try every layout, keep those that fit, rank them by predicted speed.
+
+``plan(model, cluster, n_gpus, global_batch)`` enumerates every valid (t, p, d, b, v) with
+t*p*d = n_gpus, estimates each one, and splits them into layouts that fit in memory (fastest
+first) and layouts that do not (with how much they miss by). ``explain(plan)`` says in words
+why the best layout wins, following Megatron-LM 2021's takeaways (Narayanan et al., §3):
+tensor parallelism up to the GPUs of one server, pipeline parallelism across servers (#1);
+model parallelism t*p just large enough to fit, data parallelism for the rest (#2).
+
+``tp_sweep`` is the lesson's "sweet spot" experiment: one model on a fixed number of GPUs,
+throughput against t.
+
+Run ``python -m lessonlib.costmodel --plan --model megatron-1T --gpus 1024 --global-batch
+2048 --gpu A100-80GB``.
+"""
+from dataclasses import dataclass, field
+
+from .memory import BYTES_PER_PARAM
+from .throughput import Layout, estimate
+
+GB = 1e9
+
+
+def _divisors(n):
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def candidate_layouts(model, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
+                      interleave=(1, 2, 4), **options):
+    """Every Layout with t*p*d = n_gpus that ``model`` and the batch allow."""
+    out = []
+    for t in _divisors(n_gpus):
+        if model.a % t or model.h % t:
+            continue
+        for p in _divisors(n_gpus // t):
+            if p > model.L:
+                continue
+            d = n_gpus // (t * p)
+            for b in microbatches:
+                if global_batch % (b * d):
+                    continue
+                for v in interleave if p > 1 else (1,):
+                    m = global_batch // (b * d)
+                    if v > 1 and (model.L % p or (model.L // p) % v or m % p):
+                        continue
+                    out.append(Layout(t=t, p=p, d=d, b=b, m=m, v=v, **options))
+    return out
+
+
+@dataclass
+class Plan:
+    """Layouts for one model, cluster, GPU count and batch: ``ranked`` fit (fastest first),
+    ``rejected`` do not fit (smallest shortfall first)."""
+
+    model: object
+    cluster: object
+    n_gpus: int
+    global_batch: int
+    ranked: list = field(default_factory=list)
+    rejected: list = field(default_factory=list)
+
+    @property
+    def best(self):
+        return self.ranked[0] if self.ranked else None
+
+    def find(self, **settings):
+        """The best estimate whose layout has these settings: the fastest that fits, else
+        the one that misses memory by the least; None if no layout has them."""
+        for estimates in (self.ranked, self.rejected):  # both already in order
+            for e in estimates:
+                if all(getattr(e.layout, k) == v for k, v in settings.items()):
+                    return e
+        return None
+
+    def explain(self):
+        return explain(self)
+
+
+def plan(model, cluster, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
+         interleave=(1, 2, 4), **options):
+    """Estimate every candidate layout; ``options`` go to ``Layout`` (e.g. recompute=)."""
+    if n_gpus < 1 or global_batch < 1:
+        raise ValueError(f"n_gpus={n_gpus} and global_batch={global_batch} must be positive")
+    layouts = candidate_layouts(model, n_gpus, global_batch, microbatches, interleave,
+                                **options)
+    if not layouts:
+        raise ValueError(f"global_batch={global_batch} admits no layout on n_gpus={n_gpus}: "
+                         f"use a multiple of {n_gpus}")
+    estimates = [estimate(model, lay, cluster) for lay in layouts]
+    ranked = sorted((e for e in estimates if e.fits), key=lambda e: e.step_time_s)
+    rejected = sorted((e for e in estimates if not e.fits),
+                      key=lambda e: e.memory.total - e.memory_capacity_bytes)
+    return Plan(model, cluster, n_gpus, global_batch, ranked, rejected)
+
+
+def _outcome(e):
+    if e is None:
+        return "is not a valid layout"
+    if e.fits:
+        return f"runs at {e.tflops_per_gpu:.0f} TFLOP/s per GPU ({e.step_time_s:.1f} s per step)"
+    return (f"needs {e.memory.total / GB:,.0f} GB per GPU, "
+            f"{(e.memory.total - e.memory_capacity_bytes) / GB:,.0f} GB over the "
+            f"{e.memory_capacity_bytes / GB:.0f} GB usable")
+
+
+def explain(plan):
+    """Why the best layout wins, in a few sentences with the numbers."""
+    model, cluster, gpu = plan.model, plan.cluster, plan.cluster.gpu
+    state = BYTES_PER_PARAM * model.params()
+    lines = [f"{model.describe()} on {plan.n_gpus} x {gpu.name} "
+             f"({cluster.gpus_per_node} per server), global batch {plan.global_batch}."]
+    pure = plan.find(t=1, p=1)
+    lines.append(
+        f"Pure data parallelism (t=1, p=1, d={plan.n_gpus}) puts the whole model on every "
+        f"GPU: {model.params() / 1e9:,.1f} B parameters x {BYTES_PER_PARAM} bytes = "
+        f"{state / 1e12:,.2f} TB of weights, gradients and Adam state, against "
+        f"{gpu.memory_bytes / GB:.0f} GB of HBM ({state / gpu.memory_bytes:,.0f}x too much)"
+        + (f"; with activations it {_outcome(pure)}." if pure and not pure.fits else
+           f"; it {_outcome(pure)}." if pure else "."))
+    best = plan.best
+    if best is None:
+        closest = plan.rejected[0]
+        lines.append(f"No layout fits. The closest, {closest.layout.describe()}, "
+                     f"{_outcome(closest)}: add GPUs, use ZeRO (zero_stage=1..3), selective "
+                     f"or full recompute, or a smaller micro-batch.")
+        return "\n".join(lines)
+    lay, mem = best.layout, best.memory
+    lines.append(f"Best: {lay.describe()}: {best.tflops_per_gpu:.0f} TFLOP/s per GPU "
+                 f"({best.mfu:.0%} MFU), {best.step_time_s:.1f} s per step, "
+                 f"{mem.total / GB:.1f} GB per GPU ({mem.model_state / GB:.1f} model state + "
+                 f"{mem.activations / GB:.1f} activations).")
+    link = "inside one server, over NVLink" if lay.t <= cluster.gpus_per_node else \
+        "across servers, over the network"
+    wider, narrower = plan.find(t=lay.t * 2), plan.find(t=lay.t // 2) if lay.t > 1 else None
+    lines.append(f"Why t={lay.t}: the tensor-parallel all-reduces (several per layer per "
+                 f"micro-batch) stay {link} "
+                 f"({cluster.nvlink_bytes_per_s / GB:.0f} GB/s per GPU vs "
+                 f"{cluster.network_bytes_per_s / GB:.0f} GB/s between servers). "
+                 + (f"The best with t={lay.t * 2} {_outcome(wider)}. " if wider else "")
+                 + (f"The best with t={lay.t // 2} {_outcome(narrower)}." if narrower else ""))
+    shallower = plan.find(t=lay.t, p=lay.p // 2) if lay.p > 1 else None
+    lines.append(f"Why p={lay.p}: {model.L} layers in {lay.p} stages of "
+                 f"{-(-model.L // lay.p)}; the pipeline costs a bubble of "
+                 f"{best.bubble_fraction:.1%} of the step"
+                 + (f". With p={lay.p // 2} the best layout {_outcome(shallower)}."
+                    if shallower else "."))
+    lines.append(f"Why d={lay.d}: the remaining GPUs hold replicas of the {lay.t * lay.p}-GPU "
+                 f"model; their gradient all-reduce takes {best.time['dp_comm']:.2f} s per step.")
+    others = len(plan.ranked) - 1
+    lines.append(f"{others} other layouts fit (next: "
+                 f"{plan.ranked[1].layout.describe() if others else 'none'}); "
+                 f"{len(plan.rejected)} do not fit in memory.")
+    return "\n".join(lines)
+
+
+def tp_sweep(model, cluster, n_gpus, global_batch, b=1, d=1, **options):
+    """[(t, p, Estimate or None)] for every t dividing n_gpus/d, with p = n_gpus/(t*d).
+
+    None where the layout is invalid for the model (t must divide a and h, p <= L).
+    """
+    rows = []
+    for t in _divisors(n_gpus // d):
+        p = n_gpus // (t * d)
+        try:
+            lay = Layout(t=t, p=p, d=d, b=b, global_batch=global_batch, **options)
+            rows.append((t, p, estimate(model, lay, cluster)))
+        except ValueError:
+            rows.append((t, p, None))
+    return rows

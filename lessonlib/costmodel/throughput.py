@@ -1,0 +1,287 @@
+"""One training step of a (t, p, d) layout, predicted: memory, time by part, TFLOP/s per GPU.
+
+``estimate(model, layout, cluster)`` walks the slowest pipeline stage through one
+micro-batch and adds up:
+
+* compute: the stage's GEMM FLOPs (forward, backward, recompute) at a fixed fraction of peak;
+* elementwise: memory-bound kernels (layer norm, GeLU, softmax, dropout) streaming the layer's
+  activations through HBM;
+* TP comm: the tensor-parallel all-reduces (NVLink inside a server, network across);
+* PP comm: activations and gradients to and from the neighbouring stages;
+
+then multiplies by m micro-batches, adds the pipeline bubble ((p-1)/v micro-batch slots,
+Megatron-LM 2021 §2.2) and the data-parallel gradient all-reduce at the end of the step.
+Achieved TFLOP/s per GPU counts FLOPs as Megatron-LM 2021 does (Eq. 3, recompute included),
+so it is comparable with that paper's Table 1: ``table1_report()`` in ``megatron2021.py``
+does the comparison.
+
+Run ``python -m lessonlib.costmodel --model megatron-1T --t 8 --p 64 --d 6 --microbatch 1
+--global-batch 3072 --gpu A100-80GB --json``.
+"""
+from dataclasses import dataclass, field
+
+from .bubble import bubble_fraction as _bubble_fraction
+from .comm import (group_spans_nodes, pp_elements_per_boundary, ring_all_gather_time_s,
+                   ring_allreduce_time_s, ring_reduce_scatter_time_s)
+from .compute import (attention_core_forward_flops, layer_forward_flops,
+                      logits_forward_flops, megatron_flops_per_iteration,
+                      model_flops_per_iteration)
+from .memory import (GRAD_BYTES, RECOMPUTE_MODES, WEIGHT_BYTES, MemoryBreakdown,
+                     activation_bytes_per_layer, memory_per_gpu, stage_params)
+
+# --- The empirical constants: set once, for every model, layout and GPU. ------------------
+# No paper states these for the Table 1 runs, so they are assumptions, never fitted row by
+# row. MATMUL_EFFICIENCY was chosen among round values (0.55 ... 0.75) together with
+# ELEMENTWISE_PASSES as the pair that keeps all ten Megatron-LM 2021 Table 1 rows within
+# 15 %; the others are round figures for what hardware of this kind usually reaches.
+
+# Fraction of dense peak that a transformer layer's GEMMs sustain on average. Large square
+# GEMMs get closer to peak; the thin per-GPU shards of tensor parallelism, the batched
+# attention GEMMs and tile/wave quantization (NVIDIA, "Matrix Multiplication Background
+# User's Guide") pull the average down. Being one number, it under-predicts the largest
+# models, whose GEMMs are the most efficient.
+MATMUL_EFFICIENCY = 0.6
+# Fraction of datasheet HBM bandwidth that streaming, elementwise kernels reach.
+HBM_EFFICIENCY = 0.8
+# Fraction of the per-direction link rate that NCCL collectives and p2p transfers of tens of
+# MB reach (what nccl-tests calls busbw, compared with the link's rate).
+COMM_EFFICIENCY = 0.8
+# HBM passes over a layer's activations by memory-bound kernels (layer norm, GeLU, softmax,
+# dropout, bias): written in the forward, read and their gradients written in the backward
+# (3), written again by a full recompute (+1, added in the code).
+ELEMENTWISE_PASSES = 3
+# Share of the data-parallel all-reduce hidden behind the backward pass. The Megatron-LM code
+# of 2021 all-reduced gradients after the pipeline flush, so nothing was hidden.
+DP_OVERLAP = 0.0
+# Share of HBM a training job can use; the CUDA context, NCCL buffers and allocator
+# fragmentation take the rest.
+USABLE_MEMORY_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a step is split: t-way tensor, p-way pipeline (v chunks each), d-way data
+    parallelism; micro-batches of b sequences, m per step, global batch B = b*m*d.
+
+    Give either ``m`` or ``global_batch``; the other follows.
+    """
+
+    t: int = 1
+    p: int = 1
+    d: int = 1
+    b: int = 1
+    m: int = None
+    global_batch: int = None
+    v: int = 1
+    recompute: str = "full"
+    sequence_parallel: bool = False
+    scatter_gather: bool = True
+    schedule: str = "1f1b"
+    zero_stage: int = 0
+
+    def __post_init__(self):
+        for name in ("t", "p", "d", "b", "v"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute={self.recompute!r} must be one of "
+                             f"{', '.join(RECOMPUTE_MODES)}")
+        if self.schedule not in ("1f1b", "gpipe"):
+            raise ValueError(f"schedule={self.schedule!r} must be '1f1b' or 'gpipe'")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage={self.zero_stage!r} must be 0, 1, 2 or 3")
+        if self.m is None and self.global_batch is None:
+            raise ValueError("give m (micro-batches per step) or global_batch")
+        per_step = self.b * self.d
+        if self.m is None:
+            if self.global_batch % per_step:
+                raise ValueError(
+                    f"global_batch={self.global_batch} is not divisible by d*b = {self.d}*"
+                    f"{self.b} = {per_step}; use a multiple of {per_step}, e.g. "
+                    f"{max(1, round(self.global_batch / per_step)) * per_step}")
+            object.__setattr__(self, "m", self.global_batch // per_step)
+        elif self.global_batch is None:
+            object.__setattr__(self, "global_batch", self.m * per_step)
+        if self.m < 1 or self.m * per_step != self.global_batch:
+            raise ValueError(f"m={self.m} does not match global_batch={self.global_batch} "
+                             f"= b*m*d with b={self.b}, d={self.d}")
+        if self.v > 1 and self.schedule != "1f1b":
+            raise ValueError(f"v={self.v} (interleaving) needs schedule='1f1b'")
+        if self.v > 1 and self.m % self.p:
+            raise ValueError(f"m={self.m} must be a multiple of p={self.p} for the "
+                             f"interleaved schedule (v={self.v}); use v=1 or change the batch")
+
+    @property
+    def n_gpus(self):
+        return self.t * self.p * self.d
+
+    def check(self, model):
+        """Raise ValueError, naming the setting, if this layout cannot run ``model``."""
+        if self.p > model.L:
+            raise ValueError(f"p={self.p} exceeds layers={model.L}: every stage needs a "
+                             f"layer; use p <= {model.L}")
+        if model.a % self.t or model.h % self.t:
+            ok = [k for k in range(1, model.a + 1) if model.a % k == 0 and model.h % k == 0]
+            raise ValueError(f"t={self.t} must divide heads={model.a} and hidden={model.h}; "
+                             f"use one of {ok}")
+        if self.v > 1 and (model.L % self.p or (model.L // self.p) % self.v):
+            raise ValueError(f"v={self.v} needs layers={model.L} to split into p*v = "
+                             f"{self.p * self.v} equal chunks; use v=1 or a v dividing "
+                             f"{model.L // self.p if model.L % self.p == 0 else 'L/p'}")
+
+    def describe(self):
+        extras = [f"v={self.v}"] if self.v > 1 else []
+        extras += [f"recompute={self.recompute}"]
+        extras += ["SP"] if self.sequence_parallel else []
+        extras += [f"ZeRO-{self.zero_stage}"] if self.zero_stage else []
+        return (f"t={self.t} p={self.p} d={self.d} b={self.b} m={self.m} "
+                f"B={self.global_batch} " + " ".join(extras))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What ``estimate`` predicts for one training step; times in seconds, memory in bytes."""
+
+    model: object
+    layout: Layout
+    cluster: object
+    memory: MemoryBreakdown
+    memory_capacity_bytes: float
+    time: dict = field(default_factory=dict)
+    tflops_per_gpu: float = 0.0
+    mfu: float = 0.0
+
+    @property
+    def fits(self):
+        return self.memory.total <= self.memory_capacity_bytes
+
+    @property
+    def step_time_s(self):
+        return sum(self.time.values())
+
+    @property
+    def bubble_fraction(self):
+        """Bubble share of the step's wall time (the "wall" convention)."""
+        return self.time["bubble"] / self.step_time_s
+
+    @property
+    def tokens_per_s(self):
+        return self.layout.global_batch * self.model.s / self.step_time_s
+
+    def as_dict(self):
+        lay = self.layout
+        return {
+            "model": self.model.describe(), "layout": lay.describe(),
+            "t": lay.t, "p": lay.p, "d": lay.d, "b": lay.b, "m": lay.m, "v": lay.v,
+            "global_batch": lay.global_batch, "n_gpus": lay.n_gpus,
+            "gpu": self.cluster.gpu.name, "gpus_per_node": self.cluster.gpus_per_node,
+            "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
+            "bubble_fraction": self.bubble_fraction, "step_time_s": self.step_time_s,
+            "time_s": dict(self.time), "tokens_per_s": self.tokens_per_s,
+            "memory_per_gpu_bytes": self.memory.total,
+            "memory_bytes": self.memory.as_dict(),
+            "memory_capacity_bytes": self.memory_capacity_bytes, "fits": self.fits,
+        }
+
+    def summary(self):
+        """A few lines for people: throughput, memory, where the time goes."""
+        gb = 1e9
+        parts = ", ".join(f"{k} {v:.3g} s" for k, v in self.time.items())
+        mem = self.memory
+        return (f"{self.model.describe()}\n{self.layout.describe()} on {self.layout.n_gpus} x "
+                f"{self.cluster.gpu.name} ({self.cluster.gpus_per_node} per server)\n"
+                f"  {self.tflops_per_gpu:.1f} TFLOP/s per GPU ({self.mfu:.0%} MFU), step "
+                f"{self.step_time_s:.3g} s, bubble {self.bubble_fraction:.1%} of wall time\n"
+                f"  time: {parts}\n"
+                f"  memory per GPU: {mem.total / gb:.1f} GB = weights {mem.weights / gb:.1f} + "
+                f"grads {mem.gradients / gb:.1f} + optimizer {mem.optimizer / gb:.1f} + "
+                f"activations {mem.activations / gb:.1f} "
+                f"(usable {self.memory_capacity_bytes / gb:.0f} GB: "
+                f"{'fits' if self.fits else 'does NOT fit'})")
+
+
+def _stage_microbatch_s(model, lay, cluster, layers, logits):
+    """(gemm, elementwise, tp, pp) seconds of one micro-batch on a stage of ``layers`` layers."""
+    gpu, b, t, s, h = cluster.gpu, lay.b, lay.t, model.s, model.h
+    n = lay.n_gpus
+    recompute = {"none": 0.0, "full": layer_forward_flops(model, b),
+                 "selective": attention_core_forward_flops(model, b)}[lay.recompute]
+    flops = layers * (3 * layer_forward_flops(model, b) + recompute)
+    flops += 3 * logits_forward_flops(model, b) if logits else 0.0
+    gemm = flops / t / (gpu.peak_flops * MATMUL_EFFICIENCY)
+
+    acts = activation_bytes_per_layer(model, b, t, lay.sequence_parallel, "none")
+    attention_acts = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
+                                                       "selective")
+    rewritten = {"none": 0.0, "full": acts, "selective": attention_acts}[lay.recompute]
+    elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / (
+        gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
+
+    tp_bw, tp_lat = cluster.link(group_spans_nodes(n, t, 1, cluster.gpus_per_node))
+    tp_bw *= COMM_EFFICIENCY
+    tp = 0.0
+    if t > 1:
+        # forward g after attention and MLP, backward f twice; recompute repeats the forward.
+        # With sequence parallelism each all-reduce becomes a reduce-scatter + all-gather:
+        # same bytes, same time.
+        all_reduces = 6 if lay.recompute == "full" else 4
+        tp = layers * all_reduces * ring_allreduce_time_s(t, WEIGHT_BYTES * b * s * h,
+                                                          tp_bw, tp_lat)
+    pp = 0.0
+    if lay.p > 1:
+        pp_bw, pp_lat = cluster.link(group_spans_nodes(n, lay.p, t, cluster.gpus_per_node))
+        message = WEIGHT_BYTES * pp_elements_per_boundary(b, s, h, t, lay.scatter_gather)
+        one_way = pp_lat + message / (pp_bw * COMM_EFFICIENCY)
+        if lay.scatter_gather and t > 1:
+            one_way += ring_all_gather_time_s(t, WEIGHT_BYTES * b * s * h, tp_bw, tp_lat)
+        pp = 2 * lay.v * one_way  # activations forward, gradients backward, per chunk
+    return gemm, elementwise, tp, pp
+
+
+def _dp_time_s(model, lay, cluster):
+    """Exposed seconds of the data-parallel gradient exchange at the end of a step."""
+    if lay.d == 1:
+        return 0.0
+    bw, lat = cluster.link(group_spans_nodes(lay.n_gpus, lay.d, lay.t * lay.p,
+                                             cluster.gpus_per_node))
+    bw *= COMM_EFFICIENCY
+    grads = GRAD_BYTES * stage_params(model, lay.t, lay.p)
+    if lay.zero_stage < 3:
+        # ZeRO-1/2 reduce-scatter gradients and all-gather weights: an all-reduce's bytes.
+        seconds = ring_allreduce_time_s(lay.d, grads, bw, lat)
+    else:
+        # ZeRO-3 gathers the weights before every forward, recompute and backward of every
+        # micro-batch, and reduce-scatters the gradients once (ZeRO §7.2: 1.5x at m=1).
+        gathers = lay.m * (3 if lay.recompute == "full" else 2)
+        seconds = (gathers * ring_all_gather_time_s(lay.d, grads, bw, lat)
+                   + ring_reduce_scatter_time_s(lay.d, grads, bw, lat))
+    return (1 - DP_OVERLAP) * seconds
+
+
+def estimate(model, layout, cluster):
+    """Predict one training step of ``model`` split by ``layout`` on ``cluster``."""
+    lay = layout
+    lay.check(model)
+    mem = memory_per_gpu(model, lay.t, lay.p, lay.d, lay.b, lay.m, lay.v, lay.recompute,
+                         lay.sequence_parallel, lay.zero_stage, lay.schedule)
+    # The slowest stage paces the pipeline: the first (ceil(L/p) layers) or the last
+    # (floor(L/p) layers plus the output layer's logits).
+    first = _stage_microbatch_s(model, lay, cluster, -(-model.L // lay.p), logits=lay.p == 1)
+    last = _stage_microbatch_s(model, lay, cluster, model.L // lay.p, logits=True)
+    per_mb = max(first, last, key=sum)
+    slot = sum(per_mb)
+    m = lay.m
+    time = {"compute": m * per_mb[0], "elementwise": m * per_mb[1], "tp_comm": m * per_mb[2],
+            "pp_comm": m * per_mb[3],
+            # (p-1)/v micro-batch slots idle per step; as a share of the busy time this is
+            # bubble_fraction(p, m, v, "ideal") (Megatron-LM 2021 §2.2).
+            "bubble": slot * m * _bubble_fraction(lay.p, m, lay.v, "ideal"),
+            "dp_comm": _dp_time_s(model, lay, cluster)}
+    step = sum(time.values())
+    n, peak = lay.n_gpus, cluster.gpu.peak_flops
+    return Estimate(
+        model=model, layout=lay, cluster=cluster, memory=mem,
+        memory_capacity_bytes=cluster.gpu.memory_bytes * USABLE_MEMORY_FRACTION, time=time,
+        tflops_per_gpu=megatron_flops_per_iteration(model, lay.global_batch) / (n * step) / 1e12,
+        mfu=model_flops_per_iteration(model, lay.global_batch) / (n * step * peak))

@@ -1,0 +1,210 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Why scale: the memory wall and the time wall
+#
+# **The castle.** Picture a Lego castle with 175 billion bricks, and one builder with one
+# table. Two things go wrong. The bricks do not fit on the table (the **memory wall**), and
+# even if they did, one builder would need centuries to place them (the **time wall**).
+# Every later lesson is a way to bring in more builders and tables: copies of the castle
+# plan for each builder (data parallelism, lesson 02), rooms built by different builders
+# (model parallelism, 03), one wall split across builders or an assembly line (04), and a
+# whole fleet organised in three dimensions (05).
+#
+# This notebook first **predicts** both walls with the course's cost model
+# (`lessonlib.costmodel`, pure arithmetic, tested against the published figures), then
+# **measures** this machine training a tiny GPT and extrapolates to GPT-3.
+
+# %%
+import matplotlib.pyplot as plt
+
+import lessonlib
+from lessonlib import costmodel as cm
+from lessonlib import train
+from lessonlib.viz import scale
+
+# %% [markdown]
+# ## 1. The memory wall
+#
+# Training with Adam in mixed precision keeps **16 bytes per parameter**: 2 for the 16-bit
+# weights, 2 for the 16-bit gradients and 12 for the fp32 master weights, momentum and
+# variance (ZeRO, Rajbhandari et al. 2020, §3.1). For GPT-3 (175 B parameters) that is:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+gpt3 = cm.MODELS["gpt3-175B"]
+state = sum(cm.model_state_bytes(gpt3.params()))
+print(f"GPT-3: {gpt3.params() / 1e9:.1f} B parameters (Megatron-LM 2021, Eq. 2)")
+print(f"model state: 16 bytes x {gpt3.params() / 1e9:.1f} B = {state / 1e12:.2f} TB")
+print(f"the largest GPU in the presets, {cm.GPUS['H200'].name}, holds "
+      f"{cm.GPUS['H200'].memory_bytes / 1e9:.0f} GB: {state / cm.GPUS['H200'].memory_bytes:.0f}x too small")
+
+# %% [markdown]
+# Activations come on top: every layer keeps its intermediate tensors for the backward pass,
+# `s·b·h·(34 + 5·a·s/h)` bytes per layer without any parallelism (Korthikanti et al. 2022,
+# Table 2). The table below puts six models next to the GPUs of the last three generations.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"{'model':>16} {'params':>9} {'weights+grads+Adam':>19} {'activations (b=1)':>18}")
+for name in scale.MODEL_PRESETS:
+    parts = scale.one_gpu_memory(cm.MODELS[name])
+    state = parts["weights"] + parts["gradients"] + parts["optimizer"]
+    print(f"{name:>16} {cm.MODELS[name].params() / 1e9:>8.2f}B {state / 1e9:>16,.0f} GB "
+          f"{parts['activations'] / 1e9:>15,.0f} GB")
+print("GPU memory: " + ", ".join(f"{g.name} {g.memory_bytes / 1e9:.0f} GB" for g in cm.GPUS.values()))
+
+# %%
+scale.memory_wall("gpt3-175B")
+plt.show()
+
+# %% [markdown]
+# Try it: pick a model (or build one with the sliders), a micro-batch size and a
+# recomputation mode. Full recomputation keeps only each layer's input (`2·s·b·h` bytes)
+# and recomputes the rest in the backward pass; it shrinks activations, never the 16 bytes
+# per parameter.
+
+# %%
+scale.memory_widget()
+
+# %% [markdown]
+# ## 2. The time wall
+#
+# Training costs about **6·P·D** FLOPs for P parameters and D tokens (2PD forward, 4PD
+# backward), or 8PD when the forward pass is recomputed. GPT-3 saw 300 B tokens.
+# Megatron-LM 2021 (§1) says that training GPT-3 "would require approximately 288 years
+# with a single V100", without stating the per-GPU rate behind it. Solve for it:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+P, D = 175e9, 300e9
+years = 288 * cm.SECONDS_PER_YEAR
+for label, recompute in (("6PD", False), ("8PD, recompute", True)):
+    flops = cm.training_flops(P, D, recompute)
+    rate = cm.rate_for_time(flops, 1, years)
+    print(f"{label:>15}: {flops:.2e} FLOPs -> 288 years means {rate / 1e12:.1f} TFLOP/s "
+          f"= {rate / cm.get_gpu('V100').peak_flops:.0%} of a V100's 125 TFLOP/s peak")
+
+# %% [markdown]
+# Both rates are plausible: Megatron-LM 2019 measured 39 TFLOP/s (30 % of peak) on one V100.
+# With many GPUs the time falls, and Megatron-LM 2021 (Eq. 4) estimates it as
+# `8·T·P / (n·X)`: the paper's two worked examples come out of the cost model exactly.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"GPT-3 175B, 300e9 tokens, 1024 A100 at 140 TFLOP/s: "
+      f"{cm.megatron_training_days(175e9, 300e9, 1024, 140e12):.1f} days (paper: 34)")
+print(f"1T model, 450e9 tokens, 3072 A100 at 163 TFLOP/s: "
+      f"{cm.megatron_training_days(1e12, 450e9, 3072, 163e12):.1f} days (paper: 84)")
+
+# %%
+scale.time_wall(175e9, 300e9, "V100-SXM2-32GB", efficiency=34.7 / 125, n_gpus=1)
+plt.show()
+
+# %%
+scale.time_widget()
+
+# %% [markdown]
+# ## 3. Measured: this machine against GPT-3
+#
+# Now a real run. `lessonlib.train.train_tiny_gpt` trains the course's tiny GPT (2 layers,
+# hidden size 64) on a generated corpus of sentences about building a castle, in this one
+# process. The loss must fall, and the step times give this machine's FLOP/s, counted with
+# the same formula the cost model uses for GPT-3.
+
+# %%
+run = train.train_tiny_gpt(steps=100)
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.plot(run["losses"])
+ax.set_xlabel("step")
+ax.set_ylabel("cross-entropy")
+ax.set_title("tiny GPT on this machine")
+plt.show()
+
+# %%
+# NBVAL_CHECK_OUTPUT
+first, last = sum(run["losses"][:10]) / 10, sum(run["losses"][-10:]) / 10
+print(f"loss fell from {first:.1f} to below {first - 1:.1f}: {last < first - 1}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+rate = train.measured_flops(run)
+gpt3_flops = cm.training_flops(175e9, 300e9)
+print(f"this machine sustains {rate / 1e9:.1f} GFLOP/s on the tiny GPT")
+print(f"GPT-3 at that rate: {gpt3_flops / rate / cm.SECONDS_PER_YEAR:,.0f} years")
+print(f"a V100 at 34.7 TFLOP/s is {34.7e12 / rate:,.0f}x faster; "
+      f"it still needs 288 years")
+
+# %% [markdown]
+# Small matrices use a CPU (or a GPU) far below its peak, so this rate is a floor, not a
+# fair comparison; the point is the order of magnitude: no single device trains GPT-3.
+#
+# ## 4. The first distributed program
+#
+# The way out is more devices. Here are four ranks (CPU processes on a laptop, one GPU each
+# on a GPU machine), started from this cell. Each contributes its rank to one
+# **all-reduce**, the collective operation at the heart of lesson 02, and returns the sum.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+results = lessonlib.launch(lessonlib.launcher.demo_rank_sum, 4)
+for r in results:
+    print(f"rank {r['rank']} of {r['world_size']}: sum of all ranks = {r['sum']:.0f}")
+
+# %% [markdown]
+# > **Takeaway.** GPT-3's model state alone (2.8 TB) is 20 times the largest GPU's memory,
+# > and its compute (3.15e23 FLOPs) is centuries of one GPU. Both walls are broken the same
+# > way: split the work across many devices, and pay for it in communication. The rest of
+# > the course measures that price.
+#
+# ## Exercises
+#
+# **1.** How many bytes do weights, gradients and Adam state take for GPT-2 XL
+# (`cm.MODELS["gpt2-xl"]`) in mixed precision? Replace `None`.
+
+# %%
+from lessonlib.exercises import scale as ex
+
+my_bytes = None
+ex.check_model_state(my_bytes) if my_bytes is not None else print("fill in my_bytes")
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+my_bytes = 16 * cm.MODELS["gpt2-xl"].params()
+assert ex.check_model_state(my_bytes)
+
+# %% [markdown]
+# **2.** What is the smallest number of A100-80GB GPUs whose memory could hold GPT-3's model
+# state, before any activation?
+
+# %%
+my_gpus = None
+ex.check_min_gpus(my_gpus) if my_gpus is not None else print("fill in my_gpus")
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+import math
+
+my_gpus = math.ceil(16 * cm.MODELS["gpt3-175B"].params() / cm.GPUS["A100-80GB"].memory_bytes)
+assert ex.check_min_gpus(my_gpus)
+
+# %% [markdown]
+# **3.** With Eq. 4, how many days does GPT-3 take on 1024 A100 that sustain 140 TFLOP/s
+# each? Compute it by hand (no `megatron_training_days`).
+
+# %%
+my_days = None
+ex.check_training_days(my_days) if my_days is not None else print("fill in my_days")
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+my_days = 8 * 300e9 * 175e9 / (1024 * 140e12) / 86400
+assert ex.check_training_days(my_days)

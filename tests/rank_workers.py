@@ -41,3 +41,26 @@ def state_dict_and_tensor():
 def sleep_forever():
     progress("sleeping")
     time.sleep(3600)
+
+
+def every_comm_op():
+    """Each ledger-wrapped call once, on 2 ranks; returns the ledger summary and values."""
+    rank, peer = dist.get_rank(), 1 - dist.get_rank()
+    x = torch.full((4,), float(rank + 1))
+    with comm.ledger() as book:
+        comm.all_reduce(x)                                        # 16 bytes
+        comm.broadcast(x, src=0)
+        gathered = torch.empty(8)
+        comm.all_gather_into_tensor(gathered, x)
+        scattered = torch.empty(2)
+        comm.reduce_scatter_tensor(scattered, torch.ones(4))
+        if rank == 0:
+            comm.send(torch.ones(3), dst=peer)
+            work = comm.irecv(torch.empty(5), src=peer)
+        else:
+            comm.recv(torch.empty(3), src=peer)
+            work = comm.isend(torch.ones(5), dst=peer)
+        work.wait()
+        comm.barrier()
+    return {"summary": book.summary(), "x": x, "gathered": gathered, "scattered": scattered,
+            "seconds_recorded": all(e.seconds >= 0 for e in book.events)}

@@ -1,0 +1,168 @@
+"""Tensor parallelism for the course's tiny GPT: which parts are split and which are copied.
+
+What it teaches: Megatron-LM (Shoeybi et al. 2019, §3) splits only the big matrices of each
+transformer layer. ``parallelize_gpt`` takes a plain ``TinyGPT`` and swaps, in every block,
+``attn`` for ``TensorParallelSelfAttention`` (a/t heads per rank) and ``mlp`` for
+``TensorParallelMLP`` (4h/t inner columns per rank). Per layer that is two all-reduces in the
+forward pass (g after attention and after the MLP) and two in the backward (f before each),
+each of b*s*h elements. A ring all-reduce of S bytes moves 2(t-1)/t * S bytes per rank, so
+one layer moves 4 * 2(t-1)/t * b*s*h = 8*b*s*h*(t-1)/t elements per rank per micro-batch,
+Megatron-LM 2021 (Narayanan et al.) §3.2.
+
+What stays replicated (every rank holds a full copy and computes the same thing on the
+same data): the token and position embeddings, the LayerNorms, the biases of the
+row-parallel layers (added once, after g), and the output head, unless
+``vocab_parallel=True``: then the token embedding and the head are split by vocabulary rows
+(Megatron-LM 2019, §3), at the cost of one all-reduce forward for the embedding (g), and an
+all-gather of the logits forward plus an all-reduce backward (f) for the head. (Megatron
+also splits the cross-entropy so the logits are never gathered; not done here.)
+
+The model class is untouched: the result is still a ``TinyGPT`` (``parts()`` works), built
+by slicing the weights of the dense model, so t = 1, 2 and 4 are the same model.
+
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.tensor_parallel.demo_mlp, 2))"``
+GPU box: the same call uses NCCL on 2 GPUs; under torchrun call ``parallelize_gpt`` on each
+rank with the rank's tensor-parallel group.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from lessonlib import comm, device
+from lessonlib.models import MLP, init_weights_
+from lessonlib.tp_layers import (ColumnParallelLinear, TensorParallelMLP,
+                                 TensorParallelSelfAttention, check_divisible, tp_size)
+from lessonlib.tp_ops import reduce_from_tp
+
+
+# ---------------------------------------------------------------- groups
+def tp_groups(t: int):
+    """Split the world into groups of t consecutive ranks (TP innermost); return this rank's.
+
+    Every rank must call this (``dist.new_group`` is collective over the world)."""
+    world = dist.get_world_size()
+    if not isinstance(t, int) or t < 1 or world % t:
+        raise ValueError(f"t={t!r} must be a positive divisor of the world size {world}")
+    mine = None
+    for start in range(0, world, t):
+        ranks = list(range(start, start + t))
+        group = dist.new_group(ranks)
+        if dist.get_rank() in ranks:
+            mine = group
+    return mine
+
+
+def param_bytes(module: nn.Module) -> int:
+    """Bytes of the parameters this rank holds (a DTensor counts its local shard)."""
+    total = 0
+    for p in module.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel() * local.element_size()
+    return total
+
+
+# ---------------------------------------------------------------- vocabulary-parallel embedding
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding split by vocabulary rows: rank r holds rows r*V/t .. (r+1)*V/t - 1.
+
+    Each rank looks up the tokens it owns and writes zeros for the others; g's all-reduce
+    sums the t partial tables into the full embedding, (b, s) -> (b, s, h)."""
+
+    def __init__(self, embedding: nn.Embedding, group=None, t: int | None = None):
+        super().__init__()
+        self.t, self.group = tp_size(group, t), group
+        check_divisible("vocab", embedding.num_embeddings, self.t)
+        rows = embedding.num_embeddings // self.t
+        self.start = dist.get_rank(group) * rows
+        self.weight = nn.Parameter(embedding.weight.detach()[self.start:self.start + rows].clone())
+
+    def forward(self, idx):
+        local = idx - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        y = F.embedding(local.masked_fill(outside, 0), self.weight)   # (b, s, h)
+        return reduce_from_tp(y.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
+
+
+# ---------------------------------------------------------------- whole models
+def _copy_except(module: nn.Module, skip) -> nn.Module:
+    """Deep copy of ``module`` in which the submodules in ``skip`` become None: no point
+    copying the matrices that are about to be replaced by their slices."""
+    return copy.deepcopy(module, memo={id(m): None for m in skip})
+
+
+def parallelize_block(block: nn.Module, group=None, t: int | None = None) -> nn.Module:
+    """A copy of a ``Block`` whose attention and MLP are split over the group's t ranks;
+    the LayerNorms are copied whole (replicated)."""
+    tp = _copy_except(block, [block.attn, block.mlp])
+    tp.attn = TensorParallelSelfAttention.from_attention(block.attn, group, t)
+    tp.mlp = TensorParallelMLP.from_mlp(block.mlp, group, t)
+    return tp
+
+
+def parallelize_gpt(model: nn.Module, group=None, t: int | None = None,
+                    vocab_parallel: bool = False) -> nn.Module:
+    """A tensor-parallel copy of a ``TinyGPT`` for this rank of ``group`` (default: world).
+
+    ``t``, if given, must equal the group's size. Checks every divisibility (hidden, heads,
+    4h, vocabulary) before building anything, and sends nothing while building."""
+    t = tp_size(group, t)
+    cfg = model.cfg
+    check_divisible("hidden", cfg.hidden, t)
+    check_divisible("heads", cfg.heads, t)
+    if vocab_parallel:
+        check_divisible("vocab", cfg.vocab, t)
+    tp = _copy_except(model, list(model.blocks))
+    tp.blocks = nn.ModuleList(parallelize_block(b, group, t) for b in model.blocks)
+    if vocab_parallel:
+        tp.embed.tok = VocabParallelEmbedding(model.embed.tok, group, t)
+        tp.head.out = ColumnParallelLinear.from_linear(model.head.out, group, True, t)
+    return tp
+
+
+# ---------------------------------------------------------------- PyTorch's own TP, to compare
+TORCH_PLANS = {
+    "mlp": {"fc1": "colwise", "fc2": "rowwise"},
+    "block": {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise",
+              "attn.proj": "rowwise", "mlp.fc1": "colwise", "mlp.fc2": "rowwise"},
+}
+
+
+def tp_mesh(t: int):
+    """A DeviceMesh whose last axis is this rank's TP group of t consecutive ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world, kind = dist.get_world_size(), device.current_device().type
+    if world == t:
+        return init_device_mesh(kind, (t,), mesh_dim_names=("tp",))
+    return init_device_mesh(kind, (world // t, t), mesh_dim_names=("dp", "tp"))["tp"]
+
+
+def parallelize_with_dtensor(module: nn.Module, kind: str, mesh) -> nn.Module:
+    """A copy of a dense MLP or Block split by DTensor's ``ColwiseParallel`` and
+    ``RowwiseParallel`` (``torch.distributed.tensor.parallel``) on the same weights."""
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    if kind not in TORCH_PLANS:
+        raise ValueError(f"kind={kind!r} must be one of {sorted(TORCH_PLANS)}")
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {name: styles[style]() for name, style in TORCH_PLANS[kind].items()}
+    return parallelize_module(copy.deepcopy(module), mesh, plan)
+
+
+def demo_mlp(b: int = 2, s: int = 8, h: int = 32) -> dict:
+    """Split a dense MLP over every rank; compare with the dense output; count messages."""
+    dense = init_weights_(MLP(h), seed=0, std=0.02).to(device.current_device())
+    tp = TensorParallelMLP.from_mlp(dense)
+    x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(1)).to(dense.fc1.weight)
+    with comm.ledger() as book:
+        out = tp(x)                                                    # (b, s, h)
+    return {"rank": dist.get_rank(), "t": tp.fc1.t,
+            "max_abs_error": (out - dense(x)).abs().max().item(),
+            "forward_all_reduces": book.count("all_reduce"),
+            "param_bytes": param_bytes(tp), "dense_param_bytes": param_bytes(dense)}

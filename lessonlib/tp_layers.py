@@ -1,0 +1,223 @@
+"""Megatron's tensor-parallel layers: column-parallel and row-parallel linear, an MLP and
+self-attention split over t ranks (Megatron-LM, Shoeybi et al. 2019, §3).
+
+What it teaches: a linear layer Y = X A can be split two ways.
+
+* **Column-parallel** (``ColumnParallelLinear``): A = [A_1 ... A_t] split by columns (output
+  features). Every rank needs the whole X and produces its slice Y_r = X A_r. Nothing to
+  add up, so a nonlinearity such as GeLU can be applied to each slice on its own.
+* **Row-parallel** (``RowParallelLinear``): A split by rows (input features); rank r takes
+  the slice X_r of the input and produces a partial result X_r A_r; the output is the sum
+  over ranks, one all-reduce (operator g).
+
+The MLP Z = GeLU(X A) B splits A by columns and B by rows: the slice GeLU(X A_r) is exactly
+the input slice the row-parallel B_r needs, so the only messages are g's all-reduce forward
+and f's all-reduce backward. Attention splits the same way, by heads: Q, K, V column-parallel
+(a/t heads per rank), the output projection row-parallel.
+
+PyTorch's ``nn.Linear`` stores A transposed, as ``weight`` (out, in): a column split of A is a
+split of ``weight``'s rows. Every layer is built from a dense layer by slicing its weights
+(``from_linear``), so any t is the same model as t = 1.
+
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.tensor_parallel.demo_mlp, 2))"``
+GPU box: the same call uses NCCL on 2 GPUs; under torchrun build the layers on each rank.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from lessonlib.tp_ops import copy_to_tp, gather_last_dim, reduce_from_tp, scatter_last_dim
+
+
+# ---------------------------------------------------------------- checks (no collectives)
+def tp_size(group=None, t: int | None = None) -> int:
+    """The tensor-parallel size t = the group's size; ``t``, if given, must agree with it."""
+    if not dist.is_initialized():
+        raise ValueError("tensor-parallel layers need a process group: build them inside a "
+                         "function run by lessonlib.launch (or under torchrun)")
+    size = dist.get_world_size(group)
+    if t is not None and t != size:
+        raise ValueError(f"t={t} but the tensor-parallel group has {size} ranks; pass a group "
+                         f"of t ranks (dist.new_group) or t={size}")
+    return size
+
+
+def check_divisible(setting: str, value: int, t: int) -> None:
+    """``value`` must split evenly over t ranks; say which t would work if not."""
+    if value % t:
+        ok = [d for d in range(1, value + 1) if value % d == 0 and d <= 64]
+        raise ValueError(f"{setting}={value} is not divisible by the tensor-parallel size t={t}; "
+                         f"each rank must get an equal share (t in {ok} would work)")
+
+
+def check_pair(gather_output: bool, input_is_parallel: bool) -> None:
+    """A column-parallel layer feeding a row-parallel one must agree on what passes between."""
+    if gather_output and input_is_parallel:
+        raise ValueError("gather_output=True hands the row-parallel layer the full (..., n) "
+                         "output, but input_is_parallel=True expects this rank's (..., n/t) "
+                         "slice: use gather_output=False with input_is_parallel=True (Megatron's "
+                         "pairing, nothing sent in between) or True with False")
+    if not gather_output and not input_is_parallel:
+        raise ValueError("gather_output=False hands the row-parallel layer this rank's "
+                         "(..., n/t) slice, but input_is_parallel=False would slice it again: "
+                         "use input_is_parallel=True (Megatron's pairing)")
+
+
+def _my_slice(tensor, t: int, rank: int, dim: int):
+    return tensor.detach().chunk(t, dim=dim)[rank].clone()
+
+
+# ---------------------------------------------------------------- the two linear layers
+class ColumnParallelLinear(nn.Module):
+    """Y = f(X) A_r (+ b_r): this rank's out_features/t output columns of a dense linear.
+
+    Input (..., in) replicated on every rank; output (..., out/t), or (..., out) when
+    ``gather_output`` all-gathers the slices. The f before the matmul all-reduces the input
+    gradient in the backward pass.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, group=None,
+                 gather_output: bool = True, t: int | None = None):
+        super().__init__()
+        self.t = tp_size(group, t)
+        check_divisible("out_features", out_features, self.t)
+        self.group, self.gather_output = group, gather_output
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features // self.t, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features // self.t)) if bias else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group=None, gather_output: bool = True,
+                    t: int | None = None) -> "ColumnParallelLinear":
+        """This rank's rows of ``linear.weight`` (= columns of A) and of its bias."""
+        return cls.from_linears([linear], group, gather_output, t)
+
+    @classmethod
+    def from_linears(cls, linears, group=None, gather_output: bool = False,
+                     t: int | None = None) -> "ColumnParallelLinear":
+        """One fused layer for several linears that read the same input (Megatron fuses Q, K
+        and V into one GEMM): this rank's slice of each, stacked. With more than one linear
+        the local output is [slice of 1, slice of 2, ...], so it cannot be gathered."""
+        if len(linears) > 1 and gather_output:
+            raise ValueError("gather_output=True is not possible for a fused layer (the "
+                             "gathered columns would be interleaved by rank)")
+        t = tp_size(group, t)
+        for lin in linears:
+            check_divisible("out_features", lin.out_features, t)
+        first = linears[0]
+        has_bias = first.bias is not None
+        layer = cls(first.in_features, sum(lin.out_features for lin in linears), has_bias,
+                    group, gather_output, t)
+        rank = dist.get_rank(group)
+        with torch.no_grad():
+            layer.weight = nn.Parameter(torch.cat(
+                [_my_slice(lin.weight, layer.t, rank, 0) for lin in linears]))
+            if has_bias:
+                layer.bias = nn.Parameter(torch.cat(
+                    [_my_slice(lin.bias, layer.t, rank, 0) for lin in linears]))
+        return layer
+
+    def forward(self, x):
+        x = copy_to_tp(x, self.group)                                  # f: (..., in)
+        y = F.linear(x, self.weight, self.bias)                        # (..., out/t)
+        return gather_last_dim(y, self.group) if self.gather_output else y
+
+    def extra_repr(self):
+        return (f"in={self.in_features}, out={self.out_features}, t={self.t}, "
+                f"gather_output={self.gather_output}")
+
+
+class RowParallelLinear(nn.Module):
+    """Y = g(X_r A_r) + b: this rank's in_features/t input rows of a dense linear.
+
+    Input (..., in/t) when ``input_is_parallel``, else (..., in) and this rank keeps its
+    slice; output (..., out), complete on every rank after g's all-reduce. The bias is added
+    once, after the sum, so every rank holds the whole (replicated) bias.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, group=None,
+                 input_is_parallel: bool = False, t: int | None = None):
+        super().__init__()
+        self.t = tp_size(group, t)
+        check_divisible("in_features", in_features, self.t)
+        self.group, self.input_is_parallel = group, input_is_parallel
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features // self.t))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group=None, input_is_parallel: bool = False,
+                    t: int | None = None) -> "RowParallelLinear":
+        """This rank's columns of ``linear.weight`` (= rows of A); the bias is copied whole."""
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, group,
+                    input_is_parallel, t)
+        with torch.no_grad():
+            layer.weight = nn.Parameter(_my_slice(linear.weight, layer.t, dist.get_rank(group), 1))
+            if linear.bias is not None:
+                layer.bias = nn.Parameter(linear.bias.detach().clone())
+        return layer
+
+    def forward(self, x):
+        if not self.input_is_parallel:
+            x = scatter_last_dim(x, self.group)                        # (..., in/t)
+        y = reduce_from_tp(F.linear(x, self.weight), self.group)       # g: (..., out)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self):
+        return (f"in={self.in_features}, out={self.out_features}, t={self.t}, "
+                f"input_is_parallel={self.input_is_parallel}")
+
+
+# ---------------------------------------------------------------- MLP and attention
+class TensorParallelMLP(nn.Module):
+    """Z = g(GeLU(f(X) A_r) B_r) + b2: ``fc1`` column-parallel, ``fc2`` row-parallel."""
+
+    def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear):
+        super().__init__()
+        check_pair(fc1.gather_output, fc2.input_is_parallel)
+        self.fc1, self.fc2 = fc1, fc2
+
+    @classmethod
+    def from_mlp(cls, mlp, group=None, t: int | None = None, gather_output: bool = False,
+                 input_is_parallel: bool = True) -> "TensorParallelMLP":
+        """Split a dense ``lessonlib.models.MLP`` (fc1, fc2) over the group's t ranks."""
+        check_pair(gather_output, input_is_parallel)
+        return cls(ColumnParallelLinear.from_linear(mlp.fc1, group, gather_output, t),
+                   RowParallelLinear.from_linear(mlp.fc2, group, input_is_parallel, t))
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))                           # (..., h)
+
+
+class TensorParallelSelfAttention(nn.Module):
+    """Causal self-attention with a/t heads per rank: fused Q, K, V column-parallel by
+    heads (one f), each rank attends with its own heads, ``proj`` row-parallel (one g)."""
+
+    def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, head_dim: int):
+        super().__init__()
+        check_pair(qkv.gather_output, proj.input_is_parallel)
+        self.qkv, self.proj, self.head_dim = qkv, proj, head_dim
+
+    @classmethod
+    def from_attention(cls, attn, group=None, t: int | None = None):
+        """Split a dense ``lessonlib.models.SelfAttention``: rank r keeps heads
+        r*a/t .. (r+1)*a/t - 1 of Q, K and V, and the matching input rows of ``proj``."""
+        t = tp_size(group, t)
+        heads = attn.q.out_features // attn.head_dim
+        check_divisible("heads", heads, t)
+        qkv = ColumnParallelLinear.from_linears([attn.q, attn.k, attn.v], group, False, t)
+        proj = RowParallelLinear.from_linear(attn.proj, group, True, t)
+        return cls(qkv, proj, attn.head_dim)
+
+    def forward(self, x):
+        b, s, _ = x.shape                                              # (b, s, h)
+        q, k, v = (self.split_heads(z) for z in self.qkv(x).chunk(3, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (b, a/t, s, h/a)
+        return self.proj(y.transpose(1, 2).reshape(b, s, -1))         # (b, s, h)
+
+    def split_heads(self, x):
+        b, s, _ = x.shape
+        return x.view(b, s, -1, self.head_dim).transpose(1, 2)        # (b, a/t, s, h/a)

@@ -1,0 +1,230 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Model parallelism: the rooms of the Lego castle
+#
+# **The castle.** Lesson 02 gave every builder a full copy of the castle plan. That stops
+# working when the castle does not fit on one table at all. The simplest way out: give each
+# builder some **rooms**. Builder 0 builds the gate hall, passes the half-built castle to
+# builder 1, who adds the great hall, and so on up to the tower. When the inspector at the
+# top finds a mistake (the loss), the corrections travel back down the line, room by room.
+#
+# In a neural network the rooms are **consecutive layers**: p ranks each hold one *stage*.
+# The forward pass sends the activation from stage to stage; the backward pass sends the
+# gradient of each stage's input back. This is naive (inter-layer) model parallelism.
+# It divides memory by p. Does it also divide time? This notebook predicts the answer with
+# the cost model, then runs the assembly line for real on 4 ranks and measures it.
+
+# %%
+import matplotlib.pyplot as plt
+
+from lessonlib import costmodel as cm
+from lessonlib import model_parallel as mp
+from lessonlib.pipeline.stages import split_summary
+from lessonlib.viz import tp as tpviz
+
+# %% [markdown]
+# ## 1. Prediction: the memory fits, the time does not
+#
+# GPT-3's model state is 16 bytes per parameter (ZeRO, Rajbhandari et al. 2020, §3.1). Split
+# its 96 layers over p GPUs and each holds about 1/p of it. But with one batch going
+# through the line, only one stage works at a time: each GPU is idle **(p-1)/p** of the
+# step. That is the pipeline *bubble* with a single micro-batch, (p-1)/(m+p-1) at m = 1
+# (GPipe, Huang et al. 2019, §2.3), which the cost model computes:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+gpt3, a100 = cm.MODELS["gpt3-175B"], cm.GPUS["A100-80GB"]
+print(f"{'p':>3} {'GB per GPU':>11} {'fits in 80 GB':>14} {'idle share':>11}")
+for p in (1, 8, 16, 32, 48, 96):
+    memory = cm.memory_per_gpu(gpt3, t=1, p=p, b=1, m=1, recompute="full")
+    print(f"{p:>3} {memory.total / 1e9:>11,.0f} {str(memory.total < a100.memory_bytes):>14} "
+          f"{cm.bubble_fraction(p, 1):>11.1%}")
+
+# %% [markdown]
+# At p = 48 the castle fits, and 47 of the 48 GPUs wait at any moment. Now our own castle:
+# the course's tiny GPT on the castle corpus, 8 transformer layers plus the embedding and
+# the head, cut into 4 stages balanced by parameter count (`lessonlib.pipeline.stages`):
+# two transformer layers per stage, the small embedding and head added at the ends. What
+# each rank will hold:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+SETTINGS = dict(model="gpt", layers=8, hidden=64, steps=3, warmup=1, batch=8, lr=0.05, seed=0)
+model = mp.make_model("gpt", layers=8, hidden=64)
+names = ["embed", *(f"block {i}" for i in range(8)), "head"]
+plan = split_summary(model, 4)
+for stage in plan:
+    print(f"stage {stage['stage']}: {', '.join(names[i] for i in stage['layers']):<24} "
+          f"{stage['params']:>7,} parameters = {4 * stage['params']:>9,} bytes (fp32)")
+print(f"one process: {sum(s['params'] for s in plan):,} parameters")
+
+# %% [markdown]
+# ## 2. The assembly line, for real
+#
+# `mp.run_assembly_line` checks the settings, then starts 4 ranks. Each builds the full
+# model from the same seed, keeps its stage and lets the rest go, and trains 1 warm-up and
+# 3 timed SGD steps: receive the activation, forward, send it on; receive the gradient,
+# backward, send the input's gradient back (all through `lessonlib.comm`). Every rank
+# records when it computed, waited and sent. `mp.single_process` trains the same model on
+# the same batches in this one process, as the reference.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+results = mp.run_assembly_line(4, p=4, **SETTINGS)
+reference = mp.single_process(**SETTINGS)
+print("losses, 4 ranks:   ", [round(x, 4) for x in results[-1]["losses"]])
+print("losses, 1 process: ", [round(x, 4) for x in reference["losses"]])
+
+# %% [markdown]
+# Splitting the model must not change what it computes. The parity check compares the
+# losses of every step and every weight after the last step:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+diff = mp.parity(results, reference)
+print(f"same losses as one process (to 1e-5):  {diff['loss_max_abs_diff'] < 1e-5}")
+print(f"same weights after 4 steps (to 1e-6):  {diff['weights_max_abs_diff'] < 1e-6}")
+
+# %% [markdown]
+# Now the timeline of the 3 timed steps, one row per rank. Blue is forward, orange
+# backward, pink is waiting for a message.
+
+# %%
+tpviz.plot_assembly_line(results)
+plt.show()
+
+# %% [markdown]
+# The staircase is the assembly line: stage 1 cannot start before stage 0 has sent its
+# activation, and stage 0's backward waits for the gradient from stage 1. Measured idle
+# share of the wall time per rank, against the prediction (p-1)/p:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+rows = mp.summarize(results)
+for r in rows:
+    print(f"stage {r['stage']}: worked {r['busy_s'] * 1e3:6.1f} ms, idle {r['idle_measured']:.0%} "
+          f"(predicted {r['idle_predicted']:.0%} for balanced stages)")
+
+# %% [markdown]
+# Timings on a laptop are noisy (here 4 ranks share 2 cores), so single ranks scatter,
+# but the idle shares gather around the prediction. And what each rank holds, measured (the parameters it keeps, and the bytes of
+# activations autograd stored for its backward pass) next to the plan:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for r, stage in zip(rows, plan):
+    print(f"stage {r['stage']}: parameters {r['param_bytes']:>9,} bytes (planned "
+          f"{4 * stage['params']:>9,}), activations kept {r['stash_bytes']:>9,} bytes")
+print(f"all stages together: {sum(r['param_bytes'] for r in rows):,} bytes = "
+      f"one process's {reference['param_bytes']:,}")
+
+# %%
+tpviz.plot_stage_memory(rows, [4 * s["params"] for s in plan])
+plt.show()
+
+# %% [markdown]
+# Every boundary carries one activation forward and one gradient back per step, each a
+# `(b, s, h)` tensor, here 8 x 32 x 64 fp32 values = 65,536 bytes:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for r in results:
+    sent = r["messages"].get("send", {"calls": 0, "bytes": 0})
+    print(f"stage {r['stage']}: {sent['calls']} sends, {sent['bytes']:,} bytes in 3 steps")
+
+# %% [markdown]
+# ## 3. Measured against predicted: more rooms, same time
+#
+# Run the same castle on 2 ranks and compare. If splitting saved time, 4 stages would be
+# faster than 2. The prediction says the idle share grows to (p-1)/p instead:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+results_2 = mp.run_assembly_line(2, p=2, **SETTINGS)
+print(f"{'p':>2} {'idle predicted':>15} {'idle measured (mean)':>21} {'ms per step':>12}")
+for p, res in ((2, results_2), (4, results)):
+    rows_p = mp.summarize(res)
+    wall = max(s.end for r in res for s in r["timeline"]) / SETTINGS["steps"]
+    idle = sum(r["idle_measured"] for r in rows_p) / p
+    print(f"{p:>2} {cm.bubble_fraction(p, 1):>15.0%} {idle:>21.0%} {wall * 1e3:>12.1f}")
+
+# %%
+tpviz.plot_assembly_line(results_2, title="the same castle on 2 stages")
+plt.show()
+
+# %% [markdown]
+# <div style="border: 2px solid #4C72B0; border-radius: 6px; padding: 10px;">
+# <b>Takeaway.</b> Splitting a model by layers divides its memory: each rank holds only
+# its rooms, their parameters and their activations. It does not divide time: the stages
+# run one after another, so each rank is idle about (p-1)/p of the step (75 % at p = 4,
+# 98 % for GPT-3 on 48 A100s), and the messages between stages come on top. Lesson 04 keeps
+# the rooms but fixes the idling twice over: split each layer across builders (tensor
+# parallelism), or feed the line with many small batches (pipeline parallelism).
+# </div>
+#
+# ## Exercises
+#
+# **1.** Write `my_split(n_layers, p)`: p lists of consecutive layer indices, covering
+# 0..n_layers-1 in order, with stage sizes that differ by at most one layer.
+
+# %%
+from lessonlib.exercises import tp as ex
+
+
+def my_split(n_layers, p):
+    raise NotImplementedError
+
+
+ok = ex.check_stage_split(my_split)
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+def my_split(n_layers, p):
+    base, extra = divmod(n_layers, p)
+    stages, start = [], 0
+    for s in range(p):
+        size = base + (1 if s < extra else 0)
+        stages.append(list(range(start, start + size)))
+        start += size
+    return stages
+
+
+assert ex.check_stage_split(my_split)
+
+# %% [markdown]
+# **2.** Measure the idle share yourself. Write `my_idle_share(timeline, wall)`: the share
+# of `wall` seconds in which the rank did no work. A timeline is a list of spans with
+# `.kind`, `.start` and `.end`; working spans are `"F"`, `"B"` and `"OPT"`. The checker runs
+# it on the 4-rank timelines measured above.
+
+# %%
+def my_idle_share(timeline, wall):
+    raise NotImplementedError
+
+
+ok = ex.check_idle_share(my_idle_share, results)
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+def my_idle_share(timeline, wall):
+    busy = sum(s.end - s.start for s in timeline if s.kind in ("F", "B", "OPT"))
+    return 1 - busy / wall
+
+
+assert ex.check_idle_share(my_idle_share, results)
+
+# %% [markdown]
+# **3.** (Thinking, no checker.) The split above balances *parameters*, a proxy for
+# compute. Name a part of the tiny GPT that has many parameters but almost no FLOPs, and an
+# operation with many FLOPs but no parameters at all. How would each skew the timeline if
+# the model were cut by parameter count alone? (Hint: look up what an embedding does in the
+# forward pass, and how attention's cost grows with s.)

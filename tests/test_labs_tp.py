@@ -1,0 +1,51 @@
+"""labs/tp.py runs end to end with tiny settings and writes the shared result shape; bad
+settings stop it with a one-line message before any rank starts. Speed is not asserted."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LAB = Path(__file__).resolve().parent.parent / "labs" / "tp.py"
+
+
+def _run(*args, timeout=240):
+    return subprocess.run([sys.executable, str(LAB), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.timeout(300)
+def test_tiny_run_writes_the_result_shape(tmp_path):
+    out = tmp_path / "tp.json"
+    done = _run("--world-size", "2", "--steps", "2", "--warmup", "1", "--batch", "2",
+                "--seq", "8", "--hidden", "32", "--heads", "4", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["lab"] == "tp" and record["world_size"] == 2
+    assert record["backend"] == "gloo" and record["device"] == "cpu"
+    assert record["settings"] == {"batch": 2, "seq": 8, "hidden": 32, "heads": 4, "steps": 2,
+                                  "warmup": 1}
+    payload = 2 * 8 * 32 * 4
+    for name in ("lessonlib", "torch"):
+        result = record["results"][name]
+        assert result["step_time_s"] > 0
+        for kind in ("mlp", "block"):
+            row = result["layers"][kind]
+            assert row["output_max_abs_error"] < 1e-5 and row["input_grad_max_abs_error"] < 1e-5
+            assert row["matrix_bytes_per_rank"] == [record["dense"][kind]["matrix_bytes"] // 2] * 2
+            assert row["step_time_s"] > 0
+        assert result["layers"]["mlp"]["all_reduces"] == 2
+        assert result["layers"]["mlp"]["comm_bytes"] == 2 * payload
+    assert record["results"]["lessonlib"]["layers"]["block"]["comm_bytes"] == 4 * payload
+    assert record["matrix_bytes_fraction_of_dense"] == {"mlp": 0.5, "block": 0.5}
+    assert set(record["ratio_lessonlib_over_torch"]) == {"mlp", "block"}
+    assert all(r > 0 for r in record["paired_ratio_lessonlib_over_torch"].values())
+
+
+def test_bad_settings_stop_before_any_rank_starts():
+    done = _run("--world-size", "2", "--heads", "3", "--hidden", "48", timeout=60)
+    assert done.returncode == 2
+    assert "--heads 3 must be divisible by the TP degree t = --world-size 2" in done.stderr
+    done = _run("--world-size", "2", "--hidden", "100", "--heads", "8", timeout=60)
+    assert done.returncode == 2 and "--hidden 100 must be divisible by --heads 8" in done.stderr

@@ -1,0 +1,144 @@
+"""Hybrid 3-D parallelism: the tiny GPT trained on a grid of (t, p, d) layouts of the same ranks.
+
+Every layout runs in the same launch (one process group, new TP/PP/DP groups per layout) and
+is also checked against one process (weights after the steps). Per layout it reports the
+median step time (the slowest rank sets the pace) and tokens per second, the parameter bytes
+each rank holds next to the count the TP/PP split predicts, the messages one step sends on
+each axis next to the count ``hybrid.expected_traffic`` predicts, and the pipeline's idle
+share (time outside F and B over the step's wall time, median over ranks) next to the
+bubble the cost model predicts, (p-1)/(m+p-1).
+
+Laptop:  python labs/hybrid.py --world-size 8 [--json results/hybrid.json]
+GPU box: torchrun --nproc-per-node 8 labs/hybrid.py --json results/hybrid.json
+         (across servers: torchrun --nnodes N --nproc-per-node 8 ... ; TP stays innermost)
+"""
+import os
+import re
+import statistics
+import sys
+
+import torch
+
+import lessonlib
+from lessonlib import labkit
+from lessonlib.costmodel import bubble_fraction
+from lessonlib.grid import check_grid
+from lessonlib.hybrid import (check_layout, expected_param_count, expected_traffic,
+                              measured_traffic, train)
+from lessonlib.models import GPTConfig
+
+LAYOUT = re.compile(r"^t(\d+)p(\d+)d(\d+)$")
+
+
+def name(t: int, p: int, d: int) -> str:
+    return f"t{t}p{p}d{d}"
+
+
+def all_layouts(world: int, cfg: GPTConfig, global_batch: int, m: int) -> list[tuple]:
+    """Every (t, p, d) with t*p*d = world that the model and batch allow."""
+    out = []
+    for t in (k for k in range(1, world + 1) if world % k == 0):
+        for p in (k for k in range(1, world // t + 1) if (world // t) % k == 0):
+            try:
+                check_layout(cfg, world // (t * p), p, t, global_batch, m)
+                out.append((t, p, world // (t * p)))
+            except ValueError:
+                continue
+    return out
+
+
+def worker(layouts, settings: dict) -> dict:
+    cfg = GPTConfig(**settings["model"])
+    out = {"info": labkit.rank_info()}
+    for t, p, d in layouts:
+        lessonlib.progress(f"layout {name(t, p, d)}")
+        out[name(t, p, d)] = train(d, p, t, cfg, settings["m"], settings["global_batch"],
+                                   settings["warmup"] + settings["steps"], settings["lr"],
+                                   check=True, warmup=settings["warmup"])
+    return out
+
+
+def build_record(ranks: list[dict], layouts, settings: dict, world_size: int) -> dict:
+    cfg, m, batch = GPTConfig(**settings["model"]), settings["m"], settings["global_batch"]
+    results = {}
+    for t, p, d in layouts:
+        per_rank = [r[name(t, p, d)] for r in ranks]
+        step = max(r["step_time_s"] for r in per_rank)
+        results[name(t, p, d)] = {
+            "t": t, "p": p, "d": d, "b": batch // (d * m), "m": m,
+            "step_time_s": step, "tokens_per_s": batch * cfg.seq / step,
+            "param_bytes_per_rank": [r["param_bytes"] for r in per_rank],
+            "expected_param_bytes_per_rank": [
+                4 * expected_param_count(cfg, p, t, r["coords"][1]) for r in per_rank],
+            "traffic_per_step_rank0": measured_traffic(per_rank[0]["traffic"][-1]),
+            "expected_traffic_rank0": expected_traffic(cfg, d, p, t, batch, m, 0,
+                                                       per_rank[0]["param_count"]),
+            "idle_share_median": statistics.median(r["idle_share"] for r in per_rank),
+            "predicted_bubble": bubble_fraction(p, m),
+            "max_weight_diff_vs_one_process": max(r["max_weight_diff"] for r in per_rank),
+        }
+    record = labkit.result("hybrid", world_size, settings, results, ranks[0]["info"])
+    starter = (f"torchrun --nproc-per-node {world_size}" if lessonlib.launcher.under_torchrun()
+               else "python")
+    record["command"] = " ".join([starter, "labs/hybrid.py", *sys.argv[1:]])
+    record["host"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__}
+    return record
+
+
+def check_settings(ap, args) -> tuple[list, dict]:
+    labkit.check_positive(ap, args, "world-size", "steps", "layers", "hidden", "heads", "seq",
+                          "global-batch", "m")
+    if args.warmup < 0:
+        ap.error(f"--warmup must be 0 or more; got {args.warmup}")
+    if args.hidden % args.heads:
+        ap.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
+    model = {"vocab": 27, "seq": args.seq, "hidden": args.hidden, "heads": args.heads,
+             "layers": args.layers}
+    cfg = GPTConfig(**model)
+    if args.layouts:
+        layouts = []
+        for text in args.layouts.split(","):
+            match = LAYOUT.match(text.strip())
+            if not match:
+                ap.error(f"--layouts: cannot read {text!r}; write t<t>p<p>d<d>, e.g. t2p2d2")
+            t, p, d = map(int, match.groups())
+            try:
+                check_grid(args.world_size, d, p, t)
+                check_layout(cfg, d, p, t, args.global_batch, args.m)
+            except ValueError as exc:
+                ap.error(f"--layouts {text}: {exc}")
+            layouts.append((t, p, d))
+    else:
+        layouts = all_layouts(args.world_size, cfg, args.global_batch, args.m)
+        if not layouts:
+            ap.error(f"no (t, p, d) layout of --world-size {args.world_size} fits --layers "
+                     f"{args.layers}, --heads {args.heads} and --global-batch "
+                     f"{args.global_batch} with --m {args.m}")
+    return layouts, {"model": model, "global_batch": args.global_batch, "m": args.m,
+                     "steps": args.steps, "warmup": args.warmup, "lr": args.lr,
+                     "layouts": [name(*lay) for lay in layouts]}
+
+
+def main():
+    ap = labkit.parser("hybrid", __doc__.splitlines()[0])
+    ap.set_defaults(world_size=8, steps=5, warmup=2)
+    ap.add_argument("--layouts", default=None,
+                    help="comma-separated t<t>p<p>d<d>, e.g. t2p2d2,t4p2d1 (default: all)")
+    ap.add_argument("--layers", type=int, default=4, help="L, transformer layers")
+    ap.add_argument("--hidden", type=int, default=64, help="h")
+    ap.add_argument("--heads", type=int, default=4, help="a")
+    ap.add_argument("--seq", type=int, default=32, help="s, tokens per sequence")
+    ap.add_argument("--global-batch", type=int, default=32, help="B, sequences per step")
+    ap.add_argument("--m", type=int, default=4, help="micro-batches per replica per step")
+    ap.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    args = ap.parse_args()
+    if lessonlib.launcher.under_torchrun():
+        args.world_size = int(os.environ["WORLD_SIZE"])
+    layouts, settings = check_settings(ap, args)
+    ranks = lessonlib.run(worker, args.world_size, layouts, settings, backend=args.backend,
+                          timeout=args.timeout)
+    labkit.emit(build_record(ranks, layouts, settings, args.world_size), args.json)
+
+
+if __name__ == "__main__":
+    main()

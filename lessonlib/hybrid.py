@@ -1,0 +1,286 @@
+"""Hybrid 3-D parallelism: the tiny GPT trained with tensor, pipeline and data parallelism at once.
+
+What it teaches: the three strategies compose, each on its own axis of the (dp, pp, tp) grid
+(``lessonlib.grid``), as in Megatron-LM 2021 (Narayanan et al., §2-3):
+
+1. **pipeline** (pp axis): the dense model is cut into p stages of whole transformer layers,
+   the embedding on the first stage and the head on the last;
+2. **tensor** (tp axis): inside a stage, every layer's attention and MLP are split over the
+   t ranks of the TP group (Megatron's column- and row-parallel layers, ``tensor_parallel``);
+   the activations that cross a stage boundary are whole (b, s, h) tensors, the same on the
+   t ranks of a stage (each sends its copy to its peer: no scatter/gather optimisation);
+3. **data** (dp axis): each of the d replicas takes its rows of the global batch B, cuts
+   them into m micro-batches of b = B/(d m) sequences, and runs them through its pipeline with
+   1F1B (``pipeline.executor``); after the last backward of the step, *one* all-reduce of all
+   the stage's gradients over the DP group, divided by d, then the optimizer step.
+
+Every rank builds its shard from the same full model (cut, then split), so the run equals
+one process training the dense model on the whole batch; ``train`` checks that on the
+ranks and ``parity_summary`` in the caller. ``expected_traffic`` says how many messages and
+bytes each rank should send per step, which the ranks' ledgers confirm.
+
+Laptop:  ``python -c "import lessonlib as L; print(L.hybrid.parity_summary(
+         L.hybrid.run(2, 2, 2)))"``  (8 CPU ranks, d = p = t = 2)
+GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --layouts t2p2d2`` (NCCL, one GPU per rank).
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+
+import torch
+from torch import nn
+
+from lessonlib import comm, device
+from lessonlib.data import corpus_tokens, lm_batch, shard
+from lessonlib.grid import ParallelContext
+from lessonlib.launcher import progress
+from lessonlib.models import Block, GPTConfig, TinyGPT, lm_loss
+from lessonlib.pipeline.executor import PipelineExecutor
+from lessonlib.pipeline.schedules import make
+from lessonlib.pipeline.stages import split_layers
+from lessonlib.tensor_parallel import param_bytes, parallelize_block
+
+# The corpus has 27 characters; 4 layers so that p = 2 or 4 stages each get whole layers.
+HYBRID_CONFIG = GPTConfig(vocab=27, seq=16, hidden=32, heads=4, layers=4)
+
+
+# ---------------------------------------------------------------- checks (pure, before any process)
+def check_layout(cfg: GPTConfig, dp: int, pp: int, tp: int, global_batch: int, m: int) -> int:
+    """Raise ValueError naming the setting if (dp, pp, tp, B, m) cannot train ``cfg``;
+    return the micro-batch size b = B / (d m)."""
+    for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("global_batch", global_batch),
+                        ("m", m)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    if pp > cfg.layers:
+        raise ValueError(f"pp={pp} stages but the model has layers={cfg.layers}: every stage "
+                         f"needs at least one transformer layer; use pp <= {cfg.layers} or a "
+                         f"deeper model")
+    for setting, value in (("heads", cfg.heads), ("hidden", cfg.hidden)):
+        if value % tp:
+            ok = [k for k in range(1, cfg.heads + 1) if cfg.heads % k == 0 and cfg.hidden % k == 0]
+            raise ValueError(f"tp={tp} must divide {setting}={value} (each TP rank takes an "
+                             f"equal share); use tp in {ok}")
+    if global_batch % (dp * m):
+        ok = dp * m * max(1, round(global_batch / (dp * m)))
+        raise ValueError(f"global_batch={global_batch} is not divisible by dp*m = {dp}*{m} = "
+                         f"{dp * m}: each of the d replicas needs m equal micro-batches; use "
+                         f"global_batch={ok}, or change m")
+    return global_batch // (dp * m)
+
+
+def stage_counts(layers: int, pp: int) -> list[int]:
+    """Parts per stage for ``TinyGPT.parts()`` = [embed, L blocks, head]: the L blocks as even
+    as possible (earlier stages take the extra one), the embedding on the first stage and the
+    head on the last."""
+    blocks = [layers // pp + (1 if s < layers % pp else 0) for s in range(pp)]
+    blocks[0] += 1
+    blocks[-1] += 1
+    return blocks
+
+
+# ---------------------------------------------------------------- building a rank's shard
+def build_stage(model: TinyGPT, ctx: ParallelContext) -> nn.Sequential:
+    """This rank's shard: the pipeline stage ``ctx.pp_rank`` of ``model``, with every
+    transformer layer split over the TP group. Copies; sends nothing."""
+    stage = split_layers(model, ctx.pp, stage_counts(model.cfg.layers, ctx.pp))[ctx.pp_rank]
+    return nn.Sequential(*(parallelize_block(part, ctx.tp_group) if isinstance(part, Block)
+                           else part for part in stage))
+
+
+def sync_gradients(params: list[nn.Parameter], ctx: ParallelContext) -> None:
+    """Average the gradients over the d replicas with one all-reduce of one flat buffer."""
+    if ctx.dp == 1:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in params])             # (n_local,)
+    comm.all_reduce(flat, group=ctx.dp_group)
+    flat /= ctx.dp
+    for p, g in zip(params, flat.split([p.numel() for p in params])):
+        p.grad.copy_(g.view_as(p))
+
+
+class HybridTrainer:
+    """One rank of a (dp, pp, tp) run: its stage shard, a 1F1B executor on its pipeline,
+    and SGD. ``step(x, y)`` takes the *global* batch (every rank builds the same one)."""
+
+    def __init__(self, model: TinyGPT, ctx: ParallelContext, m: int, global_batch: int,
+                 lr: float = 0.1, schedule: str = "1f1b"):
+        cfg = model.cfg
+        self.b = check_layout(cfg, ctx.dp, ctx.pp, ctx.tp, global_batch, m)
+        self.ctx, self.m = ctx, m
+        self.stage = build_stage(model, ctx).to(device.current_device())
+        self.params = list(self.stage.parameters())
+        self.executor = PipelineExecutor(
+            make(schedule, ctx.pp, m), ctx.pp_rank, [self.stage], lm_loss,
+            (self.b, cfg.seq, cfg.hidden), stage_ranks=ctx.pp_ranks, group=ctx.pp_group)
+        self.opt = torch.optim.SGD(self.params, lr=lr)
+
+    def step(self, x, y) -> dict:
+        """Forward and backward of this replica's rows through the pipeline, one DP
+        all-reduce, one optimizer step. Returns this rank's losses (last stage), ledgers,
+        and the share of the pipeline's wall time this stage spent outside F and B."""
+        ctx, dev = self.ctx, device.current_device()
+        x, y = shard(x, ctx.dp_rank, ctx.dp).to(dev), shard(y, ctx.dp_rank, ctx.dp).to(dev)
+        self.opt.zero_grad(set_to_none=False)
+        start = device.timer()
+        with comm.ledger() as pipe_book:
+            result = self.executor.step(x if ctx.is_first_stage else None,
+                                        y if ctx.is_last_stage else None)
+        with comm.ledger() as dp_book:
+            sync_gradients(self.params, ctx)
+        self.opt.step()
+        busy = sum(s.end - s.start for s in result.spans if s.kind in ("F", "B"))
+        return {"losses": result.losses, "seconds": device.timer() - start,
+                "pipe": pipe_book, "dp": dp_book, "peak_stash": result.peak_stash,
+                "idle_share": 1 - busy / result.wall_s}
+
+
+# ---------------------------------------------------------------- the run and its proof
+def _grads_as_model(model: TinyGPT) -> TinyGPT:
+    """A copy of ``model`` whose weights are its gradients, to cut and split like the weights."""
+    copy_ = copy.deepcopy(model)
+    with torch.no_grad():
+        for p, q in zip(copy_.parameters(), model.parameters()):
+            p.copy_(q.grad)
+    return copy_
+
+
+def reference(cfg: GPTConfig = HYBRID_CONFIG, global_batch: int = 8, steps: int = 3,
+              lr: float = 0.1, seed: int = 0):
+    """One process, whole batch: (model after the steps, model of first-step grads, losses)."""
+    tokens, _ = corpus_tokens()
+    model = TinyGPT(cfg, seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, grads = [], None
+    for step in range(steps):
+        x, y = lm_batch(tokens, global_batch, cfg.seq, step, seed)       # (B, s)
+        opt.zero_grad()
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        grads = grads or _grads_as_model(model)
+        losses.append(loss.item())
+        opt.step()
+    return model, grads, losses
+
+
+def _max_diff(got: list[torch.Tensor], want: nn.Module) -> float:
+    return max((a.detach().cpu() - b.detach()).abs().max().item()
+               for a, b in zip(got, want.parameters(), strict=True))
+
+
+def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
+          global_batch: int = 8, steps: int = 3, lr: float = 0.1, seed: int = 0,
+          check: bool = True, warmup: int = 0) -> dict:
+    """Rank side: train ``steps`` SGD steps on the (dp, pp, tp) grid. With ``check``, also
+    train the dense model in this process and compare this rank's shard of it (gradients of
+    the first step, weights after the last) with the rank's own. Step times and idle shares
+    are medians over the steps after the first ``warmup``."""
+    check_layout(cfg, dp, pp, tp, global_batch, m)
+    if not 0 <= warmup < steps:
+        raise ValueError(f"warmup={warmup} must be at least 0 and below steps={steps}: the "
+                         f"times are medians over the steps after the warm-up")
+    ctx = ParallelContext.build(dp, pp, tp)
+    tokens, _ = corpus_tokens()
+    trainer = HybridTrainer(TinyGPT(cfg, seed), ctx, m, global_batch, lr)
+    losses, seconds, idle, first_grads, books = [], [], [], None, []
+    for step in range(steps):
+        progress(f"hybrid step {step}")
+        x, y = lm_batch(tokens, global_batch, cfg.seq, step, seed)       # (B, s)
+        comm.barrier()  # every rank starts the step together, so times compare
+        out = trainer.step(x, y)
+        if first_grads is None:  # after the DP all-reduce: the gradients the optimizer used
+            first_grads = [p.grad.detach().clone() for p in trainer.params]
+        losses.append(out["losses"])
+        if step >= warmup:
+            seconds.append(out["seconds"])
+            idle.append(out["idle_share"])
+        books.append({"pipe": out["pipe"].summary(), "dp": out["dp"].summary()})
+    result = {"rank": ctx.rank, "coords": ctx.coords, "losses": losses,
+              "step_time_s": statistics.median(seconds), "idle_share": statistics.median(idle),
+              "traffic": books,
+              "param_bytes": param_bytes(trainer.stage),
+              "param_count": sum(p.numel() for p in trainer.params),
+              "peak_stash": out["peak_stash"]}
+    if check:
+        dense, dense_grads, dense_losses = reference(cfg, global_batch, steps, lr, seed)
+        result.update(max_grad_diff=_max_diff(first_grads, build_stage(dense_grads, ctx)),
+                      max_weight_diff=_max_diff(trainer.params, build_stage(dense, ctx)),
+                      dense_losses=dense_losses)
+    return result
+
+
+def train_layouts(layouts, **settings) -> list[dict]:
+    """Rank side: ``train`` each (dp, pp, tp) of ``layouts`` in turn, in one launch (the
+    world size must be the product of each); one result per layout."""
+    return [train(dp, pp, tp, **settings) for dp, pp, tp in layouts]
+
+
+def run(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
+        global_batch: int = 8, timeout: float = 180, **settings) -> list[dict]:
+    """Caller side: check the layout, then ``launch`` ``train`` on dp*pp*tp ranks."""
+    from lessonlib.grid import check_grid
+    from lessonlib.launcher import launch
+
+    check_layout(cfg, dp, pp, tp, global_batch, m)
+    check_grid(dp * pp * tp, dp, pp, tp)
+    return launch(train, dp * pp * tp, dp, pp, tp, cfg=cfg, m=m, global_batch=global_batch,
+                  timeout=timeout, **settings)
+
+
+def step_losses(per_rank: list[dict]) -> list[float]:
+    """The global batch's mean loss per step, from the last stages' micro-batch losses
+    (mean over the m micro-batches of each replica, then over the d replicas)."""
+    last = [r for r in per_rank if r["coords"][1] == max(q["coords"][1] for q in per_rank)
+            and r["coords"][2] == 0]
+    return [statistics.fmean(statistics.fmean(r["losses"][s]) for r in last)
+            for s in range(len(last[0]["losses"]))]
+
+
+def parity_summary(per_rank: list[dict], cfg: GPTConfig = HYBRID_CONFIG,
+                   global_batch: int = 8, lr: float = 0.1, seed: int = 0) -> dict:
+    """Caller side: the run's losses against one process (computed here) and the ranks'
+    largest gradient and weight differences from their shard of the dense model."""
+    losses = step_losses(per_rank)
+    _, _, dense = reference(cfg, global_batch, len(losses), lr, seed)
+    return {"losses": losses, "dense_losses": dense,
+            "max_loss_diff": max(abs(a - b) for a, b in zip(losses, dense)),
+            "max_grad_diff": max(r.get("max_grad_diff", float("nan")) for r in per_rank),
+            "max_weight_diff": max(r.get("max_weight_diff", float("nan")) for r in per_rank)}
+
+
+def expected_param_count(cfg: GPTConfig, pp: int, tp: int, stage: int) -> int:
+    """Parameters on one rank of pipeline stage ``stage``: per layer, the split matrices and
+    their biases (12h^2 + 7h) / t and the replicated LayerNorms and row-parallel biases (6h);
+    the embeddings (V + s) h on the first stage, the head's LayerNorm and V x h on the last."""
+    h = cfg.hidden
+    layers = stage_counts(cfg.layers, pp)[stage] - (stage == 0) - (stage == pp - 1)
+    count = layers * ((12 * h * h + 7 * h) // tp + 6 * h)
+    count += (cfg.vocab + cfg.seq) * h if stage == 0 else 0
+    return count + (2 * h + cfg.vocab * h if stage == pp - 1 else 0)
+
+
+def expected_traffic(cfg: GPTConfig, dp: int, pp: int, tp: int, global_batch: int, m: int,
+                     stage: int, param_count: int) -> dict:
+    """Messages one rank of pipeline stage ``stage`` sends per step, and their payload bytes
+    (float32). TP: 4 all-reduces of b*s*h per layer per micro-batch (g twice forward, f
+    twice backward; Megatron-LM 2021 §3.2). PP: one (b, s, h) activation forward and one
+    gradient backward per micro-batch and boundary. DP: one all-reduce of the stage's grads."""
+    b = check_layout(cfg, dp, pp, tp, global_batch, m)
+    layers = stage_counts(cfg.layers, pp)[stage] - (stage == 0) - (stage == pp - 1)
+    act = 4 * b * cfg.seq * cfg.hidden
+    boundaries = (stage > 0) + (stage < pp - 1)
+    tp_calls = 4 * layers * m if tp > 1 else 0
+    return {"tp_all_reduce": {"calls": tp_calls, "bytes": tp_calls * act},
+            "pp_send": {"calls": boundaries * m, "bytes": boundaries * m * act},
+            "dp_all_reduce": {"calls": int(dp > 1), "bytes": 4 * param_count * (dp > 1)}}
+
+
+def measured_traffic(book: dict) -> dict:
+    """The same three numbers read from one step's ledgers (``train``'s ``traffic[i]``)."""
+    pipe, dp = book["pipe"], book["dp"]
+    zero = {"calls": 0, "bytes": 0}
+    keep = lambda d: {"calls": d["calls"], "bytes": d["bytes"]}  # noqa: E731
+    return {"tp_all_reduce": keep(pipe.get("all_reduce", zero)),
+            "pp_send": keep(pipe.get("send", zero)),
+            "dp_all_reduce": keep(dp.get("all_reduce", zero))}

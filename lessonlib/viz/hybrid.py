@@ -1,0 +1,280 @@
+"""Plots for lesson 05 (hybrid parallelism): the grid over servers, the (t, p) throughput map,
+memory per GPU, where the step's time goes, the sweet spot, Table 1, and measured runs.
+
+Each plot is a thin layer over ``lessonlib.grid`` (pure layout) or ``lessonlib.costmodel``
+(``estimate``, ``tp_sweep``, ``table1_rows``); ``hybrid_widget`` puts ipywidgets over
+``layout_panel``.
+
+Laptop and GPU box alike: ``from lessonlib.viz import hybrid; hybrid.draw_grid(2, 2, 2, 4)``
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.patches import Rectangle
+
+from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate, table1_rows, tp_sweep
+from lessonlib.grid import axis_groups, placements
+
+GB = 1e9
+PARTS = ("weights", "gradients", "optimizer", "activations")
+PART_COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
+               "activations": "#c44e52"}
+TIME_COLORS = {"compute": "#4c72b0", "elementwise": "#8172b3", "tp_comm": "#dd8452",
+               "pp_comm": "#937860", "dp_comm": "#55a868", "bubble": "#c44e52"}
+
+
+def _model(model):
+    return MODELS[model] if isinstance(model, str) else model
+
+
+def _cluster(cluster):
+    return CLUSTERS[cluster] if isinstance(cluster, str) else cluster
+
+
+# ---------------------------------------------------------------- the grid over servers
+def draw_grid(dp: int, pp: int, tp: int, gpus_per_node: int = 8, servers_per_row: int = 4,
+              ax=None):
+    """Every rank as a GPU square inside its server: colour = pipeline stage, shade = data-
+    parallel replica, black outline = TP group (red dashes where one crosses a server)."""
+    table = placements(dp, pp, tp, gpus_per_node)
+    n_nodes = -(-len(table) // gpus_per_node)
+    rows = -(-n_nodes // servers_per_row)
+    cols = min(n_nodes, servers_per_row)
+    ax = ax or plt.subplots(figsize=(min(2.6 * cols * gpus_per_node / 4, 15),
+                                     1.7 * rows + 0.6))[1]
+    stage_colors = plt.get_cmap("tab10" if pp <= 10 else "viridis")
+    labels = len(table) <= 32
+
+    def spot(rank):
+        node, gpu = divmod(rank, gpus_per_node)
+        row, col = divmod(node, servers_per_row)
+        return col * (gpus_per_node + 1) + gpu, -row * 1.9
+
+    for node in range(n_nodes):
+        x, y = spot(node * gpus_per_node)
+        ax.add_patch(Rectangle((x - 0.15, y - 0.25), gpus_per_node + 0.3, 1.5, fill=False,
+                               ec="grey", lw=1))
+        ax.text(x + gpus_per_node / 2, y + 1.1, f"server {node}", ha="center", fontsize=8)
+    for pl in table:
+        x, y = spot(pl.rank)
+        color = stage_colors(pl.pp % 10 if pp <= 10 else pl.pp / max(pp - 1, 1))
+        ax.add_patch(Rectangle((x + 0.05, y), 0.9, 0.9, color=color,
+                               alpha=1.0 - 0.55 * pl.dp / max(dp, 1)))
+        if labels:
+            ax.text(x + 0.5, y + 0.45, f"r{pl.rank}\n{pl.dp},{pl.pp},{pl.tp}", ha="center",
+                    va="center", fontsize=7)
+    for group in axis_groups(dp, pp, tp)["tp"]:
+        crosses = len({r // gpus_per_node for r in group}) > 1
+        for node in sorted({r // gpus_per_node for r in group}):
+            part = [r for r in group if r // gpus_per_node == node]
+            x, y = spot(part[0])
+            ax.add_patch(Rectangle((x, y - 0.05), len(part), 1.0, fill=False, lw=2,
+                                   ec="red" if crosses else "black",
+                                   ls="--" if crosses else "-"))
+    ax.set_xlim(-0.5, cols * (gpus_per_node + 1))
+    ax.set_ylim(-(rows - 1) * 1.9 - 0.5, 1.5)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"(d, p, t) = ({dp}, {pp}, {tp}) on servers of {gpus_per_node} GPUs: colour = "
+                 f"pipeline stage, shade = DP replica, box = TP group"
+                 + (" (label: rank, dp,pp,tp)" if labels else ""), fontsize=9)
+    return ax
+
+
+# ---------------------------------------------------------------- the cost model's views
+def throughput_grid(model, cluster, d: int = 1, m: int = 64, b: int = 1,
+                    ts=(1, 2, 4, 8, 16, 32), ps=(1, 2, 4, 8, 16, 32, 64), **options):
+    """{(t, p): Estimate or None (layout invalid for the model)} at fixed d, b and m."""
+    model, cluster = _model(model), _cluster(cluster)
+    out = {}
+    for t in ts:
+        for p in ps:
+            try:
+                out[t, p] = estimate(model, Layout(t=t, p=p, d=d, b=b, m=m, **options), cluster)
+            except ValueError:
+                out[t, p] = None
+    return out
+
+
+def throughput_heatmap(model="gpt-161B", cluster="dgx-a100", d: int = 1, m: int = 64,
+                       b: int = 1, mark=None, ax=None, **options):
+    """Predicted TFLOP/s per GPU over (t, p); grey cells do not fit in memory (GB needed)."""
+    model, cluster = _model(model), _cluster(cluster)
+    ts, ps = (1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16, 32, 64)
+    grid = throughput_grid(model, cluster, d, m, b, ts, ps, **options)
+    values = np.full((len(ts), len(ps)), np.nan)
+    ax = ax or plt.subplots(figsize=(6.5, 4.2))[1]
+    for (i, t), (j, p) in ((a, c) for a in enumerate(ts) for c in enumerate(ps)):
+        e = grid[t, p]
+        if e is None:
+            continue
+        if e.fits:
+            values[i, j] = e.tflops_per_gpu
+            ax.text(j, i, f"{e.tflops_per_gpu:.0f}", ha="center", va="center", fontsize=8,
+                    color="black" if e.tflops_per_gpu > 0.5 * cluster.gpu.peak_flops / 1e12 * 0.6
+                    else "white")
+        else:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, color="0.85"))
+            ax.text(j, i, f"{e.memory.total / GB:.0f}\nGB", ha="center", va="center",
+                    fontsize=6, color="0.4")
+    image = ax.imshow(values, cmap="viridis", origin="lower", aspect="auto")
+    plt.colorbar(image, ax=ax, label="predicted TFLOP/s per GPU")
+    ax.set_xticks(range(len(ps)), ps)
+    ax.set_yticks(range(len(ts)), ts)
+    ax.set_xlabel("p (pipeline stages)")
+    ax.set_ylabel("t (tensor-parallel size)")
+    ax.axhline(ts.index(cluster.gpus_per_node) + 0.5 if cluster.gpus_per_node in ts else
+               len(ts) - 0.5, color="white", ls="--", lw=1)
+    if mark is not None and mark[0] in ts and mark[1] in ps:
+        ax.add_patch(Rectangle((ps.index(mark[1]) - 0.5, ts.index(mark[0]) - 0.5), 1, 1,
+                               fill=False, ec="red", lw=2.5))
+    ax.set_title(f"{model.name}, {cluster.name}: d={d}, b={b}, m={m} (grey: does not fit; "
+                 f"above the dashes TP leaves the server)", fontsize=9)
+    return ax
+
+
+def memory_bar(est, ax=None):
+    """One layout's memory per GPU (the busiest, first stage) by part, against capacity."""
+    ax = ax or plt.subplots(figsize=(2.8, 4))[1]
+    parts = est.memory.as_dict()
+    bottom = 0.0
+    for part in PARTS:
+        ax.bar(0, parts[part] / GB, bottom=bottom, color=PART_COLORS[part], width=0.6,
+               label=f"{part} {parts[part] / GB:.1f}")
+        bottom += parts[part] / GB
+    cap = est.memory_capacity_bytes / GB
+    ax.axhline(cap, color="black", ls="--", lw=1)
+    ax.text(-0.45, cap, f"usable {cap:.0f} GB", fontsize=8, va="bottom")
+    ax.set_ylim(0, max(bottom, cap) * 1.6)
+    ax.set_xticks([])
+    ax.set_xlim(-0.5, 1.0)
+    ax.set_ylabel("GB per GPU")
+    ax.set_title(f"memory: {'fits' if est.fits else 'does NOT fit'}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    return ax
+
+
+def time_bar(est, ax=None):
+    """Where one step's time goes, bubble included (seconds per step)."""
+    ax = ax or plt.subplots(figsize=(6, 1.8))[1]
+    left = 0.0
+    for part, seconds in est.time.items():
+        ax.barh(0, seconds, left=left, color=TIME_COLORS.get(part, "grey"),
+                label=f"{part} {seconds:.2f} s")
+        left += seconds
+    ax.set_yticks([])
+    ax.set_xlabel("seconds per step")
+    ax.set_title(f"{est.layout.describe()}: {est.tflops_per_gpu:.0f} TFLOP/s per GPU, "
+                 f"bubble {est.bubble_fraction:.1%} of the step", fontsize=9)
+    ax.legend(fontsize=7, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.5))
+    return ax
+
+
+def layout_panel(t: int = 8, p: int = 8, d: int = 1, m: int = 64, cluster="dgx-a100",
+                 model="gpt-161B", b: int = 1):
+    """The widget's figure: (t, p) heatmap with the chosen layout boxed, its memory per GPU
+    and its step time split (compute, communication, bubble)."""
+    model, cluster = _model(model), _cluster(cluster)
+    fig = plt.figure(figsize=(11, 5.6))
+    spec = fig.add_gridspec(2, 2, width_ratios=(3.2, 1), height_ratios=(3, 1.1))
+    throughput_heatmap(model, cluster, d, m, b, mark=(t, p), ax=fig.add_subplot(spec[0, 0]))
+    try:
+        est = estimate(model, Layout(t=t, p=p, d=d, b=b, m=m), cluster)
+    except ValueError as exc:
+        fig.text(0.75, 0.5, f"t={t}, p={p}:\n{exc}", fontsize=8, wrap=True)
+        return fig
+    memory_bar(est, fig.add_subplot(spec[0, 1]))
+    time_bar(est, fig.add_subplot(spec[1, :]))
+    fig.tight_layout()
+    return fig
+
+
+def _draw_panel(t, p, d, m, cluster, model):
+    layout_panel(t, p, d, m, cluster, model)
+    plt.show()
+
+
+def hybrid_widget(model="gpt-161B"):
+    """Dropdowns for t, p, d, m and the cluster preset over ``layout_panel``."""
+    import ipywidgets as w
+
+    powers = [1, 2, 4, 8, 16, 32, 64]
+    return w.interactive(
+        _draw_panel, t=w.Dropdown(options=powers[:6], value=8),
+        p=w.Dropdown(options=powers, value=8), d=w.Dropdown(options=[1, 2, 4, 8, 16], value=1),
+        m=w.Dropdown(options=[1, 4, 16, 64, 256], value=64),
+        cluster=w.Dropdown(options=list(CLUSTERS), value="dgx-a100"), model=w.fixed(model))
+
+
+def sweet_spot(model="gpt-161B", cluster="dgx-a100", n_gpus: int = 64, global_batch: int = 64,
+               ax=None):
+    """TFLOP/s per GPU against t with p = n/t (``tp_sweep``), and on a second axis the shares
+    of the step lost to the bubble (left of the peak) and to TP all-reduces (right of it)."""
+    model, cluster = _model(model), _cluster(cluster)
+    rows = [(t, p, e) for t, p, e in tp_sweep(model, cluster, n_gpus, global_batch) if e]
+    ax = ax or plt.subplots(figsize=(7, 3.6))[1]
+    xs = list(range(len(rows)))
+    ax.axvspan(max(i for i, (t, _, _) in enumerate(rows) if t <= cluster.gpus_per_node) + 0.5,
+               len(rows) - 0.5, color="0.92")
+    ax.plot(xs, [e.tflops_per_gpu for _, _, e in rows], "o-", color="#4c72b0", lw=2,
+            label="TFLOP/s per GPU (left axis)")
+    ax.set_xticks(xs, [f"t={t}\np={p}" for t, p, _ in rows])
+    ax.set_ylabel("predicted TFLOP/s per GPU")
+    share = ax.twinx()
+    for part, label in (("bubble", "bubble"), ("tp_comm", "TP all-reduces")):
+        share.plot(xs, [100 * e.time[part] / e.step_time_s for _, _, e in rows], "s--",
+                   color=TIME_COLORS[part], label=f"{label}, % of step (right axis)")
+    share.set_ylabel("% of the step")
+    share.set_ylim(0, 100)
+    lines = ax.get_legend_handles_labels()[0] + share.get_legend_handles_labels()[0]
+    share.legend(lines, [h.get_label() for h in lines], fontsize=7, loc="upper left")
+    ax.set_title(f"{model.name} on {n_gpus} GPUs ({cluster.name}), B={global_batch}; "
+                 f"grey: TP group spans servers", fontsize=9)
+    return ax
+
+
+def table1_plot(ax=None):
+    """Megatron-LM 2021 Table 1: published TFLOP/s per GPU against the cost model's."""
+    rows = table1_rows()
+    ax = ax or plt.subplots(figsize=(8, 3.4))[1]
+    xs = np.arange(len(rows))
+    ax.bar(xs - 0.2, [r["tflops_per_gpu"] for r in rows], 0.4, label="published", color="0.6")
+    ax.bar(xs + 0.2, [r["predicted"] for r in rows], 0.4, label="cost model", color="#4c72b0")
+    for x, r in zip(xs, rows):
+        ax.text(x + 0.2, r["predicted"] + 2, f"{r['error']:+.0%}", ha="center", fontsize=7)
+    ax.set_xticks(xs, [f"{r['params_billion']:g}B\n{r['gpus']} GPUs" for r in rows], fontsize=7)
+    ax.set_ylabel("TFLOP/s per GPU")
+    ax.set_title("Megatron-LM 2021 Table 1 (Narayanan et al.) against the cost model", fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    return ax
+
+
+def lab_plot(record: dict):
+    """A lab record's layouts: measured tokens/s; the pipeline's measured idle share against
+    the predicted bubble (p-1)/(m+p-1); parameter bytes per rank against the TP/PP split."""
+    names = list(record["results"])
+    res = [record["results"][n] for n in names]
+    xs, width = np.arange(len(names)), 0.4
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.4))
+    a.bar(xs, [r["tokens_per_s"] for r in res], color="#4c72b0")
+    a.set_ylabel("measured tokens / s")
+    a.set_title(f"{record['world_size']} {record['backend']} ranks on {record['device']}",
+                fontsize=9)
+    for ax, key, want, label, scale in (
+            (b, "idle_share_median", "predicted_bubble", "share of the step", 100),
+            (c, "param_bytes_per_rank", "expected_param_bytes_per_rank", "parameter kB per rank",
+             1e-3)):
+        pick = (lambda r, k: max(r[k])) if key.endswith("rank") else (lambda r, k: r[k])
+        ax.bar(xs - width / 2, [pick(r, key) * scale for r in res], width, color="#4c72b0",
+               label="measured" + (" (largest rank)" if key.endswith("rank") else
+                                   " idle, median rank"))
+        ax.bar(xs + width / 2, [pick(r, want) * scale for r in res], width, color="0.6",
+               label="predicted" + (" from the split" if key.endswith("rank") else
+                                    " bubble (p-1)/(m+p-1)"))
+        ax.set_ylabel(label + (" (%)" if scale == 100 else ""))
+        ax.legend(fontsize=7)
+    for ax in (a, b, c):
+        ax.set_xticks(xs, names, fontsize=8, rotation=30)
+    fig.tight_layout()
+    return fig

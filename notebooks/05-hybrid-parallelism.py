@@ -1,0 +1,331 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Hybrid parallelism: the fleet of castles
+#
+# **The fleet.** One castle is now too big for any single crew. So each castle is built
+# floor by floor in different buildings (**pipeline** parallelism: each floor goes up in its
+# own building, and finished floors are passed to the next), every floor is built by a crew
+# sharing one table, each member holding a slice of every wall (**tensor** parallelism: the
+# crew talks constantly, so it must sit at one table), and a whole **fleet** of identical
+# castles is built at once on different parts of the plan, comparing notes once a day
+# (**data** parallelism).
+#
+# On a GPU cluster the table is a server: its 8 GPUs talk over NVLink, hundreds of GB/s, while
+# servers talk over InfiniBand, ten times slower. Megatron-LM 2021 (Narayanan et al., §3)
+# turned this into a rule: **tensor parallelism inside a server, pipeline parallelism across
+# servers, data parallelism for what is left**, and showed a throughput "sweet spot" that
+# neither extreme reaches.
+#
+# This notebook arranges ranks in the 3-D grid, trains the course's tiny GPT with all three
+# at once on 8 CPU ranks and checks it equals one process, then uses the cost model
+# (validated on Megatron-LM 2021's Table 1) to find the sweet spot and to answer the
+# lesson's system-design question: how to train 1 trillion parameters on 128 servers.
+
+# %%
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from lessonlib import costmodel as cm
+from lessonlib import grid, hybrid
+import lessonlib
+from lessonlib.viz import hybrid as viz
+
+# %% [markdown]
+# ## 1. The grid: every rank gets three coordinates
+#
+# The world's ranks are arranged once in a box of shape (d, p, t),
+# `torch.arange(world).view(dp, pp, tp)`, with **t innermost**. Reading the box along one
+# axis gives that axis's groups: a TP group is t *consecutive* ranks, a PP group strides by
+# t, a DP group by t·p. Because servers hold consecutive ranks, a TP group of t ≤ 8 sits in
+# one server whenever t divides the server's size. Here are 8 ranks as (d, p, t) = (2, 2, 2)
+# on servers of 4 GPUs:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(grid.layout_table(2, 2, 2, gpus_per_node=4))
+
+# %%
+viz.draw_grid(2, 2, 2, gpus_per_node=4)
+plt.show()
+
+# %% [markdown]
+# The same rule at the scale of a real job: (d, p, t) = (2, 4, 8) on 64 GPUs. Each server is
+# exactly one TP group; a pipeline crosses 4 servers; the two replicas are the two rows.
+
+# %%
+viz.draw_grid(2, 4, 8, gpus_per_node=8)
+plt.show()
+
+# %% [markdown]
+# Bad layouts are refused before any process starts, and a TP group that crosses a server
+# boundary *although it need not* gets a warning that says why:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+import warnings
+
+try:
+    grid.check_grid(8, 3, 2, 2)
+except ValueError as exc:
+    print("ValueError:", exc)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    grid.check_grid(24, 2, 4, 3, gpus_per_node=8)
+print("GridWarning:", caught[0].message)
+
+# %% [markdown]
+# Now the grid for real: 8 ranks build their process groups (all of them, on every rank, in
+# the same order, as `torch.distributed.new_group` requires), sum their rank ids over each
+# axis, and read PyTorch's own `init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp",
+# "pp", "tp"))` for comparison.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ranks = lessonlib.launch(grid.demo_grid, 8, 2, 2, 2)
+for r in ranks:
+    print(f"rank {r['rank']} (dp, pp, tp) = {r['coords']}: sums over tp/pp/dp groups = "
+          f"{r['sums']['tp']:.0f}/{r['sums']['pp']:.0f}/{r['sums']['dp']:.0f}, "
+          f"same groups as DeviceMesh: {r['agrees_with_torch']}")
+
+# %% [markdown]
+# ## 2. Prediction before the run
+#
+# `lessonlib.hybrid` trains the tiny GPT (4 layers, h = 32, 4 heads) on the (2, 2, 2) grid:
+# each DP replica takes 4 of the 8 sequences of a step, as m = 2 micro-batches of b = 2,
+# through a 2-stage pipeline run with 1F1B, each stage's layers split over a TP pair. Before
+# running it, the model of the run says what each rank must hold and send per step:
+#
+# * TP: 4 all-reduces of a (b, s, h) activation per layer per micro-batch (g twice in the
+#   forward, f twice in the backward; Megatron-LM 2021 §3.2);
+# * PP: one activation forward and one gradient backward per micro-batch and boundary;
+# * DP: **one** all-reduce of all the stage's gradients, after the last backward;
+# * the bubble: (p-1)/(m+p-1) = 1/3 of the step's wall time (GPipe, Huang et al. 2019, §2.3).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+cfg = hybrid.HYBRID_CONFIG
+print(cfg)
+for stage in (0, 1):
+    count = hybrid.expected_param_count(cfg, pp=2, tp=2, stage=stage)
+    traffic = hybrid.expected_traffic(cfg, 2, 2, 2, global_batch=8, m=2, stage=stage,
+                                      param_count=count)
+    print(f"stage {stage}: {count:,} parameters per rank; per step " + ", ".join(
+        f"{k} {v['calls']} x = {v['bytes']:,} B" for k, v in traffic.items()))
+print(f"predicted bubble: {cm.bubble_fraction(2, 2):.1%} of the step (wall convention)")
+
+# %% [markdown]
+# ## 3. The real run: TP × PP × DP on 8 ranks, against one process
+#
+# Every rank builds its shard from the same full model (cut into stages, then each layer
+# split by heads and columns), trains 3 SGD steps, and compares its shard with the same
+# shard of the dense model trained in one process on the whole batch.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+per_rank = hybrid.run(2, 2, 2, steps=3)
+for r in per_rank:
+    print(f"rank {r['rank']} {r['coords']}: median step {r['step_time_s'] * 1e3:.0f} ms, "
+          f"outside F/B {r['idle_share']:.0%} of the pipeline's time")
+
+# %%
+# NBVAL_CHECK_OUTPUT
+summary = hybrid.parity_summary(per_rank)
+print("loss per step, 3-D run:   ", [round(x, 4) for x in summary["losses"]])
+print("loss per step, one process:", [round(x, 4) for x in summary["dense_losses"]])
+for key in ("max_loss_diff", "max_grad_diff", "max_weight_diff"):
+    print(f"{key}: below 1e-5: {summary[key] < 1e-5}")
+
+# %% [markdown]
+# ## 4. Measured against predicted
+#
+# The ranks' communication ledgers and parameters, next to the prediction of section 2, and
+# the pipeline's idle time next to the bubble formula:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"{'rank':>4} {'(d,p,t)':>9} {'params':>7} {'expected':>8}   traffic per step "
+      f"(measured == expected)")
+for r in per_rank:
+    stage = r["coords"][1]
+    want = hybrid.expected_traffic(cfg, 2, 2, 2, 8, 2, stage, r["param_count"])
+    got = hybrid.measured_traffic(r["traffic"][-1])
+    print(f"{r['rank']:>4} {str(r['coords']):>9} {r['param_count']:>7,} "
+          f"{hybrid.expected_param_count(cfg, 2, 2, stage):>8,}   "
+          + ", ".join(f"{k} {got[k]['calls']}" for k in got) + f"  ({got == want})")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+idle = sorted(r["idle_share"] for r in per_rank)
+print(f"time outside F and B, median over ranks: {idle[len(idle) // 2]:.0%}; "
+      f"bubble formula: {cm.bubble_fraction(2, 2):.0%}")
+tp_calls = [r["traffic"][-1]["pipe"]["all_reduce"] for r in per_rank]
+per_call = sum(c["seconds"] for c in tp_calls) / sum(c["calls"] for c in tp_calls)
+print(f"one TP all-reduce of {tp_calls[0]['bytes'] // tp_calls[0]['calls']:,} bytes took "
+      f"{per_call * 1e3:.2f} ms on average (from the ledger)")
+
+# %% [markdown]
+# The counts match exactly. The idle share is only roughly the formula's: here 8 processes
+# share this machine's CPU cores, so a rank that waits lends its core to the others, and the
+# tiny layers' time is mostly per-operation overhead rather than arithmetic. The lab
+# `labs/hybrid.py` runs every (t, p, d) layout of 8 ranks the same way (checked against one
+# process first); its results on this machine, written by
+# `python labs/hybrid.py --world-size 8 --json data/hybrid_cpu_results.json`:
+
+# %%
+record = json.loads(Path("../data/hybrid_cpu_results.json").read_text())
+print(f"{record['command']}\n{record['world_size']} {record['backend']} ranks on "
+      f"{record['host']['cpu_count']} CPU cores ({record['device']}), torch "
+      f"{record['host']['torch']}; model {record['settings']['model']}, "
+      f"B={record['settings']['global_batch']}, m={record['settings']['m']}")
+print(f"{'layout':>8} {'tokens/s':>9} {'idle (measured)':>15} {'bubble (model)':>14} "
+      f"{'param kB/rank':>13} {'expected':>8}")
+for key, row in record["results"].items():
+    print(f"{key:>8} {row['tokens_per_s']:>9,.0f} {row['idle_share_median']:>15.0%} "
+          f"{row['predicted_bubble']:>14.0%} {max(row['param_bytes_per_rank']) / 1e3:>13.1f} "
+          f"{max(row['expected_param_bytes_per_rank']) / 1e3:>8.1f}")
+viz.lab_plot(record)
+plt.show()
+
+# %% [markdown]
+# Memory per rank matches the split exactly, and every layout also matched one process
+# (weights after the steps). The times tell a CPU story, not a GPU one: every all-reduce on gloo
+# pays a fixed cost (milliseconds in the run above, for a few kilobytes), and TP issues four
+# per layer per micro-batch, so here more t is slower. And 8 processes share a few cores:
+# a stage that waits in the bubble hands its core to the others, so the measured idle share
+# can exceed the formula (the t = 1 rows) and still cost little throughput.
+# The best layout depends on what computation and each kind of link cost on the hardware at
+# hand, which is exactly what a cost model encodes. For GPU clusters, the next section checks
+# the course's cost model against the largest published runs.
+#
+# ## 5. The cost model at scale: Megatron-LM 2021, Table 1
+#
+# `costmodel.estimate(model, layout, cluster)` predicts memory per GPU, the step time split
+# into compute, TP/PP/DP communication and bubble, and TFLOP/s per GPU. Its few empirical
+# constants are set once for all rows (see `lessonlib/costmodel/throughput.py`). Against the
+# ten runs of Megatron-LM 2021 Table 1 (Narayanan et al., 1.7 B to 1 T parameters on up to
+# 3072 A100):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(cm.table1_report())
+
+# %%
+viz.table1_plot()
+plt.show()
+
+# %% [markdown]
+# ## 6. The sweet spot
+#
+# Fix a 161 B-parameter model on 64 A100 in servers of 8 (B = 64, d = 1: it needs every GPU
+# for its 2.6 TB of model state) and trade t against p = 64/t. Left of the peak the deeper
+# pipeline's bubble eats the step; right of it the TP all-reduces leave NVLink for the
+# network.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for t, p, e in cm.tp_sweep(cm.MODELS["gpt-161B"], cm.CLUSTERS["dgx-a100"], 64, 64):
+    print(f"t={t:>2} p={p:>2}: {e.tflops_per_gpu:6.1f} TFLOP/s per GPU, bubble "
+          f"{e.bubble_fraction:5.1%}, TP comm {e.time['tp_comm'] / e.step_time_s:5.1%} of the step")
+
+# %%
+viz.sweet_spot("gpt-161B", "dgx-a100", n_gpus=64, global_batch=64)
+plt.show()
+
+# %% [markdown]
+# Explore: choose t and p (and d, the number of micro-batches m, and the cluster). The
+# heatmap shows the predicted TFLOP/s per GPU of every (t, p) at your d and m (grey: does
+# not fit in 80 GB; the number is the memory it would need), your layout boxed in red, its
+# memory per GPU and where its step time goes. First the default, drawn once:
+
+# %%
+viz.layout_panel(t=8, p=8, d=1, m=64, cluster="dgx-a100")
+plt.show()
+
+# %%
+viz.hybrid_widget()
+
+# %% [markdown]
+# > **Takeaway.** The three parallelisms compose on one grid, (d, p, t) with t innermost, and
+# > together compute exactly what one process computes. Where each goes is decided by
+# > bandwidth: TP talks every layer, so it stays inside a server (t ≤ 8); PP sends one
+# > activation per micro-batch, so it crosses servers, paying a bubble of (p-1)/m that more
+# > micro-batches shrink; DP sends the gradients once per step, so it takes what is left.
+# > The best layout is the smallest t·p that fits, with t filling a server.
+#
+# ## Exercises
+#
+# **1.** Write `coords(rank, dp, pp, tp)` returning the rank's (dp, pp, tp) coordinates in
+# `arange(world).view(dp, pp, tp)`, without building the tensor.
+
+# %%
+from lessonlib.exercises import hybrid as ex
+
+
+def coords(rank, dp, pp, tp):
+    return (0, 0, 0)  # replace with your formula
+
+
+ex.check_coords(coords);
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+def coords(rank, dp, pp, tp):
+    return (rank // (pp * tp), (rank // tp) % pp, rank % tp)
+
+
+assert ex.check_coords(coords)
+
+# %% [markdown]
+# **2. The system-design question.** You must train a 1-trillion-parameter GPT
+# (`cm.MODELS["megatron-1T"]`: 128 layers, h = 25600, 160 heads) on **128 servers of 8 A100
+# 80 GB**, NVLink inside each server, 200 Gb/s InfiniBand per GPU between servers, with a
+# global batch of 2048 sequences. Propose (t, p, d, b, m): t·p·d must use all 1024 GPUs and
+# b·m·d must be 2048. The checker asks the cost model whether it fits and compares it with
+# the best layout the planner finds. The stub below proposes pure data parallelism:
+
+# %%
+my_design = dict(t=1, p=1, d=1024, b=1, m=2)
+ex.check_design(**my_design);
+
+# %% [markdown]
+# The worked answer (hidden in the reading view): reason from memory first, then bandwidth.
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+from lessonlib.costmodel.throughput import USABLE_MEMORY_FRACTION
+
+model, servers = cm.MODELS["megatron-1T"], cm.CLUSTERS["dgx-a100"]
+state = cm.BYTES_PER_PARAM * model.params()
+usable = USABLE_MEMORY_FRACTION * servers.gpu.memory_bytes
+print(f"model state {state / 1e12:.2f} TB: at least {state / usable:.0f} GPUs just to hold it")
+print("t = 8: TP fills a server and no more (its all-reduces stay on NVLink)")
+for p in (16, 32, 64, 128):
+    e = cm.estimate(model, cm.Layout(t=8, p=p, d=1024 // (8 * p), b=1, global_batch=2048),
+                    servers)
+    print(f"  t=8 p={p:>3} d={1024 // (8 * p):>2}: {e.memory.total / 1e9:5.1f} GB per GPU "
+          f"({'fits' if e.fits else 'too much'}), {e.tflops_per_gpu:5.1f} TFLOP/s per GPU")
+my_design = dict(t=8, p=64, d=2, b=1, m=1024)  # smallest p that fits; d takes the rest
+assert ex.check_design(**my_design)
+
+# %% [markdown]
+# The planner says the same in words, including why pure data parallelism is impossible:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(cm.plan(model, servers, n_gpus=1024, global_batch=2048, interleave=(1,)).explain())
+
+# %% [markdown]
+# **3. (open)** In the widget, switch the cluster to `dgx-h100` (4 times the compute, twice
+# the network). Does the best (t, p) for the 161 B model move? Which part of the step grows
+# in share, and why does that push towards fewer pipeline stages or more micro-batches?

@@ -1,0 +1,134 @@
+"""The (dp, pp, tp) grid: groups, coordinates, the server table, bad input, and PyTorch's
+DeviceMesh agreeing rank for rank (one 4-rank launch that builds several layouts)."""
+import warnings
+
+import pytest
+import torch
+
+import lessonlib
+from lessonlib.costmodel import group_spans_nodes
+from lessonlib.grid import (GridWarning, ParallelContext, axis_groups, check_grid,
+                            device_mesh_view, grid_mesh, layout_table, placements)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_tp_is_innermost_and_groups_read_the_mesh_along_one_axis():
+    assert grid_mesh(2, 2, 2).tolist() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    groups = axis_groups(2, 2, 2)
+    assert groups["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert groups["pp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert groups["dp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 2, 2), (3, 4, 2), (1, 8, 4), (4, 1, 8)])
+def test_every_axis_partitions_the_world(shape):
+    dp, pp, tp = shape
+    world = dp * pp * tp
+    for axis, size in zip(("dp", "pp", "tp"), shape):
+        groups = axis_groups(dp, pp, tp)[axis]
+        assert len(groups) == world // size and all(len(g) == size for g in groups)
+        assert sorted(r for g in groups for r in g) == list(range(world))
+    for pl in placements(dp, pp, tp):  # rank = (i*p + j)*t + k
+        assert pl.rank == (pl.dp * pp + pl.pp) * tp + pl.tp
+
+
+def test_placements_put_consecutive_ranks_on_a_server():
+    table = placements(2, 2, 8, gpus_per_node=8)
+    assert [(pl.node, pl.gpu) for pl in table[:9]] == [(0, g) for g in range(8)] + [(1, 0)]
+    assert {pl.node for pl in table if pl.dp == 1 and pl.pp == 1} == {3}
+
+
+def test_layout_table_lists_every_rank_with_server_and_groups():
+    text = layout_table(2, 2, 2, gpus_per_node=4)
+    lines = text.splitlines()
+    assert len(lines) == 2 + 8 and "servers of 4 GPUs" in lines[0]
+    # rank 5 = (1, 0, 1), on server 1 as its GPU 1
+    assert lines[2 + 5].split()[:6] == ["5", "1", "0", "1", "1", "1"]
+    assert "[4, 5]" in lines[2 + 5] and "[5, 7]" in lines[2 + 5] and "[1, 5]" in lines[2 + 5]
+    assert "server" not in layout_table(1, 1, 2).splitlines()[1]
+
+
+@pytest.mark.parametrize("bad", [(8, 2, 2, 3), (8, 3, 2, 2), (6, 1, 1, 4)])
+def test_world_size_must_equal_t_p_d(bad):
+    world, dp, pp, tp = bad
+    with pytest.raises(ValueError, match=f"world_size={world}"):
+        check_grid(world, dp, pp, tp)
+
+
+@pytest.mark.parametrize("setting", ["dp", "pp", "tp"])
+@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+def test_sizes_must_be_positive_integers(setting, value):
+    sizes = {"dp": 1, "pp": 1, "tp": 1, setting: value}
+    with pytest.raises(ValueError, match=f"{setting}={value!r}"):
+        check_grid(1, **sizes)
+
+
+def test_hint_lists_layouts_that_would_work():
+    with pytest.raises(ValueError, match=r"\(dp, pp\) in \[\(1, 4\), \(2, 2\), \(4, 1\)\]"):
+        check_grid(8, 3, 2, 2)
+
+
+def test_tp_group_that_needlessly_spans_servers_warns_and_says_why():
+    with pytest.warns(GridWarning, match=r"ranks \[6, 7, 8\] spans servers \[0, 1\].*NVLink"
+                                         r".*tp in \[1, 2, 4, 8\]"):
+        check_grid(24, 2, 4, 3, gpus_per_node=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_grid(64, 2, 4, 8, gpus_per_node=8)   # t = server: fine
+        check_grid(32, 2, 1, 16, gpus_per_node=8)  # t = 2 servers, the least it can span
+        check_grid(8, 1, 2, 4, gpus_per_node=8)
+
+
+@pytest.mark.parametrize("dp,pp,tp,gpn", [(2, 4, 3, 8), (2, 2, 8, 8), (1, 2, 16, 8),
+                                          (4, 2, 2, 4), (2, 3, 6, 4)])
+def test_grid_agrees_with_the_cost_models_view_of_spanning_groups(dp, pp, tp, gpn):
+    spans = any(len({r // gpn for r in g}) > 1 for g in axis_groups(dp, pp, tp)["tp"])
+    assert spans == group_spans_nodes(dp * pp * tp, tp, 1, gpn)
+    spans_dp = any(len({r // gpn for r in g}) > 1 for g in axis_groups(dp, pp, tp)["dp"])
+    assert spans_dp == group_spans_nodes(dp * pp * tp, dp, tp * pp, gpn)
+
+
+def test_context_needs_a_process_group():
+    with pytest.raises(ValueError, match="needs a process group"):
+        ParallelContext.build(1, 1, 1)
+
+
+LAYOUTS = [(2, 2, 1), (2, 1, 2), (1, 2, 2), (4, 1, 1), (1, 1, 4)]
+
+
+def build_many_layouts():
+    """On each of 4 ranks: for every layout, our context, one all-reduce per axis, and
+    PyTorch's DeviceMesh on the same shape. Also a bad layout, rejected before any group."""
+    out = []
+    for dp, pp, tp in LAYOUTS:
+        ctx = ParallelContext.build(dp, pp, tp)
+        sums = []
+        for group in (ctx.dp_group, ctx.pp_group, ctx.tp_group):
+            x = torch.tensor([float(ctx.rank)])
+            lessonlib.comm.all_reduce(x, group=group)
+            sums.append(x.item())
+        out.append({"ctx": (ctx.coords, ctx.dp_ranks, ctx.pp_ranks, ctx.tp_ranks,
+                            ctx.prev_stage_rank, ctx.next_stage_rank),
+                    "sums": sums, "torch": device_mesh_view(dp, pp, tp)})
+    try:
+        ParallelContext.build(2, 2, 2)
+        out.append("accepted")
+    except ValueError as exc:
+        out.append(str(exc))
+    return out
+
+
+def test_context_on_four_ranks_matches_device_mesh_and_groups_talk(no_children_left):
+    results = lessonlib.launch(build_many_layouts, 4, timeout=90)
+    for rank, per_layout in enumerate(results):
+        assert "world_size=4" in per_layout[-1]
+        for (dp, pp, tp), got in zip(LAYOUTS, per_layout):
+            (coords, dp_ranks, pp_ranks, tp_ranks, prev, nxt) = got["ctx"]
+            pl = placements(dp, pp, tp)[rank]
+            assert coords == (pl.dp, pl.pp, pl.tp)
+            assert got["torch"] == {"coords": coords, "dp_ranks": dp_ranks,
+                                    "pp_ranks": pp_ranks, "tp_ranks": tp_ranks}
+            assert got["sums"] == [float(sum(g)) for g in (dp_ranks, pp_ranks, tp_ranks)]
+            assert prev == (pp_ranks[pl.pp - 1] if pl.pp > 0 else None)
+            assert nxt == (pp_ranks[pl.pp + 1] if pl.pp < pp - 1 else None)

@@ -1,0 +1,71 @@
+"""labs/gpu_check.py on this machine: its CPU mode runs every lab that exists on 2 CPU
+ranks with tiny settings, times small matrix products and writes the report; a lab that is
+not there is reported as skipped, not as a failure."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LABS = Path(__file__).resolve().parent.parent / "labs"
+sys.path.append(str(LABS))         # after site-packages: labs/ holds scripts, not a package
+
+import gpu_check  # noqa: E402  (labs/ is not a package)
+
+from lessonlib import device  # noqa: E402
+
+
+def run_check(*args, timeout=240):
+    return subprocess.run([sys.executable, str(LABS / "gpu_check.py"), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(300)
+def test_cpu_mode_runs_every_lab_and_writes_the_report(tmp_path):
+    out = run_check("--allow-cpu", "--quick", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    rows = {r["lab"]: r for r in report["labs"]}
+    present = set(gpu_check.sweep.available_labs())
+    for lab in gpu_check.LABS:
+        row = rows[lab]
+        if lab in present:
+            assert row["status"] in ("ok", "skipped"), row
+        else:
+            assert row["status"] == "skipped" and "not there yet" in row["error"]
+    assert present <= set(rows), "a lab in labs/ was not run"
+    assert [g["n"] for g in report["gemm"]] and all(g["tflops"] > 0 for g in report["gemm"])
+    text = (tmp_path / "report.md").read_text()
+    assert "| lab | ranks | status |" in text and "Matrix products" in text
+    if device.gpu_count() == 0:
+        assert report["machine"]["backend"] == "gloo"
+        assert "No GPU visible" in out.stderr
+
+
+@pytest.mark.skipif(device.gpu_count() > 0, reason="this machine has a GPU")
+def test_without_a_gpu_it_says_so_and_stops(tmp_path):
+    out = run_check("--out", str(tmp_path), timeout=60)
+    assert out.returncode == 1 and "No GPU is visible" in out.stderr
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_missing_labs_are_skipped_and_one_gpu_sizes(monkeypatch):
+    monkeypatch.setattr(gpu_check.sweep, "available_labs", lambda: ["ddp", "tp"])
+    jobs, skipped = gpu_check.plan(1, gpu=True, quick=False)
+    assert [lab for lab, _ in jobs] == ["ddp", "tp"]
+    assert all(points[0]["world_size"] == "1" and points[0]["backend"] == "nccl"
+               for _, points in jobs)
+    assert {s["lab"] for s in skipped} == set(gpu_check.LABS) - {"ddp", "tp"}
+    jobs, skipped = gpu_check.plan(6, gpu=True, quick=False)
+    assert dict((lab, p[0]["world_size"]) for lab, p in jobs) == {"ddp": "6", "tp": "4"}
+
+
+def test_the_calibration_compares_with_the_preset_peak():
+    rates = [{"n": 1024, "dtype": "bfloat16", "seconds": 1.0, "samples": 5, "tflops": 400.0},
+             {"n": 8192, "dtype": "bfloat16", "seconds": 1.0, "samples": 5, "tflops": 700.0}]
+    calib = gpu_check.calibrate(rates, "NVIDIA H200")
+    assert calib["preset"] == "H200"
+    assert calib["measured_matmul_efficiency"] == pytest.approx(550 / 989)
+    assert gpu_check.calibrate(rates, "cpu")["preset"] is None
+    assert gpu_check.throughput.MATMUL_EFFICIENCY == calib["assumed_matmul_efficiency"]

@@ -22,7 +22,7 @@ course: setup
 
 # The whole suite: library tests, then every notebook under nbval.
 test: setup
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs
 
 # Library tests only (no notebooks), for quick iteration.
 test-fast: setup
@@ -31,6 +31,10 @@ test-fast: setup
 # Rebuild every notebook from its paired .py file and execute it (for authors).
 notebooks: setup
 	$(PY) tools/notebooks.py build
+
+# A static HTML site of the executed course, in site/.
+site: setup
+	$(PY) tools/build_site.py --out site
 
 bench: setup
 	$(PY) labs/launch_overhead.py

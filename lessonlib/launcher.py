@@ -271,7 +271,7 @@ def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
     if not under_torchrun():
         return launch(fn, world_size, *args, backend=backend, **kwargs)
     kwargs.pop("timeout", None)
-    backend = device.resolve_backend(backend, int(os.environ["LOCAL_WORLD_SIZE"]))
+    backend = device.resolve_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     device.bind_device(backend)
     dist.init_process_group(backend)
     try:

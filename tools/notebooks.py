@@ -48,6 +48,8 @@ def build(names: list[str]) -> None:
         NotebookClient(nb, timeout=900, kernel_name="python3",
                        resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
         nbformat.write(nb, ipynb)
+        # Jupytext in JupyterLab refuses a pair whose .ipynb is newer than its .py.
+        py.touch()
 
 
 if __name__ == "__main__":

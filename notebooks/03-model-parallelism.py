@@ -49,6 +49,18 @@ for p in (1, 8, 16, 32, 48, 96):
     print(f"{p:>3} {memory.total / 1e9:>11,.0f} {str(memory.total < a100.memory_bytes):>14} "
           f"{cm.bubble_fraction(p, 1):>11.1%}")
 
+# %%
+tpviz.plot_layer_split("gpt3-175B", 48)
+plt.show()
+
+# %% [markdown]
+# Move the slider: memory per GPU falls as 1/p (until the embeddings dominate), and the
+# idle share climbs towards 1. (The slider accepts any p; a p that does not divide the
+# layers leaves the first stages one layer heavier, which the cost model counts.)
+
+# %%
+tpviz.layer_split_widget()
+
 # %% [markdown]
 # At p = 48 the castle fits, and 47 of the 48 GPUs wait at any moment. Now our own castle:
 # the course's tiny GPT on the castle corpus, 8 transformer layers plus the embedding and

@@ -194,3 +194,42 @@ def weight_split_widget(heads: int = 8):
         plt.show()
 
     return interact(show, t=[d for d in (1, 2, 4, 8) if heads % d == 0])
+
+
+def plot_layer_split(model: str = "gpt3-175B", p: int = 48, gpu: str = "A100-80GB"):
+    """Predicted memory per GPU and idle share when ``model``'s layers are cut over p GPUs
+    with one batch in flight (the cost model; the idle share is (p-1)/p)."""
+    from lessonlib import costmodel as cm
+
+    spec, capacity = cm.MODELS[model], cm.get_gpu(gpu).memory_bytes
+    ps = [q for q in range(1, spec.L + 1) if spec.L % q == 0]
+    memory = [cm.memory_per_gpu(spec, p=q, b=1, m=1, recompute="full").total / 1e9 for q in ps]
+    fig, (mem, idle) = plt.subplots(1, 2, figsize=(10, 3.2))
+    mem.plot(ps, memory, "o-", color="#4C72B0", ms=3)
+    mem.axhline(capacity / 1e9, color="k", ls="--", lw=0.8)
+    mem.text(ps[0], capacity / 1e9 * 1.1, f"{gpu}: {capacity / 1e9:.0f} GB", fontsize=8)
+    idle.plot(ps, [cm.bubble_fraction(q, 1) for q in ps], "o-", color="#DD8452", ms=3)
+    here = cm.memory_per_gpu(spec, p=p, b=1, m=1, recompute="full").total / 1e9
+    mem.plot([p], [here], "o", color="#C44E52", ms=9, label=f"p = {p}: {here:,.0f} GB")
+    idle.plot([p], [cm.bubble_fraction(p, 1)], "o", color="#C44E52", ms=9,
+              label=f"p = {p}: {cm.bubble_fraction(p, 1):.0%} idle")
+    mem.set(xscale="log", yscale="log", xlabel="p (GPUs in the line)", ylabel="GB per GPU")
+    idle.set(xscale="log", xlabel="p (GPUs in the line)", ylabel="idle share of each GPU")
+    for ax in (mem, idle):
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{spec.describe()}, layers split over p GPUs, one batch in flight", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def layer_split_widget():
+    """Pick a model and p: memory per GPU falls as 1/p, the idle share climbs to (p-1)/p."""
+    import ipywidgets as w
+
+    def show(model, p):
+        plot_layer_split(model, p)
+        plt.show()
+
+    return w.interactive(show, model=w.Dropdown(options=["gpt2-xl", "megatron-39.1B", "gpt3-175B",
+                                                         "megatron-1T"], value="gpt3-175B"),
+                         p=w.IntSlider(value=48, min=1, max=128))

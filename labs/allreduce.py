@@ -1,0 +1,126 @@
+"""The course's own nccl-tests: hand-written all-reduces against dist.all_reduce.
+
+What it teaches: why the ring replaced the parameter server. For each world size and
+message size it times the bandwidth-optimal ring, the naive ring, the parameter server and
+``dist.all_reduce`` (gloo's or NCCL's ring in C++), reports bus bandwidth as nccl-tests
+defines it (busbw = S/t x 2(n-1)/n, doc/PERFORMANCE.md), checks the bytes each rank sent
+(from the ledger) against the theory (ring: 2(n-1)/n x S; the server's link: 2(n-1) x S),
+and, with ``--sweep``, fits the alpha-beta model to all the measurements twice: with a link
+per rank (``fit``, a cluster's case) and with one medium all ranks share (``fit_shared``,
+CPU ranks on one machine).
+
+Laptop:  ``python labs/allreduce.py --world-size 4 --size-mb 16 --json results/allreduce.json``
+         ``python labs/allreduce.py --sweep --world-sizes 2,4,8 --json results/sweep.json``
+GPU box: ``torchrun --nproc-per-node 8 labs/allreduce.py --size-mb 256`` (NCCL; under
+         torchrun a sweep covers message sizes at the launched world size)
+"""
+from __future__ import annotations
+
+import sys
+
+import lessonlib
+from lessonlib import labkit, launcher
+from lessonlib.costmodel.comm import (bus_bandwidth, parameter_server_bytes,
+                                      ring_allreduce_bytes_per_rank)
+from lessonlib.dp_bench import (ALL_ALGORITHMS, LINKS, allreduce_bench, fit_alpha_beta,
+                                slowest_rank_median)
+
+GB = 1e9
+
+
+def summarize(ranks: list[dict], size: int, n: int) -> dict:
+    """One size's per-algorithm record from every rank's ``allreduce_bench`` output."""
+    out = {}
+    for name in ranks[0]["sizes"][size]:
+        rows = [r["sizes"][size][name] for r in ranks]
+        t = slowest_rank_median([row["times"] for row in rows])
+        entry = {"time_s": t, "algbw_GBps": size / t / GB,
+                 "busbw_GBps": bus_bandwidth("all_reduce", n, size, t) / GB,
+                 "max_error": max(row["max_error"] for row in rows),
+                 "timed_calls": len(rows[0]["times"])}
+        if name != "torch":            # the ledger sees lessonlib's messages, not gloo's own
+            sent = [row["bytes_sent"] for row in rows]
+            entry["bytes_sent_per_rank"] = sent
+            if name == "ring":
+                entry["bytes_theory_per_rank"] = ring_allreduce_bytes_per_rank(n, size)
+            if name == "naive_ring":
+                entry["bytes_theory_per_rank"] = (n - 1) * size
+            if name == "parameter_server":
+                entry["server_link_bytes"] = rows[0]["bytes_sent"] + rows[0]["bytes_received"]
+                entry["server_link_bytes_theory"] = parameter_server_bytes(n, size)
+        out[name] = entry
+    return out
+
+
+def measure(n: int, sizes: list[int], args) -> list[dict]:
+    return lessonlib.run(allreduce_bench, n, sizes, args.algorithms, budget_s=args.budget_s,
+                         min_iters=min(3, args.steps), max_iters=args.steps, timeout=args.timeout)
+
+
+def main(argv=None):
+    p = labkit.parser("allreduce", "Time hand-written all-reduces against dist.all_reduce.")
+    p.add_argument("--size-mb", type=float, default=16.0, help="message size in MiB")
+    p.add_argument("--algorithms", default=",".join(ALL_ALGORITHMS),
+                   help=f"comma-separated, from {','.join(ALL_ALGORITHMS)}")
+    p.add_argument("--budget-s", type=float, default=3.0,
+                   help="about how long to time each message size (at least 3 calls each)")
+    p.add_argument("--sweep", action="store_true",
+                   help="all --world-sizes x --sizes-kb, with an alpha-beta fit")
+    p.add_argument("--world-sizes", default="2,3,4,6,8")
+    p.add_argument("--sizes-kb", default="1,4,16,64,256,1024,4096,16384,65536")
+    args = p.parse_args(argv)
+    labkit.check_positive(p, args, "world-size", "steps")
+    args.algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    bad = [a for a in args.algorithms if a not in ALL_ALGORITHMS]
+    if bad or not args.algorithms:
+        p.error(f"--algorithms: unknown {bad}; choose from {','.join(ALL_ALGORITHMS)}")
+    if not args.size_mb > 0 or not args.budget_s > 0:
+        p.error(f"--size-mb ({args.size_mb}) and --budget-s ({args.budget_s}) must be positive")
+    try:
+        world_sizes = [int(w) for w in args.world_sizes.split(",")]
+        sizes = [int(float(kb) * 1024) for kb in args.sizes_kb.split(",")]
+    except ValueError:
+        p.error(f"--world-sizes ({args.world_sizes}) and --sizes-kb ({args.sizes_kb}) must be "
+                f"comma-separated numbers, e.g. 2,4,8 and 1,1024")
+    if min(world_sizes) < 1 or min(sizes) < 4:
+        p.error("--world-sizes must be >= 1 and --sizes-kb at least 0.004 (one float)")
+    command = "python labs/allreduce.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if not args.sweep:
+        size = int(args.size_mb * 2 ** 20) // 4 * 4
+        ranks = measure(args.world_size, [size], args)
+        n = len(ranks)
+        results = summarize(ranks, size, n)
+        settings = {"size_bytes": size, "algorithms": args.algorithms, "command": command}
+        record = labkit.result("allreduce", n, settings, results, ranks[0]["info"])
+        if "ring" in results and "torch" in results and n > 1:
+            record["ring_vs_torch_busbw"] = (results["ring"]["busbw_GBps"]
+                                             / results["torch"]["busbw_GBps"])
+        labkit.emit(record, args.json)
+        return record
+    if launcher.under_torchrun():
+        world_sizes = [None]                            # torchrun fixed the world size
+    points = {name: [] for name in args.algorithms}
+    info = None
+    for w in world_sizes:
+        ranks = measure(w or 1, sizes, args)
+        n, info = len(ranks), ranks[0]["info"]
+        for size in sizes:
+            for name, entry in summarize(ranks, size, n).items():
+                points[name].append({"world_size": n, "size_bytes": size, **entry})
+    results = {}
+    for name, pts in points.items():
+        usable = [(q["world_size"], q["size_bytes"], q["time_s"])
+                  for q in pts if q["world_size"] > 1]
+        fits = {links: fit_alpha_beta(usable, name, links) if len(usable) >= 2 else None
+                for links in LINKS}
+        results[name] = {"points": pts, "fit": fits["dedicated"], "fit_shared": fits["shared"]}
+    settings = {"world_sizes": sorted({q["world_size"] for q in points[args.algorithms[0]]}),
+                "sizes_bytes": sizes, "algorithms": args.algorithms, "budget_s": args.budget_s,
+                "command": command}
+    record = labkit.result("allreduce", max(settings["world_sizes"]), settings, results, info)
+    labkit.emit(record, args.json)
+    return record
+
+
+if __name__ == "__main__":
+    main()

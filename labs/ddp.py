@@ -1,0 +1,119 @@
+"""Data-parallel training, timed: lessonlib's DDP ladder against PyTorch's DDP.
+
+What it teaches: what buckets and overlap buy. Every rank trains the same GPT (10.7 M
+parameters by default) on its shard of each batch, with lessonlib's bucketed
+``DataParallel`` (rung d), the naive rung (a: one blocking all-reduce per gradient after
+backward) and ``torch.nn.parallel.DistributedDataParallel``, taking turns, and reports each
+one's median step time (slowest rank), throughput and bytes all-reduced per step. With
+``--sweep`` it repeats over world sizes and reports weak-scaling efficiency:
+throughput(n) / (n x throughput(1)), the per-rank batch staying fixed.
+
+Laptop:  ``python labs/ddp.py --world-size 2 --json results/ddp.json``
+         ``python labs/ddp.py --sweep --world-sizes 1,2,4 --json results/ddp_sweep.json``
+GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py --batch 16 --json results/ddp.json``
+         (NCCL, one GPU per rank; several nodes: add ``--nnodes`` and a rendezvous endpoint)
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+
+import lessonlib
+from lessonlib import labkit, launcher
+from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank
+from lessonlib.dp_bench import ddp_bench, slowest_rank_median
+from lessonlib.dp_runs import RUNGS, TEN_M, TINY
+
+MODELS = {"10M": TEN_M, "tiny": TINY}
+NAMES = {"bucketed": "lessonlib", "naive": "lessonlib_naive", "flat": "lessonlib_flat",
+         "async": "lessonlib_async", "torch": "torch"}
+
+
+def summarize(ranks: list[dict], batch: int, seq: int) -> dict:
+    n = len(ranks)
+    out = {}
+    for rung in ranks[0]["runs"]:
+        t = slowest_rank_median([r["runs"][rung]["times"] for r in ranks])
+        ledger = ranks[0]["runs"][rung]["ledger"].get("all_reduce", {})
+        grad_bytes = ranks[0]["gradient_bytes"]
+        entry = {"rung": RUNGS[rung], "step_time_s": t, "samples_per_s": n * batch / t,
+                 "tokens_per_s": n * batch * seq / t,
+                 "gradient_bytes_per_step": grad_bytes,
+                 "wire_bytes_per_rank_theory": ring_allreduce_bytes_per_rank(n, grad_bytes)}
+        if rung != "torch":            # PyTorch's DDP sends from C++, out of the ledger's sight
+            entry["all_reduces_per_step"] = ledger.get("calls", 0)
+            entry["bytes_all_reduced_per_step"] = ledger.get("bytes", 0)
+        out[NAMES[rung]] = entry
+    return out
+
+
+def measure(n, args) -> list[dict]:
+    return lessonlib.run(ddp_bench, n, args.rungs, MODELS[args.model], batch=args.batch,
+                         steps=args.steps, warmup=args.warmup, rounds=args.rounds,
+                         bucket_cap_mb=args.bucket_cap_mb, timeout=args.timeout)
+
+
+def main(argv=None):
+    p = labkit.parser("ddp", "Time lessonlib's data parallelism against PyTorch's DDP.")
+    p.add_argument("--rungs", default="bucketed,naive,torch",
+                   help=f"comma-separated, from {','.join(RUNGS)}")
+    p.add_argument("--model", default="10M", choices=list(MODELS))
+    p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--rounds", type=int, default=2, help="turns the rungs take")
+    p.add_argument("--sweep", action="store_true", help="all --world-sizes: scaling efficiency")
+    p.add_argument("--world-sizes", default="1,2,4")
+    args = p.parse_args(argv)
+    labkit.check_positive(p, args, "world-size", "steps", "batch", "rounds")
+    if args.warmup < 0:
+        p.error(f"--warmup must be 0 or more; got {args.warmup}")
+    if not args.bucket_cap_mb > 0:
+        p.error(f"--bucket-cap-mb must be a positive number of MiB (PyTorch uses 25); "
+                f"got {args.bucket_cap_mb}")
+    args.rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
+    if not args.rungs or any(r not in RUNGS for r in args.rungs):
+        p.error(f"--rungs {args.rungs}: choose from {','.join(RUNGS)}")
+    try:
+        world_sizes = sorted({int(w) for w in args.world_sizes.split(",")})
+    except ValueError:
+        p.error(f"--world-sizes must be comma-separated integers, e.g. 1,2,4; "
+                f"got {args.world_sizes}")
+    if world_sizes[0] < 1:
+        p.error(f"--world-sizes must all be >= 1; got {args.world_sizes}")
+    cfg = MODELS[args.model]
+    command = "python labs/ddp.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    settings = {"model": args.model, "config": asdict(cfg), "batch_per_rank": args.batch,
+                "bucket_cap_mb": args.bucket_cap_mb, "steps": args.steps, "rounds": args.rounds,
+                "command": command}
+    if not args.sweep or launcher.under_torchrun():
+        ranks = measure(args.world_size, args)
+        results = summarize(ranks, args.batch, cfg.seq)
+        settings["parameters"] = ranks[0]["parameters"]
+        record = labkit.result("ddp", len(ranks), settings, results, ranks[0]["info"])
+        if "lessonlib" in results and "torch" in results:
+            record["lessonlib_vs_torch_step_time"] = (results["lessonlib"]["step_time_s"]
+                                                      / results["torch"]["step_time_s"])
+        if "lessonlib" in results and "lessonlib_naive" in results:
+            record["naive_vs_lessonlib_step_time"] = (results["lessonlib_naive"]["step_time_s"]
+                                                      / results["lessonlib"]["step_time_s"])
+        labkit.emit(record, args.json)
+        return record
+    by_n = {}
+    for w in world_sizes:
+        ranks = measure(w, args)
+        by_n[w], info = summarize(ranks, args.batch, cfg.seq), ranks[0]["info"]
+        settings["parameters"] = ranks[0]["parameters"]
+    results = {}
+    for name in by_n[world_sizes[0]]:
+        base = by_n[world_sizes[0]][name]["samples_per_s"] / world_sizes[0]
+        results[name] = {"by_world_size": {str(w): by_n[w][name] for w in world_sizes},
+                         "scaling_efficiency": {str(w): by_n[w][name]["samples_per_s"] / (w * base)
+                                                for w in world_sizes}}
+    settings["world_sizes"] = world_sizes
+    record = labkit.result("ddp", world_sizes[-1], settings, results, info)
+    labkit.emit(record, args.json)
+    return record
+
+
+if __name__ == "__main__":
+    main()

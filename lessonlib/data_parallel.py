@@ -1,0 +1,220 @@
+"""Rung (d) of the data-parallel ladder: bucketed gradient all-reduce overlapping backward.
+
+What it teaches: how PyTorch's DistributedDataParallel (Li et al., VLDB 2020) is fast.
+Gradients become final in roughly the reverse order of the parameters (the last layer's
+first), so ``DataParallel`` packs the parameters, in reverse order, into buckets of about
+``bucket_cap_mb`` MiB. When the last gradient of a bucket arrives, the bucket's single
+asynchronous all-reduce starts while backward keeps computing earlier layers: few messages
+(unlike rung (c)) and overlap with compute (unlike rungs (a) and (b), see
+``lessonlib.ddp_ladder``). A callback at the end of backward waits for the buckets, so the
+gradients are averaged by the time ``loss.backward()`` returns, as with PyTorch's DDP.
+
+Also as in PyTorch's DDP: rank 0's weights are copied to every rank at wrap time; frozen
+parameters are skipped and a tied weight is reduced once; ``no_sync()`` lets gradients
+accumulate locally over micro-batches and syncs on the first backward outside it; buckets
+always launch in the same order on every rank. ``sharded_loader`` is the data side: a
+``DistributedSampler`` gives each rank its own share of every epoch.
+
+Laptop:  ``python labs/ddp.py --world-size 2``
+GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py`` (NCCL, one GPU per rank)
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from lessonlib import comm
+from lessonlib.collectives import group_ranks
+from lessonlib.ddp_ladder import queue_end_of_backward, replicate, trainable_parameters
+
+MiB = 2 ** 20
+
+
+def plan_buckets(params, cap_bytes: int, first_cap_bytes: int | None = None) -> list[list[int]]:
+    """Indices of ``params`` grouped into buckets, last parameter first.
+
+    A bucket closes when the next parameter would take it past its cap, or has another
+    dtype or device (a bucket is one flat buffer). A parameter bigger than the cap gets a
+    bucket of its own. The first bucket's cap is ``first_cap_bytes`` when given (PyTorch's
+    DDP uses 1 MiB, so that communication starts early in backward), never more than
+    ``cap_bytes``. Pure: the tests and the notebook call it without processes."""
+    first = min(cap_bytes, first_cap_bytes if first_cap_bytes is not None else cap_bytes)
+    buckets: list[list[int]] = []
+    size, kind = 0, None
+    for i in reversed(range(len(params))):
+        p = params[i]
+        nbytes = p.numel() * p.element_size()
+        cap = first if len(buckets) == 1 else cap_bytes
+        if buckets and (size + nbytes <= cap and (p.dtype, p.device) == kind):
+            buckets[-1].append(i)
+            size += nbytes
+        else:
+            buckets.append([i])
+            size, kind = nbytes, (p.dtype, p.device)
+    return buckets
+
+
+@dataclass
+class Bucket:
+    """One flat buffer holding several parameters' gradients, all-reduced as one message."""
+    params: list[nn.Parameter]
+    buffer: torch.Tensor
+    views: list[torch.Tensor]
+    arrived: set = field(default_factory=set)
+    handle: object = None
+    launched_at: float | None = None
+    done_at: float | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+
+def _check_cap(value, name: str = "bucket_cap_mb") -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not value > 0 or math.isinf(value):
+        raise ValueError(f"{name} must be a positive number of MiB (PyTorch's DDP uses 25 "
+                         f"for bucket_cap_mb and 1 for the first bucket; a tiny value such as "
+                         f"0.01 gives one bucket per parameter); got {value!r}")
+
+
+class DataParallel(nn.Module):
+    """Wrap ``module`` so that ``loss.backward()`` leaves gradients averaged over ``group``.
+
+    Buckets hold about ``bucket_cap_mb`` MiB, the first one ``first_bucket_mb`` (both as in
+    PyTorch's DDP: 25 and 1), so the first all-reduce starts early in backward.
+
+    ``buckets`` lists the buckets (reverse parameter order). After each synced backward,
+    ``timeline`` says when backward finished computing and, per bucket, when its all-reduce
+    was launched and when it was first seen finished (``time.perf_counter`` seconds; seen
+    at the next gradient hook, or at the end of backward), for the lesson's timeline."""
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, group=None,
+                 first_bucket_mb: float = 1.0):
+        _check_cap(bucket_cap_mb)
+        _check_cap(first_bucket_mb, "first_bucket_mb")
+        super().__init__()
+        self.module = replicate(module, group)
+        self.group, self.world_size = group, dist.get_world_size(group)
+        self.bucket_cap_mb = bucket_cap_mb
+        params = trainable_parameters(module)
+        self.buckets: list[Bucket] = []
+        self._slot: dict[int, tuple[Bucket, torch.Tensor]] = {}
+        caps = int(bucket_cap_mb * MiB), int(first_bucket_mb * MiB)
+        for indices in plan_buckets(params, *caps):
+            members = [params[i] for i in indices]
+            buffer = torch.zeros(sum(p.numel() for p in members), dtype=members[0].dtype,
+                                 device=members[0].device)
+            views = [v.view(p.shape) for v, p in
+                     zip(buffer.split([p.numel() for p in members]), members)]
+            bucket = Bucket(members, buffer, views)
+            self.buckets.append(bucket)
+            self._slot.update({id(p): (bucket, v) for p, v in zip(members, views)})
+        self._sync, self._queued, self._next, self._done = True, False, 0, 0
+        self.timeline: dict = {}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self):
+        """Inside, backward only accumulates local gradients (no communication); the first
+        backward after it averages everything accumulated so far."""
+        before, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = before
+
+    # ------------------------------------------------------------ during backward
+    def _on_grad(self, p: torch.Tensor) -> None:
+        """Runs once per parameter per backward (autograd has grad mode off here), so it is
+        kept short: copy the gradient into its bucket, launch what is full."""
+        if not self._sync:
+            return
+        if not self._queued:
+            self._queued = True
+            queue_end_of_backward(self._finish)
+        bucket, view = self._slot[id(p)]
+        view.copy_(p.grad)
+        bucket.arrived.add(id(p))
+        self._launch_full_buckets()
+        self._note_finished()
+
+    def _launch_full_buckets(self) -> None:
+        """Launch, in bucket order, every bucket whose gradients have all arrived: the same
+        order on every rank, which collectives require."""
+        while self._next < len(self.buckets):
+            bucket = self.buckets[self._next]
+            if len(bucket.arrived) < len(bucket.params):
+                return
+            bucket.launched_at = time.perf_counter()
+            bucket.handle = comm.all_reduce(bucket.buffer, group=self.group, async_op=True)
+            self._next += 1
+
+    def _note_finished(self) -> None:
+        """Stamp buckets seen finished (they finish in launch order, so check the oldest)."""
+        while self._done < self._next and self.buckets[self._done].handle.is_completed():
+            self.buckets[self._done].done_at = time.perf_counter()
+            self._done += 1
+
+    # ------------------------------------------------------------ end of backward
+    @torch.no_grad()
+    def _finish(self) -> None:
+        computed_at = time.perf_counter()
+        for bucket in self.buckets[self._next:]:     # a parameter this backward did not reach
+            for p, view in zip(bucket.params, bucket.views):   # sends what it holds, or zeros
+                if id(p) in bucket.arrived:
+                    continue
+                if p.grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(p.grad)
+                bucket.arrived.add(id(p))
+        self._launch_full_buckets()
+        for bucket in self.buckets:
+            bucket.handle.wait()
+            if bucket.done_at is None:
+                bucket.done_at = time.perf_counter()
+            for p, view in zip(bucket.params, bucket.views):    # the sum / n, in one pass
+                if p.grad is None:
+                    p.grad = view / self.world_size
+                else:
+                    torch.div(view, self.world_size, out=p.grad)
+        self.timeline = {"backward_computed_at": computed_at, "buckets": [
+            {"bucket": i, "bytes": b.nbytes, "params": len(b.params),
+             "launched_at": b.launched_at, "done_at": b.done_at}
+            for i, b in enumerate(self.buckets)]}
+        for bucket in self.buckets:
+            bucket.arrived, bucket.handle = set(), None
+            bucket.launched_at = bucket.done_at = None
+        self._queued, self._next, self._done = False, 0, 0
+
+    def remove_hooks(self) -> nn.Module:
+        """Detach from the module and return it (plain again)."""
+        for handle in self._hooks:
+            handle.remove()
+        return self.module
+
+
+def sharded_loader(dataset, batch_size: int, group=None, shuffle: bool = True, seed: int = 0,
+                   drop_last: bool = True) -> DataLoader:
+    """This rank's DataLoader: a ``DistributedSampler`` hands it every n-th example of a
+    per-epoch permutation (call ``loader.sampler.set_epoch(epoch)`` each epoch), so the n
+    ranks together see the epoch once, and batch i over all ranks is n x ``batch_size``
+    examples, as in one process with the global batch."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer (examples per rank); "
+                         f"got {batch_size!r}")
+    me, members = group_ranks(group)
+    sampler = DistributedSampler(dataset, num_replicas=len(members), rank=me,
+                                 shuffle=shuffle, seed=seed, drop_last=drop_last)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last)

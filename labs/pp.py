@@ -1,0 +1,127 @@
+"""Pipeline parallelism, lessonlib against PyTorch: GPipe and 1F1B on the same stages.
+
+The model is an ``mlp_stack`` of p x ``--layers-per-stage`` equal Linear+GeLU layers, cut
+into p balanced stages (stage s = rank s), so each micro-batch costs every stage the same
+matmul work. lessonlib's executor (``lessonlib.pipeline``) and PyTorch's
+``torch.distributed.pipelining`` (``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B``)
+run it in turns, step by step, for each m in ``--microbatches``. Per schedule, m and
+implementation it reports the median step time (the slowest rank's), the measured bubble
+per stage (1 - time in forward and backward / step time: the share of *wall* time, GPipe
+§2.3's convention), and the peak number and bytes of activations each stage held for its
+backward (counted from what autograd saved), next to the theory: bubble (p-1)/(m+p-1) of
+wall time (and Megatron-LM 2021's (p-1)/m of ideal time), stash min(p - stage, m) for
+1F1B and m for GPipe. Compute threads per rank default to 1 so ranks do not share cores,
+and stage 0 computes its input's gradient like every other stage, so the stages are equal.
+
+Laptop:  python labs/pp.py --world-size 2 [--json results/pp.json]
+GPU box: torchrun --nproc-per-node 4 labs/pp.py --microbatches 4 8 16 --json results/pp.json
+"""
+import os
+import platform
+import sys
+
+import torch
+
+import lessonlib
+from lessonlib import labkit
+from lessonlib.pipeline import runs
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def worker(settings: dict) -> dict:
+    """One rank: the measurements (StepResults per case) and where it ran."""
+    keys = ("width", "layers_per_stage", "micro", "v", "steps", "warmup", "threads", "pin",
+            "input_grad")
+    results = runs.measure(ms=settings["microbatches"], schedules=settings["schedules"],
+                           **{k: settings[k] for k in keys})
+    return {"cases": results, **labkit.rank_info()}
+
+
+def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
+    rows = runs.summarize([r["cases"] for r in ranks])
+    results = {"lessonlib": {"schedules": {}}, "torch": {"schedules": {}}}
+    for row in rows:
+        case = {k: row[k] for k in ("step_time_s", "bubble_per_stage", "bubble_mean",
+                                    "peak_stash_per_stage", "peak_stash_bytes_per_stage")}
+        results[row["engine"]]["schedules"].setdefault(row["schedule"], {})[f"m={row['m']}"] = case
+    for engine in results:
+        one = results[engine]["schedules"].get("1f1b", {})
+        # headline: 1F1B at the largest m run (the shared shape's step_time_s)
+        largest = max(one, key=lambda k: int(k[2:])) if one else None
+        results[engine]["step_time_s"] = one[largest]["step_time_s"] if one else None
+    record = labkit.result("pp", world_size, settings, results, ranks[0])
+    record["command"] = "python labs/pp.py " + " ".join(sys.argv[1:])
+    record["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__,
+                         "platform": platform.platform()}
+    theory = {"conventions": {"bubble_wall": "(p-1)/(v m+p-1) of wall time, GPipe §2.3",
+                              "bubble_ideal": "(p-1)/(v m) of ideal time, Megatron-LM 2021 §2.2",
+                              "peak_stash": "1F1B min(p - stage, m) (PipeDream-Flush §3.2), "
+                                            "GPipe m; interleaved from the simulated schedule, "
+                                            "in (micro-batch, chunk) units"},
+              "bubble_wall": {}, "bubble_ideal": {}, "peak_stash": {}}
+    for r in rows:
+        if r["engine"] == "lessonlib":
+            key = f"m={r['m']}"
+            theory["bubble_wall"][f"{r['schedule']} {key}"] = r["bubble_theory_wall"]
+            theory["bubble_ideal"][f"{r['schedule']} {key}"] = r["bubble_theory_ideal"]
+            theory["peak_stash"].setdefault(r["schedule"], {})[key] = r["peak_stash_theory"]
+    record["theory"] = theory
+    ours = results["lessonlib"]["schedules"]
+    record["ratio_lessonlib_over_torch"] = {
+        schedule: {m: ours[schedule][m]["step_time_s"] / case["step_time_s"]
+                   for m, case in cases.items()}
+        for schedule, cases in results["torch"]["schedules"].items()}
+    record["bubble_minus_theory"] = {
+        f"{r['engine']} {r['schedule']} m={r['m']}": r["bubble_mean"] - r["bubble_theory_wall"]
+        for r in rows}
+    return record
+
+
+def check_settings(p, args) -> dict:
+    labkit.check_positive(p, args, "world-size", "steps", "width", "layers-per-stage",
+                          "microbatch-size", "v")
+    if args.warmup < 0:
+        p.error(f"--warmup must be 0 or more; got {args.warmup}")
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads must be a positive integer; got {args.threads}")
+    if not args.microbatches or any(m < 1 for m in args.microbatches):
+        p.error(f"--microbatches must be positive integers, e.g. 2 4 8; got {args.microbatches}")
+    if "interleaved" in args.schedules:
+        bad = [m for m in args.microbatches if m % args.world_size]
+        if bad or args.layers_per_stage % args.v:
+            p.error(f"--schedules interleaved needs every m a multiple of p={args.world_size} "
+                    f"(got {bad}) and --layers-per-stage divisible by --v {args.v}")
+    return {"microbatches": args.microbatches, "schedules": args.schedules, "width": args.width,
+            "layers_per_stage": args.layers_per_stage, "micro": args.microbatch_size,
+            "v": args.v, "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+            "pin": args.pin, "input_grad": not args.no_input_grad,
+            "model": "mlp_stack (Linear+GeLU), balanced stages", "loss": "mse"}
+
+
+def main():
+    p = labkit.parser("pp", __doc__.splitlines()[0])
+    p.set_defaults(steps=10, warmup=2)
+    p.add_argument("--microbatches", type=int, nargs="+", default=[2, 4, 8], help="values of m")
+    p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=SCHEDULES)
+    p.add_argument("--width", type=int, default=1024, help="hidden width of every layer")
+    p.add_argument("--layers-per-stage", type=int, default=8)
+    p.add_argument("--microbatch-size", type=int, default=128, help="b, rows per micro-batch")
+    p.add_argument("--v", type=int, default=2, help="chunks per device for 'interleaved'")
+    p.add_argument("--threads", type=int, default=1,
+                   help="compute threads per rank (1: ranks do not share cores)")
+    p.add_argument("--pin", action="store_true", help="bind rank r to CPU core r")
+    p.add_argument("--no-input-grad", action="store_true",
+                   help="stage 0 skips its input's gradient (its backward gets shorter than "
+                        "the other stages', which adds to the measured bubble)")
+    args = p.parse_args()
+    if lessonlib.launcher.under_torchrun():
+        args.world_size = int(os.environ["WORLD_SIZE"])
+    settings = check_settings(p, args)
+    ranks = lessonlib.run(worker, args.world_size, settings, backend=args.backend,
+                          timeout=args.timeout)
+    labkit.emit(build_record(ranks, settings, args.world_size), args.json)
+
+
+if __name__ == "__main__":
+    main()

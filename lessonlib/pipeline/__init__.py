@@ -1,0 +1,38 @@
+"""Pipeline parallelism: schedules as data, a validator, an executor, PyTorch's for comparison.
+
+One idea per module:
+
+* ``schedules``: ``gpipe(p, m)``, ``one_f_one_b(p, m)``, ``interleaved_one_f_one_b(p, m, v)``
+  return, per stage, the ordered ``Action`` s (F, B, SEND_F, RECV_F, SEND_B, RECV_B);
+  pure Python;
+* ``validate``: ``check`` / ``simulate`` a schedule without processes (deadlocks, bubble,
+  peak stash per stage); pure Python;
+* ``stages``: cut a model into p (or p*v) balanced stages;
+* ``stash``: measure the activations a stage keeps for its backward;
+* ``executor``: ``PipelineExecutor`` runs a schedule on real ranks (gloo or NCCL) and
+  records a timeline per rank;
+* ``torch_ref``: the same stages under ``torch.distributed.pipelining``;
+* ``runs``: the lesson's measurements (what the notebook, the lab and the tests launch).
+
+The pure names are importable from here without torch; the others load on first use.
+
+Laptop:  ``python -m lessonlib.pipeline.validate``
+GPU box: the same; ``labs/pp.py`` under torchrun runs the executor on GPUs.
+"""
+import importlib
+
+from lessonlib.pipeline.schedules import (Action, gpipe, interleaved_one_f_one_b, make,
+                                          one_f_one_b)
+from lessonlib.pipeline.validate import ScheduleError, check, simulate, validate
+
+_LAZY = {"PipelineExecutor": "executor", "StepResult": "executor", "TorchPipeline": "torch_ref",
+         "split_layers": "stages", "stage_modules": "stages", "StashMeter": "stash"}
+
+__all__ = ["Action", "gpipe", "one_f_one_b", "interleaved_one_f_one_b", "make",
+           "ScheduleError", "check", "simulate", "validate", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"lessonlib.pipeline.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'lessonlib.pipeline' has no attribute {name!r}")

@@ -1,0 +1,222 @@
+"""Run a pipeline schedule on real ranks with point-to-point messages, and time every step.
+
+What it teaches: once a schedule is data, running it is a small loop. Each rank is one
+pipeline stage (device) and walks its own action list:
+
+* F: run the chunk on the micro-batch (the first stage reads the batch, the others the
+  activation they received); the last stage also computes the loss, scaled by 1/m so that
+  the gradients summed over m micro-batches equal the gradient of the whole batch's mean
+  loss, i.e. exactly what one process computes;
+* B: backpropagate the received output gradient (or the loss), gradients accumulate in
+  ``.grad`` across micro-batches; the input's gradient is what goes back upstream;
+* SEND_* / RECV_*: ``comm.isend`` / ``comm.irecv``, and every request is waited on.
+
+No deadlock, on gloo or NCCL: sends never block the loop (isend, waited at the end), and
+the two ends of each link issue their sends and receives in one order they both derive from
+the schedule (``validate.link_orders``). NCCL pairs point-to-point messages by order, so
+that agreement is what makes it safe; receives are posted as early as that order allows,
+so data usually arrives before it is needed.
+
+Each rank records a timeline: start and end of every F, B, wait for a receive, send, and
+the final wait for sends, in seconds from a barrier that lines the ranks up; and the
+activations it stashes (count and bytes, measured by ``stash.StashMeter``).
+
+Inside a 3-D grid, pass ``stage_ranks`` (the global rank of each stage of this rank's
+pipeline), ``group`` (the pipeline's process group) and this stage's chunk modules.
+
+Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
+         print(L.launch(runs.demo, 2))"``
+GPU box: the same call runs on NCCL with one GPU per stage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from lessonlib import comm
+from lessonlib.device import current_device, timer as device_timer
+from lessonlib.launcher import progress
+from lessonlib.pipeline.schedules import virtual_stage
+from lessonlib.pipeline.stash import StashMeter
+from lessonlib.pipeline.validate import Message, Span, link_orders, message_of, validate
+
+
+@dataclass
+class StepResult:
+    """What one rank saw during one pipeline step."""
+    stage: int
+    losses: list[float]          # per micro-batch, unscaled (last stage only)
+    spans: list[Span]            # seconds since the aligned start of the step
+    wall_s: float                # this rank's time from the aligned start to its last wait
+    peak_stash: int              # (micro-batch, chunk) activations held at once (executor)
+    peak_stash_measured: int     # the same, counted from what autograd saved
+    peak_stash_bytes: int        # bytes autograd saved for backward, at the peak
+
+
+@dataclass
+class _Step:
+    """Per-step state: what is posted on each link, received, stashed, in flight."""
+    ptr: dict = field(default_factory=dict)        # link -> next op in its order
+    posted: dict = field(default_factory=dict)     # Message -> (buffer, work)
+    inbox: dict = field(default_factory=dict)      # (kind, mb, chunk) -> received tensor
+    stash: dict = field(default_factory=dict)      # (mb, chunk) -> (input, output or loss)
+    grads: dict = field(default_factory=dict)      # (mb, chunk) -> input gradient to send
+    pending: list = field(default_factory=list)    # (work, tensor) of unfinished sends
+    losses: dict = field(default_factory=dict)
+    spans: list = field(default_factory=list)
+    peak: int = 0
+
+
+def split_microbatches(name: str, batch: torch.Tensor, m: int) -> list[torch.Tensor]:
+    """m equal micro-batches along dim 0. Uneven splits are rejected: a receiver must know
+    a message's shape before it arrives, so every micro-batch has the same shape."""
+    if batch is None:
+        raise ValueError(f"this stage needs {name}= (the whole batch; it is cut into m={m} "
+                         f"micro-batches here)")
+    if batch.shape[0] % m:
+        raise ValueError(f"{name} has {batch.shape[0]} rows, which m={m} micro-batches cannot "
+                         f"split evenly; use a batch that is a multiple of {m}")
+    return list(batch.chunk(m))
+
+
+class PipelineExecutor:
+    """Runs ``schedule`` (all stages' action lists) as stage ``stage`` of the pipeline.
+
+    chunks:            this stage's modules, one per chunk (v of them; v=1: one stage)
+    loss_fn:           (output, target) -> mean loss of one micro-batch (last stage)
+    activation_shape:  shape of one micro-batch's tensor at every stage boundary, e.g.
+                       (b, s, h); gradients have the same shape
+    stage_ranks:       global rank of each stage (default: stage s is rank s)
+    group:             the process group the pipeline's messages use (default: world)
+    """
+
+    def __init__(self, schedule, stage: int, chunks, loss_fn, activation_shape, *,
+                 stage_ranks=None, group=None, dtype=torch.float32, device=None):
+        sim = validate(schedule)
+        self.p, self.m, self.v = sim.p, sim.m, sim.v
+        if not (isinstance(stage, int) and 0 <= stage < self.p):
+            raise ValueError(f"stage must be in 0..{self.p - 1} for this {self.p}-stage "
+                             f"schedule; got {stage!r}")
+        chunks = list(chunks) if isinstance(chunks, (list, tuple)) else [chunks]
+        if len(chunks) != self.v:
+            raise ValueError(f"the schedule runs v={self.v} chunk(s) per stage but "
+                             f"{len(chunks)} module(s) were given")
+        if not all(isinstance(n, int) and n > 0 for n in activation_shape):
+            raise ValueError(f"activation_shape must be positive integers, e.g. (b, s, h); "
+                             f"got {activation_shape!r}")
+        ranks = list(stage_ranks) if stage_ranks is not None else list(range(self.p))
+        if len(ranks) != self.p:
+            raise ValueError(f"stage_ranks={ranks} must name one global rank per stage "
+                             f"({self.p} of them)")
+        if dist.is_initialized() and ranks[stage] != dist.get_rank():
+            raise ValueError(f"stage_ranks[{stage}]={ranks[stage]} but this is rank "
+                             f"{dist.get_rank()}: a rank can only run its own stage")
+        self.schedule, self.stage, self.chunks = schedule, stage, chunks
+        self.actions = schedule[stage]
+        self.loss_fn, self.shape, self.dtype = loss_fn, tuple(activation_shape), dtype
+        self.ranks, self.group = ranks, group
+        self.device = device or current_device()
+        self.links = {k: ops for k, ops in link_orders(schedule).items() if stage in k}
+        self.meter = StashMeter(q for c in chunks for q in c.parameters())
+        self.last = self.p * self.v - 1
+
+    # ------------------------------------------------------------ messages
+    def _post_receives(self, st: _Step, link) -> None:
+        """Post every receive at the head of the link's order, up to our next send."""
+        ops, i = self.links[link], st.ptr.get(link, 0)
+        while i < len(ops) and ops[i].dst == self.stage:
+            buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            st.posted[ops[i]] = (buf, comm.irecv(buf, self.ranks[ops[i].src], group=self.group))
+            i += 1
+        st.ptr[link] = i
+
+    def _send(self, st: _Step, msg: Message, tensor: torch.Tensor) -> None:
+        if tuple(tensor.shape) != self.shape:
+            raise ValueError(f"stage {self.stage} sends a tensor of shape {tuple(tensor.shape)} "
+                             f"for {msg.direction}{msg.microbatch}, but activation_shape="
+                             f"{self.shape}; every stage boundary must carry that shape")
+        link = (min(msg.src, msg.dst), max(msg.src, msg.dst))
+        ops, i = self.links[link], st.ptr.get(link, 0)
+        if i >= len(ops) or ops[i] != msg:
+            raise RuntimeError(f"stage {self.stage}: link order broken at {msg}")
+        tensor = tensor.detach().contiguous()
+        st.pending.append((comm.isend(tensor, self.ranks[msg.dst], group=self.group), tensor))
+        st.ptr[link] = i + 1
+        self._post_receives(st, link)
+        while st.pending and st.pending[0][0].is_completed():
+            st.pending.pop(0)[0].wait()
+
+    # ------------------------------------------------------------ compute
+    def _forward(self, st: _Step, mb: int, chunk: int, xs, ys) -> None:
+        k = virtual_stage(self.stage, chunk, self.p)
+        x = xs[mb] if k == 0 else st.inbox.pop(("F", mb, chunk)).requires_grad_(True)
+        with self.meter.forward():
+            out = self.chunks[chunk](x)
+        if k == self.last:
+            loss = self.loss_fn(out, ys[mb])
+            st.losses[mb] = loss.detach()
+            out = loss / self.m          # sum of m scaled losses = the batch's mean loss
+        st.stash[mb, chunk] = (x, out)
+        st.peak = max(st.peak, len(st.stash))
+
+    def _backward(self, st: _Step, mb: int, chunk: int) -> None:
+        k = virtual_stage(self.stage, chunk, self.p)
+        x, out = st.stash.pop((mb, chunk))
+        if k == self.last:
+            out.backward()
+        else:
+            torch.autograd.backward(out, st.inbox.pop(("B", mb, chunk)))
+        if k > 0:
+            st.grads[mb, chunk] = x.grad
+
+    def step(self, inputs=None, targets=None, align: bool = True,
+             timeline: bool = True) -> StepResult:
+        """One training step over m micro-batches. Stage 0 gets the whole batch's
+        ``inputs``, the last stage its ``targets``; gradients accumulate in ``.grad``
+        (zero them and step the optimizer outside, as with any model).
+
+        ``align``: start with a barrier of the pipeline's group, so the ranks' timelines
+        share a zero. ``timeline``: time every action; on a GPU each timestamp waits for
+        the device, which serialises work that could overlap, so a fast run passes False
+        (the spans are then empty and ``wall_s`` is 0)."""
+        xs = split_microbatches("inputs", inputs, self.m) if self.stage == 0 else None
+        ys = split_microbatches("targets", targets, self.m) if self.stage == self.p - 1 else None
+        if align:
+            comm.barrier(self.group)
+        st = _Step()
+        self.meter.reset_peaks()
+        t0 = device_timer(self.device) if timeline else 0.0
+
+        def timer():
+            return device_timer(self.device) - t0 if timeline else 0.0
+
+        for link in self.links:
+            self._post_receives(st, link)
+        for a in self.actions:
+            progress(f"pipeline stage {self.stage}: {a}")
+            start = timer()
+            if a.kind == "F":
+                self._forward(st, a.microbatch, a.chunk, xs, ys)
+            elif a.kind == "B":
+                self._backward(st, a.microbatch, a.chunk)
+            elif a.kind.startswith("RECV"):
+                buf, work = st.posted.pop(message_of(a, self.stage, self.p))
+                work.wait()
+                st.inbox[a.kind[-1], a.microbatch, a.chunk] = buf
+            else:
+                key = (a.microbatch, a.chunk)
+                out = st.stash[key][1] if a.kind == "SEND_F" else st.grads.pop(key)
+                self._send(st, message_of(a, self.stage, self.p), out)
+            if timeline:
+                st.spans.append(Span(a.kind, a.microbatch, a.chunk, start, timer()))
+        start = timer()
+        for work, _ in st.pending:
+            work.wait()
+        end = timer()
+        if timeline:
+            st.spans.append(Span("WAIT_SENDS", -1, 0, start, end))
+        losses = [float(st.losses[i]) for i in sorted(st.losses)]
+        return StepResult(self.stage, losses, st.spans, end, st.peak,
+                          self.meter.peak_groups, self.meter.peak_bytes)

@@ -1,0 +1,284 @@
+"""The pipeline lesson's real runs: the functions the notebook, the lab and the tests launch.
+
+What it teaches: the measurements behind the lesson's claims, each one function that runs
+on every rank (stage s = rank s), plus the parent-side code that turns the ranks' results
+into one table:
+
+* ``parity``: a tiny GPT trained a few steps with GPipe, 1F1B, interleaved 1F1B (lessonlib)
+  and ScheduleGPipe / Schedule1F1B (PyTorch); ``parity_report`` compares every case with
+  the same model in one process (losses, gradients, weights after the steps);
+* ``measure``: balanced stages that do a fixed amount of matmul work (an ``mlp_stack``,
+  equal Linear layers per stage), timed step by step with lessonlib's executor and with
+  PyTorch's schedules taking turns; ``summarize`` reports the median step time, the bubble
+  per stage (idle share of the step's wall time) and the peak stash per stage, next to
+  the theory.
+
+Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
+         print(runs.summarize(L.launch(runs.measure, 2, ms=(4,), steps=2)))"``
+GPU box: the same with one GPU per stage (NCCL).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from functools import lru_cache
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from lessonlib import comm
+from lessonlib.costmodel import bubble_fraction, stashed_microbatches
+from lessonlib.data import corpus_tokens, lm_batch, regression_batch
+from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
+from lessonlib.pipeline.executor import PipelineExecutor
+from lessonlib.pipeline.schedules import make
+from lessonlib.pipeline.stages import stage_modules, stage_parameters
+from lessonlib.pipeline.torch_ref import TorchPipeline
+from lessonlib.pipeline.validate import simulate
+
+PARITY_CONFIG = GPTConfig(vocab=27, seq=8, hidden=16, heads=2, layers=6)  # 8 parts
+
+
+class InputLeaf(nn.Module):
+    """Makes the first stage's input a leaf that needs its gradient, so the first stage's
+    backward computes an input gradient (thrown away) like every later stage's."""
+
+    def forward(self, x):
+        return x.detach().requires_grad_()
+
+
+@lru_cache(maxsize=1)
+def _tokens():
+    return corpus_tokens()[0]
+
+
+def mse(out, target):
+    return F.mse_loss(out, target)
+
+
+def make_runner(engine, schedule, model, p, m, v, stage, loss_fn, shape):
+    """(this stage's chunks, a runner with ``.step(inputs, targets)``) for one case."""
+    chunks = stage_modules(model, p, v, stage)
+    if engine == "lessonlib":
+        return chunks, PipelineExecutor(make(schedule, p, m, v), stage, chunks, loss_fn, shape)
+    if engine == "torch":
+        return chunks, TorchPipeline(chunks[0], stage, p, m, schedule, loss_fn)
+    raise ValueError(f"engine={engine!r} must be 'lessonlib' or 'torch'")
+
+
+# ---------------------------------------------------------------- parity
+def parity_cases(p: int) -> list[tuple]:
+    """(engine, schedule, m, v): m in {1, p, 2p+1}; interleaved (v=2) needs m a multiple of
+    p, so it runs m = p and 2p; PyTorch's schedules run m = 2p+1 (warm-up, steady state and
+    cool-down all present; its Schedule1F1B refuses m < p)."""
+    ms = sorted({1, p, 2 * p + 1})
+    cases = [("lessonlib", s, m, 1) for s in ("gpipe", "1f1b") for m in ms]
+    cases += [("lessonlib", "interleaved", m, 2) for m in (p, 2 * p)]
+    cases += [("torch", s, 2 * p + 1, 1) for s in ("gpipe", "1f1b")]
+    return cases
+
+
+def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
+           cfg: GPTConfig = PARITY_CONFIG) -> dict:
+    """Rank side: train each case ``steps`` SGD steps; return this stage's losses, the
+    first step's gradients, the final weights, the peak stash and the messages of the
+    first step (as counted by ``comm.ledger``; PyTorch's go around it)."""
+    p, stage = dist.get_world_size(), dist.get_rank()
+    tokens = _tokens()
+    out = {}
+    for case in cases:
+        engine, schedule, m, v = case
+        chunks, runner = make_runner(engine, schedule, TinyGPT(cfg, seed), p, m, v, stage,
+                                     lm_loss, (micro, cfg.seq, cfg.hidden))
+        params = [q for c in chunks for q in c.parameters()]
+        opt = torch.optim.SGD(params, lr=lr)
+        losses, grads, stash, counts = [], None, 0, None
+        for step in range(steps):
+            x, y = lm_batch(tokens, micro * m, cfg.seq, step, seed)
+            opt.zero_grad()
+            with comm.ledger() as book:
+                result = runner.step(x, y)
+            counts = counts or {op: book.count(op) for op in ("send", "recv")}
+            grads = grads or [q.grad.detach().clone() for q in params]
+            losses.append(result.losses)
+            stash = max(stash, result.peak_stash)
+            opt.step()
+        out[case] = {"losses": losses, "grads": grads, "stash": stash, "messages": counts,
+                     "params": [q.detach().clone() for q in params]}
+    return out
+
+
+def reference(m: int, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
+              cfg: GPTConfig = PARITY_CONFIG):
+    """One process, whole batch: (model after the steps, {param: first-step grad},
+    per-step losses of each micro-batch)."""
+    tokens, threads = _tokens(), torch.get_num_threads()
+    torch.set_num_threads(1)        # tiny tensors: more threads only add waiting
+    try:
+        model = TinyGPT(cfg, seed)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        first, losses = {}, []
+        for step in range(steps):
+            x, y = lm_batch(tokens, micro * m, cfg.seq, step, seed)
+            with torch.no_grad():
+                losses.append([lm_loss(model(a), b).item() for a, b in zip(x.chunk(m), y.chunk(m))])
+            opt.zero_grad()
+            lm_loss(model(x), y).backward()
+            first = first or {q: q.grad.clone() for q in model.parameters()}
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model, first, losses
+
+
+def _flat(tensors) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: float = 0.1,
+                  seed: int = 0, cfg: GPTConfig = PARITY_CONFIG) -> list[dict]:
+    """Parent side: each case's largest difference from one process (raises
+    AssertionError, naming the case, if any tensor differs beyond float32 rounding)."""
+    p, rows, refs = len(per_rank), [], {}
+    for case in per_rank[0]:
+        engine, schedule, m, v = case
+        if m not in refs:
+            refs[m] = reference(m, steps, micro, lr, seed, cfg)
+        model, grads, losses = refs[m]
+        diff = {"grads": 0.0, "weights": 0.0, "losses": 0.0}
+        for d, result in enumerate(per_rank):
+            names = stage_parameters(model, p, v, d)
+            for what, got, want in (
+                    ("grads", result[case]["grads"], [grads[q] for q in names]),
+                    ("weights", result[case]["params"], [q.detach() for q in names])):
+                if len(got) != len(want):
+                    raise AssertionError(f"{case}, stage {d}: {len(got)} {what}, "
+                                         f"expected {len(want)}")
+                a, b = _flat(got), _flat(want)
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5,
+                                           msg=lambda s: f"{case}, stage {d}, {what}: {s}")
+                diff[what] = max(diff[what], (a - b).abs().max().item())
+        got = torch.tensor(per_rank[-1][case]["losses"])
+        torch.testing.assert_close(got, torch.tensor(losses), rtol=1e-4, atol=1e-5,
+                                   msg=lambda s: f"{case}, losses: {s}")
+        diff["losses"] = (got - torch.tensor(losses)).abs().max().item()
+        rows.append({"engine": engine, "schedule": schedule, "m": m, "v": v,
+                     **{f"max_{k}_diff": x for k, x in diff.items()},
+                     "peak_stash": [r[case]["stash"] for r in per_rank]})
+    return rows
+
+
+# ---------------------------------------------------------------- measurements
+def measure(ms=(2, 4, 8), schedules=("gpipe", "1f1b"), engines=("lessonlib", "torch"),
+            width: int = 1024, layers_per_stage: int = 8, micro: int = 128, v: int = 2,
+            steps: int = 5, warmup: int = 2, threads: int | None = 1, pin: bool = False,
+            input_grad: bool = True, seed: int = 0) -> dict:
+    """Rank side: for each (schedule, m), the engines take turns step by step (ABBA) on the
+    same balanced matmul stages; returns {(engine, schedule, m, v): [StepResult per step]}.
+
+    PyTorch runs 'gpipe' and '1f1b' (its Schedule1F1B only for m >= p); 'interleaved' uses
+    ``v`` chunks per device. ``threads``: compute threads per rank; ``pin``: bind rank r to
+    CPU core r, so two ranks never share a core (on a machine with enough cores);
+    ``input_grad``: stage 0 also computes its input's gradient, as every later stage must,
+    so that all stages do the same backward work (the bubble formula assumes equal stages;
+    without it stage 0's backward is one matmul in 2 * layers_per_stage shorter)."""
+    if threads:
+        torch.set_num_threads(threads)
+    p, stage = dist.get_world_size(), dist.get_rank()
+    if pin and hasattr(os, "sched_setaffinity") and p <= (os.cpu_count() or 1):
+        os.sched_setaffinity(0, {stage})
+    model = mlp_stack(width, p * layers_per_stage, seed)
+    if input_grad:
+        model = nn.Sequential(InputLeaf(), *model)
+    out = {}
+    for m in ms:
+        x, y = regression_batch(micro * m, width, 0, seed)
+        for schedule in schedules:
+            vv = v if schedule == "interleaved" else 1
+            runners = [(e, *make_runner(e, schedule, model, p, m, vv, stage, mse, (micro, width)))
+                       for e in engines if e == "lessonlib" or (
+                           schedule == "gpipe" or (schedule == "1f1b" and m >= p))]
+            for i in range(warmup + steps):
+                for engine, chunks, runner in (runners if i % 2 == 0 else runners[::-1]):
+                    for c in chunks:
+                        c.zero_grad()
+                    result = runner.step(x, y)
+                    if i >= warmup:
+                        out.setdefault((engine, schedule, m, vv), []).append(result)
+    return out
+
+
+def summarize(per_rank: list[dict]) -> list[dict]:
+    """Parent side: one row per case with the median step time, the bubble per stage
+    (median over steps of 1 - busy / wall, wall = the slowest rank's step) and the peak
+    stash per stage, beside the theory (bubble: "wall" convention, GPipe §2.3, and
+    "ideal", Megatron-LM 2021 §2.2; stash: PipeDream-Flush / GPipe)."""
+    p, rows = len(per_rank), []
+    for case in per_rank[0]:
+        engine, schedule, m, v = case
+        steps = list(zip(*(r[case] for r in per_rank)))
+        walls = [max(r.wall_s for r in step) for step in steps]
+        bubbles = [[1 - sum(x.end - x.start for x in r.spans if x.kind in ("F", "B")) / w
+                    for r in step] for step, w in zip(steps, walls)]
+        sim = simulate(make(schedule, p, m, v))
+        formula = ([stashed_microbatches(schedule, p, m, s) for s in range(p)]
+                   if schedule != "interleaved" else sim.peak_stash)
+        rows.append({
+            "engine": engine, "schedule": schedule, "p": p, "m": m, "v": v,
+            "step_time_s": statistics.median(walls),
+            "bubble_per_stage": [statistics.median(b[s] for b in bubbles) for s in range(p)],
+            "bubble_theory_wall": bubble_fraction(p, m, v, convention="wall"),
+            "bubble_theory_ideal": bubble_fraction(p, m, v, convention="ideal"),
+            "peak_stash_per_stage": [max(r.peak_stash_measured for r in col)
+                                     for col in zip(*steps)],
+            "peak_stash_theory": formula,
+            "peak_stash_bytes_per_stage": [max(r.peak_stash_bytes for r in col)
+                                           for col in zip(*steps)],
+        })
+    for row in rows:
+        row["bubble_mean"] = statistics.fmean(row["bubble_per_stage"])
+    return rows
+
+
+def median_step(per_rank: list[dict], case) -> list:
+    """The StepResults (one per stage) of the step with the median wall time."""
+    steps = list(zip(*(r[case] for r in per_rank)))
+    walls = [max(r.wall_s for r in step) for step in steps]
+    return list(steps[sorted(range(len(steps)), key=walls.__getitem__)[len(steps) // 2]])
+
+
+def explain_bubble(per_rank: list[dict], case) -> dict:
+    """Why a measured bubble differs from (p-1)/(m+p-1). The median step's measured F, B
+    and send times per stage are replayed by the schedule simulation: once with F and B
+    only (stages that ran at different speeds), once with the sends as well (the time a
+    stage spends copying each message out, on the critical path of a pipeline)."""
+    engine, schedule, m, v = case
+    p, step = len(per_rank), median_step(per_rank, case)
+    cost = {k: [statistics.median([x.end - x.start for x in r.spans if x.kind.startswith(k)]
+                                  or [0.0]) for r in step] for k in ("F", "B", "SEND")}
+    sched = make(schedule, p, m, v)
+    f, b = (lambda s, a: cost["F"][s]), (lambda s, a: cost["B"][s])
+    compute_only = simulate(sched, forward=f, backward=b)
+    with_sends = simulate(sched, forward=f, backward=b, send=lambda s, a: cost["SEND"][s])
+    wall = max(r.wall_s for r in step)
+    busy = [sum(x.end - x.start for x in r.spans if x.kind in ("F", "B")) for r in step]
+    return {"forward_ms": [1e3 * t for t in cost["F"]], "backward_ms": [1e3 * t for t in cost["B"]],
+            "send_ms": [1e3 * t for t in cost["SEND"]],
+            "theory": bubble_fraction(p, m, v, convention="wall"),
+            "simulated_with_measured_compute": compute_only.bubble,
+            "simulated_with_measured_compute_and_sends": with_sends.bubble,
+            "measured": [1 - bz / wall for bz in busy],
+            "step_ms": 1e3 * wall, "simulated_step_ms": 1e3 * with_sends.makespan}
+
+
+def demo(schedule: str = "1f1b", m: int = 4, engine: str = "lessonlib") -> dict:
+    """A small pipeline step on every rank: what this stage ran and held."""
+    p, stage = dist.get_world_size(), dist.get_rank()
+    _, runner = make_runner(engine, schedule, mlp_stack(32, 2 * p), p, m, 1, stage, mse, (4, 32))
+    x, y = regression_batch(4 * m, 32, 0)
+    result = runner.step(x, y)
+    return {"stage": stage, "order": " ".join(f"{s.kind}{s.microbatch}" for s in result.spans
+                                              if s.kind in ("F", "B")),
+            "peak_stash": result.peak_stash_measured, "losses": result.losses}

@@ -1,0 +1,85 @@
+"""The same pipeline stages run by PyTorch's own ``torch.distributed.pipelining``.
+
+What it teaches: lessonlib's executor is a teaching copy of what PyTorch ships. Here the
+very same stage modules are wrapped in ``PipelineStage`` and driven by ``ScheduleGPipe``
+or ``Schedule1F1B``, so tests can check that both compute the same losses and gradients
+and the lab can compare their speed. Two facts about torch 2.13 worth knowing:
+
+* ``Schedule1F1B`` refuses m < p; it runs min(m, p - stage) forwards before its first
+  backward and fuses each send with the next receive into one batched exchange;
+* its loss is not scaled: with ``scale_grads=True`` (the default) it divides the
+  gradients by m after the last backward, which for a mean loss gives the same gradients
+  as lessonlib's loss / m.
+
+To measure PyTorch's run the same way as lessonlib's, the stage module is wrapped in a
+``stash.Metered`` (saved activations, count and bytes) and the stage's
+``forward_one_chunk`` / ``backward_one_chunk`` are timed into the same kind of timeline.
+
+Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
+         print(L.launch(runs.demo, 2, engine='torch'))"``
+GPU box: the same call runs on NCCL with one GPU per stage.
+"""
+from __future__ import annotations
+
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from lessonlib import comm
+from lessonlib.device import current_device, timer as device_timer
+from lessonlib.pipeline.executor import StepResult
+from lessonlib.pipeline.stash import Metered, StashMeter
+from lessonlib.pipeline.validate import Span
+
+TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+class TorchPipeline:
+    """One stage of a p-stage pipeline under PyTorch's schedule ``schedule`` ('gpipe' or
+    '1f1b'), with m micro-batches; ``step`` returns a lessonlib ``StepResult``.
+
+    ``group`` holds the pipeline's ranks in stage order (default: the world, stage s =
+    rank s)."""
+
+    def __init__(self, module, stage: int, p: int, m: int, schedule: str, loss_fn,
+                 group=None, device=None):
+        if schedule not in TORCH_SCHEDULES:
+            raise ValueError(f"schedule={schedule!r}: PyTorch's reference here is one of "
+                             f"{', '.join(TORCH_SCHEDULES)}")
+        if schedule == "1f1b" and m < p:
+            raise ValueError(f"PyTorch's Schedule1F1B needs m >= p; got m={m}, p={p} "
+                             f"(lessonlib's one_f_one_b accepts m < p)")
+        self.stage, self.p, self.m = stage, p, m
+        self.group = group
+        self.meter = StashMeter(module.parameters())
+        self.pipe_stage = PipelineStage(Metered(module, self.meter), stage, p,
+                                        device or current_device(), group=group)
+        self.schedule = TORCH_SCHEDULES[schedule](self.pipe_stage, n_microbatches=m,
+                                                  loss_fn=loss_fn, scale_grads=True)
+        self._spans: list[Span] = []
+        self._t0 = 0.0
+        for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk")):
+            setattr(self.pipe_stage, name, self._timed(kind, getattr(self.pipe_stage, name)))
+
+    def _timed(self, kind, method):
+        def timed(chunk_id, *args, **kwargs):
+            start = device_timer() - self._t0
+            out = method(chunk_id, *args, **kwargs)
+            self._spans.append(Span(kind, chunk_id, 0, start, device_timer() - self._t0))
+            return out
+        return timed
+
+    def step(self, inputs=None, targets=None, align: bool = True) -> StepResult:
+        """One training step; gradients land in the module's ``.grad`` (divided by m)."""
+        first, last = self.stage == 0, self.stage == self.p - 1
+        args = (inputs,) if first else ()
+        kwargs = {"target": targets, "losses": []} if last else {}
+        if align:
+            comm.barrier(self.group)
+        self._spans = []
+        self.meter.reset_peaks()
+        self._t0 = device_timer()
+        self.schedule.step(*args, return_outputs=False, **kwargs)
+        wall = device_timer() - self._t0
+        losses = [float(x) for x in kwargs.get("losses", [])]
+        return StepResult(self.stage, losses, self._spans, wall, self.meter.peak_groups,
+                          self.meter.peak_groups, self.meter.peak_bytes)
+

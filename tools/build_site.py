@@ -2,7 +2,7 @@
 
     python tools/build_site.py [--out site] [NAME ...]    # NAME: e.g. 01-why-scale
 
-Every executed notebook in notebooks/ (``NN-*.ipynb``, then ``parts/*.ipynb``) becomes a
+Every executed notebook in notebooks/ (``NN-*.ipynb``) becomes a
 page through nbconvert's "lab" template. A page must read well without a kernel, so:
 
 - each widget is shown as it was left when the notebook ran: the values of its controls in
@@ -73,8 +73,7 @@ To run them yourself: <code>make course</code> (JupyterLab) from the repository.
 
 # ---------------------------------------------------------------- notebooks in, pages out
 def notebooks(names: list[str] | None = None) -> list[Path]:
-    found = sorted([*NOTEBOOKS.glob("[0-9][0-9]-*.ipynb"), *NOTEBOOKS.glob("parts/*.ipynb")],
-                   key=lambda p: p.stem)        # parts 04a, 04b fall between 03 and 05
+    found = sorted(NOTEBOOKS.glob("[0-9][0-9]-*.ipynb"), key=lambda p: p.stem)
     if names:
         missing = [n for n in names if not any(p.stem == Path(n).stem for p in found)]
         if missing:

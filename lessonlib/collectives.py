@@ -314,15 +314,3 @@ def torch_all_reduce(tensor, group=None, average: bool = False, check: bool = Tr
         tensor.div_(dist.get_world_size(group))
     return tensor
 
-
-def demo() -> dict:
-    """Each rank holds [rank, rank, ...]; every algorithm returns 0 + 1 + ... + (n-1)."""
-    n = dist.get_world_size()
-    out = {}
-    for name, fn in {**ALGORITHMS, "torch": torch_all_reduce}.items():
-        x = torch.full((7,), float(dist.get_rank()))
-        with comm.ledger() as book:
-            fn(x, check=False)
-        out[name] = {"value": x[0].item(), "expected": n * (n - 1) / 2,
-                     "bytes_sent": book.total_bytes("send")}
-    return out

@@ -11,13 +11,15 @@ What it teaches, one picture each:
   after backward against the bucket size, with measured points;
 * ``plot_ddp_lab``: a ``labs/ddp.py`` record: step times and scaling efficiency.
 
-``allreduce_explorer`` and ``bucket_explorer`` are ipywidgets ``interactive`` over the last two.
+``allreduce_explorer`` and ``bucket_explorer`` put sliders (ipywidgets) over the last two.
 
 Laptop:  ``python -c "from lessonlib.viz import dp; dp.plot_buckets(4e7, 2, 4e6, 0.2,
           {'alpha_s': 1e-4, 'bandwidth_Bps': 1e9}).savefig('buckets.png')"``
 GPU box: the same.
 """
 from __future__ import annotations
+
+import io
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -112,22 +114,47 @@ def plot_allreduce(points: dict, fits: dict, world_size: int = 4, size_bytes: in
     return fig
 
 
+def _explorer(draw, **controls):
+    """Sliders over ``draw(**values) -> (figure, text)``. The picture goes into an Output
+    widget by setting its contents rather than by capturing prints, which also keeps
+    headless execution (nbconvert, nbval) from waiting on widget output."""
+    import ipywidgets as w
+    from IPython.display import Image
+
+    out = w.Output()
+
+    def redraw(_=None):
+        fig, text = draw(**{name: c.value for name, c in controls.items()})
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=80, bbox_inches="tight")
+        plt.close(fig)
+        out.outputs = ()
+        out.append_display_data(Image(png.getvalue()))
+        if text:
+            out.append_stdout(text)
+
+    for control in controls.values():
+        control.observe(redraw, names="value")
+    redraw()
+    return w.VBox([w.HBox(list(controls.values())), out])
+
+
 def allreduce_explorer(points: dict, fits: dict, fresh: dict | None = None):
-    """Sliders for world size and message size over ``plot_allreduce``; prints the
+    """Sliders for world size and message size over ``plot_allreduce``, with the
     predicted time of each algorithm at the chosen point."""
-    from ipywidgets import FloatLogSlider, IntSlider, interactive
+    from ipywidgets import FloatLogSlider, IntSlider
 
-    def show(world_size=4, size_mib=16.0):
+    def draw(world_size, size_mib):
         size = int(size_mib * MiB)
-        plot_allreduce(points, fits, world_size, size, fresh)
-        plt.show()
-        for alg, fit in fits.items():
-            if fit:
-                t = predict_from_fit(alg, world_size, size, fit)
-                print(f"{LABELS.get(alg, alg):38s} predicted {t * 1e3:9.2f} ms")
+        fig = plot_allreduce(points, fits, world_size, size, fresh)
+        text = "".join(f"{LABELS.get(alg, alg):38s} predicted "
+                       f"{predict_from_fit(alg, world_size, size, fit) * 1e3:9.2f} ms\n"
+                       for alg, fit in fits.items() if fit)
+        return fig, text
 
-    return interactive(show, world_size=IntSlider(4, 2, 8),
-                       size_mib=FloatLogSlider(16.0, base=2, min=-10, max=6, step=1))
+    return _explorer(draw, world_size=IntSlider(4, 2, 8, description="ranks"),
+                     size_mib=FloatLogSlider(16.0, base=2, min=-10, max=6, step=1,
+                                             description="MiB"))
 
 
 def plot_buckets(grad_bytes: float, world_size: int, bucket_bytes: float, backward_s: float,
@@ -165,15 +192,16 @@ def plot_buckets(grad_bytes: float, world_size: int, bucket_bytes: float, backwa
 def bucket_explorer(grad_bytes: float, backward_s: float, fit: dict,
                     measured: dict | None = None, measured_world_size: int = 2):
     """Sliders for world size and bucket size over ``plot_buckets``."""
-    from ipywidgets import FloatLogSlider, IntSlider, interactive
+    from ipywidgets import FloatLogSlider, IntSlider
 
-    def show(world_size=measured_world_size, bucket_mib=4.0):
+    def draw(world_size, bucket_mib):
         points = measured if world_size == measured_world_size else None
-        plot_buckets(grad_bytes, world_size, bucket_mib * MiB, backward_s, fit, points)
-        plt.show()
+        return plot_buckets(grad_bytes, world_size, bucket_mib * MiB, backward_s, fit,
+                            points), ""
 
-    return interactive(show, world_size=IntSlider(measured_world_size, 2, 64),
-                       bucket_mib=FloatLogSlider(4.0, base=2, min=-4, max=7, step=1))
+    return _explorer(draw, world_size=IntSlider(measured_world_size, 2, 64, description="ranks"),
+                     bucket_mib=FloatLogSlider(4.0, base=2, min=-4, max=7, step=1,
+                                               description="bucket MiB"))
 
 
 def plot_ddp_lab(record: dict, sweep: dict | None = None):

@@ -132,8 +132,7 @@ def main():
     ap.add_argument("--m", type=int, default=4, help="micro-batches per replica per step")
     ap.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     args = ap.parse_args()
-    if lessonlib.launcher.under_torchrun():
-        args.world_size = int(os.environ["WORLD_SIZE"])
+    args.world_size = labkit.world_size(args)
     layouts, settings = check_settings(ap, args)
     ranks = lessonlib.run(worker, args.world_size, layouts, settings, backend=args.backend,
                           timeout=args.timeout)

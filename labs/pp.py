@@ -115,8 +115,7 @@ def main():
                    help="stage 0 skips its input's gradient (its backward gets shorter than "
                         "the other stages', which adds to the measured bubble)")
     args = p.parse_args()
-    if lessonlib.launcher.under_torchrun():
-        args.world_size = int(os.environ["WORLD_SIZE"])
+    args.world_size = labkit.world_size(args)
     settings = check_settings(p, args)
     ranks = lessonlib.run(worker, args.world_size, settings, backend=args.backend,
                           timeout=args.timeout)

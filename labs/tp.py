@@ -180,8 +180,7 @@ def main():
     p.add_argument("--hidden", type=int, default=256, help="h; the MLP's inner size is 4h")
     p.add_argument("--heads", type=int, default=8, help="a, attention heads")
     args = p.parse_args()
-    if lessonlib.launcher.under_torchrun():
-        args.world_size = int(os.environ["WORLD_SIZE"])
+    args.world_size = labkit.world_size(args)
     settings = check_settings(p, args)
     ranks = lessonlib.run(worker, args.world_size, settings, backend=args.backend,
                           timeout=args.timeout)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -36,6 +37,11 @@ def parser(lab: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before ranks are stopped")
     p.add_argument("--json", type=Path, default=None, help="write the result here")
     return p
+
+
+def world_size(args) -> int:
+    """The run's world size: torchrun's when under torchrun, else ``--world-size``."""
+    return int(os.environ["WORLD_SIZE"]) if launcher.under_torchrun() else args.world_size
 
 
 def check_positive(p: argparse.ArgumentParser, args, *names: str) -> None:

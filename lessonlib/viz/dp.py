@@ -136,7 +136,9 @@ def _explorer(draw, **controls):
     for control in controls.values():
         control.observe(redraw, names="value")
     redraw()
-    return w.VBox([w.HBox(list(controls.values())), out])
+    box = w.VBox([w.HBox(list(controls.values())), out])
+    box.add_class("widget-interact")  # styled, and found by the browser test, like interact()
+    return box
 
 
 def allreduce_explorer(points: dict, fits: dict, fresh: dict | None = None):

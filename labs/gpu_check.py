@@ -96,7 +96,7 @@ LABS = {
                  "torch step s": "results.torch.step_time_s"}),
     "hybrid": Lab(
         tiny={"steps": "2", "warmup": "1", "layers": "2", "hidden": "32", "heads": "2",
-              "seq": "16", "global-batch": "8", "m": "2"},
+              "seq": "16", "global-batch": "8", "microbatches": "2"},
         short={"steps": "3", "warmup": "1"},
         at_one="only the layout t1p1d1: plain training on one GPU, checked against one process",
         largest=_power_of_two_at_most,

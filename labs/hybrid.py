@@ -13,7 +13,6 @@ GPU box: torchrun --nproc-per-node 8 labs/hybrid.py --json results/hybrid.json
          (across servers: torchrun --nnodes N --nproc-per-node 8 ... ; TP stays innermost)
 """
 import os
-import re
 import statistics
 import sys
 
@@ -22,16 +21,12 @@ import torch
 import lessonlib
 from lessonlib import labkit
 from lessonlib.costmodel import bubble_fraction
-from lessonlib.grid import check_grid
+from lessonlib.grid import check_grid, layout_name, parse_layout
 from lessonlib.hybrid import (check_layout, expected_param_count, expected_traffic,
                               measured_traffic, train)
 from lessonlib.models import GPTConfig
 
-LAYOUT = re.compile(r"^t(\d+)p(\d+)d(\d+)$")
-
-
-def name(t: int, p: int, d: int) -> str:
-    return f"t{t}p{p}d{d}"
+name = layout_name
 
 
 def all_layouts(world: int, cfg: GPTConfig, global_batch: int, m: int) -> list[tuple]:
@@ -87,7 +82,7 @@ def build_record(ranks: list[dict], layouts, settings: dict, world_size: int) ->
 
 def check_settings(ap, args) -> tuple[list, dict]:
     labkit.check_positive(ap, args, "world-size", "steps", "layers", "hidden", "heads", "seq",
-                          "global-batch", "m")
+                          "global-batch", "microbatches")
     if args.warmup < 0:
         ap.error(f"--warmup must be 0 or more; got {args.warmup}")
     if args.hidden % args.heads:
@@ -98,23 +93,20 @@ def check_settings(ap, args) -> tuple[list, dict]:
     if args.layouts:
         layouts = []
         for text in args.layouts.split(","):
-            match = LAYOUT.match(text.strip())
-            if not match:
-                ap.error(f"--layouts: cannot read {text!r}; write t<t>p<p>d<d>, e.g. t2p2d2")
-            t, p, d = map(int, match.groups())
             try:
+                t, p, d = parse_layout(text)
                 check_grid(args.world_size, d, p, t)
-                check_layout(cfg, d, p, t, args.global_batch, args.m)
+                check_layout(cfg, d, p, t, args.global_batch, args.microbatches)
             except ValueError as exc:
                 ap.error(f"--layouts {text}: {exc}")
             layouts.append((t, p, d))
     else:
-        layouts = all_layouts(args.world_size, cfg, args.global_batch, args.m)
+        layouts = all_layouts(args.world_size, cfg, args.global_batch, args.microbatches)
         if not layouts:
             ap.error(f"no (t, p, d) layout of --world-size {args.world_size} fits --layers "
                      f"{args.layers}, --heads {args.heads} and --global-batch "
-                     f"{args.global_batch} with --m {args.m}")
-    return layouts, {"model": model, "global_batch": args.global_batch, "m": args.m,
+                     f"{args.global_batch} with --microbatches {args.microbatches}")
+    return layouts, {"model": model, "global_batch": args.global_batch, "m": args.microbatches,
                      "steps": args.steps, "warmup": args.warmup, "lr": args.lr,
                      "layouts": [name(*lay) for lay in layouts]}
 
@@ -129,7 +121,9 @@ def main():
     ap.add_argument("--heads", type=int, default=4, help="a")
     ap.add_argument("--seq", type=int, default=32, help="s, tokens per sequence")
     ap.add_argument("--global-batch", type=int, default=32, help="B, sequences per step")
-    ap.add_argument("--m", type=int, default=4, help="micro-batches per replica per step")
+    # Not "--m": torchrun reads that as an abbreviation of its own flags and refuses it.
+    ap.add_argument("--microbatches", type=int, default=4, help="m, micro-batches per "
+                    "replica per step")
     ap.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     args = ap.parse_args()
     args.world_size = labkit.world_size(args)

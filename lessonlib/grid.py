@@ -30,6 +30,7 @@ GPU box: ``torchrun --nproc-per-node 8`` a script that calls ``ParallelContext.b
 """
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -82,6 +83,19 @@ def check_grid(world_size: int, dp: int, pp: int, tp: int,
             f"GPUs per server. Its all-reduces, several per layer per micro-batch, would then "
             f"run over the network instead of NVLink. Use tp in {fits} (or a multiple of "
             f"{gpus_per_node}).", GridWarning, stacklevel=2)
+
+
+def layout_name(tp: int, pp: int, dp: int) -> str:
+    """A layout as the labs write it: ``t2p2d2``."""
+    return f"t{tp}p{pp}d{dp}"
+
+
+def parse_layout(text: str) -> tuple[int, int, int]:
+    """``"t2p4d1"`` -> (t, p, d) = (2, 4, 1); ValueError showing the form otherwise."""
+    match = re.fullmatch(r"t(\d+)p(\d+)d(\d+)", text.strip())
+    if not match:
+        raise ValueError(f"cannot read the layout {text!r}; write t<t>p<p>d<d>, e.g. t2p2d2")
+    return tuple(int(g) for g in match.groups())
 
 
 def _nodes_of(ranks, gpus_per_node) -> int:

@@ -20,7 +20,7 @@ def test_tiny_run_writes_the_result_shape(tmp_path):
     out = tmp_path / "hybrid.json"
     done = _run("--world-size", "4", "--steps", "1", "--warmup", "1", "--layouts",
                 "t2p2d1,t1p2d2", "--hidden", "32", "--seq", "8", "--global-batch", "8",
-                "--m", "2", "--json", str(out))
+                "--microbatches", "2", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["lab"] == "hybrid" and record["world_size"] == 4
@@ -39,7 +39,7 @@ def test_tiny_run_writes_the_result_shape(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--layouts", "2x2x2"], "cannot read '2x2x2'; write t<t>p<p>d<d>"),
+    (["--layouts", "2x2x2"], "cannot read the layout '2x2x2'; write t<t>p<p>d<d>"),
     (["--layouts", "t2p2d1"], "world_size=8"),
     (["--layouts", "t2p2d2", "--global-batch", "12"], "global_batch=12 is not divisible"),
     (["--layouts", "t1p8d1"], "pp=8 stages but the model has layers=4"),

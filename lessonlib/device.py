@@ -86,3 +86,16 @@ def describe(device: torch.device | None = None) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return "cpu"
+
+
+def rng_state(device: torch.device | None = None) -> torch.Tensor | None:
+    """This rank's GPU random state (for checkpoints); None on CPU."""
+    device = device or current_device()
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def set_rng_state(state: torch.Tensor | None, device: torch.device | None = None) -> None:
+    """Restore what ``rng_state`` returned (nothing to do on CPU)."""
+    device = device or current_device()
+    if state is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)

@@ -102,10 +102,15 @@ def sync_gradients(params: list[nn.Parameter], ctx: ParallelContext) -> None:
 
 class HybridTrainer:
     """One rank of a (dp, pp, tp) run: its stage shard, a 1F1B executor on its pipeline,
-    and SGD. ``step(x, y)`` takes the *global* batch (every rank builds the same one)."""
+    and an optimizer over the shard (``"sgd"``, or ``"adamw"``, whose per-weight moments are
+    shards too). ``step(x, y)`` takes the *global* batch (every rank builds the same one)."""
+
+    OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
 
     def __init__(self, model: TinyGPT, ctx: ParallelContext, m: int, global_batch: int,
-                 lr: float = 0.1, schedule: str = "1f1b"):
+                 lr: float = 0.1, schedule: str = "1f1b", optimizer: str = "sgd"):
+        if optimizer not in self.OPTIMIZERS:
+            raise ValueError(f"optimizer={optimizer!r}; use one of {sorted(self.OPTIMIZERS)}")
         cfg = model.cfg
         self.b = check_layout(cfg, ctx.dp, ctx.pp, ctx.tp, global_batch, m)
         self.ctx, self.m = ctx, m
@@ -114,7 +119,7 @@ class HybridTrainer:
         self.executor = PipelineExecutor(
             make(schedule, ctx.pp, m), ctx.pp_rank, [self.stage], lm_loss,
             (self.b, cfg.seq, cfg.hidden), stage_ranks=ctx.pp_ranks, group=ctx.pp_group)
-        self.opt = torch.optim.SGD(self.params, lr=lr)
+        self.opt = self.OPTIMIZERS[optimizer](self.params, lr=lr)
 
     def step(self, x, y) -> dict:
         """Forward and backward of this replica's rows through the pipeline, one DP

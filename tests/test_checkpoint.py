@@ -1,0 +1,205 @@
+"""No lost work: a checkpoint exists only once complete, and a 2-rank run killed midway
+resumes to the same loss curve and the same weights as a run never interrupted.
+
+The kill is ``kill -9`` of the lab's parent process only, as when a job is preempted: the
+launcher's ranks must notice and exit by themselves."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from lessonlib import checkpoint
+
+LAB = Path(__file__).resolve().parent.parent / "labs" / "train.py"
+STEPS, EVERY, KILL_AFTER = 240, 20, 60
+TINY = ["--world-size", "2", "--layout", "t1p2d1", "--layers", "2", "--hidden", "32",
+        "--seq", "16", "--global-batch", "8", "--microbatches", "2", "--steps", str(STEPS),
+        "--checkpoint-every", str(EVERY), "--timeout", "240"]
+META = {"layout": "t1p2d1", "lr": 0.1}
+
+
+def _lab(*args):
+    return [sys.executable, str(LAB), *args]
+
+
+# ---------------------------------------------------------------- files only, no processes
+def _save(folder, step, world=2, meta=META, keep=2):
+    for rank in range(world):
+        checkpoint.write_shard(folder, step, rank, {"step": step, "w": torch.full((3,), rank)})
+    return checkpoint.commit(folder, step, world, meta, keep)
+
+
+def test_a_checkpoint_counts_only_once_every_shard_and_the_manifest_are_written(tmp_path):
+    assert checkpoint.latest(tmp_path) is None
+    assert checkpoint.check_resume(tmp_path, 2, META) is None
+    _save(tmp_path, 5)
+    checkpoint.write_shard(tmp_path, 10, 0, {"step": 10})  # rank 1 was killed before writing
+    with pytest.raises(RuntimeError, match=r"lacks the shards of ranks \[1\]"):
+        checkpoint.commit(tmp_path, 10, 2, META)
+    found = checkpoint.latest(tmp_path)
+    assert found["step"] == 5 and found["world_size"] == 2
+    assert checkpoint.load(found["path"], 1)["w"].tolist() == [1, 1, 1]
+    assert not list(tmp_path.rglob("*.tmp*")), "temporary files must be renamed into place"
+
+
+def test_old_and_broken_checkpoints_are_pruned_and_a_stale_pointer_is_ignored(tmp_path):
+    checkpoint.write_shard(tmp_path, 3, 0, {})          # an incomplete folder from a kill
+    for step in (5, 10, 15):
+        _save(tmp_path, step, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000010", "step_00000015"]
+    (tmp_path / checkpoint.LATEST).write_text("step_00000099")
+    assert checkpoint.latest(tmp_path)["step"] == 15
+
+
+def test_resuming_with_other_settings_names_every_difference(tmp_path):
+    _save(tmp_path, 5)
+    with pytest.raises(ValueError) as err:
+        checkpoint.check_resume(tmp_path, 4, {"layout": "t2p2d1", "lr": 0.1})
+    text = str(err.value)
+    assert "world_size: checkpoint 2, this run 4" in text
+    assert "layout: checkpoint 't1p2d1', this run 't2p2d1'" in text and "lr" not in text
+    assert checkpoint.check_resume(tmp_path, 2, META)["step"] == 5
+
+
+# ---------------------------------------------------------------- kill -9 midway, resume
+def _wait_for(what, predicate, timeout, run=None):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert run is None or run.poll() is None, f"the run ended (code {run.returncode})"
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _final_shards(folder):
+    found = checkpoint.latest(folder)
+    assert found["step"] == STEPS
+    return [checkpoint.load(found["path"], rank) for rank in range(2)]
+
+
+def _assert_same_state(a, b, where=""):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _assert_same_state(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_state(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The run nobody kills: (its checkpoint folder, its results)."""
+    where = tmp_path_factory.mktemp("uninterrupted")
+    done = subprocess.run(_lab(*TINY, "--checkpoint-dir", str(where / "ckpt"), "--json",
+                               str(where / "whole.json")),
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return where / "ckpt", json.loads((where / "whole.json").read_text())["results"]["lessonlib"]
+
+
+@pytest.mark.timeout(400)
+def test_a_run_killed_midway_resumes_to_the_uninterrupted_curve(tmp_path, uninterrupted):
+    (whole, whole_run), killed = uninterrupted, tmp_path / "killed"
+
+    run = subprocess.Popen(_lab(*TINY, "--checkpoint-dir", str(killed)), start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(f"the checkpoint of step {KILL_AFTER}",
+                  lambda: (checkpoint.latest(killed) or {}).get("step", 0) >= KILL_AFTER, 120,
+                  run)
+        ranks = psutil.Process(run.pid).children(recursive=True)
+        os.kill(run.pid, signal.SIGKILL)               # the parent only, as a preemption would
+        run.wait(timeout=10)
+        _wait_for("every rank of the killed run to exit",
+                  lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                                  for p in ranks), 30)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    at_kill = checkpoint.latest(killed)["step"]
+    assert KILL_AFTER <= at_kill < STEPS, f"the run was not killed midway (step {at_kill})"
+
+    done = subprocess.run(_lab(*TINY, "--checkpoint-dir", str(killed), "--json",
+                               str(tmp_path / "resumed.json")),
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming at step {at_kill}" in done.stderr
+    resumed = json.loads((tmp_path / "resumed.json").read_text())["results"]["lessonlib"]
+    assert resumed["resumed_from_step"] == at_kill and whole_run["resumed_from_step"] is None
+    assert resumed["steps_run_now"] == STEPS - at_kill
+    assert resumed["losses"] == whole_run["losses"]      # the same curve, bit for bit
+    assert whole_run["last_loss"] < whole_run["first_loss"] - 0.5
+    for a, b in zip(_final_shards(whole), _final_shards(killed)):
+        _assert_same_state(a, b, "rank shard")           # weights and optimizer state
+
+
+@pytest.mark.timeout(60)
+def test_bad_settings_and_foreign_checkpoints_stop_the_lab_before_any_rank(tmp_path):
+    _save(tmp_path, 5, meta={"layout": "t1p2d1"})
+    done = subprocess.run(_lab(*TINY, "--checkpoint-dir", str(tmp_path)),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "was written by a run with other settings" in done.stderr
+    assert "model: checkpoint None" in done.stderr
+    for args, words in ((["--checkpoint-every", "0"], "--checkpoint-every must be a positive"),
+                        (["--layout", "t3p1d1"], "--layout t3p1d1"),
+                        (["--layout", "two"], "cannot read the layout 'two'")):
+        done = subprocess.run(_lab("--world-size", "2", *args, "--checkpoint-dir",
+                                   str(tmp_path / "new")), capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2 and words in done.stderr, done.stderr[-500:]
+
+
+@pytest.mark.timeout(400)
+def test_torchrun_restarts_a_killed_rank_and_the_run_resumes(tmp_path, uninterrupted):
+    """The cluster path: torchrun --max-restarts starts the ranks again after one dies, and
+    they resume from the newest checkpoint (with the rendezvous store not shared: see
+    labs/slurm/torchrun.sbatch), and the curve is the uninterrupted one."""
+    folder = tmp_path / "elastic"
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
+    args = TINY[2:]                                     # torchrun sets the world size
+    log = open(tmp_path / "torchrun.log", "w")  # a file, not a pipe nobody reads until the end
+    run = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            "--nproc-per-node", "2", "--max-restarts", "1", str(LAB), *args,
+                            "--checkpoint-dir", str(folder), "--json",
+                            str(tmp_path / "elastic.json")],
+                           env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(f"the checkpoint of step {KILL_AFTER}",
+                  lambda: (checkpoint.latest(folder) or {}).get("step", 0) >= KILL_AFTER, 120,
+                  run)
+
+        def rank_one():
+            for proc in psutil.Process(run.pid).children(recursive=True):
+                try:
+                    if proc.environ().get("LOCAL_RANK") == "1":
+                        return proc
+                except psutil.Error:
+                    continue
+        rank_one().kill()
+        at_kill = checkpoint.latest(folder)["step"]
+        run.wait(timeout=240)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        log.close()
+    output = (tmp_path / "torchrun.log").read_text()
+    assert run.returncode == 0, output[-3000:]
+    assert KILL_AFTER <= at_kill < STEPS and "resuming at step" in output
+    resumed = json.loads((tmp_path / "elastic.json").read_text())["results"]["lessonlib"]
+    assert resumed["resumed_from_step"] is not None
+    assert resumed["losses"] == uninterrupted[1]["losses"]

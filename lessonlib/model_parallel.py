@@ -19,7 +19,10 @@ timelines line up exactly; across machines, as well as their clocks agree.
 compares the two.
 
 Every message goes through ``lessonlib.comm`` (p2p ``dst``/``src`` are global ranks). With a
-world of n ranks and p dividing n, ranks form n/p independent lines of p consecutive ranks.
+world of n ranks and p dividing n, ranks form n/p independent lines of p consecutive ranks;
+``lines=k`` runs only the first k lines (k x p <= n) and the other ranks sit the run out, so
+one launch can measure every p from 1 to n without idle lines competing for the cores.
+``line_record`` turns one line's results into the numbers ``labs/mp.py`` stores.
 
 Laptop:  ``python -c "from lessonlib import model_parallel as mp;
          print(mp.summarize(mp.run_assembly_line(4, model='mlp')))"``
@@ -27,6 +30,7 @@ GPU box: the same call runs one stage per GPU over NCCL; under torchrun use ``le
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lessonlib import comm, device
+from lessonlib.costmodel import bubble_fraction
 from lessonlib.data import corpus_tokens, lm_batch, regression_batch
 from lessonlib.launcher import launch, progress
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
@@ -126,7 +131,8 @@ def _n_layers(model: str, layers: int = 6, **_) -> int:
 
 
 def check_settings(world_size: int, p: int | None = None, model: str = "gpt",
-                   steps: int = 3, warmup: int = 1, batch: int = 8, **shape) -> int:
+                   steps: int = 3, warmup: int = 1, batch: int = 8, lines: int | None = None,
+                   **shape) -> int:
     """Raise ValueError naming the setting before any process starts; return p."""
     if model not in MODEL_KINDS:
         raise ValueError(f"model={model!r} must be one of {MODEL_KINDS}")
@@ -136,7 +142,13 @@ def check_settings(world_size: int, p: int | None = None, model: str = "gpt",
             raise ValueError(f"{name}={value!r} must be a positive integer")
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r} must be 0 or a positive integer")
-    if world_size % p:
+    if lines is not None:
+        bad = isinstance(lines, bool) or not isinstance(lines, int)
+        if bad or not 1 <= lines * p <= world_size:
+            raise ValueError(f"lines={lines!r} lines of p={p} ranks do not fit a world of "
+                             f"{world_size} ranks; use p <= {world_size} and lines in "
+                             f"1..{max(world_size // p, 1)}")
+    elif world_size % p:
         raise ValueError(f"p={p} stages must divide the world size {world_size} (ranks form "
                          f"lines of p consecutive ranks); use p in "
                          f"{[d for d in range(1, world_size + 1) if world_size % d == 0]}")
@@ -154,13 +166,17 @@ def run_assembly_line(world_size: int, p: int | None = None, timeout: float = 12
 
 
 def assembly_line(model: str = "gpt", p: int | None = None, steps: int = 3, warmup: int = 1,
-                  batch: int = 8, lr: float = 0.05, seed: int = 0, **shape) -> dict:
+                  batch: int = 8, lr: float = 0.05, seed: int = 0, lines: int | None = None,
+                  **shape) -> dict:
     """Train ``make_model(model, seed, **shape)`` split over p ranks for warmup + steps SGD
     steps; return this rank's stage, timeline and messages of the timed steps, memory and
-    final weights."""
+    final weights. Ranks outside the first ``lines`` lines return ``stage`` None."""
     rank = dist.get_rank()
-    p = check_settings(dist.get_world_size(), p, model, steps, warmup, batch, **shape)
+    p = check_settings(dist.get_world_size(), p, model, steps, warmup, batch, lines, **shape)
     stage, dev = rank % p, device.current_device()
+    if lines is not None and rank >= lines * p:   # sit out, but join the clock's collectives
+        _Timeline(dev).restart()
+        return {"rank": rank, "stage": None, "p": p}
     full = make_model(model, seed, **shape)
     layer_ids = split_summary(full, p)[stage]["layers"]
     part = split_layers(full, p)[stage].to(dev)   # keep this stage's layers ...
@@ -280,3 +296,19 @@ def summarize(results: list[dict]) -> list[dict]:
              "busy_s": sum(x.end - x.start for x in r["timeline"] if x.kind in BUSY),
              "idle_measured": idle_fraction(r["timeline"], wall),
              "idle_predicted": (p - 1) / p} for r in line]
+
+
+def line_record(results: list[dict]) -> dict:
+    """``results[0]``'s line as one row: idle share per rank and its mean next to the
+    predicted (p-1)/p, the median step time (first span of a step to its last, over the
+    line), and parameter, activation and busy figures per rank in stage order."""
+    rows, line = summarize(results), _line(results)
+    p, steps = len(line), sorted({s.step for r in line for s in r["timeline"]})
+    spans = [[s for r in line for s in r["timeline"] if s.step == k] for k in steps]
+    times = [max(s.end for s in x) - min(s.start for s in x) for x in spans]
+    idle = [r["idle_measured"] for r in rows]
+    return {"p": p, "idle_per_rank": idle, "idle_mean": sum(idle) / p,
+            "idle_predicted": bubble_fraction(p, 1), "step_time_s": statistics.median(times),
+            "step_times_s": times, "busy_s_per_rank": [r["busy_s"] for r in rows],
+            "param_bytes_per_rank": [r["param_bytes"] for r in rows],
+            "stash_bytes_per_rank": [r["stash_bytes"] for r in rows]}

@@ -24,11 +24,15 @@
 # the cost model, then runs the assembly line for real on 4 ranks and measures it.
 
 # %%
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 
+import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib import model_parallel as mp
 from lessonlib.pipeline.stages import split_summary
+from lessonlib.viz import mp as mpviz
 from lessonlib.viz import tp as tpviz
 
 # %% [markdown]
@@ -172,6 +176,44 @@ for p, res in ((2, results_2), (4, results)):
 # %%
 tpviz.plot_assembly_line(results_2, title="the same castle on 2 stages")
 plt.show()
+
+# %% [markdown]
+# Two values of p make two points. The lab `labs/mp.py` runs the same castle at every p
+# from 1 to its world size in one launch: one line of p ranks at a time while the other
+# ranks sit out, each run first checked against one process. Its result on this 2-core
+# machine is stored in `data/mp_cpu_results.json`. Below, its measurements (circles) and
+# this notebook's two runs (diamonds, "this run") over the cost model's lines, for idle
+# share, parameter memory and step time:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ROOT = Path(lessonlib.__file__).resolve().parent.parent
+TABLE = ROOT / "data" / "mp_cpu_results.json"
+stored = sorted(mpviz.load_table(TABLE), key=lambda r: r["p"])
+this_run = [mp.line_record(results_2), mp.line_record(results)]
+print(f"{stored[0]['command']}  ({stored[0]['world_size']} {stored[0]['device']} ranks, "
+      f"{stored[0]['settings.rounds']} rounds of {stored[0]['settings.steps']} timed steps)")
+print(f"{'p':>2} {'idle predicted':>15} {'idle measured (mean)':>21} {'ms per step':>12} "
+      f"{'KiB of parameters, per rank':>28}")
+for r in stored:
+    kib = ", ".join(f"{b / 1024:.0f}" for b in r["param_bytes_per_rank"])
+    print(f"{r['p']:>2} {r['idle_predicted']:>15.0%} {r['idle_mean']:>21.0%} "
+          f"{r['step_time_s'] * 1e3:>12.1f} {kib:>28}")
+mpviz.plot_measured(TABLE, this_run)
+plt.show()
+
+# %% [markdown]
+# The idle share climbs along (p-1)/p, the parameters per rank follow the balanced split
+# (on or above the whole model / p where the layers do not cut evenly), and the step time
+# never falls towards the one-rank time / p: it stays at the one-rank time plus the
+# messages between stages, which on CPU ranks sharing two cores cost milliseconds each.
+# Memory divides, time does not. (Single ranks scatter because the cores are shared.)
+#
+# **Instructors:** to draw your cluster's numbers instead, run
+# `torchrun --nproc-per-node 8 labs/mp.py --json results/mp.json` (or
+# `python labs/mp.py --world-size 8 --json results/mp.json` on CPU ranks) from the
+# course's root, then set `TABLE = ROOT / "results" / "mp.json"` in the cell above and run
+# it again. A folder of such files written by `labs/sweep.py` draws the same way.
 
 # %% [markdown]
 # <div style="border: 2px solid #4C72B0; border-radius: 6px; padding: 10px;">

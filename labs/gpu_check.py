@@ -75,6 +75,13 @@ LABS = {
                "is the baseline that scaling efficiency divides by",
         metrics={"lessonlib step s": "results.lessonlib.step_time_s",
                  "torch DDP step s": "results.torch.step_time_s"}),
+    "mp": Lab(
+        tiny={"steps": "2", "warmup": "1", "rounds": "1", "layers": "4", "hidden": "32"},
+        short={"steps": "5", "warmup": "2", "rounds": "2", "layers": "16", "hidden": "1024",
+               "batch": "32"},
+        at_one="p = 1: the whole model on one rank, nothing idles; the baseline the split "
+               "is measured against",
+        metrics={"p=1 step s": "results.lessonlib.by_p.1.step_time_s"}),
     "tp": Lab(
         tiny={"steps": "2", "warmup": "1", "batch": "2", "seq": "16", "hidden": "32", "heads": "4"},
         short={"steps": "5", "warmup": "2", "batch": "8", "seq": "512", "hidden": "1024",
@@ -101,6 +108,15 @@ LABS = {
         at_one="only the layout t1p1d1: plain training on one GPU, checked against one process",
         largest=_power_of_two_at_most,
         metrics={"layouts": "settings.layouts"}),
+    "train": Lab(
+        tiny={"steps": "20", "checkpoint-every": "10", "layers": "2", "hidden": "32",
+              "seq": "16", "global-batch": "8", "microbatches": "2", "fresh": "true"},
+        short={"steps": "100", "checkpoint-every": "50", "layers": "8", "hidden": "1024",
+               "heads": "16", "seq": "512", "fresh": "true"},
+        at_one="t1p1d1: plain training with checkpoints every N steps (--fresh: from step 0)",
+        largest=_power_of_two_at_most,
+        metrics={"step s": "results.lessonlib.step_time_s",
+                 "checkpoint save s": "results.lessonlib.checkpoint_save_s"}),
 }
 GENERIC = Lab(tiny={"steps": "2", "warmup": "1"}, short={"steps": "3", "warmup": "1"},
               at_one="(a lab this script has no notes for: run with its defaults)",

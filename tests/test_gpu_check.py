@@ -31,7 +31,8 @@ def test_cpu_mode_runs_every_lab_and_writes_the_report(tmp_path):
     for lab in gpu_check.LABS:
         row = rows[lab]
         if lab in present:
-            assert row["status"] in ("ok", "skipped"), row
+            # with 2 ranks every lab runs (allreduce skips only at 1)
+            assert row["status"] == "ok", row
         else:
             assert row["status"] == "skipped" and "not there yet" in row["error"]
     assert present <= set(rows), "a lab in labs/ was not run"

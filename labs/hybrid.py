@@ -81,14 +81,10 @@ def build_record(ranks: list[dict], layouts, settings: dict, world_size: int) ->
 
 
 def check_settings(ap, args) -> tuple[list, dict]:
-    labkit.check_positive(ap, args, "world-size", "steps", "layers", "hidden", "heads", "seq",
-                          "global-batch", "microbatches")
+    labkit.check_positive(ap, args, "world-size", "steps")
     if args.warmup < 0:
         ap.error(f"--warmup must be 0 or more; got {args.warmup}")
-    if args.hidden % args.heads:
-        ap.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
-    model = {"vocab": 27, "seq": args.seq, "hidden": args.hidden, "heads": args.heads,
-             "layers": args.layers}
+    model = labkit.gpt_model(ap, args)
     cfg = GPTConfig(**model)
     if args.layouts:
         layouts = []
@@ -116,14 +112,7 @@ def main():
     ap.set_defaults(world_size=8, steps=5, warmup=2)
     ap.add_argument("--layouts", default=None,
                     help="comma-separated t<t>p<p>d<d>, e.g. t2p2d2,t4p2d1 (default: all)")
-    ap.add_argument("--layers", type=int, default=4, help="L, transformer layers")
-    ap.add_argument("--hidden", type=int, default=64, help="h")
-    ap.add_argument("--heads", type=int, default=4, help="a")
-    ap.add_argument("--seq", type=int, default=32, help="s, tokens per sequence")
-    ap.add_argument("--global-batch", type=int, default=32, help="B, sequences per step")
-    # Not "--m": torchrun reads that as an abbreviation of its own flags and refuses it.
-    ap.add_argument("--microbatches", type=int, default=4, help="m, micro-batches per "
-                    "replica per step")
+    labkit.add_gpt_flags(ap)
     ap.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     args = ap.parse_args()
     args.world_size = labkit.world_size(args)

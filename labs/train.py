@@ -74,12 +74,8 @@ def worker(settings: dict, resume: dict | None) -> dict:
 
 
 def check_settings(ap, args) -> dict:
-    labkit.check_positive(ap, args, "world-size", "steps", "layers", "hidden", "heads", "seq",
-                          "global-batch", "microbatches", "checkpoint-every", "keep")
-    if args.hidden % args.heads:
-        ap.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
-    model = {"vocab": 27, "seq": args.seq, "hidden": args.hidden, "heads": args.heads,
-             "layers": args.layers}
+    labkit.check_positive(ap, args, "world-size", "steps", "checkpoint-every", "keep")
+    model = labkit.gpt_model(ap, args)
     cfg = GPTConfig(**model)
     try:
         t, p, d = (parse_layout(args.layout) if args.layout
@@ -120,14 +116,7 @@ def main():
     ap.set_defaults(steps=600, timeout=3600.0)
     ap.add_argument("--layout", default=None, help="t<t>p<p>d<d>, e.g. t1p2d1 (default: as "
                     "many pipeline stages as the world and layers allow, then TP, then DP)")
-    ap.add_argument("--layers", type=int, default=4, help="L, transformer layers")
-    ap.add_argument("--hidden", type=int, default=128, help="h")
-    ap.add_argument("--heads", type=int, default=4, help="a")
-    ap.add_argument("--seq", type=int, default=64, help="s, tokens per sequence")
-    ap.add_argument("--global-batch", type=int, default=32, help="B, sequences per step")
-    # Not "--m": torchrun reads that as an abbreviation of its own flags and refuses it.
-    ap.add_argument("--microbatches", type=int, default=4, help="m, micro-batches per "
-                    "replica per step")
+    labkit.add_gpt_flags(ap, hidden=128, seq=64)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--optimizer", default="adamw", choices=sorted(HybridTrainer.OPTIMIZERS))
     ap.add_argument("--seed", type=int, default=0)

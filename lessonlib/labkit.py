@@ -93,3 +93,25 @@ def emit(record: dict, path: Path | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n")
     print(text, file=sys.stdout)
+
+
+def add_gpt_flags(p: argparse.ArgumentParser, hidden: int = 64, seq: int = 32) -> None:
+    """The tiny GPT's shape and the batch split of the labs that train it (hybrid, train)."""
+    p.add_argument("--layers", type=int, default=4, help="L, transformer layers")
+    p.add_argument("--hidden", type=int, default=hidden, help="h")
+    p.add_argument("--heads", type=int, default=4, help="a")
+    p.add_argument("--seq", type=int, default=seq, help="s, tokens per sequence")
+    p.add_argument("--global-batch", type=int, default=32, help="B, sequences per step")
+    # Not "--m": torchrun reads that as an abbreviation of its own flags and refuses it.
+    p.add_argument("--microbatches", type=int, default=4,
+                   help="m, micro-batches per replica per step")
+
+
+def gpt_model(p: argparse.ArgumentParser, args) -> dict:
+    """``add_gpt_flags``' values checked, as ``GPTConfig`` keywords (the corpus has 27
+    characters)."""
+    check_positive(p, args, "layers", "hidden", "heads", "seq", "global-batch", "microbatches")
+    if args.hidden % args.heads:
+        p.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
+    return {"vocab": 27, "seq": args.seq, "hidden": args.hidden, "heads": args.heads,
+            "layers": args.layers}

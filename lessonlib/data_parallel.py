@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lessonlib import comm
+from lessonlib import bugzoo, comm
 from lessonlib.collectives import group_ranks
 from lessonlib.ddp_ladder import queue_end_of_backward, replicate, trainable_parameters
 
@@ -129,6 +129,9 @@ class DataParallel(nn.Module):
         """Inside, backward only accumulates local gradients (no communication); the first
         backward after it averages everything accumulated so far."""
         before, self._sync = self._sync, False
+        # Bug zoo: the two values swapped, so gradients sync inside no_sync and not after it
+        if bugzoo.active("ddp_sync_on_wrong_microbatch"):
+            before, self._sync = False, True
         try:
             yield
         finally:

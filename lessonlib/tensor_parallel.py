@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib import comm, device
+from lessonlib import bugzoo, comm, device
 from lessonlib.models import MLP, init_weights_
 from lessonlib.tp_layers import (ColumnParallelLinear, TensorParallelMLP,
                                  TensorParallelSelfAttention, check_divisible, tp_size)
@@ -101,6 +101,9 @@ def parallelize_block(block: nn.Module, group=None, t: int | None = None) -> nn.
     tp = _copy_except(block, [block.attn, block.mlp])
     tp.attn = TensorParallelSelfAttention.from_attention(block.attn, group, t)
     tp.mlp = TensorParallelMLP.from_mlp(block.mlp, group, t)
+    # Bug zoo: the MLP silently left dense, every rank holds and computes all of it
+    if bugzoo.active("tp_layer_left_unsharded"):
+        tp.mlp = copy.deepcopy(block.mlp)
     return tp
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device
+from lessonlib import bugzoo, comm, device
 
 
 def _size_and_rank(group) -> tuple[int, int]:
@@ -62,6 +62,9 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        # Bug zoo: f's all-reduce left out, each rank keeps its partial input gradient
+        if bugzoo.active("tp_missing_backward_all_reduce"):
+            return grad, None
         grad = grad.contiguous().clone()   # never write into a gradient autograd still owns
         comm.all_reduce(grad, group=ctx.group)
         return grad, None

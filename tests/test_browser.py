@@ -9,7 +9,7 @@ widget's image before and after. Screenshots go to results/screenshots/.
 
 Cells run: every cell up to the notebook's last widget (the widgets come with the
 predictions; the measured runs after them take most of a notebook's time and nbval executes
-them anyway), so five notebooks take a few minutes; BROWSER_TEST_ALL_CELLS=1 runs every
+them anyway), so the six notebooks take a few minutes; BROWSER_TEST_ALL_CELLS=1 runs every
 cell of every notebook.
 
 Needs Debian's chromium and chromium-driver (or CHROMIUM / CHROMEDRIVER pointing at a

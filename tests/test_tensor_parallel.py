@@ -41,8 +41,9 @@ def test_parity_with_the_dense_model(ranks, kind, t):
         report = r["layers"][t][kind]
         for what in ("output", "input_grad", "grads", "weights_after_steps"):
             if what in report:
+                rank = r["layers"][t]["rank"]
                 assert report[what] < TOL, (
-                    f"rank {r['rank']} t={t} {kind}: {what} off by {report[what]:.2e} "
+                    f"rank {rank} t={t} {kind}: {what} off by {report[what]:.2e} "
                     f"(worst: {report.get('worst_grad')}, {report.get('worst_weight')})")
     losses = [r["layers"][t][kind]["losses"] for r in ranks]
     assert all(x == losses[0] for x in losses)     # every rank of every group: the same loss

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm
+from lessonlib import bugzoo, comm
 from lessonlib.device import current_device, timer as device_timer
 from lessonlib.launcher import progress
 from lessonlib.pipeline.schedules import virtual_stage
@@ -158,6 +158,9 @@ class PipelineExecutor:
             loss = self.loss_fn(out, ys[mb])
             st.losses[mb] = loss.detach()
             out = loss / self.m          # sum of m scaled losses = the batch's mean loss
+            # Bug zoo: the loss backpropagated unscaled, so gradients come out m times too big
+            if bugzoo.active("pipeline_loss_unscaled"):
+                out = loss
         st.stash[mb, chunk] = (x, out)
         st.peak = max(st.peak, len(st.stash))
 
@@ -203,7 +206,12 @@ class PipelineExecutor:
                 self._backward(st, a.microbatch, a.chunk)
             elif a.kind.startswith("RECV"):
                 buf, work = st.posted.pop(message_of(a, self.stage, self.p))
-                work.wait()
+                # Bug zoo: the request parked with the sends instead of waited on, so the
+                # buffer is read before the data lands
+                if bugzoo.active("p2p_dropped_request"):
+                    st.pending.append((work, buf))
+                else:
+                    work.wait()
                 st.inbox[a.kind[-1], a.microbatch, a.chunk] = buf
             else:
                 key = (a.microbatch, a.chunk)

@@ -1,0 +1,230 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · Appendix: the bug zoo
+#
+# **The zoo.** Each cage holds one bug, caught alive: a one-line switch in the real
+# `lessonlib` code brings it back, and the card on the cage says what it is, where it lives,
+# what it looks like from outside, and which trap catches it. None is invented: each is a
+# kind of bug that teams building data, tensor and pipeline parallelism have shipped, and
+# each is quiet: no exception, no hang, a model that still trains, just not the model you
+# meant.
+#
+# The traps are the two checks the course has used all along: **parity with one process**
+# (outputs, input gradients, weight gradients) and **counting** what each rank holds and
+# sends (`comm.ledger`). One of the five bugs passes every parity test.
+#
+# Switch a bug on with `with bugzoo.enabled("name"):` or `LESSONLIB_BUGS=name` in the
+# environment; ranks started by `lessonlib.launch` inherit it.
+
+# %%
+import textwrap
+
+import matplotlib.pyplot as plt
+
+from lessonlib import bugzoo
+from lessonlib.viz import bugzoo as viz
+
+# %% [markdown]
+# ## 1. The cages
+#
+# The registry, `bugzoo.BUGS`, is the documentation: for each bug, the line its switch
+# changes (read from the source now, so it is never stale), and the existing test in
+# `tests/` that fails when it is on.
+
+# %%
+for name, bug in bugzoo.BUGS.items():
+    where, code = bugzoo.hook_line(name)
+    print(f"{name}  ({where})\n{textwrap.indent(code, ' ' * 8)}\n"
+          f"    caught by: {bug.check}\n    test: {bug.test}\n")
+
+# %% [markdown]
+# ## 2. What each trap should show
+#
+# Before running anything, three of the five bugs leave a number we can predict exactly:
+#
+# * **A layer left unsharded** (`tp_layer_left_unsharded`): a transformer layer has
+#   12h² + 7h parameters in its split matrices and 6h replicated (LayerNorms and the two
+#   row-parallel biases), so each of t ranks should hold (12h² + 7h)/t + 6h. If the MLP
+#   stays dense, only attention's 4h² + 3h are split: the MLP's 8h² + 5h sit whole on every
+#   rank, next to the 5h of the LayerNorms and attention's output bias.
+# * **An unscaled pipeline loss** (`pipeline_loss_unscaled`): each of the m micro-batches'
+#   losses is backpropagated without the 1/m, so the gradients are exactly m times too big.
+# * **A sync on the wrong micro-batch** (`ddp_sync_on_wrong_microbatch`): with 2
+#   micro-batches, the all-reduces should go out [0, 1] per micro-batch; inverted, [1, 0].
+#
+# The checks use h = 16, t = 2 and m = 4 (tiny, so that every check is one short launch):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+h, t, m = 16, 2, 4
+predicted_bytes = {"off": ((12 * h * h + 7 * h) // t + 6 * h) * 4,
+                   "on": ((4 * h * h + 3 * h) // t + (8 * h * h + 5 * h) + 5 * h) * 4}
+predicted_ratio = {"off": 1.0, "on": float(m)}
+predicted_sends = {"off": [0, 1], "on": [1, 0]}
+print(f"weight bytes per rank:  {predicted_bytes}")
+print(f"gradient norm / one-process gradient norm:  {predicted_ratio}")
+print(f"all-reduces per micro-batch:  {predicted_sends}")
+
+# %% [markdown]
+# ## 3. Every trap, with the bug off and on
+#
+# Ten launches of 2 ranks each (a few seconds apiece): each check with its bug off, which
+# must pass, and on, which must fail.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+results = {name: {"off": bugzoo.check(name, bug_on=False), "on": bugzoo.check(name, bug_on=True)}
+           for name in bugzoo.BUGS}
+for name, pair in results.items():
+    print(f"{name}\n    off: {pair['off']['message']}\n    on:  {pair['on']['message']}")
+
+# %% [markdown]
+# Which traps sprang:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for name, pair in results.items():
+    print(f"{name:32s} bug off: {'passed' if pair['off']['passed'] else 'FAILED'}   "
+          f"bug on: {'passed' if pair['on']['passed'] else 'FAILED'}")
+
+# %% [markdown]
+# Measured next to predicted:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for state in ("off", "on"):
+    held = results["tp_layer_left_unsharded"][state]["ranks"][0]["param_bytes"]
+    ratio = results["pipeline_loss_unscaled"][state]["ranks"][-1]["ratio"]
+    sends = results["ddp_sync_on_wrong_microbatch"][state]["ranks"][0]["all_reduces_per_microbatch"]
+    print(f"bug {state:3s}: bytes {held} (predicted {predicted_bytes[state]}), "
+          f"gradient ratio {ratio:.3f} (predicted {predicted_ratio[state]:.3f}), "
+          f"all-reduces per micro-batch {sends} (predicted {predicted_sends[state]})")
+
+# %% [markdown]
+# Each check's largest difference against its tolerance (log scale; 0 sits on the floor,
+# an infinite or NaN difference at the top). The unsharded layer's panel is the lesson:
+# its output is the dense layer's to 1e-8, yet its check fails, because the check counts
+# bytes, not outputs.
+
+# %%
+viz.plot_checks(results)
+plt.show()
+
+# %% [markdown]
+# ## 4. One cage at a time
+#
+# Pick a bug: its card, the line its switch changes, and its two bars (from the results
+# above; nothing is launched when you move the dropdown).
+
+# %%
+print(viz.describe("tp_missing_backward_all_reduce", results["tp_missing_backward_all_reduce"]))
+
+# %%
+viz.bug_widget(results)
+
+# %% [markdown]
+# **Why each one hides.**
+#
+# * `tp_missing_backward_all_reduce`: f is the identity forward, so leaving out its
+#   backward all-reduce changes nothing a forward test can see. Each rank keeps its own
+#   partial sum of the input gradient; the layers below learn from half the signal.
+# * `ddp_sync_on_wrong_microbatch`: every micro-batch's backward runs and the loss goes down
+#   on each rank, but the replicas no longer hold the same weights after the step.
+# * `p2p_dropped_request`: a receive buffer is read before its data lands; the values are
+#   whatever the memory held. Truly throwing the request handle away is worse on gloo:
+#   freeing an unfinished request cancels the receive and the peer's send waits forever,
+#   which a launch timeout turns into an error naming each rank's last step.
+# * `pipeline_loss_unscaled`: losses are logged correctly; only the gradients are m times
+#   too big, which looks like a learning rate m times larger.
+# * `tp_layer_left_unsharded`: numerically perfect; it only costs memory and compute, so
+#   only a check of bytes held (or messages sent: one all-reduce fewer per layer) sees it.
+
+# %% [markdown]
+# ## 5. Try it
+#
+# Switch a bug on in this kernel, run its check (the ranks inherit the switch), and watch it
+# fail. Outside the `with` block the switch is off again.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+with bugzoo.enabled("pipeline_loss_unscaled"):
+    tried = bugzoo.check("pipeline_loss_unscaled")
+print(tried["message"])
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"bug on inside the block: {tried['bug_on']}, check passed: {tried['passed']}; "
+      f"switched on now: {bugzoo.active('pipeline_loss_unscaled')}")
+
+# %% [markdown]
+# From a terminal, the named test in `tests/` fails the same way:
+#
+# ```
+# LESSONLIB_BUGS=pipeline_loss_unscaled python -m pytest -x \
+#     "tests/test_pipeline_parity.py::test_every_schedule_matches_one_process[2]"
+# ```
+
+# %% [markdown]
+# <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
+#
+# **Takeaway.** Distributed bugs are quiet: the step runs, the loss goes down. Every
+# parallel layout needs two traps: **parity with one process** (outputs *and* input
+# gradients *and* weight gradients, after more than one micro-batch) and **counting** what
+# each rank holds and sends. Parity alone misses a layer left unsharded; counting alone
+# misses a wrong gradient.
+#
+# </div>
+
+# %% [markdown]
+# ## Exercises
+#
+# **1.** A cousin of the unsharded MLP: `parallelize_block` splits the MLP but leaves
+# *attention* whole. Write `attention_dense_bytes(h, t)`: the float32 bytes of weights one
+# rank holds for that layer (the checker counts them on a real `Block`).
+
+# %%
+from lessonlib.exercises import bugzoo as ex
+
+
+def attention_dense_bytes(h, t):
+    raise NotImplementedError
+
+
+ok = ex.check_attention_left_dense(attention_dense_bytes)
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+def attention_dense_bytes(h, t):
+    mlp_split = 8 * h * h + 4 * h          # fc1 weight and bias, fc2 weight
+    whole = 4 * h * h + 4 * h + h + 4 * h  # attention, fc2's bias, two LayerNorms
+    return 4 * (mlp_split // t + whole)
+
+
+assert ex.check_attention_left_dense(attention_dense_bytes)
+
+# %% [markdown]
+# **2.** `ddp_sync_on_wrong_microbatch` with 3 micro-batches instead of 2: on which
+# micro-batches do the all-reduces go out now? Read the switched lines in
+# `DataParallel.no_sync` (section 1), predict, then check with
+# `lessonlib.launch(bugzoo.rank_ddp_accumulation, 2, micro=3)` inside
+# `bugzoo.enabled("ddp_sync_on_wrong_microbatch")`.
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+# Inside no_sync the flag is set to sync, and on leaving it is reset to "do not sync": the
+# first two micro-batches send, the last one (the one that should) does not.
+import lessonlib
+
+with bugzoo.enabled("ddp_sync_on_wrong_microbatch"):
+    ranks = lessonlib.launch(bugzoo.rank_ddp_accumulation, 2, micro=3)
+print("all-reduces per micro-batch:", ranks[0]["all_reduces_per_microbatch"])
+assert ranks[0]["all_reduces_per_microbatch"] == [1, 1, 0]

@@ -1,0 +1,98 @@
+"""The bug zoo: every switch is off by default, an unknown name fails before anything starts,
+each bug's check passes with the bug off and fails with it on, and the existing test the
+registry names fails with the switch on (it passes without: that is the normal suite).
+
+Each check is one 2-rank launch; each existing test runs in its own pytest subprocess, the
+narrowest parametrized case, with ``LESSONLIB_BUGS`` set in its environment."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lessonlib import bugzoo
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMES = list(bugzoo.BUGS)
+
+
+def test_every_switch_is_off_by_default(monkeypatch):
+    monkeypatch.delenv(bugzoo.ENV, raising=False)
+    assert not any(bugzoo.active(n) for n in NAMES)
+    with bugzoo.enabled("pipeline_loss_unscaled"):
+        assert bugzoo.active("pipeline_loss_unscaled")
+        assert not bugzoo.active("p2p_dropped_request")
+        with bugzoo.enabled("p2p_dropped_request"):
+            assert os.environ[bugzoo.ENV] == "pipeline_loss_unscaled,p2p_dropped_request"
+        assert os.environ[bugzoo.ENV] == "pipeline_loss_unscaled"
+    assert bugzoo.ENV not in os.environ
+
+
+def test_an_unknown_name_fails_before_any_process_starts(monkeypatch):
+    import lessonlib.launcher
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(lessonlib.launcher, "launch", no_launch)
+    for call in (lambda: bugzoo.active("tp_bug"), lambda: bugzoo.enabled("tp_bug").__enter__(),
+                 lambda: bugzoo.check("tp_bug", True), lambda: bugzoo.hook_line("tp_bug")):
+        with pytest.raises(ValueError, match=r"unknown bug name\(s\) \['tp_bug'\].*"
+                                             r"tp_missing_backward_all_reduce, .*tp_layer_left"):
+            call()
+    monkeypatch.setenv(bugzoo.ENV, "pipeline_loss_unscaled,typo")
+    with pytest.raises(ValueError, match=r"\['typo'\] \(in LESSONLIB_BUGS"):
+        bugzoo.active("pipeline_loss_unscaled")
+
+
+def test_each_switch_is_one_line_in_the_module_the_registry_names():
+    for name, bug in bugzoo.BUGS.items():
+        where, line = bugzoo.hook_line(name)
+        module = bug.where.split(".")[1]
+        assert f"/{module}.py:" in where or where.startswith(f"lessonlib/{module}"), where
+        assert line.count(f'bugzoo.active("{name}")') == 1, line
+        assert bug.test.startswith("tests/") and "::" in bug.test and bug.test.endswith("]")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", NAMES)
+def test_the_check_passes_with_the_bug_off_and_fails_with_it_on(name, monkeypatch):
+    monkeypatch.delenv(bugzoo.ENV, raising=False)
+    off, on = bugzoo.check(name, bug_on=False), bugzoo.check(name, bug_on=True)
+    assert off["passed"] and off["max_diff"] <= off["tolerance"], off
+    assert off["message"].startswith("passed: ")
+    assert not on["passed"] and not on["max_diff"] <= on["tolerance"], on
+    assert on["message"].startswith("FAILED: ") and "did not finish" not in on["message"], on
+    assert bugzoo.ENV not in os.environ                    # the caller's switch is restored
+    expected = {  # the words that say why, in the failing check's message
+        "tp_missing_backward_all_reduce": "a check of the forward pass sees nothing",
+        "ddp_sync_on_wrong_microbatch": "all-reduces per micro-batch: [1, 0]",
+        "p2p_dropped_request": "gradients off by",
+        "pipeline_loss_unscaled": "their norm is 4 times the one-process norm (m = 4",
+        "tp_layer_left_unsharded": "1 all-reduce(s) per forward, expected 2",
+    }[name]
+    assert expected in on["message"], on["message"]
+
+
+def _pytest(name, *nodes, timeout=150):
+    env = {**os.environ, bugzoo.ENV: name}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+                           *nodes], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.timeout(170)
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "tp_layer_left_unsharded"])
+def test_the_named_existing_test_fails_with_the_switch_on(name):
+    run = _pytest(name, "-x", bugzoo.BUGS[name].test)
+    assert run.returncode == 1 and "1 failed" in run.stdout, run.stdout[-3000:]
+
+
+@pytest.mark.timeout(170)
+def test_a_layer_left_unsharded_passes_parity_and_fails_the_memory_check():
+    parity = "tests/test_tensor_parallel.py::test_parity_with_the_dense_model[block-2]"
+    memory = bugzoo.BUGS["tp_layer_left_unsharded"].test
+    run = _pytest("tp_layer_left_unsharded", parity, memory)
+    assert f"PASSED {parity}" in run.stdout, run.stdout[-3000:]
+    assert f"FAILED {memory}" in run.stdout, run.stdout[-3000:]

@@ -11,7 +11,6 @@ import statistics
 import time
 
 import torch
-import torch.distributed as dist
 
 import lessonlib
 from lessonlib import comm, device, labkit, launcher

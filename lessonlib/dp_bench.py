@@ -178,7 +178,7 @@ def ddp_bench(rungs=("bucketed", "naive", "torch"), cfg: GPTConfig = TEN_M, batc
 
     After ``warmup`` untimed steps each, the rungs take turns step by step, ``steps`` x
     ``rounds`` times, so a burst of background load slows them all alike."""
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     tokens, _ = corpus_tokens()
     out, steppers = {}, {}
     for rung in check_rungs(rungs):

@@ -9,15 +9,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+import labrun
 import psutil
 import pytest
 import torch
 
 from lessonlib import checkpoint
 
-LAB = Path(__file__).resolve().parent.parent / "labs" / "train.py"
+LAB = labrun.LABS / "train.py"
 STEPS, EVERY, KILL_AFTER = 240, 20, 60
 TINY = ["--world-size", "2", "--layout", "t1p2d1", "--layers", "2", "--hidden", "32",
         "--seq", "16", "--global-batch", "8", "--microbatches", "2", "--steps", str(STEPS),
@@ -26,7 +26,7 @@ META = {"layout": "t1p2d1", "lr": 0.1}
 
 
 def _lab(*args):
-    return [sys.executable, str(LAB), *args]
+    return labrun.command("train", *args)
 
 
 # ---------------------------------------------------------------- files only, no processes

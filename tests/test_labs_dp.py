@@ -1,38 +1,7 @@
 """labs/allreduce.py and labs/ddp.py run end to end with tiny settings, write the shared
 result shape, and refuse bad settings before any process starts."""
-import importlib.util
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-LABS = ROOT / "labs"
-
-
-def run_lab(name, *flags, tmp_path):
-    out = tmp_path / f"{name}.json"
-    proc = subprocess.run([sys.executable, str(LABS / f"{name}.py"), *flags, "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=150)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
-
-
-def load_lab(name):
-    spec = importlib.util.spec_from_file_location(f"lab_{name}", LABS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def check_shape(record, lab, world_size):
-    assert {"lab", "world_size", "backend", "device", "settings", "results"} <= set(record)
-    assert (record["lab"], record["world_size"], record["backend"], record["device"]) == \
-        (lab, world_size, "gloo", "cpu")
-    assert record["settings"]["command"].startswith(f"python labs/{lab}.py")
-
+from labrun import check_shape, load_lab, run_lab
 
 @pytest.mark.timeout(160)
 def test_allreduce_lab_writes_times_busbw_and_ledger_bytes(tmp_path):

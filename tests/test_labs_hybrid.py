@@ -1,18 +1,12 @@
 """labs/hybrid.py runs end to end with tiny settings and writes the shared result shape; bad
 settings stop it with a one-line message before any rank starts. Speed is not asserted."""
 import json
-import subprocess
-import sys
-from pathlib import Path
+from functools import partial
 
+import labrun
 import pytest
 
-LAB = Path(__file__).resolve().parent.parent / "labs" / "hybrid.py"
-
-
-def _run(*args, timeout=240):
-    return subprocess.run([sys.executable, str(LAB), *args], capture_output=True, text=True,
-                          timeout=timeout)
+_run = partial(labrun.run, "hybrid", timeout=240)
 
 
 @pytest.mark.timeout(300)

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from test_labs_dp import check_shape, load_lab, run_lab  # noqa: E402
+from labrun import check_shape, load_lab, run_lab  # noqa: E402
 
 from lessonlib import model_parallel as mp  # noqa: E402
 from lessonlib.viz import mp as mpviz  # noqa: E402

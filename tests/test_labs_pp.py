@@ -2,20 +2,16 @@
 settings stop it with a one-line message before any rank starts. (Speed is the lab's to
 report, not this test's to assert.)"""
 import json
-import subprocess
-import sys
-from pathlib import Path
+from functools import partial
 
+import labrun
 import pytest
 
-LAB = Path(__file__).resolve().parent.parent / "labs" / "pp.py"
 TINY = ["--world-size", "2", "--steps", "1", "--warmup", "1", "--microbatches", "2", "4",
         "--width", "32", "--layers-per-stage", "2", "--microbatch-size", "4"]
 
 
-def _run(*args, timeout=180):
-    return subprocess.run([sys.executable, str(LAB), *args], capture_output=True, text=True,
-                          timeout=timeout)
+_run = partial(labrun.run, "pp", timeout=180)
 
 
 @pytest.mark.timeout(200)

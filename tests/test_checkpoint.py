@@ -157,7 +157,8 @@ def test_bad_settings_and_foreign_checkpoints_stop_the_lab_before_any_rank(tmp_p
     assert "model: checkpoint None" in done.stderr
     for args, words in ((["--checkpoint-every", "0"], "--checkpoint-every must be a positive"),
                         (["--layout", "t3p1d1"], "--layout t3p1d1"),
-                        (["--layout", "two"], "cannot read the layout 'two'")):
+                        (["--layout", "two"], "cannot read the layout 'two'"),
+                        (["--fail-at", "one"], "write RANK:STEP")):
         done = subprocess.run(_lab("--world-size", "2", *args, "--checkpoint-dir",
                                    str(tmp_path / "new")), capture_output=True, text=True,
                               timeout=60)
@@ -203,3 +204,25 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes(tmp_path, uninterru
     resumed = json.loads((tmp_path / "elastic.json").read_text())["results"]["lessonlib"]
     assert resumed["resumed_from_step"] is not None
     assert resumed["losses"] == uninterrupted[1]["losses"]
+
+
+@pytest.mark.timeout(200)
+def test_a_failing_rank_is_named_and_the_next_run_resumes_from_the_last_checkpoint(
+        tmp_path, uninterrupted, no_children_left):
+    """The notebook's path (lessonlib.long_run, no subprocess): rank 1 fails at step 25,
+    the launcher names it, the checkpoint of step 20 stays, and the next run continues the
+    uninterrupted curve (its first 30 steps: training is causal)."""
+    from lessonlib import long_run
+    from lessonlib.launcher import RankError
+
+    settings = long_run.plan(2, "t1p2d1", steps=30, checkpoint_dir=str(tmp_path),
+                             checkpoint_every=10)
+    with pytest.raises(RankError) as failed:
+        long_run.run(settings, fail_at=(1, 25), timeout=120)
+    assert failed.value.rank == 1 and "simulated failure of rank 1 at step 25" in str(failed.value)
+    assert checkpoint.latest(tmp_path)["step"] == 20
+    resumed = long_run.run(settings, timeout=120)
+    assert resumed["resumed_from_step"] == 20 and resumed["steps_run_now"] == 10
+    assert resumed["losses"] == uninterrupted[1]["losses"][:30]
+    with pytest.raises(ValueError, match="already at step 30; use steps >= 30"):
+        long_run.run(long_run.plan(2, "t1p2d1", steps=20, checkpoint_dir=str(tmp_path)))

@@ -1,0 +1,146 @@
+"""A training run that survives being killed: the tiny GPT on a (t, p, d) grid, with checkpoints.
+
+What it teaches: a run of weeks on thousands of GPUs meets failed GPUs, lost nodes and
+preempted jobs; what saves it is a checkpoint every N steps and a restart that continues
+the *same* run. Here every rank saves its own shard (``lessonlib.checkpoint``) every
+``checkpoint_every`` steps; a new run in the same folder resumes from the newest complete
+checkpoint. The loss curve continues bit for bit, because
+
+* the weights, the optimizer state (AdamW's moments) and the RNG state are restored, and
+* the data of step k depends only on k (``data.lm_batch``), so no sampler state is needed.
+
+``fail_at=(rank, step)`` makes that rank raise at that step, to watch the failure (the
+launcher names the rank and stops the others) and the resume.
+
+Laptop:  ``python -c "from lessonlib import long_run as lr;
+         print(lr.run(lr.plan(2, steps=40, checkpoint_dir='results/ckpt'))['losses'][-1])"``
+         or ``python labs/train.py --world-size 2`` (the lab over this module)
+GPU box: ``torchrun --nproc-per-node 8 --max-restarts 3 labs/train.py --layout t2p2d2``
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from lessonlib import checkpoint, labkit
+from lessonlib.data import corpus_tokens, lm_batch
+from lessonlib.grid import ParallelContext, check_grid, layout_name, parse_layout
+from lessonlib.hybrid import HybridTrainer, check_layout, step_losses
+from lessonlib.launcher import progress
+from lessonlib.models import GPTConfig, TinyGPT
+
+SMALL = {"vocab": 27, "seq": 16, "hidden": 32, "heads": 4, "layers": 2}
+
+
+def default_layout(world: int, cfg: GPTConfig) -> tuple[int, int, int]:
+    """As many pipeline stages as the world and the layers allow, then TP, then DP."""
+    p = max(k for k in range(1, min(world, cfg.layers) + 1) if world % k == 0)
+    t = max(k for k in range(1, world // p + 1)
+            if (world // p) % k == 0 and cfg.heads % k == 0)
+    return t, p, world // (t * p)
+
+
+def plan(world_size: int, layout: str | None = None, model: dict | None = None,
+         global_batch: int = 8, m: int = 2, lr: float = 1e-3, optimizer: str = "adamw",
+         seed: int = 0, steps: int = 100, checkpoint_dir: str = "results/long-run",
+         checkpoint_every: int = 10, keep: int = 2) -> dict:
+    """The run's settings, checked (ValueError naming the setting) before any process.
+    ``layout`` is ``"t<t>p<p>d<d>"`` (default: ``default_layout``)."""
+    for name, value in (("steps", steps), ("checkpoint_every", checkpoint_every),
+                        ("keep", keep)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    if optimizer not in HybridTrainer.OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r}; use one of {sorted(HybridTrainer.OPTIMIZERS)}")
+    model = dict(model or SMALL)
+    cfg = GPTConfig(**model)
+    t, p, d = parse_layout(layout) if layout else default_layout(world_size, cfg)
+    check_grid(world_size, d, p, t)
+    check_layout(cfg, d, p, t, global_batch, m)
+    # What the shards depend on; the step count and checkpoint cadence may change on resume.
+    meta = {"layout": layout_name(t, p, d), "model": model, "global_batch": global_batch,
+            "m": m, "lr": lr, "optimizer": optimizer, "seed": seed}
+    return {**meta, "layout": (t, p, d), "world_size": world_size, "steps": steps,
+            "checkpoint_dir": str(checkpoint_dir), "checkpoint_every": checkpoint_every,
+            "keep": keep, "meta": meta}
+
+
+def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None = None) -> dict:
+    """Rank side: build this rank's shard, load its checkpoint when resuming, train to the
+    last step, saving every ``checkpoint_every`` steps and at the end."""
+    cfg, (t, p, d) = GPTConfig(**settings["model"]), settings["layout"]
+    ctx = ParallelContext.build(d, p, t)
+    trainer = HybridTrainer(TinyGPT(cfg, settings["seed"]), ctx, settings["m"],
+                            settings["global_batch"], settings["lr"],
+                            optimizer=settings["optimizer"])
+    start, history = 0, []
+    torch.manual_seed(settings["seed"] + ctx.rank)  # reproducible, and restored on resume
+    if resume is not None:
+        state = checkpoint.load(resume["path"], ctx.rank)
+        trainer.stage.load_state_dict(state["model"])
+        trainer.opt.load_state_dict(state["optimizer"])
+        checkpoint.set_rng_state(state["rng"])
+        start, history = state["step"], state["losses"]
+    tokens, _ = corpus_tokens()
+    seconds, saves, every = [], [], settings["checkpoint_every"]
+    for step in range(start, settings["steps"]):
+        progress(f"step {step + 1} of {settings['steps']}")
+        if fail_at == (ctx.rank, step + 1):
+            raise RuntimeError(f"a simulated failure of rank {ctx.rank} at step {step + 1}")
+        x, y = lm_batch(tokens, settings["global_batch"], cfg.seq, step, settings["seed"])
+        out = trainer.step(x, y)
+        history.append(out["losses"])
+        seconds.append(out["seconds"])
+        if (step + 1) % every == 0 or step + 1 == settings["steps"]:
+            state = {"model": trainer.stage.state_dict(), "optimizer": trainer.opt.state_dict(),
+                     "step": step + 1, "losses": history, "rng": checkpoint.rng_state(),
+                     "coords": list(ctx.coords)}
+            began = time.perf_counter()
+            checkpoint.save(settings["checkpoint_dir"], step + 1, state, settings["meta"],
+                            settings["keep"])
+            saves.append(time.perf_counter() - began)
+    return {"rank": ctx.rank, "coords": ctx.coords, "losses": history, "seconds": seconds,
+            "saves": saves, "param_count": sum(q.numel() for q in trainer.params),
+            "info": labkit.rank_info()}
+
+
+def summary(ranks: list[dict], settings: dict, resume: dict | None) -> dict:
+    """Caller side: the whole loss curve (the global batch's mean loss per step, from the
+    first step, including the steps before a resume), times, and where the checkpoint is."""
+    losses = step_losses(ranks)
+    seconds = [max(r["seconds"][i] for r in ranks) for i in range(len(ranks[0]["seconds"]))]
+    found = checkpoint.latest(settings["checkpoint_dir"])
+    return {"losses": losses, "first_loss": losses[0], "last_loss": losses[-1],
+            "resumed_from_step": resume["step"] if resume else None,
+            "steps_run_now": len(seconds),
+            "step_time_s": statistics.median(seconds) if seconds else None,
+            "checkpoint_save_s": statistics.median(ranks[0]["saves"]) if seconds else None,
+            "checkpoint": found["path"] if found else None,
+            "param_count_per_rank": [r["param_count"] for r in ranks]}
+
+
+def resume_point(settings: dict) -> dict | None:
+    """Caller side, before any process: the manifest of the checkpoint to resume from, or
+    None. ValueError if the folder's checkpoint was written by other settings or is
+    already past ``steps``."""
+    resume = checkpoint.check_resume(settings["checkpoint_dir"], settings["world_size"],
+                                     settings["meta"])
+    if resume and resume["step"] > settings["steps"]:
+        raise ValueError(f"steps={settings['steps']}: the checkpoint in {resume['path']} is "
+                         f"already at step {resume['step']}; use steps >= {resume['step']}")
+    return resume
+
+
+def run(settings: dict, timeout: float = 600, fail_at: tuple[int, int] | None = None,
+        backend: str = "auto") -> dict:
+    """Caller side: resume from the newest complete checkpoint in the folder (refused with a
+    ValueError if it was written by other settings) or start at step 0; launch; summarize.
+    A failing rank raises ``RankError`` here; the checkpoints written so far stay."""
+    from lessonlib.launcher import launch
+
+    resume = resume_point(settings)
+    ranks = launch(train, settings["world_size"], settings, resume, fail_at=fail_at,
+                   backend=backend, timeout=timeout)
+    return summary(ranks, settings, resume)

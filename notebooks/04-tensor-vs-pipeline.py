@@ -73,7 +73,7 @@ plt.show()
 # Slide t to see the split at other degrees:
 
 # %%
-tpviz.weight_split_widget(heads=8);
+tpviz.weight_split_widget(heads=8)
 
 # %% [markdown]
 # ### 1.2 Prediction: memory falls as 1/t, communication does not

@@ -256,12 +256,125 @@ plt.show()
 viz.hybrid_widget()
 
 # %% [markdown]
+# ## 7. No lost work: checkpoint, crash, resume
+#
+# A run of weeks on a thousand GPUs will see GPUs fail, nodes drop out and jobs get
+# preempted. What saves it is a **checkpoint** every N steps and a restart that continues
+# the *same* run. Each rank saves only its own shard (its stage's weights, split over its
+# TP group, and the optimizer state of those weights), all in parallel, and a checkpoint
+# counts only once every shard is on disk (`lessonlib.checkpoint`). The resumed run must
+# continue the loss curve exactly: weights, AdamW's moments and the random state are
+# restored, and the data of step k depends only on k.
+#
+# Prediction first. AdamW keeps, for every float32 weight, two float32 moments: a shard
+# holds 12 bytes per parameter of its rank (`cm.memory.OPTIMIZER_BYTES`: the same 12 bytes
+# that mixed-precision training keeps in fp32, ZeRO §3.1). For the 1-trillion-parameter
+# model of the exercises below, one copy of the model state is:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from lessonlib import checkpoint, long_run
+from lessonlib.models import GPTConfig
+from lessonlib.viz import long_run as lrviz
+
+one_t = cm.MODELS["megatron-1T"]
+print(f"{one_t.name}: {one_t.params() / 1e12:.2f} T parameters x {cm.memory.OPTIMIZER_BYTES} B = "
+      f"{one_t.params() * cm.memory.OPTIMIZER_BYTES / 1e12:.1f} TB per checkpoint; with t = 8 "
+      f"and p = 64, each of the 512 ranks of one replica writes "
+      f"{one_t.params() * cm.memory.OPTIMIZER_BYTES / 512 / 1e9:.0f} GB, all at once")
+
+# %% [markdown]
+# Now for real, on 2 ranks (two pipeline stages of the tiny GPT), 40 steps with a
+# checkpoint every 10. First the run nobody interrupts; then the same run, in another
+# folder, where rank 1 fails at step 25 (`fail_at=(1, 25)`: it raises, as a lost GPU would
+# end its process).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import tempfile
+
+work = Path(tempfile.mkdtemp(prefix="long-run-"))
+smooth = long_run.plan(2, "t1p2d1", steps=40, checkpoint_every=10,
+                       checkpoint_dir=str(work / "smooth"))
+crashy = long_run.plan(2, "t1p2d1", steps=40, checkpoint_every=10,
+                       checkpoint_dir=str(work / "crashy"))
+whole = long_run.run(smooth)
+print(f"uninterrupted: loss {whole['first_loss']:.3f} -> {whole['last_loss']:.3f} in "
+      f"{whole['steps_run_now']} steps, {whole['step_time_s'] * 1e3:.0f} ms per step, "
+      f"{whole['checkpoint_save_s'] * 1e3:.0f} ms per checkpoint")
+
+# %%
+# NBVAL_CHECK_OUTPUT
+try:
+    long_run.run(crashy, fail_at=(1, 25))
+except lessonlib.RankError as failure:
+    print(f"the launch raised RankError: rank {failure.rank} failed "
+          f"({str(failure).splitlines()[0][:60]}...)")
+found = checkpoint.latest(crashy["checkpoint_dir"])
+print(f"newest complete checkpoint: step {found['step']}, "
+      f"{sorted(p.name for p in Path(found['path']).iterdir())}")
+
+# %% [markdown]
+# The shards against the prediction: 12 bytes per parameter of each rank, plus the one
+# 4-byte step counter AdamW keeps per weight tensor:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+cfg = GPTConfig(**crashy["model"])
+shards = [checkpoint.load(found["path"], rank) for rank in range(2)]
+for rank, shard in enumerate(shards):
+    moments = [x for state in shard["optimizer"]["state"].values() for x in state.values()]
+    held = sum(x.numel() * x.element_size() for x in [*shard["model"].values(), *moments])
+    params, counters = hybrid.expected_param_count(cfg, 2, 1, rank), len(shard["model"])
+    print(f"rank {rank}: {params:,} parameters -> predicted 12 x {params:,} + 4 x {counters} = "
+          f"{12 * params + 4 * counters:,} bytes; in its shard: {held:,} bytes")
+
+# %% [markdown]
+# On disk each file is a little larger: the file format's per-tensor records and the loss
+# history that travels with the weights (a fixed cost that a real model's gigabytes hide):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for rank in range(2):
+    size = (Path(found["path"]) / f"rank_{rank:05d}.pt").stat().st_size
+    print(f"rank {rank}: {size:,} bytes on disk")
+
+# %% [markdown]
+# Run the same call again: it finds the checkpoint of step 20 and resumes. Steps 21 to 25
+# are done twice (the price of checkpointing every 10 steps), and the curve must be the
+# uninterrupted one, to the last bit:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+resumed = long_run.run(crashy)
+print(f"resumed from step {resumed['resumed_from_step']}, ran {resumed['steps_run_now']} "
+      f"steps; the loss curve equals the uninterrupted one: "
+      f"{resumed['losses'] == whole['losses']}")
+
+# %%
+lrviz.resume_plot(whole["losses"], resumed["losses"], checkpoint_step=20, failed_step=25)
+plt.show()
+
+# %% [markdown]
+# The lab `labs/train.py` is the same run, long (minutes) and from a terminal: kill it with
+# Ctrl-C or `kill -9` and run the same command again; under `torchrun --max-restarts` the
+# restarted ranks resume by themselves. The tests kill a 2-rank run midway both ways and
+# compare with an uninterrupted run.
+
+# %%
+import shutil
+
+shutil.rmtree(work)
+
+# %% [markdown]
 # > **Takeaway.** The three parallelisms compose on one grid, (d, p, t) with t innermost, and
 # > together compute exactly what one process computes. Where each goes is decided by
 # > bandwidth: TP talks every layer, so it stays inside a server (t ≤ 8); PP sends one
 # > activation per micro-batch, so it crosses servers, paying a bubble of (p-1)/m that more
 # > micro-batches shrink; DP sends the gradients once per step, so it takes what is left.
-# > The best layout is the smallest t·p that fits, with t filling a server.
+# > The best layout is the smallest t·p that fits, with t filling a server. And a run that
+# > long must survive failures: every rank saves its own shard every N steps, and a restart
+# > continues the same loss curve.
 #
 # ## Exercises
 #

@@ -12,13 +12,13 @@ Laptop and GPU box alike:
 """
 from __future__ import annotations
 
-import io
 import math
 import textwrap
 
 import matplotlib.pyplot as plt
 
 from lessonlib import bugzoo
+from lessonlib.viz.widgets import explorer
 
 FLOOR, CEILING = 1e-18, 1e3   # log axis: 0 is drawn at the floor, inf (or NaN) at the ceiling
 PASS, FAIL = "#55a868", "#c44e52"
@@ -84,28 +84,15 @@ def describe(name: str, pair: dict | None = None) -> str:
 
 
 def bug_widget(results: dict, name: str | None = None):
-    """A dropdown over the bugs; shows the chosen bug's description, the line its switch
-    changes (read from the source now) and its off/on bars, from ``results`` (no launches).
-    Drawn into an Output; the box carries ipywidgets' ``widget-interact`` class."""
+    """A dropdown over the bugs; shows the chosen bug's off/on bars and its description
+    (with the lines its switch changes, read from the source now), from ``results``: moving
+    it launches nothing."""
     import ipywidgets as w
-    from IPython.display import Image
 
-    menu = w.Dropdown(options=list(results), value=name or next(iter(results)),
-                      description="bug", layout=w.Layout(width="420px"))
-    out = w.Output()
-
-    def redraw(_=None):
+    def draw(bug):
         fig, ax = plt.subplots(figsize=(4.2, 3.2))
-        plot_check(results[menu.value]["off"], results[menu.value]["on"], ax)
-        png = io.BytesIO()
-        fig.savefig(png, format="png", dpi=80, bbox_inches="tight")
-        plt.close(fig)
-        out.outputs = ()
-        out.append_display_data(Image(png.getvalue()))
-        out.append_stdout(describe(menu.value, results[menu.value]))
+        plot_check(results[bug]["off"], results[bug]["on"], ax)
+        return fig, describe(bug, results[bug])
 
-    menu.observe(redraw, names="value")
-    redraw()
-    box = w.VBox([menu, out])
-    box.add_class("widget-interact")  # styled, and found by the browser test, like interact()
-    return box
+    return explorer(draw, bug=w.Dropdown(options=list(results), value=name or next(iter(results)),
+                                         layout=w.Layout(width="420px")))

@@ -19,12 +19,11 @@ GPU box: the same.
 """
 from __future__ import annotations
 
-import io
-
 import matplotlib.pyplot as plt
 import numpy as np
 
 from lessonlib.dp_bench import bucketed_step, predict_from_fit
+from lessonlib.viz.widgets import explorer
 
 COLORS = {"ring": "#4C72B0", "parameter_server": "#C44E52", "naive_ring": "#DD8452",
           "torch": "#55A868", "forward": "#8172B3", "backward": "#64B5CD",
@@ -114,33 +113,6 @@ def plot_allreduce(points: dict, fits: dict, world_size: int = 4, size_bytes: in
     return fig
 
 
-def _explorer(draw, **controls):
-    """Sliders over ``draw(**values) -> (figure, text)``. The picture goes into an Output
-    widget by setting its contents rather than by capturing prints, which also keeps
-    headless execution (nbconvert, nbval) from waiting on widget output."""
-    import ipywidgets as w
-    from IPython.display import Image
-
-    out = w.Output()
-
-    def redraw(_=None):
-        fig, text = draw(**{name: c.value for name, c in controls.items()})
-        png = io.BytesIO()
-        fig.savefig(png, format="png", dpi=80, bbox_inches="tight")
-        plt.close(fig)
-        out.outputs = ()
-        out.append_display_data(Image(png.getvalue()))
-        if text:
-            out.append_stdout(text)
-
-    for control in controls.values():
-        control.observe(redraw, names="value")
-    redraw()
-    box = w.VBox([w.HBox(list(controls.values())), out])
-    box.add_class("widget-interact")  # styled, and found by the browser test, like interact()
-    return box
-
-
 def allreduce_explorer(points: dict, fits: dict, fresh: dict | None = None):
     """Sliders for world size and message size over ``plot_allreduce``, with the
     predicted time of each algorithm at the chosen point."""
@@ -154,7 +126,7 @@ def allreduce_explorer(points: dict, fits: dict, fresh: dict | None = None):
                        for alg, fit in fits.items() if fit)
         return fig, text
 
-    return _explorer(draw, world_size=IntSlider(4, 2, 8, description="ranks"),
+    return explorer(draw, world_size=IntSlider(4, 2, 8, description="ranks"),
                      size_mib=FloatLogSlider(16.0, base=2, min=-10, max=6, step=1,
                                              description="MiB"))
 
@@ -201,7 +173,7 @@ def bucket_explorer(grad_bytes: float, backward_s: float, fit: dict,
         return plot_buckets(grad_bytes, world_size, bucket_mib * MiB, backward_s, fit,
                             points), ""
 
-    return _explorer(draw, world_size=IntSlider(measured_world_size, 2, 64, description="ranks"),
+    return explorer(draw, world_size=IntSlider(measured_world_size, 2, 64, description="ranks"),
                      bucket_mib=FloatLogSlider(4.0, base=2, min=-4, max=7, step=1,
                                                description="bucket MiB"))
 

@@ -15,6 +15,7 @@ from matplotlib.patches import Rectangle
 
 from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate, table1_rows, tp_sweep
 from lessonlib.grid import axis_groups, placements
+from lessonlib.viz.widgets import current_figure, explorer
 
 GB = 1e9
 PARTS = ("weights", "gradients", "optimizer", "activations")
@@ -190,21 +191,17 @@ def layout_panel(t: int = 8, p: int = 8, d: int = 1, m: int = 64, cluster="dgx-a
     return fig
 
 
-def _draw_panel(t, p, d, m, cluster, model):
-    layout_panel(t, p, d, m, cluster, model)
-    plt.show()
-
-
 def hybrid_widget(model="gpt-161B"):
     """Dropdowns for t, p, d, m and the cluster preset over ``layout_panel``."""
     import ipywidgets as w
 
     powers = [1, 2, 4, 8, 16, 32, 64]
-    return w.interactive(
-        _draw_panel, t=w.Dropdown(options=powers[:6], value=8),
-        p=w.Dropdown(options=powers, value=8), d=w.Dropdown(options=[1, 2, 4, 8, 16], value=1),
-        m=w.Dropdown(options=[1, 4, 16, 64, 256], value=64),
-        cluster=w.Dropdown(options=list(CLUSTERS), value="dgx-a100"), model=w.fixed(model))
+    draw = current_figure(lambda **v: layout_panel(**v, model=model))
+    return explorer(draw, t=w.Dropdown(options=powers[:6], value=8),
+                    p=w.Dropdown(options=powers, value=8),
+                    d=w.Dropdown(options=[1, 2, 4, 8, 16], value=1),
+                    m=w.Dropdown(options=[1, 4, 16, 64, 256], value=64),
+                    cluster=w.Dropdown(options=list(CLUSTERS), value="dgx-a100"))
 
 
 def sweet_spot(model="gpt-161B", cluster="dgx-a100", n_gpus: int = 64, global_batch: int = 64,

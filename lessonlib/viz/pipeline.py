@@ -19,6 +19,7 @@ import numpy as np
 from lessonlib.costmodel import bubble_fraction, stashed_microbatches
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.validate import simulate
+from lessonlib.viz.widgets import explorer
 
 COLORS = {"F": "#4c72b0", "B": "#55a868", "wait": "#bbbbbb", "idle": "#f6d5d5"}
 NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}
@@ -181,24 +182,9 @@ def explore(p: int = 4, m: int = 8, v: int = 2, measured=()):
 
 
 def widget(measured=()):
-    """Sliders for p, m and v over ``explore``; measured points drawn where p and m match.
-
-    The chart is put into the output area as data (not captured from a running cell), so
-    the widget renders the same in a live kernel and in a notebook executed headless."""
+    """Sliders for p, m and v over ``explore``; measured points drawn where p and m match."""
     import ipywidgets as w
 
-    sliders = [w.IntSlider(value=2, min=1, max=16, description="p"),
-               w.IntSlider(value=8, min=1, max=64, description="m"),
-               w.IntSlider(value=2, min=1, max=4, description="v")]
-    out = w.Output()
-
-    def draw(_=None):
-        fig = explore(*(s.value for s in sliders), measured=measured)
-        out.outputs = ()
-        out.append_display_data(fig)
-        plt.close(fig)
-
-    for s in sliders:
-        s.observe(draw, names="value")
-    draw()
-    return w.VBox([w.HBox(sliders), out])
+    return explorer(lambda p, m, v: explore(p, m, v, measured=measured),
+                    p=w.IntSlider(value=2, min=1, max=16), m=w.IntSlider(value=8, min=1, max=64),
+                    v=w.IntSlider(value=2, min=1, max=4))

@@ -13,6 +13,7 @@ import numpy as np
 
 from lessonlib.costmodel import (GPT, GPUS, MODELS, SECONDS_PER_DAY, memory_per_gpu,
                                  training_flops, training_time_s)
+from lessonlib.viz.widgets import current_figure, explorer
 
 PARTS = ("weights", "gradients", "optimizer", "activations")
 COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
@@ -80,15 +81,14 @@ def memory_widget():
     def draw(preset, layers, hidden, b, recompute):
         model = MODELS[preset] if preset != "custom" else GPT(layers, hidden, max(1, hidden // 128),
                                                               2048, 51200, "custom")
-        memory_wall(model, b, recompute)
-        plt.show()
+        return memory_wall(model, b, recompute)
 
-    return w.interactive(draw, preset=w.Dropdown(options=[*MODEL_PRESETS, "custom"],
-                                                 value="gpt3-175B"),
-                         layers=w.IntSlider(value=24, min=2, max=128, step=2),
-                         hidden=w.IntSlider(value=2048, min=256, max=25600, step=256),
-                         b=w.IntSlider(value=1, min=1, max=16),
-                         recompute=w.Dropdown(options=["none", "selective", "full"]))
+    return explorer(current_figure(draw),
+                    preset=w.Dropdown(options=[*MODEL_PRESETS, "custom"], value="gpt3-175B"),
+                    layers=w.IntSlider(value=24, min=2, max=128, step=2),
+                    hidden=w.IntSlider(value=2048, min=256, max=25600, step=256),
+                    b=w.IntSlider(value=1, min=1, max=16),
+                    recompute=w.Dropdown(options=["none", "selective", "full"]))
 
 
 def time_widget():
@@ -96,12 +96,11 @@ def time_widget():
     import ipywidgets as w
 
     def draw(params_billion, tokens_billion, gpu, n_gpus, efficiency):
-        time_wall(params_billion * 1e9, tokens_billion * 1e9, gpu, efficiency, n_gpus)
-        plt.show()
+        return time_wall(params_billion * 1e9, tokens_billion * 1e9, gpu, efficiency, n_gpus)
 
-    return w.interactive(draw,
-                         params_billion=w.FloatLogSlider(value=175, base=10, min=-1, max=3.2),
-                         tokens_billion=w.FloatLogSlider(value=300, base=10, min=0, max=4),
-                         gpu=w.Dropdown(options=list(GPUS), value="V100-SXM2-32GB"),
-                         n_gpus=w.IntText(value=1),
-                         efficiency=w.FloatSlider(value=0.3, min=0.05, max=0.8, step=0.05))
+    return explorer(current_figure(draw),
+                    params_billion=w.FloatLogSlider(value=175, base=10, min=-1, max=3.2),
+                    tokens_billion=w.FloatLogSlider(value=300, base=10, min=0, max=4),
+                    gpu=w.Dropdown(options=list(GPUS), value="V100-SXM2-32GB"),
+                    n_gpus=w.IntText(value=1),
+                    efficiency=w.FloatSlider(value=0.3, min=0.05, max=0.8, step=0.05))

@@ -22,6 +22,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from lessonlib.viz.widgets import current_figure, explorer
+
 RANK_COLORS = plt.get_cmap("tab10").colors
 SPAN_STYLE = {"F": ("#4C72B0", "forward"), "B": ("#DD8452", "backward"),
               "OPT": ("#8C8C8C", "optimizer step"), "RECV_F": ("#F2D0D0", "waiting"),
@@ -186,14 +188,12 @@ def plot_lab(record: dict):
 
 
 def weight_split_widget(heads: int = 8):
-    """Slide t to see which rank holds which block."""
-    from ipywidgets import interact
+    """Pick t to see which rank holds which block."""
+    import ipywidgets as w
 
-    def show(t=2):
-        draw_weight_split(t, heads)
-        plt.show()
-
-    return interact(show, t=[d for d in (1, 2, 4, 8) if heads % d == 0])
+    draw = current_figure(lambda t: draw_weight_split(t, heads))
+    return explorer(draw, t=w.Dropdown(options=[d for d in (1, 2, 4, 8) if heads % d == 0],
+                                       value=2))
 
 
 def plot_layer_split(model: str = "gpt3-175B", p: int = 48, gpu: str = "A100-80GB"):
@@ -226,10 +226,7 @@ def layer_split_widget():
     """Pick a model and p: memory per GPU falls as 1/p, the idle share climbs to (p-1)/p."""
     import ipywidgets as w
 
-    def show(model, p):
-        plot_layer_split(model, p)
-        plt.show()
-
-    return w.interactive(show, model=w.Dropdown(options=["gpt2-xl", "megatron-39.1B", "gpt3-175B",
-                                                         "megatron-1T"], value="gpt3-175B"),
-                         p=w.IntSlider(value=48, min=1, max=128))
+    return explorer(plot_layer_split,
+                    model=w.Dropdown(options=["gpt2-xl", "megatron-39.1B", "gpt3-175B",
+                                              "megatron-1T"], value="gpt3-175B"),
+                    p=w.IntSlider(value=48, min=1, max=128))

@@ -39,12 +39,15 @@ def check_settings(ap, args) -> dict:
         ap.error(f"--layout {args.layout or '(default)'}: {exc}")
 
 
-def fail_at(ap, text: str | None) -> tuple[int, int] | None:
+def fail_at(ap, text: str | None, world_size: int) -> tuple[int, int] | None:
     if text is None:
         return None
     rank, _, step = text.partition(":")
     if not (rank.isdigit() and step.isdigit() and int(step) > 0):
         ap.error(f"--fail-at {text!r}: write RANK:STEP, e.g. 1:25")
+    if int(rank) >= world_size:
+        ap.error(f"--fail-at {text}: there is no rank {rank} in a world of {world_size}; use "
+                 f"a rank from 0 to {world_size - 1}")
     return int(rank), int(step)
 
 
@@ -69,7 +72,7 @@ def main():
     args = ap.parse_args()
     args.world_size = labkit.world_size(args)
     settings = check_settings(ap, args)
-    failure = fail_at(ap, args.fail_at)
+    failure = fail_at(ap, args.fail_at, args.world_size)
     resume = None
     if args.fresh:
         if lessonlib.launcher.is_main_process():

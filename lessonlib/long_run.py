@@ -140,6 +140,9 @@ def run(settings: dict, timeout: float = 600, fail_at: tuple[int, int] | None = 
     A failing rank raises ``RankError`` here; the checkpoints written so far stay."""
     from lessonlib.launcher import launch
 
+    if fail_at is not None and not 0 <= fail_at[0] < settings["world_size"]:
+        raise ValueError(f"fail_at={fail_at}: rank {fail_at[0]} is not in a world of "
+                         f"{settings['world_size']} ranks")
     resume = resume_point(settings)
     ranks = launch(train, settings["world_size"], settings, resume, fail_at=fail_at,
                    backend=backend, timeout=timeout)

@@ -158,7 +158,8 @@ def test_bad_settings_and_foreign_checkpoints_stop_the_lab_before_any_rank(tmp_p
     for args, words in ((["--checkpoint-every", "0"], "--checkpoint-every must be a positive"),
                         (["--layout", "t3p1d1"], "--layout t3p1d1"),
                         (["--layout", "two"], "cannot read the layout 'two'"),
-                        (["--fail-at", "one"], "write RANK:STEP")):
+                        (["--fail-at", "one"], "write RANK:STEP"),
+                        (["--fail-at", "2:5"], "there is no rank 2 in a world of 2")):
         done = subprocess.run(_lab("--world-size", "2", *args, "--checkpoint-dir",
                                    str(tmp_path / "new")), capture_output=True, text=True,
                               timeout=60)

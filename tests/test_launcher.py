@@ -104,26 +104,36 @@ def test_two_launches_at_the_same_time_do_not_collide():
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["interrupt", "kill"])
 def test_stopping_the_caller_leaves_no_rank_behind(how):
-    """SIGINT is what "interrupt the kernel" sends; SIGKILL is a kernel restart or crash."""
+    """SIGINT is what "interrupt the kernel" sends; SIGKILL is a kernel restart or crash.
+
+    The caller turns SIGINT into KeyboardInterrupt itself, as a Jupyter kernel does: a
+    process started in the background by a shell without job control inherits SIGINT
+    ignored, and the test must not depend on how the suite was started."""
     script = textwrap.dedent("""
-        import sys; sys.path.insert(0, %r)
+        import signal, sys; sys.path.insert(0, %r)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         import lessonlib, rank_workers
         if __name__ == "__main__":
             lessonlib.launch(rank_workers.sleep_forever, 2, timeout=300)
     """ % str(ROOT / "tests"))
     caller = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    ranks = []
-    while time.monotonic() < deadline and len(ranks) < 2:
-        time.sleep(0.5)
-        ranks = [p for p in psutil.Process(caller.pid).children() if is_rank_process(p)]
-    assert len(ranks) == 2
-    time.sleep(2)  # let them reach the sleep
-    caller.send_signal(how)
-    _, err = caller.communicate(timeout=30)
-    assert how == signal.SIGKILL or "KeyboardInterrupt" in err
-    gone, alive = psutil.wait_procs(ranks, timeout=10)
-    assert not alive, f"ranks outlived the interrupted caller: {[p.pid for p in alive]}"
+    try:
+        deadline = time.monotonic() + 60
+        ranks = []
+        while time.monotonic() < deadline and len(ranks) < 2:
+            time.sleep(0.5)
+            ranks = [p for p in psutil.Process(caller.pid).children() if is_rank_process(p)]
+        assert len(ranks) == 2
+        time.sleep(2)  # let them reach the sleep
+        caller.send_signal(how)
+        _, err = caller.communicate(timeout=30)
+        assert how == signal.SIGKILL or "KeyboardInterrupt" in err
+        gone, alive = psutil.wait_procs(ranks, timeout=10)
+        assert not alive, f"ranks outlived the interrupted caller: {[p.pid for p in alive]}"
+    finally:  # a failure here must not leave processes for the next tests to find
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
 
 
 def test_rank_output_goes_to_logs_not_the_caller(capfd):

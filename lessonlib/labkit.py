@@ -85,14 +85,23 @@ def result(lab: str, world_size: int, settings: dict, results: dict, info: dict)
 
 
 def emit(record: dict, path: Path | None) -> None:
-    """Print the result (rank 0 only under torchrun) and write it as JSON if asked."""
-    if not launcher.is_main_process():
-        return
-    text = json.dumps(record, indent=2, sort_keys=True)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
-    print(text, file=sys.stdout)
+    """Print the result (rank 0 only under torchrun) and write it as JSON if asked.
+
+    Under torchrun or srun this is the rank's last act: it flushes and leaves at once
+    (``os._exit(0)``), as ``lessonlib.launch``'s ranks do. Python's teardown after
+    ``destroy_process_group`` can abort a rank (``terminate called without an active
+    exception``, exit 134) when the rank hosting the rendezvous store has already exited,
+    which srun then reports as a failed job."""
+    if launcher.is_main_process():
+        text = json.dumps(record, indent=2, sort_keys=True)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text + "\n")
+        print(text, file=sys.stdout)
+    if launcher.under_torchrun():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def add_gpt_flags(p: argparse.ArgumentParser, hidden: int = 64, seq: int = 32) -> None:

@@ -20,10 +20,10 @@ import sys
 
 import lessonlib
 from lessonlib import labkit, launcher
+from lessonlib.costmodel.alpha_beta import LINKS, fit_alpha_beta
 from lessonlib.costmodel.comm import (bus_bandwidth, parameter_server_bytes,
                                       ring_allreduce_bytes_per_rank)
-from lessonlib.dp_bench import (ALL_ALGORITHMS, LINKS, allreduce_bench, fit_alpha_beta,
-                                slowest_rank_median)
+from lessonlib.data_parallel.bench import ALL_ALGORITHMS, allreduce_bench, slowest_rank_median
 
 GB = 1e9
 

@@ -21,8 +21,8 @@ from dataclasses import asdict
 import lessonlib
 from lessonlib import labkit, launcher
 from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank
-from lessonlib.dp_bench import ddp_bench, slowest_rank_median
-from lessonlib.dp_runs import RUNGS, TEN_M, TINY
+from lessonlib.data_parallel.bench import ddp_bench, slowest_rank_median
+from lessonlib.data_parallel.runs import RUNGS, TEN_M, TINY
 
 MODELS = {"10M": TEN_M, "tiny": TINY}
 NAMES = {"bucketed": "lessonlib", "naive": "lessonlib_naive", "flat": "lessonlib_flat",

@@ -24,10 +24,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import lessonlib
 from lessonlib import comm, device, labkit
+from lessonlib.grid import ParallelContext
 from lessonlib.models import MLP, Block, GPTConfig, init_weights_
-from lessonlib.tensor_parallel import (param_bytes, parallelize_block,
-                                       parallelize_with_dtensor, tp_mesh)
-from lessonlib.tp_layers import TensorParallelMLP
+from lessonlib.tensor_parallel.dtensor_ref import parallelize_with_dtensor, tp_mesh
+from lessonlib.tensor_parallel.layers import TensorParallelMLP
+from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
 
 KINDS = ("mlp", "block")
 
@@ -118,7 +119,7 @@ def worker(settings: dict) -> dict:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(b, s, h, generator=gen).to(dev).requires_grad_()            # (b, s, h)
     grad_out = torch.randn(b, s, h, generator=gen).to(dev)
-    mesh = tp_mesh(dist.get_world_size())
+    mesh = tp_mesh(ParallelContext.build(1, 1, dist.get_world_size()))
     return {"rank": dist.get_rank(), **labkit.rank_info(),
             **{kind: _measure(kind, settings, x, grad_out, mesh) for kind in KINDS}}
 

@@ -11,12 +11,14 @@ the pure cost model (``lessonlib.costmodel``) never pulls in torch.
 import importlib
 
 __version__ = "0.1.0"
-_FROM_LAUNCHER = ("launch", "run", "progress", "RankError", "LaunchTimeout")
+_FROM_LAUNCHER = ("launch", "run", "RankError", "LaunchTimeout")
 
 
 def __getattr__(name):
     if name in _FROM_LAUNCHER:
         return getattr(importlib.import_module("lessonlib.launcher"), name)
+    if name == "progress":
+        return importlib.import_module("lessonlib.breadcrumbs").progress
     try:
         return importlib.import_module(f"lessonlib.{name}")
     except ModuleNotFoundError as exc:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import device
-from lessonlib.launcher import progress
+from lessonlib.breadcrumbs import progress
 
 _books: list["Ledger"] = []  # the ledgers open on this rank (nested ``with`` blocks allowed)
 

@@ -34,12 +34,12 @@ from torch import nn
 from lessonlib import comm, device
 from lessonlib.data import corpus_tokens, lm_batch, shard
 from lessonlib.grid import ParallelContext
-from lessonlib.launcher import progress
+from lessonlib.breadcrumbs import progress
 from lessonlib.models import Block, GPTConfig, TinyGPT, lm_loss
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import split_layers
-from lessonlib.tensor_parallel import param_bytes, parallelize_block
+from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
 
 # The corpus has 27 characters; 4 layers so that p = 2 or 4 stages each get whole layers.
 HYBRID_CONFIG = GPTConfig(vocab=27, seq=16, hidden=32, heads=4, layers=4)

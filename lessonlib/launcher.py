@@ -35,11 +35,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lessonlib import device
+from lessonlib import comm, device
+from lessonlib.breadcrumbs import PROGRESS_ENV, progress, read_steps
 
 DEFAULT_TIMEOUT_S = 120.0
-_PROGRESS_ENV = "LESSONLIB_PROGRESS_DIR"
-_progress_fd: int | None = None
 phase_times: dict[str, float] = {}  # this rank's wall-clock milestones (labs/launch_overhead.py)
 _STARTUP_HINT = ("(nothing: it died while starting. From a script, call launch under "
                  "`if __name__ == '__main__':`, since each rank re-imports the script.)")
@@ -59,35 +58,6 @@ class LaunchTimeout(TimeoutError):
     def __init__(self, message: str, last_steps: dict[int, str]):
         super().__init__(message)
         self.last_steps = last_steps
-
-
-# ---------------------------------------------------------------- breadcrumbs
-def progress(step: str) -> None:
-    """Report what this rank is doing now; a timeout error shows each rank's last step.
-
-    Costs one small write; does nothing outside ``launch`` (under torchrun, say)."""
-    global _progress_fd
-    folder = os.environ.get(_PROGRESS_ENV)
-    if folder is None:
-        return
-    if _progress_fd is None:
-        path = Path(folder) / f"rank{dist.get_rank() if dist.is_initialized() else 'x'}.step"
-        _progress_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    line = f"{time.time():.3f} {step}"[:500].encode()
-    os.pwrite(_progress_fd, line.ljust(512), 0)
-
-
-def _read_steps(workdir: Path, world_size: int) -> dict[int, str]:
-    steps, now = {}, time.time()
-    for rank in range(world_size):
-        path = workdir / f"rank{rank}.step"
-        text = path.read_text().strip() if path.exists() else ""
-        if not text:
-            steps[rank] = "(reported nothing: still starting up?)"
-            continue
-        stamp, _, step = text.partition(" ")
-        steps[rank] = f"{step!r}, {now - float(stamp):.1f} s ago"
-    return steps
 
 
 # ---------------------------------------------------------------- checks
@@ -147,7 +117,7 @@ def _rank_main(rank, fn, args, kwargs, world_size, backend, port, workdir, timeo
     os.dup2(log, 2)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-                       "LOCAL_WORLD_SIZE": str(world_size), _PROGRESS_ENV: workdir})
+                       "LOCAL_WORLD_SIZE": str(world_size), PROGRESS_ENV: workdir})
     if backend == "gloo":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     device.bind_device(backend)
@@ -225,7 +195,7 @@ def _wait(ctx, workdir: Path, world_size: int, backend: str, timeout: float) -> 
     try:
         while not ctx.join(timeout=0.05, grace_period=1.0):
             if time.monotonic() > deadline:
-                steps = _read_steps(workdir, world_size)
+                steps = read_steps(workdir, world_size)
                 listing = "\n".join(f"  rank {r}: {s}" for r, s in steps.items())
                 raise LaunchTimeout(
                     f"{world_size} {backend} ranks did not finish within timeout={timeout} s; "
@@ -262,7 +232,7 @@ def _first_failure(workdir: Path, world_size: int, exc) -> RankError:
 def under_torchrun() -> bool:
     """True when torchrun (or SLURM with a torchrun-like env) started this process."""
     return "TORCHELASTIC_RUN_ID" in os.environ or (
-        "RANK" in os.environ and "WORLD_SIZE" in os.environ and _PROGRESS_ENV not in os.environ)
+        "RANK" in os.environ and "WORLD_SIZE" in os.environ and PROGRESS_ENV not in os.environ)
 
 
 def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
@@ -290,7 +260,6 @@ def is_main_process() -> bool:
 
 def demo_rank_sum() -> dict:
     """The smallest distributed program: every rank adds its rank into one all-reduce."""
-    from lessonlib import comm
 
     x = torch.tensor([float(dist.get_rank())], device=device.current_device())
     comm.all_reduce(x)

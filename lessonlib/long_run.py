@@ -28,7 +28,7 @@ from lessonlib import checkpoint, labkit
 from lessonlib.data import corpus_tokens, lm_batch
 from lessonlib.grid import ParallelContext, check_grid, layout_name, parse_layout
 from lessonlib.hybrid import HybridTrainer, check_layout, step_losses
-from lessonlib.launcher import progress
+from lessonlib.breadcrumbs import progress
 from lessonlib.models import GPTConfig, TinyGPT
 
 SMALL = {"vocab": 27, "seq": 16, "hidden": 32, "heads": 4, "layers": 2}

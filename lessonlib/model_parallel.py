@@ -43,7 +43,8 @@ from torch import nn
 from lessonlib import comm, device
 from lessonlib.costmodel import bubble_fraction
 from lessonlib.data import corpus_tokens, lm_batch, regression_batch
-from lessonlib.launcher import launch, progress
+from lessonlib.breadcrumbs import progress
+from lessonlib.launcher import launch
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline.stages import layers_of, split_layers, split_summary
 from lessonlib.pipeline.stash import StashMeter

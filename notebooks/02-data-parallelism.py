@@ -39,7 +39,8 @@ import torch
 
 import lessonlib
 from lessonlib import costmodel as cm
-from lessonlib import dp_bench, dp_runs
+from lessonlib.costmodel import alpha_beta
+from lessonlib.data_parallel import bench as dp_bench, runs as dp_runs
 from lessonlib.models import TinyGPT, count_parameters
 from lessonlib.viz import dp as viz
 
@@ -234,7 +235,7 @@ for alg, fit in fits.items():
 print(f"{'algorithm':>17} {'n':>2} {'size':>9} {'measured ms':>12} {'predicted ms':>13}")
 for alg in ("ring", "parameter_server", "torch"):
     for q in fresh[alg]:
-        guess = dp_bench.predict_from_fit(alg, q["world_size"], q["size_bytes"], fits[alg])
+        guess = alpha_beta.predict_from_fit(alg, q["world_size"], q["size_bytes"], fits[alg])
         print(f"{alg:>17} {q['world_size']:>2} {q['size_bytes'] // 1024:>7}Ki "
               f"{q['time_s'] * 1e3:>12.2f} {guess * 1e3:>13.2f}")
 
@@ -294,7 +295,7 @@ viz.allreduce_explorer(points, fits, fresh)
 # Buckets trade latency against overlap. One big bucket cannot start until backward is
 # over; tiny buckets start early but each pays alpha. Here is a fresh measurement on 2 ranks
 # (the timeline's GPT, several bucket caps): the communication still running after
-# backward's compute, against the model of `dp_bench.bucketed_step` with this machine's
+# backward's compute, against the model of `alpha_beta.bucketed_step` with this machine's
 # fitted `dist.all_reduce` (gradients assumed ready at a steady rate during backward):
 
 # %%
@@ -308,7 +309,7 @@ measured = {cap: max(b["caps"][cap]["exposed_s"] for b in buckets) for cap in ca
 print(f"{'cap MiB':>8} {'buckets':>8} {'backward ms':>12} {'left after, measured':>21} "
       f"{'predicted':>10}")
 for cap, c in caps.items():
-    guess = dp_bench.bucketed_step(grad_bytes, 2, cap * MiB, backward_s, torch_fit)["exposed_s"]
+    guess = alpha_beta.bucketed_step(grad_bytes, 2, cap * MiB, backward_s, torch_fit)["exposed_s"]
     print(f"{cap:>8} {c['buckets']:>8} {c['backward_s'] * 1e3:>12.1f} "
           f"{measured[cap] * 1e3:>18.1f} ms {guess * 1e3:>7.1f} ms")
 

@@ -56,7 +56,7 @@ import matplotlib.pyplot as plt
 
 import lessonlib
 from lessonlib import costmodel as cm
-from lessonlib import tp_runs
+from lessonlib.tensor_parallel import runs as tp_runs
 from lessonlib.viz import tp as tpviz
 
 # %% [markdown]

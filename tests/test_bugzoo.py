@@ -51,7 +51,7 @@ def test_each_switch_is_one_line_in_the_module_the_registry_names():
         where, line = bugzoo.hook_line(name)
         module = bug.where.split(".")[1]
         assert f"/{module}.py:" in where or where.startswith(f"lessonlib/{module}"), where
-        assert line.count(f'bugzoo.active("{name}")') == 1, line
+        assert line.count(f'bugs.active("{name}")') == 1, line
         assert bug.test.startswith("tests/") and "::" in bug.test and bug.test.endswith("]")
 
 

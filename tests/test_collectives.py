@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import lessonlib
-from lessonlib import collectives as C
+from lessonlib import data_parallel as C
 from lessonlib import comm
 from lessonlib.costmodel import parameter_server_bytes, ring_allreduce_bytes_per_rank
 

@@ -15,10 +15,11 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import lessonlib
-from lessonlib import comm, dp_runs
+from lessonlib import comm
+from lessonlib.data_parallel import runs as dp_runs
 from lessonlib.data import corpus_tokens, lm_batch, shard
 from lessonlib.data_parallel import DataParallel, plan_buckets, sharded_loader
-from lessonlib.ddp_ladder import replicate, trainable_parameters
+from lessonlib.data_parallel.ladder import replicate, trainable_parameters
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
 
 CFG = GPTConfig(vocab=27, seq=8, hidden=16, heads=2, layers=2)

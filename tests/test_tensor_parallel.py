@@ -11,9 +11,9 @@ One 4-rank launch checks everything: ranks form TP groups of t consecutive ranks
 import pytest
 
 import lessonlib
-from lessonlib import tp_runs
+from lessonlib.tensor_parallel import runs as tp_runs
 from lessonlib.costmodel import tp_elements_per_layer
-from lessonlib.tp_layers import check_divisible, check_pair, tp_size
+from lessonlib.tensor_parallel.layers import check_divisible, check_pair, tp_size
 
 B, S, H, HEADS = 4, 32, 128, 8
 TS = (1, 2, 4)

@@ -24,7 +24,9 @@ Megatron-LM 2021's Table 1.
 
 Modules, one idea each: ``hardware`` (GPU and cluster presets), ``model`` (GPT shapes,
 Eq. 2), ``memory``, ``compute`` (FLOPs and training time), ``bubble``, ``comm``
-(alpha-beta collectives), ``throughput`` (``estimate``), ``planner``, ``megatron2021``.
+(alpha-beta collectives), ``alpha_beta`` (the same model fitted to measured all-reduces, and
+DDP's bucket overlap), ``throughput`` (``estimate``), ``planner``, ``megatron2021``, and
+``__main__`` (the command line below).
 
 Command line (exit status 2 and a one-line message on bad settings)::
 

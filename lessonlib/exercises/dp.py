@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import comm, launcher
-from lessonlib.collectives import exchange
+from lessonlib.data_parallel.collectives import exchange
 from lessonlib.costmodel.comm import parameter_server_bytes, ring_allreduce_bytes_per_rank
 
 HEADER = "import torch\nimport torch.distributed as dist\nfrom torch import nn\n\n"
@@ -95,7 +95,7 @@ def _run(worker, n, fn):
 
 # ---------------------------------------------------------------- exercise 1: reduce-scatter
 def reference_reduce_scatter(chunks, rank, world_size, send_recv):
-    """The answer (as ``lessonlib.collectives.ring_reduce_scatter`` does it)."""
+    """The answer (as ``lessonlib.data_parallel.ring.ring_reduce_scatter`` does it)."""
     for step in range(world_size - 1):
         send_i, recv_i = (rank - step) % world_size, (rank - step - 1) % world_size
         incoming = torch.empty_like(chunks[recv_i])

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from lessonlib import bugzoo, comm
+from lessonlib import bugs, comm
 from lessonlib.device import current_device, timer as device_timer
-from lessonlib.launcher import progress
+from lessonlib.breadcrumbs import progress
 from lessonlib.pipeline.schedules import virtual_stage
 from lessonlib.pipeline.stash import StashMeter
 from lessonlib.pipeline.validate import Message, Span, link_orders, message_of, validate
@@ -159,7 +159,7 @@ class PipelineExecutor:
             st.losses[mb] = loss.detach()
             out = loss / self.m          # sum of m scaled losses = the batch's mean loss
             # Bug zoo: the loss backpropagated unscaled, so gradients come out m times too big
-            if bugzoo.active("pipeline_loss_unscaled"):
+            if bugs.active("pipeline_loss_unscaled"):
                 out = loss
         st.stash[mb, chunk] = (x, out)
         st.peak = max(st.peak, len(st.stash))
@@ -208,7 +208,7 @@ class PipelineExecutor:
                 buf, work = st.posted.pop(message_of(a, self.stage, self.p))
                 # Bug zoo: the request parked with the sends instead of waited on, so the
                 # buffer is read before the data lands
-                if bugzoo.active("p2p_dropped_request"):
+                if bugs.active("p2p_dropped_request"):
                     st.pending.append((work, buf))
                 else:
                     work.wait()

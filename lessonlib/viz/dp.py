@@ -22,7 +22,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from lessonlib.dp_bench import bucketed_step, predict_from_fit
+from lessonlib.costmodel.alpha_beta import bucketed_step, predict_from_fit
 from lessonlib.viz.widgets import explorer
 
 COLORS = {"ring": "#4C72B0", "parameter_server": "#C44E52", "naive_ring": "#DD8452",
@@ -82,7 +82,7 @@ def plot_allreduce(points: dict, fits: dict, world_size: int = 4, size_bytes: in
     """Left: time against size at ``world_size``; right: time against world size at
     ``size_bytes``. ``points[alg]`` = [{"world_size", "size_bytes", "time_s"}] (stored
     sweep, hollow markers), ``fresh`` the same shape (measured just now, filled markers),
-    ``fits[alg]`` from ``dp_bench.fit_alpha_beta``, drawn as lines."""
+    ``fits[alg]`` from ``costmodel.alpha_beta.fit_alpha_beta``, drawn as lines."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     sizes = np.logspace(10, 26, 60, base=2)
     worlds = np.arange(2, 9)

@@ -20,7 +20,7 @@ Two more operators move between a replicated and a split last dim:
 Every message goes through ``lessonlib.comm``, so a ledger can count them. With a group of
 one rank every operator is the identity and sends nothing.
 
-Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.tp_ops.demo_f_and_g, 2))"``
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.tensor_parallel.ops.demo_f_and_g, 2))"``
 GPU box: the same call runs on NCCL when 2 GPUs are visible; under torchrun call the
 functions inside your own rank function.
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lessonlib import bugzoo, comm, device
+from lessonlib import bugs, comm, device
 
 
 def _size_and_rank(group) -> tuple[int, int]:
@@ -63,7 +63,7 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # Bug zoo: f's all-reduce left out, each rank keeps its partial input gradient
-        if bugzoo.active("tp_missing_backward_all_reduce"):
+        if bugs.active("tp_missing_backward_all_reduce"):
             return grad, None
         grad = grad.contiguous().clone()   # never write into a gradient autograd still owns
         comm.all_reduce(grad, group=ctx.group)

@@ -19,7 +19,7 @@ PyTorch's ``nn.Linear`` stores A transposed, as ``weight`` (out, in): a column s
 split of ``weight``'s rows. Every layer is built from a dense layer by slicing its weights
 (``from_linear``), so any t is the same model as t = 1.
 
-Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.tensor_parallel.demo_mlp, 2))"``
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.tensor_parallel.parallelize.demo_mlp, 2))"``
 GPU box: the same call uses NCCL on 2 GPUs; under torchrun build the layers on each rank.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib.tp_ops import copy_to_tp, gather_last_dim, reduce_from_tp, scatter_last_dim
+from lessonlib.tensor_parallel.ops import copy_to_tp, gather_last_dim, reduce_from_tp, scatter_last_dim
 
 
 # ---------------------------------------------------------------- checks (no collectives)

@@ -20,7 +20,7 @@ also splits the cross-entropy so the logits are never gathered; not done here.)
 The model class is untouched: the result is still a ``TinyGPT`` (``parts()`` works), built
 by slicing the weights of the dense model, so t = 1, 2 and 4 are the same model.
 
-Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.tensor_parallel.demo_mlp, 2))"``
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.tensor_parallel.parallelize.demo_mlp, 2))"``
 GPU box: the same call uses NCCL on 2 GPUs; under torchrun call ``parallelize_gpt`` on each
 rank with the rank's tensor-parallel group.
 """
@@ -33,28 +33,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib import bugzoo, comm, device
+from lessonlib import bugs, comm, device
 from lessonlib.models import MLP, init_weights_
-from lessonlib.tp_layers import (ColumnParallelLinear, TensorParallelMLP,
+from lessonlib.tensor_parallel.layers import (ColumnParallelLinear, TensorParallelMLP,
                                  TensorParallelSelfAttention, check_divisible, tp_size)
-from lessonlib.tp_ops import reduce_from_tp
-
-
-# ---------------------------------------------------------------- groups
-def tp_groups(t: int):
-    """Split the world into groups of t consecutive ranks (TP innermost); return this rank's.
-
-    Every rank must call this (``dist.new_group`` is collective over the world)."""
-    world = dist.get_world_size()
-    if not isinstance(t, int) or t < 1 or world % t:
-        raise ValueError(f"t={t!r} must be a positive divisor of the world size {world}")
-    mine = None
-    for start in range(0, world, t):
-        ranks = list(range(start, start + t))
-        group = dist.new_group(ranks)
-        if dist.get_rank() in ranks:
-            mine = group
-    return mine
+from lessonlib.tensor_parallel.ops import reduce_from_tp
 
 
 def param_bytes(module: nn.Module) -> int:
@@ -102,7 +85,7 @@ def parallelize_block(block: nn.Module, group=None, t: int | None = None) -> nn.
     tp.attn = TensorParallelSelfAttention.from_attention(block.attn, group, t)
     tp.mlp = TensorParallelMLP.from_mlp(block.mlp, group, t)
     # Bug zoo: the MLP silently left dense, every rank holds and computes all of it
-    if bugzoo.active("tp_layer_left_unsharded"):
+    if bugs.active("tp_layer_left_unsharded"):
         tp.mlp = copy.deepcopy(block.mlp)
     return tp
 
@@ -125,37 +108,6 @@ def parallelize_gpt(model: nn.Module, group=None, t: int | None = None,
         tp.embed.tok = VocabParallelEmbedding(model.embed.tok, group, t)
         tp.head.out = ColumnParallelLinear.from_linear(model.head.out, group, True, t)
     return tp
-
-
-# ---------------------------------------------------------------- PyTorch's own TP, to compare
-TORCH_PLANS = {
-    "mlp": {"fc1": "colwise", "fc2": "rowwise"},
-    "block": {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise",
-              "attn.proj": "rowwise", "mlp.fc1": "colwise", "mlp.fc2": "rowwise"},
-}
-
-
-def tp_mesh(t: int):
-    """A DeviceMesh whose last axis is this rank's TP group of t consecutive ranks."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    world, kind = dist.get_world_size(), device.current_device().type
-    if world == t:
-        return init_device_mesh(kind, (t,), mesh_dim_names=("tp",))
-    return init_device_mesh(kind, (world // t, t), mesh_dim_names=("dp", "tp"))["tp"]
-
-
-def parallelize_with_dtensor(module: nn.Module, kind: str, mesh) -> nn.Module:
-    """A copy of a dense MLP or Block split by DTensor's ``ColwiseParallel`` and
-    ``RowwiseParallel`` (``torch.distributed.tensor.parallel``) on the same weights."""
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
-
-    if kind not in TORCH_PLANS:
-        raise ValueError(f"kind={kind!r} must be one of {sorted(TORCH_PLANS)}")
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {name: styles[style]() for name, style in TORCH_PLANS[kind].items()}
-    return parallelize_module(copy.deepcopy(module), mesh, plan)
 
 
 def demo_mlp(b: int = 2, s: int = 8, h: int = 32) -> dict:

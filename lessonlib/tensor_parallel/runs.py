@@ -12,7 +12,7 @@ ring turns into 8*b*s*h*(t-1)/t elements per rank (Megatron-LM 2021, §3.2).
 ``layer_report(t, ...)`` runs on any world size that t divides: ranks form groups of t
 consecutive ranks, so one 4-rank launch can check t = 1, 2 and 4.
 
-Laptop:  ``python -c "from lessonlib import tp_runs; print(tp_runs.run_layer_reports(2, (1, 2)))"``
+Laptop:  ``python -c "from lessonlib.tensor_parallel import runs; print(runs.run_layer_reports(2, (1, 2)))"``
 GPU box: the same call uses NCCL when 2 GPUs are visible.
 """
 from __future__ import annotations
@@ -26,10 +26,13 @@ import torch.nn.functional as F
 from lessonlib import comm, device, launcher
 from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank, tp_elements_per_layer
 from lessonlib.models import MLP, Block, GPTConfig, TinyGPT, init_weights_, lm_loss
-from lessonlib.tensor_parallel import (param_bytes, parallelize_block, parallelize_gpt,
-                                       parallelize_with_dtensor, tp_groups, tp_mesh)
-from lessonlib.tp_layers import (ColumnParallelLinear, RowParallelLinear, TensorParallelMLP,
-                                 TensorParallelSelfAttention, check_divisible, check_pair)
+from lessonlib.grid import ParallelContext
+from lessonlib.tensor_parallel import ops
+from lessonlib.tensor_parallel.dtensor_ref import parallelize_with_dtensor, tp_mesh
+from lessonlib.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear,
+                                              TensorParallelMLP, TensorParallelSelfAttention,
+                                              check_divisible, check_pair)
+from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block, parallelize_gpt
 
 
 def _rel_err(a, b) -> float:
@@ -116,11 +119,18 @@ def _token_batches(b, cfg, steps, seed, dev):
                   for _ in "xy") for _ in range(steps)]
 
 
+def tp_context(t: int) -> ParallelContext:
+    """The world as groups of t consecutive ranks (TP innermost, no pipeline): the context
+    every tensor-parallel run here takes its group from. Every rank must call it."""
+    return ParallelContext.build(dist.get_world_size() // t, 1, t)
+
+
 def layer_report(t: int, b: int = 2, s: int = 16, h: int = 64, heads: int = 4, steps: int = 3,
                  seed: int = 0, kinds=("mlp", "block"), with_torch: bool = False) -> dict:
     """On each rank: ``compare_with_dense`` for each of ``kinds`` ("mlp", "block", "gpt") split
     over this rank's group of t; with ``with_torch``, DTensor's split of the same weights too."""
-    group, dev = tp_groups(t), device.current_device()
+    ctx, dev = tp_context(t), device.current_device()
+    group = ctx.tp_group
     cfg = GPTConfig(vocab=64, seq=s, hidden=h, heads=heads, layers=2)
     out = {"rank": dist.get_rank(), "t": t, "b": b, "s": s, "h": h,
            "predicted_elements_per_layer": tp_elements_per_layer(b, s, h, t)}
@@ -138,7 +148,7 @@ def layer_report(t: int, b: int = 2, s: int = 16, h: int = 64, heads: int = 4, s
         build, make_tp, batches, loss_fn = builders[kind]
         out[kind] = compare_with_dense(build().to(dev), make_tp, batches, loss_fn)
         if with_torch and kind in ("mlp", "block"):
-            out[kind]["torch"] = _torch_errors(build().to(dev), kind, t, batches[0])
+            out[kind]["torch"] = _torch_errors(build().to(dev), kind, ctx, batches[0])
     return out
 
 
@@ -168,7 +178,7 @@ def run_layer_reports(world_size: int, ts=(1, 2, 4), timeout: float = 120, **kwa
 def gathered_mlp_report(t: int, b: int = 2, s: int = 16, h: int = 64, seed: int = 0) -> dict:
     """The other consistent pairing, gather_output=True with input_is_parallel=False: still
     the dense MLP, but an all-gather (forward) and its transpose (backward) are added."""
-    group, dev = tp_groups(t), device.current_device()
+    group, dev = tp_context(t).tp_group, device.current_device()
     return compare_with_dense(
         init_weights_(MLP(h), seed).to(dev),
         lambda m: TensorParallelMLP.from_mlp(m, group, gather_output=True,
@@ -179,16 +189,14 @@ def gathered_mlp_report(t: int, b: int = 2, s: int = 16, h: int = 64, seed: int 
 def ops_report(t: int) -> dict:
     """f, g, gather and scatter on this rank's group of t, against what each must compute:
     the largest absolute error of each forward result and input gradient."""
-    from lessonlib import tp_ops
-
-    group, dev = tp_groups(t), device.current_device()
+    group, dev = tp_context(t).tp_group, device.current_device()
     shards = [torch.arange(6.0, device=dev).reshape(2, 3) * (r + 1) for r in range(t)]
     mine, full, total = shards[dist.get_rank(group)], torch.cat(shards, dim=-1), sum(shards)
     cases = (  # name, operator, input, upstream gradient, expected output, expected input grad
-        ("f", tp_ops.copy_to_tp, mine, mine, mine, total),
-        ("g", tp_ops.reduce_from_tp, mine, mine, total, mine),
-        ("gather", tp_ops.gather_last_dim, mine, full, full, mine),
-        ("scatter", tp_ops.scatter_last_dim, full, mine, mine, full))
+        ("f", ops.copy_to_tp, mine, mine, mine, total),
+        ("g", ops.reduce_from_tp, mine, mine, total, mine),
+        ("gather", ops.gather_last_dim, mine, full, full, mine),
+        ("scatter", ops.scatter_last_dim, full, mine, mine, full))
     errors = {}
     for name, op, x, upstream, want_out, want_grad in cases:
         x = x.clone().requires_grad_()
@@ -199,9 +207,9 @@ def ops_report(t: int) -> dict:
     return errors
 
 
-def _torch_errors(dense, kind, t, batch) -> dict:
+def _torch_errors(dense, kind, ctx, batch) -> dict:
     """DTensor's ColwiseParallel/RowwiseParallel on the same weights vs the dense module."""
-    theirs = parallelize_with_dtensor(dense, kind, tp_mesh(t))
+    theirs = parallelize_with_dtensor(dense, kind, tp_mesh(ctx))
     x, y = batch
     x_d, x_t = x.clone().requires_grad_(), x.clone().requires_grad_()
     out_d, out_t = dense(x_d), theirs(x_t)

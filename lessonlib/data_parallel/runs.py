@@ -1,6 +1,6 @@
 """The runs behind the data-parallel lesson: the functions notebook 02 and the tests launch
 on their ranks (spawned ranks can only run module functions); the benchmarks are in
-``lessonlib.dp_bench``.
+``lessonlib.data_parallel.bench``.
 
 What it teaches: parity with one process is the proof. ``wrap`` puts any rung of the ladder,
 or PyTorch's own DDP, behind one interface; ``train_replicas`` starts every rank from its
@@ -8,7 +8,7 @@ own random weights and trains on its shard, ``train_single`` trains one process 
 batch, and the two must agree. ``step_timeline`` records one step on each rank: when
 backward computed and when each all-reduce ran, to see overlap (or its absence).
 
-Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.dp_runs.demo, 2))"``
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.data_parallel.runs.demo, 2))"``
 GPU box: the labs run these under torchrun: ``torchrun --nproc-per-node 8 labs/ddp.py``
 """
 from __future__ import annotations
@@ -19,10 +19,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lessonlib import comm, device, progress
+from lessonlib import comm, device
+from lessonlib.breadcrumbs import progress
 from lessonlib.data import corpus_tokens, lm_batch, shard
-from lessonlib.data_parallel import DataParallel
-from lessonlib.ddp_ladder import (AsyncGradientHooks, allreduce_flat_gradients,
+from lessonlib.data_parallel.ddp import DataParallel
+from lessonlib.data_parallel.ladder import (AsyncGradientHooks, allreduce_flat_gradients,
                                   allreduce_gradients, replicate)
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss
 

@@ -6,7 +6,7 @@ first), so ``DataParallel`` packs the parameters, in reverse order, into buckets
 ``bucket_cap_mb`` MiB. When the last gradient of a bucket arrives, the bucket's single
 asynchronous all-reduce starts while backward keeps computing earlier layers: few messages
 (unlike rung (c)) and overlap with compute (unlike rungs (a) and (b), see
-``lessonlib.ddp_ladder``). A callback at the end of backward waits for the buckets, so the
+``lessonlib.data_parallel.ladder``). A callback at the end of backward waits for the buckets, so the
 gradients are averaged by the time ``loss.backward()`` returns, as with PyTorch's DDP.
 
 Also as in PyTorch's DDP: rank 0's weights are copied to every rank at wrap time; frozen
@@ -30,9 +30,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lessonlib import bugzoo, comm
-from lessonlib.collectives import group_ranks
-from lessonlib.ddp_ladder import queue_end_of_backward, replicate, trainable_parameters
+from lessonlib import bugs, comm
+from lessonlib.data_parallel.collectives import group_ranks
+from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate, trainable_parameters
 
 MiB = 2 ** 20
 
@@ -130,7 +130,7 @@ class DataParallel(nn.Module):
         backward after it averages everything accumulated so far."""
         before, self._sync = self._sync, False
         # Bug zoo: the two values swapped, so gradients sync inside no_sync and not after it
-        if bugzoo.active("ddp_sync_on_wrong_microbatch"):
+        if bugs.active("ddp_sync_on_wrong_microbatch"):
             before, self._sync = False, True
         try:
             yield

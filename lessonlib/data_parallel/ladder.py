@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lessonlib import comm
-from lessonlib.collectives import group_ranks
+from lessonlib.data_parallel.collectives import group_ranks
 
 
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:

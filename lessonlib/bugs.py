@@ -1,0 +1,149 @@
+"""The bug zoo's switches: which real bugs are on, read where the code runs.
+
+What it teaches: each bug of the zoo is one commented ``if bugs.active("<name>"):`` in the
+real code (the line that goes wrong is the lesson). This registry is on the ground floor so
+that the core (data parallel, tensor parallel, the pipeline executor) can ask it without
+importing the zoo's checks, which live on the top floor (``lessonlib.bugzoo``).
+
+A bug is off unless the environment variable ``LESSONLIB_BUGS`` names it (comma-separated).
+``active`` reads the variable when the code runs, so ranks started by ``lessonlib.launch``
+(which copy the caller's environment) see the switch their caller set. ``BUGS`` says, per
+bug, what it is, where its line lives, the symptom, the check and the test that catches it.
+
+Laptop:  ``python -c "from lessonlib import bugs; print(list(bugs.BUGS))"``
+GPU box: the same.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import textwrap
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV = "LESSONLIB_BUGS"
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    what: str       # the bug, in the field's words
+    where: str      # module.function holding its one-line switch
+    symptom: str
+    check: str      # the check that catches it
+    test: str       # the pytest node that fails with the switch on
+
+
+BUGS = {b.name: b for b in (
+    Bug("tp_missing_backward_all_reduce",
+        "Megatron's f operator (identity forward) skips its backward all-reduce: a missing "
+        "g in backward, since the all-reduce the backward pass needs is g's conjugate, f's "
+        "backward. Each rank keeps its own partial sum as the input gradient of the "
+        "column-parallel layer.",
+        "lessonlib.tensor_parallel.ops._CopyToTP.backward",
+        "forward outputs still match the dense model (that is what makes it sneaky); the "
+        "input gradient, and so every gradient upstream, is wrong",
+        "input gradient of a tensor-parallel MLP vs the dense MLP",
+        "tests/test_tensor_parallel.py::test_parity_with_the_dense_model[mlp-2]"),
+    Bug("ddp_sync_on_wrong_microbatch",
+        "Under gradient accumulation, no_sync is inverted: the gradient all-reduce fires "
+        "on the micro-batches inside no_sync and not on the last one, after it.",
+        "lessonlib.data_parallel.ddp.DataParallel.no_sync",
+        "the last micro-batch's gradient is never averaged: replicas hold different "
+        "gradients and drift apart; the ledger shows the all-reduce on the wrong micro-batch",
+        "accumulated gradients vs one process on the whole batch, all-reduces per micro-batch",
+        "tests/test_data_parallel.py::test_no_sync_accumulation_equals_one_large_batch[2]"),
+    Bug("p2p_dropped_request",
+        "A pipeline stage drops the request handle of a receive (irecv) instead of waiting "
+        "on it, and reads the buffer at once. The switch parks the handle with the sends "
+        "(waited at the end of the step); truly discarding it is worse on gloo: freeing an "
+        "unfinished request cancels the receive and the peer's send then waits forever.",
+        "lessonlib.pipeline.executor.PipelineExecutor.step",
+        "activations and gradients read before the data lands: whatever the buffer held "
+        "(huge values, NaN); no error, no hang",
+        "pipeline gradients vs one process (a hang would end as a LaunchTimeout)",
+        "tests/test_pipeline_parity.py::test_every_schedule_matches_one_process[2]"),
+    Bug("pipeline_loss_unscaled",
+        "The last pipeline stage backpropagates each micro-batch's loss without dividing "
+        "it by the number of micro-batches m.",
+        "lessonlib.pipeline.executor.PipelineExecutor._forward",
+        "losses look right; gradients are m times the one-process gradients (with SGD, "
+        "as if the learning rate were m times larger)",
+        "pipeline gradients vs one process",
+        "tests/test_pipeline_parity.py::test_every_schedule_matches_one_process[2]"),
+    Bug("tp_layer_left_unsharded",
+        "parallelize_block leaves the MLP dense: every rank holds and computes all of it.",
+        "lessonlib.tensor_parallel.parallelize.parallelize_block",
+        "outputs and gradients equal the dense model, so every parity test passes; each "
+        "rank holds more weight bytes than 1/t of the matrices, and sends one all-reduce "
+        "fewer per layer",
+        "weight bytes per rank vs 1/t of the layer, all-reduces per forward",
+        "tests/test_tensor_parallel.py::test_each_rank_holds_one_t_th_of_the_weight_matrices[2]"),
+)}
+
+
+# ---------------------------------------------------------------- the switch
+def _known(names) -> list[str]:
+    unknown = [n for n in names if n not in BUGS]
+    if unknown:
+        raise ValueError(f"unknown bug name(s) {unknown} (in {ENV} or an argument); the bug "
+                         f"zoo has: {', '.join(BUGS)}")
+    return list(names)
+
+
+def _switched_on() -> list[str]:
+    raw = os.environ.get(ENV, "")
+    return _known([n.strip() for n in raw.split(",") if n.strip()]) if raw else []
+
+
+def active(name: str) -> bool:
+    """Is bug ``name`` switched on? Read from the environment at each call; a dictionary
+    lookup and one environment read when off."""
+    if name not in BUGS:
+        _known([name])
+    return bool(os.environ.get(ENV)) and name in _switched_on()
+
+
+def hook_line(name: str) -> tuple[str, str]:
+    """(file:line, the code) of bug ``name``'s switch: its ``if`` and the lines under it,
+    read from the source now, so it is never stale."""
+    _known([name])
+    parts = BUGS[name].where.split(".")
+    obj = importlib.import_module(parts[0])
+    for i, attr in enumerate(parts[1:], 2):     # a submodule not imported yet: import it
+        obj = getattr(obj, attr, None) or importlib.import_module(".".join(parts[:i]))
+    obj = inspect.unwrap(obj)                   # no_sync is wrapped by @contextmanager
+    lines, start = inspect.getsourcelines(obj)
+    i = next(i for i, line in enumerate(lines) if f'bugs.active("{name}")' in line)
+    indent = len(lines[i]) - len(lines[i].lstrip())
+    block = [lines[i]]
+    for line in lines[i + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent and \
+                not line.lstrip().startswith("else"):
+            break
+        block.append(line)
+    path = Path(inspect.getsourcefile(obj)).relative_to(Path(__file__).parent.parent)
+    return f"{path.as_posix()}:{start + i}", textwrap.dedent("".join(block)).rstrip()
+
+
+@contextmanager
+def _set(names: list[str]):
+    before = os.environ.get(ENV)
+    os.environ[ENV] = ",".join(names)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV)
+        else:
+            os.environ[ENV] = before
+
+
+@contextmanager
+def enabled(*names: str):
+    """Switch bugs on in this process, and in the ranks it launches, inside the block."""
+    _known(names)
+    with _set(list(dict.fromkeys(_switched_on() + list(names)))):
+        yield

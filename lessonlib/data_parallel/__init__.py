@@ -1,0 +1,38 @@
+"""Data parallelism: replicate the model, shard the batch, all-reduce the gradients.
+
+Read in this order, each file one idea:
+
+* ``collectives``: the plumbing every hand-written collective shares (which ranks, agreeing
+  on sizes before any data moves, paired send/receive), and two all-reduces built from
+  point-to-point messages: the parameter server (its link carries 2(n-1) x S) and the naive
+  ring (every rank sends (n-1) x S);
+* ``ring``: the bandwidth-optimal ring, reduce-scatter then all-gather (2(n-1)/n x S);
+* ``ladder``: data parallelism written four times, each rung fixing what the last one wasted
+  (all-reduce per gradient, one flat buffer, hooks that overlap backward);
+* ``ddp``: ``DataParallel``, the top rung: gradient buckets launched during backward,
+  ``no_sync`` for accumulation, and ``sharded_loader`` (PyTorch's DistributedSampler);
+* ``runs``: what the notebook and the tests launch (training replicas, the ladder's
+  messages, a step's timeline, the bucket sweep);
+* ``bench``: the lab's measurements (all-reduce bandwidth, DDP step times), with the
+  alpha-beta model of ``lessonlib.costmodel.alpha_beta``.
+
+    from lessonlib.data_parallel import ring_all_reduce, parameter_server_all_reduce, DataParallel
+
+Laptop:  ``python labs/allreduce.py --world-size 4`` and ``python labs/ddp.py --world-size 2``
+GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py`` (NCCL)
+"""
+from lessonlib.data_parallel.collectives import (agree, exchange, group_ranks,
+                                                 naive_ring_all_reduce,
+                                                 parameter_server_all_reduce, torch_all_reduce)
+from lessonlib.data_parallel.ddp import DataParallel, plan_buckets, sharded_loader
+from lessonlib.data_parallel.ladder import (AsyncGradientHooks, allreduce_flat_gradients,
+                                            allreduce_gradients, broadcast_parameters, replicate)
+from lessonlib.data_parallel.ring import (ALGORITHMS, PIECE_MIN_BYTES, ring_all_gather,
+                                          ring_all_reduce, ring_chunks, ring_reduce_scatter)
+
+__all__ = ["agree", "exchange", "group_ranks", "naive_ring_all_reduce",
+           "parameter_server_all_reduce", "torch_all_reduce", "ring_chunks",
+           "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "ALGORITHMS",
+           "PIECE_MIN_BYTES", "broadcast_parameters", "replicate", "allreduce_gradients",
+           "allreduce_flat_gradients", "AsyncGradientHooks", "DataParallel", "plan_buckets",
+           "sharded_loader"]

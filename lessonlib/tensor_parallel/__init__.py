@@ -1,0 +1,33 @@
+"""Tensor parallelism (Megatron-LM): split each layer's matrices over t ranks.
+
+Read in this order, each file one idea:
+
+* ``ops``: Megatron's f and g as autograd functions (f: identity forward, all-reduce
+  backward; g: all-reduce forward, identity backward), plus gather/scatter on the last dim;
+* ``layers``: ``ColumnParallelLinear`` (split the output features: no communication
+  forward) and ``RowParallelLinear`` (split the input features: g sums the partial
+  products), built from a dense layer's own weights; the tensor-parallel MLP and attention;
+* ``parallelize``: ``parallelize_block`` / ``parallelize_gpt`` split a dense model's layers
+  (LayerNorms, embeddings and the head replicated; a vocabulary-parallel option);
+* ``dtensor_ref``: PyTorch's own ``ColwiseParallel`` / ``RowwiseParallel`` on the same
+  weights, the reference ours is measured against;
+* ``runs``: what the notebook, the lab and the tests launch (parity with the dense model,
+  messages counted, bad input refused).
+
+    from lessonlib.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+Laptop:  ``python labs/tp.py --world-size 2``
+GPU box: ``torchrun --nproc-per-node 8 labs/tp.py`` (NCCL, t up to the GPUs of one server)
+"""
+from lessonlib.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear,
+                                              TensorParallelMLP, TensorParallelSelfAttention,
+                                              check_divisible, check_pair, tp_size)
+from lessonlib.tensor_parallel.ops import (copy_to_tp, gather_last_dim, reduce_from_tp,
+                                           scatter_last_dim)
+from lessonlib.tensor_parallel.parallelize import (VocabParallelEmbedding, param_bytes,
+                                                   parallelize_block, parallelize_gpt)
+
+__all__ = ["copy_to_tp", "reduce_from_tp", "gather_last_dim", "scatter_last_dim",
+           "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP",
+           "TensorParallelSelfAttention", "tp_size", "check_divisible", "check_pair",
+           "VocabParallelEmbedding", "param_bytes", "parallelize_block", "parallelize_gpt"]

@@ -1,0 +1,43 @@
+"""PyTorch's own tensor parallelism on the same weights: the reference ours is measured against.
+
+What it teaches: Megatron's column/row split is what ``torch.distributed.tensor.parallel``
+does with ``ColwiseParallel`` and ``RowwiseParallel`` on DTensors. Built on the same tensor-
+parallel group as ours (the one ``ParallelContext`` made), so the two differ only in how
+they split and communicate, never in which ranks talk.
+
+Laptop:  ``python labs/tp.py --world-size 2``
+GPU box: ``torchrun --nproc-per-node 8 labs/tp.py``
+"""
+from __future__ import annotations
+
+import copy
+
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                               parallelize_module)
+
+from lessonlib import device
+from lessonlib.grid import ParallelContext
+
+TORCH_PLANS = {
+    "mlp": {"fc1": "colwise", "fc2": "rowwise"},
+    "block": {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise",
+              "attn.proj": "rowwise", "mlp.fc1": "colwise", "mlp.fc2": "rowwise"},
+}
+
+
+def tp_mesh(ctx: ParallelContext) -> DeviceMesh:
+    """A one-axis DeviceMesh over this rank's tensor-parallel group (``ctx.tp_group``)."""
+    return DeviceMesh.from_group(ctx.tp_group, device.current_device().type,
+                                 mesh_dim_names=("tp",))
+
+
+def parallelize_with_dtensor(module: nn.Module, kind: str, mesh) -> nn.Module:
+    """A copy of a dense MLP or Block split by DTensor's ``ColwiseParallel`` and
+    ``RowwiseParallel`` (``torch.distributed.tensor.parallel``) on the same weights."""
+    if kind not in TORCH_PLANS:
+        raise ValueError(f"kind={kind!r} must be one of {sorted(TORCH_PLANS)}")
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {name: styles[style]() for name, style in TORCH_PLANS[kind].items()}
+    return parallelize_module(copy.deepcopy(module), mesh, plan)

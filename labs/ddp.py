@@ -22,7 +22,8 @@ import lessonlib
 from lessonlib import labkit, launcher
 from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank
 from lessonlib.data_parallel.bench import ddp_bench, slowest_rank_median
-from lessonlib.data_parallel.runs import RUNGS, TEN_M, TINY
+from lessonlib.data_parallel.runs import RUNGS
+from lessonlib.models import TEN_M, TINY
 
 MODELS = {"10M": TEN_M, "tiny": TINY}
 NAMES = {"bucketed": "lessonlib", "naive": "lessonlib_naive", "flat": "lessonlib_flat",

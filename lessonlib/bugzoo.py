@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lessonlib import comm
+from lessonlib.baseline import rel_err
 from lessonlib.bugs import BUGS, ENV, Bug, _known, _set, _switched_on, active, enabled, hook_line
 from lessonlib.data import regression_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
@@ -43,11 +44,6 @@ __all__ = ["BUGS", "ENV", "Bug", "active", "enabled", "hook_line", "CHECKS", "ch
 
 
 # ---------------------------------------------------------------- the rank side of the checks
-def _rel(a, b) -> float:
-    err = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-    return err if math.isfinite(err) else math.inf
-
-
 def rank_tp_gradient() -> dict:
     """A tensor-parallel MLP over the world (t=2) vs the dense MLP, one step."""
     r = tp_runs.layer_report(2, b=2, s=4, h=16, heads=2, steps=1, kinds=("mlp",))["mlp"]
@@ -64,7 +60,7 @@ def rank_tp_sharding() -> dict:
         out = tp(x)
     return {"param_bytes": param_bytes(tp), "expected": ((12 * h * h + 7 * h) // t + 6 * h) * 4,
             "all_reduces": book.count("all_reduce"), "h": h, "t": t,
-            "output": _rel(out.detach(), dense(x).detach())}
+            "output": rel_err(out.detach(), dense(x).detach())}
 
 
 def rank_ddp_accumulation(micro: int = 2) -> dict:
@@ -81,7 +77,7 @@ def rank_ddp_accumulation(micro: int = 2) -> dict:
         sent.append(book.count("all_reduce"))
     ref = mlp_stack(8, 2, seed=0).double()
     F.mse_loss(ref(x), y).backward()
-    return {"grads": max(_rel(p.grad, q.grad) for p, q in zip(ddp.parameters(), ref.parameters())),
+    return {"grads": max(rel_err(p.grad, q.grad) for p, q in zip(ddp.parameters(), ref.parameters())),
             "all_reduces_per_microbatch": sent}
 
 
@@ -96,7 +92,7 @@ def rank_pipeline(m: int = 4) -> dict:
     got = torch.cat([q.grad.reshape(-1) for c in chunks for q in c.parameters()])
     want = torch.cat([q.grad.reshape(-1) for q in stage_parameters(ref, p, 1, stage)])
     ratio = (got.norm() / want.norm()).item()
-    return {"grads": _rel(got, want), "ratio": ratio if math.isfinite(ratio) else math.inf, "m": m}
+    return {"grads": rel_err(got, want), "ratio": ratio if math.isfinite(ratio) else math.inf, "m": m}
 
 
 # ---------------------------------------------------------------- the caller side

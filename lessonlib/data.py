@@ -14,6 +14,7 @@ Laptop:  ``python -m lessonlib.data`` rewrites the corpus file and prints its si
 from __future__ import annotations
 
 import random
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -66,7 +67,16 @@ class CharTokenizer:
         return "".join(self.chars[int(i)] for i in ids)
 
 
+@lru_cache(maxsize=1)
+def corpus_vocab() -> int:
+    """The size V of the corpus's vocabulary (its distinct characters)."""
+    return CharTokenizer(load_corpus()).vocab
+
+
+@lru_cache(maxsize=1)
 def corpus_tokens() -> tuple[torch.Tensor, CharTokenizer]:
+    """The whole corpus as token ids, and its tokenizer (read and encoded once per process;
+    treat the tensor as read-only)."""
     text = load_corpus()
     tok = CharTokenizer(text)
     return tok.encode(text), tok

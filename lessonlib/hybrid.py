@@ -25,25 +25,23 @@ GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --layouts t2p2d2`` (NCCL, 
 """
 from __future__ import annotations
 
-import copy
 import statistics
 
 import torch
 from torch import nn
 
 from lessonlib import comm, device
-from lessonlib.data import corpus_tokens, lm_batch, shard
-from lessonlib.grid import ParallelContext
+from lessonlib.baseline import corpus_batches, grads_as_model, max_abs_diff, train_one_process
 from lessonlib.breadcrumbs import progress
-from lessonlib.models import Block, GPTConfig, TinyGPT, lm_loss
+from lessonlib.data import shard
+from lessonlib.data_parallel.ladder import allreduce_flat_gradients
+from lessonlib.grid import ParallelContext, check_grid
+from lessonlib.launcher import launch
+from lessonlib.models import HYBRID_CONFIG, Block, GPTConfig, TinyGPT, lm_loss
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import split_layers
 from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
-
-# The corpus has 27 characters; 4 layers so that p = 2 or 4 stages each get whole layers.
-HYBRID_CONFIG = GPTConfig(vocab=27, seq=16, hidden=32, heads=4, layers=4)
-
 
 # ---------------------------------------------------------------- checks (pure, before any process)
 def check_layout(cfg: GPTConfig, dp: int, pp: int, tp: int, global_batch: int, m: int) -> int:
@@ -89,15 +87,11 @@ def build_stage(model: TinyGPT, ctx: ParallelContext) -> nn.Sequential:
                            else part for part in stage))
 
 
-def sync_gradients(params: list[nn.Parameter], ctx: ParallelContext) -> None:
-    """Average the gradients over the d replicas with one all-reduce of one flat buffer."""
-    if ctx.dp == 1:
-        return
-    flat = torch.cat([p.grad.reshape(-1) for p in params])             # (n_local,)
-    comm.all_reduce(flat, group=ctx.dp_group)
-    flat /= ctx.dp
-    for p, g in zip(params, flat.split([p.numel() for p in params])):
-        p.grad.copy_(g.view_as(p))
+def sync_gradients(stage: nn.Module, ctx: ParallelContext) -> None:
+    """Average the stage's gradients over the d replicas: the data-parallel room's rung (b),
+    one all-reduce of one flat buffer, on this rank's data-parallel group."""
+    if ctx.dp > 1:
+        allreduce_flat_gradients(stage, group=ctx.dp_group)
 
 
 class HybridTrainer:
@@ -133,7 +127,7 @@ class HybridTrainer:
             result = self.executor.step(x if ctx.is_first_stage else None,
                                         y if ctx.is_last_stage else None)
         with comm.ledger() as dp_book:
-            sync_gradients(self.params, ctx)
+            sync_gradients(self.stage, ctx)
         self.opt.step()
         busy = sum(s.end - s.start for s in result.spans if s.kind in ("F", "B"))
         return {"losses": result.losses, "seconds": device.timer() - start,
@@ -142,36 +136,12 @@ class HybridTrainer:
 
 
 # ---------------------------------------------------------------- the run and its proof
-def _grads_as_model(model: TinyGPT) -> TinyGPT:
-    """A copy of ``model`` whose weights are its gradients, to cut and split like the weights."""
-    copy_ = copy.deepcopy(model)
-    with torch.no_grad():
-        for p, q in zip(copy_.parameters(), model.parameters()):
-            p.copy_(q.grad)
-    return copy_
-
-
 def reference(cfg: GPTConfig = HYBRID_CONFIG, global_batch: int = 8, steps: int = 3,
               lr: float = 0.1, seed: int = 0):
     """One process, whole batch: (model after the steps, model of first-step grads, losses)."""
-    tokens, _ = corpus_tokens()
     model = TinyGPT(cfg, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    losses, grads = [], None
-    for step in range(steps):
-        x, y = lm_batch(tokens, global_batch, cfg.seq, step, seed)       # (B, s)
-        opt.zero_grad()
-        loss = lm_loss(model(x), y)
-        loss.backward()
-        grads = grads or _grads_as_model(model)
-        losses.append(loss.item())
-        opt.step()
-    return model, grads, losses
-
-
-def _max_diff(got: list[torch.Tensor], want: nn.Module) -> float:
-    return max((a.detach().cpu() - b.detach()).abs().max().item()
-               for a, b in zip(got, want.parameters(), strict=True))
+    run = train_one_process(model, corpus_batches(cfg, global_batch, seed), steps, lr=lr)
+    return model, grads_as_model(model, run["first_grads"]), run["losses"]
 
 
 def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
@@ -186,12 +156,12 @@ def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
         raise ValueError(f"warmup={warmup} must be at least 0 and below steps={steps}: the "
                          f"times are medians over the steps after the warm-up")
     ctx = ParallelContext.build(dp, pp, tp)
-    tokens, _ = corpus_tokens()
+    batch_of = corpus_batches(cfg, global_batch, seed)
     trainer = HybridTrainer(TinyGPT(cfg, seed), ctx, m, global_batch, lr)
     losses, seconds, idle, first_grads, books = [], [], [], None, []
     for step in range(steps):
         progress(f"hybrid step {step}")
-        x, y = lm_batch(tokens, global_batch, cfg.seq, step, seed)       # (B, s)
+        x, y = batch_of(step)                                            # (B, s)
         comm.barrier()  # every rank starts the step together, so times compare
         out = trainer.step(x, y)
         if first_grads is None:  # after the DP all-reduce: the gradients the optimizer used
@@ -209,8 +179,9 @@ def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
               "peak_stash": out["peak_stash"]}
     if check:
         dense, dense_grads, dense_losses = reference(cfg, global_batch, steps, lr, seed)
-        result.update(max_grad_diff=_max_diff(first_grads, build_stage(dense_grads, ctx)),
-                      max_weight_diff=_max_diff(trainer.params, build_stage(dense, ctx)),
+        result.update(
+            max_grad_diff=max_abs_diff(first_grads, build_stage(dense_grads, ctx).parameters()),
+            max_weight_diff=max_abs_diff(trainer.params, build_stage(dense, ctx).parameters()),
                       dense_losses=dense_losses)
     return result
 
@@ -224,9 +195,6 @@ def train_layouts(layouts, **settings) -> list[dict]:
 def run(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
         global_batch: int = 8, timeout: float = 180, **settings) -> list[dict]:
     """Caller side: check the layout, then ``launch`` ``train`` on dp*pp*tp ranks."""
-    from lessonlib.grid import check_grid
-    from lessonlib.launcher import launch
-
     check_layout(cfg, dp, pp, tp, global_batch, m)
     check_grid(dp * pp * tp, dp, pp, tp)
     return launch(train, dp * pp * tp, dp, pp, tp, cfg=cfg, m=m, global_batch=global_batch,

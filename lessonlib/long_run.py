@@ -29,9 +29,9 @@ from lessonlib.data import corpus_tokens, lm_batch
 from lessonlib.grid import ParallelContext, check_grid, layout_name, parse_layout
 from lessonlib.hybrid import HybridTrainer, check_layout, step_losses
 from lessonlib.breadcrumbs import progress
-from lessonlib.models import GPTConfig, TinyGPT
+from lessonlib.models import LONG_RUN, GPTConfig, TinyGPT
 
-SMALL = {"vocab": 27, "seq": 16, "hidden": 32, "heads": 4, "layers": 2}
+SMALL = {k: getattr(LONG_RUN, k) for k in ("vocab", "seq", "hidden", "heads", "layers")}
 
 
 def default_layout(world: int, cfg: GPTConfig) -> tuple[int, int, int]:

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 import torch.distributed as dist
@@ -41,33 +39,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from lessonlib import comm, device
+from lessonlib.baseline import train_one_process
+from lessonlib.breadcrumbs import progress
 from lessonlib.costmodel import bubble_fraction
 from lessonlib.data import corpus_tokens, lm_batch, regression_batch
-from lessonlib.breadcrumbs import progress
 from lessonlib.launcher import launch
-from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
+from lessonlib.models import TinyGPT, corpus_config, lm_loss, mlp_stack
 from lessonlib.pipeline.stages import layers_of, split_layers, split_summary
 from lessonlib.pipeline.stash import StashMeter
+from lessonlib.pipeline.validate import Span
 
 MODEL_KINDS = ("gpt", "mlp")
 BUSY = ("F", "B", "OPT")
 
 
-@dataclass(frozen=True)
-class Span:
-    """One interval of one rank's timeline, in seconds from the aligned start."""
-    kind: str      # F, B, OPT (working); RECV_F, RECV_B (waiting); SEND_F, SEND_B
-    step: int
-    start: float
-    end: float
-
-
 # ---------------------------------------------------------------- the model and its data
-@lru_cache(maxsize=1)
-def _corpus():
-    return corpus_tokens()
-
-
 def make_model(model: str = "gpt", seed: int = 0, layers: int = 6, hidden: int = 64,
                width: int = 128) -> nn.Module:
     """"gpt": a TinyGPT on the castle corpus (L = ``layers``); "mlp": ``mlp_stack`` of
@@ -75,16 +61,14 @@ def make_model(model: str = "gpt", seed: int = 0, layers: int = 6, hidden: int =
     if model not in MODEL_KINDS:
         raise ValueError(f"model={model!r} must be one of {MODEL_KINDS}")
     if model == "gpt":
-        _, tok = _corpus()
-        cfg = GPTConfig(vocab=tok.vocab, seq=32, hidden=hidden, heads=4, layers=layers)
-        return TinyGPT(cfg, seed)
+        return TinyGPT(corpus_config(seq=32, hidden=hidden, heads=4, layers=layers), seed)
     return mlp_stack(width, layers, seed)
 
 
 def make_batch(model: str, step: int, batch: int, seed: int = 0, width: int = 128, **_):
     """Batch ``step`` (inputs, targets): the same in every process for the same seed."""
     if model == "gpt":
-        tokens, _ = _corpus()
+        tokens, _ = corpus_tokens()
         return lm_batch(tokens, batch, 32, step, seed)                 # (b, s), (b, s)
     return regression_batch(batch, width, step, seed)                   # (b, width) x 2
 
@@ -123,7 +107,7 @@ class _Timeline:
 
     def close(self, kind: str, step: int) -> None:
         end = _clock() - self.t0
-        self.spans.append(Span(kind, step, self.last, end))
+        self.spans.append(Span(kind, 0, 0, self.last, end, step))
         self.last = end
 
 
@@ -247,16 +231,9 @@ def single_process(model: str = "gpt", steps: int = 3, warmup: int = 1, batch: i
                    lr: float = 0.05, seed: int = 0, **shape) -> dict:
     """The same training on one process: the reference for ``parity``."""
     net = nn.Sequential(*layers_of(make_model(model, seed, **shape)))
-    opt = torch.optim.SGD(net.parameters(), lr=lr)
-    losses = []
-    for step in range(warmup + steps):
-        inputs, targets = make_batch(model, step, batch, seed, **shape)
-        loss = loss_of(model, net(inputs), targets)
-        losses.append(loss.item())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return {"losses": losses, "state": {n: t.detach() for n, t in net.state_dict().items()},
+    run = train_one_process(net, lambda step: make_batch(model, step, batch, seed, **shape),
+                            warmup + steps, lambda out, y: loss_of(model, out, y), lr=lr)
+    return {"losses": run["losses"], "state": {n: t.detach() for n, t in net.state_dict().items()},
             "param_bytes": sum(t.numel() * t.element_size() for t in net.parameters())}
 
 

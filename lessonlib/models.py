@@ -8,6 +8,9 @@ this single-process model exactly.
 The GPT is a sequence of parts, ``embed -> blocks[0..L-1] -> head``, so that a pipeline
 can cut it between any two parts: ``nn.Sequential(*model.parts())`` is the same function.
 
+The course's tiny-GPT presets live here too, one home for every shape a lesson uses, each
+with the vocabulary of the shipped corpus (``corpus_config``).
+
 Laptop:  ``python -m lessonlib.models`` prints the parameter count of the default shapes.
 GPU box: the same; the models have no device logic of their own.
 """
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from lessonlib.data import corpus_vocab
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,20 @@ def init_weights_(module: nn.Module, seed: int, std: float | None = None) -> nn.
 def count_parameters(module: nn.Module) -> int:
     """Distinct parameters (a tied weight counts once)."""
     return sum(p.numel() for p in module.parameters())
+
+
+# ---------------------------------------------------------------- presets
+def corpus_config(**shape) -> GPTConfig:
+    """A tiny GPT sized for the shipped corpus: its vocabulary is the corpus's characters."""
+    return GPTConfig(**{"vocab": corpus_vocab(), **shape})
+
+
+TINY = corpus_config(seq=16, hidden=32, heads=2, layers=2)             # data-parallel parity
+PARITY_CONFIG = corpus_config(seq=8, hidden=16, heads=2, layers=6)     # 8 parts: up to 8 stages
+HYBRID_CONFIG = corpus_config(seq=16, hidden=32, heads=4, layers=4)    # t and p up to 4
+LONG_RUN = corpus_config(seq=16, hidden=32, heads=4, layers=2)         # minutes, checkpointed
+TIMELINE_MODEL = corpus_config(seq=64, hidden=256, heads=4, layers=4)  # 3.2 M: a step's buckets
+TEN_M = corpus_config(seq=64, hidden=384, heads=6, layers=6)           # 10.7 M: the DDP benchmark
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 
 import lessonlib
 from lessonlib import costmodel as cm
-from lessonlib import train
+from lessonlib import baseline
 from lessonlib.viz import scale
 
 # %% [markdown]
@@ -115,13 +115,13 @@ scale.time_widget()
 # %% [markdown]
 # ## 3. Measured: this machine against GPT-3
 #
-# Now a real run. `lessonlib.train.train_tiny_gpt` trains the course's tiny GPT (2 layers,
+# Now a real run. `lessonlib.baseline.train_tiny_gpt` trains the course's tiny GPT (2 layers,
 # hidden size 64) on a generated corpus of sentences about building a castle, in this one
 # process. The loss must fall, and the step times give this machine's FLOP/s, counted with
 # the same formula the cost model uses for GPT-3.
 
 # %%
-run = train.train_tiny_gpt(steps=100)
+run = baseline.train_tiny_gpt(steps=100)
 fig, ax = plt.subplots(figsize=(6, 3))
 ax.plot(run["losses"])
 ax.set_xlabel("step")
@@ -136,7 +136,7 @@ print(f"loss fell from {first:.1f} to below {first - 1:.1f}: {last < first - 1}"
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-rate = train.measured_flops(run)
+rate = baseline.measured_flops(run)
 gpt3_flops = cm.training_flops(175e9, 300e9)
 print(f"this machine sustains {rate / 1e9:.1f} GFLOP/s on the tiny GPT")
 print(f"GPT-3 at that rate: {gpt3_flops / rate / cm.SECONDS_PER_YEAR:,.0f} years")

@@ -41,7 +41,7 @@ import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.costmodel import alpha_beta
 from lessonlib.data_parallel import bench as dp_bench, runs as dp_runs
-from lessonlib.models import TinyGPT, count_parameters
+from lessonlib.models import TEN_M, TIMELINE_MODEL, TINY, TinyGPT, count_parameters
 from lessonlib.viz import dp as viz
 
 STORED = json.loads(Path("../data/dp_cpu_results.json").read_text())
@@ -65,7 +65,7 @@ print(STORED["about"])
 
 # %%
 # NBVAL_CHECK_OUTPUT
-P = count_parameters(TinyGPT(dp_runs.TEN_M))
+P = count_parameters(TinyGPT(TEN_M))
 S = 4 * P                                                        # float32 gradient bytes
 bandwidth, alpha = cm.get_cluster("dgx-a100").link(spans_nodes=True)
 print(f"{P / 1e6:.1f} M parameters: S = {S / 1e6:.1f} MB of gradients")
@@ -133,7 +133,7 @@ print(f"buckets: {runs[0]['buckets']}; all-reduces per step: {sorted(set(calls))
 # %%
 # NBVAL_CHECK_OUTPUT
 sent = lessonlib.launch(dp_runs.ladder_messages, 2, bucket_cap_mb=0.01)[0]
-print(f"the tiny GPT has {len(list(TinyGPT(dp_runs.TINY).parameters()))} parameter tensors")
+print(f"the tiny GPT has {len(list(TinyGPT(TINY).parameters()))} parameter tensors")
 for rung, summary in sent.items():
     calls = summary["all_reduce"]["calls"]
     print(f"{dp_runs.RUNGS[rung]:<68} {calls:>3} all-reduces, "
@@ -146,7 +146,7 @@ for rung, summary in sent.items():
 # first) into buckets of about `bucket_cap_mb` (PyTorch's default: 25 MiB), and each
 # bucket's all-reduce starts while backward is still computing earlier layers.
 #
-# One step of a bigger GPT (`dp_runs.TIMELINE_MODEL`) on 2 ranks, naive against buckets of
+# One step of a bigger GPT (`TIMELINE_MODEL`) on 2 ranks, naive against buckets of
 # 2 MiB. Each rank has a compute row and a communication row:
 
 # %%
@@ -157,7 +157,7 @@ plt.show()
 for rung in ("naive", "bucketed"):
     end = max(b for _, _, b in timeline[0][rung])
     print(f"{rung:>9}: step {end * 1e3:.0f} ms on rank 0")
-print(f"{count_parameters(TinyGPT(dp_runs.TIMELINE_MODEL)) / 1e6:.1f} M parameters")
+print(f"{count_parameters(TinyGPT(TIMELINE_MODEL)) / 1e6:.1f} M parameters")
 
 # %% [markdown]
 # In the naive step the communication row stays empty until backward ends; then the

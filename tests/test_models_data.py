@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from lessonlib import data, models, train
+from lessonlib import baseline as train, data, models
 
 
 def test_gpt_is_deterministic_from_its_seed_and_ignores_the_global_rng():

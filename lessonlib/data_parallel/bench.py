@@ -26,8 +26,8 @@ from lessonlib.breadcrumbs import progress
 from lessonlib.data import corpus_tokens, lm_batch, shard
 from lessonlib.data_parallel.collectives import torch_all_reduce
 from lessonlib.data_parallel.ring import ALGORITHMS
-from lessonlib.data_parallel.runs import TEN_M, check_rungs, wrap
-from lessonlib.models import GPTConfig, TinyGPT, lm_loss
+from lessonlib.data_parallel.runs import check_rungs, replica_step, wrap
+from lessonlib.models import TEN_M, GPTConfig, TinyGPT
 
 ALL_ALGORITHMS = (*ALGORITHMS, "torch")   # the names ``costmodel.fits`` knows
 
@@ -113,12 +113,6 @@ def _stepper(ddp, after_backward, record: dict, tokens, cfg: GPTConfig, batch: i
     def step():
         x, y = lm_batch(tokens, batch * n, cfg.seq, next(batches), 0)
         x, y = shard(x, rank, n).to(dev), shard(y, rank, n).to(dev)
-        with comm.ledger() as book:
-            loss = lm_loss(ddp(x), y)
-            opt.zero_grad()
-            loss.backward()
-            after_backward()
-        opt.step()
-        record["ledger"] = book.summary()
+        record["ledger"] = replica_step(ddp, after_backward, opt, x, y)[1].summary()
 
     return step

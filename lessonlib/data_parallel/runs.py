@@ -21,20 +21,18 @@ from torch import nn
 
 from lessonlib import comm, device
 from lessonlib.breadcrumbs import progress
-from lessonlib.data import corpus_tokens, lm_batch, shard
+from lessonlib.baseline import corpus_batches, train_one_process
+from lessonlib.data import shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.ladder import (AsyncGradientHooks, allreduce_flat_gradients,
-                                  allreduce_gradients, replicate)
-from lessonlib.models import GPTConfig, TinyGPT, lm_loss
+                                            allreduce_gradients, replicate)
+from lessonlib.models import TIMELINE_MODEL, TINY, GPTConfig, TinyGPT, lm_loss
 
 RUNGS = {"naive": "(a) one all-reduce per gradient, after backward",
          "flat": "(b) one flattened all-reduce, after backward",
          "async": "(c) one async all-reduce per gradient, from hooks during backward",
          "bucketed": "(d) lessonlib.DataParallel: buckets launched as they fill",
          "torch": "PyTorch's DistributedDataParallel"}
-TINY = GPTConfig(vocab=27, seq=16, hidden=32, heads=2, layers=2)
-TEN_M = GPTConfig(vocab=27, seq=64, hidden=384, heads=6, layers=6)     # 10.7 M parameters
-TIMELINE_MODEL = GPTConfig(vocab=27, seq=64, hidden=256, heads=4, layers=4)   # 3.2 M
 
 
 def check_rungs(rungs) -> list[str]:
@@ -63,25 +61,27 @@ def wrap(rung: str, model: nn.Module, group=None, bucket_cap_mb: float = 25.0):
                                                bucket_cap_mb=bucket_cap_mb), nothing
 
 
-def _batches(cfg: GPTConfig, global_batch: int, step: int, seed: int):
-    tokens, _ = corpus_tokens()
-    return lm_batch(tokens, global_batch, cfg.seq, step, seed)
+def replica_step(ddp, after_backward, opt, x, y):
+    """One training step of one replica on its shard (x, y): forward, backward, the rung's
+    gradient sync (``after_backward``), the optimizer step. Returns (loss, the ledger of
+    what the step sent)."""
+    with comm.ledger() as book:
+        loss = lm_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        after_backward()
+    opt.step()
+    return loss, book
 
 
 def train_single(cfg: GPTConfig = TINY, steps: int = 20, global_batch: int = 16,
                  lr: float = 3e-3, seed: int = 0) -> dict:
     """One process on the full batch: the run every data-parallel run must reproduce."""
     model = TinyGPT(cfg, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for step in range(steps):
-        x, y = _batches(cfg, global_batch, step, seed)
-        loss = lm_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return {"losses": losses, "weights": nn.utils.parameters_to_vector(model.parameters())}
+    run = train_one_process(model, corpus_batches(cfg, global_batch, seed), steps,
+                            optimizer="adamw", lr=lr)
+    return {"losses": run["losses"],
+            "weights": nn.utils.parameters_to_vector(model.parameters())}
 
 
 def train_replicas(rung: str = "bucketed", cfg: GPTConfig = TINY, steps: int = 20,
@@ -95,15 +95,10 @@ def train_replicas(rung: str = "bucketed", cfg: GPTConfig = TINY, steps: int = 2
     start = nn.utils.parameters_to_vector(model.parameters()).clone()
     ddp, after_backward = wrap(rung, model, bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses, comm_per_step = [], []
+    losses, comm_per_step, batch_of = [], [], corpus_batches(cfg, global_batch, seed)
     for step in range(steps):
-        x, y = (shard(t, rank, n).to(dev) for t in _batches(cfg, global_batch, step, seed))
-        with comm.ledger() as book:
-            loss = lm_loss(ddp(x), y)
-            opt.zero_grad()
-            loss.backward()
-            after_backward()
-        opt.step()
+        x, y = (shard(t, rank, n).to(dev) for t in batch_of(step))
+        loss, book = replica_step(ddp, after_backward, opt, x, y)
         losses.append(loss.item())
         comm_per_step.append(book.summary())
         progress(f"{rung} step {step + 1} of {steps}")
@@ -121,7 +116,7 @@ def ladder_messages(rungs=("naive", "flat", "async", "bucketed"), cfg: GPTConfig
     for rung in check_rungs(rungs):
         model = TinyGPT(cfg, 0)
         ddp, after_backward = wrap(rung, model, bucket_cap_mb=bucket_cap_mb)
-        x, y = (shard(t, rank, n) for t in _batches(cfg, 4 * n, 0, 0))
+        x, y = (shard(t, rank, n) for t in corpus_batches(cfg, 4 * n)(0))
         with comm.ledger() as book:
             lm_loss(ddp(x), y).backward()
             after_backward()
@@ -140,8 +135,9 @@ def step_timeline(cfg: GPTConfig = TIMELINE_MODEL, batch: int = 4, bucket_cap_mb
         model = TinyGPT(cfg, 0).to(dev)
         ddp, after_backward = wrap(rung, model, bucket_cap_mb=bucket_cap_mb)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        batch_of = corpus_batches(cfg, batch * n)
         for step in range(warmup + 1):
-            x, y = (t.to(dev) for t in _batches(cfg, batch * n, step, 0))
+            x, y = (t.to(dev) for t in batch_of(step))
             x, y = shard(x, rank, n), shard(y, rank, n)
             comm.barrier()
             t0 = device.timer()
@@ -178,9 +174,9 @@ def bucket_sweep(caps_mb=(0.25, 1.0, 4.0, 16.0), cfg: GPTConfig = TIMELINE_MODEL
     for cap in caps_mb:
         model = TinyGPT(cfg, 0).to(dev)
         ddp = DataParallel(model, bucket_cap_mb=cap)
-        computed, exposed = [], []
+        computed, exposed, batch_of = [], [], corpus_batches(cfg, batch * n)
         for step in range(steps + 1):                       # the first step warms up
-            x, y = (shard(t, rank, n).to(dev) for t in _batches(cfg, batch * n, step, 0))
+            x, y = (shard(t, rank, n).to(dev) for t in batch_of(step))
             model.zero_grad()
             loss = lm_loss(ddp(x), y)
             comm.barrier()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import statistics
-from functools import lru_cache
 
 import torch
 import torch.distributed as dist
@@ -29,16 +28,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from lessonlib import comm
+from lessonlib.baseline import corpus_batches, flat, train_one_process
 from lessonlib.costmodel import bubble_fraction, stashed_microbatches
-from lessonlib.data import corpus_tokens, lm_batch, regression_batch
-from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
+from lessonlib.data import regression_batch
+from lessonlib.models import PARITY_CONFIG, GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules, stage_parameters
 from lessonlib.pipeline.torch_ref import TorchPipeline
 from lessonlib.pipeline.validate import simulate
-
-PARITY_CONFIG = GPTConfig(vocab=27, seq=8, hidden=16, heads=2, layers=6)  # 8 parts
 
 
 class InputLeaf(nn.Module):
@@ -47,11 +45,6 @@ class InputLeaf(nn.Module):
 
     def forward(self, x):
         return x.detach().requires_grad_()
-
-
-@lru_cache(maxsize=1)
-def _tokens():
-    return corpus_tokens()[0]
 
 
 def mse(out, target):
@@ -86,7 +79,6 @@ def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0
     first step's gradients, the final weights, the peak stash and the messages of the
     first step (as counted by ``comm.ledger``; PyTorch's go around it)."""
     p, stage = dist.get_world_size(), dist.get_rank()
-    tokens = _tokens()
     out = {}
     for case in cases:
         engine, schedule, m, v = case
@@ -96,7 +88,7 @@ def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0
         opt = torch.optim.SGD(params, lr=lr)
         losses, grads, stash, counts = [], None, 0, None
         for step in range(steps):
-            x, y = lm_batch(tokens, micro * m, cfg.seq, step, seed)
+            x, y = corpus_batches(cfg, micro * m, seed)(step)
             opt.zero_grad()
             with comm.ledger() as book:
                 result = runner.step(x, y)
@@ -114,27 +106,16 @@ def reference(m: int, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int
               cfg: GPTConfig = PARITY_CONFIG):
     """One process, whole batch: (model after the steps, {param: first-step grad},
     per-step losses of each micro-batch)."""
-    tokens, threads = _tokens(), torch.get_num_threads()
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)        # tiny tensors: more threads only add waiting
     try:
         model = TinyGPT(cfg, seed)
-        opt = torch.optim.SGD(model.parameters(), lr=lr)
-        first, losses = {}, []
-        for step in range(steps):
-            x, y = lm_batch(tokens, micro * m, cfg.seq, step, seed)
-            with torch.no_grad():
-                losses.append([lm_loss(model(a), b).item() for a, b in zip(x.chunk(m), y.chunk(m))])
-            opt.zero_grad()
-            lm_loss(model(x), y).backward()
-            first = first or {q: q.grad.clone() for q in model.parameters()}
-            opt.step()
+        run = train_one_process(model, corpus_batches(cfg, micro * m, seed), steps, lr=lr,
+                                microbatches=m)
     finally:
         torch.set_num_threads(threads)
-    return model, first, losses
-
-
-def _flat(tensors) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in tensors])
+    losses = run["microbatch_losses"] if m > 1 else [[loss] for loss in run["losses"]]
+    return model, run["first_grads"], losses
 
 
 def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: float = 0.1,
@@ -156,7 +137,7 @@ def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: floa
                 if len(got) != len(want):
                     raise AssertionError(f"{case}, stage {d}: {len(got)} {what}, "
                                          f"expected {len(want)}")
-                a, b = _flat(got), _flat(want)
+                a, b = flat(got), flat(want)
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5,
                                            msg=lambda s: f"{case}, stage {d}, {what}: {s}")
                 diff[what] = max(diff[what], (a - b).abs().max().item())

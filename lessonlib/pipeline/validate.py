@@ -32,12 +32,15 @@ class ScheduleError(ValueError):
 
 @dataclass(frozen=True)
 class Span:
-    """One interval on one stage's timeline (simulated cost units, or measured seconds)."""
-    kind: str          # F, B, RECV_F/RECV_B (waiting for data), SEND_F/SEND_B, WAIT_SENDS
+    """One interval on one stage's timeline (simulated cost units, or measured seconds).
+    The assembly line of ``lessonlib.model_parallel`` records its spans with it too (one
+    batch per step: micro-batch 0, and the training ``step`` it belongs to)."""
+    kind: str          # F, B, OPT, RECV_F/RECV_B (waiting for data), SEND_F/SEND_B, WAIT_SENDS
     microbatch: int
     chunk: int
     start: float
     end: float
+    step: int = 0
 
 
 @dataclass(frozen=True)

@@ -17,26 +17,22 @@ GPU box: the same call uses NCCL when 2 GPUs are visible.
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from lessonlib import comm, device, launcher
+from lessonlib.baseline import grads_as_model, rel_err
+from lessonlib.breadcrumbs import progress
 from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank, tp_elements_per_layer
-from lessonlib.models import MLP, Block, GPTConfig, TinyGPT, init_weights_, lm_loss
 from lessonlib.grid import ParallelContext
+from lessonlib.models import MLP, Block, GPTConfig, TinyGPT, init_weights_, lm_loss
 from lessonlib.tensor_parallel import ops
 from lessonlib.tensor_parallel.dtensor_ref import parallelize_with_dtensor, tp_mesh
 from lessonlib.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear,
                                               TensorParallelMLP, TensorParallelSelfAttention,
                                               check_divisible, check_pair)
 from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block, parallelize_gpt
-
-
-def _rel_err(a, b) -> float:
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
 def _worst(tensors: dict, reference: dict) -> tuple[float, str]:
@@ -51,15 +47,6 @@ def _worst(tensors: dict, reference: dict) -> tuple[float, str]:
 
 def _params(module) -> dict:
     return dict(module.named_parameters())
-
-
-def _grads_as_weights(module):
-    """A copy of ``module`` whose parameters hold its gradients: slicing it the way the
-    tensor-parallel copy was sliced gives each rank's expected gradient shards."""
-    twin = copy.deepcopy(module)
-    for p, q in zip(module.parameters(), twin.parameters()):
-        q.data = p.grad.detach().clone()
-    return twin
 
 
 def _traffic(book) -> dict:
@@ -78,7 +65,7 @@ def compare_with_dense(dense, make_tp, batches, loss_fn, lr: float = 0.1) -> dic
     opt_t = torch.optim.SGD(tp.parameters(), lr=lr, momentum=0.9)
     report, losses = {}, []
     for step, (x, y) in enumerate(batches):
-        launcher.progress(f"compare_with_dense step {step}")
+        progress(f"compare_with_dense step {step}")
         grad_in = x.is_floating_point()
         x_d, x_t = x.clone().requires_grad_(grad_in), x.clone().requires_grad_(grad_in)
         out_d = dense(x_d)
@@ -90,10 +77,10 @@ def compare_with_dense(dense, make_tp, batches, loss_fn, lr: float = 0.1) -> dic
             loss.backward()
         losses.append(loss.item())
         if step == 0:
-            report["output"] = _rel_err(out_t.detach(), out_d.detach())
+            report["output"] = rel_err(out_t.detach(), out_d.detach())
             if grad_in:
-                report["input_grad"] = _rel_err(x_t.grad, x_d.grad)
-            expected = _params(make_tp(_grads_as_weights(dense)))
+                report["input_grad"] = rel_err(x_t.grad, x_d.grad)
+            expected = _params(make_tp(grads_as_model(dense)))
             got = {n: p.grad for n, p in tp.named_parameters()}
             report["grads"], report["worst_grad"] = _worst(got, expected)
             report["forward"], report["backward"] = _traffic(forward), _traffic(backward)
@@ -217,8 +204,8 @@ def _torch_errors(dense, kind, ctx, batch) -> dict:
     F.mse_loss(out_t, y).backward()
     full = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             for n, p in theirs.named_parameters()}
-    return {"output": _rel_err(out_t.detach(), out_d.detach()),
-            "input_grad": _rel_err(x_t.grad, x_d.grad),
+    return {"output": rel_err(out_t.detach(), out_d.detach()),
+            "input_grad": rel_err(x_t.grad, x_d.grad),
             "grads": _worst(full, {n: p.grad for n, p in dense.named_parameters()})[0],
             "param_bytes": param_bytes(theirs)}
 

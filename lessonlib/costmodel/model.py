@@ -85,7 +85,8 @@ MODELS = {
 
 def get_model(name):
     """The model preset called ``name`` (exact key of ``MODELS``, case-insensitive)."""
+    wanted = name.strip().lower() if isinstance(name, str) else None
     for key, model in MODELS.items():
-        if key.lower() == name.strip().lower():
+        if key.lower() == wanted:
             return model
     raise ValueError(f"model={name!r} is not a preset; use one of {', '.join(MODELS)}")

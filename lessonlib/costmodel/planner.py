@@ -132,10 +132,11 @@ def explain(plan):
     link = "inside one server, over NVLink" if lay.t <= cluster.gpus_per_node else \
         "across servers, over the network"
     wider, narrower = plan.find(t=lay.t * 2), plan.find(t=lay.t // 2) if lay.t > 1 else None
+    across_bw = cluster.group_link(plan.n_gpus, 2 * cluster.gpus_per_node, 1)[0]
     lines.append(f"Why t={lay.t}: the tensor-parallel all-reduces (several per layer per "
                  f"micro-batch) stay {link} "
                  f"({cluster.nvlink_bytes_per_s / GB:.0f} GB/s per GPU vs "
-                 f"{cluster.network_bytes_per_s / GB:.0f} GB/s between servers). "
+                 f"{across_bw / GB:.0f} GB/s for a group spanning two servers). "
                  + (f"The best with t={lay.t * 2} {_outcome(wider)}. " if wider else "")
                  + (f"The best with t={lay.t // 2} {_outcome(narrower)}." if narrower else ""))
     shallower = plan.find(t=lay.t, p=lay.p // 2) if lay.p > 1 else None

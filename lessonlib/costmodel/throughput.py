@@ -6,7 +6,8 @@ micro-batch and adds up:
 * compute: the stage's GEMM FLOPs (forward, backward, recompute) at a fixed fraction of peak;
 * elementwise: memory-bound kernels (layer norm, GeLU, softmax, dropout) streaming the layer's
   activations through HBM;
-* TP comm: the tensor-parallel all-reduces (NVLink inside a server, network across);
+* TP comm: the tensor-parallel all-reduces (NVLink inside a server; across servers, the
+  ports of the group's members together, ``Cluster.group_link``);
 * PP comm: activations and gradients to and from the neighbouring stages;
 
 then multiplies by m micro-batches, adds the pipeline bubble ((p-1)/v micro-batch slots,
@@ -218,7 +219,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / (
         gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
 
-    tp_bw, tp_lat = cluster.link(group_spans_nodes(n, t, 1, cluster.gpus_per_node))
+    tp_bw, tp_lat = cluster.group_link(n, t, 1)
     tp_bw *= COMM_EFFICIENCY
     tp = 0.0
     if t > 1:
@@ -243,8 +244,7 @@ def _dp_time_s(model, lay, cluster):
     """Exposed seconds of the data-parallel gradient exchange at the end of a step."""
     if lay.d == 1:
         return 0.0
-    bw, lat = cluster.link(group_spans_nodes(lay.n_gpus, lay.d, lay.t * lay.p,
-                                             cluster.gpus_per_node))
+    bw, lat = cluster.group_link(lay.n_gpus, lay.d, lay.t * lay.p)
     bw *= COMM_EFFICIENCY
     grads = GRAD_BYTES * stage_params(model, lay.t, lay.p)
     if lay.zero_stage < 3:

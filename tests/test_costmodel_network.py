@@ -1,10 +1,12 @@
 """Collectives across servers: NCCL's channels over every port (multi-ring) against one flat
 ring, by hand, and Megatron-LM 2021's Fig. 13 (162 B parameters on 64 A100)."""
+import json
 from dataclasses import replace
 
 import pytest
 
 from lessonlib.costmodel import CLUSTERS, MODELS, make_cluster, tp_sweep
+from lessonlib.costmodel.__main__ import main
 from lessonlib.costmodel.comm import members_per_node
 
 DGX = CLUSTERS["dgx-a100"]  # 8 GPUs per server, one 200 Gb/s (25 GB/s) port per GPU
@@ -63,3 +65,39 @@ def test_a_flat_ring_through_one_port_makes_the_cliff_several_times_steeper():
     for cluster in (FLAT, ONE_PORT):
         t16, t32, _ = _ratios(cluster)
         assert t16 < 0.35 and t32 < 0.2
+
+
+# --- the command line: one line naming the flag, exit status 2 (issue probes) -------------
+
+CLI = ["--model", "gpt-161B", "--t", "8", "--p", "8", "--global-batch", "64"]
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--network-gbit", "nan"], "network-gbit=nan"),
+    (["--network-gbit", "-200"], "network-gbit=-200"),
+    (["--global-batch", "0"], "global-batch=0"),
+    (["--gpus", "0"], "gpus=0"),
+    (["--t", "0", "--gpus", "8"], "t=0"),
+    (["--seq", "0"], "seq=0"),
+    (["--zero", "4"], "zero=4"),
+    (["--network-ports", "0"], "network-ports=0"),
+    (["--t", "eight"], "--t"),
+    (["--collectives", "tree"], "--collectives"),
+])
+def test_cli_bad_value_one_line_naming_the_flag(capsys, extra, flag):
+    try:
+        status = main(CLI + extra)
+    except SystemExit as exc:  # argparse's own error, one line too
+        status = exc.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and flag in err, err
+
+
+def test_cli_cluster_settings(capsys):
+    assert main(CLI + ["--t", "16", "--p", "4", "--json"]) == 0
+    multi = json.loads(capsys.readouterr().out)
+    assert main(CLI + ["--t", "16", "--p", "4", "--network-ports", "1", "--collectives",
+                       "flat-ring", "--json"]) == 0
+    flat = json.loads(capsys.readouterr().out)
+    assert flat["time_s"]["tp_comm"] > 5 * multi["time_s"]["tp_comm"]

@@ -13,6 +13,7 @@ throughput against t.
 Run ``python -m lessonlib.costmodel --plan --model megatron-1T --gpus 1024 --global-batch
 2048 --gpu A100-80GB``.
 """
+import math
 from dataclasses import dataclass, field
 
 from .memory import BYTES_PER_PARAM
@@ -21,8 +22,13 @@ from .throughput import Layout, estimate
 GB = 1e9
 
 
+# The planner estimates every layout; beyond this many GPUs that is no longer a quick answer.
+MAX_PLAN_GPUS = 1 << 17
+
+
 def _divisors(n):
-    return [k for k in range(1, n + 1) if n % k == 0]
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
 
 
 def candidate_layouts(model, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
@@ -79,8 +85,12 @@ class Plan:
 def plan(model, cluster, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
          interleave=(1, 2, 4), **options):
     """Estimate every candidate layout; ``options`` go to ``Layout`` (e.g. recompute=)."""
-    if n_gpus < 1 or global_batch < 1:
-        raise ValueError(f"n_gpus={n_gpus} and global_batch={global_batch} must be positive")
+    for name, value in (("n_gpus", n_gpus), ("global_batch", global_batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    if n_gpus > MAX_PLAN_GPUS:
+        raise ValueError(f"n_gpus={n_gpus} is more than the planner enumerates; plan at most "
+                         f"{MAX_PLAN_GPUS} GPUs, or estimate() one layout")
     layouts = candidate_layouts(model, n_gpus, global_batch, microbatches, interleave,
                                 **options)
     if not layouts:

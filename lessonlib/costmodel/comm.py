@@ -116,15 +116,31 @@ def _first_positions(n_gpus, size, stride, gpus_per_node):
     """Where in its server each group's first member sits, one entry per distinct case.
 
     Groups tile the grid in blocks of size*stride ranks, each block holding ``stride``
-    groups; a group's shape across servers depends only on its first member's position in
-    its server, so at most ``gpus_per_node`` cases need looking at, however large n is.
+    groups whose first members are consecutive; a group's shape across servers depends only
+    on its first member's position in its server, so at most ``gpus_per_node`` cases need
+    looking at, however large n is (each block marks an arc of positions, as a difference
+    array, in O(1)).
     """
+    g = gpus_per_node
     block = size * stride
-    period = block * gpus_per_node // math.gcd(block, gpus_per_node)  # the pattern repeats
-    blocks = min(-(-min(n_gpus, period) // block), gpus_per_node)
-    starts = {(j * block) % gpus_per_node for j in range(blocks)}
-    return {(start + offset) % gpus_per_node for start in starts
-            for offset in range(min(stride, gpus_per_node))}
+    period = block * g // math.gcd(block, g)  # the pattern repeats
+    blocks = min(-(-min(n_gpus, period) // block), g)
+    if stride >= g:
+        return set(range(g))
+    marks = [0] * (g + 1)
+    for start in {(j * block) % g for j in range(blocks)}:
+        end = start + stride
+        marks[start] += 1
+        marks[min(end, g)] -= 1
+        if end > g:  # the arc wraps past the end of the server
+            marks[0] += 1
+            marks[end - g] -= 1
+    covered, positions = 0, set()
+    for position in range(g):
+        covered += marks[position]
+        if covered:
+            positions.add(position)
+    return positions
 
 
 def members_per_node(n_gpus, size, stride, gpus_per_node):

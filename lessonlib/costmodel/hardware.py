@@ -72,6 +72,7 @@ def get_gpu(name):
 
 
 COLLECTIVE_ALGORITHMS = ("multi-ring", "flat-ring")
+MAX_GPUS_PER_NODE = 1024  # far above any NVLink domain built so far
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,11 @@ class Cluster:
     def __post_init__(self):
         if self.network_ports is None:
             object.__setattr__(self, "network_ports", self.gpus_per_node)
-        for field in ("gpus_per_node", "network_ports"):
+        for field, most in (("gpus_per_node", MAX_GPUS_PER_NODE),
+                            ("network_ports", MAX_GPUS_PER_NODE * 8)):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field}={value!r} must be a positive integer")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise ValueError(f"{field}={value!r} must be a positive integer, at most {most}")
         for field in ("nvlink_bytes_per_s", "network_bytes_per_s", "nvlink_latency_s",
                       "network_latency_s"):
             value = getattr(self, field)

@@ -9,9 +9,11 @@ model's shape, so a bad value fails at once with one line naming it, before any 
 Try ``python -c "from lessonlib.costmodel import Layout; print(Layout(t=8, p=12, d=4,
 global_batch=1536).describe())"``.
 """
+import math
 from dataclasses import dataclass
 
 from .memory import RECOMPUTE_MODES
+from .model import MAX, divisors
 
 
 def _is_int(value):
@@ -44,8 +46,8 @@ class Layout:
             value = getattr(self, name)
             if value is None and name in ("m", "global_batch"):
                 continue
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
+            if not _is_int(value) or not 1 <= value <= MAX:
+                raise ValueError(f"{name}={value!r} must be a positive integer (at most {MAX})")
         if not isinstance(self.recompute, str) or self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute={self.recompute!r} must be one of "
                              f"{', '.join(RECOMPUTE_MODES)}")
@@ -84,9 +86,10 @@ class Layout:
             raise ValueError(f"p={self.p} exceeds layers={model.L}: every stage needs a "
                              f"layer; use p <= {model.L}")
         if model.a % self.t or model.h % self.t:
-            ok = [k for k in range(1, model.a + 1) if model.a % k == 0 and model.h % k == 0]
+            ok = divisors(math.gcd(model.a, model.h))
+            shown = ", ".join(map(str, ok[:12])) + (", ..." if len(ok) > 12 else "")
             raise ValueError(f"t={self.t} must divide heads={model.a} and hidden={model.h}; "
-                             f"use one of {ok}")
+                             f"use one of [{shown}]")
         if self.v > 1 and (model.L % self.p or (model.L // self.p) % self.v):
             raise ValueError(f"v={self.v} needs layers={model.L} to split into p*v = "
                              f"{self.p * self.v} equal chunks; use v=1 or a v dividing "

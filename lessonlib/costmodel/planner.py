@@ -13,10 +13,10 @@ throughput against t.
 Run ``python -m lessonlib.costmodel --plan --model megatron-1T --gpus 1024 --global-batch
 2048 --gpu A100-80GB``.
 """
-import math
 from dataclasses import dataclass, field
 
 from .memory import BYTES_PER_PARAM
+from .model import divisors
 from .throughput import Layout, estimate
 
 GB = 1e9
@@ -26,19 +26,16 @@ GB = 1e9
 MAX_PLAN_GPUS = 1 << 17
 
 
-def _divisors(n):
-    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
-    return sorted(set(small + [n // k for k in small]))
 
 
 def candidate_layouts(model, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
                       interleave=(1, 2, 4), **options):
     """Every Layout with t*p*d = n_gpus that ``model`` and the batch allow."""
     out = []
-    for t in _divisors(n_gpus):
+    for t in divisors(n_gpus):
         if model.a % t or model.h % t:
             continue
-        for p in _divisors(n_gpus // t):
+        for p in divisors(n_gpus // t):
             if p > model.L:
                 continue
             d = n_gpus // (t * p)
@@ -170,7 +167,7 @@ def tp_sweep(model, cluster, n_gpus, global_batch, b=1, d=1, **options):
     None where the layout is invalid for the model (t must divide a and h, p <= L).
     """
     rows = []
-    for t in _divisors(n_gpus // d):
+    for t in divisors(n_gpus // d):
         p = n_gpus // (t * d)
         try:
             lay = Layout(t=t, p=p, d=d, b=b, global_batch=global_batch, **options)

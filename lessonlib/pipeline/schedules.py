@@ -125,11 +125,19 @@ def parse(order) -> list[Action]:
 
 
 # ---------------------------------------------------------------- the schedules
+# The most F and B actions one stage may list: schedules are for reading, drawing and
+# simulating, and a million is far past any of those.
+MAX_ACTIONS = 10**6
+
+
 def _check(p, m, v=1):
     for name, value in (("p", p), ("m", m), ("v", v)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer (p stages, m micro-batches, "
                              f"v chunks per device); got {name}={value!r}")
+    if p * 2 * m * v > MAX_ACTIONS:
+        raise ValueError(f"p={p}, m={m}, v={v} give {p * 2 * m * v:.3g} F and B actions, more "
+                         f"than the {MAX_ACTIONS:,} a schedule may list; use smaller p, m or v")
 
 
 def gpipe(p: int, m: int) -> list[list[Action]]:
@@ -159,6 +167,7 @@ def one_f_one_b_order(p: int, m: int, stage: int) -> list[Action]:
 def one_f_one_b(p: int, m: int) -> list[list[Action]]:
     """1F1B (PipeDream-Flush, Narayanan et al. 2021): same bubble as GPipe, stage s stashes
     at most min(p - s, m) micro-batches instead of m."""
+    _check(p, m)
     return add_communication([one_f_one_b_order(p, m, s) for s in range(p)])
 
 

@@ -87,12 +87,12 @@ WRONG = {**{k: WILD for k in VALID}, "recompute": st.sampled_from(["some", 3, No
 
 
 @st.composite
-def run_settings(draw):
+def one_knob_wrong(draw, valid, wrong):
     """A valid setting for every knob, and in about half the draws one knob made wrong."""
-    chosen = {k: draw(strategy) for k, strategy in VALID.items()}
+    chosen = {k: draw(strategy) for k, strategy in valid.items()}
     if draw(st.booleans()):
-        knob = draw(st.sampled_from(sorted(VALID)))
-        chosen[knob] = draw(WRONG[knob])
+        knob = draw(st.sampled_from(sorted(wrong)))
+        chosen[knob] = draw(wrong[knob])
     return chosen
 
 
@@ -108,7 +108,7 @@ def _estimate(c):
 
 
 @fuzz(150)
-@given(settings_=run_settings())
+@given(settings_=one_knob_wrong(VALID, WRONG))
 def test_estimate_returns_finite_numbers_or_one_clear_error(settings_):
     try:
         est = _estimate(settings_)
@@ -197,18 +197,8 @@ SCHEDULE_WRONG = {"function": SCHEDULE_VALID["function"],
                      for k in ("forward", "backward", "latency", "send")}}
 
 
-@st.composite
-def schedule_settings(draw):
-    """Valid p, m, v and costs, and in about half the draws one of them made wrong."""
-    chosen = {k: draw(strategy) for k, strategy in SCHEDULE_VALID.items()}
-    if draw(st.booleans()):
-        knob = draw(st.sampled_from(sorted(SCHEDULE_WRONG)))
-        chosen[knob] = draw(SCHEDULE_WRONG[knob])
-    return chosen
-
-
 @fuzz(100)
-@given(c=schedule_settings())
+@given(c=one_knob_wrong(SCHEDULE_VALID, SCHEDULE_WRONG))
 def test_schedules_and_simulation_finite_or_one_clear_error(c):
     function, name, p, m, v = c["function"], c["name"], c["p"], c["m"], c["v"]
     calls = {"gpipe": lambda: schedules.gpipe(p, m),

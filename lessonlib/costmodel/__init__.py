@@ -36,6 +36,8 @@ Command line (exit status 2 and a one-line message on bad settings)::
         --gpu A100-80GB --gpus-per-node 8 --json
     python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048
     python -m lessonlib.costmodel --table1
+    python -m lessonlib.costmodel --model gpt-161B --t 16 --p 4 --global-batch 128 \\
+        --network-ports 1 --collectives flat-ring     # one port per server: the steep cliff
 """
 from .bubble import bubble_fraction, stashed_microbatches
 from .comm import (bus_bandwidth, busbw_factor, group_spans_nodes, members_per_node,

@@ -5,6 +5,8 @@
         --gpu A100-80GB --gpus-per-node 8 --json
     python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048
     python -m lessonlib.costmodel --table1
+    python -m lessonlib.costmodel --model gpt-161B --t 16 --p 4 --global-batch 128 \\
+        --network-ports 1 --collectives flat-ring     # one port per server: the steep cliff
 
 Bad settings print one line naming the setting, its value and what would work, and exit
 with status 2, before anything is estimated; so do flags argparse cannot read.

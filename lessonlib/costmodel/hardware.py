@@ -88,13 +88,13 @@ class Cluster:
     ``collectives`` says how a group that spans servers crosses the network:
 
     * "multi-ring" (NCCL on multi-port servers): NCCL splits a collective into channels,
-      rings or trees side by side, each leaving the server through a different port; NVLink
-      spreads the data over them, so the group moves data at up to its members' ports
-      together (NCCL documentation, NCCL_MIN_NCHANNELS and NCCL_CROSS_NIC; a maintainer in
-      NVIDIA/nccl issue 601: with NVLink "we can ... split the operations in N parts then
-      balance the traffic onto the N NICs"). nccl-tests (doc/PERFORMANCE.md) defines bus
-      bandwidth so that it "should reflect the speed of the hardware bottleneck": for a
-      group spanning DGX servers that is the ports' sum, not one port.
+      rings or trees side by side, and on a server with several ports sends each channel
+      through a different one, rail by rail (NCCL user guide, environment variables
+      NCCL_MIN_NCHANNELS and NCCL_CROSS_NIC); NVLink lets it cut the data into as many parts
+      as there are ports (NVIDIA/nccl issue 601, a maintainer's answer). So a group moves data
+      between servers at up to its members' ports together. nccl-tests' doc/PERFORMANCE.md
+      defines bus bandwidth to be compared with the hardware bottleneck, NVLink, PCIe or the
+      network: for a group spanning DGX servers that is the ports' sum, not one port.
     * "flat-ring": one ring through the group, crossing each server boundary through one
       port, the textbook ring on a cluster with one port per server.
     """

@@ -99,6 +99,8 @@ class Estimate:
             "t": lay.t, "p": lay.p, "d": lay.d, "b": lay.b, "m": lay.m, "v": lay.v,
             "global_batch": lay.global_batch, "n_gpus": lay.n_gpus,
             "gpu": self.cluster.gpu.name, "gpus_per_node": self.cluster.gpus_per_node,
+            "network_ports": self.cluster.network_ports,
+            "collectives": self.cluster.collectives,
             "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
             "bubble_fraction": self.bubble_fraction, "step_time_s": self.step_time_s,
             "time_s": dict(self.time), "tokens_per_s": self.tokens_per_s,
@@ -113,7 +115,9 @@ class Estimate:
         parts = ", ".join(f"{k} {v:.3g} s" for k, v in self.time.items())
         mem = self.memory
         return (f"{self.model.describe()}\n{self.layout.describe()} on {self.layout.n_gpus} x "
-                f"{self.cluster.gpu.name} ({self.cluster.gpus_per_node} per server)\n"
+                f"{self.cluster.gpu.name} ({self.cluster.gpus_per_node} per server, "
+                f"{self.cluster.network_ports} network ports each, "
+                f"{self.cluster.collectives} collectives across servers)\n"
                 f"  {self.tflops_per_gpu:.1f} TFLOP/s per GPU ({self.mfu:.0%} MFU), step "
                 f"{self.step_time_s:.3g} s, bubble {self.bubble_fraction:.1%} of wall time\n"
                 f"  time: {parts}\n"

@@ -7,9 +7,9 @@ import pytest
 from lessonlib.costmodel import (
     BYTES_PER_PARAM, CLUSTERS, MODELS, SECONDS_PER_YEAR, Layout, activation_bytes_per_layer,
     bubble_fraction, bus_bandwidth, busbw_factor, estimate, get_gpu, group_spans_nodes,
-    in_flight_microbatches, megatron_flops_per_iteration, megatron_training_days,
-    memory_per_gpu, model_state_bytes, parameter_server_bytes, pp_elements_per_boundary,
-    rate_for_time, ring_allreduce_bytes_per_rank, ring_allreduce_time_s,
+    in_flight_microbatches, make_cluster, megatron_flops_per_iteration,
+    megatron_training_days, memory_per_gpu, model_state_bytes, parameter_server_bytes,
+    pp_elements_per_boundary, rate_for_time, ring_allreduce_bytes_per_rank, ring_allreduce_time_s,
     stashed_microbatches, tp_elements_per_layer, training_flops, training_time_s)
 from lessonlib.costmodel.__main__ import main
 
@@ -150,9 +150,12 @@ def test_estimate_parts_add_up_and_vanish_when_unused():
 
 
 def test_tp_across_servers_pays_the_network():
+    # A cluster with one 200 Gb/s port per server, crossed by one flat ring (on DGX servers,
+    # with a port per GPU, see test_costmodel_network.py).
+    one_port = make_cluster("A100", 8, network_ports=1, collectives="flat-ring")
     model = MODELS["gpt-161B"]
-    inside = estimate(model, Layout(t=8, p=8, b=1, m=64), CLUSTERS["dgx-a100"])
-    across = estimate(model, Layout(t=16, p=4, b=1, m=64), CLUSTERS["dgx-a100"])
+    inside = estimate(model, Layout(t=8, p=8, b=1, m=64), one_port)
+    across = estimate(model, Layout(t=16, p=4, b=1, m=64), one_port)
     per_layer_in = inside.time["tp_comm"] / 16
     per_layer_across = across.time["tp_comm"] / 32
     # 300 GB/s NVLink vs 25 GB/s network per GPU: an order of magnitude

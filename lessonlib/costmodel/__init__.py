@@ -22,11 +22,12 @@ bubble, and achieved TFLOP/s per GPU counted as Megatron-LM 2021 counts it (Eq. 
 ``explain()`` says why the best wins; ``table1_report()`` compares the model with
 Megatron-LM 2021's Table 1.
 
-Modules, one idea each: ``hardware`` (GPU and cluster presets), ``model`` (GPT shapes,
-Eq. 2), ``memory``, ``compute`` (FLOPs and training time), ``bubble``, ``comm``
-(alpha-beta collectives), ``alpha_beta`` (the same model fitted to measured all-reduces, and
-DDP's bucket overlap), ``throughput`` (``estimate``), ``planner``, ``megatron2021``, and
-``__main__`` (the command line below).
+Modules, one idea each: ``hardware`` (GPU and cluster presets; collectives across servers),
+``model`` (GPT shapes, Eq. 2), ``memory``, ``compute`` (FLOPs and training time), ``bubble``,
+``comm`` (alpha-beta collectives, groups and servers), ``alpha_beta`` (the same model fitted
+to measured all-reduces, and DDP's bucket overlap), ``layout`` (``Layout`` and its checks),
+``throughput`` (``estimate``), ``planner``, ``megatron2021``, and ``__main__`` (the command
+line below).
 
 Command line (exit status 2 and a one-line message on bad settings)::
 
@@ -35,10 +36,12 @@ Command line (exit status 2 and a one-line message on bad settings)::
         --gpu A100-80GB --gpus-per-node 8 --json
     python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048
     python -m lessonlib.costmodel --table1
+    python -m lessonlib.costmodel --model gpt-161B --t 16 --p 4 --global-batch 128 \\
+        --network-ports 1 --collectives flat-ring     # one port per server: the steep cliff
 """
 from .bubble import bubble_fraction, stashed_microbatches
-from .comm import (bus_bandwidth, busbw_factor, group_spans_nodes, parameter_server_bytes,
-                   parameter_server_time_s, pp_elements_per_boundary,
+from .comm import (bus_bandwidth, busbw_factor, group_spans_nodes, members_per_node,
+                   parameter_server_bytes, parameter_server_time_s, pp_elements_per_boundary,
                    ring_all_gather_time_s, ring_allreduce_bytes_per_rank,
                    ring_allreduce_time_s, ring_reduce_scatter_time_s, tp_elements_per_layer)
 from .compute import (SECONDS_PER_DAY, SECONDS_PER_YEAR, megatron_flops_per_iteration,
@@ -56,7 +59,8 @@ from .throughput import Estimate, Layout, estimate
 
 __all__ = [
     "bubble_fraction", "stashed_microbatches",
-    "bus_bandwidth", "busbw_factor", "group_spans_nodes", "parameter_server_bytes",
+    "bus_bandwidth", "busbw_factor", "group_spans_nodes", "members_per_node",
+    "parameter_server_bytes",
     "parameter_server_time_s", "pp_elements_per_boundary", "ring_all_gather_time_s",
     "ring_allreduce_bytes_per_rank", "ring_allreduce_time_s", "ring_reduce_scatter_time_s",
     "tp_elements_per_layer",

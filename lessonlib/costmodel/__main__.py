@@ -5,23 +5,33 @@
         --gpu A100-80GB --gpus-per-node 8 --json
     python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048
     python -m lessonlib.costmodel --table1
+    python -m lessonlib.costmodel --model gpt-161B --t 16 --p 4 --global-batch 128 \\
+        --network-ports 1 --collectives flat-ring     # one port per server: the steep cliff
 
 Bad settings print one line naming the setting, its value and what would work, and exit
-with status 2.
+with status 2, before anything is estimated; so do flags argparse cannot read.
 """
 import argparse
 import json
+import math
 import sys
 
-from .hardware import CLUSTERS, GPUS, get_cluster, get_gpu, make_cluster
+from .hardware import COLLECTIVE_ALGORITHMS, CLUSTERS, GPUS, get_cluster, get_gpu, make_cluster
 from .megatron2021 import table1_report
 from .model import GPT, MODELS, get_model
 from .planner import plan
 from .throughput import Layout, estimate
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a flag it cannot read in one line (not usage + error)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
 def build_parser():
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="python -m lessonlib.costmodel",
         description="Predict memory, step time and TFLOP/s per GPU of a GPT training layout "
                     "(Megatron-LM 2021 notation), or plan the best layout.")
@@ -49,7 +59,11 @@ def build_parser():
     hw.add_argument("--cluster", help=f"preset: {', '.join(CLUSTERS)}")
     hw.add_argument("--gpu", default="A100-80GB", help=f"one of {', '.join(GPUS)}")
     hw.add_argument("--gpus-per-node", type=int, default=8)
-    hw.add_argument("--network-gbit", type=float, help="InfiniBand Gb/s per GPU")
+    hw.add_argument("--network-gbit", type=float, help="InfiniBand Gb/s per port")
+    hw.add_argument("--network-ports", type=int,
+                    help="InfiniBand ports per server (default: one per GPU, as DGX servers)")
+    hw.add_argument("--collectives", default="multi-ring", choices=COLLECTIVE_ALGORITHMS,
+                    help="across servers: NCCL's channels over every port, or one flat ring")
     hw.add_argument("--gpus", type=int, help="total GPUs n (checked against t*p*d)")
     out = ap.add_argument_group("what to print")
     out.add_argument("--plan", action="store_true", help="rank every layout for --gpus")
@@ -79,10 +93,32 @@ def _model(args):
     return GPT(**{**fields, **changes}, name=f"{base.name} (modified)")
 
 
+# Flags that must be positive integers when given, by their attribute on ``args``.
+POSITIVE = {"layers": "layers", "hidden": "hidden", "heads": "heads", "seq": "seq",
+            "vocab": "vocab", "t": "t", "p": "p", "d": "d", "b": "microbatch",
+            "global_batch": "global-batch", "m": "m", "v": "v", "gpus": "gpus",
+            "gpus_per_node": "gpus-per-node", "network_ports": "network-ports"}
+
+
+def check_args(args):
+    """Raise ValueError naming the first flag whose value cannot describe a training run."""
+    for attr, flag in POSITIVE.items():
+        value = getattr(args, attr)
+        if value is not None and value < 1:
+            raise ValueError(f"{flag}={value} must be a positive integer")
+    if args.zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero={args.zero} must be a ZeRO stage: 0, 1, 2 or 3")
+    gbit = args.network_gbit
+    if gbit is not None and not (math.isfinite(gbit) and gbit > 0):
+        raise ValueError(f"network-gbit={gbit} must be a finite positive port speed in Gb/s, "
+                         f"e.g. 200 (HDR) or 400 (NDR)")
+
+
 def _cluster(args):
     if args.cluster:
         return get_cluster(args.cluster)
-    return make_cluster(get_gpu(args.gpu), args.gpus_per_node, args.network_gbit)
+    return make_cluster(get_gpu(args.gpu), args.gpus_per_node, args.network_gbit,
+                        network_ports=args.network_ports, collectives=args.collectives)
 
 
 def _layout(args):
@@ -110,6 +146,7 @@ def _layout(args):
 
 
 def _run(args):
+    check_args(args)
     if args.table1:
         return table1_report()
     model, cluster = _model(args), _cluster(args)

@@ -24,9 +24,10 @@ Bytes each parallelism sends, per micro-batch (Megatron-LM 2021, Narayanan et al
 
 Groups follow the grid ``arange(n).view(d, p, t)`` with t innermost: a TP group is t
 consecutive GPUs, a PP group strides by t, a DP group by t*p. A group whose members are all
-in one server talks over NVLink; one that spans servers goes at the per-GPU network rate.
-(NCCL can stripe a ring over several NICs when several members share a server; this model
-ignores that, so it is pessimistic for data-parallel groups with many members per server.)
+in one server talks over NVLink. How fast one that spans servers goes depends on how many of
+its members share each server (``members_per_node``): ``Cluster.group_link`` in
+``hardware.py`` turns that into a bandwidth, one network port per member on DGX-class
+servers.
 
 Try ``python -c "from lessonlib.costmodel import ring_allreduce_time_s as f;
 print(f(8, 1e9, 300e9))"``.
@@ -111,19 +112,61 @@ def pp_elements_per_boundary(b, s, h, t=1, scatter_gather=True):
     return b * s * h / (t if scatter_gather else 1)
 
 
-def group_spans_nodes(n_gpus, size, stride, gpus_per_node):
-    """True if any group of ``size`` ranks ``stride`` apart crosses a server boundary.
+def _first_positions(n_gpus, size, stride, gpus_per_node):
+    """Where in its server each group's first member sits, one entry per distinct case.
 
-    Groups tile the grid: blocks of size*stride ranks, each holding ``stride`` groups.
+    Groups tile the grid in blocks of size*stride ranks, each block holding ``stride``
+    groups whose first members are consecutive; a group's shape across servers depends only
+    on its first member's position in its server, so at most ``gpus_per_node`` cases need
+    looking at, however large n is (each block marks an arc of positions, as a difference
+    array, in O(1)).
     """
-    if size <= 1:
-        return False
+    g = gpus_per_node
     block = size * stride
-    period = block * gpus_per_node // math.gcd(block, gpus_per_node)  # the pattern repeats
-    for start in range(0, min(n_gpus, period), block):
-        for offset in range(stride):
-            first = start + offset
-            last = first + (size - 1) * stride
-            if first // gpus_per_node != last // gpus_per_node:
-                return True
-    return False
+    period = block * g // math.gcd(block, g)  # the pattern repeats
+    blocks = min(-(-min(n_gpus, period) // block), g)
+    if stride >= g:
+        return set(range(g))
+    marks = [0] * (g + 1)
+    for start in {(j * block) % g for j in range(blocks)}:
+        end = start + stride
+        marks[start] += 1
+        marks[min(end, g)] -= 1
+        if end > g:  # the arc wraps past the end of the server
+            marks[0] += 1
+            marks[end - g] -= 1
+    covered, positions = 0, set()
+    for position in range(g):
+        covered += marks[position]
+        if covered:
+            positions.add(position)
+    return positions
+
+
+def members_per_node(n_gpus, size, stride, gpus_per_node):
+    """Fewest members any group of ``size`` ranks ``stride`` apart has in one of its servers.
+
+    ``size`` when every group fits in one server. A TP group of 16 on 8-GPU servers has 8
+    members in each of its two servers; a DP group striding by a whole server has 1 in each.
+    The fewest sets the pace: those members' links carry the group's traffic out.
+    """
+    if size <= 1 or n_gpus <= gpus_per_node:
+        return max(size, 1)
+    if stride >= gpus_per_node:  # consecutive members are a server or more apart
+        return 1
+    fewest = size
+    for first in _first_positions(n_gpus, size, stride, gpus_per_node):
+        last = first + (size - 1) * stride
+        if last < gpus_per_node:
+            continue  # this group stays in one server
+        in_first = -(-(gpus_per_node - first) // stride)
+        in_last = (last % gpus_per_node) // stride + 1
+        fewest = min(fewest, in_first, in_last)
+        if last // gpus_per_node >= 2:  # servers in between hold whole runs of members
+            fewest = min(fewest, gpus_per_node // stride)
+    return fewest
+
+
+def group_spans_nodes(n_gpus, size, stride, gpus_per_node):
+    """True if any group of ``size`` ranks ``stride`` apart crosses a server boundary."""
+    return members_per_node(n_gpus, size, stride, gpus_per_node) < size

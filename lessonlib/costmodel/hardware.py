@@ -10,12 +10,18 @@ Two conventions to keep straight:
 * NVLink datasheet figures are bidirectional totals; a ring collective sends in one direction
   at a time, so the cost model uses half (A100: 600 GB/s -> 300 GB/s per direction).
 * InfiniBand is quoted in gigabits per second per port: 200 Gb/s HDR = 25 GB/s,
-  400 Gb/s NDR = 50 GB/s. DGX servers give each GPU its own port.
+  400 Gb/s NDR = 50 GB/s. DGX servers give each GPU its own port, and NCCL drives them all
+  at once for a group that spans servers (``Cluster.group_link``): 8 x 25 = 200 GB/s for a
+  TP group of 16 on DGX A100, not 25. A cluster with one port per server
+  (``network_ports=1``, ``collectives="flat-ring"``) gets one port's rate.
 
 Run ``python -m lessonlib.costmodel --help`` to see the presets on the command line; the
 module itself has no script entry point.
 """
+import math
 from dataclasses import dataclass, replace
+
+from .comm import members_per_node
 
 GB = 1e9  # datasheet gigabytes and GB/s are decimal
 
@@ -57,7 +63,7 @@ _ALIASES = {"V100": "V100-SXM2-32GB", "A100": "A100-80GB", "H100": "H100-SXM5",
 
 def get_gpu(name):
     """The GPU preset called ``name`` (case-insensitive; "A100" means the 80 GB part)."""
-    wanted = name.strip().upper()
+    wanted = name.strip().upper() if isinstance(name, str) else None
     for key in list(GPUS) + list(_ALIASES):
         if key.upper() == wanted:
             return GPUS[_ALIASES.get(key, key)]
@@ -65,14 +71,32 @@ def get_gpu(name):
                      f"(or the short names {', '.join(_ALIASES)})")
 
 
+COLLECTIVE_ALGORITHMS = ("multi-ring", "flat-ring")
+MAX_GPUS_PER_NODE = 1024  # far above any NVLink domain built so far
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Identical servers of ``gpus_per_node`` GPUs joined by a network.
 
-    ``nvlink_bytes_per_s`` and ``network_bytes_per_s`` are per GPU and per direction: what a
-    ring collective can push through one GPU's links. The latencies are the alpha of the
-    alpha-beta model (one message's fixed cost); they are orders of magnitude, not
-    measurements of a particular machine.
+    ``nvlink_bytes_per_s`` is per GPU and per direction; ``network_bytes_per_s`` is one
+    network port's rate per direction, and a server has ``network_ports`` of them (None:
+    one per GPU, as in DGX servers). The latencies are the alpha of the alpha-beta model
+    (one message's fixed cost); they are orders of magnitude, not measurements of a
+    particular machine.
+
+    ``collectives`` says how a group that spans servers crosses the network:
+
+    * "multi-ring" (NCCL on multi-port servers): NCCL splits a collective into channels,
+      rings or trees side by side, and on a server with several ports sends each channel
+      through a different one, rail by rail (NCCL user guide, environment variables
+      NCCL_MIN_NCHANNELS and NCCL_CROSS_NIC); NVLink lets it cut the data into as many parts
+      as there are ports (NVIDIA/nccl issue 601, a maintainer's answer). So a group moves data
+      between servers at up to its members' ports together. nccl-tests' doc/PERFORMANCE.md
+      defines bus bandwidth to be compared with the hardware bottleneck, NVLink, PCIe or the
+      network: for a group spanning DGX servers that is the ports' sum, not one port.
+    * "flat-ring": one ring through the group, crossing each server boundary through one
+      port, the textbook ring on a cluster with one port per server.
     """
 
     gpu: GPU
@@ -82,18 +106,64 @@ class Cluster:
     nvlink_latency_s: float = 5e-6
     network_latency_s: float = 10e-6
     name: str = ""
+    network_ports: int = None
+    collectives: str = "multi-ring"
 
     def __post_init__(self):
-        if self.gpus_per_node < 1:
-            raise ValueError(f"gpus_per_node={self.gpus_per_node} must be at least 1")
-        if self.nvlink_bytes_per_s <= 0 or self.network_bytes_per_s <= 0:
-            raise ValueError("nvlink_bytes_per_s and network_bytes_per_s must be positive")
+        if self.network_ports is None:
+            object.__setattr__(self, "network_ports", self.gpus_per_node)
+        for field, most in (("gpus_per_node", MAX_GPUS_PER_NODE),
+                            ("network_ports", MAX_GPUS_PER_NODE * 8)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise ValueError(f"{field}={value!r} must be a positive integer, at most {most}")
+        for field in ("nvlink_bytes_per_s", "network_bytes_per_s", "nvlink_latency_s",
+                      "network_latency_s"):
+            value = getattr(self, field)
+            positive = field.endswith("bytes_per_s")
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0 or (positive and value == 0)):
+                raise ValueError(f"{field}={value!r} must be a finite "
+                                 f"{'positive' if positive else 'non-negative'} number")
+        if self.collectives not in COLLECTIVE_ALGORITHMS:
+            raise ValueError(f"collectives={self.collectives!r} must be one of "
+                             f"{', '.join(COLLECTIVE_ALGORITHMS)}")
 
     def link(self, spans_nodes):
-        """(bandwidth bytes/s per GPU, latency s) of a group inside one server or across."""
+        """(bandwidth bytes/s, latency s) of one GPU's own link inside one server or across:
+        NVLink, or its share of the server's network ports (a whole port on DGX servers)."""
         if spans_nodes:
-            return self.network_bytes_per_s, self.network_latency_s
+            share = min(1.0, self.network_ports / self.gpus_per_node)
+            return self.network_bytes_per_s * share, self.network_latency_s
         return self.nvlink_bytes_per_s, self.nvlink_latency_s
+
+    def group_link(self, n_gpus, size, stride):
+        """(bandwidth bytes/s per member, latency s) that a ring collective of the groups of
+        ``size`` ranks ``stride`` apart on an ``n_gpus`` grid sees.
+
+        Inside one server: NVLink. Across servers, with k members in a server (the fewest
+        over the group's servers) and every group of the grid running at once, a server's
+        ports are shared by gpus_per_node/k groups: each gets network_ports*k/gpus_per_node
+        ports. "multi-ring" uses one channel per member, up to k ports; "flat-ring" one.
+        The data still moves over NVLink inside each server, which caps the rate.
+
+        The latency is per ring step, as ``ring_allreduce_time_s`` counts steps. A flat ring
+        waits on the network at every step. NCCL's multi-server algorithms are hierarchical
+        (chains inside a server, rings or trees between servers), so of a collective's n-1
+        steps only servers-1 pay the network's latency and the rest NVLink's: the latency
+        returned is that average.
+        """
+        k = members_per_node(n_gpus, size, stride, self.gpus_per_node)
+        if k >= size:
+            return self.nvlink_bytes_per_s, self.nvlink_latency_s
+        if self.collectives == "flat-ring":
+            ports = min(1, self.network_ports * k / self.gpus_per_node)
+            return ports * self.network_bytes_per_s, self.network_latency_s
+        ports = min(k, self.network_ports * k / self.gpus_per_node)
+        servers = -(-size // k)
+        latency = ((servers - 1) * self.network_latency_s
+                   + (size - servers) * self.nvlink_latency_s) / (size - 1)
+        return min(self.nvlink_bytes_per_s, ports * self.network_bytes_per_s), latency
 
 
 # InfiniBand port speed per GPU in the DGX server of each generation, in Gb/s:
@@ -104,18 +174,25 @@ DGX_NETWORK_GBIT_PER_GPU = {"V100-SXM2-32GB": 50, "A100-80GB": 200, "H100-SXM5":
                             "H200": 400}
 
 
-def make_cluster(gpu, gpus_per_node=8, network_gbit_per_s=None, name=""):
+def make_cluster(gpu, gpus_per_node=8, network_gbit_per_s=None, name="", network_ports=None,
+                 collectives="multi-ring"):
     """A cluster of ``gpu`` servers; NVLink per direction = half the datasheet total.
 
-    ``network_gbit_per_s`` is the InfiniBand port speed per GPU in Gb/s; by default the one
-    of the DGX server of that GPU generation.
+    ``network_gbit_per_s`` is the InfiniBand port speed in Gb/s (by default the one of the
+    DGX server of that GPU generation); ``network_ports`` the ports per server (default one
+    per GPU); ``collectives`` "multi-ring" or "flat-ring" (see ``Cluster``).
     """
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if network_gbit_per_s is None:
         network_gbit_per_s = DGX_NETWORK_GBIT_PER_GPU.get(gpu.name, 200)
+    if (isinstance(network_gbit_per_s, bool) or not isinstance(network_gbit_per_s, (int, float))
+            or not math.isfinite(network_gbit_per_s) or network_gbit_per_s <= 0):
+        raise ValueError(f"network_gbit={network_gbit_per_s!r} must be a finite positive port "
+                         f"speed in Gb/s, e.g. 200 (HDR) or 400 (NDR)")
     return Cluster(gpu=gpu, gpus_per_node=gpus_per_node,
                    nvlink_bytes_per_s=gpu.nvlink_bytes_per_s / 2,
-                   network_bytes_per_s=network_gbit_per_s * GB / 8, name=name)
+                   network_bytes_per_s=network_gbit_per_s * GB / 8, name=name,
+                   network_ports=network_ports, collectives=collectives)
 
 
 CLUSTERS = {
@@ -129,7 +206,7 @@ CLUSTERS = {
 def get_cluster(name):
     """The cluster preset called ``name``, e.g. ``get_cluster("dgx-a100")``."""
     try:
-        return CLUSTERS[name.strip().lower()]
+        return CLUSTERS[name.strip().lower() if isinstance(name, str) else None]
     except KeyError:
         raise ValueError(f"cluster={name!r} is not a known cluster; use one of "
                          f"{', '.join(CLUSTERS)}") from None

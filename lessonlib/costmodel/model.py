@@ -10,7 +10,12 @@ The presets include every row of that paper's Table 1 (``megatron-1.7B`` ...
 ``megatron-1T``). Try ``python -m lessonlib.costmodel --model gpt3-175B --t 8 --p 12 --d 4
 --microbatch 1 --global-batch 1536``.
 """
+import math
 from dataclasses import dataclass
+
+# The largest size, count or batch the cost model takes: 2**31 - 1 keeps every product it
+# forms (FLOPs, bytes) far inside a float's range, and no real run comes near it.
+MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,8 @@ class GPT:
     def __post_init__(self):
         for field, value in (("layers", self.L), ("hidden", self.h), ("heads", self.a),
                              ("seq", self.s), ("vocab", self.V)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field}={value!r} must be a positive integer")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX:
+                raise ValueError(f"{field}={value!r} must be a positive integer (at most {MAX})")
         if self.h % self.a:
             raise ValueError(f"hidden={self.h} must be a multiple of heads={self.a} "
                              f"(e.g. heads={_divisor_near(self.h, self.a)})")
@@ -55,9 +60,15 @@ class GPT:
                 f"h={self.h}, a={self.a}, s={self.s}, V={self.V})")
 
 
+def divisors(n):
+    """Every divisor of the positive integer n, ascending (in about sqrt(n) steps)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
+
+
 def _divisor_near(h, a):
     """The divisor of h closest to a, to suggest a valid head count in an error message."""
-    return min((k for k in range(1, h + 1) if h % k == 0), key=lambda k: abs(k - a))
+    return min(divisors(h), key=lambda k: abs(k - a))
 
 
 MODELS = {
@@ -85,7 +96,8 @@ MODELS = {
 
 def get_model(name):
     """The model preset called ``name`` (exact key of ``MODELS``, case-insensitive)."""
+    wanted = name.strip().lower() if isinstance(name, str) else None
     for key, model in MODELS.items():
-        if key.lower() == name.strip().lower():
+        if key.lower() == wanted:
             return model
     raise ValueError(f"model={name!r} is not a preset; use one of {', '.join(MODELS)}")

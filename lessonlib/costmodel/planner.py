@@ -16,23 +16,26 @@ Run ``python -m lessonlib.costmodel --plan --model megatron-1T --gpus 1024 --glo
 from dataclasses import dataclass, field
 
 from .memory import BYTES_PER_PARAM
+from .model import divisors
 from .throughput import Layout, estimate
 
 GB = 1e9
 
 
-def _divisors(n):
-    return [k for k in range(1, n + 1) if n % k == 0]
+# The planner estimates every layout; beyond this many GPUs that is no longer a quick answer.
+MAX_PLAN_GPUS = 1 << 17
+
+
 
 
 def candidate_layouts(model, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
                       interleave=(1, 2, 4), **options):
     """Every Layout with t*p*d = n_gpus that ``model`` and the batch allow."""
     out = []
-    for t in _divisors(n_gpus):
+    for t in divisors(n_gpus):
         if model.a % t or model.h % t:
             continue
-        for p in _divisors(n_gpus // t):
+        for p in divisors(n_gpus // t):
             if p > model.L:
                 continue
             d = n_gpus // (t * p)
@@ -79,8 +82,12 @@ class Plan:
 def plan(model, cluster, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
          interleave=(1, 2, 4), **options):
     """Estimate every candidate layout; ``options`` go to ``Layout`` (e.g. recompute=)."""
-    if n_gpus < 1 or global_batch < 1:
-        raise ValueError(f"n_gpus={n_gpus} and global_batch={global_batch} must be positive")
+    for name, value in (("n_gpus", n_gpus), ("global_batch", global_batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    if n_gpus > MAX_PLAN_GPUS:
+        raise ValueError(f"n_gpus={n_gpus} is more than the planner enumerates; plan at most "
+                         f"{MAX_PLAN_GPUS} GPUs, or estimate() one layout")
     layouts = candidate_layouts(model, n_gpus, global_batch, microbatches, interleave,
                                 **options)
     if not layouts:
@@ -132,10 +139,11 @@ def explain(plan):
     link = "inside one server, over NVLink" if lay.t <= cluster.gpus_per_node else \
         "across servers, over the network"
     wider, narrower = plan.find(t=lay.t * 2), plan.find(t=lay.t // 2) if lay.t > 1 else None
+    across_bw = cluster.group_link(plan.n_gpus, 2 * cluster.gpus_per_node, 1)[0]
     lines.append(f"Why t={lay.t}: the tensor-parallel all-reduces (several per layer per "
                  f"micro-batch) stay {link} "
                  f"({cluster.nvlink_bytes_per_s / GB:.0f} GB/s per GPU vs "
-                 f"{cluster.network_bytes_per_s / GB:.0f} GB/s between servers). "
+                 f"{across_bw / GB:.0f} GB/s for a group spanning two servers). "
                  + (f"The best with t={lay.t * 2} {_outcome(wider)}. " if wider else "")
                  + (f"The best with t={lay.t // 2} {_outcome(narrower)}." if narrower else ""))
     shallower = plan.find(t=lay.t, p=lay.p // 2) if lay.p > 1 else None
@@ -159,7 +167,7 @@ def tp_sweep(model, cluster, n_gpus, global_batch, b=1, d=1, **options):
     None where the layout is invalid for the model (t must divide a and h, p <= L).
     """
     rows = []
-    for t in _divisors(n_gpus // d):
+    for t in divisors(n_gpus // d):
         p = n_gpus // (t * d)
         try:
             lay = Layout(t=t, p=p, d=d, b=b, global_batch=global_batch, **options)

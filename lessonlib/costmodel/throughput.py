@@ -6,7 +6,8 @@ micro-batch and adds up:
 * compute: the stage's GEMM FLOPs (forward, backward, recompute) at a fixed fraction of peak;
 * elementwise: memory-bound kernels (layer norm, GeLU, softmax, dropout) streaming the layer's
   activations through HBM;
-* TP comm: the tensor-parallel all-reduces (NVLink inside a server, network across);
+* TP comm: the tensor-parallel all-reduces (NVLink inside a server; across servers, the
+  ports of the group's members together, ``Cluster.group_link``);
 * PP comm: activations and gradients to and from the neighbouring stages;
 
 then multiplies by m micro-batches, adds the pipeline bubble ((p-1)/v micro-batch slots,
@@ -26,8 +27,11 @@ from .comm import (group_spans_nodes, pp_elements_per_boundary, ring_all_gather_
 from .compute import (attention_core_forward_flops, layer_forward_flops,
                       logits_forward_flops, megatron_flops_per_iteration,
                       model_flops_per_iteration)
-from .memory import (GRAD_BYTES, RECOMPUTE_MODES, WEIGHT_BYTES, MemoryBreakdown,
-                     activation_bytes_per_layer, memory_per_gpu, stage_params)
+from .hardware import Cluster
+from .layout import Layout
+from .memory import (GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer,
+                     memory_per_gpu, stage_params)
+from .model import GPT
 
 # --- The empirical constants: set once, for every model, layout and GPU. ------------------
 # No paper states these for the Table 1 runs, so they are assumptions, never fitted row by
@@ -56,87 +60,6 @@ DP_OVERLAP = 0.0
 # Share of HBM a training job can use; the CUDA context, NCCL buffers and allocator
 # fragmentation take the rest.
 USABLE_MEMORY_FRACTION = 0.9
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How a step is split: t-way tensor, p-way pipeline (v chunks each), d-way data
-    parallelism; micro-batches of b sequences, m per step, global batch B = b*m*d.
-
-    Give either ``m`` or ``global_batch``; the other follows.
-    """
-
-    t: int = 1
-    p: int = 1
-    d: int = 1
-    b: int = 1
-    m: int = None
-    global_batch: int = None
-    v: int = 1
-    recompute: str = "full"
-    sequence_parallel: bool = False
-    scatter_gather: bool = True
-    schedule: str = "1f1b"
-    zero_stage: int = 0
-
-    def __post_init__(self):
-        for name in ("t", "p", "d", "b", "v"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
-        if self.recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"recompute={self.recompute!r} must be one of "
-                             f"{', '.join(RECOMPUTE_MODES)}")
-        if self.schedule not in ("1f1b", "gpipe"):
-            raise ValueError(f"schedule={self.schedule!r} must be '1f1b' or 'gpipe'")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage={self.zero_stage!r} must be 0, 1, 2 or 3")
-        if self.m is None and self.global_batch is None:
-            raise ValueError("give m (micro-batches per step) or global_batch")
-        per_step = self.b * self.d
-        if self.m is None:
-            if self.global_batch % per_step:
-                raise ValueError(
-                    f"global_batch={self.global_batch} is not divisible by d*b = {self.d}*"
-                    f"{self.b} = {per_step}; use a multiple of {per_step}, e.g. "
-                    f"{max(1, round(self.global_batch / per_step)) * per_step}")
-            object.__setattr__(self, "m", self.global_batch // per_step)
-        elif self.global_batch is None:
-            object.__setattr__(self, "global_batch", self.m * per_step)
-        if self.m < 1 or self.m * per_step != self.global_batch:
-            raise ValueError(f"m={self.m} does not match global_batch={self.global_batch} "
-                             f"= b*m*d with b={self.b}, d={self.d}")
-        if self.v > 1 and self.schedule != "1f1b":
-            raise ValueError(f"v={self.v} (interleaving) needs schedule='1f1b'")
-        if self.v > 1 and self.m % self.p:
-            raise ValueError(f"m={self.m} must be a multiple of p={self.p} for the "
-                             f"interleaved schedule (v={self.v}); use v=1 or change the batch")
-
-    @property
-    def n_gpus(self):
-        return self.t * self.p * self.d
-
-    def check(self, model):
-        """Raise ValueError, naming the setting, if this layout cannot run ``model``."""
-        if self.p > model.L:
-            raise ValueError(f"p={self.p} exceeds layers={model.L}: every stage needs a "
-                             f"layer; use p <= {model.L}")
-        if model.a % self.t or model.h % self.t:
-            ok = [k for k in range(1, model.a + 1) if model.a % k == 0 and model.h % k == 0]
-            raise ValueError(f"t={self.t} must divide heads={model.a} and hidden={model.h}; "
-                             f"use one of {ok}")
-        if self.v > 1 and (model.L % self.p or (model.L // self.p) % self.v):
-            raise ValueError(f"v={self.v} needs layers={model.L} to split into p*v = "
-                             f"{self.p * self.v} equal chunks; use v=1 or a v dividing "
-                             f"{model.L // self.p if model.L % self.p == 0 else 'L/p'}")
-
-    def describe(self):
-        extras = [f"v={self.v}"] if self.v > 1 else []
-        extras += [f"recompute={self.recompute}"]
-        extras += ["SP"] if self.sequence_parallel else []
-        extras += [f"ZeRO-{self.zero_stage}"] if self.zero_stage else []
-        return (f"t={self.t} p={self.p} d={self.d} b={self.b} m={self.m} "
-                f"B={self.global_batch} " + " ".join(extras))
 
 
 @dataclass(frozen=True)
@@ -176,6 +99,8 @@ class Estimate:
             "t": lay.t, "p": lay.p, "d": lay.d, "b": lay.b, "m": lay.m, "v": lay.v,
             "global_batch": lay.global_batch, "n_gpus": lay.n_gpus,
             "gpu": self.cluster.gpu.name, "gpus_per_node": self.cluster.gpus_per_node,
+            "network_ports": self.cluster.network_ports,
+            "collectives": self.cluster.collectives,
             "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
             "bubble_fraction": self.bubble_fraction, "step_time_s": self.step_time_s,
             "time_s": dict(self.time), "tokens_per_s": self.tokens_per_s,
@@ -190,7 +115,9 @@ class Estimate:
         parts = ", ".join(f"{k} {v:.3g} s" for k, v in self.time.items())
         mem = self.memory
         return (f"{self.model.describe()}\n{self.layout.describe()} on {self.layout.n_gpus} x "
-                f"{self.cluster.gpu.name} ({self.cluster.gpus_per_node} per server)\n"
+                f"{self.cluster.gpu.name} ({self.cluster.gpus_per_node} per server, "
+                f"{self.cluster.network_ports} network ports each, "
+                f"{self.cluster.collectives} collectives across servers)\n"
                 f"  {self.tflops_per_gpu:.1f} TFLOP/s per GPU ({self.mfu:.0%} MFU), step "
                 f"{self.step_time_s:.3g} s, bubble {self.bubble_fraction:.1%} of wall time\n"
                 f"  time: {parts}\n"
@@ -218,7 +145,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / (
         gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
 
-    tp_bw, tp_lat = cluster.link(group_spans_nodes(n, t, 1, cluster.gpus_per_node))
+    tp_bw, tp_lat = cluster.group_link(n, t, 1)
     tp_bw *= COMM_EFFICIENCY
     tp = 0.0
     if t > 1:
@@ -243,8 +170,7 @@ def _dp_time_s(model, lay, cluster):
     """Exposed seconds of the data-parallel gradient exchange at the end of a step."""
     if lay.d == 1:
         return 0.0
-    bw, lat = cluster.link(group_spans_nodes(lay.n_gpus, lay.d, lay.t * lay.p,
-                                             cluster.gpus_per_node))
+    bw, lat = cluster.group_link(lay.n_gpus, lay.d, lay.t * lay.p)
     bw *= COMM_EFFICIENCY
     grads = GRAD_BYTES * stage_params(model, lay.t, lay.p)
     if lay.zero_stage < 3:
@@ -261,6 +187,13 @@ def _dp_time_s(model, lay, cluster):
 
 def estimate(model, layout, cluster):
     """Predict one training step of ``model`` split by ``layout`` on ``cluster``."""
+    for name, value, kind, example in (
+            ("model", model, GPT, 'MODELS["gpt3-175B"]'),
+            ("layout", layout, Layout, "Layout(t=8, p=12, d=4, global_batch=1536)"),
+            ("cluster", cluster, Cluster, 'CLUSTERS["dgx-a100"]')):
+        if not isinstance(value, kind):
+            raise ValueError(f"{name}={value!r:.60} is not a {kind.__name__}; pass one, "
+                             f"e.g. {example}")
     lay = layout
     lay.check(model)
     mem = memory_per_gpu(model, lay.t, lay.p, lay.d, lay.b, lay.m, lay.v, lay.recompute,

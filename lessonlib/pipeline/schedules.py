@@ -125,11 +125,19 @@ def parse(order) -> list[Action]:
 
 
 # ---------------------------------------------------------------- the schedules
+# The most F and B actions one stage may list: schedules are for reading, drawing and
+# simulating, and a million is far past any of those.
+MAX_ACTIONS = 10**6
+
+
 def _check(p, m, v=1):
     for name, value in (("p", p), ("m", m), ("v", v)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer (p stages, m micro-batches, "
                              f"v chunks per device); got {name}={value!r}")
+    if p * 2 * m * v > MAX_ACTIONS:
+        raise ValueError(f"p={p}, m={m}, v={v} give {p * 2 * m * v:.3g} F and B actions, more "
+                         f"than the {MAX_ACTIONS:,} a schedule may list; use smaller p, m or v")
 
 
 def gpipe(p: int, m: int) -> list[list[Action]]:
@@ -146,7 +154,7 @@ def one_f_one_b_order(p: int, m: int, stage: int) -> list[Action]:
     warm-up: min(p - stage - 1, m) forwards; steady state: F(next), B(oldest); cool-down:
     the remaining backwards. At most min(p - stage, m) micro-batches are in flight."""
     _check(p, m)
-    if not (isinstance(stage, int) and 0 <= stage < p):
+    if not (isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage < p):
         raise ValueError(f"stage must be an integer in 0..{p - 1} for p={p}; got {stage!r}")
     warmup = min(p - stage - 1, m)
     order = [F(i) for i in range(warmup)]
@@ -159,6 +167,7 @@ def one_f_one_b_order(p: int, m: int, stage: int) -> list[Action]:
 def one_f_one_b(p: int, m: int) -> list[list[Action]]:
     """1F1B (PipeDream-Flush, Narayanan et al. 2021): same bubble as GPipe, stage s stashes
     at most min(p - s, m) micro-batches instead of m."""
+    _check(p, m)
     return add_communication([one_f_one_b_order(p, m, s) for s in range(p)])
 
 
@@ -169,6 +178,9 @@ def interleaved_order(p: int, m: int, v: int, stage: int) -> list[Action]:
     (k // (p v)) p + k % p: groups of p micro-batches go through chunk 0, then chunk 1, ...
     Backwards visit the chunks in reverse. Warm-up: 2(p - stage - 1) + (v - 1) p forwards
     (all of them when m = p), then one forward one backward, then the cool-down."""
+    _check(p, m, v)
+    if not (isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage < p):
+        raise ValueError(f"stage must be an integer in 0..{p - 1} for p={p}; got {stage!r}")
     total = m * v
 
     def unit(k, forward):
@@ -204,8 +216,9 @@ SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved_one
 
 def make(name: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
     """Build a schedule by name: 'gpipe', '1f1b' or 'interleaved' (the last uses v)."""
-    if name not in SCHEDULES:
+    if not isinstance(name, str) or name not in SCHEDULES:
         raise ValueError(f"schedule={name!r} is not one of {', '.join(SCHEDULES)}")
+    _check(p, m, v)
     if name == "interleaved":
         return interleaved_one_f_one_b(p, m, v)
     if v != 1:

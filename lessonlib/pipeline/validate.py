@@ -21,6 +21,8 @@ GPU box: the same (pure Python).
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 from lessonlib.pipeline.schedules import COMPUTE, KINDS, Action, place, virtual_stage
@@ -78,15 +80,31 @@ def message_of(action: Action, stage: int, p: int) -> Message:
     return Message(action.kind[-1], action.microbatch, sender, src, dst)
 
 
+def _count(name, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise ScheduleError(f"{name}={value!r} must be a positive integer (or None to read it "
+                            f"from the actions)")
+
+
 def _shape(schedule, m, v) -> tuple[int, int, int]:
+    _count("m", m)
+    _count("v", v)
     if not isinstance(schedule, (list, tuple)) or not schedule:
         raise ScheduleError("a schedule is a non-empty list with one list of actions per stage")
     for s, actions in enumerate(schedule):
+        if not isinstance(actions, (list, tuple)):
+            raise ScheduleError(f"stage {s}: {actions!r:.40} is not a list of actions")
         for i, a in enumerate(actions):
             if not isinstance(a, Action):
                 raise ScheduleError(f"stage {s}, action {i}: {a!r} is not an Action")
             if a.kind not in KINDS:
                 raise ScheduleError(f"{_where(s, i, a)}: kind {a.kind!r} is not one of {KINDS}")
+            if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool)
+                       for x in (a.microbatch, a.chunk)) or not (a.peer is None or (
+                    isinstance(a.peer, numbers.Integral) and not isinstance(a.peer, bool))):
+                raise ScheduleError(f"{_where(s, i, a)}: micro-batch, chunk and peer must be "
+                                    f"integers")
     found = [a for actions in schedule for a in actions]
     m = m if m is not None else 1 + max((a.microbatch for a in found), default=-1)
     v = v if v is not None else 1 + max((a.chunk for a in found), default=0)
@@ -161,8 +179,19 @@ def _check_unit(s, p, v, mb, c, seen, actions):
             raise ScheduleError(f"{_where(s, i, actions[i])}: {why} (action {at[before]})")
 
 
-def _cost(cost, stage, action) -> float:
-    return float(cost(stage, action) if callable(cost) else cost)
+def _time(name, value) -> float:
+    """A duration: a finite number >= 0, else ScheduleError naming the setting."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value) or value < 0):
+        raise ScheduleError(f"{name}={value!r} must be a finite time >= 0 (or, for forward, "
+                            f"backward and send, a function (stage, action) -> such a time)")
+    return float(value)
+
+
+def _cost(name, cost, stage, action) -> float:
+    if callable(cost):
+        return _time(f"{name}({stage}, {action})", cost(stage, action))
+    return float(cost)
 
 
 def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0,
@@ -173,6 +202,10 @@ def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0,
     (stage, action) -> time; ``send``: time a send keeps its stage busy (copying the
     message out), the same kind of value; ``latency``: time from the end of a send to the
     matching receive."""
+    for name, value in (("forward", forward), ("backward", backward), ("send", send),
+                        ("latency", latency)):
+        if name == "latency" or not callable(value):
+            _time(name, value)
     p, m, v = check(schedule, m, v)
     clock, pos = [0.0] * p, [0] * p
     spans: list[list[Span]] = [[] for _ in range(p)]
@@ -193,10 +226,11 @@ def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0,
                     end = max(start, sent[msg] + latency)
                 elif a.kind.startswith("SEND"):
                     msg = message_of(a, s, p)
-                    sent[msg] = end = start + _cost(send, s, a)
+                    sent[msg] = end = start + _cost("send", send, s, a)
                     order.append((start, s, pos[s], msg))
                 else:
-                    end = start + _cost(forward if a.kind == "F" else backward, s, a)
+                    name = "forward" if a.kind == "F" else "backward"
+                    end = start + _cost(name, forward if a.kind == "F" else backward, s, a)
                     held[s] += 1 if a.kind == "F" else -1
                     peak[s] = max(peak[s], held[s])
                 spans[s].append(Span(a.kind, a.microbatch, a.chunk, start, end))

@@ -23,7 +23,7 @@ import sys
 import torch
 
 import lessonlib
-from lessonlib import labkit, long_run
+from lessonlib import checkpoint, labkit, long_run
 from lessonlib.grid import layout_name
 from lessonlib.hybrid import HybridTrainer
 
@@ -31,6 +31,10 @@ from lessonlib.hybrid import HybridTrainer
 def check_settings(ap, args) -> dict:
     labkit.check_positive(ap, args, "world-size", "steps", "checkpoint-every", "keep")
     model = labkit.gpt_model(ap, args)
+    try:
+        checkpoint.check_directory(args.checkpoint_dir, "--checkpoint-dir")
+    except ValueError as exc:
+        ap.error(str(exc))
     try:   # what is left to fail is the layout against the world, the model and the batch
         return long_run.plan(args.world_size, args.layout, model, args.global_batch,
                              args.microbatches, args.lr, args.optimizer, args.seed, args.steps,
@@ -83,12 +87,21 @@ def main():
         except ValueError as exc:
             ap.error(str(exc))
     if lessonlib.launcher.is_main_process():
+        for problem in resume["damaged"] if resume else []:
+            print(f"labs/train.py: skipping a newer checkpoint: {problem}", file=sys.stderr)
         start = f"resuming at step {resume['step']}" if resume else "starting at step 0"
+        if resume and resume["meta"]["layout"] != layout_name(*settings["layout"]):
+            start += f" (resharded from {resume['meta']['layout']})"
         print(f"labs/train.py: {layout_name(*settings['layout'])}, {start} of {args.steps}, "
               f"checkpoints every {args.checkpoint_every} steps in {args.checkpoint_dir}",
               file=sys.stderr, flush=True)
-    ranks = lessonlib.run(long_run.train, args.world_size, settings, resume, fail_at=failure,
-                          backend=args.backend, timeout=args.timeout)
+    try:
+        ranks = lessonlib.run(long_run.train, args.world_size, settings, resume,
+                              fail_at=failure, backend=args.backend, timeout=args.timeout)
+    except lessonlib.RankError as exc:
+        if "Diverged" not in str(exc):
+            raise
+        sys.exit(f"labs/train.py: {str(exc).splitlines()[0]}")   # a result, not a crash
     shown = {k: v for k, v in settings.items() if k != "meta"}
     record = labkit.result("train", args.world_size, shown,
                            {"lessonlib": long_run.summary(ranks, settings, resume)},

@@ -99,9 +99,11 @@ def main():
         ranks = lessonlib.run(long_run.train, args.world_size, settings, resume,
                               fail_at=failure, backend=args.backend, timeout=args.timeout)
     except lessonlib.RankError as exc:
-        if "Diverged" not in str(exc):
+        diverged = [line for line in str(exc).splitlines() if "Diverged: " in line]
+        if not diverged:
             raise
-        sys.exit(f"labs/train.py: {str(exc).splitlines()[0]}")   # a result, not a crash
+        # A result of the settings, not a crash: one line, without the rank's traceback
+        sys.exit(f"labs/train.py: {diverged[-1].split('Diverged: ', 1)[1]}")
     shown = {k: v for k, v in settings.items() if k != "meta"}
     record = labkit.result("train", args.world_size, shown,
                            {"lessonlib": long_run.summary(ranks, settings, resume)},

@@ -1,4 +1,7 @@
-"""Rank functions the checkpoint tests spawn (they must live in an importable module)."""
+"""What the checkpoint tests share: rank functions they spawn (which must live in an
+importable module) and the damage they do to a shard."""
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
@@ -20,3 +23,15 @@ def stage_against_placement(cfg: dict, dp: int, pp: int, tp: int) -> dict:
     return {"rank": dist.get_rank(), "same_names": sorted(stage) == sorted(wanted),
             "equal": all(torch.equal(stage[name], reshard.cut(full, pieces).detach())
                          for name, pieces in wanted.items() if name in stage)}
+
+
+def damage_inside_a_tensor(path: Path) -> None:
+    """Overwrite 32 bytes in the middle of the shard's largest weight with 0xFF (a float32
+    NaN), as a bad disk or a stray write would: the file keeps its size and still loads."""
+    weights = torch.load(path, weights_only=True)["model"].values()
+    raw = max(weights, key=torch.Tensor.numel).contiguous().numpy().tobytes()
+    data = bytearray(path.read_bytes())
+    at = data.find(raw) + len(raw) // 2
+    assert at > len(raw) // 2 and len(raw) >= 64, "the tensor's bytes are not in the file"
+    data[at:at + 32] = b"\xff" * 32
+    path.write_bytes(bytes(data))

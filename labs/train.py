@@ -5,9 +5,14 @@ its TP group, and the optimizer state of those weights) with ``lessonlib.checkpo
 the run at any moment (Ctrl-C, ``kill -9``, a preempted job) and run the same command again:
 it resumes from the newest complete checkpoint and continues the same loss curve, step for
 step, because the data of step k depends only on k and the RNG state travels with the
-weights (``lessonlib.long_run``). A checkpoint written by other settings (world size,
-layout, model, batch, optimizer) is refused before any process starts, with the settings
-that differ. ``--fail-at RANK:STEP`` makes one rank fail, to rehearse a crash.
+weights (``lessonlib.long_run``). Each checkpoint's manifest holds every shard's size and
+SHA-256: a damaged newest checkpoint (a file truncated, emptied, missing or overwritten) is
+named and the run resumes from the newest intact one. A checkpoint saved on another layout
+or world size is resharded onto this one (``lessonlib.reshard``); one written with another
+model, batch, learning rate, optimizer or seed is refused before any process starts, with
+the settings that differ, as is a ``--checkpoint-dir`` that is a file. A loss that is not
+finite (``--lr`` too high) stops the run with one line, before that step is saved.
+``--fail-at RANK:STEP`` makes one rank fail, to rehearse a crash.
 
 Laptop:  python labs/train.py --world-size 2 --checkpoint-dir results/ckpt --json results/t.json
          (a minute or two on a laptop: 600 steps of 1F1B on 2 pipeline stages)

@@ -138,7 +138,7 @@ def commit(directory, step: int, world_size: int, meta: dict, keep: int = 2,
     manifest = {"step": step, "world_size": world_size, "meta": meta,
                 "shards": {path.name: record for path, record in zip(paths, shards)}}
     _atomic_write(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
-    problem = inspect(folder, hashes=False)[1]
+    problem = verify(folder, hashes=False)[1]
     if problem:                       # never prune on the word of a checkpoint that is not there
         raise CheckpointError(f"the checkpoint just written does not match its manifest: {problem}")
     _atomic_write(Path(directory) / LATEST, folder.name.encode())
@@ -153,7 +153,7 @@ def _prune(directory, step: int, keep: int) -> None:
     older = []
     for s in _steps(directory):
         folder = step_dir(directory, s)
-        if s > step or (s < step and inspect(folder, hashes=False)[0] is None):
+        if s > step or (s < step and verify(folder, hashes=False)[0] is None):
             shutil.rmtree(folder, ignore_errors=True)
         elif s < step:
             older.append(folder)
@@ -184,7 +184,7 @@ def _steps(directory) -> list[int]:
     return sorted(int(p.name[5:]) for p in folder.glob("step_*") if p.name[5:].isdigit())
 
 
-def inspect(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
+def verify(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
     """``(manifest, None)`` if the checkpoint in ``folder`` is intact, ``(None, what is
     wrong)`` if not. ``hashes=False`` checks sizes only (no shard is read). Pure."""
     folder = Path(folder)
@@ -220,7 +220,7 @@ def scan(directory) -> tuple[dict | None, list[str]]:
     with each newer folder, newest first. Pure: reads files only."""
     problems = []
     for s in reversed(_steps(directory)):
-        manifest, problem = inspect(step_dir(directory, s))
+        manifest, problem = verify(step_dir(directory, s))
         if manifest is not None:
             return {**manifest, "path": str(step_dir(directory, s))}, problems
         problems.append(problem)
@@ -236,7 +236,7 @@ def latest(directory) -> dict | None:
 
 def at_step(directory, step: int) -> dict:
     """The checkpoint of ``step``, checked (CheckpointError naming the damaged file if not)."""
-    manifest, problem = inspect(step_dir(directory, step))
+    manifest, problem = verify(step_dir(directory, step))
     if manifest is None:
         raise CheckpointError(problem)
     return {**manifest, "path": str(step_dir(directory, step)), "damaged": []}

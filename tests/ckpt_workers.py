@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import reshard
+from lessonlib import checkpoint, long_run, reshard
 from lessonlib.grid import ParallelContext
 from lessonlib.hybrid import HybridTrainer
 from lessonlib.models import GPTConfig, TinyGPT
@@ -35,3 +35,15 @@ def damage_inside_a_tensor(path: Path) -> None:
     assert at > len(raw) // 2 and len(raw) >= 64, "the tensor's bytes are not in the file"
     data[at:at + 32] = b"\xff" * 32
     path.write_bytes(bytes(data))
+
+
+def agreed_steps(folder: str, cases: list) -> list:
+    """Per case, each rank's own choice of checkpoint step (None: a fresh start) in, the
+    step ``long_run`` resumes from out: rank 0's, on every rank."""
+    agreed = []
+    for steps in cases:
+        mine = steps[dist.get_rank()]
+        resume = None if mine is None else checkpoint.at_step(folder, mine)
+        got = long_run._agreed_resume({"checkpoint_dir": folder}, resume)
+        agreed.append(None if got is None else got["step"])
+    return agreed

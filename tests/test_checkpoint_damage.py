@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lessonlib import checkpoint, device, long_run
-from lessonlib.launcher import RankError
+from lessonlib.launcher import RankError, launch
 
 import ckpt_workers
 import labrun
@@ -120,3 +120,15 @@ def test_a_diverging_run_stops_on_every_rank_and_keeps_its_good_checkpoints(tmp_
         assert all(torch.isfinite(w).all() for w in shard["model"].values())
         assert all(math.isfinite(x) for step in shard["losses"] for x in step)
     assert len(list(tmp_path.glob("step_*"))) == settings["keep"]    # both good ones stay
+
+
+@pytest.mark.timeout(120)
+def test_ranks_that_chose_different_checkpoints_all_resume_from_rank_0s(tmp_path,
+                                                                     no_children_left):
+    """Under torchrun every rank picks its checkpoint by itself; a file damaged between two
+    ranks' looks would split them. They resume from rank 0's choice."""
+    _save(tmp_path, 5)
+    _save(tmp_path, 10)
+    cases = [[5, 10], [None, 10], [10, None], [10, 10]]
+    ranks = launch(ckpt_workers.agreed_steps, 2, str(tmp_path), cases, timeout=100)
+    assert ranks == [[5, None, 10, 10]] * 2

@@ -1,5 +1,6 @@
 """No lost work: a checkpoint exists only once complete, and a 2-rank run killed midway
-resumes to the same loss curve and the same weights as a run never interrupted.
+resumes to the same loss curve and the same weights as a run never interrupted, also when
+the newest checkpoint was damaged after the kill (it resumes from the one before).
 
 The kill is ``kill -9`` of the lab's parent process only, as when a job is preempted: the
 launcher's ranks must notice and exit by themselves."""

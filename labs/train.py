@@ -5,9 +5,14 @@ its TP group, and the optimizer state of those weights) with ``lessonlib.checkpo
 the run at any moment (Ctrl-C, ``kill -9``, a preempted job) and run the same command again:
 it resumes from the newest complete checkpoint and continues the same loss curve, step for
 step, because the data of step k depends only on k and the RNG state travels with the
-weights (``lessonlib.long_run``). A checkpoint written by other settings (world size,
-layout, model, batch, optimizer) is refused before any process starts, with the settings
-that differ. ``--fail-at RANK:STEP`` makes one rank fail, to rehearse a crash.
+weights (``lessonlib.long_run``). Each checkpoint's manifest holds every shard's size and
+SHA-256: a damaged newest checkpoint (a file truncated, emptied, missing or overwritten) is
+named and the run resumes from the newest intact one. A checkpoint saved on another layout
+or world size is resharded onto this one (``lessonlib.reshard``); one written with another
+model, batch, learning rate, optimizer or seed is refused before any process starts, with
+the settings that differ, as is a ``--checkpoint-dir`` that is a file. A loss that is not
+finite (``--lr`` too high) stops the run with one line, before that step is saved.
+``--fail-at RANK:STEP`` makes one rank fail, to rehearse a crash.
 
 Laptop:  python labs/train.py --world-size 2 --checkpoint-dir results/ckpt --json results/t.json
          (a minute or two on a laptop: 600 steps of 1F1B on 2 pipeline stages)
@@ -23,7 +28,7 @@ import sys
 import torch
 
 import lessonlib
-from lessonlib import labkit, long_run
+from lessonlib import checkpoint, labkit, long_run
 from lessonlib.grid import layout_name
 from lessonlib.hybrid import HybridTrainer
 
@@ -31,6 +36,10 @@ from lessonlib.hybrid import HybridTrainer
 def check_settings(ap, args) -> dict:
     labkit.check_positive(ap, args, "world-size", "steps", "checkpoint-every", "keep")
     model = labkit.gpt_model(ap, args)
+    try:
+        checkpoint.check_directory(args.checkpoint_dir, "--checkpoint-dir")
+    except ValueError as exc:
+        ap.error(str(exc))
     try:   # what is left to fail is the layout against the world, the model and the batch
         return long_run.plan(args.world_size, args.layout, model, args.global_batch,
                              args.microbatches, args.lr, args.optimizer, args.seed, args.steps,
@@ -83,12 +92,23 @@ def main():
         except ValueError as exc:
             ap.error(str(exc))
     if lessonlib.launcher.is_main_process():
+        for problem in resume["damaged"] if resume else []:
+            print(f"labs/train.py: skipping a newer checkpoint: {problem}", file=sys.stderr)
         start = f"resuming at step {resume['step']}" if resume else "starting at step 0"
+        if resume and resume["meta"]["layout"] != layout_name(*settings["layout"]):
+            start += f" (resharded from {resume['meta']['layout']})"
         print(f"labs/train.py: {layout_name(*settings['layout'])}, {start} of {args.steps}, "
               f"checkpoints every {args.checkpoint_every} steps in {args.checkpoint_dir}",
               file=sys.stderr, flush=True)
-    ranks = lessonlib.run(long_run.train, args.world_size, settings, resume, fail_at=failure,
-                          backend=args.backend, timeout=args.timeout)
+    try:
+        ranks = lessonlib.run(long_run.train, args.world_size, settings, resume,
+                              fail_at=failure, backend=args.backend, timeout=args.timeout)
+    except lessonlib.RankError as exc:
+        diverged = [line for line in str(exc).splitlines() if "Diverged: " in line]
+        if not diverged:
+            raise
+        # A result of the settings, not a crash: one line, without the rank's traceback
+        sys.exit(f"labs/train.py: {diverged[-1].split('Diverged: ', 1)[1]}")
     shown = {k: v for k, v in settings.items() if k != "meta"}
     record = labkit.result("train", args.world_size, shown,
                            {"lessonlib": long_run.summary(ranks, settings, resume)},

@@ -1,4 +1,5 @@
-"""Sharded checkpoints that survive a kill: every rank saves its own shard, one manifest commits.
+"""Sharded checkpoints that survive a kill and check themselves: every rank saves its own
+shard, one manifest commits them, and loading proves each file is the one that was saved.
 
 What it teaches: a run of hours will be killed (a preempted job, a node that fails, a wall
 time reached), and the work since the last checkpoint is lost. Megatron-LM and
@@ -8,17 +9,22 @@ torch.distributed.checkpoint save the same way as this module, on a smaller scal
   and the optimizer state of those weights): no rank gathers the model, so saving costs the
   same at 2 ranks as at 2,000, and the files sit on a file system all nodes share;
 * **a checkpoint exists only once it is complete**: each shard is written to a temporary
-  name and renamed (a rename is atomic), all ranks meet at a barrier, then rank 0 writes the
-  manifest and, last, points ``latest`` at it. A rank killed mid-write leaves a folder
-  without a manifest, which ``latest()`` never picks;
+  name and renamed (a rename is atomic); the ranks all-gather each shard's size and SHA-256
+  (40 bytes per rank, and the barrier that says every shard is on disk); then rank 0 writes
+  the manifest, with those sizes and hashes, and, last, points ``latest`` at it;
+* **a checkpoint proves itself on load**: a truncated, empty, missing or overwritten shard,
+  or a manifest that is not valid JSON, no longer matches; ``latest`` then says which file is
+  damaged and falls back to the newest intact checkpoint, and pruning keeps the newest
+  ``keep`` intact ones (a damaged or interrupted checkpoint never pushes out a good one);
 * **resume continues the same run**: the step, the loss history and the RNG state travel with
   the weights and the optimizer state, and the data of step k depends only on k
   (``data.lm_batch``), so the resumed loss curve is the uninterrupted one.
 
 A folder holds ``step_00000040/rank_00001.pt``, ``step_00000040/manifest.json`` and
-``latest`` (the name of the newest complete step). The manifest records what the shards
-only fit: world size, layout, model, batch, optimizer. ``check_resume`` compares it with the
-new run's settings before any process starts and names every setting that differs.
+``latest`` (the name of the newest complete step, for people and other tools; ``latest()``
+trusts only the manifests). The manifest records what the shards only fit: world size,
+layout, model, batch, optimizer. ``check_resume`` compares it with the new run's settings
+before any process starts and names every setting that differs.
 
 Laptop:  ``python labs/train.py --world-size 2 --checkpoint-dir results/ckpt``; stop it
          (Ctrl-C or kill) and run the same command again: it resumes.
@@ -27,15 +33,24 @@ GPU box: ``torchrun --nproc-per-node 8 --max-restarts 3 labs/train.py --checkpoi
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shutil
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+
+from lessonlib import comm, device
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A shard that is not the file its manifest describes."""
 
 
 def step_dir(directory, step: int) -> Path:
@@ -46,56 +61,119 @@ def shard_path(directory, step: int, rank: int) -> Path:
     return step_dir(directory, step) / f"rank_{rank:05d}.pt"
 
 
-def _atomic_write(path: Path, write) -> None:
-    """``write(file)`` into a temporary sibling, flush it to disk, rename it into place."""
+def _record(data) -> dict:
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):   # 1 MiB at a time: shards are big
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _atomic_write(path: Path, data) -> None:
+    """Write ``data`` to a temporary sibling, flush it to disk, rename it into place."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "wb") as f:
-        write(f)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
+def check_directory(directory, setting: str = "checkpoint_dir") -> None:
+    """Before any process starts: ValueError naming ``setting`` unless ``directory`` is a
+    folder this process can write in, or can be created (not a file, nor inside one)."""
+    path = Path(directory).absolute()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{setting}={str(directory)!r} is a file, not a folder; give a folder "
+                         f"for the checkpoints (it is created if it does not exist)")
+    parent = next(q for q in (path, *path.parents) if q.exists())
+    if not parent.is_dir():
+        raise ValueError(f"{setting}={str(directory)!r} lies inside the file {parent}; give "
+                         f"a folder path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{setting}={str(directory)!r}: {parent} is not writable by this "
+                         f"user; give a folder you can write in")
+
+
 # ---------------------------------------------------------------- writing (rank side)
-def write_shard(directory, step: int, rank: int, state: dict) -> Path:
-    """Write this rank's ``state`` (tensors, numbers, lists, dicts) for ``step``."""
+def write_shard(directory, step: int, rank: int, state: dict) -> dict:
+    """Write this rank's ``state`` (tensors, numbers, lists, dicts) for ``step``; return
+    the file's size and SHA-256, hashed from the bytes written (not read back)."""
     path = shard_path(directory, step, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, lambda f: torch.save(state, f))
-    return path
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getbuffer()
+    _atomic_write(path, data)
+    return _record(data)
 
 
-def commit(directory, step: int, world_size: int, meta: dict, keep: int = 2) -> Path:
-    """Rank 0, after every rank's ``write_shard``: write the manifest, point ``latest`` at
-    it, and delete all but the newest ``keep`` complete checkpoints (and any incomplete
-    folder older than this one, left by a killed run)."""
+def _as_tensor(record: dict) -> torch.Tensor:
+    raw = record["bytes"].to_bytes(8, "little") + bytes.fromhex(record["sha256"])
+    return torch.tensor(list(raw), dtype=torch.uint8)                 # (40,)
+
+
+def _as_record(tensor: torch.Tensor) -> dict:
+    raw = bytes(tensor.cpu().tolist())
+    return {"bytes": int.from_bytes(raw[:8], "little"), "sha256": raw[8:].hex()}
+
+
+def commit(directory, step: int, world_size: int, meta: dict, keep: int = 2,
+           shards: list[dict] | None = None) -> Path:
+    """Rank 0, after every rank's ``write_shard``: write the manifest with each shard's size
+    and hash (``shards``, one per rank; None: hash the files here, for one process), point
+    ``latest`` at it, prune, and delete the temporary files of saves killed mid-write."""
     folder = step_dir(directory, step)
-    missing = [r for r in range(world_size) if not shard_path(directory, step, r).exists()]
+    paths = [shard_path(directory, step, r) for r in range(world_size)]
+    missing = [r for r, path in enumerate(paths) if not path.exists()]
     if missing:
         raise RuntimeError(f"checkpoint {folder} lacks the shards of ranks {missing}: "
                            f"commit only after every rank's write_shard (a barrier)")
-    manifest = {"step": step, "world_size": world_size, "meta": meta}
-    _atomic_write(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
-    _atomic_write(Path(directory) / LATEST, lambda f: f.write(folder.name.encode()))
-    complete = [s for s in _steps(directory) if (step_dir(directory, s) / MANIFEST).exists()]
-    for old in _steps(directory):
-        if old < step and (old not in complete or old in complete[:-keep]):
-            shutil.rmtree(step_dir(directory, old), ignore_errors=True)
+    if shards is None:
+        shards = [_record(path.read_bytes()) for path in paths]
+    manifest = {"step": step, "world_size": world_size, "meta": meta,
+                "shards": {path.name: record for path, record in zip(paths, shards)}}
+    _atomic_write(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+    problem = verify(folder, hashes=False)[1]
+    if problem:                       # never prune on the word of a checkpoint that is not there
+        raise CheckpointError(f"the checkpoint just written does not match its manifest: {problem}")
+    _atomic_write(Path(directory) / LATEST, folder.name.encode())
+    _prune(directory, step, keep)
     return folder
+
+
+def _prune(directory, step: int, keep: int) -> None:
+    """Keep the newest ``keep`` intact checkpoints, ``step`` (just written, intact) among
+    them. Folders after ``step`` come from a run this one resumed before: it resumed from an
+    older one because they were damaged, and it is rewriting their steps now."""
+    older = []
+    for s in _steps(directory):
+        folder = step_dir(directory, s)
+        if s > step or (s < step and verify(folder, hashes=False)[0] is None):
+            shutil.rmtree(folder, ignore_errors=True)
+        elif s < step:
+            older.append(folder)
+    for folder in older[:max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(folder, ignore_errors=True)
+    # Every rank has renamed its shard into place (the all-gather came after): any temporary
+    # file left is from a save killed mid-write.
+    for tmp in Path(directory).rglob(".*.tmp*"):
+        tmp.unlink(missing_ok=True)
 
 
 def save(directory, step: int, state: dict, meta: dict, keep: int = 2) -> None:
     """Collective: every rank of the default group calls it with its own ``state``."""
-    import torch.distributed as dist
-
-    from lessonlib import comm
-
     rank, world = dist.get_rank(), dist.get_world_size()
-    write_shard(directory, step, rank, state)
-    comm.barrier()          # every shard is on disk before the manifest says so
+    mine = _as_tensor(write_shard(directory, step, rank, state)).to(device.current_device())
+    records = [torch.empty_like(mine) for _ in range(world)]
+    comm.all_gather(records, mine)     # every shard is on disk before the manifest says so
     if rank == 0:
-        commit(directory, step, world, meta, keep)
-    comm.barrier()          # nobody runs ahead while rank 0 may still prune
+        commit(directory, step, world, meta, keep, [_as_record(r) for r in records])
+    comm.barrier()                     # nobody runs ahead while rank 0 may still prune
 
 
 # ---------------------------------------------------------------- reading
@@ -106,55 +184,117 @@ def _steps(directory) -> list[int]:
     return sorted(int(p.name[5:]) for p in folder.glob("step_*") if p.name[5:].isdigit())
 
 
+def verify(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
+    """``(manifest, None)`` if the checkpoint in ``folder`` is intact, ``(None, what is
+    wrong)`` if not. ``hashes=False`` checks sizes only (no shard is read). Pure."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.exists():
+        return None, f"{folder} has no {MANIFEST}: a save was interrupted (incomplete)"
+    try:
+        manifest = json.loads(path.read_text())
+        names = manifest.get("shards") or {f"rank_{r:05d}.pt": None
+                                           for r in range(manifest["world_size"])}
+        int(manifest["step"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return None, f"{path} is damaged (unreadable: {exc})"
+    for name, want in names.items():
+        shard = folder / name
+        try:
+            size = shard.stat().st_size
+            if want is None:          # a manifest from before sizes and hashes were recorded
+                continue
+            if size != want["bytes"]:
+                return None, (f"{shard} is damaged: {size:,} bytes, its manifest says "
+                              f"{want['bytes']:,} (truncated or emptied)")
+            if hashes and _file_sha256(shard) != want["sha256"]:
+                return None, (f"{shard} is damaged: its SHA-256 differs from its manifest's "
+                              f"(bytes changed after it was saved)")
+        except OSError:
+            return None, f"{shard} is missing (its manifest lists it)"
+    return manifest, None
+
+
+def scan(directory) -> tuple[dict | None, list[str]]:
+    """The newest intact checkpoint's manifest (with its ``path``) or None, and what is wrong
+    with each newer folder, newest first. Pure: reads files only."""
+    problems = []
+    for s in reversed(_steps(directory)):
+        manifest, problem = verify(step_dir(directory, s))
+        if manifest is not None:
+            return {**manifest, "path": str(step_dir(directory, s))}, problems
+        problems.append(problem)
+    return None, problems
+
+
 def latest(directory) -> dict | None:
-    """The newest complete checkpoint's manifest (with its ``path``), or None. Pure: reads
-    files only, so the caller can decide before any process starts."""
-    directory = Path(directory)
-    pointer = directory / LATEST
-    candidates = [directory / pointer.read_text().strip()] if pointer.exists() else []
-    # If the pointer is missing or stale, fall back to the newest folder with a manifest.
-    candidates += [step_dir(directory, s) for s in reversed(_steps(directory))]
-    for folder in candidates:
-        if (folder / MANIFEST).exists():
-            manifest = json.loads((folder / MANIFEST).read_text())
-            return {**manifest, "path": str(folder)}
-    return None
+    """The newest intact checkpoint's manifest (with its ``path`` and the ``damaged`` newer
+    folders), or None. Pure, so the caller can decide before any process starts."""
+    found, problems = scan(directory)
+    return None if found is None else {**found, "damaged": problems}
 
 
-def check_resume(directory, world_size: int, meta: dict) -> dict | None:
+def at_step(directory, step: int) -> dict:
+    """The checkpoint of ``step``, checked (CheckpointError naming the damaged file if not)."""
+    manifest, problem = verify(step_dir(directory, step))
+    if manifest is None:
+        raise CheckpointError(problem)
+    return {**manifest, "path": str(step_dir(directory, step)), "damaged": []}
+
+
+def check_resume(directory, world_size: int, meta: dict,
+                 may_differ: tuple[str, ...] = ()) -> dict | None:
     """Caller side, before launching: the checkpoint a run with these settings would resume
-    from, or None for a fresh start. Raise ValueError naming every setting that differs."""
-    found = latest(directory)
+    from, or None for a fresh start. Raise ValueError naming every setting that differs
+    (except those in ``may_differ``), or if every checkpoint in the folder is damaged."""
+    found, problems = scan(directory)
     if found is None:
+        damaged = [p for p in problems if "(incomplete)" not in p]
+        if damaged:
+            raise ValueError(f"no intact checkpoint in {directory} to resume from: "
+                             + "; ".join(damaged) + f"; move the folder away to start afresh")
         return None
     wanted = {"world_size": world_size, **meta}
     saved = {"world_size": found["world_size"], **found["meta"]}
     differ = [f"{k}: checkpoint {saved.get(k)!r}, this run {wanted.get(k)!r}"
-              for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k)]
+              for k in sorted(set(saved) | set(wanted))
+              if saved.get(k) != wanted.get(k) and k not in may_differ]
     if differ:
         raise ValueError(
             f"the checkpoint in {found['path']} (step {found['step']}) was written by a run "
             f"with other settings; its shards only fit that run:\n  " + "\n  ".join(differ)
             + f"\nresume with the checkpoint's settings, or start afresh in a new folder "
               f"(or delete {directory})")
-    return found
+    return {**found, "damaged": problems}
 
 
-def load(folder, rank: int) -> dict:
-    """Rank side: this rank's shard in a checkpoint folder (``latest(...)["path"]``)."""
-    return torch.load(Path(folder) / f"rank_{rank:05d}.pt", weights_only=True)
+def load(folder, rank: int, map_location=None, manifest: dict | None = None) -> dict:
+    """Rank side: rank ``rank``'s shard in a checkpoint folder (``latest(...)["path"]``),
+    checked against the manifest's size and hash, its tensors on ``map_location`` (default:
+    this rank's ``device.current_device()``, not the GPU it was saved from)."""
+    path = Path(folder) / f"rank_{rank:05d}.pt"
+    if manifest is None:
+        manifest = json.loads((Path(folder) / MANIFEST).read_text())
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing (its manifest lists it)") from None
+    want = (manifest.get("shards") or {}).get(path.name)
+    if want is not None and _record(data) != want:
+        raise CheckpointError(f"{path} is damaged: {len(data):,} bytes and a SHA-256 that "
+                              f"do not match its manifest's ({want['bytes']:,} bytes)")
+    where = device.current_device() if map_location is None else map_location
+    return torch.load(io.BytesIO(data), map_location=where, weights_only=True)
 
 
 def rng_state() -> dict:
     """This process's random state, to save beside the weights (dropout and sampling would
     otherwise draw other numbers after a resume)."""
-    from lessonlib import device
-
     return {"cpu": torch.get_rng_state(), "device": device.rng_state()}
 
 
 def set_rng_state(state: dict) -> None:
-    from lessonlib import device
-
-    torch.set_rng_state(state["cpu"])
-    device.set_rng_state(state["device"])
+    """Restore ``rng_state()``; both generators take their state as a CPU byte tensor, so it
+    comes back from wherever ``load`` mapped it."""
+    torch.set_rng_state(state["cpu"].cpu())
+    device.set_rng_state(None if state["device"] is None else state["device"].cpu())

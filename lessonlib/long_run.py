@@ -9,6 +9,12 @@ checkpoint. The loss curve continues bit for bit, because
 * the weights, the optimizer state (AdamW's moments) and the RNG state are restored, and
 * the data of step k depends only on k (``data.lm_batch``), so no sampler state is needed.
 
+A step whose loss is not finite (a learning rate too high) stops the run on every rank
+with ``Diverged`` before that step is saved, so the good checkpoints stay the newest. A
+checkpoint saved on another (t, p, d) layout (or world size, or m) is resharded on load
+(``lessonlib.reshard``): the weights and AdamW's moments are the same, and the loss curve
+continues up to float rounding (the new layout sums in another order).
+
 ``fail_at=(rank, step)`` makes that rank raise at that step, to watch the failure (the
 launcher names the rank and stops the others) and the resume.
 
@@ -19,19 +25,27 @@ GPU box: ``torchrun --nproc-per-node 8 --max-restarts 3 labs/train.py --layout t
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
-from lessonlib import checkpoint, labkit
+from lessonlib import checkpoint, comm, device, labkit, reshard
 from lessonlib.data import corpus_tokens, lm_batch
+from lessonlib.breadcrumbs import progress
 from lessonlib.grid import ParallelContext, check_grid, layout_name, parse_layout
 from lessonlib.hybrid import HybridTrainer, check_layout, step_losses
-from lessonlib.breadcrumbs import progress
 from lessonlib.models import LONG_RUN, GPTConfig, TinyGPT
 
 SMALL = {k: getattr(LONG_RUN, k) for k in ("vocab", "seq", "hidden", "heads", "layers")}
+# How the work is split: a checkpoint saved with other values is resharded, not refused.
+RESHARDABLE = ("world_size", "layout", "m")
+
+
+class Diverged(RuntimeError):
+    """The loss (or a weight) is no longer a finite number."""
 
 
 def default_layout(world: int, cfg: GPTConfig) -> tuple[int, int, int]:
@@ -52,6 +66,7 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
                         ("keep", keep)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer")
+    checkpoint.check_directory(checkpoint_dir)
     if optimizer not in HybridTrainer.OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r}; use one of {sorted(HybridTrainer.OPTIMIZERS)}")
     model = dict(model or SMALL)
@@ -67,9 +82,54 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
             "keep": keep, "meta": meta}
 
 
+def _agreed_resume(settings: dict, resume: dict | None) -> dict | None:
+    """Every rank resumes from rank 0's choice (under torchrun each rank chose by itself,
+    and a file damaged between their looks would split them)."""
+    step = torch.tensor([resume["step"] if resume else -1], device=device.current_device())
+    comm.broadcast(step, src=0)
+    if step.item() == (resume["step"] if resume else -1):
+        return resume
+    return None if step.item() < 0 else checkpoint.at_step(settings["checkpoint_dir"], step.item())
+
+
+def _restore(trainer: HybridTrainer, ctx: ParallelContext, settings: dict, resume: dict):
+    """Load this rank's share of ``resume``: its own shard on the same layout, else the
+    pieces of the old shards it needs (``reshard``). Returns (step, loss history)."""
+    if resume["meta"]["layout"] == settings["meta"]["layout"]:
+        state = checkpoint.load(resume["path"], ctx.rank, manifest=resume)
+        checkpoint.set_rng_state(state["rng"])
+    else:       # no dropout or sampling: the RNG stays seeded as a fresh start would
+        names = [name for name, _ in trainer.stage.named_parameters()]
+        state = reshard.load(resume, GPTConfig(**settings["model"]), ctx.tp, ctx.pp,
+                             ctx.pp_rank, ctx.tp_rank, names)
+        state["optimizer"]["param_groups"] = trainer.opt.state_dict()["param_groups"]
+    trainer.stage.load_state_dict(state["model"])
+    trainer.opt.load_state_dict(state["optimizer"])
+    return state["step"], state["losses"]
+
+
+def _check_finite(losses: list[float], trainer: HybridTrainer, step: int, saving: bool,
+                  settings: dict) -> None:
+    """Every rank agrees (one all-reduce of a flag) whether the step's loss, and before a
+    save every weight, is finite; if not, all raise before anything is saved."""
+    bad = any(not math.isfinite(x) for x in losses)
+    if saving:
+        bad = bad or any(not torch.isfinite(q).all() for q in trainer.params)
+    flag = torch.tensor([float(bad)], device=device.current_device())
+    comm.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item():
+        found = checkpoint.latest(settings["checkpoint_dir"])
+        kept = (f"the checkpoint of step {found['step']} in {found['path']} is kept"
+                if found else "no checkpoint was saved before it")
+        raise Diverged(f"the run diverged: a loss or weight is not finite at step {step} "
+                       f"(lr={settings['lr']}); step {step} is not saved, {kept}; train "
+                       f"again with a smaller lr in a new checkpoint folder")
+
+
 def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None = None) -> dict:
-    """Rank side: build this rank's shard, load its checkpoint when resuming, train to the
-    last step, saving every ``checkpoint_every`` steps and at the end."""
+    """Rank side: build this rank's shard, load its checkpoint when resuming (resharded if
+    it was saved on another layout), train to the last step, saving every
+    ``checkpoint_every`` steps and at the end; stop with ``Diverged`` at a non-finite loss."""
     cfg, (t, p, d) = GPTConfig(**settings["model"]), settings["layout"]
     ctx = ParallelContext.build(d, p, t)
     trainer = HybridTrainer(TinyGPT(cfg, settings["seed"]), ctx, settings["m"],
@@ -77,12 +137,9 @@ def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None =
                             optimizer=settings["optimizer"])
     start, history = 0, []
     torch.manual_seed(settings["seed"] + ctx.rank)  # reproducible, and restored on resume
+    resume = _agreed_resume(settings, resume)
     if resume is not None:
-        state = checkpoint.load(resume["path"], ctx.rank)
-        trainer.stage.load_state_dict(state["model"])
-        trainer.opt.load_state_dict(state["optimizer"])
-        checkpoint.set_rng_state(state["rng"])
-        start, history = state["step"], state["losses"]
+        start, history = _restore(trainer, ctx, settings, resume)
     tokens, _ = corpus_tokens()
     seconds, saves, every = [], [], settings["checkpoint_every"]
     for step in range(start, settings["steps"]):
@@ -91,9 +148,11 @@ def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None =
             raise RuntimeError(f"a simulated failure of rank {ctx.rank} at step {step + 1}")
         x, y = lm_batch(tokens, settings["global_batch"], cfg.seq, step, settings["seed"])
         out = trainer.step(x, y)
+        saving = (step + 1) % every == 0 or step + 1 == settings["steps"]
+        _check_finite(out["losses"], trainer, step + 1, saving, settings)
         history.append(out["losses"])
         seconds.append(out["seconds"])
-        if (step + 1) % every == 0 or step + 1 == settings["steps"]:
+        if saving:
             state = {"model": trainer.stage.state_dict(), "optimizer": trainer.opt.state_dict(),
                      "step": step + 1, "losses": history, "rng": checkpoint.rng_state(),
                      "coords": list(ctx.coords)}
@@ -114,6 +173,8 @@ def summary(ranks: list[dict], settings: dict, resume: dict | None) -> dict:
     found = checkpoint.latest(settings["checkpoint_dir"])
     return {"losses": losses, "first_loss": losses[0], "last_loss": losses[-1],
             "resumed_from_step": resume["step"] if resume else None,
+            "resumed_from_layout": resume["meta"]["layout"] if resume else None,
+            "damaged_checkpoints": resume["damaged"] if resume else [],
             "steps_run_now": len(seconds),
             "step_time_s": statistics.median(seconds) if seconds else None,
             "checkpoint_save_s": statistics.median(ranks[0]["saves"]) if seconds else None,
@@ -122,11 +183,12 @@ def summary(ranks: list[dict], settings: dict, resume: dict | None) -> dict:
 
 
 def resume_point(settings: dict) -> dict | None:
-    """Caller side, before any process: the manifest of the checkpoint to resume from, or
-    None. ValueError if the folder's checkpoint was written by other settings or is
-    already past ``steps``."""
+    """Caller side, before any process: the manifest of the newest intact checkpoint to
+    resume from (its ``damaged`` lists the newer ones skipped), or None. ValueError if it
+    was written by other settings (another layout, world size or m is resharded, not
+    refused), if every checkpoint is damaged, or if it is already past ``steps``."""
     resume = checkpoint.check_resume(settings["checkpoint_dir"], settings["world_size"],
-                                     settings["meta"])
+                                     settings["meta"], may_differ=RESHARDABLE)
     if resume and resume["step"] > settings["steps"]:
         raise ValueError(f"steps={settings['steps']}: the checkpoint in {resume['path']} is "
                          f"already at step {resume['step']}; use steps >= {resume['step']}")

@@ -1,5 +1,6 @@
 """No lost work: a checkpoint exists only once complete, and a 2-rank run killed midway
-resumes to the same loss curve and the same weights as a run never interrupted.
+resumes to the same loss curve and the same weights as a run never interrupted, also when
+the newest checkpoint was damaged after the kill (it resumes from the one before).
 
 The kill is ``kill -9`` of the lab's parent process only, as when a job is preempted: the
 launcher's ranks must notice and exit by themselves."""
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import ckpt_workers
 import labrun
 import psutil
 import pytest
@@ -112,10 +114,9 @@ def uninterrupted(tmp_path_factory):
     return where / "ckpt", json.loads((where / "whole.json").read_text())["results"]["lessonlib"]
 
 
-@pytest.mark.timeout(400)
-def test_a_run_killed_midway_resumes_to_the_uninterrupted_curve(tmp_path, uninterrupted):
-    (whole, whole_run), killed = uninterrupted, tmp_path / "killed"
-
+def _kill_midway(killed) -> int:
+    """Start the lab in ``killed``, ``kill -9`` its parent once the checkpoint of step
+    KILL_AFTER is there, wait for its ranks to exit; the newest intact step at the kill."""
     run = subprocess.Popen(_lab(*TINY, "--checkpoint-dir", str(killed)), start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -133,6 +134,13 @@ def test_a_run_killed_midway_resumes_to_the_uninterrupted_curve(tmp_path, uninte
             os.killpg(run.pid, signal.SIGKILL)
     at_kill = checkpoint.latest(killed)["step"]
     assert KILL_AFTER <= at_kill < STEPS, f"the run was not killed midway (step {at_kill})"
+    return at_kill
+
+
+@pytest.mark.timeout(400)
+def test_a_run_killed_midway_resumes_to_the_uninterrupted_curve(tmp_path, uninterrupted):
+    (whole, whole_run), killed = uninterrupted, tmp_path / "killed"
+    at_kill = _kill_midway(killed)
 
     done = subprocess.run(_lab(*TINY, "--checkpoint-dir", str(killed), "--json",
                                str(tmp_path / "resumed.json")),
@@ -146,6 +154,30 @@ def test_a_run_killed_midway_resumes_to_the_uninterrupted_curve(tmp_path, uninte
     assert whole_run["last_loss"] < whole_run["first_loss"] - 0.5
     for a, b in zip(_final_shards(whole), _final_shards(killed)):
         _assert_same_state(a, b, "rank shard")           # weights and optimizer state
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_run_with_a_damaged_newest_checkpoint_resumes_from_the_older_one(
+        tmp_path, uninterrupted):
+    """Killed, then 32 bytes of a weight in the newest checkpoint overwritten (NaN): the same
+    command names the damaged file, resumes from the checkpoint before it, rewrites the
+    steps after it (leaving no temporary file), and ends on the uninterrupted curve."""
+    (whole, whole_run), killed = uninterrupted, tmp_path / "killed"
+    at_kill = _kill_midway(killed)
+    ckpt_workers.damage_inside_a_tensor(checkpoint.shard_path(killed, at_kill, 1))
+
+    done = subprocess.run(_lab(*TINY, "--checkpoint-dir", str(killed), "--json",
+                               str(tmp_path / "resumed.json")),
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"step_{at_kill:08d}/rank_00001.pt is damaged: its SHA-256 differs" in done.stderr
+    assert f"resuming at step {at_kill - EVERY} of {STEPS}" in done.stderr
+    resumed = json.loads((tmp_path / "resumed.json").read_text())["results"]["lessonlib"]
+    assert resumed["resumed_from_step"] == at_kill - EVERY
+    assert resumed["losses"] == whole_run["losses"]      # the same curve, bit for bit
+    for a, b in zip(_final_shards(whole), _final_shards(killed)):
+        _assert_same_state(a, b, "rank shard")
+    assert not list(killed.rglob("*.tmp*")), "temporary files of the killed saves remain"
 
 
 @pytest.mark.timeout(60)

@@ -252,7 +252,7 @@ def check_resume(directory, world_size: int, meta: dict,
         damaged = [p for p in problems if "(incomplete)" not in p]
         if damaged:
             raise ValueError(f"no intact checkpoint in {directory} to resume from: "
-                             + "; ".join(damaged) + f"; move the folder away to start afresh")
+                             + "; ".join(damaged) + "; move the folder away to start afresh")
         return None
     wanted = {"world_size": world_size, **meta}
     saved = {"world_size": found["world_size"], **found["meta"]}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,8 +53,11 @@ def install_settings(into: Path = STATE / "user-settings") -> list[Path]:
 
 
 if __name__ == "__main__":
-    argv, notes = command(os.getuid(), sys.argv[1:])
+    # JupyterLab's own check is the effective user id; Windows has none (never root).
+    argv, notes = command(os.geteuid() if hasattr(os, "geteuid") else -1, sys.argv[1:])
     install_settings()
     for note in notes:
         print(note, flush=True)
-    os.execv(argv[0], argv)
+    if os.name == "nt":                 # no exec on Windows: wait for JupyterLab instead
+        sys.exit(subprocess.call(argv))
+    os.execv(argv[0], argv)             # JupyterLab takes this process (and Ctrl-C) over

@@ -460,7 +460,8 @@ plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 measured = lessonlib.launch(runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
-                            schedules=("gpipe", "1f1b", "interleaved"), steps=5, warmup=1)
+                            schedules=("gpipe", "1f1b", "interleaved"), steps=5, warmup=1,
+                            timeout=300)   # 18 cases; a loaded laptop may need over 2 minutes
 rows = runs.summarize(measured)
 print(f"{len(rows)} cases measured, median step times from "
       f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "

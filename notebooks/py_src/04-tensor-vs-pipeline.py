@@ -523,7 +523,11 @@ for r in rows:
 # path, twice per micro-batch in the 1F1B steady state; what remains after both is the
 # transfer latency a receiver waits for and per-action overhead. Interleaving doubles the messages
 # per micro-batch and halves the work between them, which is why it gains least here.
-# Every bubble below is a share of the step's wall time, the convention of `(p-1)/(v·m+p-1)`.
+# The difference can also come out negative when other work loads the machine: the
+# theory counts idle slots as long as busy ones, but while the line fills and drains one
+# rank works alone, at full speed, and in the steady state the two ranks slow each other
+# down, so the idle slots come out shorter. Every bubble below is a share of the step's
+# wall time, the convention of `(p-1)/(v·m+p-1)`.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -39,7 +39,8 @@ def test_shipped_settings_silence_the_news_question_and_update_check():
     # Both keys exist in this JupyterLab's own schema for the plugin, so neither is ignored.
     schema = Path(get_app_dir()) / "schemas" / NOTIFICATION.replace(".jupyterlab-settings", ".json")
     known = json.loads(schema.read_text())["properties"]
-    assert set(settings) <= set(known) and {"const": "false", "title": "Never"} in known["fetchNews"]["oneOf"]
+    assert set(settings) <= set(known)
+    assert {"const": "false", "title": "Never"} in known["fetchNews"]["oneOf"]
 
 
 def test_settings_are_copied_once_and_a_students_changes_are_kept(tmp_path):

@@ -2,7 +2,8 @@
 
 ``memory_wall`` puts weights, gradients, optimizer state and activations of one model
 trained on one GPU side by side with each GPU's capacity, on a linear axis; ``time_wall``
-shows training days against the number of GPUs. The ``*_widget`` functions put sliders over the same plots.
+shows training days against the number of GPUs. The ``*_widget`` functions put sliders
+over the same plots.
 
 Laptop and GPU box alike: ``from lessonlib.viz import scale; scale.memory_wall("gpt3-175B")``
 """

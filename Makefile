@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
+# JupyterLab on notebooks/01-why-scale.ipynb with the course's settings (tools/course.py);
+# extra JupyterLab options go in LAB_ARGS, e.g. make course LAB_ARGS=--ip=0.0.0.0
 course: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	$(PY) tools/course.py $(LAB_ARGS)
 
 # The whole suite: library tests, then every notebook under nbval.
 test: setup

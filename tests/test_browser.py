@@ -104,7 +104,7 @@ def _mirror_repository(into: Path) -> Path:
     # As in a fresh clone, each .py twin is as recent as its .ipynb: JupyterLab's jupytext
     # refuses to open a paired notebook whose .ipynb is newer than its .py.
     for ipynb in (repo / "notebooks").rglob("*.ipynb"):
-        twin = ipynb.with_suffix(".py")
+        twin = ipynb.parent / "py_src" / f"{ipynb.stem}.py"
         if twin.exists():
             stamp = ipynb.stat().st_mtime
             os.utime(twin, (stamp, stamp))

@@ -4,7 +4,8 @@
     python tools/notebooks.py check              # exit 1 if any pair differs
 
 The .py file is the source of truth; the executed .ipynb is committed so the course reads
-well without running it.
+well without running it. The twins live in notebooks/py_src/ (jupytext pairing
+``ipynb,py_src//py:percent``), so a student's file browser shows each notebook once.
 """
 from __future__ import annotations
 
@@ -16,14 +17,20 @@ import nbformat
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+TWINS = NOTEBOOKS / "py_src"
+PAIRING = "ipynb,py_src//py:percent"   # the jupytext formats every notebook declares
 
 
 def pairs() -> list[tuple[Path, Path]]:
-    return [(py, py.with_suffix(".ipynb")) for py in sorted(NOTEBOOKS.glob("[0-9][0-9]-*.py"))]
+    return [(py, NOTEBOOKS / f"{py.stem}.ipynb") for py in sorted(TWINS.glob("[0-9][0-9]-*.py"))]
 
 
 def cells(notebook) -> list[tuple[str, str]]:
     return [(c.cell_type, c.source.strip()) for c in notebook.cells]
+
+
+def pairing(path: Path) -> str | None:
+    return jupytext.read(path).metadata.get("jupytext", {}).get("formats")
 
 
 def differences() -> list[str]:
@@ -34,6 +41,11 @@ def differences() -> list[str]:
         elif cells(jupytext.read(py)) != cells(jupytext.read(ipynb)):
             problems.append(f"{py.name} and {ipynb.name} differ "
                             f"(run: python tools/notebooks.py build {py.stem})")
+        # Another pairing would make JupyterLab write a second twin next to the .ipynb.
+        for path in [p for p in (py, ipynb) if p.exists() and pairing(p) != PAIRING]:
+            problems.append(f"{path.name} pairs as {pairing(path)!r}; expected {PAIRING!r}")
+    strays = sorted(NOTEBOOKS.glob("[0-9][0-9]-*.py"))
+    problems += [f"{py.name} sits next to the notebooks; its place is py_src/" for py in strays]
     return problems
 
 

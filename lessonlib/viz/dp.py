@@ -7,6 +7,8 @@ What it teaches, one picture each:
   own rows: after backward (naive) against during it (buckets);
 * ``plot_allreduce``: time against message size and against world size for each
   algorithm, measured (markers) and the fitted alpha-beta model (lines);
+* ``plot_busiest_link``: bytes through the busiest rank's link, per direction, counted by the
+  ledger, against world size: what grows for a parameter server even where time cannot show it;
 * ``plot_buckets``: the predicted bucket schedule of one step, and the communication left
   after backward against the bucket size, with measured points;
 * ``plot_ddp_lab``: a ``labs/ddp.py`` record: step times and scaling efficiency.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from lessonlib.costmodel import parameter_server_bytes, ring_allreduce_bytes_per_rank
 from lessonlib.costmodel.alpha_beta import bucketed_step, predict_from_fit
 from lessonlib.viz.widgets import explorer
 
@@ -109,6 +112,33 @@ def plot_allreduce(points: dict, fits: dict, world_size: int = 4, size_bytes: in
     left.legend(fontsize=8)
     fig.text(0.5, -0.02, "lines: alpha-beta fit; hollow squares: stored sweep; filled circles: "
              "measured in this notebook", ha="center", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def busiest_link(ranks: list[dict], size_bytes: int, alg: str) -> int:
+    """Bytes through the busiest rank's link in one direction (sent or received, whichever is
+    larger), from each rank's ledger totals in an ``allreduce_bench`` result."""
+    return max(max(r["sizes"][size_bytes][alg]["bytes_sent"],
+                   r["sizes"][size_bytes][alg]["bytes_received"]) for r in ranks)
+
+
+def plot_busiest_link(runs: dict[int, list[dict]], size_bytes: int):
+    """Per direction, the busiest link's bytes against n: ledger counts (markers, from
+    ``runs[n]`` = each rank's ``allreduce_bench`` result) on the theory (lines): a parameter
+    server's link carries (n-1)·S each way, a ring rank's 2(n-1)/n·S, so the ratio is n/2."""
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    worlds = np.arange(2, 9)
+    theory = {"parameter_server": [parameter_server_bytes(int(n), size_bytes) / 2 for n in worlds],
+              "ring": [ring_allreduce_bytes_per_rank(int(n), size_bytes) for n in worlds]}
+    for alg, line in theory.items():
+        ax.plot(worlds, np.array(line) / MiB, color=COLORS[alg], label=f"{LABELS[alg]}: theory")
+        counted = sorted((n, busiest_link(ranks, size_bytes, alg)) for n, ranks in runs.items())
+        ax.plot([n for n, _ in counted], [b / MiB for _, b in counted], "o", color=COLORS[alg],
+                label=f"{LABELS[alg]}: ledger")
+    ax.set(xlabel="ranks n", ylabel="MiB, one direction",
+           title=f"busiest link, all-reduce of S = {size_bytes / MiB:g} MiB")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -1,8 +1,9 @@
 """Plots for lesson 01: the memory wall and the time wall, over the pure cost model.
 
-``memory_wall`` stacks weights, gradients, optimizer state and activations of one model
-trained on one GPU against each GPU's capacity; ``time_wall`` shows training days against
-the number of GPUs. The ``*_widget`` functions put sliders over the same plots.
+``memory_wall`` puts weights, gradients, optimizer state and activations of one model
+trained on one GPU side by side with each GPU's capacity, on a linear axis; ``time_wall``
+shows training days against the number of GPUs. The ``*_widget`` functions put sliders
+over the same plots.
 
 Laptop and GPU box alike: ``from lessonlib.viz import scale; scale.memory_wall("gpt3-175B")``
 """
@@ -27,28 +28,38 @@ def one_gpu_memory(model: GPT, b: int = 1, recompute: str = "none") -> dict:
     return memory_per_gpu(model, b=b, recompute=recompute).as_dict()
 
 
+def gpu_capacities() -> dict[float, str]:
+    """GB -> the GPUs with that memory, one entry per size (A100-80GB and H100 share 80 GB)."""
+    sizes: dict[float, list[str]] = {}
+    for gpu in GPUS.values():
+        sizes.setdefault(gpu.memory_bytes / 1e9, []).append(gpu.name)
+    return {gb: " = ".join(names) for gb, names in sorted(sizes.items())}
+
+
 def memory_wall(model: GPT | str = "gpt3-175B", b: int = 1, recompute: str = "none", ax=None):
-    """A stacked bar of one model's training memory, with every GPU's capacity drawn across."""
+    """Side-by-side bars on a linear axis: each part of one model's training memory, their
+    total, and each GPU size. Lengths are true sizes (a log axis would make the 2.1 TB of Adam
+    state look barely longer than the weights)."""
     model = MODELS[model] if isinstance(model, str) else model
     parts = one_gpu_memory(model, b, recompute)
+    total = sum(parts[part] for part in PARTS)
+    rows = [(f"{part}", parts[part] / 1e9, COLORS[part]) for part in PARTS]
+    rows.append(("total on one GPU", total / 1e9, "#333333"))
+    rows += [(name, gb, "#bbbbbb") for gb, name in gpu_capacities().items()]
     ax = ax or plt.subplots(figsize=(6.5, 4))[1]
-    bottom = 0.0
-    for part in PARTS:
-        ax.bar(0, parts[part] / 1e9, bottom=bottom / 1e9, width=0.5, color=COLORS[part],
-               label=f"{part}: {parts[part] / 1e9:,.0f} GB")
-        bottom += parts[part]
-    for gpu in GPUS.values():
-        ax.axhline(gpu.memory_bytes / 1e9, color="black", lw=0.8, ls="--")
-        ax.text(0.3, gpu.memory_bytes / 1e9, f"{gpu.name} ({gpu.memory_bytes / 1e9:.0f} GB)",
-                va="bottom", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylim(1, max(bottom / 1e9 * 2, 300))
-    ax.set_xlim(-0.5, 1.4)
-    ax.set_xticks([])
-    ax.set_ylabel("GB needed on one GPU (log scale)")
-    ax.set_title(f"{model.name or 'model'}: {model.params() / 1e9:.2f} B parameters, "
-                 f"b={b}, recompute={recompute}", fontsize=10)
-    ax.legend(loc="upper left", fontsize=8)
+    y = np.arange(len(rows))[::-1]
+    ax.barh(y, [gb for _, gb, _ in rows], color=[color for *_, color in rows])
+    for row, (_, gb, _) in zip(y, rows):
+        ax.text(gb, row, f" {gb:,.0f} GB" if gb >= 10 else f" {gb:.2g} GB", va="center",
+                fontsize=8)
+    ax.set_yticks(y, [label for label, *_ in rows], fontsize=8)
+    ax.set_xlim(0, max(gb for _, gb, _ in rows) * 1.25)
+    ax.set_xlabel("GB (linear scale: bar lengths are true sizes)")
+    largest = max(GPUS.values(), key=lambda g: g.memory_bytes)
+    verdict = (f"total = {total / largest.memory_bytes:,.1f}x the largest GPU ({largest.name})"
+               if total > largest.memory_bytes else "fits on one GPU")
+    ax.set_title(f"{model.name or 'model'}: {model.params() / 1e9:.2f} B parameters, b={b}, "
+                 f"recompute={recompute}\n{verdict}", fontsize=10)
     return ax
 
 
@@ -75,24 +86,35 @@ def time_wall(params: float = 175e9, tokens: float = 300e9, gpu: str = "V100-SXM
 
 
 def memory_widget():
-    """Model preset (or custom L, h), micro-batch and recompute -> the memory wall."""
+    """Model preset (or custom L, h), micro-batch and recompute -> the memory wall. A preset
+    fixes L and h: the sliders show its values, greyed out, until the preset is "custom"."""
     import ipywidgets as w
 
     def draw(preset, layers, hidden, b, recompute):
-        model = MODELS[preset] if preset != "custom" else GPT(layers, hidden, max(1, hidden // 128),
+        # Heads of 64 dims, as GPT-2 and GPT-3 use; the slider's step of 64 keeps h divisible.
+        model = MODELS[preset] if preset != "custom" else GPT(layers, hidden, hidden // 64,
                                                               2048, 51200, "custom")
         return memory_wall(model, b, recompute)
 
-    return explorer(current_figure(draw),
-                    preset=w.Dropdown(options=[*MODEL_PRESETS, "custom"], value="gpt3-175B"),
-                    layers=w.IntSlider(value=24, min=2, max=128, step=2),
-                    hidden=w.IntSlider(value=2048, min=256, max=25600, step=256),
+    preset = w.Dropdown(options=[*MODEL_PRESETS, "custom"], value="gpt3-175B")
+    layers = w.IntSlider(min=2, max=128, step=2, description="layers L")
+    hidden = w.IntSlider(min=256, max=25600, step=64, description="hidden h")
+
+    def follow(_=None):
+        if preset.value != "custom":
+            layers.value, hidden.value = MODELS[preset.value].L, MODELS[preset.value].h
+        layers.disabled = hidden.disabled = preset.value != "custom"
+
+    preset.observe(follow, names="value")
+    follow()
+    return explorer(current_figure(draw), preset=preset, layers=layers, hidden=hidden,
                     b=w.IntSlider(value=1, min=1, max=16),
                     recompute=w.Dropdown(options=["none", "selective", "full"]))
 
 
-def time_widget():
-    """Parameters, tokens, GPU type, GPU count and efficiency -> the time wall."""
+def time_widget(efficiency: float = 0.3):
+    """Parameters, tokens, GPU type, GPU count and efficiency -> the time wall. It starts at
+    30 % of peak, about what Megatron-LM 2019 measured on one V100 (39 TFLOP/s)."""
     import ipywidgets as w
 
     def draw(params_billion, tokens_billion, gpu, n_gpus, efficiency):
@@ -103,4 +125,4 @@ def time_widget():
                     tokens_billion=w.FloatLogSlider(value=300, base=10, min=0, max=4),
                     gpu=w.Dropdown(options=list(GPUS), value="V100-SXM2-32GB"),
                     n_gpus=w.IntText(value=1),
-                    efficiency=w.FloatSlider(value=0.3, min=0.05, max=0.8, step=0.05))
+                    efficiency=w.FloatSlider(value=efficiency, min=0.05, max=0.8, step=0.05))

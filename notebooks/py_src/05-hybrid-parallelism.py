@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: ipynb,py:percent
+#     formats: ipynb,py_src//py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python

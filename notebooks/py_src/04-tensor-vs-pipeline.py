@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: ipynb,py:percent
+#     formats: ipynb,py_src//py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -424,6 +424,7 @@ except ScheduleError as err:
 # NBVAL_CHECK_OUTPUT
 print(f"{'p':>2} {'m':>3} {'wall (GPipe)':>13} {'ideal (Megatron)':>17} {'simulated GPipe':>16} "
       f"{'simulated 1F1B':>15}   stash GPipe / 1F1B per stage")
+print(f"{'':>2} {'':>3} {'(p-1)/(m+p-1)':>13} {'(p-1)/m':>17} {'(wall)':>16} {'(wall)':>15}")
 for p, m in ((2, 2), (2, 4), (2, 8), (4, 8)):
     gp, ofob = simulate(S.gpipe(p, m)), simulate(S.one_f_one_b(p, m))
     print(f"{p:>2} {m:>3} {cm.bubble_fraction(p, m, convention='wall'):>13.1%} "
@@ -459,7 +460,8 @@ plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 measured = lessonlib.launch(runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
-                            schedules=("gpipe", "1f1b", "interleaved"), steps=5, warmup=1)
+                            schedules=("gpipe", "1f1b", "interleaved"), steps=5, warmup=1,
+                            timeout=300)   # 18 cases; a loaded laptop may need over 2 minutes
 rows = runs.summarize(measured)
 print(f"{len(rows)} cases measured, median step times from "
       f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "
@@ -521,9 +523,11 @@ for r in rows:
 # path, twice per micro-batch in the 1F1B steady state; what remains after both is the
 # transfer latency a receiver waits for and per-action overhead. Interleaving doubles the messages
 # per micro-batch and halves the work between them, which is why it gains least here.
-# A measured bubble *below* the theory has the opposite cause: the forwards and backwards
-# themselves ran slower while both ranks were busy (they share the machine's cores and
-# memory bandwidth), which the formula does not know about either.
+# The difference can also come out negative when other work loads the machine: the
+# theory counts idle slots as long as busy ones, but while the line fills and drains one
+# rank works alone, at full speed, and in the steady state the two ranks slow each other
+# down, so the idle slots come out shorter. Every bubble below is a share of the step's
+# wall time, the convention of `(p-1)/(v·m+p-1)`.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -585,9 +589,10 @@ plt.show()
 
 # %% [markdown]
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
-# <b>Takeaway.</b> A pipeline idles (p-1)/(m+p-1) of its wall time: more micro-batches
-# shrink the bubble, interleaving v chunks per device shrinks it v-fold at v times the
-# messages. 1F1B does <i>not</i> shrink the bubble; it caps each stage's activations at
+# <b>Takeaway.</b> A pipeline idles (p-1)/(m+p-1) of its wall time, which is (p-1)/m
+# of the ideal, bubble-free compute time (Megatron-LM 2021's way of writing the same idle
+# time): more micro-batches shrink the bubble, and interleaving v chunks per device divides
+# the (p-1)/m by v, at v times the messages. 1F1B does <i>not</i> shrink the bubble; it caps each stage's activations at
 # min(p - stage, m) micro-batches instead of GPipe's m, which is what lets m grow. Both
 # were measured here on real ranks, and PyTorch's own schedules train the same model to the
 # same gradients.
@@ -665,7 +670,7 @@ print(f"ratio for a 12-layer stage: {12 * tp_elems / pp_elems:,.0f}x more bytes 
 # > **Takeaway.** Tensor parallelism keeps every GPU busy but talks at every layer, so it
 # > belongs where bandwidth is highest: inside one server, over NVLink. Pipeline parallelism
 # > talks only at stage boundaries, so it can cross the slower links between servers, and
-# > its bubble shrinks with more micro-batches. 1F1B keeps GPipe's bubble and cuts the
+# > its bubble, (p-1)/(m+p-1) of the wall time, shrinks with more micro-batches. 1F1B keeps GPipe's bubble and cuts the
 # > activations each stage holds. Megatron-LM 2021's first takeaway says the same: TP up to
 # > the GPUs of a server, PP across servers. Lesson 05 puts them together with data
 # > parallelism.

@@ -240,11 +240,34 @@ plt.show()
 
 # %% [markdown]
 # Over NVLink the all-reduces cost a small fraction of the layer's compute, even at t = 8.
-# Over InfiniBand, with a fraction of the bandwidth per GPU, they grow towards the compute
-# and pass it at t = 8, while the compute per GPU shrinks as 1/t. (Compute at peak is the
-# best case; Megatron-LM 2021's runs reach 44-52 % of peak, Table 1, which only delays the
-# crossing.) These all-reduces sit on the critical path, so the GPUs would wait on the
-# network. Hence Megatron-LM 2021's first takeaway: tensor parallelism up to the GPUs of
+# The InfiniBand column is one GPU's own port, 25 GB/s: what a TP group gets when each of
+# its members sits in a different server, or on a cluster with one port per server. Over it
+# the all-reduces grow towards the compute and pass it at t = 8, while the compute per GPU
+# shrinks as 1/t. (Compute at peak is the best case; Megatron-LM 2021's runs reach 44-52 %
+# of peak, Table 1, which only delays the crossing.)
+#
+# A TP group of 16 on DGX servers fares better than one port suggests: each server holds 8
+# of its members, each with its own port, and NCCL drives all 8 ports at once (200 GB/s
+# together; NCCL's documentation, nccl-tests' PERFORMANCE.md). The cost model's link for a
+# group of t GPUs on servers of 8, both ways:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+flat_ring = cm.make_cluster("A100", 8, network_ports=1, collectives="flat-ring")
+for t in (16, 32):
+    took = {}
+    for name, c in (("dgx", cluster), ("flat", flat_ring)):
+        bandwidth, latency = c.group_link(t, t, 1)
+        took[name] = 4 * cm.ring_allreduce_time_s(t, payload, bandwidth, latency)
+    print(f"t={t}: all-reduces {took['dgx'] * 1e3:5.2f} ms over DGX servers' 8 ports, "
+          f"{took['flat'] * 1e3:5.2f} ms through one port per server; compute "
+          f"{compute / t / cluster.gpu.peak_flops * 1e3:4.2f} ms per GPU at peak")
+
+# %% [markdown]
+# Leaving the server is a real cliff, but not the tenfold one that one port suggests: about
+# 1.3x slower at t = 16 and 2x at t = 32 in Megatron-LM 2021's Fig. 13 (notebook 05 puts the
+# cost model next to it). These all-reduces sit on the critical path, so the GPUs wait on
+# the network. Hence Megatron-LM 2021's first takeaway: tensor parallelism up to the GPUs of
 # one server, pipeline parallelism across servers.
 #
 # <div style="border: 2px solid #4C72B0; border-radius: 6px; padding: 10px;">

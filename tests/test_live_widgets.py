@@ -65,7 +65,7 @@ def test_the_box_draws_once_when_built_and_shows_errors_as_text():
 def test_every_live_measurement_runs_and_draws_at_its_smallest_setting():
     ring = live.measure_allreduce(2, 16, budget_s=0.05)
     assert set(ring) == {"ring", "parameter_server"}
-    assert ring["parameter_server"]["busiest_link_bytes"] == 2 * 16 * 1024   # n = 2: S each way
+    assert ring["parameter_server"]["busiest_link_bytes"] == 16 * 1024   # n = 2: S each way
     live.draw_allreduce(ring, 2, 16)
     line = live.measure_assembly_line(2)
     assert len(line["record"]["idle_per_rank"]) == 2 and line["record"]["idle_predicted"] == 0.5

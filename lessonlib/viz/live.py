@@ -6,7 +6,7 @@ here launches a real multi-rank run (``lessonlib.launch``) for the slider's valu
 what it measured next to what the model predicts for the same values:
 
 * ``allreduce_widget`` (02): the ring against the parameter server at the slider's rank
-  count and size: time, and bytes through the busiest link, measured and predicted;
+  count and size: time, and bytes through the busiest link each way, measured and predicted;
 * ``assembly_line_widget`` (03): the assembly line at the slider's p: each rank's idle
   share against (p-1)/p, and its timeline;
 * ``pipeline_widget`` (04): the measured Gantt chart and bubble of the slider's schedule,
@@ -36,7 +36,8 @@ from IPython.display import Image
 from lessonlib import launcher
 from lessonlib import model_parallel as mp
 from lessonlib.costmodel import bubble_fraction
-from lessonlib.costmodel.alpha_beta import allreduce_terms, predict_from_fit
+from lessonlib.costmodel import parameter_server_bytes, ring_allreduce_bytes_per_rank
+from lessonlib.costmodel.alpha_beta import predict_from_fit
 from lessonlib.data_parallel import bench as dp_bench
 from lessonlib.hybrid import expected_traffic, measured_traffic, run as run_layout
 from lessonlib.models import HYBRID_CONFIG
@@ -146,13 +147,13 @@ ALLREDUCE_ALGORITHMS = ("ring", "parameter_server")
 
 def measure_allreduce(ranks: int, size_kib: int, budget_s: float = 0.3) -> dict:
     """Both all-reduces on ``ranks`` ranks at one size: slowest-rank median times and the
-    bytes each rank sent and received (rank 0 is the server)."""
+    bytes through the busiest link, one direction (rank 0 is the server)."""
     size = size_kib * KiB
     per_rank = launcher.launch(dp_bench.allreduce_bench, ranks, [size], ALLREDUCE_ALGORITHMS,
                                budget_s=budget_s, min_iters=3, max_iters=8)
     rows = [r["sizes"][size] for r in per_rank]
     return {alg: {"time_s": dp_bench.slowest_rank_median([r[alg]["times"] for r in rows]),
-                  "busiest_link_bytes": max(r[alg]["bytes_sent"] + r[alg]["bytes_received"]
+                  "busiest_link_bytes": max(max(r[alg]["bytes_sent"], r[alg]["bytes_received"])
                                             for r in rows)}
             for alg in ALLREDUCE_ALGORITHMS}
 
@@ -173,15 +174,14 @@ def draw_allreduce(result: dict, ranks: int, size_kib: int, fits: dict | None = 
     left.set_xticks(list(xs), names)
     left.set_ylabel("time per all-reduce (ms)")
     left.legend(fontsize=8)
-    # sent + received on the busiest link; the model counts each direction, so twice its bytes
-    predicted = [2 * allreduce_terms(a, ranks, size)[1] for a in ALLREDUCE_ALGORITHMS]
+    predicted = [ring_allreduce_bytes_per_rank(ranks, size), parameter_server_bytes(ranks, size) / 2]
     right.bar([x - 0.2 for x in xs], [result[a]["busiest_link_bytes"] / KiB ** 2
                                       for a in ALLREDUCE_ALGORITHMS], 0.4, label="measured (ledger)",
               color="#4c72b0")
     right.bar([x + 0.2 for x in xs], [b / KiB ** 2 for b in predicted], 0.4, label="predicted",
               color="#bbbbbb")
     right.set_xticks(list(xs), names)
-    right.set_ylabel("MiB through the busiest link")
+    right.set_ylabel("MiB through the busiest link, each way")
     right.legend(fontsize=8)
     fig.suptitle(f"{ranks} ranks, {size_kib} KiB per all-reduce", fontsize=10)
     return fig

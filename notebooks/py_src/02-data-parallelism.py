@@ -317,6 +317,18 @@ print(f"ring / dist.all_reduce bus bandwidth: {lab['ring_vs_torch_busbw']:.0%}")
 viz.allreduce_explorer(points, fits, fresh)
 
 # %% [markdown]
+# The explorer redraws the model and stored points. The next widget measures: each move of a
+# slider starts that many real ranks, runs both all-reduces at that size, and draws the
+# time and the bytes through the busiest link (one direction, counted by the ledger) beside
+# what the model predicts. (Executed headless, it draws once, with its defaults.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from lessonlib.viz import live
+
+live.allreduce_widget(fits)
+
+# %% [markdown]
 # Buckets trade latency against overlap. One big bucket cannot start until backward is
 # over; tiny buckets start early but each pays alpha. Here is a fresh measurement on 2 ranks
 # (the timeline's GPT, several bucket caps): the communication still running after

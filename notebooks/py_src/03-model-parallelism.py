@@ -209,6 +209,18 @@ plt.show()
 # messages between stages, which on CPU ranks sharing two cores cost milliseconds each.
 # Memory divides, time does not. (Single ranks scatter because the cores are shared.)
 #
+# Measure it yourself: the widget runs the assembly line for real at the slider's p (a
+# small MLP, two timed steps) and draws each rank's idle share over (p-1)/p, with the
+# timeline of the line. (Executed headless, it draws once, at p = 3.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from lessonlib.viz import live
+
+live.assembly_line_widget()
+
+# %% [markdown]
+#
 # **Instructors:** to draw your cluster's numbers instead, run
 # `torchrun --nproc-per-node 8 labs/mp.py --json results/mp.json` (or
 # `python labs/mp.py --world-size 8 --json results/mp.json` on CPU ranks) from the

@@ -611,6 +611,17 @@ vp.explore(2, 8, 2, measured=rows)
 plt.show()
 
 # %% [markdown]
+# And measured while you watch: the widget runs one step of the chosen schedule on p real
+# ranks with m micro-batches and draws its Gantt chart and bubble. (Executed headless, it
+# draws once, with its defaults.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from lessonlib.viz import live
+
+live.pipeline_widget()
+
+# %% [markdown]
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
 # <b>Takeaway.</b> A pipeline idles (p-1)/(m+p-1) of its wall time, which is (p-1)/m
 # of the ideal, bubble-free compute time (Megatron-LM 2021's way of writing the same idle

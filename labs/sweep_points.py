@@ -119,10 +119,15 @@ def _typed(value: str):
 
 
 def error_line(log: str) -> str:
-    """The line that says what went wrong: an exception or argparse's 'error:' line."""
+    """The line that says what went wrong: the lab's own one-line error (argparse's
+    'error:' line) if it printed one, else the last exception (torchrun's report of a failed
+    rank comes after the rank's own words)."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    said = [ln for ln in lines if " error: " in ln]
+    if said:
+        return said[-1][:500]
     for ln in reversed(lines):
-        if re.match(r"^[\w.]*(Error|Exception|Timeout)\b.*:", ln) or " error: " in ln:
+        if re.match(r"^[\w.]*(Error|Exception|Timeout)\b.*:", ln):
             return ln[:500]
     return (lines[-1] if lines else "no output")[:500]
 

@@ -23,8 +23,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from sweep_points import (LABS_DIR, lab_argv, log_tail, point_row, read_record, table_meta,
-                          table_rows, write_table)
+from sweep_points import (LABS_DIR, error_line, lab_argv, log_tail, point_row, read_record,
+                          table_meta, table_rows, write_table)
 
 STATE = "slurm.json"
 TEMPLATE = LABS_DIR / "slurm" / "array.sbatch"
@@ -101,7 +101,9 @@ def collect(out: Path) -> tuple[list[dict], list[dict]]:
             row.update(status=waiting[index], error="not finished yet")
         else:
             code = rc.read_text().strip() if rc.exists() else "none (not in the queue)"
-            row.update(status="failed", error=f"exit {code}: no record")
+            log = out / row["log"]
+            said = error_line(log.read_text(errors="replace")) if log.exists() else "no log"
+            row.update(status="failed", error=f"exit {code}, no record: {said}")
         row["log_tail"] = log_tail(out / row["log"])
         open_points.append(row)
         table.append(row)

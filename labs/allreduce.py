@@ -20,7 +20,7 @@ import sys
 
 import lessonlib
 from lessonlib import labkit, launcher
-from lessonlib.costmodel.alpha_beta import LINKS, fit_alpha_beta
+from lessonlib.costmodel.alpha_beta import LINKS, fit_alpha_beta, predict_from_fit
 from lessonlib.costmodel.comm import (bus_bandwidth, parameter_server_bytes,
                                       ring_allreduce_bytes_per_rank)
 from lessonlib.data_parallel.bench import ALL_ALGORITHMS, allreduce_bench, slowest_rank_median
@@ -57,6 +57,96 @@ def measure(n: int, sizes: list[int], args) -> list[dict]:
                          min_iters=min(3, args.steps), max_iters=args.steps, timeout=args.timeout)
 
 
+def check_settings(p, args) -> dict:
+    labkit.check_positive(p, args, "world-size", "steps")
+    args.algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    bad = [a for a in args.algorithms if a not in ALL_ALGORITHMS]
+    if bad or not args.algorithms:
+        p.error(f"--algorithms: unknown {bad}; choose from {','.join(ALL_ALGORITHMS)}")
+    if not args.size_mb > 0 or not args.budget_s > 0:
+        p.error(f"--size-mb ({args.size_mb}) and --budget-s ({args.budget_s}) must be positive")
+    try:
+        args.world_sizes = [int(w) for w in args.world_sizes.split(",")]
+        args.sizes = [int(float(kb) * 1024) for kb in args.sizes_kb.split(",")]
+    except ValueError:
+        p.error(f"--world-sizes ({args.world_sizes}) and --sizes-kb ({args.sizes_kb}) must be "
+                f"comma-separated numbers, e.g. 2,4,8 and 1,1024")
+    if min(args.world_sizes) < 1 or min(args.sizes) < 4:
+        p.error("--world-sizes must be >= 1 and --sizes-kb at least 0.004 (one float)")
+    if not args.sweep:
+        return {"size_bytes": int(args.size_mb * 2 ** 20) // 4 * 4,
+                "algorithms": args.algorithms, "command": args.command}
+    return {"sizes_bytes": args.sizes, "algorithms": args.algorithms,
+            "budget_s": args.budget_s, "command": args.command}
+
+
+def measure_all(args, settings: dict) -> dict:
+    """One launch at one message size, or (``--sweep``) every world size x size."""
+    if not args.sweep:
+        ranks = measure(args.world_size, [settings["size_bytes"]], args)
+        return {"info": ranks[0]["info"],
+                "results": summarize(ranks, settings["size_bytes"], len(ranks))}
+    # under torchrun the world size is fixed: a sweep covers the message sizes only
+    world_sizes = [None] if launcher.under_torchrun() else args.world_sizes
+    points = {name: [] for name in args.algorithms}
+    for w in world_sizes:
+        ranks = measure(w or 1, args.sizes, args)
+        n, info = len(ranks), ranks[0]["info"]
+        for size in args.sizes:
+            for name, entry in summarize(ranks, size, n).items():
+                points[name].append({"world_size": n, "size_bytes": size, **entry})
+    return {"info": info, "points": points}
+
+
+def build_record(measured: dict, settings: dict, world_size: int) -> dict:
+    if "points" not in measured:
+        results = measured["results"]
+        record = labkit.result("allreduce", world_size, settings, results, measured["info"])
+        if "ring" in results and "torch" in results and world_size > 1:
+            record["ring_vs_torch_busbw"] = (results["ring"]["busbw_GBps"]
+                                             / results["torch"]["busbw_GBps"])
+    else:
+        results = {}
+        for name, pts in measured["points"].items():
+            usable = [(q["world_size"], q["size_bytes"], q["time_s"])
+                      for q in pts if q["world_size"] > 1]
+            fits = {links: fit_alpha_beta(usable, name, links) if len(usable) >= 2 else None
+                    for links in LINKS}
+            results[name] = {"points": pts, "fit": fits["dedicated"],
+                             "fit_shared": fits["shared"]}
+        first = measured["points"][settings["algorithms"][0]]
+        settings = {"world_sizes": sorted({q["world_size"] for q in first}), **settings}
+        record = labkit.result("allreduce", max(settings["world_sizes"]), settings, results,
+                               measured["info"])
+    record["rows"], record["headline"] = table(record), HEADLINE
+    return record
+
+
+HEADLINE = labkit.headline("time_s", x="size_bytes", series=["implementation", "world_size"],
+                           predicted="time_s_fit")
+METRICS = ("time_s", "algbw_GBps", "busbw_GBps", "max_error", "bytes_sent_per_rank",
+           "bytes_theory_per_rank", "server_link_bytes", "server_link_bytes_theory")
+
+
+def table(record: dict) -> list[dict]:
+    """The record as rows with stable columns: one per algorithm, world size and message
+    size, with the alpha-beta fit's time where a ``--sweep`` made one (the fit for one
+    shared medium on CPU ranks, for a link per rank on GPUs)."""
+    rows = []
+    for name, result in record["results"].items():
+        points = result.get("points") or [{"world_size": record["world_size"],
+                                           "size_bytes": record["settings"]["size_bytes"],
+                                           **result}]
+        fit = result.get("fit_shared" if record["device"] == "cpu" else "fit")
+        for q in points:
+            fitted = (predict_from_fit(name, q["world_size"], q["size_bytes"], fit)
+                      if fit and q["world_size"] > 1 else None)
+            rows.append({"implementation": name, "world_size": q["world_size"],
+                         "size_bytes": q["size_bytes"], **{k: q.get(k) for k in METRICS},
+                         "time_s_fit": fitted})
+    return rows
+
+
 def main(argv=None):
     p = labkit.parser("allreduce", "Time hand-written all-reduces against dist.all_reduce.")
     p.add_argument("--size-mb", type=float, default=16.0, help="message size in MiB")
@@ -68,58 +158,10 @@ def main(argv=None):
                    help="all --world-sizes x --sizes-kb, with an alpha-beta fit")
     p.add_argument("--world-sizes", default="2,3,4,6,8")
     p.add_argument("--sizes-kb", default="1,4,16,64,256,1024,4096,16384,65536")
-    args = p.parse_args(argv)
-    labkit.check_positive(p, args, "world-size", "steps")
-    args.algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    bad = [a for a in args.algorithms if a not in ALL_ALGORITHMS]
-    if bad or not args.algorithms:
-        p.error(f"--algorithms: unknown {bad}; choose from {','.join(ALL_ALGORITHMS)}")
-    if not args.size_mb > 0 or not args.budget_s > 0:
-        p.error(f"--size-mb ({args.size_mb}) and --budget-s ({args.budget_s}) must be positive")
-    try:
-        world_sizes = [int(w) for w in args.world_sizes.split(",")]
-        sizes = [int(float(kb) * 1024) for kb in args.sizes_kb.split(",")]
-    except ValueError:
-        p.error(f"--world-sizes ({args.world_sizes}) and --sizes-kb ({args.sizes_kb}) must be "
-                f"comma-separated numbers, e.g. 2,4,8 and 1,1024")
-    if min(world_sizes) < 1 or min(sizes) < 4:
-        p.error("--world-sizes must be >= 1 and --sizes-kb at least 0.004 (one float)")
-    command = "python labs/allreduce.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    if not args.sweep:
-        size = int(args.size_mb * 2 ** 20) // 4 * 4
-        ranks = measure(args.world_size, [size], args)
-        n = len(ranks)
-        results = summarize(ranks, size, n)
-        settings = {"size_bytes": size, "algorithms": args.algorithms, "command": command}
-        record = labkit.result("allreduce", n, settings, results, ranks[0]["info"])
-        if "ring" in results and "torch" in results and n > 1:
-            record["ring_vs_torch_busbw"] = (results["ring"]["busbw_GBps"]
-                                             / results["torch"]["busbw_GBps"])
-        labkit.emit(record, args.json)
-        return record
-    if launcher.under_torchrun():
-        world_sizes = [None]                            # torchrun fixed the world size
-    points = {name: [] for name in args.algorithms}
-    info = None
-    for w in world_sizes:
-        ranks = measure(w or 1, sizes, args)
-        n, info = len(ranks), ranks[0]["info"]
-        for size in sizes:
-            for name, entry in summarize(ranks, size, n).items():
-                points[name].append({"world_size": n, "size_bytes": size, **entry})
-    results = {}
-    for name, pts in points.items():
-        usable = [(q["world_size"], q["size_bytes"], q["time_s"])
-                  for q in pts if q["world_size"] > 1]
-        fits = {links: fit_alpha_beta(usable, name, links) if len(usable) >= 2 else None
-                for links in LINKS}
-        results[name] = {"points": pts, "fit": fits["dedicated"], "fit_shared": fits["shared"]}
-    settings = {"world_sizes": sorted({q["world_size"] for q in points[args.algorithms[0]]}),
-                "sizes_bytes": sizes, "algorithms": args.algorithms, "budget_s": args.budget_s,
-                "command": command}
-    record = labkit.result("allreduce", max(settings["world_sizes"]), settings, results, info)
-    labkit.emit(record, args.json)
-    return record
+    p.set_defaults(command="python labs/allreduce.py " + " ".join(sys.argv[1:] if argv is None
+                                                                    else argv))
+    return labkit.main(p, check_settings, None, build_record, argv, measure=measure_all,
+                       fp32_only="it times fp32 messages, as gradients are all-reduced")
 
 
 if __name__ == "__main__":

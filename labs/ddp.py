@@ -49,9 +49,94 @@ def summarize(ranks: list[dict], batch: int, seq: int) -> dict:
 
 
 def measure(n, args) -> list[dict]:
-    return lessonlib.run(ddp_bench, n, args.rungs, MODELS[args.model], batch=args.batch,
-                         steps=args.steps, warmup=args.warmup, rounds=args.rounds,
+    return lessonlib.run(labkit.in_dtype(ddp_bench, args.dtype), n, args.rungs,
+                         MODELS[args.model], batch=args.batch, steps=args.steps,
+                         warmup=args.warmup, rounds=args.rounds,
                          bucket_cap_mb=args.bucket_cap_mb, timeout=args.timeout)
+
+
+def check_settings(p, args) -> dict:
+    labkit.check_positive(p, args, "world-size", "steps", "batch", "rounds")
+    if args.warmup < 0:
+        p.error(f"--warmup must be 0 or more; got {args.warmup}")
+    if not args.bucket_cap_mb > 0:
+        p.error(f"--bucket-cap-mb must be a positive number of MiB (PyTorch uses 25); "
+                f"got {args.bucket_cap_mb}")
+    args.rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
+    if not args.rungs or any(r not in RUNGS for r in args.rungs):
+        p.error(f"--rungs {args.rungs}: choose from {','.join(RUNGS)}")
+    try:
+        args.world_sizes = sorted({int(w) for w in args.world_sizes.split(",")})
+    except ValueError:
+        p.error(f"--world-sizes must be comma-separated integers, e.g. 1,2,4; "
+                f"got {args.world_sizes}")
+    if args.world_sizes[0] < 1:
+        p.error(f"--world-sizes must all be >= 1; got {args.world_sizes}")
+    args.sweep = args.sweep and not launcher.under_torchrun()
+    return {"model": args.model, "config": asdict(MODELS[args.model]),
+            "batch_per_rank": args.batch, "bucket_cap_mb": args.bucket_cap_mb,
+            "steps": args.steps, "rounds": args.rounds, "command": args.command}
+
+
+def measure_all(args, settings: dict) -> dict:
+    """One launch at the world size, or (``--sweep``) one per ``--world-sizes``."""
+    cfg = MODELS[args.model]
+    if not args.sweep:
+        ranks = measure(args.world_size, args)
+        return {"ranks": ranks, "results": summarize(ranks, args.batch, cfg.seq)}
+    by_n = {}
+    for w in args.world_sizes:
+        ranks = measure(w, args)
+        by_n[w] = summarize(ranks, args.batch, cfg.seq)
+    settings["world_sizes"] = args.world_sizes
+    return {"ranks": ranks, "by_n": by_n}
+
+
+def build_record(measured: dict, settings: dict, world_size: int) -> dict:
+    ranks = measured["ranks"]
+    settings["parameters"] = ranks[0]["parameters"]
+    if "by_n" not in measured:
+        results = measured["results"]
+        record = labkit.result("ddp", len(ranks), settings, results, ranks[0]["info"])
+        if "lessonlib" in results and "torch" in results:
+            record["lessonlib_vs_torch_step_time"] = (results["lessonlib"]["step_time_s"]
+                                                      / results["torch"]["step_time_s"])
+        if "lessonlib" in results and "lessonlib_naive" in results:
+            record["naive_vs_lessonlib_step_time"] = (results["lessonlib_naive"]["step_time_s"]
+                                                      / results["lessonlib"]["step_time_s"])
+    else:
+        by_n, world_sizes = measured["by_n"], settings["world_sizes"]
+        results = {}
+        for name in by_n[world_sizes[0]]:
+            base = by_n[world_sizes[0]][name]["samples_per_s"] / world_sizes[0]
+            results[name] = {"by_world_size": {str(w): by_n[w][name] for w in world_sizes},
+                             "scaling_efficiency": {str(w): by_n[w][name]["samples_per_s"]
+                                                    / (w * base) for w in world_sizes}}
+        record = labkit.result("ddp", world_sizes[-1], settings, results, ranks[0]["info"])
+    record["rows"], record["headline"] = table(record), HEADLINE
+    return record
+
+
+HEADLINE = labkit.headline("samples_per_s", x="world_size", series=["implementation"])
+METRICS = ("rung", "step_time_s", "samples_per_s", "tokens_per_s", "gradient_bytes_per_step",
+           "wire_bytes_per_rank_theory", "all_reduces_per_step", "bytes_all_reduced_per_step")
+
+
+def table(record: dict) -> list[dict]:
+    """The record as rows with stable columns: one per implementation (and world size, for a
+    ``--sweep``), the world size a column."""
+    rows = []
+    for name, result in record["results"].items():
+        runs = result.get("by_world_size") or {str(record["world_size"]): result}
+        for w, entry in runs.items():
+            torch_time = (record["results"].get("torch", {}).get("by_world_size", {})
+                          .get(w, record["results"].get("torch", {})).get("step_time_s"))
+            rows.append({"implementation": name, "world_size": int(w),
+                         **{k: entry.get(k) for k in METRICS},
+                         "step_time_over_torch": entry["step_time_s"] / torch_time
+                         if torch_time and name != "torch" else None,
+                         "scaling_efficiency": result.get("scaling_efficiency", {}).get(w)})
+    return rows
 
 
 def main(argv=None):
@@ -64,56 +149,9 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2, help="turns the rungs take")
     p.add_argument("--sweep", action="store_true", help="all --world-sizes: scaling efficiency")
     p.add_argument("--world-sizes", default="1,2,4")
-    args = p.parse_args(argv)
-    labkit.check_positive(p, args, "world-size", "steps", "batch", "rounds")
-    if args.warmup < 0:
-        p.error(f"--warmup must be 0 or more; got {args.warmup}")
-    if not args.bucket_cap_mb > 0:
-        p.error(f"--bucket-cap-mb must be a positive number of MiB (PyTorch uses 25); "
-                f"got {args.bucket_cap_mb}")
-    args.rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
-    if not args.rungs or any(r not in RUNGS for r in args.rungs):
-        p.error(f"--rungs {args.rungs}: choose from {','.join(RUNGS)}")
-    try:
-        world_sizes = sorted({int(w) for w in args.world_sizes.split(",")})
-    except ValueError:
-        p.error(f"--world-sizes must be comma-separated integers, e.g. 1,2,4; "
-                f"got {args.world_sizes}")
-    if world_sizes[0] < 1:
-        p.error(f"--world-sizes must all be >= 1; got {args.world_sizes}")
-    cfg = MODELS[args.model]
-    command = "python labs/ddp.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    settings = {"model": args.model, "config": asdict(cfg), "batch_per_rank": args.batch,
-                "bucket_cap_mb": args.bucket_cap_mb, "steps": args.steps, "rounds": args.rounds,
-                "command": command}
-    if not args.sweep or launcher.under_torchrun():
-        ranks = measure(args.world_size, args)
-        results = summarize(ranks, args.batch, cfg.seq)
-        settings["parameters"] = ranks[0]["parameters"]
-        record = labkit.result("ddp", len(ranks), settings, results, ranks[0]["info"])
-        if "lessonlib" in results and "torch" in results:
-            record["lessonlib_vs_torch_step_time"] = (results["lessonlib"]["step_time_s"]
-                                                      / results["torch"]["step_time_s"])
-        if "lessonlib" in results and "lessonlib_naive" in results:
-            record["naive_vs_lessonlib_step_time"] = (results["lessonlib_naive"]["step_time_s"]
-                                                      / results["lessonlib"]["step_time_s"])
-        labkit.emit(record, args.json)
-        return record
-    by_n = {}
-    for w in world_sizes:
-        ranks = measure(w, args)
-        by_n[w], info = summarize(ranks, args.batch, cfg.seq), ranks[0]["info"]
-        settings["parameters"] = ranks[0]["parameters"]
-    results = {}
-    for name in by_n[world_sizes[0]]:
-        base = by_n[world_sizes[0]][name]["samples_per_s"] / world_sizes[0]
-        results[name] = {"by_world_size": {str(w): by_n[w][name] for w in world_sizes},
-                         "scaling_efficiency": {str(w): by_n[w][name]["samples_per_s"] / (w * base)
-                                                for w in world_sizes}}
-    settings["world_sizes"] = world_sizes
-    record = labkit.result("ddp", world_sizes[-1], settings, results, info)
-    labkit.emit(record, args.json)
-    return record
+    p.set_defaults(command="python labs/ddp.py " + " ".join(sys.argv[1:] if argv is None
+                                                              else argv))
+    return labkit.main(p, check_settings, None, build_record, argv, measure=measure_all)
 
 
 if __name__ == "__main__":

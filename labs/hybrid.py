@@ -6,7 +6,8 @@ median step time (the slowest rank sets the pace) and tokens per second, the par
 each rank holds next to the count the TP/PP split predicts, the messages one step sends on
 each axis next to the count ``hybrid.expected_traffic`` predicts, and the pipeline's idle
 share (time outside F and B over the step's wall time, median over ranks) next to the
-bubble the cost model predicts, (p-1)/(m+p-1).
+bubble the cost model predicts, (p-1)/(m+p-1). The record's ``rows``: one per layout, with
+t, p, d, b and m as columns (tokens per second is the headline a sweep plots).
 
 Laptop:  python labs/hybrid.py --world-size 8 [--json results/hybrid.json]
 GPU box: torchrun --nproc-per-node 8 labs/hybrid.py --json results/hybrid.json
@@ -42,7 +43,8 @@ def all_layouts(world: int, cfg: GPTConfig, global_batch: int, m: int) -> list[t
     return out
 
 
-def worker(layouts, settings: dict) -> dict:
+def worker(settings: dict) -> dict:
+    layouts = [parse_layout(text) for text in settings["layouts"]]
     cfg = GPTConfig(**settings["model"])
     out = {"info": labkit.rank_info()}
     for t, p, d in layouts:
@@ -53,7 +55,8 @@ def worker(layouts, settings: dict) -> dict:
     return out
 
 
-def build_record(ranks: list[dict], layouts, settings: dict, world_size: int) -> dict:
+def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
+    layouts = [parse_layout(text) for text in settings["layouts"]]
     cfg, m, batch = GPTConfig(**settings["model"]), settings["m"], settings["global_batch"]
     results = {}
     for t, p, d in layouts:
@@ -77,10 +80,25 @@ def build_record(ranks: list[dict], layouts, settings: dict, world_size: int) ->
                else "python")
     record["command"] = " ".join([starter, "labs/hybrid.py", *sys.argv[1:]])
     record["host"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__}
+    record["rows"], record["headline"] = table(record), HEADLINE
     return record
 
 
-def check_settings(ap, args) -> tuple[list, dict]:
+HEADLINE = labkit.headline("tokens_per_s", x="layout", series=["implementation"])
+
+
+def table(record: dict) -> list[dict]:
+    """The record as rows with stable columns: one per layout."""
+    return [{"implementation": "lessonlib", "layout": key,
+             **{k: row[k] for k in ("t", "p", "d", "b", "m", "step_time_s", "tokens_per_s")},
+             "idle_measured": row["idle_share_median"], "bubble_predicted": row["predicted_bubble"],
+             "param_bytes_per_rank": row["param_bytes_per_rank"],
+             "param_bytes_per_rank_predicted": row["expected_param_bytes_per_rank"],
+             "max_weight_diff_vs_one_process": row["max_weight_diff_vs_one_process"]}
+            for key, row in record["results"].items()]
+
+
+def check_settings(ap, args) -> dict:
     labkit.check_positive(ap, args, "world-size", "steps")
     if args.warmup < 0:
         ap.error(f"--warmup must be 0 or more; got {args.warmup}")
@@ -102,24 +120,20 @@ def check_settings(ap, args) -> tuple[list, dict]:
             ap.error(f"no (t, p, d) layout of --world-size {args.world_size} fits --layers "
                      f"{args.layers}, --heads {args.heads} and --global-batch "
                      f"{args.global_batch} with --microbatches {args.microbatches}")
-    return layouts, {"model": model, "global_batch": args.global_batch, "m": args.microbatches,
+    return {"model": model, "global_batch": args.global_batch, "m": args.microbatches,
                      "steps": args.steps, "warmup": args.warmup, "lr": args.lr,
                      "layouts": [name(*lay) for lay in layouts]}
 
 
-def main():
+def main(argv=None):
     ap = labkit.parser("hybrid", __doc__.splitlines()[0])
     ap.set_defaults(world_size=8, steps=5, warmup=2)
     ap.add_argument("--layouts", default=None,
                     help="comma-separated t<t>p<p>d<d>, e.g. t2p2d2,t4p2d1 (default: all)")
     labkit.add_gpt_flags(ap)
     ap.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
-    args = ap.parse_args()
-    args.world_size = labkit.world_size(args)
-    layouts, settings = check_settings(ap, args)
-    ranks = lessonlib.run(worker, args.world_size, layouts, settings, backend=args.backend,
-                          timeout=args.timeout)
-    labkit.emit(build_record(ranks, layouts, settings, args.world_size), args.json)
+    return labkit.main(ap, check_settings, worker, build_record, argv,
+                       fp32_only="its pipeline stages receive activations in fp32 buffers")
 
 
 if __name__ == "__main__":

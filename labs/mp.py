@@ -14,19 +14,18 @@ Per p it reports the idle share of every rank (1 - time in forward, backward and
 layers still run one after another, so the prediction is 1, not 1/p); and the parameter
 bytes and the activation bytes kept for backward per rank, next to the balanced split's
 parameter bytes and the whole model's / p. Compute threads per rank default to 1, so p = 1
-and p = 4 compute with the same core count per stage.
+and p = 4 compute with the same core count per stage. The record's ``rows``: one per p,
+with p a column (``idle_measured`` over ``idle_predicted`` is the headline a sweep plots).
 
 Laptop:  python labs/mp.py --world-size 4 --json data/mp_cpu_results.json
 GPU box: torchrun --nproc-per-node 8 labs/mp.py --hidden 1024 --layers 16 --batch 32 \\
              --json results/mp.json
 """
-import os
-import platform
+import functools
 import sys
 
 import torch
 
-import lessonlib
 from lessonlib import labkit
 from lessonlib import model_parallel as mp
 from lessonlib.costmodel import bubble_fraction
@@ -81,8 +80,6 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     results = {"lessonlib": {"step_time_s": by_p[str(largest)]["step_time_s"], "by_p": by_p}}
     record = labkit.result("mp", world_size, settings, results, ranks[0])
     record["command"] = settings["command"]
-    record["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__,
-                         "platform": platform.platform()}
     n_layers = len(layers_of(full))
     record["theory"] = {
         "conventions": {"idle_share": "(p-1)/p of wall time: the bubble (p-1)/(m+p-1) at m = 1, "
@@ -98,10 +95,30 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
         record["step_time_over_p1"] = {k: row["step_time_s"] / one for k, row in by_p.items()}
     record["idle_minus_theory"] = {k: row["idle_mean"] - row["idle_predicted"]
                                    for k, row in by_p.items()}
+    record["rows"], record["headline"] = table(record), HEADLINE
     return record
 
 
-def check_settings(parser, args, argv) -> dict:
+HEADLINE = labkit.headline("idle_measured", x="p", series=["implementation"],
+                           predicted="idle_predicted")
+
+
+def table(record: dict) -> list[dict]:
+    """The record as rows with stable columns: one per p."""
+    over_p1 = record.get("step_time_over_p1", {})
+    return [{"implementation": "lessonlib", "p": int(key), "step_time_s": row["step_time_s"],
+             "step_time_over_p1": over_p1.get(key), "step_time_over_p1_predicted": 1.0,
+             "idle_measured": row["idle_mean"], "idle_predicted": row["idle_predicted"],
+             "idle_per_rank": row["idle_per_rank"],
+             "param_bytes_per_rank": row["param_bytes_per_rank"],
+             "param_bytes_split_predicted": row["param_bytes_split"],
+             "param_bytes_even": row["param_bytes_even"],
+             "stash_bytes_per_rank": row["stash_bytes_per_rank"],
+             "max_parity_error": max(row["parity"].values())}
+            for key, row in record["results"]["lessonlib"]["by_p"].items()]
+
+
+def check_settings(parser, args, argv=None) -> dict:
     labkit.check_positive(parser, args, "world-size", "steps", "rounds", "layers", "hidden",
                           "width", "batch", "threads")
     if args.warmup < 0:
@@ -119,7 +136,8 @@ def check_settings(parser, args, argv) -> dict:
                 "width": args.width, "batch": args.batch, "steps": args.steps,
                 "warmup": args.warmup, "lr": args.lr, "seed": args.seed,
                 "threads": args.threads, "rounds": args.rounds, "p": sorted(set(ps)),
-                "command": "python labs/mp.py " + " ".join(argv)}
+                "command": "python labs/mp.py " + " ".join(sys.argv[1:] if argv is None
+                                                            else argv)}
     for p in settings["p"]:
         try:
             mp.check_settings(args.world_size, p, lines=1,
@@ -146,12 +164,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="compute threads per rank (1: the same cores per stage at every p)")
-    args = parser.parse_args(argv)
-    args.world_size = labkit.world_size(args)
-    settings = check_settings(parser, args, sys.argv[1:] if argv is None else argv)
-    ranks = lessonlib.run(worker, args.world_size, settings, backend=args.backend,
-                          timeout=args.timeout)
-    labkit.emit(build_record(ranks, settings, args.world_size), args.json)
+    return labkit.main(parser, functools.partial(check_settings, argv=argv), worker,
+                       build_record, argv,
+                       fp32_only="its stages receive activations in fp32 buffers")
 
 
 if __name__ == "__main__":

@@ -12,17 +12,15 @@ backward (counted from what autograd saved), next to the theory: bubble (p-1)/(m
 wall time (and Megatron-LM 2021's (p-1)/m of ideal time), stash min(p - stage, m) for
 1F1B and m for GPipe. Compute threads per rank default to 1 so ranks do not share cores,
 and stage 0 computes its input's gradient like every other stage, so the stages are equal.
+The record's ``rows`` hold one row per implementation, schedule and m, with m a column and
+the same metric names in every row (``bubble_measured`` over ``bubble_predicted`` is the
+headline a sweep plots).
 
 Laptop:  python labs/pp.py --world-size 2 [--json results/pp.json]
 GPU box: torchrun --nproc-per-node 4 labs/pp.py --microbatches 4 8 16 --json results/pp.json
 """
-import os
-import platform
 import sys
 
-import torch
-
-import lessonlib
 from lessonlib import labkit
 from lessonlib.pipeline import runs
 
@@ -52,8 +50,6 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
         results[engine]["step_time_s"] = one[largest]["step_time_s"] if one else None
     record = labkit.result("pp", world_size, settings, results, ranks[0])
     record["command"] = "python labs/pp.py " + " ".join(sys.argv[1:])
-    record["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__,
-                         "platform": platform.platform()}
     theory = {"conventions": {"bubble_wall": "(p-1)/(v m+p-1) of wall time, GPipe §2.3",
                               "bubble_ideal": "(p-1)/(v m) of ideal time, Megatron-LM 2021 §2.2",
                               "peak_stash": "1F1B min(p - stage, m) (PipeDream-Flush §3.2), "
@@ -75,7 +71,35 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     record["bubble_minus_theory"] = {
         f"{r['engine']} {r['schedule']} m={r['m']}": r["bubble_mean"] - r["bubble_theory_wall"]
         for r in rows}
+    record["rows"], record["headline"] = table(record), HEADLINE
     return record
+
+
+HEADLINE = labkit.headline("bubble_measured", x="m", series=["implementation", "schedule"],
+                           predicted="bubble_predicted")
+
+
+def table(record: dict) -> list[dict]:
+    """The record as rows with stable columns: one per implementation, schedule and m."""
+    theory, p = record["theory"], record["world_size"]
+    rows = []
+    for engine, result in record["results"].items():
+        for schedule, cases in result["schedules"].items():
+            for key, case in cases.items():
+                m = int(key[2:])
+                ratio = record["ratio_lessonlib_over_torch"].get(schedule, {}).get(key)
+                rows.append({
+                    "implementation": engine, "schedule": schedule, "p": p, "m": m,
+                    "step_time_s": case["step_time_s"],
+                    "step_time_over_torch": ratio if engine == "lessonlib" else None,
+                    "bubble_measured": case["bubble_mean"],
+                    "bubble_predicted": theory["bubble_wall"].get(f"{schedule} {key}"),
+                    "bubble_predicted_ideal": theory["bubble_ideal"].get(f"{schedule} {key}"),
+                    "bubble_per_stage": case["bubble_per_stage"],
+                    "peak_stash_per_stage": case["peak_stash_per_stage"],
+                    "peak_stash_predicted": theory["peak_stash"].get(schedule, {}).get(key),
+                    "peak_stash_bytes_per_stage": case["peak_stash_bytes_per_stage"]})
+    return rows
 
 
 def check_settings(p, args) -> dict:
@@ -99,7 +123,7 @@ def check_settings(p, args) -> dict:
             "model": "mlp_stack (Linear+GeLU), balanced stages", "loss": "mse"}
 
 
-def main():
+def main(argv=None):
     p = labkit.parser("pp", __doc__.splitlines()[0])
     p.set_defaults(steps=10, warmup=2)
     p.add_argument("--microbatches", type=int, nargs="+", default=[2, 4, 8], help="values of m")
@@ -114,12 +138,8 @@ def main():
     p.add_argument("--no-input-grad", action="store_true",
                    help="stage 0 skips its input's gradient (its backward gets shorter than "
                         "the other stages', which adds to the measured bubble)")
-    args = p.parse_args()
-    args.world_size = labkit.world_size(args)
-    settings = check_settings(p, args)
-    ranks = lessonlib.run(worker, args.world_size, settings, backend=args.backend,
-                          timeout=args.timeout)
-    labkit.emit(build_record(ranks, settings, args.world_size), args.json)
+    return labkit.main(p, check_settings, worker, build_record, argv,
+                       fp32_only="its stages receive activations in fp32 buffers")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 
 What it teaches: a single measurement says little; a row of them, over world sizes,
 layouts or micro-batch counts, shows the trend the cost model predicts. Each point of the
-grid is one run of ``labs/<lab>.py ... --json``; its record is flattened into a row
-(``lessonlib.results.flatten``), and the rows are written after every point to
-``table.csv`` and ``table.json`` in the results folder, beside each point's JSON and log.
-A point that fails or times out becomes a row with ``status`` and ``error``; the sweep goes on.
+grid is one run of ``labs/<lab>.py ... --json``; its record's rows (one per implementation,
+schedule or layout, with stable metric columns) become rows of the table, each with the
+point's number, status and grid settings as columns (``sweep_points.table_rows``), written
+after every point to ``table.csv`` and ``table.json`` in the results folder, beside each
+point's JSON and log. A point that fails or times out becomes a row with ``status`` and
+``error``; the sweep goes on. ``--plot`` draws the lab's headline metric against the swept
+setting, over the cost model's prediction where the lab has one, into ``plot.png``.
 
     python labs/sweep.py --lab ddp --grid world_size=1,2,4 --grid bucket_cap_mb=1,25 \\
         --set model=tiny --set steps=3
@@ -24,18 +27,20 @@ Launchers (``world_size`` is special: it sets how many ranks start):
   torchrun  ``torchrun --standalone --nproc-per-node W labs/X.py`` (one GPU node)
   srun      ``srun --ntasks=W bash labs/slurm/rank_env.sh python labs/X.py`` (inside a
             SLURM allocation: ``salloc -N 2 --ntasks-per-node 8`` or an sbatch script)
+  --slurm   the grid as one job array, a task per point through labs/slurm/torchrun.sbatch;
+            returns at once; ``--collect FOLDER`` (or the same command again) gathers it
+            (``labs/sweep_slurm.py``)
 
 Laptop:  python labs/sweep.py --lab tp --grid world_size=1,2,4 --set steps=5
-GPU box: python labs/sweep.py --lab tp --launcher torchrun --grid world_size=1,2,4,8
+GPU box: python labs/sweep.py --lab tp --launcher torchrun --grid world_size=1,2,4,8 --plot
+Cluster: python labs/sweep.py --lab pp --grid microbatches=4,8,16 --set world_size=8 --slurm
 """
 from __future__ import annotations
 
 import argparse
-import configparser
-import itertools
+import hashlib
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -43,105 +48,23 @@ import sys
 import time
 from pathlib import Path
 
+import sweep_slurm
+from sweep_points import (LABS_DIR, check, error_line, expand, lab_argv, lab_flags,
+                          parse_axis, point_row, read_grid_file, read_record, table_meta,
+                          table_rows, write_table)
+
 from lessonlib import results as R
 
-LABS_DIR = Path(__file__).resolve().parent
-
-NOT_LABS = {"sweep", "gpu_check"}
+NOT_LABS = {"sweep", "sweep_points", "sweep_slurm", "gpu_check"}
 LAUNCHERS = ("local", "torchrun", "srun")
-LEAD_COLUMNS = ["point", "lab", "status", "seconds", "error"]
+__all__ = ["parse_axis", "expand", "read_grid_file", "lab_flags", "check", "command", "sweep"]
 
 
-# ---------------------------------------------------------------- the grid
 def available_labs() -> list[str]:
     return sorted(p.stem for p in LABS_DIR.glob("*.py") if p.stem not in NOT_LABS)
 
 
-def _split_values(text: str) -> list[str]:
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        return [text[1:-1]]
-    return [v.strip() for v in text.split(",") if v.strip()]
-
-
-def parse_axis(spec: str, split: bool = True) -> tuple[list[str], list[tuple[str, ...]]]:
-    """``"a:b=1:x,2:y"`` -> (["a", "b"], [("1", "x"), ("2", "y")])."""
-    if "=" not in spec:
-        raise ValueError(f"grid setting {spec!r} has no '='; write key=value1,value2 "
-                         f"(e.g. world_size=2,4)")
-    keys_text, values_text = spec.split("=", 1)
-    keys = [k.strip() for k in keys_text.split(":")]
-    if not all(re.fullmatch(r"[A-Za-z][\w-]*", k) for k in keys):
-        raise ValueError(f"grid setting {spec!r}: {keys_text!r} is not a flag name "
-                         f"(letters, digits, '_' or '-'; tie several with ':')")
-    values = _split_values(values_text) if split else [values_text.strip()]
-    if not values:
-        raise ValueError(f"grid setting {spec!r} has no values after '='")
-    tuples = [tuple(v.split(":")) if len(keys) > 1 else (v,) for v in values]
-    for t in tuples:
-        if len(t) != len(keys):
-            raise ValueError(f"grid setting {spec!r}: value {':'.join(t)!r} has {len(t)} "
-                             f"part(s) for {len(keys)} key(s) {keys}; write one per key, "
-                             f"joined with ':'")
-    return keys, tuples
-
-
-def expand(axes: list[tuple[list[str], list[tuple[str, ...]]]]) -> list[dict]:
-    """The cartesian product of the axes, each point a {key: value} dict in axis order."""
-    points = []
-    for combo in itertools.product(*(values for _, values in axes)):
-        point = {}
-        for (keys, _), values in zip(axes, combo):
-            point.update(zip(keys, values))
-        points.append(point)
-    return points
-
-
-def read_grid_file(path: Path) -> list[tuple[str, list[dict]]]:
-    """[(lab, points)] from an INI grid file, one section per lab grid."""
-    if not path.exists():
-        raise ValueError(f"--grid-file {path} does not exist")
-    ini = configparser.ConfigParser(interpolation=None, delimiters=("=",))  # ":" ties keys
-    ini.optionxform = str
-    ini.read(path)
-    if not ini.sections():
-        raise ValueError(f"--grid-file {path} has no [lab] section; start with e.g. [ddp]")
-    return [(section.split()[0], expand([parse_axis(f"{k}={v}") for k, v in ini[section].items()]))
-            for section in ini.sections()]
-
-
-def lab_flags(python: str, lab: str) -> set[str]:
-    """The flags ``labs/<lab>.py`` accepts, read from its --help (before anything runs)."""
-    out = subprocess.run([python, str(LABS_DIR / f"{lab}.py"), "--help"], capture_output=True,
-                         text=True, timeout=300)
-    if out.returncode != 0:
-        raise ValueError(f"labs/{lab}.py --help failed:\n{out.stderr.strip()[-2000:]}")
-    return set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", out.stdout))
-
-
-def check(lab: str, points: list[dict], flags: set[str]) -> None:
-    """Every grid key must be one of the lab's flags."""
-    for key in {k for p in points for k in p}:
-        flag = "--" + key.replace("_", "-")
-        if flag not in flags:
-            raise ValueError(f"labs/{lab}.py has no {flag} (from grid key {key!r}); its flags "
-                             f"are {', '.join(sorted(flags - {'--help'}))}")
-
-
 # ---------------------------------------------------------------- one point
-def lab_argv(point: dict, launcher: str) -> list[str]:
-    argv = []
-    for key, value in point.items():
-        if key == "world_size" and launcher != "local":
-            continue                       # the launcher starts that many ranks instead
-        flag = "--" + key.replace("_", "-")
-        if value.lower() == "true":
-            argv.append(flag)
-        elif value.lower() != "false":
-            argv += [flag, *value.split()]
-    return argv
-
-
 def command(lab: str, point: dict, json_path: Path, opts) -> list[str]:
     script = [str(LABS_DIR / f"{lab}.py"), *lab_argv(point, opts.launcher), "--json",
               str(json_path)]
@@ -157,25 +80,11 @@ def command(lab: str, point: dict, json_path: Path, opts) -> list[str]:
     return [*starter, "bash", str(LABS_DIR / "slurm" / "rank_env.sh"), opts.python, *script]
 
 
-def _typed(value: str):
-    return R.parse_value(value) if " " not in value else value
-
-
-def _error_line(log: str) -> str:
-    """The line that says what went wrong: an exception or argparse's 'error:' line."""
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if re.match(r"^[\w.]*(Error|Exception|Timeout)\b.*:", ln) or " error: " in ln:
-            return ln[:500]
-    return (lines[-1] if lines else "no output")[:500]
-
-
 def run_point(index: int, lab: str, point: dict, out: Path, opts) -> dict:
     json_path = out / "points" / f"{index:04d}-{lab}.json"
     log_path = out / "logs" / f"{index:04d}-{lab}.log"
     cmd = command(lab, point, json_path, opts)
-    row = {"point": index, "lab": lab, "status": "ok", "seconds": None, "error": None,
-           **{k: _typed(v) for k, v in point.items()}}
+    row = point_row(index, lab, point)
     start = time.monotonic()
     with open(log_path, "w") as log:
         log.write(shlex.join(cmd) + "\n\n")
@@ -197,7 +106,7 @@ def run_point(index: int, lab: str, point: dict, out: Path, opts) -> dict:
     if rc is None:
         row.update(status="timeout", error=f"stopped after --point-timeout {opts.point_timeout} s")
     elif rc != 0:
-        row.update(status="failed", error=f"exit {rc}: {_error_line(text)}")
+        row.update(status="failed", error=f"exit {rc}: {error_line(text)}")
     elif not json_path.exists():
         row.update(status="failed", error="exited 0 but wrote no --json record")
     else:
@@ -218,14 +127,14 @@ def progress_line(done: int, total: int, started: float, note: str) -> str:
 
 
 def sweep(jobs: list[tuple[str, list[dict]]], out: Path, opts) -> list[dict]:
+    """Run every point here, one after another; write the table (stable rows) after each.
+    Returns one row per point: its status and its whole record flattened."""
     (out / "points").mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
     total = sum(len(points) for _, points in jobs)
     tty = sys.stderr.isatty()
-    rows, started = [], time.monotonic()
-    grid_cols = list(dict.fromkeys(k for _, points in jobs for p in points for k in p))
-    varying = {k for _, points in jobs for k in grid_cols
-               if len({p.get(k) for p in points}) > 1}
+    rows, table, records, started = [], [], [], time.monotonic()
+    varying = set(table_meta(jobs, [])["swept"])
     for lab, point in ((lab, p) for lab, points in jobs for p in points):
         label = f"{lab} " + " ".join(f"{k}={v}" for k, v in point.items()
                                      if k in varying or k == "world_size")
@@ -233,13 +142,16 @@ def sweep(jobs: list[tuple[str, list[dict]]], out: Path, opts) -> list[dict]:
             print("\r" + progress_line(len(rows), total, started, f"running {label}")[:150],
                   end="", file=sys.stderr, flush=True)
         row = run_point(len(rows), lab, point, out, opts)
+        record = read_record(out / "points" / f"{row['point']:04d}-{lab}.json") \
+            if row["status"] == "ok" else None
         rows.append(row)
+        records += [record] if record else []
+        table += table_rows(row, point, record)
         status = row["status"] + ("" if row["status"] == "ok" else f" ({row['error'][:80]})")
         line = progress_line(len(rows), total, started,
                              f"{label}: {status} in {row['seconds']:.1f} s")
         print(("\r\033[K" if tty else "") + line, file=sys.stderr, flush=True)
-        R.write_csv(rows, out / R.TABLE_CSV, order=LEAD_COLUMNS + grid_cols)
-        R.write_json(rows, out / R.TABLE_JSON, launcher=opts.launcher, grid_columns=grid_cols)
+        write_table(out, table, table_meta(jobs, records, launcher=opts.launcher))
     return rows
 
 
@@ -263,6 +175,14 @@ def parse_args(argv=None):
     p.add_argument("--python", default=sys.executable, help="interpreter for the labs")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--strict", action="store_true", help="exit 1 if any point failed")
+    p.add_argument("--plot", action="store_true",
+                   help="draw the headline metric against the swept setting into plot.png")
+    p.add_argument("--slurm", action="store_true",
+                   help="submit the grid as one SLURM job array and return (run it again, or "
+                        "--collect FOLDER, to gather the finished points)")
+    p.add_argument("--sbatch-args", default="", help="extra sbatch flags for --slurm, quoted")
+    p.add_argument("--collect", type=Path, default=None, metavar="FOLDER",
+                   help="gather a --slurm sweep's finished points into its table")
     return p, p.parse_args(argv)
 
 
@@ -295,8 +215,55 @@ def build_jobs(opts) -> list[tuple[str, list[dict]]]:
     return jobs
 
 
+def default_folder(name: str, jobs, opts) -> Path:
+    """A local sweep's folder is new each time; a --slurm sweep's is named by its grid, so
+    running the same command again finds the array it submitted and collects it."""
+    if not opts.slurm:
+        return Path("results", "sweeps", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    digest = hashlib.sha1(json.dumps([jobs, opts.sbatch_args]).encode()).hexdigest()[:8]
+    return Path("results", "sweeps", f"{name}-{digest}")
+
+
+def check_folder(parser, out: Path) -> None:
+    """The results folder must be a folder this user can write, before any point runs."""
+    place = next(p for p in [out, *out.parents, Path(".")] if p.exists())
+    if not place.is_dir() or (place == out and not out.is_dir()):
+        parser.error(f"--out {out}: {place} is a file, not a folder; give a folder")
+    if not os.access(place, os.W_OK):
+        parser.error(f"--out {out}: no write permission in {place}; choose a writable place")
+
+
+def finish(rows: list[dict], out: Path, opts, pending: list[dict] = ()) -> int:
+    """Say how many points finished (and plot them with --plot); exit 1 with --strict if
+    any failed."""
+    waiting = {r["point"] for r in pending}
+    points = sorted({r["point"] for r in rows})
+    bad = sorted({r["point"] for r in rows if r["status"] != "ok" and r["point"] not in waiting})
+    print(f"{len(points) - len(bad) - len(pending)} of {len(points)} points ok; table: "
+          f"{out / R.TABLE_CSV} and {out / R.TABLE_JSON}"
+          + (f"; failed: points {bad}" if bad else "")
+          + (f"; not finished: points {[r['point'] for r in pending]}" if pending else ""))
+    if opts.plot:
+        print(f"plot: {R.plot_sweep(out)}")
+    return 1 if bad and opts.strict else 0
+
+
+def collect(parser, out: Path, opts) -> int:
+    if not (out / sweep_slurm.STATE).exists():
+        parser.error(f"--collect {out}: no {sweep_slurm.STATE} there; give the folder that "
+                     f"labs/sweep.py --slurm printed")
+    table, open_points = sweep_slurm.collect(out)
+    for row in open_points:
+        print(f"point {row['point']} ({row['lab']}): {row['status']}, {row['error']}; "
+              f"{row['log']}:\n  " + row["log_tail"].replace("\n", "\n  "))
+    pending = [r for r in open_points if r["status"] != "failed"]
+    return finish(table, out, opts, pending)
+
+
 def main(argv=None) -> int:
     parser, opts = parse_args(argv)
+    if opts.collect:
+        return collect(parser, opts.collect, opts)
     try:
         jobs = build_jobs(opts)
         for lab, points in jobs:
@@ -307,17 +274,23 @@ def main(argv=None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     name = opts.grid_file.stem if opts.grid_file else jobs[0][0]
-    out = opts.out or Path("results", "sweeps", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = opts.out or default_folder(name, jobs, opts)
+    check_folder(parser, out)
+    if opts.slurm and (out / sweep_slurm.STATE).exists():
+        return collect(parser, out, opts)          # the same command again: gather
+    if opts.slurm and not opts.dry_run:
+        try:
+            job = sweep_slurm.submit(jobs, out, opts)
+        except (OSError, RuntimeError) as exc:
+            parser.error(f"--slurm: {exc}")
+        print(f"submitted job array {job}: {sum(len(p) for _, p in jobs)} points; gather them "
+              f"with: python labs/sweep.py --collect {out}" + (" --plot" if opts.plot else ""))
+        return 0
     if opts.dry_run:
         for i, (lab, point) in enumerate((lab, p) for lab, points in jobs for p in points):
             print(shlex.join(command(lab, point, out / "points" / f"{i:04d}-{lab}.json", opts)))
         return 0
-    rows = sweep(jobs, out, opts)
-    failed = [r for r in rows if r["status"] != "ok"]
-    print(f"{len(rows) - len(failed)} of {len(rows)} points ok; table: {out / R.TABLE_CSV} "
-          f"and {out / R.TABLE_JSON}" + (f"; failed: points {[r['point'] for r in failed]}"
-                                         if failed else ""))
-    return 1 if failed and opts.strict else 0
+    return finish(sweep(jobs, out, opts), out, opts)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,12 @@ the medians, and the median of the step-by-step ratios, which load that drifts d
 run cannot bias), the collectives and bytes of one step (lessonlib's ledger; for DTensor a
 dispatch mode that sees its functional collectives), and the bytes of parameters each rank
 holds against the dense layer: t = world size. Outputs and input gradients are checked
-against the dense layer first.
+against the dense layer first. The record's ``rows``: one per implementation and layer kind,
+with t a column and the same metric names in every row.
 
 Laptop:  python labs/tp.py --world-size 2 [--json results/tp.json]
 GPU box: torchrun --nproc-per-node 4 labs/tp.py --json results/tp.json
 """
-import os
-import platform
 import sys
 
 import torch
@@ -143,8 +142,6 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     starter = (f"torchrun --nproc-per-node {world_size}" if lessonlib.launcher.under_torchrun()
                else "python")
     record["command"] = " ".join([starter, "labs/tp.py", *sys.argv[1:]])
-    record["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
-                         "python": platform.python_version(), "torch": torch.__version__}
     record["dense"] = {kind: ranks[0][kind]["dense"] for kind in KINDS}
     record["ratio_lessonlib_over_torch"] = {
         kind: results["lessonlib"]["layers"][kind]["step_time_s"]
@@ -157,7 +154,34 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     record["matrix_bytes_fraction_of_dense"] = {
         kind: results["lessonlib"]["layers"][kind]["matrix_bytes"]
         / record["dense"][kind]["matrix_bytes"] for kind in KINDS}
+    record["rows"], record["headline"] = table(record), HEADLINE
     return record
+
+
+HEADLINE = labkit.headline("step_time_s", x="t", series=["implementation", "layer"])
+
+
+def table(record: dict) -> list[dict]:
+    """The record as rows with stable columns: one per implementation and layer kind."""
+    rows = []
+    for name, result in record["results"].items():
+        for kind, layer in result["layers"].items():
+            ours = name == "lessonlib"
+            rows.append({
+                "implementation": name, "layer": kind, "t": record["world_size"],
+                "step_time_s": layer["step_time_s"],
+                "step_time_over_torch": record["ratio_lessonlib_over_torch"][kind] if ours
+                else None,
+                "paired_step_time_over_torch":
+                    record["paired_ratio_lessonlib_over_torch"][kind] if ours else None,
+                "all_reduces": layer["all_reduces"], "comm_bytes": layer["comm_bytes"],
+                "param_bytes_per_rank": layer["param_bytes_per_rank"],
+                "matrix_bytes_per_rank": layer["matrix_bytes_per_rank"],
+                "matrix_bytes_fraction_of_dense":
+                    max(layer["matrix_bytes_per_rank"]) / record["dense"][kind]["matrix_bytes"],
+                "output_max_abs_error": layer["output_max_abs_error"],
+                "input_grad_max_abs_error": layer["input_grad_max_abs_error"]})
+    return rows
 
 
 def check_settings(p, args) -> dict:
@@ -173,19 +197,14 @@ def check_settings(p, args) -> dict:
             "steps": args.steps, "warmup": args.warmup}
 
 
-def main():
+def main(argv=None):
     p = labkit.parser("tp", __doc__.splitlines()[0])
     p.set_defaults(steps=20, warmup=3)
     p.add_argument("--batch", type=int, default=8, help="b, sequences per step")
     p.add_argument("--seq", type=int, default=128, help="s, tokens per sequence")
     p.add_argument("--hidden", type=int, default=256, help="h; the MLP's inner size is 4h")
     p.add_argument("--heads", type=int, default=8, help="a, attention heads")
-    args = p.parse_args()
-    args.world_size = labkit.world_size(args)
-    settings = check_settings(p, args)
-    ranks = lessonlib.run(worker, args.world_size, settings, backend=args.backend,
-                          timeout=args.timeout)
-    labkit.emit(build_record(ranks, settings, args.world_size), args.json)
+    return labkit.main(p, check_settings, worker, build_record, argv)
 
 
 if __name__ == "__main__":

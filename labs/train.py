@@ -60,7 +60,64 @@ def fail_at(ap, text: str | None, world_size: int) -> tuple[int, int] | None:
     return int(rank), int(step)
 
 
-def main():
+def check_run(ap, args) -> dict:
+    """Every setting, the checkpoint folder and the checkpoint to resume from, checked (or
+    cleared with ``--fresh``) before any process starts."""
+    settings = check_settings(ap, args)
+    args.failure = fail_at(ap, args.fail_at, args.world_size)
+    args.resume = None
+    if args.fresh:
+        if lessonlib.launcher.is_main_process():
+            shutil.rmtree(args.checkpoint_dir, ignore_errors=True)
+    else:
+        try:
+            args.resume = long_run.resume_point(settings)
+        except ValueError as exc:
+            ap.error(str(exc))
+    return settings
+
+
+def measure(args, settings: dict) -> dict:
+    resume = args.resume
+    if lessonlib.launcher.is_main_process():
+        for problem in resume["damaged"] if resume else []:
+            print(f"labs/train.py: skipping a newer checkpoint: {problem}", file=sys.stderr)
+        start = f"resuming at step {resume['step']}" if resume else "starting at step 0"
+        if resume and resume["meta"]["layout"] != layout_name(*settings["layout"]):
+            start += f" (resharded from {resume['meta']['layout']})"
+        print(f"labs/train.py: {layout_name(*settings['layout'])}, {start} of {args.steps}, "
+              f"checkpoints every {args.checkpoint_every} steps in {args.checkpoint_dir}",
+              file=sys.stderr, flush=True)
+    try:
+        ranks = lessonlib.run(long_run.train, args.world_size, settings, resume,
+                              fail_at=args.failure, backend=args.backend, timeout=args.timeout)
+    except lessonlib.RankError as exc:
+        diverged = [line for line in str(exc).splitlines() if "Diverged: " in line]
+        if not diverged:
+            raise
+        # A result of the settings, not a crash: one line, without the rank's traceback
+        sys.exit(f"labs/train.py: {diverged[-1].split('Diverged: ', 1)[1]}")
+    return {"ranks": ranks, "resume": resume}
+
+
+def build_record(measured: dict, settings: dict, world_size: int) -> dict:
+    ranks = measured["ranks"]
+    shown = {k: v for k, v in settings.items() if k != "meta"}
+    summary = long_run.summary(ranks, settings, measured["resume"])
+    record = labkit.result("train", world_size, shown, {"lessonlib": summary}, ranks[0]["info"])
+    starter = (f"torchrun --nproc-per-node {world_size}"
+               if lessonlib.launcher.under_torchrun() else "python")
+    record["command"] = " ".join([starter, "labs/train.py", *sys.argv[1:]])
+    record["host"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__}
+    record["rows"] = [{"implementation": "lessonlib", "layout": layout_name(*settings["layout"]),
+                       **{k: summary[k] for k in ("step_time_s", "first_loss", "last_loss",
+                                                  "resumed_from_step", "steps_run_now",
+                                                  "checkpoint_save_s")}}]
+    record["headline"] = labkit.headline("last_loss", x="steps", series=["implementation"])
+    return record
+
+
+def main(argv=None):
     ap = labkit.parser("train", __doc__.splitlines()[0])
     ap.set_defaults(steps=600, timeout=3600.0)
     ap.add_argument("--layout", default=None, help="t<t>p<p>d<d>, e.g. t1p2d1 (default: as "
@@ -78,46 +135,8 @@ def main():
                          "torchrun --max-restarts: every restart would start over)")
     ap.add_argument("--fail-at", default=None, metavar="RANK:STEP",
                     help="make RANK raise at STEP, to rehearse a failure and the resume")
-    args = ap.parse_args()
-    args.world_size = labkit.world_size(args)
-    settings = check_settings(ap, args)
-    failure = fail_at(ap, args.fail_at, args.world_size)
-    resume = None
-    if args.fresh:
-        if lessonlib.launcher.is_main_process():
-            shutil.rmtree(args.checkpoint_dir, ignore_errors=True)
-    else:
-        try:
-            resume = long_run.resume_point(settings)
-        except ValueError as exc:
-            ap.error(str(exc))
-    if lessonlib.launcher.is_main_process():
-        for problem in resume["damaged"] if resume else []:
-            print(f"labs/train.py: skipping a newer checkpoint: {problem}", file=sys.stderr)
-        start = f"resuming at step {resume['step']}" if resume else "starting at step 0"
-        if resume and resume["meta"]["layout"] != layout_name(*settings["layout"]):
-            start += f" (resharded from {resume['meta']['layout']})"
-        print(f"labs/train.py: {layout_name(*settings['layout'])}, {start} of {args.steps}, "
-              f"checkpoints every {args.checkpoint_every} steps in {args.checkpoint_dir}",
-              file=sys.stderr, flush=True)
-    try:
-        ranks = lessonlib.run(long_run.train, args.world_size, settings, resume,
-                              fail_at=failure, backend=args.backend, timeout=args.timeout)
-    except lessonlib.RankError as exc:
-        diverged = [line for line in str(exc).splitlines() if "Diverged: " in line]
-        if not diverged:
-            raise
-        # A result of the settings, not a crash: one line, without the rank's traceback
-        sys.exit(f"labs/train.py: {diverged[-1].split('Diverged: ', 1)[1]}")
-    shown = {k: v for k, v in settings.items() if k != "meta"}
-    record = labkit.result("train", args.world_size, shown,
-                           {"lessonlib": long_run.summary(ranks, settings, resume)},
-                           ranks[0]["info"])
-    starter = (f"torchrun --nproc-per-node {args.world_size}"
-               if lessonlib.launcher.under_torchrun() else "python")
-    record["command"] = " ".join([starter, "labs/train.py", *sys.argv[1:]])
-    record["host"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__}
-    labkit.emit(record, args.json)
+    return labkit.main(ap, check_run, None, build_record, argv, measure=measure,
+                       fp32_only="its pipeline stages receive activations in fp32 buffers")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,20 @@ What it teaches: a benchmark is a claim about a ratio, so every lab times lesson
 PyTorch's own implementation in the same run, reports medians, and writes one JSON shape:
 
     {"lab": "ddp", "world_size": 2, "backend": "gloo", "device": "cpu",
-     "settings": {...}, "results": {"lessonlib": {"step_time_s": ...}, "torch": {...}}}
+     "settings": {..., "dtype": "fp32"}, "results": {"lessonlib": {"step_time_s": ...}, ...},
+     "rows": [{"implementation": "lessonlib", "world_size": 2, "step_time_s": ...}, ...],
+     "headline": {"metric": "step_time_s", "predicted": None, "x": "world_size", ...},
+     "machine": {"device": "cpu", "cpus": 2, "platform": ..., "torch": ...}}
 
-so sweeps and notebooks can read any lab's output.
+``results`` keeps each lab's own nested detail; ``rows`` is the same run as a table with
+stable columns: one row per implementation (and schedule, layer or layout where a lab
+compares several), the settings that vary inside the run as columns of their own, and
+every row of a lab carrying the same metric names, so a sweep's rows line up.
+``headline`` names the metric a plot of a sweep draws, and the cost model's prediction of it
+when the lab has one.
+
+Every lab runs through ``main``: parse the flags, settle the world size, check every
+setting and every output path (before any process starts), launch, build the record, emit.
 
 Laptop:  ``python labs/ddp.py --world-size 2 --json results/ddp.json``
 GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py --json results/ddp.json``
@@ -14,16 +25,22 @@ GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py --json results/ddp.json``
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import os
+import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from lessonlib import device, launcher
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def parser(lab: str, description: str) -> argparse.ArgumentParser:
@@ -36,7 +53,82 @@ def parser(lab: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before ranks are stopped")
     p.add_argument("--json", type=Path, default=None, help="write the result here")
+    p.add_argument("--dtype", default="fp32", choices=list(DTYPES),
+                   help="compute precision: bf16 runs forward and backward under bf16 "
+                        "autocast, weights and optimizer state stay fp32")
     return p
+
+
+def main(p: argparse.ArgumentParser, check, worker, build_record, argv=None, measure=None,
+         fp32_only: str | None = None) -> dict:
+    """Every lab's tail: parse -> world size -> check -> run -> record -> emit.
+
+    ``check(p, args) -> settings`` refuses bad settings with ``p.error`` before any process
+    starts (the shared flags and ``--json`` are checked here first); ``worker(settings)``
+    runs on every rank; ``build_record(ranks, settings, world_size)`` makes the record.
+    A lab that launches several times (a sweep over world sizes) passes
+    ``measure(args, settings)`` instead of a worker and gets its return value as ``ranks``.
+    ``fp32_only``: why a lab runs only in fp32 (then ``--dtype bf16`` is refused with it)."""
+    args = p.parse_args(argv)
+    args.world_size = world_size(args)
+    check_common(p, args, fp32_only)
+    settings = check(p, args)
+    if isinstance(settings, dict):
+        settings["dtype"] = args.dtype
+    if measure is not None:
+        ranks = measure(args, settings)
+    else:
+        ranks = launcher.run(in_dtype(worker, args.dtype), args.world_size, settings,
+                             backend=args.backend, timeout=args.timeout)
+    record = build_record(ranks, settings, args.world_size)
+    emit(record, args.json)
+    return record
+
+
+def check_common(p: argparse.ArgumentParser, args, fp32_only: str | None = None) -> None:
+    """The shared flags: ``--timeout`` a positive number of seconds, ``--dtype`` one the lab
+    runs, ``--json`` a file that can be written."""
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        p.error(f"--timeout must be a positive number of seconds, e.g. 600; got {args.timeout}")
+    if fp32_only and args.dtype != "fp32":
+        p.error(f"--dtype {args.dtype}: {p.prog} runs only --dtype fp32 ({fp32_only})")
+    check_output(p, "--json", args.json)
+
+
+def _nearest_existing(path: Path) -> Path:
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            return parent
+    return Path(".")
+
+
+def check_output(p: argparse.ArgumentParser, flag: str, path: Path | None,
+                 folder: bool = False) -> None:
+    """Refuse an output ``path`` (a file, or a ``folder``) that cannot be written, before any
+    process starts: a file that is a folder or the reverse, or a place without write access."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        kind = "a folder" if path.is_dir() else "a file"
+        p.error(f"{flag} {path} is {kind}; give {'a folder' if folder else 'a file name'}")
+    place = _nearest_existing(path if folder else path.parent)
+    if not place.is_dir():
+        p.error(f"{flag} {path}: {place} is a file, so nothing can be written below it")
+    if not os.access(place, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        p.error(f"{flag} {path}: no write permission in {place}; choose a writable place")
+
+
+def _autocast_worker(worker, dtype: str, *args, **kwargs):
+    """Run ``worker`` on this rank under bf16 autocast (weights stay fp32), or as it is."""
+    with torch.autocast(device.current_device().type, dtype=DTYPES[dtype],
+                        enabled=dtype != "fp32"):
+        return worker(*args, **kwargs)
+
+
+def in_dtype(worker, dtype: str):
+    """``worker`` wrapped to run in ``--dtype``; a picklable callable for ``launcher.run``."""
+    return functools.partial(_autocast_worker, worker, dtype)
 
 
 def world_size(args) -> int:
@@ -77,11 +169,34 @@ def rank_info() -> dict:
     return {"backend": dist.get_backend(), "device": device.describe()}
 
 
-def result(lab: str, world_size: int, settings: dict, results: dict, info: dict) -> dict:
+def machine(info: dict) -> dict:
+    """The machine a run came from, for a record and a plot's title."""
+    return {"device": info["device"], "cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__}
+
+
+def result(lab: str, world_size: int, settings: dict, results: dict, info: dict,
+           rows: list[dict] | None = None, headline: dict | None = None) -> dict:
     """The shared result shape (see the module docstring); ``info`` from ``rank_info()``."""
-    return {"lab": lab, "world_size": world_size, "backend": info["backend"],
-            "device": info["device"], "settings": settings, "results": results,
-            "unix_time": time.time()}
+    record = {"lab": lab, "world_size": world_size, "backend": info["backend"],
+              "device": info["device"], "settings": settings, "results": results,
+              "unix_time": time.time(), "machine": machine(info)}
+    if rows is not None:
+        record["rows"], record["headline"] = rows, headline
+    return record
+
+
+def headline(metric: str, x: str, series: list[str], predicted: str | None = None) -> dict:
+    """What a sweep's plot draws: ``metric`` (and ``predicted``, the cost model's value of it)
+    against the swept setting, or against ``x`` when nothing is swept; one line per
+    combination of the ``series`` columns."""
+    return {"metric": metric, "predicted": predicted, "x": x, "series": series}
+
+
+def stable_rows(rows: list[dict]) -> list[dict]:
+    """Every row with every column any row has (None where it has no value), in one order."""
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k) for k in names} for r in rows]
 
 
 def emit(record: dict, path: Path | None) -> None:
@@ -92,16 +207,25 @@ def emit(record: dict, path: Path | None) -> None:
     ``destroy_process_group`` can abort a rank (``terminate called without an active
     exception``, exit 134) when the rank hosting the rendezvous store has already exited,
     which srun then reports as a failed job."""
+    status = 0
     if launcher.is_main_process():
         text = json.dumps(record, indent=2, sort_keys=True)
+        print(text, file=sys.stdout, flush=True)      # first: a failed write loses nothing
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text + "\n")
-        print(text, file=sys.stdout)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text + "\n")
+            except OSError as exc:
+                print(f"labs/{record['lab']}.py: could not write the result to --json {path} "
+                      f"({exc.strerror or exc}); it is printed in full above",
+                      file=sys.stderr, flush=True)
+                status = 1
     if launcher.under_torchrun():
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(status)
+    if status:
+        sys.exit(status)
 
 
 def add_gpt_flags(p: argparse.ArgumentParser, hidden: int = 64, seq: int = 32) -> None:

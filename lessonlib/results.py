@@ -2,23 +2,31 @@
 
 What it teaches: a measurement is only useful beside a prediction. Every lab writes one
 JSON shape (see ``labkit``); ``labs/sweep.py`` gathers many of them into one table. This
-module reads any of these into a list of flat dicts, nested keys joined with dots:
+module reads any of these into a list of flat dicts. A lab record's ``rows`` come out as
+they are, with stable columns (one row per implementation, schedule or layout), each
+tagged with the run's lab, world size, backend, device and dtype:
 
-    {"lab": "ddp", "world_size": 2, "backend": "gloo",
-     "results.lessonlib.step_time_s": 0.031, "settings.bucket_cap_mb": 25.0, ...}
+    {"lab": "pp", "world_size": 2, "implementation": "lessonlib", "schedule": "1f1b",
+     "m": 4, "step_time_s": 0.031, "bubble_measured": 0.26, "bubble_predicted": 0.2, ...}
 
-and picks (x, y) points out of them for a plot. Pure Python (json, csv), no torch.
+``flat=True`` (and any record without ``rows``) gives the whole record flattened instead,
+nested keys joined with dots (``"results.lessonlib.step_time_s"``). ``points`` picks (x, y)
+pairs for a plot; ``plot_sweep`` draws a finished sweep folder. Pure Python (json, csv), no
+torch; matplotlib only when asked to plot.
 
 Laptop and GPU box alike::
 
     from lessonlib import results
     rows = results.load("results/sweeps/ddp-20250101-120000")     # a sweep folder
-    rows = results.load("data/ddp_cpu_results.json")              # a lab's record
-    xs, ys = results.points(rows, "world_size", "results.lessonlib.step_time_s", lab="ddp")
-    ring = results.explode(results.where(rows, name="allreduce_sweep"), "results.ring.points")
-    print(results.format_table(rows, ["world_size", "results.lessonlib.step_time_s"]))
+    rows = results.load("data/pp_cpu_results.json")               # a lab's record
+    xs, ys = results.points(rows, "m", "bubble_measured", schedule="1f1b")
+    flat = results.load("data/dp_cpu_results.json", flat=True)
+    ring = results.explode(results.where(flat, name="allreduce_sweep"), "results.ring.points")
+    print(results.format_table(rows, ["m", "schedule", "step_time_s"]))
+    results.plot_sweep("results/sweeps/pp-20250101-120000")     # -> plot.png beside the table
 
 From a shell: ``python -m lessonlib.results data/tp_cpu_results.json --match step_time_s``
+(``--plot`` on a sweep folder draws it).
 """
 from __future__ import annotations
 
@@ -28,6 +36,8 @@ from pathlib import Path
 
 TABLE_JSON = "table.json"
 TABLE_CSV = "table.csv"
+PLOT_PNG = "plot.png"
+RECORD_COLUMNS = ("lab", "world_size", "backend", "device")
 
 
 # ---------------------------------------------------------------- records -> rows
@@ -49,22 +59,32 @@ def _is_record(value) -> bool:
     return isinstance(value, dict) and "lab" in value
 
 
-def _rows_of(data, source: str) -> list[dict]:
+def record_rows(record: dict, flat: bool = False) -> list[dict]:
+    """A lab record as table rows: its ``rows`` tagged with the run's columns, or (``flat``,
+    or a record from before rows existed) the whole record as one flattened row."""
+    if flat or not isinstance(record.get("rows"), list):
+        return [flatten({k: v for k, v in record.items() if k != "rows"})]
+    run = {k: record.get(k) for k in RECORD_COLUMNS}
+    run["dtype"] = record.get("settings", {}).get("dtype", "fp32")
+    return [{**run, **flatten(r)} for r in record["rows"]]
+
+
+def _rows_of(data, source: str, flat: bool = False) -> list[dict]:
     """Rows from whatever a results file holds: a table, one record, a list of records, or
     a bundle of named records (``{"about": ..., "ddp": {record}, ...}``, each row then
     tagged with its ``name``)."""
-    if isinstance(data, dict) and isinstance(data.get("rows"), list):
+    if isinstance(data, dict) and isinstance(data.get("rows"), list) and not _is_record(data):
         return [flatten(r) for r in data["rows"]]
     if isinstance(data, dict) and not _is_record(data):
         named = {k: v for k, v in data.items()
                  if _is_record(v) or (isinstance(v, list) and v and all(map(_is_record, v)))}
         if named:
-            return [{"name": k, **flatten(r)} for k, v in named.items()
-                    for r in (v if isinstance(v, list) else [v])]
+            return [{"name": k, **row} for k, v in named.items()
+                    for r in (v if isinstance(v, list) else [v]) for row in record_rows(r, flat)]
     if isinstance(data, dict):
-        return [flatten(data)]
+        return record_rows(data, flat)
     if isinstance(data, list) and all(isinstance(r, dict) for r in data):
-        return [flatten(r) for r in data]
+        return [row for r in data for row in record_rows(r, flat)]
     raise ValueError(f"{source} holds neither a lab record, a list of records nor a results "
                      f"table ({{'rows': [...]}}); got a {type(data).__name__}")
 
@@ -96,21 +116,23 @@ def read_csv(path: str | Path) -> list[dict]:
         return [{k: parse_value(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
-def load(path: str | Path) -> list[dict]:
-    """Every row in a results file or folder, as flat dicts.
+def load(path: str | Path, flat: bool = False) -> list[dict]:
+    """Every row in a results file or folder, as flat dicts (``flat``: whole records
+    flattened, not their ``rows``; see the module docstring).
 
     ``path`` may be a lab's JSON record, a JSON list of records, a sweep's ``table.json`` or
     ``table.csv``, or a folder: its table if it has one, else every ``*.json`` in it."""
     path = Path(path)
     if path.is_dir():
         for name in (TABLE_JSON, TABLE_CSV):
-            if (path / name).exists():
+            if (path / name).exists() and not flat:
                 return load(path / name)
-        files = sorted(path.glob("*.json"))
+        files = sorted(path.glob("*.json") if not flat else (path / "points").glob("*.json"))
+        files = files or sorted(path.glob("*.json"))
         if not files:
             raise ValueError(f"{path} has no {TABLE_JSON}, {TABLE_CSV} or *.json results; "
                              f"run a lab with --json or labs/sweep.py first")
-        return [row for f in files for row in load(f)]
+        return [row for f in files for row in load(f, flat)]
     if not path.exists():
         raise ValueError(f"no results at {path}: give a lab's --json file, a sweep folder "
                          f"or its {TABLE_JSON} / {TABLE_CSV}")
@@ -120,7 +142,7 @@ def load(path: str | Path) -> list[dict]:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from None
-    return _rows_of(data, str(path))
+    return _rows_of(data, str(path), flat)
 
 
 def load_many(paths) -> list[dict]:
@@ -219,8 +241,25 @@ def format_table(rows: list[dict], cols: list[str] | None = None, digits: int = 
     return "\n".join(lines)
 
 
+def plot_sweep(folder: str | Path, x: str | None = None, out: str | Path | None = None) -> Path:
+    """Draw a finished sweep folder (``labs/sweep.py``'s table): each lab's headline metric
+    against the swept setting (or ``x``), measured points over the cost model's prediction
+    where the lab has one; saved as ``plot.png`` beside the table (or at ``out``)."""
+    folder = Path(folder)
+    table = folder / TABLE_JSON
+    if not table.exists():
+        raise ValueError(f"{folder} has no {TABLE_JSON}: give the folder labs/sweep.py wrote")
+    meta = {k: v for k, v in json.loads(table.read_text()).items() if k != "rows"}
+    # matplotlib is a heavy import that reading results never needs: only when drawing
+    from lessonlib.viz import sweep as draw
+    fig = draw.plot_table(load(table), meta, x=x)
+    out = Path(out) if out else folder / PLOT_PNG
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    return out
+
+
 def main(argv=None) -> None:
-    """``python -m lessonlib.results FILE_OR_FOLDER [--columns a,b] [--match text]``"""
+    """``python -m lessonlib.results FILE_OR_FOLDER [--columns a,b] [--match text] [--plot]``"""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m lessonlib.results",
@@ -230,9 +269,14 @@ def main(argv=None) -> None:
     p.add_argument("--match", default=None,
                    help="show the columns whose name contains this text (e.g. step_time_s)")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--plot", action="store_true",
+                   help=f"draw a sweep folder's headline metric into {PLOT_PNG} beside its table")
     args = p.parse_args(argv)
     try:
         rows = load(args.path)
+        if args.plot:
+            print(f"plot: {plot_sweep(args.path)}")
+            return
     except ValueError as exc:
         p.error(str(exc))
     cols = args.columns.split(",") if args.columns else None

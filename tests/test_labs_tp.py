@@ -19,7 +19,7 @@ def test_tiny_run_writes_the_result_shape(tmp_path):
     assert record["lab"] == "tp" and record["world_size"] == 2
     assert record["backend"] == "gloo" and record["device"] == "cpu"
     assert record["settings"] == {"batch": 2, "seq": 8, "hidden": 32, "heads": 4, "steps": 2,
-                                  "warmup": 1}
+                                  "warmup": 1, "dtype": "fp32"}
     payload = 2 * 8 * 32 * 4
     for name in ("lessonlib", "torch"):
         result = record["results"][name]

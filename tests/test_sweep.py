@@ -104,3 +104,14 @@ def test_slurm_template_runs_a_lab_on_stand_in_slurm(template, tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     data = json.loads(record.read_text())
     assert data["world_size"] == 2 and data["backend"] == "gloo"
+
+
+def test_a_results_folder_that_is_a_file_is_refused_before_any_point(tmp_path, capsys):
+    (tmp_path / "taken").write_text("")
+    with pytest.raises(SystemExit):
+        sweep.main(["--lab", "launch_overhead", "--grid", "repeats=1,2",
+                    "--out", str(tmp_path / "taken")])
+    assert "is a file, not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sweep.main(["--collect", str(tmp_path)])
+    assert "no slurm.json there" in capsys.readouterr().err

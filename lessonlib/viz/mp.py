@@ -35,7 +35,7 @@ def load_table(source) -> list[dict]:
     ``param_bytes_per_rank``, one per p and run, from a ``labs/mp.py`` JSON file or a sweep
     folder of them (a path), one record (a dict), or rows that already have ``p``."""
     if isinstance(source, (str, Path)):
-        rows = results.load(source)
+        rows = results.load(source, flat=True)     # the record's by-p detail, not its rows
     elif isinstance(source, dict):
         rows = [results.flatten(source)]
     else:

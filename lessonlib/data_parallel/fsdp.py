@@ -1,0 +1,348 @@
+"""ZeRO stages 2 and 3 as FSDP does them: weights held as shards, gathered one unit at a time.
+
+What it teaches: with the weights sharded too, a rank holds 1/d of everything at rest and
+borrows one unit's full weights at a time. ``FullyShardedDataParallel`` has the semantics of
+FSDP2's ``fully_shard`` (Zhao et al., VLDB 2023):
+
+* every parameter is cut along dim 0 into d shards of ceil(rows/d) rows, zero-padded
+  (``sharded.row_shard``), and the module's parameters *are* this rank's shards, so an
+  optimizer built on ``.parameters()`` steps only the shard;
+* a unit is a direct child of the module (a ``ModuleList`` or ``ModuleDict`` counts as its
+  children). Just before a unit's forward, one all-gather rebuilds its full weights;
+  parameters held directly by the module, or shared by two units (an embedding tied to the
+  output head), form the root unit, gathered for the whole forward;
+* ``reshard_after_forward=True`` (ZeRO-3): after its forward the unit's full weights are
+  freed. Autograd would keep the ones backward needs alive, so a saved-tensor hook stores a
+  note instead of the weight, and the first note unpacked in the unit's backward gathers the
+  unit again. ``False`` (ZeRO-2): what backward needs stays alive, one gather per step;
+* each unit's backward ends with one reduce-scatter of its gradients, so every rank keeps
+  only its gradient shard, averaged over the group (accumulated across backwards);
+* ``compute_dtype=torch.bfloat16`` gathers, computes and reduces in bf16 (FSDP2's
+  ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``); shards and optimizer stay fp32.
+
+Per rank and step that is (n-1)/n x S for each all-gather and the reduce-scatter: 2(n-1)/n
+x S at stage 2 (an all-reduce's), 3(n-1)/n x S at stage 3 (ZeRO §7.2.2: 1.5x).
+
+Laptop:  ``python labs/zero.py --world-size 2``
+GPU box: ``torchrun --nproc-per-node 8 labs/zero.py`` (NCCL)
+"""
+from __future__ import annotations
+
+import functools
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from lessonlib import comm
+from lessonlib.data_parallel.collectives import group_ranks
+from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate
+from lessonlib.data_parallel.sharded import (optimizer_state_bytes, padded_numel, row_shard,
+                                             shard_rows, tensor_bytes)
+
+COMPUTE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass
+class _Slot:
+    """One distinct parameter of a unit: its shard and every place the module holds it."""
+    shape: torch.Size
+    rows: int                     # c = ceil(dim0 / d): rows of every shard
+    offset: int                   # where its shard starts in the unit's flat shard
+    grad_offset: int | None       # ... and in the unit's flat gradient shard (None: frozen)
+    shard: nn.Parameter           # (c, *shape[1:])
+    places: list[tuple[nn.Module, str]]
+    names: list[str]
+
+    @property
+    def shard_numel(self) -> int:
+        return self.shard.numel()
+
+    def full_from(self, rows: torch.Tensor) -> torch.Tensor:
+        """The parameter from the gathered (d, S) buffer's columns of this slot."""
+        cols = rows[:, self.offset:self.offset + self.shard_numel]             # (d, c*row)
+        shape = self.shape if len(self.shape) else torch.Size([1])
+        return cols.reshape(-1, *shape[1:])[:shape[0]].view(self.shape)
+
+
+@dataclass
+class _Unit:
+    name: str
+    slots: list[_Slot] = field(default_factory=list)
+    live: list[torch.Tensor] | None = None     # gathered for forward
+    again: list[torch.Tensor] | None = None    # gathered again for backward (ZeRO-3)
+
+
+@dataclass(frozen=True)
+class _Note:
+    """What a saved-tensor hook keeps instead of a gathered weight (ZeRO-3)."""
+    unit: _Unit
+    index: int
+    shape: torch.Size
+    stride: tuple
+    offset: int                   # from the start of the weight, in its storage
+
+
+class _Gather(torch.autograd.Function):
+    """Forward: shards -> full weights (one all-gather). Backward: full gradients ->
+    gradient shards (one reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, owner, unit, *shards):
+        ctx.owner, ctx.unit = owner, unit
+        ctx.set_materialize_grads(False)
+        return tuple(owner._all_gather(unit))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *ctx.owner._reduce_scatter(ctx.unit, grads))
+
+
+def unit_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The units: direct children, a ModuleList's or ModuleDict's children standing in for
+    the container (it is never called, so it has no forward to hook)."""
+    out = []
+    for name, child in module.named_children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            out += [(f"{name}.{n}", c) for n, c in child.named_children()]
+        else:
+            out.append((name, child))
+    return out
+
+
+def _places(module: nn.Module) -> dict[int, list[tuple[nn.Module, str, str]]]:
+    """id(parameter) -> every (module, attribute, qualified name) that holds it."""
+    places: dict[int, list] = {}
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        for attr, p in m._parameters.items():
+            if p is not None:
+                name = f"{prefix}.{attr}" if prefix else attr
+                if all(pm is not m or pa != attr for pm, pa, _ in places.get(id(p), [])):
+                    places.setdefault(id(p), []).append((m, attr, name))
+    return places
+
+
+class FullyShardedDataParallel(nn.Module):
+    """Shard ``module`` over ``group``: ZeRO-3 with ``reshard_after_forward=True``, ZeRO-2
+    with False (see the module docstring). Call the wrapper, not ``.module``: the wrapper
+    gathers the root unit and sets up ZeRO-3's saved-tensor hooks."""
+
+    def __init__(self, module: nn.Module, reshard_after_forward: bool = True,
+                 compute_dtype: torch.dtype | None = None, group=None):
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"FullyShardedDataParallel wraps an nn.Module; got {type(module)}")
+        params = list(module.parameters())
+        if not params:
+            raise ValueError(f"FullyShardedDataParallel: the {type(module).__name__} to wrap "
+                             f"has no parameters, so there is nothing to shard")
+        if not isinstance(reshard_after_forward, bool):
+            raise ValueError(f"reshard_after_forward must be True (ZeRO-3) or False (ZeRO-2); "
+                             f"got {reshard_after_forward!r}")
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype={compute_dtype!r}: use one of {COMPUTE_DTYPES}")
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) > 1 or not params[0].is_floating_point():
+            raise ValueError(f"FullyShardedDataParallel needs one floating dtype for all "
+                             f"parameters (a unit is gathered as one buffer); got {dtypes}")
+        me, members = group_ranks(group)                   # raises before any message
+        super().__init__()
+        self.module = replicate(module, group)             # rank 0's weights everywhere
+        self.group, self.rank, self.world_size = group, me, len(members)
+        self.reshard_after_forward = reshard_after_forward
+        self.compute_dtype = compute_dtype or params[0].dtype
+        self._notes: dict[int, list] = {}     # storage pointer -> the gathered weights in it
+        self.units, self.root = self._shard(module)
+        self._hooks = []
+        for unit, child in self.units:
+            self._hooks.append(child.register_forward_pre_hook(functools.partial(self._pre, unit)))
+            self._hooks.append(child.register_forward_hook(functools.partial(self._post, unit)))
+
+    @property
+    def stage(self) -> int:
+        return 3 if self.reshard_after_forward else 2
+
+    # ------------------------------------------------------------ sharding at wrap time
+    @torch.no_grad()
+    def _shard(self, module: nn.Module):
+        places = _places(module)
+        units = [(_Unit(name), child) for name, child in unit_modules(module)]
+        inside = [{id(m) for m in child.modules()} for _, child in units]
+        root = _Unit("")
+        owners: dict[int, _Unit] = {}
+        for p in module.parameters():
+            holders = [i for i, ids in enumerate(inside)
+                       if all(id(m) in ids for m, _, _ in places[id(p)])]
+            owners[id(p)] = units[holders[0]][0] if len(holders) == 1 else root
+        offsets: dict[int, list[int]] = {}
+        for p in module.parameters():
+            unit = owners[id(p)]
+            offset, grad_offset = offsets.setdefault(id(unit), [0, 0])
+            shard = nn.Parameter(row_shard(p.detach(), self.rank, self.world_size),
+                                 requires_grad=p.requires_grad)          # (c, ...)
+            held = places[id(p)]
+            unit.slots.append(_Slot(p.shape, shard_rows(p.shape, self.world_size), offset,
+                                    grad_offset if p.requires_grad else None, shard,
+                                    [(m, a) for m, a, _ in held], [n for _, _, n in held]))
+            offsets[id(unit)] = [offset + shard.numel(),
+                                 grad_offset + (shard.numel() if p.requires_grad else 0)]
+        for unit in [root, *(u for u, _ in units)]:
+            self._put(unit, [s.shard for s in unit.slots])
+        return [(u, child) for u, child in units if u.slots], root
+
+    @staticmethod
+    def _put(unit: _Unit, tensors) -> None:
+        """Make the module hold ``tensors`` (full weights, or the shards) in every place."""
+        for slot, t in zip(unit.slots, tensors):
+            for m, attr in slot.places:
+                m._parameters[attr] = t
+
+    # ------------------------------------------------------------ the two collectives
+    @torch.no_grad()
+    def _all_gather(self, unit: _Unit, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+        dtype = dtype or self.compute_dtype
+        mine = torch.cat([s.shard.detach().reshape(-1).to(dtype) for s in unit.slots])  # (S,)
+        rows = mine.new_empty(self.world_size, mine.numel())                     # (d, S)
+        if self.world_size > 1:
+            comm.all_gather_into_tensor(rows.view(-1), mine, group=self.group)
+        else:
+            rows[0] = mine
+        return [slot.full_from(rows) for slot in unit.slots]
+
+    @torch.no_grad()
+    def _reduce_scatter(self, unit: _Unit, grads) -> list[torch.Tensor | None]:
+        unit.again = None                                  # ZeRO-3: backward is done with it
+        trainable = [(s, g) for s, g in zip(unit.slots, grads) if s.grad_offset is not None]
+        if not trainable:
+            return [None] * len(unit.slots)
+        d, dtype = self.world_size, self.compute_dtype
+        size = sum(s.shard_numel for s, _ in trainable)
+        rows = torch.zeros(d, size, dtype=dtype, device=trainable[0][0].shard.device)  # (d, S)
+        for s, g in trainable:
+            if g is None:                                  # unused in this forward: zeros
+                continue
+            padded = g.new_zeros(padded_numel(s.shape, d))
+            padded[:g.numel()] = g.reshape(-1)
+            rows[:, s.grad_offset:s.grad_offset + s.shard_numel] = padded.view(d, -1)
+        mine = rows.new_empty(size)                                               # (S,)
+        if d > 1:
+            comm.reduce_scatter_tensor(mine, rows.view(-1), group=self.group)
+        else:
+            mine.copy_(rows[0])
+        mine = mine.to(trainable[0][0].shard.dtype).div_(d)
+        return [mine[s.grad_offset:s.grad_offset + s.shard_numel].view_as(s.shard)
+                if s.grad_offset is not None else None for s in unit.slots]
+
+    # ------------------------------------------------------------ around each unit
+    def _gather_for_forward(self, unit: _Unit) -> None:
+        full = _Gather.apply(self, unit, *(s.shard for s in unit.slots))
+        unit.live = [full] if isinstance(full, torch.Tensor) else list(full)
+        if self.reshard_after_forward:
+            for i, t in enumerate(unit.live):       # one storage may hold several (d = 1)
+                self._notes.setdefault(t.untyped_storage().data_ptr(), []).append(
+                    (unit, i, t.storage_offset(), t.numel()))
+        self._put(unit, unit.live)
+
+    def _release_after_forward(self, unit: _Unit, output) -> None:
+        for t in unit.live or []:
+            self._notes.pop(t.untyped_storage().data_ptr(), None)
+        self._put(unit, [s.shard for s in unit.slots])
+        unit.live = None       # ZeRO-3: freed; ZeRO-2: autograd keeps what backward needs
+        if self.reshard_after_forward and torch.is_grad_enabled():
+            # The gradient reaching the unit's output is the moment its backward starts.
+            for t in _tensors(output):
+                if t.requires_grad:
+                    t.register_hook(functools.partial(self._pre_backward, unit))
+
+    def _pre_backward(self, unit: _Unit, grad):
+        if unit.again is None:
+            unit.again = self._all_gather(unit)
+            queue_end_of_backward(functools.partial(setattr, unit, "again", None))
+        return grad
+
+    def _cast(self, args):
+        return tuple(a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point()
+                     else a for a in args)
+
+    def _pre(self, unit, _module, args):
+        self._gather_for_forward(unit)
+        return self._cast(args)
+
+    def _post(self, unit, _module, _args, output):
+        self._release_after_forward(unit, output)
+
+    def _pack(self, t: torch.Tensor):
+        start = t.storage_offset()
+        for unit, i, first, numel in self._notes.get(t.untyped_storage().data_ptr(), []):
+            if first <= start < first + numel:
+                return _Note(unit, i, t.shape, t.stride(), start - first)
+        return t
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _Note):
+            return saved
+        self._pre_backward(saved.unit, None)               # gathered already, as a rule
+        base = saved.unit.again[saved.index]
+        return base.as_strided(saved.shape, saved.stride, base.storage_offset() + saved.offset)
+
+    def forward(self, *args, **kwargs):
+        if self.root.slots:
+            self._gather_for_forward(self.root)
+        hooks = (torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+                 if self.reshard_after_forward else nullcontext())
+        output = None
+        try:
+            with hooks:
+                output = self.module(*self._cast(args), **kwargs)
+        finally:
+            if self.root.slots:
+                self._release_after_forward(self.root, output)
+        return output
+
+    # ------------------------------------------------------------ what a rank holds
+    def _all_units(self) -> list[_Unit]:
+        return [self.root, *(u for u, _ in self.units)]
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights under the module's own names (a tied weight under each
+        of its names, as ``state_dict()`` lists it), gathered on every rank."""
+        out = {}
+        for unit in self._all_units():
+            if unit.slots:
+                for slot, full in zip(unit.slots, self._all_gather(unit, slot_dtype(unit))):
+                    out.update({name: full.clone() for name in slot.names})
+        out.update({name: b.clone() for name, b in self.module.named_buffers()})
+        order = list(self.module.state_dict(keep_vars=True))
+        return {k: out[k] for k in order if k in out}
+
+    def memory_bytes(self, optimizer=None) -> dict[str, int]:
+        """Bytes this rank holds: ``weights`` (its shards), ``gathered`` (ZeRO-2: every
+        full weight, in the compute dtype, kept from forward to backward; ZeRO-3: the
+        largest unit, gathered one at a time), ``gradients`` (its gradient shards) and,
+        given the optimizer, ``optimizer`` (its state for the shards)."""
+        slots = [s for u in self._all_units() for s in u.slots]
+        width = torch.empty(0, dtype=self.compute_dtype).element_size()
+        per_unit = [sum(s.shape.numel() for s in u.slots) * width for u in self._all_units()]
+        held = {"weights": tensor_bytes(s.shard for s in slots),
+                "gathered": (sum(per_unit) if not self.reshard_after_forward
+                             else per_unit[0] + max(per_unit[1:], default=0)),
+                "gradients": tensor_bytes(s.shard.grad for s in slots),
+                "optimizer": (optimizer_state_bytes(optimizer, [s.shard for s in slots])
+                              if optimizer is not None else 0)}
+        return {**held, "total": sum(held.values())}
+
+
+def slot_dtype(unit: _Unit) -> torch.dtype:
+    return unit.slots[0].shard.dtype
+
+
+def _tensors(output) -> list[torch.Tensor]:
+    """The tensors in a unit's output (a tensor, or a tuple, list or dict of them)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for o in output for t in _tensors(o)]
+    if isinstance(output, dict):
+        return [t for o in output.values() for t in _tensors(o)]
+    return []

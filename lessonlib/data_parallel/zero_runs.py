@@ -170,3 +170,21 @@ def demo() -> dict:
 def train_cases(cases: list[dict]) -> list[dict]:
     """``train_stage(**case)`` for every case, in one launch (spawning ranks is the slow part)."""
     return [train_stage(**case) for case in cases]
+
+
+def refusals_outside_group() -> dict:
+    """On a rank outside a group, both sharded pieces refuse before sending anything."""
+    group = dist.new_group([0])                 # every rank must take part in creating it
+    out = {}
+    if dist.get_rank() != 0:
+        model = nn.Linear(3, 2)
+        for name, make in (("optimizer", lambda: ShardedOptimizer(model.parameters(),
+                                                                  torch.optim.SGD, group, lr=1)),
+                           ("fsdp", lambda: FullyShardedDataParallel(model, group=group))):
+            with comm.ledger() as book:
+                try:
+                    make()
+                except ValueError as exc:
+                    out[name] = (str(exc), book.count())
+    dist.barrier()
+    return out

@@ -7,8 +7,6 @@ train 3 steps on their shards of each global batch, in float64, so the only diff
 from one process are summation order. One launch per world size runs every case. The tiny
 GPT has hidden size 10 and 27 tokens, so at world size 3 (and 2) most parameters have row
 counts the world size does not divide: the shards are padded."""
-import math
-
 import pytest
 import torch
 from torch import nn

@@ -18,8 +18,10 @@ Read in this order, each file one idea:
 * ``sharded``: sharding the replica (ZeRO): where each rank's slice lies, what a rank holds
   by ZeRO's per-stage formula, what a ledger's collectives send over a ring;
 * ``zero``: ``ShardedOptimizer``, ZeRO stage 1 (PyTorch's ZeroRedundancyOptimizer);
-* ``fsdp``: ``FullyShardedDataParallel``, ZeRO stages 2 and 3 (FSDP2's ``fully_shard``);
-* ``zero_runs``: stages 0-3 and PyTorch's own trained on the ranks, for the tests and the lab.
+* ``fsdp``: ``FullyShardedDataParallel``, ZeRO stages 2 and 3 (FSDP2's ``fully_shard``),
+  over ``fsdp_units`` (the module cut into units, and where each parameter lives);
+* ``zero_runs``: stages 0-3 and PyTorch's own trained on the ranks, for the tests; and
+  ``zero_bench``: the same timed against ``fully_shard`` for ``labs/zero.py``.
 
     from lessonlib.data_parallel import ring_all_reduce, parameter_server_all_reduce, DataParallel
     from lessonlib.data_parallel import ShardedOptimizer, FullyShardedDataParallel

@@ -30,58 +30,19 @@ from __future__ import annotations
 
 import functools
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from lessonlib import comm
 from lessonlib.data_parallel.collectives import group_ranks
+from lessonlib.data_parallel.fsdp_units import (Note, Slot, Unit, places_of, tensors_in,
+                                                unit_modules)
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate
 from lessonlib.data_parallel.sharded import (optimizer_state_bytes, padded_numel, row_shard,
                                              shard_rows, tensor_bytes)
 
 COMPUTE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
-
-
-@dataclass
-class _Slot:
-    """One distinct parameter of a unit: its shard and every place the module holds it."""
-    shape: torch.Size
-    rows: int                     # c = ceil(dim0 / d): rows of every shard
-    offset: int                   # where its shard starts in the unit's flat shard
-    grad_offset: int | None       # ... and in the unit's flat gradient shard (None: frozen)
-    shard: nn.Parameter           # (c, *shape[1:])
-    places: list[tuple[nn.Module, str]]
-    names: list[str]
-
-    @property
-    def shard_numel(self) -> int:
-        return self.shard.numel()
-
-    def full_from(self, rows: torch.Tensor) -> torch.Tensor:
-        """The parameter from the gathered (d, S) buffer's columns of this slot."""
-        cols = rows[:, self.offset:self.offset + self.shard_numel]             # (d, c*row)
-        shape = self.shape if len(self.shape) else torch.Size([1])
-        return cols.reshape(-1, *shape[1:])[:shape[0]].view(self.shape)
-
-
-@dataclass
-class _Unit:
-    name: str
-    slots: list[_Slot] = field(default_factory=list)
-    live: list[torch.Tensor] | None = None     # gathered for forward
-    again: list[torch.Tensor] | None = None    # gathered again for backward (ZeRO-3)
-
-
-@dataclass(frozen=True)
-class _Note:
-    """What a saved-tensor hook keeps instead of a gathered weight (ZeRO-3)."""
-    unit: _Unit
-    index: int
-    shape: torch.Size
-    stride: tuple
-    offset: int                   # from the start of the weight, in its storage
 
 
 class _Gather(torch.autograd.Function):
@@ -97,30 +58,6 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         return (None, None, *ctx.owner._reduce_scatter(ctx.unit, grads))
-
-
-def unit_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The units: direct children, a ModuleList's or ModuleDict's children standing in for
-    the container (it is never called, so it has no forward to hook)."""
-    out = []
-    for name, child in module.named_children():
-        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
-            out += [(f"{name}.{n}", c) for n, c in child.named_children()]
-        else:
-            out.append((name, child))
-    return out
-
-
-def _places(module: nn.Module) -> dict[int, list[tuple[nn.Module, str, str]]]:
-    """id(parameter) -> every (module, attribute, qualified name) that holds it."""
-    places: dict[int, list] = {}
-    for prefix, m in module.named_modules(remove_duplicate=False):
-        for attr, p in m._parameters.items():
-            if p is not None:
-                name = f"{prefix}.{attr}" if prefix else attr
-                if all(pm is not m or pa != attr for pm, pa, _ in places.get(id(p), [])):
-                    places.setdefault(id(p), []).append((m, attr, name))
-    return places
 
 
 class FullyShardedDataParallel(nn.Module):
@@ -165,11 +102,11 @@ class FullyShardedDataParallel(nn.Module):
     # ------------------------------------------------------------ sharding at wrap time
     @torch.no_grad()
     def _shard(self, module: nn.Module):
-        places = _places(module)
-        units = [(_Unit(name), child) for name, child in unit_modules(module)]
+        places = places_of(module)
+        units = [(Unit(name), child) for name, child in unit_modules(module)]
         inside = [{id(m) for m in child.modules()} for _, child in units]
-        root = _Unit("")
-        owners: dict[int, _Unit] = {}
+        root = Unit("")
+        owners: dict[int, Unit] = {}
         for p in module.parameters():
             holders = [i for i, ids in enumerate(inside)
                        if all(id(m) in ids for m, _, _ in places[id(p)])]
@@ -181,7 +118,7 @@ class FullyShardedDataParallel(nn.Module):
             shard = nn.Parameter(row_shard(p.detach(), self.rank, self.world_size),
                                  requires_grad=p.requires_grad)          # (c, ...)
             held = places[id(p)]
-            unit.slots.append(_Slot(p.shape, shard_rows(p.shape, self.world_size), offset,
+            unit.slots.append(Slot(p.shape, shard_rows(p.shape, self.world_size), offset,
                                     grad_offset if p.requires_grad else None, shard,
                                     [(m, a) for m, a, _ in held], [n for _, _, n in held]))
             offsets[id(unit)] = [offset + shard.numel(),
@@ -191,7 +128,7 @@ class FullyShardedDataParallel(nn.Module):
         return [(u, child) for u, child in units if u.slots], root
 
     @staticmethod
-    def _put(unit: _Unit, tensors) -> None:
+    def _put(unit: Unit, tensors) -> None:
         """Make the module hold ``tensors`` (full weights, or the shards) in every place."""
         for slot, t in zip(unit.slots, tensors):
             for m, attr in slot.places:
@@ -199,7 +136,7 @@ class FullyShardedDataParallel(nn.Module):
 
     # ------------------------------------------------------------ the two collectives
     @torch.no_grad()
-    def _all_gather(self, unit: _Unit, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    def _all_gather(self, unit: Unit, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
         dtype = dtype or self.compute_dtype
         mine = torch.cat([s.shard.detach().reshape(-1).to(dtype) for s in unit.slots])  # (S,)
         rows = mine.new_empty(self.world_size, mine.numel())                     # (d, S)
@@ -210,7 +147,7 @@ class FullyShardedDataParallel(nn.Module):
         return [slot.full_from(rows) for slot in unit.slots]
 
     @torch.no_grad()
-    def _reduce_scatter(self, unit: _Unit, grads) -> list[torch.Tensor | None]:
+    def _reduce_scatter(self, unit: Unit, grads) -> list[torch.Tensor | None]:
         unit.again = None                                  # ZeRO-3: backward is done with it
         trainable = [(s, g) for s, g in zip(unit.slots, grads) if s.grad_offset is not None]
         if not trainable:
@@ -234,7 +171,7 @@ class FullyShardedDataParallel(nn.Module):
                 if s.grad_offset is not None else None for s in unit.slots]
 
     # ------------------------------------------------------------ around each unit
-    def _gather_for_forward(self, unit: _Unit) -> None:
+    def _gather_for_forward(self, unit: Unit) -> None:
         full = _Gather.apply(self, unit, *(s.shard for s in unit.slots))
         unit.live = [full] if isinstance(full, torch.Tensor) else list(full)
         if self.reshard_after_forward:
@@ -243,18 +180,18 @@ class FullyShardedDataParallel(nn.Module):
                     (unit, i, t.storage_offset(), t.numel()))
         self._put(unit, unit.live)
 
-    def _release_after_forward(self, unit: _Unit, output) -> None:
+    def _release_after_forward(self, unit: Unit, output) -> None:
         for t in unit.live or []:
             self._notes.pop(t.untyped_storage().data_ptr(), None)
         self._put(unit, [s.shard for s in unit.slots])
         unit.live = None       # ZeRO-3: freed; ZeRO-2: autograd keeps what backward needs
         if self.reshard_after_forward and torch.is_grad_enabled():
             # The gradient reaching the unit's output is the moment its backward starts.
-            for t in _tensors(output):
+            for t in tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(functools.partial(self._pre_backward, unit))
 
-    def _pre_backward(self, unit: _Unit, grad):
+    def _pre_backward(self, unit: Unit, grad):
         if unit.again is None:
             unit.again = self._all_gather(unit)
             queue_end_of_backward(functools.partial(setattr, unit, "again", None))
@@ -275,11 +212,11 @@ class FullyShardedDataParallel(nn.Module):
         start = t.storage_offset()
         for unit, i, first, numel in self._notes.get(t.untyped_storage().data_ptr(), []):
             if first <= start < first + numel:
-                return _Note(unit, i, t.shape, t.stride(), start - first)
+                return Note(unit, i, t.shape, t.stride(), start - first)
         return t
 
     def _unpack(self, saved):
-        if not isinstance(saved, _Note):
+        if not isinstance(saved, Note):
             return saved
         self._pre_backward(saved.unit, None)               # gathered already, as a rule
         base = saved.unit.again[saved.index]
@@ -300,7 +237,7 @@ class FullyShardedDataParallel(nn.Module):
         return output
 
     # ------------------------------------------------------------ what a rank holds
-    def _all_units(self) -> list[_Unit]:
+    def _all_units(self) -> list[Unit]:
         return [self.root, *(u for u, _ in self.units)]
 
     @torch.no_grad()
@@ -310,7 +247,8 @@ class FullyShardedDataParallel(nn.Module):
         out = {}
         for unit in self._all_units():
             if unit.slots:
-                for slot, full in zip(unit.slots, self._all_gather(unit, slot_dtype(unit))):
+                weights = self._all_gather(unit, unit.slots[0].shard.dtype)
+                for slot, full in zip(unit.slots, weights):
                     out.update({name: full.clone() for name in slot.names})
         out.update({name: b.clone() for name, b in self.module.named_buffers()})
         order = list(self.module.state_dict(keep_vars=True))
@@ -331,18 +269,3 @@ class FullyShardedDataParallel(nn.Module):
                 "optimizer": (optimizer_state_bytes(optimizer, [s.shard for s in slots])
                               if optimizer is not None else 0)}
         return {**held, "total": sum(held.values())}
-
-
-def slot_dtype(unit: _Unit) -> torch.dtype:
-    return unit.slots[0].shard.dtype
-
-
-def _tensors(output) -> list[torch.Tensor]:
-    """The tensors in a unit's output (a tensor, or a tuple, list or dict of them)."""
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, (tuple, list)):
-        return [t for o in output for t in _tensors(o)]
-    if isinstance(output, dict):
-        return [t for o in output.values() for t in _tensors(o)]
-    return []

@@ -8,7 +8,8 @@ every global batch; it returns the whole model's weights afterwards, what one st
 (the ledger) and what the rank held. The tests compare every stage with one process on the
 whole batch and with PyTorch's; ``labs/zero.py`` times them.
 
-Laptop:  ``python -c "import lessonlib as L; from lessonlib.data_parallel import zero_runs as z; print(L.launch(z.demo, 2))"``
+Laptop:  ``python -c "import lessonlib as L, lessonlib.data_parallel.zero_runs as z;
+         print(L.launch(z.demo, 2))"``
 GPU box: ``torchrun --nproc-per-node 8 labs/zero.py``
 """
 from __future__ import annotations
@@ -79,7 +80,8 @@ def setup(stage: str, model: nn.Module, optimizer: str, compute_dtype=None):
     if stage in ("0", "1-ddp"):
         ddp = DataParallel(model)
         trainable = [p for p in model.parameters() if p.requires_grad]
-        opt = cls(trainable, **kwargs) if stage == "0" else ShardedOptimizer(trainable, cls, **kwargs)
+        opt = (cls(trainable, **kwargs) if stage == "0"
+               else ShardedOptimizer(trainable, cls, **kwargs))
         return ddp, opt, nothing
     if stage == "1":
         replicate(model)

@@ -1,0 +1,91 @@
+"""How ``FullyShardedDataParallel`` sees a module: units, and where each parameter lives.
+
+What it teaches: FSDP gathers weights one *unit* at a time, so sharding a model starts with
+cutting it into units (here the direct children, a ``ModuleList``'s children standing in for
+it) and remembering every place that holds a parameter: a tied weight is held in two places
+(an embedding and the output head) but sharded, gathered and stepped once.
+
+Laptop:  ``python labs/zero.py --world-size 2``
+GPU box: ``torchrun --nproc-per-node 8 labs/zero.py`` (NCCL)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Slot:
+    """One distinct parameter of a unit: its shard and every place the module holds it."""
+    shape: torch.Size
+    rows: int                     # c = ceil(dim0 / d): rows of every shard
+    offset: int                   # where its shard starts in the unit's flat shard
+    grad_offset: int | None       # ... and in the unit's flat gradient shard (None: frozen)
+    shard: nn.Parameter           # (c, *shape[1:])
+    places: list[tuple[nn.Module, str]]
+    names: list[str]
+
+    @property
+    def shard_numel(self) -> int:
+        return self.shard.numel()
+
+    def full_from(self, rows: torch.Tensor) -> torch.Tensor:
+        """The parameter from the gathered (d, S) buffer's columns of this slot."""
+        cols = rows[:, self.offset:self.offset + self.shard_numel]             # (d, c*row)
+        shape = self.shape if len(self.shape) else torch.Size([1])
+        return cols.reshape(-1, *shape[1:])[:shape[0]].view(self.shape)
+
+
+@dataclass
+class Unit:
+    name: str
+    slots: list[Slot] = field(default_factory=list)
+    live: list[torch.Tensor] | None = None     # gathered for forward
+    again: list[torch.Tensor] | None = None    # gathered again for backward (ZeRO-3)
+
+
+@dataclass(frozen=True)
+class Note:
+    """What a saved-tensor hook keeps instead of a gathered weight (ZeRO-3)."""
+    unit: Unit
+    index: int
+    shape: torch.Size
+    stride: tuple
+    offset: int                   # from the start of the weight, in its storage
+
+
+def unit_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The units: direct children, a ModuleList's or ModuleDict's children standing in for
+    the container (it is never called, so it has no forward to hook)."""
+    out = []
+    for name, child in module.named_children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            out += [(f"{name}.{n}", c) for n, c in child.named_children()]
+        else:
+            out.append((name, child))
+    return out
+
+
+def places_of(module: nn.Module) -> dict[int, list[tuple[nn.Module, str, str]]]:
+    """id(parameter) -> every (module, attribute, qualified name) that holds it."""
+    places: dict[int, list] = {}
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        for attr, p in m._parameters.items():
+            if p is not None:
+                name = f"{prefix}.{attr}" if prefix else attr
+                if all(pm is not m or pa != attr for pm, pa, _ in places.get(id(p), [])):
+                    places.setdefault(id(p), []).append((m, attr, name))
+    return places
+
+
+def tensors_in(output) -> list[torch.Tensor]:
+    """The tensors in a unit's output (a tensor, or a tuple, list or dict of them)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for o in output for t in tensors_in(o)]
+    if isinstance(output, dict):
+        return [t for o in output.values() for t in tensors_in(o)]
+    return []

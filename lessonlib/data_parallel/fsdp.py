@@ -66,7 +66,7 @@ class FullyShardedDataParallel(nn.Module):
     gathers the root unit and sets up ZeRO-3's saved-tensor hooks."""
 
     def __init__(self, module: nn.Module, reshard_after_forward: bool = True,
-                 compute_dtype: torch.dtype | None = None, group=None):
+                 compute_dtype: torch.dtype | None = None, group=None, prefetch: bool = True):
         if not isinstance(module, nn.Module):
             raise TypeError(f"FullyShardedDataParallel wraps an nn.Module; got {type(module)}")
         params = list(module.parameters())
@@ -88,7 +88,12 @@ class FullyShardedDataParallel(nn.Module):
         self.group, self.rank, self.world_size = group, me, len(members)
         self.reshard_after_forward = reshard_after_forward
         self.compute_dtype = compute_dtype or params[0].dtype
+        self.prefetch = prefetch
         self._notes: dict[int, list] = {}     # storage pointer -> the gathered weights in it
+        self._order: list[Unit] = []          # the units in the order the last forward ran
+        self._seen: list[Unit] = []
+        self._finishing: list = []            # reduce-scatters to wait for at backward's end
+        self._queued = False
         self.units, self.root = self._shard(module)
         self._hooks = []
         for unit, child in self.units:
@@ -136,15 +141,38 @@ class FullyShardedDataParallel(nn.Module):
 
     # ------------------------------------------------------------ the two collectives
     @torch.no_grad()
-    def _all_gather(self, unit: Unit, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    def _launch_gather(self, unit: Unit, dtype: torch.dtype | None = None):
+        """Start one unit's all-gather; returns what waits for it and cuts the weights out."""
         dtype = dtype or self.compute_dtype
         mine = torch.cat([s.shard.detach().reshape(-1).to(dtype) for s in unit.slots])  # (S,)
         rows = mine.new_empty(self.world_size, mine.numel())                     # (d, S)
+        work = None
         if self.world_size > 1:
-            comm.all_gather_into_tensor(rows.view(-1), mine, group=self.group)
+            work = comm.all_gather_into_tensor(rows.view(-1), mine, group=self.group,
+                                               async_op=True)
         else:
             rows[0] = mine
-        return [slot.full_from(rows) for slot in unit.slots]
+
+        def finish() -> list[torch.Tensor]:
+            if work is not None:
+                work.wait()
+            return [slot.full_from(rows) for slot in unit.slots]
+        return finish
+
+    def _all_gather(self, unit: Unit) -> list[torch.Tensor]:
+        """The unit's full weights: a prefetched gather if one is on its way, else one now."""
+        pending, unit.pending = unit.pending, None
+        return (pending or self._launch_gather(unit))()
+
+    def _prefetch(self, unit: Unit, step: int) -> None:
+        """Start the gather of the unit after ``unit`` (step 1: in forward order; -1: the
+        one before it, which backward reaches next), so it travels while ``unit`` computes."""
+        order = self._order
+        if not self.prefetch or unit not in order:
+            return
+        i = order.index(unit) + step
+        if 0 <= i < len(order) and order[i].pending is None and order[i].again is None:
+            order[i].pending = self._launch_gather(order[i])
 
     @torch.no_grad()
     def _reduce_scatter(self, unit: Unit, grads) -> list[torch.Tensor | None]:
@@ -162,17 +190,48 @@ class FullyShardedDataParallel(nn.Module):
             padded[:g.numel()] = g.reshape(-1)
             rows[:, s.grad_offset:s.grad_offset + s.shard_numel] = padded.view(d, -1)
         mine = rows.new_empty(size)                                               # (S,)
-        if d > 1:
-            comm.reduce_scatter_tensor(mine, rows.view(-1), group=self.group)
+        work = None
+        if d > 1:       # asynchronous: backward goes on with the units before this one
+            work = comm.reduce_scatter_tensor(mine, rows.view(-1), group=self.group,
+                                              async_op=True)
         else:
             mine.copy_(rows[0])
-        mine = mine.to(trainable[0][0].shard.dtype).div_(d)
-        return [mine[s.grad_offset:s.grad_offset + s.shard_numel].view_as(s.shard)
-                if s.grad_offset is not None else None for s in unit.slots]
+
+        @torch.no_grad()
+        def finish() -> None:
+            if work is not None:
+                work.wait()
+            grads = mine.to(trainable[0][0].shard.dtype).div_(d)
+            for s, _ in trainable:
+                g = grads[s.grad_offset:s.grad_offset + s.shard_numel].view_as(s.shard)
+                if s.shard.grad is None:
+                    s.shard.grad = g.clone()
+                else:
+                    s.shard.grad.add_(g)              # accumulation over several backwards
+        self._queue_end_of_backward()
+        self._finishing.append(finish)
+        return [None] * len(unit.slots)      # the shards' gradients arrive in ``finish``
+
+    def _queue_end_of_backward(self) -> None:
+        if not self._queued:
+            self._queued = True
+            queue_end_of_backward(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        """Wait for every reduce-scatter, drop gathers backward did not use."""
+        for finish in self._finishing:
+            finish()
+        for unit in self._all_units():
+            if unit.pending is not None:
+                unit.pending()          # every rank launched it: wait before dropping it
+            unit.pending = unit.again = None
+        self._finishing, self._queued = [], False
 
     # ------------------------------------------------------------ around each unit
     def _gather_for_forward(self, unit: Unit) -> None:
         full = _Gather.apply(self, unit, *(s.shard for s in unit.slots))
+        self._prefetch(unit, 1)
+        self._seen.append(unit)
         unit.live = [full] if isinstance(full, torch.Tensor) else list(full)
         if self.reshard_after_forward:
             for i, t in enumerate(unit.live):       # one storage may hold several (d = 1)
@@ -193,8 +252,9 @@ class FullyShardedDataParallel(nn.Module):
 
     def _pre_backward(self, unit: Unit, grad):
         if unit.again is None:
+            self._queue_end_of_backward()
             unit.again = self._all_gather(unit)
-            queue_end_of_backward(functools.partial(setattr, unit, "again", None))
+            self._prefetch(unit, -1)
         return grad
 
     def _cast(self, args):
@@ -223,6 +283,7 @@ class FullyShardedDataParallel(nn.Module):
         return base.as_strided(saved.shape, saved.stride, base.storage_offset() + saved.offset)
 
     def forward(self, *args, **kwargs):
+        self._seen = []
         if self.root.slots:
             self._gather_for_forward(self.root)
         hooks = (torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -234,6 +295,7 @@ class FullyShardedDataParallel(nn.Module):
         finally:
             if self.root.slots:
                 self._release_after_forward(self.root, output)
+            self._order = self._seen       # the next forward prefetches in this order
         return output
 
     # ------------------------------------------------------------ what a rank holds
@@ -247,7 +309,7 @@ class FullyShardedDataParallel(nn.Module):
         out = {}
         for unit in self._all_units():
             if unit.slots:
-                weights = self._all_gather(unit, unit.slots[0].shard.dtype)
+                weights = self._launch_gather(unit, unit.slots[0].shard.dtype)()
                 for slot, full in zip(unit.slots, weights):
                     out.update({name: full.clone() for name in slot.names})
         out.update({name: b.clone() for name, b in self.module.named_buffers()})

@@ -44,6 +44,7 @@ class Unit:
     slots: list[Slot] = field(default_factory=list)
     live: list[torch.Tensor] | None = None     # gathered for forward
     again: list[torch.Tensor] | None = None    # gathered again for backward (ZeRO-3)
+    pending: object = None                     # a prefetched gather: call it to wait
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from lessonlib.data import corpus_tokens, lm_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.fsdp import FullyShardedDataParallel, unit_modules
 from lessonlib.data_parallel.ladder import replicate
-from lessonlib.data_parallel.sharded import optimizer_state_bytes, tensor_bytes
+from lessonlib.data_parallel.sharded import tensor_bytes
 from lessonlib.data_parallel.zero import ShardedOptimizer
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss
 
@@ -37,6 +37,7 @@ STAGES = {"0": "stage 0: DataParallel, everything replicated",
           "1-ddp": "stage 1: DataParallel's all-reduce, then ShardedOptimizer",
           "2": "stage 2: FullyShardedDataParallel(reshard_after_forward=False)",
           "3": "stage 3: FullyShardedDataParallel(reshard_after_forward=True)",
+          "3-noprefetch": "stage 3 without prefetching the next unit's gather",
           "torch-zero": "PyTorch: DDP + ZeroRedundancyOptimizer (stage 1)",
           "torch-fsdp2": "PyTorch: fully_shard on every unit and the root (stage 3)",
           "torch-fsdp2-2": "PyTorch: fully_shard(reshard_after_forward=False) (stage 2)"}
@@ -87,9 +88,10 @@ def setup(stage: str, model: nn.Module, optimizer: str, compute_dtype=None):
         replicate(model)
         opt = ShardedOptimizer(model.parameters(), cls, **kwargs)
         return model, opt, opt.reduce_scatter_gradients
-    if stage in ("2", "3"):
-        fsdp = FullyShardedDataParallel(model, reshard_after_forward=stage == "3",
-                                        compute_dtype=compute_dtype)
+    if stage in ("2", "3", "3-noprefetch"):
+        fsdp = FullyShardedDataParallel(model, reshard_after_forward=stage != "2",
+                                        compute_dtype=compute_dtype,
+                                        prefetch=stage != "3-noprefetch")
         trainable = [p for p in fsdp.parameters() if p.requires_grad]
         return fsdp, cls(trainable, **kwargs), nothing
     if stage == "torch-zero":
@@ -105,7 +107,7 @@ def setup(stage: str, model: nn.Module, optimizer: str, compute_dtype=None):
 
 def full_weights(stage: str, model: nn.Module, opt) -> dict[str, torch.Tensor]:
     """The whole model's weights on every rank, by name, in float64."""
-    if stage in ("2", "3"):
+    if stage in ("2", "3", "3-noprefetch"):
         state = model.full_state_dict()
     elif stage.startswith("torch-fsdp2"):
         state = {k: v.full_tensor() for k, v in model.state_dict().items()}
@@ -115,21 +117,24 @@ def full_weights(stage: str, model: nn.Module, opt) -> dict[str, torch.Tensor]:
     return {k: v.detach().double().cpu().clone() for k, v in state.items()}
 
 
+def _local(t):
+    """A DTensor's local shard (FSDP2 keeps parameters and their state as DTensors)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def held_bytes(stage: str, model: nn.Module, opt) -> dict[str, int]:
     """What this rank holds for the model's state after a step (before zero_grad)."""
-    if stage in ("2", "3"):
+    if stage in ("2", "3", "3-noprefetch"):
         return model.memory_bytes(opt)
     if stage in ("1", "1-ddp"):
         return opt.memory_bytes()
     params = [p for p in model.parameters() if p.requires_grad]
-    if stage.startswith("torch-fsdp2"):
-        params = [p.to_local() for p in params]
-    inner_opt = getattr(opt, "optim", opt)
-    state = optimizer_state_bytes(inner_opt, [p for p in model.parameters()
-                                              if p.requires_grad]) if stage != "torch-zero" \
-        else None
-    held = {"weights": tensor_bytes(params), "gradients": tensor_bytes(p.grad for p in params),
-            "optimizer": state if state is not None else -1}
+    inner = opt.optim if stage == "torch-zero" else opt
+    state = [_local(v) for p in params for v in inner.state.get(p, {}).values()
+             if torch.is_tensor(v) and v.shape == p.shape]
+    held = {"weights": tensor_bytes(_local(p) for p in params),
+            "gradients": tensor_bytes(_local(p.grad) for p in params if p.grad is not None),
+            "optimizer": tensor_bytes(state)}
     return {**held, "total": sum(held.values())}
 
 

@@ -32,7 +32,9 @@ def _case(stage, optimizer, **extra):
 
 CASES = ([_case(s, o) for s in (*OURS, "0") for o in ("sgd", "adamw")]
          + [_case(s, o) for s in ("torch-zero", "torch-fsdp2") for o in ("sgd", "adamw")]
-         + [_case(s, "adamw", tie=True, freeze=True) for s in OURS])
+         + [_case(s, "adamw", tie=True, freeze=True) for s in OURS]
+         + [_case(s, "adamw", dtype="float32", compute_dtype=c)
+            for s, c in (("3", "bfloat16"), ("torch-fsdp2", "bfloat16"), ("3", None))])
 
 
 @pytest.fixture(scope="module", params=[2, 3])
@@ -97,6 +99,28 @@ def test_tied_and_frozen_weights_equal_one_process(runs, stage):
 def test_equal_to_pytorchs_own(runs, ours, theirs, optimizer):
     for mine, torch_rank in zip(_results(runs, ours, optimizer), _results(runs, theirs, optimizer)):
         _assert_weights(mine["weights"], torch_rank["weights"])
+
+
+@pytest.mark.timeout(900)
+def test_bf16_compute_equals_fully_shards_mixed_precision(runs):
+    """Gathered, computed and reduced in bf16, shards and AdamW in fp32: the same weights as
+    FSDP2 with ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``, and not the fp32 ones."""
+    ours = _results(runs, "3", "adamw", dtype="float32", compute_dtype="bfloat16")
+    theirs = _results(runs, "torch-fsdp2", "adamw", dtype="float32", compute_dtype="bfloat16")
+    fp32 = _results(runs, "3", "adamw", dtype="float32", compute_dtype=None)
+    for mine, torch_rank, full in zip(ours, theirs, fp32):
+        for name, w in mine["weights"].items():
+            torch.testing.assert_close(w, torch_rank["weights"][name], rtol=1e-6, atol=1e-6)
+        assert max((w - full["weights"][k]).abs().max() for k, w in mine["weights"].items()) > 1e-3
+
+
+@pytest.mark.timeout(300)
+def test_world_size_one_is_one_process():
+    cases = [_case(s, o) for s in ("1", "2", "3") for o in ("sgd", "adamw")]
+    (results,) = lessonlib.launch(zero_runs.train_cases, 1, cases, timeout=250)
+    for case, result in zip(cases, results):
+        _assert_weights(result["weights"], _single(case["optimizer"])[0])
+        assert result["ledgers"][-1] == {}                   # nothing to send alone
 
 
 def _counts(tie=False, freeze=False):

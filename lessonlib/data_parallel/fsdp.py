@@ -12,16 +12,18 @@ FSDP2's ``fully_shard`` (Zhao et al., VLDB 2023):
   parameters held directly by the module, or shared by two units (an embedding tied to the
   output head), form the root unit, gathered for the whole forward;
 * ``reshard_after_forward=True`` (ZeRO-3): after its forward the unit's full weights are
-  freed. Autograd would keep the ones backward needs alive, so a saved-tensor hook stores a
-  note instead of the weight, and the first note unpacked in the unit's backward gathers the
-  unit again. ``False`` (ZeRO-2): what backward needs stays alive, one gather per step;
-* each unit's backward ends with one reduce-scatter of its gradients, so every rank keeps
-  only its gradient shard, averaged over the group (accumulated across backwards);
+  freed. Autograd would keep the ones backward needs alive, so a saved-tensor hook keeps a
+  note instead, and the unit is gathered again when the gradient reaches its output.
+  ``False`` (ZeRO-2): what backward needs stays alive, one gather per step;
+* each unit's backward ends with one reduce-scatter of its gradients (asynchronous, waited
+  for at the end of backward), so every rank keeps only its averaged gradient shard;
+* ``prefetch``: while a unit computes, the next unit's gather is already on its way (the
+  forward order of the last step; backward walks it in reverse), as FSDP2 does;
 * ``compute_dtype=torch.bfloat16`` gathers, computes and reduces in bf16 (FSDP2's
   ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``); shards and optimizer stay fp32.
 
-Per rank and step that is (n-1)/n x S for each all-gather and the reduce-scatter: 2(n-1)/n
-x S at stage 2 (an all-reduce's), 3(n-1)/n x S at stage 3 (ZeRO §7.2.2: 1.5x).
+Per rank and step each all-gather and the reduce-scatter send (n-1)/n x S: 2(n-1)/n x S at
+stage 2 (an all-reduce's), 3(n-1)/n x S at stage 3 (ZeRO §7.2.2: 1.5x).
 
 Laptop:  ``python labs/zero.py --world-size 2``
 GPU box: ``torchrun --nproc-per-node 8 labs/zero.py`` (NCCL)
@@ -36,14 +38,11 @@ from torch import nn
 
 from lessonlib import comm
 from lessonlib.data_parallel.collectives import group_ranks
-from lessonlib.data_parallel.fsdp_units import (Note, Slot, Unit, places_of, tensors_in,
-                                                unit_modules)
+from lessonlib.data_parallel.fsdp_units import (Note, Slot, Unit, check_arguments, places_of,
+                                                tensors_in, unit_modules)
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate
-from lessonlib.data_parallel.sharded import (optimizer_state_bytes, padded_numel, row_shard,
-                                             shard_rows, tensor_bytes)
-
-COMPUTE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
-
+from lessonlib.data_parallel.sharded import (optimizer_state_bytes, row_shard, shard_rows,
+                                             tensor_bytes)
 
 class _Gather(torch.autograd.Function):
     """Forward: shards -> full weights (one all-gather). Backward: full gradients ->
@@ -67,21 +66,7 @@ class FullyShardedDataParallel(nn.Module):
 
     def __init__(self, module: nn.Module, reshard_after_forward: bool = True,
                  compute_dtype: torch.dtype | None = None, group=None, prefetch: bool = True):
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"FullyShardedDataParallel wraps an nn.Module; got {type(module)}")
-        params = list(module.parameters())
-        if not params:
-            raise ValueError(f"FullyShardedDataParallel: the {type(module).__name__} to wrap "
-                             f"has no parameters, so there is nothing to shard")
-        if not isinstance(reshard_after_forward, bool):
-            raise ValueError(f"reshard_after_forward must be True (ZeRO-3) or False (ZeRO-2); "
-                             f"got {reshard_after_forward!r}")
-        if compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"compute_dtype={compute_dtype!r}: use one of {COMPUTE_DTYPES}")
-        dtypes = {p.dtype for p in params}
-        if len(dtypes) > 1 or not params[0].is_floating_point():
-            raise ValueError(f"FullyShardedDataParallel needs one floating dtype for all "
-                             f"parameters (a unit is gathered as one buffer); got {dtypes}")
+        params = check_arguments(module, reshard_after_forward, compute_dtype)
         me, members = group_ranks(group)                   # raises before any message
         super().__init__()
         self.module = replicate(module, group)             # rank 0's weights everywhere
@@ -99,10 +84,6 @@ class FullyShardedDataParallel(nn.Module):
         for unit, child in self.units:
             self._hooks.append(child.register_forward_pre_hook(functools.partial(self._pre, unit)))
             self._hooks.append(child.register_forward_hook(functools.partial(self._post, unit)))
-
-    @property
-    def stage(self) -> int:
-        return 3 if self.reshard_after_forward else 2
 
     # ------------------------------------------------------------ sharding at wrap time
     @torch.no_grad()
@@ -144,7 +125,7 @@ class FullyShardedDataParallel(nn.Module):
     def _launch_gather(self, unit: Unit, dtype: torch.dtype | None = None):
         """Start one unit's all-gather; returns what waits for it and cuts the weights out."""
         dtype = dtype or self.compute_dtype
-        mine = torch.cat([s.shard.detach().reshape(-1).to(dtype) for s in unit.slots])  # (S,)
+        mine = unit.flat_shard(dtype)                                            # (S,)
         rows = mine.new_empty(self.world_size, mine.numel())                     # (d, S)
         work = None
         if self.world_size > 1:
@@ -177,19 +158,11 @@ class FullyShardedDataParallel(nn.Module):
     @torch.no_grad()
     def _reduce_scatter(self, unit: Unit, grads) -> list[torch.Tensor | None]:
         unit.again = None                                  # ZeRO-3: backward is done with it
-        trainable = [(s, g) for s, g in zip(unit.slots, grads) if s.grad_offset is not None]
-        if not trainable:
+        d = self.world_size
+        rows = unit.gradient_rows(grads, d, self.compute_dtype)                  # (d, S)
+        if rows is None:                                   # a frozen unit
             return [None] * len(unit.slots)
-        d, dtype = self.world_size, self.compute_dtype
-        size = sum(s.shard_numel for s, _ in trainable)
-        rows = torch.zeros(d, size, dtype=dtype, device=trainable[0][0].shard.device)  # (d, S)
-        for s, g in trainable:
-            if g is None:                                  # unused in this forward: zeros
-                continue
-            padded = g.new_zeros(padded_numel(s.shape, d))
-            padded[:g.numel()] = g.reshape(-1)
-            rows[:, s.grad_offset:s.grad_offset + s.shard_numel] = padded.view(d, -1)
-        mine = rows.new_empty(size)                                               # (S,)
+        mine = rows.new_empty(rows.shape[1])                                      # (S,)
         work = None
         if d > 1:       # asynchronous: backward goes on with the units before this one
             work = comm.reduce_scatter_tensor(mine, rows.view(-1), group=self.group,
@@ -197,17 +170,10 @@ class FullyShardedDataParallel(nn.Module):
         else:
             mine.copy_(rows[0])
 
-        @torch.no_grad()
         def finish() -> None:
             if work is not None:
                 work.wait()
-            grads = mine.to(trainable[0][0].shard.dtype).div_(d)
-            for s, _ in trainable:
-                g = grads[s.grad_offset:s.grad_offset + s.shard_numel].view_as(s.shard)
-                if s.shard.grad is None:
-                    s.shard.grad = g.clone()
-                else:
-                    s.shard.grad.add_(g)              # accumulation over several backwards
+            unit.add_gradient_shard(mine, d)
         self._queue_end_of_backward()
         self._finishing.append(finish)
         return [None] * len(unit.slots)      # the shards' gradients arrive in ``finish``

@@ -46,6 +46,40 @@ class Unit:
     again: list[torch.Tensor] | None = None    # gathered again for backward (ZeRO-3)
     pending: object = None                     # a prefetched gather: call it to wait
 
+    def flat_shard(self, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's shards of the unit, one after another: what it sends to a gather."""
+        return torch.cat([s.shard.detach().reshape(-1).to(dtype) for s in self.slots])
+
+    def gradient_rows(self, grads, d: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The reduce-scatter's input: row r holds the gradient rows shard r owns, for the
+        trainable parameters (None if the unit has none). (d, S)"""
+        trainable = [(s, g) for s, g in zip(self.slots, grads) if s.grad_offset is not None]
+        if not trainable:
+            return None
+        size = sum(s.shard_numel for s, _ in trainable)
+        rows = torch.zeros(d, size, dtype=dtype, device=trainable[0][0].shard.device)
+        for s, g in trainable:
+            if g is None:                                  # unused in this forward: zeros
+                continue
+            padded = g.new_zeros(d * s.shard_numel)
+            padded[:g.numel()] = g.reshape(-1)
+            rows[:, s.grad_offset:s.grad_offset + s.shard_numel] = padded.view(d, -1)
+        return rows
+
+    @torch.no_grad()
+    def add_gradient_shard(self, summed: torch.Tensor, d: int) -> None:
+        """Average the reduce-scatter's output over d and add it to the shards' gradients
+        (adding is what lets gradients accumulate over several backwards)."""
+        for s in self.slots:
+            if s.grad_offset is None:
+                continue
+            g = summed[s.grad_offset:s.grad_offset + s.shard_numel].view_as(s.shard)
+            g = g.to(s.shard.dtype) / d
+            if s.shard.grad is None:
+                s.shard.grad = g
+            else:
+                s.shard.grad.add_(g)
+
 
 @dataclass(frozen=True)
 class Note:
@@ -55,6 +89,29 @@ class Note:
     shape: torch.Size
     stride: tuple
     offset: int                   # from the start of the weight, in its storage
+
+
+COMPUTE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_arguments(module, reshard_after_forward, compute_dtype) -> list[nn.Parameter]:
+    """Refuse what cannot be sharded, before any message; the module's parameters."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"FullyShardedDataParallel wraps an nn.Module; got {type(module)}")
+    params = list(module.parameters())
+    if not params:
+        raise ValueError(f"FullyShardedDataParallel: the {type(module).__name__} to wrap "
+                         f"has no parameters, so there is nothing to shard")
+    if not isinstance(reshard_after_forward, bool):
+        raise ValueError(f"reshard_after_forward must be True (ZeRO-3) or False (ZeRO-2); "
+                         f"got {reshard_after_forward!r}")
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype={compute_dtype!r}: use one of {COMPUTE_DTYPES}")
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) > 1 or not params[0].is_floating_point():
+        raise ValueError(f"FullyShardedDataParallel needs one floating dtype for all "
+                         f"parameters (a unit is gathered as one buffer); got {dtypes}")
+    return params
 
 
 def unit_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:

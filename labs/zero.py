@@ -33,6 +33,9 @@ STAGES = {"0": "lessonlib_stage0", "1": "lessonlib_stage1", "2": "lessonlib_stag
           "torch-fsdp2-2": "torch_stage2"}
 ZERO_STAGE = {"0": 0, "1": 1, "2": 2, "3": 3, "3-noprefetch": 3, "torch-fsdp2": 3,
               "torch-fsdp2-2": 2}
+# Step-time ratios measured in the same run: stage 3 against fully_shard, and prefetching's effect.
+RATIOS = {"lessonlib_vs_torch_step_time": ("lessonlib", "torch"),
+          "prefetch_vs_none_step_time": ("lessonlib", "lessonlib_no_prefetch")}
 STATE_BYTES = {"sgd": 4, "adamw": 8}              # fp32 momentum; AdamW's two moments
 
 
@@ -60,7 +63,7 @@ def summarize(ranks: list[dict], args, cfg: GPTConfig) -> dict:
                  "bytes_held_per_rank": [run["held"] for run in runs],
                  "peak_allocated_bytes_per_rank": [run["peak_bytes"] for run in runs],
                  "predicted": predicted(stage, cfg, n, args.optimizer, args.bf16)}
-        if not stage.startswith("torch"):       # FSDP2 talks from C++, out of the ledger's sight
+        if not stage.startswith("torch"):       # FSDP2 calls torch.distributed itself: no ledger
             entry["bytes_sent_per_rank"] = [ring_bytes_per_rank(run["ledger"], n)
                                             for run in runs]
             entry["collectives_per_step"] = {op: e["calls"] for op, e in runs[0]["ledger"].items()}
@@ -104,12 +107,9 @@ def main(argv=None):
                 "command": command}
     results = summarize(ranks, args, cfg)
     record = labkit.result("zero", len(ranks), settings, results, ranks[0]["info"])
-    if "lessonlib" in results and "torch" in results:
-        record["lessonlib_vs_torch_step_time"] = (results["lessonlib"]["step_time_s"]
-                                                  / results["torch"]["step_time_s"])
-    if "lessonlib" in results and "lessonlib_no_prefetch" in results:
-        record["prefetch_vs_none_step_time"] = (results["lessonlib"]["step_time_s"]
-                                                / results["lessonlib_no_prefetch"]["step_time_s"])
+    for key, (a, b) in RATIOS.items():
+        if a in results and b in results:
+            record[key] = results[a]["step_time_s"] / results[b]["step_time_s"]
     labkit.emit(record, args.json)
     return record
 

@@ -3,7 +3,7 @@
 What it teaches: sharding is a trade. Each stage trains the same tiny GPT on every rank's
 shard of each batch; for each one a rank reports its step times, the bytes it holds for the
 model's state (and, on a GPU, ``max_memory_allocated`` during its steps) and what one step
-sends (from the ledger: PyTorch's own runs talk to the process group from C++, out of its
+sends (from the ledger; PyTorch's own runs call ``torch.distributed`` directly, out of its
 sight). The stages run in blocks that take turns ``rounds`` times, so a burst of background
 load slows them all alike; each block starts from freshly built weights, so a GPU's peak is
 that stage's alone.
@@ -18,10 +18,11 @@ import itertools
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device, labkit
-from lessonlib.data import corpus_tokens, lm_batch, shard
-from lessonlib.data_parallel.zero_runs import build_model, check_choices, held_bytes, setup
-from lessonlib.models import GPTConfig, lm_loss
+from lessonlib import device, labkit
+from lessonlib.data import corpus_tokens
+from lessonlib.data_parallel.zero_runs import (build_model, check_choices, held_bytes, setup,
+                                               train_step)
+from lessonlib.models import GPTConfig
 
 
 def zero_bench(stages=("0", "1", "2", "3", "torch-fsdp2"), cfg: GPTConfig | None = None,
@@ -55,19 +56,10 @@ def zero_bench(stages=("0", "1", "2", "3", "torch-fsdp2"), cfg: GPTConfig | None
 def _stepper(stage, model, opt, sync, record: dict, tokens, cfg: GPTConfig, batch: int):
     """One training step on its own sequence of batches; keeps the step's ledger and the
     bytes held after it."""
-    rank, n, dev = dist.get_rank(), dist.get_world_size(), device.current_device()
-    batches = itertools.count()
+    batches, n = itertools.count(), dist.get_world_size()
 
     def step():
-        x, y = lm_batch(tokens, batch * n, cfg.seq, next(batches), 0)
-        x, y = shard(x, rank, n).to(dev), shard(y, rank, n).to(dev)
-        with comm.ledger() as book:
-            loss = lm_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            sync()
-            opt.step()
-        record["ledger"] = book.summary()
+        record["ledger"] = train_step(model, opt, sync, tokens, cfg, batch * n, next(batches))
         if not record["held"]:                   # the same every step: count it once
             record["held"] = held_bytes(stage, model, opt)
 

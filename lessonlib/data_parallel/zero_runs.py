@@ -138,6 +138,21 @@ def held_bytes(stage: str, model: nn.Module, opt) -> dict[str, int]:
     return {**held, "total": sum(held.values())}
 
 
+def train_step(model, opt, sync, tokens, cfg: GPTConfig, global_batch: int, step: int,
+               seed: int = 0) -> dict:
+    """One training step on this rank's shard of global batch ``step``: its ledger."""
+    rank, n, dev = dist.get_rank(), dist.get_world_size(), device.current_device()
+    x, y = lm_batch(tokens, global_batch, cfg.seq, step, seed)
+    x, y = shard(x, rank, n).to(dev), shard(y, rank, n).to(dev)
+    with comm.ledger() as book:
+        loss = lm_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        sync()
+        opt.step()
+    return book.summary()
+
+
 def train_stage(stage: str = "3", optimizer: str = "adamw", cfg: GPTConfig | None = None,
                 steps: int = 3, global_batch: int = 6, seed: int = 0, dtype: str = "float64",
                 tie: bool = False, freeze: bool = False, compute_dtype: str | None = None) -> dict:
@@ -146,22 +161,14 @@ def train_stage(stage: str = "3", optimizer: str = "adamw", cfg: GPTConfig | Non
     model's weights after training, each step's ledger and what the rank held."""
     check_choices(stage, optimizer)
     cfg = cfg or GPTConfig(vocab=27, seq=8, hidden=12, heads=2, layers=2)
-    rank, n, dev = dist.get_rank(), dist.get_world_size(), device.current_device()
+    rank, dev = dist.get_rank(), device.current_device()
     model = build_model(cfg, seed + 7919 * rank, DTYPES[dtype], tie, freeze).to(dev)
     model, opt, sync = setup(stage, model, optimizer,
                              DTYPES[compute_dtype] if compute_dtype else None)
     tokens, _ = corpus_tokens()
     ledgers, held = [], {}
     for step in range(steps):
-        x, y = lm_batch(tokens, global_batch, cfg.seq, step, seed)
-        x, y = shard(x, rank, n).to(dev), shard(y, rank, n).to(dev)
-        with comm.ledger() as book:
-            loss = lm_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            sync()
-            opt.step()
-        ledgers.append(book.summary())
+        ledgers.append(train_step(model, opt, sync, tokens, cfg, global_batch, step, seed))
         held = held_bytes(stage, model, opt)
         progress(f"stage {stage} step {step + 1} of {steps}")
     return {"rank": rank, "weights": full_weights(stage, model, opt), "ledgers": ledgers,

@@ -73,7 +73,7 @@ def summarize(ranks: list[dict], args, cfg: GPTConfig) -> dict:
 
 def main(argv=None):
     p = labkit.parser("zero", "Time ZeRO stages 0-3 against FSDP2's fully_shard.")
-    p.add_argument("--stages", default="0,1,2,3,torch-fsdp2",
+    p.add_argument("--stages", default="0,1,2,3,3-noprefetch,torch-fsdp2",
                    help=f"comma-separated, from {','.join(STAGES)}")
     p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZERS))
     p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")

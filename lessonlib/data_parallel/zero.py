@@ -35,7 +35,9 @@ class ShardedOptimizer:
 
     ``step()`` expects gradients already averaged over ``group`` (by ``DataParallel``, or by
     ``reduce_scatter_gradients()``), steps this rank's range, then all-gathers every range
-    into the parameters. Frozen parameters are left alone; a tied weight is stepped once."""
+    into the parameters. Frozen parameters are left alone; a tied weight is stepped once.
+    The parameters must start equal on every rank (``DataParallel`` or ``replicate`` copies
+    rank 0's), as with PyTorch's ZeroRedundancyOptimizer."""
 
     def __init__(self, params, optimizer_cls, group=None, **kwargs):
         params = distinct_parameters(params)

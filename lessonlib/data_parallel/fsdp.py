@@ -38,26 +38,11 @@ from torch import nn
 
 from lessonlib import comm
 from lessonlib.data_parallel.collectives import group_ranks
-from lessonlib.data_parallel.fsdp_units import (Note, Slot, Unit, check_arguments, places_of,
-                                                tensors_in, unit_modules)
+from lessonlib.data_parallel.fsdp_units import (GatherUnit, Note, Slot, Unit, check_arguments,
+                                                places_of, tensors_in, unit_modules)
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate
 from lessonlib.data_parallel.sharded import (optimizer_state_bytes, row_shard, shard_rows,
                                              tensor_bytes)
-
-class _Gather(torch.autograd.Function):
-    """Forward: shards -> full weights (one all-gather). Backward: full gradients ->
-    gradient shards (one reduce-scatter)."""
-
-    @staticmethod
-    def forward(ctx, owner, unit, *shards):
-        ctx.owner, ctx.unit = owner, unit
-        ctx.set_materialize_grads(False)
-        return tuple(owner._all_gather(unit))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return (None, None, *ctx.owner._reduce_scatter(ctx.unit, grads))
-
 
 class FullyShardedDataParallel(nn.Module):
     """Shard ``module`` over ``group``: ZeRO-3 with ``reshard_after_forward=True``, ZeRO-2
@@ -183,19 +168,24 @@ class FullyShardedDataParallel(nn.Module):
             self._queued = True
             queue_end_of_backward(self._end_of_backward)
 
+    def _drop_unused_gathers(self) -> None:
+        """A prefetch the run did not use (a unit skipped) must not serve the next step's
+        weights: every rank launched it, so wait for it, then drop it."""
+        for unit in self._all_units():
+            if unit.pending is not None:
+                unit.pending()
+            unit.pending = unit.again = None
+
     def _end_of_backward(self) -> None:
         """Wait for every reduce-scatter, drop gathers backward did not use."""
         for finish in self._finishing:
             finish()
-        for unit in self._all_units():
-            if unit.pending is not None:
-                unit.pending()          # every rank launched it: wait before dropping it
-            unit.pending = unit.again = None
+        self._drop_unused_gathers()
         self._finishing, self._queued = [], False
 
     # ------------------------------------------------------------ around each unit
     def _gather_for_forward(self, unit: Unit) -> None:
-        full = _Gather.apply(self, unit, *(s.shard for s in unit.slots))
+        full = GatherUnit.apply(self, unit, *(s.shard for s in unit.slots))
         self._prefetch(unit, 1)
         self._seen.append(unit)
         unit.live = [full] if isinstance(full, torch.Tensor) else list(full)
@@ -262,6 +252,7 @@ class FullyShardedDataParallel(nn.Module):
             if self.root.slots:
                 self._release_after_forward(self.root, output)
             self._order = self._seen       # the next forward prefetches in this order
+            self._drop_unused_gathers()
         return output
 
     # ------------------------------------------------------------ what a rank holds

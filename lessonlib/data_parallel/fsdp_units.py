@@ -3,7 +3,8 @@
 What it teaches: FSDP gathers weights one *unit* at a time, so sharding a model starts with
 cutting it into units (here the direct children, a ``ModuleList``'s children standing in for
 it) and remembering every place that holds a parameter: a tied weight is held in two places
-(an embedding and the output head) but sharded, gathered and stepped once.
+(an embedding and the output head) but sharded, gathered and stepped once. ``GatherUnit``
+is the autograd function that turns a unit's shards into its full weights and back.
 
 Laptop:  ``python labs/zero.py --world-size 2``
 GPU box: ``torchrun --nproc-per-node 8 labs/zero.py`` (NCCL)
@@ -89,6 +90,21 @@ class Note:
     shape: torch.Size
     stride: tuple
     offset: int                   # from the start of the weight, in its storage
+
+
+class GatherUnit(torch.autograd.Function):
+    """A unit's weights as autograd sees them. Forward: shards -> full weights (``owner``'s
+    all-gather). Backward: full gradients -> gradient shards (``owner``'s reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, owner, unit, *shards):
+        ctx.owner, ctx.unit = owner, unit
+        ctx.set_materialize_grads(False)
+        return tuple(owner._all_gather(unit))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *ctx.owner._reduce_scatter(ctx.unit, grads))
 
 
 COMPUTE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)

@@ -80,6 +80,13 @@ def peak_memory_bytes(device: torch.device | None = None) -> int | None:
     return None
 
 
+def reset_peak_memory(device: torch.device | None = None) -> None:
+    """Start ``peak_memory_bytes`` afresh, to measure one phase on its own (no-op on CPU)."""
+    device = device or current_device()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def describe(device: torch.device | None = None) -> str:
     """A short name for result files: 'cpu' or the GPU's product name."""
     device = device or current_device()

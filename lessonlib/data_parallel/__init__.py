@@ -14,25 +14,36 @@ Read in this order, each file one idea:
 * ``runs``: what the notebook and the tests launch (training replicas, the ladder's
   messages, a step's timeline, the bucket sweep);
 * ``bench``: the lab's measurements (all-reduce bandwidth, DDP step times), with the
-  alpha-beta model of ``lessonlib.costmodel.alpha_beta``.
+  alpha-beta model of ``lessonlib.costmodel.alpha_beta``;
+* ``sharded``: sharding the replica (ZeRO): where each rank's slice lies, what a rank holds
+  by ZeRO's per-stage formula, what a ledger's collectives send over a ring;
+* ``zero``: ``ShardedOptimizer``, ZeRO stage 1 (PyTorch's ZeroRedundancyOptimizer);
+* ``fsdp``: ``FullyShardedDataParallel``, ZeRO stages 2 and 3 (FSDP2's ``fully_shard``),
+  over ``fsdp_units`` (the module cut into units, and where each parameter lives);
+* ``zero_runs``: stages 0-3 and PyTorch's own trained on the ranks, for the tests; and
+  ``zero_bench``: the same timed against ``fully_shard`` for ``labs/zero.py``.
 
     from lessonlib.data_parallel import ring_all_reduce, parameter_server_all_reduce, DataParallel
+    from lessonlib.data_parallel import ShardedOptimizer, FullyShardedDataParallel
 
 Laptop:  ``python labs/allreduce.py --world-size 4`` and ``python labs/ddp.py --world-size 2``
+         ``python labs/zero.py --world-size 2`` (ZeRO stages 0-3 against fully_shard)
 GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py`` (NCCL)
 """
 from lessonlib.data_parallel.collectives import (agree, exchange, group_ranks,
                                                  naive_ring_all_reduce,
                                                  parameter_server_all_reduce, torch_all_reduce)
 from lessonlib.data_parallel.ddp import DataParallel, plan_buckets, sharded_loader
+from lessonlib.data_parallel.fsdp import FullyShardedDataParallel
 from lessonlib.data_parallel.ladder import (AsyncGradientHooks, allreduce_flat_gradients,
                                             allreduce_gradients, broadcast_parameters, replicate)
 from lessonlib.data_parallel.ring import (ALGORITHMS, PIECE_MIN_BYTES, ring_all_gather,
                                           ring_all_reduce, ring_chunks, ring_reduce_scatter)
+from lessonlib.data_parallel.zero import ShardedOptimizer
 
 __all__ = ["agree", "exchange", "group_ranks", "naive_ring_all_reduce",
            "parameter_server_all_reduce", "torch_all_reduce", "ring_chunks",
            "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "ALGORITHMS",
            "PIECE_MIN_BYTES", "broadcast_parameters", "replicate", "allreduce_gradients",
            "allreduce_flat_gradients", "AsyncGradientHooks", "DataParallel", "plan_buckets",
-           "sharded_loader"]
+           "sharded_loader", "ShardedOptimizer", "FullyShardedDataParallel"]

@@ -1,0 +1,165 @@
+"""How ``FullyShardedDataParallel`` sees a module: units, and where each parameter lives.
+
+What it teaches: FSDP gathers weights one *unit* at a time, so sharding a model starts with
+cutting it into units (here the direct children, a ``ModuleList``'s children standing in for
+it) and remembering every place that holds a parameter: a tied weight is held in two places
+(an embedding and the output head) but sharded, gathered and stepped once. ``GatherUnit``
+is the autograd function that turns a unit's shards into its full weights and back.
+
+Laptop:  ``python labs/zero.py --world-size 2``
+GPU box: ``torchrun --nproc-per-node 8 labs/zero.py`` (NCCL)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Slot:
+    """One distinct parameter of a unit: its shard and every place the module holds it."""
+    shape: torch.Size
+    rows: int                     # c = ceil(dim0 / d): rows of every shard
+    offset: int                   # where its shard starts in the unit's flat shard
+    grad_offset: int | None       # ... and in the unit's flat gradient shard (None: frozen)
+    shard: nn.Parameter           # (c, *shape[1:])
+    places: list[tuple[nn.Module, str]]
+    names: list[str]
+
+    @property
+    def shard_numel(self) -> int:
+        return self.shard.numel()
+
+    def full_from(self, rows: torch.Tensor) -> torch.Tensor:
+        """The parameter from the gathered (d, S) buffer's columns of this slot."""
+        cols = rows[:, self.offset:self.offset + self.shard_numel]             # (d, c*row)
+        shape = self.shape if len(self.shape) else torch.Size([1])
+        return cols.reshape(-1, *shape[1:])[:shape[0]].view(self.shape)
+
+
+@dataclass
+class Unit:
+    name: str
+    slots: list[Slot] = field(default_factory=list)
+    live: list[torch.Tensor] | None = None     # gathered for forward
+    again: list[torch.Tensor] | None = None    # gathered again for backward (ZeRO-3)
+    pending: object = None                     # a prefetched gather: call it to wait
+
+    def flat_shard(self, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's shards of the unit, one after another: what it sends to a gather."""
+        return torch.cat([s.shard.detach().reshape(-1).to(dtype) for s in self.slots])
+
+    def gradient_rows(self, grads, d: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The reduce-scatter's input: row r holds the gradient rows shard r owns, for the
+        trainable parameters (None if the unit has none). (d, S)"""
+        trainable = [(s, g) for s, g in zip(self.slots, grads) if s.grad_offset is not None]
+        if not trainable:
+            return None
+        size = sum(s.shard_numel for s, _ in trainable)
+        rows = torch.zeros(d, size, dtype=dtype, device=trainable[0][0].shard.device)
+        for s, g in trainable:
+            if g is None:                                  # unused in this forward: zeros
+                continue
+            padded = g.new_zeros(d * s.shard_numel)
+            padded[:g.numel()] = g.reshape(-1)
+            rows[:, s.grad_offset:s.grad_offset + s.shard_numel] = padded.view(d, -1)
+        return rows
+
+    @torch.no_grad()
+    def add_gradient_shard(self, summed: torch.Tensor, d: int) -> None:
+        """Average the reduce-scatter's output over d and add it to the shards' gradients
+        (adding is what lets gradients accumulate over several backwards)."""
+        for s in self.slots:
+            if s.grad_offset is None:
+                continue
+            g = summed[s.grad_offset:s.grad_offset + s.shard_numel].view_as(s.shard)
+            g = g.to(s.shard.dtype) / d
+            if s.shard.grad is None:
+                s.shard.grad = g
+            else:
+                s.shard.grad.add_(g)
+
+
+@dataclass(frozen=True)
+class Note:
+    """What a saved-tensor hook keeps instead of a gathered weight (ZeRO-3)."""
+    unit: Unit
+    index: int
+    shape: torch.Size
+    stride: tuple
+    offset: int                   # from the start of the weight, in its storage
+
+
+class GatherUnit(torch.autograd.Function):
+    """A unit's weights as autograd sees them. Forward: shards -> full weights (``owner``'s
+    all-gather). Backward: full gradients -> gradient shards (``owner``'s reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, owner, unit, *shards):
+        ctx.owner, ctx.unit = owner, unit
+        ctx.set_materialize_grads(False)
+        return tuple(owner._all_gather(unit))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *ctx.owner._reduce_scatter(ctx.unit, grads))
+
+
+COMPUTE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_arguments(module, reshard_after_forward, compute_dtype) -> list[nn.Parameter]:
+    """Refuse what cannot be sharded, before any message; the module's parameters."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"FullyShardedDataParallel wraps an nn.Module; got {type(module)}")
+    params = list(module.parameters())
+    if not params:
+        raise ValueError(f"FullyShardedDataParallel: the {type(module).__name__} to wrap "
+                         f"has no parameters, so there is nothing to shard")
+    if not isinstance(reshard_after_forward, bool):
+        raise ValueError(f"reshard_after_forward must be True (ZeRO-3) or False (ZeRO-2); "
+                         f"got {reshard_after_forward!r}")
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype={compute_dtype!r}: use one of {COMPUTE_DTYPES}")
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) > 1 or not params[0].is_floating_point():
+        raise ValueError(f"FullyShardedDataParallel needs one floating dtype for all "
+                         f"parameters (a unit is gathered as one buffer); got {dtypes}")
+    return params
+
+
+def unit_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The units: direct children, a ModuleList's or ModuleDict's children standing in for
+    the container (it is never called, so it has no forward to hook)."""
+    out = []
+    for name, child in module.named_children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            out += [(f"{name}.{n}", c) for n, c in child.named_children()]
+        else:
+            out.append((name, child))
+    return out
+
+
+def places_of(module: nn.Module) -> dict[int, list[tuple[nn.Module, str, str]]]:
+    """id(parameter) -> every (module, attribute, qualified name) that holds it."""
+    places: dict[int, list] = {}
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        for attr, p in m._parameters.items():
+            if p is not None:
+                name = f"{prefix}.{attr}" if prefix else attr
+                if all(pm is not m or pa != attr for pm, pa, _ in places.get(id(p), [])):
+                    places.setdefault(id(p), []).append((m, attr, name))
+    return places
+
+
+def tensors_in(output) -> list[torch.Tensor]:
+    """The tensors in a unit's output (a tensor, or a tuple, list or dict of them)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for o in output for t in tensors_in(o)]
+    if isinstance(output, dict):
+        return [t for o in output.values() for t in tensors_in(o)]
+    return []

@@ -1,0 +1,42 @@
+"""labs/zero.py runs end to end with tiny settings, writes the shared result shape with
+lessonlib's and torch's step times and their ratio, and refuses bad settings before any
+process starts."""
+import pytest
+from labrun import check_shape, load_lab, run_lab
+
+
+@pytest.mark.timeout(300)
+def test_zero_lab_times_every_stage_against_fully_shard(tmp_path):
+    record = run_lab("zero", "--world-size", "2", "--steps", "2", "--warmup", "1",
+                     "--rounds", "1", "--layers", "2", "--hidden", "16", "--seq", "8",
+                     "--stages", "0,1,2,3,3-noprefetch,torch-fsdp2", tmp_path=tmp_path,
+                     timeout=280)
+    check_shape(record, "zero", 2)
+    results = record["results"]
+    assert set(results) == {"lessonlib_stage0", "lessonlib_stage1", "lessonlib_stage2",
+                            "lessonlib", "lessonlib_no_prefetch", "torch"}
+    for name, entry in results.items():
+        assert entry["step_time_s"] > 0 and entry["samples_per_s"] > 0
+        held, want = entry["bytes_held_per_rank"], entry["predicted"]["bytes_held"]
+        assert len(held) == 2 and held[0]["gradients"] == want["gradients"]
+        assert held[0]["optimizer"] == want["optimizer"] or name == "lessonlib_stage1"
+        if name.startswith("lessonlib"):
+            assert entry["bytes_sent_per_rank"] == [pytest.approx(
+                entry["predicted"]["bytes_sent_per_rank"])] * 2
+    assert results["lessonlib"]["bytes_sent_per_rank"][0] == pytest.approx(
+        1.5 * results["lessonlib_stage0"]["bytes_sent_per_rank"][0], rel=0.01)
+    assert record["lessonlib_vs_torch_step_time"] > 0
+    assert record["prefetch_vs_none_step_time"] > 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--stages", "3,4"], "choose from 0,1,2,3"),
+    (["--batch", "0"], "--batch must be a positive integer"),
+    (["--hidden", "10", "--heads", "4"], "--hidden 10 must be divisible by --heads 4"),
+    (["--warmup", "-1"], "--warmup must be 0 or more"),
+])
+def test_zero_lab_refuses_bad_settings_before_any_process_starts(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_lab("zero").main(flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -196,6 +196,7 @@ HYBRID_CONFIG = corpus_config(seq=16, hidden=32, heads=4, layers=4)    # t and p
 LONG_RUN = corpus_config(seq=16, hidden=32, heads=4, layers=2)         # minutes, checkpointed
 TIMELINE_MODEL = corpus_config(seq=64, hidden=256, heads=4, layers=4)  # 3.2 M: a step's buckets
 TEN_M = corpus_config(seq=64, hidden=384, heads=6, layers=6)           # 10.7 M: the DDP benchmark
+SHARDING_CONFIG = corpus_config(seq=8, hidden=12, heads=2, layers=2)   # h = 12: shards of 2 and 3 differ
 
 
 if __name__ == "__main__":

@@ -64,13 +64,13 @@ def wrap(rung: str, model: nn.Module, group=None, bucket_cap_mb: float = 25.0):
 def replica_step(ddp, after_backward, opt, x, y):
     """One training step of one replica on its shard (x, y): forward, backward, the rung's
     gradient sync (``after_backward``), the optimizer step. Returns (loss, the ledger of
-    what the step sent)."""
+    what the step sent; a sharded optimizer's step sends too, so it is inside)."""
     with comm.ledger() as book:
         loss = lm_loss(ddp(x), y)
         opt.zero_grad()
         loss.backward()
         after_backward()
-    opt.step()
+        opt.step()
     return loss, book
 
 

@@ -27,9 +27,10 @@ from lessonlib.data import corpus_tokens, lm_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.fsdp import FullyShardedDataParallel, unit_modules
 from lessonlib.data_parallel.ladder import replicate
-from lessonlib.data_parallel.sharded import tensor_bytes
+from lessonlib.data_parallel.runs import replica_step
+from lessonlib.data_parallel.sharded import padded_numel, tensor_bytes, zero_stage_bytes
 from lessonlib.data_parallel.zero import ShardedOptimizer
-from lessonlib.models import GPTConfig, TinyGPT, lm_loss
+from lessonlib.models import SHARDING_CONFIG, GPTConfig, TinyGPT
 
 # How each run shards: our stages 0-3, stage 1 after DDP-style all-reduce, and PyTorch's.
 STAGES = {"0": "stage 0: DataParallel, everything replicated",
@@ -44,6 +45,11 @@ STAGES = {"0": "stage 0: DataParallel, everything replicated",
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
               "adamw": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1})}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+ZERO_STAGE = {"0": 0, "1": 1, "1-ddp": 1, "2": 2, "3": 3, "3-noprefetch": 3, "torch-zero": 1,
+              "torch-fsdp2": 3, "torch-fsdp2-2": 2}
+STATE_BYTES = {"sgd": 4, "adamw": 8}              # fp32 momentum; AdamW's two moments
 
 
 def check_choices(stage: str, optimizer: str) -> None:
@@ -63,6 +69,22 @@ def build_model(cfg: GPTConfig, seed: int, dtype=torch.float32, tie=False,
     if freeze:
         model.embed.pos.weight.requires_grad_(False)
     return model
+
+
+def predicted(stage: str, cfg: GPTConfig, n: int, optimizer: str = "adamw",
+              bf16: bool = False) -> dict:
+    """ZeRO's per-stage bytes for this model (padding as each stage pads), and the bytes a
+    step sends per rank on a ring."""
+    params = list(build_model(cfg, 0).parameters())
+    p = sum(t.numel() for t in params)
+    padded = (sum(padded_numel(t.shape, n) for t in params) if stage != "1"
+              else n * -(-p // n))
+    # Gathered weights are in the compute dtype; shards, gradients and state stay fp32.
+    width = 2 if bf16 and ZERO_STAGE[stage] >= 2 else 4
+    held = zero_stage_bytes(ZERO_STAGE[stage], p, n, padded, width, 4, STATE_BYTES[optimizer])
+    size = 4 * (padded if ZERO_STAGE[stage] else p)
+    factor = 3 if ZERO_STAGE[stage] == 3 else 2
+    return {"bytes_held": held, "bytes_sent_per_rank": factor * (n - 1) / n * size}
 
 
 def _fully_shard(model: nn.Module, reshard: bool, compute_dtype) -> nn.Module:
@@ -144,13 +166,7 @@ def train_step(model, opt, sync, tokens, cfg: GPTConfig, global_batch: int, step
     rank, n, dev = dist.get_rank(), dist.get_world_size(), device.current_device()
     x, y = lm_batch(tokens, global_batch, cfg.seq, step, seed)
     x, y = shard(x, rank, n).to(dev), shard(y, rank, n).to(dev)
-    with comm.ledger() as book:
-        loss = lm_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        sync()
-        opt.step()
-    return book.summary()
+    return replica_step(model, sync, opt, x, y)[1].summary()
 
 
 def train_stage(stage: str = "3", optimizer: str = "adamw", cfg: GPTConfig | None = None,
@@ -160,7 +176,7 @@ def train_stage(stage: str = "3", optimizer: str = "adamw", cfg: GPTConfig | Non
     (the wrap must copy rank 0's) on its shard of each global batch. Returns the whole
     model's weights after training, each step's ledger and what the rank held."""
     check_choices(stage, optimizer)
-    cfg = cfg or GPTConfig(vocab=27, seq=8, hidden=12, heads=2, layers=2)
+    cfg = cfg or SHARDING_CONFIG
     rank, dev = dist.get_rank(), device.current_device()
     model = build_model(cfg, seed + 7919 * rank, DTYPES[dtype], tie, freeze).to(dev)
     model, opt, sync = setup(stage, model, optimizer,

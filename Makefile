@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml
 course: setup
 	$(VENV)/bin/jupyter lab notebooks/
 
-# The whole suite: library tests, then every notebook under nbval.
+# The whole suite: library tests, then every notebook under nbval; the slowest tests last,
+# so that the next slowdown is seen.
 test: setup
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs --durations=15
 
 # Library tests only (no notebooks), for quick iteration.
 test-fast: setup

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -51,10 +52,24 @@ def context(warm: bool = True):
         if pid is None or ours:
             # Not "__main__" (the default): the server must not import the kernel or script.
             server.set_forkserver_preload(PRELOAD)
+        _keep_the_server_socket_in_our_folder()
     server.ensure_running()
     if server._forkserver_pid != _server["pid"]:
         _server.update(pid=server._forkserver_pid, fingerprint=fingerprint())
     return multiprocessing.get_context("forkserver")
+
+
+def _keep_the_server_socket_in_our_folder() -> None:
+    """The server listens on a socket file in multiprocessing's temp folder (``pymp-*``),
+    removed when the caller exits normally. Name it like a launch folder instead, so that
+    the next launch sweeps it away after a caller that was killed."""
+    config = multiprocessing.process.current_process()._config
+    prefix = os.path.join(tempfile.gettempdir(), f"lessonlib-{os.getpid()}-server-")
+    # A socket's path must fit in about 100 bytes; a deep temp folder keeps the default.
+    if config.get("tempdir") is None and len(prefix) + len("12345678/listener-12345678") < 100:
+        folder = tempfile.mkdtemp(prefix=os.path.basename(prefix))
+        multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+        config["tempdir"] = folder
 
 
 def stop_server() -> None:

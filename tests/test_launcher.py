@@ -147,19 +147,22 @@ def test_rank_output_goes_to_logs_not_the_caller(capfd):
 
 
 def test_worker_code_reads_rank_from_the_process_group_under_torchrun(tmp_path):
-    """The labs' entry point, run for real under torchrun with 2 CPU ranks."""
+    """The labs' entry point, run for real under torchrun with 2 CPU ranks. The results are
+    gathered to rank 0 only: the other rank leaves inside ``run``."""
     script = tmp_path / "entry.py"
     script.write_text(textwrap.dedent("""
-        import sys; sys.path.insert(0, %r)
+        import os, pathlib, sys; sys.path.insert(0, %r)
         import lessonlib, rank_workers
         if __name__ == "__main__":
             out = lessonlib.run(rank_workers.rank_and_sum, 99)
+            pathlib.Path(%r, "after_run_" + os.environ["RANK"]).write_text(repr(out))
             if lessonlib.launcher.is_main_process():
                 print("sums", [r["sum"] for r in out], "world", out[0]["world"])
-    """ % str(ROOT / "tests")))
+    """ % (str(ROOT / "tests"), str(tmp_path))))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", "2", str(script)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(torchrun, capture_output=True, text=True, timeout=100, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sums [3.0, 3.0] world 2" in done.stdout
+    assert sorted(p.name for p in tmp_path.glob("after_run_*")) == ["after_run_0"]

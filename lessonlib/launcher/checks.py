@@ -37,7 +37,7 @@ def check_settings(world_size, timeout, backend: str, oversubscribe: bool) -> No
             f"got {world_size!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
             or timeout == float("inf"):
-        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+        raise ValueError(f"timeout must be a positive, finite number of seconds; got {timeout!r}")
     limit = RANKS_PER_CORE * cores()
     if world_size > limit and not oversubscribe:
         raise ValueError(

@@ -5,7 +5,7 @@ others lose their peer). The rank that failed *first* is the cause; a rank that 
 (the out-of-memory killer, a segfault, ``os._exit``) leaves no traceback, only an exit code
 or a signal; a rank that never started usually could not import what it was sent.
 
-Laptop:  ``python -c "import lessonlib as L, os; L.launch(os._exit, 2, 3)"``  (names rank 0)
+Laptop:  ``python -c "import lessonlib as L, os; L.launch(os._exit, 2, 3)"``  (exit code 3)
 GPU box: the same.
 """
 from __future__ import annotations

@@ -100,8 +100,9 @@ def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, envir
         progress("returned")
         # A rank whose function sends nothing could otherwise leave while a slower peer is
         # still connecting to it (gloo then fails that peer with "closed by peer").
-        dist.barrier()
-        dist.destroy_process_group()
+        if dist.is_initialized():  # unless the function ended the group itself
+            dist.barrier()
+            dist.destroy_process_group()
         Path(workdir, f"rank{rank}.result").write_bytes(pickle.dumps(_to_cpu(result)))
     except BaseException:
         Path(workdir, f"rank{rank}.error").write_text(f"{time.time()}\n{traceback.format_exc()}")

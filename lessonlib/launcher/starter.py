@@ -44,10 +44,11 @@ def context(warm: bool = True):
     if not warm or "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     server = multiprocessing.forkserver._forkserver
+    code = fingerprint()  # before a new server imports lessonlib: a later edit is seen next time
     with server._lock:
         pid = server._forkserver_pid
         ours = pid is not None and pid == _server["pid"]
-        if ours and _server["fingerprint"] != fingerprint():
+        if ours and _server["fingerprint"] != code:
             server._stop_unlocked()  # lessonlib changed on disk: its preloaded copy is stale
         if pid is None or ours:
             # Not "__main__" (the default): the server must not import the kernel or script.
@@ -55,7 +56,7 @@ def context(warm: bool = True):
         _keep_the_server_socket_in_our_folder()
     server.ensure_running()
     if server._forkserver_pid != _server["pid"]:
-        _server.update(pid=server._forkserver_pid, fingerprint=fingerprint())
+        _server.update(pid=server._forkserver_pid, fingerprint=code)
     return multiprocessing.get_context("forkserver")
 
 

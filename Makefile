@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml
 course: setup
 	$(PY) tools/course.py $(LAB_ARGS)
 
-# The whole suite: library tests, then every notebook under nbval.
+# The whole suite: library tests, then every notebook under nbval; the slowest tests last,
+# so that the next slowdown is seen.
 test: setup
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs --durations=15
 
 # Library tests only (no notebooks), for quick iteration.
 test-fast: setup

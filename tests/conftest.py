@@ -16,9 +16,14 @@ def no_children_left():
 
 
 def is_rank_process(proc: psutil.Process) -> bool:
-    """A live child that is not multiprocessing's resource tracker (one per caller, by design)."""
+    """A live child that is neither multiprocessing's resource tracker nor the launcher's fork
+    server (one each per caller, by design; both end with their caller). The server is told
+    apart from the ranks it forks (same command line): its parent is not a fork server."""
     try:
         alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-        return alive and "resource_tracker" not in " ".join(proc.cmdline())
+        cmdline = " ".join(proc.cmdline())
+        server = ("multiprocessing.forkserver" in cmdline
+                  and "multiprocessing.forkserver" not in " ".join(proc.parent().cmdline()))
+        return alive and "resource_tracker" not in cmdline and not server
     except psutil.NoSuchProcess:
         return False

@@ -5,20 +5,14 @@
   one process on the large batch, counting the all-reduces;
 * ``check_ring_bytes(ring_fn, server_fn)``: the bytes on the wire, against the theory.
 
-Ranks are fresh processes and cannot see a function defined in a notebook cell, so the
-multi-rank checkers copy the function's source (``inspect.getsource``) into a temporary
-module that the ranks import. The function may use ``torch`` and its arguments only.
+The multi-rank checkers send the student's function to the ranks by value (the launcher
+pickles a notebook cell's function with ``cloudpickle``, with the globals it uses), so it
+may use anything its cell can see that can travel to another process.
 
 Laptop:  ``python -c "from lessonlib.exercises import dp; print(dp.check_reduce_scatter(dp.reference_reduce_scatter))"``
 GPU box: the same (the checkers always use CPU ranks).
 """
 from __future__ import annotations
-
-import importlib.util
-import inspect
-import tempfile
-import textwrap
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,8 +20,6 @@ import torch.distributed as dist
 from lessonlib import comm, launcher
 from lessonlib.data_parallel.collectives import exchange
 from lessonlib.costmodel.comm import parameter_server_bytes, ring_allreduce_bytes_per_rank
-
-HEADER = "import torch\nimport torch.distributed as dist\nfrom torch import nn\n\n"
 
 
 class Feedback(str):
@@ -45,52 +37,30 @@ def _say(text: str) -> Feedback:
     return Feedback(text)
 
 
-class _NotWritten(Exception):
-    """The student's function is still the stub."""
-
-
-def _source(fn) -> str:
-    """``fn``'s source, ready to be written into a module of its own."""
-    if not callable(fn):
-        raise ValueError(f"pass your function itself (without calling it); got {fn!r}")
-    try:
-        source = textwrap.dedent(inspect.getsource(fn))
-    except (OSError, TypeError) as exc:
-        raise ValueError(f"cannot read the source of {fn!r} ({exc}); define it with `def` "
-                         f"in a cell of its own") from None
-    if "raise NotImplementedError" in source:
-        raise _NotWritten(fn.__name__)
-    return HEADER + source
-
-
-def _load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(f"student_{dist.get_rank()}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+def _still_a_stub(exc: launcher.RankError) -> bool:
+    """The rank failed because the student's function still raises NotImplementedError."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return bool(lines) and lines[-1].strip().startswith("NotImplementedError")
 
 
 def _run(worker, n, fn):
     """Run a checker's rank function on ``fn``; returns (results, None) or (None, the
     problem in plain words)."""
+    if not callable(fn):
+        raise ValueError(f"pass your function itself (without calling it); got {fn!r}")
+    name = getattr(fn, "__name__", "your function")
     try:
-        source = _source(fn)
-    except _NotWritten as exc:
-        return None, (f"{exc.args[0]} still raises NotImplementedError: replace that line "
-                      f"with your code, run the cell, then this one.")
-    with tempfile.TemporaryDirectory(prefix="lessonlib-exercise-") as folder:
-        path = Path(folder) / "student.py"
-        path.write_text(source)
-        try:
-            return launcher.launch(worker, n, str(path), fn.__name__, backend="gloo",
-                                   timeout=40), None
-        except launcher.LaunchTimeout:
-            return None, ("the ranks waited forever and were stopped after 40 s. Every send "
-                          "needs a matching receive: if each rank sends to its right and "
-                          "receives from its left at every step, nobody waits forever.")
-        except launcher.RankError as exc:
-            last = [line for line in str(exc).splitlines() if line.strip()][-1]
-            return None, f"rank {exc.rank} raised an error: {last.strip()}"
+        return launcher.launch(worker, n, fn, backend="gloo", timeout=40), None
+    except launcher.LaunchTimeout:
+        return None, ("the ranks waited forever and were stopped after 40 s. Every send "
+                      "needs a matching receive: if each rank sends to its right and "
+                      "receives from its left at every step, nobody waits forever.")
+    except launcher.RankError as exc:
+        if _still_a_stub(exc):
+            return None, (f"{name} still raises NotImplementedError: replace that line "
+                          f"with your code, run the cell, then this one.")
+        last = [line for line in str(exc).splitlines() if line.strip()][-1]
+        return None, f"rank {exc.rank} raised an error: {last.strip()}"
 
 
 # ---------------------------------------------------------------- exercise 1: reduce-scatter
@@ -103,9 +73,8 @@ def reference_reduce_scatter(chunks, rank, world_size, send_recv):
         chunks[recv_i] += incoming
 
 
-def _reduce_scatter_rank(path, name):
+def _reduce_scatter_rank(fn):
     rank, n = dist.get_rank(), dist.get_world_size()
-    fn = _load(path, name)
     # Chunk c of rank r holds 2**r * 10**c: any sum tells which ranks' chunks went into it.
     chunks = [torch.full((4,), float(2 ** rank * 10 ** c), dtype=torch.float64) for c in range(n)]
     right, left = (rank + 1) % n, (rank - 1) % n
@@ -192,11 +161,10 @@ def _large_batch_weights(scale: float) -> torch.Tensor:
     return torch.nn.utils.parameters_to_vector(model.parameters()).detach()
 
 
-def _accumulation_rank(path, name):
+def _accumulation_rank(fn):
     from lessonlib.data import regression_batch, shard
     from lessonlib.data_parallel import DataParallel
     rank, n = dist.get_rank(), dist.get_world_size()
-    fn = _load(path, name)
     model = _accumulation_model(rank)
     ddp = DataParallel(model, bucket_cap_mb=0.0006)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -4,21 +4,14 @@ Each checker runs the student's function, prints what is right or wrong in plain
 returns True or False (a hidden solution cell asserts it). A function that still raises
 ``NotImplementedError`` is reported as "not written yet", not as an error.
 
-The tensor-parallel checkers run the student's code on 2 real ranks: a function defined in a
-notebook cell cannot be sent to a spawned process, so the checker copies its source into a
-temporary module whose header imports ``torch``, ``dist`` (torch.distributed), ``F``
-(torch.nn.functional) and ``comm`` (lessonlib.comm): the names such a function may use.
+The tensor-parallel checkers run the student's code on 2 real ranks: the launcher sends a
+function written in a notebook cell by value (``cloudpickle``), with the globals it uses, so
+the cell that defines it must import what it uses (``torch``, ``dist``, ``F``, ``comm``).
 
 Laptop:  the notebooks call these; e.g. ``check_stage_split(my_split)``.
 GPU box: the same (the 2-rank checks use NCCL when 2 GPUs are visible).
 """
 from __future__ import annotations
-
-import importlib.util
-import inspect
-import tempfile
-import textwrap
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -28,10 +21,6 @@ from lessonlib import comm, device
 from lessonlib.costmodel import tp_elements_per_layer
 from lessonlib.launcher import LaunchTimeout, RankError, launch
 from lessonlib.model_parallel import idle_fraction
-
-HEADER = ("import torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\n"
-          "from lessonlib import comm\n\n")
-
 
 def _say(ok: bool, message: str) -> bool:
     print(("✅ " if ok else "❌ ") + message)
@@ -99,30 +88,19 @@ def check_tp_bytes(fn) -> bool:
     return _say(True, "matches 8bsh(t-1)/t elements x 4 bytes (Megatron-LM 2021 §3.2)")
 
 
-def _launch_student(worker, fns, *names) -> list | str:
-    """Run ``worker(path, *names)`` on 2 ranks, the functions' source written to a temporary
-    module at ``path``; return the ranks' results, or what went wrong in plain words."""
-    source = HEADER + "\n\n".join(textwrap.dedent(inspect.getsource(f)) for f in fns)
-    with tempfile.TemporaryDirectory(prefix="lessonlib-exercise-") as folder:
-        path = Path(folder) / "student.py"
-        path.write_text(source)
-        try:
-            return launch(worker, 2, str(path), *names, timeout=60)
-        except RankError as exc:
-            return f"your code raised on rank {exc.rank}:\n{exc}"
-        except LaunchTimeout:
-            return ("the 2 ranks waited on each other for 60 s: does every rank call the same "
-                    "collectives, in the same order, with tensors of the same shape?")
+def _launch_student(worker, *fns) -> list | str:
+    """Run ``worker(*fns)`` on 2 ranks, the student's functions sent by value; return the
+    ranks' results, or what went wrong in plain words."""
+    try:
+        return launch(worker, 2, *fns, timeout=60)
+    except RankError as exc:
+        return f"your code raised on rank {exc.rank}:\n{exc}"
+    except LaunchTimeout:
+        return ("the 2 ranks waited on each other for 60 s: does every rank call the same "
+                "collectives, in the same order, with tensors of the same shape?")
 
 
-def _load(path: str):
-    spec = importlib.util.spec_from_file_location("student", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _run_column(path: str, name: str) -> dict:
+def _run_column(fn) -> dict:
     """On each rank: the student's column-parallel forward on this rank's weight rows."""
     t, rank, dev = dist.get_world_size(), dist.get_rank(), device.current_device()
     gen = torch.Generator().manual_seed(0)
@@ -134,7 +112,7 @@ def _run_column(path: str, name: str) -> dict:
     w, b = dense.weight.detach().chunk(t, 0)[rank], dense.bias.detach().chunk(t, 0)[rank]
     try:
         with comm.ledger() as book:
-            y = getattr(_load(path), name)(x, w, b, None)
+            y = fn(x, w, b, None)
     except NotImplementedError:
         return {"status": "todo"}
     want = dense(x).detach()
@@ -149,7 +127,7 @@ def _run_column(path: str, name: str) -> dict:
 def check_column_forward(fn) -> bool:
     """``fn(x, weight, bias, group)``: this rank's rows of a Linear's weight and bias in, the
     full (..., out) output out, on every rank. Run on 2 ranks."""
-    ranks = _launch_student(_run_column, [fn], fn.__name__)
+    ranks = _launch_student(_run_column, fn)
     if isinstance(ranks, str):
         return _say(False, ranks)
     r = ranks[0]
@@ -183,14 +161,13 @@ class _StudentF(torch.autograd.Function):
         return ctx.bwd(grad, None), None, None
 
 
-def _run_f(path: str, fwd_name: str, bwd_name: str) -> dict:
+def _run_f(forward, backward) -> dict:
     """On each rank: x = rank + 1, y = f(x), loss = sum(y * (rank + 1))."""
     rank, dev = dist.get_rank(), device.current_device()
-    student = _load(path)
     x = torch.full((4,), float(rank + 1), device=dev, requires_grad=True)
     try:
         with comm.ledger() as fwd_book:
-            y = _StudentF.apply(x, getattr(student, fwd_name), getattr(student, bwd_name))
+            y = _StudentF.apply(x, forward, backward)
         with comm.ledger() as bwd_book:
             (y * (rank + 1)).sum().backward()
     except NotImplementedError:
@@ -205,7 +182,7 @@ def check_f_operator(forward, backward) -> bool:
 
     On 2 ranks, x = rank + 1 and the loss weighs f(x) by rank + 1, so the right input
     gradient is 1 + 2 = 3 on both ranks."""
-    ranks = _launch_student(_run_f, [forward, backward], forward.__name__, backward.__name__)
+    ranks = _launch_student(_run_f, forward, backward)
     if isinstance(ranks, str):
         return _say(False, ranks)
     if ranks[0]["status"] == "todo":

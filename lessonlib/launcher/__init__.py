@@ -1,0 +1,40 @@
+"""Run one function on N ranks, safely and fast, from a notebook cell, a script or torchrun.
+
+What it teaches: a distributed program is N copies of the same function, told apart only
+by their rank. ``launch`` starts those copies as CPU ranks (gloo) or one per GPU (NCCL),
+joins them in a process group, and hands their return values back in rank order. It keeps
+the traps of Jupyter + multiprocessing away from the student:
+
+- the function may be written in a notebook cell: it travels by value (cloudpickle) with
+  the globals it uses; what cannot travel gets a one-line error before any process starts;
+- ranks are forked from a server that imported torch once (a warm launch takes about a
+  tenth of a second, a cold one seconds), and never run stale code;
+- the ranks meet through a file in the launch's private folder: nothing listens on the
+  network, and launches in a row or from two notebooks at once never collide;
+- an exception in a rank is raised here, naming the rank that failed first, with its
+  traceback; the other ranks are stopped and no process outlives the call or the kernel;
+- a hang ends at ``timeout`` with the last step each rank reported through ``progress``;
+- each rank's prints go to a log, not the notebook; return values come back by value.
+
+The files, in the order a launch uses them:
+
+- ``checks``: what is refused before any process starts, and ``pack`` (the function by value);
+- ``starter``: the preloaded fork server and the launch's private folder;
+- ``rank``: what each rank does, from birth to its result (and ``demo_rank_sum``);
+- ``local``: ``launch`` itself, watching the ranks until results, a failure or the timeout;
+- ``errors``: ``RankError`` and ``LaunchTimeout``, and the words that explain them;
+- ``torchrun``: ``run``, the labs' one entry under python, torchrun or srun.
+
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.launcher.demo_rank_sum, 4))"``
+GPU box: the same call uses NCCL when 4 GPUs are visible; under torchrun use ``run``.
+"""
+from lessonlib.breadcrumbs import progress
+from lessonlib.launcher.errors import LaunchTimeout, RankError
+from lessonlib.launcher.local import DEFAULT_TIMEOUT_S, launch
+from lessonlib.launcher.rank import demo_rank_sum, phase_times
+from lessonlib.launcher.starter import server_pid, stop_server
+from lessonlib.launcher.torchrun import is_main_process, run, under_torchrun
+
+__all__ = ["DEFAULT_TIMEOUT_S", "LaunchTimeout", "RankError", "demo_rank_sum", "is_main_process",
+           "launch", "phase_times", "progress", "run", "server_pid", "stop_server",
+           "under_torchrun"]

@@ -1,0 +1,112 @@
+"""Everything a launch can refuse, refused before any process starts, in one line each.
+
+What it teaches: the ranks are separate processes, so a function reaches them *by value*:
+``cloudpickle`` (the pickler Dask, Ray and PySpark use for interactively defined functions)
+sends a function written in a notebook cell together with the globals it uses. What only
+makes sense inside this process (an open file, a lock, a tensor in this process's GPU
+memory) cannot travel; the error names the culprit and what to pass instead.
+
+Laptop:  ``python -c "import lessonlib as L; L.launch(print, 100000)"``  (refused: cores)
+GPU box: the same.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+
+import cloudpickle
+import torch
+
+from lessonlib import device
+
+RANKS_PER_CORE = 8  # beyond this a CPU box only thrashes; each rank is an interpreter + torch
+
+
+def cores() -> int:
+    """CPU cores this process may run on (a container or taskset may allow fewer than exist)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_settings(world_size, timeout, backend: str, oversubscribe: bool) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(
+            f"world_size must be a positive integer (the number of ranks, e.g. 2 or 4); "
+            f"got {world_size!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
+            or timeout == float("inf"):
+        raise ValueError(f"timeout must be a positive, finite number of seconds; got {timeout!r}")
+    limit = RANKS_PER_CORE * cores()
+    if world_size > limit and not oversubscribe:
+        raise ValueError(
+            f"world_size={world_size} would start {world_size} processes on {cores()} CPU "
+            f"core(s), more than {RANKS_PER_CORE} per core; use world_size <= {limit}, or "
+            f"pass oversubscribe=True if you really mean it")
+    check_backend(backend)
+
+
+def check_backend(backend: str) -> None:
+    """NCCL without any GPU gets its own sentence (the general rule names a world size)."""
+    if backend == "nccl" and device.gpu_count() == 0:
+        raise ValueError("backend='nccl' needs GPUs, but no GPU is visible to torch here; "
+                         "use backend='gloo' (CPU ranks) or backend='auto'")
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, refusing tensors that live on a device of this process."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+            raise TypeError(
+                f"a tensor on {obj.device} (shape {tuple(obj.shape)}) belongs to this process; "
+                f"pass it with .cpu() or build it inside the function")
+        return super().reducer_override(obj)
+
+
+def _dumps(obj) -> bytes:
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+def _parts(fn, args, kwargs):
+    """(name, value) for what travels with ``fn``: its arguments, and the globals and closure
+    cells it uses when it is sent by value (defined in a cell, a lambda, a nested function)."""
+    for i, value in enumerate(args):
+        yield f"argument {i + 1} ({type(value).__name__})", value
+    for key, value in kwargs.items():
+        yield f"keyword argument {key}= ({type(value).__name__})", value
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return
+    module_globals = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        if name in module_globals:
+            value = module_globals[name]
+            yield f"the global {name!r} ({type(value).__name__}) that it uses", value
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        yield f"the variable {name!r} it closes over", cell.cell_contents
+
+
+def pack(fn, args, kwargs) -> bytes:
+    """``(fn, args, kwargs)`` as bytes the ranks can load, or a ValueError naming what cannot
+    travel. Functions of importable modules travel by name, and each rank imports them."""
+    if not callable(fn):
+        raise ValueError(f"launch needs a function to run on each rank; got {fn!r}")
+    try:
+        return _dumps((fn, args, kwargs))
+    except Exception as exc:  # pickling errors come in many types
+        name = getattr(fn, "__qualname__", repr(fn))
+        culprit = "something it uses"
+        for what, value in _parts(fn, args, kwargs):
+            try:
+                _dumps(value)
+            except Exception as inner:  # noqa: BLE001  (looking for the part that fails)
+                culprit, exc = what, inner
+                break
+        raise ValueError(
+            f"{name} cannot be sent to the ranks: {culprit} cannot be pickled ({exc}). Each "
+            f"rank is a separate process: pass what it needs as plain values it can rebuild "
+            f"from (a path, not an open file; CPU tensors, not GPU ones; no locks)") from None

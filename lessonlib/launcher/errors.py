@@ -1,0 +1,95 @@
+"""What went wrong in a launch, in words: which rank failed first, how, and what it last did.
+
+What it teaches: when N processes run one program, one failure shows up as N failures (the
+others lose their peer). The rank that failed *first* is the cause; a rank that was killed
+(the out-of-memory killer, a segfault, ``os._exit``) leaves no traceback, only an exit code
+or a signal; a rank that never started usually could not import what it was sent.
+
+Laptop:  ``python -c "import lessonlib as L, os; L.launch(os._exit, 2, 3)"``  (exit code 3)
+GPU box: the same.
+"""
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from lessonlib.breadcrumbs import read_steps
+
+NEVER_STARTED_HINT = ("(nothing: it died while starting, before running any of lessonlib's "
+                      "code. From a script, call launch under `if __name__ == '__main__':`, "
+                      "since each rank re-imports the script.)")
+
+
+class RankError(RuntimeError):
+    """A rank raised, crashed or was killed; ``rank`` says which."""
+
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        self.rank = rank
+
+
+class LaunchTimeout(TimeoutError):
+    """The ranks did not finish in time; ``last_steps`` maps rank -> last reported step."""
+
+    def __init__(self, message: str, last_steps: dict[int, str]):
+        super().__init__(message)
+        self.last_steps = last_steps
+
+
+def log_tail(workdir: Path, rank: int, lines: int = 15) -> str:
+    path = workdir / f"rank{rank}.log"
+    text = path.read_text(errors="replace").strip() if path.exists() else ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def timed_out(workdir: Path, world_size: int, backend: str, timeout: float) -> LaunchTimeout:
+    steps = read_steps(workdir, world_size)
+    listing = "\n".join(f"  rank {r}: {s}" for r, s in steps.items())
+    return LaunchTimeout(
+        f"{world_size} {backend} ranks did not finish within timeout={timeout} s; "
+        f"all ranks were stopped. Last step each rank reported:\n{listing}\n"
+        f"A rank that never joins a collective leaves the others waiting; "
+        f"raise timeout= if the work is only slow.", steps)
+
+
+def _how(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def first_failure(workdir: Path, world_size: int, deaths: dict[int, tuple[float, int]]) -> RankError:
+    """The rank that failed first is the cause; the others usually failed because it left.
+
+    ``deaths`` maps each rank seen ended without a result to (when it was seen, exit code).
+    A rank that raised wrote ``rankN.error`` (its time and traceback); a rank that left no
+    traceback is dated when the caller saw it gone, a little after it truly ended."""
+    raised = {}
+    for rank in range(world_size):
+        path = workdir / f"rank{rank}.error"
+        if path.exists():
+            stamp, _, text = path.read_text().partition("\n")
+            raised[rank] = (float(stamp), text)
+    when = {r: seen - 0.1 for r, (seen, _) in deaths.items()}  # the poll comes after the death
+    when.update({r: stamp for r, (stamp, _) in raised.items()})
+    rank = min(when, key=lambda r: when[r])
+    others = sorted(set(when) - {rank})
+    after = (f" Rank(s) {others} failed after it, most likely because rank {rank} stopped."
+             if others else "")
+    if rank in raised:
+        return RankError(f"rank {rank} of {world_size} raised an exception; the other ranks "
+                         f"were stopped.{after} Traceback from rank {rank}:\n{raised[rank][1]}",
+                         rank)
+    exitcode = deaths[rank][1]
+    if not (workdir / f"rank{rank}.log").exists():  # the rank's first act is to open its log
+        return RankError(f"rank {rank} of {world_size} died while starting ({_how(exitcode)}); "
+                         f"the other ranks were stopped.{after} Last lines it printed:\n"
+                         f"{NEVER_STARTED_HINT}", rank)
+    what = ("returned no result" if exitcode == 0 else _how(exitcode))
+    return RankError(f"rank {rank} of {world_size} ended mid-run without a Python traceback "
+                     f"({what}: the out-of-memory killer, a crash in native code, a kill or "
+                     f"os._exit); the other ranks were stopped.{after} Last lines it printed:\n"
+                     f"{log_tail(workdir, rank) or '(nothing)'}", rank)

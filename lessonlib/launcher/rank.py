@@ -1,0 +1,123 @@
+"""The rank side of a launch: what each of the N processes does from birth to its result.
+
+What it teaches: a rank is a plain process that (1) learns its rank and the world size,
+(2) meets the others through a rendezvous store, (3) joins a process group, (4) runs the
+same function as every other rank and (5) hands its result back. Here the store is a file
+in the launch's private folder (``FileStore``): on one machine nothing needs to listen on
+the network, and gloo's own sockets are kept on the loopback interface.
+
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.launcher.demo_rank_sum, 4))"``
+GPU box: the same call uses NCCL when 4 GPUs are visible.
+"""
+from __future__ import annotations
+
+import multiprocessing.forkserver
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from lessonlib import comm, device
+from lessonlib.breadcrumbs import PROGRESS_ENV, progress
+
+phase_times: dict[str, float] = {}  # this rank's wall-clock milestones (labs/launch_overhead.py)
+
+
+def _loopback_interface() -> str | None:
+    """The loopback interface's name ('lo' on Linux, 'lo0' on macOS), if there is one."""
+    names = [name for _, name in socket.if_nameindex()] if hasattr(socket, "if_nameindex") else []
+    return next((n for n in names if n.startswith("lo")), None)
+
+
+def _to_cpu(value):
+    """Results cross a process boundary by value; GPU tensors come back as CPU tensors."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return type(value)((k, _to_cpu(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _exit_with_caller(caller_pid: int) -> None:
+    """Die when the caller dies: a killed kernel cannot clean up after itself. The parent is
+    the caller (spawn) or the fork server, which ends as soon as the caller is gone."""
+    parent = os.getppid()
+    while True:
+        try:
+            os.kill(caller_pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        if os.getppid() != parent:
+            os._exit(1)
+        time.sleep(0.2)
+
+
+def _let_the_server_end_with_its_caller() -> None:
+    """A forked rank inherits the fork server's "caller alive" pipe; the server ends when
+    every holder has closed it, so the rank closes its copy (it starts no processes)."""
+    server = multiprocessing.forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+
+
+def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, environ):
+    phase_times["entered"] = time.time()
+    _let_the_server_end_with_its_caller()
+    log = os.open(Path(workdir) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    threading.Thread(target=_exit_with_caller, args=(caller_pid,), daemon=True).start()
+    # A forked rank carries the environment of the server's birth: take the caller's now.
+    os.environ.clear()
+    os.environ.update(environ)
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(world_size), PROGRESS_ENV: workdir})
+    if (loopback := _loopback_interface()) is not None:
+        os.environ.update(GLOO_SOCKET_IFNAME=loopback, NCCL_SOCKET_IFNAME=loopback)
+    try:
+        fn, args, kwargs = pickle.loads(payload)  # imports the worker's module, fresh from disk
+        if backend == "gloo":
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world_size)
+                                  if hasattr(os, "sched_getaffinity") else 1)
+        device.bind_device(backend)
+        store = dist.FileStore(str(Path(workdir) / "store"), world_size)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout))
+        phase_times["group_ready"] = time.time()
+        progress("started")
+        result = fn(*args, **kwargs)
+        progress("returned")
+        # A rank whose function sends nothing could otherwise leave while a slower peer is
+        # still connecting to it (gloo then fails that peer with "closed by peer").
+        if dist.is_initialized():  # unless the function ended the group itself
+            dist.barrier()
+            dist.destroy_process_group()
+        Path(workdir, f"rank{rank}.result").write_bytes(pickle.dumps(_to_cpu(result)))
+    except BaseException:
+        Path(workdir, f"rank{rank}.error").write_text(f"{time.time()}\n{traceback.format_exc()}")
+        code = 1
+    else:
+        code = 0
+    # The result is safe on disk: skip the interpreter's slow teardown of torch (about a
+    # second per rank on a small CPU), which would otherwise dominate short launches.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def demo_rank_sum() -> dict:
+    """The smallest distributed program: every rank adds its rank into one all-reduce."""
+    x = torch.tensor([float(dist.get_rank())], device=device.current_device())
+    comm.all_reduce(x)
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "sum": x.item()}

@@ -1,0 +1,150 @@
+"""The launcher's promises under faults and misuse: what a student is told, what is left behind,
+what listens on the network, and that ranks never run stale code. Tiny, 2 ranks, warm."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import lessonlib
+import rank_workers
+from lessonlib.launcher import RankError, starter
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(120)
+
+
+# ---------------------------------------------------------------- refused before any start
+def test_what_cannot_travel_is_named_before_any_process_starts(tmp_path, no_children_left):
+    handle = open(tmp_path / "notes.txt", "w")
+    lock = threading.Lock()
+    cell = {"__name__": "__main__", "handle": handle}
+    exec("def writes_notes():\n    handle.write('hi')\n", cell)
+    with pytest.raises(ValueError, match=r"the global 'handle' \(TextIOWrapper\).*open file"):
+        lessonlib.launch(cell["writes_notes"], 2)
+    with pytest.raises(ValueError, match=r"argument 1 \(lock\).*cannot be pickled"):
+        lessonlib.launch(rank_workers.rank_and_sum, 2, lock)
+    # A tensor in this process's accelerator memory (CPU tests use the meta device).
+    with pytest.raises(ValueError, match=r"keyword argument x=.*tensor on meta.*\.cpu\(\)"):
+        lessonlib.launch(rank_workers.rank_and_sum, 2, x=torch.ones(2, device="meta"))
+    handle.close()
+
+
+def test_nccl_without_a_gpu_says_no_gpu_is_visible():
+    if torch.cuda.device_count():
+        pytest.skip("a GPU is visible")
+    with pytest.raises(ValueError, match=r"backend='nccl' needs GPUs, but no GPU is visible"):
+        lessonlib.launch(rank_workers.rank_and_sum, 2, backend="nccl")
+
+
+def test_a_world_beyond_the_machine_is_refused_unless_asked_for():
+    with pytest.raises(ValueError, match=r"world_size=10000 .* more than 8 per core.*"
+                                         r"oversubscribe=True"):
+        lessonlib.launch(rank_workers.rank_and_sum, 10000)
+    with pytest.raises(ValueError, match="timeout must be a positive"):  # checked after: no start
+        lessonlib.launch(rank_workers.rank_and_sum, 10000, oversubscribe=True, timeout=-1)
+
+
+# ---------------------------------------------------------------- ranks that die
+@pytest.mark.parametrize("code, how", [(3, "exit code 3"), (-signal.SIGKILL, "SIGKILL")],
+                         ids=["os._exit", "SIGKILL"])
+def test_a_rank_killed_mid_run_is_reported_as_killed_not_as_a_startup_problem(
+        code, how, no_children_left):
+    with pytest.raises(RankError) as info:
+        lessonlib.launch(rank_workers.exit_midway, 2, code, timeout=60)
+    message = str(info.value)
+    assert info.value.rank == 1
+    assert "rank 1 of 2 ended mid-run" in message and how in message
+    assert "if __name__" not in message and "while starting" not in message
+
+
+def test_a_rank_that_never_starts_gets_the_main_guard_hint(tmp_path):
+    """A script that launches without ``if __name__ == '__main__'``: each rank re-imports it
+    and would launch again, so it dies while starting."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent("""
+        import sys; sys.path.insert(0, %r)
+        import lessonlib, rank_workers
+        try:
+            lessonlib.launch(rank_workers.rank_and_sum, 2, timeout=60)
+        except lessonlib.RankError as err:
+            print("RANKERROR", err)
+    """ % str(ROOT / "tests")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100)
+    assert "RANKERROR" in done.stdout, done.stderr[-2000:]
+    assert "died while starting" in done.stdout and "if __name__ == '__main__'" in done.stdout
+
+
+# ---------------------------------------------------------------- nothing left behind
+def test_nothing_is_left_in_the_temp_folder_and_dead_launches_are_swept():
+    """Success, a raising rank, a killed rank and a timeout leave the temp folder as they
+    found it (but for the fork server's socket while the caller lives); the folder of a
+    caller killed mid-launch is removed by the next launch."""
+    script = textwrap.dedent("""
+        import os, signal, subprocess, sys, tempfile; sys.path.insert(0, %r)
+        import lessonlib, rank_workers
+        if __name__ == "__main__":
+            dead = subprocess.Popen([sys.executable, "-c", "pass"]); dead.wait()
+            os.mkdir(os.path.join(tempfile.gettempdir(), f"lessonlib-{dead.pid}-stale"))
+            lessonlib.launch(rank_workers.rank_and_sum, 2)
+            for fn, arg in ((rank_workers.fail_on, 1), (rank_workers.exit_midway, -9),
+                            (rank_workers.skip_collective_on, 1)):
+                try:
+                    lessonlib.launch(fn, 2, arg, timeout=5)
+                except (lessonlib.RankError, lessonlib.LaunchTimeout):
+                    pass
+            server = f"lessonlib-{os.getpid()}-server-"  # the live fork server's socket
+            print("left:", [f for f in os.listdir(tempfile.gettempdir())
+                            if not f.startswith(server)])
+    """ % str(ROOT / "tests"))
+    folder = Path(tempfile.mkdtemp(prefix="lt-"))  # short: socket paths must be short
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=110, env=dict(os.environ, TMPDIR=str(folder)))
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "left: []" in done.stdout
+        assert os.listdir(folder) == []
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- no open door
+def test_nothing_listens_beyond_this_machine_during_a_launch(no_children_left):
+    out = lessonlib.launch(rank_workers.listening_sockets, 2, os.getpid())
+    addresses = {ip for r in out for ips in r.values() for ip in ips}
+    assert addresses <= {"127.0.0.1", "::1"}, addresses
+    assert out[0]["caller"] == []  # the ranks meet through a file: the caller listens on nothing
+
+
+# ---------------------------------------------------------------- never stale
+def test_an_edited_worker_module_runs_its_new_code(tmp_path, monkeypatch, no_children_left):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = tmp_path / "edited_worker.py"
+    module.write_text("VALUE = 'old'\n")
+    assert lessonlib.launch(rank_workers.value_of_module, 2, "edited_worker") == ["old", "old"]
+    module.write_text("VALUE = 'new, and longer'\n")
+    new = lessonlib.launch(rank_workers.value_of_module, 2, "edited_worker")
+    assert new == ["new, and longer"] * 2
+
+
+def test_a_change_to_lessonlib_restarts_the_server(monkeypatch, no_children_left):
+    lessonlib.launch(rank_workers.rank_and_sum, 2)
+    first = starter.server_pid()
+    assert first is not None
+    changed = starter.fingerprint() + (("edited.py", 1, 1),)
+    monkeypatch.setattr(starter, "fingerprint", lambda: changed)  # as if a file had changed
+    lessonlib.launch(rank_workers.rank_and_sum, 2)
+    assert starter.server_pid() not in (None, first)
+
+
+def test_cold_launches_still_work(no_children_left):
+    out = lessonlib.launch(rank_workers.rank_and_sum, 2, warm=False)
+    assert [r["sum"] for r in out] == [3.0, 3.0]

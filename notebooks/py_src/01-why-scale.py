@@ -22,6 +22,11 @@
 # This notebook first **predicts** both walls with the course's cost model
 # (`lessonlib.costmodel`, pure arithmetic, tested against the published figures), then
 # **measures** this machine training a tiny GPT and extrapolates to GPT-3.
+#
+# *Watch and read:* Stanford MLSys seminar #83, Deepak Narayanan, "Training Large Language
+# Models at Scale", 01:35-03:41 (why one GPU is not enough: the 288 years); Narayanan et
+# al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
+# (SC21), §1.
 
 # %%
 import matplotlib.pyplot as plt

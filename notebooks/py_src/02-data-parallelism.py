@@ -29,6 +29,12 @@
 # 4. measure the parameter server against the ring, and compare with the prediction;
 # 5. explore world size, message size and bucket size with widgets;
 # 6. put lessonlib's DDP next to PyTorch's, then write parts of it yourself (exercises).
+#
+# *Watch and read:* Ben-Nun and Hoefler, "Demystifying Parallel and Distributed Deep
+# Learning: An In-Depth Concurrency Analysis" (ACM Computing Surveys, 2019), §6 (data
+# parallelism and its communication); Li et al., "PyTorch Distributed: Experiences on
+# Accelerating Data Parallel Training" (VLDB 2020). A minimal DDP script, the way PyTorch's
+# own tutorials write it and corrected for CPU ranks, is `labs/minimal_ddp.py` (section 6).
 
 # %%
 import json
@@ -391,6 +397,83 @@ plt.show()
 # scalability using 256 GPUs" (Li et al., VLDB 2020); `torchrun --nproc-per-node 8
 # labs/ddp.py` measures what your machines give.
 #
+# **Your own DDP script.** The snippet often shown for DDP moves the model with
+# `.to(rank)` and passes `device_ids=[rank]` while asking for the gloo backend: on CPU ranks
+# there is no device `rank`, and on a multi-node GPU job the global rank is not the local
+# GPU index. The corrected minimal script, with a `DistributedSampler`, runs unchanged on
+# CPU ranks (gloo) and one GPU per rank (NCCL):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+script = (Path("..") / "labs" / "minimal_ddp.py").read_text()
+print(script[script.index("def main"):script.index('if __name__')].rstrip())
+
+# %% [markdown]
+# Run it from the course's folder with `torchrun --standalone --nproc-per-node 2
+# labs/minimal_ddp.py` (a test runs exactly that), or with `--nproc-per-node 8` on a GPU
+# server.
+#
+# ## 7 · Sharding the replica (ZeRO, FSDP)
+#
+# Every replica above holds the whole model state: in mixed-precision Adam, 16 bytes per
+# parameter (2 of bf16 weights, 2 of gradients, 12 of fp32 master weights, momentum and
+# variance; ZeRO, Rajbhandari et al. 2020, §3.1). d replicas hold d identical copies. ZeRO
+# keeps **one** copy, spread over the d ranks, and each rank fetches what it lacks just
+# before it needs it: stage 1 shards the optimizer state (4Ψ + 12Ψ/d bytes per GPU for Ψ
+# parameters), stage 2 the gradients too (2Ψ + 14Ψ/d), stage 3 the weights too (16Ψ/d).
+# PyTorch's FSDP is stage 3 cut into units (Zhao et al., VLDB 2023), Megatron's
+# distributed optimizer is stage 1. The prediction for GPT-3 on 1024 GPUs:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from lessonlib.viz import zero as zviz
+
+gpt3 = cm.MODELS["gpt3-175B"]
+for stage, parts in zviz.predicted_gb(gpt3.params(), 1024).items():
+    print(f"stage {stage}: {sum(parts.values()):8.1f} GB per GPU  (" + ", ".join(
+        f"{k} {v:.1f}" for k, v in parts.items()) + ")")
+
+# %% [markdown]
+# Now for real: the tiny GPT trained 2 AdamW steps at every stage on d ranks, in float32 (4
+# bytes per weight and gradient, 8 of Adam state), `lessonlib.data_parallel`'s
+# `ShardedOptimizer` for stage 1 and `FullyShardedDataParallel` for stages 2 and 3. The
+# bars are what rank 0 held after the step, measured, next to ZeRO's formula with the same
+# bytes per value; the line under them is what one step sent, from the ledger. Move d: the
+# ranks run again. (Executed headless, it draws once, at d = 2.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+zviz.sharding_widget()
+
+# %% [markdown]
+# The measured bars differ from the formula in two places, and both are the lesson.
+# Stage 2 keeps the full weights from forward to backward (light blue) *and* its fp32 slice
+# of them (dark blue): that slice is the master copy ZeRO counts inside its 12 bytes of
+# optimizer state, and our float32 run has no separate master. Stage 3 holds one unit's
+# gathered weights at a time, freed after use: the price of sharding the weights is that
+# memory moment, plus traffic. The bytes sent are exactly the formula's: stages 0-2 move an
+# all-reduce's 2(d-1)/d x S per rank (a reduce-scatter plus an all-gather), stage 3 gathers
+# the weights again for backward, 3(d-1)/d x S, **1.5x**, paid every step, on the slowest
+# network the group spans. Checked for d = 2:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+measured = zviz.measure_stages(2)
+for stage, r in measured.items():
+    print(f"stage {stage}: rank 0 sent {r['sent']:,.0f} bytes, formula {r['sent_formula']:,.0f}; "
+          f"held (weights, gradients, optimizer) {r['held']['weights']:,} / "
+          f"{r['held']['gradients']:,} / {r['held']['optimizer']:,} B")
+
+# %% [markdown]
+# When to shard, and when to split the model instead (lessons 03 and 04)? Shard when the
+# model *state* does not fit but one layer's weights and activations do, and the network
+# can carry 1.5x an all-reduce every step; stage 3 also needs at least one sample per GPU in
+# the global batch, since every GPU is a replica. Split the model when a single layer or its
+# activations do not fit, or the network between servers is too slow: tensor parallelism
+# inside a server, pipeline parallelism across servers. Large runs do both (lesson 05).
+# The lab `labs/zero.py` times stages 0-3 against PyTorch's `fully_shard`, in one run:
+# `python labs/zero.py --world-size 2 --json results/zero.json`.
+#
 # <div style="border: 2px solid #4C72B0; border-radius: 6px; padding: 10px;">
 # <b>Takeaway.</b> Data parallelism copies the model to n ranks, gives each a shard of the
 # batch and averages the gradients with one all-reduce per step, and then every replica
@@ -401,7 +484,10 @@ plt.show()
 # both move 2(n-1)·S in total, and time cannot tell them apart). Real parameter servers
 # shard the parameters over many servers for the same reason. PyTorch's DDP hides most of the cost
 # behind backward by sending gradients in buckets, last layer first, as each bucket fills.
-# What data parallelism cannot do is shrink the model: every rank holds all of it (lesson 03).
+# *Replicated* data parallelism cannot shrink the model: every rank holds all of it.
+# *Sharded* data parallelism (ZeRO, FSDP) can: with d ranks each holds 1/d of the optimizer
+# state (stage 1), of the gradients too (stage 2), of the weights too (stage 3), for 1x, 1x
+# and 1.5x an all-reduce's traffic.
 # </div>
 #
 # ## Exercises

@@ -22,6 +22,15 @@
 # gradient of each stage's input back. This is naive (inter-layer) model parallelism.
 # It divides memory by p. Does it also divide time? This notebook predicts the answer with
 # the cost model, then runs the assembly line for real on 4 ranks and measures it.
+#
+# *A word on names.* The lesson calls splitting the **layers** across devices "model
+# parallelism". The survey it builds on (Ben-Nun and Hoefler, "Demystifying Parallel and
+# Distributed Deep Learning", §6.2) uses the same words for splitting each layer's
+# **neurons** across devices, which this course, like Megatron-LM, calls tensor parallelism
+# (lesson 04). Same words, two ideas: say which one you mean.
+#
+# *Watch:* Stanford MLSys seminar #83, Deepak Narayanan, "Training Large Language Models at
+# Scale", 06:56-13:45 (splitting the model: tensor and pipeline parallelism).
 
 # %%
 from pathlib import Path

@@ -47,6 +47,10 @@
 # (each rank's gradient of X is only a partial sum). So an MLP costs exactly one all-reduce
 # forward and one backward. Attention splits the same way, by heads: Q, K and V by columns
 # (a/t heads per rank), the output projection by rows.
+#
+# *Watch and read:* Stanford MLSys seminar #83, Deepak Narayanan, "Training Large Language
+# Models at Scale", 06:56-13:45 (tensor and pipeline parallelism); Shoeybi et al.,
+# "Megatron-LM" (2019), §3; Huang et al., "GPipe" (2019), §2; Narayanan et al. (SC21), §2.
 
 # %%
 import json

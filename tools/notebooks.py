@@ -10,6 +10,7 @@ well without running it. The twins live in notebooks/py_src/ (jupytext pairing
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import jupytext
@@ -57,8 +58,10 @@ def build(names: list[str]) -> None:
         nb = jupytext.read(py)
         nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python",
                                      "name": "python3"}
+        start = time.perf_counter()
         NotebookClient(nb, timeout=900, kernel_name="python3",
                        resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+        print(f"  {ipynb.name}: Run All took {time.perf_counter() - start:.0f} s", flush=True)
         nbformat.write(nb, ipynb)
         # Jupytext in JupyterLab refuses a pair whose .ipynb is newer than its .py.
         py.touch()

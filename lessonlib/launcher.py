@@ -241,7 +241,8 @@ def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
     if not under_torchrun():
         return launch(fn, world_size, *args, backend=backend, **kwargs)
     kwargs.pop("timeout", None)
-    backend = device.resolve_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    sharing = device.ranks_per_gpu_set(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    backend = device.resolve_backend(backend, sharing)
     device.bind_device(backend)
     dist.init_process_group(backend)
     try:

@@ -110,6 +110,18 @@ def elapsed(start, end) -> float:
     return start.elapsed_time(end) / 1e3
 
 
+def on_clock(marks: list) -> list:
+    """``time.perf_counter()`` readings for ``mark``s: CPU marks already are; CUDA events are
+    placed before a fresh one, after a single synchronize (spans between them are exact)."""
+    if all(isinstance(m, float) for m in marks):
+        return list(marks)
+    now = torch.cuda.Event(enable_timing=True)
+    now.record()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    return [m if isinstance(m, float) else t - m.elapsed_time(now) / 1e3 for m in marks]
+
+
 def peak_memory_bytes(device: torch.device | None = None) -> int | None:
     """Peak allocated GPU memory on this rank; None on CPU, where torch keeps no such count."""
     device = device or current_device()

@@ -212,6 +212,7 @@ def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
         result.update(max_grad_diff=_max_diff(first_grads, build_stage(dense_grads, ctx)),
                       max_weight_diff=_max_diff(trainer.params, build_stage(dense, ctx)),
                       dense_losses=dense_losses)
+    ctx.destroy()          # each layout makes its own groups: free them before the next
     return result
 
 

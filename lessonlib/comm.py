@@ -89,7 +89,9 @@ def ledger():
     try:
         yield book
     finally:
-        _books.remove(book)
+        # by identity: two ledgers with the same events are equal, and ``remove`` would
+        # take the outer one of a nested pair, which would then miss every later call
+        _books[:] = [b for b in _books if b is not book]
         book.settle()
 
 

@@ -89,6 +89,7 @@ def test_a_call_posted_after_a_wait_starts_after_it():
 
 # ---------------------------------------------------------------- recorded traces
 def _hazards(per_rank: list[dict]) -> dict:
+    assert all(r[name] for r in per_rank for name in r), "a rank recorded no call"
     return {name: nccl_hazards([r[name] for r in per_rank]) for name in per_rank[0]}
 
 

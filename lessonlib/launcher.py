@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lessonlib import comm, device
+from lessonlib import comm, device, placement
 from lessonlib.breadcrumbs import PROGRESS_ENV, progress, read_steps
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -125,6 +125,7 @@ def _rank_main(rank, fn, args, kwargs, world_size, backend, port, workdir, timeo
                           timeout=timedelta(seconds=timeout))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout))
+    placement.start_if_asked()
     phase_times["group_ready"] = time.time()
     try:
         progress("started")
@@ -245,6 +246,7 @@ def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
     backend = device.resolve_backend(backend, sharing)
     device.bind_device(backend)
     dist.init_process_group(backend)
+    placement.start_if_asked()
     try:
         result = _to_cpu(fn(*args, **kwargs))
         gathered = [None] * dist.get_world_size()

@@ -31,7 +31,7 @@ from pathlib import Path
 import sweep  # labs/sweep.py: runs one lab and turns its record into a row
 
 from lessonlib import device, placement
-from lessonlib.costmodel import throughput
+from lessonlib.costmodel import throughput  # noqa: F401 (its MATMUL_EFFICIENCY, for readers)
 from lessonlib.costmodel.calibration import calibrate
 from lessonlib.labkit import gemm_rates
 

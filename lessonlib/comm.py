@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from lessonlib import device
 from lessonlib.breadcrumbs import progress
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.nccl_rules import nccl_hazards  # noqa: F401 (comm.nccl_hazards, the public name)
 
 _books: list["Ledger"] = []  # the ledgers open on this rank (nested ``with`` blocks allowed)
 _calls = itertools.count()   # this rank's calls, in the order they were made

@@ -265,13 +265,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
     run_opts = argparse.Namespace(launcher="local", python=sys.executable, nproc_per_node=None,
                                   point_timeout=opts.point_timeout)
-    rows = []
-    for job in jobs:          # one lab at a time, each with its own audit folder
-        os.environ[placement.AUDIT_ENV] = str((out / "audit" / job[0]).resolve())
-        for row in sweep.sweep([job], out, run_opts):
-            row["off_device"] = placement.findings(out / "audit" / job[0]) if gpus else None
-            rows.append(row)
-    os.environ.pop(placement.AUDIT_ENV, None)
+    os.environ[placement.AUDIT_ENV] = str((out / "audit").resolve())   # the labs inherit it
+    rows = sweep.sweep(jobs, out, run_opts) if jobs else []
+    os.environ.pop(placement.AUDIT_ENV)
+    for row in rows:
+        row["off_device"] = placement.findings(out / "audit", row["lab"]) if gpus else None
     rows += skipped
     print(f"timing {'bf16' if gpus else 'fp32'} matrix products {sizes} ...", file=sys.stderr)
     rates = gemm_rates(sizes, "bfloat16" if gpus else "float32", 0.5 if opts.quick else 2.0)

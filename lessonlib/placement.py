@@ -6,8 +6,9 @@ record still says GPU. With ``LESSONLIB_DEVICE_AUDIT=<folder>`` in the environme
 rank that computes on a GPU (NCCL) watches torch's compute functions (``F.linear``,
 ``matmul``, ``embedding``, losses, ...) and, the first time one of them gets a tensor that
 is not on the rank's ``current_device()``, writes one line naming the function and the
-device into ``<folder>/rank<r>-<pid>.txt``. An empty folder after a run means every
-compute call saw only the rank's own GPU. ``labs/gpu_check.py`` runs each lab this way.
+device into ``<folder>/<script>-rank<r>-<pid>.txt`` (``<script>``: the lab, e.g. ``pp``).
+No file for a run means every compute call saw only the rank's own GPU.
+``labs/gpu_check.py`` runs every lab this way.
 
 Laptop:  nothing to see (CPU ranks compute on the CPU, their own device)
 GPU box: ``LESSONLIB_DEVICE_AUDIT=/tmp/audit python labs/pp.py --world-size 1``, then
@@ -16,6 +17,7 @@ GPU box: ``LESSONLIB_DEVICE_AUDIT=/tmp/audit python labs/pp.py --world-size 1``,
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -50,7 +52,9 @@ class _OffDevice(TorchFunctionMode):
     def report(self, line: str) -> None:
         self.reported = True         # once per process: the first one says enough
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / f"rank{os.environ.get('RANK', '?')}-{os.getpid()}.txt").write_text(line + "\n")
+        script = Path(sys.argv[0]).stem or "python"     # spawned ranks keep the parent's argv
+        name = f"{script}-rank{os.environ.get('RANK', '?')}-{os.getpid()}.txt"
+        (self.folder / name).write_text(line + "\n")
 
 
 def start_if_asked() -> bool:
@@ -63,6 +67,7 @@ def start_if_asked() -> bool:
     return bool(_started)
 
 
-def findings(folder: Path) -> list[str]:
-    """What the ranks of a run reported into ``folder`` (empty: all compute on-device)."""
-    return sorted(f"{p.stem}: {p.read_text().strip()}" for p in Path(folder).glob("*.txt"))
+def findings(folder: Path, script: str = "*") -> list[str]:
+    """What the ranks of ``script``'s runs reported into ``folder`` (empty: all on-device)."""
+    return sorted(f"{p.stem}: {p.read_text().strip()}"
+                  for p in Path(folder).glob(f"{script}-rank*.txt"))

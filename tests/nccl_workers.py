@@ -111,3 +111,17 @@ def where_pipeline_tensors_live(schedule: str = "1f1b", m: int = 2) -> dict:
     return {"current": str(current_device()), "inputs": seen,
             "params": [str(q.device) for c in chunks for q in c.parameters()],
             "grads": [str(q.grad.device) for c in chunks for q in c.parameters()]}
+
+
+def link_disagreement() -> str | None:
+    """Stage 1 is built for float64 activations, stage 0 for float32: both must refuse."""
+    from lessonlib.pipeline.schedules import make
+
+    stage = dist.get_rank()
+    chunk = mlp_stack(8, 2)[stage:stage + 1]
+    try:
+        PipelineExecutor(make("1f1b", 2, 2), stage, chunk, F.mse_loss, (2, 8),
+                         dtype=torch.float64 if stage else torch.float32)
+    except ValueError as exc:
+        return str(exc)
+    return None

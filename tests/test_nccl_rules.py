@@ -159,3 +159,19 @@ def test_auto_takes_nccl_with_one_bound_gpu_per_task(monkeypatch):
     env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "3", "SLURM_GPUS_PER_TASK": "1"}
     assert device.resolve_backend("auto", device.ranks_per_gpu_set(4, env)) == "nccl"
     assert device.resolve_backend("auto", device.ranks_per_gpu_set(4, {})) == "gloo"
+
+
+@pytest.mark.timeout(120)
+def test_pipeline_stages_that_disagree_on_the_dtype_both_refuse():
+    errors = lessonlib.launch(W.link_disagreement, 2, timeout=60)
+    assert all(e and "disagree" in e and "torch.float64" in e for e in errors), errors
+
+
+def test_the_sbatch_templates_pass_cpus_per_task_on_to_srun():
+    from pathlib import Path
+
+    for name in ("srun", "torchrun"):
+        text = (Path(__file__).parent.parent / "labs" / "slurm" / f"{name}.sbatch").read_text()
+        exported = text.index("export SRUN_CPUS_PER_TASK=")
+        assert "$SLURM_CPUS_PER_TASK" in text[exported:exported + 80]
+        assert exported < text.index("\nsrun "), name

@@ -175,3 +175,20 @@ def test_the_sbatch_templates_pass_cpus_per_task_on_to_srun():
         exported = text.index("export SRUN_CPUS_PER_TASK=")
         assert "$SLURM_CPUS_PER_TASK" in text[exported:exported + 80]
         assert exported < text.index("\nsrun "), name
+
+
+def test_the_placement_audit_names_compute_off_the_ranks_gpu(tmp_path, monkeypatch):
+    import torch
+    import torch.nn.functional as F
+
+    from lessonlib import placement
+
+    monkeypatch.setattr(placement, "current_device", lambda: torch.device("cuda", 0))
+    monkeypatch.setattr(placement.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(placement.sys, "argv", ["labs/pp.py"])
+    with placement._OffDevice(tmp_path):
+        torch.ones(2, 2) + 1                      # not compute: not watched
+        assert placement.findings(tmp_path) == []
+        F.linear(torch.ones(2, 3), torch.ones(4, 3))
+    found = placement.findings(tmp_path, "pp")
+    assert len(found) == 1 and "linear got a tensor on cpu, not cuda:0" in found[0]

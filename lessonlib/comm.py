@@ -132,6 +132,8 @@ class _TimedWork:
 def _close(event: Event) -> None:
     if event.waited is None:
         event.waited = next(_calls)
+    if event.marks is None or event.marks[1] is not None:
+        return                         # waited on before: its timing is already closed
     start = event.marks[0]
     end = device.mark()
     if isinstance(start, float):

@@ -4,7 +4,9 @@ What it teaches: before trusting a cluster's numbers, check that every piece run
 how fast its matrix products really are. This script
 
 1. runs each lab in ``labs/`` once with short settings, on NCCL at the largest world size
-   the visible GPUs allow (one GPU is fine: each lab says what it does with one rank);
+   the visible GPUs allow (one GPU is fine: each lab says what it does with one rank), with
+   ``lessonlib.placement``'s audit on: a lab whose ranks compute on anything but their
+   own GPU says so in the table;
 2. times bf16 matrix products from 1024 to 8192 and compares the median TFLOP/s with the
    GPU's dense peak from ``lessonlib.costmodel``: the ratio is what the cost model's
    ``MATMUL_EFFICIENCY`` assumes (0.6, chosen on Megatron-LM 2021's Table 1), now measured;
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,10 +30,10 @@ from pathlib import Path
 
 import sweep  # labs/sweep.py: runs one lab and turns its record into a row
 
-from lessonlib import device
-from lessonlib.costmodel import GPUS, throughput
-from lessonlib.costmodel.megatron2021 import load_table1, table1_layout, table1_model
-from lessonlib.costmodel.hardware import make_cluster
+from lessonlib import device, placement
+from lessonlib.costmodel import throughput  # noqa: F401 (its MATMUL_EFFICIENCY, for readers)
+from lessonlib.costmodel.calibration import calibrate
+from lessonlib.labkit import gemm_rates
 
 
 @dataclass
@@ -162,74 +164,11 @@ def lab_summary(row: dict) -> str:
     errors = [v for k, v in row.items() if k.endswith("max_weight_diff_vs_one_process")]
     if errors:
         shown.append(f"max weight diff vs one process {max(errors):.2g}")
+    if row.get("off_device"):
+        shown.append("NOT ALL ON THE GPU: " + " / ".join(row["off_device"]))
+    elif row.get("off_device") == []:
+        shown.append("every compute call on the GPU")
     return "; ".join(shown)
-
-
-# ---------------------------------------------------------------- the matrix products
-def gemm_rates(sizes: list[int], dtype_name: str, min_seconds: float) -> list[dict]:
-    """Median TFLOP/s of ``n x n @ n x n`` products on this process's device (GPU 0 or CPU)."""
-    import torch
-
-    dev = torch.device("cuda", 0) if device.gpu_count() else torch.device("cpu")
-    dtype = getattr(torch, dtype_name)
-    rows = []
-    for n in sizes:
-        a = torch.randn(n, n, device=dev, dtype=dtype)
-        b = torch.randn(n, n, device=dev, dtype=dtype)
-        for _ in range(3):                              # warm-up: kernels chosen, clocks up
-            a @ b
-        start = device.timer(dev)
-        a @ b
-        once = max(device.timer(dev) - start, 1e-6)
-        calls = max(1, int(0.02 / once))                # >= 20 ms per sample
-        samples = []
-        deadline = time.perf_counter() + min_seconds
-        while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 30):
-            start = device.timer(dev)
-            for _ in range(calls):
-                a @ b
-            samples.append((device.timer(dev) - start) / calls)
-        seconds = statistics.median(samples)
-        rows.append({"n": n, "dtype": dtype_name, "seconds": seconds, "samples": len(samples),
-                     "tflops": 2 * n ** 3 / seconds / 1e12})
-        del a, b
-    return rows
-
-
-def peak_preset(name: str):
-    """The cost model's GPU preset whose name is in this device's name, if any."""
-    for key in sorted(GPUS, key=len, reverse=True):
-        if key.split("-")[0].upper() in name.upper():
-            return GPUS[key]
-    return None
-
-
-def calibrate(rates: list[dict], gpu_name: str) -> dict:
-    preset = peak_preset(gpu_name)
-    out = {"device": gpu_name, "assumed_matmul_efficiency": throughput.MATMUL_EFFICIENCY,
-           "median_tflops": statistics.median(r["tflops"] for r in rates),
-           "largest_gemm_tflops": rates[-1]["tflops"], "preset": None}
-    if preset is None:
-        return out
-    eff = out["median_tflops"] * 1e12 / preset.peak_flops
-    out.update(preset=preset.name, peak_tflops=preset.peak_flops / 1e12,
-               measured_matmul_efficiency=eff,
-               largest_gemm_efficiency=out["largest_gemm_tflops"] * 1e12 / preset.peak_flops)
-    # What the measured efficiency changes in a prediction: Megatron-LM 2021's 145.6 B row,
-    # on servers of this GPU.
-    row = next(r for r in load_table1() if r["params_billion"] == 145.6)
-    model, layout = table1_model(row), table1_layout(row)
-    cluster = make_cluster(preset)
-    default = throughput.estimate(model, layout, cluster).tflops_per_gpu
-    try:
-        throughput.MATMUL_EFFICIENCY = eff
-        measured = throughput.estimate(model, layout, cluster).tflops_per_gpu
-    finally:
-        throughput.MATMUL_EFFICIENCY = out["assumed_matmul_efficiency"]
-    out["prediction_145.6B"] = {"layout": layout.describe(), "cluster": f"8 x {preset.name}",
-                                "tflops_per_gpu_assumed": default,
-                                "tflops_per_gpu_measured_efficiency": measured}
-    return out
 
 
 # ---------------------------------------------------------------- the report
@@ -326,7 +265,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
     run_opts = argparse.Namespace(launcher="local", python=sys.executable, nproc_per_node=None,
                                   point_timeout=opts.point_timeout)
+    os.environ[placement.AUDIT_ENV] = str((out / "audit").resolve())   # the labs inherit it
     rows = sweep.sweep(jobs, out, run_opts) if jobs else []
+    os.environ.pop(placement.AUDIT_ENV)
+    for row in rows:
+        row["off_device"] = placement.findings(out / "audit", row["lab"]) if gpus else None
     rows += skipped
     print(f"timing {'bf16' if gpus else 'fp32'} matrix products {sizes} ...", file=sys.stderr)
     rates = gemm_rates(sizes, "bfloat16" if gpus else "float32", 0.5 if opts.quick else 2.0)

@@ -38,14 +38,32 @@ def resolve_backend(backend: str, world_size: int) -> str:
     return backend
 
 
-def local_rank() -> int:
-    """This process's index on its node (torchrun and lessonlib.launch both set LOCAL_RANK)."""
-    return int(os.environ.get("LOCAL_RANK", dist.get_rank() if dist.is_initialized() else 0))
+def local_rank(env=None) -> int:
+    """This process's index on its node: LOCAL_RANK (torchrun, lessonlib.launch), else
+    SLURM_LOCALID (a bare ``srun`` task), else the global rank."""
+    env = os.environ if env is None else env
+    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def ranks_per_gpu_set(local_world_size: int, env=None) -> int:
+    """How many ranks of this node see the same GPUs as this process.
+
+    Under torchrun (or srun without GPU binding) every rank of a node sees all its GPUs, so
+    they need ``local_world_size`` of them. With ``srun --gpus-per-task`` or ``--gpu-bind``
+    SLURM shows each task only its own GPU(s) (CUDA_VISIBLE_DEVICES per task), so one
+    visible GPU is enough: its own."""
+    env = os.environ if env is None else env
+    bound = env.get("SLURM_GPUS_PER_TASK") or env.get("SLURM_GPU_BIND")
+    return 1 if bound and "SLURM_PROCID" in env else local_world_size
 
 
 def current_device() -> torch.device:
     """The device this rank computes on: its own GPU under NCCL, the CPU under gloo."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
+        # One visible GPU (a SLURM task bound to its own) is index 0 whatever the local rank
         return torch.device("cuda", local_rank() % gpu_count())
     return torch.device("cpu")
 
@@ -70,6 +88,38 @@ def timer(device: torch.device | None = None) -> float:
     """time.perf_counter() after the device has caught up."""
     synchronize(device)
     return time.perf_counter()
+
+
+def mark(device: torch.device | None = None):
+    """A point in this rank's work: a recorded CUDA event on a GPU (it costs the queue
+    nothing), ``time.perf_counter()`` on a CPU. Two marks make a span (``elapsed``)."""
+    device = device or current_device()
+    if device.type == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def elapsed(start, end) -> float:
+    """Seconds between two ``mark``s. On a GPU it waits for ``end`` to happen, so read spans
+    after the work is done (one ``synchronize``), not while it is being queued."""
+    if isinstance(start, float):
+        return end - start
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def on_clock(marks: list) -> list:
+    """``time.perf_counter()`` readings for ``mark``s: CPU marks already are; CUDA events are
+    placed before a fresh one, after a single synchronize (spans between them are exact)."""
+    if all(isinstance(m, float) for m in marks):
+        return list(marks)
+    now = torch.cuda.Event(enable_timing=True)
+    now.record()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    return [m if isinstance(m, float) else t - m.elapsed_time(now) / 1e3 for m in marks]
 
 
 def peak_memory_bytes(device: torch.device | None = None) -> int | None:

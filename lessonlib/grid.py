@@ -206,6 +206,13 @@ class ParallelContext:
                    mine["dp"], mine["pp"], mine["tp"],
                    ranks["dp"], ranks["pp"], ranks["tp"], gpus_per_node)
 
+    def destroy(self) -> None:
+        """Destroy this rank's three groups once the layout is done (every member calls it).
+        Under NCCL each group holds communicators and GPU buffers until destroyed, so a run
+        that tries layout after layout would otherwise pile them up."""
+        for group in (self.tp_group, self.pp_group, self.dp_group):
+            dist.destroy_process_group(group)
+
     @property
     def coords(self) -> tuple[int, int, int]:
         return (self.dp_rank, self.pp_rank, self.tp_rank)

@@ -183,6 +183,7 @@ def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
             max_grad_diff=max_abs_diff(first_grads, build_stage(dense_grads, ctx).parameters()),
             max_weight_diff=max_abs_diff(trainer.params, build_stage(dense, ctx).parameters()),
                       dense_losses=dense_losses)
+    ctx.destroy()          # each layout makes its own groups: free them before the next
     return result
 
 

@@ -248,3 +248,31 @@ def gpt_model(p: argparse.ArgumentParser, args) -> dict:
         p.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
     return {"vocab": 27, "seq": args.seq, "hidden": args.hidden, "heads": args.heads,
             "layers": args.layers}
+
+
+def gemm_rates(sizes: list[int], dtype_name: str, min_seconds: float) -> list[dict]:
+    """Median TFLOP/s of ``n x n @ n x n`` products on this process's device (GPU 0 or CPU)."""
+    dev = torch.device("cuda", 0) if device.gpu_count() else torch.device("cpu")
+    dtype = getattr(torch, dtype_name)
+    rows = []
+    for n in sizes:
+        a = torch.randn(n, n, device=dev, dtype=dtype)
+        b = torch.randn(n, n, device=dev, dtype=dtype)
+        for _ in range(3):                              # warm-up: kernels chosen, clocks up
+            a @ b
+        start = device.timer(dev)
+        a @ b
+        once = max(device.timer(dev) - start, 1e-6)
+        calls = max(1, int(0.02 / once))                # >= 20 ms per sample
+        samples = []
+        deadline = time.perf_counter() + min_seconds
+        while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 30):
+            start = device.timer(dev)
+            for _ in range(calls):
+                a @ b
+            samples.append((device.timer(dev) - start) / calls)
+        seconds = statistics.median(samples)
+        rows.append({"n": n, "dtype": dtype_name, "seconds": seconds, "samples": len(samples),
+                     "tflops": 2 * n ** 3 / seconds / 1e12})
+        del a, b
+    return rows

@@ -168,7 +168,8 @@ def assembly_line(model: str = "gpt", p: int | None = None, steps: int = 3, warm
     del full                                      # ... and let the rest go
     opt = torch.optim.SGD(part.parameters(), lr=lr)
     meter = StashMeter(part.parameters())
-    act = torch.empty(boundary_shape(model, batch, **shape), device=dev)   # (b, s, h) or (b, w)
+    dtype = next(q.dtype for q in part.parameters() if q.is_floating_point())   # the stage's
+    act = torch.empty(boundary_shape(model, batch, **shape), dtype=dtype, device=dev)  # (b, s, h)/(b, w)
     # every rank can make every batch (same seed); made up front so the timeline is all work
     batches = [tuple(z.to(dev) for z in make_batch(model, step, batch, seed, **shape))
                for step in range(warmup + steps)]
@@ -213,6 +214,9 @@ def _step(part, batch, act, where, model, meter, timeline, step):
         loss.backward()
         timeline.close("B", step)
     else:
+        if out.dtype != act.dtype:      # NCCL would garble it: the receiver's buffer is act's
+            raise ValueError(f"stage {stage} sends {out.dtype} but stages exchange {act.dtype}; "
+                             f"give every stage the same dtype")
         comm.send(out.detach().contiguous(), dst=rank + 1)
         timeline.close("SEND_F", step)
         grad = torch.empty_like(out)

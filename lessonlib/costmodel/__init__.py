@@ -26,8 +26,8 @@ Modules, one idea each: ``hardware`` (GPU and cluster presets; collectives acros
 ``model`` (GPT shapes, Eq. 2), ``memory``, ``compute`` (FLOPs and training time), ``bubble``,
 ``comm`` (alpha-beta collectives, groups and servers), ``alpha_beta`` (the same model fitted
 to measured all-reduces, and DDP's bucket overlap), ``layout`` (``Layout`` and its checks),
-``throughput`` (``estimate``), ``planner``, ``megatron2021``, and ``__main__`` (the command
-line below).
+``throughput`` (``estimate``), ``planner``, ``megatron2021``, ``calibration`` (a measured
+GEMM rate against a preset's peak), and ``__main__`` (the command line below).
 
 Command line (exit status 2 and a one-line message on bad settings)::
 

@@ -3,9 +3,9 @@
 Read in this order, each file one idea:
 
 * ``collectives``: the plumbing every hand-written collective shares (which ranks, agreeing
-  on sizes before any data moves, paired send/receive), and two all-reduces built from
-  point-to-point messages: the parameter server (its link carries 2(n-1) x S) and the naive
-  ring (every rank sends (n-1) x S);
+  on sizes before any data moves, a send and a receive posted as one batch, NCCL-safe), and
+  two all-reduces built from point-to-point messages: the parameter server (its link
+  carries 2(n-1) x S) and the naive ring (every rank sends (n-1) x S);
 * ``ring``: the bandwidth-optimal ring, reduce-scatter then all-gather (2(n-1)/n x S);
 * ``ladder``: data parallelism written four times, each rung fixing what the last one wasted
   (all-reduce per gradient, one flat buffer, hooks that overlap backward);

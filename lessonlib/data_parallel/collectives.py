@@ -124,15 +124,20 @@ def free_scratch() -> None:
 def exchange(send_buf, dst: int, recv_buf, src: int, group=None) -> None:
     """Send ``send_buf`` to global rank ``dst`` while receiving ``recv_buf`` from ``src``.
 
-    Posting the receive before the send and waiting on both lets every rank of a ring do
-    this at once without deadlock. Empty buffers are skipped (both sides know the sizes)."""
-    works = []
-    if recv_buf.numel():
-        works.append(comm.irecv(recv_buf, src=src, group=group))
-    if send_buf.numel():
-        works.append(comm.isend(send_buf, dst=dst, group=group))
-    for work in works:
+    The send and the receive are posted together, as one batch (``comm.batch_isend_irecv``),
+    so every rank of a ring can do this at once. Posted as two calls, ``irecv`` then
+    ``isend``, it works on gloo but hangs under NCCL: each rank's receive would wait, on
+    the stream or the communicator it shares with its neighbour, for a send that rank only
+    posts after its own receive (``lessonlib.nccl_rules`` shows why). Empty buffers are
+    skipped (both sides know the sizes)."""
+    for work in comm.batch_isend_irecv(pair_ops(send_buf, dst, recv_buf, src, group)):
         work.wait()
+
+
+def pair_ops(send_buf, dst: int, recv_buf, src: int, group=None) -> list:
+    """The ``dist.P2POp`` list for one exchange: a send and a receive, empty ones left out."""
+    ops = [comm.send_op(send_buf, dst, group)] if send_buf.numel() else []
+    return ops + ([comm.recv_op(recv_buf, src, group)] if recv_buf.numel() else [])
 
 
 class _Flat:

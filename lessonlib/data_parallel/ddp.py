@@ -21,7 +21,6 @@ GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py`` (NCCL, one GPU per rank)
 from __future__ import annotations
 
 import math
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lessonlib import bugs, comm
+from lessonlib import bugs, comm, device
 from lessonlib.data_parallel.collectives import group_ranks
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate, trainable_parameters
 
@@ -94,7 +93,8 @@ class DataParallel(nn.Module):
     ``buckets`` lists the buckets (reverse parameter order). After each synced backward,
     ``timeline`` says when backward finished computing and, per bucket, when its all-reduce
     was launched and when it was first seen finished (``time.perf_counter`` seconds; seen
-    at the next gradient hook, or at the end of backward), for the lesson's timeline."""
+    at the next gradient hook, or at the end of backward), for the lesson's timeline. On a
+    GPU these are CUDA events, turned into seconds (one synchronize) when it is read."""
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, group=None,
                  first_bucket_mb: float = 1.0):
@@ -118,7 +118,7 @@ class DataParallel(nn.Module):
             self.buckets.append(bucket)
             self._slot.update({id(p): (bucket, v) for p, v in zip(members, views)})
         self._sync, self._queued, self._next, self._done = True, False, 0, 0
-        self.timeline: dict = {}
+        self._timeline: dict = {}
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def forward(self, *args, **kwargs):
@@ -159,20 +159,20 @@ class DataParallel(nn.Module):
             bucket = self.buckets[self._next]
             if len(bucket.arrived) < len(bucket.params):
                 return
-            bucket.launched_at = time.perf_counter()
+            bucket.launched_at = device.mark()
             bucket.handle = comm.all_reduce(bucket.buffer, group=self.group, async_op=True)
             self._next += 1
 
     def _note_finished(self) -> None:
         """Stamp buckets seen finished (they finish in launch order, so check the oldest)."""
         while self._done < self._next and self.buckets[self._done].handle.is_completed():
-            self.buckets[self._done].done_at = time.perf_counter()
+            self.buckets[self._done].done_at = device.mark()
             self._done += 1
 
     # ------------------------------------------------------------ end of backward
     @torch.no_grad()
     def _finish(self) -> None:
-        computed_at = time.perf_counter()
+        computed_at = device.mark()
         for bucket in self.buckets[self._next:]:     # a parameter this backward did not reach
             for p, view in zip(bucket.params, bucket.views):   # sends what it holds, or zeros
                 if id(p) in bucket.arrived:
@@ -186,13 +186,13 @@ class DataParallel(nn.Module):
         for bucket in self.buckets:
             bucket.handle.wait()
             if bucket.done_at is None:
-                bucket.done_at = time.perf_counter()
+                bucket.done_at = device.mark()
             for p, view in zip(bucket.params, bucket.views):    # the sum / n, in one pass
                 if p.grad is None:
                     p.grad = view / self.world_size
                 else:
                     torch.div(view, self.world_size, out=p.grad)
-        self.timeline = {"backward_computed_at": computed_at, "buckets": [
+        self._timeline = {"backward_computed_at": computed_at, "buckets": [
             {"bucket": i, "bytes": b.nbytes, "params": len(b.params),
              "launched_at": b.launched_at, "done_at": b.done_at}
             for i, b in enumerate(self.buckets)]}
@@ -200,6 +200,19 @@ class DataParallel(nn.Module):
             bucket.arrived, bucket.handle = set(), None
             bucket.launched_at = bucket.done_at = None
         self._queued, self._next, self._done = False, 0, 0
+
+    @property
+    def timeline(self) -> dict:
+        """The last synced backward's timeline, in ``time.perf_counter`` seconds."""
+        line = self._timeline
+        if line and not isinstance(line["backward_computed_at"], float):   # CUDA events
+            buckets = line["buckets"]
+            marks = device.on_clock([line["backward_computed_at"]] + [
+                m for b in buckets for m in (b["launched_at"], b["done_at"])])
+            line = self._timeline = {"backward_computed_at": marks[0], "buckets": [
+                {**b, "launched_at": a, "done_at": d}
+                for b, a, d in zip(buckets, marks[1::2], marks[2::2])]}
+        return line
 
     def remove_hooks(self) -> nn.Module:
         """Detach from the module and return it (plain again)."""

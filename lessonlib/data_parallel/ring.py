@@ -11,12 +11,13 @@ GPU box: ``torchrun --nproc-per-node 8 labs/allreduce.py --size-mb 256`` (NCCL)
 """
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
 from lessonlib import comm
-from lessonlib.data_parallel.collectives import scratch
-from lessonlib.data_parallel.collectives import (_prepare, naive_ring_all_reduce,
-                                                 parameter_server_all_reduce)
+from lessonlib.data_parallel.collectives import (_prepare, naive_ring_all_reduce, pair_ops,
+                                                 parameter_server_all_reduce, scratch)
 
 
 # ---------------------------------------------------------------- bandwidth-optimal ring
@@ -27,18 +28,33 @@ def ring_chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
     return list(flat.tensor_split(n))
 
 
-def _post_receives(buffers, src: int, group) -> list:
-    """Post a receive for every buffer at once (None for empty ones, which nobody sends)."""
-    return [comm.irecv(b, src=src, group=group) if b.numel() else None for b in buffers]
-
-
-def _send(tensor, dst: int, group, sends: list) -> None:
-    if tensor.numel():
-        sends.append(comm.isend(tensor, dst=dst, group=group))
-
-
 PIECES = 2                 # a large chunk travels in slices, so forwarding overlaps arriving
 PIECE_MIN_BYTES = 2 ** 18  # below this a chunk goes whole: a second message would cost more
+
+
+def ring_pass(outgoing, incoming, right: int, left: int, group=None, arrived=None) -> None:
+    """n-1 ring steps: at step s, slice j of ``outgoing[s]`` goes right while slice j of
+    ``incoming[s]`` comes from the left, the two posted as one batch (NCCL-safe: see
+    ``collectives.exchange``). Slice j of step s+1 is posted as soon as slice j of step s
+    has arrived and ``arrived(s, j)`` has run, so one slice travels while the next is
+    summed (gloo and NCCL pipeline their own rings the same way). Every rank posts its
+    batches in the same order, (step, slice), so the n-th batch of one rank always meets
+    the n-th of its neighbours."""
+    in_flight = deque((0, j, _post(outgoing[0][j], right, incoming[0][j], left, group))
+                      for j in range(len(outgoing[0])))
+    while in_flight:
+        s, j, works = in_flight.popleft()
+        for work in works:
+            work.wait()
+        if arrived is not None:
+            arrived(s, j)
+        if s + 1 < len(outgoing):
+            in_flight.append((s + 1, j, _post(outgoing[s + 1][j], right, incoming[s + 1][j],
+                                              left, group)))
+
+
+def _post(send_buf, dst, recv_buf, src, group) -> list:
+    return comm.batch_isend_irecv(pair_ops(send_buf, dst, recv_buf, src, group))
 
 
 def ring_reduce_scatter(chunks, me: int, members: list[int], group=None,
@@ -48,29 +64,23 @@ def ring_reduce_scatter(chunks, me: int, members: list[int], group=None,
     Afterwards chunk (me + 1) mod n holds the sum over all ranks; returns that index.
 
     Two refinements over the textbook loop (the notebook's exercise writes that loop):
-    every receive is posted before the first send, into its own row of an inbox, so no
-    rank waits for its neighbour to be ready; and each chunk travels in ``pieces`` slices,
-    so a rank forwards the first slice it has summed while the next is still arriving
-    (gloo and NCCL pipeline their rings the same way)."""
+    each step's send and receive are posted together, as one batch, into their own row of
+    an inbox; and each chunk travels in ``pieces`` slices, so a rank forwards the first
+    slice it has summed while the next is still arriving (``ring_pass``)."""
     n = len(members)
     right, left = members[(me + 1) % n], members[(me - 1) % n]
     incoming = [(me - step - 1) % n for step in range(n - 1)]          # chunk index per step
     inbox = scratch((n - 1) * chunks[0].numel(), chunks[0]).view(n - 1, -1)   # (n-1, S/n)
     rows = [inbox[step, :chunks[i].numel()].tensor_split(pieces)
             for step, i in enumerate(incoming)]
-    receives, sends = [_post_receives(row, left, group) for row in rows], []
-    for piece in chunks[me].tensor_split(pieces):
-        _send(piece, right, group, sends)
-    for step, i in enumerate(incoming):
-        for mine, arrived, work in zip(chunks[i].tensor_split(pieces), rows[step],
-                                       receives[step]):
-            if work is not None:
-                work.wait()
-            mine.add_(arrived)
-            if step < n - 2:                  # what was just summed travels on at once
-                _send(mine, right, group, sends)
-    for work in sends:
-        work.wait()
+    mine = [chunks[i].tensor_split(pieces) for i in incoming]            # where each adds
+    # what travels at step s is what was summed at step s - 1 (at step 0: my own chunk)
+    sends = [chunks[me].tensor_split(pieces)] + mine[:-1]
+
+    def add(step, j):
+        mine[step][j].add_(rows[step][j])
+
+    ring_pass(sends, rows, right, left, group, add)
     return (me + 1) % n
 
 
@@ -78,21 +88,12 @@ def ring_all_gather(chunks, me: int, members: list[int], group=None,
                     pieces: int = PIECES) -> None:
     """The second half: rank ``me`` owns finished chunk (me + 1) mod n; in n-1 steps each
     rank forwards the finished chunk it last got, and every rank ends with all of them.
-    Receives land directly in their chunks, all posted before the first send."""
+    Receives land directly in their chunks."""
     n = len(members)
     right, left = members[(me + 1) % n], members[(me - 1) % n]
+    sends = [chunks[(me + 1 - step) % n].tensor_split(pieces) for step in range(n - 1)]
     slices = [chunks[(me - step) % n].tensor_split(pieces) for step in range(n - 1)]
-    receives, sends = [_post_receives(row, left, group) for row in slices], []
-    for piece in chunks[(me + 1) % n].tensor_split(pieces):
-        _send(piece, right, group, sends)
-    for step in range(n - 1):
-        for piece, work in zip(slices[step], receives[step]):
-            if work is not None:
-                work.wait()
-            if step < n - 2:
-                _send(piece, right, group, sends)
-    for work in sends:
-        work.wait()
+    ring_pass(sends, slices, right, left, group)
 
 
 def ring_all_reduce(tensor, group=None, average: bool = False, check: bool = True):

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device
+from lessonlib import comm, device, placement
 from lessonlib.breadcrumbs import PROGRESS_ENV, progress
 
 phase_times: dict[str, float] = {}  # this rank's wall-clock milestones (labs/launch_overhead.py)
@@ -94,6 +94,7 @@ def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, envir
         store = dist.FileStore(str(Path(workdir) / "store"), world_size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout))
+        placement.start_if_asked()
         phase_times["group_ready"] = time.time()
         progress("started")
         result = fn(*args, **kwargs)

@@ -16,7 +16,7 @@ import sys
 
 import torch.distributed as dist
 
-from lessonlib import device
+from lessonlib import device, placement
 from lessonlib.breadcrumbs import PROGRESS_ENV
 from lessonlib.launcher import checks, local, rank
 
@@ -35,9 +35,11 @@ def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
         return local.launch(fn, world_size, *args, backend=backend, **kwargs)
     kwargs.pop("timeout", None)
     checks.check_backend(backend)
-    backend = device.resolve_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    sharing = device.ranks_per_gpu_set(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    backend = device.resolve_backend(backend, sharing)
     device.bind_device(backend)
     dist.init_process_group(backend)
+    placement.start_if_asked()
     try:
         result = rank._to_cpu(fn(*args, **kwargs))
         main = dist.get_rank() == 0

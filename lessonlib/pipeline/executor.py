@@ -15,11 +15,18 @@ No deadlock, on gloo or NCCL: sends never block the loop (isend, waited at the e
 the two ends of each link issue their sends and receives in one order they both derive from
 the schedule (``validate.link_orders``). NCCL pairs point-to-point messages by order, so
 that agreement is what makes it safe; receives are posted as early as that order allows,
-so data usually arrives before it is needed.
+so data usually arrives before it is needed. Under NCCL the first message on a link
+creates that link's communicator and blocks until the other end joins, so the executor
+opens every link when it is built, in one order all stages share (lowest pair first),
+before any receive is posted: interleaved 1F1B's wrap-around link (0, p-1) would
+otherwise deadlock at p >= 3 (``lessonlib.nccl_rules``). The opening messages carry each
+end's dtype and activation shape, so a mismatch raises on both ends instead of garbling.
 
 Each rank records a timeline: start and end of every F, B, wait for a receive, send, and
 the final wait for sends, in seconds from a barrier that lines the ranks up; and the
-activations it stashes (count and bytes, measured by ``stash.StashMeter``).
+activations it stashes (count and bytes, measured by ``stash.StashMeter``). On a GPU the
+marks are CUDA events, read after the step with one synchronize, so timing does not
+serialise the work it measures.
 
 Inside a 3-D grid, pass ``stage_ranks`` (the global rank of each stage of this rank's
 pipeline), ``group`` (the pipeline's process group) and this stage's chunk modules.
@@ -36,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import bugs, comm
-from lessonlib.device import current_device, timer as device_timer
+from lessonlib.device import current_device, elapsed, mark, synchronize
 from lessonlib.breadcrumbs import progress
 from lessonlib.pipeline.schedules import virtual_stage
 from lessonlib.pipeline.stash import StashMeter
@@ -81,6 +88,22 @@ def split_microbatches(name: str, batch: torch.Tensor, m: int) -> list[torch.Ten
     return list(batch.chunk(m))
 
 
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _meta(dtype, shape, device) -> torch.Tensor:
+    """(dtype code, rank of the shape, the shape padded to 8 dims) as one int64 message."""
+    code = _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
+    return torch.tensor([code, len(shape), *shape, *[0] * (8 - len(shape))],
+                        dtype=torch.int64, device=device)
+
+
+def _describe(meta: torch.Tensor) -> str:
+    code, dims, *shape = meta.tolist()
+    dtype = _DTYPES[code] if code < len(_DTYPES) else "another dtype"
+    return f"{dtype} of shape {tuple(shape[:dims])}"
+
+
 class PipelineExecutor:
     """Runs ``schedule`` (all stages' action lists) as stage ``stage`` of the pipeline.
 
@@ -90,10 +113,12 @@ class PipelineExecutor:
                        (b, s, h); gradients have the same shape
     stage_ranks:       global rank of each stage (default: stage s is rank s)
     group:             the process group the pipeline's messages use (default: world)
+    dtype:             of the activations and gradients that cross stages (default: the
+                       dtype of this stage's first floating-point parameter)
     """
 
     def __init__(self, schedule, stage: int, chunks, loss_fn, activation_shape, *,
-                 stage_ranks=None, group=None, dtype=torch.float32, device=None):
+                 stage_ranks=None, group=None, dtype=None, device=None):
         sim = validate(schedule)
         self.p, self.m, self.v = sim.p, sim.m, sim.v
         if not (isinstance(stage, int) and 0 <= stage < self.p):
@@ -115,12 +140,37 @@ class PipelineExecutor:
                              f"{dist.get_rank()}: a rank can only run its own stage")
         self.schedule, self.stage, self.chunks = schedule, stage, chunks
         self.actions = schedule[stage]
-        self.loss_fn, self.shape, self.dtype = loss_fn, tuple(activation_shape), dtype
+        floats = [q.dtype for c in chunks for q in c.parameters() if q.is_floating_point()]
+        self.dtype = dtype or (floats[0] if floats else torch.float32)
+        self.loss_fn, self.shape = loss_fn, tuple(activation_shape)
         self.ranks, self.group = ranks, group
         self.device = device or current_device()
-        self.links = {k: ops for k, ops in link_orders(schedule).items() if stage in k}
+        self.links = {k: ops for k, ops in sorted(link_orders(schedule).items()) if stage in k}
         self.meter = StashMeter(q for c in chunks for q in c.parameters())
         self.last = self.p * self.v - 1
+        if dist.is_initialized():
+            self._open_links()
+
+    # ------------------------------------------------------------ links
+    def _open_links(self) -> None:
+        """One blocking message each way on every link, lowest pair first on every stage
+        (the order is global, so no stage can wait on one that waits on it). Under NCCL
+        this creates each link's communicator; each end sends its (dtype, shape) and both
+        check that they agree."""
+        mine = _meta(self.dtype, self.shape, self.device)
+        for a, b in self.links:                       # sorted: (0, 1) < (0, p-1) < (1, 2) ...
+            other = self.ranks[b if self.stage == a else a]
+            theirs = torch.empty_like(mine)
+            for sender in (a, b):
+                if sender == self.stage:
+                    comm.send(mine, other, group=self.group)
+                else:
+                    comm.recv(theirs, other, group=self.group)
+            if not torch.equal(mine, theirs):
+                raise ValueError(
+                    f"pipeline stages {a} and {b} disagree on what crosses their link: stage "
+                    f"{self.stage} has {_describe(mine)}, stage {a + b - self.stage} has "
+                    f"{_describe(theirs)}; give every stage the same activation_shape and dtype")
 
     # ------------------------------------------------------------ messages
     def _post_receives(self, st: _Step, link) -> None:
@@ -133,10 +183,11 @@ class PipelineExecutor:
         st.ptr[link] = i
 
     def _send(self, st: _Step, msg: Message, tensor: torch.Tensor) -> None:
-        if tuple(tensor.shape) != self.shape:
-            raise ValueError(f"stage {self.stage} sends a tensor of shape {tuple(tensor.shape)} "
-                             f"for {msg.direction}{msg.microbatch}, but activation_shape="
-                             f"{self.shape}; every stage boundary must carry that shape")
+        if tuple(tensor.shape) != self.shape or tensor.dtype != self.dtype:
+            raise ValueError(f"stage {self.stage} sends a {tensor.dtype} tensor of shape "
+                             f"{tuple(tensor.shape)} for {msg.direction}{msg.microbatch}, but "
+                             f"the link carries {self.dtype} of activation_shape={self.shape}; "
+                             f"every stage boundary must carry that shape and dtype")
         link = (min(msg.src, msg.dst), max(msg.src, msg.dst))
         ops, i = self.links[link], st.ptr.get(link, 0)
         if i >= len(ops) or ops[i] != msg:
@@ -181,19 +232,19 @@ class PipelineExecutor:
         (zero them and step the optimizer outside, as with any model).
 
         ``align``: start with a barrier of the pipeline's group, so the ranks' timelines
-        share a zero. ``timeline``: time every action; on a GPU each timestamp waits for
-        the device, which serialises work that could overlap, so a fast run passes False
-        (the spans are then empty and ``wall_s`` is 0)."""
+        share a zero. ``timeline``: time every action (CUDA events on a GPU, read once the
+        step is done); False skips it (the spans are then empty and ``wall_s`` is 0)."""
+        inputs, targets = (t.to(self.device) if t is not None else None for t in (inputs, targets))
         xs = split_microbatches("inputs", inputs, self.m) if self.stage == 0 else None
         ys = split_microbatches("targets", targets, self.m) if self.stage == self.p - 1 else None
         if align:
             comm.barrier(self.group)
         st = _Step()
         self.meter.reset_peaks()
-        t0 = device_timer(self.device) if timeline else 0.0
+        t0 = mark(self.device) if timeline else None
 
         def timer():
-            return device_timer(self.device) - t0 if timeline else 0.0
+            return mark(self.device) if timeline else None
 
         for link in self.links:
             self._post_receives(st, link)
@@ -218,13 +269,17 @@ class PipelineExecutor:
                 out = st.stash[key][1] if a.kind == "SEND_F" else st.grads.pop(key)
                 self._send(st, message_of(a, self.stage, self.p), out)
             if timeline:
-                st.spans.append(Span(a.kind, a.microbatch, a.chunk, start, timer()))
+                st.spans.append((a.kind, a.microbatch, a.chunk, start, timer()))
         start = timer()
         for work, _ in st.pending:
             work.wait()
         end = timer()
-        if timeline:
-            st.spans.append(Span("WAIT_SENDS", -1, 0, start, end))
+        spans, wall = [], 0.0
+        if timeline:           # read every mark now, after one synchronize
+            st.spans.append(("WAIT_SENDS", -1, 0, start, end))
+            synchronize(self.device)
+            spans = [Span(k, mb, c, elapsed(t0, a), elapsed(t0, b)) for k, mb, c, a, b in st.spans]
+            wall = elapsed(t0, end)
         losses = [float(st.losses[i]) for i in sorted(st.losses)]
-        return StepResult(self.stage, losses, st.spans, end, st.peak,
+        return StepResult(self.stage, losses, spans, wall, st.peak,
                           self.meter.peak_groups, self.meter.peak_bytes)

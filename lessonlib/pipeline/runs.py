@@ -31,6 +31,7 @@ from lessonlib import comm
 from lessonlib.baseline import corpus_batches, flat, train_one_process
 from lessonlib.costmodel import bubble_fraction, stashed_microbatches
 from lessonlib.data import regression_batch
+from lessonlib.device import current_device
 from lessonlib.models import PARITY_CONFIG, GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
@@ -52,8 +53,10 @@ def mse(out, target):
 
 
 def make_runner(engine, schedule, model, p, m, v, stage, loss_fn, shape):
-    """(this stage's chunks, a runner with ``.step(inputs, targets)``) for one case."""
-    chunks = stage_modules(model, p, v, stage)
+    """(this stage's chunks, a runner with ``.step(inputs, targets)``) for one case. The
+    chunks are moved to this rank's device (its GPU under NCCL); both runners move the
+    batches they are given there too."""
+    chunks = [c.to(current_device()) for c in stage_modules(model, p, v, stage)]
     if engine == "lessonlib":
         return chunks, PipelineExecutor(make(schedule, p, m, v), stage, chunks, loss_fn, shape)
     if engine == "torch":

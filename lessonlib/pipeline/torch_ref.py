@@ -13,7 +13,8 @@ and the lab can compare their speed. Two facts about torch 2.13 worth knowing:
 
 To measure PyTorch's run the same way as lessonlib's, the stage module is wrapped in a
 ``stash.Metered`` (saved activations, count and bytes) and the stage's
-``forward_one_chunk`` / ``backward_one_chunk`` are timed into the same kind of timeline.
+``forward_one_chunk`` / ``backward_one_chunk`` are timed into the same kind of timeline,
+with the same clock: marks (CUDA events on a GPU) read after one synchronize per step.
 
 Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
          print(L.launch(runs.demo, 2, engine='torch'))"``
@@ -24,7 +25,7 @@ from __future__ import annotations
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from lessonlib import comm
-from lessonlib.device import current_device, timer as device_timer
+from lessonlib.device import current_device, elapsed, mark, synchronize
 from lessonlib.pipeline.executor import StepResult
 from lessonlib.pipeline.stash import Metered, StashMeter
 from lessonlib.pipeline.validate import Span
@@ -54,32 +55,35 @@ class TorchPipeline:
                                         device or current_device(), group=group)
         self.schedule = TORCH_SCHEDULES[schedule](self.pipe_stage, n_microbatches=m,
                                                   loss_fn=loss_fn, scale_grads=True)
-        self._spans: list[Span] = []
-        self._t0 = 0.0
+        self._spans: list[tuple] = []      # (kind, chunk, start mark, end mark)
         for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk")):
             setattr(self.pipe_stage, name, self._timed(kind, getattr(self.pipe_stage, name)))
 
     def _timed(self, kind, method):
         def timed(chunk_id, *args, **kwargs):
-            start = device_timer() - self._t0
+            start = mark()
             out = method(chunk_id, *args, **kwargs)
-            self._spans.append(Span(kind, chunk_id, 0, start, device_timer() - self._t0))
+            self._spans.append((kind, chunk_id, start, mark()))
             return out
         return timed
 
     def step(self, inputs=None, targets=None, align: bool = True) -> StepResult:
         """One training step; gradients land in the module's ``.grad`` (divided by m)."""
         first, last = self.stage == 0, self.stage == self.p - 1
+        dev = self.pipe_stage.device
+        inputs, targets = (t.to(dev) if t is not None else None for t in (inputs, targets))
         args = (inputs,) if first else ()
         kwargs = {"target": targets, "losses": []} if last else {}
         if align:
             comm.barrier(self.group)
         self._spans = []
         self.meter.reset_peaks()
-        self._t0 = device_timer()
+        t0 = mark()
         self.schedule.step(*args, return_outputs=False, **kwargs)
-        wall = device_timer() - self._t0
+        end = mark()
+        synchronize()
+        spans = [Span(k, c, 0, elapsed(t0, a), elapsed(t0, b)) for k, c, a, b in self._spans]
         losses = [float(x) for x in kwargs.get("losses", [])]
-        return StepResult(self.stage, losses, self._spans, wall, self.meter.peak_groups,
+        return StepResult(self.stage, losses, spans, elapsed(t0, end), self.meter.peak_groups,
                           self.meter.peak_groups, self.meter.peak_bytes)
 

@@ -136,6 +136,7 @@ def layer_report(t: int, b: int = 2, s: int = 16, h: int = 64, heads: int = 4, s
         out[kind] = compare_with_dense(build().to(dev), make_tp, batches, loss_fn)
         if with_torch and kind in ("mlp", "block"):
             out[kind]["torch"] = _torch_errors(build().to(dev), kind, ctx, batches[0])
+    ctx.destroy()          # each t makes its own groups: free them before the next
     return out
 
 
@@ -165,18 +166,22 @@ def run_layer_reports(world_size: int, ts=(1, 2, 4), timeout: float = 120, **kwa
 def gathered_mlp_report(t: int, b: int = 2, s: int = 16, h: int = 64, seed: int = 0) -> dict:
     """The other consistent pairing, gather_output=True with input_is_parallel=False: still
     the dense MLP, but an all-gather (forward) and its transpose (backward) are added."""
-    group, dev = tp_context(t).tp_group, device.current_device()
-    return compare_with_dense(
+    ctx, dev = tp_context(t), device.current_device()
+    group = ctx.tp_group
+    report = compare_with_dense(
         init_weights_(MLP(h), seed).to(dev),
         lambda m: TensorParallelMLP.from_mlp(m, group, gather_output=True,
                                              input_is_parallel=False),
         _float_batches(b, s, h, 2, seed + 1, dev), F.mse_loss)
+    ctx.destroy()
+    return report
 
 
 def ops_report(t: int) -> dict:
     """f, g, gather and scatter on this rank's group of t, against what each must compute:
     the largest absolute error of each forward result and input gradient."""
-    group, dev = tp_context(t).tp_group, device.current_device()
+    ctx, dev = tp_context(t), device.current_device()
+    group = ctx.tp_group
     shards = [torch.arange(6.0, device=dev).reshape(2, 3) * (r + 1) for r in range(t)]
     mine, full, total = shards[dist.get_rank(group)], torch.cat(shards, dim=-1), sum(shards)
     cases = (  # name, operator, input, upstream gradient, expected output, expected input grad
@@ -191,6 +196,7 @@ def ops_report(t: int) -> dict:
         y.backward(upstream)
         errors[name] = {"forward": (y - want_out).abs().max().item(),
                         "grad": (x.grad - want_grad).abs().max().item()}
+    ctx.destroy()
     return errors
 
 

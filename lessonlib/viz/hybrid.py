@@ -2,8 +2,9 @@
 memory per GPU, where the step's time goes, the sweet spot, Table 1, and measured runs.
 
 Each plot is a thin layer over ``lessonlib.grid`` (pure layout) or ``lessonlib.costmodel``
-(``estimate``, ``tp_sweep``, ``table1_rows``); ``hybrid_widget`` puts ipywidgets over
-``layout_panel``.
+(``estimate``, ``tp_sweep``, ``table1_rows``). The design question (n GPUs and a batch
+fixed: which t and p?) has its maps in ``hybrid_design``; ``hybrid_widget`` puts ipywidgets
+over them (model, mode, b, recompute, ZeRO stage, v, and the (t, p) to look at).
 
 Laptop and GPU box alike: ``from lessonlib.viz import hybrid; hybrid.draw_grid(2, 2, 2, 4)``
 """
@@ -15,14 +16,13 @@ from matplotlib.patches import Rectangle
 
 from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate, table1_rows, tp_sweep
 from lessonlib.grid import axis_groups, placements
+from lessonlib.viz.hybrid_design import (GB, TIME_COLORS, design_panel, memory_bar,
+                                         time_bar)
 from lessonlib.viz.widgets import current_figure, explorer
 
-GB = 1e9
-PARTS = ("weights", "gradients", "optimizer", "activations")
-PART_COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
-               "activations": "#c44e52"}
-TIME_COLORS = {"compute": "#4c72b0", "elementwise": "#8172b3", "tp_comm": "#dd8452",
-               "pp_comm": "#937860", "dp_comm": "#55a868", "bubble": "#c44e52"}
+
+
+FIXED_GPUS, FIXED_DM = "n GPUs and B fixed", "d and m fixed"
 
 
 def _model(model):
@@ -135,43 +135,6 @@ def throughput_heatmap(model="gpt-161B", cluster="dgx-a100", d: int = 1, m: int 
     return ax
 
 
-def memory_bar(est, ax=None):
-    """One layout's memory per GPU (the busiest, first stage) by part, against capacity."""
-    ax = ax or plt.subplots(figsize=(2.8, 4))[1]
-    parts = est.memory.as_dict()
-    bottom = 0.0
-    for part in PARTS:
-        ax.bar(0, parts[part] / GB, bottom=bottom, color=PART_COLORS[part], width=0.6,
-               label=f"{part} {parts[part] / GB:.1f}")
-        bottom += parts[part] / GB
-    cap = est.memory_capacity_bytes / GB
-    ax.axhline(cap, color="black", ls="--", lw=1)
-    ax.text(-0.45, cap, f"usable {cap:.0f} GB", fontsize=8, va="bottom")
-    ax.set_ylim(0, max(bottom, cap) * 1.6)
-    ax.set_xticks([])
-    ax.set_xlim(-0.5, 1.0)
-    ax.set_ylabel("GB per GPU")
-    ax.set_title(f"memory: {'fits' if est.fits else 'does NOT fit'}", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
-    return ax
-
-
-def time_bar(est, ax=None):
-    """Where one step's time goes, bubble included (seconds per step)."""
-    ax = ax or plt.subplots(figsize=(6, 1.8))[1]
-    left = 0.0
-    for part, seconds in est.time.items():
-        ax.barh(0, seconds, left=left, color=TIME_COLORS.get(part, "grey"),
-                label=f"{part} {seconds:.2f} s")
-        left += seconds
-    ax.set_yticks([])
-    ax.set_xlabel("seconds per step")
-    ax.set_title(f"{est.layout.describe()}: {est.tflops_per_gpu:.0f} TFLOP/s per GPU, "
-                 f"bubble {est.bubble_fraction:.1%} of the step", fontsize=9)
-    ax.legend(fontsize=7, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.5))
-    return ax
-
-
 def layout_panel(t: int = 8, p: int = 8, d: int = 1, m: int = 64, cluster="dgx-a100",
                  model="gpt-161B", b: int = 1):
     """The widget's figure: (t, p) heatmap with the chosen layout boxed, its memory per GPU
@@ -192,16 +155,43 @@ def layout_panel(t: int = 8, p: int = 8, d: int = 1, m: int = 64, cluster="dgx-a
 
 
 def hybrid_widget(model="gpt-161B"):
-    """Dropdowns for t, p, d, m and the cluster preset over ``layout_panel``."""
-    import ipywidgets as w
+    """The design question with controls: the model, the cluster, the mode (n GPUs and B
+    fixed, so d and m follow each cell; or d and m fixed), b, recompute, ZeRO stage, v, and
+    the (t, p) to look at, over ``hybrid_design.design_panel``."""
+    import ipywidgets as w  # only the widget needs ipywidgets; the plots above do not
+
+    def draw(mode, n_gpus, global_batch, d, m, **rest):
+        if mode == FIXED_GPUS:
+            return design_panel(n_gpus=n_gpus, global_batch=global_batch, **rest)
+        return design_panel(n_gpus=None, global_batch=None, d=d, m=m, **rest)
+
+    def pick(options, value, description=""):
+        return w.Dropdown(options=options, value=value, description=description,
+                          layout=w.Layout(width="170px"))
 
     powers = [1, 2, 4, 8, 16, 32, 64]
-    draw = current_figure(lambda **v: layout_panel(**v, model=model))
-    return explorer(draw, t=w.Dropdown(options=powers[:6], value=8),
-                    p=w.Dropdown(options=powers, value=8),
-                    d=w.Dropdown(options=[1, 2, 4, 8, 16], value=1),
-                    m=w.Dropdown(options=[1, 4, 16, 64, 256], value=64),
-                    cluster=w.Dropdown(options=list(CLUSTERS), value="dgx-a100"))
+    box = explorer(
+        current_figure(draw),
+        model=w.Dropdown(options=list(MODELS), value=model, layout=w.Layout(width="260px")),
+        cluster=pick(list(CLUSTERS), "dgx-a100"),
+        mode=w.ToggleButtons(options=[FIXED_GPUS, FIXED_DM], value=FIXED_GPUS),
+        n_gpus=pick([8, 16, 32, 64, 128, 256, 512, 1024, 2048, 3072], 64, "GPUs n"),
+        global_batch=pick([64, 128, 256, 512, 1024, 1536, 2048, 4096], 64, "batch B"),
+        d=pick([1, 2, 4, 8, 16], 1), m=pick([1, 4, 16, 64, 256], 64),
+        t=pick(powers, 8), p=pick(powers, 8), b=pick([1, 2, 4, 8], 1),
+        recompute=pick(["none", "selective", "full"], "full"),
+        zero_stage=pick([0, 1, 2, 3], 0, "ZeRO"), v=pick([1, 2, 4, 8], 1))
+    mode, n_gpus, batch, d, m = box.children[0].children[2:7]
+
+    def grey_out(_=None):  # a control that would change nothing in this mode is disabled
+        for control in (n_gpus, batch):
+            control.disabled = mode.value != FIXED_GPUS
+        for control in (d, m):
+            control.disabled = mode.value == FIXED_GPUS
+
+    mode.observe(grey_out, names="value")
+    grey_out()
+    return box
 
 
 def sweet_spot(model="gpt-161B", cluster="dgx-a100", n_gpus: int = 64, global_batch: int = 64,

@@ -181,7 +181,7 @@ print(f"{count_parameters(TinyGPT(TIMELINE_MODEL)) / 1e6:.1f} M parameters")
 #
 # ## 4 · Parameter server against ring, measured
 #
-# `lessonlib.collectives` builds all three all-reduces from `isend`/`irecv` through the
+# `lessonlib.data_parallel` builds all three all-reduces from point-to-point messages through the
 # ledger, so the bytes can be checked as well as timed. A fresh measurement on 2 and 4
 # ranks (a few seconds), every algorithm checked against `dist.all_reduce` first:
 
@@ -220,6 +220,33 @@ print(f"server's link:     {server_out:>11,} {server_in:>11,}   (n-1) x S    = "
       f"{cm.parameter_server_bytes(n, size) // 2:>11,}")
 print(f"each way, server's link / a ring rank's: {server_out / sent_ring[0]:.1f} (n/2 = {n / 2:g})")
 print(f"every algorithm equals dist.all_reduce to 1e-4: {errors < 1e-4}")
+
+# %% [markdown]
+# **Why the naive exchange hangs on GPUs.** Each step of a ring receives from the left and
+# sends to the right. On CPU ranks (gloo), posting `irecv(left)` and then `isend(right)`
+# works. NCCL is stricter: the first unbatched message to a new peer creates a two-rank
+# communicator and blocks until that peer joins, and calls on one communicator run in order
+# on one stream. With 2 ranks each receive waits behind the other rank's receive; with 3 or
+# more every rank blocks creating the link to its left while its left neighbour does the
+# same (NVIDIA/nccl issues 479 and 783; pytorch/pytorch issue 109401). Posting the send and
+# the receive together as one batch (`comm.batch_isend_irecv`, as PyTorch's pipelining
+# does) is how `exchange` does it now. `comm.nccl_hazards` replays a recorded trace under
+# these rules, so the course checks its GPU code on CPU:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from lessonlib import comm
+
+
+def ring(n, batched):
+    call = lambda op, peer, i: comm.Event(op, n, 16, peer=peer, dtype="torch.float32", order=i,
+                                          batch=0 if batched else None, waited=2)
+    return [[call("recv", (r - 1) % n, 0), call("send", (r + 1) % n, 1)] for r in range(n)]
+
+
+for n in (2, 3):
+    print(f"{n} ranks, irecv then isend:", *comm.nccl_hazards(ring(n, False)), sep="\n  ")
+print("3 ranks, one batch:", comm.nccl_hazards(ring(3, True)) or "no hazard")
 
 # %% [markdown]
 # Now the time. The stored sweep (`labs/allreduce.py --sweep`, its command printed below)

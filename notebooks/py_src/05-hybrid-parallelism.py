@@ -305,13 +305,17 @@ plt.show()
 # port's 25 GB/s.
 
 # %% [markdown]
-# Explore: choose t and p (and d, the number of micro-batches m, and the cluster). The
-# heatmap shows the predicted TFLOP/s per GPU of every (t, p) at your d and m (grey: does
-# not fit in 80 GB; the number is the memory it would need), your layout boxed in red, its
-# memory per GPU and where its step time goes. First the default, drawn once:
+# Explore the design question: a fixed number of GPUs n and global batch B. Each cell is
+# one (t, p); the remaining GPUs are replicas, d = n/(t*p), each running m = B/(b*d)
+# micro-batches. Left: predicted TFLOP/s per GPU (blue box: the best; red: your choice;
+# grey: the GB it would need, or why the layout cannot be built). Right: the bubble of the
+# same cells as a share of the step's wall time, (p-1)/(v*m+p-1). Below: your layout's
+# memory per GPU and where its step time goes. Try the 1T model on 1024 GPUs with B = 2048:
+# t=8, p=16 needs 144 GB per GPU, and fits (59 GB) with ZeRO stage 1. First the default,
+# drawn once:
 
 # %%
-viz.layout_panel(t=8, p=8, d=1, m=64, cluster="dgx-a100")
+viz.design_panel("gpt-161B", "dgx-a100", n_gpus=64, global_batch=64, t=8, p=8)
 plt.show()
 
 # %%

@@ -29,15 +29,8 @@ to measured all-reduces, and DDP's bucket overlap), ``layout`` (``Layout`` and i
 ``throughput`` (``estimate``), ``planner``, ``megatron2021``, ``calibration`` (a measured
 GEMM rate against a preset's peak), and ``__main__`` (the command line below).
 
-Command line (exit status 2 and a one-line message on bad settings)::
-
-    python -m lessonlib.costmodel --layers 96 --hidden 12288 --heads 96 --seq 2048 \\
-        --vocab 51200 --t 8 --p 12 --d 4 --microbatch 1 --global-batch 1536 \\
-        --gpu A100-80GB --gpus-per-node 8 --json
-    python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048
-    python -m lessonlib.costmodel --table1
-    python -m lessonlib.costmodel --model gpt-161B --t 16 --p 4 --global-batch 128 \\
-        --network-ports 1 --collectives flat-ring     # one port per server: the steep cliff
+Command line: ``python -m lessonlib.costmodel --help`` (examples in ``__main__``), e.g.
+``python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048``.
 """
 from .bubble import bubble_fraction, stashed_microbatches
 from .comm import (bus_bandwidth, busbw_factor, group_spans_nodes, members_per_node,

@@ -96,3 +96,32 @@ def value_of_module(name: str):
     import importlib  # the module to read is named at run time
 
     return importlib.import_module(name).VALUE
+
+
+def misuse_messages() -> dict:
+    """Two misuses that used to surface raw torch/gloo errors, each caught on this rank."""
+    import torch
+    from torch import nn
+
+    from lessonlib.data_parallel import DataParallel
+    from lessonlib.tensor_parallel import RowParallelLinear
+
+    out = {}
+    layer = RowParallelLinear(8, 4, input_is_parallel=True)         # t = the world
+    try:
+        layer(torch.randn(2, 8))                                       # the full input, (b, in)
+    except ValueError as exc:
+        out["row_parallel"] = str(exc)
+
+    class PeerGone:          # what a bucket's handle raises when a peer never joined it
+        def wait(self):
+            raise RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:40000")
+
+    ddp = DataParallel(nn.Linear(4, 2))
+    bucket = ddp.buckets[0]
+    bucket.handle = PeerGone()
+    try:
+        ddp._wait(0, bucket)
+    except RuntimeError as exc:
+        out["data_parallel"] = str(exc)
+    return out

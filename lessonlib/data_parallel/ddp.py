@@ -183,8 +183,8 @@ class DataParallel(nn.Module):
                     view.copy_(p.grad)
                 bucket.arrived.add(id(p))
         self._launch_full_buckets()
-        for bucket in self.buckets:
-            bucket.handle.wait()
+        for i, bucket in enumerate(self.buckets):
+            self._wait(i, bucket)
             if bucket.done_at is None:
                 bucket.done_at = device.mark()
             for p, view in zip(bucket.params, bucket.views):    # the sum / n, in one pass
@@ -200,6 +200,20 @@ class DataParallel(nn.Module):
             bucket.arrived, bucket.handle = set(), None
             bucket.launched_at = bucket.done_at = None
         self._queued, self._next, self._done = False, 0, 0
+
+    def _wait(self, i: int, bucket) -> None:
+        """Wait for bucket ``i``'s all-reduce; a peer that never sent it is named as the
+        pairing at fault, not left as a raw gloo or NCCL error."""
+        try:
+            bucket.handle.wait()
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"DataParallel: the all-reduce of gradient bucket {i} ({bucket.nbytes} bytes) "
+                f"failed on rank {dist.get_rank()}: every rank of the group must run "
+                f"backward() on the same steps (the same micro-batches inside no_sync); a rank "
+                f"that skipped a backward leaves the others waiting. The collective said: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+            ) from exc
 
     @property
     def timeline(self) -> dict:

@@ -163,6 +163,13 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         if not self.input_is_parallel:
             x = scatter_last_dim(x, self.group)                        # (..., in/t)
+        elif x.shape[-1] != self.weight.shape[1]:
+            raise ValueError(
+                f"RowParallelLinear(input_is_parallel=True) takes this rank's slice of the input, "
+                f"last dim in/t = {self.weight.shape[1]}, but got {x.shape[-1]}"
+                + (" (the full input?): pass input_is_parallel=False to split it here, or feed "
+                   "it a ColumnParallelLinear(gather_output=False)'s output"
+                   if x.shape[-1] == self.in_features else ""))
         y = reduce_from_tp(F.linear(x, self.weight), self.group)       # g: (..., out)
         return y if self.bias is None else y + self.bias
 

@@ -55,6 +55,7 @@ def main(epochs: int = 3) -> None:
     if rank == 0:
         same = all(torch.equal(w, weights) for w in everyone)
         print(f"{dist.get_world_size()} ranks on {device.type}; replicas identical: {same}")
+    del ddp, opt                              # DDP's reducer holds the group: free it first
     dist.destroy_process_group()
 
 

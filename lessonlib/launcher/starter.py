@@ -27,8 +27,12 @@ from pathlib import Path
 
 import lessonlib
 
+# What every rank would otherwise import again: torch, and the lessons' own rooms (their
+# imports pull in DTensor and torch's pipelining too). Safe to preload: the server restarts
+# whenever a lessonlib file changes.
 PRELOAD = ["torch", "torch.distributed", "torch.nn", "torch.nn.functional", "cloudpickle",
-           "lessonlib.launcher"]
+           "lessonlib.launcher", "lessonlib.data_parallel.bench", "lessonlib.model_parallel",
+           "lessonlib.tensor_parallel.runs", "lessonlib.pipeline.runs", "lessonlib.hybrid"]
 _LESSONLIB = Path(lessonlib.__file__).resolve().parent
 _server = {"pid": None, "fingerprint": None}  # the server this process started, and its code
 

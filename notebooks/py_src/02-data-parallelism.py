@@ -136,9 +136,9 @@ print(f"buckets: {runs[0]['buckets']}; all-reduces per step: {sorted(set(calls))
 #
 # | rung | code | what is sent |
 # |---|---|---|
-# | (a) naive | `ddp_ladder.allreduce_gradients` after backward | one blocking all-reduce per parameter |
-# | (b) flat | `ddp_ladder.allreduce_flat_gradients` after backward | one all-reduce of everything |
-# | (c) async | `ddp_ladder.AsyncGradientHooks` | one all-reduce per parameter, launched by its gradient hook during backward |
+# | (a) naive | `data_parallel.ladder.allreduce_gradients` after backward | one blocking all-reduce per parameter |
+# | (b) flat | `data_parallel.ladder.allreduce_flat_gradients` after backward | one all-reduce of everything |
+# | (c) async | `data_parallel.ladder.AsyncGradientHooks` | one all-reduce per parameter, launched by its gradient hook during backward |
 # | (d) buckets | `data_parallel.DataParallel` | one all-reduce per bucket, launched as the bucket fills |
 #
 # The ledger counts the messages of one step of the tiny GPT on 2 ranks:

@@ -76,3 +76,15 @@ def test_every_live_measurement_runs_and_draws_at_its_smallest_setting():
     lay = live.measure_layout("t1p1d2")
     assert lay["measured"]["dp_all_reduce"] == lay["predicted"]["dp_all_reduce"]
     live.draw_layout(lay, "t1p1d2")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("no_children_left")
+@pytest.mark.parametrize("d", [1, 4])
+def test_the_sharding_widget_measures_at_either_end_of_its_slider(d):
+    from lessonlib.viz import zero
+
+    stages = zero.measure_stages(d)
+    assert all(r["sent"] == r["sent_formula"] for r in stages.values())
+    assert stages["3"]["sent"] == 1.5 * stages["2"]["sent"]   # both padded to d equal shards
+    zero.draw_stages(stages, d)

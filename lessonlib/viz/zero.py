@@ -31,7 +31,8 @@ PARTS = (("weights", "weights (this rank's)", "#4c72b0"),
 def measure_stages(d: int, steps: int = 2) -> dict:
     """Train the tiny GPT ``steps`` AdamW steps at every stage on d ranks (float32): what
     rank 0 held after the last step and what that step sent, with the formula's numbers."""
-    cases = [dict(stage=s, steps=steps, dtype="float32") for s in STAGES]
+    cases = [dict(stage=s, steps=steps, dtype="float32", global_batch=12)   # 12: d = 1..4
+             for s in STAGES]
     per_rank = launcher.launch(zero_runs.train_cases, d, cases)
     out = {}
     for i, stage in enumerate(STAGES):

@@ -273,8 +273,13 @@ def move(driver, control) -> str:
             menu.first_selected_option.get_attribute("value"))
         menu.select_by_index((current + 1) % len(menu.options))
         return f"dropdown -> {menu.first_selected_option.text}"
-    ActionChains(driver).click(control).send_keys(Keys.ARROW_RIGHT * 3).perform()
-    return f"slider {control.get_attribute('aria-valuetext') or ''} (3 x arrow right)"
+    before = control.get_attribute("aria-valuetext")
+    for _ in range(3):       # a click that lands while the page re-lays out misses the handle
+        ActionChains(driver).click(control).send_keys(Keys.ARROW_RIGHT * 3).perform()
+        if control.get_attribute("aria-valuetext") != before:
+            break
+        time.sleep(1)
+    return f"slider {before} -> {control.get_attribute('aria-valuetext') or ''} (3 x arrow right)"
 
 
 @pytest.mark.timeout(420)
@@ -327,6 +332,7 @@ def test_notebook_runs_and_its_widgets_respond(path, lab, browser):
             except AssertionError:
                 continue
         else:
+            interact.screenshot(str(SCREENSHOTS / f"{path.stem}-widget{number}-unchanged.png"))
             raise AssertionError(f"{path.name}: widget {number}'s plot never changed; tried "
                                  f"{tried}")
         interact.screenshot(str(SCREENSHOTS / f"{path.stem}-widget{number}-after.png"))

@@ -69,6 +69,9 @@ def test_as_root_the_course_adds_allow_root_and_says_so():
 
 
 def test_make_course_runs_the_course_script_with_lab_args():
-    dry = subprocess.run(["make", "-n", "-o", ".venv/.installed", "course", "LAB_ARGS=--x=1"],
+    # --no-print-directory: under `make test` (as in CI) this make is nested and would
+    # otherwise end its output with "Leaving directory"
+    dry = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/.installed",
+                          "course", "LAB_ARGS=--x=1"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert dry.strip().splitlines()[-1] == ".venv/bin/python tools/course.py --x=1"

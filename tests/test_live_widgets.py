@@ -8,6 +8,8 @@ import pytest
 
 matplotlib.use("Agg")
 
+import matplotlib.pyplot as plt  # noqa: E402
+
 from lessonlib.viz import live  # noqa: E402
 
 
@@ -53,7 +55,7 @@ def test_a_failed_run_reaches_the_widget_as_an_error_and_the_next_run_works():
 
 
 def test_the_box_draws_once_when_built_and_shows_errors_as_text():
-    box = live.live_explorer(lambda x: 1 / x, lambda r, x: __import__("matplotlib.pyplot").pyplot.figure(),
+    box = live.live_explorer(lambda x: 1 / x, lambda r, x: plt.figure(),
                              x=live.w.IntSlider(0, 0, 3))
     out = box.children[-1]
     assert "failed" in out.outputs[0]["text"] and "ZeroDivisionError" in out.outputs[0]["text"]

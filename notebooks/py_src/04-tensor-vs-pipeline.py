@@ -268,9 +268,9 @@ for t in (16, 32):
           f"{compute / t / cluster.gpu.peak_flops * 1e3:4.2f} ms per GPU at peak")
 
 # %% [markdown]
-# Leaving the server is a real cliff, but not the tenfold one that one port suggests: about
-# 1.3x slower at t = 16 and 2x at t = 32 in Megatron-LM 2021's Fig. 13 (notebook 05 puts the
-# cost model next to it). These all-reduces sit on the critical path, so the GPUs wait on
+# Leaving the server is a real cliff, but not the tenfold one that one port suggests:
+# Megatron-LM 2021's Fig. 13 reports "up to 2x" lower throughput for other (t, p) than t = 8,
+# and the cost model predicts about 1.3x at t = 16 and 2x at t = 32 (notebook 05 prints it). These all-reduces sit on the critical path, so the GPUs wait on
 # the network. Hence Megatron-LM 2021's first takeaway: tensor parallelism up to the GPUs of
 # one server, pipeline parallelism across servers.
 #

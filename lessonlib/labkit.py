@@ -102,17 +102,15 @@ def _nearest_existing(path: Path) -> Path:
     return Path(".")
 
 
-def check_output(p: argparse.ArgumentParser, flag: str, path: Path | None,
-                 folder: bool = False) -> None:
-    """Refuse an output ``path`` (a file, or a ``folder``) that cannot be written, before any
-    process starts: a file that is a folder or the reverse, or a place without write access."""
+def check_output(p: argparse.ArgumentParser, flag: str, path: Path | None) -> None:
+    """Refuse an output file ``path`` that cannot be written, before any process starts: a
+    folder, a path below a file, or a place without write access."""
     if path is None:
         return
     path = Path(path)
-    if path.exists() and path.is_dir() != folder:
-        kind = "a folder" if path.is_dir() else "a file"
-        p.error(f"{flag} {path} is {kind}; give {'a folder' if folder else 'a file name'}")
-    place = _nearest_existing(path if folder else path.parent)
+    if path.is_dir():
+        p.error(f"{flag} {path} is a folder; give a file name")
+    place = _nearest_existing(path.parent)
     if not place.is_dir():
         p.error(f"{flag} {path}: {place} is a file, so nothing can be written below it")
     if not os.access(place, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):

@@ -1,5 +1,6 @@
-"""Plots for lesson 05 (hybrid parallelism): the grid over servers, the (t, p) throughput map,
-memory per GPU, where the step's time goes, the sweet spot, Table 1, and measured runs.
+"""Plots for lesson 05 (hybrid parallelism): the grid over servers, the sweet spot, Table 1,
+and measured runs; the (t, p) maps, memory per GPU and where the step's time goes are drawn
+by ``hybrid_design``.
 
 Each plot is a thin layer over ``lessonlib.grid`` (pure layout) or ``lessonlib.costmodel``
 (``estimate``, ``tp_sweep``, ``table1_rows``). The design question (n GPUs and a batch
@@ -14,13 +15,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate, table1_rows, tp_sweep
+from lessonlib.costmodel import CLUSTERS, MODELS, table1_rows, tp_sweep
 from lessonlib.grid import axis_groups, placements
-from lessonlib.viz.hybrid_design import (GB, TIME_COLORS, design_panel, memory_bar,
-                                         time_bar)
+from lessonlib.viz.hybrid_design import TIME_COLORS, design_panel
 from lessonlib.viz.widgets import current_figure, explorer
-
-
 
 FIXED_GPUS, FIXED_DM = "n GPUs and B fixed", "d and m fixed"
 
@@ -84,76 +82,6 @@ def draw_grid(dp: int, pp: int, tp: int, gpus_per_node: int = 8, servers_per_row
 
 
 # ---------------------------------------------------------------- the cost model's views
-def throughput_grid(model, cluster, d: int = 1, m: int = 64, b: int = 1,
-                    ts=(1, 2, 4, 8, 16, 32), ps=(1, 2, 4, 8, 16, 32, 64), **options):
-    """{(t, p): Estimate or None (layout invalid for the model)} at fixed d, b and m."""
-    model, cluster = _model(model), _cluster(cluster)
-    out = {}
-    for t in ts:
-        for p in ps:
-            try:
-                out[t, p] = estimate(model, Layout(t=t, p=p, d=d, b=b, m=m, **options), cluster)
-            except ValueError:
-                out[t, p] = None
-    return out
-
-
-def throughput_heatmap(model="gpt-161B", cluster="dgx-a100", d: int = 1, m: int = 64,
-                       b: int = 1, mark=None, ax=None, **options):
-    """Predicted TFLOP/s per GPU over (t, p); grey cells do not fit in memory (GB needed)."""
-    model, cluster = _model(model), _cluster(cluster)
-    ts, ps = (1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16, 32, 64)
-    grid = throughput_grid(model, cluster, d, m, b, ts, ps, **options)
-    values = np.full((len(ts), len(ps)), np.nan)
-    ax = ax or plt.subplots(figsize=(6.5, 4.2))[1]
-    for (i, t), (j, p) in ((a, c) for a in enumerate(ts) for c in enumerate(ps)):
-        e = grid[t, p]
-        if e is None:
-            continue
-        if e.fits:
-            values[i, j] = e.tflops_per_gpu
-            ax.text(j, i, f"{e.tflops_per_gpu:.0f}", ha="center", va="center", fontsize=8,
-                    color="black" if e.tflops_per_gpu > 0.5 * cluster.gpu.peak_flops / 1e12 * 0.6
-                    else "white")
-        else:
-            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, color="0.85"))
-            ax.text(j, i, f"{e.memory.total / GB:.0f}\nGB", ha="center", va="center",
-                    fontsize=6, color="0.4")
-    image = ax.imshow(values, cmap="viridis", origin="lower", aspect="auto")
-    plt.colorbar(image, ax=ax, label="predicted TFLOP/s per GPU")
-    ax.set_xticks(range(len(ps)), ps)
-    ax.set_yticks(range(len(ts)), ts)
-    ax.set_xlabel("p (pipeline stages)")
-    ax.set_ylabel("t (tensor-parallel size)")
-    ax.axhline(ts.index(cluster.gpus_per_node) + 0.5 if cluster.gpus_per_node in ts else
-               len(ts) - 0.5, color="white", ls="--", lw=1)
-    if mark is not None and mark[0] in ts and mark[1] in ps:
-        ax.add_patch(Rectangle((ps.index(mark[1]) - 0.5, ts.index(mark[0]) - 0.5), 1, 1,
-                               fill=False, ec="red", lw=2.5))
-    ax.set_title(f"{model.name}, {cluster.name}: d={d}, b={b}, m={m} (grey: does not fit; "
-                 f"above the dashes TP leaves the server)", fontsize=9)
-    return ax
-
-
-def layout_panel(t: int = 8, p: int = 8, d: int = 1, m: int = 64, cluster="dgx-a100",
-                 model="gpt-161B", b: int = 1):
-    """The widget's figure: (t, p) heatmap with the chosen layout boxed, its memory per GPU
-    and its step time split (compute, communication, bubble)."""
-    model, cluster = _model(model), _cluster(cluster)
-    fig = plt.figure(figsize=(11, 5.6))
-    spec = fig.add_gridspec(2, 2, width_ratios=(3.2, 1), height_ratios=(3, 1.1))
-    throughput_heatmap(model, cluster, d, m, b, mark=(t, p), ax=fig.add_subplot(spec[0, 0]))
-    try:
-        est = estimate(model, Layout(t=t, p=p, d=d, b=b, m=m), cluster)
-    except ValueError as exc:
-        fig.text(0.75, 0.5, f"t={t}, p={p}:\n{exc}", fontsize=8, wrap=True)
-        return fig
-    memory_bar(est, fig.add_subplot(spec[0, 1]))
-    time_bar(est, fig.add_subplot(spec[1, :]))
-    fig.tight_layout()
-    return fig
-
-
 def hybrid_widget(model="gpt-161B"):
     """The design question with controls: the model, the cluster, the mode (n GPUs and B
     fixed, so d and m follow each cell; or d and m fixed), b, recompute, ZeRO stage, v, and

@@ -1,14 +1,14 @@
 """Checkers for the bug zoo's exercises (appendix 06).
 
-Each checker runs the student's function, prints what is right or wrong in plain words and
-returns True or False (a hidden solution cell asserts it).
+Each checker runs the student's function and returns a ``Verdict`` that says what is right
+or wrong in plain words (``lessonlib.exercises.verdict``; a hidden solution cell asserts it).
 
 Laptop:  the notebook calls these; e.g. ``check_attention_left_dense(my_bytes)``.
 GPU box: the same (nothing here launches ranks).
 """
 from __future__ import annotations
 
-from lessonlib.exercises.tp import _say, _todo
+from lessonlib.exercises.verdict import Verdict, unanswered, unwritten
 from lessonlib.models import Block, GPTConfig
 
 
@@ -27,21 +27,23 @@ def attention_left_dense_bytes(h: int, t: int) -> int:
     return 4 * (split // t + whole)
 
 
-def check_attention_left_dense(fn) -> bool:
+def check_attention_left_dense(fn) -> Verdict:
     """``fn(h, t)`` -> weight bytes per rank of a layer whose attention was left unsharded."""
+    if fn is None:
+        return unanswered("your function")
     for h, t in ((16, 2), (64, 4), (32, 1), (128, 8)):
         try:
             got = fn(h, t)
         except NotImplementedError:
-            return _todo(fn.__name__)
+            return unwritten(fn.__name__)
         want = attention_left_dense_bytes(h, t)
         if got != want:
             hint = ("remember the 4 bytes of a float32" if got * 4 == want else
                     "attention (q, k, v and the output projection, with their 4 biases) stays "
                     "whole: 4h² + 4h on every rank; only the MLP's 8h² + 4h are split, its "
                     "second bias (h) and the two LayerNorms (4h) are replicated")
-            return _say(False, f"{fn.__name__}({h}, {t}) = {got}, but a real layer holds "
-                               f"{want} bytes per rank: {hint}")
-    return _say(True, f"{fn.__name__} gives the bytes a real layer holds, for h = 16 to 128 "
-                      f"and t = 1 to 8: the unsplit attention is a third of the matrices, so "
-                      f"memory per rank stops falling as 1/t")
+            return Verdict(False, f"{fn.__name__}({h}, {t}) = {got}, but a real layer holds "
+                                  f"{want} bytes per rank: {hint}")
+    return Verdict(True, f"{fn.__name__} gives the bytes a real layer holds, for h = 16 to 128 "
+                         f"and t = 1 to 8: the unsplit attention is a third of the matrices, so "
+                         f"memory per rank stops falling as 1/t")

@@ -1,5 +1,6 @@
 """Checkers for lesson 01's exercises: each compares the student's number with the cost model
-and, when it is off, says which common slip would produce the student's value.
+and, when it is off, says which common slip would produce the student's value. Each returns a
+``Verdict`` (``lessonlib.exercises.verdict``); ``None`` (the untouched stub) is "your turn".
 
     from lessonlib.exercises import scale
     scale.check_model_state(my_bytes)          # GPT-2 XL, mixed-precision Adam
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 
 from lessonlib.costmodel import GPUS, MODELS, SECONDS_PER_DAY, megatron_training_time_s
+from lessonlib.exercises.verdict import Verdict, unanswered
 
 
 def _close(answer, expected, rel: float = 0.02) -> bool:
@@ -18,13 +20,14 @@ def _close(answer, expected, rel: float = 0.02) -> bool:
         return False
 
 
-def _report(ok: bool, message: str) -> bool:
-    print(("Correct. " if ok else "Not yet. ") + message)
-    return ok
+def _report(ok: bool, message: str) -> Verdict:
+    return Verdict(ok, message)
 
 
-def check_model_state(answer_bytes, model: str = "gpt2-xl") -> bool:
+def check_model_state(answer_bytes, model: str = "gpt2-xl") -> Verdict:
     """Exercise 1: bytes of weights + gradients + Adam state for ``model`` in mixed precision."""
+    if answer_bytes is None:
+        return unanswered("my_bytes")
     params = MODELS[model].params()
     expected = 16 * params
     if _close(answer_bytes, expected):
@@ -41,8 +44,10 @@ def check_model_state(answer_bytes, model: str = "gpt2-xl") -> bool:
                           f"{float(answer_bytes) / 1e9:.1f} GB. Count bytes per parameter first.")
 
 
-def check_min_gpus(answer, model: str = "gpt3-175B", gpu: str = "A100-80GB") -> bool:
+def check_min_gpus(answer, model: str = "gpt3-175B", gpu: str = "A100-80GB") -> Verdict:
     """Exercise 2: the fewest GPUs whose memory can hold the model state alone."""
+    if answer is None:
+        return unanswered("my_gpus")
     need = 16 * MODELS[model].params()
     expected = math.ceil(need / GPUS[gpu].memory_bytes)
     if answer == expected:
@@ -55,8 +60,10 @@ def check_min_gpus(answer, model: str = "gpt3-175B", gpu: str = "A100-80GB") -> 
 
 
 def check_training_days(answer_days, params: float = 175e9, tokens: float = 300e9,
-                        n_gpus: int = 1024, tflops: float = 140) -> bool:
+                        n_gpus: int = 1024, tflops: float = 140) -> Verdict:
     """Exercise 3: Megatron-LM 2021 Eq. 4 (8TP / nX) in days."""
+    if answer_days is None:
+        return unanswered("my_days")
     expected = megatron_training_time_s(params, tokens, n_gpus, tflops * 1e12) / SECONDS_PER_DAY
     if _close(answer_days, expected, rel=0.03):
         return _report(True, f"8 x {tokens:.3g} x {params:.3g} / ({n_gpus} x {tflops:g}e12) s "

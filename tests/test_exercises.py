@@ -1,0 +1,117 @@
+"""The exercises a student meets: every one has a stub, Run All never overwrites the stub with
+the solution, and every checker speaks with one voice (a ``Verdict``, never a print).
+
+Read from the notebooks' .py twins (the cells) and the executed .ipynb files (the outputs a
+student sees on opening the course). Pure: nothing here starts a rank.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import lessonlib.exercises
+from lessonlib.exercises.verdict import Verdict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import notebooks  # noqa: E402  (tools/notebooks.py)
+
+CHECK_CALL = re.compile(r"\bex\.(check_\w+)\(")
+
+
+def _exercise_cells(py):
+    """(stub, solution) pairs of code cells, with their positions in the notebook."""
+    import jupytext
+    nb = jupytext.read(py)
+    code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    pairs = []
+    for k, (i, cell) in enumerate(code):
+        if "solution" in cell.metadata.get("tags", []):
+            pairs.append((code[k - 1] if k else (None, None), (i, cell)))
+    return nb, pairs
+
+
+def _bound_names(source: str) -> set[str]:
+    """Names a cell binds at its top level (assignments, defs, imports, for targets)."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        else:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+    return names
+
+
+def _text(outputs) -> str:
+    parts = []
+    for out in outputs:
+        parts.append(out.get("text", ""))
+        parts.append(out.get("data", {}).get("text/plain", ""))
+    return "".join(parts)
+
+
+PAIRS = notebooks.pairs()
+
+
+@pytest.mark.parametrize("py, ipynb", PAIRS, ids=[py.stem[:2] for py, _ in PAIRS])
+def test_every_exercise_has_a_stub_that_the_solution_leaves_alone(py, ipynb):
+    nb, pairs = _exercise_cells(py)
+    executed = nbformat.read(ipynb, as_version=4)
+    student_names = set()
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "solution" not in cell.metadata.get("tags", []):
+            student_names |= _bound_names(cell.source)
+    for (s_at, stub), (at, solution) in pairs:
+        where = f"{py.name}, solution cell {at}"
+        checks = CHECK_CALL.findall(solution.source)
+        assert checks, f"{where} calls no ex.check_*"
+        assert stub is not None and "solution" not in stub.metadata.get("tags", []), \
+            f"{where} has no stub cell before it"
+        assert CHECK_CALL.findall(stub.source)[-1:] == checks[-1:], \
+            f"{where}: the cell before it does not call {checks[-1]} (the student's stub)"
+        clash = _bound_names(solution.source) & student_names
+        assert not clash, f"{where} overwrites the student's {sorted(clash)} in Run All"
+        # What a student sees: the stub says "your turn", the solution "correct".
+        assert "✏️ Your turn" in _text(executed.cells[s_at].outputs), f"{where}: stub output"
+        assert "✅ Correct" in _text(executed.cells[at].outputs), f"{where}: solution output"
+
+
+def _checkers():
+    for info in pkgutil.iter_modules(lessonlib.exercises.__path__):
+        module = importlib.import_module(f"lessonlib.exercises.{info.name}")
+        for name, fn in inspect.getmembers(module, inspect.isfunction):
+            if name.startswith("check_") and fn.__module__ == module.__name__:
+                yield f"{info.name}.{name}", fn
+
+
+CHECKERS = dict(_checkers())
+
+
+@pytest.mark.parametrize("name", sorted(CHECKERS))
+def test_every_checker_says_your_turn_to_an_untouched_stub(name, capsys):
+    fn = CHECKERS[name]
+    required = [p for p in inspect.signature(fn).parameters.values()
+                if p.default is inspect.Parameter.empty]
+    verdict = fn(*[None] * len(required))
+    assert isinstance(verdict, Verdict) and verdict.ok is None, verdict
+    assert "Your turn" in str(verdict)
+    assert capsys.readouterr().out == "", "a checker returns its verdict; it does not print"
+
+
+def test_verdict_reads_the_same_everywhere():
+    assert str(Verdict(True, "x")) == "✅ Correct: x" and Verdict(True, "x")
+    assert str(Verdict(False, "x")) == "❌ Not yet: x" and not Verdict(False, "x")
+    assert str(Verdict(None, "x")) == "✏️ Your turn: x" and not Verdict(None, "x")
+    with pytest.raises(ValueError, match="ok must be"):
+        Verdict("yes", "x")

@@ -1,16 +1,19 @@
-"""Checkers for lesson 01's exercises: each compares the student's number with the cost model
-and, when it is off, says which common slip would produce the student's value. Each returns a
+"""Checkers for lesson 01's exercises: each turns one of the notebook's rules around (the
+notebook computes bytes from parameters and days from GPUs; the exercises ask the way back)
+and, when the answer is off, says which common slip would produce it. Each returns a
 ``Verdict`` (``lessonlib.exercises.verdict``); ``None`` (the untouched stub) is "your turn".
 
     from lessonlib.exercises import scale
-    scale.check_model_state(my_bytes)          # GPT-2 XL, mixed-precision Adam
+    scale.check_largest_model(5e9)             # parameters that fit one A100-80GB with Adam
+    scale.check_min_gpus(35)                   # A100-80GB that hold GPT-3's model state
+    scale.check_gpus_for_days(4961)            # A100 at 140 TFLOP/s for GPT-3 in 7 days
 """
 from __future__ import annotations
 
 import math
 
-from lessonlib.costmodel import GPUS, MODELS, SECONDS_PER_DAY, megatron_training_time_s
-from lessonlib.exercises.verdict import Verdict, unanswered
+from lessonlib.costmodel import GPUS, MODELS, SECONDS_PER_DAY, training_flops
+from lessonlib.exercises.verdict import Verdict, correct, not_yet, unanswered
 
 
 def _close(answer, expected, rel: float = 0.02) -> bool:
@@ -20,28 +23,26 @@ def _close(answer, expected, rel: float = 0.02) -> bool:
         return False
 
 
-def _report(ok: bool, message: str) -> Verdict:
-    return Verdict(ok, message)
-
-
-def check_model_state(answer_bytes, model: str = "gpt2-xl") -> Verdict:
-    """Exercise 1: bytes of weights + gradients + Adam state for ``model`` in mixed precision."""
-    if answer_bytes is None:
-        return unanswered("my_bytes")
-    params = MODELS[model].params()
-    expected = 16 * params
-    if _close(answer_bytes, expected):
-        return _report(True, f"{params / 1e9:.2f} B parameters x 16 bytes = {expected / 1e9:.1f} GB.")
-    slips = {4: "only the 16-bit weights and gradients (2 + 2 bytes): Adam's fp32 master "
-                "weights, momentum and variance add 12 more",
-             2: "only the 16-bit weights", 12: "only the optimizer state",
-             8: "fp32 weights and gradients, without Adam's two moments"}
+def check_largest_model(answer_params, gpu: str = "A100-80GB") -> Verdict:
+    """Exercise 1: the most parameters whose weights, gradients and Adam state (mixed
+    precision, 16 bytes per parameter) fit in one ``gpu``, before any activation."""
+    if answer_params is None:
+        return unanswered("my_params")
+    memory = GPUS[gpu].memory_bytes
+    expected = memory / 16
+    if _close(answer_params, expected):
+        return correct(f"{memory / 1e9:.0f} GB / 16 bytes = {expected / 1e9:.1f} B parameters: "
+                       f"GPT-2 XL's model state (1.6 B) fits one {gpu}, a 7.5 B model's already "
+                       f"does not, and GPT-3's is 35 times too big.")
+    slips = {2: "only the 16-bit weights", 4: "the 16-bit weights and gradients: Adam's fp32 "
+             "master weights, momentum and variance add 12 more bytes",
+             12: "only the optimizer state", 8: "fp32 weights and gradients, without Adam"}
     for per_param, slip in slips.items():
-        if _close(answer_bytes, per_param * params):
-            return _report(False, f"Your value is {per_param} bytes per parameter: {slip}.")
-    return _report(False, f"Expected about {expected / 1e9:.1f} GB "
-                          f"({params / 1e9:.2f} B parameters); you gave "
-                          f"{float(answer_bytes) / 1e9:.1f} GB. Count bytes per parameter first.")
+        if _close(answer_params, memory / per_param):
+            return not_yet(f"your value is {memory / 1e9:.0f} GB / {per_param} bytes: {slip}. "
+                           f"Count all 16 bytes per parameter.")
+    return not_yet(f"divide the GPU's {memory / 1e9:.0f} GB by the bytes one parameter needs "
+                   f"in training; you gave {float(answer_params) / 1e9:.2f} B parameters.")
 
 
 def check_min_gpus(answer, model: str = "gpt3-175B", gpu: str = "A100-80GB") -> Verdict:
@@ -51,25 +52,41 @@ def check_min_gpus(answer, model: str = "gpt3-175B", gpu: str = "A100-80GB") -> 
     need = 16 * MODELS[model].params()
     expected = math.ceil(need / GPUS[gpu].memory_bytes)
     if answer == expected:
-        return _report(True, f"{need / 1e12:.2f} TB / {GPUS[gpu].memory_bytes / 1e9:.0f} GB "
-                             f"rounds up to {expected} GPUs, before a single activation.")
+        return correct(f"{need / 1e12:.2f} TB / {GPUS[gpu].memory_bytes / 1e9:.0f} GB rounds up "
+                       f"to {expected} GPUs, before a single activation.")
     if answer == expected - 1:
-        return _report(False, "Round up: a fraction of a GPU still needs a whole GPU.")
-    return _report(False, f"Divide the model state (16 bytes per parameter) by one GPU's memory "
-                          f"and round up; you gave {answer}.")
+        return not_yet("round up: a fraction of a GPU still needs a whole GPU.")
+    return not_yet(f"divide the model state (16 bytes per parameter) by one GPU's memory and "
+                   f"round up; you gave {answer}.")
 
 
-def check_training_days(answer_days, params: float = 175e9, tokens: float = 300e9,
-                        n_gpus: int = 1024, tflops: float = 140) -> Verdict:
-    """Exercise 3: Megatron-LM 2021 Eq. 4 (8TP / nX) in days."""
-    if answer_days is None:
-        return unanswered("my_days")
-    expected = megatron_training_time_s(params, tokens, n_gpus, tflops * 1e12) / SECONDS_PER_DAY
-    if _close(answer_days, expected, rel=0.03):
-        return _report(True, f"8 x {tokens:.3g} x {params:.3g} / ({n_gpus} x {tflops:g}e12) s "
-                             f"= {expected:.1f} days.")
-    if _close(answer_days, expected * 6 / 8, rel=0.03):
-        return _report(False, "You used 6PD; Eq. 4 counts 8PD because activations are "
-                              "recomputed in the backward pass.")
-    return _report(False, f"Expected about {expected:.0f} days; you gave {answer_days}. "
-                          f"Seconds = 8*T*P/(n*X); a day has 86,400 s.")
+def check_gpus_for_days(answer, days: float = 7, params: float = 175e9,
+                        tokens: float = 300e9, tflops: float = 140) -> Verdict:
+    """Exercise 3: Megatron-LM 2021 Eq. 4 (time = 8TP / nX) solved for n, the GPUs that
+    train GPT-3 in ``days`` at ``tflops`` each."""
+    if answer is None:
+        return unanswered("my_n")
+    seconds, rate = days * SECONDS_PER_DAY, tflops * 1e12
+    exact = training_flops(params, tokens, recompute=True) / (rate * seconds)
+    expected = math.ceil(exact)
+    try:
+        value = float(answer)
+    except (TypeError, ValueError):
+        return not_yet(f"give a number of GPUs; got {answer!r}.")
+    if value == expected:
+        return correct(f"n = 8·T·P / (X·t) = 8 x {tokens:.3g} x {params:.3g} / ({tflops:g}e12 x "
+                       f"{seconds:,.0f} s) = {exact:,.1f}, so {expected:,} GPUs: about 5x the "
+                       f"1024 of Megatron-LM's 34 days, for a 5x shorter run. Eq. 4 assumes each "
+                       f"GPU still sustains {tflops:g} TFLOP/s at 5x the scale: that communication "
+                       f"keeps hiding behind compute, which the rest of the course measures.")
+    if _close(value, exact, rel=0.001):
+        return not_yet(f"{value:,.1f} is right before rounding; a fraction of a GPU still needs "
+                       f"a whole one: round up.")
+    if _close(value, exact * 6 / 8, rel=0.01):
+        return not_yet("you used 6PD; Eq. 4 counts 8PD because the forward pass is recomputed "
+                       "in the backward pass.")
+    if _close(value, exact * SECONDS_PER_DAY, rel=0.01) or _close(value, exact / SECONDS_PER_DAY,
+                                                                  rel=0.01):
+        return not_yet("check the units: the time in Eq. 4 is in seconds; a day has 86,400 s.")
+    return not_yet(f"solve time = 8·T·P / (n·X) for n, with the time in seconds; you gave "
+                   f"{value:,.0f}.")

@@ -195,19 +195,24 @@ for r in results:
 #
 # ## Exercises
 #
-# **1.** How many bytes do weights, gradients and Adam state take for GPT-2 XL
-# (`cm.MODELS["gpt2-xl"]`) in mixed precision? Replace `None`.
+# Each exercise has a cell for your answer: replace `None`, run the cell, and the checker
+# below it says whether the answer is right and, if not, which slip gives your number. The
+# solution is hidden under it (click to expand); Run All runs it without touching your cell.
+#
+# **1. The other way round.** The table above turns parameters into bytes. Turn it around:
+# what is the largest model (in parameters) whose weights, gradients and Adam state fit in
+# one A100-80GB, before any activation? Which of the table's models still train on one GPU?
 
 # %%
 from lessonlib.exercises import scale as ex
 
-my_bytes = None
-ex.check_model_state(my_bytes) if my_bytes is not None else print("fill in my_bytes")
+my_params = None
+ex.check_largest_model(my_params)
 
 # %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
 # NBVAL_CHECK_OUTPUT
-my_bytes = 16 * cm.MODELS["gpt2-xl"].params()
-assert ex.check_model_state(my_bytes)
+solution_params = cm.GPUS["A100-80GB"].memory_bytes / 16
+ex.check_largest_model(solution_params)
 
 # %% [markdown]
 # **2.** What is the smallest number of A100-80GB GPUs whose memory could hold GPT-3's model
@@ -215,24 +220,28 @@ assert ex.check_model_state(my_bytes)
 
 # %%
 my_gpus = None
-ex.check_min_gpus(my_gpus) if my_gpus is not None else print("fill in my_gpus")
+ex.check_min_gpus(my_gpus)
 
 # %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 import math
 
-my_gpus = math.ceil(16 * cm.MODELS["gpt3-175B"].params() / cm.GPUS["A100-80GB"].memory_bytes)
-assert ex.check_min_gpus(my_gpus)
+solution_gpus = math.ceil(16 * cm.MODELS["gpt3-175B"].params() / cm.GPUS["A100-80GB"].memory_bytes)
+ex.check_min_gpus(solution_gpus)
 
 # %% [markdown]
-# **3.** With Eq. 4, how many days does GPT-3 take on 1024 A100 that sustain 140 TFLOP/s
-# each? Compute it by hand (no `megatron_training_days`).
+# **3. A deadline.** Section 2 gave Megatron-LM's 34 days for GPT-3 on 1024 A100 at
+# 140 TFLOP/s each. Your team must train GPT-3 (300 B tokens) in **7 days** at the same
+# 140 TFLOP/s per GPU. How many A100 does Eq. 4 ask for? Solve it by hand (no
+# `megatron_training_days`); what does the answer assume about communication?
 
 # %%
-my_days = None
-ex.check_training_days(my_days) if my_days is not None else print("fill in my_days")
+my_n = None
+ex.check_gpus_for_days(my_n)
 
 # %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
 # NBVAL_CHECK_OUTPUT
-my_days = 8 * 300e9 * 175e9 / (1024 * 140e12) / 86400
-assert ex.check_training_days(my_days)
+import math
+
+solution_n = math.ceil(8 * 300e9 * 175e9 / (140e12 * 7 * 86400))
+ex.check_gpus_for_days(solution_n)

@@ -115,3 +115,22 @@ def test_verdict_reads_the_same_everywhere():
     assert str(Verdict(None, "x")) == "✏️ Your turn: x" and not Verdict(None, "x")
     with pytest.raises(ValueError, match="ok must be"):
         Verdict("yes", "x")
+
+
+def test_lesson_01_checkers_name_the_slip():
+    from lessonlib.exercises import scale
+    assert scale.check_largest_model(5e9) and not scale.check_largest_model(40e9)
+    assert "only the 16-bit weights" in scale.check_largest_model(40e9)
+    assert scale.check_min_gpus(35) and "round up" in scale.check_min_gpus(34)
+    assert scale.check_gpus_for_days(4961)
+    assert "round up" in scale.check_gpus_for_days(4960.3)
+    assert "6PD" in scale.check_gpus_for_days(3720)
+    assert "units" in scale.check_gpus_for_days(4960.3 / 86400)
+
+
+@pytest.mark.timeout(120)
+def test_bug_zoo_prediction_is_checked_against_the_real_bug():
+    from lessonlib.exercises import bugzoo
+    assert bugzoo.check_wrong_microbatch_prediction([1, 1, 0])
+    assert "what correct DDP sends" in bugzoo.check_wrong_microbatch_prediction([0, 0, 1])
+    assert not bugzoo.check_wrong_microbatch_prediction("soon")

@@ -9,7 +9,11 @@
 # ---
 
 # %% [markdown]
-# # 06 · Appendix: the bug zoo
+# # 06 · Deep dive: the bug zoo
+#
+# *This deep dive goes with every core notebook: each bug below breaks one scheme of
+# [02](02-data-parallelism.ipynb), [04](04-tensor-vs-pipeline.ipynb) or
+# [05](05-hybrid-parallelism.ipynb), and each trap is a check those notebooks use.*
 #
 # **The zoo.** Each cage holds one bug, caught alive: a one-line switch in the real
 # `lessonlib` code brings it back, and the card on the cage says what it is, where it lives,
@@ -187,6 +191,9 @@ print(f"bug on inside the block: {tried['bug_on']}, check passed: {tried['passed
 # %% [markdown]
 # ## Exercises
 #
+# Each exercise has a cell for your answer; run it, and the checker says what is right or
+# wrong. The solution is hidden under it; Run All runs it without touching your cell.
+#
 # **1.** A cousin of the unsharded MLP: `parallelize_block` splits the MLP but leaves
 # *attention* whole. Write `attention_dense_bytes(h, t)`: the float32 bytes of weights one
 # rank holds for that layer (the checker counts them on a real `Block`).
@@ -199,32 +206,30 @@ def attention_dense_bytes(h, t):
     raise NotImplementedError
 
 
-ok = ex.check_attention_left_dense(attention_dense_bytes)
+ex.check_attention_left_dense(attention_dense_bytes)
 
 # %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
 # NBVAL_CHECK_OUTPUT
-def attention_dense_bytes(h, t):
+def attention_dense_bytes_solution(h, t):
     mlp_split = 8 * h * h + 4 * h          # fc1 weight and bias, fc2 weight
     whole = 4 * h * h + 4 * h + h + 4 * h  # attention, fc2's bias, two LayerNorms
     return 4 * (mlp_split // t + whole)
 
 
-assert ex.check_attention_left_dense(attention_dense_bytes)
+ex.check_attention_left_dense(attention_dense_bytes_solution)
 
 # %% [markdown]
-# **2.** `ddp_sync_on_wrong_microbatch` with 3 micro-batches instead of 2: on which
-# micro-batches do the all-reduces go out now? Read the switched lines in
-# `DataParallel.no_sync` (section 1), predict, then check with
-# `lessonlib.launch(bugzoo.rank_ddp_accumulation, 2, micro=3)` inside
-# `bugzoo.enabled("ddp_sync_on_wrong_microbatch")`.
+# **2. Predict, then run.** `ddp_sync_on_wrong_microbatch` with 3 accumulated micro-batches
+# instead of 2: how many all-reduces does each micro-batch send? Read the switched lines in
+# `DataParallel.no_sync` (section 1) and write your prediction as one count per
+# micro-batch, e.g. `[0, 0, 1]` for correct DDP. The checker runs the bug on 2 real ranks.
+
+# %%
+my_prediction = None
+ex.check_wrong_microbatch_prediction(my_prediction)
 
 # %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 # Inside no_sync the flag is set to sync, and on leaving it is reset to "do not sync": the
 # first two micro-batches send, the last one (the one that should) does not.
-import lessonlib
-
-with bugzoo.enabled("ddp_sync_on_wrong_microbatch"):
-    ranks = lessonlib.launch(bugzoo.rank_ddp_accumulation, 2, micro=3)
-print("all-reduces per micro-batch:", ranks[0]["all_reduces_per_microbatch"])
-assert ranks[0]["all_reduces_per_microbatch"] == [1, 1, 0]
+ex.check_wrong_microbatch_prediction([1, 1, 0])

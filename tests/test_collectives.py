@@ -191,7 +191,42 @@ def test_exercise_checkers_say_what_is_wrong():
     assert not verdict.ok
     assert "rank 0: chunk 1 should hold 70 (chunk 1 summed over all 3 ranks) but holds 10 = " \
            "chunk 1 of rank(s) 0" in verdict
+    assert str(verdict).startswith("❌ Not yet: rank 0: chunk 1")
     assert ex.check_reduce_scatter(ex.reference_reduce_scatter).ok
-    assert ex.check_ring_bytes(lambda n, s: 2 * (n - 1) / n * s, lambda n, s: 2 * (n - 1) * s).ok
-    wrong = ex.check_ring_bytes(lambda n, s: 2 * (n - 1) * s, lambda n, s: 2 * (n - 1) * s)
-    assert "returned 2400, but the answer is 1,200" in wrong
+
+
+def _stub(chunks, rank, world_size, send_recv):
+    raise NotImplementedError
+
+
+@pytest.mark.timeout(120)
+def test_an_untouched_multi_rank_stub_is_your_turn():
+    from lessonlib.exercises import dp as ex
+    verdict = ex.check_reduce_scatter(_stub)
+    assert verdict.ok is None and str(verdict) == (
+        "✏️ Your turn: _stub still raises NotImplementedError: write its body in place of that "
+        "line and run the cell again.")
+
+
+@pytest.mark.timeout(120)
+def test_sharded_server_checker_knows_the_slips_and_the_ledger_agrees():
+    from lessonlib.exercises import dp as ex
+    # The theory at its two ends: one server is the parameter server, n servers the ring.
+    for n in (2, 3, 4, 8):
+        assert ex.reference_sharded_server(n, 1, 1200) == parameter_server_bytes(n, 1200) / 2
+        assert ex.reference_sharded_server(n, n, 1200) == ring_allreduce_bytes_per_rank(n, 1200)
+    # Real ranks: what the ledger counts is what the formula says, for servers and workers.
+    sent = ex.measure_sharded_server(4, (1, 2, 4), 4800)
+    for k, per_rank in sent.items():
+        assert per_rank[:k] == [ex.reference_sharded_server(4, k, 4800)] * k
+        assert per_rank[k:] == [4800] * (4 - k)                 # a worker sends S, in slices
+    verdict = ex.check_sharded_server(ex.reference_sharded_server)
+    assert verdict.ok and "14,400 at k = 1, 9,600 at k = 2, 7,200 at k = 4" in verdict
+    own_slice = ex.check_sharded_server(lambda n, k, s: (n - 1) * s / k, measure=False)
+    assert own_slice.ok is False and "only the slice it serves" in own_slice
+    both_ways = ex.check_sharded_server(lambda n, k, s: 2 * ex.reference_sharded_server(n, k, s),
+                                        measure=False)
+    assert "both directions" in both_ways
+    single = ex.check_sharded_server(lambda n, k, s: (n - 1) * s, measure=False)
+    assert "returned 3600, but the answer is 2,400" in single and "single server" in single
+    assert ex.check_sharded_server(None).ok is None

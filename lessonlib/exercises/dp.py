@@ -3,11 +3,15 @@
 * ``check_reduce_scatter(fn)``: the reduce-scatter half of the ring, run on 3 real ranks;
 * ``check_accumulation(fn)``: gradient accumulation with ``no_sync``, run on 2 ranks against
   one process on the large batch, counting the all-reduces;
-* ``check_ring_bytes(ring_fn, server_fn)``: the bytes on the wire, against the theory.
+* ``check_sharded_server(fn)``: the bytes through one server's link when k of the n ranks
+  each serve 1/k of the parameters, against the theory and against the ledger of a real
+  sharded parameter server on 4 ranks.
 
-The multi-rank checkers send the student's function to the ranks by value (the launcher
-pickles a notebook cell's function with ``cloudpickle``, with the globals it uses), so it
-may use anything its cell can see that can travel to another process.
+Each returns a ``Verdict`` (``lessonlib.exercises.verdict``): an untouched stub (``None``, or a
+function that still raises ``NotImplementedError``) is "your turn", and nothing is launched
+for ``None``. The multi-rank checkers send the student's function to the ranks by value (the
+launcher pickles a notebook cell's function with ``cloudpickle``, with the globals it uses),
+so it may use anything its cell can see that can travel to another process.
 
 Laptop:  ``python -c "from lessonlib.exercises import dp; print(dp.check_reduce_scatter(dp.reference_reduce_scatter))"``
 GPU box: the same (the checkers always use CPU ranks).
@@ -18,49 +22,28 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import comm, launcher
-from lessonlib.data_parallel.collectives import exchange
-from lessonlib.costmodel.comm import parameter_server_bytes, ring_allreduce_bytes_per_rank
-
-
-class Feedback(str):
-    """A checker's verdict: plain text in a notebook, and ``ok`` for tests."""
-
-    @property
-    def ok(self) -> bool:
-        return self.startswith("Correct")
-
-    def _repr_pretty_(self, printer, cycle):
-        printer.text(str(self))
-
-
-def _say(text: str) -> Feedback:
-    return Feedback(text)
-
-
-def _still_a_stub(exc: launcher.RankError) -> bool:
-    """The rank failed because the student's function still raises NotImplementedError."""
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return bool(lines) and lines[-1].strip().startswith("NotImplementedError")
+from lessonlib.data_parallel.collectives import exchange, parameter_server_all_reduce
+from lessonlib.exercises.verdict import (Verdict, correct, not_yet, still_a_stub, unanswered,
+                                         unwritten)
 
 
 def _run(worker, n, fn):
     """Run a checker's rank function on ``fn``; returns (results, None) or (None, the
-    problem in plain words)."""
-    if not callable(fn):
-        raise ValueError(f"pass your function itself (without calling it); got {fn!r}")
+    verdict that explains why not)."""
     name = getattr(fn, "__name__", "your function")
+    if not callable(fn):
+        return None, not_yet(f"pass your function itself (without calling it); got {fn!r}")
     try:
         return launcher.launch(worker, n, fn, backend="gloo", timeout=40), None
     except launcher.LaunchTimeout:
-        return None, ("the ranks waited forever and were stopped after 40 s. Every send "
-                      "needs a matching receive: if each rank sends to its right and "
-                      "receives from its left at every step, nobody waits forever.")
+        return None, not_yet("the ranks waited forever and were stopped after 40 s. Every "
+                             "send needs a matching receive: if each rank sends to its right "
+                             "and receives from its left at every step, nobody waits forever.")
     except launcher.RankError as exc:
-        if _still_a_stub(exc):
-            return None, (f"{name} still raises NotImplementedError: replace that line "
-                          f"with your code, run the cell, then this one.")
+        if still_a_stub(exc):
+            return None, unwritten(name)
         last = [line for line in str(exc).splitlines() if line.strip()][-1]
-        return None, f"rank {exc.rank} raised an error: {last.strip()}"
+        return None, not_yet(f"rank {exc.rank} raised an error: {last.strip()}")
 
 
 # ---------------------------------------------------------------- exercise 1: reduce-scatter
@@ -97,11 +80,13 @@ def _describe(value: float, n: int) -> str:
     return "a mix that no single chunk adds up to (something was added twice?)"
 
 
-def check_reduce_scatter(fn, world_size: int = 3) -> Feedback:
+def check_reduce_scatter(fn, world_size: int = 3) -> Verdict:
     """Run ``fn(chunks, rank, world_size, send_recv)`` on ``world_size`` ranks and explain."""
+    if fn is None:
+        return unanswered("ring_reduce_scatter")
     results, problem = _run(_reduce_scatter_rank, world_size, fn)
-    if problem:
-        return _say(f"Not yet: {problem}")
+    if problem is not None:
+        return problem
     n, full = world_size, 2 ** world_size - 1
     wrong = []
     for rank, res in enumerate(results):
@@ -112,16 +97,16 @@ def check_reduce_scatter(fn, world_size: int = 3) -> Feedback:
                          f"summed over all {n} ranks) but holds {got:g} = {_describe(got, n)}")
     sends = [res["sends"] for res in results]
     if not wrong and sends == [n - 1] * n:
-        return _say(f"Correct: on {n} ranks, rank r owns chunk (r + 1) mod {n} summed over "
+        return correct(f"on {n} ranks, rank r owns chunk (r + 1) mod {n} summed over "
                     f"every rank, after {n - 1} messages of S/{n} each.")
     if not wrong:
-        return _say(f"The sums are right but the ranks sent {sends} messages; reduce-scatter "
+        return not_yet(f"The sums are right but the ranks sent {sends} messages; reduce-scatter "
                     f"needs only n - 1 = {n - 1} each.")
     hint = ("Hint: at step s rank r sends chunk (r - s) mod n to its right and adds what it "
             "receives into chunk (r - s - 1) mod n, in place (+=), for n - 1 steps.")
     if sends != [n - 1] * n:
         hint += f" (Your ranks sent {sends} messages; reduce-scatter takes n - 1 = {n - 1}.)"
-    return _say("Not yet:\n  " + "\n  ".join(wrong) + "\n" + hint)
+    return not_yet("\n  " + "\n  ".join(wrong) + "\n" + hint)
 
 
 # ---------------------------------------------------------------- exercise 2: no_sync
@@ -178,64 +163,112 @@ def _accumulation_rank(fn):
             "all_reduces": counts, "buckets": len(ddp.buckets)}
 
 
-def check_accumulation(fn) -> Feedback:
+def check_accumulation(fn) -> Verdict:
     """Run ``fn(ddp, optimizer, micro_batches, loss_fn)`` for 3 steps on 2 ranks."""
+    if fn is None:
+        return unanswered("accumulate_step")
     results, problem = _run(_accumulation_rank, 2, fn)
-    if problem:
-        return _say(f"Not yet: {problem}")
+    if problem is not None:
+        return problem
     buckets, counts = results[0]["buckets"], results[0]["all_reduces"]
     weights = results[0]["weights"]
     right = (weights - _large_batch_weights(1.0)).abs().max().item() < 1e-10
     unscaled = (weights - _large_batch_weights(float(MICRO))).abs().max().item() < 1e-10
     if counts == [0] * STEPS:
-        return _say("Not yet: nothing was all-reduced, so each rank trained alone. The last "
+        return not_yet("nothing was all-reduced, so each rank trained alone. The last "
                     "micro-batch's backward must run outside `no_sync()`.")
     if unscaled:
-        return _say(f"Not yet: the gradients are {MICRO}x too large. Each micro-batch's loss "
+        return not_yet(f"the gradients are {MICRO}x too large. Each micro-batch's loss "
                     f"is a mean over its own examples: divide it by the number of "
                     f"micro-batches ({MICRO}) before backward.")
     if not right:
-        return _say("Not yet: after 3 steps the weights differ from one process on the large "
+        return not_yet("after 3 steps the weights differ from one process on the large "
                     "batch. Check that you step the optimizer once per call and zero the "
                     "gradients after it.")
     if counts != [buckets] * STEPS:
-        return _say(f"The numbers are right, but each step sent {counts[0]} all-reduces for "
+        return not_yet(f"The numbers are right, but each step sent {counts[0]} all-reduces for "
                     f"{buckets} buckets: wrap every micro-batch but the last in `no_sync()` "
                     f"so the gradients travel once.")
-    return _say(f"Correct: {MICRO} micro-batches on 2 ranks train exactly like one batch of "
+    return correct(f"{MICRO} micro-batches on 2 ranks train exactly like one batch of "
                 f"{MICRO * 2 * 4}, and each step sends {buckets} all-reduces (one per bucket), "
                 f"not {MICRO * buckets}.")
 
 
-# ---------------------------------------------------------------- exercise 3: bytes
-def check_ring_bytes(ring_bytes_per_rank, server_link_bytes,
-                     measured: dict | None = None) -> Feedback:
-    """Compare the student's formulas with the theory (and with ledger counts, if given:
-    ``measured`` = {"n": n, "size": S, "ring": bytes per rank, "server": server link bytes})."""
-    problems = []
-    for n in (2, 3, 4, 8):
-        for size in (1200, 2 ** 20):
-            for fn, want in ((ring_bytes_per_rank, ring_allreduce_bytes_per_rank(n, size)),
-                             (server_link_bytes, parameter_server_bytes(n, size))):
-                name = getattr(fn, "__name__", "your function")
-                try:
-                    got = fn(n, size)
-                except NotImplementedError:
-                    return _say(f"Not yet: {name} still raises NotImplementedError: replace "
-                                f"that line with your formula, run the cell, then this one.")
-                if not isinstance(got, (int, float)) or abs(got - want) > 1e-6 * want:
-                    problems.append(f"{name}({n}, {size}) returned {got}, but the answer is "
-                                    f"{want:,.0f}")
-    if problems:
-        hint = ("Hint: the ring sends n - 1 chunks of S/n in reduce-scatter and again in "
-                "all-gather; the server receives a full S from each of the n - 1 workers and "
-                "sends S back to each.")
-        return _say("Not yet:\n  " + "\n  ".join(problems[:4]) + "\n" + hint)
-    text = "Correct for n = 2, 3, 4, 8."
-    if measured:
-        n, size = measured["n"], measured["size"]
-        text += (f" And the ledger agrees: at n = {n}, S = {size:,} bytes each ring rank sent "
-                 f"{measured['ring']:,} bytes (you predict {ring_bytes_per_rank(n, size):,.0f}) "
-                 f"and the server's link carried {measured['server']:,} (you predict "
-                 f"{server_link_bytes(n, size):,.0f}).")
-    return _say(text)
+# ---------------------------------------------------------------- exercise 3: sharded server
+def reference_sharded_server(n, k, size):
+    """The answer: one server rank's link, one direction (what it sends)."""
+    return (n - 1) * size / k + (k - 1) * size / k   # averages of its slice out + its others in
+
+
+def _sharded_server_rank(ks, size):
+    """Every rank sums a float32 tensor of ``size`` bytes with k server ranks, each the
+    parameter server of one of k slices; returns the bytes this rank sent, per k."""
+    sent = {}
+    for k in ks:
+        x = torch.ones(size // 4)
+        with comm.ledger() as book:
+            for server, piece in enumerate(x.chunk(k)):
+                parameter_server_all_reduce(piece, server=server, check=False)
+        sent[k] = book.total_bytes("send")
+    return sent
+
+
+def measure_sharded_server(n: int = 4, ks=(1, 2, 4), size: int = 4 * 1200) -> dict:
+    """Bytes each of n real ranks sent, per number of servers k: {k: [rank 0's, rank 1's, ...]}."""
+    ranks = launcher.launch(_sharded_server_rank, n, tuple(ks), size, backend="gloo", timeout=60)
+    return {k: [r[k] for r in ranks] for k in ks}
+
+
+def check_sharded_server(fn, measure: bool = True) -> Verdict:
+    """``fn(n, k, size)``: the bytes one *server* rank sends per all-reduce when k of the n
+    ranks each serve 1/k of the ``size`` bytes (every rank is also a worker). Compared with
+    the theory and, if ``measure``, with the ledger of a real run on 4 ranks."""
+    if fn is None:
+        return unanswered("sharded_server_bytes")
+    if not callable(fn):
+        return not_yet(f"pass your function itself (without calling it); got {fn!r}")
+    name = getattr(fn, "__name__", "your function")
+    cases = [(n, k, size) for n in (2, 4, 8, 64) for k in (1, 2, n) if k <= n
+             for size in (1200, 2 ** 20)]
+    wrong = []
+    for n, k, size in dict.fromkeys(cases):
+        try:
+            got = fn(n, k, size)
+        except NotImplementedError:
+            return unwritten(name)
+        want = reference_sharded_server(n, k, size)
+        if not isinstance(got, (int, float)) or abs(got - want) > 1e-6 * want:
+            wrong.append((n, k, size, got, want))
+    if wrong:
+        slips = ((lambda n, k, s: (n - 1) * s / k,
+                  "Your value counts only the slice it serves: as a worker it also sends its "
+                  "k - 1 other slices to their servers."),
+                 (lambda n, k, s: 2 * reference_sharded_server(n, k, s),
+                  "Your value counts both directions: count what the server rank sends (it "
+                  "receives as much again)."),
+                 (lambda n, k, s: (n - 1) * s,
+                  "Your value is the single server's (n - 1) x S: with k servers each one "
+                  "averages only S/k."),
+                 (lambda n, k, s: n * s / k + (k - 1) * s / k,
+                  "Your value has n workers sending to it, but one of them is the server "
+                  "itself."))
+        why = next((text for slip, text in slips
+                    if all(isinstance(g, (int, float)) and abs(g - slip(n_, k_, s_)) <= 1e-6 * g
+                           for n_, k_, s_, g, _ in wrong)),
+                   "Hint: draw n = 4, k = 2: whom does server rank 0 send to, and how much?")
+        n, k, size, got, want = wrong[0]
+        return not_yet(f"{name}({n}, {k}, {size}) returned {got}, but the answer is "
+                       f"{want:,.0f} ({len(wrong)} of {len(dict.fromkeys(cases))} cases "
+                       f"wrong). {why}")
+    text = (f"for every n and k. At k = 1 it is the single server's (n - 1) x S; at k = n "
+            f"every rank serves S/n and sends 2(n - 1)/n x S, exactly a ring rank's bytes: "
+            f"a reduce-scatter and an all-gather, sent directly instead of around a circle.")
+    if measure:
+        sent = measure_sharded_server()
+        predicted = {k: fn(4, k, 4 * 1200) for k in sent}
+        if any(sent[k][0] != predicted[k] for k in sent):
+            return not_yet(f"your formula is right but the ledger disagrees: {sent} "
+                           f"(rank 0 is a server for every k)")
+        text += " The ledger agrees, 4 real ranks, S = 4,800 bytes, server rank 0 sent " + \
+                ", ".join(f"{sent[k][0]:,} at k = {k}" for k in sent) + "."
+    return correct(text)

@@ -260,15 +260,18 @@ def check_sharded_server(fn, measure: bool = True) -> Verdict:
         return not_yet(f"{name}({n}, {k}, {size}) returned {got}, but the answer is "
                        f"{want:,.0f} ({len(wrong)} of {len(dict.fromkeys(cases))} cases "
                        f"wrong). {why}")
-    text = (f"for every n and k. At k = 1 it is the single server's (n - 1) x S; at k = n "
-            f"every rank serves S/n and sends 2(n - 1)/n x S, exactly a ring rank's bytes: "
-            f"a reduce-scatter and an all-gather, sent directly instead of around a circle.")
+    text = ("every n and k tried agrees with the theory. At k = 1 it is the single "
+            "server's (n - 1) x S; at k = n every rank serves S/n and sends 2(n - 1)/n x S, "
+            "exactly a ring rank's bytes: a reduce-scatter and an all-gather, sent directly "
+            "instead of around a circle.")
     if measure:
         sent = measure_sharded_server()
         predicted = {k: fn(4, k, 4 * 1200) for k in sent}
         if any(sent[k][0] != predicted[k] for k in sent):
-            return not_yet(f"your formula is right but the ledger disagrees: {sent} "
-                           f"(rank 0 is a server for every k)")
+            return not_yet(f"your formula matches the theory, but not the ledger of the real "
+                           f"run on 4 ranks (bytes sent per rank, by k: {sent}; rank 0 serves "
+                           f"at every k): does your function depend on anything but its "
+                           f"arguments?")
         text += " The ledger agrees, 4 real ranks, S = 4,800 bytes, server rank 0 sent " + \
                 ", ".join(f"{sent[k][0]:,} at k = {k}" for k in sent) + "."
     return correct(text)

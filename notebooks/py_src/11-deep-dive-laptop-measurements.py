@@ -31,7 +31,6 @@ import matplotlib.pyplot as plt
 import torch
 
 import lessonlib
-from lessonlib import costmodel as cm
 from lessonlib.costmodel import alpha_beta
 from lessonlib.data_parallel import bench as dp_bench
 from lessonlib.viz import dp as viz
@@ -60,9 +59,10 @@ len(fresh["ring"])
 # Now the time. The stored sweep (`labs/allreduce.py --sweep`, its command printed below)
 # gives the points the alpha-beta model is fitted to, twice. With **a link per rank**, the
 # assumption of notebook 02's section 1 and the truth of GPUs on NVLink or InfiniBand, the
-# pace is set by the busiest link. With **one shared medium**, the truth of CPU ranks on one laptop (they
-# share two cores and one memory bus), the pace is set by the bytes *all* ranks move, and
-# that is `2(n-1)·S` for the ring and the parameter server alike. Which fits this machine?
+# pace is set by the busiest link. With **one shared medium**, the truth of CPU ranks on one
+# laptop (they share two cores and one memory bus), the pace is set by the bytes *all* ranks
+# move, and that is `2(n-1)·S` for the ring and the parameter server alike. Which fits this
+# machine?
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -120,15 +120,15 @@ for alg in ("parameter_server", "ring", "torch"):
 
 # %% [markdown]
 # The ring's flat line in notebook 02's section 1 is a property of the *network*, where
-# every rank brings its own link. Here all ranks share one medium, both algorithms move `2(n-1)·S` bytes
-# through it in all, and the ring only spreads the additions over every rank instead of
-# piling them on the server. What the laptop *can* measure is where the bytes go: the
-# ledger counts what each rank's link carries, and the busiest link is the server's, growing
-# as (n-1)·S each way while a ring rank's stays under 2·S (notebook 02 draws it and
-# measures it live). On GPUs with a link each, time follows that busiest link, which is
-# what notebook 02's section 1 predicts. At 1 KiB everything is latency, and the server's two hops beat the ring's `2(n-1)` steps.
-# For large messages the hand-written ring keeps close to gloo's own C++ ring
-# (`dist.all_reduce`), which is what the lab checks:
+# every rank brings its own link. Here all ranks share one medium, both algorithms move
+# `2(n-1)·S` bytes through it in all, and the ring only spreads the additions over every
+# rank instead of piling them on the server. What the laptop *can* measure is where the
+# bytes go: the ledger counts what each rank's link carries, and the busiest link is the
+# server's, growing as (n-1)·S each way while a ring rank's stays under 2·S (notebook 02
+# draws it and measures it live). On GPUs with a link each, time follows that busiest link,
+# which is what notebook 02's section 1 predicts. At 1 KiB everything is latency, and the
+# server's two hops beat the ring's `2(n-1)` steps. For large messages the hand-written ring
+# keeps close to gloo's own C++ ring (`dist.all_reduce`), which is what the lab checks:
 
 # %%
 # NBVAL_IGNORE_OUTPUT

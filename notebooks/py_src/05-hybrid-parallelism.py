@@ -390,8 +390,8 @@ from lessonlib.costmodel.throughput import USABLE_MEMORY_FRACTION
 gpt3_state = cm.BYTES_PER_PARAM * cm.MODELS["gpt3-175B"].params()
 a100_usable = USABLE_MEMORY_FRACTION * cm.CLUSTERS["dgx-a100"].gpu.memory_bytes
 print(f"model state {gpt3_state / 1e12:.1f} TB over {a100_usable / 1e9:.0f} GB usable: at least "
-      f"{gpt3_state / a100_usable:.0f} GPUs per replica, so t*p = 64: t = 8 fills a server, "
-      f"p = 8; d = 256/64 = 4 replicas, m = 1024/(1*4) = 256")
+      f"{gpt3_state / a100_usable:.0f} GPUs per replica, and t*p must divide 256, so t*p = 64: "
+      f"t = 8 fills a server, p = 8; d = 256/64 = 4 replicas, m = 1024/(1*4) = 256")
 gpt3_design_solution = dict(t=8, p=8, d=4, b=1, m=256)
 ex.check_gpt3_design(**gpt3_design_solution)
 

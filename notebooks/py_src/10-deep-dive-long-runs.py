@@ -9,15 +9,14 @@
 # ---
 
 # %% [markdown]
-# # 10 · Deep dive: long runs: checkpoint, crash, resume
+# # 10 · Deep dive: long runs (checkpoint, crash, resume)
 #
-# This deep dive extends [05 · Hybrid parallelism](05-hybrid-parallelism.ipynb): a layout
-# that trains a trillion parameters on a thousand GPUs runs for weeks, and in weeks it will
-# lose GPUs.
+# This deep dive extends [05 · Hybrid parallelism](05-hybrid-parallelism.ipynb), whose
+# trillion-parameter layout would train for weeks on a thousand GPUs.
 #
-# **No lost work.** A run of weeks on a thousand GPUs will see GPUs fail, nodes drop out and
-# jobs get preempted. What saves it is a **checkpoint** every N steps and a restart that
-# continues the *same* run. Each rank saves only its own shard (its stage's weights, split
+# **No lost work.** A run that long will see GPUs fail, nodes drop out and jobs get
+# preempted. What saves it is a **checkpoint** every N steps and a restart that continues
+# the *same* run. Each rank saves only its own shard (its stage's weights, split
 # over its TP group, and the optimizer state of those weights), all in parallel, and a
 # checkpoint counts only once every shard is on disk (`lessonlib.checkpoint`). The resumed
 # run must continue the loss curve exactly: weights, AdamW's moments and the random state

@@ -284,7 +284,13 @@ viz.hybrid_widget()
 
 # %%
 # NBVAL_CHECK_OUTPUT
+from lessonlib.costmodel.throughput import USABLE_MEMORY_FRACTION
+
 one_t = cm.MODELS["megatron-1T"]
+state = cm.BYTES_PER_PARAM * one_t.params()
+usable = USABLE_MEMORY_FRACTION * cm.CLUSTERS["dgx-a100"].gpu.memory_bytes
+print(f"model state {state / 1e12:.2f} TB / {usable / 1e9:.0f} GB usable per GPU: at least "
+      f"{state / usable:.0f} GPUs just to hold it")
 gpus_per_replica = 8 * 16
 params_per_gpu = one_t.params() / gpus_per_replica
 print(f"d = 1024 / (8 x 16) = {1024 // gpus_per_replica} replicas")
@@ -305,14 +311,16 @@ print(f"{one_t.params() / 1e12:.2f} T parameters / {gpus_per_replica} GPUs = "
 #   weights, moving the same bytes as the all-reduce it replaces
 #   ([Deep dive: sharding](08-deep-dive-sharding.ipynb)).
 #
-# The cost model on all three; `ex.check_design` compares a layout with the planner's best,
+# The cost model on both and on the depths between and beyond; `ex.check_design` compares a layout with the planner's best,
 # and the planner (without ZeRO) says why it picks the longer pipeline:
 
 # %%
 # NBVAL_CHECK_OUTPUT
 answers = {"lesson: t=8 p=16 d=8": dict(t=8, p=16, d=8),
            "ZeRO-1: t=8 p=16 d=8": dict(t=8, p=16, d=8, zero_stage=1),
-           "longer pipeline: t=8 p=64 d=2": dict(t=8, p=64, d=2)}
+           "deeper: t=8 p=32 d=4": dict(t=8, p=32, d=4),
+           "longer pipeline: t=8 p=64 d=2": dict(t=8, p=64, d=2),
+           "deepest: t=8 p=128 d=1": dict(t=8, p=128, d=1)}
 for name, lay in answers.items():
     e = cm.estimate(one_t, cm.Layout(b=1, global_batch=2048, **lay), cm.CLUSTERS["dgx-a100"])
     print(f"{name:<30} {e.memory.total / 1e9:6.1f} GB per GPU (Adam state "
@@ -323,9 +331,9 @@ print(cm.plan(one_t, cm.CLUSTERS["dgx-a100"], n_gpus=1024, global_batch=2048,
 ex.check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1)
 
 # %% [markdown]
-# Both fit, and the cost model predicts ZeRO-1 a little faster: with 64 stages of 2 layers
-# the last stage's output layer (logits over 51,200 words) weighs more, and the slowest
-# stage paces the pipeline.
+# Both fit (p = 32 not yet), and the deeper the pipeline, the slower: with 64 stages of 2
+# layers the last stage's output layer (logits over 51,200 words) weighs more, and the
+# slowest stage paces the pipeline. So the cost model predicts ZeRO-1 a little faster.
 #
 # **The answer, as you could give it in an interview.** "A trillion parameters need about
 # 16 TB of weights, gradients and Adam state, so I must split the model over hundreds of
@@ -385,12 +393,9 @@ ex.check_gpt3_design(**gpt3_design)
 
 # %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
 # NBVAL_CHECK_OUTPUT
-from lessonlib.costmodel.throughput import USABLE_MEMORY_FRACTION
-
 gpt3_state = cm.BYTES_PER_PARAM * cm.MODELS["gpt3-175B"].params()
-a100_usable = USABLE_MEMORY_FRACTION * cm.CLUSTERS["dgx-a100"].gpu.memory_bytes
-print(f"model state {gpt3_state / 1e12:.1f} TB over {a100_usable / 1e9:.0f} GB usable: at least "
-      f"{gpt3_state / a100_usable:.0f} GPUs per replica, and t*p must divide 256, so t*p = 64: "
+print(f"model state {gpt3_state / 1e12:.1f} TB over {usable / 1e9:.0f} GB usable: at least "
+      f"{gpt3_state / usable:.0f} GPUs per replica, and t*p must divide 256, so t*p = 64: "
       f"t = 8 fills a server, p = 8; d = 256/64 = 4 replicas, m = 1024/(1*4) = 256")
 gpt3_design_solution = dict(t=8, p=8, d=4, b=1, m=256)
 ex.check_gpt3_design(**gpt3_design_solution)

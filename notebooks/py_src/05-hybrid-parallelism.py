@@ -331,9 +331,9 @@ print(cm.plan(one_t, cm.CLUSTERS["dgx-a100"], n_gpus=1024, global_batch=2048,
 ex.check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1)
 
 # %% [markdown]
-# Both fit (p = 32 not yet), and the deeper the pipeline, the slower: with 64 stages of 2
-# layers the last stage's output layer (logits over 51,200 words) weighs more, and the
-# slowest stage paces the pipeline. So the cost model predicts ZeRO-1 a little faster.
+# Both ways out fit (p = 32 does not yet), and the deeper the pipeline, the slower: with 64
+# stages of 2 layers the last stage's output layer (logits over 51,200 words) weighs more,
+# and the slowest stage paces the pipeline. So the cost model predicts ZeRO-1 a little faster.
 #
 # **The answer, as you could give it in an interview.** "A trillion parameters need about
 # 16 TB of weights, gradients and Adam state, so I must split the model over hundreds of

@@ -133,8 +133,8 @@ plt.show()
 # stage split over a TP pair (t2p1d1). Its shards no longer match any rank's tensors. Every
 # tensor a rank holds is a piece of the full model at a place the layout decides
 # (`lessonlib.reshard.placement`), so a new rank reads the old shards that hold its pieces,
-# assembles those full tensors and cuts out its own: the weights and AdamW's moments are
-# equal, bit for bit. Here the crashed-and-resumed run goes on to step 50 on the new layout,
+# assembles those full tensors and cuts out its own: a copy, no arithmetic, so the weights
+# and AdamW's moments are the same bits (`tests/test_reshard.py` checks them). Here the crashed-and-resumed run goes on to step 50 on the new layout,
 # beside the uninterrupted run going on to step 50 on the old one:
 
 # %%
@@ -152,9 +152,9 @@ print(f"steps 1-40 equal: {moved['losses'][:40] == stayed['losses'][:40]}; steps
 # %% [markdown]
 # Within float rounding, not bit for bit: the new layout adds the same numbers in another
 # order (TP's all-reduce sums two partial products that one stage used to add in one
-# matrix product), so a float32 result may differ in its last bit. A wrong resume is far
-# larger: one that restarted AdamW's moments from zero differs by about 3e-4 relative at the
-# second step after it (measured in one process for the course's tests).
+# matrix product), so a float32 result may differ in its last bit. The tolerance, 1e-6
+# relative, is still far below what a wrong resume (AdamW's moments restarted from zero,
+# say) does to the next losses; `tests/test_reshard.py` says by how much.
 #
 # ## 6. A damaged checkpoint
 #
@@ -170,7 +170,7 @@ shard = newest / "rank_00001.pt"
 shard.write_bytes(shard.read_bytes()[:300])
 found = checkpoint.latest(smooth["checkpoint_dir"])
 print(f"a restart resumes from step {found['step']}; skipped:")
-for problem in found["damaged"]:  # the size the manifest expects is cut off: it is the file's
+for problem in found["damaged"]:  # up to the size the manifest expects (torch's format's)
     print("  " + problem.replace(str(work), "<work>").split(", its manifest says")[0])
 
 # %% [markdown]

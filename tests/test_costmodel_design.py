@@ -1,10 +1,12 @@
 """The lesson's 1-trillion-parameter question: the layout t=8, p=16, d=8 does not fit without
 sharding, fits with ZeRO-1 over its 8 replicas, and p=64 fits too; ``check_design`` says so
-with the cost model's numbers."""
+with the cost model's numbers. Also notebook 05's exercises: the grid's coordinates, the same
+question for GPT-3 175 B, and the sweet spot on H100 servers."""
 import pytest
 
 from lessonlib.costmodel import BYTES_PER_PARAM, CLUSTERS, MODELS, Layout, estimate
-from lessonlib.exercises.hybrid import check_design
+from lessonlib.exercises.hybrid import (check_coords, check_design, check_gpt3_design,
+                                        check_h100_best_t)
 
 ONE_T, DGX = MODELS["megatron-1T"], CLUSTERS["dgx-a100"]
 
@@ -28,21 +30,60 @@ def test_the_lessons_answer_needs_sharding_or_a_longer_pipeline():
     assert longer.fits and longer.step_time_s > zero1.step_time_s  # a little slower
 
 
-def test_check_design_explains_zero1(capsys):
-    assert check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1)
-    text = capsys.readouterr().out
-    assert text.startswith("Correct.") and "ZeRO-1" in text and "d=8 replicas" in text
+def test_check_design_explains_zero1():
+    verdict = check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1)
+    text = str(verdict)
+    assert verdict and text.startswith("✅ Correct: ")
+    assert "ZeRO-1" in text and "d=8 replicas" in text
     assert "97.0 -> 12.1 GB" in text and "143.8 GB becomes 59.0 GB" in text
 
 
-def test_check_design_without_zero_points_at_it(capsys):
-    assert not check_design(t=8, p=16, d=8, b=1, m=256)
-    text = capsys.readouterr().out
+def test_check_design_without_zero_points_at_it():
+    verdict = check_design(t=8, p=16, d=8, b=1, m=256)
+    text = str(verdict)
+    assert verdict.ok is False and text.startswith("❌ Not yet: ")
     assert "144 GB" in text and "zero_stage=1: 59.0 GB per GPU, it fits" in text
     assert check_design(t=8, p=64, d=2, b=1, m=1024)
 
 
 @pytest.mark.parametrize("stage", [5, -1, True, "1"])
-def test_check_design_bad_zero_stage(capsys, stage):
-    assert not check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=stage)
-    assert f"zero_stage={stage!r}" in capsys.readouterr().out
+def test_check_design_bad_zero_stage(stage):
+    verdict = check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=stage)
+    assert verdict.ok is False and f"zero_stage={stage!r}" in str(verdict)
+
+
+def test_check_design_waits_for_every_choice():
+    verdict = check_design(t=8, p=None, d=8, b=1, m=None)
+    assert verdict.ok is None and "p, m are still None" in str(verdict)
+
+
+def test_coords_checker_tells_a_stub_a_slip_and_the_formula_apart():
+    def stub(rank, dp, pp, tp):
+        raise NotImplementedError
+
+    assert check_coords(stub).ok is None and "NotImplementedError" in str(check_coords(stub))
+    reversed_axes = check_coords(lambda r, dp, pp, tp: (r % tp, (r // tp) % pp, r // (pp * tp)))
+    assert reversed_axes.ok is False and "tp is the innermost axis" in str(reversed_axes)
+    assert check_coords(lambda r, dp, pp, tp: (r // (pp * tp), (r // tp) % pp, r % tp))
+
+
+def test_gpt3_design_is_a_new_case_judged_by_the_same_rules():
+    # 175 B x 16 bytes = 2.8 TB: t*p = 32 does not fit an 80 GB GPU, t*p = 64 does
+    too_small = check_gpt3_design(t=8, p=4, d=8, b=1, m=128)
+    assert too_small.ok is False and "94 GB" in str(too_small) and "ZeRO-1" in str(too_small)
+    assert check_gpt3_design(t=8, p=8, d=4, b=1, m=256)      # the lesson's rule: within 3 %
+    assert "yours is that layout" in str(check_gpt3_design(t=4, p=16, d=4, b=1, m=256))
+    copied = check_gpt3_design(t=8, p=16, d=8, b=1, m=256)   # the 1 T answer, copied
+    assert copied.ok is False and "32 servers of 8 have 256" in str(copied)
+
+
+def test_h100_moves_the_sweet_spot_to_smaller_t():
+    verdict = check_h100_best_t(4)
+    text = str(verdict)
+    assert verdict and "compute 3.2x, NVLink 1.5x" in text
+    assert "11% of the step on A100 and 21% on H100" in text and "from t=8 to t=4" in text
+    assert "A100 server's sweet spot" in str(check_h100_best_t(8))
+    assert "more or less?" in str(check_h100_best_t(16))
+    assert "bubble" in str(check_h100_best_t(2)) and not check_h100_best_t(2)
+    assert check_h100_best_t(3).ok is False and check_h100_best_t(True).ok is False
+    assert check_h100_best_t(None).ok is None

@@ -1,9 +1,14 @@
-"""Checkers for lesson 05's exercises: the grid's coordinates, and the system-design question.
+"""Checkers for lesson 05's exercises: the grid's coordinates, the system-design question
+(the lesson's 1 T model, and GPT-3 175 B as a new case), and where the sweet spot moves on
+H100 servers. Each returns a ``Verdict`` (``lessonlib.exercises.verdict``); an untouched
+stub (``None``, or a function that raises NotImplementedError) is "your turn".
 
     from lessonlib.exercises import hybrid
     hybrid.check_coords(my_coords_function)          # rank -> (dp, pp, tp)
     hybrid.check_design(t=8, p=64, d=2, b=1, m=1024)  # 1 T parameters on 128 servers of 8 GPUs
     hybrid.check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1)  # Adam state sharded
+    hybrid.check_gpt3_design(t=8, p=8, d=4, b=1, m=256)  # 175 B on 32 servers, B = 1024
+    hybrid.check_h100_best_t(4)                      # the 161 B model's best t on H100 servers
 
 ``check_design`` rebuilds the student's layout, asks the cost model (``estimate``) whether it
 fits and how fast it runs, and compares it with the best layout the planner (``plan``) finds
@@ -13,14 +18,15 @@ the d replicas, as Megatron's distributed optimizer does; 2 also the gradients; 
 weights) it says what sharding saved and what it costs.
 
 Laptop and GPU box alike (pure arithmetic): ``python -c "from lessonlib.exercises import
-hybrid; hybrid.check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1)"``.
+hybrid; print(hybrid.check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1))"``.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 
-from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate, plan
+from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate, plan, tp_sweep
 from lessonlib.costmodel.memory import OPTIMIZER_BYTES
+from lessonlib.exercises.verdict import Verdict, correct, not_yet, unwritten, your_turn
 from lessonlib.grid import placements
 
 GB = 1e9
@@ -29,28 +35,37 @@ PART_NAMES = {"compute": "the matrix products (the slowest stage sets the pace)"
               "pp_comm": "the pipeline's sends", "dp_comm": "the DP gradient all-reduce",
               "bubble": "the pipeline bubble"}
 QUESTION = {"model": "megatron-1T", "cluster": "dgx-a100", "servers": 128, "global_batch": 2048}
+# Exercise 2, the same question on a new case: GPT-3 on a quarter of the servers.
+GPT3_QUESTION = {"model": "gpt3-175B", "cluster": "dgx-a100", "servers": 32, "global_batch": 1024}
+# Exercise 3: section 6's sweep (161 B, 64 GPUs, B = 64, d = 1), moved to H100 servers.
+SWEEP = {"model": "gpt-161B", "n_gpus": 64, "global_batch": 64}
 
 
-def _report(ok: bool, message: str) -> bool:
-    print(("Correct. " if ok else "Not yet. ") + message)
-    return ok
-
-
-def check_coords(coords, shapes=((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 3, 2))) -> bool:
+def check_coords(coords, shapes=((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 3, 2))) -> Verdict:
     """Exercise 1: ``coords(rank, dp, pp, tp)`` must return the rank's (dp, pp, tp) in the grid
     ``arange(world).view(dp, pp, tp)``."""
+    if coords is None:
+        return your_turn("coords is still None: write the function coords(rank, dp, pp, tp).")
     for dp, pp, tp in shapes:
         for pl in placements(dp, pp, tp):
-            got = coords(pl.rank, dp, pp, tp)
+            try:
+                got = coords(pl.rank, dp, pp, tp)
+            except NotImplementedError:
+                return unwritten("coords")
             want = (pl.dp, pl.pp, pl.tp)
-            if tuple(got) != want:
+            try:
+                got = tuple(got)
+            except TypeError:
+                return not_yet(f"coords({pl.rank}, {dp}, {pp}, {tp}) returned {got!r}; return "
+                               f"a tuple of three numbers, (dp, pp, tp).")
+            if got != want:
                 hint = ("tp is the innermost axis: consecutive ranks differ in tp first"
-                        if tuple(got)[::-1] == want else
+                        if got[::-1] == want else
                         "rank = (dp_index * pp + pp_index) * tp + tp_index")
-                return _report(False, f"for (dp, pp, tp) = ({dp}, {pp}, {tp}), rank {pl.rank} "
-                                      f"should be at {want}, you gave {tuple(got)}; {hint}.")
-    return _report(True, "rank // (pp*tp) is the replica, (rank // tp) % pp the stage and "
-                         "rank % tp the place in the TP group.")
+                return not_yet(f"for (dp, pp, tp) = ({dp}, {pp}, {tp}), rank {pl.rank} "
+                               f"should be at {want}, you gave {got}; {hint}.")
+    return correct("rank // (pp*tp) is the replica, (rank // tp) % pp the stage and "
+                   "rank % tp the place in the TP group.")
 
 
 @lru_cache(maxsize=8)
@@ -83,32 +98,37 @@ def _zero_note(est, plain, d: int, zero_stage: int) -> str:
 def check_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0,
                  model: str = QUESTION["model"], cluster: str = QUESTION["cluster"],
                  servers: int = QUESTION["servers"],
-                 global_batch: int = QUESTION["global_batch"]) -> bool:
-    """Exercise 2: a layout for ``model`` on ``servers`` servers of ``cluster`` with a global
-    batch of ``global_batch`` sequences, optionally with ZeRO stage ``zero_stage`` over the d
-    replicas. Correct when it fits and is within 5 % of the best layout the planner finds
-    without ZeRO or with the same stage."""
+                 global_batch: int = QUESTION["global_batch"]) -> Verdict:
+    """The system-design question: a layout for ``model`` on ``servers`` servers of
+    ``cluster`` with a global batch of ``global_batch`` sequences, optionally with ZeRO stage
+    ``zero_stage`` over the d replicas. Correct when it fits and is within 5 % of the best
+    layout the planner finds without ZeRO or with the same stage."""
+    missing = [name for name, value in (("t", t), ("p", p), ("d", d), ("b", b), ("m", m))
+               if value is None]
+    if missing:
+        return your_turn(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} still "
+                         f"None: choose every one of t, p, d, b and m, and run the cell.")
     if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
-        return _report(False, f"zero_stage={zero_stage!r} must be 0 (no sharding), 1 (the "
-                              f"optimizer state), 2 (and the gradients) or 3 (and the weights).")
+        return not_yet(f"zero_stage={zero_stage!r} must be 0 (no sharding), 1 (the "
+                       f"optimizer state), 2 (and the gradients) or 3 (and the weights).")
     gpt, hw = MODELS[model], CLUSTERS[cluster]
     n = servers * hw.gpus_per_node
     if t * p * d != n:
-        return _report(False, f"t*p*d = {t}*{p}*{d} = {t * p * d} GPUs, but {servers} servers "
-                              f"of {hw.gpus_per_node} have {n}: every GPU must be used once.")
+        return not_yet(f"t*p*d = {t}*{p}*{d} = {t * p * d} GPUs, but {servers} servers "
+                       f"of {hw.gpus_per_node} have {n}: every GPU must be used once.")
     if b * m * d != global_batch:
-        return _report(False, f"b*m*d = {b}*{m}*{d} = {b * m * d} sequences per step, but the "
-                              f"global batch is {global_batch}: with b={b} and d={d}, "
-                              f"m = {global_batch}/({b}*{d})"
-                              + (f" = {global_batch // (b * d)}." if global_batch % (b * d) == 0
-                                 else ", which is not a whole number: change b or d."))
+        return not_yet(f"b*m*d = {b}*{m}*{d} = {b * m * d} sequences per step, but the "
+                       f"global batch is {global_batch}: with b={b} and d={d}, "
+                       f"m = {global_batch}/({b}*{d})"
+                       + (f" = {global_batch // (b * d)}." if global_batch % (b * d) == 0
+                          else ", which is not a whole number: change b or d."))
     try:
         layout = Layout(t=t, p=p, d=d, b=b, m=m, zero_stage=zero_stage)
         est = estimate(gpt, layout, hw)
         plain = estimate(gpt, Layout(t=t, p=p, d=d, b=b, m=m), hw)
         sharded = estimate(gpt, Layout(t=t, p=p, d=d, b=b, m=m, zero_stage=1), hw)
     except ValueError as exc:
-        return _report(False, f"this layout cannot run the model: {exc}.")
+        return not_yet(f"this layout cannot run the model: {exc}.")
     best = min((pl.best for pl in (_plan(model, cluster, n, global_batch),
                                    _plan(model, cluster, n, global_batch, zero_stage))
                 if pl.best), key=lambda e: e.step_time_s)
@@ -124,20 +144,20 @@ def check_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0,
                 fix += (f", or shard the Adam state over the d={d} replicas with ZeRO-1 "
                         f"(zero_stage=1: {sharded.memory.total / GB:.1f} GB per GPU, it fits)")
             fix += "."
-        return _report(False, zero + (
+        return not_yet(zero + (
             f"t={t}, p={p} puts {mem.total / GB:,.0f} GB on each GPU of the first stage, "
             f"{(mem.total - est.memory_capacity_bytes) / GB:,.0f} GB more than the "
             f"{est.memory_capacity_bytes / GB:.0f} GB usable. Most of it is the "
             f"{biggest[0]} ({biggest[1] / GB:,.0f} GB): " + fix))
     ratio = est.step_time_s / best.step_time_s
-    verdict = zero + (f"It fits ({mem.total / GB:.1f} GB per GPU) and runs at "
-               f"{est.tflops_per_gpu:.0f} TFLOP/s per GPU, {est.step_time_s:.0f} s per step "
-               f"(bubble {est.bubble_fraction:.1%}). The best layout the planner finds, "
-               f"{best.layout.describe()}, runs at {best.tflops_per_gpu:.0f} TFLOP/s per GPU, "
-               f"{best.step_time_s:.0f} s per step")
+    text = zero + (f"It fits ({mem.total / GB:.1f} GB per GPU) and runs at "
+                   f"{est.tflops_per_gpu:.0f} TFLOP/s per GPU, {est.step_time_s:.0f} s per step "
+                   f"(bubble {est.bubble_fraction:.1%}). The best layout the planner finds, "
+                   f"{best.layout.describe()}, runs at {best.tflops_per_gpu:.0f} TFLOP/s per "
+                   f"GPU, {best.step_time_s:.0f} s per step")
     if ratio <= 1.05:
-        return _report(True, verdict + (": yours is that layout." if layout == best.layout
-                                        else f": yours is within {ratio - 1:.0%} of it."))
+        return correct(text + (": yours is that layout." if layout == best.layout
+                                  else f": yours is within {ratio - 1:.0%} of it."))
     why = []
     if t > hw.gpus_per_node:
         why.append(f"t={t} stretches each TP group over {t // hw.gpus_per_node} servers, so its "
@@ -150,5 +170,64 @@ def check_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0,
     part = max(est.time, key=lambda k: est.time[k] - best.time[k])
     why.append(f"the largest difference is {PART_NAMES.get(part, part)}: "
                f"{est.time[part]:.0f} s per step against {best.time[part]:.0f} s")
-    return _report(False, verdict + f"; yours takes {ratio:.2f}x as long. Why: "
+    return not_yet(text + f"; yours takes {ratio:.2f}x as long. Why: "
                    + "; ".join(why) + ".")
+
+
+def check_gpt3_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0) -> Verdict:
+    """Exercise 2: the design question on a new case, GPT-3 175 B on 32 servers of 8 A100
+    80 GB with a global batch of 1024 sequences; judged as ``check_design`` judges."""
+    return check_design(t, p, d, b, m, zero_stage, **GPT3_QUESTION)
+
+
+@lru_cache(maxsize=4)
+def _sweep(cluster: str) -> dict:
+    """Section 6's sweep on ``cluster``: t -> the estimate for (t, p = n/t), d = 1."""
+    return {t: e for t, _, e in tp_sweep(MODELS[SWEEP["model"]], CLUSTERS[cluster],
+                                         SWEEP["n_gpus"], SWEEP["global_batch"]) if e}
+
+
+def check_h100_best_t(best_t) -> Verdict:
+    """Exercise 3: predict the best t for section 6's sweep (the 161 B model on 64 GPUs,
+    B = 64, p = 64/t) when the A100 servers become H100 servers."""
+    if best_t is None:
+        return your_turn("h100_best_t is still None: write the t you predict, then run the "
+                         "cell.")
+    a100, h100 = _sweep("dgx-a100"), _sweep("dgx-h100")
+    if isinstance(best_t, bool) or best_t not in h100:
+        return not_yet(f"h100_best_t={best_t!r}: choose one of {sorted(h100)} (p = "
+                       f"{SWEEP['n_gpus']}/t stages).")
+    was = max(a100, key=lambda t: a100[t].tflops_per_gpu)
+    now = max(h100, key=lambda t: h100[t].tflops_per_gpu)
+    old, new = CLUSTERS["dgx-a100"], CLUSTERS["dgx-h100"]
+    faster = (f"compute {new.gpu.peak_flops / old.gpu.peak_flops:.1f}x, NVLink "
+              f"{new.nvlink_bytes_per_s / old.nvlink_bytes_per_s:.1f}x, the network "
+              f"{new.network_bytes_per_s / old.network_bytes_per_s:.1f}x")
+
+    def tp_share(e):
+        return e.time["tp_comm"] / e.step_time_s
+
+    if best_t == now:
+        return correct(
+            f"an H100 server is faster at everything, but not equally ({faster}). The matrix "
+            f"products shrink most, so the TP all-reduces on NVLink weigh more: at t={was} "
+            f"they take {tp_share(a100[was]):.0%} of the step on A100 and "
+            f"{tp_share(h100[was]):.0%} on H100. The sweet spot moves from t={was} to t={now} "
+            f"(p={SWEEP['n_gpus'] // now}): {h100[now].tflops_per_gpu:.0f} TFLOP/s per GPU "
+            f"against {h100[was].tflops_per_gpu:.0f} at t={was}, buying fewer all-reduce bytes "
+            f"with a deeper pipeline (bubble {h100[now].bubble_fraction:.0%} against "
+            f"{h100[was].bubble_fraction:.0%}); more micro-batches would shrink that bubble.")
+    if best_t == was:
+        return not_yet(f"t={was} is the A100 server's sweet spot. Compare how much faster an "
+                       f"H100 server computes with how much faster its links are ({faster}): "
+                       f"which part of the step grows in share, and which way does that push t?")
+    if best_t > now:
+        return not_yet(f"at t={best_t} the TP all-reduces take {tp_share(h100[best_t]):.0%} of "
+                       f"the step on H100 ({h100[best_t].tflops_per_gpu:.0f} TFLOP/s per GPU). "
+                       f"Compute got faster than the links ({faster}): does that make TP's "
+                       f"communication weigh more or less?")
+    return not_yet(f"t={best_t} needs p={SWEEP['n_gpus'] // best_t} stages, and the bubble "
+                   f"takes {h100[best_t].bubble_fraction:.0%} of the step on any GPU "
+                   f"({h100[best_t].tflops_per_gpu:.0f} TFLOP/s per GPU on H100): faster "
+                   f"compute shortens the bubble as much as the work, so a deeper pipeline gains "
+                   f"nothing from it. Which part of the step got faster least ({faster})?")

@@ -1,7 +1,9 @@
 """The course where students use it: JupyterLab in a real browser, widgets that respond.
 
-For each notebooks/NN-*.ipynb this starts JupyterLab on 127.0.0.1 (a free port, a random
-token, a copy of the notebooks so nothing in the repository is touched), opens the notebook
+For each notebooks/NN-*.ipynb that shows a widget (every core notebook, and the deep dives
+that have one; nbval executes the others) this starts JupyterLab on 127.0.0.1 (a free port,
+a random token, a copy of the notebooks so nothing in the repository is touched), opens the
+notebook
 in headless Chromium driven by Selenium, clears the stored outputs and runs the cells, checks
 that no cell raised, then moves controls of each interactive widget (dropdowns first, then
 sliders with the keyboard, as a student would) until its plot changes, comparing the
@@ -9,7 +11,7 @@ widget's image before and after. Screenshots go to results/screenshots/.
 
 Cells run: every cell up to the notebook's last widget (the widgets come with the
 predictions; the measured runs after them take most of a notebook's time and nbval executes
-them anyway), so the six notebooks take a few minutes; BROWSER_TEST_ALL_CELLS=1 runs every
+them anyway), so the notebooks take a few minutes; BROWSER_TEST_ALL_CELLS=1 runs every
 cell of every notebook.
 
 Needs Debian's chromium and chromium-driver (or CHROMIUM / CHROMEDRIVER pointing at a
@@ -37,7 +39,6 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
 SCREENSHOTS = ROOT / "results" / "screenshots"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 LIVE_NOTEBOOKS = ("02", "03", "04", "05")   # each has a widget that measures when moved
@@ -49,6 +50,20 @@ LAB_SETTINGS = {  # no windowing (every cell stays in the page), no news or upda
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
         {"checkForUpdates": False, "fetchNews": "false"},
 }
+
+
+def _widget_cells(path: Path) -> list[int]:
+    """Indices (among code cells) of the cells that show an interactive widget."""
+    code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    return [i for i, c in enumerate(code)
+            if any(WIDGET_VIEW in o.get("data", {}) for o in c.get("outputs", []))
+            or "widget(" in c.source or "interact" in c.source]
+
+
+# The browser test is about widgets: a notebook without one (some deep dives) is executed by
+# nbval and has nothing a browser would add.
+ALL_NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+NOTEBOOKS = [p for p in ALL_NOTEBOOKS if _widget_cells(p)]
 
 
 # ---------------------------------------------------------------- is there a browser?
@@ -195,11 +210,8 @@ def browser(lab):
 # ---------------------------------------------------------------- the notebook
 def cells_to_run(path: Path) -> tuple[int, str]:
     """(code cells to run from the top, why), from the stored notebook."""
-    nb = nbformat.read(path, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    widget = [i for i, c in enumerate(code)
-              if any(WIDGET_VIEW in o.get("data", {}) for o in c.get("outputs", []))
-              or "widget(" in c.source or "interact" in c.source]
+    code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    widget = _widget_cells(path)
     if os.environ.get("BROWSER_TEST_ALL_CELLS") == "1" or not widget:
         return len(code), "every cell"
     return widget[-1] + 1, f"cells up to the last widget ({widget[-1] + 1} of {len(code)})"
@@ -280,6 +292,12 @@ def move(driver, control) -> str:
             break
         time.sleep(1)
     return f"slider {before} -> {control.get_attribute('aria-valuetext') or ''} (3 x arrow right)"
+
+
+def test_every_core_notebook_is_tested_in_the_browser():
+    tested = {p.stem[:2] for p in NOTEBOOKS}
+    assert {"01", "02", "03", "04", "05"} <= tested, tested
+    assert set(LIVE_NOTEBOOKS) <= tested
 
 
 @pytest.mark.timeout(420)

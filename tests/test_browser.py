@@ -3,9 +3,8 @@
 For each notebooks/NN-*.ipynb that shows a widget (every core notebook, and the deep dives
 that have one; nbval executes the others) this starts JupyterLab on 127.0.0.1 (a free port,
 a random token, a copy of the notebooks so nothing in the repository is touched), opens the
-notebook
-in headless Chromium driven by Selenium, clears the stored outputs and runs the cells, checks
-that no cell raised, then moves controls of each interactive widget (dropdowns first, then
+notebook in headless Chromium driven by Selenium, clears the stored outputs and runs the
+cells, checks that no cell raised, then moves controls of each interactive widget (dropdowns first, then
 sliders with the keyboard, as a student would) until its plot changes, comparing the
 widget's image before and after. Screenshots go to results/screenshots/.
 

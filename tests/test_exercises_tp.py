@@ -32,7 +32,8 @@ def test_stage_split_accepts_a_balanced_split_and_names_an_unbalanced_one():
 
 
 def test_idle_share_checker_runs_the_function_on_timelines():
-    timeline = [Span("F", 0, 0, 0.0, 1.0), Span("RECV_B", 0, 0, 1.0, 3.0), Span("B", 0, 0, 3.0, 4.0)]
+    timeline = [Span("F", 0, 0, 0.0, 1.0), Span("RECV_B", 0, 0, 1.0, 3.0),
+                Span("B", 0, 0, 3.0, 4.0)]
     results = [{"rank": 0, "p": 1, "timeline": timeline}]
     assert ex.check_idle_share(lambda tl, wall: 1 - sum(
         s.end - s.start for s in tl if s.kind in ("F", "B", "OPT")) / wall, results)

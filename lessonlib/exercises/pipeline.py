@@ -165,7 +165,7 @@ def check_interleaved_microbatches(answer, p: int = 4, v: int = 2, m_plain: int 
         return correct(f"m={m}: (p-1)/(v*m+p-1) with v*m = {v * m} equals plain 1F1B's "
                        f"(p-1)/(m+p-1) with m = {m_plain}: {target:.1%} of the step. "
                        f"Interleaving v chunks acts like v times the micro-batches, "
-                       f"with {v} times the messages between devices.")
+                       f"with about {v} times the messages between devices.")
     if got == m_plain:
         return not_yet(f"with m={m_plain} interleaving idles less than plain 1F1B "
                        f"({bubble_fraction(p, m_plain, v, convention='wall'):.1%} "

@@ -489,7 +489,8 @@ ex.check_min_microbatches(my_m, p=8, target=0.1)
 
 # %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
 # NBVAL_CHECK_OUTPUT
-m_solution = next(k for k in range(1, 1000) if cm.bubble_fraction(8, k, convention="wall") <= 0.1)
+m_solution = next(m_try for m_try in range(1, 1000)
+                  if cm.bubble_fraction(8, m_try, convention="wall") <= 0.1)
 ex.check_min_microbatches(m_solution, p=8, target=0.1)
 
 # %% [markdown]

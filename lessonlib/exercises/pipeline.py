@@ -98,11 +98,12 @@ def check_capped_bubble(answer, p: int = 4, capacity: int = 4) -> Verdict:
             if all(n <= capacity for n in simulate(gpipe(p, k)).peak_stash))
     want = bubble_fraction(p, m, convention="wall")
     if math.isclose(got, want, abs_tol=5e-3):
+        cap = (f" 1F1B holds at most p = {p} on stage 0 whatever m is, so it can raise m "
+               f"and shrink the bubble: that is what its memory cap buys." if p <= capacity
+               else "")
         return correct(f"GPipe keeps all m micro-batches on every stage, so m <= "
                        f"{capacity} and the bubble stays at (p-1)/(m+p-1) = "
-                       f"{p - 1}/{m + p - 1} = {want:.1%}. 1F1B holds at most p = {p} "
-                       f"on stage 0 whatever m is, so it can raise m and shrink the "
-                       f"bubble: that is what its memory cap buys.")
+                       f"{p - 1}/{m + p - 1} = {want:.1%}.{cap}")
     if math.isclose(got, 100 * want, abs_tol=0.5):
         return not_yet("that is a percentage; give the share (0.25, not 25).")
     if math.isclose(got, bubble_fraction(p, m, convention="ideal"), abs_tol=5e-3):

@@ -67,8 +67,6 @@ from lessonlib.viz import tp as tpviz
 # %%
 tpviz.draw_weight_split(t=2, heads=8)
 plt.show()
-
-# %%
 tpviz.weight_split_widget(heads=8)
 
 # %% [markdown]
@@ -118,8 +116,9 @@ for t in TS:
         print(f"t={t} {kind:>5}: equal to the dense model on all 4 ranks: {same}")
 
 # %% [markdown]
-# Measured against predicted: the all-reduces the ledger saw in the first step on rank 0,
-# and the bytes of parameters each rank holds, next to `(12h² + 13h)/t`:
+# Measured against predicted: the all-reduces the ledger saw in the first step on rank 0
+# (each a `(b, s, h)` payload, of which a ring moves 2(t-1)/t per rank), and the bytes of
+# parameters each rank holds, next to `(12h² + 13h)/t`:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -132,9 +131,11 @@ for t in TS:
                  "comm_bytes_predicted": 4 * cm.tp_elements_per_layer(B, S, H, t)})
     print(f"t={t}: MLP {mlp['forward']['all_reduce']} all-reduce forward, "
           f"{mlp['backward']['all_reduce']} backward | layer {block['forward']['all_reduce']} + "
-          f"{block['backward']['all_reduce']}, ring {sent:,.0f} bytes per rank (predicted "
-          f"{rows[-1]['comm_bytes_predicted']:,.0f}) | weights {block['param_bytes']:,} bytes "
-          f"(predicted {rows[-1]['param_bytes_predicted']:,.0f})")
+          f"{block['backward']['all_reduce']}, payload {block['forward']['payload_bytes'] // 2:,} "
+          f"bytes each, ring {sent:,.0f} bytes per rank (predicted "
+          f"{rows[-1]['comm_bytes_predicted']:,.0f})")
+    print(f"     weights {block['param_bytes']:,} bytes per rank (predicted "
+          f"{rows[-1]['param_bytes_predicted']:,.0f}; dense {block['dense_param_bytes']:,})")
 print("the small weight gap, 6h x 4 x (1 - 1/t) bytes, is what stays whole on every rank: "
       "the two LayerNorms and the biases added after g")
 
@@ -191,6 +192,8 @@ plt.show()
 gpt3, cluster = cm.MODELS["gpt3-175B"], cm.CLUSTERS["dgx-a100"]
 payload = 1 * gpt3.s * gpt3.h * 2                      # one (b, s, h) tensor, 16-bit
 compute = 3 * cm.compute.layer_forward_flops(gpt3, 1)  # forward + backward = 3 forwards
+print(f"per GPU and direction: NVLink {cluster.link(False)[0] / 1e9:.0f} GB/s, "
+      f"InfiniBand {cluster.link(True)[0] / 1e9:.0f} GB/s")
 link_rows = []
 for t in (2, 4, 8):
     times = {}
@@ -418,6 +421,8 @@ for r in rows:
     print(f"{r['schedule']:>8} {r['m']:>2} {r['step_time_s'] * 1e3:>8.1f} "
           f"{r['bubble_mean']:>14.1%} {r['bubble_theory_wall']:>14.1%} "
           f"{r['bubble_mean'] - r['bubble_theory_wall']:>+11.1%}")
+vp.bubble_and_memory(rows)
+plt.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -425,10 +430,6 @@ for r in rows:
     print(f"{r['schedule']:>5} m={r['m']}: held per stage {r['peak_stash_per_stage']}, "
           f"predicted {r['peak_stash_theory']}: "
           f"{r['peak_stash_per_stage'] == r['peak_stash_theory']}")
-
-# %%
-vp.bubble_and_memory(rows)
-plt.show()
 
 # %% [markdown]
 # Per m, the same share idle; 1F1B's first stage holds 2 micro-batches whatever m is,

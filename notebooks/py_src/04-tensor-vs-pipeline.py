@@ -138,8 +138,6 @@ for t in TS:
           f"{rows[-1]['param_bytes_predicted']:,.0f}; dense {block['dense_param_bytes']:,})")
 print("the small weight gap, 6h x 4 x (1 - 1/t) bytes, is what stays whole on every rank: "
       "the two LayerNorms and the biases added after g")
-
-# %%
 tpviz.plot_tp_scaling(rows)
 plt.show()
 
@@ -214,8 +212,6 @@ for t in (16, 32):
     print(f"t={t}: all-reduces {took['dgx'] * 1e3:5.2f} ms over DGX servers' 8 ports, "
           f"{took['flat'] * 1e3:5.2f} ms through one port per server; compute "
           f"{compute / t / cluster.gpu.peak_flops * 1e3:4.2f} ms per GPU at peak")
-
-# %%
 tpviz.plot_link_times(link_rows)
 plt.show()
 

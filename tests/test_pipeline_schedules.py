@@ -296,17 +296,44 @@ def test_executor_rejects_bad_input_before_running():
 
 
 # ---------------------------------------------------------------- exercises and plots
-def test_exercise_checkers_accept_the_answer_and_explain_mistakes(capsys):
+def test_exercise_checkers_accept_the_answer_and_explain_mistakes():
     assert ex.check_1f1b_order(" ".join(map(str, S.one_f_one_b_order(4, 6, 1))), 4, 6, 1)
-    assert not ex.check_1f1b_order("F0 F1 F2 F3 F4 F5 B0 B1 B2 B3 B4 B5", 4, 6, 1)
-    assert "deadlocks" in capsys.readouterr().out
-    assert not ex.check_1f1b_order("F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5", 4, 6, 1)
-    assert "instead of 1F1B's" in capsys.readouterr().out
-    assert ex.check_bubble(lambda p, m: (p - 1) / (m + p - 1))
-    assert not ex.check_bubble(lambda p, m: (p - 1) / m)
-    assert "Megatron-LM's convention" in capsys.readouterr().out
+    assert ex.check_1f1b_order(" ".join(map(str, S.one_f_one_b_order(3, 5, 0))), 3, 5, 0)
+    verdict = ex.check_1f1b_order("F0 F1 F2 F3 F4 F5 B0 B1 B2 B3 B4 B5", 4, 6, 1)
+    assert not verdict and verdict.ok is False and "deadlocks" in str(verdict)
+    verdict = ex.check_1f1b_order("F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5", 4, 6, 1)
+    assert not verdict and "instead of 1F1B's" in str(verdict)
+    assert ex.check_1f1b_order(None).ok is None
     assert ex.check_min_microbatches(63, p=8, target=0.1)
-    assert not ex.check_min_microbatches(70, p=8, target=0.1)
+    verdict = ex.check_min_microbatches(70, p=8, target=0.1)
+    assert verdict.ok is False and "Megatron's (p-1)/m" in str(verdict)
+
+
+def test_capped_bubble_checker_wants_the_largest_m_that_fits():
+    # GPipe holds all m micro-batches on every stage: room for 4 means m = 4, 3/7 of the step
+    assert ex.check_capped_bubble(3 / 7, p=4, capacity=4)
+    assert ex.check_capped_bubble(0.4286, p=4, capacity=4)
+    assert ex.check_capped_bubble(2 / 5, p=2, capacity=2) is not None
+    assert ex.check_capped_bubble(1 / 3, p=2, capacity=2)
+    for answer, words in ((0.75, "Megatron-LM's convention"), (42.9, "percentage"),
+                          (3 / 19, "more micro-batches than fit"),
+                          (0.75 + 1e-9, "Megatron-LM's convention"),
+                          ("lots", "share of the step")):
+        verdict = ex.check_capped_bubble(answer, p=4, capacity=4)
+        assert verdict.ok is False and words in str(verdict), (answer, str(verdict))
+    assert ex.check_capped_bubble(None).ok is None
+
+
+def test_interleaved_microbatches_checker():
+    # (p-1)/(v m + p-1) = (p-1)/(16 + p-1) at v = 2 needs m = 8, a multiple of p = 4
+    assert ex.check_interleaved_microbatches(8, p=4, v=2, m_plain=16)
+    assert ex.check_interleaved_microbatches(4, p=2, v=2, m_plain=8)
+    for answer, words in ((16, "fewer micro-batches"), (6, "multiple of p=4"),
+                          (12, "a smaller multiple"), (4, "more than plain"),
+                          (2.5, "whole number")):
+        verdict = ex.check_interleaved_microbatches(answer, p=4, v=2, m_plain=16)
+        assert verdict.ok is False and words in str(verdict), (answer, str(verdict))
+    assert ex.check_interleaved_microbatches(None).ok is None
 
 
 def test_plots_draw_theory_and_measured_points():

@@ -259,11 +259,11 @@ def my_split(n_layers, p):
     raise NotImplementedError
 
 
-ok = ex.check_stage_split(my_split)
+ex.check_stage_split(my_split)
 
 # %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
 # NBVAL_CHECK_OUTPUT
-def my_split(n_layers, p):
+def split_solution(n_layers, p):
     base, extra = divmod(n_layers, p)
     stages, start = [], 0
     for s in range(p):
@@ -273,7 +273,7 @@ def my_split(n_layers, p):
     return stages
 
 
-assert ex.check_stage_split(my_split)
+ex.check_stage_split(split_solution)
 
 # %% [markdown]
 # **2.** Measure the idle share yourself. Write `my_idle_share(timeline, wall)`: the share
@@ -286,20 +286,32 @@ def my_idle_share(timeline, wall):
     raise NotImplementedError
 
 
-ok = ex.check_idle_share(my_idle_share, results)
+ex.check_idle_share(my_idle_share, results)
 
 # %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
 # NBVAL_CHECK_OUTPUT
-def my_idle_share(timeline, wall):
+def idle_share_solution(timeline, wall):
     busy = sum(s.end - s.start for s in timeline if s.kind in ("F", "B", "OPT"))
     return 1 - busy / wall
 
 
-assert ex.check_idle_share(my_idle_share, results)
+ex.check_idle_share(idle_share_solution, results)
 
 # %% [markdown]
-# **3.** (Thinking, no checker.) The split above balances *parameters*, a proxy for
-# compute. Name a part of the tiny GPT that has many parameters but almost no FLOPs, and an
-# operation with many FLOPs but no parameters at all. How would each skew the timeline if
-# the model were cut by parameter count alone? (Hint: look up what an embedding does in the
-# forward pass, and how attention's cost grows with s.)
+# **3.** The split above balances *parameters*, a proxy for compute, and the proxy can be
+# wrong: an embedding has many parameters but its forward is a table lookup, and attention's
+# cost grows with s without a single parameter. Say a cut by parameters leaves the last
+# stage (it also computes the head and the loss) 3 times as slow as each of the others:
+# per step, stages 0, 1 and 2 compute 1 ms each (forward and backward together) and
+# stage 3 computes 3 ms. Messages are free. What share of the step is **stage 0** idle?
+# Think before you answer: is it still (p-1)/p?
+
+# %%
+my_idle = None      # a share between 0 and 1
+ex.check_unbalanced_idle(my_idle, stage_ms=(1, 1, 1, 3), stage=0)
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+stage_ms_solution = (1, 1, 1, 3)        # one batch visits the stages one after another
+idle_solution = 1 - stage_ms_solution[0] / sum(stage_ms_solution)
+ex.check_unbalanced_idle(idle_solution, stage_ms=(1, 1, 1, 3), stage=0)

@@ -1,0 +1,239 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py_src//py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Deep dive: interleaved schedules
+#
+# This deep dive extends Part 2 of [04 · Tensor vs pipeline
+# parallelism](04-tensor-vs-pipeline.ipynb), where GPipe and 1F1B left the same bubble,
+# (p-1)/(m+p-1) of the step. Megatron-LM 2021 (Narayanan et al., SC21, §2.2.2) shrinks it
+# further by giving each device **v model chunks** instead of one contiguous stage: the
+# interleaved 1F1B schedule. Here we predict what that buys and costs, check that it trains
+# the same model, measure it on real ranks, and compare with PyTorch's own schedules.
+#
+# The same plan as a core lesson: the idea -> a prediction -> a real run -> measured against
+# predicted -> a takeaway -> an exercise.
+
+# %%
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+import lessonlib
+from lessonlib import costmodel as cm
+from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedules as S
+from lessonlib.pipeline.validate import simulate
+from lessonlib.viz import pipeline as vp
+
+# %% [markdown]
+# ## 1. The idea: v chunks per device
+#
+# **The assembly line.** Instead of one run of floors, each builder takes v shorter runs
+# spread over the castle: with p = 2 builders and v = 2, builder 0 builds floors 1 and 3,
+# builder 1 floors 2 and 4. A micro-batch now visits each builder v times. Each visit is v
+# times shorter, so the line fills and drains v times faster; the price is more
+# hand-overs: a micro-batch crosses p·v - 1 boundaries instead of p - 1, about v times as
+# many.
+#
+# In the model: cut it into p·v *virtual stages*; device d holds virtual stages d, d+p, ...,
+# d+(v-1)p (`lessonlib.pipeline.stages.device_chunks`). The schedule names each chunk's
+# work: `F0c1` is the forward of micro-batch 0 through the device's chunk 1. It needs m to
+# be a multiple of p (the micro-batches go round the devices in groups of p). For p = 2,
+# m = 4, v = 2, from `lessonlib.pipeline`:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(S.describe(S.interleaved_one_f_one_b(2, 4, 2)))
+
+# %% [markdown]
+# Every F and B comes with its messages. Under plain 1F1B the forward of micro-batch `i` on
+# stage 1 of 4 first receives stage 0's output (`RECV_F`) and then sends its own to stage 2
+# (`SEND_F`); the backward receives a gradient from stage 2 and sends one to stage 0. Stage
+# 1's full list for p = 4, m = 6, then the sends per device, plain against interleaved
+# ((p·v - 1)/(p - 1) times as many in all: 3 at p = 2, 7/3 at p = 4):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(" ".join(str(a) for a in S.one_f_one_b(4, 6)[1]))
+for p, m in ((2, 4), (4, 8)):
+    plain, inter = S.one_f_one_b(p, m), S.interleaved_one_f_one_b(p, m, 2)
+    sends = [[sum(str(a).startswith("SEND") for a in stage) for stage in s] for s in (plain, inter)]
+    print(f"p={p}, m={m}: sends per device, 1F1B {sends[0]}, interleaved v=2 {sends[1]}")
+
+# %% [markdown]
+# ## 2. The prediction: v times less bubble, v times the messages
+#
+# Each chunk's forward and backward take 1/v of a stage's, so the p-1 idle slots while the
+# line fills and drains are v times shorter: `(p-1)/(v·m)` of the ideal compute time
+# (Megatron-LM 2021 §2.2.2), `(p-1)/(v·m+p-1)` of the wall time. The schedule simulation
+# (forward 1/v, backward 2/v time units per chunk) agrees; it also counts the activations
+# a device holds at its peak, in (micro-batch, chunk) units, which the last column turns
+# into micro-batches' worth (divided by v):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"{'p':>2} {'m':>2} {'v':>2} {'wall (p-1)/(vm+p-1)':>20} {'ideal (p-1)/(vm)':>17} "
+      f"{'simulated (wall)':>17}   peak stash per device")
+for p, m, v in ((2, 4, 1), (2, 4, 2), (2, 8, 2), (4, 8, 1), (4, 8, 2), (4, 8, 4)):
+    sim = simulate(S.make("interleaved" if v > 1 else "1f1b", p, m, v), forward=1 / v,
+                   backward=2 / v)
+    print(f"{p:>2} {m:>2} {v:>2} {cm.bubble_fraction(p, m, v, convention='wall'):>20.1%} "
+          f"{cm.bubble_fraction(p, m, v, convention='ideal'):>17.1%} {sim.bubble[0]:>17.1%}   "
+          f"{[n / v for n in sim.peak_stash]}")
+
+# %% [markdown]
+# Interleaving does not come for free in memory either: its first device holds a little
+# more than 1F1B's p micro-batches' worth (Korthikanti et al. 2022 count the factor
+# 1 + (p-1)/(p·v)). The theoretical charts for p = 4, m = 8 (forward 1 time unit,
+# backward 2, split over the chunks; paler bars are chunk 1): GPipe and 1F1B have the same
+# length and the same pale red bubble, interleaving shortens both ends.
+
+# %%
+fig, axes = plt.subplots(3, 1, figsize=(10, 6.8), constrained_layout=True)
+vp.gantt_schedule("gpipe", 4, 8, ax=axes[0])
+vp.gantt_schedule("1f1b", 4, 8, ax=axes[1])
+vp.gantt_schedule("interleaved", 4, 8, 2, ax=axes[2])
+plt.show()
+
+# %% [markdown]
+# ## 3. The real run
+#
+# First the proof that interleaving trains the same model: the tiny GPT of notebook 04, cut
+# into 4 virtual stages on 2 ranks, trained 2 SGD steps, against the same model on the whole
+# batch in one process (each micro-batch's loss divided by m).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+cases = [c for c in runs.parity_cases(2) if c[1] == "interleaved"]
+report = runs.parity_report(lessonlib.launch(runs.parity, 2, cases))
+for r in report:
+    same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
+    print(f"{r['engine']:>9} {r['schedule']:>11} m={r['m']} v={r['v']}: gradients, weights "
+          f"and losses equal one process: {same}")
+
+# %% [markdown]
+# Then the measurement, on the stages of notebook 04: 2 ranks, one compute thread each, an
+# `mlp_stack` of 16 Linear + GeLU layers of width 1024 (4 chunks of 4 layers when
+# interleaved), micro-batches of 128 rows; 1F1B and interleaved 1F1B (v = 2) for m = 2, 4, 8.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+measured = lessonlib.launch(runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
+                            schedules=("1f1b", "interleaved"), steps=5, warmup=1, timeout=300)
+rows = runs.summarize(measured)
+print(f"{len(rows)} cases measured, median step times from "
+      f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "
+      f"{max(r['step_time_s'] for r in rows) * 1e3:.0f} ms")
+
+# %% [markdown]
+# ## 4. Measured against predicted
+#
+# The median interleaved step with m = 4 under its theoretical chart:
+
+# %%
+step = runs.median_step(measured, ("lessonlib", "interleaved", 4, 2))
+row = next(r for r in rows if (r["schedule"], r["m"]) == ("interleaved", 4))
+vp.gantt_pair("interleaved", [r.spans for r in step], 2, 4, 2, bubble=row["bubble_per_stage"])
+plt.show()
+
+# %% [markdown]
+# The bubble of every run as a share of the step's wall time, next to `(p-1)/(v·m+p-1)`
+# (Megatron's `(p-1)/(v·m)` of ideal time for reference). Step times are the median of 5
+# steps on whatever else this machine is doing. Interleaving multiplies the messages per
+# micro-batch (3 boundaries instead of 1 here) and halves the work between them; on CPU
+# ranks, where the sender copies each message on the critical path, it gains least (the deep dive
+# [11 · laptop measurements](11-deep-dive-laptop-measurements.ipynb) takes the measured
+# bubble apart).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"{'schedule':>11} {'m':>2} {'v':>2} {'step ms':>8} {'bubble (wall)':>14} "
+      f"{'theory (wall)':>14} {'difference':>11} {'theory (ideal)':>15}")
+for r in rows:
+    print(f"{r['schedule']:>11} {r['m']:>2} {r['v']:>2} {r['step_time_s'] * 1e3:>8.1f} "
+          f"{r['bubble_mean']:>14.1%} {r['bubble_theory_wall']:>14.1%} "
+          f"{r['bubble_mean'] - r['bubble_theory_wall']:>+11.1%} "
+          f"{r['bubble_theory_ideal']:>15.1%}")
+
+# %% [markdown]
+# Memory, from what autograd saved for the backward: micro-batch-chunks held at once per
+# stage (interleaved: against the simulated schedule) and the bytes they take.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for r in rows:
+    print(f"{r['schedule']:>11} m={r['m']}: held per stage {r['peak_stash_per_stage']} "
+          f"(predicted {r['peak_stash_theory']}), MiB saved for backward per stage "
+          f"{[round(b / 2 ** 20, 1) for b in r['peak_stash_bytes_per_stage']]}")
+
+# %% [markdown]
+# Explore the prediction: p stages, m micro-batches, v chunks per device. Left, the bubble
+# in both conventions against m (measured points where p matches); right, the activations
+# each stage holds at its peak (measured marks where p and m match). The chart below the
+# widget is the default view, stored with the notebook.
+
+# %%
+vp.widget(measured=rows)
+
+# %%
+vp.explore(2, 8, 2, measured=rows)
+plt.show()
+
+# %% [markdown]
+# ## 5. PyTorch's own schedules
+#
+# `torch.distributed.pipelining` ships the same schedules as classes: `ScheduleGPipe`,
+# `Schedule1F1B`, `ScheduleInterleaved1F1B`, and newer ones this course does not build
+# (`ScheduleLoopedBFS`, the zero-bubble schedules that split each backward into its
+# input-gradient and weight-gradient halves). Notebook 04 trained the same model with its
+# GPipe and 1F1B to the same gradients as lessonlib's. `labs/pp.py` also times them on the
+# stages above, step by step in turn; its result on a 2-core CPU machine, stored with the
+# command that made it:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+DATA = Path(lessonlib.__file__).resolve().parent.parent / "data"
+lab = json.loads((DATA / "pp_cpu_results.json").read_text())
+print(lab["command"])
+for schedule, ratios in lab["ratio_lessonlib_over_torch"].items():
+    print(f"{schedule:>5}: lessonlib's step time / PyTorch's: " + ", ".join(
+        f"{m} {ratio:.2f}" for m, ratio in ratios.items()))
+
+# %% [markdown]
+# <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
+# <b>Takeaway.</b> Interleaving v chunks per device divides the bubble's (p-1)/m by v:
+# the pipeline idles (p-1)/(v·m+p-1) of its wall time, as if it had v times the
+# micro-batches. The price is about v times the messages between devices, m a multiple of
+# p, and slightly more activations on the first device. Where a message is cheap next to a chunk's
+# compute (GPUs over NVLink or InfiniBand, large layers) that trade pays; where each message
+# costs a copy on the critical path (CPU ranks, tiny layers) it pays least.
+# </div>
+#
+# ## Exercise
+#
+# **1.** Plain 1F1B on p = 4 stages with m = 16 micro-batches leaves some bubble. With
+# interleaved 1F1B and v = 2 chunks per device, what is the smallest number of
+# micro-batches that leaves no more bubble (as a share of the wall time)? Remember what m
+# this schedule accepts.
+
+# %%
+from lessonlib.exercises import pipeline as ex
+
+my_m_interleaved = None
+ex.check_interleaved_microbatches(my_m_interleaved, p=4, v=2, m_plain=16)
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+plain_solution = cm.bubble_fraction(4, 16, convention="wall")
+m_interleaved_solution = next(k for k in range(4, 17, 4)     # multiples of p = 4
+                              if cm.bubble_fraction(4, k, 2, convention="wall") <= plain_solution)
+ex.check_interleaved_microbatches(m_interleaved_solution, p=4, v=2, m_plain=16)

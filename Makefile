@@ -22,10 +22,13 @@ $(STAMP): pyproject.toml
 course: setup
 	$(PY) tools/course.py $(LAB_ARGS)
 
-# The whole suite: library tests, then every notebook under nbval; the slowest tests last,
-# so that the next slowdown is seen.
+# The whole suite: library tests and every notebook under nbval, on TEST_WORKERS processes
+# (pytest-xdist; a notebook's cells, and each test file, stay on one worker); the slowest
+# tests last, so that the next slowdown is seen. TEST_WORKERS=1 runs it in one process.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs --durations=15
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs --durations=15 \
+	  $(if $(filter 1,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope)
 
 # Library tests only (no notebooks), for quick iteration.
 test-fast: setup

@@ -119,6 +119,15 @@ LABS = {
         largest=_power_of_two_at_most,
         metrics={"step s": "results.lessonlib.step_time_s",
                  "checkpoint save s": "results.lessonlib.checkpoint_save_s"}),
+    "zero": Lab(
+        tiny={"steps": "2", "warmup": "1", "rounds": "1", "layers": "2", "hidden": "16",
+              "heads": "4", "seq": "8"},
+        short={"steps": "3", "warmup": "1", "rounds": "1", "layers": "8", "hidden": "1024",
+               "heads": "16", "seq": "512"},
+        at_one="d = 1: nothing to shard, every stage holds the whole model state; the "
+               "baseline each stage's memory is divided from",
+        metrics={"lessonlib stage-3 step s": "results.lessonlib.step_time_s",
+                 "torch fully_shard step s": "results.torch.step_time_s"}),
 }
 GENERIC = Lab(tiny={"steps": "2", "warmup": "1"}, short={"steps": "3", "warmup": "1"},
               at_one="(a lab this script has no notes for: run with its defaults)",

@@ -2,11 +2,10 @@
 each bug's check passes with the bug off and fails with it on, and the existing test the
 registry names fails with the switch on (it passes without: that is the normal suite).
 
-Each check is one 2-rank launch; each existing test runs in its own pytest subprocess, the
-narrowest parametrized case, with ``LESSONLIB_BUGS`` set in its environment."""
+Each check is one 2-rank launch; each existing test runs in a pytest session of its own
+inside this process (its ranks come from the same warm fork server), the narrowest
+parametrized case, with ``LESSONLIB_BUGS`` set in the environment the ranks inherit."""
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -75,24 +74,40 @@ def test_the_check_passes_with_the_bug_off_and_fails_with_it_on(name, monkeypatc
     assert expected in on["message"], on["message"]
 
 
-def _pytest(name, *nodes, timeout=150):
-    env = {**os.environ, bugzoo.ENV: name}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-                           *nodes], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+class _Outcomes:
+    """Each test's outcome in a pytest session: "failed" if any phase failed, else "passed"."""
+
+    def __init__(self):
+        self.by_node = {}
+
+    def pytest_runtest_logreport(self, report):
+        if report.failed:
+            self.by_node[report.nodeid] = "failed"
+        elif report.when == "call":
+            self.by_node.setdefault(report.nodeid, report.outcome)
+
+
+def _pytest(name, *nodes, monkeypatch) -> tuple[int, dict]:
+    """Run the named tests with bug ``name`` switched on: (pytest's exit code, outcomes)."""
+    monkeypatch.setenv(bugzoo.ENV, name)
+    monkeypatch.chdir(ROOT)
+    outcomes = _Outcomes()
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:timeout",
+                        *nodes], plugins=[outcomes])
+    return int(code), outcomes.by_node
 
 
 @pytest.mark.timeout(170)
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "tp_layer_left_unsharded"])
-def test_the_named_existing_test_fails_with_the_switch_on(name):
-    run = _pytest(name, "-x", bugzoo.BUGS[name].test)
-    assert run.returncode == 1 and "1 failed" in run.stdout, run.stdout[-3000:]
+def test_the_named_existing_test_fails_with_the_switch_on(name, monkeypatch):
+    node = bugzoo.BUGS[name].test
+    code, outcomes = _pytest(name, node, monkeypatch=monkeypatch)
+    assert code == 1 and outcomes == {node: "failed"}, outcomes
 
 
 @pytest.mark.timeout(170)
-def test_a_layer_left_unsharded_passes_parity_and_fails_the_memory_check():
+def test_a_layer_left_unsharded_passes_parity_and_fails_the_memory_check(monkeypatch):
     parity = "tests/test_tensor_parallel.py::test_parity_with_the_dense_model[block-2]"
     memory = bugzoo.BUGS["tp_layer_left_unsharded"].test
-    run = _pytest("tp_layer_left_unsharded", parity, memory)
-    assert f"PASSED {parity}" in run.stdout, run.stdout[-3000:]
-    assert f"FAILED {memory}" in run.stdout, run.stdout[-3000:]
+    code, outcomes = _pytest("tp_layer_left_unsharded", parity, memory, monkeypatch=monkeypatch)
+    assert code == 1 and outcomes == {parity: "passed", memory: "failed"}, outcomes

@@ -25,9 +25,11 @@ course: setup
 # The whole suite: library tests and every notebook under nbval, on TEST_WORKERS processes
 # (pytest-xdist; a notebook's cells, and each test file, stay on one worker); the slowest
 # tests last, so that the next slowdown is seen. TEST_WORKERS=1 runs it in one process.
+# One compute thread per process: the workers, their kernels and their ranks share the
+# cores, and torch's threads spinning against each other slow a step down 10x.
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs --durations=15 \
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs --durations=15 \
 	  $(if $(filter 1,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope)
 
 # Library tests only (no notebooks), for quick iteration.

@@ -1,8 +1,14 @@
+import os
 import sys
 from pathlib import Path
 
-import psutil
-import pytest
+# One compute thread per process (before torch is imported): the test workers, their
+# notebook kernels and their ranks share the cores, and torch's threads spinning against
+# each other slow a step down 10x. `make test` sets the same; an explicit value wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -6,6 +6,7 @@ Each check is one 2-rank launch; each existing test runs in a pytest session of 
 inside this process (its ranks come from the same warm fork server), the narrowest
 parametrized case, with ``LESSONLIB_BUGS`` set in the environment the ranks inherit."""
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,9 +89,14 @@ class _Outcomes:
 
 
 def _pytest(name, *nodes, monkeypatch) -> tuple[int, dict]:
-    """Run the named tests with bug ``name`` switched on: (pytest's exit code, outcomes)."""
+    """Run the named tests with bug ``name`` switched on: (pytest's exit code, outcomes).
+    Their modules are imported afresh (results cached by an earlier run of the same module
+    in this process, with the bug off, must not answer for the bug on)."""
     monkeypatch.setenv(bugzoo.ENV, name)
     monkeypatch.chdir(ROOT)
+    for module in {Path(node.split("::")[0]).stem for node in nodes}:
+        if module in sys.modules:
+            monkeypatch.delitem(sys.modules, module)   # put back when the test ends
     outcomes = _Outcomes()
     code = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:timeout",
                         *nodes], plugins=[outcomes])

@@ -379,7 +379,9 @@ const chosen = (arguments[0] === null ? code.map((c, i) => i) : arguments[0])
 const errors = chosen.flatMap(([c, i]) => c.model.outputs.toJSON()
     .filter(o => o.output_type === 'error')
     .map(o => `${o.ename}: ${o.evalue} (code cell ${i}: ` + (c.model.sharedModel.getSource()
-              .split('\\n').find(line => !line.startsWith('#')) || '') + ')'));
+              .split('\\n').find(line => !line.startsWith('#')) || '') + ')'))
+    .concat(window.browserTestRunError ? [`running the cells: ${window.browserTestRunError}`]
+            : []);
 return {kernel: k ? k.status : 'none', cells: code.length,
         pending: chosen.filter(([c]) => c.model.executionCount === null).length, errors};
 """
@@ -399,7 +401,7 @@ app.commands.execute('notebook:clear-all-cell-outputs').then(() => {
       nb.deselectAll();
       nb.activeCellIndex = code[i][1];
       return app.commands.execute('notebook:run-cell');
-    }), Promise.resolve());
+    }), Promise.resolve()).catch(e => { window.browserTestRunError = String(e); });
   }
   done('ok');                             // the cells run on; finished() watches them
 }, e => done('error: ' + e));

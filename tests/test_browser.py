@@ -4,14 +4,21 @@ For each notebooks/NN-*.ipynb that shows a widget (every core notebook, and the 
 that have one; nbval executes the others) this starts JupyterLab on 127.0.0.1 (a free port,
 a random token, a copy of the notebooks so nothing in the repository is touched), opens the
 notebook in headless Chromium driven by Selenium, clears the stored outputs and runs the
-cells, checks that no cell raised, then moves controls of each interactive widget (dropdowns first, then
-sliders with the keyboard, as a student would) until its plot changes, comparing the
-widget's image before and after. Screenshots go to results/screenshots/.
+cells the widgets need, checks that none of them raised, then moves controls of each
+interactive widget (dropdowns first, then sliders with the keyboard, as a student would)
+until its plot changes, comparing the widget's image before and after. Screenshots go to
+results/screenshots/.
 
-Cells run: every cell up to the notebook's last widget (the widgets come with the
-predictions; the measured runs after them take most of a notebook's time and nbval executes
-them anyway), so the notebooks take a few minutes; BROWSER_TEST_ALL_CELLS=1 runs every
-cell of every notebook.
+Cells run: only those the widgets need, in notebook order: the first code cell (imports and
+setup), each widget cell, and, transitively, the last earlier cell that defines each name
+one of these uses, found by a static def-use analysis of the cells' Python source with ast
+(widget_slice; a cell that does not parse, a magic, always runs). Most of a notebook's
+time goes to measured multi-rank runs whose numbers feed tables and plots, not the widgets;
+those cells are skipped here, since nbval executes every cell of every notebook anyway. A
+measured run that a widget does read (deep dive 09 plots its own) still runs. What the
+analysis cannot see (a cell that changes an object only by calling its methods, a file
+written by one cell and read by another) would show up here as a widget cell that raises.
+BROWSER_TEST_ALL_CELLS=1 runs every cell of every notebook instead.
 
 Needs Debian's chromium and chromium-driver (or CHROMIUM / CHROMEDRIVER pointing at a
 Chromium and its matching driver) and the selenium package; without them the tests are
@@ -20,6 +27,7 @@ skipped and the reason is printed.
 from __future__ import annotations
 
 import contextlib
+import ast
 import json
 import os
 import shutil
@@ -207,13 +215,153 @@ def browser(lab):
 
 
 # ---------------------------------------------------------------- the notebook
-def cells_to_run(path: Path) -> tuple[int, str]:
-    """(code cells to run from the top, why), from the stored notebook."""
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp,
+           ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _bound_in(scope: ast.AST) -> set[str]:
+    """The names a function, lambda, class or comprehension binds for itself."""
+    if isinstance(scope, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        return {n.id for g in scope.generators for n in ast.walk(g.target)
+                if isinstance(n, ast.Name)}
+    names: set[str] = set()
+    if not isinstance(scope, ast.ClassDef):
+        a = scope.args
+        names |= {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+        names |= {x.arg for x in (a.vararg, a.kwarg) if x is not None}
+    if isinstance(scope, ast.Lambda):
+        return names
+    declared_global: set[str] = set()
+    for node in _walk_scope(scope.body):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            declared_global |= set(node.names)
+    return names - declared_global
+
+
+def _walk_scope(body: list[ast.stmt]):
+    """The nodes of one scope's body, not those of the scopes nested in it (whose own names
+    are theirs; a nested def or class itself, whose name is bound here, is yielded)."""
+    todo = list(body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            todo += node.decorator_list       # evaluated here, unlike the body
+        elif not isinstance(node, _SCOPES):
+            todo += ast.iter_child_nodes(node)
+
+
+def _base_name(node: ast.AST) -> str | None:
+    """x for x, x.a, x[k], x.a[k].b ..."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def defs_and_uses(source: str) -> tuple[set[str], set[str]] | None:
+    """(names the cell defines, names it reads from outside itself), or None if the source
+    does not parse as Python (an IPython magic). Defining: assignments (augmented and
+    annotated too), for/with/except targets, imports, def and class, `global` names, and a
+    subscript or attribute store on a name (x[k] = ..., x.a = ... define x). Using: every load
+    of a name that the cell's own functions, lambdas, classes or comprehensions do not bind
+    (conservative: a load after the cell assigned the name still counts)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    defs: set[str] = set()
+    uses: set[str] = set()
+
+    def visit(node: ast.AST, local: frozenset[str], top: bool) -> None:
+        # top: at the cell's own level, not inside one of its functions or comprehensions
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load) and node.id not in local:
+                uses.add(node.id)
+            elif isinstance(node.ctx, ast.Store) and top:
+                defs.add(node.id)
+        elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Store):
+            if top and _base_name(node):
+                defs.add(_base_name(node))
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            if node.target.id not in local:
+                uses.add(node.target.id)  # x += 1 reads x before it stores it
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and top:
+            defs.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name and top:
+            defs.add(node.name)
+        elif isinstance(node, ast.Global):
+            defs.update(node.names)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if top:
+                defs.add(node.name)
+            # decorators, defaults, annotations and bases are evaluated where the def stands
+            outside = [*node.decorator_list]
+            if isinstance(node, ast.ClassDef):
+                outside += node.bases + [k.value for k in node.keywords]
+            else:
+                a = node.args
+                outside += a.defaults + [d for d in a.kw_defaults if d is not None]
+            for child in outside:
+                visit(child, local, top)
+            inner = local | _bound_in(node)
+            for child in node.body:
+                visit(child, inner, False)
+            return
+        if isinstance(node, _SCOPES):     # lambda, comprehension
+            inner = local | _bound_in(node)
+            for child in ast.iter_child_nodes(node):
+                visit(child, inner, False)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, local, top)
+
+    for statement in tree.body:
+        visit(statement, frozenset(), True)
+    return defs, uses
+
+
+def widget_slice(sources: list[str], widgets: list[int]) -> list[int]:
+    """The code cells (indices into sources) that the widget cells need, in notebook order:
+    the first cell (imports, setup), the widget cells, every cell that does not parse (what it
+    needs cannot be known) up to the last widget, and transitively, for each of these, the
+    last earlier cell that defines each name it uses. A name no earlier cell defines (a
+    builtin, one only the cell itself defines) needs nothing."""
+    if not sources or not widgets:
+        return []
+    last = max(widgets)
+    analysed = [defs_and_uses(s) for s in sources[:last + 1]]
+    wanted = {0, *widgets} | {i for i, a in enumerate(analysed) if a is None}
+    todo = sorted(wanted)
+    while todo:
+        i = todo.pop()
+        if analysed[i] is None:
+            continue
+        for name in analysed[i][1]:
+            definer = next((j for j in range(i - 1, -1, -1)
+                            if analysed[j] is not None and name in analysed[j][0]), None)
+            if definer is not None and definer not in wanted:
+                wanted.add(definer)
+                todo.append(definer)
+    return sorted(wanted)
+
+
+def cells_to_run(path: Path) -> tuple[list[int], str]:
+    """(indices of the code cells to run, in order; why), from the stored notebook."""
     code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     widget = _widget_cells(path)
     if os.environ.get("BROWSER_TEST_ALL_CELLS") == "1" or not widget:
-        return len(code), "every cell"
-    return widget[-1] + 1, f"cells up to the last widget ({widget[-1] + 1} of {len(code)})"
+        return list(range(len(code))), f"every cell ({len(code)} code cells)"
+    chosen = widget_slice([c.source for c in code], widget)
+    return chosen, (f"{len(chosen)} of {len(code)} code cells: {chosen} "
+                    f"(the widgets need them)")
 
 
 JS_PANEL = """
@@ -226,27 +374,34 @@ const w = panelOf(arguments[1]);
 if (!w) return null;
 const k = w.sessionContext.session && w.sessionContext.session.kernel;
 const code = w.content.widgets.filter(c => c.model.type === 'code');
-const n = arguments[0] === null ? code.length : arguments[0];
-const errors = code.slice(0, n).flatMap((c, i) => c.model.outputs.toJSON()
+const chosen = (arguments[0] === null ? code.map((c, i) => i) : arguments[0])
+    .map(i => [code[i], i]);            // the code cells run, by index among code cells
+const errors = chosen.flatMap(([c, i]) => c.model.outputs.toJSON()
     .filter(o => o.output_type === 'error')
     .map(o => `${o.ename}: ${o.evalue} (code cell ${i}: ` + (c.model.sharedModel.getSource()
-              .split('\\n').find(line => !line.startsWith('#')) || '') + ')'));
+              .split('\\n').find(line => !line.startsWith('#')) || '') + ')'))
+    .concat(window.browserTestRunError ? [`running the cells: ${window.browserTestRunError}`]
+            : []);
 return {kernel: k ? k.status : 'none', cells: code.length,
-        pending: code.slice(0, n).filter(c => c.model.executionCount === null).length, errors};
+        pending: chosen.filter(([c]) => c.model.executionCount === null).length, errors};
 """
 
 JS_RUN = JS_PANEL + """
-const [n, path, done] = [arguments[0], arguments[1], arguments[arguments.length - 1]];
+const [chosen, path, done] = [arguments[0], arguments[1], arguments[arguments.length - 1]];
 const app = window.jupyterapp, panel = panelOf(path), nb = panel.content;
 app.shell.activateById(panel.id);         // the commands act on the active notebook
 app.commands.execute('notebook:clear-all-cell-outputs').then(() => {
   const code = nb.widgets.map((c, i) => [c, i]).filter(([c]) => c.model.type === 'code');
   code.forEach(([c]) => { c.model.executionCount = null; });   // "not run yet", for finished()
-  if (n >= code.length) {
+  if (chosen.length === code.length) {
     app.commands.execute('notebook:run-all-cells');
   } else {
-    nb.activeCellIndex = code[n][1];      // run everything above the first cell not wanted
-    app.commands.execute('notebook:run-all-above');
+    // one cell at a time, each once the one before has finished, in notebook order
+    chosen.reduce((before, i) => before.then(() => {
+      nb.deselectAll();
+      nb.activeCellIndex = code[i][1];
+      return app.commands.execute('notebook:run-cell');
+    }), Promise.resolve()).catch(e => { window.browserTestRunError = String(e); });
   }
   done('ok');                             // the cells run on; finished() watches them
 }, e => done('error: ' + e));
@@ -299,11 +454,45 @@ def test_every_core_notebook_is_tested_in_the_browser():
     assert set(LIVE_NOTEBOOKS) <= tested
 
 
+def test_widget_slice_runs_only_what_the_widgets_need():
+    """The def-use slice on a small notebook, no browser needed."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    nb = new_notebook(cells=[
+        new_code_cell("import numpy as np\nfrom lib import viz"),                  # 0 setup
+        new_code_cell("sizes = [1, 2, 4]\ntable = {}"),                        # 1
+        new_code_cell("scale = 3\nfor n in sizes:\n    table[n] = n * scale"),  # 2 table[n] =
+        new_code_cell("measured = expensive_launch(sizes, steps=1000)"),        # 3 not needed
+        new_markdown_cell("The widget below reads `table`, not `measured`."),
+        new_code_cell("scale = 10   # an older value"),                          # 4
+        new_code_cell("scale = 5\nprint(len(measured))"),                      # 5 needs 3
+        new_code_cell("def redraw(k):\n    return viz.plot(table, k, scale=scale)"),  # 6
+        new_code_cell("print(sum(np.ones(3)) for _ in range(2))"),               # 7 not needed
+        new_code_cell("viz.widget(redraw, ks=[n for n in sizes])"),               # 8 the widget
+        new_code_cell("after = measured"),                                        # 9 after it
+    ])
+    sources = [c.source for c in nb.cells if c.cell_type == "code"]
+    defs, uses = defs_and_uses(sources[2])
+    assert {"scale", "n", "table"} <= defs and {"sizes", "table"} <= uses   # x[k] = ... defines x
+    defs, uses = defs_and_uses(sources[6])
+    assert defs == {"redraw"} and uses == {"viz", "table", "scale"}     # k is redraw's own
+    assert defs_and_uses("%timeit f()") is None
+    # 8 needs redraw (6) and sizes (1); redraw needs table, whose last definer is the
+    # subscript store in 2 (which needs sizes and table from 1), and scale, whose last
+    # definer before 6 is 5 (not 2 or 4), which needs the expensive 3 for measured.
+    assert widget_slice(sources, [8]) == [0, 1, 2, 3, 5, 6, 8]
+    sources[5] = "scale = 5"             # now nothing the widget needs reads measured
+    assert widget_slice(sources, [8]) == [0, 1, 2, 5, 6, 8]
+    # a cell that does not parse (a magic) before the last widget always runs
+    sources[7] = "%matplotlib inline"
+    assert widget_slice(sources, [8]) == [0, 1, 2, 5, 6, 7, 8]
+
+
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_and_its_widgets_respond(path, lab, browser):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    n_cells, why = cells_to_run(path)
+    chosen, why = cells_to_run(path)
     start = time.monotonic()
     print(f"{path.name}: running {why}")
     where = f"notebooks/{path.name}"
@@ -312,10 +501,10 @@ def test_notebook_runs_and_its_widgets_respond(path, lab, browser):
     wait_for(browser, "JupyterLab to open the notebook and start its kernel", 90,
              lambda: (browser.execute_script(JS_STATE, None, where) or {}).get("kernel") == "idle")
     browser.set_script_timeout(10)
-    assert browser.execute_async_script(JS_RUN, n_cells, where) == "ok"
+    assert browser.execute_async_script(JS_RUN, chosen, where) == "ok"
 
     def finished():
-        state = browser.execute_script(JS_STATE, n_cells, where)
+        state = browser.execute_script(JS_STATE, chosen, where)
         if state["errors"]:
             browser.save_screenshot(str(SCREENSHOTS / f"{path.stem}-error.png"))
             raise AssertionError(f"{path.name}: a cell raised {state['errors'][0]}")

@@ -128,7 +128,7 @@ for r in report:
 # %%
 # NBVAL_IGNORE_OUTPUT
 measured = lessonlib.launch(runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
-                            schedules=("1f1b", "interleaved"), steps=5, warmup=1, timeout=300)
+                            schedules=("1f1b", "interleaved"), steps=3, warmup=1, timeout=300)
 rows = runs.summarize(measured)
 print(f"{len(rows)} cases measured, median step times from "
       f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "
@@ -147,7 +147,7 @@ plt.show()
 
 # %% [markdown]
 # The bubble of every run as a share of the step's wall time, next to `(p-1)/(v·m+p-1)`
-# (Megatron's `(p-1)/(v·m)` of ideal time for reference). Step times are the median of 5
+# (Megatron's `(p-1)/(v·m)` of ideal time for reference). Step times are the median of 3
 # steps on whatever else this machine is doing. Interleaving multiplies the messages per
 # micro-batch (3 boundaries instead of 1 here) and halves the work between them; on CPU
 # ranks, where the sender copies each message on the critical path, it gains least (the deep dive

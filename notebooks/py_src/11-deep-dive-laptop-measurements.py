@@ -195,7 +195,7 @@ from lessonlib.pipeline import runs
 # %%
 # NBVAL_IGNORE_OUTPUT
 measured = lessonlib.launch(runs.measure, 2, ms=(8,), engines=("lessonlib",),
-                            schedules=("gpipe", "1f1b", "interleaved"), steps=5, warmup=1,
+                            schedules=("gpipe", "1f1b", "interleaved"), steps=3, warmup=1,
                             timeout=300)
 print(f"{len(measured[0])} schedules measured on {len(measured)} ranks: "
       f"{', '.join(case[1] for case in measured[0])}")

@@ -98,10 +98,10 @@ def check_reduce_scatter(fn, world_size: int = 3) -> Verdict:
     sends = [res["sends"] for res in results]
     if not wrong and sends == [n - 1] * n:
         return correct(f"on {n} ranks, rank r owns chunk (r + 1) mod {n} summed over "
-                    f"every rank, after {n - 1} messages of S/{n} each.")
+                       f"every rank, after {n - 1} messages of S/{n} each.")
     if not wrong:
         return not_yet(f"The sums are right but the ranks sent {sends} messages; reduce-scatter "
-                    f"needs only n - 1 = {n - 1} each.")
+                       f"needs only n - 1 = {n - 1} each.")
     hint = ("Hint: at step s rank r sends chunk (r - s) mod n to its right and adds what it "
             "receives into chunk (r - s - 1) mod n, in place (+=), for n - 1 steps.")
     if sends != [n - 1] * n:
@@ -176,22 +176,22 @@ def check_accumulation(fn) -> Verdict:
     unscaled = (weights - _large_batch_weights(float(MICRO))).abs().max().item() < 1e-10
     if counts == [0] * STEPS:
         return not_yet("nothing was all-reduced, so each rank trained alone. The last "
-                    "micro-batch's backward must run outside `no_sync()`.")
+                       "micro-batch's backward must run outside `no_sync()`.")
     if unscaled:
         return not_yet(f"the gradients are {MICRO}x too large. Each micro-batch's loss "
-                    f"is a mean over its own examples: divide it by the number of "
-                    f"micro-batches ({MICRO}) before backward.")
+                       f"is a mean over its own examples: divide it by the number of "
+                       f"micro-batches ({MICRO}) before backward.")
     if not right:
         return not_yet("after 3 steps the weights differ from one process on the large "
-                    "batch. Check that you step the optimizer once per call and zero the "
-                    "gradients after it.")
+                       "batch. Check that you step the optimizer once per call and zero the "
+                       "gradients after it.")
     if counts != [buckets] * STEPS:
         return not_yet(f"The numbers are right, but each step sent {counts[0]} all-reduces for "
-                    f"{buckets} buckets: wrap every micro-batch but the last in `no_sync()` "
-                    f"so the gradients travel once.")
+                       f"{buckets} buckets: wrap every micro-batch but the last in `no_sync()` "
+                       f"so the gradients travel once.")
     return correct(f"{MICRO} micro-batches on 2 ranks train exactly like one batch of "
-                f"{MICRO * 2 * 4}, and each step sends {buckets} all-reduces (one per bucket), "
-                f"not {MICRO * buckets}.")
+                   f"{MICRO * 2 * 4}, and each step sends {buckets} all-reduces (one per bucket), "
+                   f"not {MICRO * buckets}.")
 
 
 # ---------------------------------------------------------------- exercise 3: sharded server

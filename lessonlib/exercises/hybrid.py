@@ -157,7 +157,7 @@ def check_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0,
                    f"GPU, {best.step_time_s:.0f} s per step")
     if ratio <= 1.05:
         return correct(text + (": yours is that layout." if layout == best.layout
-                                  else f": yours is within {ratio - 1:.0%} of it."))
+                               else f": yours is within {ratio - 1:.0%} of it."))
     why = []
     if t > hw.gpus_per_node:
         why.append(f"t={t} stretches each TP group over {t // hw.gpus_per_node} servers, so its "

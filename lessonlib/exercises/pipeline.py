@@ -111,8 +111,8 @@ def check_capped_bubble(answer, p: int = 4, capacity: int = 4) -> Verdict:
                        f"(Megatron-LM's convention); the question asks for the share "
                        f"of the step's wall time.")
     if math.isclose(got, (p - 1) / p, abs_tol=5e-3):
-        return not_yet(f"(p-1)/p is the bubble with one micro-batch; GPipe can use "
-                       f"more, as many as fit.")
+        return not_yet("(p-1)/p is the bubble with one micro-batch; GPipe can use "
+                       "more, as many as fit.")
     if got < want:
         return not_yet(f"{got:.1%} needs more micro-batches than fit: GPipe runs all "
                        f"m forwards before the first backward, so every stage holds "

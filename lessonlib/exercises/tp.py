@@ -127,8 +127,8 @@ def check_tp_traffic_ratio(answer, t_from: int = 4, t_to: int = 8) -> Verdict:
                        f"all-reduced tensors are (b, s, h) whatever t is. Look at how the ring's "
                        f"2(t-1)/t changes.")
     if abs(got - t_to / t_from) < 1e-3:
-        return not_yet(f"the traffic per rank does not grow as t: a ring all-reduce sends "
-                       f"2(t-1)/t of the payload per rank, which tends to 2, not to infinity")
+        return not_yet("the traffic per rank does not grow as t: a ring all-reduce sends "
+                       "2(t-1)/t of the payload per rank, which tends to 2, not to infinity")
     if abs(got - 1) < 1e-3:
         return not_yet("close: it hardly changes, but the ring's factor (t-1)/t still grows a "
                        "little between the two t")

@@ -145,6 +145,21 @@ def test_a_change_to_lessonlib_restarts_the_server(monkeypatch, no_children_left
     assert starter.server_pid() not in (None, first)
 
 
+def test_the_server_preloads_the_rooms_the_caller_imported(monkeypatch, no_children_left):
+    """A script pays only for the rooms it imported; importing another restarts the server
+    once, with that room preloaded too."""
+    lessonlib.launch(rank_workers.rank_and_sum, 2)
+    assert set(starter.preload()) == set(starter.BASE) | {
+        room for room in starter.ROOMS if room in sys.modules}
+    first = starter.server_pid()
+    lessonlib.launch(rank_workers.rank_and_sum, 2)
+    assert starter.server_pid() == first                    # nothing new: the same server
+    monkeypatch.setattr(starter, "ROOMS", starter.ROOMS + ["lessonlib.breadcrumbs"])  # one more
+    lessonlib.launch(rank_workers.rank_and_sum, 2)
+    assert starter.server_pid() not in (None, first)
+    assert "lessonlib.breadcrumbs" in starter._server["preload"]
+
+
 def test_cold_launches_still_work(no_children_left):
     out = lessonlib.launch(rank_workers.rank_and_sum, 2, warm=False)
     assert [r["sum"] for r in out] == [3.0, 3.0]

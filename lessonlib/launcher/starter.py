@@ -5,8 +5,9 @@ the work of a small lesson costs milliseconds. Python's ``forkserver`` start met
 small server process per caller; ``set_forkserver_preload`` makes it import torch once, and
 each rank is then a ``fork`` of that server (a tenth of a second). The server never imports
 the worker's own module, so each rank imports it fresh from disk; when a file of lessonlib
-itself changes (an author editing it), the server is restarted before the next launch. The
-server ends with its caller. Where there is no forkserver (Windows), ranks are spawned.
+itself changes (an author editing it), the server is restarted before the next launch. It
+preloads the lessons' rooms the caller has imported (a lab script pays for its own only),
+and restarts once when the caller imports another. The server ends with its caller. Where there is no forkserver (Windows), ranks are spawned.
 
 Each launch also gets a private folder ``lessonlib-<caller pid>-*`` in the temp folder (logs,
 results, the rendezvous file); it is removed when the launch ends, and folders left by a
@@ -22,19 +23,28 @@ import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import lessonlib
 
 # What every rank would otherwise import again: torch, and the lessons' own rooms (their
-# imports pull in DTensor and torch's pipelining too). Safe to preload: the server restarts
-# whenever a lessonlib file changes.
-PRELOAD = ["torch", "torch.distributed", "torch.nn", "torch.nn.functional", "cloudpickle",
-           "lessonlib.launcher", "lessonlib.data_parallel.bench", "lessonlib.model_parallel",
-           "lessonlib.tensor_parallel.runs", "lessonlib.pipeline.runs", "lessonlib.hybrid"]
+# imports pull in DTensor and torch's pipelining too, about 2 s together). Safe to preload:
+# the server restarts whenever a lessonlib file changes.
+BASE = ["torch", "torch.distributed", "torch.nn", "torch.nn.functional", "cloudpickle",
+        "lessonlib.launcher"]
+ROOMS = ["lessonlib.data_parallel.bench", "lessonlib.model_parallel",
+         "lessonlib.tensor_parallel.runs", "lessonlib.pipeline.runs", "lessonlib.hybrid"]
 _LESSONLIB = Path(lessonlib.__file__).resolve().parent
-_server = {"pid": None, "fingerprint": None}  # the server this process started, and its code
+# The server this process started: its pid, the code it preloaded and the modules.
+_server = {"pid": None, "fingerprint": None, "preload": frozenset()}
+
+
+def preload() -> list[str]:
+    """torch, and the rooms this caller has imported. A notebook or a test session imports
+    its rooms before it launches them; a lab script, run once, pays only for its own."""
+    return BASE + [room for room in ROOMS if room in sys.modules]
 
 
 def fingerprint() -> tuple:
@@ -49,18 +59,21 @@ def context(warm: bool = True):
         return multiprocessing.get_context("spawn")
     server = multiprocessing.forkserver._forkserver
     code = fingerprint()  # before a new server imports lessonlib: a later edit is seen next time
+    modules = preload()
     with server._lock:
         pid = server._forkserver_pid
         ours = pid is not None and pid == _server["pid"]
         if ours and _server["fingerprint"] != code:
             server._stop_unlocked()  # lessonlib changed on disk: its preloaded copy is stale
+        elif ours and not set(modules) <= _server["preload"]:
+            server._stop_unlocked()  # the caller imported another room since: preload it too
         if pid is None or ours:
             # Not "__main__" (the default): the server must not import the kernel or script.
-            server.set_forkserver_preload(PRELOAD)
+            server.set_forkserver_preload(modules)
         _keep_the_server_socket_in_our_folder()
     server.ensure_running()
     if server._forkserver_pid != _server["pid"]:
-        _server.update(pid=server._forkserver_pid, fingerprint=code)
+        _server.update(pid=server._forkserver_pid, fingerprint=code, preload=frozenset(modules))
     return multiprocessing.get_context("forkserver")
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from lessonlib.costmodel import bubble_fraction, stashed_microbatches
-from lessonlib.exercises.verdict import Verdict, correct, not_yet, unanswered
+from lessonlib.exercises.verdict import Verdict, correct, not_yet, number, unanswered
 from lessonlib.pipeline.schedules import (add_communication, compute_only, gpipe,
                                           one_f_one_b, one_f_one_b_order, parse)
 from lessonlib.pipeline.validate import ScheduleError, simulate
@@ -22,11 +22,8 @@ from lessonlib.pipeline.validate import ScheduleError, simulate
 
 def _whole(answer) -> int | None:
     """The answer as a positive whole number, or None."""
-    try:
-        value = float(answer)
-    except (TypeError, ValueError):
-        return None
-    return int(value) if value == int(value) and value >= 1 else None
+    value = number(answer)
+    return int(value) if value is not None and value == int(value) and value >= 1 else None
 
 
 def check_1f1b_order(order, p: int = 4, m: int = 6, stage: int = 1) -> Verdict:
@@ -88,9 +85,8 @@ def check_capped_bubble(answer, p: int = 4, capacity: int = 4) -> Verdict:
     a stage has room for the activations of at most ``capacity`` micro-batches."""
     if answer is None:
         return unanswered("my_bubble")
-    try:
-        got = float(answer)
-    except (TypeError, ValueError):
+    got = number(answer)
+    if got is None:
         return not_yet(f"give the bubble as a share of the step, e.g. 0.25; got "
                        f"{answer!r}.")
     # GPipe holds all m micro-batches on every stage at its peak: m <= capacity.

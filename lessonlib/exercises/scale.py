@@ -13,14 +13,11 @@ from __future__ import annotations
 import math
 
 from lessonlib.costmodel import GPUS, MODELS, SECONDS_PER_DAY, training_flops
-from lessonlib.exercises.verdict import Verdict, correct, not_yet, unanswered
+from lessonlib.exercises.verdict import Verdict, correct, not_yet, number, unanswered
 
 
-def _close(answer, expected, rel: float = 0.02) -> bool:
-    try:
-        return math.isclose(float(answer), expected, rel_tol=rel)
-    except (TypeError, ValueError):
-        return False
+def _close(value: float, expected, rel: float = 0.02) -> bool:
+    return math.isclose(value, expected, rel_tol=rel)
 
 
 def check_largest_model(answer_params, gpu: str = "A100-80GB") -> Verdict:
@@ -28,9 +25,12 @@ def check_largest_model(answer_params, gpu: str = "A100-80GB") -> Verdict:
     precision, 16 bytes per parameter) fit in one ``gpu``, before any activation."""
     if answer_params is None:
         return unanswered("my_params")
+    value = number(answer_params)
+    if value is None:
+        return not_yet(f"give a number of parameters, e.g. 1e9; got {answer_params!r}.")
     memory = GPUS[gpu].memory_bytes
     expected = memory / 16
-    if _close(answer_params, expected):
+    if _close(value, expected):
         return correct(f"{memory / 1e9:.0f} GB / 16 bytes = {expected / 1e9:.1f} B parameters: "
                        f"GPT-2 XL's model state (1.6 B) fits one {gpu}, a 7.5 B model's already "
                        f"does not, and GPT-3's is 35 times too big.")
@@ -38,11 +38,11 @@ def check_largest_model(answer_params, gpu: str = "A100-80GB") -> Verdict:
              "master weights, momentum and variance add 12 more bytes",
              12: "only the optimizer state", 8: "fp32 weights and gradients, without Adam"}
     for per_param, slip in slips.items():
-        if _close(answer_params, memory / per_param):
+        if _close(value, memory / per_param):
             return not_yet(f"your value is {memory / 1e9:.0f} GB / {per_param} bytes: {slip}. "
                            f"Count all 16 bytes per parameter.")
     return not_yet(f"divide the GPU's {memory / 1e9:.0f} GB by the bytes one parameter needs "
-                   f"in training; you gave {float(answer_params) / 1e9:.2f} B parameters.")
+                   f"in training; you gave {value / 1e9:.2f} B parameters.")
 
 
 def check_min_gpus(answer, model: str = "gpt3-175B", gpu: str = "A100-80GB") -> Verdict:
@@ -69,9 +69,8 @@ def check_gpus_for_days(answer, days: float = 7, params: float = 175e9,
     seconds, rate = days * SECONDS_PER_DAY, tflops * 1e12
     exact = training_flops(params, tokens, recompute=True) / (rate * seconds)
     expected = math.ceil(exact)
-    try:
-        value = float(answer)
-    except (TypeError, ValueError):
+    value = number(answer)
+    if value is None:
         return not_yet(f"give a number of GPUs; got {answer!r}.")
     if value == expected:
         return correct(f"n = 8·T·P / (X·t) = 8 x {tokens:.3g} x {params:.3g} / ({tflops:g}e12 x "

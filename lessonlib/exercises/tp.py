@@ -20,17 +20,10 @@ from torch import nn
 
 from lessonlib import comm, device
 from lessonlib.costmodel import tp_elements_per_layer
-from lessonlib.exercises.verdict import (Verdict, correct, not_yet, still_a_stub, unanswered,
-                                         unwritten)
+from lessonlib.exercises.verdict import (Verdict, correct, not_yet, number, still_a_stub,
+                                         unanswered, unwritten)
 from lessonlib.launcher import LaunchTimeout, RankError, launch
 from lessonlib.model_parallel import idle_fraction
-
-
-def _number(answer) -> float | None:
-    try:
-        return float(answer)
-    except (TypeError, ValueError):
-        return None
 
 
 # ---------------------------------------------------------------- notebook 03, in process
@@ -81,7 +74,7 @@ def check_unbalanced_idle(answer, stage_ms=(1.0, 1.0, 1.0, 3.0), stage: int = 0)
     compute (forward + backward) ``stage_ms`` each, messages free."""
     if answer is None:
         return unanswered("my_idle")
-    got = _number(answer)
+    got = number(answer)
     if got is None:
         return not_yet(f"give a share between 0 and 1, e.g. 0.5; got {answer!r}")
     step, p = sum(stage_ms), len(stage_ms)
@@ -112,7 +105,7 @@ def check_tp_traffic_ratio(answer, t_from: int = 4, t_to: int = 8) -> Verdict:
     the tensor-parallel degree goes from ``t_from`` to ``t_to`` (ring all-reduces)."""
     if answer is None:
         return unanswered("my_ratio")
-    got = _number(answer)
+    got = number(answer)
     if got is None:
         return not_yet(f"give one number, the factor; got {answer!r}")
     per_rank = {t: tp_elements_per_layer(1, 1, 1, t) for t in (t_from, t_to)}

@@ -67,6 +67,14 @@ def unwritten(name: str) -> Verdict:
                      f"that line and run the cell again.")
 
 
+def number(answer) -> float | None:
+    """The student's answer as a number, or None when it is not one (a string, a list...)."""
+    try:
+        return float(answer)
+    except (TypeError, ValueError):
+        return None
+
+
 def still_a_stub(error_text: str) -> bool:
     """Whether an error's text (a traceback, a ``RankError`` message) ends in the stub's
     ``NotImplementedError``: the student has not written the function yet."""

@@ -3,7 +3,9 @@ resumes to the same loss curve and the same weights as a run never interrupted, 
 the newest checkpoint was damaged after the kill (it resumes from the one before).
 
 The kill is ``kill -9`` of the lab's parent process only, as when a job is preempted: the
-launcher's ranks must notice and exit by themselves."""
+launcher's ranks must notice and exit by themselves. The runs that are killed and resumed are
+real command lines; the uninterrupted run, the resumed runs and the refusals call the lab in
+this process (tests/labrun.py)."""
 import json
 import os
 import signal
@@ -107,9 +109,8 @@ def _assert_same_state(a, b, where=""):
 def uninterrupted(tmp_path_factory):
     """The run nobody kills: (its checkpoint folder, its results)."""
     where = tmp_path_factory.mktemp("uninterrupted")
-    done = subprocess.run(_lab(*TINY, "--checkpoint-dir", str(where / "ckpt"), "--json",
-                               str(where / "whole.json")),
-                          capture_output=True, text=True, timeout=240)
+    done = labrun.run("train", *TINY, "--checkpoint-dir", str(where / "ckpt"), "--json",
+                      str(where / "whole.json"))
     assert done.returncode == 0, done.stderr[-3000:]
     return where / "ckpt", json.loads((where / "whole.json").read_text())["results"]["lessonlib"]
 
@@ -142,9 +143,8 @@ def test_a_run_killed_midway_resumes_to_the_uninterrupted_curve(tmp_path, uninte
     (whole, whole_run), killed = uninterrupted, tmp_path / "killed"
     at_kill = _kill_midway(killed)
 
-    done = subprocess.run(_lab(*TINY, "--checkpoint-dir", str(killed), "--json",
-                               str(tmp_path / "resumed.json")),
-                          capture_output=True, text=True, timeout=240)
+    done = labrun.run("train", *TINY, "--checkpoint-dir", str(killed), "--json",
+                      str(tmp_path / "resumed.json"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming at step {at_kill}" in done.stderr
     resumed = json.loads((tmp_path / "resumed.json").read_text())["results"]["lessonlib"]
@@ -166,9 +166,8 @@ def test_a_killed_run_with_a_damaged_newest_checkpoint_resumes_from_the_older_on
     at_kill = _kill_midway(killed)
     ckpt_workers.damage_inside_a_tensor(checkpoint.shard_path(killed, at_kill, 1))
 
-    done = subprocess.run(_lab(*TINY, "--checkpoint-dir", str(killed), "--json",
-                               str(tmp_path / "resumed.json")),
-                          capture_output=True, text=True, timeout=240)
+    done = labrun.run("train", *TINY, "--checkpoint-dir", str(killed), "--json",
+                      str(tmp_path / "resumed.json"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"step_{at_kill:08d}/rank_00001.pt is damaged: its SHA-256 differs" in done.stderr
     assert f"resuming at step {at_kill - EVERY} of {STEPS}" in done.stderr
@@ -183,8 +182,7 @@ def test_a_killed_run_with_a_damaged_newest_checkpoint_resumes_from_the_older_on
 @pytest.mark.timeout(60)
 def test_bad_settings_and_foreign_checkpoints_stop_the_lab_before_any_rank(tmp_path):
     _save(tmp_path, 5, meta={"layout": "t1p2d1"})
-    done = subprocess.run(_lab(*TINY, "--checkpoint-dir", str(tmp_path)),
-                          capture_output=True, text=True, timeout=60)
+    done = labrun.run("train", *TINY, "--checkpoint-dir", str(tmp_path))
     assert done.returncode == 2 and "was written by a run with other settings" in done.stderr
     assert "model: checkpoint None" in done.stderr
     for args, words in ((["--checkpoint-every", "0"], "--checkpoint-every must be a positive"),
@@ -192,9 +190,8 @@ def test_bad_settings_and_foreign_checkpoints_stop_the_lab_before_any_rank(tmp_p
                         (["--layout", "two"], "cannot read the layout 'two'"),
                         (["--fail-at", "one"], "write RANK:STEP"),
                         (["--fail-at", "2:5"], "there is no rank 2 in a world of 2")):
-        done = subprocess.run(_lab("--world-size", "2", *args, "--checkpoint-dir",
-                                   str(tmp_path / "new")), capture_output=True, text=True,
-                              timeout=60)
+        done = labrun.run("train", "--world-size", "2", *args, "--checkpoint-dir",
+                          str(tmp_path / "new"))
         assert done.returncode == 2 and words in done.stderr, done.stderr[-500:]
 
 

@@ -98,7 +98,7 @@ def test_a_checkpoint_folder_that_is_a_file_is_refused_before_any_rank(tmp_path)
     for where, words in ((afile, "is a file, not a folder"), (afile / "ckpt", "lies inside the file")):
         with pytest.raises(ValueError, match=f"checkpoint_dir=.*{words}"):
             long_run.plan(2, "t1p2d1", checkpoint_dir=str(where))
-    done = labrun.run("train", "--world-size", "2", "--checkpoint-dir", str(afile), timeout=60)
+    done = labrun.run("train", "--world-size", "2", "--checkpoint-dir", str(afile))
     assert done.returncode == 2 and f"--checkpoint-dir={str(afile)!r} is a file" in done.stderr
 
 

@@ -6,7 +6,7 @@ from functools import partial
 import labrun
 import pytest
 
-_run = partial(labrun.run, "hybrid", timeout=240)
+_run = partial(labrun.run, "hybrid")
 
 
 @pytest.mark.timeout(300)
@@ -40,6 +40,6 @@ def test_tiny_run_writes_the_result_shape(tmp_path):
     (["--heads", "3"], "--hidden 64 must be divisible by --heads 3"),
 ])
 def test_bad_settings_stop_before_any_rank_starts(args, message):
-    done = _run("--world-size", "8", *args, timeout=60)
+    done = _run("--world-size", "8", *args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr

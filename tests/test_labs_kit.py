@@ -30,7 +30,7 @@ TINY_TP = ["--world-size", "2", "--steps", "2", "--warmup", "1", "--batch", "2",
 ])
 def test_bad_shared_settings_stop_the_lab_before_any_rank(tmp_path, lab, args, words):
     (tmp_path / "a_file").write_text("not a folder")
-    done = labrun.run(lab, *[a.format(tmp=tmp_path) for a in args], timeout=60)
+    done = labrun.run(lab, *[a.format(tmp=tmp_path) for a in args])
     assert done.returncode == 2, done.stderr[-2000:]
     assert words in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()[-1]) < 300
@@ -49,7 +49,7 @@ def test_a_result_that_cannot_be_written_is_printed_in_full(tmp_path, capsys):
 
 @pytest.mark.timeout(200)
 def test_bf16_runs_under_autocast_and_is_recorded(tmp_path):
-    record = labrun.run_lab("tp", *TINY_TP, "--dtype", "bf16", tmp_path=tmp_path, timeout=180)
+    record = labrun.run_lab("tp", *TINY_TP, "--dtype", "bf16", tmp_path=tmp_path)
     assert record["settings"]["dtype"] == "bf16"
     rows = results.load(tmp_path / "tp.json")
     assert {r["dtype"] for r in rows} == {"bf16"} and len(rows) == 4

@@ -11,7 +11,7 @@ TINY = ["--world-size", "2", "--steps", "1", "--warmup", "1", "--microbatches", 
         "--width", "32", "--layers-per-stage", "2", "--microbatch-size", "4"]
 
 
-_run = partial(labrun.run, "pp", timeout=180)
+_run = partial(labrun.run, "pp")
 
 
 @pytest.mark.timeout(200)
@@ -41,5 +41,5 @@ def test_the_lab_writes_the_shared_shape(tmp_path):
     (["--schedules", "interleaved", "--microbatches", "3"], "multiple of p=2"),
 ])
 def test_bad_settings_stop_the_lab_before_any_rank(args, words):
-    done = _run("--world-size", "2", *args, timeout=60)
+    done = _run("--world-size", "2", *args)
     assert done.returncode == 2 and words in done.stderr

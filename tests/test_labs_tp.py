@@ -6,7 +6,7 @@ from functools import partial
 import labrun
 import pytest
 
-_run = partial(labrun.run, "tp", timeout=240)
+_run = partial(labrun.run, "tp")
 
 
 @pytest.mark.timeout(300)
@@ -38,8 +38,8 @@ def test_tiny_run_writes_the_result_shape(tmp_path):
 
 
 def test_bad_settings_stop_before_any_rank_starts():
-    done = _run("--world-size", "2", "--heads", "3", "--hidden", "48", timeout=60)
+    done = _run("--world-size", "2", "--heads", "3", "--hidden", "48")
     assert done.returncode == 2
     assert "--heads 3 must be divisible by the TP degree t = --world-size 2" in done.stderr
-    done = _run("--world-size", "2", "--hidden", "100", "--heads", "8", timeout=60)
+    done = _run("--world-size", "2", "--hidden", "100", "--heads", "8")
     assert done.returncode == 2 and "--hidden 100 must be divisible by --heads 8" in done.stderr

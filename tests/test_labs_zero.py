@@ -9,8 +9,7 @@ from labrun import check_shape, load_lab, run_lab
 def test_zero_lab_times_every_stage_against_fully_shard(tmp_path):
     record = run_lab("zero", "--world-size", "2", "--steps", "2", "--warmup", "1",
                      "--rounds", "1", "--layers", "2", "--hidden", "16", "--seq", "8",
-                     "--stages", "0,1,2,3,3-noprefetch,torch-fsdp2", tmp_path=tmp_path,
-                     timeout=280)
+                     "--stages", "0,1,2,3,3-noprefetch,torch-fsdp2", tmp_path=tmp_path)
     check_shape(record, "zero", 2)
     results = record["results"]
     assert set(results) == {"lessonlib_stage0", "lessonlib_stage1", "lessonlib_stage2",

@@ -1,16 +1,18 @@
 """Run a lab script for the labs' smoke tests, and the checks every lab's JSON record must pass.
 
-``run`` calls the lab's ``main`` in the test's own process, as ``python labs/<name>.py ARGS``
-from the course's root would run it (the same argv, exit code, stdout and stderr), so its
-ranks come from the test process's warm fork server instead of a fresh interpreter that
-imports torch twice (the script, then its fork server): about 5-9 s less per run on a 2-core
-machine. Every lab still runs as a real command line in ``tests/test_gpu_check.py`` (its CPU
-mode starts each lab in ``labs/`` as ``python labs/<name>.py``), and ``command`` gives that
-command line to the tests that must kill or time a real process (tests/test_checkpoint.py)."""
+``run`` runs ``python labs/<name>.py ARGS`` inside the test's own interpreter, the way the
+interpreter runs a script: the file executes as ``__main__`` (its ``if __name__ ==
+"__main__"`` block included) with ``labs/`` first on ``sys.path``, that argv, from the
+course's root, and it hands back the exit code, stdout and stderr. Its ranks then come from
+the test process's warm fork server instead of a fresh interpreter that imports torch twice
+(the script, then its fork server): about 5-9 s less per run on a 2-core machine. ``command``
+gives the real command line to the tests that must kill or time a separate process
+(tests/test_checkpoint.py, tests/test_gpu_check.py)."""
 import contextlib
 import importlib.util
 import io
 import json
+import runpy
 import subprocess
 import sys
 import traceback
@@ -24,28 +26,24 @@ def command(name, *args) -> list[str]:
     return [sys.executable, str(LABS / f"{name}.py"), *args]
 
 
-_loaded: dict = {}
-
-
 def run(name, *args) -> subprocess.CompletedProcess:
-    """The lab's exit code, stdout and stderr (bad settings: code 2 and argparse's line), from
-    its ``main`` called in this process as its command line would call it. An exception
-    becomes exit code 1 with its traceback on stderr, as the interpreter would print it."""
-    module = _loaded.get(name) or _loaded.setdefault(name, load_lab(name))
+    """The lab's exit code, stdout and stderr (bad settings: code 2 and argparse's line), as
+    its command line gives them. An exception becomes exit code 1 with its traceback on
+    stderr, as the interpreter prints it; ``sys.exit("message")`` prints the message."""
     argv = command(name, *args)[1:]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.ExitStack() as stack:
         stack.enter_context(contextlib.chdir(ROOT))
-        stack.enter_context(_argv(argv))
+        stack.enter_context(_as_command_line(argv))
         stack.enter_context(contextlib.redirect_stdout(out))
         stack.enter_context(contextlib.redirect_stderr(err))
         try:
-            module.main(list(args))
+            runpy.run_path(argv[0], run_name="__main__")
             code = 0
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
             if not isinstance(stop.code, (int, type(None))):
-                print(stop.code, file=sys.stderr)         # sys.exit("message")
+                print(stop.code, file=sys.stderr)
         except Exception:  # noqa: BLE001  (what the interpreter would print and exit 1 on)
             traceback.print_exc()
             code = 1
@@ -53,12 +51,14 @@ def run(name, *args) -> subprocess.CompletedProcess:
 
 
 @contextlib.contextmanager
-def _argv(argv):
-    saved, sys.argv = sys.argv, list(argv)
+def _as_command_line(argv):
+    """sys.argv as the command line sets it, and the script's folder first on sys.path."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv, sys.path[:0] = list(argv), [str(LABS)]
     try:
         yield
     finally:
-        sys.argv = saved
+        sys.argv, sys.path[:] = saved_argv, saved_path
 
 
 def run_lab(name, *flags, tmp_path) -> dict:

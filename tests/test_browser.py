@@ -1,13 +1,14 @@
 """The course where students use it: JupyterLab in a real browser, widgets that respond.
 
 For each notebooks/NN-*.ipynb that shows a widget (every core notebook, and the deep dives
-that have one; nbval executes the others) this starts JupyterLab on 127.0.0.1 (a free port,
-a random token, a copy of the notebooks so nothing in the repository is touched), opens the
-notebook in headless Chromium driven by Selenium, clears the stored outputs and runs the
-cells the widgets need, checks that none of them raised, then moves controls of each
-interactive widget (dropdowns first, then sliders with the keyboard, as a student would)
-until its plot changes, comparing the widget's image before and after. Screenshots go to
-results/screenshots/.
+that have one; nbval executes the others) this opens the notebook in JupyterLab on
+127.0.0.1 (a free port, a random token, a copy of the notebooks so nothing in the repository
+is touched; one server and one headless Chromium, driven by Selenium, with JupyterLab loaded
+once for all the notebooks, each closed and its kernel shut down after its test), clears the
+stored outputs and runs the cells the widgets need, checks that none of them raised, then
+moves controls of each interactive widget (dropdowns first, then sliders with the keyboard,
+as a student would) until its plot changes, comparing the widget's image before and after.
+Screenshots go to results/screenshots/.
 
 Cells run: only those the widgets need, in notebook order: the first code cell (imports and
 setup), each widget cell, and, transitively, the last earlier cell that defines each name
@@ -196,8 +197,10 @@ def _shutdown_kernels(lab) -> None:
             f"{lab['base']}/api/kernels/{k['id']}", method="DELETE", headers=headers))
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser(lab):
+    """One headless Chromium with JupyterLab loaded once (?reset: a fresh workspace); each
+    test opens its notebook in it and closes it again (``page``)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -208,10 +211,30 @@ def browser(lab):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
     try:
+        driver.get(f"{lab['base']}/lab?reset&token={lab['token']}")
+        wait_for(driver, "JupyterLab to load", 90,
+                 lambda: driver.execute_script("return !!(window.jupyterapp && "
+                                               "window.jupyterapp.commands)"))
+        driver.set_script_timeout(90)
+        assert driver.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "window.jupyterapp.restored.then(() => done('ok'), e => done('error: ' + e));") == "ok"
         yield driver
     finally:
         driver.quit()
-        _shutdown_kernels(lab)
+
+
+@pytest.fixture
+def page(browser, lab):
+    """The browser for one notebook: afterwards its tab is closed without saving (the edits
+    stay out of the mirror too) and every kernel is shut down."""
+    yield browser
+    browser.execute_script("""
+        for (const w of Array.from(window.jupyterapp.shell.widgets('main'))) {
+          if (w.context) { w.context.model.dirty = false; }
+          w.dispose();
+        }""")
+    _shutdown_kernels(lab)
 
 
 # ---------------------------------------------------------------- the notebook
@@ -386,6 +409,13 @@ return {kernel: k ? k.status : 'none', cells: code.length,
         pending: chosen.filter(([c]) => c.model.executionCount === null).length, errors};
 """
 
+JS_OPEN = """
+const [path, done] = [arguments[0], arguments[arguments.length - 1]];
+window.browserTestRunError = undefined;
+window.jupyterapp.commands.execute('docmanager:open', {path})
+    .then(() => done('ok'), e => done('error: ' + e));
+"""
+
 JS_RUN = JS_PANEL + """
 const [chosen, path, done] = [arguments[0], arguments[1], arguments[arguments.length - 1]];
 const app = window.jupyterapp, panel = panelOf(path), nb = panel.content;
@@ -490,17 +520,17 @@ def test_widget_slice_runs_only_what_the_widgets_need():
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_and_its_widgets_respond(path, lab, browser):
+def test_notebook_runs_and_its_widgets_respond(path, page):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser = page
     chosen, why = cells_to_run(path)
     start = time.monotonic()
     print(f"{path.name}: running {why}")
     where = f"notebooks/{path.name}"
-    # ?reset: a fresh workspace, without the tabs of the notebooks tested before
-    browser.get(f"{lab['base']}/lab/tree/{where}?reset&token={lab['token']}")
+    browser.set_script_timeout(30)
+    assert browser.execute_async_script(JS_OPEN, where) == "ok"
     wait_for(browser, "JupyterLab to open the notebook and start its kernel", 90,
              lambda: (browser.execute_script(JS_STATE, None, where) or {}).get("kernel") == "idle")
-    browser.set_script_timeout(10)
     assert browser.execute_async_script(JS_RUN, chosen, where) == "ok"
 
     def finished():

@@ -76,7 +76,7 @@ def test_a_rank_that_never_starts_gets_the_main_guard_hint(tmp_path):
             lessonlib.launch(rank_workers.rank_and_sum, 2, timeout=60)
         except lessonlib.RankError as err:
             print("RANKERROR", err)
-    """ % str(ROOT / "tests")))
+    """ % str(ROOT / "tests")).replace("TORCH_CACHE", repr(TORCH_CACHE)))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=100)
     assert "RANKERROR" in done.stdout, done.stderr[-2000:]
@@ -84,6 +84,11 @@ def test_a_rank_that_never_starts_gets_the_main_guard_hint(tmp_path):
 
 
 # ---------------------------------------------------------------- nothing left behind
+# torch's own cache folder (empty), made in the temp folder by importing torch._dynamo: what
+# the first optimizer of any process does, and what the fork server preloads for its ranks.
+TORCH_CACHE = "torchinductor_"
+
+
 def test_nothing_is_left_in_the_temp_folder_and_dead_launches_are_swept():
     """Success, a raising rank, a killed rank and a timeout leave the temp folder as they
     found it (but for the fork server's socket while the caller lives); the folder of a
@@ -103,15 +108,15 @@ def test_nothing_is_left_in_the_temp_folder_and_dead_launches_are_swept():
                     pass
             server = f"lessonlib-{os.getpid()}-server-"  # the live fork server's socket
             print("left:", [f for f in os.listdir(tempfile.gettempdir())
-                            if not f.startswith(server)])
-    """ % str(ROOT / "tests"))
+                            if not f.startswith((server, TORCH_CACHE))])
+    """ % str(ROOT / "tests")).replace("TORCH_CACHE", repr(TORCH_CACHE))
     folder = Path(tempfile.mkdtemp(prefix="lt-"))  # short: socket paths must be short
     try:
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                               timeout=110, env=dict(os.environ, TMPDIR=str(folder)))
         assert done.returncode == 0, done.stderr[-2000:]
         assert "left: []" in done.stdout
-        assert os.listdir(folder) == []
+        assert [f for f in os.listdir(folder) if not f.startswith(TORCH_CACHE)] == []
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -149,8 +154,9 @@ def test_the_server_preloads_the_rooms_the_caller_imported(monkeypatch, no_child
     """A script pays only for the rooms it imported; importing another restarts the server
     once, with that room preloaded too."""
     lessonlib.launch(rank_workers.rank_and_sum, 2)
-    assert set(starter.preload()) == set(starter.BASE) | {
-        room for room in starter.ROOMS if room in sys.modules}
+    rooms = {room for room in starter.ROOMS if room in sys.modules}
+    assert set(starter.preload()) == set(starter.BASE) | rooms | (
+        set(starter.TRAINING) if rooms or "torch._dynamo" in sys.modules else set())
     first = starter.server_pid()
     lessonlib.launch(rank_workers.rank_and_sum, 2)
     assert starter.server_pid() == first                    # nothing new: the same server
@@ -158,6 +164,14 @@ def test_the_server_preloads_the_rooms_the_caller_imported(monkeypatch, no_child
     lessonlib.launch(rank_workers.rank_and_sum, 2)
     assert starter.server_pid() not in (None, first)
     assert "lessonlib.breadcrumbs" in starter._server["preload"]
+
+
+def test_a_caller_that_trains_preloads_what_its_ranks_optimizers_import(monkeypatch):
+    monkeypatch.setattr(starter, "ROOMS", ["a.room.nobody.imported"])
+    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
+    assert starter.preload() == starter.BASE                # a bare launch waits for no more
+    monkeypatch.setattr(starter, "ROOMS", ["lessonlib.launcher"])   # a room it imported
+    assert starter.preload() == starter.BASE + starter.TRAINING + ["lessonlib.launcher"]
 
 
 def test_cold_launches_still_work(no_children_left):

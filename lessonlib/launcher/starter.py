@@ -7,7 +7,9 @@ each rank is then a ``fork`` of that server (a tenth of a second). The server ne
 the worker's own module, so each rank imports it fresh from disk; when a file of lessonlib
 itself changes (an author editing it), the server is restarted before the next launch. It
 preloads the lessons' rooms the caller has imported (a lab script pays for its own only),
-and restarts once when the caller imports another. The server ends with its caller. Where there is no forkserver (Windows), ranks are spawned.
+with torch._dynamo once the caller trains (torch.optim's first optimizer imports it), and
+restarts once when the caller imports another. The server ends with its caller. Where
+there is no forkserver (Windows), ranks are spawned.
 
 Each launch also gets a private folder ``lessonlib-<caller pid>-*`` in the temp folder (logs,
 results, the rendezvous file); it is removed when the launch ends, and folders left by a
@@ -36,15 +38,22 @@ BASE = ["torch", "torch.distributed", "torch.nn", "torch.nn.functional", "cloudp
         "lessonlib.launcher"]
 ROOMS = ["lessonlib.data_parallel.bench", "lessonlib.model_parallel",
          "lessonlib.tensor_parallel.runs", "lessonlib.pipeline.runs", "lessonlib.hybrid"]
+# torch.optim imports torch._dynamo when a process builds its first optimizer (about 2 s of
+# CPU): preloaded for a caller that trains (it imported a room, or built an optimizer), so
+# that its ranks do not each pay it on every launch; a bare launch does not wait for it.
+TRAINING = ["torch._dynamo"]
 _LESSONLIB = Path(lessonlib.__file__).resolve().parent
 # The server this process started: its pid, the code it preloaded and the modules.
 _server = {"pid": None, "fingerprint": None, "preload": frozenset()}
 
 
 def preload() -> list[str]:
-    """torch, and the rooms this caller has imported. A notebook or a test session imports
-    its rooms before it launches them; a lab script, run once, pays only for its own."""
-    return BASE + [room for room in ROOMS if room in sys.modules]
+    """torch, and the rooms this caller has imported (with TRAINING, once it trains). A
+    notebook or a test session imports its rooms before it launches them; a lab script, run
+    once, pays only for its own."""
+    rooms = [room for room in ROOMS if room in sys.modules]
+    trains = rooms or any(module in sys.modules for module in TRAINING)
+    return BASE + (TRAINING if trains else []) + rooms
 
 
 def fingerprint() -> tuple:

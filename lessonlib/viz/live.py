@@ -41,7 +41,6 @@ from lessonlib.costmodel.alpha_beta import predict_from_fit
 from lessonlib.data_parallel import bench as dp_bench
 from lessonlib.hybrid import expected_traffic, measured_traffic, run as run_layout
 from lessonlib.models import HYBRID_CONFIG
-from lessonlib.pipeline import runs as pipeline_runs
 from lessonlib.viz.pipeline import gantt
 
 KiB = 1024
@@ -231,6 +230,10 @@ def assembly_line_widget(p: int = 3):
 # ---------------------------------------------------------------- 04: the pipeline
 def measure_pipeline(schedule: str, p: int, m: int) -> dict:
     """One timed step (after one warm-up) of ``schedule`` on p ranks with m micro-batches."""
+    # Imported here: the pipeline room pulls in torch's pipelining and DTensor (about 2.5 s),
+    # which notebooks 02, 03 and 05 and the fork servers they start need not pay for.
+    from lessonlib.pipeline import runs as pipeline_runs
+
     per_rank = launcher.launch(pipeline_runs.measure, p, ms=(m,), schedules=(schedule,),
                                engines=("lessonlib",), width=256, layers_per_stage=2,
                                micro=16, steps=1, warmup=1)

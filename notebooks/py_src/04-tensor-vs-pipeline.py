@@ -366,7 +366,7 @@ for p, m in ((2, 2), (2, 4), (2, 8), (4, 8)):
 # micro-batch's loss divided by m), and the same through PyTorch's own `ScheduleGPipe` and
 # `Schedule1F1B` (`torch.distributed.pipelining`). Then the timing run: 2 ranks, one
 # compute thread each, an `mlp_stack` of 16 Linear + GeLU layers of width 1024 in 2 stages
-# of 8, micro-batches of 128 rows; every rank records each F, B, send and wait, and counts
+# of 8, micro-batches of 32 rows; every rank records each F, B, send and wait, and counts
 # what autograd saved for its backward.
 
 # %%
@@ -381,7 +381,8 @@ for r in report:
 # %%
 # NBVAL_IGNORE_OUTPUT
 measured = lessonlib.launch(runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
-                            schedules=("gpipe", "1f1b"), steps=3, warmup=1, timeout=300)
+                            schedules=("gpipe", "1f1b"), micro=32, steps=3, warmup=1,
+                            timeout=300)
 rows = runs.summarize(measured)
 print(f"{len(rows)} cases measured, median step times from "
       f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "

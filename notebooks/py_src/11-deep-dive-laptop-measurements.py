@@ -186,7 +186,7 @@ print("3 ranks, one batch:", comm.nccl_hazards(ring(3, True)) or "no hazard")
 # This section takes one measured step of each schedule apart to show why. First the
 # measurement, on the stages of notebook 04: 2 ranks, one compute thread each, an
 # `mlp_stack` of 16 Linear + GeLU layers of width 1024 (2 stages of 8, or 4 chunks of 4
-# when interleaved), m = 8 micro-batches of 128 rows.
+# when interleaved), m = 8 micro-batches of 32 rows.
 
 # %%
 import lessonlib
@@ -195,8 +195,8 @@ from lessonlib.pipeline import runs
 # %%
 # NBVAL_IGNORE_OUTPUT
 measured = lessonlib.launch(runs.measure, 2, ms=(8,), engines=("lessonlib",),
-                            schedules=("gpipe", "1f1b", "interleaved"), steps=3, warmup=1,
-                            timeout=300)
+                            schedules=("gpipe", "1f1b", "interleaved"), micro=32, steps=3,
+                            warmup=1, timeout=300)
 print(f"{len(measured[0])} schedules measured on {len(measured)} ranks: "
       f"{', '.join(case[1] for case in measured[0])}")
 

@@ -2,8 +2,8 @@
 ranks with tiny settings, times small matrix products and writes the report; a lab that is
 not there is reported as skipped, not as a failure.
 
-The script itself runs as a user runs it, with two labs (each started by the sweep as its
-own command line). Every other lab's CPU-mode run is the same command line run in this
+The script itself runs as a user runs it, with one lab (which the sweep starts as its own
+command line). Every lab's CPU-mode run is also the same command line run in this
 interpreter (tests/labrun.py), so that nine fresh interpreters do not each import torch
 twice; what the report shows of each lab is checked from its record."""
 import json
@@ -22,7 +22,7 @@ import sweep_points  # noqa: E402
 
 from lessonlib import device, results  # noqa: E402
 
-FROM_THE_COMMAND_LINE = ("allreduce", "ddp")
+FROM_THE_COMMAND_LINE = ("allreduce",)
 
 
 def run_check(*args, timeout=240):

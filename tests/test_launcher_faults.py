@@ -76,7 +76,7 @@ def test_a_rank_that_never_starts_gets_the_main_guard_hint(tmp_path):
             lessonlib.launch(rank_workers.rank_and_sum, 2, timeout=60)
         except lessonlib.RankError as err:
             print("RANKERROR", err)
-    """ % str(ROOT / "tests")).replace("TORCH_CACHE", repr(TORCH_CACHE)))
+    """ % str(ROOT / "tests")))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=100)
     assert "RANKERROR" in done.stdout, done.stderr[-2000:]
@@ -108,8 +108,8 @@ def test_nothing_is_left_in_the_temp_folder_and_dead_launches_are_swept():
                     pass
             server = f"lessonlib-{os.getpid()}-server-"  # the live fork server's socket
             print("left:", [f for f in os.listdir(tempfile.gettempdir())
-                            if not f.startswith((server, TORCH_CACHE))])
-    """ % str(ROOT / "tests")).replace("TORCH_CACHE", repr(TORCH_CACHE))
+                            if not f.startswith((server, %r))])
+    """ % (str(ROOT / "tests"), TORCH_CACHE))
     folder = Path(tempfile.mkdtemp(prefix="lt-"))  # short: socket paths must be short
     try:
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -41,9 +41,10 @@ def run(name, *args) -> subprocess.CompletedProcess:
             runpy.run_path(argv[0], run_name="__main__")
             code = 0
         except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
-            if not isinstance(stop.code, (int, type(None))):
-                print(stop.code, file=sys.stderr)
+            code = 0 if stop.code is None else stop.code
+            if not isinstance(code, int):
+                print(code, file=sys.stderr)
+                code = 1
         except Exception:  # noqa: BLE001  (what the interpreter would print and exit 1 on)
             traceback.print_exc()
             code = 1

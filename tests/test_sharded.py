@@ -106,16 +106,26 @@ def test_bf16_compute_equals_fully_shards_mixed_precision(runs):
     """Gathered, computed and reduced in bf16, shards and AdamW in fp32: the same weights as
     FSDP2 with ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``, and not the fp32 ones.
     At n = 2 they agree exactly; at n = 3 FSDP2 averages the bf16 sums in another order (it
-    divides before and after reducing). AdamW turns that rounding, in gradients that are
-    zero in exact arithmetic (the key projection's bias), into steps of lr's size: 2.3e-3
-    seen, against 2.3e-2 from the fp32 run."""
+    divides before and after reducing): up to 6e-4 apart, seen on an AVX2 CPU.
+
+    The key projections' biases are compared apart. Their gradient is zero in exact
+    arithmetic (softmax ignores a shift shared by every key), so what they get is rounding,
+    and AdamW turns rounding of either sign into steps of about lr: at n = 3 they ended
+    2.3e-3 apart on one CPU and 8e-3 on another. All this test can ask of them is to stay
+    within AdamW's reach, lr per step each way."""
     ours = _results(runs, "3", "adamw", dtype="float32", compute_dtype="bfloat16")
     theirs = _results(runs, "torch-fsdp2", "adamw", dtype="float32", compute_dtype="bfloat16")
     fp32 = _results(runs, "3", "adamw", dtype="float32", compute_dtype=None)
+    lr = zero_runs.OPTIMIZERS["adamw"][1]["lr"]
     for mine, torch_rank, full in zip(ours, theirs, fp32):
+        rounding_only = {k for k in mine["weights"] if k.endswith("attn.k.bias")}
+        assert len(rounding_only) == CFG.layers
         for name, w in mine["weights"].items():
-            torch.testing.assert_close(w, torch_rank["weights"][name], rtol=0, atol=5e-3)
-        assert max((w - full["weights"][k]).abs().max() for k, w in mine["weights"].items()) > 1e-2
+            atol = 2 * lr * STEPS if name in rounding_only else 5e-3
+            torch.testing.assert_close(w, torch_rank["weights"][name], rtol=0, atol=atol,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+        assert max((w - full["weights"][k]).abs().max() for k, w in mine["weights"].items()
+                   if k not in rounding_only) > 1e-2
 
 
 @pytest.mark.timeout(300)

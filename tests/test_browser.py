@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -137,7 +138,8 @@ def _mirror_repository(into: Path) -> Path:
 
 @contextlib.contextmanager
 def jupyterlab_server():
-    """A JupyterLab on 127.0.0.1 over a mirror of the repository: {base, token, tmp}."""
+    """A JupyterLab on 127.0.0.1 over a mirror of the repository: {base, token, tmp,
+    stopping (the kernels being shut down, by id)}."""
     tmp = Path(tempfile.mkdtemp(prefix="browser-test-"))
     repo = _mirror_repository(tmp)
     for name, values in LAB_SETTINGS.items():
@@ -157,6 +159,7 @@ def jupyterlab_server():
          f"--LabApp.workspaces_dir={tmp / 'workspaces'}"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
+    server = {"base": base, "token": token, "tmp": tmp, "stopping": {}}
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -168,8 +171,10 @@ def jupyterlab_server():
                     raise RuntimeError("JupyterLab did not start:\n"
                                        + (tmp / "jupyterlab.log").read_text()[-3000:])
                 time.sleep(0.5)
-        yield {"base": base, "token": token, "tmp": tmp}
+        yield server
     finally:
+        for thread in server["stopping"].values():
+            thread.join(15)                      # kernels still shutting down
         os.killpg(proc.pid, signal.SIGTERM)      # the server and the kernels it started
         try:
             proc.wait(10)
@@ -188,13 +193,25 @@ def lab():
 
 
 def _shutdown_kernels(lab) -> None:
+    """Ask JupyterLab to shut every kernel down, without waiting for them to exit.
+
+    A kernel whose notebook launched ranks takes 2.5 s to go: ipykernel stops its children
+    before it exits and waits for them, and multiprocessing's resource tracker ignores
+    SIGTERM (by design), so JupyterLab ends the wait with SIGTERM after half its
+    shutdown_wait_time. The requests run in threads that ``lab`` joins before it stops.
+    Nothing is lost by not waiting: the next notebook gets a kernel of its own."""
     headers = {"Authorization": f"token {lab['token']}"}
     with urllib.request.urlopen(urllib.request.Request(f"{lab['base']}/api/kernels",
                                                        headers=headers)) as r:
         kernels = json.load(r)
     for k in kernels:
-        urllib.request.urlopen(urllib.request.Request(
-            f"{lab['base']}/api/kernels/{k['id']}", method="DELETE", headers=headers))
+        if k["id"] in lab["stopping"]:
+            continue                                      # asked already, still going
+        request = urllib.request.Request(f"{lab['base']}/api/kernels/{k['id']}",
+                                         method="DELETE", headers=headers)
+        thread = threading.Thread(target=urllib.request.urlopen, args=(request,), daemon=True)
+        thread.start()
+        lab["stopping"][k["id"]] = thread
 
 
 @pytest.fixture(scope="module")

@@ -220,3 +220,39 @@ def test_the_readme_map_or_the_package_map_names_every_file_of_a_package():
                     and f"``{path.stem}``" not in doc:
                 missing.append(str(path.relative_to(ROOT.parent)))
     assert not missing, f"neither the README's map nor the package's map names: {missing}"
+
+
+# ---------------------------------------------------------------- the cores
+# The functions a student reads as the paper's algorithm: about 30 lines at most, and no
+# instrument inline (timers, breadcrumbs, the ledger, device marks); what the course measures
+# is recorded by ``comm`` or by a recorder the core is handed. One more core is one more line.
+CORES = {
+    "data_parallel/ddp.py": ["DataParallel._on_grad", "DataParallel._launch_ready_buckets",
+                             "DataParallel._finish"],
+    "data_parallel/fsdp.py": ["GatherUnit.forward", "GatherUnit.backward",
+                              "FullyShardedDataParallel._gather_for_forward",
+                              "FullyShardedDataParallel._free_after_forward",
+                              "FullyShardedDataParallel._gather_for_backward",
+                              "FullyShardedDataParallel.reduce_scatter"],
+}
+CORE_LINES = 30
+INSTRUMENTS = {"device", "progress", "breadcrumbs", "ledger", "Ledger", "timer", "mark",
+               "perf_counter", "time"}
+
+
+def _function(path: Path, dotted: str):
+    scope = ast.parse(path.read_text())
+    for name in dotted.split("."):
+        scope = next(n for n in scope.body if getattr(n, "name", None) == name)
+    return scope
+
+
+@pytest.mark.parametrize("module", sorted(CORES))
+def test_each_core_is_short_and_free_of_instruments(module):
+    for dotted in CORES[module]:
+        fn = _function(ROOT / module, dotted)
+        first = min([d.lineno for d in fn.decorator_list] + [fn.lineno])
+        assert fn.end_lineno - first + 1 <= CORE_LINES, f"{module}: {dotted} is long"
+        names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | \
+                {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
+        assert not names & INSTRUMENTS, f"{module}: {dotted} calls {names & INSTRUMENTS}"

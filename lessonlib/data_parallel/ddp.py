@@ -8,6 +8,7 @@ asynchronous all-reduce starts while backward keeps computing earlier layers: fe
 (unlike rung (c)) and overlap with compute (unlike rungs (a) and (b), see
 ``lessonlib.data_parallel.ladder``). A callback at the end of backward waits for the buckets, so the
 gradients are averaged by the time ``loss.backward()`` returns, as with PyTorch's DDP.
+The lesson's timeline is stamped by ``BucketTimeline``, a recorder the wrapper is handed.
 
 Also as in PyTorch's DDP: rank 0's weights are copied to every rank at wrap time; frozen
 parameters are skipped and a tied weight is reduced once; ``no_sync()`` lets gradients

@@ -85,7 +85,8 @@ BUGS = {b.name: b for b in (
 
 
 # ---------------------------------------------------------------- the switch
-def _known(names) -> list[str]:
+def known(names) -> list[str]:
+    """``names`` as a list if every one is a bug of the zoo, else one ValueError naming them."""
     unknown = [n for n in names if n not in BUGS]
     if unknown:
         raise ValueError(f"unknown bug name(s) {unknown} (in {ENV} or an argument); the bug "
@@ -93,23 +94,24 @@ def _known(names) -> list[str]:
     return list(names)
 
 
-def _switched_on() -> list[str]:
+def switched_on() -> list[str]:
+    """The bugs ``LESSONLIB_BUGS`` switches on now, in its order."""
     raw = os.environ.get(ENV, "")
-    return _known([n.strip() for n in raw.split(",") if n.strip()]) if raw else []
+    return known([n.strip() for n in raw.split(",") if n.strip()]) if raw else []
 
 
 def active(name: str) -> bool:
     """Is bug ``name`` switched on? Read from the environment at each call; a dictionary
     lookup and one environment read when off."""
     if name not in BUGS:
-        _known([name])
-    return bool(os.environ.get(ENV)) and name in _switched_on()
+        known([name])
+    return bool(os.environ.get(ENV)) and name in switched_on()
 
 
 def hook_line(name: str) -> tuple[str, str]:
     """(file:line, the code) of bug ``name``'s switch: its ``if`` and the lines under it,
     read from the source now, so it is never stale."""
-    _known([name])
+    known([name])
     parts = BUGS[name].where.split(".")
     obj = importlib.import_module(parts[0])
     for i, attr in enumerate(parts[1:], 2):     # a submodule not imported yet: import it
@@ -129,7 +131,8 @@ def hook_line(name: str) -> tuple[str, str]:
 
 
 @contextmanager
-def _set(names: list[str]):
+def switched(names: list[str]):
+    """Exactly ``names`` on inside the block (the others off), as before after it."""
     before = os.environ.get(ENV)
     os.environ[ENV] = ",".join(names)
     try:
@@ -144,6 +147,6 @@ def _set(names: list[str]):
 @contextmanager
 def enabled(*names: str):
     """Switch bugs on in this process, and in the ranks it launches, inside the block."""
-    _known(names)
-    with _set(list(dict.fromkeys(_switched_on() + list(names)))):
+    known(names)
+    with switched(list(dict.fromkeys(switched_on() + list(names)))):
         yield

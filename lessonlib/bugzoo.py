@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from lessonlib import comm
 from lessonlib.baseline import rel_err
-from lessonlib.bugs import BUGS, ENV, Bug, _known, _set, _switched_on, active, enabled, hook_line
+from lessonlib.bugs import BUGS, ENV, Bug, active, enabled, hook_line, known, switched, switched_on
 from lessonlib.data import regression_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.launcher import LaunchTimeout, RankError, launch
@@ -149,11 +149,11 @@ def check(name: str, bug_on: bool | None = None, timeout: float = 60.0) -> dict:
     "passed", "what", "max_diff", "tolerance", "message", "ranks"} ("ranks": what each rank
     measured). A hang ends at ``timeout`` and, like a crashed rank, is reported as a failed
     check."""
-    _known([name])
+    known([name])
     on = active(name) if bug_on is None else bool(bug_on)
-    names = [n for n in _switched_on() if n != name] + ([name] if on else [])
+    names = [n for n in switched_on() if n != name] + ([name] if on else [])
     rank_fn, summary = CHECKS[name]
-    with _set(names):
+    with switched(names):
         try:
             ranks = launch(rank_fn, 2, timeout=timeout)
             what, diff, tol, message = summary(ranks)

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from lessonlib.argcheck import positive_int
+
 AXES = ("dp", "pp", "tp")  # outermost to innermost
 
 
@@ -47,9 +49,7 @@ class GridWarning(UserWarning):
 # ---------------------------------------------------------------- pure: the layout
 def _check_sizes(dp, pp, tp) -> None:
     for name, value in (("dp", dp), ("pp", pp), ("tp", tp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer (the number of "
-                             f"ranks along the {name} axis)")
+        positive_int(name, value, what=f"the number of ranks along the {name} axis")
 
 
 def check_grid(world_size: int, dp: int, pp: int, tp: int,
@@ -57,8 +57,7 @@ def check_grid(world_size: int, dp: int, pp: int, tp: int,
     """Raise ValueError unless t*p*d ranks fill the world; warn if a TP group needlessly
     spans servers. Pure: call it before any process starts."""
     _check_sizes(dp, pp, tp)
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size={world_size!r} must be a positive integer")
+    positive_int("world_size", world_size)
     if dp * pp * tp != world_size:
         ok = [(d, p) for d in range(1, world_size + 1) for p in range(1, world_size + 1)
               if d * p * tp == world_size]
@@ -68,8 +67,7 @@ def check_grid(world_size: int, dp: int, pp: int, tp: int,
                          f"has world_size={world_size}; {hint}")
     if gpus_per_node is None:
         return
-    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
-        raise ValueError(f"gpus_per_node={gpus_per_node!r} must be a positive integer")
+    positive_int("gpus_per_node", gpus_per_node)
     spanning = [g for g in axis_groups(dp, pp, tp)["tp"] if _nodes_of(g, gpus_per_node)
                 > -(-tp // gpus_per_node)]
     if spanning:
@@ -254,14 +252,16 @@ def device_mesh_view(dp: int, pp: int, tp: int) -> dict:
 
 def demo_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> dict:
     """Build the context on this rank, sum the rank ids over each axis's group (one
-    all-reduce per axis), and read PyTorch's DeviceMesh for comparison."""
-    from lessonlib import comm, device
+    all-reduce per axis), and read PyTorch's DeviceMesh for comparison. The grid is on the
+    ground floor, below ``lessonlib.comm``, so these three all-reduces are torch's own
+    calls (no ledger counts them)."""
+    from lessonlib import device
 
     ctx = ParallelContext.build(dp, pp, tp, gpus_per_node)
     sums = {}
     for axis in AXES:
         x = torch.tensor([float(ctx.rank)], device=device.current_device())
-        comm.all_reduce(x, group=getattr(ctx, f"{axis}_group"))
+        dist.all_reduce(x, group=getattr(ctx, f"{axis}_group"))
         sums[axis] = x.item()
     torch_view = device_mesh_view(dp, pp, tp)
     return {"rank": ctx.rank, "coords": ctx.coords, "tp_ranks": ctx.tp_ranks,

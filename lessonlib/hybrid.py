@@ -31,11 +31,12 @@ import torch
 from torch import nn
 
 from lessonlib import comm, device
+from lessonlib.argcheck import positive_int
 from lessonlib.baseline import corpus_batches, grads_as_model, max_abs_diff, train_one_process
 from lessonlib.breadcrumbs import progress
 from lessonlib.data import shard
 from lessonlib.data_parallel.ladder import allreduce_flat_gradients
-from lessonlib.grid import ParallelContext, check_grid
+from lessonlib.grid import AXES, ParallelContext, check_grid
 from lessonlib.launcher import launch
 from lessonlib.models import HYBRID_CONFIG, Block, GPTConfig, TinyGPT, lm_loss
 from lessonlib.pipeline.executor import PipelineExecutor
@@ -49,8 +50,7 @@ def check_layout(cfg: GPTConfig, dp: int, pp: int, tp: int, global_batch: int, m
     return the micro-batch size b = B / (d m)."""
     for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("global_batch", global_batch),
                         ("m", m)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+        positive_int(name, value)
     if pp > cfg.layers:
         raise ValueError(f"pp={pp} stages but the model has layers={cfg.layers}: every stage "
                          f"needs at least one transformer layer; use pp <= {cfg.layers} or a "
@@ -205,10 +205,21 @@ def run(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
 def step_losses(per_rank: list[dict]) -> list[float]:
     """The global batch's mean loss per step, from the last stages' micro-batch losses
     (mean over the m micro-batches of each replica, then over the d replicas)."""
-    last = [r for r in per_rank if r["coords"][1] == max(q["coords"][1] for q in per_rank)
-            and r["coords"][2] == 0]
+    places = [dict(zip(AXES, r["coords"])) for r in per_rank]     # {"dp": i, "pp": j, "tp": k}
+    last_stage = max(place["pp"] for place in places)
+    last = [r for r, place in zip(per_rank, places)
+            if place["pp"] == last_stage and place["tp"] == 0]
     return [statistics.fmean(statistics.fmean(r["losses"][s]) for r in last)
             for s in range(len(last[0]["losses"]))]
+
+
+def largest(per_rank: list[dict], key: str) -> float:
+    """The largest ``key`` over the ranks; a rank that did not report it is an error."""
+    missing = [r.get("rank") for r in per_rank if key not in r]
+    if missing:
+        raise ValueError(f"rank(s) {missing} did not report {key}: train them with "
+                         f"check=True (the default) to compare them with one process")
+    return max(r[key] for r in per_rank)
 
 
 def parity_summary(per_rank: list[dict], cfg: GPTConfig = HYBRID_CONFIG,
@@ -219,8 +230,8 @@ def parity_summary(per_rank: list[dict], cfg: GPTConfig = HYBRID_CONFIG,
     _, _, dense = reference(cfg, global_batch, len(losses), lr, seed)
     return {"losses": losses, "dense_losses": dense,
             "max_loss_diff": max(abs(a - b) for a, b in zip(losses, dense)),
-            "max_grad_diff": max(r.get("max_grad_diff", float("nan")) for r in per_rank),
-            "max_weight_diff": max(r.get("max_weight_diff", float("nan")) for r in per_rank)}
+            "max_grad_diff": largest(per_rank, "max_grad_diff"),
+            "max_weight_diff": largest(per_rank, "max_weight_diff")}
 
 
 def expected_param_count(cfg: GPTConfig, pp: int, tp: int, stage: int) -> int:

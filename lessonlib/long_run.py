@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import checkpoint, comm, device, labkit, reshard
+from lessonlib.argcheck import positive_int
 from lessonlib.data import corpus_tokens, lm_batch
 from lessonlib.breadcrumbs import progress
 from lessonlib.grid import ParallelContext, check_grid, layout_name, parse_layout
@@ -64,8 +65,7 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
     ``layout`` is ``"t<t>p<p>d<d>"`` (default: ``default_layout``)."""
     for name, value in (("steps", steps), ("checkpoint_every", checkpoint_every),
                         ("keep", keep)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+        positive_int(name, value)
     checkpoint.check_directory(checkpoint_dir)
     if optimizer not in HybridTrainer.OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r}; use one of {sorted(HybridTrainer.OPTIMIZERS)}")

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lessonlib import comm, device
+from lessonlib.argcheck import positive_int
 from lessonlib.baseline import train_one_process
 from lessonlib.breadcrumbs import progress
 from lessonlib.costmodel import bubble_fraction
@@ -123,8 +124,7 @@ def check_settings(world_size: int, p: int | None = None, model: str = "gpt",
         raise ValueError(f"model={model!r} must be one of {MODEL_KINDS}")
     p = world_size if p is None else p
     for name, value in (("p", p), ("steps", steps), ("batch", batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+        positive_int(name, value)
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r} must be 0 or a positive integer")
     if lines is not None:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lessonlib.data import corpus_vocab
+from lessonlib.argcheck import positive_int
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,7 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("vocab", "seq", "hidden", "heads", "layers", "ffn_mult"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer; got {value!r}")
+            positive_int(f"GPTConfig.{name}", getattr(self, name))
         if self.hidden % self.heads:
             raise ValueError(f"GPTConfig.hidden={self.hidden} must be divisible by "
                              f"heads={self.heads} (each head gets hidden/heads dims)")

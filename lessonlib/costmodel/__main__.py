@@ -16,6 +16,8 @@ import json
 import math
 import sys
 
+from lessonlib.argcheck import positive_int
+
 from .hardware import COLLECTIVE_ALGORITHMS, CLUSTERS, GPUS, get_cluster, get_gpu, make_cluster
 from .megatron2021 import table1_report
 from .model import GPT, MODELS, get_model
@@ -104,8 +106,8 @@ def check_args(args):
     """Raise ValueError naming the first flag whose value cannot describe a training run."""
     for attr, flag in POSITIVE.items():
         value = getattr(args, attr)
-        if value is not None and value < 1:
-            raise ValueError(f"{flag}={value} must be a positive integer")
+        if value is not None:
+            positive_int(flag, value)
     if args.zero not in (0, 1, 2, 3):
         raise ValueError(f"zero={args.zero} must be a ZeRO stage: 0, 1, 2 or 3")
     gbit = args.network_gbit

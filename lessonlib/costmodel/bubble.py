@@ -18,13 +18,14 @@ ICML, §3.2; Megatron-LM 2021 §2.2.1).
 Try ``python -c "from lessonlib.costmodel import bubble_fraction as f; print(f(4, 8),
 f(4, 8, convention='ideal'))"``.
 """
+from lessonlib.argcheck import positive_int
+
 CONVENTIONS = ("wall", "ideal")
 
 
 def _check(p, m, v):
     for name, value in (("p", p), ("m", m), ("v", v)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+        positive_int(name, value)
 
 
 def bubble_fraction(p, m, v=1, convention="wall"):

@@ -34,12 +34,13 @@ print(f(8, 1e9, 300e9))"``.
 """
 import math
 
+from lessonlib.argcheck import positive_int
+
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 
 
 def _check(n, size_bytes):
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r} ranks must be a positive integer")
+    positive_int("n", n, what="ranks")
     if size_bytes < 0:
         raise ValueError(f"size_bytes={size_bytes} must not be negative")
 

@@ -21,6 +21,8 @@ module itself has no script entry point.
 import math
 from dataclasses import dataclass, replace
 
+from lessonlib.argcheck import positive_int
+
 from .comm import members_per_node
 
 GB = 1e9  # datasheet gigabytes and GB/s are decimal
@@ -114,9 +116,7 @@ class Cluster:
             object.__setattr__(self, "network_ports", self.gpus_per_node)
         for field, most in (("gpus_per_node", MAX_GPUS_PER_NODE),
                             ("network_ports", MAX_GPUS_PER_NODE * 8)):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-                raise ValueError(f"{field}={value!r} must be a positive integer, at most {most}")
+            positive_int(field, getattr(self, field), most=most)
         for field in ("nvlink_bytes_per_s", "network_bytes_per_s", "nvlink_latency_s",
                       "network_latency_s"):
             value = getattr(self, field)

@@ -12,6 +12,8 @@ global_batch=1536).describe())"``.
 import math
 from dataclasses import dataclass
 
+from lessonlib.argcheck import positive_int
+
 from .memory import RECOMPUTE_MODES
 from .model import MAX, divisors
 
@@ -46,8 +48,7 @@ class Layout:
             value = getattr(self, name)
             if value is None and name in ("m", "global_batch"):
                 continue
-            if not _is_int(value) or not 1 <= value <= MAX:
-                raise ValueError(f"{name}={value!r} must be a positive integer (at most {MAX})")
+            positive_int(name, value, most=MAX)
         if not isinstance(self.recompute, str) or self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute={self.recompute!r} must be one of "
                              f"{', '.join(RECOMPUTE_MODES)}")

@@ -13,6 +13,8 @@ The presets include every row of that paper's Table 1 (``megatron-1.7B`` ...
 import math
 from dataclasses import dataclass
 
+from lessonlib.argcheck import positive_int
+
 # The largest size, count or batch the cost model takes: 2**31 - 1 keeps every product it
 # forms (FLOPs, bytes) far inside a float's range, and no real run comes near it.
 MAX = 2**31 - 1
@@ -35,8 +37,7 @@ class GPT:
     def __post_init__(self):
         for field, value in (("layers", self.L), ("hidden", self.h), ("heads", self.a),
                              ("seq", self.s), ("vocab", self.V)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX:
-                raise ValueError(f"{field}={value!r} must be a positive integer (at most {MAX})")
+            positive_int(field, value, most=MAX)
         if self.h % self.a:
             raise ValueError(f"hidden={self.h} must be a multiple of heads={self.a} "
                              f"(e.g. heads={_divisor_near(self.h, self.a)})")

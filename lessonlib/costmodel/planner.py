@@ -15,6 +15,8 @@ Run ``python -m lessonlib.costmodel --plan --model megatron-1T --gpus 1024 --glo
 """
 from dataclasses import dataclass, field
 
+from lessonlib.argcheck import positive_int
+
 from .memory import BYTES_PER_PARAM
 from .model import divisors
 from .throughput import Layout, estimate
@@ -83,8 +85,7 @@ def plan(model, cluster, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
          interleave=(1, 2, 4), **options):
     """Estimate every candidate layout; ``options`` go to ``Layout`` (e.g. recompute=)."""
     for name, value in (("n_gpus", n_gpus), ("global_batch", global_batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+        positive_int(name, value)
     if n_gpus > MAX_PLAN_GPUS:
         raise ValueError(f"n_gpus={n_gpus} is more than the planner enumerates; plan at most "
                          f"{MAX_PLAN_GPUS} GPUs, or estimate() one layout")

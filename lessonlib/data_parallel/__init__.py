@@ -10,7 +10,8 @@ Read in this order, each file one idea:
 * ``ladder``: data parallelism written four times, each rung fixing what the last one wasted
   (all-reduce per gradient, one flat buffer, hooks that overlap backward);
 * ``ddp``: ``DataParallel``, the top rung: gradient buckets launched during backward,
-  ``no_sync`` for accumulation, and ``sharded_loader`` (PyTorch's DistributedSampler);
+  ``no_sync`` for accumulation, ``BucketTimeline`` (the recorder that stamps the lesson's
+  timeline), and ``sharded_loader`` (PyTorch's DistributedSampler);
 * ``runs``: what the notebook and the tests launch (training replicas, the ladder's
   messages, a step's timeline, the bucket sweep);
 * ``bench``: the lab's measurements (all-reduce bandwidth, DDP step times), with the
@@ -18,8 +19,9 @@ Read in this order, each file one idea:
 * ``sharded``: sharding the replica (ZeRO): where each rank's slice lies, what a rank holds
   by ZeRO's per-stage formula, what a ledger's collectives send over a ring;
 * ``zero``: ``ShardedOptimizer``, ZeRO stage 1 (PyTorch's ZeroRedundancyOptimizer);
-* ``fsdp``: ``FullyShardedDataParallel``, ZeRO stages 2 and 3 (FSDP2's ``fully_shard``),
-  over ``fsdp_units`` (the module cut into units, and where each parameter lives);
+* ``fsdp``: ``FullyShardedDataParallel``, ZeRO stages 2 and 3 (FSDP2's ``fully_shard``):
+  one unit's gather, compute, free and reduce-scatter, in one file; over ``fsdp_units``
+  (the module cut into units at wrap time, and where each parameter lives);
 * ``zero_runs``: stages 0-3 and PyTorch's own trained on the ranks, for the tests; and
   ``zero_bench``: the same timed against ``fully_shard`` for ``labs/zero.py``.
 

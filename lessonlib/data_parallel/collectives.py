@@ -153,7 +153,9 @@ class _Flat:
         return self.tensor
 
 
-def _prepare(tensor, group, average, check):
+def prepare(tensor, group, average: bool, check: bool):
+    """What every hand-written all-reduce starts with: the ranks agree on the tensor (unless
+    ``check`` is False), then (this rank's index, the members, a flat view to work on)."""
     if check:
         agree(tensor, group, average)
     me, members = group_ranks(group)
@@ -167,7 +169,7 @@ def parameter_server_all_reduce(tensor, group=None, average: bool = False, serve
 
     ``server`` is the server's index in the group. Workers send S bytes and receive S; the
     server receives (n-1) x S and sends (n-1) x S: its link is the bottleneck."""
-    me, members, work = _prepare(tensor, group, average, check)
+    me, members, work = prepare(tensor, group, average, check)
     n, flat = len(members), work.flat
     if not 0 <= server < n:
         raise ValueError(f"server={server} must be a rank index in the group, 0..{n - 1}")
@@ -197,7 +199,7 @@ def naive_ring_all_reduce(tensor, group=None, average: bool = False, check: bool
 
     Every rank adds the same numbers in a different order, so with floats the replicas can
     differ in the last bit; the bandwidth-optimal ring below avoids that too."""
-    me, members, work = _prepare(tensor, group, average, check)
+    me, members, work = prepare(tensor, group, average, check)
     n, flat = len(members), work.flat
     right, left = members[(me + 1) % n], members[(me - 1) % n]
     outgoing, incoming = scratch(flat.numel(), flat, 0), scratch(flat.numel(), flat, 1)

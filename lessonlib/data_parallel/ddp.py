@@ -8,6 +8,7 @@ asynchronous all-reduce starts while backward keeps computing earlier layers: fe
 (unlike rung (c)) and overlap with compute (unlike rungs (a) and (b), see
 ``lessonlib.data_parallel.ladder``). A callback at the end of backward waits for the buckets, so the
 gradients are averaged by the time ``loss.backward()`` returns, as with PyTorch's DDP.
+The lesson's timeline is stamped by ``BucketTimeline``, a recorder the wrapper is handed.
 
 Also as in PyTorch's DDP: rank 0's weights are copied to every rank at wrap time; frozen
 parameters are skipped and a tied weight is reduced once; ``no_sync()`` lets gradients
@@ -30,6 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from lessonlib import bugs, comm, device
+from lessonlib.argcheck import positive_int
 from lessonlib.data_parallel.collectives import group_ranks
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate, trainable_parameters
 
@@ -65,15 +67,100 @@ class Bucket:
     """One flat buffer holding several parameters' gradients, all-reduced as one message."""
     params: list[nn.Parameter]
     buffer: torch.Tensor
-    views: list[torch.Tensor]
-    arrived: set = field(default_factory=set)
-    handle: object = None
-    launched_at: float | None = None
-    done_at: float | None = None
+    views: list[torch.Tensor]                        # params[i]'s slice of the buffer
+    arrived: set = field(default_factory=set)        # indices of the gradients copied in
+    handle: object = None                            # the all-reduce once launched
+
+    @classmethod
+    def of(cls, params: list[nn.Parameter]) -> "Bucket":
+        sizes = [p.numel() for p in params]
+        buffer = torch.zeros(sum(sizes), dtype=params[0].dtype, device=params[0].device)
+        return cls(params, buffer, [v.view(p.shape) for v, p in zip(buffer.split(sizes), params)])
 
     @property
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
+
+    @property
+    def ready(self) -> bool:
+        return len(self.arrived) == len(self.params)
+
+    def put(self, i: int, grad: torch.Tensor | None) -> None:
+        """Copy parameter i's gradient into the buffer (zeros if it has none)."""
+        if grad is None:
+            self.views[i].zero_()
+        else:
+            self.views[i].copy_(grad)
+        self.arrived.add(i)
+
+    def put_the_rest(self) -> None:
+        """A parameter this backward did not reach sends what it holds, or zeros, so every
+        rank sends the same bucket."""
+        for i, p in enumerate(self.params):
+            if i not in self.arrived:
+                self.put(i, p.grad)
+
+    def average_into_grads(self, world_size: int) -> None:
+        """The all-reduced sum / n, written into each parameter's ``.grad`` in one pass."""
+        for p, view in zip(self.params, self.views):
+            if p.grad is None:
+                p.grad = view / world_size
+            else:
+                torch.div(view, world_size, out=p.grad)
+
+    def empty(self) -> None:
+        self.arrived, self.handle = set(), None
+
+
+class BucketTimeline:
+    """The lesson's instrument, handed to ``DataParallel``: when backward finished computing
+    and, per bucket, when its all-reduce was launched and when it was first seen finished
+    (at the next gradient hook, or at the end of backward). ``device.mark`` stamps: seconds
+    on CPU, CUDA events on a GPU (turned into seconds, one synchronize, by ``read``)."""
+
+    def __init__(self):
+        self.last: dict = {}
+        self._start()
+
+    def _start(self) -> None:
+        self.computed_at, self.launched_at, self.done_at = None, {}, {}
+
+    def launched(self, i: int) -> None:
+        self.launched_at[i] = device.mark()
+
+    def poll(self, buckets: list[Bucket]) -> None:
+        """Stamp buckets seen finished (they finish in launch order: check the oldest)."""
+        i = len(self.done_at)
+        while i < len(self.launched_at) and buckets[i].handle.is_completed():
+            self.done_at[i] = device.mark()
+            i += 1
+
+    def backward_computed(self) -> None:
+        self.computed_at = device.mark()
+
+    def waited(self, i: int) -> None:
+        if i not in self.done_at:
+            self.done_at[i] = device.mark()
+
+    def close(self, buckets: list[Bucket]) -> None:
+        """Keep this backward's timeline as ``last``; start afresh for the next one."""
+        self.last = {"backward_computed_at": self.computed_at, "buckets": [
+            {"bucket": i, "bytes": b.nbytes, "params": len(b.params),
+             "launched_at": self.launched_at.get(i), "done_at": self.done_at.get(i)}
+            for i, b in enumerate(buckets)]}
+        self._start()
+
+    def read(self) -> dict:
+        """The last synced backward's timeline, in ``time.perf_counter`` seconds."""
+        line = self.last
+        if line and not isinstance(line["backward_computed_at"], float):   # CUDA events
+            buckets = line["buckets"]
+            marks = device.on_clock([line["backward_computed_at"]] + [
+                m for b in buckets for m in (b["launched_at"], b["done_at"])])
+            line = self.last = {"backward_computed_at": marks[0], "buckets": [
+                {**b, "launched_at": a, "done_at": d}
+                for b, a, d in zip(buckets, marks[1::2], marks[2::2])]}
+        return line
 
 
 def _check_cap(value, name: str = "bucket_cap_mb") -> None:
@@ -92,12 +179,11 @@ class DataParallel(nn.Module):
 
     ``buckets`` lists the buckets (reverse parameter order). After each synced backward,
     ``timeline`` says when backward finished computing and, per bucket, when its all-reduce
-    was launched and when it was first seen finished (``time.perf_counter`` seconds; seen
-    at the next gradient hook, or at the end of backward), for the lesson's timeline. On a
-    GPU these are CUDA events, turned into seconds (one synchronize) when it is read."""
+    was launched and when it was first seen finished (``time.perf_counter`` seconds), for
+    the lesson's timeline: ``recorder``, a ``BucketTimeline``, takes those stamps."""
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, group=None,
-                 first_bucket_mb: float = 1.0):
+                 first_bucket_mb: float = 1.0, recorder: BucketTimeline | None = None):
         _check_cap(bucket_cap_mb)
         _check_cap(first_bucket_mb, "first_bucket_mb")
         super().__init__()
@@ -105,20 +191,14 @@ class DataParallel(nn.Module):
         self.group, self.world_size = group, dist.get_world_size(group)
         self.bucket_cap_mb = bucket_cap_mb
         params = trainable_parameters(module)
-        self.buckets: list[Bucket] = []
-        self._slot: dict[int, tuple[Bucket, torch.Tensor]] = {}
         caps = int(bucket_cap_mb * MiB), int(first_bucket_mb * MiB)
-        for indices in plan_buckets(params, *caps):
-            members = [params[i] for i in indices]
-            buffer = torch.zeros(sum(p.numel() for p in members), dtype=members[0].dtype,
-                                 device=members[0].device)
-            views = [v.view(p.shape) for v, p in
-                     zip(buffer.split([p.numel() for p in members]), members)]
-            bucket = Bucket(members, buffer, views)
-            self.buckets.append(bucket)
-            self._slot.update({id(p): (bucket, v) for p, v in zip(members, views)})
-        self._sync, self._queued, self._next, self._done = True, False, 0, 0
-        self._timeline: dict = {}
+        self.buckets = [Bucket.of([params[i] for i in indices])
+                        for indices in plan_buckets(params, *caps)]
+        self._slot = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
+        self._sync = True              # False inside no_sync(): gradients stay local
+        self._finish_queued = False    # this backward's end-of-backward callback is queued
+        self._launched = 0             # buckets launched so far in this backward, in order
+        self.recorder = recorder or BucketTimeline()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def forward(self, *args, **kwargs):
@@ -139,67 +219,44 @@ class DataParallel(nn.Module):
 
     # ------------------------------------------------------------ during backward
     def _on_grad(self, p: torch.Tensor) -> None:
-        """Runs once per parameter per backward (autograd has grad mode off here), so it is
-        kept short: copy the gradient into its bucket, launch what is full."""
+        """Runs once per parameter per backward, as soon as its gradient is final: copy it
+        into its bucket and launch every bucket that is now full."""
         if not self._sync:
             return
-        if not self._queued:
-            self._queued = True
+        if not self._finish_queued:
+            self._finish_queued = True
             queue_end_of_backward(self._finish)
-        bucket, view = self._slot[id(p)]
-        view.copy_(p.grad)
-        bucket.arrived.add(id(p))
-        self._launch_full_buckets()
-        self._note_finished()
+        bucket, i = self._slot[id(p)]
+        bucket.put(i, p.grad)
+        self._launch_ready_buckets()
+        self.recorder.poll(self.buckets)
 
-    def _launch_full_buckets(self) -> None:
+    def _launch_ready_buckets(self) -> None:
         """Launch, in bucket order, every bucket whose gradients have all arrived: the same
         order on every rank, which collectives require."""
-        while self._next < len(self.buckets):
-            bucket = self.buckets[self._next]
-            if len(bucket.arrived) < len(bucket.params):
-                return
-            bucket.launched_at = device.mark()
+        while self._launched < len(self.buckets) and self.buckets[self._launched].ready:
+            bucket = self.buckets[self._launched]
+            self.recorder.launched(self._launched)
             bucket.handle = comm.all_reduce(bucket.buffer, group=self.group, async_op=True)
-            self._next += 1
-
-    def _note_finished(self) -> None:
-        """Stamp buckets seen finished (they finish in launch order, so check the oldest)."""
-        while self._done < self._next and self.buckets[self._done].handle.is_completed():
-            self.buckets[self._done].done_at = device.mark()
-            self._done += 1
+            self._launched += 1
 
     # ------------------------------------------------------------ end of backward
     @torch.no_grad()
     def _finish(self) -> None:
-        computed_at = device.mark()
-        for bucket in self.buckets[self._next:]:     # a parameter this backward did not reach
-            for p, view in zip(bucket.params, bucket.views):   # sends what it holds, or zeros
-                if id(p) in bucket.arrived:
-                    continue
-                if p.grad is None:
-                    view.zero_()
-                else:
-                    view.copy_(p.grad)
-                bucket.arrived.add(id(p))
-        self._launch_full_buckets()
+        """Once backward has computed every gradient: send the buckets it did not fill,
+        wait for every all-reduce, divide by n into ``.grad``, and start afresh."""
+        self.recorder.backward_computed()
+        for bucket in self.buckets[self._launched:]:
+            bucket.put_the_rest()
+        self._launch_ready_buckets()
         for i, bucket in enumerate(self.buckets):
             self._wait(i, bucket)
-            if bucket.done_at is None:
-                bucket.done_at = device.mark()
-            for p, view in zip(bucket.params, bucket.views):    # the sum / n, in one pass
-                if p.grad is None:
-                    p.grad = view / self.world_size
-                else:
-                    torch.div(view, self.world_size, out=p.grad)
-        self._timeline = {"backward_computed_at": computed_at, "buckets": [
-            {"bucket": i, "bytes": b.nbytes, "params": len(b.params),
-             "launched_at": b.launched_at, "done_at": b.done_at}
-            for i, b in enumerate(self.buckets)]}
+            self.recorder.waited(i)
+            bucket.average_into_grads(self.world_size)
+        self.recorder.close(self.buckets)
         for bucket in self.buckets:
-            bucket.arrived, bucket.handle = set(), None
-            bucket.launched_at = bucket.done_at = None
-        self._queued, self._next, self._done = False, 0, 0
+            bucket.empty()
+        self._finish_queued, self._launched = False, 0
 
     def _wait(self, i: int, bucket) -> None:
         """Wait for bucket ``i``'s all-reduce; a peer that never sent it is named as the
@@ -218,15 +275,7 @@ class DataParallel(nn.Module):
     @property
     def timeline(self) -> dict:
         """The last synced backward's timeline, in ``time.perf_counter`` seconds."""
-        line = self._timeline
-        if line and not isinstance(line["backward_computed_at"], float):   # CUDA events
-            buckets = line["buckets"]
-            marks = device.on_clock([line["backward_computed_at"]] + [
-                m for b in buckets for m in (b["launched_at"], b["done_at"])])
-            line = self._timeline = {"backward_computed_at": marks[0], "buckets": [
-                {**b, "launched_at": a, "done_at": d}
-                for b, a, d in zip(buckets, marks[1::2], marks[2::2])]}
-        return line
+        return self.recorder.read()
 
     def remove_hooks(self) -> nn.Module:
         """Detach from the module and return it (plain again)."""
@@ -241,9 +290,7 @@ def sharded_loader(dataset, batch_size: int, group=None, shuffle: bool = True, s
     per-epoch permutation (call ``loader.sampler.set_epoch(epoch)`` each epoch), so the n
     ranks together see the epoch once, and batch i over all ranks is n x ``batch_size``
     examples, as in one process with the global batch."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer (examples per rank); "
-                         f"got {batch_size!r}")
+    positive_int("batch_size", batch_size, what="examples per rank")
     me, members = group_ranks(group)
     sampler = DistributedSampler(dataset, num_replicas=len(members), rank=me,
                                  shuffle=shuffle, seed=seed, drop_last=drop_last)

@@ -2,25 +2,34 @@
 
 What it teaches: with the weights sharded too, a rank holds 1/d of everything at rest and
 borrows one unit's full weights at a time. ``FullyShardedDataParallel`` has the semantics of
-FSDP2's ``fully_shard`` (Zhao et al., VLDB 2023):
+FSDP2's ``fully_shard`` (Zhao et al., VLDB 2023). Every parameter is cut along dim 0 into d
+row shards, and the module's parameters *are* this rank's shards, so an optimizer built on
+``.parameters()`` steps only the shard. A unit is a direct child of the module (how the
+module is cut, and where each parameter lives: ``fsdp_units``). Each unit, each step:
 
-* every parameter is cut along dim 0 into d shards of ceil(rows/d) rows, zero-padded
-  (``sharded.row_shard``), and the module's parameters *are* this rank's shards, so an
-  optimizer built on ``.parameters()`` steps only the shard;
-* a unit is a direct child of the module (a ``ModuleList`` or ``ModuleDict`` counts as its
-  children). Just before a unit's forward, one all-gather rebuilds its full weights;
-  parameters held directly by the module, or shared by two units (an embedding tied to the
-  output head), form the root unit, gathered for the whole forward;
-* ``reshard_after_forward=True`` (ZeRO-3): after its forward the unit's full weights are
-  freed. Autograd would keep the ones backward needs alive, so a saved-tensor hook keeps a
-  note instead, and the unit is gathered again when the gradient reaches its output.
-  ``False`` (ZeRO-2): what backward needs stays alive, one gather per step;
-* each unit's backward ends with one reduce-scatter of its gradients (asynchronous, waited
-  for at the end of backward), so every rank keeps only its averaged gradient shard;
-* ``prefetch``: while a unit computes, the next unit's gather is already on its way (the
-  forward order of the last step; backward walks it in reverse), as FSDP2 does;
-* ``compute_dtype=torch.bfloat16`` gathers, computes and reduces in bf16 (FSDP2's
-  ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``); shards and optimizer stay fp32.
+1. **gather** (just before its forward): one all-gather rebuilds its full weights;
+2. **compute** its forward with them;
+3. **free** them (``reshard_after_forward=True``, ZeRO-3) as its forward ends; with False
+   (ZeRO-2) what backward needs stays alive, one gather per step;
+4. ZeRO-3: **gather again** when the gradient reaches the unit's output (its backward starts);
+5. **reduce-scatter** its gradients as its backward ends (asynchronous, waited for at the
+   end of backward), so every rank keeps only its averaged gradient shard.
+
+``GatherUnit`` is steps 1 and 5 as autograd sees them: forward = all-gather, backward =
+reduce-scatter. Parameters held by the module itself, or shared by two units (an embedding
+tied to the output head), form the root unit, gathered for the whole forward. ``prefetch``:
+while a unit computes, the next unit's gather is already on its way (the forward order of
+the last step; backward walks it in reverse). ``compute_dtype=torch.bfloat16`` gathers,
+computes and reduces in bf16 (FSDP2's ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``).
+
+Why a gathered weight must be found again in backward (ZeRO-3): to compute the gradient of
+``x @ W.T``, autograd *saves* W (or a view of it, such as ``W.T``) during forward. A saved
+tensor stays alive, so freeing the unit after its forward would free nothing. So, inside the
+forward, a saved-tensor hook looks at every tensor autograd saves: if it lies in the memory
+of a gathered weight (same storage; a view differs in shape, stride or start, so it is found
+by its storage), the hook keeps a ``SavedWeight`` ticket instead (which unit, which weight,
+and where in it). In backward, when autograd asks for the tensor back, the unit is gathered
+again and the ticket is turned back into the same view of the fresh copy.
 
 Per rank and step each all-gather and the reduce-scatter send (n-1)/n x S: 2(n-1)/n x S at
 stage 2 (an all-reduce's), 3(n-1)/n x S at stage 3 (ZeRO §7.2.2: 1.5x).
@@ -32,17 +41,44 @@ from __future__ import annotations
 
 import functools
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from lessonlib import comm
 from lessonlib.data_parallel.collectives import group_ranks
-from lessonlib.data_parallel.fsdp_units import (GatherUnit, Note, Slot, Unit, check_arguments,
-                                                places_of, tensors_in, unit_modules)
+from lessonlib.data_parallel.fsdp_units import (Unit, check_arguments, held_bytes, shard_units,
+                                                tensors_in, unit_modules)
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate
-from lessonlib.data_parallel.sharded import (optimizer_state_bytes, row_shard, shard_rows,
-                                             tensor_bytes)
+
+__all__ = ["FullyShardedDataParallel", "GatherUnit", "SavedWeight", "unit_modules"]
+
+
+class GatherUnit(torch.autograd.Function):
+    """A unit's weights as autograd sees them. Forward: shards -> full weights (``fsdp``'s
+    all-gather). Backward: full gradients -> gradient shards (``fsdp``'s reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, fsdp, unit, *shards):
+        ctx.fsdp, ctx.unit = fsdp, unit
+        ctx.set_materialize_grads(False)
+        return tuple(fsdp.all_gather(unit))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *ctx.fsdp.reduce_scatter(ctx.unit, grads))
+
+
+@dataclass(frozen=True)
+class SavedWeight:
+    """What the saved-tensor hook keeps instead of a gathered weight (ZeRO-3): a ticket."""
+    unit: Unit
+    index: int                    # which of the unit's weights
+    shape: torch.Size
+    stride: tuple
+    offset: int                   # from the start of the weight, in its storage
+
 
 class FullyShardedDataParallel(nn.Module):
     """Shard ``module`` over ``group``: ZeRO-3 with ``reshard_after_forward=True``, ZeRO-2
@@ -59,58 +95,23 @@ class FullyShardedDataParallel(nn.Module):
         self.reshard_after_forward = reshard_after_forward
         self.compute_dtype = compute_dtype or params[0].dtype
         self.prefetch = prefetch
-        self._notes: dict[int, list] = {}     # storage pointer -> the gathered weights in it
-        self._order: list[Unit] = []          # the units in the order the last forward ran
+        self._weights_in: dict[int, list] = {}  # storage address -> the gathered weights in it
+        self._order: list[Unit] = []            # the units in the order the last forward ran
         self._seen: list[Unit] = []
-        self._finishing: list = []            # reduce-scatters to wait for at backward's end
-        self._queued = False
-        self.units, self.root = self._shard(module)
+        self._reduce_scatters: list = []        # to wait for at backward's end
+        self._end_queued = False
+        self.units, self.root = shard_units(module, self.rank, self.world_size)
         self._hooks = []
         for unit, child in self.units:
-            self._hooks.append(child.register_forward_pre_hook(functools.partial(self._pre, unit)))
-            self._hooks.append(child.register_forward_hook(functools.partial(self._post, unit)))
-
-    # ------------------------------------------------------------ sharding at wrap time
-    @torch.no_grad()
-    def _shard(self, module: nn.Module):
-        places = places_of(module)
-        units = [(Unit(name), child) for name, child in unit_modules(module)]
-        inside = [{id(m) for m in child.modules()} for _, child in units]
-        root = Unit("")
-        owners: dict[int, Unit] = {}
-        for p in module.parameters():
-            holders = [i for i, ids in enumerate(inside)
-                       if all(id(m) in ids for m, _, _ in places[id(p)])]
-            owners[id(p)] = units[holders[0]][0] if len(holders) == 1 else root
-        offsets: dict[int, list[int]] = {}
-        for p in module.parameters():
-            unit = owners[id(p)]
-            offset, grad_offset = offsets.setdefault(id(unit), [0, 0])
-            shard = nn.Parameter(row_shard(p.detach(), self.rank, self.world_size),
-                                 requires_grad=p.requires_grad)          # (c, ...)
-            held = places[id(p)]
-            unit.slots.append(Slot(p.shape, shard_rows(p.shape, self.world_size), offset,
-                                    grad_offset if p.requires_grad else None, shard,
-                                    [(m, a) for m, a, _ in held], [n for _, _, n in held]))
-            offsets[id(unit)] = [offset + shard.numel(),
-                                 grad_offset + (shard.numel() if p.requires_grad else 0)]
-        for unit in [root, *(u for u, _ in units)]:
-            self._put(unit, [s.shard for s in unit.slots])
-        return [(u, child) for u, child in units if u.slots], root
-
-    @staticmethod
-    def _put(unit: Unit, tensors) -> None:
-        """Make the module hold ``tensors`` (full weights, or the shards) in every place."""
-        for slot, t in zip(unit.slots, tensors):
-            for m, attr in slot.places:
-                m._parameters[attr] = t
+            self._hooks += [
+                child.register_forward_pre_hook(functools.partial(self._before_forward, unit)),
+                child.register_forward_hook(functools.partial(self._after_forward, unit))]
 
     # ------------------------------------------------------------ the two collectives
     @torch.no_grad()
     def _launch_gather(self, unit: Unit, dtype: torch.dtype | None = None):
         """Start one unit's all-gather; returns what waits for it and cuts the weights out."""
-        dtype = dtype or self.compute_dtype
-        mine = unit.flat_shard(dtype)                                            # (S,)
+        mine = unit.flat_shard(dtype or self.compute_dtype)                      # (S,)
         rows = mine.new_empty(self.world_size, mine.numel())                     # (d, S)
         work = None
         if self.world_size > 1:
@@ -125,10 +126,10 @@ class FullyShardedDataParallel(nn.Module):
             return [slot.full_from(rows) for slot in unit.slots]
         return finish
 
-    def _all_gather(self, unit: Unit) -> list[torch.Tensor]:
+    def all_gather(self, unit: Unit) -> list[torch.Tensor]:
         """The unit's full weights: a prefetched gather if one is on its way, else one now."""
-        pending, unit.pending = unit.pending, None
-        return (pending or self._launch_gather(unit))()
+        prefetched, unit.prefetched = unit.prefetched, None
+        return (prefetched or self._launch_gather(unit))()
 
     def _prefetch(self, unit: Unit, step: int) -> None:
         """Start the gather of the unit after ``unit`` (step 1: in forward order; -1: the
@@ -137,107 +138,116 @@ class FullyShardedDataParallel(nn.Module):
         if not self.prefetch or unit not in order:
             return
         i = order.index(unit) + step
-        if 0 <= i < len(order) and order[i].pending is None and order[i].again is None:
-            order[i].pending = self._launch_gather(order[i])
+        if 0 <= i < len(order) and order[i].prefetched is None and order[i].regathered is None:
+            order[i].prefetched = self._launch_gather(order[i])
 
     @torch.no_grad()
-    def _reduce_scatter(self, unit: Unit, grads) -> list[torch.Tensor | None]:
-        unit.again = None                                  # ZeRO-3: backward is done with it
+    def reduce_scatter(self, unit: Unit, grads) -> list[None]:
+        """Start the unit's reduce-scatter (waited for at the end of backward, when each
+        shard's ``.grad`` gets its averaged share); autograd gets no gradient from here."""
+        unit.regathered = None                             # ZeRO-3: backward is done with it
         d = self.world_size
         rows = unit.gradient_rows(grads, d, self.compute_dtype)                  # (d, S)
-        if rows is None:                                   # a frozen unit
-            return [None] * len(unit.slots)
-        mine = rows.new_empty(rows.shape[1])                                      # (S,)
-        work = None
-        if d > 1:       # asynchronous: backward goes on with the units before this one
-            work = comm.reduce_scatter_tensor(mine, rows.view(-1), group=self.group,
-                                              async_op=True)
-        else:
-            mine.copy_(rows[0])
+        if rows is not None:                               # None: a frozen unit
+            mine = rows.new_empty(rows.shape[1])                                  # (S,)
+            work = None
+            if d > 1:   # asynchronous: backward goes on with the units before this one
+                work = comm.reduce_scatter_tensor(mine, rows.view(-1), group=self.group,
+                                                  async_op=True)
+            else:
+                mine.copy_(rows[0])
 
-        def finish() -> None:
-            if work is not None:
-                work.wait()
-            unit.add_gradient_shard(mine, d)
-        self._queue_end_of_backward()
-        self._finishing.append(finish)
-        return [None] * len(unit.slots)      # the shards' gradients arrive in ``finish``
+            def finish() -> None:
+                if work is not None:
+                    work.wait()
+                unit.add_gradient_shard(mine, d)
+            self._queue_end_of_backward()
+            self._reduce_scatters.append(finish)
+        return [None] * len(unit.slots)
 
+    # ------------------------------------------------------------ one unit's step
+    def _gather_for_forward(self, unit: Unit) -> None:
+        """1. gather: the module holds the full weights while the unit computes."""
+        full = GatherUnit.apply(self, unit, *(s.shard for s in unit.slots))
+        self._prefetch(unit, 1)
+        self._seen.append(unit)
+        unit.gathered = [full] if isinstance(full, torch.Tensor) else list(full)
+        if self.reshard_after_forward:
+            for i, t in enumerate(unit.gathered):   # one storage may hold several (d = 1)
+                self._weights_in.setdefault(t.untyped_storage().data_ptr(), []).append(
+                    (unit, i, t.storage_offset(), t.numel()))
+        unit.hold(unit.gathered)
+
+    def _free_after_forward(self, unit: Unit, output) -> None:
+        """3. free: the module holds the shards again; ZeRO-3 arms step 4."""
+        for t in unit.gathered or []:
+            self._weights_in.pop(t.untyped_storage().data_ptr(), None)
+        unit.hold_shards()
+        unit.gathered = None   # ZeRO-3: freed; ZeRO-2: autograd keeps what backward needs
+        if self.reshard_after_forward and torch.is_grad_enabled():
+            # The gradient reaching the unit's output is the moment its backward starts.
+            for t in tensors_in(output):
+                if t.requires_grad:
+                    t.register_hook(functools.partial(self._gather_for_backward, unit))
+
+    def _gather_for_backward(self, unit: Unit, grad):
+        """4. gather again (ZeRO-3), once per backward, and prefetch the unit before it."""
+        if unit.regathered is None:
+            self._queue_end_of_backward()
+            unit.regathered = self.all_gather(unit)
+            self._prefetch(unit, -1)
+        return grad
+
+    def _before_forward(self, unit, _module, args):
+        self._gather_for_forward(unit)
+        return self._cast(args)
+
+    def _after_forward(self, unit, _module, _args, output):
+        self._free_after_forward(unit, output)
+
+    def _cast(self, args):
+        return tuple(a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point()
+                     else a for a in args)
+
+    # ------------------------------------------------------------ the saved-tensor hooks
+    def _pack(self, t: torch.Tensor):
+        """A tensor autograd saves: a ticket if it lies in a gathered weight, else itself."""
+        start = t.storage_offset()
+        for unit, i, first, numel in self._weights_in.get(t.untyped_storage().data_ptr(), []):
+            if first <= start < first + numel:
+                return SavedWeight(unit, i, t.shape, t.stride(), start - first)
+        return t
+
+    def _unpack(self, saved):
+        """Backward asks for a saved tensor: a ticket becomes the view of the re-gathered weight."""
+        if not isinstance(saved, SavedWeight):
+            return saved
+        self._gather_for_backward(saved.unit, None)        # gathered already, as a rule
+        base = saved.unit.regathered[saved.index]
+        return base.as_strided(saved.shape, saved.stride, base.storage_offset() + saved.offset)
+
+    # ------------------------------------------------------------ the end of backward
     def _queue_end_of_backward(self) -> None:
-        if not self._queued:
-            self._queued = True
+        if not self._end_queued:
+            self._end_queued = True
             queue_end_of_backward(self._end_of_backward)
 
     def _drop_unused_gathers(self) -> None:
         """A prefetch the run did not use (a unit skipped) must not serve the next step's
         weights: every rank launched it, so wait for it, then drop it."""
         for unit in self._all_units():
-            if unit.pending is not None:
-                unit.pending()
-            unit.pending = unit.again = None
+            if unit.prefetched is not None:
+                unit.prefetched()
+            unit.prefetched = unit.regathered = None
 
     def _end_of_backward(self) -> None:
         """Wait for every reduce-scatter, drop gathers backward did not use."""
-        for finish in self._finishing:
+        for finish in self._reduce_scatters:
             finish()
         self._drop_unused_gathers()
-        self._finishing, self._queued = [], False
+        self._reduce_scatters, self._end_queued = [], False
 
-    # ------------------------------------------------------------ around each unit
-    def _gather_for_forward(self, unit: Unit) -> None:
-        full = GatherUnit.apply(self, unit, *(s.shard for s in unit.slots))
-        self._prefetch(unit, 1)
-        self._seen.append(unit)
-        unit.live = [full] if isinstance(full, torch.Tensor) else list(full)
-        if self.reshard_after_forward:
-            for i, t in enumerate(unit.live):       # one storage may hold several (d = 1)
-                self._notes.setdefault(t.untyped_storage().data_ptr(), []).append(
-                    (unit, i, t.storage_offset(), t.numel()))
-        self._put(unit, unit.live)
-
-    def _release_after_forward(self, unit: Unit, output) -> None:
-        for t in unit.live or []:
-            self._notes.pop(t.untyped_storage().data_ptr(), None)
-        self._put(unit, [s.shard for s in unit.slots])
-        unit.live = None       # ZeRO-3: freed; ZeRO-2: autograd keeps what backward needs
-        if self.reshard_after_forward and torch.is_grad_enabled():
-            # The gradient reaching the unit's output is the moment its backward starts.
-            for t in tensors_in(output):
-                if t.requires_grad:
-                    t.register_hook(functools.partial(self._pre_backward, unit))
-
-    def _pre_backward(self, unit: Unit, grad):
-        if unit.again is None:
-            self._queue_end_of_backward()
-            unit.again = self._all_gather(unit)
-            self._prefetch(unit, -1)
-        return grad
-
-    def _cast(self, args):
-        return tuple(a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point()
-                     else a for a in args)
-
-    def _pre(self, unit, _module, args):
-        self._gather_for_forward(unit)
-        return self._cast(args)
-
-    def _post(self, unit, _module, _args, output):
-        self._release_after_forward(unit, output)
-
-    def _pack(self, t: torch.Tensor):
-        start = t.storage_offset()
-        for unit, i, first, numel in self._notes.get(t.untyped_storage().data_ptr(), []):
-            if first <= start < first + numel:
-                return Note(unit, i, t.shape, t.stride(), start - first)
-        return t
-
-    def _unpack(self, saved):
-        if not isinstance(saved, Note):
-            return saved
-        self._pre_backward(saved.unit, None)               # gathered already, as a rule
-        base = saved.unit.again[saved.index]
-        return base.as_strided(saved.shape, saved.stride, base.storage_offset() + saved.offset)
-
+    # ------------------------------------------------------------ the whole forward
     def forward(self, *args, **kwargs):
         self._seen = []
         if self.root.slots:
@@ -250,7 +260,7 @@ class FullyShardedDataParallel(nn.Module):
                 output = self.module(*self._cast(args), **kwargs)
         finally:
             if self.root.slots:
-                self._release_after_forward(self.root, output)
+                self._free_after_forward(self.root, output)
             self._order = self._seen       # the next forward prefetches in this order
             self._drop_unused_gathers()
         return output
@@ -278,13 +288,5 @@ class FullyShardedDataParallel(nn.Module):
         full weight, in the compute dtype, kept from forward to backward; ZeRO-3: the
         largest unit, gathered one at a time), ``gradients`` (its gradient shards) and,
         given the optimizer, ``optimizer`` (its state for the shards)."""
-        slots = [s for u in self._all_units() for s in u.slots]
-        width = torch.empty(0, dtype=self.compute_dtype).element_size()
-        per_unit = [sum(s.shape.numel() for s in u.slots) * width for u in self._all_units()]
-        held = {"weights": tensor_bytes(s.shard for s in slots),
-                "gathered": (sum(per_unit) if not self.reshard_after_forward
-                             else per_unit[0] + max(per_unit[1:], default=0)),
-                "gradients": tensor_bytes(s.shard.grad for s in slots),
-                "optimizer": (optimizer_state_bytes(optimizer, [s.shard for s in slots])
-                              if optimizer is not None else 0)}
-        return {**held, "total": sum(held.values())}
+        return held_bytes(self._all_units(), self.compute_dtype, self.reshard_after_forward,
+                          optimizer)

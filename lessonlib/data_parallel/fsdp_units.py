@@ -3,8 +3,9 @@
 What it teaches: FSDP gathers weights one *unit* at a time, so sharding a model starts with
 cutting it into units (here the direct children, a ``ModuleList``'s children standing in for
 it) and remembering every place that holds a parameter: a tied weight is held in two places
-(an embedding and the output head) but sharded, gathered and stepped once. ``GatherUnit``
-is the autograd function that turns a unit's shards into its full weights and back.
+(an embedding and the output head) but sharded, gathered and stepped once. ``shard_units``
+does the cut at wrap time; what happens to a unit during a step (gather, compute, free,
+reduce-scatter) is in ``fsdp.py``.
 
 Laptop:  ``python labs/zero.py --world-size 2``
 GPU box: ``torchrun --nproc-per-node 8 labs/zero.py`` (NCCL)
@@ -15,6 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from lessonlib.data_parallel.sharded import (optimizer_state_bytes, row_shard, shard_rows,
+                                             tensor_bytes)
 
 
 @dataclass
@@ -41,11 +45,21 @@ class Slot:
 
 @dataclass
 class Unit:
+    """What FSDP gathers, frees and reduce-scatters as one: a child module's parameters."""
     name: str
     slots: list[Slot] = field(default_factory=list)
-    live: list[torch.Tensor] | None = None     # gathered for forward
-    again: list[torch.Tensor] | None = None    # gathered again for backward (ZeRO-3)
-    pending: object = None                     # a prefetched gather: call it to wait
+    gathered: list[torch.Tensor] | None = None     # full weights, held during its forward
+    regathered: list[torch.Tensor] | None = None   # gathered again for backward (ZeRO-3)
+    prefetched: object = None                      # a gather on its way: call it to wait
+
+    def hold(self, tensors) -> None:
+        """Make the module hold ``tensors`` (full weights, or the shards) in every place."""
+        for slot, t in zip(self.slots, tensors):
+            for m, attr in slot.places:
+                m._parameters[attr] = t
+
+    def hold_shards(self) -> None:
+        self.hold([s.shard for s in self.slots])
 
     def flat_shard(self, dtype: torch.dtype) -> torch.Tensor:
         """This rank's shards of the unit, one after another: what it sends to a gather."""
@@ -80,31 +94,6 @@ class Unit:
                 s.shard.grad = g
             else:
                 s.shard.grad.add_(g)
-
-
-@dataclass(frozen=True)
-class Note:
-    """What a saved-tensor hook keeps instead of a gathered weight (ZeRO-3)."""
-    unit: Unit
-    index: int
-    shape: torch.Size
-    stride: tuple
-    offset: int                   # from the start of the weight, in its storage
-
-
-class GatherUnit(torch.autograd.Function):
-    """A unit's weights as autograd sees them. Forward: shards -> full weights (``owner``'s
-    all-gather). Backward: full gradients -> gradient shards (``owner``'s reduce-scatter)."""
-
-    @staticmethod
-    def forward(ctx, owner, unit, *shards):
-        ctx.owner, ctx.unit = owner, unit
-        ctx.set_materialize_grads(False)
-        return tuple(owner._all_gather(unit))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return (None, None, *ctx.owner._reduce_scatter(ctx.unit, grads))
 
 
 COMPUTE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
@@ -163,3 +152,44 @@ def tensors_in(output) -> list[torch.Tensor]:
     if isinstance(output, dict):
         return [t for o in output.values() for t in tensors_in(o)]
     return []
+
+
+@torch.no_grad()
+def shard_units(module: nn.Module, rank: int, d: int) -> tuple[list[tuple[Unit, nn.Module]], Unit]:
+    """Cut ``module`` into units and swap every parameter for this rank's row shard: (the
+    units that hold parameters, with their child modules; the root unit). A parameter
+    belongs to the one unit holding all its places, else (tied across units) to the root."""
+    places = places_of(module)
+    units = [(Unit(name), child) for name, child in unit_modules(module)]
+    inside = [{id(m) for m in child.modules()} for _, child in units]
+    root, offsets = Unit(""), {}
+    for p in module.parameters():
+        holders = [i for i, ids in enumerate(inside)
+                   if all(id(m) in ids for m, _, _ in places[id(p)])]
+        unit = units[holders[0]][0] if len(holders) == 1 else root
+        offset, grad_offset = offsets.setdefault(id(unit), [0, 0])
+        shard = nn.Parameter(row_shard(p.detach(), rank, d), requires_grad=p.requires_grad)
+        held = places[id(p)]                                                  # (c, ...)
+        unit.slots.append(Slot(p.shape, shard_rows(p.shape, d), offset,
+                               grad_offset if p.requires_grad else None, shard,
+                               [(m, a) for m, a, _ in held], [n for _, _, n in held]))
+        offsets[id(unit)] = [offset + shard.numel(),
+                             grad_offset + (shard.numel() if p.requires_grad else 0)]
+    for unit in [root, *(u for u, _ in units)]:
+        unit.hold_shards()
+    return [(u, child) for u, child in units if u.slots], root
+
+
+def held_bytes(units: list[Unit], compute_dtype, reshard_after_forward: bool,
+               optimizer=None) -> dict[str, int]:
+    """Bytes a rank holds, ``units[0]`` being the root: see ``memory_bytes``."""
+    slots = [s for u in units for s in u.slots]
+    width = torch.empty(0, dtype=compute_dtype).element_size()
+    per_unit = [sum(s.shape.numel() for s in u.slots) * width for u in units]
+    held = {"weights": tensor_bytes(s.shard for s in slots),
+            "gathered": (sum(per_unit) if not reshard_after_forward
+                         else per_unit[0] + max(per_unit[1:], default=0)),
+            "gradients": tensor_bytes(s.shard.grad for s in slots),
+            "optimizer": (optimizer_state_bytes(optimizer, [s.shard for s in slots])
+                          if optimizer is not None else 0)}
+    return {**held, "total": sum(held.values())}

@@ -16,8 +16,8 @@ from collections import deque
 import torch
 
 from lessonlib import comm
-from lessonlib.data_parallel.collectives import (_prepare, naive_ring_all_reduce, pair_ops,
-                                                 parameter_server_all_reduce, scratch)
+from lessonlib.data_parallel.collectives import (naive_ring_all_reduce, pair_ops,
+                                                 parameter_server_all_reduce, prepare, scratch)
 
 
 # ---------------------------------------------------------------- bandwidth-optimal ring
@@ -101,7 +101,7 @@ def ring_all_reduce(tensor, group=None, average: bool = False, check: bool = Tru
 
     2(n-1) steps, each sending about S/n bytes: 2(n-1)/n x S per rank in all. Each chunk is
     summed once and then copied, so every rank ends with bit-identical values."""
-    me, members, work = _prepare(tensor, group, average, check)
+    me, members, work = prepare(tensor, group, average, check)
     n = len(members)
     if n == 1 or work.flat.numel() == 0:
         return work.finish()

@@ -426,6 +426,15 @@ return {kernel: k ? k.status : 'none', cells: code.length,
         pending: chosen.filter(([c]) => c.model.executionCount === null).length, errors};
 """
 
+JS_FOLDED = JS_PANEL + """
+const w = panelOf(arguments[0]);
+if (!w) return null;
+const solutions = w.content.widgets.filter(c => (c.model.getMetadata('tags') || [])
+    .includes('solution'));
+return {solutions: solutions.length,
+        shown: solutions.filter(c => !c.inputHidden || !c.outputHidden).length};
+"""
+
 JS_OPEN = """
 const [path, done] = [arguments[0], arguments[arguments.length - 1]];
 window.browserTestRunError = undefined;
@@ -548,6 +557,9 @@ def test_notebook_runs_and_its_widgets_respond(path, page):
     assert browser.execute_async_script(JS_OPEN, where) == "ok"
     wait_for(browser, "JupyterLab to open the notebook and start its kernel", 90,
              lambda: (browser.execute_script(JS_STATE, None, where) or {}).get("kernel") == "idle")
+    folded = browser.execute_script(JS_FOLDED, where)
+    assert folded and folded["shown"] == 0, \
+        f"{path.name}: {folded} solution cells open their source or output on opening"
     assert browser.execute_async_script(JS_RUN, chosen, where) == "ok"
 
     def finished():

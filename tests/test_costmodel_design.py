@@ -82,7 +82,8 @@ def test_h100_moves_the_sweet_spot_to_smaller_t():
     text = str(verdict)
     assert verdict and "compute 3.2x, NVLink 1.5x" in text
     assert "11% of the step on A100 and 21% on H100" in text and "from t=8 to t=4" in text
-    assert "A100 server's sweet spot" in str(check_h100_best_t(8))
+    tie = check_h100_best_t(8)        # 6 % behind t = 4: inside the model's own error
+    assert tie.ok and "cannot tell the two apart" in str(tie)
     assert "more or less?" in str(check_h100_best_t(16))
     assert "bubble" in str(check_h100_best_t(2)) and not check_h100_best_t(2)
     assert check_h100_best_t(3).ok is False and check_h100_best_t(True).ok is False

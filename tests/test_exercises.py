@@ -134,3 +134,18 @@ def test_bug_zoo_prediction_is_checked_against_the_real_bug():
     assert bugzoo.check_wrong_microbatch_prediction([1, 1, 0])
     assert "what correct DDP sends" in bugzoo.check_wrong_microbatch_prediction([0, 0, 1])
     assert not bugzoo.check_wrong_microbatch_prediction("soon")
+
+
+@pytest.mark.parametrize("py, ipynb", PAIRS, ids=[py.stem[:2] for py, _ in PAIRS])
+def test_every_solution_is_hidden_source_and_output_until_opened(py, ipynb):
+    """A solution's code and its output ("Correct: 5.0 B") stay folded in JupyterLab (the
+    cell's ``jupyter`` metadata) and on the static site (``<details>``, by the tag) until
+    the student opens them: an answer printed under the empty cell would give it away."""
+    for nb, where in ((_exercise_cells(py)[0], py.name), (nbformat.read(ipynb, 4), ipynb.name)):
+        for at, cell in enumerate(nb.cells):
+            if "solution" not in cell.metadata.get("tags", []):
+                continue
+            folded = cell.metadata.get("jupyter", {})
+            assert folded.get("source_hidden") and folded.get("outputs_hidden"), \
+                f"{where}, cell {at}: a solution must hide its source and its output"
+            assert "hide-output" in cell.metadata["tags"], f"{where}, cell {at}: tag hide-output"

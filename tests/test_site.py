@@ -49,5 +49,5 @@ def test_a_widget_with_no_plot_anywhere_is_reported():
     nb.metadata["widgets"] = {build_site.WIDGET_STATE: {"state": {"abc": {
         "model_name": "VBoxModel", "state": {"children": []}}}}}
     warnings = build_site.freeze_widgets(nb)
-    assert warnings == ["cell 0: no static plot before this widget, and the widget stored none"]
+    assert warnings == ["cell 0: the widget stored no plot, and no static plot stands before it"]
     assert "widgets" not in nb.metadata

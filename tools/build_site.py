@@ -127,9 +127,10 @@ def _widget_parts(model_id: str, models: dict, controls: list, outputs: list) ->
 def freeze_widgets(nb) -> list[str]:
     """Replace each widget view by its controls' values and the outputs it stored.
 
-    Returns a warning for each widget that does not follow the course's convention: its
-    default plot drawn once statically before it (since the previous widget), so the plot
-    shows wherever widgets cannot run."""
+    Returns a warning for each widget whose default plot would show nowhere without a
+    running kernel: one that stored no plot of its own and has no static plot before it
+    (since the previous widget). A widget that stored its plot needs no copy drawn again
+    above it: one figure per idea."""
     models = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     warnings, seen_image = [], False
     for index, cell in enumerate(nb.cells):
@@ -151,9 +152,9 @@ def freeze_widgets(nb) -> list[str]:
                                                    f'{html.escape(note)}</div>'}))
             new_outputs += [nbformat.from_dict(copy.deepcopy(o)) for o in stored]
             has_image = any("image/png" in o.get("data", {}) for o in stored)
-            if not seen_image:
-                warnings.append(f"cell {index}: no static plot before this widget"
-                                + ("" if has_image else ", and the widget stored none"))
+            if not seen_image and not has_image:
+                warnings.append(f"cell {index}: the widget stored no plot, and no static plot "
+                                f"stands before it")
             seen_image = False
         cell.outputs = new_outputs
     nb.metadata.pop("widgets", None)       # nothing left for widget JavaScript to render

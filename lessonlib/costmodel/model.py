@@ -92,6 +92,9 @@ MODELS = {
     # A 161.6 B shape close to the 162.2 B model of Megatron-LM 2021 §5.4, with 128 heads and
     # 128 layers so that every t and p up to 64 divides them (the t x p sweep on 64 GPUs).
     "gpt-161B": GPT(128, 10240, 128, 2048, 51200, "gpt-161B"),
+    # The 162.2 B model of Megatron-LM 2021's Fig. 13 as its run script builds it
+    # (examples/sc21/run_figure_13.sh: 32 layers, h = 20480, 128 heads, t x p = 64).
+    "megatron-162.2B-fig13": GPT(32, 20480, 128, 2048, 51200, "megatron-162.2B-fig13"),
 }
 
 

@@ -133,8 +133,10 @@ def explain(plan):
                      f"or full recompute, or a smaller micro-batch.")
         return "\n".join(lines)
     lay, mem = best.layout, best.memory
-    lines.append(f"Best: {lay.describe()}: {best.tflops_per_gpu:.0f} TFLOP/s per GPU "
-                 f"({best.mfu:.0%} MFU), {best.step_time_s:.1f} s per step, "
+    peak_share = best.tflops_per_gpu * 1e12 / cluster.gpu.peak_flops
+    lines.append(f"Best: {lay.describe()}: {best.tflops_per_gpu:.0f} TFLOP/s per GPU counting "
+                 f"the recomputation ({peak_share:.0%} of peak; {best.mfu:.0%} MFU, which counts "
+                 f"only the model's own FLOPs), {best.step_time_s:.1f} s per step, "
                  f"{mem.total / GB:.1f} GB per GPU ({mem.model_state / GB:.1f} model state + "
                  f"{mem.activations / GB:.1f} activations).")
     link = "inside one server, over NVLink" if lay.t <= cluster.gpus_per_node else \

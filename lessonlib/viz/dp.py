@@ -69,10 +69,11 @@ def plot_step_timeline(per_rank: list[dict], rungs=("naive", "bucketed")):
         ax.set_title(title, fontsize=10, loc="left")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in
                ("forward", "backward", "comm", "optimizer")]
-    axes[0, 0].legend(handles, ["forward", "backward", "all-reduce", "optimizer"],
-                      ncol=4, fontsize=8, loc="lower right")
+    fig.legend(handles, ["forward", "backward", "all-reduce (darker where buckets in flight "
+                         "overlap)", "optimizer"], ncol=4, fontsize=8, loc="upper center",
+               frameon=False)
     axes[-1, 0].set_xlabel("milliseconds from the start of the step")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))            # the legend above, clear of every bar
     return fig
 
 
@@ -170,22 +171,27 @@ def plot_buckets(grad_bytes: float, world_size: int, bucket_bytes: float, backwa
                                       gridspec_kw={"width_ratios": [1.3, 1]})
     for row, overlap in ((1, True), (0, False)):
         plan = bucketed_step(grad_bytes, world_size, bucket_bytes, backward_s, fit, overlap)
-        left.barh(row + 0.2, backward_s * 1e3, height=0.3, color=COLORS["backward"])
+        left.barh(row + 0.2, backward_s * 1e3, height=0.3, color=COLORS["backward"],
+                  label="backward's compute" if overlap else None)
         for j, (_, start, end) in enumerate(plan["buckets"]):
             left.barh(row - 0.2, (end - start) * 1e3, left=start * 1e3, height=0.3,
-                      color=COLORS["comm"], alpha=0.5 + 0.5 * (j % 2), edgecolor="white")
+                      color=COLORS["comm"], alpha=0.5 + 0.5 * (j % 2), edgecolor="white",
+                      label="a bucket's all-reduce (shades alternate)" if overlap and not j
+                      else None)
         left.text(plan["end_s"] * 1e3, row, f"  {plan['end_s'] * 1e3:.0f} ms", va="center")
-    left.set_yticks([0, 1], ["after backward", "overlapping"])
-    left.set(xlabel="ms from the start of backward",
-             title=f"{world_size} ranks, buckets of {bucket_bytes / MiB:g} MiB", xlim=(0, None))
+    left.set_yticks([0, 1], ["naive: after\nbackward", "buckets:\noverlapping"])
+    left.set(xlabel="ms from the start of backward", ylim=(-0.6, 2.0),
+             title=f"predicted: {world_size} ranks, buckets of {bucket_bytes / MiB:g} MiB",
+             xlim=(0, None))
+    left.legend(fontsize=8, loc="upper left", ncols=2)
     caps = np.logspace(-4, 7, 45, base=2) * MiB
     exposed = [bucketed_step(grad_bytes, world_size, c, backward_s, fit)["exposed_s"]
                for c in caps]
     right.plot(caps / MiB, np.array(exposed) * 1e3, color=COLORS["comm"], label="predicted")
     if measured:
         right.plot(list(measured), [v * 1e3 for v in measured.values()], "o", color="black",
-                   label="measured")
-    right.axvline(bucket_bytes / MiB, color="grey", lw=0.8, ls=":")
+                   label="measured (this run)")
+    right.axvline(bucket_bytes / MiB, color="grey", lw=0.8, ls=":", label="the cap on the left")
     right.set(xscale="log", xlabel="bucket cap (MiB)", ylabel="ms after backward",
               title="communication left after backward")
     right.legend(fontsize=8)

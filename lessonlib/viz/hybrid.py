@@ -40,8 +40,8 @@ def draw_grid(dp: int, pp: int, tp: int, gpus_per_node: int = 8, servers_per_row
     n_nodes = -(-len(table) // gpus_per_node)
     rows = -(-n_nodes // servers_per_row)
     cols = min(n_nodes, servers_per_row)
-    ax = ax or plt.subplots(figsize=(min(2.6 * cols * gpus_per_node / 4, 15),
-                                     1.7 * rows + 0.6))[1]
+    width = min(max(9.0, 2.6 * cols * gpus_per_node / 4), 15)   # small grids drawn large
+    ax = ax or plt.subplots(figsize=(width, max(2.6, 1.7 * rows + 0.6)))[1]
     stage_colors = plt.get_cmap("tab10" if pp <= 10 else "viridis")
     labels = len(table) <= 32
 
@@ -62,7 +62,7 @@ def draw_grid(dp: int, pp: int, tp: int, gpus_per_node: int = 8, servers_per_row
                                alpha=1.0 - 0.55 * pl.dp / max(dp, 1)))
         if labels:
             ax.text(x + 0.5, y + 0.45, f"r{pl.rank}\n{pl.dp},{pl.pp},{pl.tp}", ha="center",
-                    va="center", fontsize=7)
+                    va="center", fontsize=9 if len(table) <= 16 else 7)
     for group in axis_groups(dp, pp, tp)["tp"]:
         crosses = len({r // gpus_per_node for r in group}) > 1
         for node in sorted({r // gpus_per_node for r in group}):

@@ -186,12 +186,12 @@ def draw_allreduce(result: dict, ranks: int, size_kib: int, fits: dict | None = 
     return fig
 
 
-def allreduce_widget(fits: dict | None = None, ranks: int = 4, size_kib: int = 256):
+def allreduce_widget(fits: dict | None = None, ranks: int = 4, size_kib: int = 16384):
     """Live: ring vs parameter server at the sliders' rank count and size."""
     return live_explorer(measure_allreduce,
                          lambda r, ranks, size_kib: draw_allreduce(r, ranks, size_kib, fits),
                          ranks=w.IntSlider(ranks, 2, 6, description="ranks"),
-                         size_kib=w.SelectionSlider(options=[16, 64, 256, 1024, 4096],
+                         size_kib=w.SelectionSlider(options=[16, 64, 256, 1024, 4096, 16384],
                                                     value=size_kib, description="KiB"))
 
 

@@ -98,7 +98,7 @@ def plot_measured(table=None, this_run=None, p_max: int = 8):
         one = [r["step_time_s"] for r in rows if r["p"] == 1]
         if one:
             time.plot(ps, [one[0] * 1e3] * len(ps), "-", color="gray",
-                      label="predicted: the p = 1 time, + messages")
+                      label="the p = 1 time (messages not modelled)")
             time.plot(ps, [one[0] * 1e3 / p for p in ps], ":", color="gray",
                       label="if time divided by p")
     idle.set(ylim=(-0.02, 1), ylabel="idle share of the step (wall time)",

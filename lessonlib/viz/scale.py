@@ -125,4 +125,5 @@ def time_widget(efficiency: float = 0.3):
                     tokens_billion=w.FloatLogSlider(value=300, base=10, min=0, max=4),
                     gpu=w.Dropdown(options=list(GPUS), value="V100-SXM2-32GB"),
                     n_gpus=w.IntText(value=1),
-                    efficiency=w.FloatSlider(value=efficiency, min=0.05, max=0.8, step=0.05))
+                    efficiency=w.FloatSlider(value=efficiency, min=0.05, max=0.8, step=0.001,
+                                             readout_format=".1%"))

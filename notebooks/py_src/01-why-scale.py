@@ -34,6 +34,7 @@ import matplotlib.pyplot as plt
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib import baseline
+from lessonlib.claims import claim
 from lessonlib.viz import scale
 
 # %% [markdown]
@@ -108,7 +109,9 @@ rate_288 = cm.rate_for_time(cm.training_flops(P, D), 1, years)   # the 6PD rate,
 # %% [markdown]
 # Both rates are plausible: Megatron-LM 2019 measured 39 TFLOP/s (30 % of peak) on one V100.
 # With many GPUs the time falls, and Megatron-LM 2021 (Eq. 4) estimates it as
-# `8·T·P / (n·X)`. The cost model gives the paper's two worked examples to within a day:
+# `8·T·P / (n·X)` for T training tokens (the paper's letter for what we called D), P
+# parameters and n GPUs that each sustain X FLOP/s (8, not 6: it counts the recomputed
+# forward pass). The cost model gives the paper's two worked examples to within a day:
 # the paper rounds its results (and its 1T figure sits a little above what Eq. 4 gives
 # with the inputs it states; the difference is printed).
 
@@ -121,10 +124,10 @@ for label, P_, T, n, X, paper in (("GPT-3 175B", 175e9, 300e9, 1024, 140e12, 34)
           f"(paper: {paper}, {days - paper:+.1f} days)")
 
 # %% [markdown]
-# The chart below runs one V100 at the rate solved above from "288 years" (6PD), so it
-# lands on 288 years. The widget after it starts instead at 30 % of the V100's peak, about
-# what Megatron-LM 2019 measured on one V100 (39 TFLOP/s): a slightly faster rate, hence
-# fewer years. Both are printed here, from the same formula:
+# The widget below starts one V100 at the rate solved above from "288 years" (6PD), so it
+# lands on 288 years. 30 % of the V100's peak, about what Megatron-LM 2019 measured on one
+# V100 (39 TFLOP/s), is a slightly faster rate, hence fewer years (move its efficiency
+# slider to 0.3). Both are printed here, from the same formula:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -134,11 +137,7 @@ for why, rate in (("solved from 288 years", rate_288), ("the widget's default, 3
     print(f"{why:>36}: {rate / 1e12:.1f} TFLOP/s -> {t:.0f} years")
 
 # %%
-scale.time_wall(175e9, 300e9, "V100-SXM2-32GB", efficiency=rate_288 / v100, n_gpus=1)
-plt.show()
-
-# %%
-scale.time_widget(efficiency=0.3)
+scale.time_widget(efficiency=rate_288 / v100)
 
 # %% [markdown]
 # ## 3. Measured: this machine against GPT-3
@@ -170,6 +169,9 @@ print(f"this machine sustains {rate / 1e9:.1f} GFLOP/s on the tiny GPT")
 print(f"GPT-3 at that rate: {gpt3_flops / rate / cm.SECONDS_PER_YEAR:,.0f} years")
 print(f"a V100 at {rate_288 / 1e12:.1f} TFLOP/s is {rate_288 / rate:,.0f}x faster; "
       f"it still needs 288 years")
+years_here = gpt3_flops / rate / cm.SECONDS_PER_YEAR
+claim("at this machine's rate GPT-3 takes more than a thousand years", years_here > 1000,
+      numbers=f"{years_here:,.0f} years")
 
 # %% [markdown]
 # Small matrices use a CPU (or a GPU) far below its peak, so this rate is a floor, not a
@@ -209,7 +211,7 @@ from lessonlib.exercises import scale as ex
 my_params = None
 ex.check_largest_model(my_params)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 solution_params = cm.GPUS["A100-80GB"].memory_bytes / 16
 ex.check_largest_model(solution_params)
@@ -222,7 +224,7 @@ ex.check_largest_model(solution_params)
 my_gpus = None
 ex.check_min_gpus(my_gpus)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 import math
 
@@ -239,7 +241,7 @@ ex.check_min_gpus(solution_gpus)
 my_n = None
 ex.check_gpus_for_days(my_n)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 import math
 

@@ -44,6 +44,7 @@ import torch
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.data_parallel import bench as dp_bench, runs as dp_runs
+from lessonlib.claims import claim
 from lessonlib.models import TEN_M, TIMELINE_MODEL, TinyGPT, count_parameters
 from lessonlib.viz import dp as viz
 
@@ -86,9 +87,19 @@ for n in (2, 4, 8, 64, 1024):
           f"{cm.ring_allreduce_time_s(n, S, bandwidth, alpha) * 1e3:>8.2f} "
           f"{cm.parameter_server_bytes(n, S) / 2 / 1e6:>15.0f} "
           f"{cm.parameter_server_time_s(n, S, bandwidth, alpha) * 1e3:>10.1f}")
+n = 64
+ratio = cm.parameter_server_time_s(n, S, bandwidth, alpha) / cm.ring_allreduce_time_s(
+    n, S, bandwidth, alpha)
+claim("at n = 64 the server takes far more than n/2 times the ring's time, nearly n times",
+      n / 2 < 0.6 * n < ratio < n, numbers=f"{ratio:.0f}x")
 
 # %% [markdown]
-# The ring's time levels off near `2·S/B`; the server's grows linearly with n. The ring pays
+# The ring's time levels off near `2·S/B`; the server's grows linearly with n. Its bytes are
+# n/2 times a ring rank's, each way, but its time is about n times the ring's: the server
+# cannot send an average before the last note has arrived, so its (n-1)·S in and its
+# (n-1)·S out follow each other on its link, `2(n-1)·S/B`, while a ring rank sends and
+# receives at the same time (a little less than n at n = 64, where the ring's latency
+# steps start to count). The ring pays
 # instead in latency, `2(n-1)` steps of alpha, which is why large clusters use trees and
 # hierarchies for small messages (and why DDP packs gradients into big buckets, section 4).
 #
@@ -191,6 +202,7 @@ live.allreduce_widget(fits)
 
 # %% [markdown]
 # ## 4 · Hide the call: DDP's buckets
+# <!-- no measured claim: 25 MiB and 2 MiB are settings -->
 #
 # The simplest DDP waits until backward is over, then all-reduces every gradient, one
 # message per parameter: the network idles while backward computes, and backward's cores
@@ -212,11 +224,23 @@ for rung in ("naive", "bucketed"):
     end = max(b for _, _, b in timeline[0][rung])
     print(f"{rung:>9}: step {end * 1e3:.0f} ms on rank 0")
 print(f"{count_parameters(TinyGPT(TIMELINE_MODEL)) / 1e6:.1f} M parameters")
+bars = {rung: {what: (a, b) for what, a, b in timeline[0][rung]} for rung in timeline[0]}
+backward_end = bars["bucketed"]["backward"][1]
+first_bucket = min(a for what, (a, b) in bars["bucketed"].items() if what.startswith("bucket"))
+after = {"naive": bars["naive"]["all-reduce"][1] - bars["naive"]["backward"][1],
+         "bucketed": max(b for what, (a, b) in bars["bucketed"].items()
+                         if what.startswith("bucket")) - backward_end}
+claim("with buckets the first all-reduce starts while backward is still computing",
+      first_bucket < backward_end,
+      numbers=f"at {first_bucket * 1e3:.0f} ms, backward ends at {backward_end * 1e3:.0f} ms")
+claim("with buckets less communication is left after backward than in the naive step",
+      after["bucketed"] < after["naive"],
+      numbers=f"{after['bucketed'] * 1e3:.0f} ms against {after['naive'] * 1e3:.0f} ms")
 
 # %% [markdown]
 # In the naive step the communication row stays empty until backward ends. With buckets
-# the first all-reduce starts early in backward, and when backward finishes little is left
-# to send. On a 2-core laptop the overlap is not free (gloo's thread and backward share the
+# the first all-reduce starts during backward, and when backward finishes less is left to
+# send (the two checks above, on this run's timeline). On a 2-core laptop the overlap is not free (gloo's thread and backward share the
 # cores); on GPUs, NCCL runs on its own stream. The rungs from naive to buckets and the
 # choice of bucket size: [deep dive: DDP's buckets](07-deep-dive-ddp-buckets.ipynb).
 #
@@ -287,6 +311,7 @@ for stage, parts in zviz.predicted_gb(gpt3.params(), 1024).items():
 zviz.sharding_widget()
 
 # %% [markdown]
+# <!-- no measured claim: the 1x and 1.5x are ZeRO's formula (§7); 08 measures them -->
 # The price is traffic: stages 1 and 2 move what an all-reduce moves (a reduce-scatter plus
 # an all-gather), stage 3 gathers the weights again for backward, **1.5x** that, every step.
 # Why the measured bars differ from the formula where they do, and how every stage still
@@ -328,7 +353,7 @@ def ring_reduce_scatter(chunks, rank, world_size, send_recv):
 
 ex.check_reduce_scatter(ring_reduce_scatter)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 def ring_reduce_scatter_solution(chunks, rank, world_size, send_recv):
     for step in range(world_size - 1):
@@ -355,7 +380,7 @@ def accumulate_step(ddp, optimizer, micro_batches, loss_fn):
 
 ex.check_accumulation(accumulate_step)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 def accumulate_step_solution(ddp, optimizer, micro_batches, loss_fn):
     k = len(micro_batches)
@@ -387,7 +412,7 @@ def sharded_server_bytes(n, k, size):
 
 ex.check_sharded_server(sharded_server_bytes)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 def sharded_server_bytes_solution(n, k, size):
     serving = (n - 1) * size / k          # the averages of its slice, back to n - 1 workers

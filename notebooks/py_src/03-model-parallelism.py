@@ -40,6 +40,7 @@ import matplotlib.pyplot as plt
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib import model_parallel as mp
+from lessonlib.claims import claim
 from lessonlib.pipeline.stages import split_summary
 from lessonlib.viz import mp as mpviz
 from lessonlib.viz import tp as tpviz
@@ -50,8 +51,9 @@ from lessonlib.viz import tp as tpviz
 # GPT-3's model state is 16 bytes per parameter (ZeRO, Rajbhandari et al. 2020, §3.1). Split
 # its 96 layers over p GPUs and each holds about 1/p of it. But with one batch going
 # through the line, only one stage works at a time: each GPU is idle **(p-1)/p** of the
-# step. That is the pipeline *bubble* with a single micro-batch, (p-1)/(m+p-1) at m = 1
-# (GPipe, Huang et al. 2019, §2.3), which the cost model computes:
+# step. That is the pipeline *bubble*: with m micro-batches in flight it is (p-1)/(m+p-1) of
+# the step (GPipe, Huang et al. 2019, §2.3), and here the one batch is a single micro-batch,
+# m = 1. The cost model computes it:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -62,14 +64,11 @@ for p in (1, 8, 16, 32, 48, 96):
     print(f"{p:>3} {memory.total / 1e9:>11,.0f} {str(memory.total < a100.memory_bytes):>14} "
           f"{cm.bubble_fraction(p, 1):>11.1%}")
 
-# %%
-tpviz.plot_layer_split("gpt3-175B", 48)
-plt.show()
-
 # %% [markdown]
 # Move the slider: memory per GPU falls as 1/p (until the embeddings dominate), and the
-# idle share climbs towards 1. (The slider accepts any p; a p that does not divide the
-# layers leaves the first stages one layer heavier, which the cost model counts.)
+# idle share climbs towards 1. (The slider accepts any p; where p does not divide the
+# layers, some stages hold one layer more, and the cost model sizes every GPU for the
+# heaviest, ceil(L/p) layers.)
 
 # %%
 tpviz.layer_split_widget()
@@ -210,13 +209,26 @@ for r in stored:
           f"{r['step_time_s'] * 1e3:>12.1f} {kib:>28}")
 mpviz.plot_measured(TABLE, this_run)
 plt.show()
+one_rank = next(r["step_time_s"] for r in stored if r["p"] == 1)
+split = [r for r in stored if r["p"] > 1]
+claim("the stages together hold the whole model at every p, the heaviest on or above "
+      "the whole / p", all(sum(r["param_bytes_per_rank"]) == sum(stored[0]["param_bytes_per_rank"])
+                           and max(r["param_bytes_per_rank"]) * r["p"]
+                           >= sum(r["param_bytes_per_rank"]) for r in split))
+claim("no p >= 2 comes near the one-rank time / p: each step takes at least the one-rank time",
+      all(r["step_time_s"] >= one_rank for r in split),
+      numbers=", ".join(f"p={r['p']}: {r['step_time_s'] * 1e3:.1f} ms" for r in split)
+      + f" against {one_rank * 1e3:.1f} ms at p=1")
 
 # %% [markdown]
-# The idle share climbs along (p-1)/p, the parameters per rank follow the balanced split
-# (on or above the whole model / p where the layers do not cut evenly), and the step time
-# never falls towards the one-rank time / p: it stays at the one-rank time plus the
-# messages between stages, which on CPU ranks sharing two cores cost milliseconds each.
-# Memory divides, time does not. (Single ranks scatter because the cores are shared.)
+# The idle share climbs along (p-1)/p, and the parameters per rank follow the balanced split:
+# together the stages hold the whole model, but not in equal parts, since the layers do not
+# cut evenly (at p = 3 one rank holds less than the whole / p, another more; the first
+# check above). The step time never falls towards the one-rank time / p (the second check):
+# it stays above the one-rank time, by the messages between stages, which on CPU ranks
+# sharing two cores cost milliseconds each. The grey line is the one-rank time alone; the
+# cost model has no message term for CPU ranks, so the gap above it is what the messages
+# cost. Memory divides, time does not. (Single ranks scatter because the cores are shared.)
 #
 # Measure it yourself: the widget runs the assembly line for real at the slider's p (a
 # small MLP, two timed steps) and draws each rank's idle share over (p-1)/p, with the
@@ -229,7 +241,7 @@ from lessonlib.viz import live
 live.assembly_line_widget()
 
 # %% [markdown]
-#
+# <!-- no measured claim: "above" points at the cell with the stored table -->
 # **Instructors:** to draw your cluster's numbers instead, run
 # `torchrun --nproc-per-node 8 labs/mp.py --json results/mp.json` (or
 # `python labs/mp.py --world-size 8 --json results/mp.json` on CPU ranks) from the
@@ -261,7 +273,7 @@ def my_split(n_layers, p):
 
 ex.check_stage_split(my_split)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 def split_solution(n_layers, p):
     base, extra = divmod(n_layers, p)
@@ -288,7 +300,7 @@ def my_idle_share(timeline, wall):
 
 ex.check_idle_share(my_idle_share, results)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 def idle_share_solution(timeline, wall):
     busy = sum(s.end - s.start for s in timeline if s.kind in ("F", "B", "OPT"))
@@ -310,7 +322,7 @@ ex.check_idle_share(idle_share_solution, results)
 my_idle = None      # a share between 0 and 1
 ex.check_unbalanced_idle(my_idle, stage_ms=(1, 1, 1, 3), stage=0)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 stage_ms_solution = (1, 1, 1, 3)        # one batch visits the stages one after another
 idle_solution = 1 - stage_ms_solution[0] / sum(stage_ms_solution)

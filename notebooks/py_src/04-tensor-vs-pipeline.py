@@ -251,7 +251,7 @@ def my_column_forward(x, weight, bias, group):
 
 ex.check_column_forward(my_column_forward)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 def column_forward_solution(x, weight, bias, group):
     y = F.linear(x, weight, bias).contiguous()                  # (b, s, out/t)
@@ -278,7 +278,7 @@ def my_f_backward(grad, group):
 
 ex.check_f_operator(my_f_forward, my_f_backward)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 def f_forward_solution(x, group):
     return x.clone()
@@ -301,7 +301,7 @@ ex.check_f_operator(f_forward_solution, f_backward_solution)
 my_ratio = None     # bytes sent per rank at t = 8, divided by those at t = 4
 ex.check_tp_traffic_ratio(my_ratio, t_from=4, t_to=8)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 ratio_solution = cm.tp_elements_per_layer(B, S, H, 8) / cm.tp_elements_per_layer(B, S, H, 4)
 ex.check_tp_traffic_ratio(ratio_solution, t_from=4, t_to=8)
@@ -464,7 +464,7 @@ from lessonlib.exercises import pipeline as ex
 my_order = None
 ex.check_1f1b_order(my_order, p=3, m=5, stage=0)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 order_solution = "F0 F1 F2 B0 F3 B1 F4 B2 B3 B4"    # p - 0 - 1 = 2 warm-up forwards first
 ex.check_1f1b_order(order_solution, p=3, m=5, stage=0)
@@ -478,7 +478,7 @@ ex.check_1f1b_order(order_solution, p=3, m=5, stage=0)
 my_bubble = None
 ex.check_capped_bubble(my_bubble, p=4, capacity=4)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 bubble_solution = cm.bubble_fraction(4, 4, convention="wall")   # GPipe holds all m: m <= 4
 ex.check_capped_bubble(bubble_solution, p=4, capacity=4)
@@ -491,7 +491,7 @@ ex.check_capped_bubble(bubble_solution, p=4, capacity=4)
 my_m = None
 ex.check_min_microbatches(my_m, p=8, target=0.1)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 m_solution = next(m_try for m_try in range(1, 1000)
                   if cm.bubble_fraction(8, m_try, convention="wall") <= 0.1)

@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import lessonlib
+from lessonlib.claims import claim
 from lessonlib.costmodel import alpha_beta
 from lessonlib.data_parallel import runs as dp_runs
 from lessonlib.models import TINY, TinyGPT
@@ -108,16 +109,17 @@ for cap, c in caps.items():
     above += measured[cap] > guess
     print(f"{cap:>8} {c['buckets']:>8} {c['backward_s'] * 1e3:>12.1f} "
           f"{measured[cap] * 1e3:>18.1f} ms {guess * 1e3:>7.1f} ms")
-print(f"measured above the model at {above} of {len(caps)} caps")
+claim("the model is optimistic here: the measured time left after backward is above it at "
+      "most caps", above > len(caps) / 2, numbers=f"{above} of {len(caps)} caps")
 
 # %% [markdown]
-# Expect the model to be optimistic on this laptop (the last line counts the caps where it
-# was): it lets communication run beside backward for free, while here the two compete for
-# the same two cores (backward's own time, in the table, can grow when many buckets fly
-# beside it). The model's curve has the shape to look
-# for: one huge bucket waits for the end of backward, many tiny ones pay alpha each, and the
-# best cap lies in between. On a busy laptop the measured points scatter around it by more
-# than the differences it predicts; on GPUs the differences are what DDP tunes for.
+# The model is optimistic on this laptop (the check above counts the caps where it was): it
+# lets communication run beside backward for free, while here the two compete for the same
+# two cores (backward's own time, in the table, can grow when many buckets fly beside it).
+# The model's curve has the shape to look for: one huge bucket waits for the end of
+# backward, many tiny ones pay alpha each, and the best cap lies in between. On a busy
+# laptop the measured points sit above it by more than the differences it predicts between
+# caps; on GPUs those differences are what DDP tunes for.
 
 # %%
 viz.plot_buckets(grad_bytes, 2, 4 * MiB, backward_s, torch_fit, measured)

@@ -231,7 +231,7 @@ from lessonlib.exercises import pipeline as ex
 my_m_interleaved = None
 ex.check_interleaved_microbatches(my_m_interleaved, p=4, v=2, m_plain=16)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 plain_solution = cm.bubble_fraction(4, 16, convention="wall")
 m_interleaved_solution = next(k for k in range(4, 17, 4)     # multiples of p = 4

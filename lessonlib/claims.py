@@ -17,22 +17,22 @@ class ClaimFailed(AssertionError):
     """A sentence the lesson makes is false on the numbers it was checked on."""
 
 
-def claim(sentence: str, holds: bool, *, numbers: str = "") -> str:
+def claim(sentence: str, holds: bool, *, numbers: str = "") -> None:
     """Print ``sentence`` (and the ``numbers`` behind it) if ``holds``; else raise
-    ClaimFailed naming the sentence, so that the cell fails where the prose would lie."""
+    ClaimFailed naming the sentence, so that the cell fails where the prose would lie.
+    Returns nothing, so a claim that ends a cell shows only its printed line."""
     said = f"{sentence} ({numbers})" if numbers else sentence
     if not holds:
         raise ClaimFailed(f"the lesson says '{sentence}', but it is false here"
                           + (f": {numbers}" if numbers else ""))
     print(f"✔ {said}")
-    return said
 
 
 def within(what: str, measured: float, expected: float, tolerance: float, *,
-           unit: str = "") -> str:
+           unit: str = "") -> None:
     """Claim that ``measured`` is within ``tolerance`` (a fraction, 0.15 for 15 %) of
     ``expected``, and say by how much."""
     off = measured / expected - 1 if expected else float("inf")
     numbers = f"{measured:.4g}{unit} vs {expected:.4g}{unit}, {off:+.1%}"
-    return claim(f"{what} is within {tolerance:.0%} of the prediction",
-                 abs(off) <= tolerance, numbers=numbers)
+    claim(f"{what} is within {tolerance:.0%} of the prediction", abs(off) <= tolerance,
+          numbers=numbers)

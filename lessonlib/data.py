@@ -19,7 +19,15 @@ from pathlib import Path
 
 import torch
 
-CORPUS_PATH = Path(__file__).resolve().parent.parent / "data" / "castle_corpus.txt"
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"   # the course's shipped data
+CORPUS_PATH = DATA_DIR / "castle_corpus.txt"
+
+
+def stored(name: str) -> dict:
+    """A result shipped in ``data/`` (e.g. ``"dp_cpu_results.json"``), read as JSON."""
+    import json
+
+    return json.loads((DATA_DIR / name).read_text())
 
 _SUBJECTS = ["the builder", "a child", "the crew", "my sister", "the old king", "four chefs",
              "each worker", "the robot", "our team", "the queen"]

@@ -67,3 +67,21 @@ def test_a_hundred_cpu_steps_visibly_lower_the_loss():
     first, last = sum(run["losses"][:10]) / 10, sum(run["losses"][-10:]) / 10
     assert last < first - 1.0, (first, last)
     assert train.measured_flops(run) > 0
+
+
+def test_shipped_results_are_read_from_one_place():
+    from lessonlib.data import DATA_DIR, stored
+
+    assert (DATA_DIR / "castle_corpus.txt").exists()
+    assert stored("dp_cpu_results.json")["allreduce_sweep"]["lab"] == "allreduce"
+
+
+def test_allreduce_measurements_come_back_as_named_rows():
+    from lessonlib.data_parallel.bench import records
+
+    one = {"rank": 1, "sizes": {1024: {"ring": {"times": [3.0, 1.0, 2.0], "max_error": 0.0,
+                                                  "bytes_sent": 768, "bytes_received": 768}}}}
+    (row,) = records({4: [one]})
+    assert (row.n, row.rank, row.size_bytes, row.algorithm, row.bytes_sent) == (4, 1, 1024,
+                                                                              "ring", 768)
+    assert row.median_s == 2.0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -75,6 +76,26 @@ def allreduce_bench(sizes_bytes, algorithms=ALL_ALGORITHMS, budget_s: float = 2.
             progress(f"{size} bytes, turn {i + 1} of {iters}")
         out[int(size)] = row
     return {"rank": rank, "sizes": out, "info": labkit.rank_info()}
+
+
+class AllReduceRecord(NamedTuple):
+    """One rank's result for one algorithm at one size, from ``allreduce_bench``."""
+    n: int
+    rank: int
+    size_bytes: int
+    algorithm: str
+    bytes_sent: int
+    bytes_received: int
+    max_error: float
+    median_s: float
+
+
+def records(runs_by_n: dict) -> list[AllReduceRecord]:
+    """``{n: allreduce_bench's per-rank results}`` as one flat list of named rows."""
+    return [AllReduceRecord(n, r["rank"], size, name, row["bytes_sent"], row["bytes_received"],
+                            row["max_error"], statistics.median(row["times"]))
+            for n, ranks in runs_by_n.items() for r in ranks
+            for size, by_name in r["sizes"].items() for name, row in by_name.items()]
 
 
 def ddp_bench(rungs=("bucketed", "naive", "torch"), cfg: GPTConfig = TEN_M, batch: int = 4,

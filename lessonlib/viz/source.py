@@ -10,6 +10,7 @@ GPU box: the same.
 from __future__ import annotations
 
 import inspect
+import textwrap
 from pathlib import Path
 
 
@@ -17,7 +18,7 @@ class Source:
     """A piece of source code with where it lives; Jupyter renders it highlighted."""
 
     def __init__(self, obj):
-        self.code = inspect.getsource(obj).rstrip() + "\n"
+        self.code = textwrap.dedent(inspect.getsource(obj)).rstrip() + "\n"
         path = Path(inspect.getsourcefile(obj))
         parts = path.parts
         start = parts.index("lessonlib") if "lessonlib" in parts else len(parts) - 1
@@ -35,6 +36,18 @@ class Source:
         return f"<p><code>{self.where}</code></p>{body}"
 
 
-def show(obj) -> Source:
-    """The source of ``obj`` (a lessonlib function, class or method), to display in a cell."""
-    return Source(obj)
+class Sources(list):
+    """Several pieces shown one after the other."""
+
+    def __repr__(self) -> str:
+        return "\n".join(repr(s) for s in self)
+
+    def _repr_html_(self) -> str:
+        return "".join(s._repr_html_() for s in self)
+
+
+def show(*objs) -> Source | Sources:
+    """The source of each of ``objs`` (lessonlib functions, classes or methods), to display
+    in a cell."""
+    sources = Sources(Source(obj) for obj in objs)
+    return sources[0] if len(sources) == 1 else sources

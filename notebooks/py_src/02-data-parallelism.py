@@ -35,7 +35,6 @@
 # own tutorials write it and corrected for CPU ranks, is `labs/minimal_ddp.py` (section 5).
 
 # %%
-import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -43,12 +42,16 @@ import torch
 
 import lessonlib
 from lessonlib import costmodel as cm
-from lessonlib.data_parallel import bench as dp_bench, runs as dp_runs
 from lessonlib.claims import claim
+from lessonlib.data import stored
+from lessonlib.data_parallel import bench as dp_bench, runs as dp_runs
+from lessonlib.data_parallel.ddp import DataParallel
+from lessonlib.data_parallel.ring import ring_all_reduce
 from lessonlib.models import TEN_M, TIMELINE_MODEL, TinyGPT, count_parameters
 from lessonlib.viz import dp as viz
+from lessonlib.viz.source import show
 
-STORED = json.loads(Path("../data/dp_cpu_results.json").read_text())
+STORED = stored("dp_cpu_results.json")
 MiB = 2 ** 20
 print(STORED["about"])
 
@@ -139,15 +142,23 @@ print(f"buckets: {runs[0]['buckets']}; all-reduces per step: {sorted(set(calls))
 # ## 3 · Parameter server against ring, measured
 #
 # `lessonlib.data_parallel` builds both all-reduces (and a naive ring) from point-to-point
-# messages through the ledger, so the bytes can be checked as well as timed. A fresh
-# measurement on 2 and 4 ranks (a few seconds), every algorithm checked against
-# `dist.all_reduce` first:
+# messages through the ledger, so the bytes can be checked as well as timed. The ring is
+# the library's own function, its two halves (`ring_reduce_scatter`, `ring_all_gather`, in
+# the same file) each n-1 steps of one send to the right and one receive from the left:
+
+# %%
+show(ring_all_reduce)
+
+# %% [markdown]
+# A fresh measurement on 2 and 4 ranks (a few seconds), every algorithm checked against
+# `dist.all_reduce` first, comes back as one row per rank, algorithm and size:
 
 # %%
 fresh_sizes = [64 * 1024, MiB, 16 * MiB]
 fresh_runs = {n: lessonlib.launch(dp_bench.allreduce_bench, n, fresh_sizes, budget_s=0.6,
                                   max_iters=6) for n in (2, 4)}
-sorted(fresh_runs[4][0]["sizes"][16 * MiB])
+rows = dp_bench.records(fresh_runs)
+rows[0]
 
 # %% [markdown]
 # The bytes at n = 4, S = 16 MiB, from the ledger, against the prediction of section 1,
@@ -155,21 +166,19 @@ sorted(fresh_runs[4][0]["sizes"][16 * MiB])
 
 # %%
 # NBVAL_CHECK_OUTPUT
-row, n, size = fresh_runs[4][0]["sizes"][16 * MiB], 4, 16 * MiB
-sent_ring = [r["sizes"][size]["ring"]["bytes_sent"] for r in fresh_runs[4]]
-received_ring = [r["sizes"][size]["ring"]["bytes_received"] for r in fresh_runs[4]]
-sent_naive = fresh_runs[4][1]["sizes"][size]["naive_ring"]["bytes_sent"]
-server_out, server_in = (row["parameter_server"][k] for k in ("bytes_sent", "bytes_received"))
-errors = max(r["sizes"][s][a]["max_error"] for r in fresh_runs[4] for s in fresh_sizes
-             for a in ("ring", "naive_ring", "parameter_server"))
-ring_theory = cm.ring_allreduce_bytes_per_rank(n, size)
+n, size = 4, 16 * MiB
+at = {(r.algorithm, r.rank): r for r in rows if r.n == n and r.size_bytes == size}
+ring, naive, server = at["ring", 0], at["naive_ring", 1], at["parameter_server", 0]
+rings_alike = all(at["ring", k][4:6] == ring[4:6] for k in range(n))
+errors = max(r.max_error for r in rows if r.n == n and r.algorithm != "torch")
 print(f"{'':18} {'sent':>11} {'received':>11}   theory, each way")
-print(f"ring, each rank:   {sent_ring[0]:>11,} {received_ring[0]:>11,}   2(n-1)/n x S = "
-      f"{ring_theory:>11,.0f}")
-print(f"naive ring, rank 1:{sent_naive:>11,} {'':>11}   (n-1) x S    = {(n - 1) * size:>11,}")
-print(f"server's link:     {server_out:>11,} {server_in:>11,}   (n-1) x S    = "
+print(f"ring, each rank:   {ring.bytes_sent:>11,} {ring.bytes_received:>11,}   2(n-1)/n x S = "
+      f"{cm.ring_allreduce_bytes_per_rank(n, size):>11,.0f}   (every rank alike: {rings_alike})")
+print(f"naive ring, rank 1:{naive.bytes_sent:>11,} {'':>11}   (n-1) x S    = {(n - 1) * size:>11,}")
+print(f"server's link:     {server.bytes_sent:>11,} {server.bytes_received:>11,}   (n-1) x S    = "
       f"{cm.parameter_server_bytes(n, size) // 2:>11,}")
-print(f"each way, server's link / a ring rank's: {server_out / sent_ring[0]:.1f} (n/2 = {n / 2:g})")
+print(f"each way, server's link / a ring rank's: {server.bytes_sent / ring.bytes_sent:.1f} "
+      f"(n/2 = {n / 2:g})")
 print(f"every algorithm equals dist.all_reduce to 1e-4: {errors < 1e-4}")
 
 # %% [markdown]
@@ -212,6 +221,14 @@ live.allreduce_widget(fits)
 # fills, while backward is still computing earlier layers. Fewer, bigger messages pay alpha
 # less often; launching early **overlaps** communication with compute.
 #
+# In lessonlib's `DataParallel` that is two functions. A hook on each parameter copies its
+# gradient into its bucket the moment it is final and launches every full bucket; at the end
+# of backward, `_finish` sends the buckets still short, waits, and divides by n:
+
+# %%
+show(DataParallel._on_grad, DataParallel._finish)
+
+# %% [markdown]
 # One step of a bigger GPT (`TIMELINE_MODEL`) on 2 ranks, naive against buckets of
 # 2 MiB. Each rank has a compute row and a communication row:
 

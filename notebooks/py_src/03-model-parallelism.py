@@ -33,14 +33,13 @@
 # Scale", 06:56-13:45 (splitting the model: tensor and pipeline parallelism).
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib import model_parallel as mp
 from lessonlib.claims import claim
+from lessonlib.data import DATA_DIR
 from lessonlib.pipeline.stages import split_summary
 from lessonlib.viz import mp as mpviz
 from lessonlib.viz import tp as tpviz
@@ -196,8 +195,8 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-ROOT = Path(lessonlib.__file__).resolve().parent.parent
-TABLE = ROOT / "data" / "mp_cpu_results.json"
+ROOT = DATA_DIR.parent                  # the course's folder
+TABLE = DATA_DIR / "mp_cpu_results.json"
 stored = sorted(mpviz.load_table(TABLE), key=lambda r: r["p"])
 print(f"{stored[0]['command']}  ({stored[0]['world_size']} {stored[0]['device']} ranks, "
       f"{stored[0]['settings.rounds']} rounds of {stored[0]['settings.steps']} timed steps)")

@@ -29,9 +29,7 @@
 # al., SC21, §3 and §5.)
 
 # %%
-import json
 import warnings
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 
@@ -39,6 +37,7 @@ import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib import grid, hybrid
 from lessonlib.claims import claim
+from lessonlib.data import stored
 from lessonlib.exercises import hybrid as ex
 from lessonlib.viz import hybrid as viz
 from lessonlib.viz import live
@@ -181,7 +180,7 @@ live.layout_widget()
 # against one process first. Its results on this machine, and what they say:
 
 # %%
-record = json.loads(Path("../data/hybrid_cpu_results.json").read_text())
+record = stored("hybrid_cpu_results.json")
 print(f"{record['command']}\n{record['world_size']} {record['backend']} ranks on "
       f"{record['host']['cpu_count']} CPU cores ({record['device']}), torch "
       f"{record['host']['torch']}; model {record['settings']['model']}, "

@@ -19,20 +19,18 @@
 # 2. the bucket size: latency against overlap, measured and predicted.
 
 # %%
-import json
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import torch
 
 import lessonlib
 from lessonlib.claims import claim
 from lessonlib.costmodel import alpha_beta
+from lessonlib.data import stored
 from lessonlib.data_parallel import runs as dp_runs
 from lessonlib.models import TINY, TinyGPT
 from lessonlib.viz import dp as viz
 
-STORED = json.loads(Path("../data/dp_cpu_results.json").read_text())
+STORED = stored("dp_cpu_results.json")
 MiB = 2 ** 20
 print(STORED["about"])
 

@@ -29,9 +29,10 @@ import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.data import corpus_tokens, lm_batch
 from lessonlib.data_parallel import zero_runs
-from lessonlib.data_parallel.fsdp import unit_modules
+from lessonlib.data_parallel.fsdp import FullyShardedDataParallel as FSDP, unit_modules
 from lessonlib.models import SHARDING_CONFIG, lm_loss
 from lessonlib.viz import zero as zviz
+from lessonlib.viz.source import show
 
 gpt3 = cm.MODELS["gpt3-175B"]
 print(f"GPT-3: {gpt3.params() / 1e9:.0f} B parameters; the tiny GPT here: "
@@ -136,7 +137,19 @@ for i, stage in enumerate(stages):
 # Before a unit's forward, every rank all-gathers the unit's weights; after it, the gathered
 # copy is freed. Backward gathers each unit again, computes its gradients and
 # reduce-scatters them, so each rank keeps only its shard's sum. Per step: two all-gathers
-# and one reduce-scatter per unit, as the ledger of the stage 3 run above counts:
+# and one reduce-scatter per unit. In lessonlib's `FullyShardedDataParallel` those are the
+# unit's steps, each a function (step 5, the reduce-scatter, is `FSDP.reduce_scatter`, run
+# when backward has computed the unit's gradients):
+
+# %%
+show(FSDP._gather_for_forward, FSDP._free_after_forward, FSDP._gather_for_backward)
+
+# %% [markdown]
+# Why `_gather_for_forward` notes where each gathered weight lies: autograd saves a layer's
+# weight for its backward, and ZeRO-3 must not keep that gathered copy alive until then.
+# The saved-tensor hooks (`FSDP._pack`, `FSDP._unpack`) swap such a tensor for a ticket when
+# it is saved and, in backward, hand out the same view of the *re-gathered* weight instead.
+# The ledger of the stage 3 run above counts the calls:
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -24,19 +24,17 @@
 # asks which picture of the machine fits: a link per rank, or one shared medium.
 
 # %%
-import json
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import torch
 
 import lessonlib
 from lessonlib.claims import claim
 from lessonlib.costmodel import alpha_beta
+from lessonlib.data import stored
 from lessonlib.data_parallel import bench as dp_bench
 from lessonlib.viz import dp as viz
 
-STORED = json.loads(Path("../data/dp_cpu_results.json").read_text())
+STORED = stored("dp_cpu_results.json")
 MiB = 2 ** 20
 print(STORED["about"])
 

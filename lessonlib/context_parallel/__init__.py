@@ -8,6 +8,8 @@ Read in this order, each file one idea:
   exactly (and its backward); which chunk pairs a causal mask lets us skip;
 * ``ring``: ``ring_attention``: key/value blocks passed around the ring, the next one posted
   before the current one is computed; the backward a ring too;
+* ``recorder``: ``StepLog``, the hook handed to the ring: which block each rank held at each
+  step, the work it did and the seconds it took (the Gantt chart of the ring);
 * ``gpt``: the tiny GPT on c ranks (positions offset per shard, the loss over all tokens),
   combined with data parallelism over a (d, c) grid;
 * ``torch_ref``: PyTorch's own ``context_parallel`` on the same inputs, where it runs;

@@ -86,17 +86,17 @@ def arrive(posted):
     return tuple(received)
 
 
-def _rows(x, slot: int, n: int):
-    return x[:, :, slot * n:(slot + 1) * n]
+def _chunk(slot: int, n: int) -> slice:
+    return slice(slot * n, (slot + 1) * n)
 
 
 def forward_step(q, kv, out, lse, pairs, n: int):
     """Attend this rank's queries to one key/value block and merge it into (out, lse)."""
     k, v = kv
     for a, b, diagonal in pairs:
-        o, l = attend(_rows(q, a, n), _rows(k, b, n), _rows(v, b, n), diagonal)
-        _rows(out, a, n)[:], lse[:, :, a * n:(a + 1) * n] = merge(
-            _rows(out, a, n), lse[:, :, a * n:(a + 1) * n], o, l)
+        rows, cols = _chunk(a, n), _chunk(b, n)
+        block = attend(q[:, :, rows], k[:, :, cols], v[:, :, cols], diagonal)
+        out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], *block)
     return out, lse
 
 
@@ -104,13 +104,13 @@ def backward_step(q, kv, lse, dout, delta, dq, dkv, pairs, n: int):
     """Add one key/value block's share to dq, and this rank's share to the block's dk, dv."""
     (k, v), (dk, dv) = kv, dkv
     for a, b, diagonal in pairs:
-        rows = slice(a * n, (a + 1) * n)
-        gq, gk, gv = attend_backward(_rows(q, a, n), _rows(k, b, n), _rows(v, b, n),
-                                     lse[:, :, rows], _rows(dout, a, n), delta[:, :, rows],
+        rows, cols = _chunk(a, n), _chunk(b, n)
+        gq, gk, gv = attend_backward(q[:, :, rows], k[:, :, cols], v[:, :, cols],
+                                     lse[:, :, rows], dout[:, :, rows], delta[:, :, rows],
                                      diagonal)
-        _rows(dq, a, n).add_(gq)
-        _rows(dk, b, n).add_(gk)
-        _rows(dv, b, n).add_(gv)
+        dq[:, :, rows] += gq
+        dk[:, :, cols] += gk
+        dv[:, :, cols] += gv
     return dq, (dk, dv)
 
 

@@ -3,7 +3,10 @@
 What it teaches: the ring's core knows nothing about clocks. This is its ``record`` hook: a
 context manager around each step's compute that notes the phase, the step, whose key/value
 block the rank held, the chunk pairs it computed, the (query, key) scores the causal mask
-kept (the work), and the seconds it took. The rows draw the ring step by step (a Gantt
+kept (``work``: what a causal kernel must do) and those computed (``computed``: a diagonal
+chunk pair is computed whole, then masked), the wall seconds it took and the CPU seconds
+of this rank's thread (``cpu_s``: on cores shared by several ranks, the time a rank was
+descheduled is not its work). The rows draw the ring step by step (a Gantt
 chart: which block each rank holds at each step) and measure the balance of a layout.
 
 Laptop:  ``python -c "from lessonlib.context_parallel import runs; print(runs.run_parity(2))"``
@@ -27,13 +30,14 @@ class StepLog:
 
     @contextmanager
     def __call__(self, phase: str, step: int, source: int, pairs):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         yield
-        end = time.perf_counter()
+        end, cpu = time.perf_counter(), time.thread_time() - cpu
         self.rows.append({"phase": phase, "step": step, "source": source,
                           "chunk_pairs": len(pairs), "work": useful_pairs(pairs, self.n),
+                          "computed": len(pairs) * self.n ** 2,
                           "start_s": start - self.origin, "end_s": end - self.origin,
-                          "seconds": end - start})
+                          "seconds": end - start, "cpu_s": cpu})
 
     def total(self, what: str, phase: str = "forward") -> float:
         return sum(r[what] for r in self.rows if r["phase"] == phase)

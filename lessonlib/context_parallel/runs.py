@@ -118,20 +118,22 @@ def _refusal(group, layout, shape) -> str | None:
 def balance_report(c: int, s: int = 256, b: int = 1, heads: int = 2, head_dim: int = 16,
                    repeats: int = 3) -> dict:
     """Per-rank causal attention work and forward compute time, for both layouts, c = world
-    (float32, the shapes a timing can see): {layout: {"work": ..., "seconds": ..., "steps"}}."""
+    (float32, the shapes a timing can see): {layout: {"work": ..., "seconds": ..., "steps"}},
+    the steps of the fastest of ``repeats`` rings, on the machine's monotonic clock."""
     out = {}
     q, k, v, _ = qkv(b, heads, s, head_dim, dtype=torch.float32)
     for layout in LAYOUTS:
         shards = [shard_sequence(t, None, layout, dim=2) for t in (q, k, v)]
         logs = []
         for _ in range(repeats):
-            log = StepLog(s // (c * chunks_per_rank(layout)))
+            dist.barrier()                        # the ranks start each ring together
+            log = StepLog(s // (c * chunks_per_rank(layout)), origin=0.0)   # one clock
             with torch.no_grad():
                 ring_attention(*shards, causal=True, layout=layout, record=log)
             logs.append(log)
-        best = min(logs, key=lambda lg: lg.total("seconds"))
-        out[layout] = {"work": best.total("work"), "seconds": best.total("seconds"),
-                       "steps": best.rows}
+        best = min(logs, key=lambda lg: lg.total("cpu_s"))
+        out[layout] = {what: best.total(what) for what in ("work", "computed", "seconds", "cpu_s")}
+        out[layout]["steps"] = best.rows
     return out
 
 

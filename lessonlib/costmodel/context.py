@@ -19,7 +19,8 @@ GPU box: the same; nothing here runs on a device.
 """
 from __future__ import annotations
 
-from lessonlib.costmodel.memory import activation_bytes_per_layer
+from lessonlib.costmodel.comm import tp_elements_per_layer
+from lessonlib.costmodel.memory import activation_bytes, activation_bytes_per_layer
 from lessonlib.costmodel.model import GPT
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -106,6 +107,24 @@ def activation_bytes_per_rank(model, b, c, t=1, sequence_parallel=True, recomput
     """Activation bytes of one layer on one rank: Korthikanti et al.'s per-layer count for
     the whole sequence, divided by c (each saved tensor is s/c tokens long)."""
     return activation_bytes_per_layer(model, b, t, sequence_parallel, recompute) / c
+
+
+def activation_bytes_per_gpu(model, t, p, c, b=1):
+    """Activations on a first-stage GPU at its peak: 1F1B with p micro-batches in flight,
+    selective recompute and sequence parallelism (Korthikanti et al. 2022), divided by c.
+    A longer pipeline does not shrink it (each stage holds p micro-batches of L/p layers);
+    t divides it, and so does c."""
+    return activation_bytes(model, t, p, b, p, recompute="selective",
+                            sequence_parallel=True) / c
+
+
+def comm_bytes_per_layer(model, b, t, c, bytes_per_value=2):
+    """Per GPU and layer, forward and backward: (bytes tensor parallelism sends over its t
+    GPUs for this rank's s/c tokens, 8 b (s/c) h (t-1)/t values; bytes the K/V ring brings
+    in, the K/V heads split over t)."""
+    tp = tp_elements_per_layer(b, model.s // c, model.h, t) * bytes_per_value
+    ring = sum(ring_bytes_received_per_rank(c, kv_block_bytes(model, b, c, bytes_per_value) / t))
+    return tp, ring
 
 
 def summary(model=LLAMA3_405B, b=1, c=16, flops_per_s=989e12, link_bytes_per_s=450e9):

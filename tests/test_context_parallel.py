@@ -27,7 +27,7 @@ TOL = 1e-12                                        # float64
 def everything_worker():
     return {"attention": runs.attention_reports(CS, LAYOUTS, (True, False), **SHAPE),
             "gpt": {c: runs.gpt_report(c, CFG, b=2, steps=3) for c in (2, 4)},
-            "balance": runs.balance_report(4, s=64, repeats=1),
+            "balance": runs.balance_report(s=64, repeats=1),
             "bad": runs.bad_input_report()}
 
 

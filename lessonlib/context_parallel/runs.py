@@ -100,16 +100,18 @@ def attention_reports(cs=(1, 2, 3, 4), layouts=LAYOUTS, causals=(True, False), *
         for layout in layouts:
             for causal in causals:
                 if mine is None:
-                    out[c, layout, causal] = {"refused": _refusal(first, layout, shape)}
+                    q = torch.zeros(1, 1, 2 * chunks_per_rank(layout), 1)
+                    out[c, layout, causal] = {"refused": _refusal(
+                        lambda: ring_attention(q, q, q, group=first, layout=layout))}
                 else:
                     out[c, layout, causal] = attention_report(mine, c, layout, causal, **shape)
     return out
 
 
-def _refusal(group, layout, shape) -> str | None:
-    q = torch.zeros(1, 1, 2 * chunks_per_rank(layout), 1)
+def _refusal(call) -> str | None:
+    """The ValueError's message ``call()`` raises, or None if it runs."""
     try:
-        ring_attention(q, q, q, group=group, layout=layout)
+        call()
     except ValueError as exc:
         return str(exc)
     return None
@@ -198,14 +200,8 @@ def bad_input_report() -> dict:
         "shards of unequal length": lambda: ring_attention(x, x[:, :, :4], x[:, :, :4]),
         "unknown layout": lambda: ring_attention(x, x, x, layout="striped"),
     }
-    messages = {}
     with comm.ledger() as book:
-        for name, build in cases.items():
-            try:
-                build()
-                messages[name] = None
-            except ValueError as exc:
-                messages[name] = str(exc)
+        messages = {name: _refusal(call) for name, call in cases.items()}
     return {"messages": messages, "messages_sent": book.count()}
 
 

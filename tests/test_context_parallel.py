@@ -1,8 +1,8 @@
 """Context parallelism is attention over the whole sequence: ring attention on c = 1, 2, 3
 and 4 ranks, contiguous and zig-zag layouts, causal and not, gives one-process
 ``scaled_dot_product_attention``'s output and gradients of q, k and v (float64); the c-rank
-tiny GPT, also with data parallelism (c = 2, d = 2), equals one process after 3 SGD steps
-(losses, gradients, weights); under a causal mask the contiguous layout's last rank does
+tiny GPT, also with data parallelism (c = 2, d = 2) and in the contiguous layout, equals
+one process after 3 SGD steps (losses, gradients, weights); under a causal mask the contiguous layout's last rank does
 about 2c-1 times the first's work and the zig-zag layout is balanced; each rank saves about
 1/c of one process's activations; the ledger's key/value bytes equal the formula; the traces
 pass ``comm.nccl_hazards``; bad settings fail in one line before anything is sent.
@@ -26,7 +26,8 @@ TOL = 1e-12                                        # float64
 
 def everything_worker():
     return {"attention": runs.attention_reports(CS, LAYOUTS, (True, False), **SHAPE),
-            "gpt": {c: runs.gpt_report(c, CFG, b=2, steps=3) for c in (2, 4)},
+            "gpt": {c: runs.gpt_report(c, CFG, b=2, steps=3) for c in (2, 4)}
+            | {"contiguous": runs.gpt_report(4, CFG, b=2, steps=3, layout="contiguous")},
             "balance": runs.balance_report(s=64, repeats=1),
             "bad": runs.bad_input_report()}
 
@@ -48,7 +49,8 @@ def test_ring_attention_is_sdpa(ranks, c, layout, causal):
     for r in ranks[:c * (4 // c)]:
         report = r["attention"][c, layout, causal]
         for what in ("output", "gathered_output", "dq", "dk", "dv"):
-            assert report[what] < TOL, f"rank {report['rank']} c={c}: {what} off by {report[what]:.1e}"
+            assert report[what] < TOL, (f"rank {report['rank']} c={c}: {what} off by "
+                                        f"{report[what]:.1e}")
 
 
 @pytest.mark.timeout(150)
@@ -99,11 +101,11 @@ def test_causal_work_contiguous_unbalanced_zigzag_balanced(ranks):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("c", (2, 4))
+@pytest.mark.parametrize("c", (2, 4, "contiguous"))
 def test_gpt_equals_one_process_after_3_steps(ranks, c):
     for r in ranks:
         report = r["gpt"][c]
-        assert report["d"] == 4 // c
+        assert report["d"] == (4 // c if c != "contiguous" else 1)
         assert report["losses"] == pytest.approx(report["reference_losses"], abs=1e-12)
         assert report["grads"][0] < TOL, report["grads"]
         assert report["weights"][0] < TOL, report["weights"]
@@ -115,8 +117,9 @@ def test_bad_input_one_line_before_anything_is_sent(ranks):
     assert bad["messages_sent"] == 0
     for name, message in bad["messages"].items():
         assert message and "\n" not in message, name
-    assert "do not split into 8 equal chunks" in bad["messages"]["s not divisible by 2c (zigzag)"]
-    assert "do not split into 4 equal chunks" in bad["messages"]["s not divisible by c (contiguous)"]
+    messages = bad["messages"]
+    assert "do not split into 8 equal chunks" in messages["s not divisible by 2c (zigzag)"]
+    assert "do not split into 4 equal chunks" in messages["s not divisible by c (contiguous)"]
     assert "unequal length" in bad["messages"]["shards of unequal length"]
 
 

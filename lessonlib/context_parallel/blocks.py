@@ -59,8 +59,8 @@ def attend(q, k, v, diagonal: bool):
 def merge(out, lse, block_out, block_lse):
     """The log-sum-exp rule: two partial softmaxes over disjoint keys -> one, exactly."""
     new = torch.logaddexp(lse, block_lse)
-    out = torch.exp(lse - new).unsqueeze(-1) * out + torch.exp(block_lse - new).unsqueeze(-1) * block_out
-    return out, new
+    return (torch.exp(lse - new).unsqueeze(-1) * out
+            + torch.exp(block_lse - new).unsqueeze(-1) * block_out), new
 
 
 def attend_backward(q, k, v, lse, dout, delta, diagonal: bool):

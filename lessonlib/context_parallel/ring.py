@@ -9,8 +9,9 @@ pairs entirely above the diagonal are skipped.
 
     step 0: rank r holds its own block r      step t: rank r holds block (r - t) mod c
 
-The backward is a ring too: each block travels again, now with the gradients of its keys
-and values, which every rank it visits adds to; one last hop returns them to their owner.
+The backward is a ring too: each block travels again, and behind it the gradients of its
+keys and values, to which every rank it visits adds its share (the partial sum arrives
+while the rank computes its own); one last hop returns them to their owner.
 Only this rank's q, k, v, output and log-sum-exp are saved: activations of s/c tokens.
 
 Every message is a batched point-to-point (``comm.batch_isend_irecv``: sends to the next
@@ -129,16 +130,20 @@ def ring_forward(q, k, v, ring: Ring, record=no_record):
 
 def ring_backward(q, k, v, out, lse, dout, ring: Ring, record=no_record):
     delta = (dout * out).sum(-1)                                      # (b, a, s/c)
-    dq, kv, dkv = torch.zeros_like(q), (k, v), (torch.zeros_like(k), torch.zeros_like(v))
+    dq, kv, on_its_way = torch.zeros_like(q), (k, v), None
     for step in range(ring.c):
         source = ring.source(step)
         incoming = pass_on(kv, ring) if step < ring.c - 1 else None
         with record("backward", step, source, ring.pairs(source)):
-            dq, dkv = backward_step(q, kv, lse, dout, delta, dq, dkv, ring.pairs(source), ring.n)
+            dq, mine = backward_step(q, kv, lse, dout, delta, dq,
+                                     (torch.zeros_like(k), torch.zeros_like(v)),
+                                     ring.pairs(source), ring.n)
         kv = arrive(incoming) if incoming else kv
-        # dk, dv travel with their block; after c hops they are back with its owner
-        dkv = arrive(pass_on(dkv, ring)) if ring.c > 1 else dkv
-    return (dq, *dkv)
+        # the block's dk, dv so far came from the previous rank while we computed; add ours and
+        # pass them on: after c hops they are back with the block's owner
+        dkv = mine if on_its_way is None else tuple(a + b for a, b in zip(arrive(on_its_way), mine))
+        on_its_way = pass_on(dkv, ring) if ring.c > 1 else None
+    return (dq, *(arrive(on_its_way) if on_its_way else dkv))
 
 
 class RingAttention(torch.autograd.Function):

@@ -24,7 +24,9 @@ MAX = 2**31 - 1
 class GPT:
     """Decoder-only transformer shape in Megatron-LM 2021 notation.
 
-    L layers, hidden size h, a attention heads, sequence length s, vocabulary V.
+    L layers, hidden size h, a attention heads, sequence length s, vocabulary V;
+    ``kv_heads``: the key/value heads of grouped-query attention (None: a, every head its own),
+    which set the bytes of K and V that context parallelism passes around its ring.
     """
 
     L: int
@@ -33,6 +35,7 @@ class GPT:
     s: int
     V: int
     name: str = ""
+    kv_heads: int | None = None
 
     def __post_init__(self):
         for field, value in (("layers", self.L), ("hidden", self.h), ("heads", self.a),
@@ -41,6 +44,11 @@ class GPT:
         if self.h % self.a:
             raise ValueError(f"hidden={self.h} must be a multiple of heads={self.a} "
                              f"(e.g. heads={_divisor_near(self.h, self.a)})")
+        if self.kv_heads is not None and (isinstance(self.kv_heads, bool)
+                                          or not isinstance(self.kv_heads, int)
+                                          or self.kv_heads < 1 or self.a % self.kv_heads):
+            raise ValueError(f"kv_heads={self.kv_heads!r} must be a positive divisor of "
+                             f"heads={self.a} (each key/value head serves a/kv_heads query heads)")
 
     def layer_params(self):
         """Parameters of one transformer layer: 12h^2 + 13h."""

@@ -219,6 +219,7 @@ plt.show()
 # Over NVLink the all-reduces cost a small fraction of the compute, even at t = 8; over one
 # InfiniBand port they pass it. Leaving the server is a cliff (Megatron-LM 2021's Fig. 13:
 # "up to 2x" lower throughput), because these all-reduces sit on the critical path.
+# When it is a long sequence, not the weights, that does not fit, a fourth axis splits the tokens themselves over a ring of ranks: [Deep dive: long sequences](12-deep-dive-long-sequences.ipynb).
 #
 # <div style="border: 2px solid #4C72B0; border-radius: 6px; padding: 10px;">
 # <b>Takeaway.</b> Tensor parallelism splits every layer's matrices over t ranks (A by

@@ -1,0 +1,110 @@
+"""The tiny GPT on c ranks: each rank holds s/c tokens of every sequence.
+
+What it teaches: only attention mixes tokens, so only attention needs the other ranks. The
+embeddings, LayerNorms, MLPs and the head work on this rank's tokens alone (the position
+embedding reads each token's place in the whole sequence, ``positions_of``); attention is
+``ring_attention`` over the context-parallel group. The loss is the mean over all tokens of
+all ranks: every rank holds the same number, so it is the mean of the ranks' local means,
+and the gradient of the whole batch is the average of the ranks' gradients.
+
+Context parallelism combines with data parallelism on a (d, c) grid, c innermost as TP is in
+``lessonlib.grid``: ranks r = j*c + i, groups of c consecutive ranks share one sequence
+batch, the d groups take different sequences. Every rank holds a replica of the weights, so
+one all-reduce over all c x d ranks averages the gradients, as in DDP.
+
+The model is built around the plain ``TinyGPT``'s own parts (``lessonlib.models`` knows
+nothing about ranks); its parameters keep their names, so the comparison with one process
+is name by name.
+
+Laptop:  ``python -c "from lessonlib.context_parallel import runs; \\
+          print(runs.run_gpt_parity(4, 2))"``
+GPU box: the same; one GPU per rank.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lessonlib import comm
+from lessonlib.argcheck import positive_int
+from lessonlib.context_parallel.layout import positions_of
+from lessonlib.context_parallel.ring import ring_attention
+from lessonlib.models import TinyGPT, lm_loss
+
+
+@dataclass(frozen=True)
+class ContextParallelGrid:
+    """This rank's place on the (d, c) grid: its context-parallel group and coordinates."""
+    c: int
+    d: int
+    cp_rank: int
+    dp_rank: int
+    group: object
+
+    @classmethod
+    def build(cls, c: int) -> "ContextParallelGrid":
+        """Groups of c consecutive ranks; every rank must call it (new_group is collective)."""
+        world = dist.get_world_size()
+        c = positive_int("c", c, most=world, what="the ranks of a context-parallel group")
+        if world % c:
+            raise ValueError(f"c={c} must divide the world size {world} (d = world / c groups)")
+        rank, group = dist.get_rank(), None
+        for start in range(0, world, c):
+            made = dist.new_group(list(range(start, start + c)))
+            if start <= rank < start + c:
+                group = made
+        return cls(c, world // c, rank % c, rank // c, group)
+
+    def destroy(self) -> None:
+        dist.destroy_process_group(self.group)
+
+
+class ContextParallelGPT(nn.Module):
+    """A ``TinyGPT``'s weights (copied) run on this rank's (b, s/c) tokens."""
+
+    def __init__(self, model: TinyGPT, group=None, layout: str = "zigzag"):
+        super().__init__()
+        self.gpt, self.group, self.layout = copy.deepcopy(model), group, layout
+
+    def attention(self, attn, x):
+        b, n, _ = x.shape                                                # (b, s/c, h)
+        q, k, v = (attn.split_heads(f(x)) for f in (attn.q, attn.k, attn.v))
+        y = ring_attention(q, k, v, self.group, causal=True, layout=self.layout)
+        return attn.proj(y.transpose(1, 2).reshape(b, n, -1))          # (b, s/c, h)
+
+    def forward(self, idx):
+        gpt, c = self.gpt, dist.get_world_size(self.group)
+        positions = positions_of(dist.get_rank(self.group), c, idx.shape[1] * c, self.layout)
+        x = gpt.embed.tok(idx) + gpt.embed.pos(positions.to(idx.device))  # (b, s/c, h)
+        for block in gpt.blocks:
+            x = x + self.attention(block.attn, block.ln1(x))
+            x = x + block.mlp(block.ln2(x))
+        return gpt.head(x)                                               # (b, s/c, V)
+
+
+def average_gradients(module: nn.Module, group=None) -> None:
+    """One all-reduce of every gradient, flattened, then divided by the ranks: the mean
+    over the c x d replicas of the weights."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    comm.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def forward_backward(model: ContextParallelGPT, idx, targets) -> float:
+    """Forward and backward on this rank's (b, s/c) tokens, gradients averaged over the
+    world; returns the loss over all tokens of all ranks (the mean of equal-sized means)."""
+    loss = lm_loss(model(idx), targets)
+    loss.backward()
+    average_gradients(model)
+    total = loss.detach().clone()
+    comm.all_reduce(total)
+    return total.item() / dist.get_world_size()

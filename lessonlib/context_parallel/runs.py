@@ -1,0 +1,232 @@
+"""Context parallelism checked for real: the rank functions the tests, notebook 12 and
+``labs/cp.py`` launch.
+
+What it teaches: ring attention is right when it is attention. ``attention_report`` runs
+``ring_attention`` on this rank's shards of q, k, v built from one seed and compares its
+output and its gradients of q, k and v with one-process ``scaled_dot_product_attention`` on
+the whole tensors (each rank computes that reference itself: the shapes are tiny); it also
+returns what the ring did at each step (``StepLog``), the ledger of every message (bytes
+received, against ``costmodel.context``'s formula, and the events for ``comm.nccl_hazards``)
+and the bytes autograd saved. ``gpt_report`` trains the c-rank GPT (with data parallelism on
+a (d, c) grid) and one process side by side for a few steps.
+
+One 4-rank launch checks c = 1, 2, 3 and 4: ranks form groups of c consecutive ranks; at
+c = 3 the fourth rank is in no group, and checks that it is refused.
+
+Laptop:  ``python -c "from lessonlib.context_parallel import runs; print(runs.run_parity(2))"``
+GPU box: the same call uses NCCL when the GPUs are visible.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lessonlib import comm, device, launcher
+from lessonlib.activations import saved_bytes
+from lessonlib.argcheck import positive_int
+from lessonlib.context_parallel.gpt import ContextParallelGPT, ContextParallelGrid, forward_backward
+from lessonlib.context_parallel.layout import (LAYOUTS, check_divisible, check_layout,
+                                               chunks_per_rank, shard_sequence, unshard_sequence)
+from lessonlib.context_parallel.recorder import StepLog
+from lessonlib.context_parallel.ring import ring_attention
+from lessonlib.costmodel.context import ring_bytes_received_per_rank
+from lessonlib.models import GPTConfig, TinyGPT, lm_loss
+
+
+def ring_groups(c: int):
+    """Groups of c consecutive ranks (the last ranks in none when c does not divide the
+    world); returns (this rank's group or None, the first group). Every rank must call it."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mine = first = None
+    for start in range(0, world - c + 1, c):
+        group = dist.new_group(list(range(start, start + c)))
+        first = first or group
+        if start <= rank < start + c:
+            mine = group
+    return mine, first
+
+
+def qkv(b: int, heads: int, s: int, head_dim: int, seed: int = 0, dtype=torch.float64):
+    """Full q, k, v and an upstream gradient, the same on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    dev = device.current_device()
+    return [torch.randn(b, heads, s, head_dim, generator=gen, dtype=dtype).to(dev)
+            for _ in range(4)]                                          # (b, a, s, h/a)
+
+
+def _max_err(a, b) -> float:
+    return (a - b).abs().max().item()
+
+
+def attention_report(group, c: int, layout: str, causal: bool, b=2, heads=2, s=24,
+                     head_dim=4, seed=0) -> dict:
+    """Ring attention on this rank's shards against SDPA on the whole tensors."""
+    q, k, v, grad = qkv(b, heads, s, head_dim, seed)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    reference = F.scaled_dot_product_attention(*full, is_causal=causal)
+    reference.backward(grad)
+    shards = [shard_sequence(t, group, layout, dim=2).requires_grad_() for t in (q, k, v)]
+    log = StepLog(s // (c * chunks_per_rank(layout)))
+    with comm.ledger() as forward, saved_bytes() as saved:
+        out = ring_attention(*shards, group=group, causal=causal, layout=layout, record=log)
+    with comm.ledger() as backward:
+        out.backward(shard_sequence(grad, group, layout, dim=2))
+    block = shards[1].numel() * shards[1].element_size() * 2          # K and V
+    report = {
+        "rank": dist.get_rank(), "c": c, "layout": layout, "causal": causal,
+        "output": _max_err(out.detach(), shard_sequence(reference.detach(), group, layout, 2)),
+        "gathered_output": _max_err(unshard_sequence(out.detach(), group, layout, 2),
+                                    reference.detach()),
+        "steps": log.rows, "saved_bytes": saved.bytes,
+        "received": {"forward": forward.total_bytes("recv"),
+                     "backward": backward.total_bytes("recv")},
+        "predicted_received": dict(zip(("forward", "backward"),
+                                       ring_bytes_received_per_rank(c, block))),
+        "batches": {"forward": len({e.batch for e in forward.events}),
+                    "backward": len({e.batch for e in backward.events})},
+        "events": forward.events + backward.events}
+    for name, shard, whole in zip("qkv", shards, full):
+        report[f"d{name}"] = _max_err(shard.grad, shard_sequence(whole.grad, group, layout, 2))
+    return report
+
+
+def attention_reports(cs=(1, 2, 3, 4), layouts=LAYOUTS, causals=(True, False), **shape) -> dict:
+    """``attention_report`` for every c, layout and mask in one launch:
+    {(c, layout, causal): report}; a rank in no group of c reports the refusal instead."""
+    out = {}
+    for c in cs:
+        mine, first = ring_groups(c)
+        for layout in layouts:
+            for causal in causals:
+                if mine is None:
+                    q = torch.zeros(1, 1, 2 * chunks_per_rank(layout), 1)
+                    out[c, layout, causal] = {"refused": _refusal(
+                        lambda: ring_attention(q, q, q, group=first, layout=layout))}
+                else:
+                    out[c, layout, causal] = attention_report(mine, c, layout, causal, **shape)
+    return out
+
+
+def _refusal(call) -> str | None:
+    """The ValueError's message ``call()`` raises, or None if it runs."""
+    try:
+        call()
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def balance_report(s: int = 256, b: int = 1, heads: int = 2, head_dim: int = 16,
+                   repeats: int = 3) -> dict:
+    """Per-rank causal attention work and forward compute time, for both layouts, c = world
+    (float32, the shapes a timing can see): {layout: {"work", "computed", "seconds",
+    "cpu_s": each the least of ``repeats`` rings, "steps": the last ring's steps on the
+    machine's monotonic clock}}."""
+    out, c = {}, dist.get_world_size()
+    q, k, v, _ = qkv(b, heads, s, head_dim, dtype=torch.float32)
+    for layout in LAYOUTS:
+        shards = [shard_sequence(t, None, layout, dim=2) for t in (q, k, v)]
+        logs = []
+        for _ in range(repeats):
+            dist.barrier()                        # the ranks start each ring together
+            log = StepLog(s // (c * chunks_per_rank(layout)), origin=0.0)   # one clock
+            with torch.no_grad():
+                ring_attention(*shards, causal=True, layout=layout, record=log)
+            logs.append(log)
+        out[layout] = {what: min(log.total(what) for log in logs)
+                       for what in ("work", "computed", "seconds", "cpu_s")}
+        out[layout]["steps"] = logs[-1].rows      # the same ring on every rank: a Gantt chart
+    return out
+
+
+def gpt_report(c: int, cfg: GPTConfig, b: int = 2, steps: int = 3, layout: str = "zigzag",
+               seed: int = 0, lr: float = 0.1) -> dict:
+    """The c-rank GPT (d = world / c) against one process on the whole batch of d*b
+    sequences, float64, SGD with momentum: losses, first-step gradients, final weights;
+    and the activation bytes of one forward on this rank against one process on its b."""
+    grid, dev = ContextParallelGrid.build(c), device.current_device()
+    reference = TinyGPT(cfg, seed).double().to(dev)
+    model = ContextParallelGPT(reference, grid.group, layout)
+    opts = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for m in (reference, model)]
+    gen = torch.Generator().manual_seed(seed + 1)
+    report = {"rank": dist.get_rank(), "c": c, "d": grid.d, "losses": [], "reference_losses": []}
+    for step in range(steps):
+        idx, targets = (torch.randint(0, cfg.vocab, (grid.d * b, cfg.seq), generator=gen).to(dev)
+                        for _ in "xy")                                 # (d b, s)
+        mine = [shard_sequence(t[grid.dp_rank * b:(grid.dp_rank + 1) * b], grid.group, layout)
+                for t in (idx, targets)]                               # (b, s/c)
+        loss = lm_loss(reference(idx), targets)
+        loss.backward()
+        report["reference_losses"].append(loss.item())
+        report["losses"].append(forward_backward(model, *mine))
+        if step == 0:
+            ref = dict(reference.named_parameters())
+            report["grads"] = _worst({n: p.grad for n, p in model.gpt.named_parameters()},
+                                     {n: p.grad for n, p in ref.items()})
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    report["weights"] = _worst(dict(model.gpt.named_parameters()),
+                               dict(reference.named_parameters()))
+    with saved_bytes(exclude=model.parameters()) as ours:
+        model(mine[0])
+    whole = idx[grid.dp_rank * b:(grid.dp_rank + 1) * b]
+    with saved_bytes(exclude=reference.parameters()) as theirs:
+        reference(whole)
+    report["activation_bytes"], report["one_process_activation_bytes"] = ours.bytes, theirs.bytes
+    grid.destroy()
+    return report
+
+
+def _worst(tensors: dict, reference: dict) -> tuple[float, str]:
+    """Largest error relative to the largest reference value of all tensors, and where."""
+    scale = max(r.detach().abs().max().item() for r in reference.values())
+    err, name = max(((t.detach() - reference[n].detach()).abs().max().item(), n)
+                    for n, t in tensors.items())
+    return err / scale, name
+
+
+def bad_input_report() -> dict:
+    """Every bad setting raises ValueError before anything is sent: the messages, and the
+    number of messages sent meanwhile (0)."""
+    x = torch.zeros(1, 1, 6, 2)
+    cases = {
+        "s not divisible by 2c (zigzag)": lambda: shard_sequence(torch.zeros(1, 12), None,
+                                                                 "zigzag", dim=1),
+        "s not divisible by c (contiguous)": lambda: shard_sequence(torch.zeros(1, 6), None,
+                                                                    "contiguous", dim=1),
+        "odd shard in zigzag": lambda: ring_attention(x[:, :, :5], x[:, :, :5], x[:, :, :5]),
+        "shards of unequal length": lambda: ring_attention(x, x[:, :, :4], x[:, :, :4]),
+        "unknown layout": lambda: ring_attention(x, x, x, layout="striped"),
+    }
+    with comm.ledger() as book:
+        messages = {name: _refusal(call) for name, call in cases.items()}
+    return {"messages": messages, "messages_sent": book.count()}
+
+
+def check_settings(world_size: int, cs=(), s: int = 24, layouts=LAYOUTS) -> None:
+    """Raise ValueError naming the setting before any process starts."""
+    positive_int("world_size", world_size, what="ranks")
+    for layout in layouts:
+        check_layout(layout)
+    for c in cs:
+        positive_int("c", c, most=world_size, what="ranks of a context-parallel group")
+        for layout in layouts:
+            check_divisible(s, c, layout)
+
+
+def run_parity(world_size: int, cs=None, timeout: float = 120, **shape) -> list:
+    """Check here, then launch ``attention_reports`` for c = 1..world_size."""
+    cs = tuple(range(1, world_size + 1)) if cs is None else tuple(cs)
+    check_settings(world_size, cs, shape.get("s", 24))
+    return launcher.launch(attention_reports, world_size, cs, timeout=timeout, **shape)
+
+
+def run_gpt_parity(world_size: int, c: int, cfg: GPTConfig | None = None, timeout: float = 120,
+                   **kwargs) -> list:
+    cfg = cfg or GPTConfig(vocab=32, seq=16, hidden=16, heads=2, layers=2)
+    check_settings(world_size, (c,), cfg.seq, (kwargs.get("layout", "zigzag"),))
+    if world_size % c:
+        raise ValueError(f"c={c} must divide world_size={world_size} (d = world / c)")
+    return launcher.launch(gpt_report, world_size, c, cfg, timeout=timeout, **kwargs)

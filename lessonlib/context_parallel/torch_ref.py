@@ -1,0 +1,50 @@
+"""PyTorch's own context parallelism on the same inputs: the reference ours is measured against.
+
+What it teaches: PyTorch ships ring attention as
+``torch.distributed.tensor.experimental.context_parallel(mesh, buffers=..., buffer_seq_dims=...)``:
+inside the ``with`` block the buffers are sharded along the sequence (its own load-balanced
+split under a causal mask) and ``scaled_dot_product_attention`` is dispatched to a ring over
+the mesh. It implements the ring for the flash, memory-efficient and cuDNN attention kernels
+only. On CPU ranks SDPA picks the CPU flash kernel, for which no sharding rule is
+registered, so it stops with ``NotImplementedError`` (torch 2.13); ``torch_ring_attention``
+reports that error in words instead of raising, and the one-process SDPA stays the reference.
+
+Laptop:  ``python -c "import lessonlib as L; from lessonlib.context_parallel import torch_ref; \\
+          print(L.launch(torch_ref.demo, 2)[0])"``
+GPU box: the same script on one GPU per rank runs PyTorch's ring (NCCL).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lessonlib import device
+
+
+def torch_ring_attention(q, k, v, causal: bool = True) -> dict:
+    """Full (b, heads, s, head_dim) q, k, v, the same on every rank, attended with PyTorch's
+    context parallelism over the whole world: {"output": full tensor} or {"error": words}."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+
+    mesh = init_device_mesh(device.current_device().type, (dist.get_world_size(),))
+    buffers = [t.clone() for t in (q, k, v)]
+    try:
+        with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2]):
+            out = F.scaled_dot_product_attention(*buffers, is_causal=causal)
+            (full,) = context_parallel_unshard(mesh, [out], [2])
+        return {"output": full.detach()}
+    except (NotImplementedError, RuntimeError) as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+
+
+def demo() -> dict:
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=gen).to(device.current_device()) for _ in "qkv")
+    result = torch_ring_attention(q, k, v)
+    if "output" in result:
+        reference = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return {"max_abs_error": (result["output"] - reference).abs().max().item()}
+    return result

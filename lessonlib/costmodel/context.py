@@ -1,0 +1,144 @@
+"""Context parallelism in the cost model: attention work per rank, the key/value ring, memory.
+
+What it teaches: with the sequence split over c ranks, each rank computes attention for its
+s/c queries against all s keys, which ring attention brings it in c steps of one key/value
+block each. Three numbers decide whether that is worth it:
+
+* the work per rank: under a causal mask a query at position i scores i+1 keys; a contiguous
+  split gives the rank holding the last tokens about 2c-1 times the first's work, the
+  zig-zag split (rank i holds chunks i and 2c-1-i of 2c) gives every rank the same;
+* the ring: each step moves one block of K and V, 2 b (s/c) kv_heads (h/a) values; it hides
+  behind the step's compute, 4 b (s/c)^2 h FLOPs (QK^T and PV at 2 FLOPs per multiply-add),
+  when s/c is long enough; grouped-query attention (kv_heads < a) makes the block smaller;
+* activations: every tensor a layer saves is s/c tokens long, so memory per rank is 1/c.
+
+Pure arithmetic, no torch; ``model`` is a ``costmodel.model.GPT``.
+
+Laptop:  ``python -m lessonlib.costmodel.context`` (Llama 3 405B at 128K tokens, c = 16)
+GPU box: the same; nothing here runs on a device.
+"""
+from __future__ import annotations
+
+from lessonlib.costmodel.comm import tp_elements_per_layer
+from lessonlib.costmodel.memory import activation_bytes, activation_bytes_per_layer
+from lessonlib.costmodel.model import GPT
+
+LAYOUTS = ("contiguous", "zigzag")
+
+# Llama 3 405B (Dubey et al. 2024): 126 layers, h 16384, 128 heads, 8 KV heads, V 128256,
+# trained at 8K tokens, then up to 128K with context parallelism. Its FFN is 53248 wide, not
+# 4h, so the cost model's parameter count (12h^2 per layer) does not hold for it: the shape
+# serves attention and the key/value traffic here.
+LLAMA3_405B = GPT(126, 16384, 128, 131072, 128256, "llama3-405B", kv_heads=8)
+
+
+def _check(c, layout):
+    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+        raise ValueError(f"c={c!r} must be a positive integer (the context-parallel ranks)")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
+
+
+def chunks_of(rank, c, layout="zigzag"):
+    """The chunks rank ``rank`` holds: (rank,) of c, or (rank, 2c-1-rank) of 2c."""
+    _check(c, layout)
+    return (rank,) if layout == "contiguous" else (rank, 2 * c - 1 - rank)
+
+
+def causal_pairs_per_rank(s, c, layout="zigzag", causal=True):
+    """The (query, key) scores each of the c ranks computes for one sequence and one head:
+    a chunk of n tokens scores n^2 against an earlier chunk, n(n+1)/2 against itself."""
+    _check(c, layout)
+    pieces = c * (2 if layout == "zigzag" else 1)
+    if s % pieces:
+        raise ValueError(f"s={s} must be a multiple of {pieces} ({layout}, c={c})")
+    n = s // pieces
+    if not causal:
+        return [s * s // c] * c
+    return [sum(qc * n * n + n * (n + 1) // 2 for qc in chunks_of(r, c, layout)) for r in range(c)]
+
+
+def imbalance(s, c, layout="zigzag"):
+    """The busiest rank's causal attention work over the least busy's."""
+    work = causal_pairs_per_rank(s, c, layout)
+    return max(work) / min(work)
+
+
+def attention_flops_per_rank(model, b, c, layout="zigzag", causal=True):
+    """Forward FLOPs of one layer's QK^T and PV per rank: 4 h (h/a per head, a heads) per
+    (query, key) score computed, for b sequences."""
+    return [4 * b * model.h * pairs for pairs in causal_pairs_per_rank(model.s, c, layout, causal)]
+
+
+def kv_heads(model):
+    return model.kv_heads or model.a
+
+
+def kv_block_bytes(model, b, c, bytes_per_value=2):
+    """One block that travels the ring: K and V of s/c tokens, kv_heads heads of h/a."""
+    return 2 * b * (model.s // c) * kv_heads(model) * (model.h // model.a) * bytes_per_value
+
+
+def ring_bytes_received_per_rank(c, block_bytes):
+    """(forward, backward) bytes each rank receives per layer: c-1 blocks forward; backward
+    the c-1 blocks again plus c hops of their gradients (the last hop home), as large."""
+    if c == 1:
+        return 0, 0
+    return (c - 1) * block_bytes, (c - 1) * block_bytes + c * block_bytes
+
+
+def ring_step(model, b, c, flops_per_s, link_bytes_per_s, bytes_per_value=2, layout="zigzag"):
+    """One forward step of the ring on the busiest rank: its compute against one block's
+    transfer, and whether the compute hides the transfer (the transfer is posted first)."""
+    flops = max(attention_flops_per_rank(model, b, c, layout)) / c
+    compute = flops / flops_per_s
+    transfer = kv_block_bytes(model, b, c, bytes_per_value) / link_bytes_per_s
+    return {"compute_s": compute, "transfer_s": transfer, "hidden": compute >= transfer,
+            "exposed_s": max(0.0, transfer - compute)}
+
+
+def shortest_hidden_shard(model, flops_per_s, link_bytes_per_s, bytes_per_value=2):
+    """The fewest tokens per rank, s/c, at which a full block's compute hides its transfer:
+    4 n^2 h / F >= 2 n kv (h/a) bytes / B  =>  n >= kv bytes F / (2 a B)."""
+    return kv_heads(model) * bytes_per_value * flops_per_s / (2 * model.a * link_bytes_per_s)
+
+
+def activation_bytes_per_rank(model, b, c, t=1, sequence_parallel=True, recompute="none"):
+    """Activation bytes of one layer on one rank: Korthikanti et al.'s per-layer count for
+    the whole sequence, divided by c (each saved tensor is s/c tokens long)."""
+    return activation_bytes_per_layer(model, b, t, sequence_parallel, recompute) / c
+
+
+def activation_bytes_per_gpu(model, t, p, c, b=1):
+    """Activations on a first-stage GPU at its peak: 1F1B with p micro-batches in flight,
+    selective recompute and sequence parallelism (Korthikanti et al. 2022), divided by c.
+    A longer pipeline does not shrink it (each stage holds p micro-batches of L/p layers);
+    t divides it, and so does c."""
+    return activation_bytes(model, t, p, b, p, recompute="selective",
+                            sequence_parallel=True) / c
+
+
+def comm_bytes_per_layer(model, b, t, c, bytes_per_value=2):
+    """Per GPU and layer, forward and backward: (bytes tensor parallelism sends over its t
+    GPUs for this rank's s/c tokens, 8 b (s/c) h (t-1)/t values; bytes the K/V ring brings
+    in, the K/V heads split over t)."""
+    tp = tp_elements_per_layer(b, model.s // c, model.h, t) * bytes_per_value
+    ring = sum(ring_bytes_received_per_rank(c, kv_block_bytes(model, b, c, bytes_per_value) / t))
+    return tp, ring
+
+
+def summary(model=LLAMA3_405B, b=1, c=16, flops_per_s=989e12, link_bytes_per_s=450e9):
+    step = ring_step(model, b, c, flops_per_s, link_bytes_per_s)
+    return "\n".join([
+        f"{model.name}: s={model.s}, c={c}, kv_heads={kv_heads(model)} of a={model.a}",
+        f"  contiguous imbalance {imbalance(model.s, c, 'contiguous'):.2f}, "
+        f"zig-zag {imbalance(model.s, c, 'zigzag'):.2f}",
+        f"  K/V block {kv_block_bytes(model, b, c) / 2**20:.1f} MiB: step compute "
+        f"{step['compute_s'] * 1e3:.2f} ms, transfer {step['transfer_s'] * 1e3:.3f} ms, "
+        f"hidden: {step['hidden']}",
+        f"  shortest shard that hides its block: "
+        f"{shortest_hidden_shard(model, flops_per_s, link_bytes_per_s):.0f} tokens"])
+
+
+if __name__ == "__main__":
+    print(summary())

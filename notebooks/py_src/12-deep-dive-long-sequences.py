@@ -1,0 +1,360 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py_src//py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 · Deep dive: long sequences
+#
+# This deep dive extends [04 · Tensor vs pipeline parallelism](04-tensor-vs-pipeline.ipynb)
+# and [05 · Hybrid parallelism](05-hybrid-parallelism.ipynb), whose layouts split the
+# weights (t), the layers (p) and the batch (d), but never a sequence: every GPU holds
+# all s tokens of the sequences it works on. Llama 3 405B went from 8K to 128K tokens per
+# sequence, and no (t, p, d) holds that. Its answer, and torchtitan's, Megatron-Core's and
+# the Ultra-Scale Playbook's, is **context parallelism**: split the sequence itself over c
+# ranks, and pass keys and values around a ring while each rank computes its part of the
+# attention (ring attention, Liu, Zaharia and Abbeel 2023).
+#
+# The plan: the idea -> a prediction -> a real run on 4 ranks -> measured against predicted
+# -> a takeaway -> an exercise.
+
+# %%
+import dataclasses
+
+import matplotlib.pyplot as plt
+
+import lessonlib
+from lessonlib import comm
+from lessonlib.claims import claim, within
+from lessonlib.context_parallel import chunks_of, ring, runs, torch_ref
+from lessonlib.costmodel import compute as cc
+from lessonlib.costmodel import get_cluster
+from lessonlib.costmodel import context as cx
+from lessonlib.costmodel.memory import activation_bytes_per_layer
+from lessonlib.models import GPTConfig
+from lessonlib.viz.source import show
+
+# %% [markdown]
+# ## 1. The idea: attention grows with s, and faster than the rest
+#
+# **The reading circle.** A book too long for one reader is split among c readers, each
+# keeping the pages they must summarize (their queries). To summarize a page you must have
+# read every page before it (the keys and values), so the readers pass the pages round the
+# circle: each reads the pages in hand, passes them on, and receives the next ones, until
+# every bundle has visited everyone. Nobody ever holds the whole book.
+#
+# What grows with s, for Llama 3 405B's shape (h = 16384, 128 heads, 8 key/value heads;
+# `costmodel.context.LLAMA3_405B`), one sequence, one layer: the activations a layer keeps
+# for its backward (Korthikanti et al. 2022: 34 s b h bytes plus 5 a s² b for the softmax,
+# with no recomputation), and the forward FLOPs, split into the matrix products (24 b s h²,
+# linear in s) and the attention scores (4 b s² h, quadratic):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+llama = cx.LLAMA3_405B
+print(f"{'s':>7} {'activations GiB/layer':>22} {'of which softmax':>17} "
+      f"{'matmul TFLOP':>13} {'attention TFLOP':>16} {'attention share':>16}")
+for s in (8192, 32768, 131072):
+    m = dataclasses.replace(llama, s=s)
+    acts = activation_bytes_per_layer(m, 1)
+    softmax = 5 * m.a * s * s
+    attention = cc.attention_core_forward_flops(m, 1)
+    matmul = cc.layer_forward_flops(m, 1) - attention
+    print(f"{s:>7} {acts / 2**30:>22.1f} {softmax / acts:>17.0%} {matmul / 1e12:>13.1f} "
+          f"{attention / 1e12:>16.1f} {attention / (attention + matmul):>16.0%}")
+
+# %% [markdown]
+# At 128K tokens one layer would keep about 10 TiB for its backward if the softmax were
+# stored, and the attention scores are 57 % of the layer's FLOPs. FlashAttention (Dao et al.
+# 2022) never stores the s x s softmax: it works block by block and keeps one log-sum-exp
+# per query. What remains is linear in s (34 s b h bytes), and that, too, is too much for
+# one GPU at 128K. Context parallelism divides it by c.
+
+# %% [markdown]
+# ## 2. The prediction: who does how much work
+#
+# Split into c contiguous pieces, a causal mask is unfair: a query at position i scores
+# i+1 keys, so the rank holding the last tokens attends to everything and the first only
+# to its own tokens. The **zig-zag** split (Llama 3, torchtitan; Brandon et al. 2023 stripe
+# instead) cuts the sequence into 2c chunks and gives rank i chunks i and 2c-1-i, an early
+# chunk and a late one (`lessonlib.context_parallel.layout`):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for layout in ("contiguous", "zigzag"):
+    print(f"{layout:>10}, c = 4: " + "  ".join(f"rank {r}: chunks {chunks_of(r, 4, layout)}"
+                                             for r in range(4)))
+print(f"\n{'c':>3} {'contiguous: last / first rank':>30} {'2c-1':>5} {'zig-zag: max / min':>19}")
+for c in (2, 4, 8, 16):
+    print(f"{c:>3} {cx.imbalance(1024 * c, c, 'contiguous'):>30.2f} {2 * c - 1:>5} "
+          f"{cx.imbalance(1024 * c, c, 'zigzag'):>19.2f}")
+
+# %% [markdown]
+# The cost model counts the (query, key) scores each rank keeps under the mask
+# (`costmodel.context.causal_pairs_per_rank`): the contiguous split's last rank does about
+# 2c-1 times the first's work, and every zig-zag rank the same.
+
+# %% [markdown]
+# ## 3. The ring, step by step
+#
+# Each of the c ranks holds s/c tokens' q, k and v. At step t rank r holds the key/value
+# block of rank (r - t) mod c. Before computing with it, it posts the send of that block to
+# the next rank and the receive of the previous rank's (one `batch_isend_irecv`, as NCCL
+# needs), so the transfer runs while it computes. This is `ring_forward`, the loop:
+
+# %%
+show(ring.ring_forward)
+
+# %% [markdown]
+# and one step, `forward_step`: attend this rank's queries to the block in hand, chunk pair
+# by chunk pair (`ring.pairs` leaves out the pairs entirely above the causal diagonal), and
+# merge each partial result into the output with the log-sum-exp rule. A block returns its
+# normalised output o_j and l_j = log Σ exp(q·k/√d) over its keys; two merge exactly as
+# l = log(e^{l_1} + e^{l_2}), o = e^{l_1 - l} o_1 + e^{l_2 - l} o_2 (FlashAttention's
+# online softmax, across ranks):
+
+# %%
+show(ring.forward_step)
+
+# %% [markdown]
+# The backward (`ring_backward`) is a ring too: each block travels again, now carrying the
+# gradients of its keys and values, which every rank it visits adds to; one last hop brings
+# them home to their owner. Only this rank's q, k, v, output and log-sum-exp are saved for
+# the backward, all s/c tokens long.
+
+# %% [markdown]
+# ## 4. The real run
+#
+# One launch of 4 ranks does everything below: ring attention at c = 1, 2, 3 and 4 (groups
+# of c consecutive ranks; at c = 3 the fourth rank is in no group and is refused), both
+# layouts, causal and not, in float64 against one-process `scaled_dot_product_attention`;
+# the tiny GPT on c = 2 ranks times d = 2 data-parallel replicas against one process for 3
+# SGD steps; the ring timed at c = 4 on a longer sequence (s = 2048, 4 heads of 64, float32);
+# and PyTorch's own context parallelism on the same kind of inputs.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+GPT = GPTConfig(vocab=32, seq=16, hidden=16, heads=2, layers=2)
+
+
+def the_run():
+    return {"parity": runs.attention_reports((1, 2, 3, 4)),
+            "gpt": runs.gpt_report(2, GPT, b=2, steps=3),
+            "balance": runs.balance_report(s=2048, heads=4, head_dim=64, repeats=3),
+            "torch": torch_ref.demo()}
+
+
+measured = lessonlib.launch(the_run, 4, timeout=180)
+print(f"{len(measured)} ranks reported")
+
+# %% [markdown]
+# ### Parity
+#
+# The largest error of every output and gradient, over every rank, c, layout and mask
+# (each is relative to values of order 1):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+reports = [rep for r in measured for rep in r["parity"].values() if "refused" not in rep]
+worst = max(rep[w] for rep in reports for w in ("output", "dq", "dk", "dv"))
+gpt = [r["gpt"] for r in measured]
+claim("ring attention equals one-process SDPA in the output and dq, dk, dv at c = 1, 2, 3, 4, "
+      "both layouts, causal and not, to 1e-12 (float64)", worst < 1e-12)
+claim("the tiny GPT on c = 2 ranks x d = 2 replicas equals one process after 3 SGD steps: "
+      "losses, gradients and weights to 1e-12",
+      all(abs(a - b) < 1e-12 for g in gpt for a, b in zip(g["losses"], g["reference_losses"]))
+      and max(g["grads"][0] for g in gpt) < 1e-12 and max(g["weights"][0] for g in gpt) < 1e-12)
+print("c = 3, rank 3:", measured[3]["parity"][3, "zigzag", True]["refused"])
+
+# %% [markdown]
+# ### The ring, drawn from the measured run
+#
+# Each bar is one step of one rank's forward at c = 4 (its compute; a gap is the rank
+# waiting, for a block or for a core), labelled with the rank whose key/value block it
+# held. Contiguous above: rank 0 finds nothing to do after its own block, rank 3 something
+# at every step. Zig-zag below: every rank has the same work (a bar is longer where its rank
+# waited for one of the 2 shared cores).
+
+# %%
+balance = [r["balance"] for r in measured]
+fig, axes = plt.subplots(2, 1, figsize=(10, 4.6), constrained_layout=True, sharex=True)
+colors = plt.cm.tab10.colors
+for ax, layout in zip(axes, ("contiguous", "zigzag")):
+    steps = [b[layout]["steps"] for b in balance]
+    first = min(st["start_s"] for rows in steps for st in rows)
+    for rank, rows in enumerate(steps):
+        for st in rows:
+            left, width = (st["start_s"] - first) * 1e3, st["seconds"] * 1e3
+            ax.barh(rank, width, left=left, color=colors[st["source"]],
+                    alpha=1.0 if st["work"] else 0.25, edgecolor="black", linewidth=0.4)
+            if width > 1.5:
+                ax.text(left + width / 2, rank, f"K/V {st['source']}", ha="center",
+                        va="center", fontsize=8)
+    ax.set_yticks(range(4), [f"rank {r}" for r in range(4)])
+    ax.invert_yaxis()
+    ax.set_title(f"{layout}: forward ring, c = 4, s = 2048 (measured)", fontsize=10)
+axes[-1].set_xlabel("ms since the first step began")
+plt.show()
+
+# %% [markdown]
+# ### The zig-zag balance, measured
+#
+# Per rank, for the forward at c = 4: the scores the causal mask kept (the work a causal
+# kernel must do), the scores computed (this implementation computes a diagonal chunk pair
+# whole, then masks it), and the CPU seconds of the rank's thread (on 2 shared cores a rank
+# waits for a core, and its wall time then says little about its work):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"{'layout':>10} {'rank':>4} {'scores kept':>12} {'computed':>10} {'CPU ms':>7} {'wall ms':>8}")
+for layout in ("contiguous", "zigzag"):
+    for rank, b in enumerate(balance):
+        row = b[layout]
+        print(f"{layout:>10} {rank:>4} {row['work']:>12} {row['computed']:>10} "
+              f"{row['cpu_s'] * 1e3:>7.1f} {row['seconds'] * 1e3:>8.1f}")
+
+# %% [markdown]
+# The work is exactly what the cost model predicted; the CPU time follows it, less
+# steeply for the contiguous split than the work does, because this implementation
+# computes a diagonal chunk whole (and masking costs extra), so every rank pays for one
+# full diagonal block however little it keeps. A FlashAttention kernel skips the tiles
+# above the diagonal, which brings the time ratio nearer the work's 2c-1.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+work = {lay: [b[lay]["work"] for b in balance] for lay in ("contiguous", "zigzag")}
+cpu = {lay: [b[lay]["cpu_s"] for b in balance] for lay in ("contiguous", "zigzag")}
+claim("the measured work per rank is the cost model's, for both layouts",
+      all(work[lay] == cx.causal_pairs_per_rank(2048, 4, lay) for lay in work))
+within("the contiguous layout's last rank's work over its first's, against 2c-1 = 7,",
+       work["contiguous"][-1] / work["contiguous"][0], 7, 0.15)
+claim("the zig-zag layout's work per rank is balanced within 15 %",
+      max(work["zigzag"]) / min(work["zigzag"]) <= 1.15,
+      numbers=f"max / min {max(work['zigzag']) / min(work['zigzag']):.3f}")
+claim("the contiguous layout's last rank spent at least 1.5 times the first's CPU time",
+      cpu["contiguous"][-1] / cpu["contiguous"][0] >= 1.5,
+      numbers=f"{cpu['contiguous'][-1] / cpu['contiguous'][0]:.2f} x")
+balanced = claim("the zig-zag ranks' CPU times are within 25 % of each other",
+                 max(cpu["zigzag"]) / min(cpu["zigzag"]) <= 1.25,
+                 numbers=f"max / min {max(cpu['zigzag']) / min(cpu['zigzag']):.2f}")
+
+# %% [markdown]
+# ### Memory and messages
+#
+# What autograd saved for the backward of one ring attention, per rank (the activation
+# meter `lessonlib.activations.saved_bytes`), and of the whole tiny GPT on c = 2 ranks
+# against one process on the same sequences; the key/value bytes each rank received
+# (the ledger) against the formula: c-1 blocks forward, and backward the c-1 blocks again
+# plus c hops of their gradients (`costmodel.context.ring_bytes_received_per_rank`); and
+# the recorded messages replayed under NCCL's rules (`comm.nccl_hazards`).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+one = measured[0]["parity"][1, "zigzag", True]["saved_bytes"]
+for c in (1, 2, 3, 4):
+    rep = measured[0]["parity"][c, "zigzag", True]
+    print(f"c = {c}: {rep['saved_bytes']:>6} bytes saved per rank ({rep['saved_bytes'] / one:.3f} "
+          f"of one process), K/V bytes received {rep['received']}")
+claim("each rank's ring attention saves exactly 1/c of one process's bytes",
+      all(measured[0]["parity"][c, "zigzag", True]["saved_bytes"] * c == one for c in (1, 2, 3, 4)))
+claim("the ledger's key/value bytes per rank equal the formula at every c, layout and mask",
+      all(rep["received"] == rep["predicted_received"] for rep in reports))
+for c in (2, 3, 4):
+    traces = [r["parity"][c, "zigzag", True]["events"] for r in measured[:c * (4 // c)]]
+    claim(f"the messages at c = {c} pass comm.nccl_hazards", comm.nccl_hazards(traces) == [])
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ratio = gpt[0]["activation_bytes"] / gpt[0]["one_process_activation_bytes"]
+halved = within("the tiny GPT's activation bytes per rank at c = 2, against 1/c of one "
+                "process's,", ratio, 0.5, 0.10)
+
+# %% [markdown]
+# ### PyTorch's own context parallelism
+#
+# PyTorch ships ring attention as
+# `torch.distributed.tensor.experimental.context_parallel(mesh, buffers=..., buffer_seq_dims=...)`:
+# inside its `with` block the buffers are sharded along the sequence and
+# `scaled_dot_product_attention` is dispatched to a ring. It implements the ring for the
+# flash, memory-efficient and cuDNN kernels of GPUs; on CPU ranks it stops, in its words:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(measured[0]["torch"])
+
+# %% [markdown]
+# So on CPU ranks one-process SDPA stays the reference; on one GPU per rank the same call
+# runs PyTorch's ring, and `labs/cp.py` times it beside ours there (here it records the
+# error and times ours against one-process SDPA).
+
+# %% [markdown]
+# ## 5. When c beats a longer pipeline or more t
+#
+# Back to Llama 3 405B at 128K tokens, from the cost model: the activations of a
+# first-stage GPU at its peak (1F1B with p micro-batches in flight, selective recompute,
+# sequence parallelism), and per GPU and layer the bytes tensor parallelism moves and those
+# the key/value ring brings in (bf16, forward and backward).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"{'t':>3} {'p':>3} {'c':>3} {'activations GiB/GPU':>20} {'TP GiB/layer':>13} "
+      f"{'K/V ring GiB/layer':>19}")
+for t, p, c in ((8, 16, 1), (8, 32, 1), (16, 16, 1), (8, 16, 4), (8, 16, 16)):
+    tp, kv = cx.comm_bytes_per_layer(llama, 1, t, c)
+    print(f"{t:>3} {p:>3} {c:>3} {cx.activation_bytes_per_gpu(llama, t, p, c) / 2**30:>20.0f} "
+          f"{tp / 2**30:>13.2f} {kv / 2**30:>19.3f}")
+h100 = get_cluster("dgx-h100")
+network, _ = h100.link(spans_nodes=True)          # c strides over the servers, t = 8 inside
+step = cx.ring_step(llama, 1, 16, h100.gpu.peak_flops, network)
+print(f"\nc = 16 across DGX H100 servers ({h100.gpu.peak_flops / 1e12:.0f} TFLOP/s, "
+      f"{network / 1e9:.0f} GB/s per GPU over the network): one step computes "
+      f"{step['compute_s'] * 1e3:.2f} ms and moves its K/V block in "
+      f"{step['transfer_s'] * 1e3:.2f} ms: hidden {step['hidden']}; it stays hidden down to "
+      f"{cx.shortest_hidden_shard(llama, h100.gpu.peak_flops, network):.0f} tokens per rank")
+
+# %% [markdown]
+# - **A longer pipeline does not help**: each stage holds p micro-batches of L/p layers, so
+#   the first stage keeps about L layers' worth whatever p is (1088 GiB at p = 16 and 32).
+# - **More t helps, but runs out**: t = 16 halves the activations, but its groups then span
+#   two 8-GPU servers, and every layer's tensor-parallel traffic (28-30 GiB here) crosses the
+#   network instead of NVLink; and t cannot exceed the 8 key/value heads without copying them.
+# - **c divides them by c, cheaply**: the ring moves only the keys and values, and grouped-query
+#   attention makes them small (8 of 128 heads: 16 times less than full multi-head
+#   attention), so at 128K tokens a step's compute hides its transfer even across servers. The
+#   quadratic attention work is also divided by c, and balanced by the zig-zag split.
+#
+# This is Llama 3's layout for its 128K stage: t = 8 inside a server, c = 16, p = 16, and
+# FSDP for the rest (Dubey et al. 2024).
+
+# %% [markdown]
+# <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
+# <b>Takeaway.</b> Context parallelism splits the sequence over c ranks and passes keys and
+# values around a ring, each transfer posted before the compute it hides behind; the
+# log-sum-exp rule merges the blocks exactly, so the result is the one-process attention.
+# Every activation becomes s/c tokens long. Under a causal mask a contiguous split leaves
+# the last rank about 2c-1 times the first's work; the zig-zag split (chunks i and 2c-1-i)
+# balances it. Where activations, not weights, are what does not fit, c beats a longer
+# pipeline (which does not shrink them) and more t (which leaves the server).
+# </div>
+#
+# ## Exercise
+#
+# **1.** Under a causal mask, a long sequence is split contiguously over c = 8 ranks. How
+# many times the first rank's attention work does the last rank do? (Count the
+# (query, key) scores the mask keeps, in chunks of n tokens.)
+
+# %%
+from lessonlib.exercises import context as ex
+
+my_ratio = None
+ex.check_contiguous_imbalance(my_ratio, c=8)
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+ratio_solution = ((8 - 1) + 1 / 2) / (1 / 2)     # c-1 full chunks and a triangle, over a triangle
+ex.check_contiguous_imbalance(ratio_solution, c=8)

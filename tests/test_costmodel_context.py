@@ -1,0 +1,70 @@
+"""The cost model's context parallelism, without processes, against hand-computed numbers:
+causal work per rank (contiguous about 2c-1 times unbalanced, zig-zag balanced), the
+key/value block and its ring bytes (grouped-query attention makes them a/kv_heads smaller),
+whether compute hides the ring, activations divided by c; ``GPT.kv_heads`` checked."""
+import pytest
+
+from lessonlib.costmodel import context as cx
+from lessonlib.costmodel.memory import activation_bytes_per_layer
+from lessonlib.costmodel.model import GPT
+
+
+def test_causal_pairs_by_hand():
+    # s = 8, c = 2, contiguous: chunks of 4; rank 0 scores 4*5/2 = 10, rank 1 16 + 10 = 26
+    assert cx.causal_pairs_per_rank(8, 2, "contiguous") == [10, 26]
+    # zig-zag: chunks of 2; rank 0 holds 0 and 3: 3 + (3*4 + 3) = 18; rank 1 holds 1, 2: 18
+    assert cx.causal_pairs_per_rank(8, 2, "zigzag") == [18, 18]
+    assert sum(cx.causal_pairs_per_rank(8, 2, "zigzag")) == 8 * 9 // 2
+    assert cx.causal_pairs_per_rank(8, 2, "zigzag", causal=False) == [32, 32]
+
+
+@pytest.mark.parametrize("c", [2, 4, 8, 16])
+def test_contiguous_last_rank_does_2c_minus_1_times_the_first(c):
+    work = cx.causal_pairs_per_rank(1024 * c, c, "contiguous")
+    assert work[-1] / work[0] == pytest.approx(2 * c - 1, rel=1e-3)
+    assert cx.imbalance(1024 * c, c, "zigzag") == 1.0
+
+
+def test_kv_block_and_ring_bytes_with_grouped_query_attention():
+    llama = cx.LLAMA3_405B
+    assert (llama.L, llama.h, llama.a, llama.kv_heads, llama.V) == (126, 16384, 128, 8, 128256)
+    # K and V of s/c = 8192 tokens, 8 heads of 128, bf16: 2 * 8192 * 8 * 128 * 2 bytes
+    assert cx.kv_block_bytes(llama, 1, 16) == 2 * 8192 * 8 * 128 * 2 == 32 * 2**20
+    full_heads = GPT(126, 16384, 128, 131072, 128256)
+    assert cx.kv_block_bytes(full_heads, 1, 16) == 16 * cx.kv_block_bytes(llama, 1, 16)
+    assert cx.ring_bytes_received_per_rank(4, 100) == (300, 700)
+    assert cx.ring_bytes_received_per_rank(1, 100) == (0, 0)
+
+
+def test_ring_hidden_behind_compute_when_shards_are_long():
+    llama = cx.LLAMA3_405B
+    n = cx.shortest_hidden_shard(llama, 989e12, 450e9)
+    assert n == pytest.approx(8 * 2 * 989e12 / (2 * 128 * 450e9))
+    short = GPT(1, 16384, 128, 16 * 64, 128256, kv_heads=8)      # 64 tokens per rank
+    assert not cx.ring_step(short, 1, 16, 989e12, 450e9, layout="contiguous")["hidden"]
+    assert cx.ring_step(llama, 1, 16, 989e12, 450e9)["hidden"]
+
+
+def test_activations_divided_by_c():
+    model = GPT(32, 4096, 32, 32768, 128256)
+    assert cx.activation_bytes_per_rank(model, 1, 8) == pytest.approx(
+        activation_bytes_per_layer(model, 1, 1, True, "none") / 8)
+
+
+def test_attention_flops_per_rank():
+    model = GPT(1, 64, 4, 8, 100)
+    assert cx.attention_flops_per_rank(model, 2, 2, "contiguous") == [4 * 2 * 64 * 10,
+                                                                      4 * 2 * 64 * 26]
+
+
+@pytest.mark.parametrize("bad", [0, 3, 5, True, 2.0])
+def test_kv_heads_must_divide_heads(bad):
+    with pytest.raises(ValueError, match="kv_heads=.* must be a positive divisor of heads=4"):
+        GPT(1, 64, 4, 8, 100, kv_heads=bad)
+
+
+def test_bad_settings_one_line():
+    with pytest.raises(ValueError, match=r"s=10 must be a multiple of 4 \(zigzag, c=2\)"):
+        cx.causal_pairs_per_rank(10, 2)
+    with pytest.raises(ValueError, match="layout='ring'"):
+        cx.imbalance(8, 2, "ring")

@@ -1,0 +1,140 @@
+"""Expert parallelism checked for real: the rank functions the tests, notebook 13 and
+``labs/ep.py`` launch.
+
+What it teaches: the e-rank layer is right when it is the one-process layer. ``parity``
+trains the full ``MoELayer`` on every rank's batch in one process (the loss is the mean of
+the d ranks' losses, each with its auxiliary loss, capacity counted per rank's batch) next
+to the expert-parallel copy (each rank its own batch, gradients averaged by
+``sync_gradients``), in float64, and reports for the first step the error of this rank's
+output, auxiliary loss, drops and every gradient, and of every weight after the last step.
+The ledger of the first step shows what the all-to-alls moved: per rank, 8E bytes of counts
+plus, in the forward, the rows it dispatched and the rows it returned, each h elements.
+
+Laptop:  ``python -c "from lessonlib.expert_parallel import runs; print(runs.run_parity(4))"``
+GPU box: the same call uses NCCL when 4 GPUs are visible.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lessonlib import comm, device, launcher
+from lessonlib.baseline import grads_as_model, rel_err
+from lessonlib.breadcrumbs import progress
+from lessonlib.expert_parallel.groups import ExpertParallelContext, sync_gradients
+from lessonlib.expert_parallel.layer import check_split, expert_parallel
+from lessonlib.models import MoELayer, init_weights_
+
+# (E, e, k, C, shared): e = 1, 2, 4; E/e = 1 and 2; k = 1 and 2; C = 1.0 drops tokens
+CASES = ((4, 1, 1, 1.0, False), (4, 2, 2, 1.0, True), (4, 4, 2, 1.0, False),
+         (8, 4, 1, 1.0, False))
+
+
+def _batches(d, b, s, h, steps, seed, dev):
+    """[step][rank] -> (x, y), float64, the same on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    return [[tuple(torch.randn(b, s, h, generator=gen, dtype=torch.float64).to(dev)
+                   .requires_grad_(xy == "x") for xy in "xy") for _ in range(d)]
+            for _ in range(steps)]                                                # (b, s, h)
+
+
+def _loss(layer, x, y):
+    return F.mse_loss(layer(x), y) + layer.stats["aux_loss"]
+
+
+def _worst(module, reference, attr=None) -> float:
+    """Largest relative error over ``module``'s parameters (or their ``.grad``) against
+    the same names in ``reference``."""
+    want = dict(reference.named_parameters())
+    return max(rel_err(getattr(p, attr) if attr else p, want[n])
+               for n, p in module.named_parameters())
+
+
+def parity(E: int, e: int, k: int, C: float, shared: bool = False, h: int = 8, b: int = 2,
+           s: int = 8, steps: int = 3, seed: int = 0) -> dict:
+    """On each rank: the expert-parallel layer against the one-process layer, ``steps``
+    SGD steps on every rank's batch (see the module docstring)."""
+    ctx, dev = ExpertParallelContext.build(e), device.current_device()
+    rank, d = dist.get_rank(), dist.get_world_size()
+    full = init_weights_(MoELayer(h, E, k, C, ffn_mult=2, shared_expert=shared), seed)
+    full = full.double().to(dev)
+    ep = expert_parallel(full, ctx.ep_group)
+    opt_full = torch.optim.SGD(full.parameters(), lr=0.1, momentum=0.9)
+    opt_ep = torch.optim.SGD(ep.parameters(), lr=0.1, momentum=0.9)
+    out = {"rank": rank, "E": E, "e": e, "k": k, "C": C, "shared": shared, "d": d, "h": h,
+           "expert_ids": ep.expert_ids}
+    for step, batch in enumerate(_batches(d, b, s, h, steps, seed + 1, dev)):
+        progress(f"expert-parallel parity E={E} e={e} step {step}")
+        losses = [_loss(full, x, y) for x, y in batch]
+        mine_out = full(batch[rank][0]).detach()
+        mine_stats, full.stats = full.stats, {}   # a graph's tensor cannot be deep-copied
+        (sum(losses) / d).backward()
+        x, y = batch[rank][0].detach().clone().requires_grad_(), batch[rank][1]
+        with comm.ledger() as book:
+            got = ep(x)
+            loss = F.mse_loss(got, y) + ep.stats["aux_loss"]
+            loss.backward()
+        with comm.ledger() as sync:
+            sync_gradients(ep, ctx)
+        if step == 0:
+            out.update(output=rel_err(got.detach(), mine_out),
+                       # this rank's loss is L_r; the one-process loss the mean of d of them
+                       input_grad=rel_err(x.grad, d * batch[rank][0].grad),
+                       aux_loss=abs(ep.stats["aux_loss"].item() - mine_stats["aux_loss"].item()),
+                       dropped=(ep.stats["dropped"], mine_stats["dropped"]),
+                       tokens_per_expert=(ep.stats["tokens_per_expert"],
+                                          mine_stats["tokens_per_expert"]),
+                       grads=_worst(ep, expert_parallel(grads_as_model(full), ctx.ep_group),
+                                    "grad"),
+                       stats={n: v for n, v in ep.stats.items() if n != "aux_loss"},
+                       events=book.events, sync_all_reduces=sync.count("all_reduce"))
+        ep.stats = {}
+        for opt in (opt_full, opt_ep):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    out["weights_after_steps"] = _worst(ep, expert_parallel(full, ctx.ep_group))
+    ctx.destroy()
+    return out
+
+
+def parity_reports(cases=CASES, **kwargs) -> list[dict]:
+    """``parity`` for each (E, e, k, C, shared) of ``cases`` in one launch."""
+    return [parity(*case, **kwargs) for case in cases]
+
+
+def check_cases(world_size: int, cases=CASES) -> None:
+    """One line per bad setting, before any process starts."""
+    for E, e, k, C, _ in cases:
+        check_split(E, e, k, C)
+        if world_size % e:
+            raise ValueError(f"e={e} must divide the world size {world_size} (expert-parallel "
+                             f"groups of e consecutive ranks)")
+
+
+def run_parity(world_size: int, cases=CASES, timeout: float = 120, **kwargs) -> list:
+    """Check the cases here, then launch ``parity_reports`` on ``world_size`` ranks:
+    [rank][case] -> report."""
+    check_cases(world_size, cases)
+    return launcher.launch(parity_reports, world_size, cases, timeout=timeout, **kwargs)
+
+
+def sent_and_received(events, rank: int) -> dict:
+    """Bytes this rank's all-to-alls sent and received, in all and to or from other ranks."""
+    sends = [ev for ev in events if ev.op == "send"]
+    recvs = [ev for ev in events if ev.op == "recv"]
+    return {"sent": sum(ev.bytes for ev in sends), "received": sum(ev.bytes for ev in recvs),
+            "sent_off_rank": sum(ev.bytes for ev in sends if ev.peer != rank),
+            "received_off_rank": sum(ev.bytes for ev in recvs if ev.peer != rank)}
+
+
+def expected_bytes(stats: dict, E: int, h: int, element_size: int = 8, count_size: int = 8,
+                   backward: bool = True) -> dict:
+    """What the routing counts say one step's all-to-alls move for this rank, sent and
+    received alike: the counts (E integers), the rows it dispatches (sum of ``sent_rows``)
+    and the results it returns (sum of ``received_rows``), h elements each; the backward
+    retraces both trips (when the layer's input needs a gradient)."""
+    trips = 2 if backward else 1
+    rows_out, rows_in = sum(stats["sent_rows"]), sum(stats["received_rows"])
+    rows = trips * (rows_out + rows_in) * h * element_size
+    return {"sent": E * count_size + rows, "received": E * count_size + rows}

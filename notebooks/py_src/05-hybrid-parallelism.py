@@ -349,6 +349,8 @@ ex.check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1)
 #
 # Such a run lasts weeks and will lose GPUs: how each rank checkpoints its shard and the
 # run resumes, even on another layout, is in [Deep dive: long runs](10-deep-dive-long-runs.ipynb).
+# Today a trillion-parameter model is usually a mixture of experts, and its answer differs:
+# [Deep dive: mixture of experts](13-deep-dive-mixture-of-experts.ipynb).
 # And each scheme of this course has a quiet bug of its own, one that trains on without an
 # error: five of them, and the checks that catch them, are in
 # [Deep dive: the bug zoo](06-deep-dive-bug-zoo.ipynb).

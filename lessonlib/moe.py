@@ -114,7 +114,15 @@ def combine(expert_out: torch.Tensor, routing: Routing, tokens: int) -> torch.Te
     return out.index_add(0, routing.token, weighted)                            # (T, h)
 
 
-class MoELayer(nn.Module):
+class Routed(nn.Module):
+    """A layer with a router whose last forward left ``stats``: a copy (``copy.deepcopy``,
+    pickling) starts with none, since ``stats["aux_loss"]`` belongs to that forward's graph."""
+
+    def __getstate__(self):
+        return {**super().__getstate__(), "stats": {}}
+
+
+class MoELayer(Routed):
     """E expert MLPs behind a linear router: (b, s, h) -> (b, s, h). After each forward,
     ``stats`` holds ``aux_loss`` (a tensor to add to the training loss), ``dropped``
     (choices over capacity), ``tokens_per_expert`` (kept) and ``routed_per_expert``."""
@@ -148,7 +156,7 @@ class MoELayer(nn.Module):
 
 def moe_layers(model: nn.Module) -> list:
     """Every MoE layer of ``model`` (a ``MoELayer`` or its expert-parallel copy)."""
-    return [m for m in model.modules() if hasattr(m, "router") and hasattr(m, "stats")]
+    return [m for m in model.modules() if isinstance(m, Routed)]
 
 
 def aux_loss(model: nn.Module) -> torch.Tensor:

@@ -85,3 +85,12 @@ def test_the_package_has_a_map():
         if path.name != "__init__.py":
             assert f"``{path.stem}``" in doc, path.name
             assert len(path.read_text().splitlines()) < 300
+
+
+def test_nccl_hazards_sees_an_all_to_all_whose_splits_disagree(reports):
+    import copy
+    ranks = [copy.deepcopy(r[1]["events"]) for r in reports]      # E=4, e=2
+    recv = next(ev for ev in ranks[0] if ev.op == "recv" and ev.peer == 1 and ev.bytes)
+    recv.bytes += 8                          # rank 0 expects one more element from rank 1
+    hazards = comm.nccl_hazards(ranks)
+    assert hazards and "mismatch" in hazards[0], hazards

@@ -104,3 +104,12 @@ def test_a_tiny_moe_gpt_learns_the_corpus():
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0]
     assert all(len(b.mlp.stats["tokens_per_expert"]) == 4 for b in model.blocks)
+
+
+def test_a_layer_copies_after_a_forward():
+    import copy
+    layer = _layer()
+    layer(_x())
+    twin = copy.deepcopy(layer)
+    assert twin.stats == {} and layer.stats["dropped"] >= 0
+    torch.testing.assert_close(twin(_x()), layer(_x()))

@@ -13,6 +13,9 @@ Read in this order, each file one idea:
   dense weights averaged over all d ranks, each expert's over the ranks holding a copy;
 * ``runs``: what the notebook, the lab and the tests launch (parity with one process in
   float64, the bytes the all-to-alls move against the routing counts).
+* ``measure``: what the lesson measures: the load per expert and the dropped share with and
+  without the balancing loss, the layer's step and its all-to-alls' time, bare all-to-alls
+  for the alpha-beta fit.
 
     from lessonlib.expert_parallel import expert_parallel, ExpertParallelContext
 

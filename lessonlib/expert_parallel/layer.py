@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lessonlib.expert_parallel.dispatch import all_to_all, exchange_counts
-from lessonlib.moe import MoELayer, check_moe, combine, route, run_experts
+from lessonlib.moe import MoELayer, Routed, check_moe, combine, route, run_experts
 
 
 def check_split(n_experts: int, e: int, top_k: int = 1, capacity_factor: float = 1.25) -> int:
@@ -48,7 +48,7 @@ def run_local_experts(experts, received: torch.Tensor, counts: torch.Tensor) -> 
     return out[torch.argsort(order)]
 
 
-class ExpertParallelMoE(nn.Module):
+class ExpertParallelMoE(Routed):
     """This rank's share of an ``MoELayer``: ``router`` (replicated), ``experts`` (this
     rank's E/e), ``expert_ids`` (their global indices), ``shared`` (replicated, if any)."""
 

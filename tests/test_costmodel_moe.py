@@ -70,3 +70,12 @@ def test_the_trillion_question_for_an_moe():
     # the same ~16 TB of state to hold, about 27 times fewer FLOPs per token
     assert answer["moe_state_bytes"] == pytest.approx(answer["dense_state_bytes"], rel=0.02)
     assert 25 < answer["flops_ratio_dense_over_moe"] < 28
+
+
+def test_across_servers_only_the_off_server_share_crosses_the_network():
+    from lessonlib.costmodel.moe import dispatch_bytes, moe_layer_comm_s
+    m, c = MOE_MODELS["deepseek-v3"], CLUSTERS["dgx-h100"]
+    size = dispatch_bytes(1, 4096, m.h, m.k)
+    network, latency = c.link(True)
+    assert moe_layer_comm_s(m, 64, 1, 4096, c, True) == pytest.approx(
+        4 * (63 * latency + size * 56 / 64 / network))

@@ -148,10 +148,18 @@ def dispatch_bytes(b: int, s: int, h: int, k: int, bytes_per_element: int = 2) -
 def moe_layer_comm_s(m: MoEModel, e: int, b: int, s: int, cluster, spans_nodes: bool,
                      bytes_per_element: int = 2) -> float:
     """Four all-to-alls (dispatch and return, forward and backward) of one MoE layer for one
-    micro-batch, inside one server (NVLink) or across servers (a GPU's network share)."""
-    bandwidth, latency = cluster.link(spans_nodes)
-    one = alltoall_time_s(e, dispatch_bytes(b, s, m.h, m.k, bytes_per_element), bandwidth,
-                          latency)
+    micro-batch. Inside one server all (e-1)/e of a rank's bytes go over NVLink; across
+    servers of g GPUs, the (e-g)/e bound for other servers take the GPU's network share and
+    the (g-1)/e for its own server NVLink, side by side, and the e - 1 exchanges pay the
+    network's latency."""
+    size = dispatch_bytes(b, s, m.h, m.k, bytes_per_element)
+    if not spans_nodes:
+        bandwidth, latency = cluster.link(False)
+        return 4 * alltoall_time_s(e, size, bandwidth, latency)
+    g = min(cluster.gpus_per_node, e)
+    network, latency = cluster.link(True)
+    nvlink = cluster.link(False)[0]
+    one = (e - 1) * latency + max(size * (e - g) / e / network, size * (g - 1) / e / nvlink)
     return 4 * one
 
 

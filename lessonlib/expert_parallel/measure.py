@@ -107,8 +107,17 @@ def time_layer(n_experts: int, top_k: int, capacity_factor: float, b: int, s: in
     return {"rank": rank, "e": dist.get_world_size(), "step_s": step_s, "alltoall_s": a2a_s,
             "output_max_abs_error": error, "stats": stats,
             "bytes": sent_and_received(first["events"], rank),
-            "expected_bytes": expected_bytes(stats, n_experts, h, x.element_size()),
+            "expected_bytes": expected_bytes(stats, n_experts, h, x.element_size(),
+                                             return_element_size=_compute_size(x)),
             "events": first["events"]}
+
+
+def _compute_size(x: torch.Tensor) -> int:
+    """Bytes per element the experts compute in: autocast's dtype when it is on."""
+    kind = x.device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind).itemsize
+    return x.element_size()
 
 
 def alltoall_sweep(sizes_bytes=(2**10, 2**14, 2**17, 2**20), repeats: int = 7) -> list:

@@ -128,12 +128,13 @@ def sent_and_received(events, rank: int) -> dict:
 
 
 def expected_bytes(stats: dict, E: int, h: int, element_size: int = 8, count_size: int = 8,
-                   backward: bool = True) -> dict:
+                   return_element_size: int | None = None, backward: bool = True) -> dict:
     """What the routing counts say one step's all-to-alls move for this rank, sent and
-    received alike: the counts (E integers), the rows it dispatches (sum of ``sent_rows``)
-    and the results it returns (sum of ``received_rows``), h elements each; the backward
-    retraces both trips (when the layer's input needs a gradient)."""
-    trips = 2 if backward else 1
+    received alike: the counts (E integers), the rows it dispatches (sum of ``sent_rows``,
+    in the input's ``element_size``) and the results it returns (sum of ``received_rows``,
+    in the experts' output's, ``return_element_size``: smaller under autocast), h elements
+    each; the backward retraces both trips, each gradient in its trip's dtype."""
     rows_out, rows_in = sum(stats["sent_rows"]), sum(stats["received_rows"])
-    rows = trips * (rows_out + rows_in) * h * element_size
-    return {"sent": E * count_size + rows, "received": E * count_size + rows}
+    d, r = element_size, return_element_size or element_size
+    rows = rows_out * d + rows_in * r + ((rows_out * r + rows_in * d) if backward else 0)
+    return {"sent": E * count_size + rows * h, "received": E * count_size + rows * h}

@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import lessonlib
-from lessonlib import comm
+from lessonlib import bugzoo, comm
 from lessonlib import costmodel as cm
 from lessonlib.claims import claim, within
 from lessonlib.costmodel import moe as cmoe
@@ -197,9 +197,18 @@ assert claim("every rank drops the same tokens as one process does on its batch"
 
 # %% [markdown]
 # The bug zoo's `ep_expert_grads_wrong_group` averages the experts' gradients over all
-# ranks, as for the dense weights: shapes agree, nothing fails, the forward is exact, and
-# every expert learns from the other experts' gradients. Only a comparison of the
-# gradients catches it ([Deep dive: the bug zoo](06-deep-dive-bug-zoo.ipynb)).
+# ranks, as for the dense weights: the shapes agree, so nothing fails, and every expert
+# learns from the other experts' gradients. The same comparison on 2 ranks with the switch
+# on ([Deep dive: the bug zoo](06-deep-dive-bug-zoo.ipynb)):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+with bugzoo.enabled("ep_expert_grads_wrong_group"):
+    buggy = [r[0] for r in runs.run_parity(2, cases=[(4, 2, 2, 1.0, False)], steps=1)]
+claim("with the wrong group the output is still exact", max(r["output"] for r in buggy) < 1e-12)
+assert claim("but the expert gradients are far off", min(r["grads"] for r in buggy) > 1e-3)
+
+# %% [markdown]
 #
 # ## 4. The all-to-alls' bytes, measured
 #
@@ -266,9 +275,9 @@ assert claim("on CPU ranks the all-to-alls take a large share of the MoE layer's
 # A bare all-to-all is what the alpha-beta model describes. Inside a step it is also where
 # each rank waits for the others: a rank whose experts got more tokens (or whose core was
 # busy) arrives late, and every other rank's all-to-all lasts until it does. That is the
-# price of imbalance, paid in the all-to-all. On CPU ranks the exchange is mostly latency
-# (five all-to-alls per step, each of several messages) next to tiny experts; on GPUs the
-# experts' GEMMs are large and the all-to-alls run on NVLink inside a server. Across
+# price of imbalance, paid in the all-to-all. On CPU ranks the experts are tiny, so the
+# five all-to-alls of a step weigh heavily next to their compute; on GPUs the experts'
+# GEMMs are large and the all-to-alls run on NVLink inside a server. Across
 # servers they cross the network, which is why DeepSeek-V3 overlaps them with compute
 # (DualPipe).
 #

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from lessonlib import bugs, comm
+from lessonlib.argcheck import positive_int
 from lessonlib.grid import axis_groups
 
 
@@ -41,12 +42,14 @@ class ExpertParallelContext:
     def build(cls, e: int) -> "ExpertParallelContext":
         """Create every group (on every rank, same order) and keep this rank's."""
         d, rank = dist.get_world_size(), dist.get_rank()
-        if e < 1 or d % e:
+        e = positive_int("e", e, most=d, what="ranks of an expert-parallel group")
+        if d % e:
             raise ValueError(f"e={e!r} must divide the world size {d} (expert-parallel groups "
                              f"of e consecutive ranks inside the data-parallel ranks)")
         mine = {}
-        for axis, groups in axis_groups(d // e, 1, e).items():   # "tp": e consecutive ranks
-            for ranks in groups:
+        grid = axis_groups(d // e, 1, e)          # "tp": e consecutive ranks, "dp": e apart
+        for axis in ("tp", "dp"):
+            for ranks in grid[axis]:
                 group = dist.new_group(ranks)
                 if rank in ranks:
                     mine[axis] = (group, tuple(ranks))

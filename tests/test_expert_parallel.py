@@ -94,3 +94,13 @@ def test_nccl_hazards_sees_an_all_to_all_whose_splits_disagree(reports):
     recv.bytes += 8                          # rank 0 expects one more element from rank 1
     hazards = comm.nccl_hazards(ranks)
     assert hazards and "mismatch" in hazards[0], hazards
+
+
+@pytest.mark.timeout(60)
+def test_an_expert_parallel_moe_gpt_trains_like_one_process():
+    """e = 2 inside d = 4 data-parallel ranks: attention, embeddings and routers averaged
+    over 4, each expert over its 2 copies; 3 SGD steps on the corpus, float64."""
+    import lessonlib
+    for r in lessonlib.launch(runs.gpt_parity, 4, 2):
+        assert max(r["loss"]) < TIGHT and r["grads"] < TIGHT, r
+        assert r["weights_after_steps"] < TIGHT, r

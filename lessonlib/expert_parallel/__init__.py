@@ -6,7 +6,8 @@ Read in this order, each file one idea:
 * ``dispatch``: the all-to-all as a differentiable operator (its backward is the
   all-to-all with the splits swapped) and the exchange of the per-expert counts that
   gives each step's splits;
-* ``layer``: ``expert_parallel(moe, group)``: the router replicated, E/e experts per rank;
+* ``layer``: ``expert_parallel(moe, group)``: the router replicated, E/e experts per rank
+  (``expert_parallel_gpt`` does it to every MoE layer of the tiny MoE GPT);
   route -> dispatch -> local experts -> return -> combine, the one-process
   ``lessonlib.moe.MoELayer`` with the exchange in the middle;
 * ``groups``: expert parallelism inside data parallelism (Megatron-Core, DeepSeek-V3):
@@ -26,8 +27,8 @@ from lessonlib.expert_parallel.dispatch import Splits, all_to_all, exchange_coun
 from lessonlib.expert_parallel.groups import (ExpertParallelContext, expert_parameters,
                                               sync_gradients)
 from lessonlib.expert_parallel.layer import (ExpertParallelMoE, check_split, expert_parallel,
-                                             run_local_experts)
+                                             expert_parallel_gpt, run_local_experts)
 
 __all__ = ["Splits", "all_to_all", "exchange_counts", "ExpertParallelContext",
            "expert_parameters", "sync_gradients", "ExpertParallelMoE", "check_split",
-           "expert_parallel", "run_local_experts"]
+           "expert_parallel", "expert_parallel_gpt", "run_local_experts"]

@@ -84,3 +84,12 @@ class ExpertParallelMoE(Routed):
 def expert_parallel(moe: MoELayer, group=None) -> ExpertParallelMoE:
     """This rank's expert-parallel copy of ``moe`` over ``group`` (None: the world)."""
     return ExpertParallelMoE(moe, group)
+
+
+def expert_parallel_gpt(model: nn.Module, group=None) -> nn.Module:
+    """A copy of an MoE GPT (``lessonlib.models.moe_gpt``) whose every block's MoE layer is
+    expert-parallel over ``group``; attention, embeddings and the head stay replicated."""
+    twin = copy.deepcopy(model)
+    for block in twin.blocks:
+        block.mlp = expert_parallel(block.mlp, group)
+    return twin

@@ -128,6 +128,16 @@ LABS = {
                "baseline each stage's memory is divided from",
         metrics={"lessonlib stage-3 step s": "results.lessonlib.step_time_s",
                  "torch fully_shard step s": "results.torch.step_time_s"}),
+    "ep": Lab(
+        tiny={"steps": "2", "warmup": "1", "experts": "4", "batch": "2", "seq": "16",
+              "hidden": "32"},
+        short={"steps": "5", "warmup": "2", "experts": "8", "batch": "8", "seq": "1024",
+               "hidden": "1024"},
+        at_one="e = 1: every expert on one rank; the all-to-alls only copy to itself",
+        largest=lambda n: _divisor_at_most(n, 8),
+        metrics={"step s": "results.lessonlib.step_time_s",
+                 "all-to-all share": "results.lessonlib.moe_layer.alltoall_share",
+                 "torch all-to-all s": "results.torch.step_time_s"}),
 }
 GENERIC = Lab(tiny={"steps": "2", "warmup": "1"}, short={"steps": "3", "warmup": "1"},
               at_one="(a lab this script has no notes for: run with its defaults)",

@@ -81,6 +81,15 @@ BUGS = {b.name: b for b in (
         "fewer per layer",
         "weight bytes per rank vs 1/t of the layer, all-reduces per forward",
         "tests/test_tensor_parallel.py::test_each_rank_holds_one_t_th_of_the_weight_matrices[2]"),
+    Bug("ep_expert_grads_wrong_group",
+        "Expert parallelism inside data parallelism averages the experts' gradients over all "
+        "d ranks, as for the dense weights, instead of over the d/e ranks that hold a copy "
+        "of the same experts: rank r's experts get the sum of every rank's different experts.",
+        "lessonlib.expert_parallel.groups.sync_gradients",
+        "outputs, drops and the router's gradient still match one process; every expert's "
+        "gradient is mixed with other experts' (no error: the shapes agree)",
+        "expert gradients vs the one-process MoE layer",
+        "tests/test_expert_parallel.py::test_expert_parallel_equals_one_process[4]"),
 )}
 
 

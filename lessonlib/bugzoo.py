@@ -32,6 +32,7 @@ from lessonlib.baseline import rel_err
 from lessonlib.bugs import BUGS, ENV, Bug, active, enabled, hook_line, known, switched, switched_on
 from lessonlib.data import regression_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
+from lessonlib.expert_parallel import runs as ep_runs
 from lessonlib.launcher import LaunchTimeout, RankError, launch
 from lessonlib.models import Block, GPTConfig, init_weights_, mlp_stack
 from lessonlib.pipeline.executor import PipelineExecutor
@@ -95,6 +96,12 @@ def rank_pipeline(m: int = 4) -> dict:
     return {"grads": rel_err(got, want), "ratio": ratio if math.isfinite(ratio) else math.inf, "m": m}
 
 
+def rank_ep_gradient() -> dict:
+    """4 experts over e = 2 ranks (top-2, drops), one step vs the one-process MoE layer."""
+    r = ep_runs.parity(4, 2, 2, 1.0, steps=1)
+    return {"grads": r["grads"], "output": r["output"]}
+
+
 # ---------------------------------------------------------------- the caller side
 def _tp_gradient(r):
     err, out = max(x["input_grad"] for x in r), max(x["output"] for x in r)
@@ -134,12 +141,20 @@ def _p2p(r):
         f"completes holds whatever the memory held (inf: huge values or NaN)")
 
 
+def _ep(r):
+    err, out = max(x["grads"] for x in r), max(x["output"] for x in r)
+    return "expert-parallel gradients vs one process (relative)", err, 1e-10, (
+        f"gradients off by {err:.2g} of their largest value (tolerance 1e-10); the output "
+        f"is off by only {out:.2g}: each rank's experts got the other rank's gradients too")
+
+
 CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance, message))
     "tp_missing_backward_all_reduce": (rank_tp_gradient, _tp_gradient),
     "ddp_sync_on_wrong_microbatch": (rank_ddp_accumulation, _ddp),
     "p2p_dropped_request": (rank_pipeline, _p2p),
     "pipeline_loss_unscaled": (rank_pipeline, _pipeline),
     "tp_layer_left_unsharded": (rank_tp_sharding, _tp_sharding),
+    "ep_expert_grads_wrong_group": (rank_ep_gradient, _ep),
 }
 
 

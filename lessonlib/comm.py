@@ -216,6 +216,30 @@ def barrier(group=None):
                  lambda: dist.barrier(group=group))
 
 
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op=False):
+    """``dist.all_to_all_single``: rows ``input_split_sizes[i]`` of ``input`` go to the
+    group's i-th member, ``output_split_sizes[i]`` rows arrive from it (None: equal parts).
+    NCCL runs it as one group of a send and a receive per member, so the ledger records it
+    so: one batch of sends and receives (``nccl_hazards`` checks each send meets its
+    receive's size; the sum of the sends is the bytes this rank sent)."""
+    members, batch = _members(group), next(_batches)
+    events = [_event(kind, chunk, group, peer, batch)
+              for kind, tensor, sizes in (("send", input, input_split_sizes),
+                                          ("recv", output, output_split_sizes))
+              for peer, chunk in zip(members, tensor.split(
+                  list(sizes) if sizes else tensor.shape[0] // len(members)))]
+    work = dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                  group=group, async_op=async_op)
+    for book in _books:
+        book.events.extend(events)
+    if async_op:
+        return _TimedWork(work, *events)
+    for event in events:
+        _close(event)
+    return work
+
 # ---------------------------------------------------------------- point to point
 def send(tensor, dst, group=None):
     return _call("send", tensor, group, dst, False,

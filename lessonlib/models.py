@@ -25,6 +25,7 @@ from torch import nn
 
 from lessonlib.data import corpus_vocab
 from lessonlib.argcheck import positive_int
+from lessonlib.moe import MoELayer, aux_loss  # noqa: F401 (the routed MoE feed-forward)
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,17 @@ LONG_RUN = corpus_config(seq=16, hidden=32, heads=4, layers=2)         # minutes
 TIMELINE_MODEL = corpus_config(seq=64, hidden=256, heads=4, layers=4)  # 3.2 M: a step's buckets
 TEN_M = corpus_config(seq=64, hidden=384, heads=6, layers=6)           # 10.7 M: the DDP benchmark
 SHARDING_CONFIG = corpus_config(seq=8, hidden=12, heads=2, layers=2)   # h = 12: shards of 2 and 3 differ
+MOE_CONFIG = corpus_config(seq=16, hidden=32, heads=2, layers=2)        # each MLP -> 4 experts
+
+
+def moe_gpt(cfg: GPTConfig = MOE_CONFIG, n_experts: int = 4, top_k: int = 2,
+            capacity_factor: float = 1.25, seed: int = 0) -> TinyGPT:
+    """A TinyGPT whose every block's MLP is an ``MoELayer`` of ``n_experts`` MLPs; train it
+    on ``lm_loss(...) + aux_loss(model)``."""
+    model = TinyGPT(cfg, seed)
+    for block in model.blocks:
+        block.mlp = MoELayer(cfg.hidden, n_experts, top_k, capacity_factor, cfg.ffn_mult)
+    return init_weights_(model, seed, std=0.02)
 
 
 if __name__ == "__main__":

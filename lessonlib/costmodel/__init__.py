@@ -28,7 +28,8 @@ Modules, one idea each: ``hardware`` (GPU and cluster presets; collectives acros
 to measured all-reduces, and DDP's bucket overlap), ``layout`` (``Layout`` and its checks),
 ``throughput`` (``estimate``), ``planner``, ``megatron2021``, ``calibration`` (a measured
 GEMM rate against a preset's peak), ``context`` (context parallelism: causal work per rank,
-the key/value ring, activations / c), and ``__main__`` (the command line).
+the key/value ring, activations / c), ``moe`` (mixture-of-experts shapes: total vs active
+parameters, expert-parallel memory, the all-to-all), and ``__main__`` (the command line).
 
 Command line: ``python -m lessonlib.costmodel --help`` (examples in ``__main__``), e.g.
 ``python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048``.

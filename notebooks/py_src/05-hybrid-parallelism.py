@@ -420,9 +420,13 @@ claim("and runs a little slower than t=8 p=64 d=2",
 #
 # Such a run lasts weeks and will lose GPUs: how each rank checkpoints its shard and the
 # run resumes, even on another layout, is in [Deep dive: long runs](10-deep-dive-long-runs.ipynb).
-# When the sequences grow long (Llama 3 trained at 128K tokens) the activations outgrow every (t, p, d), and context parallelism splits each sequence over c ranks: [Deep dive: long sequences](12-deep-dive-long-sequences.ipynb).
+# When the sequences grow long (Llama 3 trained at 128K tokens) the activations outgrow every
+# (t, p, d), and context parallelism splits each sequence over c ranks:
+# [Deep dive: long sequences](12-deep-dive-long-sequences.ipynb).
+# Today a trillion-parameter model is usually a mixture of experts, and its answer differs:
+# [Deep dive: mixture of experts](13-deep-dive-mixture-of-experts.ipynb).
 # And each scheme of this course has a quiet bug of its own, one that trains on without an
-# error: five of them, and the checks that catch them, are in
+# error: they, and the checks that catch each of them, are in
 # [Deep dive: the bug zoo](06-deep-dive-bug-zoo.ipynb).
 
 # %% [markdown]

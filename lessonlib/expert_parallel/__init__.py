@@ -1,0 +1,34 @@
+"""Expert parallelism (GShard, Switch Transformer): E experts split over e ranks, tokens
+sent to their expert and back with two all-to-alls.
+
+Read in this order, each file one idea:
+
+* ``dispatch``: the all-to-all as a differentiable operator (its backward is the
+  all-to-all with the splits swapped) and the exchange of the per-expert counts that
+  gives each step's splits;
+* ``layer``: ``expert_parallel(moe, group)``: the router replicated, E/e experts per rank
+  (``expert_parallel_gpt`` does it to every MoE layer of the tiny MoE GPT);
+  route -> dispatch -> local experts -> return -> combine, the one-process
+  ``lessonlib.moe.MoELayer`` with the exchange in the middle;
+* ``groups``: expert parallelism inside data parallelism (Megatron-Core, DeepSeek-V3):
+  dense weights averaged over all d ranks, each expert's over the ranks holding a copy;
+* ``runs``: what the notebook, the lab and the tests launch (parity with one process in
+  float64, the bytes the all-to-alls move against the routing counts).
+* ``measure``: what the lesson measures: the load per expert and the dropped share with and
+  without the balancing loss, the layer's step and its all-to-alls' time, bare all-to-alls
+  for the alpha-beta fit.
+
+    from lessonlib.expert_parallel import expert_parallel, ExpertParallelContext
+
+Laptop:  ``python labs/ep.py --world-size 4``
+GPU box: ``torchrun --nproc-per-node 8 labs/ep.py`` (NCCL, e up to the GPUs of one server)
+"""
+from lessonlib.expert_parallel.dispatch import Splits, all_to_all, exchange_counts
+from lessonlib.expert_parallel.groups import (ExpertParallelContext, expert_parameters,
+                                              sync_gradients)
+from lessonlib.expert_parallel.layer import (ExpertParallelMoE, check_split, expert_parallel,
+                                             expert_parallel_gpt, run_local_experts)
+
+__all__ = ["Splits", "all_to_all", "exchange_counts", "ExpertParallelContext",
+           "expert_parameters", "sync_gradients", "ExpertParallelMoE", "check_split",
+           "expert_parallel", "expert_parallel_gpt", "run_local_experts"]

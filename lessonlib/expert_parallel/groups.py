@@ -1,0 +1,81 @@
+"""Expert parallelism inside data parallelism: which ranks average which gradients.
+
+What it teaches: the world's d ranks are all data-parallel (each has its own batch), and
+the expert-parallel groups of e consecutive ranks sit inside them, as Megatron-Core and
+DeepSeek-V3 lay them out: rank r holds experts of block r mod e, and the d/e ranks with the
+same r mod e hold copies of the same experts (the expert-data-parallel group). The loss is
+the mean over all d ranks' batches, so
+
+* a dense weight (router, shared expert), replicated on all d ranks: its gradient is summed
+  over all d ranks and divided by d, as in plain data parallelism;
+* an expert's weight: the return all-to-all has already summed what the e ranks of its
+  group sent it, so its gradient is summed over the d/e ranks holding a copy and divided by
+  d (not by d/e: each copy's gradient already holds e ranks' batches).
+
+Laptop:  see ``lessonlib.expert_parallel.runs``.
+GPU box: the same groups under NCCL; keep each expert-parallel group inside a server.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from lessonlib import bugs, comm
+from lessonlib.argcheck import positive_int
+from lessonlib.grid import axis_groups
+
+
+@dataclass(frozen=True)
+class ExpertParallelContext:
+    """This rank's expert-parallel group (e consecutive ranks) and expert-data-parallel
+    group (the d/e ranks e apart that hold the same experts)."""
+    e: int
+    d: int
+    ep_rank: int
+    ep_group: object = field(repr=False)
+    expert_dp_group: object = field(repr=False)
+    ep_ranks: tuple = ()
+    expert_dp_ranks: tuple = ()
+
+    @classmethod
+    def build(cls, e: int) -> "ExpertParallelContext":
+        """Create every group (on every rank, same order) and keep this rank's."""
+        d, rank = dist.get_world_size(), dist.get_rank()
+        e = positive_int("e", e, most=d, what="ranks of an expert-parallel group")
+        if d % e:
+            raise ValueError(f"e={e!r} must divide the world size {d} (expert-parallel groups "
+                             f"of e consecutive ranks inside the data-parallel ranks)")
+        mine = {}
+        grid = axis_groups(d // e, 1, e)          # "tp": e consecutive ranks, "dp": e apart
+        for axis in ("tp", "dp"):
+            for ranks in grid[axis]:
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    mine[axis] = (group, tuple(ranks))
+        (ep, ep_ranks), (edp, edp_ranks) = mine["tp"], mine["dp"]
+        return cls(e, d, rank % e, ep, edp, ep_ranks, edp_ranks)
+
+    def destroy(self) -> None:
+        for group in (self.ep_group, self.expert_dp_group):
+            dist.destroy_process_group(group)
+
+
+def expert_parameters(module) -> list:
+    """The parameters of ``module``'s expert-parallel MoE layers' own experts."""
+    return [p for m in module.modules() if hasattr(m, "expert_ids")
+            for p in m.experts.parameters()]
+
+
+def sync_gradients(module, ctx: ExpertParallelContext) -> None:
+    """Average the gradients of a data-parallel x expert-parallel replica, in place: dense
+    weights over all d ranks, each expert's over the ranks holding a copy of it."""
+    experts = {id(p) for p in expert_parameters(module)}
+    for p in module.parameters():
+        if p.grad is None:
+            continue
+        group = ctx.expert_dp_group if id(p) in experts else None
+        if id(p) in experts and bugs.active("ep_expert_grads_wrong_group"):
+            group = None           # the bug: experts averaged like dense weights, over all d
+        comm.all_reduce(p.grad, group=group)
+        p.grad.div_(ctx.d)

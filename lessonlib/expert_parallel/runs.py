@@ -1,0 +1,176 @@
+"""Expert parallelism checked for real: the rank functions the tests, notebook 13 and
+``labs/ep.py`` launch.
+
+What it teaches: the e-rank layer is right when it is the one-process layer. ``parity``
+trains the full ``MoELayer`` on every rank's batch in one process (the loss is the mean of
+the d ranks' losses, each with its auxiliary loss, capacity counted per rank's batch) next
+to the expert-parallel copy (each rank its own batch, gradients averaged by
+``sync_gradients``), in float64, and reports for the first step the error of this rank's
+output, auxiliary loss, drops and every gradient, and of every weight after the last step.
+The ledger of the first step shows what the all-to-alls moved: per rank, 8E bytes of counts
+plus, in the forward, the rows it dispatched and the rows it returned, each h elements.
+
+Laptop:  ``python -c "from lessonlib.expert_parallel import runs; print(runs.run_parity(4))"``
+GPU box: the same call uses NCCL when 4 GPUs are visible.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lessonlib import comm, device, launcher
+from lessonlib.baseline import grads_as_model, rel_err
+from lessonlib.breadcrumbs import progress
+from lessonlib.expert_parallel.groups import ExpertParallelContext, sync_gradients
+from lessonlib.baseline import corpus_batches
+from lessonlib.expert_parallel.layer import check_split, expert_parallel, expert_parallel_gpt
+from lessonlib.models import MoELayer, aux_loss, corpus_config, init_weights_, lm_loss, moe_gpt
+
+# (E, e, k, C, shared): e = 1, 2, 4; E/e = 1 and 2; k = 1 and 2; C = 1.0 drops tokens
+CASES = ((4, 1, 1, 1.0, False), (4, 2, 2, 1.0, True), (4, 4, 2, 1.0, False),
+         (8, 4, 1, 1.0, False))
+
+
+def _batches(d, b, s, h, steps, seed, dev):
+    """[step][rank] -> (x, y), float64, the same on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    return [[tuple(torch.randn(b, s, h, generator=gen, dtype=torch.float64).to(dev)
+                   .requires_grad_(xy == "x") for xy in "xy") for _ in range(d)]
+            for _ in range(steps)]                                                # (b, s, h)
+
+
+def _loss(layer, x, y):
+    return F.mse_loss(layer(x), y) + layer.stats["aux_loss"]
+
+
+def _worst(module, reference, attr=None) -> float:
+    """Largest error over ``module``'s parameters (or their ``.grad``) against the same names
+    in ``reference``, relative to the largest reference value of them all: a per-tensor
+    ratio would blow up on a gradient that is zero in exact arithmetic (the key biases':
+    softmax ignores a shift shared by all keys)."""
+    want = {n: p.detach() for n, p in reference.named_parameters()}
+    got = {n: (getattr(p, attr) if attr else p).detach() for n, p in module.named_parameters()}
+    scale = max(w.abs().max().item() for w in want.values()) or 1e-30
+    return max((g - want[n]).abs().max().item() for n, g in got.items()) / scale
+
+
+def parity(E: int, e: int, k: int, C: float, shared: bool = False, h: int = 8, b: int = 2,
+           s: int = 8, steps: int = 3, seed: int = 0) -> dict:
+    """On each rank: the expert-parallel layer against the one-process layer, ``steps``
+    SGD steps on every rank's batch (see the module docstring)."""
+    ctx, dev = ExpertParallelContext.build(e), device.current_device()
+    rank, d = dist.get_rank(), dist.get_world_size()
+    full = init_weights_(MoELayer(h, E, k, C, ffn_mult=2, shared_expert=shared), seed)
+    full = full.double().to(dev)
+    ep = expert_parallel(full, ctx.ep_group)
+    opt_full = torch.optim.SGD(full.parameters(), lr=0.1, momentum=0.9)
+    opt_ep = torch.optim.SGD(ep.parameters(), lr=0.1, momentum=0.9)
+    out = {"rank": rank, "E": E, "e": e, "k": k, "C": C, "shared": shared, "d": d, "h": h,
+           "expert_ids": ep.expert_ids}
+    for step, batch in enumerate(_batches(d, b, s, h, steps, seed + 1, dev)):
+        progress(f"expert-parallel parity E={E} e={e} step {step}")
+        losses = [_loss(full, x, y) for x, y in batch]
+        mine_out = full(batch[rank][0]).detach()
+        mine_stats = full.stats
+        (sum(losses) / d).backward()
+        x, y = batch[rank][0].detach().clone().requires_grad_(), batch[rank][1]
+        with comm.ledger() as book:
+            got = ep(x)
+            loss = F.mse_loss(got, y) + ep.stats["aux_loss"]
+            loss.backward()
+        with comm.ledger() as sync:
+            sync_gradients(ep, ctx)
+        if step == 0:
+            out.update(output=rel_err(got.detach(), mine_out),
+                       # this rank's loss is L_r; the one-process loss the mean of d of them
+                       input_grad=rel_err(x.grad, d * batch[rank][0].grad),
+                       aux_loss=abs(ep.stats["aux_loss"].item() - mine_stats["aux_loss"].item()),
+                       dropped=(ep.stats["dropped"], mine_stats["dropped"]),
+                       tokens_per_expert=(ep.stats["tokens_per_expert"],
+                                          mine_stats["tokens_per_expert"]),
+                       grads=_worst(ep, expert_parallel(grads_as_model(full), ctx.ep_group),
+                                    "grad"),
+                       stats={n: v for n, v in ep.stats.items() if n != "aux_loss"},
+                       events=book.events, sync_all_reduces=sync.count("all_reduce"))
+        for opt in (opt_full, opt_ep):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    out["weights_after_steps"] = _worst(ep, expert_parallel(full, ctx.ep_group))
+    ctx.destroy()
+    return out
+
+
+def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor: float = 1.0,
+               b: int = 2, steps: int = 3, seed: int = 0) -> dict:
+    """On each rank: the tiny MoE GPT, its MoE layers expert-parallel over groups of e inside
+    the d data-parallel ranks, trained on the corpus (each rank b sequences) against the
+    one-process model on all d ranks' sequences, in float64: the loss of each step, every
+    gradient after the first, every weight after the last."""
+    ctx, dev = ExpertParallelContext.build(e), device.current_device()
+    rank, d = dist.get_rank(), dist.get_world_size()
+    cfg = corpus_config(seq=8, hidden=16, heads=2, layers=2)
+    full = moe_gpt(cfg, n_experts, top_k, capacity_factor, seed).double().to(dev)
+    ep = expert_parallel_gpt(full, ctx.ep_group)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (full, ep)]
+    batches, out = corpus_batches(cfg, b * d, seed), {"rank": rank, "e": e, "d": d, "loss": []}
+    for step in range(steps):
+        xs, ys = (t.to(dev).chunk(d) for t in batches(step))                    # (b, s) each
+        losses = [lm_loss(full(x), y) + aux_loss(full) for x, y in zip(xs, ys)]
+        (sum(losses) / d).backward()
+        loss = lm_loss(ep(xs[rank]), ys[rank]) + aux_loss(ep)
+        loss.backward()
+        sync_gradients(ep, ctx)
+        out["loss"].append(abs(loss.item() - losses[rank].item()))
+        if step == 0:
+            out["grads"] = _worst(ep, expert_parallel_gpt(grads_as_model(full), ctx.ep_group),
+                                  "grad")
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    out["weights_after_steps"] = _worst(ep, expert_parallel_gpt(full, ctx.ep_group))
+    ctx.destroy()
+    return out
+
+
+def parity_reports(cases=CASES, **kwargs) -> list[dict]:
+    """``parity`` for each (E, e, k, C, shared) of ``cases`` in one launch."""
+    return [parity(*case, **kwargs) for case in cases]
+
+
+def check_cases(world_size: int, cases=CASES) -> None:
+    """One line per bad setting, before any process starts."""
+    for E, e, k, C, _ in cases:
+        check_split(E, e, k, C)
+        if world_size % e:
+            raise ValueError(f"e={e} must divide the world size {world_size} (expert-parallel "
+                             f"groups of e consecutive ranks)")
+
+
+def run_parity(world_size: int, cases=CASES, timeout: float = 120, **kwargs) -> list:
+    """Check the cases here, then launch ``parity_reports`` on ``world_size`` ranks:
+    [rank][case] -> report."""
+    check_cases(world_size, cases)
+    return launcher.launch(parity_reports, world_size, cases, timeout=timeout, **kwargs)
+
+
+def sent_and_received(events, rank: int) -> dict:
+    """Bytes this rank's all-to-alls sent and received, in all and to or from other ranks."""
+    sends = [ev for ev in events if ev.op == "send"]
+    recvs = [ev for ev in events if ev.op == "recv"]
+    return {"sent": sum(ev.bytes for ev in sends), "received": sum(ev.bytes for ev in recvs),
+            "sent_off_rank": sum(ev.bytes for ev in sends if ev.peer != rank),
+            "received_off_rank": sum(ev.bytes for ev in recvs if ev.peer != rank)}
+
+
+def expected_bytes(stats: dict, E: int, h: int, element_size: int = 8, count_size: int = 8,
+                   return_element_size: int | None = None, backward: bool = True) -> dict:
+    """What the routing counts say one step's all-to-alls move for this rank, sent and
+    received alike: the counts (E integers), the rows it dispatches (sum of ``sent_rows``,
+    in the input's ``element_size``) and the results it returns (sum of ``received_rows``,
+    in the experts' output's, ``return_element_size``: smaller under autocast), h elements
+    each; the backward retraces both trips, each gradient in its trip's dtype."""
+    rows_out, rows_in = sum(stats["sent_rows"]), sum(stats["received_rows"])
+    d, r = element_size, return_element_size or element_size
+    rows = rows_out * d + rows_in * r + ((rows_out * r + rows_in * d) if backward else 0)
+    return {"sent": E * count_size + rows * h, "received": E * count_size + rows * h}

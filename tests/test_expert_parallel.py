@@ -1,0 +1,106 @@
+"""Expert parallelism equals the one-process MoE layer, in float64, on CPU ranks.
+
+One 4-rank launch checks every case of ``runs.CASES`` (e = 1, 2, 4; E/e = 1 and 2; k = 1
+and 2; a capacity factor of 1.0 that drops tokens; a shared expert): this rank's output,
+auxiliary loss, drops, tokens per expert, input gradient and every weight's gradient after
+one step, every weight after 3 SGD steps; the bytes each rank's all-to-alls sent and
+received equal the routing counts' formula; the recorded trace passes ``nccl_hazards``.
+A 2-rank launch shows the wrong-group gradient bug caught by the same comparison."""
+import ast
+from pathlib import Path
+
+import pytest
+
+from lessonlib import bugs, comm
+from lessonlib.expert_parallel import check_split, runs
+
+TIGHT = 1e-12       # float64: every comparison is rounding away from exact
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return runs.run_parity(4)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [4])
+def test_expert_parallel_equals_one_process(world_size, reports):
+    assert len(reports) == world_size
+    for i, case in enumerate(runs.CASES):
+        ranks = [r[i] for r in reports]
+        for r in ranks:
+            for what in ("output", "input_grad", "grads", "weights_after_steps"):
+                assert r[what] < TIGHT, (case, r["rank"], what, r[what])
+            assert r["aux_loss"] < TIGHT
+            assert r["dropped"][0] == r["dropped"][1]
+            assert r["tokens_per_expert"][0] == r["tokens_per_expert"][1]
+            assert len(r["expert_ids"]) == case[0] // case[1]
+        assert sum(r["dropped"][0] for r in ranks) > 0, case      # C = 1.0 drops tokens
+        assert sorted(i for r in ranks[:case[1]] for i in r["expert_ids"]) == list(range(case[0]))
+
+
+def test_all_to_all_bytes_equal_the_routing_counts_and_no_nccl_hazard(reports):
+    for i, (E, e, *_rest) in enumerate(runs.CASES):
+        ranks = [r[i] for r in reports]
+        for r in ranks:
+            measured = runs.sent_and_received(r["events"], r["rank"])
+            expected = runs.expected_bytes(r["stats"], E, r["h"])
+            assert (measured["sent"], measured["received"]) == \
+                (expected["sent"], expected["received"]), (E, e, r["rank"])
+            if e == 1:
+                assert measured["sent_off_rank"] == 0
+        # what all ranks send off-rank, all ranks receive
+        assert sum(runs.sent_and_received(r["events"], r["rank"])["sent_off_rank"] for r in ranks) \
+            == sum(runs.sent_and_received(r["events"], r["rank"])["received_off_rank"] for r in ranks)
+        assert comm.nccl_hazards([r["events"] for r in ranks]) == []
+
+
+@pytest.mark.timeout(60)
+def test_averaging_expert_gradients_over_the_wrong_group_is_caught():
+    with bugs.enabled("ep_expert_grads_wrong_group"):
+        ranks = runs.run_parity(2, cases=[(4, 2, 2, 1.0, False)])
+    r = [x[0] for x in ranks]
+    assert max(x["output"] for x in r) < TIGHT          # the forward cannot see it
+    assert min(x["grads"] for x in r) > 1e-3            # the expert gradients can
+
+
+def test_bad_settings_get_one_line_before_any_process_starts(monkeypatch):
+    import lessonlib.launcher
+
+    monkeypatch.setattr(lessonlib.launcher, "launch", lambda *a, **k: pytest.fail("launched"))
+    for case, words in (((6, 4, 1, 1.0, False), "n_experts=6 must be divisible by the expert-"),
+                        ((4, 2, 5, 1.0, False), "top_k=5 must be a positive integer at most 4"),
+                        ((4, 2, 1, 0.0, False), "capacity_factor=0.0 must be a finite positive"),
+                        ((8, 8, 1, 1.0, False), "e=8 must divide the world size 4")):
+        with pytest.raises(ValueError, match=words) as info:
+            runs.run_parity(4, cases=[case])
+        assert "\n" not in str(info.value)
+    assert check_split(8, 4) == 2
+
+
+def test_the_package_has_a_map():
+    package = Path(runs.__file__).parent
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text()))
+    for path in package.glob("*.py"):
+        if path.name != "__init__.py":
+            assert f"``{path.stem}``" in doc, path.name
+            assert len(path.read_text().splitlines()) < 300
+
+
+def test_nccl_hazards_sees_an_all_to_all_whose_splits_disagree(reports):
+    import copy
+    ranks = [copy.deepcopy(r[1]["events"]) for r in reports]      # E=4, e=2
+    recv = next(ev for ev in ranks[0] if ev.op == "recv" and ev.peer == 1 and ev.bytes)
+    recv.bytes += 8                          # rank 0 expects one more element from rank 1
+    hazards = comm.nccl_hazards(ranks)
+    assert hazards and "mismatch" in hazards[0], hazards
+
+
+@pytest.mark.timeout(60)
+def test_an_expert_parallel_moe_gpt_trains_like_one_process():
+    """e = 2 inside d = 4 data-parallel ranks: attention, embeddings and routers averaged
+    over 4, each expert over its 2 copies; 3 SGD steps on the corpus, float64."""
+    import lessonlib
+    for r in lessonlib.launch(runs.gpt_parity, 4, 2):
+        assert max(r["loss"]) < TIGHT and r["grads"] < TIGHT, r
+        assert r["weights_after_steps"] < TIGHT, r

@@ -79,3 +79,12 @@ def test_across_servers_only_the_off_server_share_crosses_the_network():
     network, latency = c.link(True)
     assert moe_layer_comm_s(m, 64, 1, 4096, c, True) == pytest.approx(
         4 * (63 * latency + size * 56 / 64 / network))
+
+
+def test_the_smallest_e_exercise_knows_the_slips():
+    from lessonlib.exercises.moe import check_smallest_e
+
+    assert check_smallest_e(None).ok is None
+    assert check_smallest_e(8).ok
+    assert "over the" in str(check_smallest_e(4)) and "smaller e fits" in str(check_smallest_e(16))
+    assert "must divide" in str(check_smallest_e(3))

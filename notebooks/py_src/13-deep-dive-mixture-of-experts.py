@@ -342,7 +342,7 @@ ex.check_smallest_e(my_e)
 # NBVAL_CHECK_OUTPUT
 moe_1t = cmoe.MOE_MODELS["moe-1T"]
 usable = 0.8 * cluster.gpu.memory_bytes
-e_solution = next(e for e in range(1, 129) if moe_1t.E % e == 0 and 128 % e == 0 and
-                  cmoe.ep_memory_per_gpu(moe_1t, e, 16, 128, zero1=True)["total"] <= usable)
+e_solution = next(e_try for e_try in range(1, 129) if moe_1t.E % e_try == 0 and 128 % e_try == 0
+                  and cmoe.ep_memory_per_gpu(moe_1t, e_try, 16, 128, zero1=True)["total"] <= usable)
 assert e_solution == cmoe.choose_e(moe_1t, 2048, cluster, p=16)["e"]
 ex.check_smallest_e(e_solution)

@@ -34,6 +34,7 @@ from lessonlib.data import regression_batch
 from lessonlib.device import current_device
 from lessonlib.models import PARITY_CONFIG, GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline.executor import PipelineExecutor
+from lessonlib.pipeline.actions import COMPUTE, place, placement_of
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules, stage_parameters
 from lessonlib.pipeline.torch_ref import TorchPipeline
@@ -56,9 +57,11 @@ def make_runner(engine, schedule, model, p, m, v, stage, loss_fn, shape):
     """(this stage's chunks, a runner with ``.step(inputs, targets)``) for one case. The
     chunks are moved to this rank's device (its GPU under NCCL); both runners move the
     batches they are given there too."""
-    chunks = [c.to(current_device()) for c in stage_modules(model, p, v, stage)]
+    sched = make(schedule, p, m, v)
+    chunks = [c.to(current_device())
+              for c in stage_modules(model, p, v, stage, placement=placement_of(sched))]
     if engine == "lessonlib":
-        return chunks, PipelineExecutor(make(schedule, p, m, v), stage, chunks, loss_fn, shape)
+        return chunks, PipelineExecutor(sched, stage, chunks, loss_fn, shape)
     if engine == "torch":
         return chunks, TorchPipeline(chunks[0], stage, p, m, schedule, loss_fn)
     raise ValueError(f"engine={engine!r} must be 'lessonlib' or 'torch'")
@@ -74,6 +77,12 @@ def parity_cases(p: int) -> list[tuple]:
     cases += [("lessonlib", "interleaved", m, 2) for m in (p, 2 * p)]
     cases += [("torch", s, 2 * p + 1, 1) for s in ("gpipe", "1f1b")]
     return cases
+
+
+def zero_bubble_cases(p: int) -> list[tuple]:
+    """(engine, schedule, m, v): ZB-H1 and ZBV at m = 1, p and 2p+1 (not a multiple of p)."""
+    return [("lessonlib", s, m, v) for s, v in (("zb-h1", 1), ("zbv", 2))
+            for m in sorted({1, p, 2 * p + 1})]
 
 
 def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
@@ -132,8 +141,9 @@ def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: floa
             refs[m] = reference(m, steps, micro, lr, seed, cfg)
         model, grads, losses = refs[m]
         diff = {"grads": 0.0, "weights": 0.0, "losses": 0.0}
+        placement = placement_of(make(schedule, p, m, v))
         for d, result in enumerate(per_rank):
-            names = stage_parameters(model, p, v, d)
+            names = stage_parameters(model, p, v, d, placement=placement)
             for what, got, want in (
                     ("grads", result[case]["grads"], [grads[q] for q in names]),
                     ("weights", result[case]["params"], [q.detach() for q in names])):
@@ -144,7 +154,7 @@ def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: floa
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5,
                                            msg=lambda s: f"{case}, stage {d}, {what}: {s}")
                 diff[what] = max(diff[what], (a - b).abs().max().item())
-        got = torch.tensor(per_rank[-1][case]["losses"])
+        got = torch.tensor(per_rank[place(p * v - 1, p, placement)[0]][case]["losses"])
         torch.testing.assert_close(got, torch.tensor(losses), rtol=1e-4, atol=1e-5,
                                    msg=lambda s: f"{case}, losses: {s}")
         diff["losses"] = (got - torch.tensor(losses)).abs().max().item()
@@ -204,11 +214,11 @@ def summarize(per_rank: list[dict]) -> list[dict]:
         engine, schedule, m, v = case
         steps = list(zip(*(r[case] for r in per_rank)))
         walls = [max(r.wall_s for r in step) for step in steps]
-        bubbles = [[1 - sum(x.end - x.start for x in r.spans if x.kind in ("F", "B")) / w
+        bubbles = [[1 - sum(x.end - x.start for x in r.spans if x.kind in COMPUTE) / w
                     for r in step] for step, w in zip(steps, walls)]
         sim = simulate(make(schedule, p, m, v))
         formula = ([stashed_microbatches(schedule, p, m, s) for s in range(p)]
-                   if schedule != "interleaved" else sim.peak_stash)
+                   if schedule in ("gpipe", "1f1b") else sim.peak_stash)
         rows.append({
             "engine": engine, "schedule": schedule, "p": p, "m": m, "v": v,
             "step_time_s": statistics.median(walls),

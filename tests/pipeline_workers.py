@@ -1,0 +1,11 @@
+"""Rank functions for tests/test_pipeline_zero_bubble.py: one launch per world size runs the
+zero-bubble parity cases (3 SGD steps) and records each schedule's communication trace."""
+import nccl_workers
+
+from lessonlib.pipeline import runs
+
+
+def zero_bubble(p: int, steps: int = 3) -> dict:
+    cases = runs.zero_bubble_cases(p)
+    traces = {f"{s} m={m}": nccl_workers._pipeline(s, m, v) for _, s, m, v in cases}
+    return {"parity": runs.parity(cases, steps=steps), "traces": traces}

@@ -190,7 +190,7 @@ def measure(ms=(2, 4, 8), schedules=("gpipe", "1f1b"), engines=("lessonlib", "to
     for m in ms:
         x, y = regression_batch(micro * m, width, 0, seed)
         for schedule in schedules:
-            vv = v if schedule == "interleaved" else 1
+            vv = {"interleaved": v, "zbv": 2}.get(schedule, 1)
             runners = [(e, *make_runner(e, schedule, model, p, m, vv, stage, mse, (micro, width)))
                        for e in engines if e == "lessonlib" or (
                            schedule == "gpipe" or (schedule == "1f1b" and m >= p))]
@@ -223,8 +223,8 @@ def summarize(per_rank: list[dict]) -> list[dict]:
             "engine": engine, "schedule": schedule, "p": p, "m": m, "v": v,
             "step_time_s": statistics.median(walls),
             "bubble_per_stage": [statistics.median(b[s] for b in bubbles) for s in range(p)],
-            "bubble_theory_wall": bubble_fraction(p, m, v, convention="wall"),
-            "bubble_theory_ideal": bubble_fraction(p, m, v, convention="ideal"),
+            "bubble_theory_wall": theory(schedule, p, m, v, "wall"),
+            "bubble_theory_ideal": theory(schedule, p, m, v, "ideal"),
             "peak_stash_per_stage": [max(r.peak_stash_measured for r in col)
                                      for col in zip(*steps)],
             "peak_stash_theory": formula,
@@ -236,6 +236,13 @@ def summarize(per_rank: list[dict]) -> list[dict]:
     return rows
 
 
+def theory(schedule: str, p: int, m: int, v: int, convention: str) -> float:
+    """The cost model's bubble (zero-bubble schedules at T_F = T_B = T_W)."""
+    if schedule in ("zb-h1", "zbv"):
+        return bubble_fraction(p, m, 1, convention, schedule)
+    return bubble_fraction(p, m, v, convention)
+
+
 def median_step(per_rank: list[dict], case) -> list:
     """The StepResults (one per stage) of the step with the median wall time."""
     steps = list(zip(*(r[case] for r in per_rank)))
@@ -244,23 +251,24 @@ def median_step(per_rank: list[dict], case) -> list:
 
 
 def explain_bubble(per_rank: list[dict], case) -> dict:
-    """Why a measured bubble differs from (p-1)/(m+p-1). The median step's measured F, B
-    and send times per stage are replayed by the schedule simulation: once with F and B
+    """Why a measured bubble differs from (p-1)/(m+p-1). The median step's measured F, B,
+    W and send times per stage are replayed by the schedule simulation: once with compute
     only (stages that ran at different speeds), once with the sends as well (the time a
     stage spends copying each message out, on the critical path of a pipeline)."""
     engine, schedule, m, v = case
     p, step = len(per_rank), median_step(per_rank, case)
     cost = {k: [statistics.median([x.end - x.start for x in r.spans if x.kind.startswith(k)]
-                                  or [0.0]) for r in step] for k in ("F", "B", "SEND")}
+                                  or [0.0]) for r in step] for k in ("F", "B", "W", "SEND")}
     sched = make(schedule, p, m, v)
-    f, b = (lambda s, a: cost["F"][s]), (lambda s, a: cost["B"][s])
-    compute_only = simulate(sched, forward=f, backward=b)
-    with_sends = simulate(sched, forward=f, backward=b, send=lambda s, a: cost["SEND"][s])
+    times = {name: (lambda s, a, k=k: cost[k][s])
+             for name, k in (("forward", "F"), ("backward", "B"), ("weight", "W"))}
+    compute_only = simulate(sched, **times)
+    with_sends = simulate(sched, **times, send=lambda s, a: cost["SEND"][s])
     wall = max(r.wall_s for r in step)
-    busy = [sum(x.end - x.start for x in r.spans if x.kind in ("F", "B")) for r in step]
+    busy = [sum(x.end - x.start for x in r.spans if x.kind in COMPUTE) for r in step]
     return {"forward_ms": [1e3 * t for t in cost["F"]], "backward_ms": [1e3 * t for t in cost["B"]],
-            "send_ms": [1e3 * t for t in cost["SEND"]],
-            "theory": bubble_fraction(p, m, v, convention="wall"),
+            "weight_ms": [1e3 * t for t in cost["W"]], "send_ms": [1e3 * t for t in cost["SEND"]],
+            "theory": theory(schedule, p, m, v, "wall"),
             "simulated_with_measured_compute": compute_only.bubble,
             "simulated_with_measured_compute_and_sends": with_sends.bubble,
             "measured": [1 - bz / wall for bz in busy],

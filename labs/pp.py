@@ -4,7 +4,10 @@ The model is an ``mlp_stack`` of p x ``--layers-per-stage`` equal Linear+GeLU la
 into p balanced stages (stage s = rank s), so each micro-batch costs every stage the same
 matmul work. lessonlib's executor (``lessonlib.pipeline``) and PyTorch's
 ``torch.distributed.pipelining`` (``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B``)
-run it in turns, step by step, for each m in ``--microbatches``. Per schedule, m and
+run it in turns, step by step, for each m in ``--microbatches``; the zero-bubble schedules
+(``--schedules zb-h1 zbv``, the backward split into B and W) race PyTorch's
+``ScheduleInterleavedZeroBubble`` (one stage per rank; m a multiple of p) and
+``ScheduleZBVZeroBubble`` (two stages per rank in a V). Per schedule, m and
 implementation it reports the median step time (the slowest rank's), the measured bubble
 per stage (1 - time in forward and backward / step time: the share of *wall* time, GPipe
 §2.3's convention), and the peak number and bytes of activations each stage held for its
@@ -78,7 +81,13 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
         for r in rows}
     record["rows"], record["headline"] = table(rows, record), HEADLINE
     for m, ratio in record["ratio_zb_h1_over_1f1b"].items():
-        print(f"p={world_size} {m}: lessonlib ZB-H1 step / 1F1B step = {ratio:.3f}")
+        print(f"p={world_size} {m}: lessonlib ZB-H1 step / lessonlib 1F1B step = {ratio:.3f}")
+    for schedule, torch_name in (("zb-h1", "ScheduleInterleavedZeroBubble"),
+                                 ("zbv", "ScheduleZBVZeroBubble")):
+        for m in sorted({r["m"] for r in rows if r["schedule"] == schedule}):
+            ratio = record["ratio_lessonlib_over_torch"].get(schedule, {}).get(f"m={m}")
+            print(f"p={world_size} m={m}: lessonlib {schedule} step / PyTorch's {torch_name} "
+                  f"step = " + (f"{ratio:.3f}" if ratio else "(PyTorch's cannot run this m)"))
     return record
 
 

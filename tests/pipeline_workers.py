@@ -6,6 +6,7 @@ from lessonlib.pipeline import runs
 
 
 def zero_bubble(p: int, steps: int = 3) -> dict:
-    cases = runs.zero_bubble_cases(p)
-    traces = {f"{s} m={m}": nccl_workers._pipeline(s, m, v) for _, s, m, v in cases}
+    cases = runs.zero_bubble_cases(p, torch=p == 2)
+    traces = {f"{s} m={m}": nccl_workers._pipeline(s, m, v)
+              for engine, s, m, v in cases if engine == "lessonlib"}
     return {"parity": runs.parity(cases, steps=steps), "traces": traces}

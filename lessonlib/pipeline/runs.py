@@ -37,7 +37,7 @@ from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.actions import COMPUTE, place, placement_of
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules, stage_parameters
-from lessonlib.pipeline.torch_ref import TorchPipeline
+from lessonlib.pipeline.torch_ref import TorchPipeline, torch_can_run
 from lessonlib.pipeline.validate import simulate
 
 
@@ -63,7 +63,7 @@ def make_runner(engine, schedule, model, p, m, v, stage, loss_fn, shape):
     if engine == "lessonlib":
         return chunks, PipelineExecutor(sched, stage, chunks, loss_fn, shape)
     if engine == "torch":
-        return chunks, TorchPipeline(chunks[0], stage, p, m, schedule, loss_fn)
+        return chunks, TorchPipeline(chunks, stage, p, m, schedule, loss_fn)
     raise ValueError(f"engine={engine!r} must be 'lessonlib' or 'torch'")
 
 
@@ -79,10 +79,13 @@ def parity_cases(p: int) -> list[tuple]:
     return cases
 
 
-def zero_bubble_cases(p: int) -> list[tuple]:
-    """(engine, schedule, m, v): ZB-H1 and ZBV at m = 1, p and 2p+1 (not a multiple of p)."""
-    return [("lessonlib", s, m, v) for s, v in (("zb-h1", 1), ("zbv", 2))
-            for m in sorted({1, p, 2 * p + 1})]
+def zero_bubble_cases(p: int, torch: bool = False) -> list[tuple]:
+    """(engine, schedule, m, v): ZB-H1 and ZBV at m = 1, p and 2p+1 (not a multiple of p);
+    ``torch``: also PyTorch's ScheduleInterleavedZeroBubble (m = p: it needs a multiple of
+    p) and ScheduleZBVZeroBubble (m = 2p+1) on the same stages."""
+    cases = [("lessonlib", s, m, v) for s, v in (("zb-h1", 1), ("zbv", 2))
+             for m in sorted({1, p, 2 * p + 1})]
+    return cases + ([("torch", "zb-h1", p, 1), ("torch", "zbv", 2 * p + 1, 2)] if torch else [])
 
 
 def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
@@ -172,7 +175,7 @@ def measure(ms=(2, 4, 8), schedules=("gpipe", "1f1b"), engines=("lessonlib", "to
     """Rank side: for each (schedule, m), the engines take turns step by step (ABBA) on the
     same balanced matmul stages; returns {(engine, schedule, m, v): [StepResult per step]}.
 
-    PyTorch runs 'gpipe' and '1f1b' (its Schedule1F1B only for m >= p); 'interleaved' uses
+    PyTorch runs what its schedules accept (``torch_ref.torch_can_run``); 'interleaved' uses
     ``v`` chunks per device. ``threads``: compute threads per rank; ``pin``: bind rank r to
     CPU core r, so two ranks never share a core (on a machine with enough cores);
     ``input_grad``: stage 0 also computes its input's gradient, as every later stage must,
@@ -192,8 +195,7 @@ def measure(ms=(2, 4, 8), schedules=("gpipe", "1f1b"), engines=("lessonlib", "to
         for schedule in schedules:
             vv = {"interleaved": v, "zbv": 2}.get(schedule, 1)
             runners = [(e, *make_runner(e, schedule, model, p, m, vv, stage, mse, (micro, width)))
-                       for e in engines if e == "lessonlib" or (
-                           schedule == "gpipe" or (schedule == "1f1b" and m >= p))]
+                       for e in engines if e == "lessonlib" or torch_can_run(schedule, p, m)]
             for i in range(warmup + steps):
                 for engine, chunks, runner in (runners if i % 2 == 0 else runners[::-1]):
                     for c in chunks:

@@ -259,8 +259,11 @@ def explain_bubble(per_rank: list[dict], case) -> dict:
     stage spends copying each message out, on the critical path of a pipeline)."""
     engine, schedule, m, v = case
     p, step = len(per_rank), median_step(per_rank, case)
-    cost = {k: [statistics.median([x.end - x.start for x in r.spans if x.kind.startswith(k)]
-                                  or [0.0]) for r in step] for k in ("F", "B", "W", "SEND")}
+    def took(r, k):
+        return statistics.median([x.end - x.start for x in r.spans if x.kind == k or (
+            k == "SEND" and x.kind.startswith(k))] or [0.0])
+
+    cost = {k: [took(r, k) for r in step] for k in ("F", "B", "W", "SEND")}
     sched = make(schedule, p, m, v)
     times = {name: (lambda s, a, k=k: cost[k][s])
              for name, k in (("forward", "F"), ("backward", "B"), ("weight", "W"))}

@@ -9,8 +9,8 @@ can be asked for them separately (the pattern of PyTorch's ``pipelining/_backwar
   those need, so no weight gradient is computed; the graph is kept (``retain_graph``),
   and with it everything each layer saved, which is what W still needs. That kept state is
   what the stash meter keeps counting until W.
-* ``weight_grad`` (W): for each such layer, backpropagate its dy into its own weights
-  only (``torch.autograd.backward(y, dy, inputs=its parameters)``): one step of the chain,
+* ``weight_grad`` (W): for each such layer, the gradient of its y with respect to its own
+  weights only (``torch.autograd.grad(y, its parameters, dy)``): one step of the chain,
   the layer's own, since the rest of the gradient is already in dy. Gradients accumulate in
   ``.grad`` as a whole backward would put them there.
 
@@ -66,8 +66,9 @@ def input_grad(out, grad_out, x, layers) -> tuple[torch.Tensor | None, list]:
 def weight_grad(kept: list) -> None:
     """W: each layer's weight gradients from its kept dy, accumulated into ``.grad``."""
     for module, y, dy in kept:
-        torch.autograd.backward(y, dy, inputs=list(module.parameters(recurse=False)),
-                                retain_graph=True)
+        params = list(module.parameters(recurse=False))
+        for q, g in zip(params, torch.autograd.grad(y, params, dy, retain_graph=True)):
+            q.grad = g if q.grad is None else q.grad.add_(g)
 
 
 if __name__ == "__main__":

@@ -172,8 +172,9 @@ def measure(ms=(2, 4, 8), schedules=("gpipe", "1f1b"), engines=("lessonlib", "to
             width: int = 1024, layers_per_stage: int = 8, micro: int = 128, v: int = 2,
             steps: int = 5, warmup: int = 2, threads: int | None = 1, pin: bool = False,
             input_grad: bool = True, seed: int = 0) -> dict:
-    """Rank side: for each (schedule, m), the engines take turns step by step (ABBA) on the
-    same balanced matmul stages; returns {(engine, schedule, m, v): [StepResult per step]}.
+    """Rank side: for each m, every schedule and engine take turns step by step (ABBA) on
+    the same balanced matmul stages, so a load that comes and goes hits them alike;
+    returns {(engine, schedule, m, v): [StepResult per step]}.
 
     PyTorch runs what its schedules accept (``torch_ref.torch_can_run``); 'interleaved' uses
     ``v`` chunks per device. ``threads``: compute threads per rank; ``pin``: bind rank r to
@@ -192,17 +193,17 @@ def measure(ms=(2, 4, 8), schedules=("gpipe", "1f1b"), engines=("lessonlib", "to
     out = {}
     for m in ms:
         x, y = regression_batch(micro * m, width, 0, seed)
-        for schedule in schedules:
-            vv = {"interleaved": v, "zbv": 2}.get(schedule, 1)
-            runners = [(e, *make_runner(e, schedule, model, p, m, vv, stage, mse, (micro, width)))
-                       for e in engines if e == "lessonlib" or torch_can_run(schedule, p, m)]
-            for i in range(warmup + steps):
-                for engine, chunks, runner in (runners if i % 2 == 0 else runners[::-1]):
-                    for c in chunks:
-                        c.zero_grad()
-                    result = runner.step(x, y)
-                    if i >= warmup:
-                        out.setdefault((engine, schedule, m, vv), []).append(result)
+        cases = [(e, s, m, {"interleaved": v, "zbv": 2}.get(s, 1)) for s in schedules
+                 for e in engines if e == "lessonlib" or torch_can_run(s, p, m)]
+        runners = [(case, *make_runner(*case[:2], model, p, m, case[3], stage, mse,
+                                       (micro, width))) for case in cases]
+        for i in range(warmup + steps):          # every case of this m in turn, ABBA
+            for case, chunks, runner in (runners if i % 2 == 0 else runners[::-1]):
+                for c in chunks:
+                    c.zero_grad()
+                result = runner.step(x, y)
+                if i >= warmup:
+                    out.setdefault(case, []).append(result)
     return out
 
 

@@ -49,7 +49,8 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     for engine in results:
         # headline: 1F1B at the largest m run (the shared shape's step_time_s)
         one = [r for r in rows if (r["engine"], r["schedule"]) == (engine, "1f1b")]
-        results[engine]["step_time_s"] = max(one, key=lambda r: r["m"])["step_time_s"] if one else None
+        results[engine]["step_time_s"] = (max(one, key=lambda r: r["m"])["step_time_s"]
+                                          if one else None)
     record = labkit.result("pp", world_size, settings, results, ranks[0])
     record["command"] = "python labs/pp.py " + " ".join(sys.argv[1:])
     theory = {"conventions": {"bubble_wall": "(p-1)/(v m+p-1) of wall time, GPipe §2.3; "

@@ -32,7 +32,8 @@ from lessonlib.pipeline.validate import ScheduleError, check, simulate, validate
 _LAZY = {"PipelineExecutor": "executor", "StepResult": "executor", "TorchPipeline": "torch_ref",
          "split_layers": "stages", "stage_modules": "stages", "StashMeter": "stash"}
 
-__all__ = ["Action", "gpipe", "one_f_one_b", "interleaved_one_f_one_b", "make", "zero_bubble_h1", "zbv",
+__all__ = ["Action", "gpipe", "one_f_one_b", "interleaved_one_f_one_b", "make",
+           "zero_bubble_h1", "zbv",
            "ScheduleError", "check", "simulate", "validate", *_LAZY]
 
 

@@ -274,8 +274,8 @@ class PipelineExecutor:
     def step(self, inputs=None, targets=None, align: bool = True,
              timeline: bool = True) -> StepResult:
         """One training step over m micro-batches. Stage 0 gets the whole batch's
-        ``inputs``, the stage with the last chunk its ``targets``; gradients accumulate in ``.grad``
-        (zero them and step the optimizer outside, as with any model).
+        ``inputs``, the stage with the last chunk its ``targets``; gradients accumulate in
+        ``.grad`` (zero them and step the optimizer outside, as with any model).
 
         ``align``: start with a barrier of the pipeline's group, so the ranks' timelines
         share a zero. ``timeline``: time every action; False skips it (the spans are then

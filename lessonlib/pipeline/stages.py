@@ -21,6 +21,7 @@ import copy
 
 from torch import nn
 
+from lessonlib.argcheck import positive_int
 from lessonlib.models import TinyGPT, count_parameters
 from lessonlib.pipeline.actions import virtual_stage
 
@@ -52,8 +53,7 @@ def balanced_split(sizes: list[int], n_stages: int) -> list[int]:
     The classic linear-partition dynamic programme; ties go to the split that puts fewer
     layers in the first stages (which hold the most activations under 1F1B)."""
     n = len(sizes)
-    if not isinstance(n_stages, int) or n_stages < 1:
-        raise ValueError(f"the number of stages must be a positive integer; got {n_stages!r}")
+    positive_int("n_stages", n_stages, what="the number of stages")
     if n_stages > n:
         raise ValueError(f"cannot cut {n} layers into {n_stages} stages: each stage needs at "
                          f"least one layer; use at most {n} stages or a deeper model")

@@ -5,7 +5,8 @@ very same stage modules are wrapped in ``PipelineStage`` and driven by ``Schedul
 ``Schedule1F1B`` or, for the zero-bubble schedules, ``ScheduleInterleavedZeroBubble``
 (one stage per rank, against lessonlib's ZB-H1; it needs m a multiple of p) and
 ``ScheduleZBVZeroBubble`` (two stages per rank in a V, against ZBV), so tests can check
-that both compute the same losses and gradients and the lab can compare their speed. Two facts about torch 2.13 worth knowing:
+that both compute the same losses and gradients and the lab can compare their speed. Two
+facts about torch 2.13 worth knowing:
 
 * ``Schedule1F1B`` refuses m < p; it runs min(m, p - stage) forwards before its first
   backward and fuses each send with the next receive into one batched exchange;
@@ -16,7 +17,8 @@ that both compute the same losses and gradients and the lab can compare their sp
 To measure PyTorch's run the same way as lessonlib's, the stage module is wrapped in a
 ``stash.Metered`` (saved activations, count and bytes) and the stage's
 ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk`` are timed
-into the same kind of timeline, with the same clock: marks (CUDA events on a GPU) read after one synchronize per step.
+into the same kind of timeline, with the same clock: marks (CUDA events on a GPU) read
+after one synchronize per step.
 
 Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
          print(L.launch(runs.demo, 2, engine='torch'))"``

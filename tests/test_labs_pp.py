@@ -14,12 +14,17 @@ TINY = ["--world-size", "2", "--steps", "1", "--warmup", "1", "--microbatches", 
 _run = partial(labrun.run, "pp")
 
 
+def _record(tmp_path, *schedules):
+    """The lab's run (exit code, output) and the record it wrote, for these schedules."""
+    out = tmp_path / "pp.json"
+    done = _run(*TINY, "--schedules", *schedules, "--json", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done, json.loads(out.read_text())
+
+
 @pytest.mark.timeout(200)
 def test_the_lab_writes_the_shared_shape(tmp_path):
-    out = tmp_path / "pp.json"
-    done = _run(*TINY, "--schedules", "gpipe", "1f1b", "interleaved", "--json", str(out))
-    assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads(out.read_text())
+    _, record = _record(tmp_path, "gpipe", "1f1b", "interleaved")
     assert record["lab"] == "pp" and record["world_size"] == 2 and record["backend"] == "gloo"
     assert {"lessonlib", "torch"} <= set(record["results"])
     for engine in ("lessonlib", "torch"):
@@ -47,10 +52,7 @@ def test_bad_settings_stop_the_lab_before_any_rank(args, words):
 
 @pytest.mark.timeout(200)
 def test_the_lab_races_the_zero_bubble_schedules_against_pytorchs(tmp_path):
-    out = tmp_path / "pp.json"
-    done = _run(*TINY, "--schedules", "1f1b", "zb-h1", "zbv", "--json", str(out))
-    assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads(out.read_text())
+    done, record = _record(tmp_path, "1f1b", "zb-h1", "zbv")
     assert {(r["implementation"], r["schedule"]) for r in record["rows"]} == {
         (e, s) for e in ("lessonlib", "torch") for s in ("1f1b", "zb-h1", "zbv")}
     assert set(record["ratio_zb_h1_over_1f1b"]) == {"m=2", "m=4"}

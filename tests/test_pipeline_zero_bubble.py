@@ -5,7 +5,7 @@ Without processes: ZB-H1's simulated bubble is (p-1)(T_F + T_B - T_W) per stage 
 for any p and m >= p, a third of 1F1B's at equal times, at 1F1B's peak memory; ZBV's is
 half a forward per hop at equal times; both pass the validator, which rejects a W before
 its B. With processes (one launch per p = 2, 3, 4): both equal one process in losses,
-gradients and weights after 3 SGD steps, at m = 1, p and 2p+1 (and so do PyTorch's
+gradients and weights after 3 SGD steps in float64, at m = 1, p and 2p+1 (and so do PyTorch's
 ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble on the same stages at p = 2), and
 lessonlib's recorded traces pass ``comm.nccl_hazards``."""
 import pytest
@@ -137,12 +137,12 @@ def run(request):
 @pytest.mark.timeout(300)
 def test_zb_h1_and_zbv_match_one_process_after_3_steps(run, no_children_left):
     p, per_rank = run
-    rows = runs.parity_report([r["parity"] for r in per_rank], steps=3)
+    rows = runs.parity_report([r["parity"] for r in per_rank], steps=3, dtype=torch.float64)
     assert {(r["engine"], r["schedule"], r["m"]) for r in rows} == {
         ("lessonlib", s, m) for s in ("zb-h1", "zbv") for m in {1, p, 2 * p + 1}} | (
         {("torch", "zb-h1", 2), ("torch", "zbv", 5)} if p == 2 else set())
     for row in rows:
-        assert row["max_grads_diff"] < 1e-5 and row["max_weights_diff"] < 1e-5, row
+        assert max(row["max_grads_diff"], row["max_weights_diff"], row["max_losses_diff"]) < 1e-9
         if row["engine"] == "torch":
             continue
         want = 2 * min(p, row["m"]) if row["schedule"] == "zbv" else min(p, row["m"])

@@ -89,16 +89,16 @@ def zero_bubble_cases(p: int, torch: bool = False) -> list[tuple]:
 
 
 def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
-           cfg: GPTConfig = PARITY_CONFIG) -> dict:
-    """Rank side: train each case ``steps`` SGD steps; return this stage's losses, the
-    first step's gradients, the final weights, the peak stash and the messages of the
-    first step (as counted by ``comm.ledger``; PyTorch's go around it)."""
+           cfg: GPTConfig = PARITY_CONFIG, dtype: torch.dtype = torch.float32) -> dict:
+    """Rank side: train each case ``steps`` SGD steps (the model in ``dtype``); return this
+    stage's losses, the first step's gradients, the final weights, the peak stash and the
+    messages of the first step (as counted by ``comm.ledger``; PyTorch's go around it)."""
     p, stage = dist.get_world_size(), dist.get_rank()
     out = {}
     for case in cases:
         engine, schedule, m, v = case
-        chunks, runner = make_runner(engine, schedule, TinyGPT(cfg, seed), p, m, v, stage,
-                                     lm_loss, (micro, cfg.seq, cfg.hidden))
+        chunks, runner = make_runner(engine, schedule, TinyGPT(cfg, seed).to(dtype), p, m, v,
+                                     stage, lm_loss, (micro, cfg.seq, cfg.hidden))
         params = [q for c in chunks for q in c.parameters()]
         opt = torch.optim.SGD(params, lr=lr)
         losses, grads, stash, counts = [], None, 0, None
@@ -118,13 +118,13 @@ def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0
 
 
 def reference(m: int, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
-              cfg: GPTConfig = PARITY_CONFIG):
+              cfg: GPTConfig = PARITY_CONFIG, dtype: torch.dtype = torch.float32):
     """One process, whole batch: (model after the steps, {param: first-step grad},
     per-step losses of each micro-batch)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)        # tiny tensors: more threads only add waiting
     try:
-        model = TinyGPT(cfg, seed)
+        model = TinyGPT(cfg, seed).to(dtype)
         run = train_one_process(model, corpus_batches(cfg, micro * m, seed), steps, lr=lr,
                                 microbatches=m)
     finally:
@@ -134,14 +134,16 @@ def reference(m: int, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int
 
 
 def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: float = 0.1,
-                  seed: int = 0, cfg: GPTConfig = PARITY_CONFIG) -> list[dict]:
+                  seed: int = 0, cfg: GPTConfig = PARITY_CONFIG,
+                  dtype: torch.dtype = torch.float32) -> list[dict]:
     """Parent side: each case's largest difference from one process (raises
-    AssertionError, naming the case, if any tensor differs beyond float32 rounding)."""
+    AssertionError, naming the case, if any tensor differs beyond ``dtype``'s rounding)."""
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype != torch.float64 else dict(rtol=1e-9, atol=1e-11)
     p, rows, refs = len(per_rank), [], {}
     for case in per_rank[0]:
         engine, schedule, m, v = case
         if m not in refs:
-            refs[m] = reference(m, steps, micro, lr, seed, cfg)
+            refs[m] = reference(m, steps, micro, lr, seed, cfg, dtype)
         model, grads, losses = refs[m]
         diff = {"grads": 0.0, "weights": 0.0, "losses": 0.0}
         placement = placement_of(make(schedule, p, m, v))
@@ -154,13 +156,14 @@ def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: floa
                     raise AssertionError(f"{case}, stage {d}: {len(got)} {what}, "
                                          f"expected {len(want)}")
                 a, b = flat(got), flat(want)
-                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5,
+                torch.testing.assert_close(a, b, **tol,
                                            msg=lambda s: f"{case}, stage {d}, {what}: {s}")
                 diff[what] = max(diff[what], (a - b).abs().max().item())
-        got = torch.tensor(per_rank[place(p * v - 1, p, placement)[0]][case]["losses"])
-        torch.testing.assert_close(got, torch.tensor(losses), rtol=1e-4, atol=1e-5,
-                                   msg=lambda s: f"{case}, losses: {s}")
-        diff["losses"] = (got - torch.tensor(losses)).abs().max().item()
+        got = torch.tensor(per_rank[place(p * v - 1, p, placement)[0]][case]["losses"],
+                           dtype=torch.float64)
+        want = torch.tensor(losses, dtype=torch.float64)
+        torch.testing.assert_close(got, want, **tol, msg=lambda s: f"{case}, losses: {s}")
+        diff["losses"] = (got - want).abs().max().item()
         rows.append({"engine": engine, "schedule": schedule, "m": m, "v": v,
                      **{f"max_{k}_diff": x for k, x in diff.items()},
                      "peak_stash": [r[case]["stash"] for r in per_rank]})

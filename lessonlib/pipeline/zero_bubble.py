@@ -61,46 +61,44 @@ def zbv_orders(p: int, m: int) -> list[list]:
     """Every device's compute order under ZBV, found by playing the V with unit times.
 
     Each tick every device starts one ready action: a B (oldest micro-batch first), else an
-    F (chunk 1 before chunk 0; a new micro-batch on chunk 0 only while the device holds
-    fewer than 2p chunk-activations, each held from its F to its W), else the oldest W."""
+    F (chunk 1 before chunk 0), else the oldest W. A device holding 2p chunk-activations
+    (each held from its F to its W) runs a W first and takes no new micro-batch."""
     check_settings(p, m, 2)
     last = 2 * p - 1
-    done: dict[tuple, int] = {}          # (kind, mb, vstage) -> tick it finished
+    done: dict[tuple, int] = {}                  # (kind, mb, vstage) -> tick it finished
+    todo = {(kind, k): 0 for kind in "FB" for k in range(last + 1)}  # next micro-batch
     orders: list[list] = [[] for _ in range(p)]
     held, waiting = [0] * p, [[] for _ in range(p)]
-    started = {(kind, mb, k) for kind in "FB" for mb in range(m) for k in range(last + 1)}
 
-    def ready(kind, mb, k, now):
-        if (kind, mb, k) not in started:
-            return False
-        before = ("F", mb, k - 1) if kind == "F" else (("F", mb, k) if k == last else
-                                                        ("B", mb, k + 1))
-        if kind == "F" and k == 0:
-            return all(("F", i, 0) not in started for i in range(mb))   # in order
-        return done.get(before, now + 1) <= now
+    def ready(kind, k, now):
+        """The micro-batch whose ``kind`` on virtual stage k can start now, or None."""
+        mb = todo[kind, k]
+        need = ("F", mb, k - 1) if kind == "F" else ("F", mb, k) if k == last else \
+            ("B", mb, k + 1)
+        if mb < m and (kind == "F" and k == 0 or done.get(need, now + 1) <= now):
+            return mb
+        return None
 
     now = 0
-    while started or any(waiting):
+    while any(n < m for n in todo.values()) or any(waiting):
         for d in range(p):
-            ks = [virtual_stage(d, c, p, "v") for c in (0, 1)]
-            options = ([("B", mb, k) for mb in range(m) for k in ks[::-1]] +
-                       [("F", mb, k) for k in ks[::-1] for mb in range(m)
-                        if k != 0 or held[d] < 2 * p])
+            ks = [virtual_stage(d, c, p, "v") for c in (1, 0)]          # the deeper first
             full = held[d] >= 2 * p
-            pick = None if full and waiting[d] else next(
-                (o for o in options if ready(*o, now)), None)
-            if pick is not None:
-                kind, mb, k = pick
-                started.discard(pick)
-                done[pick] = now + 1
-                chunk = place(k, p, "v")[1]
-                orders[d].append(F(mb, chunk) if kind == "F" else B(mb, chunk))
-                held[d] += kind == "F"
-                if kind == "B":
-                    waiting[d].append(W(mb, chunk))
-            elif waiting[d]:
-                orders[d].append(waiting[d].pop(0))
-                held[d] -= 1
+            backs = [(mb, -k) for k in ks if (mb := ready("B", k, now)) is not None]
+            fronts = [k for k in ks if ready("F", k, now) is not None and (k or not full)]
+            if full and waiting[d] or not (backs or fronts):
+                if waiting[d]:
+                    orders[d].append(waiting[d].pop(0))
+                    held[d] -= 1
+                continue
+            kind, k = ("B", -min(backs)[1]) if backs else ("F", fronts[0])
+            mb, chunk = todo[kind, k], place(k, p, "v")[1]
+            todo[kind, k] += 1
+            done[kind, mb, k] = now + 1
+            orders[d].append(F(mb, chunk) if kind == "F" else B(mb, chunk))
+            held[d] += kind == "F"
+            if kind == "B":
+                waiting[d].append(W(mb, chunk))
         now += 1
     return orders
 

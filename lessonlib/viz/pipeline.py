@@ -60,7 +60,7 @@ def gantt(timelines, ax=None, title: str = "", unit: str = "s", labels: bool = T
     names = ["forward", "backward (B: input gradient)" if split else "backward"]
     names += ["weight gradient (W)"] * split + ["idle (bubble)", "waiting for a message"]
     if any(x.chunk for line in timelines for x in line):
-        names[:2] = ["forward (paler: chunk 1)", "backward (paler: chunk 1)"]
+        names[:2 + split] = [f"{n} (paler: chunk 1)" for n in names[:2 + split]]
     ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
     return ax

@@ -153,5 +153,6 @@ def test_zb_h1_and_zbv_match_one_process_after_3_steps(run, no_children_left):
 def test_zero_bubble_traces_pass_the_nccl_rules(run):
     p, per_rank = run
     names = per_rank[0]["traces"]
+    assert set(names) == {f"{s} m={2 * p + 1}" for s in ("zb-h1", "zbv")}
     for name in names:
         assert comm.nccl_hazards([r["traces"][name] for r in per_rank]) == [], name

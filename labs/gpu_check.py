@@ -96,9 +96,10 @@ LABS = {
                  "output error": "results.lessonlib.layers.block.output_max_abs_error"}),
     "pp": Lab(
         tiny={"steps": "2", "warmup": "1", "microbatches": "2", "width": "32",
-              "layers-per-stage": "1", "microbatch-size": "8"},
+              "layers-per-stage": "2", "microbatch-size": "8", "schedules": "1f1b zb-h1 zbv"},
         short={"steps": "5", "warmup": "2", "microbatches": "4 8", "width": "2048",
-               "layers-per-stage": "4", "microbatch-size": "256"},
+               "layers-per-stage": "4", "microbatch-size": "256",
+               "schedules": "gpipe 1f1b zb-h1 zbv"},
         at_one="p = 1: one stage holds every layer; nothing is sent and the theory's bubble "
                "(p-1)/(m+p-1) is 0, so what it measures is the schedule's own overhead",
         metrics={"lessonlib step s": "results.lessonlib.step_time_s",

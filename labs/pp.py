@@ -4,7 +4,10 @@ The model is an ``mlp_stack`` of p x ``--layers-per-stage`` equal Linear+GeLU la
 into p balanced stages (stage s = rank s), so each micro-batch costs every stage the same
 matmul work. lessonlib's executor (``lessonlib.pipeline``) and PyTorch's
 ``torch.distributed.pipelining`` (``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B``)
-run it in turns, step by step, for each m in ``--microbatches``. Per schedule, m and
+run it in turns, step by step, for each m in ``--microbatches``; the zero-bubble schedules
+(``--schedules zb-h1 zbv``, the backward split into B and W) race PyTorch's
+``ScheduleInterleavedZeroBubble`` (one stage per rank; m a multiple of p) and
+``ScheduleZBVZeroBubble`` (two stages per rank in a V). Per schedule, m and
 implementation it reports the median step time (the slowest rank's), the measured bubble
 per stage (1 - time in forward and backward / step time: the share of *wall* time, GPipe
 §2.3's convention), and the peak number and bytes of activations each stage held for its
@@ -24,7 +27,7 @@ import sys
 from lessonlib import labkit
 from lessonlib.pipeline import runs
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
 
 
 def worker(settings: dict) -> dict:
@@ -44,17 +47,19 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
                                     "peak_stash_per_stage", "peak_stash_bytes_per_stage")}
         results[row["engine"]]["schedules"].setdefault(row["schedule"], {})[f"m={row['m']}"] = case
     for engine in results:
-        one = results[engine]["schedules"].get("1f1b", {})
         # headline: 1F1B at the largest m run (the shared shape's step_time_s)
-        largest = max(one, key=lambda k: int(k[2:])) if one else None
-        results[engine]["step_time_s"] = one[largest]["step_time_s"] if one else None
+        one = [r for r in rows if (r["engine"], r["schedule"]) == (engine, "1f1b")]
+        results[engine]["step_time_s"] = (max(one, key=lambda r: r["m"])["step_time_s"]
+                                          if one else None)
     record = labkit.result("pp", world_size, settings, results, ranks[0])
     record["command"] = "python labs/pp.py " + " ".join(sys.argv[1:])
-    theory = {"conventions": {"bubble_wall": "(p-1)/(v m+p-1) of wall time, GPipe §2.3",
-                              "bubble_ideal": "(p-1)/(v m) of ideal time, Megatron-LM 2021 §2.2",
+    theory = {"conventions": {"bubble_wall": "(p-1)/(v m+p-1) of wall time, GPipe §2.3; "
+                                             "zero-bubble schedules at T_F = T_B = T_W",
+                              "bubble_ideal": "(p-1)/(v m) of ideal time, Megatron-LM 2021 §2.2; "
+                                              "ZB-H1 a third of it (Qi et al. 2024, Table 2)",
                               "peak_stash": "1F1B min(p - stage, m) (PipeDream-Flush §3.2), "
-                                            "GPipe m; interleaved from the simulated schedule, "
-                                            "in (micro-batch, chunk) units"},
+                                            "GPipe m; interleaved and zero-bubble from the "
+                                            "simulated schedule, in (micro-batch, chunk) units"},
               "bubble_wall": {}, "bubble_ideal": {}, "peak_stash": {}}
     for r in rows:
         if r["engine"] == "lessonlib":
@@ -63,15 +68,27 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
             theory["bubble_ideal"][f"{r['schedule']} {key}"] = r["bubble_theory_ideal"]
             theory["peak_stash"].setdefault(r["schedule"], {})[key] = r["peak_stash_theory"]
     record["theory"] = theory
-    ours = results["lessonlib"]["schedules"]
-    record["ratio_lessonlib_over_torch"] = {
-        schedule: {m: ours[schedule][m]["step_time_s"] / case["step_time_s"]
-                   for m, case in cases.items()}
-        for schedule, cases in results["torch"]["schedules"].items()}
+    torch_time = {(r["schedule"], r["m"]): r["step_time_s"] for r in rows if r["engine"] == "torch"}
+    ours = {(r["schedule"], r["m"]): r["step_time_s"] for r in rows if r["engine"] == "lessonlib"}
+    record["ratio_lessonlib_over_torch"] = {}
+    for (schedule, m), t in torch_time.items():
+        record["ratio_lessonlib_over_torch"].setdefault(schedule, {})[f"m={m}"] = \
+            ours[schedule, m] / t
+    record["ratio_zb_h1_over_1f1b"] = {f"m={m}": t / ours["1f1b", m]
+                                       for (s, m), t in ours.items()
+                                       if s == "zb-h1" and ("1f1b", m) in ours}
     record["bubble_minus_theory"] = {
         f"{r['engine']} {r['schedule']} m={r['m']}": r["bubble_mean"] - r["bubble_theory_wall"]
         for r in rows}
-    record["rows"], record["headline"] = table(record), HEADLINE
+    record["rows"], record["headline"] = table(rows, record), HEADLINE
+    for m, ratio in record["ratio_zb_h1_over_1f1b"].items():
+        print(f"p={world_size} {m}: lessonlib ZB-H1 step / lessonlib 1F1B step = {ratio:.3f}")
+    for schedule, torch_name in (("zb-h1", "ScheduleInterleavedZeroBubble"),
+                                 ("zbv", "ScheduleZBVZeroBubble")):
+        for m in sorted({r["m"] for r in rows if r["schedule"] == schedule}):
+            ratio = record["ratio_lessonlib_over_torch"].get(schedule, {}).get(f"m={m}")
+            print(f"p={world_size} m={m}: lessonlib {schedule} step / PyTorch's {torch_name} "
+                  f"step = " + (f"{ratio:.3f}" if ratio else "(PyTorch's cannot run this m)"))
     return record
 
 
@@ -79,27 +96,20 @@ HEADLINE = labkit.headline("bubble_measured", x="m", series=["implementation", "
                            predicted="bubble_predicted")
 
 
-def table(record: dict) -> list[dict]:
-    """The record as rows with stable columns: one per implementation, schedule and m."""
-    theory, p = record["theory"], record["world_size"]
-    rows = []
-    for engine, result in record["results"].items():
-        for schedule, cases in result["schedules"].items():
-            for key, case in cases.items():
-                m = int(key[2:])
-                ratio = record["ratio_lessonlib_over_torch"].get(schedule, {}).get(key)
-                rows.append({
-                    "implementation": engine, "schedule": schedule, "p": p, "m": m,
-                    "step_time_s": case["step_time_s"],
-                    "step_time_over_torch": ratio if engine == "lessonlib" else None,
-                    "bubble_measured": case["bubble_mean"],
-                    "bubble_predicted": theory["bubble_wall"].get(f"{schedule} {key}"),
-                    "bubble_predicted_ideal": theory["bubble_ideal"].get(f"{schedule} {key}"),
-                    "bubble_per_stage": case["bubble_per_stage"],
-                    "peak_stash_per_stage": case["peak_stash_per_stage"],
-                    "peak_stash_predicted": theory["peak_stash"].get(schedule, {}).get(key),
-                    "peak_stash_bytes_per_stage": case["peak_stash_bytes_per_stage"]})
-    return rows
+def table(rows: list[dict], record: dict) -> list[dict]:
+    """The measured rows with stable columns: one per implementation, schedule and m."""
+    ratios = record["ratio_lessonlib_over_torch"]
+    return [{"implementation": r["engine"], "schedule": r["schedule"], "p": r["p"], "m": r["m"],
+             "step_time_s": r["step_time_s"],
+             "step_time_over_torch": (ratios.get(r["schedule"], {}).get(f"m={r['m']}")
+                                      if r["engine"] == "lessonlib" else None),
+             "bubble_measured": r["bubble_mean"],
+             "bubble_predicted": r["bubble_theory_wall"],
+             "bubble_predicted_ideal": r["bubble_theory_ideal"],
+             "bubble_per_stage": r["bubble_per_stage"],
+             "peak_stash_per_stage": r["peak_stash_per_stage"],
+             "peak_stash_predicted": r["peak_stash_theory"],
+             "peak_stash_bytes_per_stage": r["peak_stash_bytes_per_stage"]} for r in rows]
 
 
 def check_settings(p, args) -> dict:
@@ -111,6 +121,9 @@ def check_settings(p, args) -> dict:
         p.error(f"--threads must be a positive integer; got {args.threads}")
     if not args.microbatches or any(m < 1 for m in args.microbatches):
         p.error(f"--microbatches must be positive integers, e.g. 2 4 8; got {args.microbatches}")
+    if "zbv" in args.schedules and args.layers_per_stage % 2:
+        p.error(f"--schedules zbv runs two chunks per stage: --layers-per-stage must be even; "
+                f"got {args.layers_per_stage}")
     if "interleaved" in args.schedules:
         bad = [m for m in args.microbatches if m % args.world_size]
         if bad or args.layers_per_stage % args.v:

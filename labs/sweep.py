@@ -34,6 +34,7 @@ Launchers (``world_size`` is special: it sets how many ranks start):
 Laptop:  python labs/sweep.py --lab tp --grid world_size=1,2,4 --set steps=5
 GPU box: python labs/sweep.py --lab tp --launcher torchrun --grid world_size=1,2,4,8 --plot
 Cluster: python labs/sweep.py --lab pp --grid microbatches=4,8,16 --set world_size=8 --slurm
+Schedules: python labs/sweep.py --lab pp --grid schedules=1f1b,zb-h1,zbv --set world_size=2
 """
 from __future__ import annotations
 

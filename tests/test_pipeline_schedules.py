@@ -100,9 +100,9 @@ def test_every_f_has_its_messages():
 
 
 @pytest.mark.parametrize("call,words", [
-    (lambda: S.gpipe(0, 4), "p must be a positive integer"),
-    (lambda: S.one_f_one_b(2, 0), "got m=0"),
-    (lambda: S.one_f_one_b(2, 2.0), "got m=2.0"),
+    (lambda: S.gpipe(0, 4), "p=0 must be a positive integer"),
+    (lambda: S.one_f_one_b(2, 0), "m=0 must be"),
+    (lambda: S.one_f_one_b(2, 2.0), "m=2.0 must be"),
     (lambda: S.interleaved_one_f_one_b(4, 6, 2), "m to be a multiple of p"),
     (lambda: S.interleaved_one_f_one_b(4, 6, 2), "use m=4 or 8"),
     (lambda: S.make("zb", 2, 2), "schedule='zb' is not one of"),

@@ -34,7 +34,7 @@ parameters, expert-parallel memory, the all-to-all), and ``__main__`` (the comma
 Command line: ``python -m lessonlib.costmodel --help`` (examples in ``__main__``), e.g.
 ``python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048``.
 """
-from .bubble import bubble_fraction, stashed_microbatches
+from .bubble import bubble_fraction, bubble_time, stashed_microbatches
 from .comm import (bus_bandwidth, busbw_factor, group_spans_nodes, members_per_node,
                    parameter_server_bytes, parameter_server_time_s, pp_elements_per_boundary,
                    ring_all_gather_time_s, ring_allreduce_bytes_per_rank,
@@ -53,7 +53,7 @@ from .planner import Plan, candidate_layouts, explain, plan, tp_sweep
 from .throughput import Estimate, Layout, estimate
 
 __all__ = [
-    "bubble_fraction", "stashed_microbatches",
+    "bubble_fraction", "bubble_time", "stashed_microbatches",
     "bus_bandwidth", "busbw_factor", "group_spans_nodes", "members_per_node",
     "parameter_server_bytes",
     "parameter_server_time_s", "pp_elements_per_boundary", "ring_all_gather_time_s",

@@ -15,12 +15,24 @@ Always say which convention a number uses.
 min(p - stage, m) micro-batches instead of GPipe's m (PipeDream-Flush, Narayanan et al. 2021
 ICML, §3.2; Megatron-LM 2021 §2.2.1).
 
+Splitting the backward removes most of it (Qi et al., ICLR 2024): B (the input gradient)
+goes upstream at once, W (the weight gradient) fills the idle time. Per stage, with T_F,
+T_B (input gradient) and T_W (weight gradient) per micro-batch (``bubble_time``): 1F1B
+(p-1)(T_F + T_B + T_W), ZB-H1 (p-1)(T_F + T_B - T_W) (Table 2), at 1F1B's memory; at equal
+times a third: ``schedule="zb-h1"`` gives (p-1)/(3m) of ideal time. ZBV (two chunks per
+device in a V) leaves only the start-up, one chunk's forward per hop: (p-1) T_F / 2, or
+(p-1)/(6m) of ideal time at equal times; it holds min(p, m) micro-batches like ZB-H1.
+
 Try ``python -c "from lessonlib.costmodel import bubble_fraction as f; print(f(4, 8),
 f(4, 8, convention='ideal'))"``.
 """
-from lessonlib.argcheck import positive_int
+from lessonlib.argcheck import positive_int, positive_number
 
 CONVENTIONS = ("wall", "ideal")
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zbv")
+# Micro-batch slots of ideal time the bubble lasts, per unit of (p-1), at T_F = T_B = T_W
+# (a slot = T_F + T_B + T_W): 1F1B 1, ZB-H1 1/3, ZBV 1/6 (half a forward).
+_SLOTS = {"gpipe": 1.0, "1f1b": 1.0, "zb-h1": 1 / 3, "zbv": 1 / 6}
 
 
 def _check(p, m, v):
@@ -28,24 +40,46 @@ def _check(p, m, v):
         positive_int(name, value)
 
 
-def bubble_fraction(p, m, v=1, convention="wall"):
+def bubble_fraction(p, m, v=1, convention="wall", schedule="1f1b"):
     """Pipeline bubble for p stages, m micro-batches, v chunks per stage.
 
     "wall": (p-1)/(v*m + p-1), share of the step's wall time (GPipe §2.3 for v=1).
     "ideal": (p-1)/(v*m), relative to bubble-free compute time (Megatron-LM 2021 §2.2).
+    ``schedule="zb-h1"`` or ``"zbv"``: the zero-bubble schedules at T_F = T_B = T_W, whose
+    bubble is 1/3 (ZB-H1) or 1/6 (ZBV) of 1F1B's; v must then be 1.
     """
     _check(p, m, v)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} must be one of {', '.join(SCHEDULES)}")
+    if v > 1 and schedule not in ("1f1b", "gpipe"):
+        raise ValueError(f"v={v}: interleaving is a 1F1B schedule; {schedule!r} takes v=1")
+    idle = (p - 1) * _SLOTS[schedule]
     if convention == "wall":
-        return (p - 1) / (v * m + p - 1)
+        return idle / (v * m + idle)
     if convention == "ideal":
-        return (p - 1) / (v * m)
+        return idle / (v * m)
     raise ValueError(f"convention={convention!r} must be one of {', '.join(CONVENTIONS)}")
+
+
+def bubble_time(schedule, p, forward, backward, weight):
+    """Idle time per stage per step for balanced stages: ``forward`` T_F, ``backward`` T_B
+    (the input gradient only) and ``weight`` T_W per micro-batch. "1f1b"/"gpipe":
+    (p-1)(T_F + T_B + T_W); "zb-h1": (p-1)(T_F + T_B - T_W) (Qi et al. 2024, Table 2,
+    for T_W <= T_F); "zbv": (p-1) T_F / 2, the start-up alone."""
+    positive_int("p", p)
+    f, b, w = (positive_number(n, x) for n, x in (("forward", forward), ("backward", backward),
+                                                 ("weight", weight)))
+    per_hop = {"gpipe": f + b + w, "1f1b": f + b + w, "zb-h1": f + b - w, "zbv": f / 2}
+    if schedule not in per_hop:
+        raise ValueError(f"schedule={schedule!r} must be one of {', '.join(per_hop)}")
+    return (p - 1) * per_hop[schedule]
 
 
 def stashed_microbatches(schedule, p, m, stage=0):
     """Micro-batches whose activations ``stage`` (0-based) holds at its peak.
 
-    "1f1b": min(p - stage, m); "gpipe": m.
+    "1f1b": min(p - stage, m); "gpipe": m; "zb-h1" and "zbv": min(p, m) on every stage
+    (a micro-batch is held until its W; ZBV's two half-size chunks count one half each).
     """
     _check(p, m, 1)
     if not isinstance(stage, int) or not 0 <= stage < p:
@@ -54,4 +88,6 @@ def stashed_microbatches(schedule, p, m, stage=0):
         return min(p - stage, m)
     if schedule == "gpipe":
         return m
-    raise ValueError(f"schedule={schedule!r} must be '1f1b' or 'gpipe'")
+    if schedule in ("zb-h1", "zbv"):
+        return min(p, m)
+    raise ValueError(f"schedule={schedule!r} must be one of {', '.join(SCHEDULES)}")

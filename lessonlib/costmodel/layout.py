@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from lessonlib.argcheck import positive_int
 
+from .bubble import SCHEDULES
 from .memory import RECOMPUTE_MODES
 from .model import MAX, divisors
 
@@ -52,8 +53,8 @@ class Layout:
         if not isinstance(self.recompute, str) or self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute={self.recompute!r} must be one of "
                              f"{', '.join(RECOMPUTE_MODES)}")
-        if not isinstance(self.schedule, str) or self.schedule not in ("1f1b", "gpipe"):
-            raise ValueError(f"schedule={self.schedule!r} must be '1f1b' or 'gpipe'")
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}")
         if not _is_int(self.zero_stage) or self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r} must be 0, 1, 2 or 3")
         if self.m is None and self.global_batch is None:

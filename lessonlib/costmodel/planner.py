@@ -31,8 +31,9 @@ MAX_PLAN_GPUS = 1 << 17
 
 
 def candidate_layouts(model, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
-                      interleave=(1, 2, 4), **options):
-    """Every Layout with t*p*d = n_gpus that ``model`` and the batch allow."""
+                      interleave=(1, 2, 4), schedules=("1f1b",), **options):
+    """Every Layout with t*p*d = n_gpus that ``model`` and the batch allow, for each
+    pipeline schedule in ``schedules`` ("1f1b", "zb-h1", "zbv"; interleaving only 1F1B)."""
     out = []
     for t in divisors(n_gpus):
         if model.a % t or model.h % t:
@@ -48,7 +49,9 @@ def candidate_layouts(model, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
                     m = global_batch // (b * d)
                     if v > 1 and (model.L % p or (model.L // p) % v or m % p):
                         continue
-                    out.append(Layout(t=t, p=p, d=d, b=b, m=m, v=v, **options))
+                    for sched in (schedules if p > 1 and v == 1 else ("1f1b",)):
+                        out.append(Layout(t=t, p=p, d=d, b=b, m=m, v=v, schedule=sched,
+                                          **options))
     return out
 
 
@@ -82,15 +85,18 @@ class Plan:
 
 
 def plan(model, cluster, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
-         interleave=(1, 2, 4), **options):
-    """Estimate every candidate layout; ``options`` go to ``Layout`` (e.g. recompute=)."""
+         interleave=(1, 2, 4), schedules=("1f1b",), **options):
+    """Estimate every candidate layout; ``options`` go to ``Layout`` (e.g. recompute=).
+    ``schedules``: the pipeline schedules considered, e.g. ("1f1b", "zb-h1", "zbv") (a
+    ``schedule=`` option fixes one)."""
     for name, value in (("n_gpus", n_gpus), ("global_batch", global_batch)):
         positive_int(name, value)
     if n_gpus > MAX_PLAN_GPUS:
         raise ValueError(f"n_gpus={n_gpus} is more than the planner enumerates; plan at most "
                          f"{MAX_PLAN_GPUS} GPUs, or estimate() one layout")
+    schedules = (options.pop("schedule"),) if "schedule" in options else schedules
     layouts = candidate_layouts(model, n_gpus, global_batch, microbatches, interleave,
-                                **options)
+                                schedules, **options)
     if not layouts:
         raise ValueError(f"global_batch={global_batch} admits no layout on n_gpus={n_gpus}: "
                          f"use a multiple of {n_gpus}")

@@ -209,7 +209,7 @@ def estimate(model, layout, cluster):
             "pp_comm": m * per_mb[3],
             # (p-1)/v micro-batch slots idle per step; as a share of the busy time this is
             # bubble_fraction(p, m, v, "ideal") (Megatron-LM 2021 §2.2).
-            "bubble": slot * m * _bubble_fraction(lay.p, m, lay.v, "ideal"),
+            "bubble": slot * m * _bubble_fraction(lay.p, m, lay.v, "ideal", lay.schedule),
             "dp_comm": _dp_time_s(model, lay, cluster)}
     step = sum(time.values())
     n, peak = lay.n_gpus, cluster.gpu.peak_flops

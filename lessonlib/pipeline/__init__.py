@@ -2,9 +2,13 @@
 
 One idea per module:
 
+* ``actions``: the language (``Kind``: F, B, W, SEND_F, RECV_F, SEND_B, RECV_B; ``Action``;
+  where chunks sit; ``add_communication``);
 * ``schedules``: ``gpipe(p, m)``, ``one_f_one_b(p, m)``, ``interleaved_one_f_one_b(p, m, v)``
-  return, per stage, the ordered ``Action`` s (F, B, SEND_F, RECV_F, SEND_B, RECV_B);
-  pure Python;
+  and ``make(name, p, m, v)`` return, per stage, the ordered actions; ``zero_bubble``:
+  ``zero_bubble_h1(p, m)`` and ``zbv(p, m)``, B and W split; all pure Python;
+* ``check`` (static) and ``split_backward`` (B and W on autograd); ``timeline``: the
+  executor's recorder;
 * ``validate``: ``check`` / ``simulate`` a schedule without processes (deadlocks, bubble,
   peak stash per stage); pure Python;
 * ``stages``: cut a model into p (or p*v) balanced stages;
@@ -22,13 +26,14 @@ GPU box: the same; ``labs/pp.py`` under torchrun runs the executor on GPUs.
 import importlib
 
 from lessonlib.pipeline.schedules import (Action, gpipe, interleaved_one_f_one_b, make,
-                                          one_f_one_b)
+                                          one_f_one_b, zbv, zero_bubble_h1)
 from lessonlib.pipeline.validate import ScheduleError, check, simulate, validate
 
 _LAZY = {"PipelineExecutor": "executor", "StepResult": "executor", "TorchPipeline": "torch_ref",
          "split_layers": "stages", "stage_modules": "stages", "StashMeter": "stash"}
 
 __all__ = ["Action", "gpipe", "one_f_one_b", "interleaved_one_f_one_b", "make",
+           "zero_bubble_h1", "zbv",
            "ScheduleError", "check", "simulate", "validate", *_LAZY]
 
 

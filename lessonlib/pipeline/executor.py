@@ -8,7 +8,10 @@ pipeline stage (device) and walks its own action list:
   the gradients summed over m micro-batches equal the gradient of the whole batch's mean
   loss, i.e. exactly what one process computes;
 * B: backpropagate the received output gradient (or the loss), gradients accumulate in
-  ``.grad`` across micro-batches; the input's gradient is what goes back upstream;
+  ``.grad`` across micro-batches; the input's gradient is what goes back upstream. Where the
+  schedule has a W for the same micro-batch, B computes only the input gradient and keeps
+  what the weight gradients need (``split_backward``);
+* W: the weight gradients, from what B kept;
 * SEND_* / RECV_*: ``comm.isend`` / ``comm.irecv``, and every request is waited on.
 
 No deadlock, on gloo or NCCL: sends never block the loop (isend, waited at the end), and
@@ -19,14 +22,13 @@ so data usually arrives before it is needed. Under NCCL the first message on a l
 creates that link's communicator and blocks until the other end joins, so the executor
 opens every link when it is built, in one order all stages share (lowest pair first),
 before any receive is posted: interleaved 1F1B's wrap-around link (0, p-1) would
-otherwise deadlock at p >= 3 (``lessonlib.nccl_rules``). The opening messages carry each
-end's dtype and activation shape, so a mismatch raises on both ends instead of garbling.
+otherwise deadlock at p >= 3 (``lessonlib.nccl_rules``); the opening messages also check
+that both ends agree on the dtype and activation shape.
 
-Each rank records a timeline: start and end of every F, B, wait for a receive, send, and
-the final wait for sends, in seconds from a barrier that lines the ranks up; and the
-activations it stashes (count and bytes, measured by ``stash.StashMeter``). On a GPU the
-marks are CUDA events, read after the step with one synchronize, so timing does not
-serialise the work it measures.
+Each action is dispatched on its kind (``actions.Kind``), one method per kind. Around the
+loop, not in it: the ``timeline.Timeline`` the executor is given times every action (from a
+barrier that lines the ranks up) and leaves a breadcrumb per action; ``stash.StashMeter``
+measures what the stage keeps for backward (count and bytes, until W if B is split).
 
 Inside a 3-D grid, pass ``stage_ranks`` (the global rank of each stage of this rank's
 pipeline), ``group`` (the pipeline's process group) and this stage's chunk modules.
@@ -37,17 +39,20 @@ GPU box: the same call runs on NCCL with one GPU per stage.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from lessonlib import bugs, comm
-from lessonlib.device import current_device, elapsed, mark, synchronize
-from lessonlib.breadcrumbs import progress
-from lessonlib.pipeline.schedules import virtual_stage
+from lessonlib.argcheck import positive_int
+from lessonlib.device import current_device
+from lessonlib.pipeline.actions import Kind, place, placement_of, virtual_stage
+from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
 from lessonlib.pipeline.stash import StashMeter
-from lessonlib.pipeline.validate import Message, Span, link_orders, message_of, validate
+from lessonlib.pipeline.timeline import Timeline
+from lessonlib.pipeline.validate import Span, link_orders, message_of, validate
 
 
 @dataclass
@@ -65,14 +70,16 @@ class StepResult:
 @dataclass
 class _Step:
     """Per-step state: what is posted on each link, received, stashed, in flight."""
+    xs: list | None = None                         # the micro-batches (first stage)
+    ys: list | None = None                         # their targets (last stage)
     ptr: dict = field(default_factory=dict)        # link -> next op in its order
     posted: dict = field(default_factory=dict)     # Message -> (buffer, work)
     inbox: dict = field(default_factory=dict)      # (kind, mb, chunk) -> received tensor
-    stash: dict = field(default_factory=dict)      # (mb, chunk) -> (input, output or loss)
+    stash: dict = field(default_factory=dict)      # (mb, chunk) -> (input, output or loss, layers)
+    kept: dict = field(default_factory=dict)       # (mb, chunk) -> what its W needs
     grads: dict = field(default_factory=dict)      # (mb, chunk) -> input gradient to send
     pending: list = field(default_factory=list)    # (work, tensor) of unfinished sends
     losses: dict = field(default_factory=dict)
-    spans: list = field(default_factory=list)
     peak: int = 0
 
 
@@ -115,10 +122,11 @@ class PipelineExecutor:
     group:             the process group the pipeline's messages use (default: world)
     dtype:             of the activations and gradients that cross stages (default: the
                        dtype of this stage's first floating-point parameter)
+    recorder:          (label, device, on) -> a ``Timeline`` (the default) for each step
     """
 
     def __init__(self, schedule, stage: int, chunks, loss_fn, activation_shape, *,
-                 stage_ranks=None, group=None, dtype=None, device=None):
+                 stage_ranks=None, group=None, dtype=None, device=None, recorder=Timeline):
         sim = validate(schedule)
         self.p, self.m, self.v = sim.p, sim.m, sim.v
         if not (isinstance(stage, int) and 0 <= stage < self.p):
@@ -128,9 +136,8 @@ class PipelineExecutor:
         if len(chunks) != self.v:
             raise ValueError(f"the schedule runs v={self.v} chunk(s) per stage but "
                              f"{len(chunks)} module(s) were given")
-        if not all(isinstance(n, int) and n > 0 for n in activation_shape):
-            raise ValueError(f"activation_shape must be positive integers, e.g. (b, s, h); "
-                             f"got {activation_shape!r}")
+        for n in activation_shape:
+            positive_int("each entry of activation_shape", n, what=f"{activation_shape!r}")
         ranks = list(stage_ranks) if stage_ranks is not None else list(range(self.p))
         if len(ranks) != self.p:
             raise ValueError(f"stage_ranks={ranks} must name one global rank per stage "
@@ -140,14 +147,19 @@ class PipelineExecutor:
                              f"{dist.get_rank()}: a rank can only run its own stage")
         self.schedule, self.stage, self.chunks = schedule, stage, chunks
         self.actions = schedule[stage]
-        floats = [q.dtype for c in chunks for q in c.parameters() if q.is_floating_point()]
-        self.dtype = dtype or (floats[0] if floats else torch.float32)
+        self.dtype = dtype or next((q.dtype for c in chunks for q in c.parameters()
+                                    if q.is_floating_point()), torch.float32)
         self.loss_fn, self.shape = loss_fn, tuple(activation_shape)
-        self.ranks, self.group = ranks, group
+        self.ranks, self.group, self.recorder = ranks, group, recorder
         self.device = device or current_device()
         self.links = {k: ops for k, ops in sorted(link_orders(schedule).items()) if stage in k}
         self.meter = StashMeter(q for c in chunks for q in c.parameters())
-        self.last = self.p * self.v - 1
+        self.last, self.placement = self.p * self.v - 1, placement_of(schedule)
+        self.split = {(a.microbatch, a.chunk) for a in self.actions if a.kind == Kind.W}
+        self.layers = [LayerOutputs(c) for c in chunks] if self.split else None
+        self.run = {Kind.F: self._forward, Kind.B: self._backward, Kind.W: self._weight,
+                    Kind.RECV_F: self._receive, Kind.RECV_B: self._receive,
+                    Kind.SEND_F: self._send_output, Kind.SEND_B: self._send_output}
         if dist.is_initialized():
             self._open_links()
 
@@ -182,7 +194,8 @@ class PipelineExecutor:
             i += 1
         st.ptr[link] = i
 
-    def _send(self, st: _Step, msg: Message, tensor: torch.Tensor) -> None:
+    def _send(self, st: _Step, a, tensor: torch.Tensor) -> None:
+        msg = message_of(a, self.stage, self.p, self.placement)
         if tuple(tensor.shape) != self.shape or tensor.dtype != self.dtype:
             raise ValueError(f"stage {self.stage} sends a {tensor.dtype} tensor of shape "
                              f"{tuple(tensor.shape)} for {msg.direction}{msg.microbatch}, but "
@@ -199,87 +212,89 @@ class PipelineExecutor:
         while st.pending and st.pending[0][0].is_completed():
             st.pending.pop(0)[0].wait()
 
-    # ------------------------------------------------------------ compute
-    def _forward(self, st: _Step, mb: int, chunk: int, xs, ys) -> None:
-        k = virtual_stage(self.stage, chunk, self.p)
-        x = xs[mb] if k == 0 else st.inbox.pop(("F", mb, chunk)).requires_grad_(True)
-        with self.meter.forward():
+    # ------------------------------------------------------------ one method per kind
+    def _receive(self, st: _Step, a) -> None:
+        buf, work = st.posted.pop(message_of(a, self.stage, self.p, self.placement))
+        st.pending.append((work, buf)) if bugs.active("p2p_dropped_request") else work.wait()
+        st.inbox[a.kind.direction, a.microbatch, a.chunk] = buf
+
+    def _send_output(self, st: _Step, a) -> None:
+        """SEND_F sends the output it stashed; SEND_B the input gradient B left for it."""
+        key = (a.microbatch, a.chunk)
+        self._send(st, a, st.stash[key][1] if a.kind == Kind.SEND_F else st.grads.pop(key))
+
+    def _neighbour(self, k: int) -> int | None:
+        """The chunk that runs virtual stage k if it is on this stage (hand over in memory)."""
+        device, chunk = place(k, self.p, self.placement)
+        return chunk if 0 <= k <= self.last and device == self.stage else None
+
+    def _forward(self, st: _Step, a) -> None:
+        mb, chunk = a.microbatch, a.chunk
+        k = virtual_stage(self.stage, chunk, self.p, self.placement)
+        x = st.xs[mb] if k == 0 else st.inbox.pop(("F", mb, chunk)).requires_grad_(True)
+        layers = self.layers[chunk].recording() if (mb, chunk) in self.split else nullcontext([])
+        with self.meter.forward(), layers as outputs:
             out = self.chunks[chunk](x)
         if k == self.last:
-            loss = self.loss_fn(out, ys[mb])
+            loss = self.loss_fn(out, st.ys[mb])
             st.losses[mb] = loss.detach()
-            out = loss / self.m          # sum of m scaled losses = the batch's mean loss
-            # Bug zoo: the loss backpropagated unscaled, so gradients come out m times too big
-            if bugs.active("pipeline_loss_unscaled"):
-                out = loss
-        st.stash[mb, chunk] = (x, out)
+            # sum of m scaled losses = the batch's mean loss
+            out = loss if bugs.active("pipeline_loss_unscaled") else loss / self.m
+        elif self._neighbour(k + 1) is not None:
+            st.inbox["F", mb, self._neighbour(k + 1)] = out.detach()
+        st.stash[mb, chunk] = (x, out, outputs)
         st.peak = max(st.peak, len(st.stash))
 
-    def _backward(self, st: _Step, mb: int, chunk: int) -> None:
-        k = virtual_stage(self.stage, chunk, self.p)
-        x, out = st.stash.pop((mb, chunk))
-        if k == self.last:
-            out.backward()
+    def _backward(self, st: _Step, a) -> None:
+        mb, chunk = a.microbatch, a.chunk
+        k = virtual_stage(self.stage, chunk, self.p, self.placement)
+        x, out, layers = st.stash[mb, chunk]
+        grad_out = None if k == self.last else st.inbox.pop(("B", mb, chunk))
+        if (mb, chunk) in self.split:
+            dx, st.kept[mb, chunk] = input_grad(out, grad_out, x if k > 0 else None, layers)
         else:
-            torch.autograd.backward(out, st.inbox.pop(("B", mb, chunk)))
-        if k > 0:
-            st.grads[mb, chunk] = x.grad
+            del st.stash[mb, chunk]
+            torch.autograd.backward(out, grad_out)
+            dx = x.grad
+        if k > 0 and self._neighbour(k - 1) is not None:
+            st.inbox["B", mb, self._neighbour(k - 1)] = dx
+        elif k > 0:
+            st.grads[mb, chunk] = dx
+
+    def _weight(self, st: _Step, a) -> None:
+        weight_grad(st.kept.pop((a.microbatch, a.chunk)))
+        del st.stash[a.microbatch, a.chunk]
+
+    def _microbatches(self, inputs, targets) -> tuple[list | None, list | None]:
+        xs, ys = (t.to(self.device) if t is not None else None for t in (inputs, targets))
+        last = place(self.last, self.p, self.placement)[0] == self.stage   # ZBV: stage 0
+        return (split_microbatches("inputs", xs, self.m) if self.stage == 0 else None,
+                split_microbatches("targets", ys, self.m) if last else None)
 
     def step(self, inputs=None, targets=None, align: bool = True,
              timeline: bool = True) -> StepResult:
         """One training step over m micro-batches. Stage 0 gets the whole batch's
-        ``inputs``, the last stage its ``targets``; gradients accumulate in ``.grad``
-        (zero them and step the optimizer outside, as with any model).
+        ``inputs``, the stage with the last chunk its ``targets``; gradients accumulate in
+        ``.grad`` (zero them and step the optimizer outside, as with any model).
 
         ``align``: start with a barrier of the pipeline's group, so the ranks' timelines
-        share a zero. ``timeline``: time every action (CUDA events on a GPU, read once the
-        step is done); False skips it (the spans are then empty and ``wall_s`` is 0)."""
-        inputs, targets = (t.to(self.device) if t is not None else None for t in (inputs, targets))
-        xs = split_microbatches("inputs", inputs, self.m) if self.stage == 0 else None
-        ys = split_microbatches("targets", targets, self.m) if self.stage == self.p - 1 else None
+        share a zero. ``timeline``: time every action; False skips it (the spans are then
+        empty and ``wall_s`` is 0)."""
+        st = _Step(*self._microbatches(inputs, targets))
         if align:
             comm.barrier(self.group)
-        st = _Step()
+        clock = self.recorder(f"pipeline stage {self.stage}", self.device, timeline)
         self.meter.reset_peaks()
-        t0 = mark(self.device) if timeline else None
-
-        def timer():
-            return mark(self.device) if timeline else None
-
+        clock.start()
         for link in self.links:
             self._post_receives(st, link)
         for a in self.actions:
-            progress(f"pipeline stage {self.stage}: {a}")
-            start = timer()
-            if a.kind == "F":
-                self._forward(st, a.microbatch, a.chunk, xs, ys)
-            elif a.kind == "B":
-                self._backward(st, a.microbatch, a.chunk)
-            elif a.kind.startswith("RECV"):
-                buf, work = st.posted.pop(message_of(a, self.stage, self.p))
-                # Bug zoo: the request parked with the sends instead of waited on, so the
-                # buffer is read before the data lands
-                if bugs.active("p2p_dropped_request"):
-                    st.pending.append((work, buf))
-                else:
-                    work.wait()
-                st.inbox[a.kind[-1], a.microbatch, a.chunk] = buf
-            else:
-                key = (a.microbatch, a.chunk)
-                out = st.stash[key][1] if a.kind == "SEND_F" else st.grads.pop(key)
-                self._send(st, message_of(a, self.stage, self.p), out)
-            if timeline:
-                st.spans.append((a.kind, a.microbatch, a.chunk, start, timer()))
-        start = timer()
-        for work, _ in st.pending:
-            work.wait()
-        end = timer()
-        spans, wall = [], 0.0
-        if timeline:           # read every mark now, after one synchronize
-            st.spans.append(("WAIT_SENDS", -1, 0, start, end))
-            synchronize(self.device)
-            spans = [Span(k, mb, c, elapsed(t0, a), elapsed(t0, b)) for k, mb, c, a, b in st.spans]
-            wall = elapsed(t0, end)
+            with clock.action(a):
+                self.run[a.kind](st, a)
+        with clock.span("WAIT_SENDS"):
+            for work, _ in st.pending:
+                work.wait()
+        spans, wall = clock.read()
         losses = [float(st.losses[i]) for i in sorted(st.losses)]
         return StepResult(self.stage, losses, spans, wall, st.peak,
                           self.meter.peak_groups, self.meter.peak_bytes)

@@ -34,9 +34,10 @@ from lessonlib.data import regression_batch
 from lessonlib.device import current_device
 from lessonlib.models import PARITY_CONFIG, GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline.executor import PipelineExecutor
+from lessonlib.pipeline.actions import COMPUTE, place, placement_of
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules, stage_parameters
-from lessonlib.pipeline.torch_ref import TorchPipeline
+from lessonlib.pipeline.torch_ref import TorchPipeline, torch_can_run
 from lessonlib.pipeline.validate import simulate
 
 
@@ -56,11 +57,13 @@ def make_runner(engine, schedule, model, p, m, v, stage, loss_fn, shape):
     """(this stage's chunks, a runner with ``.step(inputs, targets)``) for one case. The
     chunks are moved to this rank's device (its GPU under NCCL); both runners move the
     batches they are given there too."""
-    chunks = [c.to(current_device()) for c in stage_modules(model, p, v, stage)]
+    sched = make(schedule, p, m, v)
+    chunks = [c.to(current_device())
+              for c in stage_modules(model, p, v, stage, placement=placement_of(sched))]
     if engine == "lessonlib":
-        return chunks, PipelineExecutor(make(schedule, p, m, v), stage, chunks, loss_fn, shape)
+        return chunks, PipelineExecutor(sched, stage, chunks, loss_fn, shape)
     if engine == "torch":
-        return chunks, TorchPipeline(chunks[0], stage, p, m, schedule, loss_fn)
+        return chunks, TorchPipeline(chunks, stage, p, m, schedule, loss_fn)
     raise ValueError(f"engine={engine!r} must be 'lessonlib' or 'torch'")
 
 
@@ -76,17 +79,26 @@ def parity_cases(p: int) -> list[tuple]:
     return cases
 
 
+def zero_bubble_cases(p: int, torch: bool = False) -> list[tuple]:
+    """(engine, schedule, m, v): ZB-H1 and ZBV at m = 1, p and 2p+1 (not a multiple of p);
+    ``torch``: also PyTorch's ScheduleInterleavedZeroBubble (m = p: it needs a multiple of
+    p) and ScheduleZBVZeroBubble (m = 2p+1) on the same stages."""
+    cases = [("lessonlib", s, m, v) for s, v in (("zb-h1", 1), ("zbv", 2))
+             for m in sorted({1, p, 2 * p + 1})]
+    return cases + ([("torch", "zb-h1", p, 1), ("torch", "zbv", 2 * p + 1, 2)] if torch else [])
+
+
 def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
-           cfg: GPTConfig = PARITY_CONFIG) -> dict:
-    """Rank side: train each case ``steps`` SGD steps; return this stage's losses, the
-    first step's gradients, the final weights, the peak stash and the messages of the
-    first step (as counted by ``comm.ledger``; PyTorch's go around it)."""
+           cfg: GPTConfig = PARITY_CONFIG, dtype: torch.dtype = torch.float32) -> dict:
+    """Rank side: train each case ``steps`` SGD steps (the model in ``dtype``); return this
+    stage's losses, the first step's gradients, the final weights, the peak stash and the
+    messages of the first step (as counted by ``comm.ledger``; PyTorch's go around it)."""
     p, stage = dist.get_world_size(), dist.get_rank()
     out = {}
     for case in cases:
         engine, schedule, m, v = case
-        chunks, runner = make_runner(engine, schedule, TinyGPT(cfg, seed), p, m, v, stage,
-                                     lm_loss, (micro, cfg.seq, cfg.hidden))
+        chunks, runner = make_runner(engine, schedule, TinyGPT(cfg, seed).to(dtype), p, m, v,
+                                     stage, lm_loss, (micro, cfg.seq, cfg.hidden))
         params = [q for c in chunks for q in c.parameters()]
         opt = torch.optim.SGD(params, lr=lr)
         losses, grads, stash, counts = [], None, 0, None
@@ -106,13 +118,13 @@ def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0
 
 
 def reference(m: int, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
-              cfg: GPTConfig = PARITY_CONFIG):
+              cfg: GPTConfig = PARITY_CONFIG, dtype: torch.dtype = torch.float32):
     """One process, whole batch: (model after the steps, {param: first-step grad},
     per-step losses of each micro-batch)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)        # tiny tensors: more threads only add waiting
     try:
-        model = TinyGPT(cfg, seed)
+        model = TinyGPT(cfg, seed).to(dtype)
         run = train_one_process(model, corpus_batches(cfg, micro * m, seed), steps, lr=lr,
                                 microbatches=m)
     finally:
@@ -122,18 +134,21 @@ def reference(m: int, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int
 
 
 def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: float = 0.1,
-                  seed: int = 0, cfg: GPTConfig = PARITY_CONFIG) -> list[dict]:
+                  seed: int = 0, cfg: GPTConfig = PARITY_CONFIG,
+                  dtype: torch.dtype = torch.float32) -> list[dict]:
     """Parent side: each case's largest difference from one process (raises
-    AssertionError, naming the case, if any tensor differs beyond float32 rounding)."""
+    AssertionError, naming the case, if any tensor differs beyond ``dtype``'s rounding)."""
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype != torch.float64 else dict(rtol=1e-9, atol=1e-11)
     p, rows, refs = len(per_rank), [], {}
     for case in per_rank[0]:
         engine, schedule, m, v = case
         if m not in refs:
-            refs[m] = reference(m, steps, micro, lr, seed, cfg)
+            refs[m] = reference(m, steps, micro, lr, seed, cfg, dtype)
         model, grads, losses = refs[m]
         diff = {"grads": 0.0, "weights": 0.0, "losses": 0.0}
+        placement = placement_of(make(schedule, p, m, v))
         for d, result in enumerate(per_rank):
-            names = stage_parameters(model, p, v, d)
+            names = stage_parameters(model, p, v, d, placement=placement)
             for what, got, want in (
                     ("grads", result[case]["grads"], [grads[q] for q in names]),
                     ("weights", result[case]["params"], [q.detach() for q in names])):
@@ -141,13 +156,14 @@ def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: floa
                     raise AssertionError(f"{case}, stage {d}: {len(got)} {what}, "
                                          f"expected {len(want)}")
                 a, b = flat(got), flat(want)
-                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5,
+                torch.testing.assert_close(a, b, **tol,
                                            msg=lambda s: f"{case}, stage {d}, {what}: {s}")
                 diff[what] = max(diff[what], (a - b).abs().max().item())
-        got = torch.tensor(per_rank[-1][case]["losses"])
-        torch.testing.assert_close(got, torch.tensor(losses), rtol=1e-4, atol=1e-5,
-                                   msg=lambda s: f"{case}, losses: {s}")
-        diff["losses"] = (got - torch.tensor(losses)).abs().max().item()
+        got = torch.tensor(per_rank[place(p * v - 1, p, placement)[0]][case]["losses"],
+                           dtype=torch.float64)
+        want = torch.tensor(losses, dtype=torch.float64)
+        torch.testing.assert_close(got, want, **tol, msg=lambda s: f"{case}, losses: {s}")
+        diff["losses"] = (got - want).abs().max().item()
         rows.append({"engine": engine, "schedule": schedule, "m": m, "v": v,
                      **{f"max_{k}_diff": x for k, x in diff.items()},
                      "peak_stash": [r[case]["stash"] for r in per_rank]})
@@ -159,10 +175,11 @@ def measure(ms=(2, 4, 8), schedules=("gpipe", "1f1b"), engines=("lessonlib", "to
             width: int = 1024, layers_per_stage: int = 8, micro: int = 128, v: int = 2,
             steps: int = 5, warmup: int = 2, threads: int | None = 1, pin: bool = False,
             input_grad: bool = True, seed: int = 0) -> dict:
-    """Rank side: for each (schedule, m), the engines take turns step by step (ABBA) on the
-    same balanced matmul stages; returns {(engine, schedule, m, v): [StepResult per step]}.
+    """Rank side: for each m, every schedule and engine take turns step by step (ABBA) on
+    the same balanced matmul stages, so a load that comes and goes hits them alike;
+    returns {(engine, schedule, m, v): [StepResult per step]}.
 
-    PyTorch runs 'gpipe' and '1f1b' (its Schedule1F1B only for m >= p); 'interleaved' uses
+    PyTorch runs what its schedules accept (``torch_ref.torch_can_run``); 'interleaved' uses
     ``v`` chunks per device. ``threads``: compute threads per rank; ``pin``: bind rank r to
     CPU core r, so two ranks never share a core (on a machine with enough cores);
     ``input_grad``: stage 0 also computes its input's gradient, as every later stage must,
@@ -179,18 +196,17 @@ def measure(ms=(2, 4, 8), schedules=("gpipe", "1f1b"), engines=("lessonlib", "to
     out = {}
     for m in ms:
         x, y = regression_batch(micro * m, width, 0, seed)
-        for schedule in schedules:
-            vv = v if schedule == "interleaved" else 1
-            runners = [(e, *make_runner(e, schedule, model, p, m, vv, stage, mse, (micro, width)))
-                       for e in engines if e == "lessonlib" or (
-                           schedule == "gpipe" or (schedule == "1f1b" and m >= p))]
-            for i in range(warmup + steps):
-                for engine, chunks, runner in (runners if i % 2 == 0 else runners[::-1]):
-                    for c in chunks:
-                        c.zero_grad()
-                    result = runner.step(x, y)
-                    if i >= warmup:
-                        out.setdefault((engine, schedule, m, vv), []).append(result)
+        cases = [(e, s, m, {"interleaved": v, "zbv": 2}.get(s, 1)) for s in schedules
+                 for e in engines if e == "lessonlib" or torch_can_run(s, p, m)]
+        runners = [(case, *make_runner(*case[:2], model, p, m, case[3], stage, mse,
+                                       (micro, width))) for case in cases]
+        for i in range(warmup + steps):          # every case of this m in turn, ABBA
+            for case, chunks, runner in (runners if i % 2 == 0 else runners[::-1]):
+                for c in chunks:
+                    c.zero_grad()
+                result = runner.step(x, y)
+                if i >= warmup:
+                    out.setdefault(case, []).append(result)
     return out
 
 
@@ -204,17 +220,17 @@ def summarize(per_rank: list[dict]) -> list[dict]:
         engine, schedule, m, v = case
         steps = list(zip(*(r[case] for r in per_rank)))
         walls = [max(r.wall_s for r in step) for step in steps]
-        bubbles = [[1 - sum(x.end - x.start for x in r.spans if x.kind in ("F", "B")) / w
+        bubbles = [[1 - sum(x.end - x.start for x in r.spans if x.kind in COMPUTE) / w
                     for r in step] for step, w in zip(steps, walls)]
         sim = simulate(make(schedule, p, m, v))
         formula = ([stashed_microbatches(schedule, p, m, s) for s in range(p)]
-                   if schedule != "interleaved" else sim.peak_stash)
+                   if schedule in ("gpipe", "1f1b") else sim.peak_stash)
         rows.append({
             "engine": engine, "schedule": schedule, "p": p, "m": m, "v": v,
             "step_time_s": statistics.median(walls),
             "bubble_per_stage": [statistics.median(b[s] for b in bubbles) for s in range(p)],
-            "bubble_theory_wall": bubble_fraction(p, m, v, convention="wall"),
-            "bubble_theory_ideal": bubble_fraction(p, m, v, convention="ideal"),
+            "bubble_theory_wall": theory(schedule, p, m, v, "wall"),
+            "bubble_theory_ideal": theory(schedule, p, m, v, "ideal"),
             "peak_stash_per_stage": [max(r.peak_stash_measured for r in col)
                                      for col in zip(*steps)],
             "peak_stash_theory": formula,
@@ -226,6 +242,13 @@ def summarize(per_rank: list[dict]) -> list[dict]:
     return rows
 
 
+def theory(schedule: str, p: int, m: int, v: int, convention: str) -> float:
+    """The cost model's bubble (zero-bubble schedules at T_F = T_B = T_W)."""
+    if schedule in ("zb-h1", "zbv"):
+        return bubble_fraction(p, m, 1, convention, schedule)
+    return bubble_fraction(p, m, v, convention)
+
+
 def median_step(per_rank: list[dict], case) -> list:
     """The StepResults (one per stage) of the step with the median wall time."""
     steps = list(zip(*(r[case] for r in per_rank)))
@@ -234,23 +257,27 @@ def median_step(per_rank: list[dict], case) -> list:
 
 
 def explain_bubble(per_rank: list[dict], case) -> dict:
-    """Why a measured bubble differs from (p-1)/(m+p-1). The median step's measured F, B
-    and send times per stage are replayed by the schedule simulation: once with F and B
+    """Why a measured bubble differs from (p-1)/(m+p-1). The median step's measured F, B,
+    W and send times per stage are replayed by the schedule simulation: once with compute
     only (stages that ran at different speeds), once with the sends as well (the time a
     stage spends copying each message out, on the critical path of a pipeline)."""
     engine, schedule, m, v = case
     p, step = len(per_rank), median_step(per_rank, case)
-    cost = {k: [statistics.median([x.end - x.start for x in r.spans if x.kind.startswith(k)]
-                                  or [0.0]) for r in step] for k in ("F", "B", "SEND")}
+    def took(r, k):
+        return statistics.median([x.end - x.start for x in r.spans if x.kind == k or (
+            k == "SEND" and x.kind.startswith(k))] or [0.0])
+
+    cost = {k: [took(r, k) for r in step] for k in ("F", "B", "W", "SEND")}
     sched = make(schedule, p, m, v)
-    f, b = (lambda s, a: cost["F"][s]), (lambda s, a: cost["B"][s])
-    compute_only = simulate(sched, forward=f, backward=b)
-    with_sends = simulate(sched, forward=f, backward=b, send=lambda s, a: cost["SEND"][s])
+    times = {name: (lambda s, a, k=k: cost[k][s])
+             for name, k in (("forward", "F"), ("backward", "B"), ("weight", "W"))}
+    compute_only = simulate(sched, **times)
+    with_sends = simulate(sched, **times, send=lambda s, a: cost["SEND"][s])
     wall = max(r.wall_s for r in step)
-    busy = [sum(x.end - x.start for x in r.spans if x.kind in ("F", "B")) for r in step]
+    busy = [sum(x.end - x.start for x in r.spans if x.kind in COMPUTE) for r in step]
     return {"forward_ms": [1e3 * t for t in cost["F"]], "backward_ms": [1e3 * t for t in cost["B"]],
-            "send_ms": [1e3 * t for t in cost["SEND"]],
-            "theory": bubble_fraction(p, m, v, convention="wall"),
+            "weight_ms": [1e3 * t for t in cost["W"]], "send_ms": [1e3 * t for t in cost["SEND"]],
+            "theory": theory(schedule, p, m, v, "wall"),
             "simulated_with_measured_compute": compute_only.bubble,
             "simulated_with_measured_compute_and_sends": with_sends.bubble,
             "measured": [1 - bz / wall for bz in busy],

@@ -9,7 +9,8 @@ the largest stage as small as possible (by parameter count, a proxy for compute)
 layers, so any split is the same model as one process, weight for weight.
 
 With v interleaved chunks per device (Megatron-LM 2021 §2.2.2) the model is cut into p*v
-virtual stages and device d holds virtual stages d, d+p, ..., d+(v-1)p: ``device_chunks``.
+virtual stages and device d holds virtual stages d, d+p, ..., d+(v-1)p: ``device_chunks``
+(with ``placement="v"``, the V of the zero-bubble schedule ZBV: d and 2p-1-d).
 
 Laptop:  ``python -m lessonlib.pipeline.stages`` prints how TinyGPT splits over 2 and 4 stages.
 GPU box: the same; moving a stage to its GPU is the caller's ``.to(device)``.
@@ -20,7 +21,9 @@ import copy
 
 from torch import nn
 
+from lessonlib.argcheck import positive_int
 from lessonlib.models import TinyGPT, count_parameters
+from lessonlib.pipeline.actions import virtual_stage
 
 
 def layers_of(model) -> list[nn.Module]:
@@ -50,8 +53,7 @@ def balanced_split(sizes: list[int], n_stages: int) -> list[int]:
     The classic linear-partition dynamic programme; ties go to the split that puts fewer
     layers in the first stages (which hold the most activations under 1F1B)."""
     n = len(sizes)
-    if not isinstance(n_stages, int) or n_stages < 1:
-        raise ValueError(f"the number of stages must be a positive integer; got {n_stages!r}")
+    positive_int("n_stages", n_stages, what="the number of stages")
     if n_stages > n:
         raise ValueError(f"cannot cut {n} layers into {n_stages} stages: each stage needs at "
                          f"least one layer; use at most {n} stages or a deeper model")
@@ -101,21 +103,28 @@ def split_layers(model, n_stages: int, counts=None) -> list[nn.Sequential]:
     return stages
 
 
-def device_chunks(stages: list[nn.Module], p: int, device_index: int) -> list[nn.Module]:
+def device_chunks(stages: list[nn.Module], p: int, device_index: int,
+                  placement: str = "loop") -> list[nn.Module]:
     """Chunks of device ``device_index`` when ``len(stages)`` = p*v virtual stages are
-    interleaved over p devices: virtual stages d, d+p, ..., d+(v-1)p."""
+    spread over p devices: virtual stages d, d+p, ..., d+(v-1)p ("loop"), or d, 2p-1-d ("v")."""
     if len(stages) % p:
         raise ValueError(f"{len(stages)} virtual stages cannot be spread evenly over p={p} "
                          f"devices; cut the model into a multiple of p stages")
-    return list(stages[device_index::p])
+    return [stages[k] for k in _vstages(p, len(stages) // p, device_index, placement)]
 
 
-def stage_modules(model, p: int, v: int = 1, device_index: int = 0, counts=None) -> list[nn.Module]:
+def _vstages(p, v, device_index, placement):
+    return [virtual_stage(device_index, c, p, placement) for c in range(v)]
+
+
+def stage_modules(model, p: int, v: int = 1, device_index: int = 0, counts=None,
+                  placement: str = "loop") -> list[nn.Module]:
     """The v chunks device ``device_index`` of a p-stage pipeline runs (v=1: its one stage)."""
-    return device_chunks(split_layers(model, p * v, counts), p, device_index)
+    return device_chunks(split_layers(model, p * v, counts), p, device_index, placement)
 
 
-def stage_parameters(model, p: int, v: int = 1, device_index: int = 0, counts=None) -> list:
+def stage_parameters(model, p: int, v: int = 1, device_index: int = 0, counts=None,
+                     placement: str = "loop") -> list:
     """The *original* model's parameters that ``stage_modules(model, p, v, device_index)``
     copies, in the same order: to compare a pipeline stage with one process."""
     layers = layers_of(model)
@@ -123,7 +132,7 @@ def stage_parameters(model, p: int, v: int = 1, device_index: int = 0, counts=No
         counts = balanced_split([count_parameters(x) for x in layers], p * v)
     counts = check_counts(counts, len(layers), p * v)
     starts = [sum(counts[:k]) for k in range(p * v)]
-    return [q for k in range(device_index, p * v, p)
+    return [q for k in _vstages(p, v, device_index, placement)
             for layer in layers[starts[k]:starts[k] + counts[k]] for q in layer.parameters()]
 
 

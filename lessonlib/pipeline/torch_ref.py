@@ -1,9 +1,12 @@
 """The same pipeline stages run by PyTorch's own ``torch.distributed.pipelining``.
 
 What it teaches: lessonlib's executor is a teaching copy of what PyTorch ships. Here the
-very same stage modules are wrapped in ``PipelineStage`` and driven by ``ScheduleGPipe``
-or ``Schedule1F1B``, so tests can check that both compute the same losses and gradients
-and the lab can compare their speed. Two facts about torch 2.13 worth knowing:
+very same stage modules are wrapped in ``PipelineStage`` and driven by ``ScheduleGPipe``,
+``Schedule1F1B`` or, for the zero-bubble schedules, ``ScheduleInterleavedZeroBubble``
+(one stage per rank, against lessonlib's ZB-H1; it needs m a multiple of p) and
+``ScheduleZBVZeroBubble`` (two stages per rank in a V, against ZBV), so tests can check
+that both compute the same losses and gradients and the lab can compare their speed. Two
+facts about torch 2.13 worth knowing:
 
 * ``Schedule1F1B`` refuses m < p; it runs min(m, p - stage) forwards before its first
   backward and fuses each send with the next receive into one batched exchange;
@@ -13,8 +16,9 @@ and the lab can compare their speed. Two facts about torch 2.13 worth knowing:
 
 To measure PyTorch's run the same way as lessonlib's, the stage module is wrapped in a
 ``stash.Metered`` (saved activations, count and bytes) and the stage's
-``forward_one_chunk`` / ``backward_one_chunk`` are timed into the same kind of timeline,
-with the same clock: marks (CUDA events on a GPU) read after one synchronize per step.
+``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk`` are timed
+into the same kind of timeline, with the same clock: marks (CUDA events on a GPU) read
+after one synchronize per step.
 
 Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
          print(L.launch(runs.demo, 2, engine='torch'))"``
@@ -22,7 +26,8 @@ GPU box: the same call runs on NCCL with one GPU per stage.
 """
 from __future__ import annotations
 
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                          ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 
 from lessonlib import comm
 from lessonlib.device import current_device, elapsed, mark, synchronize
@@ -30,7 +35,15 @@ from lessonlib.pipeline.executor import StepResult
 from lessonlib.pipeline.stash import Metered, StashMeter
 from lessonlib.pipeline.validate import Span
 
-TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+                   "zb-h1": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble}
+
+
+def torch_can_run(schedule: str, p: int, m: int) -> bool:
+    """Whether PyTorch 2.13's schedule accepts p stages and m micro-batches: Schedule1F1B
+    needs m >= p, ScheduleInterleavedZeroBubble m a multiple of p."""
+    return schedule in TORCH_SCHEDULES and not (
+        (schedule == "1f1b" and m < p) or (schedule == "zb-h1" and m % p))
 
 
 class TorchPipeline:
@@ -45,31 +58,41 @@ class TorchPipeline:
         if schedule not in TORCH_SCHEDULES:
             raise ValueError(f"schedule={schedule!r}: PyTorch's reference here is one of "
                              f"{', '.join(TORCH_SCHEDULES)}")
-        if schedule == "1f1b" and m < p:
-            raise ValueError(f"PyTorch's Schedule1F1B needs m >= p; got m={m}, p={p} "
-                             f"(lessonlib's one_f_one_b accepts m < p)")
+        if not torch_can_run(schedule, p, m):
+            raise ValueError(f"PyTorch's {TORCH_SCHEDULES[schedule].__name__} cannot run m={m} "
+                             f"on p={p} stages (1F1B needs m >= p, its zero-bubble schedule m a "
+                             f"multiple of p); lessonlib's {schedule!r} accepts it")
         self.stage, self.p, self.m = stage, p, m
         self.group = group
-        self.meter = StashMeter(module.parameters())
-        self.pipe_stage = PipelineStage(Metered(module, self.meter), stage, p,
-                                        device or current_device(), group=group)
-        self.schedule = TORCH_SCHEDULES[schedule](self.pipe_stage, n_microbatches=m,
-                                                  loss_fn=loss_fn, scale_grads=True)
+        modules = list(module) if isinstance(module, (list, tuple)) else [module]
+        self.meter = StashMeter(q for mod in modules for q in mod.parameters())
+        index = [stage] if schedule != "zbv" else [stage, 2 * p - 1 - stage]
+        self.stages = [PipelineStage(Metered(mod, self.meter), k, p * len(modules),
+                                     device or current_device(), group=group)
+                       for mod, k in zip(modules, index)]
+        self.pipe_stage = self.stages[0]
+        self.last_rank = 0 if schedule == "zbv" else p - 1
+        first = self.stages if schedule in ("zb-h1", "zbv") else self.pipe_stage
+        self.schedule = TORCH_SCHEDULES[schedule](first, n_microbatches=m, loss_fn=loss_fn,
+                                                  scale_grads=True)
         self._spans: list[tuple] = []      # (kind, chunk, start mark, end mark)
-        for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk")):
-            setattr(self.pipe_stage, name, self._timed(kind, getattr(self.pipe_stage, name)))
+        for c, pipe_stage in enumerate(self.stages):
+            for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk"),
+                               ("W", "backward_weight_one_chunk")):
+                method = getattr(pipe_stage, name)
+                setattr(pipe_stage, name, self._timed(kind, c, method))
 
-    def _timed(self, kind, method):
-        def timed(chunk_id, *args, **kwargs):
+    def _timed(self, kind, chunk, method):
+        def timed(mb, *args, **kwargs):
             start = mark()
-            out = method(chunk_id, *args, **kwargs)
-            self._spans.append((kind, chunk_id, start, mark()))
+            out = method(mb, *args, **kwargs)
+            self._spans.append((kind, mb, chunk, start, mark()))
             return out
         return timed
 
     def step(self, inputs=None, targets=None, align: bool = True) -> StepResult:
         """One training step; gradients land in the module's ``.grad`` (divided by m)."""
-        first, last = self.stage == 0, self.stage == self.p - 1
+        first, last = self.stage == 0, self.stage == self.last_rank
         dev = self.pipe_stage.device
         inputs, targets = (t.to(dev) if t is not None else None for t in (inputs, targets))
         args = (inputs,) if first else ()
@@ -82,7 +105,8 @@ class TorchPipeline:
         self.schedule.step(*args, return_outputs=False, **kwargs)
         end = mark()
         synchronize()
-        spans = [Span(k, c, 0, elapsed(t0, a), elapsed(t0, b)) for k, c, a, b in self._spans]
+        spans = [Span(k, mb, c, elapsed(t0, a), elapsed(t0, b))
+                 for k, mb, c, a, b in self._spans]
         losses = [float(x) for x in kwargs.get("losses", [])]
         return StepResult(self.stage, losses, spans, elapsed(t0, end), self.meter.peak_groups,
                           self.meter.peak_groups, self.meter.peak_bytes)

@@ -4,7 +4,7 @@ What it teaches: because a schedule is data, we can prove it right before any pr
 starts. ``check`` reads every stage's action list and rejects, naming the stage and the
 action, a backward before its forward, a forward whose input never arrives, a send nobody
 receives or a message to the wrong stage. ``simulate`` then plays the schedule as a
-discrete-event simulation: F and B take given times, a send never waits for its receiver
+discrete-event simulation: F, B and W take given times, a send never waits for its receiver
 (the message waits in the link, as an isend does; it may cost its sender a given time to
 copy out), a receive waits until its message has been sent plus ``latency``. If at some
 point no stage can move, the schedule deadlocks and the error says
@@ -13,8 +13,11 @@ where each stage is stuck. Otherwise it reports, per stage:
 * ``bubble``: idle share of the step's wall time, (p-1)/(m+p-1) for GPipe and 1F1B with
   balanced stages (GPipe, Huang et al. 2019, §2.3), and ``bubble_ideal``: idle time over busy
   time, Megatron-LM 2021's (p-1)/m (§2.2);
+* ``idle``: the same bubble in time units, e.g. (p-1)(T_F + T_B - T_W) per stage for ZB-H1
+  (Qi et al. 2024, Table 2) against 1F1B's (p-1)(T_F + T_B + T_W);
 * ``peak_stash``: the most (micro-batch, chunk) activations held at once, min(p - s, m) for
-  1F1B and m for GPipe (PipeDream-Flush, Narayanan et al. 2021, §3.2).
+  1F1B and m for GPipe (PipeDream-Flush, Narayanan et al. 2021, §3.2); a micro-batch whose
+  backward is split stays held until its W, which needs what B kept.
 
 Laptop:  ``python -m lessonlib.pipeline.validate`` simulates GPipe and 1F1B for p=4, m=8.
 GPU box: the same (pure Python).
@@ -25,11 +28,9 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from lessonlib.pipeline.schedules import COMPUTE, KINDS, Action, place, virtual_stage
-
-
-class ScheduleError(ValueError):
-    """A schedule that cannot run as written; the message names the stage and action."""
+from lessonlib.pipeline.actions import COMPUTE, Kind, placement_of
+from lessonlib.pipeline.check import (Message, ScheduleError, check, message_of,  # noqa: F401
+                                      where)
 
 
 @dataclass(frozen=True)
@@ -37,22 +38,12 @@ class Span:
     """One interval on one stage's timeline (simulated cost units, or measured seconds).
     The assembly line of ``lessonlib.model_parallel`` records its spans with it too (one
     batch per step: micro-batch 0, and the training ``step`` it belongs to)."""
-    kind: str          # F, B, OPT, RECV_F/RECV_B (waiting for data), SEND_F/SEND_B, WAIT_SENDS
+    kind: str          # F, B, W, OPT, RECV_F/RECV_B (waiting for data), SEND_F/SEND_B, WAIT_SENDS
     microbatch: int
     chunk: int
     start: float
     end: float
     step: int = 0
-
-
-@dataclass(frozen=True)
-class Message:
-    """Activation ("F") or gradient ("B") of ``microbatch`` leaving virtual stage ``vstage``."""
-    direction: str
-    microbatch: int
-    vstage: int
-    src: int
-    dst: int
 
 
 @dataclass
@@ -64,119 +55,9 @@ class Simulation:
     makespan: float
     bubble: list[float]         # idle / makespan per stage ("wall" convention)
     bubble_ideal: list[float]   # idle / busy per stage ("ideal" convention)
+    idle: list[float]           # makespan - busy per stage (the bubble in time units)
     peak_stash: list[int]       # (micro-batch, chunk) activations held at once per stage
     sends: list[tuple[float, Message]]  # every message with its send time, in send order
-
-
-def _where(stage: int, index: int, action: Action) -> str:
-    return f"stage {stage}, action {index} ({action})"
-
-
-def message_of(action: Action, stage: int, p: int) -> Message:
-    """The message a SEND puts on a link, or a RECV takes from it."""
-    k = virtual_stage(stage, action.chunk, p)
-    sender = {"SEND_F": k, "SEND_B": k, "RECV_F": k - 1, "RECV_B": k + 1}[action.kind]
-    src, dst = (stage, action.peer) if action.kind.startswith("SEND") else (action.peer, stage)
-    return Message(action.kind[-1], action.microbatch, sender, src, dst)
-
-
-def _count(name, value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < 1):
-        raise ScheduleError(f"{name}={value!r} must be a positive integer (or None to read it "
-                            f"from the actions)")
-
-
-def _shape(schedule, m, v) -> tuple[int, int, int]:
-    _count("m", m)
-    _count("v", v)
-    if not isinstance(schedule, (list, tuple)) or not schedule:
-        raise ScheduleError("a schedule is a non-empty list with one list of actions per stage")
-    for s, actions in enumerate(schedule):
-        if not isinstance(actions, (list, tuple)):
-            raise ScheduleError(f"stage {s}: {actions!r:.40} is not a list of actions")
-        for i, a in enumerate(actions):
-            if not isinstance(a, Action):
-                raise ScheduleError(f"stage {s}, action {i}: {a!r} is not an Action")
-            if a.kind not in KINDS:
-                raise ScheduleError(f"{_where(s, i, a)}: kind {a.kind!r} is not one of {KINDS}")
-            if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool)
-                       for x in (a.microbatch, a.chunk)) or not (a.peer is None or (
-                    isinstance(a.peer, numbers.Integral) and not isinstance(a.peer, bool))):
-                raise ScheduleError(f"{_where(s, i, a)}: micro-batch, chunk and peer must be "
-                                    f"integers")
-    found = [a for actions in schedule for a in actions]
-    m = m if m is not None else 1 + max((a.microbatch for a in found), default=-1)
-    v = v if v is not None else 1 + max((a.chunk for a in found), default=0)
-    if m < 1:
-        raise ScheduleError("the schedule has no actions at all")
-    return len(schedule), m, v
-
-
-def check(schedule, m: int | None = None, v: int | None = None) -> tuple[int, int, int]:
-    """Static checks; returns (p, m, v) or raises ScheduleError naming the first problem.
-
-    m and v are read from the actions unless given (give them to catch a micro-batch or a
-    chunk that is missing everywhere)."""
-    p, m, v = _shape(schedule, m, v)
-    last = p * v - 1
-    sends, recvs = {}, {}
-    for s, actions in enumerate(schedule):
-        seen: dict[tuple, int] = {}
-        for i, a in enumerate(actions):
-            if not (0 <= a.microbatch < m and 0 <= a.chunk < v):
-                raise ScheduleError(f"{_where(s, i, a)}: micro-batch must be in 0..{m - 1} "
-                                    f"and chunk in 0..{v - 1}")
-            if (a.kind, a.microbatch, a.chunk) in seen:
-                raise ScheduleError(f"{_where(s, i, a)}: runs twice (also action "
-                                    f"{seen[a.kind, a.microbatch, a.chunk]})")
-            seen[a.kind, a.microbatch, a.chunk] = i
-            if a.kind in COMPUTE:
-                if a.peer is not None:
-                    raise ScheduleError(f"{_where(s, i, a)}: F and B have no peer")
-                continue
-            k = virtual_stage(s, a.chunk, p)
-            outgoing = a.kind in ("SEND_F", "RECV_B")   # towards virtual stage k + 1
-            if (outgoing and k == last) or (not outgoing and k == 0):
-                end = "last" if outgoing else "first"
-                raise ScheduleError(f"{_where(s, i, a)}: virtual stage {k} is the {end} one; "
-                                    f"it has no neighbour there to exchange {a.kind[-1]} with")
-            want = place(k + 1 if outgoing else k - 1, p)[0]
-            if a.peer != want:
-                raise ScheduleError(f"{_where(s, i, a)}: the neighbour of virtual stage {k} "
-                                    f"in that direction is stage {want}, not {a.peer}")
-            (sends if a.kind.startswith("SEND") else recvs)[message_of(a, s, p)] = (s, i, a)
-        for mb in range(m):
-            for c in range(v):
-                _check_unit(s, p, v, mb, c, seen, actions)
-    for book, other, verb in ((sends, recvs, "receives"), (recvs, sends, "sends")):
-        for msg, (s, i, a) in book.items():
-            if msg not in other:
-                who = a.peer
-                raise ScheduleError(f"{_where(s, i, a)}: stage {who} never {verb} it")
-    return p, m, v
-
-
-def _check_unit(s, p, v, mb, c, seen, actions):
-    """Stage s's actions for micro-batch mb of chunk c: present, once, in a possible order."""
-    k, last = virtual_stage(s, c, p), p * v - 1
-    name = f"micro-batch {mb}" + (f" (chunk {c})" if v > 1 else "")
-    at = {kind: seen.get((kind, mb, c)) for kind in KINDS}
-    for kind, needed, what in (("F", True, "forward"), ("B", True, "backward"),
-                               ("RECV_F", k > 0, "receive of its input (RECV_F)"),
-                               ("SEND_F", k < last, "send of its output (SEND_F)"),
-                               ("RECV_B", k < last, "receive of its output gradient (RECV_B)"),
-                               ("SEND_B", k > 0, "send of its input gradient (SEND_B)")):
-        if needed and at[kind] is None:
-            raise ScheduleError(f"stage {s} never runs the {what} of {name}")
-    for before, after, why in (("F", "B", "its backward comes before its forward"),
-                               ("RECV_F", "F", "its forward runs before its input arrives"),
-                               ("F", "SEND_F", "it sends its output before computing it"),
-                               ("RECV_B", "B", "its backward runs before its gradient arrives"),
-                               ("B", "SEND_B", "it sends its input gradient before computing it")):
-        if at[before] is not None and at[after] is not None and at[after] < at[before]:
-            i = at[after]
-            raise ScheduleError(f"{_where(s, i, actions[i])}: {why} (action {at[before]})")
 
 
 def _time(name, value) -> float:
@@ -184,7 +65,8 @@ def _time(name, value) -> float:
     if (isinstance(value, bool) or not isinstance(value, numbers.Real)
             or not math.isfinite(value) or value < 0):
         raise ScheduleError(f"{name}={value!r} must be a finite time >= 0 (or, for forward, "
-                            f"backward and send, a function (stage, action) -> such a time)")
+                            f"backward, weight and send, a function (stage, action) -> such a "
+                            f"time)")
     return float(value)
 
 
@@ -194,19 +76,24 @@ def _cost(name, cost, stage, action) -> float:
     return float(cost)
 
 
-def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0,
+def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0, weight=1.0,
              m: int | None = None, v: int | None = None) -> Simulation:
     """Check, then play the schedule; raise ScheduleError if it deadlocks.
 
-    ``forward``/``backward``: time of one F/B action (one chunk), a number or a function
-    (stage, action) -> time; ``send``: time a send keeps its stage busy (copying the
+    ``forward``/``backward``/``weight``: time of one F/B/W action (one chunk), a number or a
+    function (stage, action) -> time; where a W is split off, ``backward`` is the time of
+    the input gradient alone. ``send``: time a send keeps its stage busy (copying the
     message out), the same kind of value; ``latency``: time from the end of a send to the
     matching receive."""
-    for name, value in (("forward", forward), ("backward", backward), ("send", send),
-                        ("latency", latency)):
+    costs = {Kind.F: ("forward", forward), Kind.B: ("backward", backward),
+             Kind.W: ("weight", weight)}
+    for name, value in (*costs.values(), ("send", send), ("latency", latency)):
         if name == "latency" or not callable(value):
             _time(name, value)
     p, m, v = check(schedule, m, v)
+    placement = placement_of(schedule)
+    split = {(s, a.microbatch, a.chunk) for s, actions in enumerate(schedule)
+             for a in actions if a.kind == Kind.W}
     clock, pos = [0.0] * p, [0] * p
     spans: list[list[Span]] = [[] for _ in range(p)]
     held, peak = [0] * p, [0] * p
@@ -219,21 +106,21 @@ def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0,
             while pos[s] < len(schedule[s]):
                 a = schedule[s][pos[s]]
                 start = clock[s]
-                if a.kind.startswith("RECV"):
-                    msg = message_of(a, s, p)
+                if a.kind.is_recv:
+                    msg = message_of(a, s, p, placement)
                     if msg not in sent:
                         break
                     end = max(start, sent[msg] + latency)
-                elif a.kind.startswith("SEND"):
-                    msg = message_of(a, s, p)
+                elif a.kind.is_send:
+                    msg = message_of(a, s, p, placement)
                     sent[msg] = end = start + _cost("send", send, s, a)
                     order.append((start, s, pos[s], msg))
                 else:
-                    name = "forward" if a.kind == "F" else "backward"
-                    end = start + _cost(name, forward if a.kind == "F" else backward, s, a)
-                    held[s] += 1 if a.kind == "F" else -1
+                    end = start + _cost(*costs[a.kind], s, a)
+                    frees = Kind.W if (s, a.microbatch, a.chunk) in split else Kind.B
+                    held[s] += 1 if a.kind == Kind.F else -(a.kind == frees)
                     peak[s] = max(peak[s], held[s])
-                spans[s].append(Span(a.kind, a.microbatch, a.chunk, start, end))
+                spans[s].append(Span(str(a.kind), a.microbatch, a.chunk, start, end))
                 clock[s], pos[s], moved = end, pos[s] + 1, True
     if any(pos[s] < len(schedule[s]) for s in range(p)):
         stuck = []
@@ -241,7 +128,7 @@ def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0,
             if pos[s] < len(schedule[s]):
                 a = schedule[s][pos[s]]
                 what = "activation" if a.kind == "RECV_F" else "gradient"
-                stuck.append(f"{_where(s, pos[s], a)} waits for the {what} of micro-batch "
+                stuck.append(f"{where(s, pos[s], a)} waits for the {what} of micro-batch "
                              f"{a.microbatch} from stage {a.peer}")
         raise ScheduleError("deadlock: every unfinished stage waits for a message from a stage "
                             "that is itself stuck.\n  " + "\n  ".join(stuck))
@@ -250,6 +137,7 @@ def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0,
     return Simulation(p, m, v, spans, makespan,
                       [1 - b / makespan if makespan else 0.0 for b in busy],
                       [(makespan - b) / b if b else 0.0 for b in busy],
+                      [makespan - b for b in busy],
                       peak, [(t, msg) for t, _, _, msg in sorted(order)])
 
 

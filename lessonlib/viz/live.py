@@ -35,7 +35,6 @@ from IPython.display import Image
 
 from lessonlib import launcher
 from lessonlib import model_parallel as mp
-from lessonlib.costmodel import bubble_fraction
 from lessonlib.costmodel import parameter_server_bytes, ring_allreduce_bytes_per_rank
 from lessonlib.costmodel.alpha_beta import predict_from_fit
 from lessonlib.data_parallel import bench as dp_bench
@@ -246,15 +245,16 @@ def draw_pipeline(result: dict, schedule: str, p: int, m: int):
     row = result["row"]
     fig, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * p), constrained_layout=True)
     gantt(result["spans"], ax=ax, title=f"{schedule}, p = {p}, m = {m}, measured")
-    theory = bubble_fraction(p, m, 1, convention="wall")
     return fig, (f"bubble (share of the step's wall time): measured {row['bubble_mean']:.1%} "
-                 f"(mean over stages), theory (p-1)/(m+p-1) = {theory:.1%}\n")
+                 f"(mean over stages), theory {row['bubble_theory_wall']:.1%} "
+                 f"({'(p-1)/(m+p-1)' if schedule in ('gpipe', '1f1b') else 'at T_F = T_B = T_W'})\n")
 
 
 def pipeline_widget(schedule: str = "1f1b", p: int = 2, m: int = 4):
     """Live: the measured Gantt chart and bubble of the sliders' schedule, p and m."""
     return live_explorer(measure_pipeline, draw_pipeline,
-                         schedule=w.Dropdown(options=["gpipe", "1f1b"], value=schedule),
+                         schedule=w.Dropdown(options=["gpipe", "1f1b", "zb-h1", "zbv"],
+                                             value=schedule),
                          p=w.IntSlider(p, 2, 4, description="p"),
                          m=w.IntSlider(m, 1, 8, description="m"))
 

@@ -21,8 +21,9 @@ from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.validate import simulate
 from lessonlib.viz.widgets import explorer
 
-COLORS = {"F": "#4c72b0", "B": "#55a868", "wait": "#bbbbbb", "idle": "#f6d5d5"}
-NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}
+COLORS = {"F": "#4c72b0", "B": "#55a868", "W": "#c9a227", "wait": "#bbbbbb", "idle": "#f6d5d5"}
+NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B", "zb-h1": "ZB-H1",
+         "zbv": "ZBV"}
 
 
 def gantt(timelines, ax=None, title: str = "", unit: str = "s", labels: bool = True):
@@ -38,7 +39,7 @@ def gantt(timelines, ax=None, title: str = "", unit: str = "s", labels: bool = T
         ax.barh(y, end * scale, left=0, height=0.8, color=COLORS["idle"], zorder=0)
         for x in line:
             width = (x.end - x.start) * scale
-            if x.kind in ("F", "B"):
+            if x.kind in ("F", "B", "W"):
                 shade = 1.0 - 0.35 * x.chunk
                 ax.barh(y, width, left=x.start * scale, height=0.8, color=COLORS[x.kind],
                         alpha=max(shade, 0.4), edgecolor="white", linewidth=0.5, zorder=2)
@@ -52,11 +53,14 @@ def gantt(timelines, ax=None, title: str = "", unit: str = "s", labels: bool = T
     ax.set_xlim(0, end * scale * 1.01)
     ax.set_xlabel("time (ms)" if unit == "s" else f"time ({unit})")
     ax.set_title(title, fontsize=10)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("F", "B", "idle")]
+    split = any(x.kind == "W" for line in timelines for x in line)
+    kinds = ("F", "B", "W", "idle") if split else ("F", "B", "idle")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in kinds]
     handles.append(plt.Rectangle((0, 0), 1, 1, facecolor=COLORS["wait"], hatch="///"))
-    names = ["forward", "backward", "idle (bubble)", "waiting for a message"]
+    names = ["forward", "backward (B: input gradient)" if split else "backward"]
+    names += ["weight gradient (W)"] * split + ["idle (bubble)", "waiting for a message"]
     if any(x.chunk for line in timelines for x in line):
-        names[:2] = ["forward (paler: chunk 1)", "backward (paler: chunk 1)"]
+        names[:2 + split] = [f"{n} (paler: chunk 1)" for n in names[:2 + split]]
     ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
     return ax
@@ -65,8 +69,12 @@ def gantt(timelines, ax=None, title: str = "", unit: str = "s", labels: bool = T
 def gantt_schedule(name: str, p: int, m: int, v: int = 1, forward: float = 1.0,
                    backward: float = 2.0, ax=None):
     """The theoretical chart: ``simulate`` the named schedule with F = ``forward`` and
-    B = ``backward`` time units (per chunk: divided by v, so the total work is the same)."""
-    sim = simulate(make(name, p, m, v), forward=forward / v, backward=backward / v)
+    B = ``backward`` time units (per chunk: divided by v, so the total work is the same);
+    where the backward is split, B and W take half of ``backward`` each."""
+    v = 2 if name == "zbv" else v
+    split = name in ("zb-h1", "zbv")
+    sim = simulate(make(name, p, m, v), forward=forward / v,
+                   backward=backward / v / (2 if split else 1), weight=backward / v / 2)
     title = (f"{NAMES[name]}, p={p}, m={m}" + (f", v={v}" if v > 1 else "") +
              f" (theory): bubble {sim.bubble[0]:.1%} of wall time")
     return gantt(sim.timelines, ax=ax, title=title, unit="time units")

@@ -316,7 +316,8 @@ ex.check_tp_traffic_ratio(ratio_solution, t_from=4, t_to=8)
 # micro-batch 0, builder 0 starts micro-batch 1. The line still fills and drains; that
 # idle time is the **bubble**. The popular claim that the 1F1B schedule "shrinks the
 # bubble" is wrong: it keeps the bubble and cuts the **memory**, the activations each stage
-# holds for its backward pass.
+# holds for its backward pass. Nor is the bubble a law of nature: §2.5 splits each backward
+# in two and fills most of the bubble with the half nobody waits for.
 #
 # ### 2.1 A schedule is data
 #
@@ -438,8 +439,54 @@ for r in rows:
 
 # %% [markdown]
 # Per m, the same share idle; 1F1B's first stage holds 2 micro-batches whatever m is,
-# GPipe's all m. Now measured while you watch: the widget runs one step of the chosen
-# schedule on p real ranks and draws its Gantt chart (executed headless, it draws once).
+# GPipe's all m.
+#
+# ### 2.5 Where the bubble comes from, and how splitting the backward removes most of it
+#
+# Look at stage 0 in the 1F1B chart: after its warm-up forwards it waits for the first
+# gradient, which travels back through every later stage, each running a *whole* backward
+# before it sends. But a backward does two jobs: the gradient with respect to the stage's
+# input (**B**), which the previous stage is waiting for, and the gradient with respect to
+# its weights (**W**), which nobody waits for. Zero-bubble schedules (Qi et al., ICLR 2024)
+# send B upstream at once and run W later, in time the stage would otherwise sit idle.
+# **ZB-H1** keeps 1F1B's order and its peak memory and leaves `(p-1)(T_F + T_B - T_W)` of
+# idle time per stage instead of 1F1B's `(p-1)(T_F + T_B + T_W)` (Table 2): a third of it
+# when the three take the same time. The executor's B asks autograd only for the input
+# gradient and keeps the graph; W takes each layer's weight gradient from what B kept.
+#
+# The same 2 ranks and stages, 1F1B and ZB-H1 with m = 4 (B green, W gold), measured; each
+# run's own F, B and W times replayed by the schedule simulation say how much bubble each
+# schedule leaves once the machine's noise is taken out ([deep dive 09](09-deep-dive-interleaved-schedules.ipynb)
+# adds the V-shaped ZBV).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import statistics
+
+from lessonlib.claims import claim
+
+zb = lessonlib.launch(runs.measure, 2, ms=(4,), engines=("lessonlib",),
+                      schedules=("1f1b", "zb-h1"), micro=32, steps=2, warmup=1, timeout=300)
+why = {name: runs.explain_bubble(zb, ("lessonlib", name, 4, 1)) for name in ("1f1b", "zb-h1")}
+fig, axes = plt.subplots(2, 1, figsize=(10, 3.8), constrained_layout=True)
+for ax, name in zip(axes, why):
+    spans = [r.spans for r in runs.median_step(zb, ("lessonlib", name, 4, 1))]
+    vp.gantt(spans, ax=ax, title=f"{vp.NAMES[name]}, p=2, m=4, measured: bubble "
+             f"{statistics.fmean(why[name]['measured']):.1%} of wall time")
+plt.show()
+sim = {name: statistics.fmean(w["simulated_with_measured_compute"]) for name, w in why.items()}
+claim("replayed with the F, B and W times measured here, ZB-H1 leaves less bubble than 1F1B",
+      sim["zb-h1"] < sim["1f1b"], numbers=f"{sim['zb-h1']:.1%} vs {sim['1f1b']:.1%} of wall time")
+claim("the W's took a real share of ZB-H1's backward",
+      min(why["zb-h1"]["weight_ms"]) > 0.2 * min(why["zb-h1"]["backward_ms"]),
+      numbers=f"T_B {[round(t, 1) for t in why['zb-h1']['backward_ms']]} ms, "
+              f"T_W {[round(t, 1) for t in why['zb-h1']['weight_ms']]} ms per stage")
+
+# %% [markdown]
+# Measured on two ranks that share a loaded laptop, the bubble itself moves from run to run;
+# the replay with each run's own times is the schedule's part of it. Now measured while you
+# watch: the widget runs one step of the chosen schedule (GPipe, 1F1B, ZB-H1 or ZBV) on p
+# real ranks and draws its Gantt chart (executed headless, it draws once).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -447,11 +494,13 @@ live.pipeline_widget()
 
 # %% [markdown]
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
-# <b>Takeaway.</b> A pipeline idles (p-1)/(m+p-1) of its wall time, (p-1)/m of the ideal
-# compute time: more micro-batches shrink the bubble. 1F1B does <i>not</i> shrink it; it
-# caps each stage's activations at min(p - stage, m) micro-batches instead of GPipe's m,
-# which is what lets m grow. Both were measured here on real ranks, and PyTorch's own
-# schedules train the same model to the same gradients.
+# <b>Takeaway.</b> A flush pipeline idles (p-1)/(m+p-1) of its wall time, (p-1)/m of the
+# ideal compute time: more micro-batches shrink the bubble. 1F1B does <i>not</i> shrink it;
+# it caps each stage's activations at min(p - stage, m) micro-batches instead of GPipe's m,
+# which is what lets m grow. Splitting each backward into B (input gradient, sent at once)
+# and W (weight gradient, run later) does shrink it: ZB-H1 leaves a third of 1F1B's bubble
+# at equal times and the same memory. All were measured here on real ranks, and PyTorch's
+# own schedules train the same model to the same gradients.
 # </div>
 #
 # ### Exercises (Part 2)

@@ -16,7 +16,9 @@
 # (p-1)/(m+p-1) of the step. Megatron-LM 2021 (Narayanan et al., SC21, §2.2.2) shrinks it
 # further by giving each device **v model chunks** instead of one contiguous stage: the
 # interleaved 1F1B schedule. Here we predict what that buys and costs, check that it trains
-# the same model, measure it on real ranks, and compare with PyTorch's own schedules.
+# the same model, measure it on real ranks, and compare with PyTorch's own schedules. Then
+# (§6) the schedules that go further by splitting each backward in two: ZB-H1 and the
+# V-shaped ZBV (Qi et al., ICLR 2024).
 #
 # The same plan as a core lesson: the idea -> a prediction -> a real run -> measured against
 # predicted -> a takeaway -> an exercise.
@@ -192,9 +194,8 @@ plt.show()
 # ## 5. PyTorch's own schedules
 #
 # `torch.distributed.pipelining` ships the same schedules as classes: `ScheduleGPipe`,
-# `Schedule1F1B`, `ScheduleInterleaved1F1B`, and newer ones this course does not build
-# (`ScheduleLoopedBFS`, the zero-bubble schedules that split each backward into its
-# input-gradient and weight-gradient halves). Notebook 04 trained the same model with its
+# `Schedule1F1B`, `ScheduleInterleaved1F1B`, `ScheduleLoopedBFS`, and the zero-bubble
+# schedules of §6 (`ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`). Notebook 04 trained the same model with its
 # GPipe and 1F1B to the same gradients as lessonlib's. `labs/pp.py` also times them on the
 # stages above, step by step in turn; its result on a 2-core CPU machine, stored with the
 # command that made it:
@@ -209,13 +210,144 @@ for schedule, ratios in lab["ratio_lessonlib_over_torch"].items():
         f"{m} {ratio:.2f}" for m, ratio in ratios.items()))
 
 # %% [markdown]
+# ## 6. Zero bubble: split the backward, fill the bubble
+#
+# Interleaving shrinks the bubble by making each hop shorter. Qi et al. ("Zero Bubble
+# Pipeline Parallelism", ICLR 2024) attack the hop itself. A stage's backward computes two
+# things: the gradient with respect to its **input** (**B**), which the previous stage is
+# waiting for, and the gradient with respect to its **weights** (**W**), which nobody waits
+# for. Send B upstream at once, keep what W needs, and run W whenever the stage would
+# otherwise be idle. lessonlib's executor asks autograd for the input gradient only (and
+# for each weight-owning layer's output gradient), keeping the graph; W then takes each
+# layer's weight gradient from what was kept, the pattern of PyTorch's
+# `pipelining/_backward.py`:
+
+# %%
+from lessonlib.pipeline import split_backward, zero_bubble
+from lessonlib.viz.source import show
+
+show(split_backward.input_grad)
+
+# %%
+show(split_backward.weight_grad)
+
+# %% [markdown]
+# **ZB-H1** keeps 1F1B's forwards and B's in 1F1B's order; stage s holds back s of its W's
+# to fill the end of the step. Per stage it leaves `(p-1)(T_F + T_B - T_W)` of idle time,
+# 1F1B `(p-1)(T_F + T_B + T_W)` (Table 2), at the same peak memory (a micro-batch is held
+# until its W). **ZBV** gives each device two half-size chunks in a V (device d runs virtual
+# stages d and 2p-1-d), so the gradient turns round on the last device without a message;
+# its order is what a greedy list scheduler finds with equal times. As pure functions:
+
+# %%
+show(zero_bubble.zero_bubble_h1_order)
+
+# %% [markdown]
+# The prediction, simulated with T_F = T_B = T_W (1F1B and interleaved run B and W as one
+# backward of twice the time): idle time per stage, bubble as a share of the ideal time,
+# micro-batches held at the peak.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+p, m = 4, 8
+print(f"{'schedule':>17} {'idle per stage':>15} {'bubble (ideal)':>15} {'cost model':>11} "
+      f"{'peak (micro-batches)':>21}")
+for name, v, times in (("1f1b", 1, dict(forward=1, backward=2)),
+                       ("interleaved", 2, dict(forward=0.5, backward=1)),
+                       ("zb-h1", 1, dict(forward=1, backward=1, weight=1)),
+                       ("zbv", 2, dict(forward=0.5, backward=0.5, weight=0.5))):
+    sim = simulate(S.make(name, p, m, v), **times)
+    model = runs.theory(name, p, m, v, "ideal")
+    print(f"{vp.NAMES[name]:>17} {sim.idle[0]:>15.2f} {sim.bubble_ideal[0]:>15.1%} "
+          f"{model:>11.1%} {max(sim.peak_stash) / v:>21.1f}")
+print(f"ZB-H1 formula (p-1)(T_F + T_B - T_W) = {(p - 1) * (1 + 1 - 1)}")
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(10, 4.6), constrained_layout=True)
+vp.gantt_schedule("zb-h1", 4, 8, ax=axes[0])
+vp.gantt_schedule("zbv", 4, 8, ax=axes[1])
+plt.show()
+
+# %% [markdown]
+# ZBV's remaining idle time is mostly the start-up, where device d waits for micro-batch 0
+# to pass d half-size chunks: no single step can avoid it (the papers' "zero" also overlaps
+# it with the previous step's end, by not synchronising before the optimizer step). The cost
+# model's ZBV figure is that start-up alone, the least a step can have; the greedy order
+# leaves a little more at p = 4, m = 8.
+#
+# The real run: both train the same model as one process, and so do PyTorch's
+# `ScheduleInterleavedZeroBubble` (one stage per rank) and `ScheduleZBVZeroBubble` on the
+# same stages (PyTorch's ZB-H1 counterpart needs m a multiple of p, so it runs m = 2 here).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+cases = [c for c in runs.zero_bubble_cases(2, torch=True) if c[2] > 1]
+report = runs.parity_report(lessonlib.launch(runs.parity, 2, cases, steps=3), steps=3)
+for r in report:
+    same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
+    print(f"{r['engine']:>9} {r['schedule']:>5} m={r['m']}: gradients, weights (3 steps) and "
+          f"losses equal one process: {same}")
+
+# %% [markdown]
+# Measured: the stages of §3 (micro-batches of 32 rows), m = 4, every schedule and
+# PyTorch's zero-bubble schedules taking turns step by step. Each measured Gantt chart is
+# drawn with its bubble, and each run's own F, B and W times per stage are replayed by the
+# simulation, which removes the noise of a shared machine from the schedule's part.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import statistics
+
+from lessonlib.claims import claim
+
+zb = lessonlib.launch(runs.measure, 2, ms=(4,), engines=("lessonlib", "torch"), micro=32,
+                      schedules=("1f1b", "interleaved", "zb-h1", "zbv"), steps=3, warmup=1,
+                      timeout=300)
+zb_rows = {(r["engine"], r["schedule"]): r for r in runs.summarize(zb)}
+ours = {case[1]: case for case in zb[0] if case[0] == "lessonlib"}
+ours = {name: ours[name] for name in ("1f1b", "interleaved", "zb-h1", "zbv")}
+why = {name: runs.explain_bubble(zb, case) for name, case in ours.items()}
+fig, axes = plt.subplots(4, 1, figsize=(10, 8), constrained_layout=True)
+for ax, (name, case) in zip(axes, ours.items()):
+    vp.gantt([r.spans for r in runs.median_step(zb, case)], ax=ax,
+             title=f"{vp.NAMES[name]}, p=2, m=4, measured: bubble "
+                   f"{statistics.fmean(why[name]['measured']):.1%} of wall time")
+plt.show()
+print(f"{'schedule':>17} {'step ms':>8} {'bubble measured':>16} {'replayed':>9} "
+      f"{'T_F, T_B, T_W ms (stage 0)':>28}")
+for name, w in why.items():
+    print(f"{vp.NAMES[name]:>17} {w['step_ms']:>8.1f} {statistics.fmean(w['measured']):>16.1%} "
+          f"{statistics.fmean(w['simulated_with_measured_compute']):>9.1%} "
+          f"{w['forward_ms'][0]:>8.2f} {w['backward_ms'][0]:>6.2f} {w['weight_ms'][0]:>6.2f}")
+for name, torch_name in (("zb-h1", "ScheduleInterleavedZeroBubble"),
+                         ("zbv", "ScheduleZBVZeroBubble")):
+    ours, theirs = zb_rows["lessonlib", name]["step_time_s"], zb_rows["torch", name]["step_time_s"]
+    print(f"lessonlib {vp.NAMES[name]} step / PyTorch's {torch_name}: {ours / theirs:.2f}")
+replayed = {n: statistics.fmean(w["simulated_with_measured_compute"]) for n, w in why.items()}
+claim("replayed with their own measured times, ZB-H1 and ZBV leave less bubble than 1F1B",
+      max(replayed["zb-h1"], replayed["zbv"]) < replayed["1f1b"],
+      numbers=", ".join(f"{vp.NAMES[n]} {b:.1%}" for n, b in replayed.items()))
+
+# %% [markdown]
+# On a shared 2-core machine the measured bubble and step times move from run to run (the
+# numbers above are this run's); the replay with each run's own times is the schedules'
+# part. A split backward gains step time only where the bubble it saves is larger than what
+# the split costs: W runs one autograd call per layer where a whole backward runs one per
+# stage, and ZB-H1's `(p-1)(T_F + T_B - T_W)` assumes T_W <= T_F; compare the table's T_W
+# with its T_F (with 32 rows per micro-batch, a weight gradient writes a whole 1024 x 1024
+# matrix while an input gradient writes 32 x 1024). `labs/pp.py --schedules 1f1b zb-h1 zbv`
+# measures the step times with more steps.
+
+# %% [markdown]
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
 # <b>Takeaway.</b> Interleaving v chunks per device divides the bubble's (p-1)/m by v:
 # the pipeline idles (p-1)/(v·m+p-1) of its wall time, as if it had v times the
 # micro-batches. The price is about v times the messages between devices, m a multiple of
 # p, and slightly more activations on the first device. Where a message is cheap next to a chunk's
 # compute (GPUs over NVLink or InfiniBand, large layers) that trade pays; where each message
-# costs a copy on the critical path (CPU ranks, tiny layers) it pays least.
+# costs a copy on the critical path (CPU ranks, tiny layers) it pays least. Splitting each
+# backward into B and W attacks the hop itself: ZB-H1 leaves a third of 1F1B's bubble at
+# equal F, B and W times with 1F1B's memory, ZBV only the start-up.
 # </div>
 #
 # ## Exercise

@@ -1,0 +1,158 @@
+"""Zero-bubble pipelines (Qi et al., ICLR 2024): the backward split into B (input gradient)
+and W (weight gradient), ZB-H1 and the V-shaped ZBV.
+
+Without processes: ZB-H1's simulated bubble is (p-1)(T_F + T_B - T_W) per stage (Table 2)
+for any p and m >= p, a third of 1F1B's at equal times, at 1F1B's peak memory; ZBV's is
+half a forward per hop at equal times; both pass the validator, which rejects a W before
+its B. With processes (one launch per p = 2, 3, 4): both equal one process in losses,
+gradients and weights after 3 SGD steps in float64, at m = 1, p and 2p+1 (and so do PyTorch's
+ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble on the same stages at p = 2), and
+lessonlib's recorded traces pass ``comm.nccl_hazards``."""
+import pytest
+import torch
+from torch import nn
+
+import lessonlib
+from lessonlib import comm
+from lessonlib.costmodel import Layout, bubble_fraction, bubble_time, stashed_microbatches
+from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedules as S
+from lessonlib.pipeline.actions import Kind
+from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
+from lessonlib.pipeline.validate import ScheduleError, check, simulate
+
+TIMES = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.7), (1.0, 1.2, 1.0), (2.0, 1.0, 0.5)]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("f,b,w", TIMES)
+def test_zb_h1_bubble_is_p_minus_1_times_tf_plus_tb_minus_tw(p, f, b, w):
+    for m in (p, p + 1, 2 * p + 1, 3 * p):
+        sim = simulate(S.make("zb-h1", p, m), forward=f, backward=b, weight=w)
+        assert sim.idle == pytest.approx([(p - 1) * (f + b - w)] * p)
+        assert sim.idle == pytest.approx([bubble_time("zb-h1", p, f, b, w)] * p)
+        one = simulate(S.make("1f1b", p, m), forward=f, backward=b + w)
+        assert one.idle == pytest.approx([bubble_time("1f1b", p, f, b, w)] * p)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6])
+def test_at_equal_times_zb_h1_has_a_third_of_1f1b_and_zbv_half_a_forward_per_hop(p):
+    for m in (p, 2 * p, 3 * p):
+        one = simulate(S.make("1f1b", p, m), forward=1, backward=2)
+        zb = simulate(S.make("zb-h1", p, m), forward=1, backward=1, weight=1)
+        assert zb.idle[0] == pytest.approx(one.idle[0] / 3)
+        assert zb.bubble_ideal[0] == pytest.approx(bubble_fraction(p, m, schedule="zb-h1",
+                                                                   convention="ideal"))
+        v = simulate(S.make("zbv", p, m, v=2), forward=0.5, backward=0.5, weight=0.5)
+        assert (p - 1) / 2 <= v.idle[0] <= (p - 1) / 2 + 1.0     # the start-up, about
+        assert v.idle[0] < zb.idle[0] < one.idle[0]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 13])
+def test_zero_bubble_schedules_hold_min_p_m_micro_batches_until_their_w(p, m):
+    assert simulate(S.zero_bubble_h1(p, m)).peak_stash == [min(p, m)] * p
+    assert simulate(S.zbv(p, m)).peak_stash == [2 * min(p, m)] * p      # half-size chunks
+    assert stashed_microbatches("zb-h1", p, m, 0) == min(p, m)
+    for name, v in (("zb-h1", 1), ("zbv", 2)):
+        sched = S.make(name, p, m, v)
+        assert check(sched) == (p, m, v)
+        for actions in sched:
+            assert sum(a.kind == Kind.W for a in actions) == m * v
+            assert all(a.kind != Kind.W or a.peer is None for a in actions)
+
+
+def test_zbv_turns_round_on_the_last_stage_without_a_message():
+    sched = S.zbv(3, 4)
+    assert sched.placement == "v"
+    last = sched[2]
+    assert not any(a.kind.is_send and a.peer == 2 for a in last)
+    assert {a.peer for a in sched[0] if a.peer is not None} == {1}
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: S.zero_bubble_h1(0, 4), "p=0 must be a positive integer"),
+    (lambda: S.zbv(2, 0), "m=0 must be"),
+    (lambda: S.make("zbv", 2, 4, v=3), "exactly two chunks"),
+    (lambda: S.make("zb-h1", 2, 4, v=2), "needs schedule='interleaved'"),
+    (lambda: S.zero_bubble_h1_order(2, 4, 2), "stage must be an integer in 0..1"),
+    (lambda: Layout(p=2, m=4, v=2, schedule="zbv"), "needs schedule='1f1b'"),
+    (lambda: bubble_fraction(2, 4, 2, schedule="zb-h1"), "takes v=1"),
+])
+def test_bad_zero_bubble_settings_are_refused_with_the_setting_named(call, words):
+    with pytest.raises(ValueError, match=words):
+        call()
+
+
+def test_the_validator_rejects_a_w_before_its_b_or_a_message_on_a_local_hand_over():
+    good = S.zero_bubble_h1(2, 2)
+    s0 = list(good[0])
+    i, j = s0.index(S.B(0)), s0.index(S.W(0))
+    s0[i], s0[j] = s0[j], s0[i]
+    with pytest.raises(ScheduleError, match="weight gradient"):
+        check([s0, good[1]])
+    v = S.zbv(2, 2)
+    bad = S.Schedule([v[0], [S.Action("RECV_F", 0, 1, 1)] + list(v[1])], "v")
+    with pytest.raises(ScheduleError, match="hand over in memory"):
+        check(bad)
+
+
+def test_b_then_w_gives_the_gradients_of_one_backward():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 12), nn.GELU(), nn.LayerNorm(12), nn.Linear(12, 3))
+    net = net.double()
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    net(x).pow(2).mean().backward()
+    want = [q.grad.clone() for q in net.parameters()] + [x.grad.clone()]
+    net.zero_grad()
+    layers = LayerOutputs(net)
+    with layers.recording() as outs:
+        loss = net(x).pow(2).mean()
+    dx, kept = input_grad(loss, None, x, outs)
+    assert all(q.grad is None for q in net.parameters())      # B computed no weight gradient
+    weight_grad(kept)
+    for got, ref in zip([q.grad for q in net.parameters()] + [dx], want):
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+
+
+def test_the_cost_model_prices_the_zero_bubble_schedules():
+    from lessonlib.costmodel import GPT, estimate, get_cluster
+    model = GPT(L=24, h=2304, a=24, s=2048, V=51200)
+    est = {s: estimate(model, Layout(t=1, p=4, d=1, b=1, m=8, schedule=s),
+                       get_cluster("dgx-a100"))
+           for s in ("1f1b", "zb-h1", "zbv")}
+    assert est["zbv"].time["bubble"] < est["zb-h1"].time["bubble"] < est["1f1b"].time["bubble"]
+    assert est["zb-h1"].time["bubble"] == pytest.approx(est["1f1b"].time["bubble"] / 3)
+    assert est["zb-h1"].memory.total == est["1f1b"].memory.total
+
+
+# ---------------------------------------------------------------- real ranks
+@pytest.fixture(scope="module", params=[2, 3, 4])
+def run(request):
+    import pipeline_workers
+    p = request.param
+    return p, lessonlib.launch(pipeline_workers.zero_bubble, p, p, timeout=240)
+
+
+@pytest.mark.timeout(300)
+def test_zb_h1_and_zbv_match_one_process_after_3_steps(run, no_children_left):
+    p, per_rank = run
+    rows = runs.parity_report([r["parity"] for r in per_rank], steps=3, dtype=torch.float64)
+    assert {(r["engine"], r["schedule"], r["m"]) for r in rows} == {
+        ("lessonlib", s, m) for s in ("zb-h1", "zbv") for m in {1, p, 2 * p + 1}} | (
+        {("torch", "zb-h1", 2), ("torch", "zbv", 5)} if p == 2 else set())
+    for row in rows:
+        assert max(row["max_grads_diff"], row["max_weights_diff"], row["max_losses_diff"]) < 1e-9
+        if row["engine"] == "torch":
+            continue
+        want = 2 * min(p, row["m"]) if row["schedule"] == "zbv" else min(p, row["m"])
+        assert row["peak_stash"] == [want] * p, row
+
+
+@pytest.mark.timeout(300)
+def test_zero_bubble_traces_pass_the_nccl_rules(run):
+    p, per_rank = run
+    names = per_rank[0]["traces"]
+    assert set(names) == {f"{s} m={2 * p + 1}" for s in ("zb-h1", "zbv")}
+    for name in names:
+        assert comm.nccl_hazards([r["traces"][name] for r in per_rank]) == [], name

@@ -38,6 +38,7 @@ from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules, stage_parameters
 from lessonlib.tensor_parallel import runs as tp_runs
+from lessonlib.tensor_parallel import sequence_runs as sp_runs
 from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
 
 __all__ = ["BUGS", "ENV", "Bug", "active", "enabled", "hook_line", "CHECKS", "check"]
@@ -95,6 +96,13 @@ def rank_pipeline(m: int = 4) -> dict:
     return {"grads": rel_err(got, want), "ratio": ratio if math.isfinite(ratio) else math.inf, "m": m}
 
 
+def rank_sp_layernorm() -> dict:
+    """A TP+SP transformer layer (t=2) vs the dense layer, one step."""
+    r = sp_runs.parity_report(2, steps=1, modes=("tp+sp",), models=())["tp+sp"]
+    return {"grads": r["grads"], "worst": r["worst_grad"],
+            "forward": max(r["output"], r["input_grad"])}
+
+
 # ---------------------------------------------------------------- the caller side
 def _tp_gradient(r):
     err, out = max(x["input_grad"] for x in r), max(x["output"] for x in r)
@@ -134,12 +142,20 @@ def _p2p(r):
         f"completes holds whatever the memory held (inf: huge values or NaN)")
 
 
+def _sp_layernorm(r):
+    err, forward = max(x["grads"] for x in r), max(x["forward"] for x in r)
+    return "weight gradients of a TP+SP layer vs the dense layer (relative)", err, 1e-10, (
+        f"gradients off by {err:.2g}, the worst at {r[0]['worst']}; the output and the input "
+        f"gradient are off by only {forward:.2g}")
+
+
 CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance, message))
     "tp_missing_backward_all_reduce": (rank_tp_gradient, _tp_gradient),
     "ddp_sync_on_wrong_microbatch": (rank_ddp_accumulation, _ddp),
     "p2p_dropped_request": (rank_pipeline, _p2p),
     "pipeline_loss_unscaled": (rank_pipeline, _pipeline),
     "tp_layer_left_unsharded": (rank_tp_sharding, _tp_sharding),
+    "sp_layernorm_grad_not_summed": (rank_sp_layernorm, _sp_layernorm),
 }
 
 

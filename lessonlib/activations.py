@@ -29,6 +29,9 @@ _METERS: list = []      # the meters running now, innermost last
 
 
 def _storage_key(t: torch.Tensor) -> tuple:
+    if hasattr(t, "to_local"):          # a DTensor: this rank's shard is what it keeps
+        with torch.no_grad():
+            t = t.to_local()
     storage = t.untyped_storage()
     return (t.device.type, t.device.index, storage.data_ptr(), storage.nbytes())
 
@@ -49,7 +52,7 @@ class SavedBytes:
         key = _storage_key(t)
         if key not in self.skip and key not in self.seen:
             self.seen[key] = key[3]
-            self.tensors.append((tuple(t.shape), t.dtype, key[3]))
+            self.tensors.append((tuple(t.shape), t.dtype, key[3]))    # a DTensor: global shape
         return t
 
     def keep(self, tensors) -> None:

@@ -31,6 +31,7 @@ TORCH_PLANS = {
     "mlp": {"fc1": "colwise", "fc2": "rowwise"},
     "block": {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise",
               "attn.proj": "rowwise", "mlp.fc1": "colwise", "mlp.fc2": "rowwise"},
+    "mlp_sp": {"fc1": "colwise_from_sequence", "fc2": "rowwise_to_sequence"},
     "block_sp": {"ln1": "sequence", "attn": "gather_sequence", "attn.q": "colwise",
                  "attn.k": "colwise", "attn.v": "colwise", "attn.proj": "rowwise_to_sequence",
                  "ln2": "sequence", "mlp": "gather_sequence", "mlp.fc1": "colwise",
@@ -40,7 +41,8 @@ STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel,
           "sequence": lambda: SequenceParallel(sequence_dim=1),
           "gather_sequence": lambda: PrepareModuleInput(input_layouts=(Shard(1),),
                                                         desired_input_layouts=(Replicate(),)),
-          "rowwise_to_sequence": lambda: RowwiseParallel(output_layouts=Shard(1))}
+          "rowwise_to_sequence": lambda: RowwiseParallel(output_layouts=Shard(1)),
+          "colwise_from_sequence": lambda: ColwiseParallel(input_layouts=Shard(1))}
 
 
 def tp_mesh(ctx: ParallelContext) -> DeviceMesh:

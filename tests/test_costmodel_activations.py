@@ -60,3 +60,17 @@ def test_table5_iterations_and_what_recompute_costs():
     for r in k.table5_speedups():
         assert abs(r["error"]) < 0.15, r
     assert "Table 4" in k.report() and "Table 5" in k.report()
+
+
+def test_the_planner_assumes_sp_and_selective_recompute_where_t_is_above_one():
+    from lessonlib.costmodel import CLUSTERS, plan
+    result = plan(MODELS["gpt3-175B"], CLUSTERS["dgx-a100"], 64, 64, interleave=(1,))
+    for e in result.ranked + result.rejected:
+        lay = e.layout
+        assert (lay.recompute, lay.sequence_parallel) == (
+            ("selective", True) if lay.t > 1 else ("full", False)), lay
+    assert "assuming selective recompute and sequence parallelism" in result.explain()
+    pinned = plan(MODELS["gpt3-175B"], CLUSTERS["dgx-a100"], 64, 64, interleave=(1,),
+                  recompute="full")
+    assert {e.layout.recompute for e in pinned.ranked} == {"full"}
+    assert "assuming full recompute)" in pinned.explain()

@@ -49,6 +49,24 @@ TABLE5 = [  # name, L, h, a, t, p, GPUs, batch, micro-batch, v, full s, selectiv
 ]
 
 
+# Table 5's model and hardware FLOPs utilization (%), selective recompute + SP.
+TABLE5_UTILIZATION = {"22B": (41.5, 43.7), "175B": (51.4, 52.8), "530B": (56.0, 57.0),
+                      "1T": (56.3, 57.0)}
+
+
+def utilization_rows():
+    """Per Table 5 model: published HFU / MFU against App. A's FLOP counts, whose ratio is
+    (1 + s/(3h) + V/(12hL)) / (1 + s/(6h) + V/(12hL)): the same step, counted two ways."""
+    rows = []
+    for name, L, h, *_ in TABLE5:
+        mfu, hfu = TABLE5_UTILIZATION[name]
+        logits = VOCAB / (12 * h * L)
+        predicted = (1 + SEQ / (3 * h) + logits) / (1 + SEQ / (6 * h) + logits)
+        rows.append({"model": name, "mfu": mfu, "hfu": hfu, "published": hfu / mfu,
+                     "predicted": predicted, "error": predicted / (hfu / mfu) - 1})
+    return rows
+
+
 def layer_time_s(model, layout, cluster):
     """One layer's forward + backward (+ recompute) time: the estimate of two one-stage
     layers minus that of one, which cancels everything that is not a layer."""

@@ -193,6 +193,17 @@ def bad_sequence_report() -> dict:
     return {"messages": messages, "messages_sent": book.count()}
 
 
+def lesson_report(ts=(1, 2, 4), seqs=(8, 16, 32)) -> dict:
+    """What notebook 04 launches on 4 ranks: the bytes per mode at each t (and at t = 2 for
+    each s in ``seqs``, the widget's points), the ledgers at t > 1, and TP+SP's parity with
+    the dense layer and with PyTorch's plan at t = 2 and 4."""
+    return {"bytes": {t: activation_report(t) for t in ts},
+            "bytes_by_s": {s: activation_report(2, s=s) for s in seqs},
+            "ledger": {t: ledger_report(t) for t in ts if t > 1},
+            "parity": {t: parity_report(t, modes=("tp+sp", "tp+sp+selective", "full"),
+                                        models=("gpt+sp", "torch+sp")) for t in ts if t > 1}}
+
+
 def run(world_size: int, fn, *args, timeout: float = 120, **kwargs) -> list:
     """Launch one of the reports above on ``world_size`` ranks."""
     return launcher.launch(fn, world_size, *args, timeout=timeout, **kwargs)

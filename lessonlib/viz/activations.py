@@ -63,12 +63,14 @@ def activation_plot(model="gpt3-175B", t: int = 8, b: int = 1, measured=None, ax
     seqs = np.linspace(512, 16384, 32)
     for label, gb in preset_curves(model, t, b, seqs).items():
         left.plot(seqs, gb, color=COLORS[label], label=label)
+    left.set_yscale("log")
+    left.set_xticks([2048, 4096, 8192, 16384], ["2k", "4k", "8k", "16k"])
     left.set_xlabel("sequence length s")
-    left.set_ylabel("GB per GPU (L layers, one micro-batch)")
+    left.set_ylabel("GB per GPU (L layers, one micro-batch; log)")
     left.set_title(f"{model.name or 'model'}: t={t}, b={b} (Korthikanti Table 2)", fontsize=10)
     left.legend(fontsize=7)
     shape = measured or {"b": 2, "h": 32, "a": 4, "t": 2, "element_size": 8, "points": []}
-    small = np.arange(4, 129, 4)
+    small = np.arange(4, 65, 4)
     curves = tiny_curves(shape["b"], shape["h"], shape["a"], shape["t"],
                          shape["element_size"], small)
     for label, kb in curves.items():

@@ -15,12 +15,15 @@ and send what tensor parallelism sends.
   forward's collectives in backward, all but the last (nothing needs the MLP's summed output).
 * A sequence that t does not divide: one error naming s and t, nothing sent.
 
+* The layers' constructors fill this rank's slice of the dense layer a seed gives.
+
 One 4-rank launch (groups of t = 1, 2, 4 consecutive ranks) and one 3-rank launch (t = 3).
 Shapes: parity b=2, s=12, h=48, 12 heads; bytes and ledger b=2, s=16, h=32, 4 heads."""
 import pytest
 
 import lessonlib
 from lessonlib.costmodel.memory import course_layer_activation_bytes
+from lessonlib.tensor_parallel import runs as tp_runs
 from lessonlib.tensor_parallel import sequence_runs as sp
 
 TOL = 1e-12                 # float64
@@ -31,7 +34,8 @@ def four_worker():
     return {"parity": {t: sp.parity_report(t) for t in (1, 2, 4)},
             "bytes": {t: sp.activation_report(t) for t in (1, 2, 4)},
             "ledger": {t: sp.ledger_report(t) for t in (2, 4)},
-            "bad": sp.bad_sequence_report()}
+            "bad": sp.bad_sequence_report(),
+            "constructors": {t: tp_runs.constructor_report(t) for t in (2, 4)}}
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +166,10 @@ def test_a_sequence_t_does_not_divide_fails_naming_s_and_t(four):
     assert bad["messages_sent"] == 0
     for message in bad["messages"].values():
         assert message and "s=6" in message and "t=4" in message, bad
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("t", (2, 4))
+def test_constructors_fill_the_slice_of_the_dense_layer(four, t):
+    for r in four:
+        assert r["constructors"][t] == {"column": 0.0, "row": 0.0}

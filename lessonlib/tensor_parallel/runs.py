@@ -213,6 +213,22 @@ def ops_report(t: int) -> dict:
     return errors
 
 
+def constructor_report(t: int, n_in: int = 8, n_out: int = 12, seed: int = 3) -> dict:
+    """Layers built by their constructors hold this rank's slice of the dense layer that
+    ``init_weights_`` fills from the same seed: the largest difference of each (0.0)."""
+    ctx = tp_context(t)
+    dense = init_weights_(torch.nn.Linear(n_in, n_out), seed)
+    built = {"column": (ColumnParallelLinear(n_in, n_out, group=ctx.tp_group, seed=seed),
+                        ColumnParallelLinear.from_linear(dense, ctx.tp_group)),
+             "row": (RowParallelLinear(n_out, n_in, group=ctx.tp_group, seed=seed),
+                     RowParallelLinear.from_linear(init_weights_(torch.nn.Linear(n_out, n_in),
+                                                                 seed), ctx.tp_group))}
+    out = {name: max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+           for name, (a, b) in built.items()}
+    ctx.destroy()
+    return out
+
+
 def _torch_errors(dense, kind, ctx, batch) -> dict:
     """DTensor's ColwiseParallel/RowwiseParallel on the same weights vs the dense module."""
     theirs = parallelize_with_dtensor(dense, kind, tp_mesh(ctx))

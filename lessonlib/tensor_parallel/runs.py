@@ -262,6 +262,12 @@ def bad_input_report() -> dict:
             MLP(8), gather_output=False, input_is_parallel=False),
         "group size differs from t": lambda: TensorParallelMLP.from_mlp(MLP(8), t=2),
     }
+    return refusals(cases)
+
+
+def refusals(cases: dict) -> dict:
+    """Run each of ``cases`` {name: build}: the ValueError each raised (None if it built),
+    and the messages sent meanwhile (0 when every check comes before any collective)."""
     messages = {}
     with comm.ledger() as book:
         for name, build in cases.items():

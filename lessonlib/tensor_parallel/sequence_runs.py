@@ -32,8 +32,8 @@ from lessonlib.models import Block, GPTConfig, TinyGPT, init_weights_, lm_loss, 
 from lessonlib.tensor_parallel.dtensor_ref import parallelize_with_dtensor, tp_mesh
 from lessonlib.tensor_parallel.ops import split_sequence
 from lessonlib.tensor_parallel.parallelize import parallelize_block, parallelize_gpt
-from lessonlib.tensor_parallel.runs import (compare_with_dense, float_batches, token_batches,
-                                            tp_context, traffic, worst_error)
+from lessonlib.tensor_parallel.runs import (compare_with_dense, float_batches, refusals,
+                                            token_batches, tp_context, traffic, worst_error)
 from lessonlib.tensor_parallel.sequence import SequenceGather, SequenceScatter
 
 MODES = {  # name: (sequence_parallel, recompute); at t = 1 "tp" is the dense layer
@@ -182,15 +182,7 @@ def bad_sequence_report() -> dict:
     cases = {"parallelize_gpt": lambda: parallelize_gpt(
                  TinyGPT(GPTConfig(seq=6, hidden=8, heads=4), 0), sequence_parallel=True),
              "scatter": lambda: SequenceScatter()(torch.zeros(2, 6, 8))}
-    messages = {}
-    with comm.ledger() as book:
-        for name, build in cases.items():
-            try:
-                build()
-                messages[name] = None
-            except ValueError as exc:
-                messages[name] = str(exc)
-    return {"messages": messages, "messages_sent": book.count()}
+    return refusals(cases)
 
 
 def lesson_report(ts=(1, 2, 4), seqs=(8, 16, 32)) -> dict:

@@ -125,7 +125,10 @@ def course_layer_activation_bytes(b, s, h, a, t=1, sequence_parallel=False,
     V (3*b*s*h/t); the attention output, which is the projection's input (b*s*h/t); GeLU's
     input and output, the fc1 output and fc2 input (4*b*s*h/t each); CPU's fused attention
     kernel keeps one log-sum-exp per head and query (b*a*s/t), never the s x s matrix.
-    Selective recompute drops that last term, full recompute keeps only the layer input."""
+    Selective recompute drops that last term, full recompute keeps only the layer input.
+    Exact for CPU ranks in float32/float64; a GPU's fused attention kernels keep other
+    small tensors (a float32 log-sum-exp, random-number state), so there it is close, not
+    exact."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute={recompute!r} must be one of {', '.join(RECOMPUTE_MODES)}")
     rows = s // t if sequence_parallel else s

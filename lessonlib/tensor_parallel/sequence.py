@@ -66,11 +66,16 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
     """A LayerNorm on this rank's s/t rows, (b, s/t, h) -> (b, s/t, h), whose weight and
     bias gradients are summed over the tensor-parallel group by f."""
 
+    def __init__(self, normalized_shape, eps: float = 1e-5, group=None, **factory):
+        super().__init__(normalized_shape, eps, **factory)
+        self.group = group
+
     @classmethod
     def from_layernorm(cls, ln: nn.LayerNorm, group=None) -> "SequenceParallelLayerNorm":
-        layer = cls(ln.normalized_shape, ln.eps, device=ln.weight.device, dtype=ln.weight.dtype)
+        """A copy of a dense LayerNorm's weight and bias, for this rank's rows."""
+        layer = cls(ln.normalized_shape, ln.eps, group, device=ln.weight.device,
+                    dtype=ln.weight.dtype)
         layer.load_state_dict(ln.state_dict())
-        layer.group = group
         return layer
 
     def forward(self, x):                                               # (b, s/t, h)

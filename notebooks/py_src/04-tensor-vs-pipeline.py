@@ -580,6 +580,21 @@ claim("under SP PyTorch's plan keeps more bytes for backward than lessonlib, in 
 # </div>
 
 # %% [markdown]
+# **Exercise.** One GPT-3 layer on t = 8 GPUs (b = 1): by what factor does turning on
+# sequence parallelism shrink the activations each GPU keeps for backward? Predict it from
+# Table 2 before computing (5as/h = 80 for GPT-3).
+
+# %%
+my_sp_ratio = None     # activations per GPU with TP alone, divided by those with TP+SP
+ex.check_sp_activation_ratio(my_sp_ratio, "gpt3-175B", t=8)
+
+# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+sp_ratio_solution = (cm.activation_bytes_per_layer(gpt3, 1, 8)
+                     / cm.activation_bytes_per_layer(gpt3, 1, 8, sequence_parallel=True))
+ex.check_sp_activation_ratio(sp_ratio_solution, "gpt3-175B", t=8)
+
+# %% [markdown]
 # ## Part 2 · Pipeline parallelism: the assembly line with micro-batches
 #
 # **The assembly line.** In lesson 03 each of p builders idled (p-1)/p of the time. GPipe

@@ -87,7 +87,7 @@ LABS = {
     "tp": Lab(
         tiny={"steps": "2", "warmup": "1", "batch": "2", "seq": "16", "hidden": "32", "heads": "4"},
         short={"steps": "5", "warmup": "2", "batch": "8", "seq": "512", "hidden": "1024",
-               "heads": "16"},
+               "heads": "16", "sequence-parallel": "true", "recompute": "selective"},
         at_one="t = 1: the unsharded layer, f and g are identities and no all-reduce runs; "
                "the dense baseline",
         largest=lambda n: _divisor_at_most(n, 16),

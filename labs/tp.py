@@ -12,7 +12,16 @@ holds against the dense layer: t = world size. Outputs and input gradients are c
 against the dense layer first. The record's ``rows``: one per implementation and layer kind,
 with t a column and the same metric names in every row.
 
-Laptop:  python labs/tp.py --world-size 2 [--json results/tp.json]
+``--sequence-parallel`` splits the layers' input and output along the sequence (Korthikanti
+et al. 2022): ours against PyTorch's ``SequenceParallel`` plan (with ``Colwise``/``Rowwise``
+reduce-scattering to ``Shard(1)``), each rank feeding its s/t rows. ``--recompute
+{none,selective,full}`` sets the transformer layer's recomputation in both (the same
+``Block`` code recomputes inside PyTorch's copy); the MLP has no attention and is not
+recomputed. The record's ``saved_bytes`` per layer kind: the bytes one forward keeps for
+backward on rank 0, ours and PyTorch's.
+
+Laptop:  python labs/tp.py --world-size 2 [--sequence-parallel] [--recompute selective]
+         [--json results/tp.json]
 GPU box: torchrun --nproc-per-node 4 labs/tp.py --json results/tp.json
 """
 import sys
@@ -23,10 +32,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import lessonlib
 from lessonlib import comm, device, labkit
+from lessonlib.activations import saved_bytes
 from lessonlib.grid import ParallelContext
-from lessonlib.models import MLP, Block, GPTConfig, init_weights_
+from lessonlib.models import MLP, RECOMPUTE, Block, GPTConfig, init_weights_
 from lessonlib.tensor_parallel.dtensor_ref import parallelize_with_dtensor, tp_mesh
 from lessonlib.tensor_parallel.layers import TensorParallelMLP
+from lessonlib.tensor_parallel.ops import split_sequence
 from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
 
 KINDS = ("mlp", "block")
@@ -54,7 +65,23 @@ def _dense(kind, settings):
     if kind == "mlp":
         return init_weights_(MLP(h), seed=0)
     cfg = GPTConfig(seq=settings["seq"], hidden=h, heads=settings["heads"])
-    return init_weights_(Block(cfg), seed=0, std=0.02)
+    return init_weights_(Block(cfg, settings["recompute"]), seed=0, std=0.02)
+
+
+def _implementations(kind, dense, settings, mesh) -> dict:
+    sp = settings["sequence_parallel"]
+    ours = (TensorParallelMLP.from_mlp(dense, sequence_parallel=sp) if kind == "mlp"
+            else parallelize_block(dense, sequence_parallel=sp))
+    return {"lessonlib": ours,
+            "torch": parallelize_with_dtensor(dense, kind + ("_sp" if sp else ""), mesh)}
+
+
+def _kept_bytes(module, x) -> int:
+    """Bytes one forward keeps for backward (weights left out), freed again."""
+    with saved_bytes(exclude=module.parameters()) as meter:
+        y = module(x)
+    y.sum().backward()
+    return meter.bytes
 
 
 def _matrix_bytes(module) -> int:
@@ -83,13 +110,16 @@ def _measure(kind: str, settings: dict, x, grad_out, mesh) -> dict:
     """Check both implementations against the dense layer, count one step's messages, then
     time them alternately (lessonlib first on even steps, DTensor first on odd ones)."""
     dense = _dense(kind, settings).to(x.device)
-    impls = {"lessonlib": TensorParallelMLP.from_mlp(dense) if kind == "mlp"
-             else parallelize_block(dense),
-             "torch": parallelize_with_dtensor(dense, kind, mesh)}
+    impls = _implementations(kind, dense, settings, mesh)
     x.grad = None
     reference = dense(x)
     reference.backward(grad_out)
     ref_grad = x.grad.clone()
+    if settings["sequence_parallel"]:       # each rank feeds and checks its s/t rows
+        group = mesh.get_group()
+        reference, ref_grad = (split_sequence(v.detach(), group) for v in (reference, ref_grad))
+        x, grad_out = (split_sequence(v.detach(), group) for v in (x, grad_out))
+        x.requires_grad_()
     rows = {}
     for name, module in impls.items():
         with comm.ledger() as book, CollectiveBytes() as seen:
@@ -101,6 +131,7 @@ def _measure(kind: str, settings: dict, x, grad_out, mesh) -> dict:
                                       **seen.calls},
                       "comm_bytes": book.total_bytes() + seen.bytes,
                       "param_bytes": param_bytes(module), "matrix_bytes": _matrix_bytes(module),
+                      "saved_bytes": _kept_bytes(module, x.detach().requires_grad_()),
                       "times": []}
     order = list(impls)
     for i in range(settings["warmup"] + settings["steps"]):
@@ -151,6 +182,8 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     record["paired_ratio_lessonlib_over_torch"] = {
         kind: labkit.median([a / b for a, b in zip(slowest["lessonlib", kind],
                                                    slowest["torch", kind])]) for kind in KINDS}
+    record["saved_bytes"] = {kind: {name: ranks[0][kind][name]["saved_bytes"]
+                                    for name in ("lessonlib", "torch")} for kind in KINDS}
     record["matrix_bytes_fraction_of_dense"] = {
         kind: results["lessonlib"]["layers"][kind]["matrix_bytes"]
         / record["dense"][kind]["matrix_bytes"] for kind in KINDS}
@@ -169,6 +202,9 @@ def table(record: dict) -> list[dict]:
             ours = name == "lessonlib"
             rows.append({
                 "implementation": name, "layer": kind, "t": record["world_size"],
+                "sequence_parallel": record["settings"]["sequence_parallel"],
+                "recompute": record["settings"]["recompute"] if kind == "block" else "none",
+                "saved_bytes": layer["saved_bytes"],
                 "step_time_s": layer["step_time_s"],
                 "step_time_over_torch": record["ratio_lessonlib_over_torch"][kind] if ours
                 else None,
@@ -193,8 +229,12 @@ def check_settings(p, args) -> dict:
     if args.heads % args.world_size:
         p.error(f"--heads {args.heads} must be divisible by the TP degree t = --world-size "
                 f"{args.world_size} (each rank gets heads/t heads)")
+    if args.sequence_parallel and args.seq % args.world_size:
+        p.error(f"--sequence-parallel splits the sequence over the TP ranks: --seq {args.seq} "
+                f"(s) must be divisible by t = --world-size {args.world_size}")
     return {"batch": args.batch, "seq": args.seq, "hidden": args.hidden, "heads": args.heads,
-            "steps": args.steps, "warmup": args.warmup}
+            "steps": args.steps, "warmup": args.warmup,
+            "sequence_parallel": args.sequence_parallel, "recompute": args.recompute}
 
 
 def main(argv=None):
@@ -204,6 +244,10 @@ def main(argv=None):
     p.add_argument("--seq", type=int, default=128, help="s, tokens per sequence")
     p.add_argument("--hidden", type=int, default=256, help="h; the MLP's inner size is 4h")
     p.add_argument("--heads", type=int, default=8, help="a, attention heads")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="split the layers' input and output along the sequence (SP)")
+    p.add_argument("--recompute", default="none", choices=RECOMPUTE,
+                   help="what the transformer layer recomputes in backward")
     return labkit.main(p, check_settings, worker, build_record, argv)
 
 

@@ -90,6 +90,15 @@ BUGS = {b.name: b for b in (
         "gradient is mixed with other experts' (no error: the shapes agree)",
         "expert gradients vs the one-process MoE layer",
         "tests/test_expert_parallel.py::test_expert_parallel_equals_one_process[4]"),
+    Bug("sp_layernorm_grad_not_summed",
+        "Under sequence parallelism each rank's LayerNorm sees only its s/t rows, so its "
+        "weight and bias gradients are partial sums; the switch drops the sum over the "
+        "tensor-parallel group (Megatron's all-reduce of sequence-parallel parameters).",
+        "lessonlib.tensor_parallel.sequence.SequenceParallelLayerNorm.forward",
+        "outputs and input gradients still match the dense model; the LayerNorm weight and "
+        "bias gradients differ from rank to rank, and the replicas drift apart",
+        "LayerNorm gradients of a TP+SP block vs the dense block",
+        "tests/test_tensor_parallel_sp.py::test_every_mode_equals_the_dense_layer[tp+sp-2]"),
 )}
 
 

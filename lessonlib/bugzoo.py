@@ -39,6 +39,7 @@ from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules, stage_parameters
 from lessonlib.tensor_parallel import runs as tp_runs
+from lessonlib.tensor_parallel import sequence_runs as sp_runs
 from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
 
 __all__ = ["BUGS", "ENV", "Bug", "active", "enabled", "hook_line", "CHECKS", "check"]
@@ -100,6 +101,11 @@ def rank_ep_gradient() -> dict:
     """4 experts over e = 2 ranks (top-2, drops), one step vs the one-process MoE layer."""
     r = ep_runs.parity(4, 2, 2, 1.0, steps=1)
     return {"grads": r["grads"], "output": r["output"]}
+def rank_sp_layernorm() -> dict:
+    """A TP+SP transformer layer (t=2) vs the dense layer, one step."""
+    r = sp_runs.parity_report(2, steps=1, modes=("tp+sp",), models=())["tp+sp"]
+    return {"grads": r["grads"], "worst": r["worst_grad"],
+            "forward": max(r["output"], r["input_grad"])}
 
 
 # ---------------------------------------------------------------- the caller side
@@ -146,6 +152,11 @@ def _ep(r):
     return "expert-parallel gradients vs one process (relative)", err, 1e-10, (
         f"gradients off by {err:.2g} of their largest value (tolerance 1e-10); the output "
         f"is off by only {out:.2g}: each rank's experts got the other rank's gradients too")
+def _sp_layernorm(r):
+    err, forward = max(x["grads"] for x in r), max(x["forward"] for x in r)
+    return "weight gradients of a TP+SP layer vs the dense layer (relative)", err, 1e-10, (
+        f"gradients off by {err:.2g}, the worst at {r[0]['worst']}; the output and the input "
+        f"gradient are off by only {forward:.2g}")
 
 
 CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance, message))
@@ -155,6 +166,7 @@ CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance,
     "pipeline_loss_unscaled": (rank_pipeline, _pipeline),
     "tp_layer_left_unsharded": (rank_tp_sharding, _tp_sharding),
     "ep_expert_grads_wrong_group": (rank_ep_gradient, _ep),
+    "sp_layernorm_grad_not_summed": (rank_sp_layernorm, _sp_layernorm),
 }
 
 

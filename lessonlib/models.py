@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lessonlib.activations import checkpoint
 from lessonlib.data import corpus_vocab
 from lessonlib.argcheck import positive_int
 from lessonlib.moe import MoELayer, aux_loss  # noqa: F401 (the routed MoE feed-forward)
@@ -68,11 +69,12 @@ class SelfAttention(nn.Module):
         self.head_dim = hidden // heads
         self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
         self.proj = nn.Linear(hidden, hidden)
+        self.recompute_core = False     # selective recompute: see ``attention_core``
 
     def forward(self, x):
         b, s, _ = x.shape                                               # (b, s, h)
         q, k, v = (self.split_heads(f(x)) for f in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)     # (b, a, s, h/a)
+        y = attention_core(q, k, v, self.recompute_core)                # (b, a, s, h/a)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))           # (b, s, h)
 
     def split_heads(self, x):
@@ -80,19 +82,63 @@ class SelfAttention(nn.Module):
         return x.view(b, s, -1, self.head_dim).transpose(1, 2)          # (b, heads, s, h/a)
 
 
-class Block(nn.Module):
-    """Pre-LayerNorm transformer layer: x + attn(ln(x)), then x + mlp(ln(x))."""
+def attention_core(q, k, v, recompute: bool = False):
+    """softmax(q k^T / sqrt(h/a)) v with a causal mask: (b, a, s, h/a) each -> (b, a, s, h/a).
 
-    def __init__(self, cfg: GPTConfig):
+    With ``recompute`` nothing inside is kept for backward but q, k and v: the backward pass
+    runs it again (Korthikanti et al. 2022's selective recompute, the part whose activations
+    grow with s^2 and which costs few FLOPs)."""
+    if recompute:
+        return checkpoint(attention_core, q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer layer: x + attn(ln(x)), then x + mlp(ln(x)).
+
+    ``recompute`` (Korthikanti et al. 2022): "none" keeps every activation for backward;
+    "selective" recomputes the attention core (``attention_core``); "full" keeps only the
+    layer's input and runs the whole layer again in backward. Settable on a built block,
+    a tensor-parallel one included."""
+
+    def __init__(self, cfg: GPTConfig, recompute: str = "none"):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.attn = SelfAttention(cfg.hidden, cfg.heads)
         self.ln2 = nn.LayerNorm(cfg.hidden)
         self.mlp = MLP(cfg.hidden, cfg.ffn_mult * cfg.hidden)
+        self.recompute = recompute
+
+    @property
+    def recompute(self) -> str:
+        return self._recompute
+
+    @recompute.setter
+    def recompute(self, mode: str):
+        if mode not in RECOMPUTE:
+            raise ValueError(f"recompute={mode!r} must be one of {', '.join(RECOMPUTE)}")
+        self._recompute = mode
+        self.attn.recompute_core = mode == "selective"
 
     def forward(self, x):
+        if self.recompute == "full":
+            return checkpoint(self.layer, x)
+        return self.layer(x)
+
+    def layer(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+
+def set_recompute(model: nn.Module, mode: str) -> nn.Module:
+    """Set ``recompute`` on every ``Block`` of ``model`` (a GPT, a pipeline stage, a block)."""
+    for module in model.modules():
+        if isinstance(module, Block):
+            module.recompute = mode
+    return model
 
 
 class Embed(nn.Module):

@@ -19,7 +19,8 @@ def test_tiny_run_writes_the_result_shape(tmp_path):
     assert record["lab"] == "tp" and record["world_size"] == 2
     assert record["backend"] == "gloo" and record["device"] == "cpu"
     assert record["settings"] == {"batch": 2, "seq": 8, "hidden": 32, "heads": 4, "steps": 2,
-                                  "warmup": 1, "dtype": "fp32"}
+                                  "warmup": 1, "dtype": "fp32", "sequence_parallel": False,
+                                  "recompute": "none"}
     payload = 2 * 8 * 32 * 4
     for name in ("lessonlib", "torch"):
         result = record["results"][name]
@@ -37,9 +38,33 @@ def test_tiny_run_writes_the_result_shape(tmp_path):
     assert all(r > 0 for r in record["paired_ratio_lessonlib_over_torch"].values())
 
 
+@pytest.mark.timeout(300)
+def test_sequence_parallel_with_recompute_against_pytorch_plan(tmp_path):
+    out = tmp_path / "tp.json"
+    done = _run("--world-size", "2", "--steps", "1", "--warmup", "0", "--batch", "2",
+                "--seq", "8", "--hidden", "32", "--heads", "4", "--sequence-parallel",
+                "--recompute", "selective", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["settings"]["sequence_parallel"] is True
+    assert record["settings"]["recompute"] == "selective"
+    for row in record["rows"]:
+        assert row["output_max_abs_error"] < 1e-5 and row["input_grad_max_abs_error"] < 1e-5
+        assert row["sequence_parallel"] and row["saved_bytes"] > 0
+    # ours keeps only this rank's rows of the column layers' input; PyTorch's plan keeps the
+    # gathered input
+    kept = record["saved_bytes"]["block"]
+    assert kept["lessonlib"] < kept["torch"]
+    assert set(record["paired_ratio_lessonlib_over_torch"]) == {"mlp", "block"}
+
+
 def test_bad_settings_stop_before_any_rank_starts():
     done = _run("--world-size", "2", "--heads", "3", "--hidden", "48")
     assert done.returncode == 2
     assert "--heads 3 must be divisible by the TP degree t = --world-size 2" in done.stderr
     done = _run("--world-size", "2", "--hidden", "100", "--heads", "8")
     assert done.returncode == 2 and "--hidden 100 must be divisible by --heads 8" in done.stderr
+    done = _run("--world-size", "4", "--seq", "6", "--heads", "4", "--hidden", "32",
+                "--sequence-parallel")
+    assert done.returncode == 2 and "--seq 6 (s) must be divisible by t = --world-size 4" \
+        in done.stderr

@@ -26,7 +26,8 @@ Modules, one idea each: ``hardware`` (GPU and cluster presets; collectives acros
 ``model`` (GPT shapes, Eq. 2), ``memory``, ``compute`` (FLOPs and training time), ``bubble``,
 ``comm`` (alpha-beta collectives, groups and servers), ``alpha_beta`` (the same model fitted
 to measured all-reduces, and DDP's bucket overlap), ``layout`` (``Layout`` and its checks),
-``throughput`` (``estimate``), ``planner``, ``megatron2021``, ``calibration`` (a measured
+``throughput`` (``estimate``), ``planner``, ``megatron2021``, ``korthikanti2022`` (recompute
+and sequence parallelism against that paper's Tables 4 and 5), ``calibration`` (a measured
 GEMM rate against a preset's peak), ``context`` (context parallelism: causal work per rank,
 the key/value ring, activations / c), ``moe`` (mixture-of-experts shapes: total vs active
 parameters, expert-parallel memory, the all-to-all), and ``__main__`` (the command line).

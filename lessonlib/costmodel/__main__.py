@@ -52,7 +52,8 @@ def build_parser():
     lay.add_argument("--global-batch", type=int, help="B, sequences per step")
     lay.add_argument("--m", type=int, help="micro-batches per step (instead of B)")
     lay.add_argument("--v", type=int, default=1, help="interleaved chunks per stage")
-    lay.add_argument("--recompute", default="full", choices=("none", "selective", "full"))
+    lay.add_argument("--recompute", choices=("none", "selective", "full"),
+                     help="default: full; --plan: SP + selective where t > 1")
     lay.add_argument("--sequence-parallel", action="store_true")
     lay.add_argument("--no-scatter-gather", action="store_true")
     lay.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
@@ -142,7 +143,7 @@ def _layout(args):
         raise ValueError("global-batch is not set: give --global-batch B (sequences per step) "
                          "or --m (micro-batches per step)")
     return Layout(t=t, p=p, d=d, b=args.b, m=args.m, global_batch=args.global_batch, v=args.v,
-                  recompute=args.recompute, sequence_parallel=args.sequence_parallel,
+                  recompute=args.recompute or "full", sequence_parallel=args.sequence_parallel,
                   scatter_gather=not args.no_scatter_gather, schedule=args.schedule,
                   zero_stage=args.zero)
 
@@ -155,9 +156,10 @@ def _run(args):
     if args.plan:
         if args.gpus is None or args.global_batch is None:
             raise ValueError("plan needs --gpus N and --global-batch B")
-        result = plan(model, cluster, args.gpus, args.global_batch,
-                      recompute=args.recompute, sequence_parallel=args.sequence_parallel,
-                      zero_stage=args.zero, schedule=args.schedule)
+        chosen = {"recompute": args.recompute} if args.recompute else {}
+        chosen |= {"sequence_parallel": True} if args.sequence_parallel else {}
+        result = plan(model, cluster, args.gpus, args.global_batch, zero_stage=args.zero,
+                      schedule=args.schedule, **chosen)
         if not args.json:
             return result.explain()
         best = result.best

@@ -15,6 +15,16 @@ for the backward pass, in 16-bit, for a micro-batch of b sequences:
     TP + selective recompute     s*b*h*(10 + 24/t)          (SP: s*b*h*34/t)
     full recompute               2*s*b*h                    (only each layer's input)
 
+The course's own layer (``lessonlib.models.Block``) keeps less, and the exact count is
+``course_layer_activation_bytes``, measured to the byte by ``lessonlib.activations``; per
+rank, with s_r = s/t rows under SP (else s) and e bytes per element (CPU, float32/64):
+
+    none       e * (4*b*s_r*h + 4*b*s_r + 12*b*s*h/t + b*a*s/t)
+    selective  e * (4*b*s_r*h + 4*b*s_r + 12*b*s*h/t)
+    full       e * b*s_r*h                  (the layer's input, kept by the checkpoint)
+
+``course_vs_table2`` lists the terms beside Korthikanti's, with why each differs.
+
 Under 1F1B the first stage holds min(p, m) micro-batches of its L/p layers: about L layers'
 worth, whatever p is (Korthikanti et al. 2022, Eq. 5); interleaving with v chunks multiplies
 that by 1 + (p-1)/(p*v). GPipe holds all m micro-batches.
@@ -103,6 +113,53 @@ def activation_bytes_per_layer(model, b, t=1, sequence_parallel=False, recompute
     if recompute == "selective":
         return sbh * (10 + 24 / t)
     return sbh * (10 + 24 / t + attention / t)
+
+
+def course_layer_activation_bytes(b, s, h, a, t=1, sequence_parallel=False,
+                                  recompute="none", element_size=8):
+    """Bytes one ``lessonlib.models.Block`` keeps for backward on one rank, exactly.
+
+    Per rank, s_r = s/t sequence rows under SP (else s): each LayerNorm keeps its input
+    (b*s_r*h) and its mean and 1/std (2*b*s_r); the column layers (QKV, fc1) keep their
+    input (b*s_r*h each: under SP only this rank's rows, gathered again in backward); Q, K,
+    V (3*b*s*h/t); the attention output, which is the projection's input (b*s*h/t); GeLU's
+    input and output, the fc1 output and fc2 input (4*b*s*h/t each); CPU's fused attention
+    kernel keeps one log-sum-exp per head and query (b*a*s/t), never the s x s matrix.
+    Selective recompute drops that last term, full recompute keeps only the layer input.
+    Exact for CPU ranks in float32/float64; a GPU's fused attention kernels keep other
+    small tensors (a float32 log-sum-exp, random-number state), so there it is close, not
+    exact."""
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute={recompute!r} must be one of {', '.join(RECOMPUTE_MODES)}")
+    rows = s // t if sequence_parallel else s
+    if recompute == "full":
+        return element_size * b * rows * h
+    replicated = 4 * b * rows * h + 4 * b * rows             # LN inputs, stats, LN outputs
+    split = 12 * b * s * h // t                               # Q, K, V, attn out, 4h twice
+    core = b * a * s // t if recompute == "none" else 0       # the kernel's log-sum-exp
+    return element_size * (replicated + split + core)
+
+
+def course_vs_table2():
+    """Korthikanti et al. 2022's bytes per layer (16-bit, Table 2, in units of s*b*h
+    unless said) beside the course layer's elements, term by term, with why they differ."""
+    return [
+        {"term": "LayerNorm inputs", "table2": "4", "course": "2 sbh + 4 sb",
+         "why": "the course also counts each LayerNorm's mean and 1/std (2 per row)"},
+        {"term": "QKV and fc1 inputs (LayerNorm outputs)", "table2": "4", "course": "2 sbh",
+         "why": "same tensors; elements here, bytes at 2 per element there"},
+        {"term": "Q, K, V", "table2": "6", "course": "3 sbh", "why": "same"},
+        {"term": "softmax output, its dropout mask and output", "table2": "5as/h",
+         "course": "abs", "why": "CPU's fused attention kernel keeps only a log-sum-exp per "
+         "row and recomputes the s x s matrix in backward: selective recompute inside the "
+         "kernel; the course has no dropout"},
+        {"term": "attention output (projection input)", "table2": "2", "course": "1 sbh",
+         "why": "the kernel's output and the projection's input are one storage"},
+        {"term": "fc1 output (GeLU input) and fc2 input", "table2": "16", "course": "8 sbh",
+         "why": "same tensors"},
+        {"term": "dropout masks after attention and MLP", "table2": "2", "course": "0",
+         "why": "the course layer has no dropout"},
+    ]
 
 
 def in_flight_microbatches(schedule, p, m, v=1, stage=0):

@@ -6,6 +6,9 @@ first) and layouts that do not (with how much they miss by). ``explain(plan)`` s
 why the best layout wins, following Megatron-LM 2021's takeaways (Narayanan et al., §3):
 tensor parallelism up to the GPUs of one server, pipeline parallelism across servers (#1);
 model parallelism t*p just large enough to fit, data parallelism for the rest (#2).
+Where t > 1 a layout assumes sequence parallelism and selective recompute, as Megatron does
+(Korthikanti et al. 2022), unless ``recompute=`` or ``sequence_parallel=`` is given; every
+explanation says which recompute it assumed.
 
 ``tp_sweep`` is the lesson's "sweet spot" experiment: one model on a fixed number of GPUs,
 throughput against t.
@@ -30,6 +33,14 @@ MAX_PLAN_GPUS = 1 << 17
 
 
 
+def activation_options(t, options):
+    """SP + selective recompute where t > 1 unless ``options`` choose either; t = 1 keeps
+    ``Layout``'s default."""
+    if t == 1 or "recompute" in options or "sequence_parallel" in options:
+        return options
+    return {"recompute": "selective", "sequence_parallel": True, **options}
+
+
 def candidate_layouts(model, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
                       interleave=(1, 2, 4), schedules=("1f1b",), **options):
     """Every Layout with t*p*d = n_gpus that ``model`` and the batch allow, for each
@@ -38,6 +49,7 @@ def candidate_layouts(model, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
     for t in divisors(n_gpus):
         if model.a % t or model.h % t:
             continue
+        chosen = activation_options(t, options)
         for p in divisors(n_gpus // t):
             if p > model.L:
                 continue
@@ -51,7 +63,7 @@ def candidate_layouts(model, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
                         continue
                     for sched in (schedules if p > 1 and v == 1 else ("1f1b",)):
                         out.append(Layout(t=t, p=p, d=d, b=b, m=m, v=v, schedule=sched,
-                                          **options))
+                                          **chosen))
     return out
 
 
@@ -144,7 +156,8 @@ def explain(plan):
                  f"the recomputation ({peak_share:.0%} of peak; {best.mfu:.0%} MFU, which counts "
                  f"only the model's own FLOPs), {best.step_time_s:.1f} s per step, "
                  f"{mem.total / GB:.1f} GB per GPU ({mem.model_state / GB:.1f} model state + "
-                 f"{mem.activations / GB:.1f} activations).")
+                 f"{mem.activations / GB:.1f} activations, assuming {lay.recompute} recompute"
+                 f"{' and sequence parallelism' if lay.sequence_parallel else ''}).")
     link = "inside one server, over NVLink" if lay.t <= cluster.gpus_per_node else \
         "across servers, over the network"
     wider, narrower = plan.find(t=lay.t * 2), plan.find(t=lay.t // 2) if lay.t > 1 else None

@@ -12,8 +12,11 @@ micro-batch and adds up:
 
 then multiplies by m micro-batches, adds the pipeline bubble ((p-1)/v micro-batch slots,
 Megatron-LM 2021 §2.2) and the data-parallel gradient all-reduce at the end of the step.
-Achieved TFLOP/s per GPU counts FLOPs as Megatron-LM 2021 does (Eq. 3, recompute included),
-so it is comparable with that paper's Table 1: ``table1_report()`` in ``megatron2021.py``
+Achieved TFLOP/s per GPU counts hardware FLOPs, what the GPUs execute, recompute included:
+under full recompute that is Megatron-LM 2021's Eq. 3, so it is comparable with that paper's
+Table 1; under selective recompute the model's FLOPs plus the attention core's forward again
+(Korthikanti et al. 2022, App. A); MFU counts the model's FLOPs alone. See
+``table1_report()`` in ``megatron2021.py``: ``table1_report()`` in ``megatron2021.py``
 does the comparison.
 
 Run ``python -m lessonlib.costmodel --model megatron-1T --t 8 --p 64 --d 6 --microbatch 1
@@ -185,6 +188,15 @@ def _dp_time_s(model, lay, cluster):
     return (1 - DP_OVERLAP) * seconds
 
 
+def hardware_flops_per_iteration(model, lay):
+    """The FLOPs one step executes: the model's, plus what ``lay.recompute`` repeats."""
+    if lay.recompute == "full":
+        return megatron_flops_per_iteration(model, lay.global_batch)        # Eq. 3
+    again = attention_core_forward_flops(model, 1) if lay.recompute == "selective" else 0.0
+    return model_flops_per_iteration(model, lay.global_batch) + \
+        lay.global_batch * model.L * again
+
+
 def estimate(model, layout, cluster):
     """Predict one training step of ``model`` split by ``layout`` on ``cluster``."""
     for name, value, kind, example in (
@@ -216,5 +228,5 @@ def estimate(model, layout, cluster):
     return Estimate(
         model=model, layout=lay, cluster=cluster, memory=mem,
         memory_capacity_bytes=cluster.gpu.memory_bytes * USABLE_MEMORY_FRACTION, time=time,
-        tflops_per_gpu=megatron_flops_per_iteration(model, lay.global_batch) / (n * step) / 1e12,
+        tflops_per_gpu=hardware_flops_per_iteration(model, lay) / (n * step) / 1e12,
         mfu=model_flops_per_iteration(model, lay.global_batch) / (n * step * peak))

@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from lessonlib import comm, device
-from lessonlib.costmodel import tp_elements_per_layer
+from lessonlib.costmodel import MODELS, tp_elements_per_layer
+from lessonlib.costmodel.memory import activation_bytes_per_layer
 from lessonlib.exercises.verdict import (Verdict, correct, not_yet, number, still_a_stub,
                                          unanswered, unwritten)
 from lessonlib.launcher import LaunchTimeout, RankError, launch
@@ -127,6 +128,28 @@ def check_tp_traffic_ratio(answer, t_from: int = 4, t_to: int = 8) -> Verdict:
                        "little between the two t")
     return not_yet(f"the bytes per rank are 8bsh(t-1)/t elements; divide the value at "
                    f"t={t_to} by the value at t={t_from} (b, s and h cancel). You gave {got:g}.")
+
+
+def check_sp_activation_ratio(answer, model: str = "gpt3-175B", t: int = 8) -> Verdict:
+    """Exercise: by what factor sequence parallelism shrinks the activations one layer keeps
+    per GPU under t-way tensor parallelism (Korthikanti et al. 2022, Table 2, b = 1)."""
+    if answer is None:
+        return unanswered("my_sp_ratio")
+    got = number(answer)
+    if got is None:
+        return not_yet(f"give one number, the factor; got {answer!r}")
+    layer = MODELS[model]
+    tp, sp = (activation_bytes_per_layer(layer, 1, t, on) for on in (False, True))
+    want = tp / sp
+    if abs(got - want) < 5e-3 * want:
+        return correct(f"TP keeps sbh(10 + 24/t + 5as/(ht)), SP sbh(34 + 5as/h)/t: x{want:.2f}. "
+                       f"SP splits the 10sbh that TP leaves on every rank; the rest was "
+                       f"already split.")
+    if abs(got - t) < 1e-3:
+        return not_yet(f"x{t} compares SP with the dense layer; TP had already split most of "
+                       f"the layer by t: only its replicated 10sbh shrinks now.")
+    return not_yet(f"divide TP's sbh(10 + 24/t + 5as/(ht)) by TP+SP's sbh(34 + 5as/h)/t with "
+                   f"5as/h = {5 * layer.a * layer.s / layer.h:g} and t = {t}; you gave {got:g}.")
 
 
 def _launch_student(worker, *fns) -> list | dict | str:

@@ -29,7 +29,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib.tensor_parallel.ops import copy_to_tp, gather_last_dim, reduce_from_tp, scatter_last_dim
+from lessonlib.argcheck import positive_int
+from lessonlib.models import attention_core, init_weights_
+from lessonlib.tensor_parallel.ops import (copy_to_tp, gather_last_dim, reduce_from_tp,
+                                           reduce_scatter_sequence, scatter_last_dim)
+from lessonlib.tensor_parallel.sequence import linear_on_gathered_sequence
 
 
 # ---------------------------------------------------------------- checks (no collectives)
@@ -39,7 +43,7 @@ def tp_size(group=None, t: int | None = None) -> int:
         raise ValueError("tensor-parallel layers need a process group: build them inside a "
                          "function run by lessonlib.launch (or under torchrun)")
     size = dist.get_world_size(group)
-    if t is not None and t != size:
+    if t is not None and positive_int("t", t, what="the tensor-parallel size") != size:
         raise ValueError(f"t={t} but the tensor-parallel group has {size} ranks; pass a group "
                          f"of t ranks (dist.new_group) or t={size}")
     return size
@@ -76,58 +80,65 @@ class ColumnParallelLinear(nn.Module):
 
     Input (..., in) replicated on every rank; output (..., out/t), or (..., out) when
     ``gather_output`` all-gathers the slices. The f before the matmul all-reduces the input
-    gradient in the backward pass.
+    gradient in the backward pass. With ``sequence_parallel`` the input is this rank's s/t
+    rows, (b, s/t, in), gathered along the sequence instead of f (``sequence`` module).
+
+    The constructor fills the weights as ``init_weights_`` fills a dense ``nn.Linear(in,
+    out)`` from ``seed`` and keeps this rank's rows, so every t is the same dense layer;
+    ``from_linear`` slices a dense layer you already have.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group=None,
-                 gather_output: bool = True, t: int | None = None):
+                 gather_output: bool = True, t: int | None = None, seed: int = 0,
+                 sequence_parallel: bool = False):
         super().__init__()
-        self.t = tp_size(group, t)
-        check_divisible("out_features", out_features, self.t)
-        self.group, self.gather_output = group, gather_output
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features // self.t, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features // self.t)) if bias else None
+        dense = init_weights_(nn.Linear(in_features, out_features, bias), seed)
+        self._keep_my_slices([dense], group, gather_output, t, sequence_parallel)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group=None, gather_output: bool = True,
-                    t: int | None = None) -> "ColumnParallelLinear":
+                    t: int | None = None, sequence_parallel: bool = False):
         """This rank's rows of ``linear.weight`` (= columns of A) and of its bias."""
-        return cls.from_linears([linear], group, gather_output, t)
+        return cls.from_linears([linear], group, gather_output, t, sequence_parallel)
 
     @classmethod
     def from_linears(cls, linears, group=None, gather_output: bool = False,
-                     t: int | None = None) -> "ColumnParallelLinear":
+                     t: int | None = None, sequence_parallel: bool = False):
         """One fused layer for several linears that read the same input (Megatron fuses Q, K
         and V into one GEMM): this rank's slice of each, stacked. With more than one linear
         the local output is [slice of 1, slice of 2, ...], so it cannot be gathered."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._keep_my_slices(list(linears), group, gather_output, t, sequence_parallel)
+        return layer
+
+    def _keep_my_slices(self, linears, group, gather_output, t, sequence_parallel):
         if len(linears) > 1 and gather_output:
             raise ValueError("gather_output=True is not possible for a fused layer (the "
                              "gathered columns would be interleaved by rank)")
-        t = tp_size(group, t)
+        self.t = tp_size(group, t)
         for lin in linears:
-            check_divisible("out_features", lin.out_features, t)
-        first = linears[0]
-        has_bias = first.bias is not None
-        layer = cls(first.in_features, sum(lin.out_features for lin in linears), has_bias,
-                    group, gather_output, t)
+            check_divisible("out_features", lin.out_features, self.t)
+        self.group, self.gather_output = group, gather_output
+        self.sequence_parallel = sequence_parallel
+        self.in_features = linears[0].in_features
+        self.out_features = sum(lin.out_features for lin in linears)
         rank = dist.get_rank(group)
-        with torch.no_grad():
-            layer.weight = nn.Parameter(torch.cat(
-                [_my_slice(lin.weight, layer.t, rank, 0) for lin in linears]))
-            if has_bias:
-                layer.bias = nn.Parameter(torch.cat(
-                    [_my_slice(lin.bias, layer.t, rank, 0) for lin in linears]))
-        return layer
+        self.weight = nn.Parameter(torch.cat(
+            [_my_slice(lin.weight, self.t, rank, 0) for lin in linears]))
+        self.bias = None if linears[0].bias is None else nn.Parameter(torch.cat(
+            [_my_slice(lin.bias, self.t, rank, 0) for lin in linears]))
 
     def forward(self, x):
-        x = copy_to_tp(x, self.group)                                  # f: (..., in)
-        y = F.linear(x, self.weight, self.bias)                        # (..., out/t)
-        return gather_last_dim(y, self.group) if self.gather_output else y
+        if self.sequence_parallel:                                     # g: (b, s/t, in) in
+            y = linear_on_gathered_sequence(x, self.weight, self.bias, self.group)
+        else:
+            y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)  # f: (..., in) in
+        return gather_last_dim(y, self.group) if self.gather_output else y  # (..., out/t)
 
     def extra_repr(self):
         return (f"in={self.in_features}, out={self.out_features}, t={self.t}, "
-                f"gather_output={self.gather_output}")
+                f"gather_output={self.gather_output}, sequence_parallel={self.sequence_parallel}")
 
 
 class RowParallelLinear(nn.Module):
@@ -135,47 +146,65 @@ class RowParallelLinear(nn.Module):
 
     Input (..., in/t) when ``input_is_parallel``, else (..., in) and this rank keeps its
     slice; output (..., out), complete on every rank after g's all-reduce. The bias is added
-    once, after the sum, so every rank holds the whole (replicated) bias.
+    once, after the sum, so every rank holds the whole (replicated) bias. With
+    ``sequence_parallel`` the sum is a reduce-scatter along the sequence (Korthikanti's
+    g-bar): each rank gets its s/t rows complete, (b, s/t, out), and the bias, added to
+    those rows only, gets its gradient summed over the group by f.
+
+    The constructor fills the weights like ``ColumnParallelLinear``'s, from ``seed``.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group=None,
-                 input_is_parallel: bool = False, t: int | None = None):
+                 input_is_parallel: bool = False, t: int | None = None, seed: int = 0,
+                 sequence_parallel: bool = False):
         super().__init__()
-        self.t = tp_size(group, t)
-        check_divisible("in_features", in_features, self.t)
-        self.group, self.input_is_parallel = group, input_is_parallel
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features // self.t))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        dense = init_weights_(nn.Linear(in_features, out_features, bias), seed)
+        self._keep_my_slice(dense, group, input_is_parallel, t, sequence_parallel)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group=None, input_is_parallel: bool = False,
-                    t: int | None = None) -> "RowParallelLinear":
+                    t: int | None = None, sequence_parallel: bool = False):
         """This rank's columns of ``linear.weight`` (= rows of A); the bias is copied whole."""
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, group,
-                    input_is_parallel, t)
-        with torch.no_grad():
-            layer.weight = nn.Parameter(_my_slice(linear.weight, layer.t, dist.get_rank(group), 1))
-            if linear.bias is not None:
-                layer.bias = nn.Parameter(linear.bias.detach().clone())
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._keep_my_slice(linear, group, input_is_parallel, t, sequence_parallel)
         return layer
 
+    def _keep_my_slice(self, linear, group, input_is_parallel, t, sequence_parallel):
+        self.t = tp_size(group, t)
+        check_divisible("in_features", linear.in_features, self.t)
+        self.group, self.input_is_parallel = group, input_is_parallel
+        self.sequence_parallel = sequence_parallel
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = nn.Parameter(_my_slice(linear.weight, self.t, dist.get_rank(group), 1))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+
     def forward(self, x):
-        if not self.input_is_parallel:
-            x = scatter_last_dim(x, self.group)                        # (..., in/t)
-        elif x.shape[-1] != self.weight.shape[1]:
-            raise ValueError(
-                f"RowParallelLinear(input_is_parallel=True) takes this rank's slice of the input, "
-                f"last dim in/t = {self.weight.shape[1]}, but got {x.shape[-1]}"
-                + (" (the full input?): pass input_is_parallel=False to split it here, or feed "
-                   "it a ColumnParallelLinear(gather_output=False)'s output"
-                   if x.shape[-1] == self.in_features else ""))
-        y = reduce_from_tp(F.linear(x, self.weight), self.group)       # g: (..., out)
-        return y if self.bias is None else y + self.bias
+        x = x if self.input_is_parallel else scatter_last_dim(x, self.group)  # (..., in/t)
+        check_input_slice(self, x)
+        partial = F.linear(x, self.weight)                             # X_r A_r, a partial sum
+        if self.sequence_parallel:
+            y = reduce_scatter_sequence(partial, self.group)           # g-bar: (b, s/t, out)
+            bias = self.bias if self.bias is None else copy_to_tp(self.bias, self.group)
+        else:
+            y, bias = reduce_from_tp(partial, self.group), self.bias   # g: (..., out)
+        return y if bias is None else y + bias
 
     def extra_repr(self):
         return (f"in={self.in_features}, out={self.out_features}, t={self.t}, "
-                f"input_is_parallel={self.input_is_parallel}")
+                f"input_is_parallel={self.input_is_parallel}, "
+                f"sequence_parallel={self.sequence_parallel}")
+
+
+def check_input_slice(layer: RowParallelLinear, x) -> None:
+    """A row-parallel layer takes this rank's in/t slice: say so if it got something else."""
+    if x.shape[-1] != layer.weight.shape[1]:
+        raise ValueError(
+            f"RowParallelLinear(input_is_parallel=True) takes this rank's slice of the input, "
+            f"last dim in/t = {layer.weight.shape[1]}, but got {x.shape[-1]}"
+            + (" (the full input?): pass input_is_parallel=False to split it here, or feed "
+               "it a ColumnParallelLinear(gather_output=False)'s output"
+               if x.shape[-1] == layer.in_features else ""))
 
 
 # ---------------------------------------------------------------- MLP and attention
@@ -189,11 +218,15 @@ class TensorParallelMLP(nn.Module):
 
     @classmethod
     def from_mlp(cls, mlp, group=None, t: int | None = None, gather_output: bool = False,
-                 input_is_parallel: bool = True) -> "TensorParallelMLP":
-        """Split a dense ``lessonlib.models.MLP`` (fc1, fc2) over the group's t ranks."""
+                 input_is_parallel: bool = True,
+                 sequence_parallel: bool = False) -> "TensorParallelMLP":
+        """Split a dense ``lessonlib.models.MLP`` (fc1, fc2) over the group's t ranks; with
+        ``sequence_parallel`` it takes and returns this rank's s/t rows."""
         check_pair(gather_output, input_is_parallel)
-        return cls(ColumnParallelLinear.from_linear(mlp.fc1, group, gather_output, t),
-                   RowParallelLinear.from_linear(mlp.fc2, group, input_is_parallel, t))
+        return cls(ColumnParallelLinear.from_linear(mlp.fc1, group, gather_output, t,
+                                                    sequence_parallel),
+                   RowParallelLinear.from_linear(mlp.fc2, group, input_is_parallel, t,
+                                                 sequence_parallel))
 
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(x)))                           # (..., h)
@@ -207,23 +240,29 @@ class TensorParallelSelfAttention(nn.Module):
         super().__init__()
         check_pair(qkv.gather_output, proj.input_is_parallel)
         self.qkv, self.proj, self.head_dim = qkv, proj, head_dim
+        self.recompute_core = False     # selective recompute, as in the dense model
 
     @classmethod
-    def from_attention(cls, attn, group=None, t: int | None = None):
+    def from_attention(cls, attn, group=None, t: int | None = None,
+                       sequence_parallel: bool = False):
         """Split a dense ``lessonlib.models.SelfAttention``: rank r keeps heads
         r*a/t .. (r+1)*a/t - 1 of Q, K and V, and the matching input rows of ``proj``."""
         t = tp_size(group, t)
         heads = attn.q.out_features // attn.head_dim
         check_divisible("heads", heads, t)
-        qkv = ColumnParallelLinear.from_linears([attn.q, attn.k, attn.v], group, False, t)
-        proj = RowParallelLinear.from_linear(attn.proj, group, True, t)
-        return cls(qkv, proj, attn.head_dim)
+        qkv = ColumnParallelLinear.from_linears([attn.q, attn.k, attn.v], group, False, t,
+                                                sequence_parallel)
+        proj = RowParallelLinear.from_linear(attn.proj, group, True, t, sequence_parallel)
+        layer = cls(qkv, proj, attn.head_dim)
+        layer.recompute_core = attn.recompute_core
+        return layer
 
-    def forward(self, x):
-        b, s, _ = x.shape                                              # (b, s, h)
-        q, k, v = (self.split_heads(z) for z in self.qkv(x).chunk(3, dim=-1))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (b, a/t, s, h/a)
-        return self.proj(y.transpose(1, 2).reshape(b, s, -1))         # (b, s, h)
+    def forward(self, x):                                              # (b, s, h) or SP's s/t
+        qkv = self.qkv(x)                                              # (b, s, 3h/t)
+        b, s, _ = qkv.shape
+        q, k, v = (self.split_heads(z) for z in qkv.chunk(3, dim=-1))
+        y = attention_core(q, k, v, self.recompute_core)               # (b, a/t, s, h/a)
+        return self.proj(y.transpose(1, 2).reshape(b, s, -1))         # (b, s, h) or s/t
 
     def split_heads(self, x):
         b, s, _ = x.shape

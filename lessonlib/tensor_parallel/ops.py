@@ -17,6 +17,28 @@ Two more operators move between a replicated and a split last dim:
 * ``gather_last_dim``: all-gather forward (concatenate the shards), split backward;
 * ``scatter_last_dim``: split forward (keep this rank's slice), all-gather backward.
 
+Sequence parallelism (Korthikanti et al. 2022, §4.2.2) keeps the LayerNorms and the residual
+stream split along the sequence, s/t rows per rank, and replaces f and g by their
+sequence-parallel conjugates. A ring all-reduce is a reduce-scatter followed by an
+all-gather: g's all-reduce becomes a reduce-scatter (the row layer's output lands on s/t rows)
+and the all-gather moves to the next column layer's input.
+
+Korthikanti et al. call Megatron-2019's f and g "f and f-bar" and name the new pair "g and
+g-bar"; here g already means Megatron-2019's, so the new pair goes by what it does:
+
+* ``gather_sequence`` (their g): all-gather along the sequence forward, reduce-scatter of
+  the gradient backward. It sits where f sat, before a column-parallel matrix: every rank
+  needs the whole sequence, and each rank's partial input gradient must be summed and
+  split back to s/t rows.
+* ``reduce_scatter_sequence`` (their g-bar): reduce-scatter along the sequence forward,
+  all-gather backward. It sits where g sat, after a row-parallel matrix.
+
+Two more move between a replicated and a split sequence: ``scatter_sequence`` (keep this
+rank's s/t rows forward, all-gather backward: after the embedding) and
+``gather_sequence(x, group, split_grad=True)`` (all-gather forward, keep this rank's rows
+of the gradient backward: before a replicated head, whose gradient every rank already has
+whole).
+
 Every message goes through ``lessonlib.comm``, so a ledger can count them. With a group of
 one rank every operator is the identity and sends nothing.
 
@@ -50,6 +72,34 @@ def _split_last_dim(x, group):
         raise ValueError(f"the last dim ({x.shape[-1]}) must be divisible by the tensor-"
                          f"parallel size t={t} to split it evenly")
     return x.chunk(t, dim=-1)[rank].contiguous()                       # (..., n / t)
+
+
+def all_gather_along_sequence(x, group):
+    """The plain collective (no autograd): every rank's s/t rows, concatenated along dim 1."""
+    t, _ = _size_and_rank(group)
+    x = x.contiguous()                                                 # (b, s/t, h)
+    shards = [torch.empty_like(x) for _ in range(t)]
+    comm.all_gather(shards, x, group=group)
+    return torch.cat(shards, dim=1)                                    # (b, s, h)
+
+
+def reduce_scatter_along_sequence(x, group):
+    """The plain collective (no autograd): the sum over ranks of x, this rank's s/t rows."""
+    t, _ = _size_and_rank(group)
+    stacked = torch.cat(x.chunk(t, dim=1), dim=0)                      # (t*b, s/t, h)
+    out = x.new_empty(stacked.shape[0] // t, *stacked.shape[1:])       # (b, s/t, h)
+    comm.reduce_scatter_tensor(out, stacked, group=group)
+    return out
+
+
+def split_sequence(x, group):
+    """This rank's s/t rows of the sequence (dim 1); one error naming s and t otherwise."""
+    t, rank = _size_and_rank(group)
+    if x.shape[1] % t:
+        raise ValueError(f"sequence parallelism splits the sequence over the tensor-parallel "
+                         f"ranks: s={x.shape[1]} is not divisible by t={t}; pick s a multiple "
+                         f"of t, or sequence_parallel=False")
+    return x.chunk(t, dim=1)[rank].contiguous()                        # (b, s/t, h)
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -110,10 +160,52 @@ class _ScatterLastDim(torch.autograd.Function):
         return _all_gather_last_dim(grad, ctx.group), None
 
 
-def _apply(op, x, group):
+class _GatherSequence(torch.autograd.Function):
+    """Korthikanti's g: all-gather along the sequence forward; backward,
+    reduce-scatter the gradient (``split_grad``: keep this rank's rows of it)."""
+
+    @staticmethod
+    def forward(ctx, x, group, split_grad):
+        ctx.group, ctx.split_grad = group, split_grad
+        return all_gather_along_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.split_grad:
+            return split_sequence(grad, ctx.group), None, None
+        return reduce_scatter_along_sequence(grad, ctx.group), None, None
+
+
+class _ReduceScatterSequence(torch.autograd.Function):
+    """Korthikanti's g-bar: reduce-scatter along the sequence forward, all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return reduce_scatter_along_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_along_sequence(grad, ctx.group), None
+
+
+class _ScatterSequence(torch.autograd.Function):
+    """Keep this rank's s/t rows forward; all-gather the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return split_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_along_sequence(grad, ctx.group), None
+
+
+def _apply(op, x, group, *args):
     if dist.get_world_size(group) == 1:
         return x
-    return op.apply(x, group)
+    return op.apply(x, group, *args)
 
 
 def copy_to_tp(x, group=None):
@@ -135,6 +227,24 @@ def scatter_last_dim(x, group=None):
     """Keep this rank's slice of the last dim forward (..., n) -> (..., n/t); all-gather
     backward."""
     return _apply(_ScatterLastDim, x, group)
+
+
+def gather_sequence(x, group=None, split_grad: bool = False):
+    """Korthikanti's **g**: all-gather the sequence forward (b, s/t, h) ->
+    (b, s, h); reduce-scatter the gradient backward (before a column split), or with
+    ``split_grad`` keep this rank's rows of it (before a replicated layer)."""
+    return _apply(_GatherSequence, x, group, split_grad)
+
+
+def reduce_scatter_sequence(x, group=None):
+    """Korthikanti's **g-bar**: reduce-scatter the partial sums forward (b, s, h) -> (b, s/t, h),
+    each rank's s/t rows complete; all-gather the gradient backward (after a row split)."""
+    return _apply(_ReduceScatterSequence, x, group)
+
+
+def scatter_sequence(x, group=None):
+    """Keep this rank's s/t rows forward (b, s, h) -> (b, s/t, h); all-gather backward."""
+    return _apply(_ScatterSequence, x, group)
 
 
 f = copy_to_tp

@@ -17,6 +17,14 @@ row-parallel layers (added once, after g), and the output head, unless
 all-gather of the logits forward plus an all-reduce backward (f) for the head. (Megatron
 also splits the cross-entropy so the logits are never gathered; not done here.)
 
+With ``sequence_parallel=True`` (Korthikanti et al. 2022, §4.2.2) what stayed replicated
+is split along the sequence instead: the LayerNorms run on s/t rows
+(``SequenceParallelLayerNorm``), each column layer gathers its input along the sequence and
+each row layer reduce-scatters its output (the all-reduces become all-gathers and
+reduce-scatters of the same bytes), the embedding's output (tokens plus positions) is
+scattered and the head gathers, so the model still takes (b, s) tokens and returns (b, s, V)
+logits.
+
 The model class is untouched: the result is still a ``TinyGPT`` (``parts()`` works), built
 by slicing the weights of the dense model, so t = 1, 2 and 4 are the same model.
 
@@ -38,6 +46,8 @@ from lessonlib.models import MLP, init_weights_
 from lessonlib.tensor_parallel.layers import (ColumnParallelLinear, TensorParallelMLP,
                                  TensorParallelSelfAttention, check_divisible, tp_size)
 from lessonlib.tensor_parallel.ops import reduce_from_tp
+from lessonlib.tensor_parallel.sequence import (SequenceGather, SequenceParallelLayerNorm,
+                                                SequenceScatter)
 
 
 def param_bytes(module: nn.Module) -> int:
@@ -78,35 +88,50 @@ def _copy_except(module: nn.Module, skip) -> nn.Module:
     return copy.deepcopy(module, memo={id(m): None for m in skip})
 
 
-def parallelize_block(block: nn.Module, group=None, t: int | None = None) -> nn.Module:
+def parallelize_block(block: nn.Module, group=None, t: int | None = None,
+                      sequence_parallel: bool = False) -> nn.Module:
     """A copy of a ``Block`` whose attention and MLP are split over the group's t ranks;
-    the LayerNorms are copied whole (replicated)."""
+    the LayerNorms are copied whole (replicated), or with ``sequence_parallel`` run on this
+    rank's s/t rows: the block then takes and returns (b, s/t, h). ``recompute`` carries
+    over from ``block`` and can be set on the copy."""
     tp = _copy_except(block, [block.attn, block.mlp])
-    tp.attn = TensorParallelSelfAttention.from_attention(block.attn, group, t)
-    tp.mlp = TensorParallelMLP.from_mlp(block.mlp, group, t)
-    # Bug zoo: the MLP silently left dense, every rank holds and computes all of it
-    if bugs.active("tp_layer_left_unsharded"):
+    tp.attn = TensorParallelSelfAttention.from_attention(block.attn, group, t, sequence_parallel)
+    tp.mlp = TensorParallelMLP.from_mlp(block.mlp, group, t, sequence_parallel=sequence_parallel)
+    if bugs.active("tp_layer_left_unsharded"):                        # the MLP left dense
         tp.mlp = copy.deepcopy(block.mlp)
+    if sequence_parallel:
+        tp.ln1, tp.ln2 = (SequenceParallelLayerNorm.from_layernorm(ln, group)
+                          for ln in (block.ln1, block.ln2))
     return tp
 
 
 def parallelize_gpt(model: nn.Module, group=None, t: int | None = None,
-                    vocab_parallel: bool = False) -> nn.Module:
+                    vocab_parallel: bool = False, sequence_parallel: bool = False) -> nn.Module:
     """A tensor-parallel copy of a ``TinyGPT`` for this rank of ``group`` (default: world).
 
     ``t``, if given, must equal the group's size. Checks every divisibility (hidden, heads,
-    4h, vocabulary) before building anything, and sends nothing while building."""
+    4h, vocabulary, and the sequence s under ``sequence_parallel``) before building
+    anything, and sends nothing while building."""
     t = tp_size(group, t)
     cfg = model.cfg
     check_divisible("hidden", cfg.hidden, t)
     check_divisible("heads", cfg.heads, t)
     if vocab_parallel:
         check_divisible("vocab", cfg.vocab, t)
+    if sequence_parallel:
+        check_divisible("s", cfg.seq, t)
     tp = _copy_except(model, list(model.blocks))
-    tp.blocks = nn.ModuleList(parallelize_block(b, group, t) for b in model.blocks)
+    tp.blocks = nn.ModuleList(parallelize_block(b, group, t, sequence_parallel)
+                              for b in model.blocks)
     if vocab_parallel:
         tp.embed.tok = VocabParallelEmbedding(model.embed.tok, group, t)
-        tp.head.out = ColumnParallelLinear.from_linear(model.head.out, group, True, t)
+        tp.head.out = ColumnParallelLinear.from_linear(model.head.out, group, True, t,
+                                                       sequence_parallel)
+    if sequence_parallel:
+        tp.embed = nn.Sequential(tp.embed, SequenceScatter(group))    # (b, s/t, h)
+        tp.head.ln = SequenceParallelLayerNorm.from_layernorm(model.head.ln, group)
+        if not vocab_parallel:                                         # a replicated head
+            tp.head.out = nn.Sequential(SequenceGather(group), tp.head.out)
     return tp
 
 

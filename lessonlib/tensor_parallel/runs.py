@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lessonlib import comm, device, launcher
+from lessonlib.argcheck import positive_int
 from lessonlib.baseline import grads_as_model, rel_err
 from lessonlib.breadcrumbs import progress
 from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank, tp_elements_per_layer
@@ -35,7 +36,7 @@ from lessonlib.tensor_parallel.layers import (ColumnParallelLinear, RowParallelL
 from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block, parallelize_gpt
 
 
-def _worst(tensors: dict, reference: dict) -> tuple[float, str]:
+def worst_error(tensors: dict, reference: dict) -> tuple[float, str]:
     """Largest error between two {name: tensor} dicts relative to the largest reference value
     of all of them (a per-tensor ratio would blow up on gradients that are zero in exact
     arithmetic, like the key bias's: softmax ignores a shift shared by all keys); and where."""
@@ -49,11 +50,23 @@ def _params(module) -> dict:
     return dict(module.named_parameters())
 
 
-def _traffic(book) -> dict:
-    ring = sum(ring_allreduce_bytes_per_rank(e.group_size, e.bytes)
-               for e in book.events if e.op == "all_reduce")
+def ring_bytes_per_rank(event) -> float:
+    """What one rank sends for a ledger event on a ring: an all-reduce of S bytes 2(n-1)/n*S,
+    a reduce-scatter of S bytes (n-1)/n*S, an all-gather of an S-byte shard (n-1)*S."""
+    n, size = event.group_size, event.bytes
+    if event.op == "all_reduce":
+        return ring_allreduce_bytes_per_rank(n, size)
+    return {"reduce_scatter": (n - 1) / n * size, "all_gather": (n - 1) * size}.get(event.op, 0)
+
+
+def traffic(book) -> dict:
+    """A ledger's collectives: counts by kind, payload bytes, ring bytes each rank sends,
+    and every event as (kind, payload bytes) in the order sent."""
     return {"all_reduce": book.count("all_reduce"), "all_gather": book.count("all_gather"),
-            "payload_bytes": book.total_bytes(), "ring_bytes_per_rank": ring,
+            "reduce_scatter": book.count("reduce_scatter"),
+            "payload_bytes": book.total_bytes(),
+            "ring_bytes_per_rank": sum(ring_bytes_per_rank(e) for e in book.events),
+            "events": [(e.op, e.bytes) for e in book.events],
             "seconds": sum(e.seconds for e in book.events)}
 
 
@@ -82,25 +95,25 @@ def compare_with_dense(dense, make_tp, batches, loss_fn, lr: float = 0.1) -> dic
                 report["input_grad"] = rel_err(x_t.grad, x_d.grad)
             expected = _params(make_tp(grads_as_model(dense)))
             got = {n: p.grad for n, p in tp.named_parameters()}
-            report["grads"], report["worst_grad"] = _worst(got, expected)
-            report["forward"], report["backward"] = _traffic(forward), _traffic(backward)
+            report["grads"], report["worst_grad"] = worst_error(got, expected)
+            report["forward"], report["backward"] = traffic(forward), traffic(backward)
         for opt in (opt_d, opt_t):
             opt.step()
             opt.zero_grad(set_to_none=True)
-    report["weights_after_steps"], report["worst_weight"] = _worst(_params(tp),
+    report["weights_after_steps"], report["worst_weight"] = worst_error(_params(tp),
                                                                    _params(make_tp(dense)))
     report["losses"] = losses
     report["param_bytes"], report["dense_param_bytes"] = param_bytes(tp), param_bytes(dense)
     return report
 
 
-def _float_batches(b, s, h, steps, seed, dev):
+def float_batches(b, s, h, steps, seed, dev):
     gen = torch.Generator().manual_seed(seed)
     return [tuple(torch.randn(b, s, h, generator=gen).to(dev) for _ in "xy")    # (b, s, h)
             for _ in range(steps)]
 
 
-def _token_batches(b, cfg, steps, seed, dev):
+def token_batches(b, cfg, steps, seed, dev):
     gen = torch.Generator().manual_seed(seed)
     return [tuple(torch.randint(0, cfg.vocab, (b, cfg.seq), generator=gen).to(dev)  # (b, s)
                   for _ in "xy") for _ in range(steps)]
@@ -121,7 +134,7 @@ def layer_report(t: int, b: int = 2, s: int = 16, h: int = 64, heads: int = 4, s
     cfg = GPTConfig(vocab=64, seq=s, hidden=h, heads=heads, layers=2)
     out = {"rank": dist.get_rank(), "t": t, "b": b, "s": s, "h": h,
            "predicted_elements_per_layer": tp_elements_per_layer(b, s, h, t)}
-    floats = _float_batches(b, s, h, steps, seed + 1, dev)
+    floats = float_batches(b, s, h, steps, seed + 1, dev)
     builders = {  # kind: (dense module, its tensor-parallel copy, batches, loss)
         "mlp": (lambda: init_weights_(MLP(h), seed),
                 lambda m: TensorParallelMLP.from_mlp(m, group), floats, F.mse_loss),
@@ -129,7 +142,7 @@ def layer_report(t: int, b: int = 2, s: int = 16, h: int = 64, heads: int = 4, s
                   lambda m: parallelize_block(m, group), floats, F.mse_loss),
         "gpt": (lambda: TinyGPT(cfg, seed),
                 lambda m: parallelize_gpt(m, group, vocab_parallel=True),
-                _token_batches(b, cfg, steps, seed + 1, dev), lm_loss),
+                token_batches(b, cfg, steps, seed + 1, dev), lm_loss),
     }
     for kind in kinds:
         build, make_tp, batches, loss_fn = builders[kind]
@@ -149,7 +162,7 @@ def check_layer_settings(world_size: int, ts=(1, 2, 4), h: int = 64, heads: int 
                          **_) -> None:
     """Raise ValueError naming the setting before any process starts."""
     for t in ts:
-        if not isinstance(t, int) or t < 1 or world_size % t:
+        if positive_int("t", t, what="the tensor-parallel size") and world_size % t:
             raise ValueError(f"t={t!r} must be a positive divisor of the world size "
                              f"{world_size} (ranks form groups of t consecutive ranks)")
         check_divisible("heads", heads, t)
@@ -172,7 +185,7 @@ def gathered_mlp_report(t: int, b: int = 2, s: int = 16, h: int = 64, seed: int 
         init_weights_(MLP(h), seed).to(dev),
         lambda m: TensorParallelMLP.from_mlp(m, group, gather_output=True,
                                              input_is_parallel=False),
-        _float_batches(b, s, h, 2, seed + 1, dev), F.mse_loss)
+        float_batches(b, s, h, 2, seed + 1, dev), F.mse_loss)
     ctx.destroy()
     return report
 
@@ -200,6 +213,22 @@ def ops_report(t: int) -> dict:
     return errors
 
 
+def constructor_report(t: int, n_in: int = 8, n_out: int = 12, seed: int = 3) -> dict:
+    """Layers built by their constructors hold this rank's slice of the dense layer that
+    ``init_weights_`` fills from the same seed: the largest difference of each (0.0)."""
+    ctx = tp_context(t)
+    dense = init_weights_(torch.nn.Linear(n_in, n_out), seed)
+    built = {"column": (ColumnParallelLinear(n_in, n_out, group=ctx.tp_group, seed=seed),
+                        ColumnParallelLinear.from_linear(dense, ctx.tp_group)),
+             "row": (RowParallelLinear(n_out, n_in, group=ctx.tp_group, seed=seed),
+                     RowParallelLinear.from_linear(init_weights_(torch.nn.Linear(n_out, n_in),
+                                                                 seed), ctx.tp_group))}
+    out = {name: max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+           for name, (a, b) in built.items()}
+    ctx.destroy()
+    return out
+
+
 def _torch_errors(dense, kind, ctx, batch) -> dict:
     """DTensor's ColwiseParallel/RowwiseParallel on the same weights vs the dense module."""
     theirs = parallelize_with_dtensor(dense, kind, tp_mesh(ctx))
@@ -212,7 +241,7 @@ def _torch_errors(dense, kind, ctx, batch) -> dict:
             for n, p in theirs.named_parameters()}
     return {"output": rel_err(out_t.detach(), out_d.detach()),
             "input_grad": rel_err(x_t.grad, x_d.grad),
-            "grads": _worst(full, {n: p.grad for n, p in dense.named_parameters()})[0],
+            "grads": worst_error(full, {n: p.grad for n, p in dense.named_parameters()})[0],
             "param_bytes": param_bytes(theirs)}
 
 
@@ -233,6 +262,12 @@ def bad_input_report() -> dict:
             MLP(8), gather_output=False, input_is_parallel=False),
         "group size differs from t": lambda: TensorParallelMLP.from_mlp(MLP(8), t=2),
     }
+    return refusals(cases)
+
+
+def refusals(cases: dict) -> dict:
+    """Run each of ``cases`` {name: build}: the ValueError each raised (None if it built),
+    and the messages sent meanwhile (0 when every check comes before any collective)."""
     messages = {}
     with comm.ledger() as book:
         for name, build in cases.items():

@@ -77,6 +77,24 @@ scale.memory_wall("gpt3-175B")
 plt.show()
 
 # %% [markdown]
+# The activations bar is the one that techniques other than more GPUs can shrink. For
+# GPT-3 (b = 1, all 96 layers, one micro-batch; Korthikanti et al. 2022, Table 2),
+# activations per GPU under each technique lesson 04 builds: tensor parallelism over t = 8
+# GPUs splits most of them, sequence parallelism splits the rest, and recomputation trades
+# FLOPs for bytes.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+gpt3 = cm.MODELS["gpt3-175B"]
+techniques = {"none": dict(recompute="none"), "selective recompute": dict(recompute="selective"),
+              "full recompute": dict(recompute="full"), "TP t=8": dict(t=8, recompute="none"),
+              "TP+SP t=8": dict(t=8, sequence_parallel=True, recompute="none"),
+              "TP+SP t=8 + selective": dict(t=8, sequence_parallel=True, recompute="selective")}
+for name, options in techniques.items():
+    acts = cm.memory_per_gpu(gpt3, b=1, **options).activations
+    print(f"{name:>22}: activations {acts / 1e9:7.1f} GB per GPU")
+
+# %% [markdown]
 # Try it: pick a model, a micro-batch size and a recomputation mode. A preset fixes the
 # number of layers L and the hidden size h, so their sliders show its values greyed out;
 # choose "custom" to move them and build your own model. Full recomputation keeps only each layer's input (`2·s·b·h` bytes)

@@ -24,7 +24,7 @@
 #
 # The traps are the two checks the course has used all along: **parity with one process**
 # (outputs, input gradients, weight gradients) and **counting** what each rank holds and
-# sends (`comm.ledger`). One of the five bugs passes every parity test.
+# sends (`comm.ledger`). One of the six bugs passes every parity test.
 #
 # Switch a bug on with `with bugzoo.enabled("name"):` or `LESSONLIB_BUGS=name` in the
 # environment; ranks started by `lessonlib.launch` inherit it.
@@ -53,7 +53,7 @@ for name, bug in bugzoo.BUGS.items():
 # %% [markdown]
 # ## 2. What each trap should show
 #
-# Before running anything, three of the five bugs leave a number we can predict exactly:
+# Before running anything, three of the six bugs leave a number we can predict exactly:
 #
 # * **A layer left unsharded** (`tp_layer_left_unsharded`): a transformer layer has
 #   12h² + 7h parameters in its split matrices and 6h replicated (LayerNorms and the two
@@ -151,6 +151,9 @@ viz.bug_widget(results)
 #   too big, which looks like a learning rate m times larger.
 # * `tp_layer_left_unsharded`: numerically perfect; it only costs memory and compute, so
 #   only a check of bytes held (or messages sent: one all-reduce fewer per layer) sees it.
+# * `sp_layernorm_grad_not_summed`: under sequence parallelism each rank's LayerNorm sees
+#   s/t rows; without the sum over the group its weight and bias gradients are each rank's
+#   part, so outputs and input gradients stay right while the replicas drift apart.
 
 # %% [markdown]
 # ## 5. Try it

@@ -19,9 +19,10 @@ from lessonlib.nccl_trace import SIZED, Call
 
 def _key(c: Call, mode: str, world: tuple) -> tuple:
     """The communicator a call runs on: ("group", name, members) or ("pair", name,
-    members, (a, b)); a group without a recorded name is known by its members."""
+    members, (a, b)); a group without a recorded name is known by its members. ``world``:
+    (its name, its members)."""
     if c.op == "new_group" and mode == "eager":   # ncclCommSplit of the world's communicator
-        return ("group", "0" if c.group is not None else None, world)
+        return ("group", *world)
     if c.p2p and c.batch is None and mode == "lazy":
         return ("pair", c.group, c.ranks, (min(c.rank, c.peer), max(c.rank, c.peer)))
     return ("group", c.group, c.ranks)
@@ -57,7 +58,8 @@ class Op:
 
 
 def to_ops(calls: list[list[Call]], mode: str) -> list[list[Op]]:
-    world = tuple(range(len(calls)))
+    named = any(c.group is not None for line in calls for c in line)
+    world = ("0" if named else None, tuple(range(len(calls))))
     out = []
     for rank, line in enumerate(calls):
         ops, batches = [], {}
@@ -109,9 +111,9 @@ def creation(ops: list[list[Op]], mode: str) -> list[str]:
 
 # ---------------------------------------------------------------- rules 4, 5, 6: matching
 def _signature(c: Call) -> tuple:
-    if c.op == "new_group":
-        return (c.op, c.ranks)
-    return (c.op, c.bytes if c.op in SIZED else None, c.dtype, c.root)
+    """(op, count, dtype, root, the members a new_group makes): what must agree."""
+    return (c.op, c.bytes if c.op in SIZED else None, c.dtype, c.root,
+            c.ranks if c.op == "new_group" else None)
 
 
 def matching(ops: list[list[Op]]):
@@ -160,7 +162,7 @@ def _lined_up(key: tuple, lines: dict, n: int) -> list[str]:
             roots = {s[3] for s in seen.values() if s is not None}
             what = ("mismatch: ranks of {} disagree on the root of call #{} there ({}); "
                     "NCCL needs the same root on every rank" if len(roots) > 1 and
-                    len({s[:3] for s in seen.values()}) == 1 else
+                    len({s[:3] + s[4:] for s in seen.values()}) == 1 else
                     "order: ranks of {} reach different collectives as call #{} there ({})")
             return missing + [what.format(describe(key), i, listing)]
     return missing

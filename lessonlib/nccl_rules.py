@@ -49,6 +49,9 @@ The rules modelled (PyTorch's and NCCL's, cited; "assumed" where the checker's a
    wait starts only when the waited call is done (torch.distributed docs, ``Work.wait``).
 
 Each entry point's mode (``ENTRY_POINTS``; a test reads the sources): every one is lazy.
+It must stay so while the pipeline executor posts unbatched ``isend``/``irecv``: in eager
+mode they share the group's one stream, and the interleaved schedules (p >= 3) hang on the
+wrap-around link (tests/test_nccl_rules.py replays every scheme's trace in both modes).
 
 Laptop:  ``python -m lessonlib.nccl_rules`` (two rings of 3 ranks: irecv-first, batched)
 GPU box: nothing to run: the point is to find such hangs before a GPU is at hand.

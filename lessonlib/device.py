@@ -60,12 +60,18 @@ def ranks_per_gpu_set(local_world_size: int, env=None) -> int:
     return 1 if bound and "SLURM_PROCID" in env else local_world_size
 
 
+_CPU = torch.device("cpu")
+STAND_IN = torch.device("cpu", 0)  # the rank's "GPU" in a CPU test of where tensors live
+_stand_in: list = []               # [STAND_IN] while ``placement`` runs that test
+
+
 def current_device() -> torch.device:
-    """The device this rank computes on: its own GPU under NCCL, the CPU under gloo."""
+    """The device this rank computes on: its own GPU under NCCL, the CPU under gloo (or,
+    inside ``placement``'s CPU test, ``STAND_IN``: still the CPU, but told apart)."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
         # One visible GPU (a SLURM task bound to its own) is index 0 whatever the local rank
         return torch.device("cuda", local_rank() % gpu_count())
-    return torch.device("cpu")
+    return _stand_in[0] if _stand_in else _CPU
 
 
 def bind_device(backend: str) -> torch.device:

@@ -137,10 +137,13 @@ class HybridTrainer:
 
 # ---------------------------------------------------------------- the run and its proof
 def reference(cfg: GPTConfig = HYBRID_CONFIG, global_batch: int = 8, steps: int = 3,
-              lr: float = 0.1, seed: int = 0):
-    """One process, whole batch: (model after the steps, model of first-step grads, losses)."""
-    model = TinyGPT(cfg, seed)
-    run = train_one_process(model, corpus_batches(cfg, global_batch, seed), steps, lr=lr)
+              lr: float = 0.1, seed: int = 0, dev=None):
+    """One process, whole batch: (model after the steps, model of first-step grads, losses),
+    computed on ``dev`` (the CPU by default; a rank's own device inside ``train``)."""
+    model = TinyGPT(cfg, seed).to(dev)
+    batch_of = corpus_batches(cfg, global_batch, seed)
+    run = train_one_process(model, lambda step: tuple(t.to(dev) for t in batch_of(step)),
+                            steps, lr=lr)
     return model, grads_as_model(model, run["first_grads"]), run["losses"]
 
 
@@ -178,7 +181,8 @@ def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
               "param_count": sum(p.numel() for p in trainer.params),
               "peak_stash": out["peak_stash"]}
     if check:
-        dense, dense_grads, dense_losses = reference(cfg, global_batch, steps, lr, seed)
+        dense, dense_grads, dense_losses = reference(cfg, global_batch, steps, lr, seed,
+                                                     device.current_device())
         result.update(
             max_grad_diff=max_abs_diff(first_grads, build_stage(dense_grads, ctx).parameters()),
             max_weight_diff=max_abs_diff(trainer.params, build_stage(dense, ctx).parameters()),

@@ -201,7 +201,8 @@ def test_the_placement_audit_names_compute_off_the_ranks_gpu(tmp_path, monkeypat
     monkeypatch.setattr(placement.sys, "argv", ["labs/pp.py"])
     with placement._OffDevice(tmp_path):
         torch.ones(2, 2) + 1                      # not compute: not watched
+        F.linear(torch.ones(2, 3), torch.ones(4, 3))   # making data, not the model's compute
         assert placement.findings(tmp_path) == []
-        F.linear(torch.ones(2, 3), torch.ones(4, 3))
+        F.linear(torch.ones(2, 3), torch.ones(4, 3, requires_grad=True))
     found = placement.findings(tmp_path, "pp")
     assert len(found) == 1 and "linear got a tensor on cpu, not cuda:0" in found[0]

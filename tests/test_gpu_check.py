@@ -20,7 +20,7 @@ sys.path.append(str(LABS))         # after site-packages: labs/ holds scripts, n
 import gpu_check  # noqa: E402  (labs/ is not a package)
 import sweep_points  # noqa: E402
 
-from lessonlib import device, results  # noqa: E402
+from lessonlib import device, placement, results  # noqa: E402
 
 FROM_THE_COMMAND_LINE = ("allreduce",)
 
@@ -36,15 +36,17 @@ def test_cpu_mode_runs_labs_and_writes_the_report(tmp_path):
                     "--out", str(tmp_path))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
-    rows = {r["lab"]: r for r in report["labs"]}
-    assert set(rows) == set(FROM_THE_COMMAND_LINE)
+    rows = {r["point"]: r for r in report["points"]}
+    # the most telling first: versions, a 1-rank launch, the products, then the labs
+    assert list(rows) == ["versions", "launch", "gemm", *FROM_THE_COMMAND_LINE]
     for lab in FROM_THE_COMMAND_LINE:
         # with 2 ranks every lab runs (allreduce skips only at 1)
         assert rows[lab]["status"] == "ok" and rows[lab]["seconds"] > 0, rows[lab]
         assert (tmp_path / rows[lab]["log"]).exists()
-    assert [g["n"] for g in report["gemm"]] and all(g["tflops"] > 0 for g in report["gemm"])
+    gemm = rows["gemm"]["gemm"]
+    assert [g["n"] for g in gemm] and all(g["tflops"] > 0 for g in gemm)
     text = (tmp_path / "report.md").read_text()
-    assert "| lab | ranks | status |" in text and "Matrix products" in text
+    assert "| point | ranks | status |" in text and "Matrix products" in text
     assert "| allreduce | 2 | ok |" in text and "ring busbw GB/s" in text
     if device.gpu_count() == 0:
         assert report["machine"]["backend"] == "gloo"
@@ -52,9 +54,11 @@ def test_cpu_mode_runs_labs_and_writes_the_report(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_cpu_mode_settings_run_every_lab(tmp_path):
+def test_cpu_mode_settings_run_every_lab(tmp_path, monkeypatch):
     """Every lab in labs/ is planned, and each runs with the CPU mode's settings to a record
-    that holds every column its report line shows."""
+    that holds every column its report line shows; its ranks run on the placement audit's
+    stand-in GPU (tests/test_placement.py), so a tensor a lab leaves on the CPU fails it."""
+    monkeypatch.setenv(placement.STAND_IN_ENV, "1")
     jobs, skipped = gpu_check.plan(2, gpu=False, quick=True)
     present = set(gpu_check.sweep.available_labs())
     assert {lab for lab, _ in jobs} == present, "a lab in labs/ would not be run"

@@ -161,6 +161,12 @@ def markdown(machine: dict, rows: list[dict], extra: dict) -> str:
                   f"**{calib['measured_matmul_efficiency']:.2f}** of the {calib['preset']} dense "
                   f"peak ({calib['peak_tflops']:.0f} TFLOP/s); the cost model assumes "
                   f"MATMUL_EFFICIENCY = {calib['assumed_matmul_efficiency']}."]
+        if "prediction_145.6B" in calib:
+            p = calib["prediction_145.6B"]
+            lines.append(f"Megatron-LM 2021's 145.6 B row ({p['layout']}, {p['cluster']}): "
+                         f"{p['tflops_per_gpu_assumed']:.0f} TFLOP/s per GPU predicted with the "
+                         f"assumption, {p['tflops_per_gpu_measured_efficiency']:.0f} with the "
+                         f"measured efficiency.")
     elif calib:
         lines += ["", f"Matrix products: median {calib['median_tflops']:.4g} TFLOP/s on "
                   f"{calib['device']} (no cost-model preset for it)."]

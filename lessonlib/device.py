@@ -54,10 +54,15 @@ def ranks_per_gpu_set(local_world_size: int, env=None) -> int:
     Under torchrun (or srun without GPU binding) every rank of a node sees all its GPUs, so
     they need ``local_world_size`` of them. With ``srun --gpus-per-task`` or ``--gpu-bind``
     SLURM shows each task only its own GPU(s) (CUDA_VISIBLE_DEVICES per task), so one
-    visible GPU is enough: its own."""
+    visible GPU is enough: its own. So is a task that sees exactly one GPU whatever the
+    variables say (a cluster that binds GPUs to tasks by cgroups sets neither variable);
+    tasks that share a node's single GPU must ask for ``--backend gloo``, since NCCL
+    refuses two ranks on one GPU."""
     env = os.environ if env is None else env
     bound = env.get("SLURM_GPUS_PER_TASK") or env.get("SLURM_GPU_BIND")
-    return 1 if bound and "SLURM_PROCID" in env else local_world_size
+    if "SLURM_PROCID" in env and (bound or gpu_count() == 1):
+        return 1
+    return local_world_size
 
 
 _CPU = torch.device("cpu")

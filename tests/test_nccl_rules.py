@@ -167,6 +167,15 @@ def test_one_gpu_bound_per_task_is_enough():
     assert device.ranks_per_gpu_set(8, {"SLURM_GPUS_PER_TASK": "1"}) == 8   # not an srun task
 
 
+def test_a_task_that_sees_one_gpu_uses_it_whatever_the_variables_say(monkeypatch):
+    monkeypatch.setattr(device, "gpu_count", lambda: 1)
+    task = {"SLURM_PROCID": "5", "SLURM_LOCALID": "5"}        # cgroups bind it: no variable
+    assert device.ranks_per_gpu_set(8, task) == 1
+    assert device.resolve_backend("auto", device.ranks_per_gpu_set(8, task)) == "nccl"
+    assert device.resolve_backend("nccl", device.ranks_per_gpu_set(8, task)) == "nccl"
+    assert device.ranks_per_gpu_set(8, {}) == 8              # torchrun ranks sharing one GPU
+
+
 def test_auto_takes_nccl_with_one_bound_gpu_per_task(monkeypatch):
     monkeypatch.setattr(device, "gpu_count", lambda: 1)
     env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "3", "SLURM_GPUS_PER_TASK": "1"}

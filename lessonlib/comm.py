@@ -52,13 +52,15 @@ def _dtype(tensor_or_list) -> str | None:
 def _group(group) -> tuple[str | None, tuple[int, ...]]:
     """(name, members) of a process group (None: the world), looked up once."""
     key = dist.group.WORLD if group is None else group
+    if not isinstance(key, dist.ProcessGroup):    # a rank outside the group: torch refuses
+        return None, ()
     if key not in _groups:
         _groups[key] = (getattr(key, "group_name", None), tuple(dist.get_process_group_ranks(key)))
     return _groups[key]
 
 
 def _breadcrumb(name: str, nbytes: int, group, peer) -> None:
-    progress(f"{name} of {nbytes} bytes in a group of {dist.get_world_size(group)}"
+    progress(f"{name} of {nbytes} bytes in a group of {len(_group(group)[1])}"
              + (f" with rank {peer}" if peer is not None else ""))
 
 

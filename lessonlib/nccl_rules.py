@@ -8,6 +8,9 @@ rank would wait forever, and every call whose partners do not fit. It never rais
 it cannot read gets a sentence starting "trace:". An empty list means none of the modelled
 hazards is present (not a proof that nothing else can go wrong).
 
+Only what goes through ``lessonlib.comm`` is in a trace: PyTorch's own DDP, FSDP2,
+pipelining and DeviceMesh (the course's references) talk to the process group around it.
+
 A communicator is known by its creation, not its members: every ``new_group`` makes a new
 one, even with the world's members (torch numbers groups "0" for the world, then "1", "2",
 ... in creation order; ``comm`` records the name and ``comm.new_group`` the creation).

@@ -14,7 +14,7 @@ still reports what it saw:
 4. each lab in ``labs/`` once, at sizes that make a GPU work (bf16 where the lab takes it),
    on NCCL at the largest world size the visible GPUs allow (one GPU is fine: each lab says
    what it does with one rank), with ``lessonlib.placement``'s audit on: a lab whose ranks
-   compute on anything but their own GPU says so in the table;
+   compute on anything but their own GPU says so in the table; the GPT labs' MFU;
 5. train a few steps with checkpoints, then run again: it must resume.
 
 It runs from a plain checkout with nothing installed but torch (2.5 or newer), numpy,
@@ -107,6 +107,19 @@ def resume_point(point: dict, out: Path, index: int, timeout: float, gpu: bool) 
     return second
 
 
+def mfu(row: dict, peak_tflops: float | None) -> float | None:
+    """Model FLOPs utilisation of a GPT lab's lessonlib run: 6 N FLOPs per token (forward and
+    backward, Kaplan et al. 2020) at its tokens per second, over the ranks' dense peak."""
+    n, world = row.get("settings.parameters"), int(row.get("world_size") or 1)
+    tokens = row.get("results.lessonlib.tokens_per_s")
+    if tokens is None and row.get("results.lessonlib.step_time_s") and row.get("settings.batch_per_rank"):
+        tokens = (row["settings.batch_per_rank"] * row["settings.config.seq"] * world
+                  / row["results.lessonlib.step_time_s"])
+    if not (n and tokens and peak_tflops):
+        return None
+    return 6 * n * tokens / (world * peak_tflops * 1e12)
+
+
 # ---------------------------------------------------------------- the run
 class Report:
     """Every point's row, written out (JSON and markdown) after each one."""
@@ -182,6 +195,8 @@ def point_summary(row: dict) -> str:
                 f"({row['timed_by']})")
     if row["lab"] == "gemm" and row["status"] == "ok":
         return ", ".join(f"n={g['n']}: {g['tflops']:.3g} TFLOP/s" for g in row["gemm"])
+    if row.get("mfu") is not None:
+        return f"{lab_summary(row)}; MFU {row['mfu']:.2f}"
     if row.get("point") == "train+resume" and row["status"] == "ok":
         return (f"{lab_summary(row)}; resumed from step "
                 f"{row['results.lessonlib.resumed_from_step']}")
@@ -254,7 +269,10 @@ def main(argv=None) -> int:
             report.run("train+resume", "resume",
                        lambda t, p=point, i=index: resume_point(p, out, 2 * i, t, gpu))
         else:
-            report.run(name, "lab", lambda t, n=name, p=point, i=index: lab_point(n, p, out, 2 * i, t, gpu))
+            row = report.run(name, "lab",
+                             lambda t, n=name, p=point, i=index: lab_point(n, p, out, 2 * i, t, gpu))
+            row["mfu"] = mfu(row, report.extra.get("calibration", {}).get("peak_tflops"))
+            report.write()
     os.environ.pop(placement.AUDIT_ENV)
     report.rows += skipped
     report.write()

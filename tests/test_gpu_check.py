@@ -101,3 +101,9 @@ def test_the_calibration_compares_with_the_preset_peak():
     assert calib["measured_matmul_efficiency"] == pytest.approx(550 / 989)
     assert gpu_check.calibrate(rates, "cpu")["preset"] is None
     assert gpu_check.throughput.MATMUL_EFFICIENCY == calib["assumed_matmul_efficiency"]
+
+
+def test_mfu_is_six_n_flops_per_token_over_the_ranks_peak():
+    row = {"settings.parameters": 10 ** 7, "world_size": "2", "results.lessonlib.tokens_per_s": 1e6}
+    assert gpu_check.mfu(row, 1000.0) == pytest.approx(6e13 / 2e15)
+    assert gpu_check.mfu(row, None) is None and gpu_check.mfu({}, 1000.0) is None

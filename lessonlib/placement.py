@@ -100,7 +100,7 @@ def start_if_asked() -> bool:
     return bool(_started)
 
 
-_DATA = torch._C.TensorBase.__dict__["data"]
+_DATA = next(c.__dict__["data"] for c in torch.Tensor.__mro__ if "data" in c.__dict__)
 
 
 class LeftOnCpu(RuntimeError):

@@ -59,3 +59,13 @@ def drive(names) -> list:
         fn(*args, **kwargs)
         dist.barrier()
     return list(names)
+
+
+def left_behind() -> None:
+    """A layer never moved to the rank's device, called on a batch that was."""
+    import torch
+    from torch import nn
+
+    from lessonlib.device import current_device
+
+    nn.Linear(3, 2)(torch.ones(4, 3, device=current_device()))

@@ -10,6 +10,7 @@ from torch import nn
 import lessonlib
 import placement_workers as W
 from lessonlib import device, placement
+from lessonlib.launcher import RankError
 
 
 @pytest.mark.timeout(240)
@@ -17,6 +18,8 @@ def test_every_launched_entry_point_keeps_its_tensors_on_the_ranks_device(monkey
     monkeypatch.setenv(placement.STAND_IN_ENV, "1")
     done = lessonlib.launch(W.drive, 2, list(W.ENTRY_POINTS), timeout=200)
     assert done[0] == list(W.ENTRY_POINTS)
+    with pytest.raises(RankError, match=r"LeftOnCpu: linear got a torch.float32 tensor of shape \(2, 3\)"):
+        lessonlib.launch(W.left_behind, 2, timeout=60)       # the ranks do run on the stand-in
 
 
 @pytest.mark.timeout(60)

@@ -49,6 +49,7 @@ from lessonlib.costmodel.calibration import calibrate  # noqa: E402
 from lessonlib.labkit import gemm_rates  # noqa: E402
 
 POINT_CAP_S = {"versions": 30, "launch": 90, "gemm": 60, "lab": 120, "resume": 150}
+POINT_MIN_S = {"versions": 1, "launch": 10, "gemm": 10, "lab": 20, "resume": 40}  # else skip
 
 
 # ---------------------------------------------------------------- the points
@@ -136,9 +137,10 @@ class Report:
 
     def run(self, name: str, kind: str, fn) -> dict:
         timeout = min(POINT_CAP_S[kind], self.left())
-        if timeout < 5:
+        if timeout < POINT_MIN_S[kind]:          # too little left to be worth starting
             row = {"lab": name, "point": name, "status": "skipped",
-                   "error": "the --budget-s was spent"}
+                   "error": f"{max(self.left(), 0):.0f} s of --budget-s left, under the "
+                            f"{POINT_MIN_S[kind]} s this point needs"}
         else:
             print(f"{name} (at most {timeout:.0f} s) ...", file=sys.stderr, flush=True)
             start = time.monotonic()

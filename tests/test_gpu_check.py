@@ -107,3 +107,17 @@ def test_mfu_is_six_n_flops_per_token_over_the_ranks_peak():
     row = {"settings.parameters": 10 ** 7, "world_size": "2", "results.lessonlib.tokens_per_s": 1e6}
     assert gpu_check.mfu(row, 1000.0) == pytest.approx(6e13 / 2e15)
     assert gpu_check.mfu(row, None) is None and gpu_check.mfu({}, 1000.0) is None
+
+
+def test_each_point_is_written_as_it_goes_and_one_that_does_not_fit_is_skipped(tmp_path):
+    machine = {"device": "cpu", "gpus": 0, "backend": "gloo", "settings": "tiny", "budget_s": 30}
+    report = gpu_check.Report(tmp_path, machine, budget_s=30)
+    report.run("versions", "versions", lambda t: gpu_check.versions())
+    assert json.loads((tmp_path / "report.json").read_text())["points"][0]["status"] == "ok"
+    report.run("broken", "lab", lambda t: 1 / 0)               # reported, not fatal
+    report.deadline = 0                                         # the budget is spent
+    row = report.run("ddp", "lab", lambda t: pytest.fail("a point past the budget ran"))
+    assert row["status"] == "skipped" and "--budget-s" in row["error"]
+    rows = json.loads((tmp_path / "report.json").read_text())["points"]
+    assert [r["status"] for r in rows] == ["ok", "failed", "skipped"]
+    assert "ZeroDivisionError" in rows[1]["error"] and "| ddp |" in (tmp_path / "report.md").read_text()

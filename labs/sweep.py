@@ -57,7 +57,7 @@ from sweep_points import (LABS_DIR, check, error_line, expand, lab_argv, lab_fla
 from lessonlib import results as R
 
 # The kit's own tools, and minimal_ddp.py: plain PyTorch for students to copy, no lab flags
-NOT_LABS = {"sweep", "sweep_points", "sweep_slurm", "gpu_check", "minimal_ddp"}
+NOT_LABS = {"sweep", "sweep_points", "sweep_slurm", "gpu_check", "gpu_check_labs", "minimal_ddp"}
 LAUNCHERS = ("local", "torchrun", "srun")
 __all__ = ["parse_axis", "expand", "read_grid_file", "lab_flags", "check", "command", "sweep"]
 

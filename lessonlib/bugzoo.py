@@ -32,6 +32,7 @@ from lessonlib.baseline import rel_err
 from lessonlib.bugs import BUGS, ENV, Bug, active, enabled, hook_line, known, switched, switched_on
 from lessonlib.data import regression_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
+from lessonlib.device import current_device
 from lessonlib.expert_parallel import runs as ep_runs
 from lessonlib.launcher import LaunchTimeout, RankError, launch
 from lessonlib.models import Block, GPTConfig, init_weights_, mlp_stack
@@ -54,10 +55,10 @@ def rank_tp_gradient() -> dict:
 
 def rank_tp_sharding() -> dict:
     """A transformer layer split by parallelize_block: bytes held, all-reduces, output."""
-    h, t = 16, 2
-    dense = init_weights_(Block(GPTConfig(seq=4, hidden=h, heads=2)), 0, std=0.02)
+    h, t, dev = 16, 2, current_device()
+    dense = init_weights_(Block(GPTConfig(seq=4, hidden=h, heads=2)), 0, std=0.02).to(dev)
     tp = parallelize_block(dense)
-    x = torch.randn(2, 4, h, generator=torch.Generator().manual_seed(1))   # (b, s, h)
+    x = torch.randn(2, 4, h, generator=torch.Generator().manual_seed(1)).to(dev)  # (b, s, h)
     with comm.ledger() as book:
         out = tp(x)
     return {"param_bytes": param_bytes(tp), "expected": ((12 * h * h + 7 * h) // t + 6 * h) * 4,
@@ -68,16 +69,16 @@ def rank_tp_sharding() -> dict:
 def rank_ddp_accumulation(micro: int = 2) -> dict:
     """DataParallel with ``micro`` accumulated micro-batches (no_sync on all but the last)
     vs one process on the whole batch; the all-reduces each micro-batch sent."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    x, y = (t.double() for t in regression_batch(4 * n * micro, 8, 0))      # (b, 8)
-    ddp = DataParallel(mlp_stack(8, 2, seed=0).double())
+    rank, n, dev = dist.get_rank(), dist.get_world_size(), current_device()
+    x, y = (t.double().to(dev) for t in regression_batch(4 * n * micro, 8, 0))   # (b, 8)
+    ddp = DataParallel(mlp_stack(8, 2, seed=0).double().to(dev))
     sent = []
     pieces = zip(shard(x, rank, n).chunk(micro), shard(y, rank, n).chunk(micro))
     for i, (xm, ym) in enumerate(pieces):
         with comm.ledger() as book, ddp.no_sync() if i < micro - 1 else nullcontext():
             (F.mse_loss(ddp(xm), ym) / micro).backward()
         sent.append(book.count("all_reduce"))
-    ref = mlp_stack(8, 2, seed=0).double()
+    ref = mlp_stack(8, 2, seed=0).double().to(dev)
     F.mse_loss(ref(x), y).backward()
     return {"grads": max(rel_err(p.grad, q.grad) for p, q in zip(ddp.parameters(), ref.parameters())),
             "all_reduces_per_microbatch": sent}
@@ -85,11 +86,11 @@ def rank_ddp_accumulation(micro: int = 2) -> dict:
 
 def rank_pipeline(m: int = 4) -> dict:
     """One 1F1B step of a 2-stage pipeline (m micro-batches) vs one process."""
-    p, stage = dist.get_world_size(), dist.get_rank()
-    chunks = stage_modules(mlp_stack(16, 4, seed=0), p, 1, stage)
-    x, y = regression_batch(2 * m, 16, 0)                                   # (m * b, 16)
+    p, stage, dev = dist.get_world_size(), dist.get_rank(), current_device()
+    chunks = [c.to(dev) for c in stage_modules(mlp_stack(16, 4, seed=0), p, 1, stage)]
+    x, y = (t.to(dev) for t in regression_batch(2 * m, 16, 0))              # (m * b, 16)
     PipelineExecutor(make("1f1b", p, m), stage, chunks, F.mse_loss, (2, 16)).step(x, y)
-    ref = mlp_stack(16, 4, seed=0)
+    ref = mlp_stack(16, 4, seed=0).to(dev)
     F.mse_loss(ref(x), y).backward()
     got = torch.cat([q.grad.reshape(-1) for c in chunks for q in c.parameters()])
     want = torch.cat([q.grad.reshape(-1) for q in stage_parameters(ref, p, 1, stage)])

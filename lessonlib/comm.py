@@ -4,95 +4,37 @@ What it teaches: parallel training is computation plus communication, and the le
 claims about communication ("one all-reduce per MLP forward", "a ring moves 2(n-1)/n of
 the data per rank") can be checked by counting. Inside ``with ledger() as book:`` each call
 below appends an ``Event`` (operation, group size, payload bytes, peer, seconds) to
-``book``, on this rank. Each call also leaves a breadcrumb (``launcher.progress``), so a
+``book``, on this rank (``lessonlib.ledger``). Each call also leaves a breadcrumb (``launcher.progress``), so a
 hang names the collective a rank was stuck in.
 
 The ledger is also a trace that NCCL's rules can be checked on without a GPU: each event
-keeps its dtype, its group's members, its *global* peer, its order among this rank's
-calls, whether it was posted in one ``batch_isend_irecv`` and when it was waited on.
-``nccl_hazards(ledgers)`` (one ledger per rank, ``lessonlib.nccl_rules``) replays them.
+keeps its dtype, its group (by creation: torch numbers groups "0" for the world, then "1",
+"2", ... in ``new_group`` order) and members, its *global* peer or root, its order among
+this rank's calls, whether it was posted in one ``batch_isend_irecv`` and when it was
+waited on; ``new_group`` itself is recorded. ``nccl_hazards(ledgers)`` (one ledger per rank,
+``lessonlib.nccl_rules``) replays them.
 
 The wrappers take the same arguments as ``torch.distributed`` and return the same things;
-asynchronous ones return a handle whose ``wait()`` also closes the event's timing. On a
-GPU the timing is a pair of CUDA events, read after one synchronize when the ledger closes
-(or ``summary()`` is asked), so counting never stalls the queue; on a CPU, wall clock.
+inside a ledger asynchronous ones return a handle whose ``wait()`` also closes the event's
+timing. On a GPU the timing is a pair of CUDA events, read after one synchronize when the
+ledger closes (or ``summary()`` is asked), so counting never stalls the queue; on a CPU,
+wall clock. Outside a ledger a call costs a breadcrumb and nothing else.
 
 Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.comm.demo_ledger, 2))"``
 GPU box: the same; under NCCL the payload lives on each rank's GPU.
 """
 from __future__ import annotations
 
-import itertools
-from collections import Counter
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-
 import torch
 import torch.distributed as dist
 
 from lessonlib import device
 from lessonlib.breadcrumbs import progress
+from lessonlib.ledger import (Event, Ledger, TimedWork, batches, books, calls,  # noqa: F401
+                              close, ledger, mode)
 from lessonlib.nccl_rules import nccl_hazards  # noqa: F401 (comm.nccl_hazards, the public name)
 
-_books: list["Ledger"] = []  # the ledgers open on this rank (nested ``with`` blocks allowed)
-_calls = itertools.count()   # this rank's calls, in the order they were made
-_batches = itertools.count()
-
-
-@dataclass
-class Event:
-    op: str
-    group_size: int
-    bytes: int
-    seconds: float = 0.0
-    peer: int | None = None           # global rank of the other end (point-to-point)
-    dtype: str | None = None          # e.g. "torch.float32"
-    ranks: tuple[int, ...] = ()       # the group's members, global ranks
-    order: int = 0                    # position among this rank's calls
-    batch: int | None = None          # calls of one batch_isend_irecv share this number
-    waited: int | None = None         # the ``order`` of the next call when this one was waited on
-    marks: tuple | None = field(default=None, repr=False, compare=False)  # (start, end) to read
-
-
-@dataclass
-class Ledger:
-    events: list[Event] = field(default_factory=list)
-
-    def settle(self) -> None:
-        """Turn pending CUDA-event pairs into seconds, after one synchronize."""
-        pending = [e for e in self.events if e.marks is not None and e.marks[1] is not None]
-        if pending:
-            device.synchronize()
-        for e in pending:
-            e.seconds, e.marks = device.elapsed(*e.marks), None
-
-    def count(self, op: str | None = None) -> int:
-        return sum(1 for e in self.events if op is None or e.op == op)
-
-    def total_bytes(self, op: str | None = None) -> int:
-        return sum(e.bytes for e in self.events if op is None or e.op == op)
-
-    def summary(self) -> dict[str, dict]:
-        """{op: {"calls": n, "bytes": total, "seconds": total}}"""
-        self.settle()
-        calls = Counter(e.op for e in self.events)
-        return {op: {"calls": n, "bytes": self.total_bytes(op),
-                     "seconds": sum(e.seconds for e in self.events if e.op == op)}
-                for op, n in calls.items()}
-
-
-@contextmanager
-def ledger():
-    """Record this rank's communication inside the block."""
-    book = Ledger()
-    _books.append(book)
-    try:
-        yield book
-    finally:
-        # by identity: two ledgers with the same events are equal, and ``remove`` would
-        # take the outer one of a nested pair, which would then miss every later call
-        _books[:] = [b for b in _books if b is not book]
-        book.settle()
+_groups: dict = {}           # process group -> (name, members): looked up once per group
 
 
 def _nbytes(tensor_or_list) -> int:
@@ -107,59 +49,42 @@ def _dtype(tensor_or_list) -> str | None:
     return _dtype(tensor_or_list[0]) if len(tensor_or_list) else None
 
 
-def _members(group) -> tuple[int, ...]:
-    if group is None:
-        return tuple(range(dist.get_world_size()))
-    return tuple(dist.get_process_group_ranks(group))
+def _group(group) -> tuple[str | None, tuple[int, ...]]:
+    """(name, members) of a process group (None: the world), looked up once."""
+    key = dist.group.WORLD if group is None else group
+    if not isinstance(key, dist.ProcessGroup):    # a rank outside the group: torch refuses
+        return None, ()
+    if key not in _groups:
+        _groups[key] = (getattr(key, "group_name", None), tuple(dist.get_process_group_ranks(key)))
+    return _groups[key]
 
 
-class _TimedWork:
-    """An async handle that closes its event's timing, and notes when it was waited on."""
-
-    def __init__(self, work, *events: Event):
-        self._work, self._events = work, events
-
-    def wait(self, timeout=None):
-        out = self._work.wait() if timeout is None else self._work.wait(timeout)
-        for event in self._events:
-            _close(event)
-        return out
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed()
+def _breadcrumb(name: str, nbytes: int, group, peer) -> None:
+    progress(f"{name} of {nbytes} bytes in a group of {len(_group(group)[1])}"
+             + (f" with rank {peer}" if peer is not None else ""))
 
 
-def _close(event: Event) -> None:
-    if event.waited is None:
-        event.waited = next(_calls)
-    if event.marks is None or event.marks[1] is not None:
-        return                         # waited on before: its timing is already closed
-    start = event.marks[0]
-    end = device.mark()
-    if isinstance(start, float):
-        event.seconds, event.marks = device.elapsed(start, end), None
-    else:
-        event.marks = (start, end)     # read after one synchronize (``Ledger.settle``)
-
-
-def _event(name: str, payload, group, peer, batch=None) -> Event:
-    size = dist.get_world_size(group)
+def _event(name: str, payload, group, peer, batch=None, root=None) -> Event:
     nbytes = _nbytes(payload)
-    progress(f"{name} of {nbytes} bytes in a group of {size}" + (f" with rank {peer}" if peer is not None else ""))
-    event = Event(name, size, nbytes, peer=peer, dtype=_dtype(payload), ranks=_members(group),
-                  order=next(_calls), batch=batch)
+    _breadcrumb(name, nbytes, group, peer)
+    gname, members = _group(group)
+    event = Event(name, len(members), nbytes, peer=peer, dtype=_dtype(payload), ranks=members,
+                  order=next(calls), batch=batch, group=gname, root=root)
     event.marks = (device.mark(), None)
     return event
 
 
-def _call(name: str, payload, group, peer, async_op: bool, thunk):
-    event = _event(name, payload, group, peer)
+def _call(name: str, payload, group, peer, async_op: bool, thunk, root=None):
+    if not books:                     # nothing records: the call and its breadcrumb only
+        _breadcrumb(name, _nbytes(payload), group, peer)
+        return thunk()
+    event = _event(name, payload, group, peer, root=root)
     work = thunk()
-    for book in _books:
+    for book in books:
         book.events.append(event)
     if async_op:
-        return _TimedWork(work, event) if work is not None else None
-    _close(event)
+        return TimedWork(work, event) if work is not None else None
+    close(event)
     return work
 
 
@@ -174,15 +99,36 @@ def batch_isend_irecv(ops: list) -> list:
     ``lessonlib.nccl_rules`` explains why separate ``irecv`` + ``isend`` can hang."""
     if not ops:
         return []
-    batch = next(_batches)
-    events = [_event("send" if op.op in (dist.isend, dist.send) else "recv", op.tensor,
-                     op.group, op.peer, batch) for op in ops]
+    if not books:                     # one breadcrumb (the last op's) for the batch
+        _breadcrumb(_kind(ops[-1]), _nbytes(ops[-1].tensor), ops[-1].group, ops[-1].peer)
+        return dist.batch_isend_irecv(list(ops))
+    batch = next(batches)
+    events = [_event(_kind(op), op.tensor, op.group, op.peer, batch) for op in ops]
     works = dist.batch_isend_irecv(list(ops))
-    for book in _books:
+    for book in books:
         book.events.extend(events)
     if len(works) == len(events):          # gloo: one handle per op
-        return [_TimedWork(w, e) for w, e in zip(works, events)]
-    return [_TimedWork(w, *events) for w in works]     # NCCL: one handle for the group
+        return [TimedWork(w, e) for w, e in zip(works, events)]
+    return [TimedWork(w, *events) for w in works]     # NCCL: one handle for the group
+
+
+def _kind(op) -> str:
+    return "send" if op.op in (dist.isend, dist.send) else "recv"
+
+
+# ---------------------------------------------------------------- groups
+def new_group(ranks=None, **kwargs):
+    """``dist.new_group``, recorded: every rank must create every group, in the same order
+    (torch.distributed docs, ``new_group``), and the checker holds them to it."""
+    group = dist.new_group(ranks, **kwargs)
+    members = tuple(sorted(ranks)) if ranks is not None else tuple(range(dist.get_world_size()))
+    if books:
+        event = Event("new_group", len(members), 0, ranks=members, order=next(calls),
+                      group=getattr(group, "group_name", None))
+        event.waited = event.order + 1
+        for book in books:
+            book.events.append(event)
+    return group
 
 
 # ---------------------------------------------------------------- collectives
@@ -193,7 +139,7 @@ def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
 
 def broadcast(tensor, src, group=None, async_op=False):
     return _call("broadcast", tensor, group, None, async_op,
-                 lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op))
+                 lambda: dist.broadcast(tensor, src=src, group=group, async_op=async_op), root=src)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
@@ -211,34 +157,61 @@ def reduce_scatter_tensor(output, tensor, op=dist.ReduceOp.SUM, group=None, asyn
                  lambda: dist.reduce_scatter_tensor(output, tensor, op=op, group=group, async_op=async_op))
 
 
+def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op=False):
+    """``dist.all_to_all_single``: rows ``input_split_sizes[i]`` of ``tensor`` go to the
+    group's i-th member, ``output_split_sizes[i]`` rows arrive from it (None: equal parts).
+    NCCL runs it as one group of a send and a receive per member, and the ledger records it
+    so: one batch of sends and receives, which lets the checker meet each send with its
+    receive's size (the sends add up to the bytes this rank sent)."""
+    def thunk():
+        return dist.all_to_all_single(output, tensor, output_split_sizes, input_split_sizes,
+                                      group=group, async_op=async_op)
+    if not books:
+        _breadcrumb("all_to_all", _nbytes(tensor), group, None)
+        return thunk()
+    members, batch = _group(group)[1], next(batches)
+    events = [_event(kind, chunk, group, peer, batch)
+              for kind, rows, sizes in (("send", tensor, input_split_sizes),
+                                        ("recv", output, output_split_sizes))
+              for peer, chunk in zip(members, rows.split(
+                  list(sizes) if sizes else max(rows.shape[0] // len(members), 1)))]
+    work = thunk()
+    for book in books:
+        book.events.extend(events)
+    if async_op:
+        return TimedWork(work, *events) if work is not None else None
+    for event in events:
+        close(event)
+    return work
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    return _call("all_to_all", input_tensor_list, group, None, async_op,
+                 lambda: dist.all_to_all(output_tensor_list, input_tensor_list, group=group,
+                                         async_op=async_op))
+
+
 def barrier(group=None):
     return _call("barrier", [], group, None, False,
                  lambda: dist.barrier(group=group))
 
 
+# Python objects travel pickled inside torch: they count as calls of 0 bytes.
+def gather_object(obj, object_gather_list=None, dst=0, group=None):
+    return _call("gather_object", [], group, None, False,
+                 lambda: dist.gather_object(obj, object_gather_list, dst=dst, group=group), root=dst)
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
-                      group=None, async_op=False):
-    """``dist.all_to_all_single``: rows ``input_split_sizes[i]`` of ``input`` go to the
-    group's i-th member, ``output_split_sizes[i]`` rows arrive from it (None: equal parts).
-    NCCL runs it as one group of a send and a receive per member, so the ledger records it
-    so: one batch of sends and receives (``nccl_hazards`` checks each send meets its
-    receive's size; the sum of the sends is the bytes this rank sent)."""
-    members, batch = _members(group), next(_batches)
-    events = [_event(kind, chunk, group, peer, batch)
-              for kind, tensor, sizes in (("send", input, input_split_sizes),
-                                          ("recv", output, output_split_sizes))
-              for peer, chunk in zip(members, tensor.split(
-                  list(sizes) if sizes else tensor.shape[0] // len(members)))]
-    work = dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                  group=group, async_op=async_op)
-    for book in _books:
-        book.events.extend(events)
-    if async_op:
-        return _TimedWork(work, *events)
-    for event in events:
-        _close(event)
-    return work
+
+def all_gather_object(object_list, obj, group=None):
+    return _call("all_gather_object", [], group, None, False,
+                 lambda: dist.all_gather_object(object_list, obj, group=group))
+
+
+def broadcast_object_list(object_list, src=0, group=None):
+    return _call("broadcast_object", [], group, None, False,
+                 lambda: dist.broadcast_object_list(object_list, src=src, group=group), root=src)
+
 
 # ---------------------------------------------------------------- point to point
 def send(tensor, dst, group=None):

@@ -54,18 +54,29 @@ def ranks_per_gpu_set(local_world_size: int, env=None) -> int:
     Under torchrun (or srun without GPU binding) every rank of a node sees all its GPUs, so
     they need ``local_world_size`` of them. With ``srun --gpus-per-task`` or ``--gpu-bind``
     SLURM shows each task only its own GPU(s) (CUDA_VISIBLE_DEVICES per task), so one
-    visible GPU is enough: its own."""
+    visible GPU is enough: its own. So is a task that sees exactly one GPU whatever the
+    variables say (a cluster that binds GPUs to tasks by cgroups sets neither variable);
+    tasks that share a node's single GPU must ask for ``--backend gloo``, since NCCL
+    refuses two ranks on one GPU."""
     env = os.environ if env is None else env
     bound = env.get("SLURM_GPUS_PER_TASK") or env.get("SLURM_GPU_BIND")
-    return 1 if bound and "SLURM_PROCID" in env else local_world_size
+    if "SLURM_PROCID" in env and (bound or gpu_count() == 1):
+        return 1
+    return local_world_size
+
+
+_CPU = torch.device("cpu")
+STAND_IN = torch.device("cpu", 0)  # the rank's "GPU" in a CPU test of where tensors live
+_stand_in: list = []               # [STAND_IN] while ``placement`` runs that test
 
 
 def current_device() -> torch.device:
-    """The device this rank computes on: its own GPU under NCCL, the CPU under gloo."""
+    """The device this rank computes on: its own GPU under NCCL, the CPU under gloo (or,
+    inside ``placement``'s CPU test, ``STAND_IN``: still the CPU, but told apart)."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
         # One visible GPU (a SLURM task bound to its own) is index 0 whatever the local rank
         return torch.device("cuda", local_rank() % gpu_count())
-    return torch.device("cpu")
+    return _stand_in[0] if _stand_in else _CPU
 
 
 def bind_device(backend: str) -> torch.device:

@@ -193,10 +193,12 @@ class ParallelContext:
                              "function run by lessonlib.launch (or under torchrun)")
         world, rank = dist.get_world_size(), dist.get_rank()
         check_grid(world, dp, pp, tp, gpus_per_node)
+        from lessonlib import comm      # records each creation in an open ledger's trace
+
         mine, ranks = {}, {}
         for axis, groups in axis_groups(dp, pp, tp).items():   # tp, pp, dp: same on every rank
             for group_ranks in groups:
-                group = dist.new_group(group_ranks)
+                group = comm.new_group(group_ranks)
                 if rank in group_ranks:
                     mine[axis], ranks[axis] = group, tuple(group_ranks)
         pl = placements(dp, pp, tp)[rank]

@@ -26,6 +26,7 @@ GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --layouts t2p2d2`` (NCCL, 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 from torch import nn
@@ -115,32 +116,38 @@ class HybridTrainer:
             (self.b, cfg.seq, cfg.hidden), stage_ranks=ctx.pp_ranks, group=ctx.pp_group)
         self.opt = self.OPTIMIZERS[optimizer](self.params, lr=lr)
 
-    def step(self, x, y) -> dict:
+    def step(self, x, y, timeline: bool = True) -> dict:
         """Forward and backward of this replica's rows through the pipeline, one DP
         all-reduce, one optimizer step. Returns this rank's losses (last stage), ledgers,
-        and the share of the pipeline's wall time this stage spent outside F and B."""
+        and the share of the pipeline's wall time this stage spent outside F and B (None
+        with ``timeline=False``: then no barrier, no action timing, one host sync at the
+        end for the step's seconds)."""
         ctx, dev = self.ctx, device.current_device()
         x, y = shard(x, ctx.dp_rank, ctx.dp).to(dev), shard(y, ctx.dp_rank, ctx.dp).to(dev)
         self.opt.zero_grad(set_to_none=False)
-        start = device.timer()
+        start = device.timer() if timeline else time.perf_counter()
         with comm.ledger() as pipe_book:
             result = self.executor.step(x if ctx.is_first_stage else None,
-                                        y if ctx.is_last_stage else None)
+                                        y if ctx.is_last_stage else None,
+                                        align=timeline, timeline=timeline)
         with comm.ledger() as dp_book:
             sync_gradients(self.stage, ctx)
         self.opt.step()
         busy = sum(s.end - s.start for s in result.spans if s.kind in ("F", "B"))
         return {"losses": result.losses, "seconds": device.timer() - start,
                 "pipe": pipe_book, "dp": dp_book, "peak_stash": result.peak_stash,
-                "idle_share": 1 - busy / result.wall_s}
+                "idle_share": 1 - busy / result.wall_s if timeline else None}
 
 
 # ---------------------------------------------------------------- the run and its proof
 def reference(cfg: GPTConfig = HYBRID_CONFIG, global_batch: int = 8, steps: int = 3,
-              lr: float = 0.1, seed: int = 0):
-    """One process, whole batch: (model after the steps, model of first-step grads, losses)."""
-    model = TinyGPT(cfg, seed)
-    run = train_one_process(model, corpus_batches(cfg, global_batch, seed), steps, lr=lr)
+              lr: float = 0.1, seed: int = 0, dev=None):
+    """One process, whole batch: (model after the steps, model of first-step grads, losses),
+    computed on ``dev`` (the CPU by default; a rank's own device inside ``train``)."""
+    model = TinyGPT(cfg, seed).to(dev)
+    batch_of = corpus_batches(cfg, global_batch, seed)
+    run = train_one_process(model, lambda step: tuple(t.to(dev) for t in batch_of(step)),
+                            steps, lr=lr)
     return model, grads_as_model(model, run["first_grads"]), run["losses"]
 
 
@@ -178,7 +185,8 @@ def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
               "param_count": sum(p.numel() for p in trainer.params),
               "peak_stash": out["peak_stash"]}
     if check:
-        dense, dense_grads, dense_losses = reference(cfg, global_batch, steps, lr, seed)
+        dense, dense_grads, dense_losses = reference(cfg, global_batch, steps, lr, seed,
+                                                     device.current_device())
         result.update(
             max_grad_diff=max_abs_diff(first_grads, build_stage(dense_grads, ctx).parameters()),
             max_weight_diff=max_abs_diff(trainer.params, build_stage(dense, ctx).parameters()),

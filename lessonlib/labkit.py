@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import device, launcher
+from lessonlib import comm, device, launcher
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -148,7 +148,7 @@ def time_steps(step, steps: int, warmup: int) -> list[float]:
     Ranks line up at a barrier before each step, so one rank's slowness is not hidden."""
     times = []
     for i in range(warmup + steps):
-        dist.barrier()
+        comm.barrier()
         start = device.timer()
         step()
         elapsed = device.timer() - start

@@ -105,6 +105,9 @@ def _restore(trainer: HybridTrainer, ctx: ParallelContext, settings: dict, resum
         state["optimizer"]["param_groups"] = trainer.opt.state_dict()["param_groups"]
     trainer.stage.load_state_dict(state["model"])
     trainer.opt.load_state_dict(state["optimizer"])
+    for moments in trainer.opt.state.values():  # loaded onto the GPU, AdamW's step counts
+        if torch.is_tensor(moments.get("step")):  # go back to the CPU it keeps them on
+            moments["step"] = moments["step"].cpu()
     return state["step"], state["losses"]
 
 
@@ -147,7 +150,7 @@ def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None =
         if fail_at == (ctx.rank, step + 1):
             raise RuntimeError(f"a simulated failure of rank {ctx.rank} at step {step + 1}")
         x, y = lm_batch(tokens, settings["global_batch"], cfg.seq, step, settings["seed"])
-        out = trainer.step(x, y)
+        out = trainer.step(x, y, timeline=False)   # no barrier, no per-action timing
         saving = (step + 1) % every == 0 or step + 1 == settings["steps"]
         _check_finite(out["losses"], trainer, step + 1, saving, settings)
         history.append(out["losses"])

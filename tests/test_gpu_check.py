@@ -20,7 +20,7 @@ sys.path.append(str(LABS))         # after site-packages: labs/ holds scripts, n
 import gpu_check  # noqa: E402  (labs/ is not a package)
 import sweep_points  # noqa: E402
 
-from lessonlib import device, results  # noqa: E402
+from lessonlib import device, placement, results  # noqa: E402
 
 FROM_THE_COMMAND_LINE = ("allreduce",)
 
@@ -36,15 +36,17 @@ def test_cpu_mode_runs_labs_and_writes_the_report(tmp_path):
                     "--out", str(tmp_path))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
-    rows = {r["lab"]: r for r in report["labs"]}
-    assert set(rows) == set(FROM_THE_COMMAND_LINE)
+    rows = {r["point"]: r for r in report["points"]}
+    # the most telling first: versions, a 1-rank launch, the products, then the labs
+    assert list(rows) == ["versions", "launch", "gemm", *FROM_THE_COMMAND_LINE]
     for lab in FROM_THE_COMMAND_LINE:
         # with 2 ranks every lab runs (allreduce skips only at 1)
         assert rows[lab]["status"] == "ok" and rows[lab]["seconds"] > 0, rows[lab]
         assert (tmp_path / rows[lab]["log"]).exists()
-    assert [g["n"] for g in report["gemm"]] and all(g["tflops"] > 0 for g in report["gemm"])
+    gemm = rows["gemm"]["gemm"]
+    assert [g["n"] for g in gemm] and all(g["tflops"] > 0 for g in gemm)
     text = (tmp_path / "report.md").read_text()
-    assert "| lab | ranks | status |" in text and "Matrix products" in text
+    assert "| point | ranks | status |" in text and "Matrix products" in text
     assert "| allreduce | 2 | ok |" in text and "ring busbw GB/s" in text
     if device.gpu_count() == 0:
         assert report["machine"]["backend"] == "gloo"
@@ -52,9 +54,11 @@ def test_cpu_mode_runs_labs_and_writes_the_report(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_cpu_mode_settings_run_every_lab(tmp_path):
+def test_cpu_mode_settings_run_every_lab(tmp_path, monkeypatch):
     """Every lab in labs/ is planned, and each runs with the CPU mode's settings to a record
-    that holds every column its report line shows."""
+    that holds every column its report line shows; its ranks run on the placement audit's
+    stand-in GPU (tests/test_placement.py), so a tensor a lab leaves on the CPU fails it."""
+    monkeypatch.setenv(placement.STAND_IN_ENV, "1")
     jobs, skipped = gpu_check.plan(2, gpu=False, quick=True)
     present = set(gpu_check.sweep.available_labs())
     assert {lab for lab, _ in jobs} == present, "a lab in labs/ would not be run"
@@ -97,3 +101,23 @@ def test_the_calibration_compares_with_the_preset_peak():
     assert calib["measured_matmul_efficiency"] == pytest.approx(550 / 989)
     assert gpu_check.calibrate(rates, "cpu")["preset"] is None
     assert gpu_check.throughput.MATMUL_EFFICIENCY == calib["assumed_matmul_efficiency"]
+
+
+def test_mfu_is_six_n_flops_per_token_over_the_ranks_peak():
+    row = {"settings.parameters": 10 ** 7, "world_size": "2", "results.lessonlib.tokens_per_s": 1e6}
+    assert gpu_check.mfu(row, 1000.0) == pytest.approx(6e13 / 2e15)
+    assert gpu_check.mfu(row, None) is None and gpu_check.mfu({}, 1000.0) is None
+
+
+def test_each_point_is_written_as_it_goes_and_one_that_does_not_fit_is_skipped(tmp_path):
+    machine = {"device": "cpu", "gpus": 0, "backend": "gloo", "settings": "tiny", "budget_s": 30}
+    report = gpu_check.Report(tmp_path, machine, budget_s=30)
+    report.run("versions", "versions", lambda t: gpu_check.versions())
+    assert json.loads((tmp_path / "report.json").read_text())["points"][0]["status"] == "ok"
+    report.run("broken", "lab", lambda t: 1 / 0)               # reported, not fatal
+    report.deadline = 0                                         # the budget is spent
+    row = report.run("ddp", "lab", lambda t: pytest.fail("a point past the budget ran"))
+    assert row["status"] == "skipped" and "--budget-s" in row["error"]
+    rows = json.loads((tmp_path / "report.json").read_text())["points"]
+    assert [r["status"] for r in rows] == ["ok", "failed", "skipped"]
+    assert "ZeroDivisionError" in rows[1]["error"] and "| ddp |" in (tmp_path / "report.md").read_text()

@@ -8,7 +8,7 @@ import pytest
 import lessonlib
 import nccl_workers as W
 from lessonlib import comm, device
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.nccl_rules import MODES, nccl_hazards
 
 
 def trace(*calls, waited_at_end: bool = True) -> list:
@@ -89,8 +89,15 @@ def test_a_call_posted_after_a_wait_starts_after_it():
 
 # ---------------------------------------------------------------- recorded traces
 def _hazards(per_rank: list[dict]) -> dict:
+    """Each scheme's hazards in lazy mode (the course's), and in eager mode (``device_id``
+    given to ``init_process_group``) for the code as it is, under "<name> (eager)"."""
     assert all(r[name] for r in per_rank for name in r), "a rank recorded no call"
-    return {name: nccl_hazards([r[name] for r in per_rank]) for name in per_rank[0]}
+    out = {}
+    for name in per_rank[0]:
+        for mode in ("lazy",) if name.startswith("old") else MODES:
+            out[name + (" (eager)" if mode == "eager" else "")] = nccl_hazards(
+                [r[name] for r in per_rank], mode=mode)
+    return out
 
 
 def _old_and_new(per_rank: list[dict]) -> tuple[dict, dict]:
@@ -104,7 +111,8 @@ def _old_and_new(per_rank: list[dict]) -> tuple[dict, dict]:
 def test_the_rings_as_they_were_are_flagged_and_as_they_are_pass(n):
     old, new = _old_and_new(lessonlib.launch(W.rings, n, timeout=240))
     assert len(old) == 2 and all(old.values()), old
-    assert set(new) == {"exercise", "ring", "naive_ring", "parameter_server", "ring_sliced"}
+    names = {"exercise", "ring", "naive_ring", "parameter_server", "ring_sliced"}
+    assert set(new) == names | {f"{name} (eager)" for name in names}
     assert not any(new.values()), new
 
 
@@ -112,7 +120,12 @@ def test_the_rings_as_they_were_are_flagged_and_as_they_are_pass(n):
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_every_pipeline_schedule_passes_and_the_old_interleaved_warm_up_is_flagged(p):
     old, new = _old_and_new(lessonlib.launch(W.pipelines, p, timeout=240))
-    assert len(new) == 5 and not any(new.values()), new
+    lazy = {k: v for k, v in new.items() if not k.endswith("(eager)")}
+    assert len(lazy) == 5 and not any(lazy.values()), lazy
+    # In eager mode (device_id given) unbatched sends share the world's one stream: the
+    # interleaved schedules' wrap-around link (0, p-1) then hangs; no entry point is eager
+    eager = {k for k, v in new.items() if k.endswith("(eager)") and v}
+    assert eager == ({f"interleaved m={m} (eager)" for m in (p, 2 * p)} if p >= 3 else set())
     if p >= 3:
         assert any("creating" in h for h in old["old interleaved"]), old
 
@@ -127,7 +140,7 @@ def test_data_tensor_and_model_parallel_pass(n):
 @pytest.mark.timeout(300)
 def test_hybrid_layouts_pass():
     hazards = _hazards(lessonlib.launch(W.hybrids, 4, [(1, 2, 2), (2, 2, 1)], timeout=240))
-    assert len(hazards) == 2 and not any(hazards.values()), hazards
+    assert len(hazards) == 4 and not any(hazards.values()), hazards
 
 
 # ---------------------------------------------------------------- where tensors live
@@ -152,6 +165,15 @@ def test_one_gpu_bound_per_task_is_enough():
     assert device.ranks_per_gpu_set(8, {**srun, "SLURM_GPU_BIND": "single:1"}) == 1
     assert device.ranks_per_gpu_set(8, srun) == 8                 # tasks share the node's GPUs
     assert device.ranks_per_gpu_set(8, {"SLURM_GPUS_PER_TASK": "1"}) == 8   # not an srun task
+
+
+def test_a_task_that_sees_one_gpu_uses_it_whatever_the_variables_say(monkeypatch):
+    monkeypatch.setattr(device, "gpu_count", lambda: 1)
+    task = {"SLURM_PROCID": "5", "SLURM_LOCALID": "5"}        # cgroups bind it: no variable
+    assert device.ranks_per_gpu_set(8, task) == 1
+    assert device.resolve_backend("auto", device.ranks_per_gpu_set(8, task)) == "nccl"
+    assert device.resolve_backend("nccl", device.ranks_per_gpu_set(8, task)) == "nccl"
+    assert device.ranks_per_gpu_set(8, {}) == 8              # torchrun ranks sharing one GPU
 
 
 def test_auto_takes_nccl_with_one_bound_gpu_per_task(monkeypatch):
@@ -188,7 +210,8 @@ def test_the_placement_audit_names_compute_off_the_ranks_gpu(tmp_path, monkeypat
     monkeypatch.setattr(placement.sys, "argv", ["labs/pp.py"])
     with placement._OffDevice(tmp_path):
         torch.ones(2, 2) + 1                      # not compute: not watched
+        F.linear(torch.ones(2, 3), torch.ones(4, 3))   # making data, not the model's compute
         assert placement.findings(tmp_path) == []
-        F.linear(torch.ones(2, 3), torch.ones(4, 3))
+        F.linear(torch.ones(2, 3), torch.ones(4, 3, requires_grad=True))
     found = placement.findings(tmp_path, "pp")
     assert len(found) == 1 and "linear got a tensor on cpu, not cuda:0" in found[0]

@@ -111,12 +111,12 @@ def train_replicas(rung: str = "bucketed", cfg: GPTConfig = TINY, steps: int = 2
 def ladder_messages(rungs=("naive", "flat", "async", "bucketed"), cfg: GPTConfig = TINY,
                     bucket_cap_mb: float = 0.01) -> dict:
     """What one training step of each rung sends, from the ledger: {rung: summary}."""
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank, n, dev = dist.get_rank(), dist.get_world_size(), device.current_device()
     out = {}
     for rung in check_rungs(rungs):
-        model = TinyGPT(cfg, 0)
+        model = TinyGPT(cfg, 0).to(dev)
         ddp, after_backward = wrap(rung, model, bucket_cap_mb=bucket_cap_mb)
-        x, y = (shard(t, rank, n) for t in corpus_batches(cfg, 4 * n)(0))
+        x, y = (shard(t, rank, n).to(dev) for t in corpus_batches(cfg, 4 * n)(0))
         with comm.ledger() as book:
             lm_loss(ddp(x), y).backward()
             after_backward()

@@ -204,7 +204,7 @@ def train_cases(cases: list[dict]) -> list[dict]:
 
 def refusals_outside_group() -> dict:
     """On a rank outside a group, both sharded pieces refuse before sending anything."""
-    group = dist.new_group([0])                 # every rank must take part in creating it
+    group = comm.new_group([0])                 # every rank must take part in creating it
     out = {}
     if dist.get_rank() != 0:
         model = nn.Linear(3, 2)

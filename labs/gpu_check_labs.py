@@ -1,0 +1,170 @@
+"""How labs/gpu_check.py runs each lab: its settings on CPU ranks and on a GPU, the world
+size it takes, what it shows with one rank, and the columns of its line in the report.
+
+GPU box: used by ``python labs/gpu_check.py``; nothing to run on its own.
+Laptop:  the same.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sweep
+
+
+@dataclass
+class Lab:
+    """How to run one lab briefly; ``largest(n)`` is the biggest world size <= n it takes."""
+
+    tiny: dict                     # CPU ranks, seconds per lab
+    short: dict                    # a GPU, still seconds, sizes that make the GPU work
+    at_one: str                    # what the lab shows with a single rank
+    largest: object = staticmethod(lambda n: n)
+    metrics: dict = field(default_factory=dict)   # label -> flat result column
+
+
+def _divisor_at_most(n: int, of: int) -> int:
+    return max(k for k in range(1, min(n, of) + 1) if of % k == 0)
+
+
+def _power_of_two_at_most(n: int, cap: int = 8) -> int:
+    k = 1
+    while k * 2 <= min(n, cap):
+        k *= 2
+    return k
+
+
+# most telling first: the data-parallel step (NCCL all-reduces in a real step), tensor and
+# pipeline parallelism, sharding, the 3-D layout; then the bare collectives and launches
+LABS = {
+    "ddp": Lab(
+        tiny={"model": "tiny", "steps": "2", "warmup": "1", "rounds": "1", "batch": "2"},
+        short={"model": "10M", "steps": "5", "warmup": "2", "rounds": "1", "batch": "8",
+               "dtype": "bf16"},
+        at_one="one replica: the gradient all-reduce spans a group of one, so the step time "
+               "is the baseline that scaling efficiency divides by",
+        metrics={"lessonlib step s": "results.lessonlib.step_time_s",
+                 "torch DDP step s": "results.torch.step_time_s"}),
+    "tp": Lab(
+        tiny={"steps": "2", "warmup": "1", "batch": "2", "seq": "16", "hidden": "32", "heads": "4"},
+        short={"steps": "5", "warmup": "2", "batch": "8", "seq": "512", "hidden": "1024",
+               "heads": "16", "dtype": "bf16", "sequence-parallel": "true",
+               "recompute": "selective"},
+        at_one="t = 1: the unsharded layer, f and g are identities and no all-reduce runs; "
+               "the dense baseline",
+        largest=lambda n: _divisor_at_most(n, 16),
+        metrics={"lessonlib step s": "results.lessonlib.step_time_s",
+                 "torch step s": "results.torch.step_time_s",
+                 "output error": "results.lessonlib.layers.block.output_max_abs_error"}),
+    "pp": Lab(
+        tiny={"steps": "2", "warmup": "1", "microbatches": "2", "width": "32",
+              "layers-per-stage": "2", "microbatch-size": "8", "schedules": "1f1b zb-h1 zbv"},
+        short={"steps": "5", "warmup": "2", "microbatches": "4 8", "width": "2048",
+               "layers-per-stage": "4", "microbatch-size": "256",
+               "schedules": "gpipe 1f1b zb-h1 zbv"},
+        at_one="p = 1: one stage holds every layer; nothing is sent and the theory's bubble "
+               "(p-1)/(m+p-1) is 0, so what it measures is the schedule's own overhead",
+        metrics={"lessonlib step s": "results.lessonlib.step_time_s",
+                 "torch step s": "results.torch.step_time_s"}),
+    "zero": Lab(
+        tiny={"steps": "2", "warmup": "1", "rounds": "1", "layers": "2", "hidden": "16",
+              "heads": "4", "seq": "8"},
+        short={"steps": "3", "warmup": "1", "rounds": "1", "layers": "8", "hidden": "1024",
+               "heads": "16", "seq": "512", "dtype": "bf16"},
+        at_one="d = 1: nothing to shard, every stage holds the whole model state; the "
+               "baseline each stage's memory is divided from",
+        metrics={"lessonlib stage-3 step s": "results.lessonlib.step_time_s",
+                 "torch fully_shard step s": "results.torch.step_time_s"}),
+    "hybrid": Lab(
+        tiny={"steps": "2", "warmup": "1", "layers": "2", "hidden": "32", "heads": "2",
+              "seq": "16", "global-batch": "8", "microbatches": "2"},
+        short={"steps": "3", "warmup": "1"},
+        at_one="only the layout t1p1d1: plain training on one GPU, checked against one process",
+        largest=_power_of_two_at_most,
+        metrics={"layouts": "settings.layouts"}),
+    "allreduce": Lab(
+        tiny={"size-mb": "0.25", "budget-s": "0.3"}, short={"size-mb": "256", "budget-s": "2"},
+        at_one="skipped: an all-reduce over one rank moves no bytes (bus bandwidth factor "
+               "2(n-1)/n = 0); it needs 2 ranks",
+        largest=lambda n: n if n >= 2 else None,
+        metrics={"ring busbw GB/s": "results.ring.busbw_GBps",
+                 "torch busbw GB/s": "results.torch.busbw_GBps"}),
+    "mp": Lab(
+        tiny={"steps": "2", "warmup": "1", "rounds": "1", "layers": "4", "hidden": "32"},
+        short={"steps": "5", "warmup": "2", "rounds": "2", "layers": "16", "hidden": "1024",
+               "batch": "32"},
+        at_one="p = 1: the whole model on one rank, nothing idles; the baseline the split "
+               "is measured against",
+        metrics={"p=1 step s": "results.lessonlib.by_p.1.step_time_s"}),
+    "launch_overhead": Lab(
+        tiny={"repeats": "1"}, short={"repeats": "3"},
+        at_one="starts one rank that all-reduces one number with itself: the fixed cost of a launch",
+        metrics={"launch s": "results.lessonlib.total_s"}),
+    "train": Lab(
+        tiny={"steps": "20", "checkpoint-every": "10", "layers": "2", "hidden": "32",
+              "seq": "16", "global-batch": "8", "microbatches": "2", "fresh": "true"},
+        short={"steps": "6", "checkpoint-every": "3", "layers": "4", "hidden": "512",
+               "heads": "8", "seq": "256", "fresh": "true"},
+        at_one="t1p1d1: plain training with checkpoints every N steps (--fresh: from step 0)",
+        largest=_power_of_two_at_most,
+        metrics={"step s": "results.lessonlib.step_time_s",
+                 "checkpoint save s": "results.lessonlib.checkpoint_save_s"}),
+    "ep": Lab(
+        tiny={"steps": "2", "warmup": "1", "experts": "4", "batch": "2", "seq": "16",
+              "hidden": "32"},
+        short={"steps": "5", "warmup": "2", "experts": "8", "batch": "8", "seq": "1024",
+               "hidden": "1024"},
+        at_one="e = 1: every expert on one rank; the all-to-alls only copy to itself",
+        largest=lambda n: _divisor_at_most(n, 8),
+        metrics={"step s": "results.lessonlib.step_time_s",
+                 "all-to-all share": "results.lessonlib.moe_layer.alltoall_share",
+                 "torch all-to-all s": "results.torch.step_time_s"}),
+}
+GENERIC = Lab(tiny={"steps": "2", "warmup": "1"}, short={"steps": "3", "warmup": "1"},
+              at_one="(a lab this script has no notes for: run with its defaults)",
+              metrics={"lessonlib step s": "results.lessonlib.step_time_s",
+                       "torch step s": "results.torch.step_time_s"})
+
+
+# ---------------------------------------------------------------- the labs
+def plan(n_ranks: int, gpu: bool, quick: bool) -> tuple[list, list[dict]]:
+    """(jobs for sweep, rows for labs that do not run), in a fixed order."""
+    present = sweep.available_labs()
+    jobs, skipped = [], []
+    for name in list(LABS) + [lab for lab in present if lab not in LABS]:
+        lab = LABS.get(name, GENERIC)
+        if name not in present:
+            skipped.append({"lab": name, "status": "skipped",
+                            "error": f"labs/{name}.py is not there yet"})
+            continue
+        ranks = lab.largest(n_ranks)
+        if ranks is None:
+            skipped.append({"lab": name, "status": "skipped", "world_size": n_ranks,
+                            "error": lab.at_one})
+            continue
+        settings = lab.tiny if (quick or not gpu) else lab.short
+        jobs.append((name, [{"world_size": str(ranks), "backend": "nccl" if gpu else "gloo",
+                             **settings}]))
+    return jobs, skipped
+
+
+def show(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return "" if value is None else str(value)
+
+
+def lab_summary(row: dict) -> str:
+    lab = LABS.get(row["lab"], GENERIC)
+    if row["status"] != "ok":
+        return row.get("error") or ""
+    shown = [f"{label} {show(row[col])}" for label, col in lab.metrics.items() if col in row]
+    errors = [v for k, v in row.items() if k.endswith("max_weight_diff_vs_one_process")]
+    if errors:
+        shown.append(f"max weight diff vs one process {max(errors):.2g}")
+    if row.get("off_device"):
+        shown.append("NOT ALL ON THE GPU: " + " / ".join(row["off_device"]))
+    elif row.get("off_device") == []:
+        shown.append("every compute call on the GPU")
+    return "; ".join(shown)

@@ -1,0 +1,122 @@
+"""The ledger: what ``comm`` records of each call, on this rank.
+
+What it teaches: a measurement that costs nothing when nobody asks. ``with ledger() as book``
+opens a ``Ledger``; while one is open, every ``lessonlib.comm`` call appends an ``Event``
+(operation, group, payload bytes, peer or root, dtype, order among this rank's calls, batch,
+when it was waited on, seconds) to every open ledger. With none open, ``comm`` records
+nothing. The events are also the trace ``comm.nccl_hazards`` replays under NCCL's rules.
+
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.comm.demo_ledger, 2))"``
+GPU box: the same; the timing is a pair of CUDA events, read after one synchronize when the
+         ledger closes (or ``summary()`` is asked), so counting never stalls the queue.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from lessonlib import device
+
+books: list["Ledger"] = []  # the ledgers open on this rank (nested ``with`` blocks allowed)
+calls = itertools.count()   # this rank's recorded calls, in the order they were made
+batches = itertools.count()
+
+
+@dataclass
+class Event:
+    op: str
+    group_size: int
+    bytes: int
+    seconds: float = 0.0
+    peer: int | None = None           # global rank of the other end (point-to-point)
+    dtype: str | None = None          # e.g. "torch.float32"
+    ranks: tuple[int, ...] = ()       # the group's members, global ranks
+    order: int = 0                    # position among this rank's calls
+    batch: int | None = None          # calls of one batch_isend_irecv share this number
+    waited: int | None = None         # the ``order`` of the next call when this one was waited on
+    group: str | None = None          # the group's name: its place in creation order
+    root: int | None = None           # global source (broadcast) or destination (gather_object)
+    marks: tuple | None = field(default=None, repr=False, compare=False)  # (start, end) to read
+
+
+@dataclass
+class Ledger:
+    events: list[Event] = field(default_factory=list)
+    mode: str = "lazy"                # how NCCL would create communicators: see nccl_rules
+
+    def settle(self) -> None:
+        """Turn pending CUDA-event pairs into seconds, after one synchronize."""
+        pending = [e for e in self.events if e.marks is not None and e.marks[1] is not None]
+        if pending:
+            device.synchronize()
+        for e in pending:
+            e.seconds, e.marks = device.elapsed(*e.marks), None
+
+    def count(self, op: str | None = None) -> int:
+        """Calls of ``op`` (of every kind when None; group creations are not messages)."""
+        return sum(1 for e in self.events if e.op == op or op is None and e.op != "new_group")
+
+    def total_bytes(self, op: str | None = None) -> int:
+        return sum(e.bytes for e in self.events if op is None or e.op == op)
+
+    def summary(self) -> dict[str, dict]:
+        """{op: {"calls": n, "bytes": total, "seconds": total}} (group creations left out)"""
+        self.settle()
+        calls = Counter(e.op for e in self.events if e.op != "new_group")
+        return {op: {"calls": n, "bytes": self.total_bytes(op),
+                     "seconds": sum(e.seconds for e in self.events if e.op == op)}
+                for op, n in calls.items()}
+
+
+def mode() -> str:
+    """"eager" when ``init_process_group`` was given a ``device_id`` (communicators made at
+    once, point-to-point on the group's own), else "lazy" (``lessonlib.nccl_rules``)."""
+    world = dist.group.WORLD if dist.is_initialized() else None
+    return "eager" if getattr(world, "bound_device_id", None) is not None else "lazy"
+
+
+@contextmanager
+def ledger():
+    """Record this rank's communication inside the block."""
+    book = Ledger(mode=mode())
+    books.append(book)
+    try:
+        yield book
+    finally:
+        # by identity: two ledgers with the same events are equal, and ``remove`` would
+        # take the outer one of a nested pair, which would then miss every later call
+        books[:] = [b for b in books if b is not book]
+        book.settle()
+
+
+class TimedWork:
+    """An async handle that closes its event's timing, and notes when it was waited on."""
+
+    def __init__(self, work, *events: Event):
+        self._work, self._events = work, events
+
+    def wait(self, timeout=None):
+        out = self._work.wait() if timeout is None else self._work.wait(timeout)
+        for event in self._events:
+            close(event)
+        return out
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+
+def close(event: Event) -> None:
+    if event.waited is None:
+        event.waited = next(calls)
+    if event.marks is None or event.marks[1] is not None:
+        return                         # waited on before: its timing is already closed
+    start = event.marks[0]
+    end = device.mark()
+    if isinstance(start, float):
+        event.seconds, event.marks = device.elapsed(start, end), None
+    else:
+        event.marks = (start, end)     # read after one synchronize (``Ledger.settle``)

@@ -1,0 +1,54 @@
+"""No CPU tensor under NCCL: every launched entry point of the course (what the notebooks
+launch, the runs modules, the bug zoo's checks) runs on CPU ranks whose "GPU" is a stand-in
+(``lessonlib.placement.stand_in``), and the first tensor that stayed on the CPU (in the
+model's compute, next to one on the device, or handed to a collective) fails the launch with
+its traceback. The labs' rank functions run the same way in tests/test_gpu_check.py."""
+import pytest
+import torch
+from torch import nn
+
+import lessonlib
+import placement_workers as W
+from lessonlib import device, placement
+from lessonlib.launcher import RankError
+
+
+@pytest.mark.timeout(240)
+def test_every_launched_entry_point_keeps_its_tensors_on_the_ranks_device(monkeypatch):
+    monkeypatch.setenv(placement.STAND_IN_ENV, "1")
+    done = lessonlib.launch(W.drive, 2, list(W.ENTRY_POINTS), timeout=200)
+    assert done[0] == list(W.ENTRY_POINTS)
+    with pytest.raises(RankError, match=r"LeftOnCpu: linear got a torch.float32 tensor of shape \(2, 3\)"):
+        lessonlib.launch(W.left_behind, 2, timeout=60)       # the ranks do run on the stand-in
+
+
+@pytest.mark.timeout(60)
+def test_the_stand_in_names_the_first_tensor_left_on_the_cpu(monkeypatch):
+    """In this process (the mode is undone after): what it marks, and what it lets pass."""
+    monkeypatch.setattr(nn.Parameter, "__new__", nn.Parameter.__new__)
+    monkeypatch.setattr(device, "_stand_in", [])
+    for name in placement.COLLECTIVES:
+        monkeypatch.setattr(placement.dist, name, getattr(placement.dist, name))
+        monkeypatch.setattr(placement.c10d, name, getattr(placement.c10d, name))
+    mode = placement.stand_in()
+    try:
+        dev = device.current_device()
+        assert dev == device.STAND_IN
+        layer = nn.Linear(3, 2)
+        x, y = torch.randn(4, 3), torch.randn(4, 3, device=dev)
+        with pytest.raises(placement.LeftOnCpu, match=r"linear got a torch.float32 tensor of shape \(2, 3\)"):
+            layer(y)                                  # the layer was never moved
+        layer.to(dev)
+        with pytest.raises(placement.LeftOnCpu, match=r"shape \(4, 3\)"):
+            layer(x)                                  # the batch was never moved
+        out = layer(x.to(dev))
+        out.sum().backward()
+        torch.optim.AdamW(layer.parameters()).step()
+        assert out not in mode.cpu and layer.weight.grad not in mode.cpu
+        assert out.detach().cpu() in mode.cpu         # results brought home are the CPU's
+        torch.sin(x) @ torch.randn(3, 3)              # making data on the CPU is not reported
+        with pytest.raises(placement.LeftOnCpu, match="all_reduce"):
+            placement.dist.all_reduce(torch.ones(2))
+    finally:
+        mode.__exit__(None, None, None)
+        placement._started.remove(mode)

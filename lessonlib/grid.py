@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from lessonlib import comm
 from lessonlib.argcheck import positive_int
 
 AXES = ("dp", "pp", "tp")  # outermost to innermost
@@ -193,12 +194,10 @@ class ParallelContext:
                              "function run by lessonlib.launch (or under torchrun)")
         world, rank = dist.get_world_size(), dist.get_rank()
         check_grid(world, dp, pp, tp, gpus_per_node)
-        from lessonlib import comm      # records each creation in an open ledger's trace
-
         mine, ranks = {}, {}
         for axis, groups in axis_groups(dp, pp, tp).items():   # tp, pp, dp: same on every rank
             for group_ranks in groups:
-                group = comm.new_group(group_ranks)
+                group = comm.new_group(group_ranks)   # recorded: the NCCL check sees it
                 if rank in group_ranks:
                     mine[axis], ranks[axis] = group, tuple(group_ranks)
         pl = placements(dp, pp, tp)[rank]
@@ -254,16 +253,14 @@ def device_mesh_view(dp: int, pp: int, tp: int) -> dict:
 
 def demo_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> dict:
     """Build the context on this rank, sum the rank ids over each axis's group (one
-    all-reduce per axis), and read PyTorch's DeviceMesh for comparison. The grid is on the
-    ground floor, below ``lessonlib.comm``, so these three all-reduces are torch's own
-    calls (no ledger counts them)."""
+    all-reduce per axis), and read PyTorch's DeviceMesh for comparison."""
     from lessonlib import device
 
     ctx = ParallelContext.build(dp, pp, tp, gpus_per_node)
     sums = {}
     for axis in AXES:
         x = torch.tensor([float(ctx.rank)], device=device.current_device())
-        dist.all_reduce(x, group=getattr(ctx, f"{axis}_group"))
+        comm.all_reduce(x, group=getattr(ctx, f"{axis}_group"))
         sums[axis] = x.item()
     torch_view = device_mesh_view(dp, pp, tp)
     return {"rank": ctx.rank, "coords": ctx.coords, "tp_ranks": ctx.tp_ranks,

@@ -33,11 +33,14 @@ def test_the_new_wrappers_return_what_torch_does(ranks):
 def test_every_call_is_recorded_with_its_group_and_root(ranks):
     for r in ranks:
         ops = [e.op for e in r["events"] if e.op != "new_group"]
-        assert ops == ["all_to_all", "all_to_all", "gather_object", "all_gather_object",
-                       "broadcast_object", "all_reduce", "all_reduce", "barrier"]
+        # all_to_all_single as NCCL runs it: a batch of one send and one receive per member
+        assert ops == ["send", "send", "recv", "recv", "all_to_all", "gather_object",
+                       "all_gather_object", "broadcast_object", "all_reduce", "all_reduce",
+                       "barrier"]
+        assert len({e.batch for e in r["events"][:4]}) == 1
         made = [e.ranks for e in r["events"] if e.op == "new_group"]
         assert made == [(0, 1), (0,), (1,), (0,), (1,)]           # tp, then pp, then dp
-        assert r["count"] == 8 and "new_group" not in r["summary"] and r["mode"] == "lazy"
+        assert r["count"] == 11 and "new_group" not in r["summary"] and r["mode"] == "lazy"
         roots = {e.op: e.root for e in r["events"]}
         assert roots["gather_object"] == 0 and roots["broadcast_object"] == 1
         world, tp = (e for e in r["events"] if e.op == "all_reduce")

@@ -113,9 +113,10 @@ README = ROOT.parent / "README.md"
 # modules. A new module is one more name here and in that bullet; a name that does not
 # exist (yet) is skipped.
 FLOORS = {
-    "ground floor": ["costmodel", "models", "data", "device", "grid", "baseline", "bugs",
+    "ground floor": ["costmodel", "models", "data", "device", "baseline", "bugs",
                      "breadcrumbs", "argcheck", "activations", "claims", "moe"],
-    "infrastructure": ["launcher", "comm", "nccl_rules", "placement", "labkit"],
+    "infrastructure": ["launcher", "comm", "ledger", "nccl_rules", "nccl_trace", "nccl_replay",
+                       "placement", "labkit", "grid"],
     "one package per strategy": ["data_parallel", "model_parallel", "tensor_parallel",
                                  "pipeline", "context_parallel", "expert_parallel"],
     "composition": ["hybrid", "checkpoint", "reshard", "long_run"],

@@ -233,9 +233,11 @@ def measure_pipeline(schedule: str, p: int, m: int) -> dict:
     # which notebooks 02, 03 and 05 and the fork servers they start need not pay for.
     from lessonlib.pipeline import runs as pipeline_runs
 
+    # Stages heavy enough (4 layers of width 1024, 32-row micro-batches) that each action's
+    # compute outweighs its fixed costs on CPU ranks, so the bubble lands near the theory.
     per_rank = launcher.launch(pipeline_runs.measure, p, ms=(m,), schedules=(schedule,),
-                               engines=("lessonlib",), width=256, layers_per_stage=2,
-                               micro=16, steps=1, warmup=1)
+                               engines=("lessonlib",), width=1024, layers_per_stage=4,
+                               micro=32, steps=1, warmup=1)
     rows = pipeline_runs.summarize(per_rank)
     case = next(iter(per_rank[0]))
     return {"row": rows[0], "spans": [r.spans for r in pipeline_runs.median_step(per_rank, case)]}

@@ -36,6 +36,7 @@ import matplotlib.pyplot as plt
 
 import lessonlib
 from lessonlib import costmodel as cm
+from lessonlib.claims import claim
 from lessonlib.pipeline import runs
 from lessonlib.pipeline import schedules
 from lessonlib.pipeline.validate import ScheduleError, simulate
@@ -65,8 +66,6 @@ from lessonlib.viz import tp as tpviz
 # heads. Below, each colour is one rank; the widget shows other t.
 
 # %%
-tpviz.draw_weight_split(t=2, heads=8)
-plt.show()
 tpviz.weight_split_widget(heads=8)
 
 # %% [markdown]
@@ -215,10 +214,20 @@ for t in (16, 32):
           f"{compute / t / cluster.gpu.peak_flops * 1e3:4.2f} ms per GPU at peak")
 tpviz.plot_link_times(link_rows)
 plt.show()
+share = {r["t"]: (r["nvlink_s"] / r["compute_s"], r["infiniband_s"] / r["compute_s"])
+         for r in link_rows}
+claim("over NVLink the all-reduces cost under a fifth of the compute, even at t = 8",
+      all(nv < 0.2 for nv, _ in share.values()),
+      numbers=", ".join(f"t={t}: {nv:.0%}" for t, (nv, _) in share.items()))
+claim("over one InfiniBand port they grow with t and pass the compute at t = 8",
+      share[2][1] < share[4][1] < 1 < share[8][1],
+      numbers=", ".join(f"t={t}: {ib:.0%}" for t, (_, ib) in share.items()))
 
 # %% [markdown]
 # Over NVLink the all-reduces cost a small fraction of the compute, even at t = 8; over one
-# InfiniBand port they pass it. Leaving the server is a cliff (Megatron-LM 2021's Fig. 13:
+# InfiniBand port their share grows with t, because the compute per GPU falls as 1/t while
+# the all-reduces do not, and at t = 8 they take longer than the compute (the checks
+# above). Leaving the server is a cliff (Megatron-LM 2021's Fig. 13:
 # "up to 2x" lower throughput), because these all-reduces sit on the critical path.
 # When it is a long sequence, not the weights, that does not fit, a fourth axis splits the tokens themselves over a ring of ranks: [Deep dive: long sequences](12-deep-dive-long-sequences.ipynb).
 #
@@ -847,9 +856,11 @@ ex.check_min_microbatches(m_solution, p=8, target=0.1)
 # NBVAL_CHECK_OUTPUT
 g = cm.MODELS["gpt3-175B"]
 tp_elems = cm.tp_elements_per_layer(1, g.s, g.h, 8)
-pp_elems = cm.pp_elements_per_boundary(1, g.s, g.h, t=8)
-print(f"TP, t = 8: {tp_elems * 2 / 1e6:,.0f} MB per layer per micro-batch, x {g.L} layers")
-print(f"PP with scatter/gather, t = 8: {pp_elems * 2 / 1e6:,.1f} MB per stage boundary per micro-batch")
+pp_elems = 2 * cm.pp_elements_per_boundary(1, g.s, g.h, t=8)   # activation out, gradient back
+print(f"TP, t = 8: {tp_elems * 2 / 1e6:,.0f} MB per layer per micro-batch (forward and backward), "
+      f"x {g.L} layers")
+print(f"PP with scatter/gather, t = 8: {pp_elems * 2 / 1e6:,.1f} MB per stage boundary per "
+      f"micro-batch (the activation forward and its gradient back)")
 print(f"ratio for a 12-layer stage: {12 * tp_elems / pp_elems:,.0f}x more bytes for TP")
 
 # %% [markdown]

@@ -100,7 +100,7 @@ for p, m, v in ((2, 4, 1), (2, 4, 2), (2, 8, 2), (4, 8, 1), (4, 8, 2), (4, 8, 4)
 # length and the same pale red bubble, interleaving shortens both ends.
 
 # %%
-fig, axes = plt.subplots(3, 1, figsize=(10, 6.8), constrained_layout=True)
+fig, axes = plt.subplots(3, 1, figsize=(10, 6.8), constrained_layout=True, sharex=True)
 vp.gantt_schedule("gpipe", 4, 8, ax=axes[0])
 vp.gantt_schedule("1f1b", 4, 8, ax=axes[1])
 vp.gantt_schedule("interleaved", 4, 8, 2, ax=axes[2])
@@ -178,6 +178,7 @@ for r in rows:
           f"{[round(b / 2 ** 20, 1) for b in r['peak_stash_bytes_per_stage']]}")
 
 # %% [markdown]
+# <!-- no measured claim: "below" points at the stored default view of the widget -->
 # Explore the prediction: p stages, m micro-batches, v chunks per device. Left, the bubble
 # in both conventions against m (measured points where p matches); right, the activations
 # each stage holds at its peak (measured marks where p and m match). The chart below the

@@ -22,7 +22,6 @@ GPU box: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 8 --max-
          ranks from reading the failed ones' addresses, pytorch/pytorch issue 135712)
 """
 import os
-import shutil
 import sys
 
 import torch
@@ -68,7 +67,10 @@ def check_run(ap, args) -> dict:
     args.resume = None
     if args.fresh:
         if lessonlib.launcher.is_main_process():
-            shutil.rmtree(args.checkpoint_dir, ignore_errors=True)
+            try:    # only the course's own files; a folder holding anything else is refused
+                checkpoint.clear(args.checkpoint_dir, "--checkpoint-dir")
+            except ValueError as exc:
+                ap.error(str(exc))
     else:
         try:
             args.resume = long_run.resume_point(settings)
@@ -131,8 +133,9 @@ def main(argv=None):
     ap.add_argument("--checkpoint-every", type=int, default=50, help="steps between saves")
     ap.add_argument("--keep", type=int, default=2, help="complete checkpoints to keep")
     ap.add_argument("--fresh", action="store_true",
-                    help="delete the folder's checkpoints and start from step 0 (not with "
-                         "torchrun --max-restarts: every restart would start over)")
+                    help="delete the folder's checkpoints and start from step 0; a folder "
+                         "holding anything but checkpoints is refused (not with torchrun "
+                         "--max-restarts: every restart would start over)")
     ap.add_argument("--fail-at", default=None, metavar="RANK:STEP",
                     help="make RANK raise at STEP, to rehearse a failure and the resume")
     return labkit.main(ap, check_run, None, build_record, argv, measure=measure,

@@ -37,28 +37,22 @@ import hashlib
 import io
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from lessonlib import comm, device
+from lessonlib.checkpoint_folder import (LATEST, MANIFEST, clear, remove_step,
+                                         remove_temporaries, shard_path, step_dir, steps)
 
-LATEST = "latest"
-MANIFEST = "manifest.json"
+__all__ = ["LATEST", "MANIFEST", "CheckpointError", "at_step", "check_directory",
+           "check_resume", "clear", "commit", "latest", "load", "rng_state", "save", "scan",
+           "set_rng_state", "shard_path", "step_dir", "verify", "write_shard"]
 
 
 class CheckpointError(RuntimeError):
     """A shard that is not the file its manifest describes."""
-
-
-def step_dir(directory, step: int) -> Path:
-    return Path(directory) / f"step_{step:08d}"
-
-
-def shard_path(directory, step: int, rank: int) -> Path:
-    return step_dir(directory, step) / f"rank_{rank:05d}.pt"
 
 
 def _record(data) -> dict:
@@ -151,18 +145,17 @@ def _prune(directory, step: int, keep: int) -> None:
     them. Folders after ``step`` come from a run this one resumed before: it resumed from an
     older one because they were damaged, and it is rewriting their steps now."""
     older = []
-    for s in _steps(directory):
+    for s in steps(directory):
         folder = step_dir(directory, s)
         if s > step or (s < step and verify(folder, hashes=False)[0] is None):
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_step(folder)
         elif s < step:
             older.append(folder)
     for folder in older[:max(0, len(older) - (keep - 1))]:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_step(folder)
     # Every rank has renamed its shard into place (the all-gather came after): any temporary
     # file left is from a save killed mid-write.
-    for tmp in Path(directory).rglob(".*.tmp*"):
-        tmp.unlink(missing_ok=True)
+    remove_temporaries(directory)
 
 
 def save(directory, step: int, state: dict, meta: dict, keep: int = 2) -> None:
@@ -177,13 +170,6 @@ def save(directory, step: int, state: dict, meta: dict, keep: int = 2) -> None:
 
 
 # ---------------------------------------------------------------- reading
-def _steps(directory) -> list[int]:
-    folder = Path(directory)
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.name[5:]) for p in folder.glob("step_*") if p.name[5:].isdigit())
-
-
 def verify(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
     """``(manifest, None)`` if the checkpoint in ``folder`` is intact, ``(None, what is
     wrong)`` if not. ``hashes=False`` checks sizes only (no shard is read). Pure."""
@@ -219,7 +205,7 @@ def scan(directory) -> tuple[dict | None, list[str]]:
     """The newest intact checkpoint's manifest (with its ``path``) or None, and what is wrong
     with each newer folder, newest first. Pure: reads files only."""
     problems = []
-    for s in reversed(_steps(directory)):
+    for s in reversed(steps(directory)):
         manifest, problem = verify(step_dir(directory, s))
         if manifest is not None:
             return {**manifest, "path": str(step_dir(directory, s))}, problems

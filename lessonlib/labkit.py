@@ -43,9 +43,20 @@ from lessonlib import device, launcher
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+class LabParser(argparse.ArgumentParser):
+    """argparse, whose refusals are one line: the usage is printed for ``--help`` and for a
+    flag it does not know (or a missing one), not above every bad value."""
+
+    def error(self, message):
+        if message.startswith(("unrecognized arguments", "the following arguments are",
+                               "ambiguous option")):
+            self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def parser(lab: str, description: str) -> argparse.ArgumentParser:
     """The flags every lab takes; a lab adds its own on the returned parser."""
-    p = argparse.ArgumentParser(prog=f"labs/{lab}.py", description=description)
+    p = LabParser(prog=f"labs/{lab}.py", description=description)
     p.add_argument("--world-size", type=int, default=2,
                    help="ranks to spawn (ignored under torchrun, which sets it)")
     p.add_argument("--backend", default="auto", choices=list(device.BACKENDS))

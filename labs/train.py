@@ -82,7 +82,10 @@ def check_run(ap, args) -> dict:
 def measure(args, settings: dict) -> dict:
     resume = args.resume
     if lessonlib.launcher.is_main_process():
-        for problem in resume["damaged"] if resume else []:
+        # Interrupted saves when starting afresh (kept on disk: never pruned), or what made
+        # each newer checkpoint untrustworthy: never skipped in silence
+        skipped = resume["damaged"] if resume else checkpoint.scan(args.checkpoint_dir)[1]
+        for problem in skipped:
             print(f"labs/train.py: skipping a newer checkpoint: {problem}", file=sys.stderr)
         start = f"resuming at step {resume['step']}" if resume else "starting at step 0"
         if resume and resume["meta"]["layout"] != layout_name(*settings["layout"]):

@@ -20,6 +20,7 @@ GPU box: the same under torchrun; rank 0 alone deletes.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -28,6 +29,22 @@ MANIFEST = "manifest.json"
 _STEP = re.compile(r"step_\d{8}")
 _IN_STEP = re.compile(r"rank_\d{5}\.pt|manifest\.json|\.(rank_\d{5}\.pt|manifest\.json)\.tmp\d+")
 _TOP = re.compile(r"latest|\.latest\.tmp\d+")
+
+
+def check_directory(directory, setting: str = "checkpoint_dir") -> None:
+    """Before any process starts: ValueError naming ``setting`` unless ``directory`` is a
+    folder this process can write in, or can be created (not a file, nor inside one)."""
+    path = Path(directory).absolute()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{setting}={str(directory)!r} is a file, not a folder; give a folder "
+                         f"for the checkpoints (it is created if it does not exist)")
+    parent = next(q for q in (path, *path.parents) if q.exists())
+    if not parent.is_dir():
+        raise ValueError(f"{setting}={str(directory)!r} lies inside the file {parent}; give "
+                         f"a folder path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{setting}={str(directory)!r}: {parent} is not writable by this "
+                         f"user; give a folder you can write in")
 
 
 def step_dir(directory, step: int) -> Path:

@@ -34,6 +34,7 @@ from lessonlib.hybrid import HybridTrainer
 
 def check_settings(ap, args) -> dict:
     labkit.check_positive(ap, args, "world-size", "steps", "checkpoint-every", "keep")
+    labkit.check_number(ap, args, "lr")
     model = labkit.gpt_model(ap, args)
     try:
         checkpoint.check_directory(args.checkpoint_dir, "--checkpoint-dir")

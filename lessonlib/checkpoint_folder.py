@@ -35,6 +35,11 @@ def check_directory(directory, setting: str = "checkpoint_dir") -> None:
     """Before any process starts: ValueError naming ``setting`` unless ``directory`` is a
     folder this process can write in, or can be created (not a file, nor inside one)."""
     path = Path(directory).absolute()
+    try:
+        path.exists()
+    except OSError as exc:            # a name too long for the file system, say
+        raise ValueError(f"{setting}={str(directory)[:60]!r}... cannot be a folder here "
+                         f"({exc.strerror or exc}); give a shorter folder path") from None
     if path.exists() and not path.is_dir():
         raise ValueError(f"{setting}={str(directory)!r} is a file, not a folder; give a folder "
                          f"for the checkpoints (it is created if it does not exist)")

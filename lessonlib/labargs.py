@@ -25,9 +25,28 @@ from lessonlib.launcher import checks
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+LARGEST = 1e12  # no lab setting is a number beyond this; inf and 1e308 overflow in sizes
+
+
+def number(text: str) -> float:
+    """A float flag's value: finite and at most ``LARGEST`` in size (NaN is left to the
+    flag's own check, which names what would work)."""
+    value = float(text)
+    if abs(value) > LARGEST:
+        raise argparse.ArgumentTypeError(f"{text!r} is beyond any setting a lab takes; give a "
+                                         f"finite number, at most {LARGEST:g}")
+    return value
+
+
 class LabParser(argparse.ArgumentParser):
     """argparse, whose refusals are one line: the usage is printed for ``--help`` and for a
-    flag it does not know (or a missing one), not above every bad value."""
+    flag it does not know (or a missing one), not above every bad value. A float flag
+    takes only finite numbers (``number``)."""
+
+    def add_argument(self, *names, **kwargs):
+        if kwargs.get("type") is float:
+            kwargs["type"] = number
+        return super().add_argument(*names, **kwargs)
 
     def error(self, message):
         if message.startswith(("unrecognized arguments", "the following arguments are",

@@ -37,6 +37,16 @@ def test_what_cannot_travel_is_named_before_any_process_starts(tmp_path, no_chil
     handle.close()
 
 
+def test_the_pickling_traceback_of_what_cannot_travel_is_kept():
+    """The one line names the culprit; its cause, chained, is the pickler's own error, whose
+    traceback shows what failed to travel and where."""
+    with pytest.raises(ValueError, match=r"argument 1 \(lock\)") as refused:
+        lessonlib.launch(rank_workers.rank_and_sum, 2, threading.Lock())
+    assert isinstance(refused.value.__cause__, TypeError)
+    assert "_thread.lock" in str(refused.value.__cause__)
+    assert not refused.value.__suppress_context__ or refused.value.__cause__ is not None
+
+
 def test_nccl_without_a_gpu_says_no_gpu_is_visible():
     if torch.cuda.device_count():
         pytest.skip("a GPU is visible")

@@ -8,6 +8,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -87,10 +88,18 @@ def test_a_rank_that_never_starts_gets_the_main_guard_hint(tmp_path):
         except lessonlib.RankError as err:
             print("RANKERROR", err)
     """ % str(ROOT / "tests")))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=100)
-    assert "RANKERROR" in done.stdout, done.stderr[-2000:]
-    assert "died while starting" in done.stdout and "if __name__ == '__main__'" in done.stdout
+    folder = Path(tempfile.mkdtemp(prefix="ug-"))  # short: socket paths must be short
+    try:
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=100, env=dict(os.environ, TMPDIR=str(folder)))
+        assert "RANKERROR" in done.stdout, done.stderr[-2000:]
+        assert "died while starting" in done.stdout and "if __name__ == '__main__'" in done.stdout
+        deadline = time.monotonic() + 5     # each rank's own server ends with its rank
+        while list(folder.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(folder.iterdir()) == []   # no server folder per rank left behind
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- nothing left behind

@@ -103,24 +103,24 @@ def check_world_sizes(p: argparse.ArgumentParser, flag: str, sizes, backend: str
             p.error(str(exc))
 
 
-def check_positive(p: argparse.ArgumentParser, args, *names: str) -> None:
-    """Reject non-positive integer settings before any process starts."""
+def _each(p: argparse.ArgumentParser, args, names, check, should: str) -> None:
     for name in names:
         value = getattr(args, name.replace("-", "_"))
         try:
-            argcheck.positive_int(f"--{name}", value)
+            check(f"--{name}", value)
         except ValueError:
-            p.error(f"--{name} must be a positive integer, e.g. 2; got {value}")
+            p.error(f"--{name} must be {should}; got {value}")
+
+
+def check_positive(p: argparse.ArgumentParser, args, *names: str) -> None:
+    """Reject non-positive integer settings before any process starts."""
+    _each(p, args, names, argcheck.positive_int, "a positive integer, e.g. 2")
 
 
 def check_number(p: argparse.ArgumentParser, args, *names: str, example: str = "0.001") -> None:
     """Reject settings that are not finite positive numbers (a learning rate, a size)."""
-    for name in names:
-        value = getattr(args, name.replace("-", "_"))
-        try:
-            argcheck.positive_number(f"--{name}", value)
-        except ValueError:
-            p.error(f"--{name} must be a finite positive number, e.g. {example}; got {value}")
+    _each(p, args, names, argcheck.positive_number,
+          f"a finite positive number, e.g. {example}")
 
 
 def _nearest_existing(path: Path) -> Path:

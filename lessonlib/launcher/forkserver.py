@@ -113,5 +113,8 @@ def _end_at_once(server_pid: int, caller_pid: int) -> None:
 if in_server():
     # A group of its own: a signal to its caller's group (a sweep's killpg at a point's
     # timeout, say) leaves it to end by itself, at once, cleaning up after its caller.
-    os.setpgid(0, 0)
+    try:
+        os.setpgid(0, 0)
+    except OSError:                      # a session leader already: nothing to leave
+        pass
     atexit.register(_end_at_once, os.getpid(), os.getppid())

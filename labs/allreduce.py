@@ -74,11 +74,13 @@ def check_settings(p, args) -> dict:
     try:
         args.world_sizes = [int(w) for w in args.world_sizes.split(",")]
         args.sizes = [int(float(kb) * 1024) for kb in args.sizes_kb.split(",")]
-    except ValueError:
+    except (ValueError, OverflowError):    # not a number, NaN, or inf
         p.error(f"--world-sizes ({args.world_sizes}) and --sizes-kb ({args.sizes_kb}) must be "
                 f"comma-separated numbers, e.g. 2,4,8 and 1,1024")
     if min(args.world_sizes) < 1 or min(args.sizes) < 4:
         p.error("--world-sizes must be >= 1 and --sizes-kb at least 0.004 (one float)")
+    if args.sweep:
+        labkit.check_world_sizes(p, "--world-sizes", args.world_sizes, args.backend)
     if not args.sweep:
         return {"size_bytes": int(args.size_mb * 2 ** 20) // 4 * 4,
                 "algorithms": args.algorithms, "command": args.command}

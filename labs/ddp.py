@@ -73,6 +73,8 @@ def check_settings(p, args) -> dict:
     if args.world_sizes[0] < 1:
         p.error(f"--world-sizes must all be >= 1; got {args.world_sizes}")
     args.sweep = args.sweep and not launcher.under_torchrun()
+    if args.sweep:
+        labkit.check_world_sizes(p, "--world-sizes", args.world_sizes, args.backend)
     return {"model": args.model, "config": asdict(MODELS[args.model]),
             "batch_per_rank": args.batch, "bucket_cap_mb": args.bucket_cap_mb,
             "steps": args.steps, "rounds": args.rounds, "command": args.command}

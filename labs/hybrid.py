@@ -100,6 +100,7 @@ def table(record: dict) -> list[dict]:
 
 def check_settings(ap, args) -> dict:
     labkit.check_positive(ap, args, "world-size", "steps")
+    labkit.check_number(ap, args, "lr", example="0.1")
     if args.warmup < 0:
         ap.error(f"--warmup must be 0 or more; got {args.warmup}")
     model = labkit.gpt_model(ap, args)

@@ -22,7 +22,6 @@ GPU box: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 8 --max-
          ranks from reading the failed ones' addresses, pytorch/pytorch issue 135712)
 """
 import os
-import shutil
 import sys
 
 import torch
@@ -35,6 +34,7 @@ from lessonlib.hybrid import HybridTrainer
 
 def check_settings(ap, args) -> dict:
     labkit.check_positive(ap, args, "world-size", "steps", "checkpoint-every", "keep")
+    labkit.check_number(ap, args, "lr")
     model = labkit.gpt_model(ap, args)
     try:
         checkpoint.check_directory(args.checkpoint_dir, "--checkpoint-dir")
@@ -68,7 +68,10 @@ def check_run(ap, args) -> dict:
     args.resume = None
     if args.fresh:
         if lessonlib.launcher.is_main_process():
-            shutil.rmtree(args.checkpoint_dir, ignore_errors=True)
+            try:    # only the course's own files; a folder holding anything else is refused
+                checkpoint.clear(args.checkpoint_dir, "--checkpoint-dir")
+            except ValueError as exc:
+                ap.error(str(exc))
     else:
         try:
             args.resume = long_run.resume_point(settings)
@@ -80,7 +83,10 @@ def check_run(ap, args) -> dict:
 def measure(args, settings: dict) -> dict:
     resume = args.resume
     if lessonlib.launcher.is_main_process():
-        for problem in resume["damaged"] if resume else []:
+        # Interrupted saves when starting afresh (kept on disk: never pruned), or what made
+        # each newer checkpoint untrustworthy: never skipped in silence
+        skipped = resume["damaged"] if resume else checkpoint.scan(args.checkpoint_dir)[1]
+        for problem in skipped:
             print(f"labs/train.py: skipping a newer checkpoint: {problem}", file=sys.stderr)
         start = f"resuming at step {resume['step']}" if resume else "starting at step 0"
         if resume and resume["meta"]["layout"] != layout_name(*settings["layout"]):
@@ -131,8 +137,9 @@ def main(argv=None):
     ap.add_argument("--checkpoint-every", type=int, default=50, help="steps between saves")
     ap.add_argument("--keep", type=int, default=2, help="complete checkpoints to keep")
     ap.add_argument("--fresh", action="store_true",
-                    help="delete the folder's checkpoints and start from step 0 (not with "
-                         "torchrun --max-restarts: every restart would start over)")
+                    help="delete the folder's checkpoints and start from step 0; a folder "
+                         "holding anything but checkpoints is refused (not with torchrun "
+                         "--max-restarts: every restart would start over)")
     ap.add_argument("--fail-at", default=None, metavar="RANK:STEP",
                     help="make RANK raise at STEP, to rehearse a failure and the resume")
     return labkit.main(ap, check_run, None, build_record, argv, measure=measure,

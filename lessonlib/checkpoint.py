@@ -13,16 +13,17 @@ torch.distributed.checkpoint save the same way as this module, on a smaller scal
   (40 bytes per rank, and the barrier that says every shard is on disk); then rank 0 writes
   the manifest, with those sizes and hashes, and, last, points ``latest`` at it;
 * **a checkpoint proves itself on load**: a truncated, empty, missing or overwritten shard,
-  or a manifest that is not valid JSON, no longer matches; ``latest`` then says which file is
-  damaged and falls back to the newest intact checkpoint, and pruning keeps the newest
-  ``keep`` intact ones (a damaged or interrupted checkpoint never pushes out a good one);
+  a manifest that is not valid JSON or lists no hash for a shard (unverified), or a shard
+  it does not list, no longer matches; ``latest`` names the file and falls back to the
+  newest verified checkpoint; pruning keeps the newest ``keep`` verified ones and never
+  removes a folder without a manifest (``checkpoint_folder``: only the course's files);
 * **resume continues the same run**: the step, the loss history and the RNG state travel with
   the weights and the optimizer state, and the data of step k depends only on k
   (``data.lm_batch``), so the resumed loss curve is the uninterrupted one.
 
 A folder holds ``step_00000040/rank_00001.pt``, ``step_00000040/manifest.json`` and
-``latest`` (the name of the newest complete step, for people and other tools; ``latest()``
-trusts only the manifests). The manifest records what the shards only fit: world size,
+``latest`` (the newest complete step's name, for people; ``latest()`` trusts only the
+manifests). The manifest records what the shards only fit: world size,
 layout, model, batch, optimizer. ``check_resume`` compares it with the new run's settings
 before any process starts and names every setting that differs.
 
@@ -37,28 +38,20 @@ import hashlib
 import io
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from lessonlib import comm, device
-
-LATEST = "latest"
-MANIFEST = "manifest.json"
+# The folder's names, its check and its deletions live beside, and are used from here too.
+from lessonlib.checkpoint_folder import (LATEST, MANIFEST, check_directory,  # noqa: F401
+                                         clear, remove_step, remove_temporaries, shard_path,
+                                         step_dir, steps)
 
 
 class CheckpointError(RuntimeError):
     """A shard that is not the file its manifest describes."""
-
-
-def step_dir(directory, step: int) -> Path:
-    return Path(directory) / f"step_{step:08d}"
-
-
-def shard_path(directory, step: int, rank: int) -> Path:
-    return step_dir(directory, step) / f"rank_{rank:05d}.pt"
 
 
 def _record(data) -> dict:
@@ -81,22 +74,6 @@ def _atomic_write(path: Path, data) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def check_directory(directory, setting: str = "checkpoint_dir") -> None:
-    """Before any process starts: ValueError naming ``setting`` unless ``directory`` is a
-    folder this process can write in, or can be created (not a file, nor inside one)."""
-    path = Path(directory).absolute()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{setting}={str(directory)!r} is a file, not a folder; give a folder "
-                         f"for the checkpoints (it is created if it does not exist)")
-    parent = next(q for q in (path, *path.parents) if q.exists())
-    if not parent.is_dir():
-        raise ValueError(f"{setting}={str(directory)!r} lies inside the file {parent}; give "
-                         f"a folder path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{setting}={str(directory)!r}: {parent} is not writable by this "
-                         f"user; give a folder you can write in")
 
 
 # ---------------------------------------------------------------- writing (rank side)
@@ -147,22 +124,25 @@ def commit(directory, step: int, world_size: int, meta: dict, keep: int = 2,
 
 
 def _prune(directory, step: int, keep: int) -> None:
-    """Keep the newest ``keep`` intact checkpoints, ``step`` (just written, intact) among
-    them. Folders after ``step`` come from a run this one resumed before: it resumed from an
-    older one because they were damaged, and it is rewriting their steps now."""
+    """Keep the newest ``keep`` verified checkpoints, ``step`` (just written) among them.
+    Only a folder with a manifest is ever removed: one without may hold the only copy of
+    good shards. Folders after ``step`` come from a run this one resumed before (it resumed
+    from an older one because they were damaged or unverified) and are being rewritten; an
+    older damaged or unverified one never counts, so it never pushes out a verified one."""
     older = []
-    for s in _steps(directory):
+    for s in steps(directory):
         folder = step_dir(directory, s)
-        if s > step or (s < step and verify(folder, hashes=False)[0] is None):
-            shutil.rmtree(folder, ignore_errors=True)
-        elif s < step:
+        if s == step or not (folder / MANIFEST).exists():
+            continue
+        if s > step or verify(folder, hashes=False)[0] is None:
+            remove_step(folder)
+        else:
             older.append(folder)
     for folder in older[:max(0, len(older) - (keep - 1))]:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_step(folder)
     # Every rank has renamed its shard into place (the all-gather came after): any temporary
     # file left is from a save killed mid-write.
-    for tmp in Path(directory).rglob(".*.tmp*"):
-        tmp.unlink(missing_ok=True)
+    remove_temporaries(directory)
 
 
 def save(directory, step: int, state: dict, meta: dict, keep: int = 2) -> None:
@@ -177,52 +157,68 @@ def save(directory, step: int, state: dict, meta: dict, keep: int = 2) -> None:
 
 
 # ---------------------------------------------------------------- reading
-def _steps(directory) -> list[int]:
-    folder = Path(directory)
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.name[5:]) for p in folder.glob("step_*") if p.name[5:].isdigit())
+def _records(manifest: dict, path: Path) -> tuple[dict | None, str | None]:
+    """The manifest's ``{shard name: {"bytes", "sha256"}}``, or what makes it unverifiable."""
+    names = [f"rank_{r:05d}.pt" for r in range(int(manifest["world_size"]))]
+    shards = manifest.get("shards")
+    if not isinstance(shards, dict) or not shards:
+        return None, f"{path} lists no SHA-256 for its shards: unverified, so not trusted"
+    stray = sorted(p.name for p in path.parent.glob("rank_*.pt") if p.name not in shards)
+    if stray:
+        return None, f"{path.parent / stray[0]} is not listed in {path}: unverified, so not trusted"
+    if sorted(shards) != names:
+        return None, (f"{path} is damaged: it lists the shards {sorted(shards)}, but a world "
+                      f"of {len(names)} ranks writes {names[0]} to {names[-1]}")
+    for name, want in shards.items():
+        if not (isinstance(want, dict) and isinstance(want.get("bytes"), int)
+                and isinstance(want.get("sha256"), str)):
+            return None, (f"{path} lists no size and SHA-256 for {name}: unverified, so "
+                          f"not trusted")
+    return shards, None
 
 
 def verify(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
-    """``(manifest, None)`` if the checkpoint in ``folder`` is intact, ``(None, what is
-    wrong)`` if not. ``hashes=False`` checks sizes only (no shard is read). Pure."""
+    """``(manifest, None)`` if the checkpoint in ``folder`` is intact and verified, else
+    ``(None, what is wrong)``: no manifest ("incomplete"), an unreadable one, a shard without
+    a hash or not listed, a shard not as listed. ``hashes=False``: sizes only. Pure."""
     folder = Path(folder)
     path = folder / MANIFEST
     if not path.exists():
         return None, f"{folder} has no {MANIFEST}: a save was interrupted (incomplete)"
     try:
         manifest = json.loads(path.read_text())
-        names = manifest.get("shards") or {f"rank_{r:05d}.pt": None
-                                           for r in range(manifest["world_size"])}
         int(manifest["step"])
+        shards, problem = _records(manifest, path)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return None, f"{path} is damaged (unreadable: {exc})"
-    for name, want in names.items():
+    if problem:
+        return None, problem
+    for name, want in shards.items():
         shard = folder / name
         try:
             size = shard.stat().st_size
-            if want is None:          # a manifest from before sizes and hashes were recorded
-                continue
-            if size != want["bytes"]:
-                return None, (f"{shard} is damaged: {size:,} bytes, its manifest says "
-                              f"{want['bytes']:,} (truncated or emptied)")
-            if hashes and _file_sha256(shard) != want["sha256"]:
-                return None, (f"{shard} is damaged: its SHA-256 differs from its manifest's "
-                              f"(bytes changed after it was saved)")
         except OSError:
             return None, f"{shard} is missing (its manifest lists it)"
+        if size != want["bytes"]:
+            return None, (f"{shard} is damaged: {size:,} bytes, its manifest says "
+                          f"{want['bytes']:,} (truncated or emptied)")
+        if hashes and _file_sha256(shard) != want["sha256"]:
+            return None, (f"{shard} is damaged: its SHA-256 differs from its manifest's "
+                          f"(bytes changed after it was saved)")
     return manifest, None
 
 
-def scan(directory) -> tuple[dict | None, list[str]]:
-    """The newest intact checkpoint's manifest (with its ``path``) or None, and what is wrong
-    with each newer folder, newest first. Pure: reads files only."""
+def scan(directory, check=None) -> tuple[dict | None, list[str]]:
+    """The newest verified checkpoint's manifest (with its ``path``) or None, and what is
+    wrong with each newer folder, newest first; ``check(manifest)`` may name more damage."""
     problems = []
-    for s in reversed(_steps(directory)):
+    for s in reversed(steps(directory)):
         manifest, problem = verify(step_dir(directory, s))
         if manifest is not None:
-            return {**manifest, "path": str(step_dir(directory, s))}, problems
+            manifest = {**manifest, "path": str(step_dir(directory, s))}
+            problem = check(manifest) if check is not None else None
+            if problem is None:
+                return manifest, problems
         problems.append(problem)
     return None, problems
 
@@ -242,12 +238,13 @@ def at_step(directory, step: int) -> dict:
     return {**manifest, "path": str(step_dir(directory, step)), "damaged": []}
 
 
-def check_resume(directory, world_size: int, meta: dict,
-                 may_differ: tuple[str, ...] = ()) -> dict | None:
+def check_resume(directory, world_size: int, meta: dict, may_differ: tuple[str, ...] = (),
+                 check=None) -> dict | None:
     """Caller side, before launching: the checkpoint a run with these settings would resume
     from, or None for a fresh start. Raise ValueError naming every setting that differs
-    (except those in ``may_differ``), or if every checkpoint in the folder is damaged."""
-    found, problems = scan(directory)
+    (except those in ``may_differ``), or if no checkpoint in the folder is verified (only
+    interrupted saves: a fresh start). ``check`` as for ``scan``."""
+    found, problems = scan(directory, check)
     if found is None:
         damaged = [p for p in problems if "(incomplete)" not in p]
         if damaged:
@@ -280,7 +277,10 @@ def load(folder, rank: int, map_location=None, manifest: dict | None = None) -> 
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing (its manifest lists it)") from None
     want = (manifest.get("shards") or {}).get(path.name)
-    if want is not None and _record(data) != want:
+    if want is None:
+        raise CheckpointError(f"{Path(folder) / MANIFEST} lists no SHA-256 for {path.name}: "
+                              f"unverified, so not loaded")
+    if _record(data) != want:
         raise CheckpointError(f"{path} is damaged: {len(data):,} bytes and a SHA-256 that "
                               f"do not match its manifest's ({want['bytes']:,} bytes)")
     where = device.current_device() if map_location is None else map_location

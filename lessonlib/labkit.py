@@ -17,7 +17,8 @@ every row of a lab carrying the same metric names, so a sweep's rows line up.
 when the lab has one.
 
 Every lab runs through ``main``: parse the flags, settle the world size, check every
-setting and every output path (before any process starts), launch, build the record, emit.
+setting and every output path (before any process starts: ``labargs``), launch, build the
+record, emit.
 
 Laptop:  ``python labs/ddp.py --world-size 2 --json results/ddp.json``
 GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py --json results/ddp.json``
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import os
 import platform
 import statistics
@@ -39,82 +39,36 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import comm, device, launcher
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def parser(lab: str, description: str) -> argparse.ArgumentParser:
-    """The flags every lab takes; a lab adds its own on the returned parser."""
-    p = argparse.ArgumentParser(prog=f"labs/{lab}.py", description=description)
-    p.add_argument("--world-size", type=int, default=2,
-                   help="ranks to spawn (ignored under torchrun, which sets it)")
-    p.add_argument("--backend", default="auto", choices=list(device.BACKENDS))
-    p.add_argument("--steps", type=int, default=10, help="timed steps per implementation")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before ranks are stopped")
-    p.add_argument("--json", type=Path, default=None, help="write the result here")
-    p.add_argument("--dtype", default="fp32", choices=list(DTYPES),
-                   help="compute precision: bf16 runs forward and backward under bf16 "
-                        "autocast, weights and optimizer state stay fp32")
-    return p
+# A lab's flags and their checks, used by every lab as labkit.<name>
+from lessonlib.labargs import (DTYPES, LabParser, add_gpt_flags, check_common,  # noqa: F401
+                               check_number, check_output, check_positive, check_world_sizes,
+                               gpt_model, parser, world_size)
 
 
 def main(p: argparse.ArgumentParser, check, worker, build_record, argv=None, measure=None,
          fp32_only: str | None = None) -> dict:
-    """Every lab's tail: parse -> world size -> check -> run -> record -> emit.
+    """Every lab's tail: parse and check -> run -> record -> emit.
 
     ``check(p, args) -> settings`` refuses bad settings with ``p.error`` before any process
-    starts (the shared flags and ``--json`` are checked here first); ``worker(settings)``
-    runs on every rank; ``build_record(ranks, settings, world_size)`` makes the record.
-    A lab that launches several times (a sweep over world sizes) passes
-    ``measure(args, settings)`` instead of a worker and gets its return value as ``ranks``.
-    ``fp32_only``: why a lab runs only in fp32 (then ``--dtype bf16`` is refused with it)."""
+    starts (the shared flags and ``--json`` are checked first); ``worker(settings)`` runs on
+    every rank, or ``measure(args, settings)`` (a lab that launches several times) returns
+    what ``build_record(ranks, settings, world_size)`` gets; ``fp32_only`` says why a lab
+    refuses ``--dtype bf16``."""
     args = p.parse_args(argv)
     args.world_size = world_size(args)
     check_common(p, args, fp32_only)
     settings = check(p, args)
     if isinstance(settings, dict):
         settings["dtype"] = args.dtype
-    if measure is not None:
-        ranks = measure(args, settings)
-    else:
-        ranks = launcher.run(in_dtype(worker, args.dtype), args.world_size, settings,
-                             backend=args.backend, timeout=args.timeout)
-    record = build_record(ranks, settings, args.world_size)
+    run = measure or functools.partial(_on_ranks, worker)
+    record = build_record(run(args, settings), settings, args.world_size)
     emit(record, args.json)
     return record
 
 
-def check_common(p: argparse.ArgumentParser, args, fp32_only: str | None = None) -> None:
-    """The shared flags: ``--timeout`` a positive number of seconds, ``--dtype`` one the lab
-    runs, ``--json`` a file that can be written."""
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        p.error(f"--timeout must be a positive number of seconds, e.g. 600; got {args.timeout}")
-    if fp32_only and args.dtype != "fp32":
-        p.error(f"--dtype {args.dtype}: {p.prog} runs only --dtype fp32 ({fp32_only})")
-    check_output(p, "--json", args.json)
-
-
-def _nearest_existing(path: Path) -> Path:
-    for parent in [path, *path.parents]:
-        if parent.exists():
-            return parent
-    return Path(".")
-
-
-def check_output(p: argparse.ArgumentParser, flag: str, path: Path | None) -> None:
-    """Refuse an output file ``path`` that cannot be written, before any process starts: a
-    folder, a path below a file, or a place without write access."""
-    if path is None:
-        return
-    path = Path(path)
-    if path.is_dir():
-        p.error(f"{flag} {path} is a folder; give a file name")
-    place = _nearest_existing(path.parent)
-    if not place.is_dir():
-        p.error(f"{flag} {path}: {place} is a file, so nothing can be written below it")
-    if not os.access(place, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        p.error(f"{flag} {path}: no write permission in {place}; choose a writable place")
+def _on_ranks(worker, args, settings):
+    return launcher.run(in_dtype(worker, args.dtype), args.world_size, settings,
+                        backend=args.backend, timeout=args.timeout)
 
 
 def _autocast_worker(worker, dtype: str, *args, **kwargs):
@@ -127,19 +81,6 @@ def _autocast_worker(worker, dtype: str, *args, **kwargs):
 def in_dtype(worker, dtype: str):
     """``worker`` wrapped to run in ``--dtype``; a picklable callable for ``launcher.run``."""
     return functools.partial(_autocast_worker, worker, dtype)
-
-
-def world_size(args) -> int:
-    """The run's world size: torchrun's when under torchrun, else ``--world-size``."""
-    return int(os.environ["WORLD_SIZE"]) if launcher.under_torchrun() else args.world_size
-
-
-def check_positive(p: argparse.ArgumentParser, args, *names: str) -> None:
-    """Reject non-positive integer settings before any process starts."""
-    for name in names:
-        value = getattr(args, name.replace("-", "_"))
-        if value is None or value < 1:
-            p.error(f"--{name} must be a positive integer; got {value}")
 
 
 def time_steps(step, steps: int, warmup: int) -> list[float]:
@@ -224,28 +165,6 @@ def emit(record: dict, path: Path | None) -> None:
         os._exit(status)
     if status:
         sys.exit(status)
-
-
-def add_gpt_flags(p: argparse.ArgumentParser, hidden: int = 64, seq: int = 32) -> None:
-    """The tiny GPT's shape and the batch split of the labs that train it (hybrid, train)."""
-    p.add_argument("--layers", type=int, default=4, help="L, transformer layers")
-    p.add_argument("--hidden", type=int, default=hidden, help="h")
-    p.add_argument("--heads", type=int, default=4, help="a")
-    p.add_argument("--seq", type=int, default=seq, help="s, tokens per sequence")
-    p.add_argument("--global-batch", type=int, default=32, help="B, sequences per step")
-    # Not "--m": torchrun reads that as an abbreviation of its own flags and refuses it.
-    p.add_argument("--microbatches", type=int, default=4,
-                   help="m, micro-batches per replica per step")
-
-
-def gpt_model(p: argparse.ArgumentParser, args) -> dict:
-    """``add_gpt_flags``' values checked, as ``GPTConfig`` keywords (the corpus has 27
-    characters)."""
-    check_positive(p, args, "layers", "hidden", "heads", "seq", "global-batch", "microbatches")
-    if args.hidden % args.heads:
-        p.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
-    return {"vocab": 27, "seq": args.seq, "hidden": args.hidden, "heads": args.heads,
-            "layers": args.layers}
 
 
 def gemm_rates(sizes: list[int], dtype_name: str, min_seconds: float) -> list[dict]:

@@ -191,7 +191,8 @@ def resume_point(settings: dict) -> dict | None:
     was written by other settings (another layout, world size or m is resharded, not
     refused), if every checkpoint is damaged, or if it is already past ``steps``."""
     resume = checkpoint.check_resume(settings["checkpoint_dir"], settings["world_size"],
-                                     settings["meta"], may_differ=RESHARDABLE)
+                                     settings["meta"], may_differ=RESHARDABLE,
+                                     check=reshard.mismatch)
     if resume and resume["step"] > settings["steps"]:
         raise ValueError(f"steps={settings['steps']}: the checkpoint in {resume['path']} is "
                          f"already at step {resume['step']}; use steps >= {resume['step']}")

@@ -35,6 +35,7 @@ GPU box: the same with ``torchrun --nproc-per-node 8 ... --layout t2p2d2``, then
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import torch
 
@@ -83,6 +84,46 @@ def placement(cfg: GPTConfig, t: int, p: int, pp_rank: int, tp_rank: int) -> dic
             if name.startswith(part + ".") and not (block and inner in _SPLIT_SOURCES):
                 out[f"{i}.{inner}"] = [(name, 0, 0, shape[0])]
     return out
+
+
+def _shape(shapes: dict, pieces: list) -> tuple[int, ...]:
+    """The shape of the tensor ``cut`` makes from ``pieces``."""
+    shape = list(shapes[pieces[0][0]])
+    shape[pieces[0][1]] = sum(stop - start for _, _, start, stop in pieces)
+    return tuple(shape)
+
+
+def mismatch(found: dict) -> str | None:
+    """What makes checkpoint ``found`` (a manifest with its ``path``) damaged beyond its
+    hashes, or None: a layout that is not its world size, or shards that do not hold the
+    tensors (names and shapes) its layout places on them. Reads each shard's index only
+    (``mmap``), not its tensors; for ``checkpoint.scan`` before any process starts."""
+    manifest = Path(found["path"]) / checkpoint.MANIFEST
+    if not {"layout", "model"} <= set(found["meta"]):
+        return None                 # another run's settings: check_resume names the difference
+    try:
+        t, p, d = parse_layout(found["meta"]["layout"])
+        cfg = GPTConfig(**found["meta"]["model"])
+    except (TypeError, ValueError) as exc:
+        return f"{manifest} is damaged: its layout or model cannot be read ({exc})"
+    if t * p * d != found["world_size"]:
+        return (f"{manifest} is damaged: its layout {found['meta']['layout']} has {t * p * d} "
+                f"ranks, its world_size says {found['world_size']}")
+    shapes = dense_shapes(cfg)
+    for rank in range(t * p * d):                      # rank = (dp * p + pp) * t + tp
+        want = {name: _shape(shapes, pieces)
+                for name, pieces in placement(cfg, t, p, rank // t % p, rank % t).items()}
+        shard = Path(found["path"]) / f"rank_{rank:05d}.pt"
+        try:
+            model = torch.load(shard, map_location="cpu", weights_only=True, mmap=True)["model"]
+            got = {name: tuple(tensor.shape) for name, tensor in model.items()}
+        except Exception as exc:  # noqa: BLE001  (any unreadable shard is damage, named)
+            return f"{shard} is damaged: it cannot be read as a shard ({type(exc).__name__})"
+        if got != want:
+            return (f"{manifest} is damaged: its layout {found['meta']['layout']} does not "
+                    f"match {shard.name}, which holds other tensors than that layout places "
+                    f"on rank {rank}")
+    return None
 
 
 def cut(full: dict[str, torch.Tensor], pieces: list) -> torch.Tensor:

@@ -53,11 +53,12 @@ def test_a_checkpoint_counts_only_once_every_shard_and_the_manifest_are_written(
     assert not list(tmp_path.rglob("*.tmp*")), "temporary files must be renamed into place"
 
 
-def test_old_and_broken_checkpoints_are_pruned_and_a_stale_pointer_is_ignored(tmp_path):
-    checkpoint.write_shard(tmp_path, 3, 0, {})          # an incomplete folder from a kill
-    for step in (5, 10, 15):
+def test_old_checkpoints_are_pruned_and_a_stale_pointer_is_ignored(tmp_path):
+    checkpoint.write_shard(tmp_path, 3, 0, {})          # an incomplete folder from a kill:
+    for step in (5, 10, 15):                            # kept (it may hold the only copy)
         _save(tmp_path, step, keep=2)
-    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000010", "step_00000015"]
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == [
+        "step_00000003", "step_00000010", "step_00000015"]
     (tmp_path / checkpoint.LATEST).write_text("step_00000099")
     assert checkpoint.latest(tmp_path)["step"] == 15
 

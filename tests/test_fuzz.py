@@ -1,5 +1,5 @@
-"""Fuzzed, not just probed: the cost model (``estimate`` and its command line) and the pipeline
-schedule functions, driven by Hypothesis with arbitrary settings (zero, negatives, huge
+"""Fuzzed, not just probed: the cost model (``estimate`` and its command line), the pipeline
+schedule functions, the labs' command lines and ``launch``'s settings, driven by Hypothesis with arbitrary settings (zero, negatives, huge
 integers, NaN and infinities, strings, None, wrong types).
 
 The property: every call either returns finite numbers or raises one ValueError (or, on the
@@ -8,13 +8,24 @@ never another exception from deep inside. Deterministic (``derandomize``, no exa
 database) and a few seconds long, so CI never flakes.
 """
 import contextlib
+import datetime
 import io
 import json
 import math
+import operator
+import re
+import tempfile
+from pathlib import Path
 
-from hypothesis import HealthCheck, event, given, settings
+import labrun
+import lifetime_workers
+import numpy
+import pytest
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+from lessonlib import launcher
+from lessonlib.launcher import starter
 from lessonlib.costmodel import GPT, Layout, estimate, make_cluster
 from lessonlib.costmodel.__main__ import main
 from lessonlib.pipeline import schedules
@@ -160,6 +171,7 @@ def command_lines(draw):
 
 
 @fuzz(100)
+@example(argv=["--model", "gpt2-small", "--t", "1", "--p", "1", "--network-gbit=1e308"])
 @given(argv=command_lines())
 def test_cli_prints_finite_numbers_or_exits_2_with_one_line(argv):
     out, err = io.StringIO(), io.StringIO()
@@ -220,3 +232,90 @@ def test_schedules_and_simulation_finite_or_one_clear_error(c):
     event("simulated")
     numbers = [sim.makespan, *sim.bubble, *sim.bubble_ideal, *sim.peak_stash]
     assert all(math.isfinite(x) and x >= 0 for x in numbers)
+
+
+# --- the labs' command lines and launch's settings ---------------------------------------------
+# Each lab's own flags, read from its usage; each set to values a careless student might type.
+# A value that passes every check reaches the launch, which is stubbed: "a run" (exit 99).
+# Paths only ever point into a folder of the test's own.
+
+LABS = ("allreduce", "ddp", "mp", "tp", "pp", "hybrid", "zero", "train", "launch_overhead")
+SCRATCH = Path(tempfile.mkdtemp(prefix="lessonlib-fuzz-"))
+(SCRATCH / "a_file").write_text("not a folder")
+VALUES = ("0", "-1", "1", "2", "3", "nan", "inf", "-inf", "1e308", "1e10", str(10 ** 30),
+          "0.5", "abc", "", "t1p2d1", "t3p1d1", "1,2", "1,1000", "gpipe", "fp32")
+PATHS = (str(SCRATCH / "out.json"), str(SCRATCH), str(SCRATCH / "a_file" / "x"), "/proc/x",
+         "x" * 300)
+PATH_FLAGS = ("--json", "--checkpoint-dir", "--out")
+RUN = 99
+
+
+def _lab_flags(lab: str) -> dict[str, bool]:
+    """``{flag: takes a value}`` from the lab's usage."""
+    usage = labrun.run(lab, "--help").stdout.split("\n\n")[0]
+    return {flag: bool(meta) for flag, meta in re.findall(r"\[(--[a-z0-9-]+)(?: ([^\]\s]+))?",
+                                                          usage)}
+
+
+FLAGS_OF = {lab: _lab_flags(lab) for lab in LABS}
+
+
+@st.composite
+def lab_command_lines(draw):
+    lab = draw(st.sampled_from(LABS))
+    argv = ["--checkpoint-dir", str(SCRATCH / "ckpt")] if lab == "train" else []
+    for flag in draw(st.lists(st.sampled_from(sorted(FLAGS_OF[lab])), max_size=3)):
+        if FLAGS_OF[lab][flag]:
+            argv += [flag, draw(st.sampled_from(PATHS if flag in PATH_FLAGS else VALUES))]
+        else:
+            argv.append(flag)
+    return lab, argv
+
+
+def _would_run(*args, **kwargs):
+    raise SystemExit(RUN)
+
+
+@fuzz(150)
+@given(c=lab_command_lines())
+def test_lab_command_lines_run_or_refuse_in_one_line(c):
+    lab, argv = c
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("run", "launch"):
+            mp.setattr(launcher, name, _would_run)
+        done = labrun.run(lab, *argv)
+    if done.returncode == RUN:
+        event("a run")
+        return
+    assert done.returncode == 2 and "Traceback" not in done.stderr, (lab, argv, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 or "unrecognized arguments" in lines[-1], (lab, argv, done.stderr)
+    event("refused in one line")
+
+
+@fuzz(100)
+@example(world_size=2, timeout=1e13, backend="gloo")        # gloo: "Invalid timeout"
+@example(world_size=2, timeout=1e300, backend="gloo")       # timedelta: OverflowError
+@example(world_size=numpy.int64(2), timeout=600, backend="gloo")
+@given(world_size=st.one_of(OFTEN_VALID, st.integers(1, 4).map(numpy.int64)),
+       timeout=st.one_of(st.floats(), st.integers(), BAD, st.sampled_from([1e13, 1e300, 600])),
+       backend=st.sampled_from(["auto", "gloo", "nccl", "mpi", None, 3]))
+def test_launch_settings_run_or_refuse_in_one_line(world_size, timeout, backend):
+    """What passes the checks is what the ranks can use: a timedelta, gloo's 64-bit count of
+    nanoseconds, a whole number of ranks."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(starter, "context", _would_run)
+        try:
+            launcher.launch(lifetime_workers.wait_for, world_size, "unused", timeout=timeout,
+                            backend=backend)
+        except SystemExit as stop:
+            assert stop.code == RUN
+            assert datetime.timedelta(seconds=timeout) and timeout * 1e9 < 2 ** 63, timeout
+            assert operator.index(world_size) >= 1
+            event("a run")
+        except ValueError as exc:
+            assert "\n" not in str(exc).strip() and any(
+                name in str(exc) for name in ("world_size", "timeout", "backend")), str(exc)
+            assert not (isinstance(world_size, numpy.integer) and timeout == 600
+                        and backend == "gloo"), f"a NumPy world size refused: {exc}"
+            event("refused in one line")

@@ -36,6 +36,28 @@ def test_bad_shared_settings_stop_the_lab_before_any_rank(tmp_path, lab, args, w
     assert len(done.stderr.strip().splitlines()[-1]) < 300
 
 
+@pytest.mark.parametrize("lab,args,words", [
+    ("ddp", ["--timeout", "1e10"], "--timeout must be a positive number of seconds, at most"),
+    ("ddp", ["--world-size", "1000"], "use --world-size <= "),
+    ("ddp", ["--sweep", "--world-sizes", "1,1000"], "use --world-sizes <= "),
+    ("train", ["--lr", "-1"], "--lr must be a finite positive number"),
+    ("train", ["--lr", "nan"], "--lr must be a finite positive number"),
+    ("hybrid", ["--lr", "-1"], "--lr must be a finite positive number"),
+    ("ddp", ["--json", "x" * 300], "is longer than the 255 bytes"),
+    ("ddp", ["--json", "/proc/x"], "no file can be written in /proc"),
+    ("tp", ["--steps", "0"], "--steps must be a positive integer"),
+])
+def test_every_setting_is_refused_in_one_line_without_the_usage(lab, args, words):
+    done = labrun.run(lab, *args)
+    assert done.returncode == 2 and words in done.stderr, done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_usage_comes_with_an_unknown_flag():
+    done = labrun.run("ddp", "--no-such-flag")
+    assert done.returncode == 2 and done.stderr.startswith("usage: labs/ddp.py")
+
+
 def test_a_result_that_cannot_be_written_is_printed_in_full(tmp_path, capsys):
     (tmp_path / "a_file").write_text("")
     record = {"lab": "tp", "world_size": 1, "results": {"lessonlib": {"step_time_s": 1.5}}}

@@ -8,6 +8,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,16 @@ def test_what_cannot_travel_is_named_before_any_process_starts(tmp_path, no_chil
     handle.close()
 
 
+def test_the_pickling_traceback_of_what_cannot_travel_is_kept():
+    """The one line names the culprit; its cause, chained, is the pickler's own error, whose
+    traceback shows what failed to travel and where."""
+    with pytest.raises(ValueError, match=r"argument 1 \(lock\)") as refused:
+        lessonlib.launch(rank_workers.rank_and_sum, 2, threading.Lock())
+    assert isinstance(refused.value.__cause__, TypeError)
+    assert "_thread.lock" in str(refused.value.__cause__)
+    assert not refused.value.__suppress_context__ or refused.value.__cause__ is not None
+
+
 def test_nccl_without_a_gpu_says_no_gpu_is_visible():
     if torch.cuda.device_count():
         pytest.skip("a GPU is visible")
@@ -48,7 +59,7 @@ def test_a_world_beyond_the_machine_is_refused_unless_asked_for():
     with pytest.raises(ValueError, match=r"world_size=10000 .* more than 8 per core.*"
                                          r"oversubscribe=True"):
         lessonlib.launch(rank_workers.rank_and_sum, 10000)
-    with pytest.raises(ValueError, match="timeout must be a positive"):  # checked after: no start
+    with pytest.raises(ValueError, match="timeout=-1 must be a finite positive"):  # no start
         lessonlib.launch(rank_workers.rank_and_sum, 10000, oversubscribe=True, timeout=-1)
 
 
@@ -77,10 +88,18 @@ def test_a_rank_that_never_starts_gets_the_main_guard_hint(tmp_path):
         except lessonlib.RankError as err:
             print("RANKERROR", err)
     """ % str(ROOT / "tests")))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=100)
-    assert "RANKERROR" in done.stdout, done.stderr[-2000:]
-    assert "died while starting" in done.stdout and "if __name__ == '__main__'" in done.stdout
+    folder = Path(tempfile.mkdtemp(prefix="ug-"))  # short: socket paths must be short
+    try:
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=100, env=dict(os.environ, TMPDIR=str(folder)))
+        assert "RANKERROR" in done.stdout, done.stderr[-2000:]
+        assert "died while starting" in done.stdout and "if __name__ == '__main__'" in done.stdout
+        deadline = time.monotonic() + 5     # each rank's own server ends with its rank
+        while list(folder.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(folder.iterdir()) == []   # no server folder per rank left behind
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- nothing left behind

@@ -1,6 +1,11 @@
 """launch() from a real Jupyter kernel, the way a notebook cell calls it: warm launches, a
 function written in a cell, an edited worker module, and nothing left when the kernel ends."""
 
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
 import nbformat
 import psutil
 import pytest
@@ -37,9 +42,12 @@ CELLS = [
 
 
 @pytest.mark.timeout(240)
-def test_a_notebook_cell_launches_four_ranks_and_gets_their_results(tmp_path):
+def test_a_notebook_cell_launches_four_ranks_and_gets_their_results(tmp_path, monkeypatch):
     cells = [c.replace("{folder!r}", repr(str(tmp_path))) for c in CELLS]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    temp = tempfile.mkdtemp(prefix="kt-")        # the kernel's temp folder: short, its own
+    monkeypatch.setenv("TMPDIR", temp)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     NotebookClient(nb, timeout=180, kernel_name="python3").execute()
     first, cell, edited, left = ("".join(o.get("text", "") for o in c.outputs) for c in nb.cells)
     assert first.strip() == "[6.0, 6.0, 6.0, 6.0]"
@@ -53,3 +61,13 @@ def test_a_notebook_cell_launches_four_ranks_and_gets_their_results(tmp_path):
     except psutil.NoSuchProcess:
         alive = []
     assert not alive, f"the fork server {server} outlived its kernel"
+    deadline = time.monotonic() + 5       # and so do its launch and server folders
+    while time.monotonic() < deadline and _ours(temp):
+        time.sleep(0.1)
+    assert not _ours(temp), f"left in the temp folder after the kernel ended: {_ours(temp)}"
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def _ours(folder) -> list[str]:
+    return [p.name for p in Path(folder).iterdir()
+            if p.name.startswith(("lessonlib-", "torchinductor_"))]

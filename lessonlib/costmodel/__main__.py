@@ -112,9 +112,10 @@ def check_args(args):
     if args.zero not in (0, 1, 2, 3):
         raise ValueError(f"zero={args.zero} must be a ZeRO stage: 0, 1, 2 or 3")
     gbit = args.network_gbit
-    if gbit is not None and not (math.isfinite(gbit) and gbit > 0):
+    # Beyond 10^6 Gb/s the bytes per second overflow to inf later, naming another setting
+    if gbit is not None and not (math.isfinite(gbit) and 0 < gbit <= 1e6):
         raise ValueError(f"network-gbit={gbit} must be a finite positive port speed in Gb/s, "
-                         f"e.g. 200 (HDR) or 400 (NDR)")
+                         f"at most 1e6, e.g. 200 (HDR) or 400 (NDR)")
 
 
 def _cluster(args):

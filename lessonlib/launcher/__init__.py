@@ -12,14 +12,17 @@ the traps of Jupyter + multiprocessing away from the student:
 - the ranks meet through a file in the launch's private folder: nothing listens on the
   network, and launches in a row or from two notebooks at once never collide;
 - an exception in a rank is raised here, naming the rank that failed first, with its
-  traceback; the other ranks are stopped and no process outlives the call or the kernel;
+  traceback; the other ranks are stopped and no process (nor any a rank started) outlives
+  the call or the kernel;
 - a hang ends at ``timeout`` with the last step each rank reported through ``progress``;
 - each rank's prints go to a log, not the notebook; return values come back by value.
 
 The files, in the order a launch uses them:
 
 - ``checks``: what is refused before any process starts, and ``pack`` (the function by value);
-- ``starter``: the preloaded fork server and the launch's private folder;
+- ``starter``: the preloaded fork server, through ``forkserver`` (the one module that
+  touches multiprocessing's private details, with the Python versions it was checked on);
+- ``folders``: the launch's private folders, each held by a lock while its owner lives;
 - ``rank``: what each rank does, from birth to its result (and ``demo_rank_sum``);
 - ``local``: ``launch`` itself, watching the ranks until results, a failure or the timeout;
 - ``errors``: ``RankError`` and ``LaunchTimeout``, and the words that explain them;

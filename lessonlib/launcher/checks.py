@@ -19,8 +19,12 @@ import cloudpickle
 import torch
 
 from lessonlib import device
+from lessonlib.argcheck import positive_int, positive_number
 
 RANKS_PER_CORE = 8  # beyond this a CPU box only thrashes; each rank is an interpreter + torch
+# gloo counts a timeout in nanoseconds in 64 bits (292 years); 10 million seconds (116 days)
+# is far beyond any lesson and far inside every limit.
+MAX_TIMEOUT_S = 1e7
 
 
 def cores() -> int:
@@ -30,21 +34,20 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
-def check_settings(world_size, timeout, backend: str, oversubscribe: bool) -> None:
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(
-            f"world_size must be a positive integer (the number of ranks, e.g. 2 or 4); "
-            f"got {world_size!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
-            or timeout == float("inf"):
-        raise ValueError(f"timeout must be a positive, finite number of seconds; got {timeout!r}")
+def check_settings(world_size, timeout, backend: str, oversubscribe: bool,
+                   names: tuple[str, str] = ("world_size", "timeout")) -> tuple[int, float]:
+    """``(world_size, timeout)`` as int and float, or a ValueError naming the setting (under
+    ``names``: a lab passes its flags' names)."""
+    world_size = positive_int(names[0], world_size, what="the number of ranks")
+    timeout = positive_number(names[1], timeout, most=MAX_TIMEOUT_S, example="600 (seconds)")
     limit = RANKS_PER_CORE * cores()
     if world_size > limit and not oversubscribe:
         raise ValueError(
             f"world_size={world_size} would start {world_size} processes on {cores()} CPU "
-            f"core(s), more than {RANKS_PER_CORE} per core; use world_size <= {limit}, or "
+            f"core(s), more than {RANKS_PER_CORE} per core; use {names[0]} <= {limit}, or "
             f"pass oversubscribe=True if you really mean it")
     check_backend(backend)
+    return world_size, timeout
 
 
 def check_backend(backend: str) -> None:
@@ -55,9 +58,13 @@ def check_backend(backend: str) -> None:
 
 
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, refusing tensors that live on a device of this process."""
+    """cloudpickle, refusing what belongs to this process: tensors on its device, and open
+    files (cloudpickle would send a read-mode file's text as a copy, not the file)."""
 
     def reducer_override(self, obj):
+        if isinstance(obj, io.IOBase):
+            raise TypeError(f"an open file ({getattr(obj, 'name', type(obj).__name__)!r}) belongs "
+                            f"to this process; pass its path and open it inside the function")
         if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
             raise TypeError(
                 f"a tensor on {obj.device} (shape {tuple(obj.shape)}) belongs to this process; "
@@ -65,7 +72,8 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
-def _dumps(obj) -> bytes:
+def dumps(obj) -> bytes:
+    """``obj`` by value (cloudpickle), as the ranks receive functions and return results."""
     buffer = io.BytesIO()
     _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buffer.getvalue()
@@ -96,17 +104,19 @@ def pack(fn, args, kwargs) -> bytes:
     if not callable(fn):
         raise ValueError(f"launch needs a function to run on each rank; got {fn!r}")
     try:
-        return _dumps((fn, args, kwargs))
-    except Exception as exc:  # pickling errors come in many types
-        name = getattr(fn, "__qualname__", repr(fn))
-        culprit = "something it uses"
-        for what, value in _parts(fn, args, kwargs):
-            try:
-                _dumps(value)
-            except Exception as inner:  # noqa: BLE001  (looking for the part that fails)
-                culprit, exc = what, inner
-                break
-        raise ValueError(
-            f"{name} cannot be sent to the ranks: {culprit} cannot be pickled ({exc}). Each "
-            f"rank is a separate process: pass what it needs as plain values it can rebuild "
-            f"from (a path, not an open file; CPU tensors, not GPU ones; no locks)") from None
+        return dumps((fn, args, kwargs))
+    except Exception as exc:  # noqa: BLE001  (pickling errors come in many types)
+        failure = exc
+    name = getattr(fn, "__qualname__", repr(fn))
+    culprit = "something it uses"
+    for what, value in _parts(fn, args, kwargs):
+        try:
+            dumps(value)
+        except Exception as inner:  # noqa: BLE001  (looking for the part that fails)
+            culprit, failure = what, inner
+            break
+    # Chained to the pickler's own error: its traceback shows what failed to travel, and how
+    raise ValueError(
+        f"{name} cannot be sent to the ranks: {culprit} cannot be pickled ({failure}). Each "
+        f"rank is a separate process: pass what it needs as plain values it can rebuild "
+        f"from (a path, not an open file; CPU tensors, not GPU ones; no locks)") from failure

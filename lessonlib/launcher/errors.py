@@ -61,6 +61,11 @@ def _how(exitcode: int) -> str:
     return f"exit code {exitcode}"
 
 
+def _last_line(traceback_text: str) -> str:
+    lines = traceback_text.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
 def first_failure(workdir: Path, world_size: int, deaths: dict[int, tuple[float, int]]) -> RankError:
     """The rank that failed first is the cause; the others usually failed because it left.
 
@@ -79,6 +84,9 @@ def first_failure(workdir: Path, world_size: int, deaths: dict[int, tuple[float,
     others = sorted(set(when) - {rank})
     after = (f" Rank(s) {others} failed after it, most likely because rank {rank} stopped."
              if others else "")
+    if others and rank in raised and all(_last_line(raised.get(r, (0, ""))[1])
+                                         == _last_line(raised[rank][1]) for r in others):
+        after = f" Rank(s) {others} raised the same error on their own."
     if rank in raised:
         return RankError(f"rank {rank} of {world_size} raised an exception; the other ranks "
                          f"were stopped.{after} Traceback from rank {rank}:\n{raised[rank][1]}",

@@ -4,7 +4,8 @@ What it teaches: a distributed program is N copies of the same function, told ap
 their rank. The caller checks everything it can first, sends the function by value, starts
 the ranks, then only watches: for a result from every rank, for the first rank that fails
 (it is named, with its traceback), or for the timeout (each rank's last step is named).
-Whatever happens, every rank is stopped and the launch's folder removed before it returns.
+Whatever happens, every rank and every process a rank started (its process group) is
+stopped, and the launch's folder removed, before it returns.
 
 Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.launcher.demo_rank_sum, 4))"``
 GPU box: the same call uses NCCL when 4 GPUs are visible; under torchrun use ``run``.
@@ -13,12 +14,12 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
+import signal
 import time
 from pathlib import Path
 
 from lessonlib import device
-from lessonlib.launcher import checks, errors, rank, starter
+from lessonlib.launcher import checks, errors, folders, rank, starter
 
 DEFAULT_TIMEOUT_S = 120.0
 _POLL_S = 0.005  # a warm launch lasts about 0.1 s: look often, the check is a few syscalls
@@ -34,11 +35,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     ``warm=False`` spawns fresh interpreters instead of forking from the preloaded server;
     ``oversubscribe=True`` allows more than 8 ranks per CPU core.
     """
-    checks.check_settings(world_size, timeout, backend, oversubscribe)
+    world_size, timeout = checks.check_settings(world_size, timeout, backend, oversubscribe)
     backend = device.resolve_backend(backend, world_size)
     payload = checks.pack(fn, args, kwargs)
     ctx = starter.context(warm)
-    workdir = starter.new_folder()
+    workdir = folders.new()
     processes = []
     try:
         for r in range(world_size):
@@ -52,7 +53,8 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
                 for r in range(world_size)]
     finally:
         _stop_all(processes)
-        shutil.rmtree(workdir, ignore_errors=True)
+        folders.remove(workdir)
+        folders.sweep()     # what a launch nested in a stopped rank left, say
 
 
 def _wait(processes, workdir: Path, backend: str, timeout: float) -> None:
@@ -60,8 +62,9 @@ def _wait(processes, workdir: Path, backend: str, timeout: float) -> None:
     world_size, deadline = len(processes), time.monotonic() + timeout
     while True:
         codes = [p.exitcode for p in processes]
+        # A rank that left its result has done its work, whatever its exit code says
         failed = {r: (time.time(), c) for r, c in enumerate(codes)
-                  if c is not None and (c != 0 or not (workdir / f"rank{r}.result").exists())}
+                  if c is not None and not (workdir / f"rank{r}.result").exists()}
         if failed:
             # The others are most likely failing because of it: give them a moment to say so.
             grace = time.monotonic() + 1.0
@@ -71,7 +74,7 @@ def _wait(processes, workdir: Path, backend: str, timeout: float) -> None:
                 if r not in failed and p.exitcode not in (None, 0):
                     failed[r] = (time.time(), p.exitcode)
             raise errors.first_failure(workdir, world_size, failed)
-        if all(c == 0 for c in codes):
+        if all(c is not None for c in codes):
             return
         if time.monotonic() > deadline:
             raise errors.timed_out(workdir, world_size, backend, timeout)
@@ -79,6 +82,8 @@ def _wait(processes, workdir: Path, backend: str, timeout: float) -> None:
 
 
 def _stop_all(processes) -> None:
+    """Stop every rank, then every process a rank started: each rank leads its own process
+    group (``rank.main``), which outlives the rank while any of its children live."""
     for p in processes:
         if p.exitcode is None:
             p.terminate()
@@ -88,3 +93,8 @@ def _stop_all(processes) -> None:
         if p.exitcode is None:
             p.kill()
             p.join()
+    for p in processes:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):   # no process left in it
+            pass

@@ -11,9 +11,10 @@ GPU box: the same call uses NCCL when 4 GPUs are visible.
 """
 from __future__ import annotations
 
-import multiprocessing.forkserver
 import os
 import pickle
+import shutil
+import signal
 import socket
 import sys
 import threading
@@ -27,6 +28,7 @@ import torch.distributed as dist
 
 from lessonlib import comm, device, placement
 from lessonlib.breadcrumbs import PROGRESS_ENV, progress
+from lessonlib.launcher import checks, forkserver
 
 phase_times: dict[str, float] = {}  # this rank's wall-clock milestones (labs/launch_overhead.py)
 
@@ -37,50 +39,66 @@ def _loopback_interface() -> str | None:
     return next((n for n in names if n.startswith("lo")), None)
 
 
-def _to_cpu(value):
+def to_cpu(value):
     """Results cross a process boundary by value; GPU tensors come back as CPU tensors."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if isinstance(value, dict):
-        return type(value)((k, _to_cpu(v)) for k, v in value.items())
+        return type(value)((k, to_cpu(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_to_cpu(v) for v in value)
+        return type(value)(to_cpu(v) for v in value)
     return value
 
 
-def _exit_with_caller(caller_pid: int) -> None:
-    """Die when the caller dies: a killed kernel cannot clean up after itself. The parent is
-    the caller (spawn) or the fork server, which ends as soon as the caller is gone."""
+def _end_everything() -> None:
+    """This rank and every process it started (its process group) end now."""
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def _exit_with_caller(caller_pid: int, workdir: str) -> None:
+    """Die when the caller dies: a killed kernel cannot clean up after itself, so the rank
+    removes the launch's folder and ends with everything it started. The parent is the
+    caller (spawn) or the fork server, which ends as soon as the caller is gone."""
     parent = os.getppid()
     while True:
         try:
             os.kill(caller_pid, 0)
+            gone = os.getppid() != parent
         except ProcessLookupError:
-            os._exit(1)
-        if os.getppid() != parent:
-            os._exit(1)
+            gone = True
+        if gone:
+            shutil.rmtree(workdir, ignore_errors=True)
+            _end_everything()
         time.sleep(0.2)
 
 
-def _let_the_server_end_with_its_caller() -> None:
-    """A forked rank inherits the fork server's "caller alive" pipe; the server ends when
-    every holder has closed it, so the rank closes its copy (it starts no processes)."""
-    server = multiprocessing.forkserver._forkserver
-    if server._forkserver_alive_fd is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # the function closed it: its output is in the log
+            pass
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Whole or not at all: the caller reads the file as soon as the rank has ended."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, environ):
     phase_times["entered"] = time.time()
-    _let_the_server_end_with_its_caller()
+    os.setpgid(0, 0)    # its own process group: whatever it starts is stopped with it
+    forkserver.drop_alive_pipe()
     log = os.open(Path(workdir) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    threading.Thread(target=_exit_with_caller, args=(caller_pid,), daemon=True).start()
+    threading.Thread(target=_exit_with_caller, args=(caller_pid, workdir), daemon=True).start()
     # A forked rank carries the environment of the server's birth: take the caller's now.
     os.environ.clear()
     os.environ.update(environ)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(workdir) / "torch-compile-cache"))
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "LOCAL_WORLD_SIZE": str(world_size), PROGRESS_ENV: workdir})
     if (loopback := _loopback_interface()) is not None:
@@ -104,16 +122,17 @@ def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, envir
         if dist.is_initialized():  # unless the function ended the group itself
             dist.barrier()
             dist.destroy_process_group()
-        Path(workdir, f"rank{rank}.result").write_bytes(pickle.dumps(_to_cpu(result)))
+        # By value, as the function came: an instance of a class defined in a cell or script
+        _write(Path(workdir, f"rank{rank}.result"), checks.dumps(to_cpu(result)))
     except BaseException:
-        Path(workdir, f"rank{rank}.error").write_text(f"{time.time()}\n{traceback.format_exc()}")
+        _write(Path(workdir, f"rank{rank}.error"),
+               f"{time.time()}\n{traceback.format_exc()}".encode())
         code = 1
     else:
         code = 0
     # The result is safe on disk: skip the interpreter's slow teardown of torch (about a
     # second per rank on a small CPU), which would otherwise dominate short launches.
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush()
     os._exit(code)
 
 

@@ -12,8 +12,9 @@ restarts once when the caller imports another. The server ends with its caller. 
 there is no forkserver (Windows), ranks are spawned.
 
 Each launch also gets a private folder ``lessonlib-<caller pid>-*`` in the temp folder (logs,
-results, the rendezvous file); it is removed when the launch ends, and folders left by a
-caller that was killed are removed by the next launch.
+results, the rendezvous file), and the caller one of its own for the server's socket and
+torch's compile cache (``folders``: each held by a lock while its owner lives). The private
+details of multiprocessing it needs are gathered in ``forkserver``.
 
 Laptop:  ``python labs/launch_overhead.py --repeats 5``  (cold and warm launches)
 GPU box: the same.
@@ -21,15 +22,13 @@ GPU box: the same.
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.forkserver
 import multiprocessing.util
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import lessonlib
+from lessonlib.launcher import folders, forkserver
 
 # What every rank would otherwise import again: torch, and the lessons' own rooms (their
 # imports pull in DTensor and torch's pipelining too, about 2 s together). Safe to preload:
@@ -45,6 +44,7 @@ TRAINING = ["torch._dynamo"]
 _LESSONLIB = Path(lessonlib.__file__).resolve().parent
 # The server this process started: its pid, the code it preloaded and the modules.
 _server = {"pid": None, "fingerprint": None, "preload": frozenset()}
+_caller: dict[str, Path | None] = {"folder": None}
 
 
 def preload() -> list[str]:
@@ -66,72 +66,66 @@ def context(warm: bool = True):
     """The multiprocessing context for the next launch, with a fresh-enough fork server."""
     if not warm or "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
-    server = multiprocessing.forkserver._forkserver
+    forkserver.check()
     code = fingerprint()  # before a new server imports lessonlib: a later edit is seen next time
     modules = preload()
-    with server._lock:
-        pid = server._forkserver_pid
+    with forkserver.lock():
+        pid = forkserver.pid()
         ours = pid is not None and pid == _server["pid"]
         if ours and _server["fingerprint"] != code:
-            server._stop_unlocked()  # lessonlib changed on disk: its preloaded copy is stale
+            forkserver.stop_unlocked()  # lessonlib changed on disk: its preloaded copy is stale
         elif ours and not set(modules) <= _server["preload"]:
-            server._stop_unlocked()  # the caller imported another room since: preload it too
+            forkserver.stop_unlocked()  # the caller imported another room since: preload it too
         if pid is None or ours:
             # Not "__main__" (the default): the server must not import the kernel or script.
-            server.set_forkserver_preload(modules)
+            forkserver.server().set_forkserver_preload(modules)
         _keep_the_server_socket_in_our_folder()
-    server.ensure_running()
-    if server._forkserver_pid != _server["pid"]:
-        _server.update(pid=server._forkserver_pid, fingerprint=code, preload=frozenset(modules))
+    forkserver.server().ensure_running()
+    if forkserver.pid() != _server["pid"]:
+        _server.update(pid=forkserver.pid(), fingerprint=code, preload=frozenset(modules))
     return multiprocessing.get_context("forkserver")
+
+
+def caller_folder() -> Path:
+    """This process's own folder, made once, locked for its life and removed at its exit."""
+    if _caller["folder"] is None:
+        _caller["folder"] = folders.new("server-")
+        multiprocessing.util.Finalize(None, folders.remove, args=(_caller["folder"],),
+                                      exitpriority=-100)
+    return _caller["folder"]
 
 
 def _keep_the_server_socket_in_our_folder() -> None:
     """The server listens on a socket file in multiprocessing's temp folder (``pymp-*``),
-    removed when the caller exits normally. Name it like a launch folder instead, so that
-    the next launch sweeps it away after a caller that was killed."""
-    config = multiprocessing.process.current_process()._config
-    prefix = os.path.join(tempfile.gettempdir(), f"lessonlib-{os.getpid()}-server-")
+    removed only when the caller exits normally. Put it in the caller's own folder instead,
+    which the next launch (or the server as it ends) removes after a caller that was killed."""
+    folder = str(caller_folder())
     # A socket's path must fit in about 100 bytes; a deep temp folder keeps the default.
-    if config.get("tempdir") is None and len(prefix) + len("12345678/listener-12345678") < 100:
-        folder = tempfile.mkdtemp(prefix=os.path.basename(prefix))
-        multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
-        config["tempdir"] = folder
+    if forkserver.temp_folder() is None and len(folder) + len("/listener-12345678") < 100:
+        forkserver.set_temp_folder(folder)
+
+
+def keep_the_compile_cache_in_our_folder() -> None:
+    """torch._dynamo, once imported, makes ``torchinductor_<user>`` in the temp folder for
+    its compile cache; unless the user chose a place, it goes into the caller's own folder
+    (the fork server and the ranks take the caller's environment)."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ and "torch._dynamo" not in sys.modules:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(caller_folder() / "torch-compile-cache")
 
 
 def stop_server() -> None:
     """Stop the fork server this process started (the next warm launch starts a new one)."""
-    server = multiprocessing.forkserver._forkserver
-    with server._lock:
-        if server._forkserver_pid is not None and server._forkserver_pid == _server["pid"]:
-            server._stop_unlocked()
+    with forkserver.lock():
+        if forkserver.pid() is not None and forkserver.pid() == _server["pid"]:
+            forkserver.stop_unlocked()
     _server.update(pid=None, fingerprint=None)
 
 
 def server_pid() -> int | None:
     """The fork server's process id, while one started by this process runs."""
-    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    pid = forkserver.pid()
     return pid if pid is not None and pid == _server["pid"] else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def sweep_stale_folders() -> None:
-    """Remove the folders of launches whose caller is gone (killed before it could clean)."""
-    for folder in Path(tempfile.gettempdir()).glob("lessonlib-*-*"):
-        pid = folder.name.split("-")[1]
-        if pid.isdigit() and folder.is_dir() and not _alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def new_folder() -> Path:
-    sweep_stale_folders()
-    return Path(tempfile.mkdtemp(prefix=f"lessonlib-{os.getpid()}-"))
+if multiprocessing.parent_process() is None and not forkserver.in_server():
+    keep_the_compile_cache_in_our_folder()      # a caller: before it imports torch._dynamo

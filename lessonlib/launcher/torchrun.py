@@ -41,7 +41,7 @@ def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
     dist.init_process_group(backend)
     placement.start_if_asked()
     try:
-        result = rank._to_cpu(fn(*args, **kwargs))
+        result = rank.to_cpu(fn(*args, **kwargs))
         main = dist.get_rank() == 0
         gathered = [None] * dist.get_world_size() if main else None
         dist.gather_object(result, gathered, dst=0)

@@ -1,0 +1,131 @@
+"""What a checkpoint folder holds, by name, and how to delete only that.
+
+What it teaches: a program that deletes files must delete only the files it wrote. A
+checkpoint folder is often a folder a person also uses (a results folder, the working
+directory), so the course recognises its own files by their exact names and deletes
+nothing else:
+
+    step_00000040/rank_00001.pt    one rank's shard
+    step_00000040/manifest.json    the checkpoint's commit record
+    step_00000040/.rank_00001.pt.tmp1234, .latest.tmp1234   a save killed mid-write
+    latest                         the name of the newest complete step
+
+``clear`` (what ``labs/train.py --fresh`` does) refuses a folder that holds anything else,
+naming one foreign file, so that ``--checkpoint-dir .`` or a folder with a user's notes in
+it is never emptied; pruning removes a step folder's own files and the folder only when
+nothing foreign is left in it.
+
+Laptop:  ``python labs/train.py --world-size 2 --checkpoint-dir results/ckpt --fresh``
+GPU box: the same under torchrun; rank 0 alone deletes.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+LATEST = "latest"
+MANIFEST = "manifest.json"
+_STEP = re.compile(r"step_\d{8}")
+_IN_STEP = re.compile(r"rank_\d{5}\.pt|manifest\.json|\.(rank_\d{5}\.pt|manifest\.json)\.tmp\d+")
+_TOP = re.compile(r"latest|\.latest\.tmp\d+")
+
+
+def check_directory(directory, setting: str = "checkpoint_dir") -> None:
+    """Before any process starts: ValueError naming ``setting`` unless ``directory`` is a
+    folder this process can write in, or can be created (not a file, nor inside one)."""
+    path = Path(directory).absolute()
+    try:
+        path.exists()
+    except OSError as exc:            # a name too long for the file system, say
+        raise ValueError(f"{setting}={str(directory)[:60]!r}... cannot be a folder here "
+                         f"({exc.strerror or exc}); give a shorter folder path") from None
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{setting}={str(directory)!r} is a file, not a folder; give a folder "
+                         f"for the checkpoints (it is created if it does not exist)")
+    parent = next(q for q in (path, *path.parents) if q.exists())
+    if not parent.is_dir():
+        raise ValueError(f"{setting}={str(directory)!r} lies inside the file {parent}; give "
+                         f"a folder path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{setting}={str(directory)!r}: {parent} is not writable by this "
+                         f"user; give a folder you can write in")
+
+
+def step_dir(directory, step: int) -> Path:
+    return Path(directory) / f"step_{step:08d}"
+
+
+def shard_path(directory, step: int, rank: int) -> Path:
+    return step_dir(directory, step) / f"rank_{rank:05d}.pt"
+
+
+def steps(directory) -> list[int]:
+    """The steps that have a folder in ``directory``, oldest first."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name[5:]) for p in folder.iterdir()
+                  if _STEP.fullmatch(p.name) and p.is_dir())
+
+
+def _ours_in_step(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink() and bool(_IN_STEP.fullmatch(path.name))
+
+
+def foreign(directory) -> Path | None:
+    """One file or folder in ``directory`` that the course did not write, or None."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return None
+    for entry in sorted(folder.iterdir()):
+        if _TOP.fullmatch(entry.name) and entry.is_file() and not entry.is_symlink():
+            continue
+        if not (_STEP.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink()):
+            return entry
+        stranger = next((p for p in sorted(entry.iterdir()) if not _ours_in_step(p)), None)
+        if stranger is not None:
+            return stranger
+    return None
+
+
+def remove_step(folder) -> None:
+    """Delete a step folder's own files, and the folder once nothing else is left in it."""
+    folder = Path(folder)
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    for path in folder.iterdir():
+        if _ours_in_step(path):
+            path.unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:         # a file the course did not write is still in it: keep both
+        pass
+
+
+def remove_temporaries(directory) -> None:
+    """Delete the temporary files of saves killed mid-write (only the course's own names)."""
+    folder = Path(directory)
+    for path in [*folder.glob(".latest.tmp*"), *folder.glob("step_*/.*.tmp*")]:
+        if path.name.startswith(".") and (_TOP.fullmatch(path.name) or _ours_in_step(path)):
+            path.unlink(missing_ok=True)
+
+
+def clear(directory, setting: str = "checkpoint_dir") -> None:
+    """Delete every checkpoint in ``directory`` and its ``latest`` marker; ValueError naming
+    ``setting`` and one foreign file if the folder holds anything the course did not write
+    (then nothing is deleted)."""
+    folder = Path(directory)
+    if not folder.exists():
+        return
+    stranger = foreign(folder)
+    if stranger is not None:
+        raise ValueError(
+            f"{setting}={str(directory)!r} holds {stranger.relative_to(folder)}, which is not a checkpoint file; "
+            f"nothing was deleted. Only a folder that holds nothing but checkpoints is cleared: "
+            f"give a folder of its own to the checkpoints, or move that file away")
+    for step in steps(folder):
+        remove_step(step_dir(folder, step))
+    for path in folder.iterdir():
+        if _TOP.fullmatch(path.name):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,94 @@
+"""The launch's private folders, each held by a lock while its owner lives.
+
+What it teaches: a folder in the shared temp folder is stale when its owner is gone, and
+"gone" must be asked of something the owner itself holds. A process id is not that: a
+process in another PID namespace (another container sharing the temp folder, ``unshare
+-p``) cannot see the owner's pid and would take a live launch for a dead one. A lock is:
+each folder ``lessonlib-<pid>-*`` holds ``owner.lock``, locked (``flock``) by the process
+that made it for as long as it uses the folder; the kernel releases the lock when that
+process ends, however it ends (``kill -9`` included), in whatever namespace it ran. A folder
+whose lock can be taken is stale and removed by the next launch, by the launch's end, or by
+the fork server as it ends with its caller.
+
+Laptop:  ``python -c "from lessonlib.launcher import folders; print(folders.new())"``
+GPU box: the same.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+LOCK = "owner.lock"
+PREFIX = "lessonlib-"
+_held: dict[str, int] = {}  # folder -> the open file descriptor holding its lock
+
+
+def new(kind: str = "") -> Path:
+    """A fresh folder ``lessonlib-<pid>-<kind>*`` in the temp folder, locked by this process
+    until ``remove`` (or its end); stale folders are swept first."""
+    sweep()
+    # Locked under a hidden name, then renamed (atomic): no sweep ever sees it unlocked
+    staging = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{os.getpid()}-{kind}"))
+    fd = os.open(staging / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    folder = staging.with_name(staging.name[1:])
+    os.rename(staging, folder)
+    _held[str(folder)] = fd
+    return folder
+
+
+def remove(folder) -> None:
+    """Delete a folder this process made, then let go of its lock."""
+    shutil.rmtree(folder, ignore_errors=True)
+    fd = _held.pop(str(folder), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stale(folder: Path) -> bool:
+    """True if nobody holds the folder's lock (without a lock file: if its pid is not a live
+    process here)."""
+    try:
+        fd = os.open(folder / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:          # not made by ``new``: the old rule, by its pid
+        pid = folder.name[len(PREFIX):].split("-")[0]
+        return pid.isdigit() and not _pid_alive(int(pid))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False                     # held: its owner is alive, in whatever namespace
+    finally:
+        os.close(fd)
+    return True
+
+
+def sweep(owner: int | None = None, within_s: float = 1.0) -> None:
+    """Remove the folders whose owner is gone (killed before it could clean up). ``owner``:
+    a pid that just ended, whose folders may stay locked a moment longer (the kernel
+    releases a dead process's files in no set order): wait up to ``within_s`` for them."""
+    deadline = time.monotonic() + within_s
+    while True:
+        for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+            if str(folder) not in _held and folder.is_dir() and not folder.is_symlink() \
+                    and _stale(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+        if owner is None or time.monotonic() > deadline or not any(
+                Path(tempfile.gettempdir()).glob(f"{PREFIX}{owner}-*")):
+            return
+        time.sleep(0.02)

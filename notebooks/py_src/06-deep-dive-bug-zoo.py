@@ -24,7 +24,7 @@
 #
 # The traps are the two checks the course has used all along: **parity with one process**
 # (outputs, input gradients, weight gradients) and **counting** what each rank holds and
-# sends (`comm.ledger`). One of the six bugs passes every parity test.
+# sends (`comm.ledger`). One of the bugs passes every parity test.
 #
 # Switch a bug on with `with bugzoo.enabled("name"):` or `LESSONLIB_BUGS=name` in the
 # environment; ranks started by `lessonlib.launch` inherit it.
@@ -53,7 +53,7 @@ for name, bug in bugzoo.BUGS.items():
 # %% [markdown]
 # ## 2. What each trap should show
 #
-# Before running anything, three of the six bugs leave a number we can predict exactly:
+# Before running anything, three of the bugs leave a number we can predict exactly:
 #
 # * **A layer left unsharded** (`tp_layer_left_unsharded`): a transformer layer has
 #   12h² + 7h parameters in its split matrices and 6h replicated (LayerNorms and the two
@@ -81,8 +81,8 @@ print(f"all-reduces per micro-batch:  {predicted_sends}")
 # %% [markdown]
 # ## 3. Every trap, with the bug off and on
 #
-# Ten launches of 2 ranks each (a few seconds apiece): each check with its bug off, which
-# must pass, and on, which must fail.
+# Two launches per bug, of 2 ranks each (a few seconds apiece): each check with its bug off,
+# which must pass, and on, which must fail.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -599,7 +599,7 @@ claim("under SP PyTorch's plan keeps more bytes for backward than lessonlib, in 
 my_sp_ratio = None     # activations per GPU with TP alone, divided by those with TP+SP
 ex.check_sp_activation_ratio(my_sp_ratio, "gpt3-175B", t=8)
 
-# %% tags=["solution", "hide-input"] jupyter={"source_hidden": true}
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 sp_ratio_solution = (cm.activation_bytes_per_layer(gpt3, 1, 8)
                      / cm.activation_bytes_per_layer(gpt3, 1, 8, sequence_parallel=True))

@@ -38,8 +38,9 @@ SHARDING = (1, 3)
 RECOMPUTE = ("selective", "full")
 
 
-def candidate_layouts_5d(model, cluster, n_gpus, global_batch):
-    """Every Layout over (t, c, p, d, e) and the options above that ``model`` allows."""
+def candidate_layouts_5d(model, cluster, n_gpus, global_batch, overlap_comm=False):
+    """Every Layout over (t, c, p, d, e) and the options above that ``model`` allows;
+    ``overlap_comm`` for all of them (FSDP's gathers and the all-to-alls hidden)."""
     experts = model.moe.E if model.moe is not None else 1
     out = []
     for t in divisors(cluster.gpus_per_node):
@@ -65,19 +66,22 @@ def candidate_layouts_5d(model, cluster, n_gpus, global_batch):
                                     out.append(Layout(
                                         t=t, c=c, p=p, d=d, e=e, b=b, m=m, v=v,
                                         schedule=sched, zero_stage=zero, recompute=rc,
-                                        sequence_parallel=t > 1))
+                                        sequence_parallel=t > 1,
+                                        overlap_comm=overlap_comm))
     return out
 
 
-def plan_job(model, cluster, n_gpus, global_batch, seq=None):
-    """A ``Plan`` over all five axes for ``model`` (at ``seq`` tokens if given)."""
+def plan_job(model, cluster, n_gpus, global_batch, seq=None, overlap_comm=False):
+    """A ``Plan`` over all five axes for ``model`` (at ``seq`` tokens if given);
+    ``overlap_comm``: assume FSDP's gathers and the MoE all-to-alls hidden behind compute
+    (as prefetching and DeepSeek-V3's DualPipe do), else exposed."""
     for name, value in (("n_gpus", n_gpus), ("global_batch", global_batch)):
         positive_int(name, value)
     if n_gpus > MAX_PLAN_GPUS:
         raise ValueError(f"n_gpus={n_gpus} is more than the planner enumerates; plan at most "
                          f"{MAX_PLAN_GPUS} GPUs, or estimate() one layout")
     model = replace(model, s=positive_int("seq", seq)) if seq is not None else model
-    layouts = candidate_layouts_5d(model, cluster, n_gpus, global_batch)
+    layouts = candidate_layouts_5d(model, cluster, n_gpus, global_batch, overlap_comm)
     if not layouts:
         raise ValueError(f"global_batch={global_batch} admits no layout on n_gpus={n_gpus}: "
                          f"use a multiple of the data-parallel sizes, e.g. {n_gpus}")
@@ -118,15 +122,15 @@ def explain_axes(plan):
              f"per GPU ({mem.model_state / GB:.1f} model state + {mem.activations / GB:.1f} "
              f"activations, {lay.recompute} recompute)."]
     half = lambda k: getattr(lay, k) // 2 if getattr(lay, k) > 1 else 2  # noqa: E731
-    lines.append(f"t={lay.t}: tensor parallelism splits every GEMM and its all-reduces stay "
-                 f"inside a server ({time['tp_comm']:.2f} s per step)." + _versus(
-                     plan, best, "t", half("t")))
+    lines.append(f"t={lay.t}: " + (
+        f"tensor parallelism splits every GEMM and its all-reduces stay inside a server "
+        f"({time['tp_comm']:.2f} s per step)." if lay.t > 1 else
+        "no tensor parallelism: every GEMM stays whole.") + _versus(plan, best, "t", half("t")))
     ring = time.get("cp_comm", 0.0)
     lines.append(f"c={lay.c}: " + (
         f"each sequence of {model.s} tokens is split over {lay.c} GPUs ({model.s // lay.c} "
         f"each), dividing activations by {lay.c}; the K/V ring leaves {ring:.2f} s exposed."
-        if lay.c > 1 else f"at {model.s} tokens the activations fit without splitting "
-        f"the sequence.") + _versus(plan, best, "c", half("c")))
+        if lay.c > 1 else f"each GPU keeps its sequences of {model.s} tokens whole.") + _versus(plan, best, "c", half("c")))
     lines.append(f"p={lay.p}: {model.L} layers in stages of {-(-model.L // lay.p)}, "
                  f"splitting the model state; the bubble takes {best.bubble_fraction:.1%} of "
                  f"the step." + _versus(plan, best, "p", half("p")))
@@ -138,5 +142,6 @@ def explain_axes(plan):
     if model.moe is not None:
         lines.append(f"e={lay.e}: {model.moe.E // lay.e} of the {model.moe.E} experts per GPU;"
                      f" the all-to-alls take {time.get('ep_comm', 0.0):.2f} s per step "
-                     f"(exposed)." + _versus(plan, best, "e", half("e")))
+                     f"({'what is left after overlap' if lay.overlap_comm else 'exposed'})."
+                     + _versus(plan, best, "e", half("e")))
     return "\n".join(lines)

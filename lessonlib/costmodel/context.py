@@ -19,17 +19,20 @@ GPU box: the same; nothing here runs on a device.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from lessonlib.costmodel.comm import tp_elements_per_layer
 from lessonlib.costmodel.memory import activation_bytes, activation_bytes_per_layer
-from lessonlib.costmodel.model import MODELS
+from lessonlib.costmodel.model import GPT, MODELS
 
 LAYOUTS = ("contiguous", "zigzag")
 
-# Llama 3 405B (the ``llama3-405B`` preset, Dubey et al. 2024) at the 128K tokens of its
-# long-context stage, where it switched context parallelism on.
-LLAMA3_405B = replace(MODELS["llama3-405B"], s=131072)
+# Llama 3 405B's attention (the ``llama3-405B`` preset, Dubey et al. 2024: h, heads, KV
+# heads, V) at the 128K tokens of its long-context stage, where it switched context
+# parallelism on. Built as a Megatron-LM 2021 layer (no ``ffn``): this module and lesson 12
+# count attention, K/V traffic and Korthikanti's activations, which need no more; the
+# preset itself counts the SwiGLU parameters.
+_PRESET = MODELS["llama3-405B"]
+LLAMA3_405B = GPT(_PRESET.L, _PRESET.h, _PRESET.a, 131072, _PRESET.V, _PRESET.name,
+                  kv_heads=_PRESET.kv_heads)
 
 
 def _check(c, layout):

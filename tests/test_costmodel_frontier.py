@@ -92,3 +92,19 @@ def test_cli_takes_c_and_e(capsys):
     main(["--model", "llama3-405B", "--seq", "131072", "--t", "8", "--c", "16", "--p", "16",
           "--gpus", "16384", "--global-batch", "128", "--cluster", "dgx-h100"])
     assert "c=16" in capsys.readouterr().out
+
+
+def test_cli_rejects_a_bad_shard_group_in_one_line(capsys):
+    assert main(["--model", "llama3-8B", "--t", "8", "--gpus", "64", "--global-batch", "64",
+                 "--zero", "3", "--shard-group", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "shard_group=3" in err[0]
+
+
+def test_the_long_context_checker_takes_llamas_layout_and_names_the_bubble():
+    from lessonlib.exercises import frontier
+    assert frontier.check_long_context_layout(8, 16, 16, 8)          # Llama 3's own
+    no_cp = frontier.check_long_context_layout(8, 1, 16, 128)
+    assert not no_cp and "bubble" in str(no_cp)
+    assert "inside NVLink" in str(frontier.check_long_context_layout(16, 16, 8, 8))
+    assert "16384" in str(frontier.check_long_context_layout(8, 16, 16, 4))

@@ -5,6 +5,12 @@
         --gpu A100-80GB --gpus-per-node 8 --json
     python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048
     python -m lessonlib.costmodel --table1
+    python -m lessonlib.costmodel --model llama3-405B --seq 131072 --t 8 --c 16 --p 16 \
+        --gpus 16384 --global-batch 128 --cluster dgx-h100 --zero 1 --recompute full
+    python -m lessonlib.costmodel --model deepseek-v3 --p 16 --e 64 --gpus 2048 \
+        --global-batch 15360 --cluster hgx-h800 --zero 1 --overlap-comm
+    python -m lessonlib.costmodel --plan5 --model llama3-405B --seq 131072 --gpus 16384 \
+        --global-batch 128 --cluster dgx-h100        # all five axes, explained axis by axis
     python -m lessonlib.costmodel --model gpt-161B --t 16 --p 4 --global-batch 128 \\
         --network-ports 1 --collectives flat-ring     # one port per server: the steep cliff
 
@@ -63,6 +69,10 @@ def build_parser():
     lay.add_argument("--no-scatter-gather", action="store_true")
     lay.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
     lay.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over d")
+    lay.add_argument("--shard-group", type=int,
+                     help="ZeRO/FSDP shard group inside d (fewer than d: HSDP)")
+    lay.add_argument("--overlap-comm", action="store_true",
+                     help="FSDP gathers and MoE all-to-alls hidden behind compute")
     hw = ap.add_argument_group("hardware")
     hw.add_argument("--cluster", help=f"preset: {', '.join(CLUSTERS)}")
     hw.add_argument("--gpu", default="A100-80GB", help=f"one of {', '.join(GPUS)}")
@@ -108,7 +118,8 @@ def _model(args):
 POSITIVE = {"layers": "layers", "hidden": "hidden", "heads": "heads", "seq": "seq",
             "vocab": "vocab", "t": "t", "c": "c", "e": "e", "p": "p", "d": "d", "b": "microbatch",
             "global_batch": "global-batch", "m": "m", "v": "v", "gpus": "gpus",
-            "gpus_per_node": "gpus-per-node", "network_ports": "network-ports"}
+            "gpus_per_node": "gpus-per-node", "network_ports": "network-ports",
+            "shard_group": "shard-group"}
 
 
 def check_args(args):
@@ -153,7 +164,8 @@ def _layout(args):
     return Layout(t=args.t, c=args.c, p=p, d=d, e=args.e, b=args.b, m=args.m, global_batch=args.global_batch, v=args.v,
                   recompute=args.recompute or "full", sequence_parallel=args.sequence_parallel,
                   scatter_gather=not args.no_scatter_gather, schedule=args.schedule,
-                  zero_stage=args.zero)
+                  zero_stage=args.zero, shard_group=args.shard_group,
+                  overlap_comm=args.overlap_comm)
 
 
 def _run(args):
@@ -164,7 +176,8 @@ def _run(args):
     if args.plan5:
         if args.gpus is None or args.global_batch is None:
             raise ValueError("plan5 needs --gpus N and --global-batch B")
-        result = plan_job(model, cluster, args.gpus, args.global_batch)
+        result = plan_job(model, cluster, args.gpus, args.global_batch,
+                          overlap_comm=args.overlap_comm)
         return explain_axes(result)
     if args.plan:
         if args.gpus is None or args.global_batch is None:

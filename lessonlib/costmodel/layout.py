@@ -74,6 +74,8 @@ class Layout:
             raise ValueError(f"schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}")
         if not _is_int(self.zero_stage) or self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r} must be 0, 1, 2 or 3")
+        if not isinstance(self.overlap_comm, bool):
+            raise ValueError(f"overlap_comm={self.overlap_comm!r} must be True or False")
         if self.d % self.e:
             raise ValueError(f"e={self.e} must divide d={self.d}: expert parallelism is "
                              f"carved from the data-parallel GPUs")

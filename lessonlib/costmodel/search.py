@@ -26,8 +26,8 @@ from dataclasses import replace
 from lessonlib.argcheck import positive_int
 
 from .model import divisors
-from .planner import MAX_PLAN_GPUS, Plan
-from .throughput import Layout, estimate
+from .planner import check_plan_size, rank
+from .throughput import Layout
 
 GB = 1e9
 
@@ -75,21 +75,15 @@ def plan_job(model, cluster, n_gpus, global_batch, seq=None, overlap_comm=False)
     """A ``Plan`` over all five axes for ``model`` (at ``seq`` tokens if given);
     ``overlap_comm``: assume FSDP's gathers and the MoE all-to-alls hidden behind compute
     (as prefetching and DeepSeek-V3's DualPipe do), else exposed."""
-    for name, value in (("n_gpus", n_gpus), ("global_batch", global_batch)):
-        positive_int(name, value)
-    if n_gpus > MAX_PLAN_GPUS:
-        raise ValueError(f"n_gpus={n_gpus} is more than the planner enumerates; plan at most "
-                         f"{MAX_PLAN_GPUS} GPUs, or estimate() one layout")
-    model = replace(model, s=positive_int("seq", seq)) if seq is not None else model
+    check_plan_size(n_gpus, global_batch)
+    if seq is not None:
+        positive_int("seq", seq)
+        model = replace(model, s=seq)
     layouts = candidate_layouts_5d(model, cluster, n_gpus, global_batch, overlap_comm)
     if not layouts:
         raise ValueError(f"global_batch={global_batch} admits no layout on n_gpus={n_gpus}: "
                          f"use a multiple of the data-parallel sizes, e.g. {n_gpus}")
-    estimates = [estimate(model, lay, cluster) for lay in layouts]
-    ranked = sorted((e for e in estimates if e.fits), key=lambda e: e.step_time_s)
-    rejected = sorted((e for e in estimates if not e.fits),
-                      key=lambda e: e.memory.total - e.memory_capacity_bytes)
-    return Plan(model, cluster, n_gpus, global_batch, ranked, rejected)
+    return rank(model, cluster, n_gpus, global_batch, layouts)
 
 
 def _versus(plan, best, axis, value):

@@ -22,7 +22,6 @@ function gives exactly what the estimate gave before these axes existed.
 from .comm import (group_spans_nodes, ring_all_gather_time_s, ring_allreduce_time_s,
                    ring_reduce_scatter_time_s)
 from .compute import attention_core_forward_flops
-from .context import kv_block_bytes, ring_bytes_received_per_rank
 from .memory import GRAD_BYTES, stage_expert_params, stage_params
 from .moe import moe_layer_comm_s
 
@@ -33,6 +32,9 @@ def cp_ring_s(model, lay, cluster, layers, flops_per_s, comm_efficiency):
     and gradients against twice that; a recompute runs the forward's ring again."""
     if lay.c == 1:
         return 0.0
+    # Imported here, not at the top: the package imports this module, and ``python -m
+    # lessonlib.costmodel.context`` must find context.py not yet imported.
+    from .context import kv_block_bytes, ring_bytes_received_per_rank
     spans = group_spans_nodes(lay.n_gpus, lay.c, lay.t, cluster.gpus_per_node)
     bandwidth, latency = cluster.link(spans)
     bandwidth *= comm_efficiency

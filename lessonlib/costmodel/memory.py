@@ -110,7 +110,11 @@ def stage_expert_params(model, t, p, e=1):
 
 
 def activation_bytes_per_layer(model, b, t=1, sequence_parallel=False, recompute="none"):
-    """Bytes one layer keeps for backward, per micro-batch (Korthikanti et al. 2022, Table 2)."""
+    """Bytes one layer keeps for backward, per micro-batch (Korthikanti et al. 2022, Table 2).
+
+    Counted for the GPT-3 layer (a 4h MLP) whatever the model: for SwiGLU and MoE layers an
+    approximation, and for them (``model.legacy`` False) without the s x s softmax, which
+    their fused attention kernels never store."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute={recompute!r} must be one of {', '.join(RECOMPUTE_MODES)}")
     s, h, a = model.s, model.h, model.a

@@ -1,4 +1,4 @@
-"""Today's shapes and the five-axis estimate and planner (issue: the layouts frontier models use)."""
+"""Today's shapes (Llama 3, DeepSeek-V3) and the five-axis estimate, planner and checker."""
 import time
 from dataclasses import replace
 

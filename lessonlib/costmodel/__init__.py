@@ -29,7 +29,8 @@ DeepSeek-V3 presets), ``memory``, ``compute`` (FLOPs and training time), ``bubbl
 to measured all-reduces, and DDP's bucket overlap), ``layout`` (``Layout`` and its checks),
 ``throughput`` (``estimate``), ``axes`` (what context and expert parallelism and FSDP/HSDP
 add to a step, placed by the rank order tp-cp-ep-dp-pp), ``planner``, ``search`` (the planner
-over all five axes t, c, p, d, e, explained axis by axis), ``megatron2021``, ``korthikanti2022`` (recompute
+over all five axes t, c, p, d, e, explained axis by axis), ``megatron2021``,
+``korthikanti2022`` (recompute
 and sequence parallelism against that paper's Tables 4 and 5), ``calibration`` (a measured
 GEMM rate against a preset's peak), ``context`` (context parallelism: causal work per rank,
 the key/value ring, activations / c), ``moe`` (mixture-of-experts shapes: total vs active

@@ -161,7 +161,8 @@ def _layout(args):
     if args.global_batch is None and args.m is None:
         raise ValueError("global-batch is not set: give --global-batch B (sequences per step) "
                          "or --m (micro-batches per step)")
-    return Layout(t=args.t, c=args.c, p=p, d=d, e=args.e, b=args.b, m=args.m, global_batch=args.global_batch, v=args.v,
+    return Layout(t=args.t, c=args.c, p=p, d=d, e=args.e, b=args.b, m=args.m,
+                  global_batch=args.global_batch, v=args.v,
                   recompute=args.recompute or "full", sequence_parallel=args.sequence_parallel,
                   scatter_gather=not args.no_scatter_gather, schedule=args.schedule,
                   zero_stage=args.zero, shard_group=args.shard_group,

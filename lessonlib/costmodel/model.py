@@ -11,12 +11,15 @@ The presets include every row of that paper's Table 1 (``megatron-1.7B`` ...
 
 The shapes of today differ in four ways, each a field (all left at their defaults, a shape
 is Megatron-LM 2021's and every count above holds exactly): ``kv_heads`` (grouped-query
-attention: K and V projections of h x kv_heads*h/a), ``ffn`` (a SwiGLU feed-forward of any
-width: three h x ffn matrices, no biases, RMSNorm), ``tied_embeddings`` (False: a separate
-V x h output layer; rotary positions, no position table) and ``moe`` (a
-``costmodel.moe.MoEModel``: the same shape with routed experts, whose total and active counts
-``moe.py`` owns). ``llama3-8B/70B/405B`` and ``deepseek-v3`` are presets of that kind. Try ``python -m lessonlib.costmodel --model gpt3-175B --t 8 --p 12 --d 4
---microbatch 1 --global-batch 1536``.
+attention: K and V projections of h x kv_heads*h/a, counted once ``ffn`` is set), ``ffn`` (a
+SwiGLU feed-forward of any width: three h x ffn matrices, no biases, RMSNorm),
+``tied_embeddings`` (False: a separate V x h output layer; rotary positions, no position
+table) and ``moe`` (a ``costmodel.moe.MoEModel``: the same shape with routed experts, whose
+total and active counts ``moe.py`` owns). ``llama3-8B/70B/405B`` and ``deepseek-v3`` are
+presets of that kind.
+
+Try ``python -m lessonlib.costmodel --model gpt3-175B --t 8 --p 12 --d 4 --microbatch 1
+--global-batch 1536``.
 """
 import math
 from dataclasses import dataclass

@@ -96,7 +96,8 @@ def _versus(plan, best, axis, value):
         return ""
     if rival.fits:
         return (f" The best with {axis}={value} ({rival.layout.describe()}) takes "
-                f"{rival.step_time_s:.1f} s per step, {rival.step_time_s / best.step_time_s - 1:+.0%}.")
+                f"{rival.step_time_s:.1f} s per step, "
+                f"{rival.step_time_s / best.step_time_s - 1:+.0%}.")
     return (f" With {axis}={value}: {rival.memory.total / GB:.0f} GB per GPU, "
             f"over the {rival.memory_capacity_bytes / GB:.0f} GB usable.")
 
@@ -124,7 +125,8 @@ def explain_axes(plan):
     lines.append(f"c={lay.c}: " + (
         f"each sequence of {model.s} tokens is split over {lay.c} GPUs ({model.s // lay.c} "
         f"each), dividing activations by {lay.c}; the K/V ring leaves {ring:.2f} s exposed."
-        if lay.c > 1 else f"each GPU keeps its sequences of {model.s} tokens whole.") + _versus(plan, best, "c", half("c")))
+        if lay.c > 1 else f"each GPU keeps its sequences of {model.s} tokens whole.")
+        + _versus(plan, best, "c", half("c")))
     lines.append(f"p={lay.p}: {model.L} layers in stages of {-(-model.L // lay.p)}, "
                  f"splitting the model state; the bubble takes {best.bubble_fraction:.1%} of "
                  f"the step." + _versus(plan, best, "p", half("p")))

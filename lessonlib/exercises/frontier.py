@@ -66,17 +66,19 @@ def check_long_context_layout(t: int, c: int, p: int, d: int) -> Verdict:
     per_replica = q["global_batch"] // d
     split = (f"c={c} leaves {q['seq'] // c} tokens per GPU, dividing the activations by {c}"
              if c > 1 else "c=1 keeps each 128K-token sequence whole on a GPU")
-    why = (f"t={t} keeps the all-reduces inside a server; {split}; p={p} splits the 126 layers and their "
-           f"state ({mine.memory.model_state / GB:.0f} GB per GPU); d={d} replicas take "
-           f"{per_replica} sequence{'s' if per_replica > 1 else ''} each ({lay.schedule}, {lay.recompute} "
-           f"recompute, ZeRO-{lay.zero_stage}: {mine.memory.total / GB:.0f} GB, "
+    why = (f"t={t} keeps the all-reduces inside a server; {split}; p={p} splits the 126 "
+           f"layers and their state ({mine.memory.model_state / GB:.0f} GB per GPU); d={d} "
+           f"replicas take "
+           f"{per_replica} sequence{'s' if per_replica > 1 else ''} each ({lay.schedule}, "
+           f"{lay.recompute} recompute, ZeRO-{lay.zero_stage}: {mine.memory.total / GB:.0f} GB, "
            f"{mine.tflops_per_gpu:.0f} TFLOP/s per GPU). The planner's best, "
            f"{best.layout.describe()}, is {ratio:.2f}x as fast")
     if ratio <= WITHIN:
         return correct(why + ".")
     worst = max(mine.time, key=mine.time.get)
     hint = (f": {per_replica} sequence{'s' if per_replica > 1 else ''} per replica leave "
-            f"the {p}-stage pipeline few micro-batches; GPUs the batch cannot feed as replicas can split the sequence"
+            f"the {p}-stage pipeline few micro-batches; GPUs the batch cannot feed as "
+            f"replicas can split the sequence"
             if worst == "bubble" else "")
     return not_yet(why + f": yours takes more than {WITHIN:.0f}x its step; its largest part "
                    f"is the {worst.replace('_', ' ')}{hint}.")

@@ -449,9 +449,10 @@ for name_9, published_9 in PUBLISHED_PARAMS.items():
           f"{cm.MODELS[name_9].params() / published_9 - 1:+.2%}")
 
 # %% [markdown]
-# **Llama 3 405B on 16,384 H100**, 16M tokens per step (Dubey et al. 2024, §3.3): the planner
-# at 8K, 32K and 128K tokens, beside the published layout, TP 8, PP 16, CP 1 at 8K and 16 at
-# 128K, FSDP over the rest, each at its best schedule, ZeRO and recompute:
+# **Llama 3 405B on 16,384 H100**, 16M tokens per step (Dubey et al. 2024, §3.3.2 and
+# §3.4.1): the planner at 8K, 32K and 128K tokens, beside the published layout, TP 8, PP 16,
+# CP 1 at 8K and 16 at 128K, FSDP over the rest (each row at its best schedule, ZeRO stage
+# and recompute):
 
 # %%
 # NBVAL_CHECK_OUTPUT

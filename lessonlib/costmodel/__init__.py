@@ -23,10 +23,14 @@ bubble, and achieved TFLOP/s per GPU counted as Megatron-LM 2021 counts it (Eq. 
 Megatron-LM 2021's Table 1.
 
 Modules, one idea each: ``hardware`` (GPU and cluster presets; collectives across servers),
-``model`` (GPT shapes, Eq. 2), ``memory``, ``compute`` (FLOPs and training time), ``bubble``,
+``model`` (GPT shapes, Eq. 2, and today's: GQA, SwiGLU, untied embeddings, MoE; Llama 3 and
+DeepSeek-V3 presets), ``memory``, ``compute`` (FLOPs and training time), ``bubble``,
 ``comm`` (alpha-beta collectives, groups and servers), ``alpha_beta`` (the same model fitted
 to measured all-reduces, and DDP's bucket overlap), ``layout`` (``Layout`` and its checks),
-``throughput`` (``estimate``), ``planner``, ``megatron2021``, ``korthikanti2022`` (recompute
+``throughput`` (``estimate``), ``axes`` (what context and expert parallelism and FSDP/HSDP
+add to a step, placed by the rank order tp-cp-ep-dp-pp), ``planner``, ``search`` (the planner
+over all five axes t, c, p, d, e, explained axis by axis), ``megatron2021``,
+``korthikanti2022`` (recompute
 and sequence parallelism against that paper's Tables 4 and 5), ``calibration`` (a measured
 GEMM rate against a preset's peak), ``context`` (context parallelism: causal work per rank,
 the key/value ring, activations / c), ``moe`` (mixture-of-experts shapes: total vs active
@@ -51,6 +55,7 @@ from .memory import (BYTES_PER_PARAM, MemoryBreakdown, activation_bytes,
                      model_state_bytes)
 from .model import GPT, MODELS, get_model
 from .planner import Plan, candidate_layouts, explain, plan, tp_sweep
+from .search import explain_axes, plan_job
 from .throughput import Estimate, Layout, estimate
 
 __all__ = [
@@ -68,6 +73,6 @@ __all__ = [
     "BYTES_PER_PARAM", "MemoryBreakdown", "activation_bytes", "activation_bytes_per_layer",
     "in_flight_microbatches", "memory_per_gpu", "model_state_bytes",
     "GPT", "MODELS", "get_model",
-    "Plan", "candidate_layouts", "explain", "plan", "tp_sweep",
+    "Plan", "candidate_layouts", "explain", "plan", "tp_sweep", "explain_axes", "plan_job",
     "Estimate", "Layout", "estimate",
 ]

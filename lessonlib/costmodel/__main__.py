@@ -5,6 +5,12 @@
         --gpu A100-80GB --gpus-per-node 8 --json
     python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048
     python -m lessonlib.costmodel --table1
+    python -m lessonlib.costmodel --model llama3-405B --seq 131072 --t 8 --c 16 --p 16 \
+        --gpus 16384 --global-batch 128 --cluster dgx-h100 --zero 1 --recompute full
+    python -m lessonlib.costmodel --model deepseek-v3 --p 16 --e 64 --gpus 2048 \
+        --global-batch 15360 --cluster hgx-h800 --zero 1 --overlap-comm
+    python -m lessonlib.costmodel --plan5 --model llama3-405B --seq 131072 --gpus 16384 \
+        --global-batch 128 --cluster dgx-h100        # all five axes, explained axis by axis
     python -m lessonlib.costmodel --model gpt-161B --t 16 --p 4 --global-batch 128 \\
         --network-ports 1 --collectives flat-ring     # one port per server: the steep cliff
 
@@ -15,6 +21,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 
 from lessonlib.argcheck import positive_int
 
@@ -22,6 +29,7 @@ from .hardware import COLLECTIVE_ALGORITHMS, CLUSTERS, GPUS, get_cluster, get_gp
 from .megatron2021 import table1_report
 from .model import GPT, MODELS, get_model
 from .planner import plan
+from .search import explain_axes, plan_job
 from .throughput import Layout, estimate
 
 
@@ -46,8 +54,11 @@ def build_parser():
     shape.add_argument("--vocab", type=int, help="V (default 51200)")
     lay = ap.add_argument_group("layout")
     lay.add_argument("--t", type=int, default=1, help="tensor-parallel size")
+    lay.add_argument("--c", type=int, default=1, help="context-parallel size")
     lay.add_argument("--p", type=int, default=1, help="pipeline-parallel size")
-    lay.add_argument("--d", type=int, help="data-parallel size (default: gpus/(t*p))")
+    lay.add_argument("--e", type=int, default=1,
+                     help="expert-parallel size, carved from d (MoE models)")
+    lay.add_argument("--d", type=int, help="data-parallel size (default: gpus/(t*c*p))")
     lay.add_argument("--microbatch", "--b", dest="b", type=int, default=1, help="b")
     lay.add_argument("--global-batch", type=int, help="B, sequences per step")
     lay.add_argument("--m", type=int, help="micro-batches per step (instead of B)")
@@ -58,6 +69,10 @@ def build_parser():
     lay.add_argument("--no-scatter-gather", action="store_true")
     lay.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
     lay.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over d")
+    lay.add_argument("--shard-group", type=int,
+                     help="ZeRO/FSDP shard group inside d (fewer than d: HSDP)")
+    lay.add_argument("--overlap-comm", action="store_true",
+                     help="FSDP gathers and MoE all-to-alls hidden behind compute")
     hw = ap.add_argument_group("hardware")
     hw.add_argument("--cluster", help=f"preset: {', '.join(CLUSTERS)}")
     hw.add_argument("--gpu", default="A100-80GB", help=f"one of {', '.join(GPUS)}")
@@ -70,6 +85,8 @@ def build_parser():
     hw.add_argument("--gpus", type=int, help="total GPUs n (checked against t*p*d)")
     out = ap.add_argument_group("what to print")
     out.add_argument("--plan", action="store_true", help="rank every layout for --gpus")
+    out.add_argument("--plan5", action="store_true",
+                     help="plan over all five axes t, c, p, d, e (search.plan_job)")
     out.add_argument("--table1", action="store_true",
                      help="compare with Megatron-LM 2021 Table 1 and exit")
     out.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -92,15 +109,17 @@ def _model(args):
     changes = {k: v for k, v in given.items() if v is not None}
     if not changes:
         return base
-    fields = {k: getattr(base, k) for k in ("L", "h", "a", "s", "V")}
-    return GPT(**{**fields, **changes}, name=f"{base.name} (modified)")
+    if set(changes) == {"s"}:
+        return replace(base, s=changes["s"])
+    return replace(base, **changes, name=f"{base.name} (modified)")
 
 
 # Flags that must be positive integers when given, by their attribute on ``args``.
 POSITIVE = {"layers": "layers", "hidden": "hidden", "heads": "heads", "seq": "seq",
-            "vocab": "vocab", "t": "t", "p": "p", "d": "d", "b": "microbatch",
+            "vocab": "vocab", "t": "t", "c": "c", "e": "e", "p": "p", "d": "d", "b": "microbatch",
             "global_batch": "global-batch", "m": "m", "v": "v", "gpus": "gpus",
-            "gpus_per_node": "gpus-per-node", "network_ports": "network-ports"}
+            "gpus_per_node": "gpus-per-node", "network_ports": "network-ports",
+            "shard_group": "shard-group"}
 
 
 def check_args(args):
@@ -126,7 +145,7 @@ def _cluster(args):
 
 
 def _layout(args):
-    t, p, d = args.t, args.p, args.d
+    t, p, d = args.t * args.c, args.p, args.d  # t here: the t*c GPUs of one sequence
     if d is None:
         if args.gpus is None:
             d = 1
@@ -138,15 +157,17 @@ def _layout(args):
     if args.gpus is not None and t * p * d != args.gpus:
         hint = (f"use d={args.gpus // (t * p)}" if args.gpus % (t * p) == 0
                 else f"use gpus={t * p * d}")
-        raise ValueError(f"t*p*d = {t}*{p}*{d} = {t * p * d} does not match gpus={args.gpus}; "
+        raise ValueError(f"t*c*p*d = {t}*{p}*{d} = {t * p * d} does not match gpus={args.gpus}; "
                          f"{hint}")
     if args.global_batch is None and args.m is None:
         raise ValueError("global-batch is not set: give --global-batch B (sequences per step) "
                          "or --m (micro-batches per step)")
-    return Layout(t=t, p=p, d=d, b=args.b, m=args.m, global_batch=args.global_batch, v=args.v,
+    return Layout(t=args.t, c=args.c, p=p, d=d, e=args.e, b=args.b, m=args.m,
+                  global_batch=args.global_batch, v=args.v,
                   recompute=args.recompute or "full", sequence_parallel=args.sequence_parallel,
                   scatter_gather=not args.no_scatter_gather, schedule=args.schedule,
-                  zero_stage=args.zero)
+                  zero_stage=args.zero, shard_group=args.shard_group,
+                  overlap_comm=args.overlap_comm)
 
 
 def _run(args):
@@ -154,6 +175,12 @@ def _run(args):
     if args.table1:
         return table1_report()
     model, cluster = _model(args), _cluster(args)
+    if args.plan5:
+        if args.gpus is None or args.global_batch is None:
+            raise ValueError("plan5 needs --gpus N and --global-batch B")
+        result = plan_job(model, cluster, args.gpus, args.global_batch,
+                          overlap_comm=args.overlap_comm)
+        return explain_axes(result)
     if args.plan:
         if args.gpus is None or args.global_batch is None:
             raise ValueError("plan needs --gpus N and --global-batch B")

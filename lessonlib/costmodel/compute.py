@@ -29,14 +29,21 @@ def layer_forward_flops(model, b):
 
     24bsh^2: the QKV, output and two MLP GEMMs (2 FLOPs per multiply-add);
     4bs^2h: the attention scores QK^T and their product with V.
+
+    For today's shapes (``model.legacy`` False) the GEMMs are 2 b s x the layer's active
+    weights (``layer_matmul_params``: GQA, SwiGLU, k routed experts) and the attention core
+    is causal: a fused kernel computes about half of the s^2 scores, 2bs^2h.
     """
     s, h = model.s, model.h
-    return 24 * b * s * h**2 * (1 + s / (6 * h))
+    if model.legacy:
+        return 24 * b * s * h**2 * (1 + s / (6 * h))
+    return 2 * b * s * model.layer_matmul_params() + attention_core_forward_flops(model, b)
 
 
 def attention_core_forward_flops(model, b):
-    """The 4bs^2h of ``layer_forward_flops`` that selective recompute runs twice."""
-    return 4 * b * model.s**2 * model.h
+    """The 4bs^2h of ``layer_forward_flops`` that selective recompute runs twice (2bs^2h
+    under a causal kernel for today's shapes)."""
+    return (4 if model.legacy else 2) * b * model.s**2 * model.h
 
 
 def logits_forward_flops(model, b):

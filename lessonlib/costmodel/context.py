@@ -21,15 +21,18 @@ from __future__ import annotations
 
 from lessonlib.costmodel.comm import tp_elements_per_layer
 from lessonlib.costmodel.memory import activation_bytes, activation_bytes_per_layer
-from lessonlib.costmodel.model import GPT
+from lessonlib.costmodel.model import GPT, MODELS
 
 LAYOUTS = ("contiguous", "zigzag")
 
-# Llama 3 405B (Dubey et al. 2024): 126 layers, h 16384, 128 heads, 8 KV heads, V 128256,
-# trained at 8K tokens, then up to 128K with context parallelism. Its FFN is 53248 wide, not
-# 4h, so the cost model's parameter count (12h^2 per layer) does not hold for it: the shape
-# serves attention and the key/value traffic here.
-LLAMA3_405B = GPT(126, 16384, 128, 131072, 128256, "llama3-405B", kv_heads=8)
+# Llama 3 405B's attention (the ``llama3-405B`` preset, Dubey et al. 2024: h, heads, KV
+# heads, V) at the 128K tokens of its long-context stage, where it switched context
+# parallelism on. Built as a Megatron-LM 2021 layer (no ``ffn``): this module and lesson 12
+# count attention, K/V traffic and Korthikanti's activations, which need no more; the
+# preset itself counts the SwiGLU parameters.
+_PRESET = MODELS["llama3-405B"]
+LLAMA3_405B = GPT(_PRESET.L, _PRESET.h, _PRESET.a, 131072, _PRESET.V, _PRESET.name,
+                  kv_heads=_PRESET.kv_heads)
 
 
 def _check(c, layout):

@@ -59,6 +59,12 @@ GPUS = {
         "141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s"),
 }
 
+# DeepSeek-V3's GPU, kept out of GPUS (the course's datasheet list) and used by "hgx-h800".
+H800 = GPU(
+    "H800", 989e12, 80 * GB, 3350 * GB, 400 * GB,
+    "H100 SXM5's compute and memory with NVLink cut to 400 GB/s; DeepSeek-V3 (DeepSeek-AI "
+    "2024, §3.1) trained on 2048 of them, 8 per node, 400 Gb/s InfiniBand per GPU")
+
 _ALIASES = {"V100": "V100-SXM2-32GB", "A100": "A100-80GB", "H100": "H100-SXM5",
             "H200-SXM": "H200"}
 
@@ -171,7 +177,7 @@ class Cluster:
 # 8 x 200 Gb/s HDR (Megatron-LM 2021, Narayanan et al., §5); DGX H100 and H200
 # 8 x 400 Gb/s NDR (NVIDIA DGX BasePOD docs).
 DGX_NETWORK_GBIT_PER_GPU = {"V100-SXM2-32GB": 50, "A100-80GB": 200, "H100-SXM5": 400,
-                            "H200": 400}
+                            "H200": 400, "H800": 400}
 
 
 def make_cluster(gpu, gpus_per_node=8, network_gbit_per_s=None, name="", network_ports=None,
@@ -200,6 +206,7 @@ CLUSTERS = {
     "dgx-a100": make_cluster("A100", 8, name="dgx-a100"),
     "dgx-h100": make_cluster("H100", 8, name="dgx-h100"),
     "dgx-h200": make_cluster("H200", 8, name="dgx-h200"),
+    "hgx-h800": make_cluster(H800, 8, name="hgx-h800"),
 }
 
 

@@ -1,8 +1,21 @@
-"""A layout: how one training step is split over t*p*d GPUs, and what it must satisfy.
+"""A layout: how one training step is split over t*c*p*d GPUs, and what it must satisfy.
 
-``Layout(t, p, d, b, m or global_batch, v, ...)`` in Megatron-LM 2021's notation (Narayanan
-et al.): t-way tensor, p-way pipeline with v chunks per stage, d-way data parallelism,
-micro-batches of b sequences, m of them per step, so the global batch is B = b*m*d. Every
+``Layout(t, c, p, d, e, b, m or global_batch, v, ...)`` in Megatron-LM 2021's notation
+(Narayanan et al.): t-way tensor, p-way pipeline with v chunks per stage, d-way data
+parallelism, micro-batches of b sequences, m of them per step, so the global batch is
+B = b*m*d. Two axes of today: c-way context parallelism (each sequence split over c GPUs,
+which share one micro-batch) and e-way expert parallelism carved from the d data-parallel
+GPUs, as Megatron-Core does (an MoE model's experts split over e of them; e takes no GPUs
+of its own). Sharded data parallelism is a choice on d: ``zero_stage`` 1-3 (3 is FSDP),
+sharded over ``shard_group`` GPUs of d (default all d; fewer is HSDP: shard inside a group,
+replicate across groups). ``overlap_comm``: FSDP's gathers and the MoE all-to-alls hidden
+behind the compute they feed (prefetching, DualPipe-style overlap), else exposed.
+
+Rank order, innermost first: tp, cp, (ep), dp, pp, Megatron-Core's. The estimate places the
+CP ring inside a server when t*c <= GPUs per server and the EP all-to-all inside one when
+t*c*e fits; the pipeline and data-parallel groups keep the placement the Table 1 calibration
+used (pipeline groups at stride t, data-parallel groups at stride t*p), so that every layout
+with c = e = 1 gives the numbers it gave before the new axes. Every
 setting is checked when the layout is built, and ``check(model)`` checks it against a
 model's shape, so a bad value fails at once with one line naming it, before any estimate.
 
@@ -32,8 +45,10 @@ class Layout:
     """
 
     t: int = 1
+    c: int = 1
     p: int = 1
     d: int = 1
+    e: int = 1
     b: int = 1
     m: int = None
     global_batch: int = None
@@ -43,9 +58,11 @@ class Layout:
     scatter_gather: bool = True
     schedule: str = "1f1b"
     zero_stage: int = 0
+    shard_group: int = None
+    overlap_comm: bool = False
 
     def __post_init__(self):
-        for name in ("t", "p", "d", "b", "v", "m", "global_batch"):
+        for name in ("t", "c", "p", "d", "e", "b", "v", "m", "global_batch"):
             value = getattr(self, name)
             if value is None and name in ("m", "global_batch"):
                 continue
@@ -57,6 +74,16 @@ class Layout:
             raise ValueError(f"schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}")
         if not _is_int(self.zero_stage) or self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r} must be 0, 1, 2 or 3")
+        if not isinstance(self.overlap_comm, bool):
+            raise ValueError(f"overlap_comm={self.overlap_comm!r} must be True or False")
+        if self.d % self.e:
+            raise ValueError(f"e={self.e} must divide d={self.d}: expert parallelism is "
+                             f"carved from the data-parallel GPUs")
+        if self.shard_group is not None:
+            positive_int("shard_group", self.shard_group, most=MAX)
+            if self.d % self.shard_group or not self.zero_stage:
+                raise ValueError(f"shard_group={self.shard_group} must divide d={self.d} and "
+                                 f"needs zero_stage 1-3 (it is where ZeRO/FSDP shards)")
         if self.m is None and self.global_batch is None:
             raise ValueError("give m (micro-batches per step) or global_batch")
         per_step = self.b * self.d
@@ -80,10 +107,17 @@ class Layout:
 
     @property
     def n_gpus(self):
-        return self.t * self.p * self.d
+        return self.t * self.c * self.p * self.d
 
     def check(self, model):
         """Raise ValueError, naming the setting, if this layout cannot run ``model``."""
+        if model.s % (2 * self.c) and self.c > 1:
+            raise ValueError(f"c={self.c} needs seq={model.s} to split into 2c = "
+                             f"{2 * self.c} zig-zag chunks; use a c with s % 2c == 0")
+        if self.e > 1 and (model.moe is None or model.moe.E % self.e):
+            raise ValueError(f"e={self.e} needs an MoE model whose experts it divides "
+                             f"(model={model.name!r}: "
+                             f"{'E=' + str(model.moe.E) if model.moe else 'dense'}); use e=1")
         if self.p > model.L:
             raise ValueError(f"p={self.p} exceeds layers={model.L}: every stage needs a "
                              f"layer; use p <= {model.L}")
@@ -102,5 +136,8 @@ class Layout:
         extras += [f"recompute={self.recompute}"]
         extras += ["SP"] if self.sequence_parallel else []
         extras += [f"ZeRO-{self.zero_stage}"] if self.zero_stage else []
-        return (f"t={self.t} p={self.p} d={self.d} b={self.b} m={self.m} "
-                f"B={self.global_batch} " + " ".join(extras))
+        extras += [f"shard {self.shard_group} (HSDP)"] if self.shard_group not in (
+            None, self.d) else []
+        axes = f"t={self.t} " + (f"c={self.c} " if self.c > 1 else "") + \
+            f"p={self.p} d={self.d} " + (f"e={self.e} " if self.e > 1 else "")
+        return f"{axes}b={self.b} m={self.m} B={self.global_batch} " + " ".join(extras)

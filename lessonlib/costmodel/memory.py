@@ -88,24 +88,40 @@ def layers_per_stage(L, p):
     return math.ceil(L / p)
 
 
-def stage_params(model, t, p):
+def stage_params(model, t, p, e=1):
     """Parameters on one GPU of the first stage: its layers and the embeddings, split by t.
 
     The token embedding is split over t (vocabulary-parallel, Megatron-LM 2019 §3); the
     position embedding is replicated. The last stage holds a copy of the token embedding for
-    the tied output layer, and fewer layers when p does not divide L, so it is never larger.
+    the tied output layer (an untied one as large), and fewer layers when p does not divide
+    L, so it is never larger. An MoE model's routed experts are split over e GPUs (and, like
+    every weight here, over t); every stage is counted as MoE layers.
     """
-    layers = layers_per_stage(model.L, p) * model.layer_params()
-    return (layers + model.V * model.h) / t + model.s * model.h
+    layers = layers_per_stage(model.L, p) * model.layer_params(e)
+    positions = model.s * model.h if model.tied_embeddings and model.moe is None else 0
+    return (layers + model.V * model.h) / t + positions
+
+
+def stage_expert_params(model, t, p, e=1):
+    """The part of ``stage_params`` that is routed experts (0 for a dense model)."""
+    if model.moe is None:
+        return 0
+    return layers_per_stage(model.L, p) * (model.layer_params(e) - model.layer_dense_params()) / t
 
 
 def activation_bytes_per_layer(model, b, t=1, sequence_parallel=False, recompute="none"):
-    """Bytes one layer keeps for backward, per micro-batch (Korthikanti et al. 2022, Table 2)."""
+    """Bytes one layer keeps for backward, per micro-batch (Korthikanti et al. 2022, Table 2).
+
+    Counted for the GPT-3 layer (a 4h MLP) whatever the model: for SwiGLU and MoE layers an
+    approximation, and for them (``model.legacy`` False) without the s x s softmax, which
+    their fused attention kernels never store."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute={recompute!r} must be one of {', '.join(RECOMPUTE_MODES)}")
     s, h, a = model.s, model.h, model.a
     sbh = s * b * h
-    attention = 5 * a * s / h  # softmax input/output and dropout mask: grows with s^2
+    # softmax input/output and dropout mask: grows with s^2. Today's shapes (not ``legacy``)
+    # run a fused attention kernel that never writes the s x s matrix: none of it is kept.
+    attention = 5 * a * s / h if model.legacy else 0.0
     if recompute == "full":
         return 2 * sbh
     if sequence_parallel:
@@ -190,8 +206,21 @@ def activation_bytes(model, t, p, b, m, v=1, recompute="full", sequence_parallel
 
 
 def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
-                   sequence_parallel=False, zero_stage=0, schedule="1f1b"):
-    """MemoryBreakdown of the busiest GPU for a (t, p, d) layout and micro-batching (b, m)."""
-    weights, grads, optimizer = model_state_bytes(stage_params(model, t, p), zero_stage, d)
-    acts = activation_bytes(model, t, p, b, m, v, recompute, sequence_parallel, schedule)
-    return MemoryBreakdown(weights, grads, optimizer, acts)
+                   sequence_parallel=False, zero_stage=0, schedule="1f1b", c=1, e=1,
+                   shard=None):
+    """MemoryBreakdown of the busiest GPU for a (t, c, p, d, e) layout and micro-batching
+    (b, m).
+
+    Context parallelism divides the activations by c (each rank keeps s/c tokens); its c
+    ranks hold the same weights, so ZeRO/FSDP shards the state over ``shard`` x c GPUs
+    (``shard``: the shard group inside d, default d; HSDP replicates across the d/shard
+    groups). An expert's weights have shard x c / e copies to shard over.
+    """
+    shard = (d if shard is None else shard) * c
+    experts = stage_expert_params(model, t, p, e)
+    dense = model_state_bytes(stage_params(model, t, p, e) - experts, zero_stage, shard)
+    if experts:
+        moe = model_state_bytes(experts, zero_stage, max(1, shard // e))
+        dense = tuple(x + y for x, y in zip(dense, moe))
+    acts = activation_bytes(model, t, p, b, m, v, recompute, sequence_parallel, schedule) / c
+    return MemoryBreakdown(*dense, acts)

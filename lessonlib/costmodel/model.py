@@ -7,13 +7,26 @@ MLP's two h x 4h matrices 8h^2, their biases and two layer norms 13h); the embed
     P = 12 L h^2 (1 + 13/(12h) + (V + s)/(12 L h))
 
 The presets include every row of that paper's Table 1 (``megatron-1.7B`` ...
-``megatron-1T``). Try ``python -m lessonlib.costmodel --model gpt3-175B --t 8 --p 12 --d 4
---microbatch 1 --global-batch 1536``.
+``megatron-1T``).
+
+The shapes of today differ in four ways, each a field (all left at their defaults, a shape
+is Megatron-LM 2021's and every count above holds exactly): ``kv_heads`` (grouped-query
+attention: K and V projections of h x kv_heads*h/a, counted once ``ffn`` is set), ``ffn`` (a
+SwiGLU feed-forward of any width: three h x ffn matrices, no biases, RMSNorm),
+``tied_embeddings`` (False: a separate V x h output layer; rotary positions, no position
+table) and ``moe`` (a ``costmodel.moe.MoEModel``: the same shape with routed experts, whose
+total and active counts ``moe.py`` owns). ``llama3-8B/70B/405B`` and ``deepseek-v3`` are
+presets of that kind.
+
+Try ``python -m lessonlib.costmodel --model gpt3-175B --t 8 --p 12 --d 4 --microbatch 1
+--global-batch 1536``.
 """
 import math
 from dataclasses import dataclass
 
 from lessonlib.argcheck import positive_int
+
+from .moe import MOE_MODELS, MoEModel, active_params, expert_params, total_params
 
 # The largest size, count or batch the cost model takes: 2**31 - 1 keeps every product it
 # forms (FLOPs, bytes) far inside a float's range, and no real run comes near it.
@@ -36,6 +49,15 @@ class GPT:
     V: int
     name: str = ""
     kv_heads: int | None = None
+    ffn: int | None = None
+    tied_embeddings: bool = True
+    moe: MoEModel | None = None
+
+    @property
+    def legacy(self):
+        """True for Megatron-LM 2021's layer (GeLU MLP of 4h with biases, LayerNorm, tied
+        embeddings, learned positions), where Eq. 2 and Eq. 3 hold exactly."""
+        return self.ffn is None and self.moe is None and self.tied_embeddings
 
     def __post_init__(self):
         for field, value in (("layers", self.L), ("hidden", self.h), ("heads", self.a),
@@ -49,24 +71,73 @@ class GPT:
                                           or self.kv_heads < 1 or self.a % self.kv_heads):
             raise ValueError(f"kv_heads={self.kv_heads!r} must be a positive divisor of "
                              f"heads={self.a} (each key/value head serves a/kv_heads query heads)")
+        if self.ffn is not None:
+            positive_int("ffn", self.ffn, most=MAX)
+        if self.moe is not None and (self.moe.L, self.moe.h, self.moe.V) != (self.L, self.h,
+                                                                              self.V):
+            raise ValueError(f"moe={self.moe.name!r} has L={self.moe.L}, h={self.moe.h}, "
+                             f"V={self.moe.V}; the GPT shape must have the same")
 
-    def layer_params(self):
-        """Parameters of one transformer layer: 12h^2 + 13h."""
-        return 12 * self.h**2 + 13 * self.h
+    def attention_params(self):
+        """Q, K, V and output projections of one layer (no biases unless ``legacy``)."""
+        if self.moe is not None:
+            return self.moe.attention
+        kv = (self.kv_heads or self.a) * (self.h // self.a)
+        return 2 * self.h**2 + 2 * self.h * kv
+
+    def layer_params(self, e=1):
+        """Parameters of one transformer layer on one of ``e`` expert-parallel GPUs: 12h^2 +
+        13h for Megatron-LM 2021's layer; attention + 3 h ffn + 2 norms for a SwiGLU layer;
+        for an MoE model its (largest) MoE layer with E/e of the routed experts."""
+        if self.legacy:
+            return 12 * self.h**2 + 13 * self.h
+        if self.moe is None:
+            return self.attention_params() + 3 * self.h * self.ffn + 2 * self.h
+        return self.layer_dense_params() + self.moe.E * expert_params(self.moe) / e
+
+    def layer_dense_params(self):
+        """One MoE layer without its routed experts: attention, norms, shared experts,
+        router (for a dense model, the whole layer)."""
+        if self.moe is None:
+            return self.layer_params()
+        m = self.moe
+        return m.attention + 2 * m.h + m.shared * expert_params(m) + m.h * m.E
 
     def embedding_params(self):
-        """Token (V x h) and position (s x h) embeddings; the output layer shares the first."""
-        return (self.V + self.s) * self.h
+        """Token (V x h) and position (s x h) embeddings, the output layer sharing the first
+        (Megatron-LM 2021); untied: token embedding, output layer and the final norm."""
+        if self.tied_embeddings and self.moe is None:
+            return (self.V + self.s) * self.h
+        return 2 * self.V * self.h + self.h
 
     def params(self):
-        """Total parameters, Megatron-LM 2021 Eq. 2."""
+        """Total parameters: Megatron-LM 2021 Eq. 2, or the sum over this shape's parts."""
         L, h = self.L, self.h
-        return 12 * L * h**2 * (1 + 13 / (12 * h) + (self.V + self.s) / (12 * L * h))
+        if self.legacy:
+            return 12 * L * h**2 * (1 + 13 / (12 * h) + (self.V + self.s) / (12 * L * h))
+        if self.moe is not None:
+            return total_params(self.moe)
+        return L * self.layer_params() + self.embedding_params()
+
+    def active_params(self):
+        """Parameters one token uses: all of them, but for an MoE model only k experts."""
+        return active_params(self.moe) if self.moe is not None else self.params()
+
+    def layer_matmul_params(self):
+        """Weights one token multiplies in an average layer (2 FLOPs each forward): 12h^2
+        (Megatron-LM 2021 Eq. 3), or the active non-embedding parameters over L."""
+        if self.legacy:
+            return 12 * self.h**2
+        return (self.active_params() - self.embedding_params()) / self.L
 
     def describe(self):
         """One line: name, size and shape, for tables and the CLI."""
+        extra = (f", kv={self.kv_heads}" if self.kv_heads else "") + \
+            (f", ffn={self.ffn}" if self.ffn else "") + \
+            (f", {self.active_params() / 1e9:.1f} B active, E={self.moe.E} k={self.moe.k}"
+             if self.moe else "")
         return (f"{self.name or 'GPT'} ({self.params() / 1e9:.1f} B params: L={self.L}, "
-                f"h={self.h}, a={self.a}, s={self.s}, V={self.V})")
+                f"h={self.h}, a={self.a}, s={self.s}, V={self.V}{extra})")
 
 
 def divisors(n):
@@ -103,7 +174,23 @@ MODELS = {
     # The 162.2 B model of Megatron-LM 2021's Fig. 13 as its run script builds it
     # (examples/sc21/run_figure_13.sh: 32 layers, h = 20480, 128 heads, t x p = 64).
     "megatron-162.2B-fig13": GPT(32, 20480, 128, 2048, 51200, "megatron-162.2B-fig13"),
+    # Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3): SwiGLU, 8 KV heads,
+    # V = 128256, untied embeddings, 8K-token pretraining; 8.03 B, 70.6 B and 405 B in total.
+    "llama3-8B": GPT(32, 4096, 32, 8192, 128256, "llama3-8B", kv_heads=8, ffn=14336,
+                     tied_embeddings=False),
+    "llama3-70B": GPT(80, 8192, 64, 8192, 128256, "llama3-70B", kv_heads=8, ffn=28672,
+                      tied_embeddings=False),
+    "llama3-405B": GPT(126, 16384, 128, 8192, 128256, "llama3-405B", kv_heads=8, ffn=53248,
+                       tied_embeddings=False),
+    # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437): 671 B total, 37 B active, 4K tokens,
+    # 128 heads of multi-head latent attention; its experts as ``moe.py`` builds them.
+    "deepseek-v3": GPT(61, 7168, 128, 4096, 129280, "deepseek-v3", tied_embeddings=False,
+                       moe=MOE_MODELS["deepseek-v3"]),
 }
+
+# The published totals the presets are checked against (tests), from the sources above.
+PUBLISHED_PARAMS = {"llama3-8B": 8.03e9, "llama3-70B": 70.6e9, "llama3-405B": 405e9,
+                    "deepseek-v3": 671e9}
 
 
 def get_model(name):

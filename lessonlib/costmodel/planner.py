@@ -101,17 +101,28 @@ def plan(model, cluster, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
     """Estimate every candidate layout; ``options`` go to ``Layout`` (e.g. recompute=).
     ``schedules``: the pipeline schedules considered, e.g. ("1f1b", "zb-h1", "zbv") (a
     ``schedule=`` option fixes one)."""
-    for name, value in (("n_gpus", n_gpus), ("global_batch", global_batch)):
-        positive_int(name, value)
-    if n_gpus > MAX_PLAN_GPUS:
-        raise ValueError(f"n_gpus={n_gpus} is more than the planner enumerates; plan at most "
-                         f"{MAX_PLAN_GPUS} GPUs, or estimate() one layout")
+    check_plan_size(n_gpus, global_batch)
     schedules = (options.pop("schedule"),) if "schedule" in options else schedules
     layouts = candidate_layouts(model, n_gpus, global_batch, microbatches, interleave,
                                 schedules, **options)
     if not layouts:
         raise ValueError(f"global_batch={global_batch} admits no layout on n_gpus={n_gpus}: "
                          f"use a multiple of {n_gpus}")
+    return rank(model, cluster, n_gpus, global_batch, layouts)
+
+
+def check_plan_size(n_gpus, global_batch):
+    """Raise ValueError, naming it, if a GPU count or batch is not one a plan can take."""
+    for name, value in (("n_gpus", n_gpus), ("global_batch", global_batch)):
+        positive_int(name, value)
+    if n_gpus > MAX_PLAN_GPUS:
+        raise ValueError(f"n_gpus={n_gpus} is more than the planner enumerates; plan at most "
+                         f"{MAX_PLAN_GPUS} GPUs, or estimate() one layout")
+
+
+def rank(model, cluster, n_gpus, global_batch, layouts):
+    """Estimate every layout: a ``Plan`` of those that fit (fastest first) and those that
+    do not (smallest shortfall first)."""
     estimates = [estimate(model, lay, cluster) for lay in layouts]
     ranked = sorted((e for e in estimates if e.fits), key=lambda e: e.step_time_s)
     rejected = sorted((e for e in estimates if not e.fits),

@@ -1,4 +1,4 @@
-"""One training step of a (t, p, d) layout, predicted: memory, time by part, TFLOP/s per GPU.
+"""One training step of a (t, c, p, d, e) layout, predicted: memory, time by part, TFLOP/s per GPU.
 
 ``estimate(model, layout, cluster)`` walks the slowest pipeline stage through one
 micro-batch and adds up:
@@ -9,6 +9,8 @@ micro-batch and adds up:
 * TP comm: the tensor-parallel all-reduces (NVLink inside a server; across servers, the
   ports of the group's members together, ``Cluster.group_link``);
 * PP comm: activations and gradients to and from the neighbouring stages;
+
+* CP comm and EP comm (``axes.py``): the K/V ring's exposed part, the MoE all-to-alls;
 
 then multiplies by m micro-batches, adds the pipeline bubble ((p-1)/v micro-batch slots,
 Megatron-LM 2021 §2.2) and the data-parallel gradient all-reduce at the end of the step.
@@ -24,16 +26,16 @@ Run ``python -m lessonlib.costmodel --model megatron-1T --t 8 --p 64 --d 6 --mic
 """
 from dataclasses import dataclass, field
 
+from .axes import cp_ring_s, dp_time_s, ep_alltoall_s
 from .bubble import bubble_fraction as _bubble_fraction
 from .comm import (group_spans_nodes, pp_elements_per_boundary, ring_all_gather_time_s,
-                   ring_allreduce_time_s, ring_reduce_scatter_time_s)
+                   ring_allreduce_time_s)
 from .compute import (attention_core_forward_flops, layer_forward_flops,
                       logits_forward_flops, megatron_flops_per_iteration,
                       model_flops_per_iteration)
 from .hardware import Cluster
 from .layout import Layout
-from .memory import (GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer,
-                     memory_per_gpu, stage_params)
+from .memory import WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu
 from .model import GPT
 
 # --- The empirical constants: set once, for every model, layout and GPU. ------------------
@@ -99,7 +101,8 @@ class Estimate:
         lay = self.layout
         return {
             "model": self.model.describe(), "layout": lay.describe(),
-            "t": lay.t, "p": lay.p, "d": lay.d, "b": lay.b, "m": lay.m, "v": lay.v,
+            "t": lay.t, "c": lay.c, "p": lay.p, "d": lay.d, "e": lay.e, "b": lay.b,
+            "m": lay.m, "v": lay.v,
             "global_batch": lay.global_batch, "n_gpus": lay.n_gpus,
             "gpu": self.cluster.gpu.name, "gpus_per_node": self.cluster.gpus_per_node,
             "network_ports": self.cluster.network_ports,
@@ -132,20 +135,21 @@ class Estimate:
 
 
 def _stage_microbatch_s(model, lay, cluster, layers, logits):
-    """(gemm, elementwise, tp, pp) seconds of one micro-batch on a stage of ``layers`` layers."""
-    gpu, b, t, s, h = cluster.gpu, lay.b, lay.t, model.s, model.h
+    """(gemm, elementwise, tp, pp, cp, ep) seconds of one micro-batch on a stage of ``layers``
+    layers; with context parallelism each of the c ranks does 1/c of the work on s/c tokens."""
+    gpu, b, t, s, h, c = cluster.gpu, lay.b, lay.t, model.s, model.h, lay.c
     n = lay.n_gpus
     recompute = {"none": 0.0, "full": layer_forward_flops(model, b),
                  "selective": attention_core_forward_flops(model, b)}[lay.recompute]
     flops = layers * (3 * layer_forward_flops(model, b) + recompute)
     flops += 3 * logits_forward_flops(model, b) if logits else 0.0
-    gemm = flops / t / (gpu.peak_flops * MATMUL_EFFICIENCY)
+    gemm = flops / t / c / (gpu.peak_flops * MATMUL_EFFICIENCY)
 
     acts = activation_bytes_per_layer(model, b, t, lay.sequence_parallel, "none")
     attention_acts = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
                                                        "selective")
     rewritten = {"none": 0.0, "full": acts, "selective": attention_acts}[lay.recompute]
-    elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / (
+    elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / c / (
         gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
 
     tp_bw, tp_lat = cluster.group_link(n, t, 1)
@@ -156,43 +160,30 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
         # With sequence parallelism each all-reduce becomes a reduce-scatter + all-gather:
         # same bytes, same time.
         all_reduces = 6 if lay.recompute == "full" else 4
-        tp = layers * all_reduces * ring_allreduce_time_s(t, WEIGHT_BYTES * b * s * h,
+        tp = layers * all_reduces * ring_allreduce_time_s(t, WEIGHT_BYTES * b * s * h / c,
                                                           tp_bw, tp_lat)
     pp = 0.0
     if lay.p > 1:
         pp_bw, pp_lat = cluster.link(group_spans_nodes(n, lay.p, t, cluster.gpus_per_node))
-        message = WEIGHT_BYTES * pp_elements_per_boundary(b, s, h, t, lay.scatter_gather)
+        message = WEIGHT_BYTES * pp_elements_per_boundary(b, s, h, t, lay.scatter_gather) / c
         one_way = pp_lat + message / (pp_bw * COMM_EFFICIENCY)
         if lay.scatter_gather and t > 1:
-            one_way += ring_all_gather_time_s(t, WEIGHT_BYTES * b * s * h, tp_bw, tp_lat)
+            one_way += ring_all_gather_time_s(t, WEIGHT_BYTES * b * s * h / c, tp_bw, tp_lat)
         pp = 2 * lay.v * one_way  # activations forward, gradients backward, per chunk
-    return gemm, elementwise, tp, pp
-
-
-def _dp_time_s(model, lay, cluster):
-    """Exposed seconds of the data-parallel gradient exchange at the end of a step."""
-    if lay.d == 1:
-        return 0.0
-    bw, lat = cluster.group_link(lay.n_gpus, lay.d, lay.t * lay.p)
-    bw *= COMM_EFFICIENCY
-    grads = GRAD_BYTES * stage_params(model, lay.t, lay.p)
-    if lay.zero_stage < 3:
-        # ZeRO-1/2 reduce-scatter gradients and all-gather weights: an all-reduce's bytes.
-        seconds = ring_allreduce_time_s(lay.d, grads, bw, lat)
-    else:
-        # ZeRO-3 gathers the weights before every forward, recompute and backward of every
-        # micro-batch, and reduce-scatters the gradients once (ZeRO §7.2: 1.5x at m=1).
-        gathers = lay.m * (3 if lay.recompute == "full" else 2)
-        seconds = (gathers * ring_all_gather_time_s(lay.d, grads, bw, lat)
-                   + ring_reduce_scatter_time_s(lay.d, grads, bw, lat))
-    return (1 - DP_OVERLAP) * seconds
+    cp = cp_ring_s(model, lay, cluster, layers, gpu.peak_flops * MATMUL_EFFICIENCY,
+                   COMM_EFFICIENCY)
+    ep = ep_alltoall_s(model, lay, cluster, layers, COMM_EFFICIENCY)
+    if lay.overlap_comm:
+        ep = max(0.0, ep - gemm)
+    return gemm, elementwise, tp, pp, cp, ep
 
 
 def hardware_flops_per_iteration(model, lay):
     """The FLOPs one step executes: the model's, plus what ``lay.recompute`` repeats."""
-    if lay.recompute == "full":
+    if lay.recompute == "full" and model.legacy:
         return megatron_flops_per_iteration(model, lay.global_batch)        # Eq. 3
-    again = attention_core_forward_flops(model, 1) if lay.recompute == "selective" else 0.0
+    again = {"none": 0.0, "selective": attention_core_forward_flops(model, 1),
+             "full": layer_forward_flops(model, 1)}[lay.recompute]
     return model_flops_per_iteration(model, lay.global_batch) + \
         lay.global_batch * model.L * again
 
@@ -209,7 +200,8 @@ def estimate(model, layout, cluster):
     lay = layout
     lay.check(model)
     mem = memory_per_gpu(model, lay.t, lay.p, lay.d, lay.b, lay.m, lay.v, lay.recompute,
-                         lay.sequence_parallel, lay.zero_stage, lay.schedule)
+                         lay.sequence_parallel, lay.zero_stage, lay.schedule, lay.c, lay.e,
+                         lay.shard_group)
     # The slowest stage paces the pipeline: the first (ceil(L/p) layers) or the last
     # (floor(L/p) layers plus the output layer's logits).
     first = _stage_microbatch_s(model, lay, cluster, -(-model.L // lay.p), logits=lay.p == 1)
@@ -222,7 +214,11 @@ def estimate(model, layout, cluster):
             # (p-1)/v micro-batch slots idle per step; as a share of the busy time this is
             # bubble_fraction(p, m, v, "ideal") (Megatron-LM 2021 §2.2).
             "bubble": slot * m * _bubble_fraction(lay.p, m, lay.v, "ideal", lay.schedule),
-            "dp_comm": _dp_time_s(model, lay, cluster)}
+            "dp_comm": dp_time_s(model, lay, cluster, m * per_mb[0], COMM_EFFICIENCY,
+                                 DP_OVERLAP)}
+    # The new axes' traffic, only where they are used (c = e = 1 keeps the old keys).
+    time.update({k: m * per_mb[i] for k, i, on in (("cp_comm", 4, lay.c > 1),
+                                                   ("ep_comm", 5, lay.e > 1)) if on})
     step = sum(time.values())
     n, peak = lay.n_gpus, cluster.gpu.peak_flops
     return Estimate(

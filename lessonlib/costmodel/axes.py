@@ -1,0 +1,101 @@
+"""The axes beyond Megatron-LM 2021 in the estimate: what context parallelism, expert
+parallelism and sharded data parallelism add to a step, and where the rank order puts it.
+
+* Context parallelism (c): each rank keeps s/c tokens of every sequence; the K/V ring
+  (``context.py``) brings the other c-1 blocks in while the rank computes attention on the
+  block it has, so only the part of a transfer longer than that compute is exposed. The c
+  ranks of a group are t apart (tp, cp, ...), so the ring stays inside a server while
+  t*c <= GPUs per server.
+* Expert parallelism (e, carved from d): four all-to-alls per MoE layer and micro-batch
+  (``moe.moe_layer_comm_s``), six under full recompute (the forward runs again); the e
+  ranks are t*c apart, inside a server while t*c*e fits. Exposed unless ``overlap_comm``.
+* Data parallelism over d*c replicas (the c ranks of a sequence hold the same weights):
+  the gradient all-reduce of plain DP and ZeRO-1/2, or FSDP's (ZeRO-3) weight gathers before
+  every forward, recompute and backward, and one reduce-scatter, inside the shard group;
+  HSDP adds an all-reduce of the shard across the d/shard_group groups. An expert's
+  gradients are exchanged among its d*c/e copies. FSDP's gathers are taken as exposed
+  unless ``overlap_comm``, then hidden behind the step's compute up to its length.
+
+Pure arithmetic, called by ``throughput.estimate``; with c = e = 1 and no shard group each
+function gives exactly what the estimate gave before these axes existed.
+"""
+from .comm import (group_spans_nodes, ring_all_gather_time_s, ring_allreduce_time_s,
+                   ring_reduce_scatter_time_s)
+from .compute import attention_core_forward_flops
+from .memory import GRAD_BYTES, stage_expert_params, stage_params
+from .moe import moe_layer_comm_s
+
+
+def cp_ring_s(model, lay, cluster, layers, flops_per_s, comm_efficiency):
+    """Exposed seconds of the K/V ring for one micro-batch on a stage of ``layers`` layers:
+    per layer, the forward's c-1 blocks against the forward attention, the backward's blocks
+    and gradients against twice that; a recompute runs the forward's ring again."""
+    if lay.c == 1:
+        return 0.0
+    # Imported here, not at the top: the package imports this module, and ``python -m
+    # lessonlib.costmodel.context`` must find context.py not yet imported.
+    from .context import kv_block_bytes, ring_bytes_received_per_rank
+    spans = group_spans_nodes(lay.n_gpus, lay.c, lay.t, cluster.gpus_per_node)
+    bandwidth, latency = cluster.link(spans)
+    bandwidth *= comm_efficiency
+    block = kv_block_bytes(model, lay.b, lay.c) / lay.t        # K/V heads split over t
+    forward, backward = ring_bytes_received_per_rank(lay.c, block)
+    attention = attention_core_forward_flops(model, lay.b) / (lay.t * lay.c) / flops_per_s
+    hops = (lay.c - 1) * latency
+    fwd = max(0.0, hops + forward / bandwidth - attention)
+    bwd = max(0.0, 2 * hops + backward / bandwidth - 2 * attention)
+    return layers * ((2 if lay.recompute != "none" else 1) * fwd + bwd)
+
+
+def ep_alltoall_s(model, lay, cluster, layers, comm_efficiency):
+    """Seconds of the MoE all-to-alls for one micro-batch on a stage of ``layers`` layers
+    (its MoE share of them); each rank dispatches its b s/c tokens (s/(c t) under SP)."""
+    if lay.e == 1:
+        return 0.0
+    moe = model.moe
+    moe_layers = layers * moe.moe_layers / moe.L
+    tokens = model.s // lay.c // (lay.t if lay.sequence_parallel else 1)
+    spans = group_spans_nodes(lay.n_gpus, lay.e, lay.t * lay.c, cluster.gpus_per_node)
+    one = moe_layer_comm_s(moe, lay.e, lay.b, tokens, cluster, spans) / comm_efficiency
+    return moe_layers * one * (6 / 4 if lay.recompute == "full" else 1)
+
+
+def _exchange_s(lay, nbytes, group, shard, bandwidth, latency):
+    """One parameter group's data-parallel exchange over ``group`` replicas, ZeRO/FSDP
+    sharded over ``shard`` of them: (exposed-able gathers, the rest) in seconds."""
+    if lay.zero_stage < 3:
+        # ZeRO-1/2 reduce-scatter gradients and all-gather weights: an all-reduce's bytes.
+        return 0.0, ring_allreduce_time_s(group, nbytes, bandwidth, latency)
+    # ZeRO-3 gathers the weights before every forward, recompute and backward of every
+    # micro-batch, and reduce-scatters the gradients once (ZeRO §7.2: 1.5x at m=1).
+    gathers = lay.m * (3 if lay.recompute == "full" else 2)
+    rest = ring_reduce_scatter_time_s(shard, nbytes, bandwidth, latency)
+    if shard < group:   # HSDP: the shard's gradients all-reduced across the groups
+        rest += ring_allreduce_time_s(group // shard, nbytes / shard, bandwidth, latency)
+    return gathers * ring_all_gather_time_s(shard, nbytes, bandwidth, latency), rest
+
+
+def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
+    """Exposed seconds of the data-parallel exchange of a step whose compute takes
+    ``compute_s``: dense weights over the d*c replicas, experts over d*c/e."""
+    group = lay.d * lay.c
+    if group == 1:
+        return 0.0
+    n = lay.n_gpus
+    bandwidth, latency = cluster.group_link(n, lay.d, lay.t * lay.c * lay.p) if lay.d > 1 \
+        else (float("inf"), 0.0)
+    if lay.c > 1:
+        cp_bw, cp_lat = cluster.group_link(n, lay.c, lay.t)
+        bandwidth, latency = min(bandwidth, cp_bw), max(latency, cp_lat)
+    bandwidth *= comm_efficiency
+    shard = (lay.shard_group or lay.d) * lay.c
+    grads = GRAD_BYTES * stage_params(model, lay.t, lay.p, lay.e)
+    experts = GRAD_BYTES * stage_expert_params(model, lay.t, lay.p, lay.e)
+    gathers, rest = _exchange_s(lay, grads - experts, group, shard, bandwidth, latency)
+    if experts and group // lay.e > 1:
+        more = _exchange_s(lay, experts, group // lay.e, max(1, shard // lay.e), bandwidth,
+                           latency)
+        gathers, rest = gathers + more[0], rest + more[1]
+    if lay.overlap_comm:
+        gathers = max(0.0, gathers - compute_s)
+    return (1 - dp_overlap) * (gathers + rest)

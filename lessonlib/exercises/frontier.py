@@ -1,0 +1,84 @@
+"""Checker for lesson 05's second design question, a layout of today: Llama 3 405B at
+128K-token sequences on 16,384 H100 (Dubey et al. 2024), which layout of t, c, p and d, and
+why each axis. Returns a ``Verdict`` (``lessonlib.exercises.verdict``); ``None`` anywhere is
+"your turn".
+
+    from lessonlib.exercises import frontier
+    frontier.check_long_context_layout(t=8, c=16, p=16, d=8)   # Llama 3's published layout
+
+The checker asks the five-axis planner (``costmodel.search.plan_job``) for the best layout
+with the student's t, c and p (its schedule, ZeRO stage and recompute chosen for them) and
+for the best of all, and answers axis by axis: a layout is correct when it fits in memory
+and is within 2x of the planner's best step. Pure arithmetic, laptop and GPU box alike:
+``python -c "from lessonlib.exercises import frontier;
+print(frontier.check_long_context_layout(8, 16, 16, 8))"``.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from lessonlib.costmodel import CLUSTERS, MODELS
+from lessonlib.costmodel.search import plan_job
+from lessonlib.exercises.verdict import Verdict, correct, not_yet, your_turn
+
+GB = 1e9
+# 16M tokens per step (Llama 3's global batch) of 128K tokens: 128 sequences.
+LONG_CONTEXT = {"model": "llama3-405B", "cluster": "dgx-h100", "n_gpus": 16384,
+                "seq": 131072, "global_batch": 128}
+WITHIN = 2.0   # a correct layout takes at most this many times the best step
+
+
+@lru_cache(maxsize=1)
+def long_context_plan():
+    q = LONG_CONTEXT
+    return plan_job(MODELS[q["model"]], CLUSTERS[q["cluster"]], q["n_gpus"],
+                    q["global_batch"], seq=q["seq"])
+
+
+def check_long_context_layout(t: int, c: int, p: int, d: int) -> Verdict:
+    """The question: t, c, p, d for Llama 3 405B at 128K tokens on 16,384 H100."""
+    values = {"t": t, "c": c, "p": p, "d": d}
+    missing = [k for k, v in values.items() if v is None]
+    if missing:
+        return your_turn(f"{', '.join(missing)} still None: choose t, c, p and d "
+                         f"(t*c*p*d = {LONG_CONTEXT['n_gpus']}) and run the cell.")
+    q, plan = LONG_CONTEXT, long_context_plan()
+    if t * c * p * d != q["n_gpus"]:
+        return not_yet(f"t*c*p*d = {t * c * p * d}, but there are {q['n_gpus']} GPUs: "
+                       f"use each once.")
+    gpn = plan.cluster.gpus_per_node
+    if t > gpn:
+        return not_yet(f"t={t} stretches the tensor-parallel all-reduces (several per layer) "
+                       f"over {t // gpn} servers: keep t <= {gpn}, inside NVLink.")
+    mine = plan.find(t=t, c=c, p=p, d=d)
+    if mine is None:
+        return not_yet(f"no valid layout has t={t}, c={c}, p={p}, d={d}: t must divide the "
+                       f"128 heads, 2c the {q['seq']} tokens, d the {q['global_batch']} "
+                       f"sequences, and p <= {plan.model.L} layers.")
+    if not mine.fits:
+        hint = (f"with c=1 each GPU keeps the whole 128K-token sequence's activations: split "
+                f"it (c > 1)" if c == 1 else "split the model or the sequence further")
+        return not_yet(f"even at its best ({mine.layout.describe()}) this needs "
+                       f"{mine.memory.total / GB:.0f} GB per GPU, over the "
+                       f"{mine.memory_capacity_bytes / GB:.0f} GB usable: {hint}.")
+    best, lay = plan.best, mine.layout
+    ratio = mine.step_time_s / best.step_time_s
+    per_replica = q["global_batch"] // d
+    split = (f"c={c} leaves {q['seq'] // c} tokens per GPU, dividing the activations by {c}"
+             if c > 1 else "c=1 keeps each 128K-token sequence whole on a GPU")
+    why = (f"t={t} keeps the all-reduces inside a server; {split}; p={p} splits the 126 "
+           f"layers and their state ({mine.memory.model_state / GB:.0f} GB per GPU); d={d} "
+           f"replicas take "
+           f"{per_replica} sequence{'s' if per_replica > 1 else ''} each ({lay.schedule}, "
+           f"{lay.recompute} recompute, ZeRO-{lay.zero_stage}: {mine.memory.total / GB:.0f} GB, "
+           f"{mine.tflops_per_gpu:.0f} TFLOP/s per GPU). The planner's best, "
+           f"{best.layout.describe()}, is {ratio:.2f}x as fast")
+    if ratio <= WITHIN:
+        return correct(why + ".")
+    worst = max(mine.time, key=mine.time.get)
+    hint = (f": {per_replica} sequence{'s' if per_replica > 1 else ''} per replica leave "
+            f"the {p}-stage pipeline few micro-batches; GPUs the batch cannot feed as "
+            f"replicas can split the sequence"
+            if worst == "bubble" else "")
+    return not_yet(why + f": yours takes more than {WITHIN:.0f}x its step; its largest part "
+                   f"is the {worst.replace('_', ' ')}{hint}.")

@@ -1,0 +1,110 @@
+"""Today's shapes (Llama 3, DeepSeek-V3) and the five-axis estimate, planner and checker."""
+import time
+from dataclasses import replace
+
+import pytest
+
+from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate
+from lessonlib.costmodel.__main__ import main
+from lessonlib.costmodel.model import PUBLISHED_PARAMS
+from lessonlib.costmodel.search import explain_axes, plan_job
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_preset_params_within_one_percent_of_published(name):
+    assert MODELS[name].params() == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
+
+
+def test_deepseek_active_params_and_dense_presets_are_all_active():
+    assert MODELS["deepseek-v3"].active_params() == pytest.approx(37e9, rel=0.03)
+    assert MODELS["llama3-8B"].active_params() == MODELS["llama3-8B"].params()
+
+
+def test_c_and_e_of_one_are_the_old_layout():
+    m, cl = MODELS["gpt3-175B"], CLUSTERS["dgx-a100"]
+    kw = dict(t=8, p=12, d=4, global_batch=1536, zero_stage=1)
+    assert estimate(m, Layout(**kw), cl).as_dict() == estimate(m, Layout(c=1, e=1, **kw),
+                                                                cl).as_dict()
+
+
+def test_context_parallelism_divides_activations_and_adds_the_ring():
+    m = replace(MODELS["llama3-405B"], s=131072)
+    cl = CLUSTERS["dgx-h100"]
+    one = estimate(m, Layout(t=8, p=16, d=2, global_batch=32, recompute="selective",
+                             sequence_parallel=True), cl)
+    cp = estimate(m, Layout(t=8, c=16, p=16, d=2, global_batch=32, recompute="selective",
+                            sequence_parallel=True), cl)
+    assert cp.memory.activations == pytest.approx(one.memory.activations / 16)
+    assert "cp_comm" in cp.time and "cp_comm" not in one.time
+    assert cp.layout.n_gpus == 16 * one.layout.n_gpus
+
+
+def test_expert_parallelism_splits_experts_and_pays_all_to_alls():
+    m, cl = MODELS["deepseek-v3"], CLUSTERS["hgx-h800"]
+    kw = dict(p=16, d=128, global_batch=15360, zero_stage=1, recompute="full")
+    e8, e64 = (estimate(m, Layout(e=e, **kw), cl) for e in (8, 64))
+    assert e64.memory.model_state < e8.memory.model_state
+    assert e64.time["ep_comm"] > e8.time["ep_comm"] > 0     # 8 inside a server, 64 across
+    hidden = estimate(m, Layout(e=64, overlap_comm=True, **kw), cl)
+    assert hidden.time["ep_comm"] < e64.time["ep_comm"]
+
+
+def test_fsdp_and_hsdp_memory_and_traffic():
+    m, cl = MODELS["llama3-70B"], CLUSTERS["dgx-h100"]
+    kw = dict(t=8, p=1, d=64, global_batch=512, recompute="full", sequence_parallel=True)
+    z1, z3 = (estimate(m, Layout(zero_stage=z, **kw), cl) for z in (1, 3))
+    hsdp = estimate(m, Layout(zero_stage=3, shard_group=8, **kw), cl)
+    assert z3.memory.weights == pytest.approx(z1.memory.weights / 64)
+    assert hsdp.memory.weights == pytest.approx(z1.memory.weights / 8)
+    overlapped = estimate(m, Layout(zero_stage=3, overlap_comm=True, **kw), cl)
+    assert overlapped.time["dp_comm"] < z3.time["dp_comm"]
+
+
+@pytest.mark.parametrize("bad, word", [(dict(d=4, e=3), "e=3"),
+                                       (dict(d=4, shard_group=3, zero_stage=3), "shard_group")])
+def test_bad_axes_fail_with_one_line(bad, word):
+    with pytest.raises(ValueError, match=word):
+        Layout(global_batch=64, **bad)
+
+
+def test_expert_parallelism_needs_an_moe_model():
+    with pytest.raises(ValueError, match="MoE"):
+        estimate(MODELS["llama3-8B"], Layout(d=2, e=2, global_batch=8), CLUSTERS["dgx-h100"])
+
+
+def test_planner_on_the_405B_job_is_fast_and_splits_the_sequence_at_128K():
+    t0 = time.perf_counter()
+    short = plan_job(MODELS["llama3-405B"], CLUSTERS["dgx-h100"], 16384, 2048, seq=8192)
+    long = plan_job(MODELS["llama3-405B"], CLUSTERS["dgx-h100"], 16384, 128, seq=131072)
+    assert time.perf_counter() - t0 < 5   # about 0.4 s each here
+    for p in (short, long):
+        assert p.best.fits and p.best.memory.total < 80e9
+        text = explain_axes(p)
+        for axis in ("t=", "c=", "p=", "d="):
+            assert f"\n{axis}" in text
+    assert long.best.layout.c > short.best.layout.c
+
+
+def test_cli_takes_c_and_e(capsys):
+    main(["--model", "deepseek-v3", "--p", "16", "--e", "64", "--gpus", "2048",
+          "--global-batch", "15360", "--cluster", "hgx-h800", "--zero", "1"])
+    assert "e=64" in capsys.readouterr().out
+    main(["--model", "llama3-405B", "--seq", "131072", "--t", "8", "--c", "16", "--p", "16",
+          "--gpus", "16384", "--global-batch", "128", "--cluster", "dgx-h100"])
+    assert "c=16" in capsys.readouterr().out
+
+
+def test_cli_rejects_a_bad_shard_group_in_one_line(capsys):
+    assert main(["--model", "llama3-8B", "--t", "8", "--gpus", "64", "--global-batch", "64",
+                 "--zero", "3", "--shard-group", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "shard_group=3" in err[0]
+
+
+def test_the_long_context_checker_takes_llamas_layout_and_names_the_bubble():
+    from lessonlib.exercises import frontier
+    assert frontier.check_long_context_layout(8, 16, 16, 8)          # Llama 3's own
+    no_cp = frontier.check_long_context_layout(8, 1, 16, 128)
+    assert not no_cp and "bubble" in str(no_cp)
+    assert "inside NVLink" in str(frontier.check_long_context_layout(16, 16, 8, 8))
+    assert "16384" in str(frontier.check_long_context_layout(8, 16, 16, 4))

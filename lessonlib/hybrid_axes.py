@@ -247,7 +247,14 @@ def train(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
           m: int = 2, global_batch: int = 8, steps: int = 3, lr: float = 0.1,
           seed: int = 0) -> dict:
     """Rank side: ``steps`` SGD steps on the grid, then this rank's shard of one process's
-    first-step gradients and final weights against its own."""
+    first-step gradients and final weights against its own; ``events``: every message of
+    the run, groups' creation included, for ``comm.nccl_hazards``."""
+    with comm.ledger() as book:
+        result = _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, seed)
+    return {**result, "events": book.events}
+
+
+def _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, seed) -> dict:
     ctx = ParallelContext.build(dp, pp, tp, cp=cp, ep=ep, order=MEGATRON_ORDER)
     batch_of = corpus_batches(cfg, global_batch, seed)
     trainer = AxesTrainer(make_model(cfg, moe, seed), ctx, m, global_batch, lr, shard_on)
@@ -260,6 +267,7 @@ def train(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
     dense, dense_grads, dense_losses = reference(cfg, moe, global_batch, steps, lr, seed,
                                                  device.current_device())
     result = {"rank": ctx.rank, "coords": ctx.coords, "coords4": ctx.coords4, "losses": losses,
+              "cp_ranks": ctx.cp_ranks, "ep_ranks": ctx.ep_ranks,
               "traffic": books, "param_count": sum(p.numel() for p in trainer.params),
               "max_grad_diff": max_abs_diff(first_grads, build_stage(dense_grads, ctx).parameters()),
               "max_weight_diff": max_abs_diff(trainer.params, build_stage(dense, ctx).parameters()),

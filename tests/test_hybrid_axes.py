@@ -1,0 +1,78 @@
+"""Beyond three axes: the five-axis grid (pure), and three 8-rank layouts equal to one process
+in float64 after 3 steps with no NCCL hazard in their traces: t2c2p2d1, t2p2d2 with ZeRO-1 on
+d, and the MoE tiny GPT on t2p2d2 with e = 2 inside d (one launch each)."""
+import pytest
+
+from lessonlib import comm, hybrid_axes
+from lessonlib.grid import LESSON_ORDER, MEGATRON_ORDER, axis_groups, check_grid, layout_table, placements
+
+TOL = 1e-12   # float64: summation order only
+
+
+def test_megatron_order_puts_tp_then_cp_then_dp_inside_and_pp_outermost():
+    groups = axis_groups(2, 2, 2, cp=2, order=MEGATRON_ORDER)              # 16 ranks
+    assert groups["tp"][:2] == [[0, 1], [2, 3]]
+    assert groups["cp"][:2] == [[0, 2], [1, 3]]
+    assert groups["dp"][:2] == [[0, 4], [1, 5]]
+    assert groups["pp"][0] == [0, 8]
+    assert groups["dp_cp"][0] == [0, 2, 4, 6]
+    for pl in placements(2, 2, 2, cp=2, order=MEGATRON_ORDER):        # ((j d + i) c + l) t + k
+        assert pl.rank == ((pl.pp * 2 + pl.dp) * 2 + pl.cp) * 2 + pl.tp
+
+
+def test_the_default_order_is_lesson_05s_grid():
+    assert axis_groups(2, 2, 2) == {k: v for k, v in axis_groups(2, 2, 2, order=LESSON_ORDER).items()}
+    assert set(axis_groups(2, 2, 2)) == {"tp", "pp", "dp"}           # no extra group at cp = ep = 1
+
+
+def test_expert_groups_are_carved_from_the_dp_ranks():
+    groups = axis_groups(4, 1, 2, ep=2, order=MEGATRON_ORDER)          # dp groups [0,2,4,6], [1,3,5,7]
+    assert groups["ep"] == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert groups["edp"] == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    for axis in ("ep", "edp"):
+        assert sorted(r for g in groups[axis] for r in g) == list(range(8))
+
+
+def test_layout_table_draws_the_new_axes():
+    lines = layout_table(1, 2, 2, cp=2, order=MEGATRON_ORDER).splitlines()
+    assert "rank order tp-cp-dp-pp" in lines[0] and "cp group" in lines[1]
+    assert lines[2 + 3].split()[:5] == ["3", "0", "0", "1", "1"]            # rank 3: cp 1, tp 1
+    assert "ep group" in layout_table(2, 1, 1, ep=2).splitlines()[1]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: check_grid(8, 2, 2, 2, cp=2), r"dp\*pp\*cp\*tp = 2\*2\*2\*2 = 16 ranks.*world_size=8"),
+    (lambda: check_grid(6, 3, 1, 2, ep=2), r"ep=2 must divide dp=3.*use ep in \[1, 3\]"),
+    (lambda: check_grid(8, 2, 2, 2, order="tp-dp-pp"), r"order='tp-dp-pp' must name"),
+    (lambda: hybrid_axes.run(tp=2, cp=3, pp=1), r"s=16 tokens do not split into 6"),
+    (lambda: hybrid_axes.run(dp=2, shard_on="zero3"), r"shard='zero3'"),
+    (lambda: hybrid_axes.run(dp=2, ep=2), r"ep=2 needs experts"),
+    (lambda: hybrid_axes.run(dp=2, cp=2, ep=2, moe=True), r"ep=2 with cp=2"),
+])
+def test_bad_settings_fail_in_one_line_before_any_process(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+LAYOUTS = {
+    "t2c2p2d1": dict(tp=2, cp=2, pp=2, dp=1),
+    "t2p2d2 zero1": dict(tp=2, pp=2, dp=2, shard_on="zero1"),
+    "moe t2p2d2e2": dict(tp=2, pp=2, dp=2, ep=2, moe=True),
+}
+# what each layout's new axis must have sent: ring attention's sends inside the cp group,
+# ZeRO-1's reduce-scatter, the all-to-all's sends inside the ep group
+SENT = {"t2c2p2d1": lambda e, r: e.op == "send" and e.ranks == r["cp_ranks"],
+        "t2p2d2 zero1": lambda e, r: e.op == "reduce_scatter",
+        "moe t2p2d2e2": lambda e, r: e.op == "send" and e.ranks == r["ep_ranks"]}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_eight_ranks_on_the_new_axes_equal_one_process(name, no_children_left):
+    per_rank = hybrid_axes.run(**LAYOUTS[name], timeout=100)
+    summary = hybrid_axes.parity(per_rank)
+    assert len(per_rank) == 8
+    assert summary["max_loss_diff"] < TOL, summary
+    assert summary["max_grad_diff"] < TOL and summary["max_weight_diff"] < TOL, summary
+    assert all(any(SENT[name](e, r) for e in r["events"]) for r in per_rank), name
+    assert comm.nccl_hazards([r["events"] for r in per_rank]) == []

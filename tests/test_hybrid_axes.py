@@ -1,6 +1,9 @@
 """Beyond three axes: the five-axis grid (pure), and three 8-rank layouts equal to one process
 in float64 after 3 steps with no NCCL hazard in their traces: t2c2p2d1, t2p2d2 with ZeRO-1 on
 d, and the MoE tiny GPT on t2p2d2 with e = 2 inside d (one launch each)."""
+import json
+
+import labrun
 import pytest
 
 from lessonlib import comm, hybrid_axes
@@ -76,3 +79,29 @@ def test_eight_ranks_on_the_new_axes_equal_one_process(name, no_children_left):
     assert summary["max_grad_diff"] < TOL and summary["max_weight_diff"] < TOL, summary
     assert all(any(SENT[name](e, r) for e in r["events"]) for r in per_rank), name
     assert comm.nccl_hazards([r["events"] for r in per_rank]) == []
+
+
+# ---------------------------------------------------------------- the lab takes the new axes
+@pytest.mark.timeout(120)
+def test_the_lab_runs_a_layout_on_the_new_axes(tmp_path):
+    out = tmp_path / "hybrid.json"
+    done = labrun.run("hybrid", "--world-size", "8", "--cp", "2", "--shard", "zero1",
+                      "--layouts", "t2p2d1", "--steps", "1", "--warmup", "0", "--hidden", "32",
+                      "--heads", "4", "--seq", "16", "--global-batch", "8", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["t"], row["c"], row["p"], row["d"], row["e"], row["shard"]) == (2, 2, 2, 1, 1,
+                                                                                "zero1")
+    assert row["max_weight_diff_vs_one_process"] < TOL and row["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cp", "3", "--layouts", "t2p2d1"], "dp*pp*cp*tp = 1*2*3*2 = 12 ranks"),
+    (["--ep", "2", "--layouts", "t2p2d1"], "ep=2 must divide dp=1"),
+    (["--ep", "2", "--shard", "zero1", "--layouts", "t2p2d2"], "ep=2 with cp=1, shard='zero1'"),
+    (["--shard", "fsdp"], "invalid choice: 'fsdp'"),
+])
+def test_the_lab_refuses_bad_new_axes_in_one_line(args, message):
+    done = labrun.run("hybrid", "--world-size", "8", *args)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr

@@ -10,10 +10,10 @@ bubble the cost model predicts, (p-1)/(m+p-1). The record's ``rows``: one per la
 t, p, d, b and m as columns (tokens per second is the headline a sweep plots).
 
 Beyond three axes: ``--cp C`` (context parallelism), ``--ep E`` (expert parallelism inside
-d, on the MoE tiny GPT) and ``--shard zero1`` (ZeRO-1 on the dp axis) apply to every layout
-and run it through ``lessonlib.hybrid_axes`` (float64, Megatron-Core's rank order); the rows
-keep their columns, with c and e added, and the columns that lab does not measure (idle
-share, predicted bytes) left empty.
+d, on the MoE tiny GPT) and ``--shard zero1|fsdp`` (ZeRO-1 or FSDP on the dp axis) apply to
+every layout and run it through ``lessonlib.hybrid_axes`` (float64, Megatron-Core's rank
+order); the rows keep their columns, with c, e and shard added, and the columns that run
+does not measure (idle share, predicted bytes) left empty.
 
 Laptop:  python labs/hybrid.py --world-size 8 [--json results/hybrid.json]
 GPU box: torchrun --nproc-per-node 8 labs/hybrid.py --json results/hybrid.json

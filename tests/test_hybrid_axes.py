@@ -1,6 +1,7 @@
-"""Beyond three axes: the five-axis grid (pure), and three 8-rank layouts equal to one process
-in float64 after 3 steps with no NCCL hazard in their traces: t2c2p2d1, t2p2d2 with ZeRO-1 on
-d, and the MoE tiny GPT on t2p2d2 with e = 2 inside d (one launch each)."""
+"""Beyond three axes: the five-axis grid (pure), and 8-rank layouts equal to one process in
+float64 after 3 steps with no NCCL hazard in their traces: t2c2p2d1, t2p2d2 with ZeRO-1 and
+with FSDP on d, and the MoE tiny GPT on t2p2d2 with e = 2 inside d (one launch each); the lab
+on the new axes."""
 import json
 
 import labrun
@@ -48,7 +49,7 @@ def test_layout_table_draws_the_new_axes():
     (lambda: check_grid(6, 3, 1, 2, ep=2), r"ep=2 must divide dp=3.*use ep in \[1, 3\]"),
     (lambda: check_grid(8, 2, 2, 2, order="tp-dp-pp"), r"order='tp-dp-pp' must name"),
     (lambda: hybrid_axes.run(tp=2, cp=3, pp=1), r"s=16 tokens do not split into 6"),
-    (lambda: hybrid_axes.run(dp=2, shard_on="zero3"), r"shard='zero3'"),
+    (lambda: hybrid_axes.run(dp=2, shard_on="zero3"), r"shard='zero3'.*'fsdp'"),
     (lambda: hybrid_axes.run(dp=2, ep=2), r"ep=2 needs experts"),
     (lambda: hybrid_axes.run(dp=2, cp=2, ep=2, moe=True), r"ep=2 with cp=2"),
 ])
@@ -60,12 +61,14 @@ def test_bad_settings_fail_in_one_line_before_any_process(call, match):
 LAYOUTS = {
     "t2c2p2d1": dict(tp=2, cp=2, pp=2, dp=1),
     "t2p2d2 zero1": dict(tp=2, pp=2, dp=2, shard_on="zero1"),
+    "t2p2d2 fsdp": dict(tp=2, pp=2, dp=2, shard_on="fsdp"),
     "moe t2p2d2e2": dict(tp=2, pp=2, dp=2, ep=2, moe=True),
 }
 # what each layout's new axis must have sent: ring attention's sends inside the cp group,
 # ZeRO-1's reduce-scatter, the all-to-all's sends inside the ep group
 SENT = {"t2c2p2d1": lambda e, r: e.op == "send" and e.ranks == r["cp_ranks"],
         "t2p2d2 zero1": lambda e, r: e.op == "reduce_scatter",
+        "t2p2d2 fsdp": lambda e, r: e.op == "all_gather",
         "moe t2p2d2e2": lambda e, r: e.op == "send" and e.ranks == r["ep_ranks"]}
 
 
@@ -99,7 +102,7 @@ def test_the_lab_runs_a_layout_on_the_new_axes(tmp_path):
     (["--cp", "3", "--layouts", "t2p2d1"], "dp*pp*cp*tp = 1*2*3*2 = 12 ranks"),
     (["--ep", "2", "--layouts", "t2p2d1"], "ep=2 must divide dp=1"),
     (["--ep", "2", "--shard", "zero1", "--layouts", "t2p2d2"], "ep=2 with cp=1, shard='zero1'"),
-    (["--shard", "fsdp"], "invalid choice: 'fsdp'"),
+    (["--shard", "zero3"], "invalid choice: 'zero3'"),
 ])
 def test_the_lab_refuses_bad_new_axes_in_one_line(args, message):
     done = labrun.run("hybrid", "--world-size", "8", *args)

@@ -437,7 +437,7 @@ claim("and runs a little slower than t=8 p=64 d=2",
 # and the builder applies them in one order, as torchtitan's `parallelize_llama` does:
 # tensor (an MoE layer becomes expert-parallel instead), then context (ring attention over
 # the cp group, each token's position read from the whole sequence), then the pipeline cut,
-# then data parallelism over the d·c ranks that hold the same weights (plain, or ZeRO-1),
+# then data parallelism over the d·c ranks that hold the same weights (plain, ZeRO-1 or FSDP),
 # an expert's gradients over the ranks holding its copies. The grid gains a c axis, and
 # expert groups carved from the d ranks, in Megatron-Core's rank order tp-cp-dp-pp: tensor
 # innermost, pipeline outermost. Here is t = 2, c = 2, p = 2 on the same 8 ranks:
@@ -463,7 +463,7 @@ show(hybrid_axes.build_stage)
 from lessonlib import comm
 
 beyond = {"t=2 c=2 p=2 d=1": dict(tp=2, cp=2, pp=2),
-          "t=2 p=2 d=2, ZeRO-1 on d": dict(tp=2, pp=2, dp=2, shard_on="zero1"),
+          "t=2 p=2 d=2, FSDP on d": dict(tp=2, pp=2, dp=2, shard_on="fsdp"),
           "MoE t=2 p=2 d=2, e=2 inside d": dict(tp=2, pp=2, dp=2, ep=2, moe=True)}
 for name, axes in beyond.items():
     ranks = hybrid_axes.run(**axes)
@@ -477,7 +477,7 @@ for name, axes in beyond.items():
 
 # %% [markdown]
 # The same lab measures them: `python labs/hybrid.py --cp 2 --layouts t2p2d1`, with `--ep 2`
-# or `--shard zero1`, and `labs/sweep.py` sweeps those flags like any other.
+# or `--shard zero1` / `--shard fsdp`, and `labs/sweep.py` sweeps those flags like any other.
 
 # %% [markdown]
 # > **Takeaway.** The three parallelisms compose on one grid, (d, p, t) with t innermost, and

@@ -1,5 +1,6 @@
 """Beyond three axes: the five-axis grid (pure), and 8-rank layouts equal to one process in
-float64 after 3 steps with no NCCL hazard in their traces: t2c2p2d1, t2p2d2 with ZeRO-1 and
+float64 after 3 steps with no NCCL hazard in their traces: t2c2p2d1 with SP, t2c2p1d2 with SP
+and FSDP over the d*c ranks (Llama 3's four axes), t2p2d2 with ZeRO-1 and
 with FSDP on d, and the MoE tiny GPT on t2p2d2 with e = 2 inside d (one launch each); the lab
 on the new axes."""
 import json
@@ -9,6 +10,7 @@ import pytest
 
 from lessonlib import comm, hybrid_axes
 from lessonlib.grid import LESSON_ORDER, MEGATRON_ORDER, axis_groups, check_grid, layout_table, placements
+from lessonlib.models import corpus_config
 
 TOL = 1e-12   # float64: summation order only
 
@@ -52,6 +54,10 @@ def test_layout_table_draws_the_new_axes():
     (lambda: hybrid_axes.run(dp=2, shard_on="zero3"), r"shard='zero3'.*'fsdp'"),
     (lambda: hybrid_axes.run(dp=2, ep=2), r"ep=2 needs experts"),
     (lambda: hybrid_axes.run(dp=2, cp=2, ep=2, moe=True), r"ep=2 with cp=2"),
+    (lambda: hybrid_axes.run(tp=4, cp=2, sp=True, cfg=corpus_config(seq=20, hidden=32, heads=4,
+                                                                     layers=4)),
+     r"s/c = 20/2 tokens divisible by tp=4"),
+    (lambda: hybrid_axes.run(tp=2, dp=2, ep=2, moe=True, sp=True), r"sp=True with moe=True"),
 ])
 def test_bad_settings_fail_in_one_line_before_any_process(call, match):
     with pytest.raises(ValueError, match=match):
@@ -59,14 +65,16 @@ def test_bad_settings_fail_in_one_line_before_any_process(call, match):
 
 
 LAYOUTS = {
-    "t2c2p2d1": dict(tp=2, cp=2, pp=2, dp=1),
+    "t2c2p2d1 sp": dict(tp=2, cp=2, pp=2, dp=1, sp=True),
+    "t2c2p1d2 sp fsdp": dict(tp=2, cp=2, pp=1, dp=2, sp=True, shard_on="fsdp"),  # Llama 3's axes
     "t2p2d2 zero1": dict(tp=2, pp=2, dp=2, shard_on="zero1"),
     "t2p2d2 fsdp": dict(tp=2, pp=2, dp=2, shard_on="fsdp"),
     "moe t2p2d2e2": dict(tp=2, pp=2, dp=2, ep=2, moe=True),
 }
 # what each layout's new axis must have sent: ring attention's sends inside the cp group,
 # ZeRO-1's reduce-scatter, the all-to-all's sends inside the ep group
-SENT = {"t2c2p2d1": lambda e, r: e.op == "send" and e.ranks == r["cp_ranks"],
+SENT = {"t2c2p2d1 sp": lambda e, r: e.op == "send" and e.ranks == r["cp_ranks"],
+        "t2c2p1d2 sp fsdp": lambda e, r: e.op == "all_gather" and len(e.ranks) == 4,
         "t2p2d2 zero1": lambda e, r: e.op == "reduce_scatter",
         "t2p2d2 fsdp": lambda e, r: e.op == "all_gather",
         "moe t2p2d2e2": lambda e, r: e.op == "send" and e.ranks == r["ep_ranks"]}

@@ -5,7 +5,9 @@ axis is one room's idea applied in one place. The builder applies them in one do
 order, as torchtitan's ``parallelize_llama`` does (TP, then CP, then PP, then FSDP/DP):
 
 1. **tensor** (tp group): every block's attention and MLP split over t ranks
-   (``tensor_parallel.parallelize_block``); in an MoE block the attention is split and the
+   (``tensor_parallel.parallelize_block``; with ``sp``, sequence parallelism: the LayerNorms
+   on s/(c t) rows, the embedding's output scattered and the head's input gathered, as
+   ``parallelize_gpt`` does); in an MoE block the attention is split and the
    MoE layer becomes **expert-parallel** over the ep group (``expert_parallel``), its E/e
    experts replicated over the t ranks, which hold the same activations;
 2. **context** (cp group): every sequence cut into c shards (zig-zag); attention becomes
@@ -48,11 +50,13 @@ from lessonlib.expert_parallel.groups import expert_parameters
 from lessonlib.expert_parallel.layer import check_split, expert_parallel
 from lessonlib.grid import MEGATRON_ORDER, ParallelContext, check_grid
 from lessonlib.hybrid import check_layout, stage_counts
-from lessonlib.models import Block, Embed, GPTConfig, TinyGPT, moe_gpt
+from lessonlib.models import Block, Embed, GPTConfig, Head, TinyGPT, moe_gpt
 from lessonlib.moe import MoELayer
 from lessonlib.pipeline.stages import split_layers
 from lessonlib.tensor_parallel.layers import TensorParallelSelfAttention
 from lessonlib.tensor_parallel.parallelize import parallelize_block
+from lessonlib.tensor_parallel.sequence import (SequenceGather, SequenceParallelLayerNorm,
+                                                SequenceScatter)
 
 SHARDS = ("none", "zero1", "fsdp")
 N_EXPERTS, TOP_K = 4, 2
@@ -62,12 +66,15 @@ LAYOUT = "zigzag"
 # ---------------------------------------------------------------- checks (pure, before any process)
 def check_axes(cfg: GPTConfig, tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
                shard_on: str = "none", global_batch: int = 8, m: int = 2,
-               world_size: int | None = None) -> int:
+               world_size: int | None = None, sp: bool = False) -> int:
     """One line naming the setting that cannot train ``cfg``; returns the micro-batch size."""
     b = check_layout(cfg, dp, pp, tp, global_batch, m)
     check_grid(world_size or dp * pp * cp * tp, dp, pp, tp, None, cp, ep, MEGATRON_ORDER)
     if cp > 1:
         check_divisible(cfg.seq, cp, LAYOUT)
+    if sp and (cfg.seq // cp) % tp:
+        raise ValueError(f"sequence parallelism needs s/c = {cfg.seq}/{cp} tokens divisible "
+                         f"by tp={tp} (each TP rank's LayerNorms take s/(c t) of them)")
     if shard_on not in SHARDS:
         raise ValueError(f"shard={shard_on!r} is not a sharding of the dp axis; use one of {SHARDS}")
     if ep > 1:
@@ -87,10 +94,14 @@ def make_model(cfg: GPTConfig, moe: bool, seed: int = 0) -> TinyGPT:
 
 
 # ---------------------------------------------------------------- the rooms, in order
-def tensor_parallel_block(block: Block, ctx: ParallelContext) -> nn.Module:
-    """Step 1: TP inside the block; an MoE layer becomes expert-parallel instead."""
+def tensor_parallel_block(block: Block, ctx: ParallelContext, sp: bool = False) -> nn.Module:
+    """Step 1: TP (with ``sp``, sequence parallelism) inside the block; an MoE layer becomes
+    expert-parallel instead."""
     if not isinstance(block.mlp, MoELayer):
-        return parallelize_block(block, ctx.tp_group) if ctx.tp > 1 else block
+        return parallelize_block(block, ctx.tp_group, sequence_parallel=sp) if ctx.tp > 1 \
+            else block
+    if sp:
+        raise ValueError("sequence parallelism is not combined with MoE blocks here")
     twin = block                                   # already this stage's copy
     if ctx.tp > 1:
         twin.attn = TensorParallelSelfAttention.from_attention(block.attn, ctx.tp_group)
@@ -107,13 +118,14 @@ class RingSelfAttention(nn.Module):
         self.attn, self.group = attn, group
 
     def forward(self, x):                                              # (b, s/c, h)
-        attn, (b, n, _) = self.attn, x.shape
+        attn, b = self.attn, x.shape[0]
         if hasattr(attn, "qkv"):                                       # tensor-parallel
             q, k, v = (attn.split_heads(z) for z in attn.qkv(x).chunk(3, dim=-1))
         else:
             q, k, v = (attn.split_heads(f(x)) for f in (attn.q, attn.k, attn.v))
         y = ring_attention(q, k, v, self.group, causal=True, layout=LAYOUT)
-        return attn.proj(y.transpose(1, 2).reshape(b, n, -1))         # (b, s/c, h)
+        n = y.shape[2]                         # s/c tokens (SP's qkv gathered its s/(c t))
+        return attn.proj(y.transpose(1, 2).reshape(b, n, -1))         # (b, s/c, h) or SP's
 
 
 class ShardPositionEmbed(nn.Module):
@@ -129,8 +141,18 @@ class ShardPositionEmbed(nn.Module):
         return self.embed.tok(idx) + self.embed.pos(positions.to(idx.device))
 
 
-def build_stage(model: TinyGPT, ctx: ParallelContext) -> nn.Sequential:
-    """This rank's shard: TP/EP in every block, then CP, on the layers of its pipeline stage.
+def sequence_parallel_ends(part: nn.Module, ctx: ParallelContext) -> nn.Module:
+    """SP's two ends, as ``parallelize_gpt`` places them: the embedding's output scattered
+    to this rank's s/t rows; the head's LayerNorm on them, the rows gathered before ``out``."""
+    if isinstance(part, Head):
+        part.ln = SequenceParallelLayerNorm.from_layernorm(part.ln, ctx.tp_group)
+        part.out = nn.Sequential(SequenceGather(ctx.tp_group), part.out)
+        return part
+    return nn.Sequential(part, SequenceScatter(ctx.tp_group))          # the embedding
+
+
+def build_stage(model: TinyGPT, ctx: ParallelContext, sp: bool = False) -> nn.Sequential:
+    """This rank's shard: TP/EP (and SP) in every block, then CP, on the layers of its stage.
     Copies; sends nothing (so the same call cuts a dense model of gradients for the check).
     The stage's layers are copied out first, because a layer holding a process group cannot
     be deep-copied; applying the rooms to those copies gives the same modules."""
@@ -138,11 +160,14 @@ def build_stage(model: TinyGPT, ctx: ParallelContext) -> nn.Sequential:
     parts = []
     for part in cut:
         if isinstance(part, Block):
-            part = tensor_parallel_block(part, ctx)
+            part = tensor_parallel_block(part, ctx, sp)
             if ctx.cp > 1:
                 part.attn = RingSelfAttention(part.attn, ctx.cp_group)
-        elif isinstance(part, Embed) and ctx.cp > 1:
-            part = ShardPositionEmbed(part, ctx.cp_group)
+        else:
+            if isinstance(part, Embed) and ctx.cp > 1:
+                part = ShardPositionEmbed(part, ctx.cp_group)
+            if sp and ctx.tp > 1:
+                part = sequence_parallel_ends(part, ctx)
         parts.append(part)
     return nn.Sequential(*parts)
 

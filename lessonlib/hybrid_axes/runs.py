@@ -38,18 +38,19 @@ class AxesTrainer:
     SGD on the shard: plain, ZeRO-1 or FSDP (``shard_on``) on the dp_cp group."""
 
     def __init__(self, model: TinyGPT, ctx: ParallelContext, m: int, global_batch: int,
-                 lr: float = 0.1, shard_on: str = "none"):
+                 lr: float = 0.1, shard_on: str = "none", sp: bool = False):
         cfg = model.cfg
         self.b = check_axes(cfg, ctx.tp, ctx.cp, ctx.pp, ctx.dp, ctx.ep, shard_on, global_batch,
-                            m, dist.get_world_size())
+                            m, dist.get_world_size(), sp)
         self.ctx, self.shard_on = ctx, shard_on
-        self.stage = build_stage(model, ctx).to(device.current_device())
+        self.stage = build_stage(model, ctx, sp).to(device.current_device())
         if shard_on == "fsdp":       # the gradients are reduce-scattered inside backward
             self.stage = FullyShardedDataParallel(self.stage, group=ctx.dp_cp_group)
         self.params = list(self.stage.parameters())
         self.executor = PipelineExecutor(
             make("1f1b", ctx.pp, m), ctx.pp_rank, [self.stage], lm_loss,
-            (self.b, cfg.seq // ctx.cp, cfg.hidden), stage_ranks=ctx.pp_ranks,
+            (self.b, cfg.seq // (ctx.cp * (ctx.tp if sp else 1)), cfg.hidden),
+            stage_ranks=ctx.pp_ranks,
             group=ctx.pp_group, dtype=torch.float64)
         self.opt = (ShardedOptimizer(self.params, torch.optim.SGD, group=ctx.dp_cp_group, lr=lr)
                     if shard_on == "zero1" else torch.optim.SGD(self.params, lr=lr))
@@ -88,9 +89,9 @@ class AxesTrainer:
 
 
 # ---------------------------------------------------------------- the run and its proof
-def my_share(model: TinyGPT, ctx: ParallelContext, shard_on: str) -> list[torch.Tensor]:
+def my_share(model: TinyGPT, ctx: ParallelContext, shard_on: str, sp: bool) -> list:
     """This rank's share of ``model``'s tensors: its shard's, or under FSDP their row shards."""
-    tensors = list(build_stage(model, ctx).parameters())
+    tensors = list(build_stage(model, ctx, sp).parameters())
     if shard_on != "fsdp":
         return tensors
     rank, n = ctx.dp_cp_ranks.index(ctx.rank), len(ctx.dp_cp_ranks)
@@ -110,19 +111,20 @@ def reference(cfg: GPTConfig, moe: bool, global_batch: int = 8, steps: int = 3,
 def train(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
           shard_on: str = "none", moe: bool = False, cfg: GPTConfig = HYBRID_CONFIG,
           m: int = 2, global_batch: int = 8, steps: int = 3, lr: float = 0.1,
-          seed: int = 0) -> dict:
+          seed: int = 0, sp: bool = False) -> dict:
     """Rank side: ``steps`` SGD steps on the grid, then this rank's shard of one process's
     first-step gradients and final weights against its own; ``events``: every message of
     the run, groups' creation included, for ``comm.nccl_hazards``."""
     with comm.ledger() as book:
-        result = _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, seed)
+        result = _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, seed,
+                        sp)
     return {**result, "events": book.events}
 
 
-def _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, seed) -> dict:
+def _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, seed, sp):
     ctx = ParallelContext.build(dp, pp, tp, cp=cp, ep=ep, order=MEGATRON_ORDER)
     batch_of = corpus_batches(cfg, global_batch, seed)
-    trainer = AxesTrainer(make_model(cfg, moe, seed), ctx, m, global_batch, lr, shard_on)
+    trainer = AxesTrainer(make_model(cfg, moe, seed), ctx, m, global_batch, lr, shard_on, sp)
     losses, books, first_grads, seconds = [], [], None, []
     for step in range(steps):
         comm.barrier()                   # every rank starts the step together, so times compare
@@ -138,8 +140,8 @@ def _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, s
               "cp_ranks": ctx.cp_ranks, "ep_ranks": ctx.ep_ranks,
               "traffic": books, "param_count": sum(p.numel() for p in trainer.params),
               "step_time_s": statistics.median(seconds[1:] or seconds),
-              "max_grad_diff": max_abs_diff(first_grads, my_share(dense_grads, ctx, shard_on)),
-              "max_weight_diff": max_abs_diff(trainer.params, my_share(dense, ctx, shard_on)),
+              "max_grad_diff": max_abs_diff(first_grads, my_share(dense_grads, ctx, shard_on, sp)),
+              "max_weight_diff": max_abs_diff(trainer.params, my_share(dense, ctx, shard_on, sp)),
               "dense_losses": dense_losses}
     ctx.destroy()
     return result
@@ -147,13 +149,16 @@ def _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, s
 
 def run(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1, shard_on: str = "none",
         moe: bool = False, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2, global_batch: int = 8,
-        timeout: float = 180, **settings) -> list[dict]:
+        timeout: float = 180, sp: bool = False, **settings) -> list[dict]:
     """Caller side: check the layout (one line), then launch ``train`` on t*c*p*d ranks."""
-    check_axes(cfg, tp, cp, pp, dp, ep, shard_on, global_batch, m)
+    check_axes(cfg, tp, cp, pp, dp, ep, shard_on, global_batch, m, None, sp)
     if ep > 1 and not moe:
         raise ValueError(f"ep={ep} needs experts: pass moe=True (the MoE tiny GPT)")
+    if sp and moe:
+        raise ValueError("sp=True with moe=True: sequence parallelism is not combined with "
+                         "MoE blocks here; use sp=False")
     return launch(train, tp * cp * pp * dp, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep,
-                  shard_on=shard_on, moe=moe, cfg=cfg, m=m, global_batch=global_batch,
+                  shard_on=shard_on, moe=moe, cfg=cfg, m=m, global_batch=global_batch, sp=sp,
                   timeout=timeout, **settings)
 
 

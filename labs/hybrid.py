@@ -10,9 +10,9 @@ bubble the cost model predicts, (p-1)/(m+p-1). The record's ``rows``: one per la
 t, p, d, b and m as columns (tokens per second is the headline a sweep plots).
 
 Beyond three axes: ``--cp C`` (context parallelism), ``--ep E`` (expert parallelism inside
-d, on the MoE tiny GPT) and ``--shard zero1|fsdp`` (ZeRO-1 or FSDP on the dp axis) apply to
-every layout and run it through ``lessonlib.hybrid_axes`` (float64, Megatron-Core's rank
-order); the rows keep their columns, with c, e and shard added, and the columns that run
+d, on the MoE tiny GPT), ``--sp`` (sequence parallelism with TP) and ``--shard zero1|fsdp``
+(ZeRO-1 or FSDP on the dp axis) apply to every layout and run it through
+``lessonlib.hybrid_axes`` (float64, Megatron-Core's rank order); the rows keep their columns, with c, e, shard and sp added, and the columns that run
 does not measure (idle share, predicted bytes) left empty.
 
 Laptop:  python labs/hybrid.py --world-size 8 [--json results/hybrid.json]
@@ -39,13 +39,13 @@ name = layout_name
 
 
 def all_layouts(world: int, cfg: GPTConfig, global_batch: int, m: int, cp: int = 1,
-                ep: int = 1, shard: str = "none") -> list[tuple]:
+                ep: int = 1, shard: str = "none", sp: bool = False) -> list[tuple]:
     """Every (t, p, d) with t*c*p*d = world that the model and batch allow."""
     out, world = [], world // cp
     for t in (k for k in range(1, world + 1) if world % k == 0):
         for p in (k for k in range(1, world // t + 1) if (world // t) % k == 0):
             try:
-                check_axes(cfg, t, cp, p, world // (t * p), ep, shard, global_batch, m)
+                check_axes(cfg, t, cp, p, world // (t * p), ep, shard, global_batch, m, None, sp)
                 out.append((t, p, world // (t * p)))
             except ValueError:
                 continue
@@ -55,8 +55,8 @@ def all_layouts(world: int, cfg: GPTConfig, global_batch: int, m: int, cp: int =
 def new_axes(settings: dict) -> dict:
     """The settings beyond (t, p, d): {} for lesson 05's run."""
     axes = {"cp": settings.get("cp", 1), "ep": settings.get("ep", 1),
-            "shard_on": settings.get("shard", "none")}
-    return {} if axes == {"cp": 1, "ep": 1, "shard_on": "none"} else axes
+            "shard_on": settings.get("shard", "none"), "sp": settings.get("sp", False)}
+    return {} if axes == {"cp": 1, "ep": 1, "shard_on": "none", "sp": False} else axes
 
 
 def worker(settings: dict) -> dict:
@@ -68,7 +68,8 @@ def worker(settings: dict) -> dict:
         steps = settings["warmup"] + settings["steps"]
         out[name(t, p, d)] = (
             train_axes(t, axes["cp"], p, d, axes["ep"], axes["shard_on"], axes["ep"] > 1, cfg,
-                       settings["m"], settings["global_batch"], steps, settings["lr"])
+                       settings["m"], settings["global_batch"], steps, settings["lr"],
+                       sp=axes["sp"])
             if axes else
             train(d, p, t, cfg, settings["m"], settings["global_batch"], steps,
                   settings["lr"], check=True, warmup=settings["warmup"]))
@@ -110,6 +111,7 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
 def axes_row(per_rank, t, p, d, axes, batch, m, cfg, step) -> dict:
     """A layout on the new axes: the same keys, the unmeasured ones None."""
     return {"t": t, "p": p, "d": d, "c": axes["cp"], "e": axes["ep"], "shard": axes["shard_on"],
+            "sp": axes["sp"],
             "b": batch // (d * m), "m": m, "step_time_s": step,
             "tokens_per_s": batch * cfg.seq / step,
             "param_bytes_per_rank": [8 * r["param_count"] for r in per_rank],
@@ -127,6 +129,7 @@ def table(record: dict) -> list[dict]:
     return [{"implementation": "lessonlib", "layout": key,
              **{k: row[k] for k in ("t", "p", "d", "b", "m", "step_time_s", "tokens_per_s")},
              "c": row.get("c", 1), "e": row.get("e", 1), "shard": row.get("shard", "none"),
+             "sp": row.get("sp", False),
              "idle_measured": row["idle_share_median"], "bubble_predicted": row["predicted_bubble"],
              "param_bytes_per_rank": row["param_bytes_per_rank"],
              "param_bytes_per_rank_predicted": row["expected_param_bytes_per_rank"],
@@ -140,7 +143,10 @@ def check_settings(ap, args) -> dict:
         ap.error(f"--warmup must be 0 or more; got {args.warmup}")
     model = labkit.gpt_model(ap, args)
     cfg = GPTConfig(**model)
-    axes = dict(cp=args.cp, ep=args.ep, shard=args.shard)
+    axes = dict(cp=args.cp, ep=args.ep, shard=args.shard, sp=args.sp)
+    if args.sp and args.ep > 1:
+        ap.error(f"--sp with --ep {args.ep}: sequence parallelism is not combined with the "
+                 f"MoE blocks here; drop --sp")
     if args.layouts:
         layouts = []
         for text in args.layouts.split(","):
@@ -149,13 +155,13 @@ def check_settings(ap, args) -> dict:
                 check_grid(args.world_size, d, p, t, cp=args.cp, ep=args.ep)
                 check_layout(cfg, d, p, t, args.global_batch, args.microbatches)
                 check_axes(cfg, t, args.cp, p, d, args.ep, args.shard, args.global_batch,
-                           args.microbatches, args.world_size)
+                           args.microbatches, args.world_size, args.sp)
             except ValueError as exc:
                 ap.error(f"--layouts {text}: {exc}")
             layouts.append((t, p, d))
     else:
         layouts = all_layouts(args.world_size, cfg, args.global_batch, args.microbatches,
-                              args.cp, args.ep, args.shard)
+                              args.cp, args.ep, args.shard, args.sp)
         if not layouts:
             ap.error(f"no (t, p, d) layout of --world-size {args.world_size} fits --layers "
                      f"{args.layers}, --heads {args.heads} and --global-batch "
@@ -177,6 +183,8 @@ def main(argv=None):
                     help="expert-parallel ranks inside d, on the MoE tiny GPT (default 1)")
     ap.add_argument("--shard", choices=SHARDS, default="none",
                     help="sharded data parallelism on the dp axis (default none)")
+    ap.add_argument("--sp", action="store_true",
+                    help="sequence parallelism with TP (LayerNorms on s/(c t) rows)")
     return labkit.main(ap, check_settings, worker, build_record, argv,
                        fp32_only="its pipeline stages receive activations in fp32 buffers")
 

@@ -96,13 +96,13 @@ def test_eight_ranks_on_the_new_axes_equal_one_process(name, no_children_left):
 @pytest.mark.timeout(120)
 def test_the_lab_runs_a_layout_on_the_new_axes(tmp_path):
     out = tmp_path / "hybrid.json"
-    done = labrun.run("hybrid", "--world-size", "8", "--cp", "2", "--shard", "zero1",
+    done = labrun.run("hybrid", "--world-size", "8", "--cp", "2", "--shard", "zero1", "--sp",
                       "--layouts", "t2p2d1", "--steps", "1", "--warmup", "0", "--hidden", "32",
                       "--heads", "4", "--seq", "16", "--global-batch", "8", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(out.read_text())["rows"]
-    assert (row["t"], row["c"], row["p"], row["d"], row["e"], row["shard"]) == (2, 2, 2, 1, 1,
-                                                                                "zero1")
+    assert (row["t"], row["c"], row["p"], row["d"], row["e"], row["shard"], row["sp"]) == (
+        2, 2, 2, 1, 1, "zero1", True)
     assert row["max_weight_diff_vs_one_process"] < TOL and row["tokens_per_s"] > 0
 
 
@@ -111,6 +111,7 @@ def test_the_lab_runs_a_layout_on_the_new_axes(tmp_path):
     (["--ep", "2", "--layouts", "t2p2d1"], "ep=2 must divide dp=1"),
     (["--ep", "2", "--shard", "zero1", "--layouts", "t2p2d2"], "ep=2 with cp=1, shard='zero1'"),
     (["--shard", "zero3"], "invalid choice: 'zero3'"),
+    (["--sp", "--ep", "2", "--layouts", "t2p2d2"], "--sp with --ep 2"),
 ])
 def test_the_lab_refuses_bad_new_axes_in_one_line(args, message):
     done = labrun.run("hybrid", "--world-size", "8", *args)

@@ -435,10 +435,11 @@ claim("and runs a little slower than t=8 p=64 d=2",
 # The layouts published since 2021 add axes: Llama 3 405B trained on TP × CP × PP × FSDP,
 # DeepSeek-V3 on PP × EP × ZeRO-1. Each new axis is one room's idea applied in one place,
 # and the builder applies them in one order, as torchtitan's `parallelize_llama` does:
-# tensor (an MoE layer becomes expert-parallel instead), then context (ring attention over
-# the cp group, each token's position read from the whole sequence), then the pipeline cut,
-# then data parallelism over the d·c ranks that hold the same weights (plain, ZeRO-1 or FSDP),
-# an expert's gradients over the ranks holding its copies. The grid gains a c axis, and
+# tensor, with sequence parallelism (an MoE layer becomes expert-parallel instead), then
+# context (ring attention over the cp group, each token's position read from the whole
+# sequence), then the pipeline cut, then data parallelism over the d·c ranks that hold the
+# same weights (plain, ZeRO-1 or FSDP), an expert's gradients over the ranks holding its
+# copies. The grid gains a c axis, and
 # expert groups carved from the d ranks, in Megatron-Core's rank order tp-cp-dp-pp: tensor
 # innermost, pipeline outermost. Here is t = 2, c = 2, p = 2 on the same 8 ranks:
 
@@ -462,7 +463,7 @@ show(hybrid_axes.build_stage)
 # NBVAL_IGNORE_OUTPUT
 from lessonlib import comm
 
-beyond = {"t=2 c=2 p=2 d=1": dict(tp=2, cp=2, pp=2),
+beyond = {"t=2 c=2 p=2 d=1, SP": dict(tp=2, cp=2, pp=2, sp=True),
           "t=2 p=2 d=2, FSDP on d": dict(tp=2, pp=2, dp=2, shard_on="fsdp"),
           "MoE t=2 p=2 d=2, e=2 inside d": dict(tp=2, pp=2, dp=2, ep=2, moe=True)}
 for name, axes in beyond.items():

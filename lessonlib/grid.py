@@ -161,17 +161,37 @@ class ParallelContext:
         return "; ".join([text, *extra])
 
 
-def device_mesh_view(dp: int, pp: int, tp: int) -> dict:
-    """PyTorch's reading of the same grid on this rank: coordinates and group ranks from
+def device_mesh_view(dp: int, pp: int, tp: int, cp: int = 1, order: str = LESSON_ORDER) -> dict:
+    """PyTorch's reading of the same grid on this rank: coordinates, in (dp, pp, [cp,] tp)
+    order, and group ranks from ``init_device_mesh`` over the axes outermost first, e.g.
     ``init_device_mesh(kind, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))``."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from lessonlib import device
 
-    mesh = init_device_mesh(device.current_device().type, (dp, pp, tp), mesh_dim_names=AXES)
-    return {"coords": tuple(mesh.get_coordinate()),
+    dims = [a for a in check_order(order) if a != "cp" or cp > 1]
+    size = {"dp": dp, "pp": pp, "cp": cp, "tp": tp}
+    mesh = init_device_mesh(device.current_device().type, tuple(size[a] for a in dims),
+                            mesh_dim_names=tuple(dims))
+    coord = dict(zip(dims, mesh.get_coordinate()))
+    return {"coords": tuple(coord[a] for a in ALL_AXES if a in coord),
             **{f"{axis}_ranks": tuple(dist.get_process_group_ranks(mesh.get_group(axis)))
-               for axis in AXES}}
+               for axis in ALL_AXES if axis in coord}}
+
+
+def demo_axes(dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1,
+              order: str = MEGATRON_ORDER) -> dict:
+    """Build the context beyond three axes and compare it with PyTorch's DeviceMesh over
+    the same dims (which has no expert axis: the ep and edp groups are returned as built)."""
+    ctx = ParallelContext.build(dp, pp, tp, cp=cp, ep=ep, order=order)
+    torch_view = device_mesh_view(dp, pp, tp, cp, order)
+    ours = {"coords": ctx.coords4 if cp > 1 else ctx.coords,
+            **{f"{a}_ranks": getattr(ctx, f"{a}_ranks") for a in ALL_AXES if a != "cp" or cp > 1}}
+    out = {"rank": ctx.rank, "ours": ours, "torch": torch_view, "ep_ranks": ctx.ep_ranks,
+           "edp_ranks": ctx.edp_ranks, "dp_cp_ranks": ctx.dp_cp_ranks,
+           "agrees_with_torch": ours == torch_view}
+    ctx.destroy()
+    return out
 
 
 def demo_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> dict:

@@ -8,8 +8,10 @@ import json
 import labrun
 import pytest
 
+import lessonlib
 from lessonlib import comm, hybrid_axes
-from lessonlib.grid import LESSON_ORDER, MEGATRON_ORDER, axis_groups, check_grid, layout_table, placements
+from lessonlib.grid import (LESSON_ORDER, MEGATRON_ORDER, axis_groups, check_grid, demo_axes,
+                            layout_table, placements)
 from lessonlib.models import corpus_config
 
 TOL = 1e-12   # float64: summation order only
@@ -117,3 +119,15 @@ def test_the_lab_refuses_bad_new_axes_in_one_line(args, message):
     done = labrun.run("hybrid", "--world-size", "8", *args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_the_five_axis_context_agrees_with_torch_device_mesh(no_children_left):
+    def both():
+        return demo_axes(1, 2, 2, cp=2), demo_axes(2, 2, 2, ep=2)
+
+    results = lessonlib.launch(both, 8, timeout=100)
+    assert all(a["agrees_with_torch"] and b["agrees_with_torch"] for a, b in results)
+    cp_run, ep_run = results[5]                       # rank 5: pp 1, cp 0, tp 1 / dp 0 ... tp 1
+    assert cp_run["ours"]["coords"] == (0, 1, 0, 1) and cp_run["dp_cp_ranks"] == (5, 7)
+    assert ep_run["ep_ranks"] == (5, 7) and ep_run["edp_ranks"] == (5,)

@@ -38,7 +38,6 @@ GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --cp 2 --layouts t2p2d1`` 
 """
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -191,7 +190,7 @@ def sync_gradients(stage: nn.Module, ctx: ParallelContext) -> None:
     """Step 4: dense weights averaged over the d*c ranks that hold them; an expert's summed
     over the d/e ranks holding a copy and divided by d."""
     experts = {id(p) for p in expert_parameters(stage)}
-    average_over([p for p in stage.parameters() if id(p) not in experts], ctx.dp_cp_group,
-             ctx.dp * ctx.cp)
+    dense = [p for p in stage.parameters() if id(p) not in experts]
+    average_over(dense, ctx.dp_cp_group, ctx.dp * ctx.cp)
     if experts:
         average_over([p for p in stage.parameters() if id(p) in experts], ctx.edp_group, ctx.dp)

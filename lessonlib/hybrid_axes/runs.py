@@ -49,9 +49,8 @@ class AxesTrainer:
         self.params = list(self.stage.parameters())
         self.executor = PipelineExecutor(
             make("1f1b", ctx.pp, m), ctx.pp_rank, [self.stage], lm_loss,
-            (self.b, cfg.seq // (ctx.cp * (ctx.tp if sp else 1)), cfg.hidden),
-            stage_ranks=ctx.pp_ranks,
-            group=ctx.pp_group, dtype=torch.float64)
+            (self.b, cfg.seq // (ctx.cp * (ctx.tp if sp else 1)), cfg.hidden),  # (b, s/c[/t], h)
+            stage_ranks=ctx.pp_ranks, group=ctx.pp_group, dtype=torch.float64)
         self.opt = (ShardedOptimizer(self.params, torch.optim.SGD, group=ctx.dp_cp_group, lr=lr)
                     if shard_on == "zero1" else torch.optim.SGD(self.params, lr=lr))
 
@@ -61,9 +60,9 @@ class AxesTrainer:
         return shard_sequence(t, self.ctx.cp_group, LAYOUT) if self.ctx.cp > 1 else t
 
     def step(self, x, y, keep_grads: bool = False) -> dict:
-        """Pipeline forward/backward on this rank's tokens, the dp_cp sync, one SGD step.
-        ``keep_grads``: also return the averaged gradients (under ZeRO-1 an extra all-reduce
-        of a copy, made for the check only)."""
+        """Pipeline forward/backward on this rank's tokens, the dp_cp sync (under FSDP done
+        inside backward), one SGD step. ``keep_grads``: also return the averaged gradients
+        (under ZeRO-1 an extra all-reduce of a copy, made for the check only)."""
         ctx, dev = self.ctx, device.current_device()
         x, y = self.my_tokens(x).to(dev), self.my_tokens(y).to(dev)
         self.opt.zero_grad(set_to_none=False)

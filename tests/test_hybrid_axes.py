@@ -1,8 +1,9 @@
-"""Beyond three axes: the five-axis grid (pure), and 8-rank layouts equal to one process in
-float64 after 3 steps with no NCCL hazard in their traces: t2c2p2d1 with SP, t2c2p1d2 with SP
-and FSDP over the d*c ranks (Llama 3's four axes), t2p2d2 with ZeRO-1 and
-with FSDP on d, and the MoE tiny GPT on t2p2d2 with e = 2 inside d (one launch each); the lab
-on the new axes."""
+"""Beyond three axes: the five-axis grid (pure, and against PyTorch's DeviceMesh), and 8-rank
+layouts equal to one process in float64 after 3 steps with no NCCL hazard in their traces:
+t2c2p2d1 with SP; t2c2p1d2 with SP and FSDP over the d*c ranks (Llama 3's axes but PP);
+t2p2d2 with ZeRO-1 and with FSDP on d; the MoE tiny GPT on t2p2d2 with e = 2 inside d, and on
+p2d4 with e = 2 (each expert's two copies averaged over their edp group); one launch each.
+And the lab on the new axes."""
 import json
 
 import labrun
@@ -72,6 +73,7 @@ LAYOUTS = {
     "t2p2d2 zero1": dict(tp=2, pp=2, dp=2, shard_on="zero1"),
     "t2p2d2 fsdp": dict(tp=2, pp=2, dp=2, shard_on="fsdp"),
     "moe t2p2d2e2": dict(tp=2, pp=2, dp=2, ep=2, moe=True),
+    "moe p2d4e2": dict(pp=2, dp=4, ep=2, moe=True),            # two copies of each expert
 }
 # what each layout's new axis must have sent: ring attention's sends inside the cp group,
 # ZeRO-1's reduce-scatter, the all-to-all's sends inside the ep group
@@ -79,7 +81,9 @@ SENT = {"t2c2p2d1 sp": lambda e, r: e.op == "send" and e.ranks == r["cp_ranks"],
         "t2c2p1d2 sp fsdp": lambda e, r: e.op == "all_gather" and len(e.ranks) == 4,
         "t2p2d2 zero1": lambda e, r: e.op == "reduce_scatter",
         "t2p2d2 fsdp": lambda e, r: e.op == "all_gather",
-        "moe t2p2d2e2": lambda e, r: e.op == "send" and e.ranks == r["ep_ranks"]}
+        "moe t2p2d2e2": lambda e, r: e.op == "send" and e.ranks == r["ep_ranks"],
+        "moe p2d4e2": lambda e, r: e.op == "all_reduce" and e.ranks == r["edp_ranks"]
+        and len(e.ranks) == 2}
 
 
 @pytest.mark.timeout(120)

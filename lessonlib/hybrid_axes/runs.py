@@ -137,6 +137,7 @@ def _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, s
                                                  device.current_device())
     result = {"rank": ctx.rank, "coords": ctx.coords, "coords4": ctx.coords4, "losses": losses,
               "cp_ranks": ctx.cp_ranks, "ep_ranks": ctx.ep_ranks,
+              "edp_ranks": ctx.edp_ranks,
               "traffic": books, "param_count": sum(p.numel() for p in trainer.params),
               "step_time_s": statistics.median(seconds[1:] or seconds),
               "max_grad_diff": max_abs_diff(first_grads, my_share(dense_grads, ctx, shard_on, sp)),

@@ -9,6 +9,12 @@ share (time outside F and B over the step's wall time, median over ranks) next t
 bubble the cost model predicts, (p-1)/(m+p-1). The record's ``rows``: one per layout, with
 t, p, d, b and m as columns (tokens per second is the headline a sweep plots).
 
+Beyond three axes: ``--cp C`` (context parallelism), ``--ep E`` (expert parallelism inside
+d, on the MoE tiny GPT), ``--sp`` (sequence parallelism with TP) and ``--shard zero1|fsdp``
+(ZeRO-1 or FSDP on the dp axis) apply to every layout and run it through
+``lessonlib.hybrid_axes`` (float64, Megatron-Core's rank order); the rows keep their columns, with c, e, shard and sp added, and the columns that run
+does not measure (idle share, predicted bytes) left empty.
+
 Laptop:  python labs/hybrid.py --world-size 8 [--json results/hybrid.json]
 GPU box: torchrun --nproc-per-node 8 labs/hybrid.py --json results/hybrid.json
          (across servers: torchrun --nnodes N --nproc-per-node 8 ... ; TP stays innermost)
@@ -25,43 +31,61 @@ from lessonlib.costmodel import bubble_fraction
 from lessonlib.grid import check_grid, layout_name, parse_layout
 from lessonlib.hybrid import (check_layout, expected_param_count, expected_traffic,
                               measured_traffic, train)
+from lessonlib.hybrid_axes import SHARDS, check_axes
+from lessonlib.hybrid_axes import train as train_axes
 from lessonlib.models import GPTConfig
 
 name = layout_name
 
 
-def all_layouts(world: int, cfg: GPTConfig, global_batch: int, m: int) -> list[tuple]:
-    """Every (t, p, d) with t*p*d = world that the model and batch allow."""
-    out = []
+def all_layouts(world: int, cfg: GPTConfig, global_batch: int, m: int, cp: int = 1,
+                ep: int = 1, shard: str = "none", sp: bool = False) -> list[tuple]:
+    """Every (t, p, d) with t*c*p*d = world that the model and batch allow."""
+    out, world = [], world // cp
     for t in (k for k in range(1, world + 1) if world % k == 0):
         for p in (k for k in range(1, world // t + 1) if (world // t) % k == 0):
             try:
-                check_layout(cfg, world // (t * p), p, t, global_batch, m)
+                check_axes(cfg, t, cp, p, world // (t * p), ep, shard, global_batch, m, None, sp)
                 out.append((t, p, world // (t * p)))
             except ValueError:
                 continue
     return out
 
 
+def new_axes(settings: dict) -> dict:
+    """The settings beyond (t, p, d): {} for lesson 05's run."""
+    axes = {"cp": settings.get("cp", 1), "ep": settings.get("ep", 1),
+            "shard_on": settings.get("shard", "none"), "sp": settings.get("sp", False)}
+    return {} if axes == {"cp": 1, "ep": 1, "shard_on": "none", "sp": False} else axes
+
+
 def worker(settings: dict) -> dict:
     layouts = [parse_layout(text) for text in settings["layouts"]]
-    cfg = GPTConfig(**settings["model"])
+    cfg, axes = GPTConfig(**settings["model"]), new_axes(settings)
     out = {"info": labkit.rank_info()}
     for t, p, d in layouts:
         lessonlib.progress(f"layout {name(t, p, d)}")
-        out[name(t, p, d)] = train(d, p, t, cfg, settings["m"], settings["global_batch"],
-                                   settings["warmup"] + settings["steps"], settings["lr"],
-                                   check=True, warmup=settings["warmup"])
+        steps = settings["warmup"] + settings["steps"]
+        out[name(t, p, d)] = (
+            train_axes(t, axes["cp"], p, d, axes["ep"], axes["shard_on"], axes["ep"] > 1, cfg,
+                       settings["m"], settings["global_batch"], steps, settings["lr"],
+                       sp=axes["sp"])
+            if axes else
+            train(d, p, t, cfg, settings["m"], settings["global_batch"], steps,
+                  settings["lr"], check=True, warmup=settings["warmup"]))
     return out
 
 
 def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     layouts = [parse_layout(text) for text in settings["layouts"]]
     cfg, m, batch = GPTConfig(**settings["model"]), settings["m"], settings["global_batch"]
-    results = {}
+    results, axes = {}, new_axes(settings)
     for t, p, d in layouts:
         per_rank = [r[name(t, p, d)] for r in ranks]
         step = max(r["step_time_s"] for r in per_rank)
+        if axes:
+            results[name(t, p, d)] = axes_row(per_rank, t, p, d, axes, batch, m, cfg, step)
+            continue
         results[name(t, p, d)] = {
             "t": t, "p": p, "d": d, "b": batch // (d * m), "m": m,
             "step_time_s": step, "tokens_per_s": batch * cfg.seq / step,
@@ -84,6 +108,19 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     return record
 
 
+def axes_row(per_rank, t, p, d, axes, batch, m, cfg, step) -> dict:
+    """A layout on the new axes: the same keys, the unmeasured ones None."""
+    return {"t": t, "p": p, "d": d, "c": axes["cp"], "e": axes["ep"], "shard": axes["shard_on"],
+            "sp": axes["sp"],
+            "b": batch // (d * m), "m": m, "step_time_s": step,
+            "tokens_per_s": batch * cfg.seq / step,
+            "param_bytes_per_rank": [8 * r["param_count"] for r in per_rank],
+            "expected_param_bytes_per_rank": None, "traffic_per_step_rank0": None,
+            "expected_traffic_rank0": None, "idle_share_median": None,
+            "predicted_bubble": bubble_fraction(p, m),
+            "max_weight_diff_vs_one_process": max(r["max_weight_diff"] for r in per_rank)}
+
+
 HEADLINE = labkit.headline("tokens_per_s", x="layout", series=["implementation"])
 
 
@@ -91,6 +128,8 @@ def table(record: dict) -> list[dict]:
     """The record as rows with stable columns: one per layout."""
     return [{"implementation": "lessonlib", "layout": key,
              **{k: row[k] for k in ("t", "p", "d", "b", "m", "step_time_s", "tokens_per_s")},
+             "c": row.get("c", 1), "e": row.get("e", 1), "shard": row.get("shard", "none"),
+             "sp": row.get("sp", False),
              "idle_measured": row["idle_share_median"], "bubble_predicted": row["predicted_bubble"],
              "param_bytes_per_rank": row["param_bytes_per_rank"],
              "param_bytes_per_rank_predicted": row["expected_param_bytes_per_rank"],
@@ -105,25 +144,32 @@ def check_settings(ap, args) -> dict:
         ap.error(f"--warmup must be 0 or more; got {args.warmup}")
     model = labkit.gpt_model(ap, args)
     cfg = GPTConfig(**model)
+    axes = dict(cp=args.cp, ep=args.ep, shard=args.shard, sp=args.sp)
+    if args.sp and args.ep > 1:
+        ap.error(f"--sp with --ep {args.ep}: sequence parallelism is not combined with the "
+                 f"MoE blocks here; drop --sp")
     if args.layouts:
         layouts = []
         for text in args.layouts.split(","):
             try:
                 t, p, d = parse_layout(text)
-                check_grid(args.world_size, d, p, t)
+                check_grid(args.world_size, d, p, t, cp=args.cp, ep=args.ep)
                 check_layout(cfg, d, p, t, args.global_batch, args.microbatches)
+                check_axes(cfg, t, args.cp, p, d, args.ep, args.shard, args.global_batch,
+                           args.microbatches, args.world_size, args.sp)
             except ValueError as exc:
                 ap.error(f"--layouts {text}: {exc}")
             layouts.append((t, p, d))
     else:
-        layouts = all_layouts(args.world_size, cfg, args.global_batch, args.microbatches)
+        layouts = all_layouts(args.world_size, cfg, args.global_batch, args.microbatches,
+                              args.cp, args.ep, args.shard, args.sp)
         if not layouts:
             ap.error(f"no (t, p, d) layout of --world-size {args.world_size} fits --layers "
                      f"{args.layers}, --heads {args.heads} and --global-batch "
                      f"{args.global_batch} with --microbatches {args.microbatches}")
     return {"model": model, "global_batch": args.global_batch, "m": args.microbatches,
                      "steps": args.steps, "warmup": args.warmup, "lr": args.lr,
-                     "layouts": [name(*lay) for lay in layouts]}
+                     "layouts": [name(*lay) for lay in layouts], **axes}
 
 
 def main(argv=None):
@@ -133,6 +179,13 @@ def main(argv=None):
                     help="comma-separated t<t>p<p>d<d>, e.g. t2p2d2,t4p2d1 (default: all)")
     labkit.add_gpt_flags(ap)
     ap.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    ap.add_argument("--cp", type=int, default=1, help="context-parallel ranks (default 1)")
+    ap.add_argument("--ep", type=int, default=1,
+                    help="expert-parallel ranks inside d, on the MoE tiny GPT (default 1)")
+    ap.add_argument("--shard", choices=SHARDS, default="none",
+                    help="sharded data parallelism on the dp axis (default none)")
+    ap.add_argument("--sp", action="store_true",
+                    help="sequence parallelism with TP (LayerNorms on s/(c t) rows)")
     return labkit.main(ap, check_settings, worker, build_record, argv,
                        fp32_only="its pipeline stages receive activations in fp32 buffers")
 

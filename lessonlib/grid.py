@@ -1,4 +1,4 @@
-"""The 3-D process grid: which rank does data, pipeline and tensor parallelism with whom.
+"""The process grid: which rank does data, pipeline, context and tensor parallelism with whom.
 
 What it teaches: hybrid parallelism is one arrangement of the world's ranks in a box of
 shape (d, p, t) = (dp, pp, tp), built once as ``torch.arange(world).view(dp, pp, tp)``.
@@ -11,9 +11,15 @@ the groups of that axis:
 
     tp groups: mesh[i, j, :]     pp groups: mesh[i, :, k]     dp groups: mesh[:, j, k]
 
+Beyond three axes (``lessonlib.grid_layout``, the pure half, states the rank orders): a
+context-parallel axis c between pp and tp, and expert parallelism carved from the dp ranks;
+``build(dp, pp, tp, cp=c, ep=e, order=MEGATRON_ORDER)`` lays them out as Megatron-Core's
+``tp-cp-ep-dp-pp`` does (tp innermost, then cp, then dp, pp outermost); the default order is
+lesson 05's, so every (dp, pp, tp) layout is what it was.
+
 Two halves:
 
-* pure (no processes): ``grid_mesh``, ``axis_groups``, ``placements``, ``layout_table`` and
+* pure (no processes, in ``grid_layout``): ``grid_mesh``, ``axis_groups``, ``placements``, ``layout_table`` and
   ``check_grid`` draw and check any layout, e.g. (d, p, t) = (2, 2, 8) on 4 servers;
 * on the ranks: ``ParallelContext.build(dp, pp, tp)`` creates *every* group of every axis on
   every rank, in the same order (``dist.new_group`` is collective over the world, so a rank
@@ -30,145 +36,29 @@ GPU box: ``torchrun --nproc-per-node 8`` a script that calls ``ParallelContext.b
 """
 from __future__ import annotations
 
-import re
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from lessonlib import comm
-from lessonlib.argcheck import positive_int
-
-AXES = ("dp", "pp", "tp")  # outermost to innermost
-
-
-class GridWarning(UserWarning):
-    """A layout that runs, but slower than it needs to."""
-
-
-# ---------------------------------------------------------------- pure: the layout
-def _check_sizes(dp, pp, tp) -> None:
-    for name, value in (("dp", dp), ("pp", pp), ("tp", tp)):
-        positive_int(name, value, what=f"the number of ranks along the {name} axis")
-
-
-def check_grid(world_size: int, dp: int, pp: int, tp: int,
-               gpus_per_node: int | None = None) -> None:
-    """Raise ValueError unless t*p*d ranks fill the world; warn if a TP group needlessly
-    spans servers. Pure: call it before any process starts."""
-    _check_sizes(dp, pp, tp)
-    positive_int("world_size", world_size)
-    if dp * pp * tp != world_size:
-        ok = [(d, p) for d in range(1, world_size + 1) for p in range(1, world_size + 1)
-              if d * p * tp == world_size]
-        hint = (f"with tp={tp}, (dp, pp) in {ok} would work" if ok
-                else f"tp must divide the world size {world_size}")
-        raise ValueError(f"dp*pp*tp = {dp}*{pp}*{tp} = {dp * pp * tp} ranks, but the world "
-                         f"has world_size={world_size}; {hint}")
-    if gpus_per_node is None:
-        return
-    positive_int("gpus_per_node", gpus_per_node)
-    spanning = [g for g in axis_groups(dp, pp, tp)["tp"] if _nodes_of(g, gpus_per_node)
-                > -(-tp // gpus_per_node)]
-    if spanning:
-        fits = [k for k in range(1, gpus_per_node + 1) if gpus_per_node % k == 0]
-        group = spanning[0]
-        warnings.warn(
-            f"tp={tp} with gpus_per_node={gpus_per_node}: the TP group of ranks {group} "
-            f"spans servers {sorted({r // gpus_per_node for r in group})} although "
-            f"{-(-tp // gpus_per_node)} server(s) could hold it, because t consecutive ranks "
-            f"cross a server boundary when t does not divide (or is not a multiple of) the "
-            f"GPUs per server. Its all-reduces, several per layer per micro-batch, would then "
-            f"run over the network instead of NVLink. Use tp in {fits} (or a multiple of "
-            f"{gpus_per_node}).", GridWarning, stacklevel=2)
-
-
-def layout_name(tp: int, pp: int, dp: int) -> str:
-    """A layout as the labs write it: ``t2p2d2``."""
-    return f"t{tp}p{pp}d{dp}"
-
-
-def parse_layout(text: str) -> tuple[int, int, int]:
-    """``"t2p4d1"`` -> (t, p, d) = (2, 4, 1); ValueError showing the form otherwise."""
-    match = re.fullmatch(r"t(\d+)p(\d+)d(\d+)", text.strip())
-    if not match:
-        raise ValueError(f"cannot read the layout {text!r}; write t<t>p<p>d<d>, e.g. t2p2d2")
-    return tuple(int(g) for g in match.groups())
-
-
-def _nodes_of(ranks, gpus_per_node) -> int:
-    return len({r // gpus_per_node for r in ranks})
-
-
-def grid_mesh(dp: int, pp: int, tp: int) -> torch.Tensor:
-    """The grid itself: ``mesh[i, j, k]`` is the global rank with coordinates (dp=i, pp=j, tp=k)."""
-    _check_sizes(dp, pp, tp)
-    return torch.arange(dp * pp * tp).view(dp, pp, tp)                # (d, p, t)
-
-
-def axis_groups(dp: int, pp: int, tp: int) -> dict[str, list[list[int]]]:
-    """Every group of every axis as lists of global ranks, in the order they are created.
-
-    ``{"tp": [[0, 1], [2, 3], ...], "pp": [[0, 2], ...], "dp": [[0, 4], ...]}``"""
-    mesh = grid_mesh(dp, pp, tp)
-    return {
-        "tp": [mesh[i, j, :].tolist() for i in range(dp) for j in range(pp)],
-        "pp": [mesh[i, :, k].tolist() for i in range(dp) for k in range(tp)],
-        "dp": [mesh[:, j, k].tolist() for j in range(pp) for k in range(tp)],
-    }
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where one rank sits: its grid coordinates and, given the server size, its server and GPU."""
-    rank: int
-    dp: int
-    pp: int
-    tp: int
-    node: int | None = None
-    gpu: int | None = None
-
-
-def placements(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> list[Placement]:
-    """One ``Placement`` per rank, in rank order. Servers hold consecutive ranks (torchrun's
-    numbering: rank = node * gpus_per_node + local rank)."""
-    mesh = grid_mesh(dp, pp, tp)
-    out = {}
-    for i in range(dp):
-        for j in range(pp):
-            for k in range(tp):
-                rank = int(mesh[i, j, k])
-                node, gpu = divmod(rank, gpus_per_node) if gpus_per_node else (None, None)
-                out[rank] = Placement(rank, i, j, k, node, gpu)
-    return [out[r] for r in sorted(out)]
-
-
-def layout_table(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> str:
-    """A printable table: rank -> (dp, pp, tp) -> server and GPU, and the groups it belongs to."""
-    groups = axis_groups(dp, pp, tp)
-    member = {axis: {r: g for g in gs for r in g} for axis, gs in groups.items()}
-    width = {a: max(9, *(len(str(g)) for g in gs)) for a, gs in groups.items()}
-    where = gpus_per_node is not None
-    head = f"{'rank':>4}  {'dp':>2} {'pp':>2} {'tp':>2}" + ("  server gpu" if where else "")
-    lines = [f"grid (dp, pp, tp) = ({dp}, {pp}, {tp})"
-             + (f" on servers of {gpus_per_node} GPUs" if where else ""),
-             (head + "".join(f"   {a + ' group':<{width[a]}}" for a in AXES[::-1])).rstrip()]
-    for pl in placements(dp, pp, tp, gpus_per_node):
-        spot = f"  {pl.node:>6} {pl.gpu:>3}" if where else ""
-        groups_text = "".join(f"   {str(member[a][pl.rank]):<{width[a]}}" for a in AXES[::-1])
-        lines.append(f"{pl.rank:>4}  {pl.dp:>2} {pl.pp:>2} {pl.tp:>2}{spot}{groups_text}".rstrip())
-    return "\n".join(lines)
+from lessonlib.grid_layout import (ALL_AXES, AXES, LESSON_ORDER, MEGATRON_ORDER,  # noqa: F401
+                                   GridWarning, Placement, axis_groups, check_grid,
+                                   check_order, grid_mesh, layout_name, layout_table,
+                                   parse_layout, placements)
 
 
 # ---------------------------------------------------------------- on the ranks: the context
 @dataclass(frozen=True)
 class ParallelContext:
-    """This rank's place in the (dp, pp, tp) grid and the process groups it talks through.
+    """This rank's place in the (dp, pp, cp, tp) grid and the process groups it talks through.
 
-    Build it once per run with ``ParallelContext.build(dp, pp, tp)`` on every rank and pass
-    it to the parallel code. ``*_ranks`` are the global ranks of this rank's group on each
-    axis, in axis order (what ``comm.send``/``recv``, which take global ranks, need)."""
+    Build it once per run with ``ParallelContext.build(dp, pp, tp)`` (lesson 05's grid), or
+    ``build(dp, pp, tp, cp=c, ep=e, order=MEGATRON_ORDER)`` on every rank, and pass it to the
+    parallel code. ``*_ranks`` are the global ranks of this rank's group on each axis, in
+    axis order (what ``comm.send``/``recv``, which take global ranks, need). With cp = 1 the
+    cp group is None and ``dp_cp_group`` is the dp group; with ep = 1 the ep group is None
+    and ``edp_group`` (the ranks averaging an expert's copies) is the dp group."""
     dp: int
     pp: int
     tp: int
@@ -183,33 +73,57 @@ class ParallelContext:
     pp_ranks: tuple = ()
     tp_ranks: tuple = ()
     gpus_per_node: int | None = None
+    cp: int = 1
+    ep: int = 1
+    cp_rank: int = 0
+    ep_rank: int = 0
+    order: str = LESSON_ORDER
+    cp_group: object = field(default=None, repr=False)
+    dp_cp_group: object = field(default=None, repr=False)
+    ep_group: object = field(default=None, repr=False)
+    edp_group: object = field(default=None, repr=False)
+    cp_ranks: tuple = ()
+    dp_cp_ranks: tuple = ()
+    ep_ranks: tuple = ()
+    edp_ranks: tuple = ()
+    made: tuple = field(default=(), repr=False)
 
     @classmethod
-    def build(cls, dp: int, pp: int, tp: int, gpus_per_node: int | None = None):
-        """Create every group of every axis (on every rank, same order) and keep this rank's.
+    def build(cls, dp: int, pp: int, tp: int, gpus_per_node: int | None = None,
+              cp: int = 1, ep: int = 1, order: str = LESSON_ORDER):
+        """Create every group of every axis (on every rank, same order: tp, pp, dp, then cp
+        and dp_cp, then ep and edp) and keep this rank's.
 
         Checks the sizes against the world before any group is created."""
         if not dist.is_initialized():
             raise ValueError("ParallelContext.build needs a process group: call it inside a "
                              "function run by lessonlib.launch (or under torchrun)")
         world, rank = dist.get_world_size(), dist.get_rank()
-        check_grid(world, dp, pp, tp, gpus_per_node)
+        check_grid(world, dp, pp, tp, gpus_per_node, cp, ep, order)
         mine, ranks = {}, {}
-        for axis, groups in axis_groups(dp, pp, tp).items():   # tp, pp, dp: same on every rank
+        for axis, groups in axis_groups(dp, pp, tp, cp, ep, order).items():  # same everywhere
             for group_ranks in groups:
                 group = comm.new_group(group_ranks)   # recorded: the NCCL check sees it
                 if rank in group_ranks:
                     mine[axis], ranks[axis] = group, tuple(group_ranks)
-        pl = placements(dp, pp, tp)[rank]
+        made = tuple(mine.values())
+        mine.setdefault("dp_cp", mine["dp"])
+        ranks.setdefault("dp_cp", ranks["dp"])
+        mine.setdefault("edp", mine["dp"])
+        ranks.setdefault("edp", ranks["dp"])
+        pl = placements(dp, pp, tp, None, cp, ep, order)[rank]
         return cls(dp, pp, tp, rank, pl.dp, pl.pp, pl.tp,
                    mine["dp"], mine["pp"], mine["tp"],
-                   ranks["dp"], ranks["pp"], ranks["tp"], gpus_per_node)
+                   ranks["dp"], ranks["pp"], ranks["tp"], gpus_per_node,
+                   cp, ep, pl.cp, pl.ep, order, mine.get("cp"), mine["dp_cp"], mine.get("ep"),
+                   mine["edp"], ranks.get("cp", (rank,)), ranks["dp_cp"],
+                   ranks.get("ep", (rank,)), ranks["edp"], made)
 
     def destroy(self) -> None:
-        """Destroy this rank's three groups once the layout is done (every member calls it).
-        Under NCCL each group holds communicators and GPU buffers until destroyed, so a run
-        that tries layout after layout would otherwise pile them up."""
-        for group in (self.tp_group, self.pp_group, self.dp_group):
+        """Destroy every group this rank joined once the layout is done (every member calls
+        it). Under NCCL each group holds communicators and GPU buffers until destroyed, so a
+        run that tries layout after layout would otherwise pile them up."""
+        for group in self.made or (self.tp_group, self.pp_group, self.dp_group):
             dist.destroy_process_group(group)
 
     @property
@@ -233,22 +147,51 @@ class ParallelContext:
     def next_stage_rank(self) -> int | None:
         return None if self.is_last_stage else self.pp_ranks[self.pp_rank + 1]
 
+    @property
+    def coords4(self) -> tuple[int, int, int, int]:
+        """(dp, pp, cp, tp) coordinates."""
+        return (self.dp_rank, self.pp_rank, self.cp_rank, self.tp_rank)
+
     def describe(self) -> str:
-        return (f"rank {self.rank}: (dp, pp, tp) = {self.coords}; tp group {list(self.tp_ranks)}, "
+        text = (f"rank {self.rank}: (dp, pp, tp) = {self.coords}; tp group {list(self.tp_ranks)}, "
                 f"pp group {list(self.pp_ranks)}, dp group {list(self.dp_ranks)}")
+        extra = ([f"cp group {list(self.cp_ranks)}"] if self.cp > 1 else []) + (
+            [f"ep group {list(self.ep_ranks)}, edp group {list(self.edp_ranks)}"]
+            if self.ep > 1 else [])
+        return "; ".join([text, *extra])
 
 
-def device_mesh_view(dp: int, pp: int, tp: int) -> dict:
-    """PyTorch's reading of the same grid on this rank: coordinates and group ranks from
+def device_mesh_view(dp: int, pp: int, tp: int, cp: int = 1, order: str = LESSON_ORDER) -> dict:
+    """PyTorch's reading of the same grid on this rank: coordinates, in (dp, pp, [cp,] tp)
+    order, and group ranks from ``init_device_mesh`` over the axes outermost first, e.g.
     ``init_device_mesh(kind, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))``."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from lessonlib import device
 
-    mesh = init_device_mesh(device.current_device().type, (dp, pp, tp), mesh_dim_names=AXES)
-    return {"coords": tuple(mesh.get_coordinate()),
+    dims = [a for a in check_order(order) if a != "cp" or cp > 1]
+    size = {"dp": dp, "pp": pp, "cp": cp, "tp": tp}
+    mesh = init_device_mesh(device.current_device().type, tuple(size[a] for a in dims),
+                            mesh_dim_names=tuple(dims))
+    coord = dict(zip(dims, mesh.get_coordinate()))
+    return {"coords": tuple(coord[a] for a in ALL_AXES if a in coord),
             **{f"{axis}_ranks": tuple(dist.get_process_group_ranks(mesh.get_group(axis)))
-               for axis in AXES}}
+               for axis in ALL_AXES if axis in coord}}
+
+
+def demo_axes(dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1,
+              order: str = MEGATRON_ORDER) -> dict:
+    """Build the context beyond three axes and compare it with PyTorch's DeviceMesh over
+    the same dims (which has no expert axis: the ep and edp groups are returned as built)."""
+    ctx = ParallelContext.build(dp, pp, tp, cp=cp, ep=ep, order=order)
+    torch_view = device_mesh_view(dp, pp, tp, cp, order)
+    ours = {"coords": ctx.coords4 if cp > 1 else ctx.coords,
+            **{f"{a}_ranks": getattr(ctx, f"{a}_ranks") for a in ALL_AXES if a != "cp" or cp > 1}}
+    out = {"rank": ctx.rank, "ours": ours, "torch": torch_view, "ep_ranks": ctx.ep_ranks,
+           "edp_ranks": ctx.edp_ranks, "dp_cp_ranks": ctx.dp_cp_ranks,
+           "agrees_with_torch": ours == torch_view}
+    ctx.destroy()
+    return out
 
 
 def demo_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> dict:
@@ -280,9 +223,14 @@ if __name__ == "__main__":
     ap.add_argument("pp", type=int)
     ap.add_argument("tp", type=int)
     ap.add_argument("--gpus-per-node", type=int, default=None)
+    ap.add_argument("--cp", type=int, default=1)
+    ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--order", default=LESSON_ORDER)
     args = ap.parse_args()
+    sizes = dict(cp=args.cp, ep=args.ep, order=args.order)
     try:
-        check_grid(args.dp * args.pp * args.tp, args.dp, args.pp, args.tp, args.gpus_per_node)
+        check_grid(args.dp * args.pp * args.cp * args.tp, args.dp, args.pp, args.tp,
+                   args.gpus_per_node, **sizes)
     except ValueError as exc:
         ap.error(str(exc))
-    print(layout_table(args.dp, args.pp, args.tp, args.gpus_per_node))
+    print(layout_table(args.dp, args.pp, args.tp, args.gpus_per_node, **sizes))

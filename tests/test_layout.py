@@ -116,10 +116,11 @@ FLOORS = {
     "ground floor": ["costmodel", "models", "data", "device", "baseline", "bugs",
                      "breadcrumbs", "argcheck", "activations", "claims", "moe"],
     "infrastructure": ["launcher", "comm", "ledger", "nccl_rules", "nccl_trace", "nccl_replay",
-                       "placement", "labkit", "labargs", "grid"],
+                       "placement", "labkit", "labargs", "grid_layout", "grid"],
     "one package per strategy": ["data_parallel", "model_parallel", "tensor_parallel",
                                  "pipeline", "context_parallel", "expert_parallel"],
-    "composition": ["hybrid", "checkpoint", "checkpoint_folder", "reshard", "long_run"],
+    "composition": ["hybrid", "hybrid_axes", "checkpoint", "checkpoint_folder", "reshard",
+                    "long_run"],
     "faces": ["viz", "exercises", "bugzoo", "results"],
 }
 # On the strategy floor the lessons come in the course's order, and a strategy builds only on

@@ -174,7 +174,7 @@ def bubble_and_memory(rows, engine: str = "lessonlib"):
     for ax, title in zip(axes, ("the bubble: the same", "the memory: 1F1B caps it")):
         ax.set_xticks(xs, [f"m={m}" for m in ms])
         ax.set_title(f"{title} (p={p}, {engine})", fontsize=10)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, markerscale=0.4)      # the theory's wide marker, shrunk
     return fig
 
 

@@ -115,7 +115,7 @@ def plot_link_times(rows: list[dict]):
     ax.set_ylabel("ms per layer per micro-batch")
     top = max(max(r["infiniband_s"], r["compute_s"]) for r in rows) * 1e3
     ax.set_ylim(0, top * 1.45)                   # room for the legend above the bars
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper right", markerscale=0.4)   # the wide marker, shrunk
     ax.set_title("one layer: communication against computation (alpha-beta cost model)",
                  fontsize=10)
     fig.tight_layout()

@@ -55,8 +55,9 @@ print(f"the largest GPU in the presets, {cm.GPUS['H200'].name}, holds "
 
 # %% [markdown]
 # Activations come on top: every layer keeps its intermediate tensors for the backward pass,
-# `s·b·h·(34 + 5·a·s/h)` bytes per layer without any parallelism (Korthikanti et al. 2022,
-# Table 2). The table below puts six models next to the GPUs of the last three generations.
+# `s·b·h·(34 + 5·a·s/h)` bytes per layer in 16-bit without any parallelism (Korthikanti et
+# al. 2022, Table 2), for a micro-batch of b sequences of s tokens (the batch one GPU works
+# on at once), a hidden size h and a attention heads. The table below puts six models next to the GPUs of the last three generations.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -69,19 +70,13 @@ for name in scale.MODEL_PRESETS:
 print("GPU memory: " + ", ".join(f"{g.name} {g.memory_bytes / 1e9:.0f} GB" for g in cm.GPUS.values()))
 
 # %% [markdown]
-# The chart puts each part side by side with the GPU sizes on a linear axis, so a bar twice
-# as long is twice as many bytes. GPUs with the same memory share one bar.
-
-# %%
-scale.memory_wall("gpt3-175B")
-plt.show()
-
-# %% [markdown]
-# The activations bar is the one that techniques other than more GPUs can shrink. For
+# The activations are the part that techniques other than more GPUs can shrink. For
 # GPT-3 (b = 1, all 96 layers, one micro-batch; Korthikanti et al. 2022, Table 2),
 # activations per GPU under each technique lesson 04 builds: tensor parallelism over t = 8
 # GPUs splits most of them, sequence parallelism splits the rest, and recomputation trades
-# FLOPs for bytes.
+# FLOPs for bytes (it keeps fewer of a layer's tensors and computes the others again in the
+# backward pass: selective recompute only attention's, full recompute all but the layer's
+# input).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -95,7 +90,9 @@ for name, options in techniques.items():
     print(f"{name:>22}: activations {acts / 1e9:7.1f} GB per GPU")
 
 # %% [markdown]
-# Try it: pick a model, a micro-batch size and a recomputation mode. A preset fixes the
+# The widget puts each part side by side with the GPU sizes on a linear axis, so a bar twice
+# as long is twice as many bytes; GPUs with the same memory share one bar. Try it: pick a
+# model, a micro-batch size and a recomputation mode. A preset fixes the
 # number of layers L and the hidden size h, so their sliders show its values greyed out;
 # choose "custom" to move them and build your own model. Full recomputation keeps only each layer's input (`2·s·b·h` bytes)
 # and recomputes the rest in the backward pass; it shrinks activations, never the 16 bytes

@@ -250,15 +250,16 @@ after = {"naive": bars["naive"]["all-reduce"][1] - bars["naive"]["backward"][1],
 claim("with buckets the first all-reduce starts while backward is still computing",
       first_bucket < backward_end,
       numbers=f"at {first_bucket * 1e3:.0f} ms, backward ends at {backward_end * 1e3:.0f} ms")
-claim("with buckets less communication is left after backward than in the naive step",
-      after["bucketed"] < after["naive"],
-      numbers=f"{after['bucketed'] * 1e3:.0f} ms against {after['naive'] * 1e3:.0f} ms")
+print(f"communication still running after backward: naive {after['naive'] * 1e3:.0f} ms, "
+      f"buckets {after['bucketed'] * 1e3:.0f} ms")
 
 # %% [markdown]
 # In the naive step the communication row stays empty until backward ends. With buckets
-# the first all-reduce starts during backward, and when backward finishes less is left to
-# send (the two checks above, on this run's timeline). On a 2-core laptop the overlap is not free (gloo's thread and backward share the
-# cores); on GPUs, NCCL runs on its own stream. The rungs from naive to buckets and the
+# the first all-reduce starts during backward (the check above, on this run's timeline). How
+# much is left when backward finishes depends on the cores: on GPUs, where NCCL runs on its
+# own stream, only the last buckets; on a 2-core laptop gloo's thread and backward share the
+# cores, and what is left can come out as long as the naive step's (the last line above
+# prints both). The rungs from naive to buckets and the
 # choice of bucket size: [deep dive: DDP's buckets](07-deep-dive-ddp-buckets.ipynb).
 #
 # ## 5 · The lab: lessonlib's DDP against PyTorch's

@@ -108,7 +108,7 @@ for cap, c in caps.items():
     print(f"{cap:>8} {c['buckets']:>8} {c['backward_s'] * 1e3:>12.1f} "
           f"{measured[cap] * 1e3:>18.1f} ms {guess * 1e3:>7.1f} ms")
 claim("the model is optimistic here: the measured time left after backward is above it at "
-      "most caps", above > len(caps) / 2, numbers=f"{above} of {len(caps)} caps")
+      "half of the caps or more", above >= len(caps) / 2, numbers=f"{above} of {len(caps)} caps")
 
 # %% [markdown]
 # The model is optimistic on this laptop (the check above counts the caps where it was): it

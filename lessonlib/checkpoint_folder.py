@@ -107,7 +107,7 @@ def remove_temporaries(directory) -> None:
     """Delete the temporary files of saves killed mid-write (only the course's own names)."""
     folder = Path(directory)
     for path in [*folder.glob(".latest.tmp*"), *folder.glob("step_*/.*.tmp*")]:
-        if path.name.startswith(".") and (_TOP.fullmatch(path.name) or _ours_in_step(path)):
+        if _TOP.fullmatch(path.name) or _ours_in_step(path):
             path.unlink(missing_ok=True)
 
 

@@ -13,6 +13,7 @@ Laptop:  ``python -m lessonlib.data`` rewrites the corpus file and prints its si
 """
 from __future__ import annotations
 
+import json
 import random
 from functools import lru_cache
 from pathlib import Path
@@ -25,8 +26,6 @@ CORPUS_PATH = DATA_DIR / "castle_corpus.txt"
 
 def stored(name: str) -> dict:
     """A result shipped in ``data/`` (e.g. ``"dp_cpu_results.json"``), read as JSON."""
-    import json
-
     return json.loads((DATA_DIR / name).read_text())
 
 _SUBJECTS = ["the builder", "a child", "the crew", "my sister", "the old king", "four chefs",

@@ -19,6 +19,7 @@ GPU box: the same; nothing here runs on a device.
 """
 from __future__ import annotations
 
+from lessonlib.argcheck import positive_int
 from lessonlib.costmodel.comm import tp_elements_per_layer
 from lessonlib.costmodel.memory import activation_bytes, activation_bytes_per_layer
 from lessonlib.costmodel.model import GPT, MODELS
@@ -36,8 +37,7 @@ LLAMA3_405B = GPT(_PRESET.L, _PRESET.h, _PRESET.a, 131072, _PRESET.V, _PRESET.na
 
 
 def _check(c, layout):
-    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
-        raise ValueError(f"c={c!r} must be a positive integer (the context-parallel ranks)")
+    positive_int("c", c, what="the context-parallel ranks")
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
 

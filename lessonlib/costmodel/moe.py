@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from lessonlib.argcheck import positive_int
+
 from .alpha_beta import allreduce_terms
 from .comm import ring_allreduce_time_s
 from .memory import BYTES_PER_PARAM, OPTIMIZER_BYTES
@@ -65,9 +67,7 @@ class MoEModel:
 
     def __post_init__(self):
         for field in ("L", "h", "V", "attention", "ffn", "E", "k", "expert_ffn"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field}={value!r} must be a positive integer")
+            positive_int(field, getattr(self, field))
         if not 0 <= self.moe_layers <= self.L or self.k > self.E or self.shared < 0:
             raise ValueError(f"need 0 <= moe_layers={self.moe_layers} <= L={self.L}, "
                              f"k={self.k} <= E={self.E} and shared={self.shared} >= 0")

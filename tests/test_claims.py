@@ -2,7 +2,7 @@
 import pytest
 
 from lessonlib.claims import ClaimFailed, claim, within
-from lessonlib.viz.source import show
+from lessonlib.viz.source import lab, show
 
 
 def test_a_true_claim_is_printed(capsys):
@@ -23,3 +23,11 @@ def test_show_gives_the_source_and_where_it_lives():
     src = show(claim)
     assert src.where.startswith("lessonlib/claims.py, line ")
     assert "def claim(" in repr(src) and "<span" in src._repr_html_()
+
+
+def test_a_lab_is_shown_from_its_own_file_without_running_it():
+    src = show(lab("minimal_ddp").main)
+    assert src.where.startswith("labs/minimal_ddp.py, line ")
+    assert "DistributedSampler" in repr(src)
+    with pytest.raises(ValueError, match=r"no labs/nope\.py; the labs are: .*minimal_ddp"):
+        lab("nope")

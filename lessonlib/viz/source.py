@@ -2,16 +2,22 @@
 
 What it teaches: the student reads the real implementation, not a copy. ``show(obj)`` takes a
 function, class or method of lessonlib and displays its source (syntax-highlighted in
-JupyterLab, plain text elsewhere) with the file and line it comes from.
+JupyterLab, plain text elsewhere) with the file and line it comes from. ``lab(name)`` loads
+one of the course's ``labs/*.py`` scripts as a module (its ``main`` does not run), so a
+lesson can show a lab's function the same way: ``show(lab("minimal_ddp").main)``.
 
 Laptop:  in a notebook cell, ``from lessonlib.viz.source import show; show(some_function)``
 GPU box: the same.
 """
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import textwrap
 from pathlib import Path
+from types import ModuleType
+
+LABS = Path(__file__).resolve().parents[2] / "labs"
 
 
 class Source:
@@ -21,7 +27,8 @@ class Source:
         self.code = textwrap.dedent(inspect.getsource(obj)).rstrip() + "\n"
         path = Path(inspect.getsourcefile(obj))
         parts = path.parts
-        start = parts.index("lessonlib") if "lessonlib" in parts else len(parts) - 1
+        roots = [i for i, part in enumerate(parts) if part in ("lessonlib", "labs")]
+        start = roots[-1] if roots else len(parts) - 1
         self.where = f"{'/'.join(parts[start:])}, line {inspect.getsourcelines(obj)[1]}"
         self.lines = self.code.count("\n")
 
@@ -51,3 +58,15 @@ def show(*objs) -> Source | Sources:
     in a cell."""
     sources = Sources(Source(obj) for obj in objs)
     return sources[0] if len(sources) == 1 else sources
+
+
+def lab(name: str) -> ModuleType:
+    """The course's ``labs/<name>.py`` loaded as a module, without running its ``main``."""
+    path = LABS / f"{name}.py"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in LABS.glob("*.py")))
+        raise ValueError(f"lab({name!r}): there is no labs/{name}.py; the labs are: {known}")
+    spec = importlib.util.spec_from_file_location(f"labs.{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

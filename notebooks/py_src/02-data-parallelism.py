@@ -11,32 +11,24 @@
 # %% [markdown]
 # # 02 · Data parallelism: the four chefs
 #
-# **The four chefs.** Four chefs in four kitchens are perfecting one soup recipe. Each
-# tastes a different pot (a **shard of the batch**) and writes down how the recipe should
-# change (a **gradient**). Before anyone touches a recipe card, they phone each other and
-# **average their notes** (an **all-reduce**). They started from the same card and apply the
-# same averaged note, so their four cards stay identical, and each round they tasted four
+# **The four chefs.** Four chefs in four kitchens perfect one soup recipe. Each tastes a
+# different pot (a **shard of the batch**) and writes down how the recipe should change (a
+# **gradient**). Before anyone touches a card, they phone each other and **average their
+# notes** (an **all-reduce**): their cards stay identical, and each round they taste four
 # pots instead of one.
 #
-# That is data parallelism, five steps: **replicate** the model, **shard** the batch,
-# compute **local gradients**, **all-reduce** them, **update**. Every step runs for real
-# below, on CPU ranks of this machine. The engineering is all in step four: what the call
-# costs (1), a real run (2), the call measured (3), hidden behind backward (4), PyTorch's
-# DDP (5), and sharding the replica so no rank holds it all (6).
+# That is data parallelism in five steps: **replicate** the model, **shard** the batch,
+# compute **local gradients**, **all-reduce** them, **update**. Each runs for real below, on
+# CPU ranks: what the all-reduce costs (1), a real run (2), the call measured (3), hidden
+# behind backward (4), PyTorch's DDP (5), and sharding the replica (6).
 #
-# Deeper, in their own notebooks: [DDP's buckets, rung by rung](07-deep-dive-ddp-buckets.ipynb),
-# [sharding internals](08-deep-dive-sharding.ipynb) and
-# [what a laptop's links can and cannot show](11-deep-dive-laptop-measurements.ipynb).
-#
-# *Watch and read:* Ben-Nun and Hoefler, "Demystifying Parallel and Distributed Deep
-# Learning: An In-Depth Concurrency Analysis" (ACM Computing Surveys, 2019), §6 (data
-# parallelism and its communication); Li et al., "PyTorch Distributed: Experiences on
-# Accelerating Data Parallel Training" (VLDB 2020). A minimal DDP script, the way PyTorch's
-# own tutorials write it and corrected for CPU ranks, is `labs/minimal_ddp.py` (section 5).
+# Deeper: [DDP's buckets](07-deep-dive-ddp-buckets.ipynb),
+# [sharding](08-deep-dive-sharding.ipynb),
+# [what a laptop's links can show](11-deep-dive-laptop-measurements.ipynb).
+# *Read:* Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
+# Training" (VLDB 2020).
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import torch
 
@@ -49,7 +41,7 @@ from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.ring import ring_all_reduce
 from lessonlib.models import TEN_M, TIMELINE_MODEL, TinyGPT, count_parameters
 from lessonlib.viz import dp as viz
-from lessonlib.viz.source import show
+from lessonlib.viz.source import lab, show
 
 STORED = stored("dp_cpu_results.json")
 MiB = 2 ** 20
@@ -58,23 +50,17 @@ print(STORED["about"])
 # %% [markdown]
 # ## 1 · Predict: what does averaging the notes cost?
 #
-# Two ways to make the call. A **parameter server**: every chef sends their notes to one
-# head chef, who averages and sends the result back. The head chef's line carries
-# `(n-1)·S` bytes in each direction per round (n-1 notes in, n-1 averages out), growing with
-# the number of chefs n. A **ring**: cut the notes into n pieces and pass pieces around the
-# circle, first summing (reduce-scatter), then sharing the finished pieces (all-gather).
-# Each rank sends `2(n-1)/n·S` bytes and receives as many, which hardly grows with n: the
-# ring is bandwidth-optimal (Baidu's ring all-reduce; MPICH's collective cost comments).
-# Counted the same way, per direction, the server's link carries n/2 times a ring rank's.
+# A **parameter server**: every chef sends their notes to one head chef, who averages them
+# and sends the result back. The head chef's link carries `(n-1)·S` bytes each way, growing
+# with the number of chefs n. A **ring**: cut the notes into n pieces and pass them around
+# the circle, first summing (reduce-scatter), then sharing the finished pieces (all-gather).
+# Each rank sends `2(n-1)/n·S` bytes and receives as many, almost independent of n: the ring
+# is bandwidth-optimal. Per direction, the server's link carries n/2 times a ring rank's.
+# (Real servers are sharded over many machines, Li et al., OSDI 2014: exercise 3.)
 #
-# Real parameter servers are **sharded** over many machines, each carrying only its slice
-# of the parameters (Li et al., "Scaling Distributed Machine Learning with the Parameter
-# Server", OSDI 2014; exercise 3). One server is the case that shows why the central link is
-# the problem.
-#
-# With the alpha-beta model (a message costs alpha + bytes/B), here are both for the
-# gradients of the GPT that `labs/ddp.py` trains, over one 200 Gb/s InfiniBand link per
-# GPU, as in a DGX A100 (Megatron-LM 2021, §5; the `dgx-a100` preset of the cost model):
+# With the alpha-beta model (a message costs alpha + bytes/B), both for the gradients of
+# the GPT that `labs/ddp.py` trains, on a DGX A100's 200 Gb/s InfiniBand link per GPU
+# (Megatron-LM 2021, §5; the `dgx-a100` preset):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -97,21 +83,17 @@ claim("at n = 64 the server takes far more than n/2 times the ring's time, nearl
       n / 2 < 0.6 * n < ratio < n, numbers=f"{ratio:.0f}x")
 
 # %% [markdown]
-# The ring's time levels off near `2·S/B`; the server's grows linearly with n. Its bytes are
-# n/2 times a ring rank's, each way, but its time is about n times the ring's: the server
-# cannot send an average before the last note has arrived, so its (n-1)·S in and its
-# (n-1)·S out follow each other on its link, `2(n-1)·S/B`, while a ring rank sends and
-# receives at the same time (a little less than n at n = 64, where the ring's latency
-# steps start to count). The ring pays
-# instead in latency, `2(n-1)` steps of alpha, which is why large clusters use trees and
-# hierarchies for small messages (and why DDP packs gradients into big buckets, section 4).
+# The ring's time levels off near `2·S/B`. The server's grows with n, to about n times the
+# ring's, not n/2: it cannot send an average before the last note arrives, so its (n-1)·S in
+# and (n-1)·S out follow each other, while a ring rank sends and receives at once. The ring pays in latency instead, `2(n-1)` steps of alpha:
+# hence trees for small messages, and DDP's big buckets (section 4).
 #
 # ## 2 · The real run: four ranks, one model
 #
-# `dp_runs.train_replicas` runs on each rank: build the tiny GPT from **its own** random
-# seed (so the replicas start different), wrap it in `lessonlib.data_parallel.DataParallel`
-# (which first copies rank 0's weights to everyone), then train with AdamW, each rank on
-# a quarter of every batch. `train_single` trains one process on the full batches.
+# On each rank, `dp_runs.train_replicas` builds the tiny GPT from **its own** seed (so the
+# replicas start different), wraps it in lessonlib's `DataParallel` (which first copies
+# rank 0's weights to everyone) and trains it with AdamW on a quarter of every batch.
+# `train_single` trains one process on the full batches.
 
 # %%
 single = dp_runs.train_single(steps=20, global_batch=16)
@@ -136,15 +118,14 @@ print(f"buckets: {runs[0]['buckets']}; all-reduces per step: {sorted(set(calls))
 
 # %% [markdown]
 # Bit-identical, not merely close: every rank adds the same averaged gradient to the same
-# weights. Against one process the weights agree to float32 rounding (the sum of four shard
-# means is not added in the same order as one mean over the full batch).
+# weights. Against one process they agree to float32 rounding (the shard means are summed
+# in another order).
 #
 # ## 3 · Parameter server against ring, measured
 #
-# `lessonlib.data_parallel` builds both all-reduces (and a naive ring) from point-to-point
-# messages through the ledger, so the bytes can be checked as well as timed. The ring is
-# the library's own function, its two halves (`ring_reduce_scatter`, `ring_all_gather`, in
-# the same file) each n-1 steps of one send to the right and one receive from the left:
+# lessonlib builds both (and a naive ring) from point-to-point messages through the ledger,
+# which counts their bytes. The ring: two halves of n-1 steps, each one send to the right
+# and one receive from the left:
 
 # %%
 show(ring_all_reduce)
@@ -182,23 +163,20 @@ print(f"each way, server's link / a ring rank's: {server.bytes_sent / ring.bytes
 print(f"every algorithm equals dist.all_reduce to 1e-4: {errors < 1e-4}")
 
 # %% [markdown]
-# On GPUs, where every rank has a link of its own, time follows the busiest link. On this
-# laptop all ranks share two cores and one memory bus, so time follows the bytes *all*
-# ranks move, `2(n-1)·S` for the ring and the server alike, and the stopwatch can hardly
-# tell them apart ([deep dive: what a laptop's links can and cannot
-# show](11-deep-dive-laptop-measurements.ipynb) fits and tests both models). What the laptop
-# *can* measure is where the bytes go: the server's link grows as (n-1)·S each way, a ring
-# rank's stays under 2·S:
+# On GPUs, where every rank has a link of its own, time follows the busiest link. Here all
+# ranks share two cores and one memory bus, so time follows the bytes *all* ranks move,
+# `2(n-1)·S` for both, and the stopwatch can hardly tell them apart
+# ([deep dive 11](11-deep-dive-laptop-measurements.ipynb)). What the laptop *can* show is
+# where the bytes go: the server's link grows as (n-1)·S each way, a ring rank's stays
+# under 2·S:
 
 # %%
 viz.plot_busiest_link(fresh_runs, 16 * MiB)
 plt.show()
 
 # %% [markdown]
-# Now move the sliders yourself. Each move starts that many real ranks, runs both
-# all-reduces at that size, and draws the time and the bytes through the busiest link (one
-# direction, counted by the ledger) beside what the model predicts, with alpha and B fitted
-# to a stored sweep of this laptop. (Executed headless, it draws once, with its defaults.)
+# Move the sliders: each move runs both all-reduces on that many real ranks at that size,
+# beside the model fitted to a stored sweep of this laptop. (Headless, it draws once.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -213,17 +191,16 @@ live.allreduce_widget(fits)
 # ## 4 · Hide the call: DDP's buckets
 # <!-- no measured claim: 25 MiB and 2 MiB are settings -->
 #
-# The simplest DDP waits until backward is over, then all-reduces every gradient, one
-# message per parameter: the network idles while backward computes, and backward's cores
-# idle while the network works. PyTorch's DDP (Li et al., VLDB 2020) packs the gradients
-# **in reverse order** (the last layer's are ready first) into buckets of about
-# `bucket_cap_mb` (default 25 MiB), and launches each bucket's all-reduce as soon as it
-# fills, while backward is still computing earlier layers. Fewer, bigger messages pay alpha
-# less often; launching early **overlaps** communication with compute.
+# The simplest DDP waits for backward to end, then all-reduces every gradient: the network
+# and the cores idle in turn. PyTorch's DDP (Li et al., VLDB 2020) packs the gradients **in
+# reverse order** (the last layer's are ready first) into buckets of about `bucket_cap_mb`
+# (25 MiB by default) and launches each bucket's all-reduce as soon as it fills, while
+# backward computes earlier layers: fewer, bigger messages pay alpha less often, and
+# communication **overlaps** compute.
 #
-# In lessonlib's `DataParallel` that is two functions. A hook on each parameter copies its
-# gradient into its bucket the moment it is final and launches every full bucket; at the end
-# of backward, `_finish` sends the buckets still short, waits, and divides by n:
+# In lessonlib's `DataParallel`, a hook per parameter copies its final gradient into its
+# bucket and launches each full bucket; after backward, `_finish` sends the rest, waits and
+# divides by n:
 
 # %%
 show(DataParallel._on_grad, DataParallel._finish)
@@ -254,20 +231,18 @@ print(f"communication still running after backward: naive {after['naive'] * 1e3:
       f"buckets {after['bucketed'] * 1e3:.0f} ms")
 
 # %% [markdown]
-# In the naive step the communication row stays empty until backward ends. With buckets
-# the first all-reduce starts during backward (the check above, on this run's timeline). How
-# much is left when backward finishes depends on the cores: on GPUs, where NCCL runs on its
-# own stream, only the last buckets; on a 2-core laptop gloo's thread and backward share the
-# cores, and what is left can come out as long as the naive step's (the last line above
-# prints both). The rungs from naive to buckets and the
-# choice of bucket size: [deep dive: DDP's buckets](07-deep-dive-ddp-buckets.ipynb).
+# In the naive step the communication row stays empty until backward ends; with buckets the
+# first all-reduce starts during backward (checked above, on this run's timeline). What is
+# left after backward depends on the cores: on GPUs, where NCCL has its own stream, only the
+# last buckets; here gloo's thread and backward share two cores, and it can come out as long
+# as the naive step's (the last line prints both). More: [deep dive 07](07-deep-dive-ddp-buckets.ipynb).
 #
 # ## 5 · The lab: lessonlib's DDP against PyTorch's
 #
-# `labs/ddp.py` trains the GPT of section 1 with lessonlib's buckets, the naive rung and
-# `torch.nn.parallel.DistributedDataParallel`, taking turns, and reports the median step
-# time of the slowest rank. Measured on a 2-core CPU machine by the commands printed below
-# (too slow to repeat here; run them yourself):
+# `labs/ddp.py` trains section 1's GPT with lessonlib's buckets, the naive rung and
+# `torch.nn.parallel.DistributedDataParallel`, taking turns, and reports the slowest rank's
+# median step time. Measured on a 2-core CPU machine by the commands printed below (too slow
+# to repeat here):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -280,34 +255,28 @@ viz.plot_ddp_lab(ddp, ddp_sweep)
 plt.show()
 
 # %% [markdown]
-# Weak scaling is poor here: the ranks share two cores. With one GPU per rank, PyTorch's DDP
-# paper reports "near-linear scalability using 256 GPUs" (Li et al., VLDB 2020).
+# Weak scaling is poor here: the ranks share two cores. With a GPU per rank, the DDP paper
+# reports "near-linear scalability using 256 GPUs" (Li et al.).
 #
-# **Your own DDP script.** The snippet often shown for DDP moves the model with
-# `.to(rank)` and passes `device_ids=[rank]` while asking for the gloo backend: on CPU ranks
-# there is no device `rank`, and on a multi-node GPU job the global rank is not the local
-# GPU index. The corrected minimal script, with a `DistributedSampler`, runs unchanged on
-# CPU ranks (gloo) and one GPU per rank (NCCL):
+# **Your own DDP script.** The snippet often shown calls `.to(rank)` and
+# `device_ids=[rank]` with the gloo backend: CPU ranks have no device `rank`, and on several
+# nodes the global rank is not the local GPU. The corrected minimal script, `main` of
+# `labs/minimal_ddp.py`, runs unchanged on CPU ranks (gloo) and one GPU per rank (NCCL):
 
 # %%
-# NBVAL_CHECK_OUTPUT
-script = (Path("..") / "labs" / "minimal_ddp.py").read_text()
-print(script[script.index("def main"):script.index('if __name__')].rstrip())
+show(lab("minimal_ddp").main)
 
 # %% [markdown]
-# Run it from the course's folder with `torchrun --standalone --nproc-per-node 2
-# labs/minimal_ddp.py` (a test runs exactly that), or with `--nproc-per-node 8` on a GPU
-# server.
+# Run it with `torchrun --standalone --nproc-per-node 2 labs/minimal_ddp.py` (a test does).
 #
 # ## 6 · Sharding the replica (ZeRO, FSDP)
 #
 # Every replica above holds the whole model state: in mixed-precision Adam, 16 bytes per
 # parameter (2 of bf16 weights, 2 of gradients, 12 of fp32 master weights, momentum and
-# variance; ZeRO, Rajbhandari et al. 2020, §3.1). d replicas hold d identical copies. ZeRO
-# keeps **one** copy, spread over the d ranks, and each rank fetches what it lacks just
-# before it needs it: stage 1 shards the optimizer state, stage 2 the gradients too, stage 3
-# the weights too. PyTorch's FSDP is stage 3 cut into units (Zhao et al., VLDB 2023). The
-# prediction for GPT-3 on 1024 GPUs:
+# variance; ZeRO, Rajbhandari et al. 2020, §3.1). ZeRO keeps **one** copy, spread over the
+# d ranks, each fetching what it lacks just before it needs it: stage 1 shards the optimizer
+# state, stage 2 the gradients too, stage 3 the weights too (PyTorch's FSDP, Zhao et al.,
+# VLDB 2023). The prediction for GPT-3 on 1024 GPUs:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -319,10 +288,9 @@ for stage, parts in zviz.predicted_gb(gpt3.params(), 1024).items():
         f"{k} {v:.1f}" for k, v in parts.items()) + ")")
 
 # %% [markdown]
-# Now for real: the tiny GPT trained 2 AdamW steps at every stage on d ranks, in float32.
-# The bars are what rank 0 held after the step, measured, next to ZeRO's formula with the
-# same bytes per value; the line under them is what one step sent, from the ledger. Move d:
-# the ranks run again. (Executed headless, it draws once, at d = 2.)
+# For real: the tiny GPT, 2 AdamW steps at every stage on d ranks, in float32: what rank 0
+# held, measured, beside ZeRO's formula, and what one step sent. Move d and the ranks run
+# again. (Headless, it draws once, at d = 2.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -330,24 +298,18 @@ zviz.sharding_widget()
 
 # %% [markdown]
 # <!-- no measured claim: the 1x and 1.5x are ZeRO's formula (§7); 08 measures them -->
-# The price is traffic: stages 1 and 2 move what an all-reduce moves (a reduce-scatter plus
-# an all-gather), stage 3 gathers the weights again for backward, **1.5x** that, every step.
-# Why the measured bars differ from the formula where they do, and how every stage still
-# trains exactly like one process: [deep dive: sharding](08-deep-dive-sharding.ipynb).
-# Shard when the model *state* does not fit; split the model (lessons 03, 04) when one layer
-# does not.
+# The price is traffic: stages 1 and 2 move what an all-reduce moves, stage 3 gathers the
+# weights again for backward, **1.5x** that, every step. Why the bars differ from the formula
+# where they do, and how every stage still trains exactly like one process:
+# [deep dive 08](08-deep-dive-sharding.ipynb). Shard when the model *state* does not fit;
+# split the model (lessons 03, 04) when one layer does not.
 #
 # <div style="border: 2px solid #4C72B0; border-radius: 6px; padding: 10px;">
-# <b>Takeaway.</b> Data parallelism copies the model to n ranks, gives each a shard of the
-# batch and averages the gradients with one all-reduce per step, and then every replica
-# stays bit-identical and trains exactly like one process on the whole batch. The cost is the
-# all-reduce: a single parameter server's link carries (n-1)·S bytes each way, while each
-# rank of a ring sends (and receives) 2(n-1)/n·S, nearly independent of n, n/2 times less;
-# that decides the time as long as every rank has a link of its own. PyTorch's DDP hides
-# most of the cost behind backward by sending gradients in buckets, last layer first, as
-# each bucket fills. *Sharded* data parallelism (ZeRO, FSDP) stops holding the whole model on
-# every rank: with d ranks each holds 1/d of the optimizer state (stage 1), of the
-# gradients too (stage 2), of the weights too (stage 3), for 1x, 1x and 1.5x an
+# <b>Takeaway.</b> Replicate, shard the batch, all-reduce the gradients, update: every
+# replica stays bit-identical and trains like one process on the whole batch. A ring rank
+# sends 2(n-1)/n·S per step, nearly independent of n; one server's link carries (n-1)·S.
+# DDP hides most of it behind backward with buckets, last layer first. ZeRO and FSDP spread
+# the replica's state over the d ranks, for 1x (stages 1, 2) or 1.5x (stage 3) an
 # all-reduce's traffic.
 # </div>
 #
@@ -358,8 +320,8 @@ zviz.sharding_widget()
 # **1. The reduce-scatter half of the ring.** Each rank holds its data cut into
 # `world_size` chunks. Write the loop after which rank r's chunk `(r + 1) % world_size`
 # holds that chunk summed over all ranks. `send_recv(send_tensor, recv_tensor)` sends to the
-# right neighbour while receiving from the left one. The checker runs your function on 3
-# real ranks and tells you which sums came out wrong.
+# right neighbour while receiving from the left. The checker runs it on 3 real ranks and
+# names the sums that came out wrong.
 
 # %%
 from lessonlib.exercises import dp as ex
@@ -385,8 +347,7 @@ def ring_reduce_scatter_solution(chunks, rank, world_size, send_recv):
 ex.check_reduce_scatter(ring_reduce_scatter_solution)
 
 # %% [markdown]
-# **2. Gradient accumulation with `no_sync`.** A batch too big for memory is split into
-# micro-batches whose gradients add up before one optimizer step. Write
+# **2. Gradient accumulation with `no_sync`.** Write
 # `accumulate_step(ddp, optimizer, micro_batches, loss_fn)` so that 3 micro-batches train
 # exactly like one large batch *and* the gradients cross the network once per step, not
 # three times. The checker runs it on 2 ranks and counts the all-reduces.
@@ -415,13 +376,12 @@ def accumulate_step_solution(ddp, optimizer, micro_batches, loss_fn):
 ex.check_accumulation(accumulate_step_solution)
 
 # %% [markdown]
-# **3. Shard the parameter server.** Section 1's server is one rank. Now let k of the n
-# ranks be servers: server i owns slice i of the gradients (S/k bytes), and every rank,
-# servers included, is also a worker that sends each slice to its server and receives the
-# average back. Write `sharded_server_bytes(n, k, size)`, the bytes one *server* rank sends
-# in one all-reduce. Before you run it, predict: what must it be at k = 1? And at k = n,
-# how does it compare with a ring rank's? The checker tries many n and k, then runs a real
-# sharded server on 4 ranks and compares your formula with the ledger.
+# **3. Shard the parameter server.** Let k of the n ranks be servers: server i owns slice i
+# of the gradients (S/k bytes), and every rank, servers included, is also a worker that
+# sends each slice to its server and receives the average back. Write
+# `sharded_server_bytes(n, k, size)`, the bytes one *server* rank sends in one all-reduce.
+# Predict first: what must it be at k = 1? At k = n, against a ring rank? The checker tries
+# many n and k, then a real sharded server on 4 ranks.
 
 # %%
 def sharded_server_bytes(n, k, size):

@@ -124,7 +124,8 @@ for key in ("max_loss_diff", "max_grad_diff", "max_weight_diff"):
 # %% [markdown]
 # ## 4. Measured against predicted
 #
-# The ledger and parameters against section 2, the idle time against the bubble:
+# Each rank's message ledger and parameters against section 2, its idle time against the
+# bubble:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -263,7 +264,7 @@ viz.sweet_spot("gpt-161B", "dgx-a100", n_gpus=64, global_batch=64)
 plt.show()
 
 # %% [markdown]
-# The design space for n and B fixed, each cell one (t, p): TFLOP/s per GPU (blue: best;
+# Design space for n and B fixed, each cell one (t, p): TFLOP/s per GPU (blue: best;
 # red: yours; grey: why not buildable), the bubble, and your layout's memory and step time;
 # then the widget:
 
@@ -279,8 +280,8 @@ viz.hybrid_widget()
 #
 # A 1 T GPT (`cm.MODELS["megatron-1T"]`: 128 layers, h = 25600) on **128 servers of 8 A100
 # 80 GB**, global batch 2048: choose t, p, d (t·p·d = 1024) before reading on. The lesson's
-# answer: t = 8, p = 16, the rest data parallel. A replica is then 128 GPUs holding the
-# whole model:
+# answer: t = 8, p = 16, the rest data parallel. A replica, 128 GPUs, must hold the whole
+# model:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -369,7 +370,7 @@ claim("and runs a little slower than t=8 p=64 d=2",
 # So "guaranteed to fail" is wrong: ZeRO-3 alone fits and runs, a little slower than the
 # planner's layout, because each GPU moves terabytes per step where TP and PP move
 # activations, because the batch of 2048 caps it at 2048 GPUs of one sequence each, and
-# because each GPU keeps all 128 layers' activations. The lesson's d = 8 makes "8 global
+# because each GPU keeps all 128 layers' activations. The lesson says d = 8 makes "8 global
 # batches": it does not; the 8 replicas each take an eighth of the *one* global batch of
 # 2048 (256 sequences) and average their gradients into one step. And a pipeline does not
 # cross servers because it "tolerates latency": each message sits on the critical path; it

@@ -83,14 +83,14 @@ for name, axes in beyond.items():
 #
 # ## 3. At scale: the planner on Llama 3 and DeepSeek-V3
 #
-# Ranks are ordered tp, cp, ep, dp, pp as in Megatron-Core. `cm.plan_job` searches t, c, p,
-# d and e, with the pipeline schedule (1F1B, interleaved, or the zero-bubble ZB-H1 and ZBV of
-# [deep dive 09](09-deep-dive-interleaved-schedules.ipynb)), ZeRO-1 or FSDP, and recompute
-# (lesson 04: `full` re-runs each layer's forward in the backward, `selective` only
-# attention's s × s part); `cm.explain_axes` says why each value won. The model shapes are
-# the published ones: grouped-query attention with kv key/value heads, SwiGLU MLPs of width
-# ffn, untied embeddings, and for DeepSeek-V3 E = 256 experts of which k = 8 serve each
-# token:
+# The ranks keep section 1's order, the e groups inside the d ranks. `cm.plan_job` searches
+# t, c, p, d and e, with the pipeline schedule (1F1B, interleaved, or the zero-bubble ZB-H1
+# and ZBV of [deep dive 09](09-deep-dive-interleaved-schedules.ipynb)), ZeRO-1 or FSDP, and
+# recompute (lesson 04: `full` re-runs each layer's forward in the backward, `selective`
+# only attention's s × s part); `cm.explain_axes` says why each value won. The model shapes
+# are the published ones: grouped-query attention with kv key/value heads, SwiGLU MLPs of
+# width ffn, untied embeddings, and for DeepSeek-V3 E = 256 experts of which k = 8 serve
+# each token:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -161,8 +161,8 @@ claim("the published layout's all-to-alls cross servers and weigh more",
 # sequence when activations, not weights, outgrow a GPU; expert parallelism splits an MoE
 # layer's experts over the ranks that would otherwise be replicas. The planner searches all
 # five axes with the schedule, the sharding and the recompute, and says why each value won;
-# where it parts from Llama 3's and DeepSeek-V3's published layouts, the cause is a cost it
-# leaves out (short chunks' kernel efficiency, FP8, DualPipe's overlap), not a new rule.
+# where it parts from Llama 3's and DeepSeek-V3's published layouts, look first for a cost
+# it leaves out: short chunks' kernel efficiency, FP8, DualPipe's overlap.
 # </div>
 #
 # ## Exercise

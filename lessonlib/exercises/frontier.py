@@ -1,4 +1,4 @@
-"""Checker for lesson 05's second design question, a layout of today: Llama 3 405B at
+"""Checker for deep dive 15's design question, a layout of today: Llama 3 405B at
 128K-token sequences on 16,384 H100 (Dubey et al. 2024), which layout of t, c, p and d, and
 why each axis. Returns a ``Verdict`` (``lessonlib.exercises.verdict``); ``None`` anywhere is
 "your turn".

@@ -9,7 +9,6 @@ stub (``None``, or a function that raises NotImplementedError) is "your turn".
     hybrid.check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1)  # Adam state sharded
     hybrid.check_gpt3_design(t=8, p=8, d=4, b=1, m=256)  # 175 B on 32 servers, B = 1024
     hybrid.check_h100_best_t(4)                      # the 161 B model's best t on H100 servers
-    hybrid.check_long_context_layout(t=8, c=16, p=16, d=8)  # 405 B at 128K tokens (frontier.py)
 
 ``check_design`` rebuilds the student's layout, asks the cost model (``estimate``) whether it
 fits and how fast it runs, and compares it with the best layout the planner (``plan``) finds
@@ -27,7 +26,6 @@ from functools import lru_cache
 
 from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate, plan, tp_sweep
 from lessonlib.costmodel.memory import OPTIMIZER_BYTES
-from lessonlib.exercises.frontier import check_long_context_layout  # noqa: F401 (05's ex.)
 from lessonlib.exercises.verdict import Verdict, correct, not_yet, unwritten, your_turn
 from lessonlib.grid import placements
 

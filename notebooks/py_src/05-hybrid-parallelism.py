@@ -11,22 +11,17 @@
 # %% [markdown]
 # # 05 · Hybrid parallelism: the fleet of castles
 #
-# **The fleet.** One castle is now too big for any single crew. So each castle goes up
-# floor by floor in different buildings (**pipeline** parallelism), every floor is built by
-# a crew at one table, each member holding a slice of every wall (**tensor** parallelism:
-# the crew talks constantly, so it must sit together), and a **fleet** of identical castles
-# is built at once, comparing notes once a day (**data** parallelism).
+# **The fleet.** Each castle goes up floor by floor in different buildings (**pipeline**
+# parallelism); a crew at one table builds each floor, every member holding a slice of
+# every wall (**tensor** parallelism: it talks constantly, so it sits together); and a
+# **fleet** of identical castles is built at once, comparing notes once a day (**data**
+# parallelism).
 #
-# On a GPU cluster the table is a server: its 8 GPUs talk over NVLink (300 GB/s per GPU on
-# an A100 server), servers over InfiniBand (25 GB/s per GPU port). Megatron-LM 2021
-# (Narayanan et al., §3) made this a rule: **tensor parallelism inside a server, pipeline
-# parallelism across servers, data parallelism for what is left**, with a throughput "sweet
-# spot" that neither extreme reaches.
-#
-# Here all three train the tiny GPT at once on 8 CPU ranks, equal to one process; then the
-# cost model finds the sweet spot and answers the lesson's question: 1 trillion parameters
-# on 128 servers. (Stanford MLSys seminar #83, Deepak Narayanan, 06:56-22:40; Narayanan et
-# al., SC21, §3 and §5.)
+# On a GPU cluster the table is a server of 8 GPUs on NVLink (300 GB/s per A100); servers
+# share InfiniBand (25 GB/s per GPU). Megatron-LM 2021 (Narayanan et al., §3) made the rule:
+# **TP inside a server, PP across servers, DP for the rest**. Here all three train the tiny
+# GPT on 8 CPU ranks; then the cost model finds the sweet spot and plans 1 T parameters on
+# 128 servers.
 
 # %%
 import warnings
@@ -45,13 +40,10 @@ from lessonlib.viz import live
 # %% [markdown]
 # ## 1. The grid: every rank gets three coordinates
 #
-# The ranks are arranged once in a box of shape (d, p, t),
-# `torch.arange(world).view(dp, pp, tp)`, with **t innermost**. Reading the box along one
-# axis gives that axis's groups: a TP group is t *consecutive* ranks, a PP group strides by
-# t, a DP group by t·p. Servers hold consecutive ranks, so a TP group sits in one server
-# whenever t divides the server's size. Here are 8 ranks as (d, p, t) = (2, 2, 2)
-# on servers of 4 GPUs, then drawn, with the same rule at the scale of a real job:
-# (2, 4, 8) on 64 GPUs, each server one TP group, each pipeline across 4 servers.
+# The ranks form one box, `torch.arange(world).view(dp, pp, tp)`, **t innermost**: a TP
+# group is t *consecutive* ranks, a PP group strides by t, a DP group by t·p. Servers hold
+# consecutive ranks, so a TP group stays in one server when t divides its size. Below:
+# (d, p, t) = (2, 2, 2) on servers of 4 GPUs, and a real job's (2, 4, 8) on 64.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -63,9 +55,8 @@ viz.draw_grid(2, 4, 8, gpus_per_node=8)
 plt.show()
 
 # %% [markdown]
-# Bad layouts are refused before any process starts, and a TP group that crosses a server
-# boundary *although it need not* gets a warning. Then the grid for real: 8 ranks build
-# their groups, sum their rank ids over each axis, and compare with PyTorch's
+# Bad layouts are refused before any process starts; a TP group needlessly crossing servers
+# gets a warning. Then 8 ranks build their groups and compare them with PyTorch's
 # `init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "pp", "tp"))`.
 
 # %%
@@ -79,8 +70,6 @@ with warnings.catch_warnings(record=True) as caught:
     grid.check_grid(24, 2, 4, 3, gpus_per_node=8)
 print("GridWarning:", caught[0].message)
 
-# %%
-# NBVAL_CHECK_OUTPUT
 ranks = lessonlib.launch(grid.demo_grid, 8, 2, 2, 2)
 for r in ranks:
     print(f"rank {r['rank']} (dp, pp, tp) = {r['coords']}: sums over tp/pp/dp groups = "
@@ -90,15 +79,14 @@ for r in ranks:
 # %% [markdown]
 # ## 2. Prediction before the run
 #
-# `lessonlib.hybrid` trains the tiny GPT (4 layers, h = 32) on the (2, 2, 2) grid: each
-# replica takes 4 of the 8 sequences of a step as m = 2 micro-batches of b = 2, through a
-# 2-stage 1F1B pipeline whose layers are split over a TP pair. Per step, each rank sends:
+# `lessonlib.hybrid` trains the tiny GPT (4 layers, h = 32) on this grid: each replica takes
+# 4 of a step's 8 sequences as m = 2 micro-batches of b = 2 through a 2-stage 1F1B pipeline,
+# each stage's layers split over a TP pair. Per step each rank sends:
 #
-# * TP: 4 all-reduces of a (b, s, h) activation per layer per micro-batch (2 in the
-#   forward, 2 in the backward; Megatron-LM 2021 §3.2);
-# * PP: one activation forward and one gradient backward per micro-batch and boundary;
-# * DP: **one** all-reduce of all the stage's gradients, after the last backward;
-# * and the pipeline idles for the bubble, (p-1)/(m+p-1) = 1/3 of the step (GPipe §2.3).
+# * TP: 4 all-reduces of a (b, s, h) activation per layer per micro-batch;
+# * PP: an activation forward, a gradient backward, per micro-batch and boundary;
+# * DP: **one** all-reduce of the stage's gradients;
+# * and the pipeline idles for the bubble, (p-1)/(m+p-1) = 1/3 of the step.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -113,10 +101,10 @@ for stage in (0, 1):
 print(f"predicted bubble: {cm.bubble_fraction(2, 2):.1%} of the step (wall convention)")
 
 # %% [markdown]
-# ## 3. The real run: TP × PP × DP on 8 ranks, against one process
+# ## 3. The real run: TP × PP × DP on 8 ranks
 #
-# Every rank builds its shard from the same full model, trains 3 SGD steps, and compares
-# it with the same shard of the dense model trained in one process on the whole batch.
+# Every rank builds its shard from the same full model and trains 3 SGD steps, against the
+# dense model trained in one process on the whole batch.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -136,23 +124,24 @@ for key in ("max_loss_diff", "max_grad_diff", "max_weight_diff"):
 # %% [markdown]
 # ## 4. Measured against predicted
 #
-# Each rank's communication ledger and parameters next to section 2's prediction, then the
-# pipeline's idle time next to the bubble formula:
+# Each rank's message ledger and parameters against section 2, its idle time against the
+# bubble:
 
 # %%
-# NBVAL_CHECK_OUTPUT
+# NBVAL_IGNORE_OUTPUT
 print(f"{'rank':>4} {'(d,p,t)':>9} {'params':>7} {'expected':>8}   traffic per step "
       f"(measured == expected)")
+exact = []
 for r in per_rank:
     stage = r["coords"][1]
     want = hybrid.expected_traffic(cfg, 2, 2, 2, 8, 2, stage, r["param_count"])
     got = hybrid.measured_traffic(r["traffic"][-1])
+    exact.append(got == want
+                 and r["param_count"] == hybrid.expected_param_count(cfg, 2, 2, stage))
     print(f"{r['rank']:>4} {str(r['coords']):>9} {r['param_count']:>7,} "
           f"{hybrid.expected_param_count(cfg, 2, 2, stage):>8,}   "
           + ", ".join(f"{k} {got[k]['calls']}" for k in got) + f"  ({got == want})")
-
-# %%
-# NBVAL_IGNORE_OUTPUT
+claim("every rank sent the predicted messages and holds the predicted parameters", all(exact))
 idle = sorted(r["idle_share"] for r in per_rank)
 print(f"time outside F and B, median over ranks: {idle[len(idle) // 2]:.0%}; "
       f"bubble formula: {cm.bubble_fraction(2, 2):.0%}")
@@ -162,22 +151,14 @@ print(f"one TP all-reduce of {tp_calls[0]['bytes'] // tp_calls[0]['calls']:,} by
       f"{per_call * 1e3:.2f} ms on average (from the ledger)")
 
 # %% [markdown]
-# The counts and parameters match exactly; the idle share only roughly, since 8 processes
-# share a few CPU cores and the tiny layers' time is mostly per-operation overhead
-# ([Deep dive: laptop measurements](11-deep-dive-laptop-measurements.ipynb)).
-#
-# Try another layout: the widget trains the tiny GPT for real on the layout you pick (2 or
-# 4 ranks, 3 steps) and draws the bytes each axis sent, from the ledger, beside the cost
-# model's count. (Executed headless, it draws once with its default.)
+# Counts and parameters match exactly; the idle share only roughly: 8 processes share a few
+# CPU cores ([deep dive 11](11-deep-dive-laptop-measurements.ipynb)). The widget trains the
+# layout you pick and draws each axis's bytes beside the model's count; below,
+# `labs/hybrid.py`'s results for every 8-rank layout:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 live.layout_widget()
-
-# %% [markdown]
-# <!-- no measured claim: the lab's results and their checks are in the next cell -->
-# The lab `labs/hybrid.py` runs every (t, p, d) layout of 8 ranks the same way, each checked
-# against one process first. Its results on this machine, and what they say:
 
 # %%
 record = stored("hybrid_cpu_results.json")
@@ -208,22 +189,19 @@ claim("with t = 1 it is far above it", all(r["idle_share_median"] > r["predicted
       numbers=", ".join(f"{r['idle_share_median']:.0%} vs {r['predicted_bubble']:.0%}" for r in off))
 
 # %% [markdown]
-# On a CPU each gloo all-reduce has a fixed cost (the ledger's milliseconds above) and TP
-# issues four per layer per micro-batch, so here more t is slower: the best layout depends
-# on what compute and each link cost on the hardware at hand, which is what a cost model
-# encodes. The idle share follows the model's bubble once t >= 2, but at t = 1 it is far
-# above it: with t = 1 a stage computes least between two pipeline messages, and what the
-# bubble formula leaves out, the time a stage waits for a message to be copied through the
-# operating system, weighs most (deep dive 11's section 2 takes such a step apart).
+# On a CPU each gloo all-reduce has a fixed cost and TP issues four per layer per
+# micro-batch, so more t is slower here: the hardware decides, and a cost model encodes it.
+# At t = 1 the idle share is far above the bubble: a stage computes least between messages,
+# so waiting for the operating system to copy each weighs most.
 #
 # ## 5. The cost model at scale: Megatron-LM 2021, Table 1
 #
-# `costmodel.estimate(model, layout, cluster)` predicts memory per GPU, the step time split
-# into compute, TP/PP/DP communication and bubble, and TFLOP/s per GPU. Its few empirical
-# constants (chiefly the share of peak a large matrix multiply reaches) were chosen once,
-# for all rows, **on this table**: so the table is **calibration, not validation**. It shows
-# that one set of constants fits ten runs from 1.7 B to 1 T parameters on up to 3072 A100,
-# not that the model predicts runs it has not seen:
+# `costmodel.estimate(model, layout, cluster)` predicts memory and TFLOP/s per GPU and
+# splits the step into compute (matrix products), elementwise (memory-bound kernels: layer
+# norm, GeLU, softmax, dropout), TP, PP, DP communication and bubble. `recompute=full`
+# (the default; lesson 04) re-runs each layer's forward in the backward,
+# `selective` only attention's s × s part. Its few constants were fitted **on this table**:
+# calibration, not validation.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -234,18 +212,14 @@ viz.table1_plot()
 plt.show()
 
 # %% [markdown]
-# The largest miss, -12 %, is the 1 T row, the deepest pipeline (p = 64, v = 1): the model
-# charges it the full bubble, 10.9 % of the step, yet the paper measured as much there as
-# for the 530 B model's interleaved pipeline (v = 3;
-# [Deep dive: interleaved schedules](09-deep-dive-interleaved-schedules.ipynb)). The model
-# is not fitted to what it does not know.
+# The largest miss, -12 % on the 1 T row, is its 64-stage pipeline, whose bubble the model
+# charges in full ([deep dive 09](09-deep-dive-interleaved-schedules.ipynb)).
 #
-# **Checked on what it was not fitted to:** the paper's Fig. 13, the 162.2 B model on 64
-# A100 at batch sizes 32 and 128, t x p = 64: t = 8, p = 8 best, "up to 2x" lower elsewhere.
-# The model's shape is the paper's run script's (`examples/sc21/run_figure_13.sh` in
-# Megatron-LM: 32 layers, h = 20480, 128 heads); a thinner, deeper shape of the same size
-# would double TP's cost relative to compute, which scales as 1/h. The same sweep in the
-# model, with NCCL driving every GPU's own InfiniBand port, and with one port per server:
+# **Checked on what it was not fitted to:** Fig. 13, the 162.2 B model on 64 A100 at batch
+# 32 and 128, t x p = 64: t = 8 best, "up to 2x" lower elsewhere. Its shape is the paper's
+# run script's (Megatron-LM `examples/sc21/run_figure_13.sh`: 32 layers, h = 20480, 128
+# heads); a thinner, deeper one would double TP's cost relative to compute (it scales as
+# 1/h). With every GPU's InfiniBand port, then one per server:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -270,17 +244,14 @@ claim("with one port per server t = 16 loses more than half", all(r < 0.5 for r 
       numbers=", ".join(f"{r:.2f}x" for r in one_port))
 
 # %% [markdown]
-# With every port in use the model has the paper's shape: t = 8 best at both batch sizes,
-# the deep pipelines of small t losing to the bubble, the large t leaving the server for the
-# network, and the worst layout at about half the best. Left of t = 8 it is flatter at the
-# larger batch, whose more micro-batches shrink the bubble. With one port per server,
-# leaving the server costs far more: t = 16 loses more than half of the throughput.
+# The model has the paper's shape: t = 8 best at both batch sizes, small t losing to the
+# bubble, large t to the network, the worst at about half the best. With one port per
+# server t = 16 loses more than half.
 #
 # ## 6. The sweet spot
 #
-# Fix a 161 B-parameter model on 64 A100 (B = 64, d = 1: it needs every GPU for its 2.6 TB
-# of model state) and trade t against p = 64/t. Left of the peak the deeper pipeline's
-# bubble eats the step; right of it the TP all-reduces leave NVLink for the network.
+# A 161 B model on 64 A100 (B = 64, d = 1: its 2.6 TB of state needs every GPU), t traded
+# against p = 64/t: left of the peak the bubble eats the step, right of it TP leaves NVLink.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -293,10 +264,9 @@ viz.sweet_spot("gpt-161B", "dgx-a100", n_gpus=64, global_batch=64)
 plt.show()
 
 # %% [markdown]
-# Explore the design space: n GPUs and B fixed, each cell one (t, p), d = n/(t·p) replicas
-# of m = B/(b·d) micro-batches. Left: predicted TFLOP/s per GPU (blue: the best; red: your
-# choice; grey: the GB it would need, or why it cannot be built). Right: the bubble. Below:
-# your layout's memory and step time. The default, drawn once, then the widget:
+# Design space for n and B fixed, each cell one (t, p): TFLOP/s per GPU (blue: best;
+# red: yours; grey: why not buildable), the bubble, and your layout's memory and step time;
+# then the widget:
 
 # %%
 viz.design_panel("gpt-161B", "dgx-a100", n_gpus=64, global_batch=64, t=8, p=8)
@@ -308,13 +278,10 @@ viz.hybrid_widget()
 # %% [markdown]
 # ## 7. The system-design question: 1 trillion parameters
 #
-# Train a 1-trillion-parameter GPT (`cm.MODELS["megatron-1T"]`: 128 layers, h = 25600) on
-# **128 servers of 8 A100 80 GB** (NVLink inside, InfiniBand between), global batch 2048
-# sequences. Choose t, p and d (t·p·d = 1024). Write yours down before reading on.
-#
-# The lesson's answer: t = 8 inside each server, p = 16 across servers, and the rest data
-# parallel. Check it with the tools above. One replica is 8 × 16 = 128 GPUs, and it must
-# hold the whole model:
+# A 1 T GPT (`cm.MODELS["megatron-1T"]`: 128 layers, h = 25600) on **128 servers of 8 A100
+# 80 GB**, global batch 2048: choose t, p, d (t·p·d = 1024) before reading on. The lesson's
+# answer: t = 8, p = 16, the rest data parallel. A replica, 128 GPUs, must hold the whole
+# model:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -334,19 +301,15 @@ print(f"{one_t.params() / 1e12:.2f} T parameters / {gpus_per_replica} GPUs = "
       f"per GPU before any activation, on an 80 GB A100")
 
 # %% [markdown]
-# It does not fit: 126 GB of weights, gradients and Adam state per GPU, and the cost model,
-# which also counts the first stage's embedding and the activations 1F1B keeps, says more.
-# Two ways out:
+# It does not fit: 126 GB of state per GPU, before embeddings and activations. Two ways out:
 #
-# * **a longer pipeline**: p = 64 stages (Megatron-LM 2021's own choice for its 1 T run), so
-#   a replica spans 512 GPUs and each holds a quarter as much; d = 2;
-# * **shard the Adam state over the replicas** (ZeRO-1, Rajbhandari et al. 2020; Megatron's
-#   distributed optimizer): each of the 8 replicas keeps the fp32 Adam state of 1/8 of its
-#   weights, moving the same bytes as the all-reduce it replaces
-#   ([Deep dive: sharding](08-deep-dive-sharding.ipynb)).
+# * **a longer pipeline**, p = 64 (Megatron-LM 2021's own), a quarter as much per GPU; d = 2;
+# * **ZeRO-1** ([deep dive 08](08-deep-dive-sharding.ipynb)): the 8 replicas each keep 1/8
+#   of the fp32 Adam state, for the bytes of the all-reduce it replaces.
 #
-# The cost model on both and on the depths between and beyond; `ex.check_design` compares a layout with the planner's best,
-# and the planner (without ZeRO) says why it picks the longer pipeline:
+# The cost model on both and nearby depths; the planner (without ZeRO) explains its pick.
+# Its TFLOP/s count the FLOPs the GPU runs, recomputation included; MFU (model FLOPs
+# utilization) only the model's own forward and backward, over the GPU's peak:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -365,26 +328,19 @@ print(cm.plan(one_t, cm.CLUSTERS["dgx-a100"], n_gpus=1024, global_batch=2048,
 ex.check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1)
 
 # %% [markdown]
-# Both ways out fit (p = 32 does not yet), and the deeper the pipeline, the slower: with 64
-# stages of 2 layers the last stage's output layer (logits over 51,200 words) weighs more,
-# and the slowest stage paces the pipeline. So the cost model predicts ZeRO-1 a little faster.
+# Both fit (p = 32 does not yet); deeper is slower: at 2 layers per stage the last stage's
+# output layer (51,200 logits) paces the pipeline, so ZeRO-1 is predicted a little faster.
 #
-# **The answer, as you could give it in an interview.** "A trillion parameters need about
-# 16 TB of weights, gradients and Adam state, so I must split the model over hundreds of
-# GPUs. I put tensor parallelism inside each server, t = 8: it all-reduces activations four
-# times per layer and needs NVLink. I cut the 128 layers into pipeline stages across
-# servers: a pipeline sends one activation per micro-batch per boundary, so InfiniBand is
-# enough. With p = 16 a replica is 128 GPUs, 7.9 B parameters per GPU: 126 GB of state, more
-# than 80 GB. So either I make the pipeline 64 stages deep (49 GB per GPU; d = 2), or I keep
-# p = 16 and shard the Adam state over the d = 8 replicas with ZeRO-1 (59 GB per GPU), which
-# the cost model predicts slightly faster. The replicas split the global batch of 2048,
-# 256 sequences each, and average their gradients once per step; with 256 micro-batches per
-# replica the bubble stays near 5 % of the step."
+# **The interview answer.** "16 TB of model state needs hundreds of GPUs. TP inside each
+# server, t = 8: its all-reduces need NVLink. Pipeline stages across servers: one activation
+# per micro-batch per boundary. At p = 16 a GPU holds 126 GB; so 64 stages (d = 2), or
+# p = 16 with ZeRO-1 over the 8 replicas, slightly faster. The replicas split the one
+# global batch, 256 sequences each, and average gradients once per step."
 #
-# **Three sentences of the lesson we build on, weighed.** It calls pure data parallelism
-# "guaranteed to fail (memory wall)". Without sharding, yes: every GPU would hold 16 TB.
-# But ZeRO-3 (FSDP) shards the weights, gradients and Adam state over all 1024 GPUs, and
-# the memory wall is gone; what stands in the way is the traffic and the batch:
+# **The lesson's own claims, weighed.** It calls pure data parallelism "guaranteed to fail
+# (memory wall)". Without sharding, yes: 16 TB per GPU. But ZeRO-3 (FSDP) shards it all over
+# the 1024 GPUs, 16/d bytes per parameter; what remains is traffic, the batch and
+# activations:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -393,8 +349,9 @@ zero3 = cm.estimate(one_t, cm.Layout(t=1, p=1, d=1024, b=2, global_batch=2048, z
 bf16_weights = 2 * one_t.params()
 moved = (3 + 1) * bf16_weights * 1023 / 1024   # 3 gathers (forward, recompute, backward), 1 RS
 print(f"ZeRO-3 on d = 1024: model state {zero3.memory.model_state / 1e9:.1f} GB per GPU "
-      f"(16 bytes x {one_t.params() / 1e12:.2f} T / 1024); with activations "
-      f"{zero3.memory.total / 1e9:.1f} GB: {'fits' if zero3.fits else 'does NOT fit'}")
+      f"(16 bytes x {one_t.params() / 1e12:.2f} T / 1024), activations "
+      f"{zero3.memory.activations / 1e9:.1f} GB: {zero3.memory.total / 1e9:.1f} GB, "
+      f"{'fits' if zero3.fits else 'does NOT fit'}")
 print(f"per step each GPU gathers the {bf16_weights / 1e12:.1f} TB of bf16 weights 3 times and "
       f"reduce-scatters the gradients once: {moved / 1e12:.1f} TB through its link; "
       f"{zero3.time['dp_comm']:.0f} s of the {zero3.step_time_s:.0f} s step are not hidden")
@@ -403,189 +360,41 @@ print(f"the global batch of 2048 sequences gives each GPU {2048 // 1024}: no mor
 deep = cm.estimate(one_t, cm.Layout(t=8, p=64, d=2, b=1, global_batch=2048),
                    cm.CLUSTERS["dgx-a100"])
 claim("ZeRO-3 alone fits the 1 T model on 1024 A100", zero3.fits)
+claim("  its activations weigh more than its model state",
+      zero3.memory.activations > zero3.memory.model_state)
 claim("and runs a little slower than t=8 p=64 d=2",
       0.8 * deep.tflops_per_gpu < zero3.tflops_per_gpu < deep.tflops_per_gpu,
       numbers=f"{zero3.tflops_per_gpu:.0f} against {deep.tflops_per_gpu:.0f} TFLOP/s per GPU")
 
 # %% [markdown]
-# So "guaranteed to fail" is wrong: on the cost model ZeRO-3 alone fits and runs, a little
-# slower than the planner's layout, because it moves terabytes per GPU per step where TP
-# and PP move activations, and because the global batch caps how many GPUs it can use.
-# The same lesson says d = 8 makes "8 global batches": it does not; the 8 replicas each
-# take an eighth of the *one* global batch of 2048 (256 sequences each, as the answer above
-# says), and their gradients are averaged into one step. And it says a pipeline crosses
-# servers because it "tolerates latency": it does not tolerate it any better, each of its
-# messages sits on the critical path; it crosses servers because it sends few bytes, one
-# activation per micro-batch per boundary (lesson 04's section "tensor or pipeline?").
+# So "guaranteed to fail" is wrong: ZeRO-3 alone fits and runs, a little slower than the
+# planner's layout, because each GPU moves terabytes per step where TP and PP move
+# activations, because the batch of 2048 caps it at 2048 GPUs of one sequence each, and
+# because each GPU keeps all 128 layers' activations. The lesson says d = 8 makes "8 global
+# batches": it does not; the 8 replicas each take an eighth of the *one* global batch of
+# 2048 (256 sequences) and average their gradients into one step. And a pipeline does not
+# cross servers because it "tolerates latency": each message sits on the critical path; it
+# crosses them because it sends few bytes, one activation per micro-batch per boundary
+# (lesson 04, "tensor or pipeline?").
 #
-# Such a run lasts weeks and will lose GPUs: how each rank checkpoints its shard and the
-# run resumes, even on another layout, is in [Deep dive: long runs](10-deep-dive-long-runs.ipynb).
-# When the sequences grow long (Llama 3 trained at 128K tokens) the activations outgrow every
-# (t, p, d), and context parallelism splits each sequence over c ranks:
-# [Deep dive: long sequences](12-deep-dive-long-sequences.ipynb).
-# Today a trillion-parameter model is usually a mixture of experts, and its answer differs:
-# [Deep dive: mixture of experts](13-deep-dive-mixture-of-experts.ipynb).
-# And each scheme of this course has a quiet bug of its own, one that trains on without an
-# error: they, and the checks that catch each of them, are in
-# [Deep dive: the bug zoo](06-deep-dive-bug-zoo.ipynb).
-
-# %% [markdown]
-# ## 8. Beyond three axes, for real
+# Further: long runs ([deep dive 10](10-deep-dive-long-runs.ipynb)), long sequences
+# ([12](12-deep-dive-long-sequences.ipynb)), mixtures of experts
+# ([13](13-deep-dive-mixture-of-experts.ipynb)), quiet bugs ([06](06-deep-dive-bug-zoo.ipynb));
+# [deep dive 15](15-deep-dive-five-axes.ipynb) adds context and expert parallelism to this
+# grid and plans Llama 3 405B and DeepSeek-V3 on five axes.
 #
-# The layouts published since 2021 add axes: Llama 3 405B trained on TP × CP × PP × FSDP,
-# DeepSeek-V3 on PP × EP × ZeRO-1. Each new axis is one room's idea applied in one place,
-# and the builder applies them in one order, as torchtitan's `parallelize_llama` does:
-# tensor, with sequence parallelism (an MoE layer becomes expert-parallel instead), then
-# context (ring attention over the cp group, each token's position read from the whole
-# sequence), then the pipeline cut, then data parallelism over the d·c ranks that hold the
-# same weights (plain, ZeRO-1 or FSDP), an expert's gradients over the ranks holding its
-# copies. The grid gains a c axis, and
-# expert groups carved from the d ranks, in Megatron-Core's rank order tp-cp-dp-pp: tensor
-# innermost, pipeline outermost. Here is t = 2, c = 2, p = 2 on the same 8 ranks:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-print(grid.layout_table(1, 2, 2, gpus_per_node=4, cp=2, order=grid.MEGATRON_ORDER))
-
-# %%
-from lessonlib import hybrid_axes
-from lessonlib.viz.source import show
-
-show(hybrid_axes.build_stage)
-
-# %% [markdown]
-# Three layouts of the 8 ranks, each trained 3 SGD steps in float64 and compared with one
-# process on the whole batch: losses, every rank's shard of the first step's gradients and
-# of the final weights. The MoE run uses a capacity factor E/k, so no token is dropped, and
-# no auxiliary loss.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-from lessonlib import comm
-
-beyond = {"t=2 c=2 p=2 d=1, SP": dict(tp=2, cp=2, pp=2, sp=True),
-          "t=2 p=2 d=2, FSDP on d": dict(tp=2, pp=2, dp=2, shard_on="fsdp"),
-          "MoE t=2 p=2 d=2, e=2 inside d": dict(tp=2, pp=2, dp=2, ep=2, moe=True)}
-for name, axes in beyond.items():
-    ranks = hybrid_axes.run(**axes)
-    s = hybrid_axes.parity(ranks)
-    worst = max(s["max_loss_diff"], s["max_grad_diff"], s["max_weight_diff"])
-    claim(f"{name} on 8 ranks equals one process", worst < 1e-12,
-          numbers=f"loss {s['max_loss_diff']:.0e}, gradients {s['max_grad_diff']:.0e}, "
-                  f"weights {s['max_weight_diff']:.0e}")
-    claim("  and its recorded trace has no NCCL hazard",
-          comm.nccl_hazards([r["events"] for r in ranks]) == [])
-
-# %% [markdown]
-# The same lab measures them: `python labs/hybrid.py --cp 2 --layouts t2p2d1`, with `--ep 2`
-# or `--shard zero1` / `--shard fsdp`, and `labs/sweep.py` sweeps those flags like any other.
-#
-# ## 9. Beyond three axes at scale: the planner on Llama 3 and DeepSeek-V3
-#
-# Layouts published since 2021 use two more axes: **context parallelism** c (each sequence
-# split over c GPUs, which share one micro-batch; K and V travel a ring) and **expert
-# parallelism** e (a mixture of experts' experts split over e of the d data-parallel GPUs,
-# tokens sent to them by all-to-alls). Ranks are ordered tp, cp, ep, dp, pp as in
-# Megatron-Core. `cm.plan_job` searches t, c, p, d, e with the schedules, ZeRO-1 or FSDP,
-# and recompute; `cm.explain_axes` says why each value won. The model shapes are the
-# published ones (grouped-query attention, SwiGLU, untied embeddings, experts):
-
-# %%
-# NBVAL_CHECK_OUTPUT
-from lessonlib.costmodel.model import PUBLISHED_PARAMS
-
-for name_9, published_9 in PUBLISHED_PARAMS.items():
-    print(f"{cm.MODELS[name_9].describe()}: published {published_9 / 1e9:.2f} B, "
-          f"{cm.MODELS[name_9].params() / published_9 - 1:+.2%}")
-
-# %% [markdown]
-# **Llama 3 405B on 16,384 H100**, 16M tokens per step (Dubey et al. 2024, §3.3.2 and
-# §3.4.1): the planner at 8K, 32K and 128K tokens, beside the published layout, TP 8, PP 16,
-# CP 1 at 8K and 16 at 128K, FSDP over the rest (each row at its best schedule, ZeRO stage
-# and recompute):
-
-# %%
-# NBVAL_CHECK_OUTPUT
-llama_9, h100_9 = cm.MODELS["llama3-405B"], cm.CLUSTERS["dgx-h100"]
-plans_9 = {s_9: cm.plan_job(llama_9, h100_9, 16384, 2**24 // s_9, seq=s_9)
-           for s_9 in (8192, 32768, 131072)}
-print(f"{'tokens':>7} {'':>10} {'layout':<66} {'GB/GPU':>6} {'TFLOP/s':>7}")
-for s_9, plan_9 in plans_9.items():
-    published_9 = plan_9.find(t=8, c=1 if s_9 == 8192 else 16, p=16)
-    for who_9, e_9 in (("planner", plan_9.best), ("published", published_9)):
-        if e_9 is not None:
-            shown_9 = f"{e_9.layout.describe()} {e_9.layout.schedule}"
-            print(f"{s_9:>7} {who_9:>10} {shown_9:<66} {e_9.memory.total / 1e9:6.1f} "
-                  f"{e_9.tflops_per_gpu:7.0f}")
-print(cm.explain_axes(plans_9[131072]))
-cs_9 = [plans_9[s_9].best.layout.c for s_9 in plans_9]
-claim("every choice fits in 80 GB", all(p_9.best.memory.total < 80e9
-                                        for p_9 in plans_9.values()))
-claim("c grows with the sequence", cs_9 == sorted(cs_9) and cs_9[-1] > cs_9[0],
-      numbers=f"c = {cs_9} at 8K, 32K, 128K")
-
-# %% [markdown]
-# Context parallelism appears as s grows, but already at 8K: with 16M tokens per step the
-# batch cannot give 1F1B enough micro-batches per replica, and GPUs spent on c do not divide
-# the batch. The cost model prices the K/V ring (hidden behind attention) but not what short
-# per-GPU chunks lose in kernel efficiency, so it uses c more than Meta did.
-#
-# **DeepSeek-V3 on 2048 H800** (DeepSeek-AI 2024, §3.2: PP 16, EP 64 over 8 nodes, ZeRO-1
-# DP, no TP; DualPipe hides the all-to-alls, so the plan assumes them overlapped):
-
-# %%
-# NBVAL_CHECK_OUTPUT
-ds_9 = cm.plan_job(cm.MODELS["deepseek-v3"], cm.CLUSTERS["hgx-h800"], 2048, 15360,
-                   overlap_comm=True)
-ds_published_9 = ds_9.find(t=1, c=1, p=16, e=64, zero_stage=1)
-for who_9, e_9 in (("planner", ds_9.best), ("published", ds_published_9)):
-    print(f"{who_9:>10}: {e_9.layout.describe()} {e_9.layout.schedule}: "
-          f"{e_9.memory.total / 1e9:.1f} GB per GPU, {e_9.tflops_per_gpu:.0f} TFLOP/s per GPU, "
-          f"all-to-alls {e_9.time['ep_comm']:.1f} s of a {e_9.step_time_s:.1f} s step")
-claim("both fit in 80 GB", ds_9.best.memory.total < 80e9 and ds_published_9.fits)
-claim("the published layout's all-to-alls cross servers and weigh more",
-      ds_published_9.time["ep_comm"] > ds_9.best.time["ep_comm"],
-      numbers=f"e=64 against e={ds_9.best.layout.e}")
-
-# %% [markdown]
-# The estimate counts 16-bit GEMMs; DeepSeek-V3 trained in FP8 and overlapped more than this
-# model hides, so its published choice pays here for traffic it did not pay.
-#
-# What was fitted and what is only checked: the two efficiency constants were chosen once on
-# Megatron-LM 2021 Table 1 (every row within 15 %); Korthikanti 2022 Table 5 and Megatron's
-# Fig. 13 are held-out checks; nothing was fitted to Llama 3 or DeepSeek-V3.
-#
-# **Design question.** Llama 3 405B, 128K-token sequences, 16,384 H100, 128 sequences per
-# step: which (t, c, p, d), and why each axis? The checker answers axis by axis.
-
-# %%
-long_context = dict(t=None, c=None, p=None, d=None)
-ex.check_long_context_layout(**long_context)
-
-# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
-# NBVAL_CHECK_OUTPUT
-# t = 8 fills a server; c = 16 leaves 8K tokens per GPU, as at 8K; p = 16 splits the state;
-# d = 16384 / (8*16*16) = 8 replicas of 16 sequences: Llama 3's own answer.
-long_context_solution = dict(t=8, c=16, p=16, d=8)
-ex.check_long_context_layout(**long_context_solution)
-
-# %% [markdown]
 # > **Takeaway.** The three parallelisms compose on one grid, (d, p, t) with t innermost, and
-# > together compute exactly what one process computes. Where each goes is decided by
-# > bandwidth: TP talks every layer, so it stays inside a server (t ≤ 8); PP sends one
-# > activation per micro-batch, so it crosses servers, paying a bubble of (p-1)/m of the
-# > ideal compute time (Megatron-LM's convention; (p-1)/(m+p-1) of the wall time) that more
-# > micro-batches shrink; DP sends the gradients once per step, so it takes what is left.
-# > Megatron-LM's rule, the smallest t·p that fits with t filling a server, is where the
-# > search starts, not its answer: the cost model picks t = 4 for GPT-3 on 32 servers and
-# > leans to t = 4 on H100 servers (exercises 2 and 3), and sharding the optimizer state
-# > (ZeRO-1) makes a smaller t·p fit.
+# > compute exactly what one process computes. Bandwidth places them: TP talks every layer,
+# > so it stays in a server; PP sends an activation per micro-batch, so it crosses servers,
+# > paying a bubble that more micro-batches shrink; DP sends gradients once per step and
+# > takes the rest. The smallest t·p that fits, t filling a server, starts the search but is
+# > not its answer: the model picks t = 4 for GPT-3 on 32 servers and on H100 (exercises 2
+# > and 3), and ZeRO-1 fits a smaller t·p.
 #
 # ## Exercises
 #
-# **1.** Write `coords(rank, dp, pp, tp)` returning the rank's (dp, pp, tp) coordinates in
-# `arange(world).view(dp, pp, tp)`, without building the tensor. The checker tries grids
-# of several shapes.
+# **1.** Write `coords(rank, dp, pp, tp)`: the rank's coordinates in
+# `arange(world).view(dp, pp, tp)`, without building the tensor.
 
 # %%
 def coords(rank, dp, pp, tp):
@@ -603,10 +412,9 @@ def coords_solution(rank, dp, pp, tp):
 ex.check_coords(coords_solution)
 
 # %% [markdown]
-# **2. The design question, on a new case.** GPT-3 (`cm.MODELS["gpt3-175B"]`, 175 B
-# parameters, 96 layers) on **32 servers of 8 A100 80 GB**, global batch 1024 sequences.
-# Propose (t, p, d, b, m) with t·p·d = 256 and b·m·d = 1024, reasoning as section 7 did:
-# memory first, then bandwidth.
+# **2. The design question, on a new case.** GPT-3 (`cm.MODELS["gpt3-175B"]`, 96 layers) on
+# **32 servers of 8 A100 80 GB**, global batch 1024. Propose (t, p, d, b, m) with
+# t·p·d = 256 and b·m·d = 1024: memory first, then bandwidth.
 
 # %%
 gpt3_design = dict(t=None, p=None, d=None, b=1, m=None)
@@ -622,10 +430,9 @@ gpt3_design_solution = dict(t=8, p=8, d=4, b=1, m=256)
 ex.check_gpt3_design(**gpt3_design_solution)
 
 # %% [markdown]
-# **3. Predict before you look.** Move section 6's sweep (161 B, 64 GPUs) to H100 servers:
-# 3.2 times an A100's compute (989 against 312 TFLOP/s), NVLink 1.5 times faster (450
-# against 300 GB/s per GPU), InfiniBand twice (50 against 25 GB/s). Which t is best now?
-# Which part of the step shrinks most, and which then weighs more? Then check in the widget.
+# **3. Predict before you look.** Move section 6's sweep to H100 servers: compute 3.2x an
+# A100's, NVLink 1.5x, InfiniBand 2x. Which t is best now, and which part of the step then
+# weighs more? Check in the widget.
 
 # %%
 h100_best_t = None  # your prediction: 1, 2, 4, 8, 16, 32 or 64

@@ -29,7 +29,7 @@ import torch
 from lessonlib import labkit
 from lessonlib import model_parallel as mp
 from lessonlib.costmodel import bubble_fraction
-from lessonlib.pipeline.stages import layers_of, split_summary
+from lessonlib.layer_split import layers_of, split_summary
 
 P_THEORY = 8                      # the notebook's plots run p = 1..8
 MODEL_KEYS = ("model", "layers", "hidden", "width", "batch", "steps", "warmup", "lr", "seed")
@@ -84,7 +84,7 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     record["theory"] = {
         "conventions": {"idle_share": "(p-1)/p of wall time: the bubble (p-1)/(m+p-1) at m = 1, "
                                       "GPipe §2.3",
-                        "param_bytes_split": "the balanced split's stages (pipeline.stages)",
+                        "param_bytes_split": "the balanced split's stages (layer_split)",
                         "step_time": "the same as p = 1: the stages run one after another"},
         "idle_share": {str(p): bubble_fraction(p, 1) for p in range(1, P_THEORY + 1)},
         "param_bytes_split": {str(p): [per_param * s["params"] for s in split_summary(full, p)]

@@ -21,7 +21,6 @@ Laptop:  python labs/mp.py --world-size 4 --json data/mp_cpu_results.json
 GPU box: torchrun --nproc-per-node 8 labs/mp.py --hidden 1024 --layers 16 --batch 32 \\
              --json results/mp.json
 """
-import functools
 import sys
 
 import torch
@@ -164,9 +163,10 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="compute threads per rank (1: the same cores per stage at every p)")
-    return labkit.main(parser, functools.partial(check_settings, argv=argv), worker,
-                       build_record, argv,
-                       fp32_only="its stages receive activations in fp32 buffers")
+    args = labkit.parse(parser, argv, fp32_only="its stages receive activations in fp32 buffers")
+    settings = check_settings(parser, args, argv) | {"dtype": args.dtype}
+    record = build_record(labkit.on_ranks(worker, args, settings), settings, args.world_size)
+    return labkit.emit(record, args.json)
 
 
 if __name__ == "__main__":

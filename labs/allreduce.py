@@ -168,8 +168,10 @@ def main(argv=None):
     p.add_argument("--sizes-kb", default="1,4,16,64,256,1024,4096,16384,65536")
     p.set_defaults(command="python labs/allreduce.py " + " ".join(sys.argv[1:] if argv is None
                                                                     else argv))
-    return labkit.main(p, check_settings, None, build_record, argv, measure=measure_all,
-                       fp32_only="it times fp32 messages, as gradients are all-reduced")
+    args = labkit.parse(p, argv, fp32_only="it times fp32 messages, as gradients are all-reduced")
+    settings = check_settings(p, args) | {"dtype": args.dtype}
+    record = build_record(measure_all(args, settings), settings, args.world_size)
+    return labkit.emit(record, args.json)
 
 
 if __name__ == "__main__":

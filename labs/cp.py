@@ -160,8 +160,10 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=4, help="a, attention heads")
     p.add_argument("--head-dim", type=int, default=32, help="h/a, dims per head")
     p.add_argument("--no-causal", action="store_true", help="attend to every token")
-    return labkit.main(p, check_settings, worker, build_record, argv,
-                       fp32_only="the errors are read against float32 SDPA")
+    args = labkit.parse(p, argv, fp32_only="the errors are read against float32 SDPA")
+    settings = check_settings(p, args) | {"dtype": args.dtype}
+    record = build_record(labkit.on_ranks(worker, args, settings), settings, args.world_size)
+    return labkit.emit(record, args.json)
 
 
 if __name__ == "__main__":

@@ -153,7 +153,10 @@ def main(argv=None):
     p.add_argument("--world-sizes", default="1,2,4")
     p.set_defaults(command="python labs/ddp.py " + " ".join(sys.argv[1:] if argv is None
                                                               else argv))
-    return labkit.main(p, check_settings, None, build_record, argv, measure=measure_all)
+    args = labkit.parse(p, argv)
+    settings = check_settings(p, args) | {"dtype": args.dtype}
+    record = build_record(measure_all(args, settings), settings, args.world_size)
+    return labkit.emit(record, args.json)
 
 
 if __name__ == "__main__":

@@ -135,7 +135,10 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=4, help="b, sequences per rank")
     p.add_argument("--seq", type=int, default=64, help="s, tokens per sequence")
     p.add_argument("--hidden", type=int, default=128, help="h; each expert's inner size is 4h")
-    return labkit.main(p, check_settings, worker, build_record, argv)
+    args = labkit.parse(p, argv)
+    settings = check_settings(p, args) | {"dtype": args.dtype}
+    record = build_record(labkit.on_ranks(worker, args, settings), settings, args.world_size)
+    return labkit.emit(record, args.json)
 
 
 if __name__ == "__main__":

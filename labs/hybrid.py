@@ -186,8 +186,11 @@ def main(argv=None):
                     help="sharded data parallelism on the dp axis (default none)")
     ap.add_argument("--sp", action="store_true",
                     help="sequence parallelism with TP (LayerNorms on s/(c t) rows)")
-    return labkit.main(ap, check_settings, worker, build_record, argv,
-                       fp32_only="its pipeline stages receive activations in fp32 buffers")
+    args = labkit.parse(ap, argv,
+                        fp32_only="its pipeline stages receive activations in fp32 buffers")
+    settings = check_settings(ap, args) | {"dtype": args.dtype}
+    record = build_record(labkit.on_ranks(worker, args, settings), settings, args.world_size)
+    return labkit.emit(record, args.json)
 
 
 if __name__ == "__main__":

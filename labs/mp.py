@@ -21,7 +21,6 @@ Laptop:  python labs/mp.py --world-size 4 --json data/mp_cpu_results.json
 GPU box: torchrun --nproc-per-node 8 labs/mp.py --hidden 1024 --layers 16 --batch 32 \\
              --json results/mp.json
 """
-import functools
 import sys
 
 import torch
@@ -29,7 +28,7 @@ import torch
 from lessonlib import labkit
 from lessonlib import model_parallel as mp
 from lessonlib.costmodel import bubble_fraction
-from lessonlib.pipeline.stages import layers_of, split_summary
+from lessonlib.layer_split import layers_of, split_summary
 
 P_THEORY = 8                      # the notebook's plots run p = 1..8
 MODEL_KEYS = ("model", "layers", "hidden", "width", "batch", "steps", "warmup", "lr", "seed")
@@ -84,7 +83,7 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     record["theory"] = {
         "conventions": {"idle_share": "(p-1)/p of wall time: the bubble (p-1)/(m+p-1) at m = 1, "
                                       "GPipe §2.3",
-                        "param_bytes_split": "the balanced split's stages (pipeline.stages)",
+                        "param_bytes_split": "the balanced split's stages (layer_split)",
                         "step_time": "the same as p = 1: the stages run one after another"},
         "idle_share": {str(p): bubble_fraction(p, 1) for p in range(1, P_THEORY + 1)},
         "param_bytes_split": {str(p): [per_param * s["params"] for s in split_summary(full, p)]
@@ -164,9 +163,10 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="compute threads per rank (1: the same cores per stage at every p)")
-    return labkit.main(parser, functools.partial(check_settings, argv=argv), worker,
-                       build_record, argv,
-                       fp32_only="its stages receive activations in fp32 buffers")
+    args = labkit.parse(parser, argv, fp32_only="its stages receive activations in fp32 buffers")
+    settings = check_settings(parser, args, argv) | {"dtype": args.dtype}
+    record = build_record(labkit.on_ranks(worker, args, settings), settings, args.world_size)
+    return labkit.emit(record, args.json)
 
 
 if __name__ == "__main__":

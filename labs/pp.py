@@ -151,8 +151,10 @@ def main(argv=None):
     p.add_argument("--no-input-grad", action="store_true",
                    help="stage 0 skips its input's gradient (its backward gets shorter than "
                         "the other stages', which adds to the measured bubble)")
-    return labkit.main(p, check_settings, worker, build_record, argv,
-                       fp32_only="its stages receive activations in fp32 buffers")
+    args = labkit.parse(p, argv, fp32_only="its stages receive activations in fp32 buffers")
+    settings = check_settings(p, args) | {"dtype": args.dtype}
+    record = build_record(labkit.on_ranks(worker, args, settings), settings, args.world_size)
+    return labkit.emit(record, args.json)
 
 
 if __name__ == "__main__":

@@ -248,7 +248,10 @@ def main(argv=None):
                    help="split the layers' input and output along the sequence (SP)")
     p.add_argument("--recompute", default="none", choices=RECOMPUTE,
                    help="what the transformer layer recomputes in backward")
-    return labkit.main(p, check_settings, worker, build_record, argv)
+    args = labkit.parse(p, argv)
+    settings = check_settings(p, args) | {"dtype": args.dtype}
+    record = build_record(labkit.on_ranks(worker, args, settings), settings, args.world_size)
+    return labkit.emit(record, args.json)
 
 
 if __name__ == "__main__":

@@ -142,8 +142,11 @@ def main(argv=None):
                          "--max-restarts: every restart would start over)")
     ap.add_argument("--fail-at", default=None, metavar="RANK:STEP",
                     help="make RANK raise at STEP, to rehearse a failure and the resume")
-    return labkit.main(ap, check_run, None, build_record, argv, measure=measure,
-                       fp32_only="its pipeline stages receive activations in fp32 buffers")
+    args = labkit.parse(ap, argv,
+                        fp32_only="its pipeline stages receive activations in fp32 buffers")
+    settings = check_run(ap, args) | {"dtype": args.dtype}
+    record = build_record(measure(args, settings), settings, args.world_size)
+    return labkit.emit(record, args.json)
 
 
 if __name__ == "__main__":

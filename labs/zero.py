@@ -122,7 +122,10 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=64, help="h")
     p.add_argument("--heads", type=int, default=4, help="a")
     p.add_argument("--seq", type=int, default=32, help="s")
-    return labkit.main(p, check, None, build_record, argv, measure=measure)
+    args = labkit.parse(p, argv)
+    settings = check(p, args) | {"dtype": args.dtype}
+    record = build_record(measure(args, settings), settings, args.world_size)
+    return labkit.emit(record, args.json)
 
 
 if __name__ == "__main__":

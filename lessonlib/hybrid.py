@@ -42,7 +42,7 @@ from lessonlib.launcher import launch
 from lessonlib.models import HYBRID_CONFIG, Block, GPTConfig, TinyGPT, lm_loss
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
-from lessonlib.pipeline.stages import split_layers
+from lessonlib.layer_split import split_layers
 from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
 
 # ---------------------------------------------------------------- checks (pure, before any process)

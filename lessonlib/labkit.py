@@ -16,9 +16,13 @@ every row of a lab carrying the same metric names, so a sweep's rows line up.
 ``headline`` names the metric a plot of a sweep draws, and the cost model's prediction of it
 when the lab has one.
 
-Every lab runs through ``main``: parse the flags, settle the world size, check every
-setting and every output path (before any process starts: ``labargs``), launch, build the
-record, emit.
+Every lab's ``main`` reads as the same five steps, one line each::
+
+    args = labkit.parse(p, argv)                  # flags, world size, --json: labargs
+    settings = check_settings(p, args) | {"dtype": args.dtype}   # before any process
+    ranks = labkit.on_ranks(worker, args, settings)     # or the lab's own launches
+    record = build_record(ranks, settings, args.world_size)      # rows stay rows
+    return labkit.emit(record, args.json)
 
 Laptop:  ``python labs/ddp.py --world-size 2 --json results/ddp.json``
 GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py --json results/ddp.json``
@@ -45,28 +49,18 @@ from lessonlib.labargs import (DTYPES, LabParser, add_gpt_flags, check_common,  
                                gpt_model, parser, world_size)
 
 
-def main(p: argparse.ArgumentParser, check, worker, build_record, argv=None, measure=None,
-         fp32_only: str | None = None) -> dict:
-    """Every lab's tail: parse and check -> run -> record -> emit.
-
-    ``check(p, args) -> settings`` refuses bad settings with ``p.error`` before any process
-    starts (the shared flags and ``--json`` are checked first); ``worker(settings)`` runs on
-    every rank, or ``measure(args, settings)`` (a lab that launches several times) returns
-    what ``build_record(ranks, settings, world_size)`` gets; ``fp32_only`` says why a lab
-    refuses ``--dtype bf16``."""
+def parse(p: argparse.ArgumentParser, argv=None, fp32_only: str | None = None):
+    """The lab's flags, with the world size settled and the shared ones checked (``--json``,
+    ``--timeout``, ``--dtype``; ``fp32_only`` says why a lab refuses ``--dtype bf16``): a bad
+    one stops the lab here with ``p.error``, before any process starts."""
     args = p.parse_args(argv)
     args.world_size = world_size(args)
     check_common(p, args, fp32_only)
-    settings = check(p, args)
-    if isinstance(settings, dict):
-        settings["dtype"] = args.dtype
-    run = measure or functools.partial(_on_ranks, worker)
-    record = build_record(run(args, settings), settings, args.world_size)
-    emit(record, args.json)
-    return record
+    return args
 
 
-def _on_ranks(worker, args, settings):
+def on_ranks(worker, args, settings: dict) -> list:
+    """``worker(settings)`` on every rank, in ``--dtype``: what each rank returned."""
     return launcher.run(in_dtype(worker, args.dtype), args.world_size, settings,
                         backend=args.backend, timeout=args.timeout)
 
@@ -138,8 +132,8 @@ def stable_rows(rows: list[dict]) -> list[dict]:
     return [{k: r.get(k) for k in names} for r in rows]
 
 
-def emit(record: dict, path: Path | None) -> None:
-    """Print the result (rank 0 only under torchrun) and write it as JSON if asked.
+def emit(record: dict, path: Path | None) -> dict:
+    """Print the result (rank 0 only under torchrun), write it as JSON if asked, return it.
 
     Under torchrun or srun this is the rank's last act: it flushes and leaves at once
     (``os._exit(0)``), as ``lessonlib.launch``'s ranks do. Python's teardown after
@@ -165,6 +159,7 @@ def emit(record: dict, path: Path | None) -> None:
         os._exit(status)
     if status:
         sys.exit(status)
+    return record
 
 
 def gemm_rates(sizes: list[int], dtype_name: str, min_seconds: float) -> list[dict]:

@@ -45,10 +45,10 @@ from lessonlib.breadcrumbs import progress
 from lessonlib.costmodel import bubble_fraction
 from lessonlib.data import corpus_tokens, lm_batch, regression_batch
 from lessonlib.launcher import launch
+from lessonlib.layer_split import layers_of, split_layers, split_summary
 from lessonlib.models import TinyGPT, corpus_config, lm_loss, mlp_stack
-from lessonlib.pipeline.stages import layers_of, split_layers, split_summary
-from lessonlib.pipeline.stash import StashMeter
-from lessonlib.pipeline.validate import Span
+from lessonlib.spans import Span
+from lessonlib.stash import StashMeter
 
 MODEL_KINDS = ("gpt", "mlp")
 BUSY = ("F", "B", "OPT")

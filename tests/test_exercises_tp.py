@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from lessonlib import comm
 from lessonlib.exercises import tp as ex
-from lessonlib.pipeline.validate import Span
+from lessonlib.spans import Span
 
 
 def test_stage_split_accepts_a_balanced_split_and_names_an_unbalanced_one():

@@ -1,6 +1,7 @@
-"""The lab kit every lab shares (``lessonlib.labkit.main``): shared flags and output paths are
-checked before any rank starts, a result that cannot be written is still printed in full,
-``--dtype`` is recorded, and a record's rows read back with stable columns and plot."""
+"""The lab kit every lab shares (``lessonlib.labkit``: ``parse``, ``on_ranks``, ``emit``):
+shared flags and output paths are checked before any rank starts, a result that cannot be
+written is still printed in full, ``--dtype`` is recorded, and a record's rows read back with
+stable columns and plot."""
 import json
 import sys
 from pathlib import Path

@@ -13,13 +13,13 @@ import torch
 
 from lessonlib.costmodel import bubble_fraction, in_flight_microbatches, stashed_microbatches
 from lessonlib.exercises import pipeline as ex
+from lessonlib.layer_split import balanced_split, layers_of, split_layers
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.pipeline.stages import (balanced_split, device_chunks, layers_of, split_layers,
-                                       stage_modules, stage_parameters)
-from lessonlib.pipeline.stash import StashMeter
+from lessonlib.pipeline.stages import device_chunks, stage_modules, stage_parameters
 from lessonlib.pipeline.validate import ScheduleError, check, link_orders, simulate
+from lessonlib.stash import StashMeter
 
 matplotlib.use("Agg")
 GRID = [(p, m) for p in (1, 2, 3, 4, 6) for m in (1, 2, 3, 4, 5, 8, 13)]

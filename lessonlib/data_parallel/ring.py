@@ -64,16 +64,18 @@ def ring_reduce_scatter(chunks, me: int, members: list[int], group=None,
     Afterwards chunk (me + 1) mod n holds the sum over all ranks; returns that index.
 
     Two refinements over the textbook loop (the notebook's exercise writes that loop):
-    each step's send and receive are posted together, as one batch, into their own row of
-    an inbox; and each chunk travels in ``pieces`` slices, so a rank forwards the first
-    slice it has summed while the next is still arriving (``ring_pass``)."""
+    each step's send and receive are posted together, as one batch; and each chunk travels
+    in ``pieces`` slices, so a rank forwards the first slice it has summed while the next
+    is still arriving (``ring_pass``). Slice j arrives in slot j of an inbox of one chunk,
+    the same slot at every step: slice j of the next step is posted only once this one has
+    been added, and a small inbox the rank keeps reusing stays in the CPU's cache."""
     n = len(members)
     right, left = members[(me + 1) % n], members[(me - 1) % n]
     incoming = [(me - step - 1) % n for step in range(n - 1)]          # chunk index per step
-    inbox = scratch((n - 1) * chunks[0].numel(), chunks[0]).view(n - 1, -1)   # (n-1, S/n)
-    rows = [inbox[step, :chunks[i].numel()].tensor_split(pieces)
-            for step, i in enumerate(incoming)]
     mine = [chunks[i].tensor_split(pieces) for i in incoming]            # where each adds
+    slot = -(-chunks[0].numel() // pieces)                               # ceil(S/n / pieces)
+    inbox = scratch(pieces * slot, chunks[0]).view(pieces, slot)         # slice j -> slot j
+    rows = [[inbox[j, :piece.numel()] for j, piece in enumerate(step)] for step in mine]
     # what travels at step s is what was summed at step s - 1 (at step 0: my own chunk)
     sends = [chunks[me].tensor_split(pieces)] + mine[:-1]
 

@@ -51,7 +51,7 @@ from lessonlib.grid import MEGATRON_ORDER, ParallelContext, check_grid
 from lessonlib.hybrid import check_layout, stage_counts
 from lessonlib.models import Block, Embed, GPTConfig, Head, TinyGPT, moe_gpt
 from lessonlib.moe import MoELayer
-from lessonlib.pipeline.stages import split_layers
+from lessonlib.layer_split import split_layers
 from lessonlib.tensor_parallel.layers import TensorParallelSelfAttention
 from lessonlib.tensor_parallel.parallelize import parallelize_block
 from lessonlib.tensor_parallel.sequence import (SequenceGather, SequenceParallelLayerNorm,

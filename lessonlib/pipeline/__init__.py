@@ -11,8 +11,8 @@ One idea per module:
   executor's recorder;
 * ``validate``: ``check`` / ``simulate`` a schedule without processes (deadlocks, bubble,
   peak stash per stage); pure Python;
-* ``stages``: cut a model into p (or p*v) balanced stages;
-* ``stash``: measure the activations a stage keeps for its backward;
+* ``stages``: the chunks each device holds, over ``lessonlib.layer_split``'s cut into p
+  (or p*v) balanced stages; ``lessonlib.stash`` measures what a stage keeps for backward;
 * ``executor``: ``PipelineExecutor`` runs a schedule on real ranks (gloo or NCCL) and
   records a timeline per rank;
 * ``torch_ref``: the same stages under ``torch.distributed.pipelining``;
@@ -30,7 +30,7 @@ from lessonlib.pipeline.schedules import (Action, gpipe, interleaved_one_f_one_b
 from lessonlib.pipeline.validate import ScheduleError, check, simulate, validate
 
 _LAZY = {"PipelineExecutor": "executor", "StepResult": "executor", "TorchPipeline": "torch_ref",
-         "split_layers": "stages", "stage_modules": "stages", "StashMeter": "stash"}
+         "stage_modules": "stages"}
 
 __all__ = ["Action", "gpipe", "one_f_one_b", "interleaved_one_f_one_b", "make",
            "zero_bubble_h1", "zbv",

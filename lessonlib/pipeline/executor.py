@@ -45,14 +45,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from lessonlib import bugs, comm
+from lessonlib import bugs, comm, stash
 from lessonlib.argcheck import positive_int
 from lessonlib.device import current_device
 from lessonlib.pipeline.actions import Kind, place, placement_of, virtual_stage
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
-from lessonlib.pipeline.stash import StashMeter
 from lessonlib.pipeline.timeline import Timeline
-from lessonlib.pipeline.validate import Span, link_orders, message_of, validate
+from lessonlib.pipeline.validate import link_orders, message_of, validate
+from lessonlib.spans import Span
 
 
 @dataclass
@@ -153,7 +153,7 @@ class PipelineExecutor:
         self.ranks, self.group, self.recorder = ranks, group, recorder
         self.device = device or current_device()
         self.links = {k: ops for k, ops in sorted(link_orders(schedule).items()) if stage in k}
-        self.meter = StashMeter(q for c in chunks for q in c.parameters())
+        self.meter = stash.StashMeter(q for c in chunks for q in c.parameters())
         self.last, self.placement = self.p * self.v - 1, placement_of(schedule)
         self.split = {(a.microbatch, a.chunk) for a in self.actions if a.kind == Kind.W}
         self.layers = [LayerOutputs(c) for c in chunks] if self.split else None

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 from lessonlib.breadcrumbs import progress
 from lessonlib.device import elapsed, mark, synchronize
-from lessonlib.pipeline.validate import Span
+from lessonlib.spans import Span
 
 
 class Timeline:

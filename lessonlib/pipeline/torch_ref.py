@@ -15,7 +15,7 @@ facts about torch 2.13 worth knowing:
   as lessonlib's loss / m.
 
 To measure PyTorch's run the same way as lessonlib's, the stage module is wrapped in a
-``stash.Metered`` (saved activations, count and bytes) and the stage's
+``lessonlib.stash.Metered`` (saved activations, count and bytes) and the stage's
 ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk`` are timed
 into the same kind of timeline, with the same clock: marks (CUDA events on a GPU) read
 after one synchronize per step.
@@ -32,8 +32,8 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 from lessonlib import comm
 from lessonlib.device import current_device, elapsed, mark, synchronize
 from lessonlib.pipeline.executor import StepResult
-from lessonlib.pipeline.stash import Metered, StashMeter
-from lessonlib.pipeline.validate import Span
+from lessonlib.spans import Span
+from lessonlib.stash import Metered, StashMeter
 
 TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
                    "zb-h1": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble}

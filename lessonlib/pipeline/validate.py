@@ -31,19 +31,7 @@ from dataclasses import dataclass
 from lessonlib.pipeline.actions import COMPUTE, Kind, placement_of
 from lessonlib.pipeline.check import (Message, ScheduleError, check, message_of,  # noqa: F401
                                       where)
-
-
-@dataclass(frozen=True)
-class Span:
-    """One interval on one stage's timeline (simulated cost units, or measured seconds).
-    The assembly line of ``lessonlib.model_parallel`` records its spans with it too (one
-    batch per step: micro-batch 0, and the training ``step`` it belongs to)."""
-    kind: str          # F, B, W, OPT, RECV_F/RECV_B (waiting for data), SEND_F/SEND_B, WAIT_SENDS
-    microbatch: int
-    chunk: int
-    start: float
-    end: float
-    step: int = 0
+from lessonlib.spans import Span
 
 
 @dataclass

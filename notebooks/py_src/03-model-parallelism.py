@@ -40,7 +40,7 @@ from lessonlib import costmodel as cm
 from lessonlib import model_parallel as mp
 from lessonlib.claims import claim
 from lessonlib.data import DATA_DIR
-from lessonlib.pipeline.stages import split_summary
+from lessonlib.layer_split import split_summary
 from lessonlib.viz import mp as mpviz
 from lessonlib.viz import tp as tpviz
 
@@ -75,7 +75,7 @@ tpviz.layer_split_widget()
 # %% [markdown]
 # At p = 48 the castle fits, and 47 of the 48 GPUs wait at any moment. Now our own castle:
 # the course's tiny GPT on the castle corpus, 8 transformer layers plus the embedding and
-# the head, cut into 4 stages balanced by parameter count (`lessonlib.pipeline.stages`):
+# the head, cut into 4 stages balanced by parameter count (`lessonlib.layer_split`):
 # two transformer layers per stage, the small embedding and head added at the ends. What
 # each rank will hold:
 

@@ -75,7 +75,7 @@ for t in TS:
 # ### 1.2 The real run: t = 1, 2 and 4, equal to the dense model
 #
 # One launch of 4 ranks, in groups of t, splits a dense MLP, a layer and the tiny GPT built
-# from one seed (and, for reference, with PyTorch's DTensor plans), trains
+# from one seed (the MLP and layer also with PyTorch's DTensor plans, for reference), trains
 # dense and split copies 3 SGD steps and compares them; a ledger records every message.
 
 # %%
@@ -132,10 +132,10 @@ plt.show()
 # %% [markdown]
 # ### 1.3 Why tensor parallelism wants NVLink
 #
-# The all-reduces sit *inside* every layer, on the critical path. The cost model's
-# ring on DGX A100 servers (NVLink inside, one 200 Gb/s InfiniBand port per GPU), for one
-# GPT-3 layer (b = 1, s = 2048, h = 12288, 16-bit), forward + backward; past t = 8 the group
-# spans servers, whose 8 ports NCCL drives at once:
+# The all-reduces sit *inside* every layer, on the critical path. The cost model's ring on
+# DGX A100 servers (NVLink inside, one 200 Gb/s InfiniBand port per GPU), for one GPT-3
+# layer (b = 1, s = 2048, h = 12288, 16-bit), forward + backward; past t = 8 the group spans
+# servers, whose 8 ports NCCL drives at once:
 
 # %%
 # NBVAL_CHECK_OUTPUT

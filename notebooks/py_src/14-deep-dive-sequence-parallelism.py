@@ -20,7 +20,8 @@
 # 2022).
 #
 # **Prerequisites:** 04's Part 1 (f and g, the column- and row-parallel layers, a ring
-# all-reduce's bytes). About 20 minutes to read; Run All takes about 15 s.
+# all-reduce's bytes). About 20 minutes to read; Run All takes under half a minute on a
+# 2-core laptop.
 #
 # The plan: the idea and the library's operators -> a prediction (Korthikanti's Table 2)
 # -> a real run on 4 ranks, measured to the byte -> what each mode sends -> memory against

@@ -1,4 +1,4 @@
-"""Checkers for the pipeline exercises (lesson 04 and the interleaving deep dive, 09): each
+"""Checkers for the pipeline exercises (lesson 04, the interleaving deep dive 09, and 14): each
 runs the student's answer through the schedule validator or the cost model and returns a
 ``Verdict`` (``lessonlib.exercises.verdict``) that says what is wrong in plain words; an
 untouched ``None`` is "your turn".

@@ -1,4 +1,4 @@
-"""Checkers for the model-parallel (03) and tensor-parallel (04) exercises.
+"""Checkers for the model-parallel (03) and tensor-parallel (04, 14) exercises.
 
 Each checker runs the student's function (or reads the student's number) and returns a
 ``Verdict`` (``lessonlib.exercises.verdict``) that says what is right or wrong in plain
@@ -100,7 +100,7 @@ def check_unbalanced_idle(answer, stage_ms=(1.0, 1.0, 1.0, 3.0), stage: int = 0)
                    f"gave {got:.3f}.")
 
 
-# ---------------------------------------------------------------- notebook 04
+# ---------------------------------------------------------------- notebooks 04 and 14
 def check_tp_traffic_ratio(answer, t_from: int = 4, t_to: int = 8) -> Verdict:
     """Exercise: by what factor the bytes one rank sends per layer and micro-batch change when
     the tensor-parallel degree goes from ``t_from`` to ``t_to`` (ring all-reduces)."""

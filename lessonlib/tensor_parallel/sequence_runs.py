@@ -1,5 +1,5 @@
 """Sequence parallelism and recomputation checked for real: the rank functions the tests,
-notebook 04 and ``labs/tp.py`` launch.
+notebook 14 and ``labs/tp.py`` launch.
 
 What it teaches: each way of keeping a layer's activations (``MODES``: tensor parallel alone,
 with sequence parallelism, with selective or full recomputation) is still the dense layer,
@@ -186,7 +186,7 @@ def bad_sequence_report() -> dict:
 
 
 def lesson_report(ts=(1, 2, 4), seqs=(8, 16, 32)) -> dict:
-    """What notebook 04 launches on 4 ranks: the bytes per mode at each t (and at t = 2 for
+    """What notebook 14 launches on 4 ranks: the bytes per mode at each t (and at t = 2 for
     each s in ``seqs``, the widget's points), the ledgers at t > 1, and TP+SP's parity with
     the dense layer and with PyTorch's plan at t = 2 and 4."""
     return {"bytes": {t: activation_report(t) for t in ts},

@@ -1,4 +1,4 @@
-"""Plots for model parallelism (notebook 03) and tensor parallelism (notebook 04).
+"""Plots for model parallelism (notebook 03) and tensor parallelism (notebooks 04 and 14).
 
 What it teaches, one picture each:
 

@@ -1,0 +1,403 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py_src//py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 14 · Deep dive: sequence parallelism and recomputation
+#
+# This deep dive extends [04 · Tensor vs pipeline parallelism](04-tensor-vs-pipeline.ipynb),
+# Part 1, where tensor parallelism splits every layer's weights over t ranks. It asks where
+# a layer's *activations* go, the bytes each layer keeps for its backward pass: tensor
+# parallelism splits some of them and leaves the rest whole on every rank; sequence
+# parallelism splits those too, and recomputation keeps fewer in the first place
+# (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+# 2022).
+#
+# **Prerequisites:** 04's Part 1 (f and g, the column- and row-parallel layers, a ring
+# all-reduce's bytes). About 20 minutes to read; Run All takes under half a minute on a
+# 2-core laptop.
+#
+# The plan: the idea and the library's operators -> a prediction (Korthikanti's Table 2)
+# -> a real run on 4 ranks, measured to the byte -> what each mode sends -> memory against
+# sequence length -> what recompute costs, against the paper's Tables 4 and 5 -> against
+# PyTorch's plans on CPU -> a takeaway -> exercises.
+
+# %%
+from types import SimpleNamespace
+
+import matplotlib.pyplot as plt
+
+from lessonlib import costmodel as cm
+from lessonlib.claims import claim, within
+from lessonlib.costmodel import korthikanti2022 as k22
+from lessonlib.costmodel import memory as cm_memory
+from lessonlib.data import stored
+from lessonlib.exercises import tp as ex
+from lessonlib.tensor_parallel import ops as tp_ops
+from lessonlib.tensor_parallel import sequence as tp_sequence
+from lessonlib.tensor_parallel import sequence_runs as sp_runs
+from lessonlib.tensor_parallel.runs import ring_bytes_per_rank
+from lessonlib.viz import activations as actviz
+from lessonlib.viz import tp as tpviz
+from lessonlib.viz.source import show
+
+gpt3 = cm.MODELS["gpt3-175B"]
+
+# %% [markdown]
+# ## 1. The idea: what tensor parallelism leaves whole
+#
+# The weights split as 1/t; the activations do not. Korthikanti et al. (2022, Table 2)
+# count the bytes one layer keeps for backward, in 16-bit: `sbh·(34 + 5as/h)` without
+# parallelism. Tensor parallelism splits the `24sbh + 5as²b` that live between f and g,
+# but **replicates `10sbh`** on every rank: the two LayerNorms' inputs, their outputs
+# (the inputs of the column layers) and two dropout masks. Three ways to shrink it:
+#
+# * **Sequence parallelism (SP)** runs the LayerNorms on s/t rows per rank. A ring
+#   all-reduce is a reduce-scatter followed by an all-gather, so g's all-reduce becomes a
+#   reduce-scatter along the sequence and the all-gather moves to the next column layer's
+#   input: the same bytes, and now **every** activation is split, `sbh·(34 + 5as/h)/t`.
+# * **Selective recompute** keeps no softmax for backward and recomputes the attention
+#   core there: the `5as²b` term, which grows with s², for a few percent more FLOPs.
+# * **Full recompute** keeps only the layer's input (`2sbh`) and runs the whole layer again
+#   in backward: about a third more compute.
+#
+# Recompute trades FLOPs for bytes; SP costs neither. Here are SP's two operators, beside f
+# and g in `ops.py` (Korthikanti calls f and g "f and f̄", and this pair "g and ḡ"):
+
+# %%
+show(tp_ops._GatherSequence)
+
+# %%
+show(tp_ops._ReduceScatterSequence)
+
+# %% [markdown]
+# A LayerNorm on s/t rows has one catch: its weight and bias are whole on every rank, but
+# each rank's rows give only part of their gradient. f, placed on the weights themselves,
+# sums them (Megatron all-reduces its "sequence-parallel" parameters for the same reason;
+# the bug zoo's `sp_layernorm_grad_not_summed` leaves it out, and only the gradients show
+# it). And a column layer under SP keeps just its s/t rows of input for backward, gathering
+# them again there: keeping the gathered input would replicate it once more.
+
+# %%
+show(tp_sequence.SequenceParallelLayerNorm.forward)
+
+# %% [markdown]
+# ## 2. Prediction: Table 2, and the course's own layer
+#
+# For one GPT-3 layer (b = 1, t = 8), Table 2 in GB per layer. The course's layer is not
+# Megatron's, so its exact count differs term by term: CPU's attention kernel keeps one
+# log-sum-exp per row instead of the s × s softmax (selective recompute inside the kernel),
+# there is no dropout, and each LayerNorm also keeps its mean and 1/std.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+modes = {"none (t = 1)": (1, False, "none"), "TP": (8, False, "none"),
+         "TP+SP": (8, True, "none"), "TP + selective": (8, False, "selective"),
+         "TP+SP + selective": (8, True, "selective"), "full recompute": (8, False, "full")}
+for name, (t, sp, recompute) in modes.items():
+    gb = cm.activation_bytes_per_layer(gpt3, 1, t, sp, recompute) / 1e9
+    print(f"{name:>18}: {gb:6.3f} GB per layer per GPU")
+print()
+print(f"{'term':<46} {'Table 2 (x sbh)':>15}  {'course layer':>13}  why")
+for row in cm_memory.course_vs_table2():
+    print(f"{row['term']:<46} {row['table2']:>15}  {row['course']:>13}  {row['why']}")
+
+# %% [markdown]
+# ## 3. The real run: saved bytes measured, to the byte
+#
+# `lessonlib.activations.saved_bytes` counts what autograd keeps during one forward pass
+# (each storage once, the weights left out; a checkpoint's kept input counted too). One
+# launch of 4 ranks measures the layer (b = 2, s = 16, h = 32, 4 heads, float64) in every
+# mode at t = 1, 2, 4, beside `course_layer_activation_bytes`, the formula in
+# `costmodel/memory.py`.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+acts = sp_runs.run(4, sp_runs.lesson_report, timeout=240)
+print(f"{len(acts)} ranks measured")
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"{'mode':>16} " + " ".join(f"{f't={t} measured / formula':>26}" for t in (1, 2, 4)))
+every = []
+for mode in ["dense", *sp_runs.MODES]:
+    cells = []
+    for t in (1, 2, 4):
+        got = [r["bytes"][t][mode] for r in acts]
+        every += [(g["measured"], g["formula"]) for g in got]
+        cells.append(f"{got[0]['measured']:>12,} / {got[0]['formula']:<11,}")
+    print(f"{mode:>16} " + " ".join(cells))
+claim("on every rank, in every mode and at every t, the measured bytes equal the formula",
+      all(m == f for m, f in every), numbers=f"{len(every)} measurements")
+for t in (2, 4):
+    sp_kept, dense = acts[0]["bytes"][t]["tp+sp"]["measured"], acts[0]["bytes"][t]["dense"]["measured"]
+    claim(f"at t = {t} TP+SP keeps 1/t of the dense layer's bytes on each rank",
+          sp_kept * t == dense, numbers=f"{sp_kept:,} x {t} = {dense:,}")
+
+# %% [markdown]
+# SP at t ranks keeps exactly 1/t of the dense layer; TP alone keeps the replicated part
+# (`4bsh + 4bs` elements here) on every rank, whatever t.
+#
+# And the parallel layer is still the dense layer, in every mode (float64, 3 SGD steps),
+# and equal to PyTorch's own plan: `SequenceParallel` on the LayerNorms,
+# `PrepareModuleInput` gathering the sequence, `ColwiseParallel` and
+# `RowwiseParallel(output_layouts=Shard(1))`, on the same weights:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for t in (2, 4):
+    for mode in ("tp+sp", "tp+sp+selective", "full", "gpt+sp"):
+        worst = max(r["parity"][t][mode][k] for r in acts
+                    for k in ("output", "grads", "weights_after_steps"))
+        print(f"t={t} {mode:>16}: equal to the dense model: {worst < 1e-12}")
+    theirs = max(max(r["parity"][t]["torch+sp"].values()) for r in acts)
+    print(f"t={t} PyTorch's SP plan: equal to the dense layer and to ours: {theirs < 1e-12}")
+
+# %% [markdown]
+# ## 4. What each sends
+#
+# The ledger of one forward and backward of the layer at t = 2 and 4: SP's all-gathers and
+# reduce-scatters move exactly the ring bytes of TP's all-reduces. On top come two
+# all-gathers in backward that re-gather the column layers' kept rows (the price of keeping
+# 1/t; Megatron overlaps them with the input-gradient GEMM) and six all-reduces of h
+# elements that sum the LayerNorm and bias gradients. Full recompute repeats the forward's
+# collectives in backward, all but the last (PyTorch's checkpoint stops once it has rebuilt
+# what backward needs, and nothing keeps the MLP's summed output).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+def ring(events, t):
+    return sum(ring_bytes_per_rank(SimpleNamespace(op=op, bytes=n, group_size=t))
+               for op, n in events)
+
+
+for t in (2, 4):
+    led = acts[0]["ledger"][t]
+    e, bsh, h = led["element_size"], led["b"] * led["s"] * led["h"], led["h"]
+    tp_ev = led["tp"]["forward"]["events"] + led["tp"]["backward"]["events"]
+    sp_ev = led["tp+sp"]["forward"]["events"] + led["tp+sp"]["backward"]["events"]
+    regather = [("all_gather", bsh * e // t)] * 2
+    sums = [ev for ev in sp_ev if ev[0] == "all_reduce"]
+    conjugates = [ev for ev in sp_ev if ev[0] != "all_reduce"]
+    for ev in regather:
+        conjugates.remove(ev)
+    kinds = lambda evs: ", ".join(f"{sum(1 for x in evs if x[0] == k)} {k}"  # noqa: E731
+                                  for k in ("all_reduce", "all_gather", "reduce_scatter"))
+    print(f"t={t}: TP    {kinds(tp_ev)}: {ring(tp_ev, t):,.0f} bytes per rank")
+    print(f"     TP+SP {kinds(conjugates)}: {ring(conjugates, t):,.0f} bytes per rank, "
+          f"+ 2 re-gathers {ring(regather, t):,.0f} + 6 gradient sums of h "
+          f"{ring(sums, t):,.0f}")
+    claim(f"at t = {t} SP's gathers and reduce-scatters send exactly TP's all-reduce bytes",
+          ring(conjugates, t) == ring(tp_ev, t),
+          numbers=f"{ring(conjugates, t):,.0f} = {ring(tp_ev, t):,.0f}")
+    again = list(led["full"]["backward"]["events"])
+    for ev in led["tp"]["backward"]["events"]:
+        again.remove(ev)
+    print(f"     full recompute repeats in backward: {kinds(again)} of the forward's "
+          f"{kinds(led['tp']['forward']['events'])}")
+
+# %% [markdown]
+# ## 5. Activation memory against sequence length
+#
+# Left, any preset at any t (Table 2's formulas, all L layers, one micro-batch); right, the
+# course's layer: the exact formula as lines and the bytes measured above as dots, at s =
+# 8, 16 and 32. The attention term makes "no parallelism" and TP curve upward with s;
+# SP + selective is a straight line, 1/t of the dense layer's 34sbh.
+
+# %%
+points = [(mode, s, acts[0]["bytes_by_s"][s][mode]["measured"])
+          for s in acts[0]["bytes_by_s"] for mode in actviz.MEASURED_AS]
+measured = {"b": 2, "h": 32, "a": 4, "t": 2, "element_size": 8, "points": points}
+actviz.activation_plot("gpt3-175B", t=8, b=1, measured=measured)
+plt.show()
+actviz.activation_widget(measured)
+
+# %% [markdown]
+# ## 6. What recompute costs: the cost model against Korthikanti's Tables 4 and 5
+#
+# Nothing here is fitted to these tables: the cost model's constants were fixed once on
+# Megatron-LM 2021's Table 1, so each row is a **check**. Table 4 times one layer of a
+# 22B model (t = 8, micro-batch 4) on A100s; the model's layer time is the difference of
+# two one-stage estimates (L = 2 minus L = 1). Table 5 times whole iterations.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"{'Table 4, one 22B layer':<32} {'published':>9} {'predicted':>9}   overhead pub / pred")
+for r in k22.table4_rows():
+    print(f"{r['mode']:<32} {r['published_ms']:7.1f}ms {r['predicted_ms']:7.1f}ms   "
+          f"{r['published_overhead']:+6.1%} / {r['predicted_overhead']:+6.1%}")
+    within(f"{r['mode']}: the published layer time", r["published_ms"], r["predicted_ms"], 0.15)
+rows4 = {r["mode"]: r for r in k22.table4_rows()}
+share = (rows4["selective recompute"]["predicted_overhead"]
+         / rows4["selective recompute"]["published_overhead"])
+claim("the model gives selective recompute about half the paper's overhead: it counts the "
+      "attention core's FLOPs and bytes, not how poorly its small kernels run",
+      0.3 < share < 0.7, numbers=f"{share:.2f} of it")
+print()
+for r in k22.table5_rows():
+    print(f"Table 5 {r['model']:>5} {r['mode']:<15} published {r['published_s']:6.2f} s, "
+          f"predicted {r['predicted_s']:6.2f} s ({r['error']:+.1%})")
+for r in k22.table5_rows()[:4]:
+    within(f"{r['model']} {r['mode']}: the published iteration", r["published_s"],
+           r["predicted_s"], 0.15)
+slow = [r["error"] for r in k22.table5_rows()[4:]]
+claim("530B and 1T come out 15-25 % slow, the bias the one GEMM efficiency has on the "
+      "largest models (Megatron-LM 2021's Table 1 shows it too)",
+      all(0.15 < err < 0.25 for err in slow), numbers=", ".join(f"{x:+.1%}" for x in slow))
+for r in k22.table5_speedups():
+    within(f"{r['model']}: full recompute / selective+SP, published", r["published"],
+           r["predicted"], 0.15)
+
+# %% [markdown]
+# **MFU or hardware FLOPs?** A TFLOP/s figure means nothing until it says what it counts.
+# Table 5 reports both: *model* FLOPs utilization counts the FLOPs the model needs
+# (`72BLsh²(1 + s/6h + V/12hL)`, App. A), whatever the implementation does; *hardware*
+# FLOPs utilization also counts what recompute repeats (with selective recompute,
+# `s/3h` in place of `s/6h`). The same step, counted two ways: the ratio of the two counts
+# is the ratio of the published utilizations. Megatron-LM 2021's TFLOP/s (Table 1, the
+# cost model's `tflops_per_gpu`) count full recompute's extra forward, so they are hardware
+# FLOPs, above the MFU of the same run (`Estimate.mfu`).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for r in k22.utilization_rows():
+    print(f"{r['model']:>5}: MFU {r['mfu']:.1f} %, HFU {r['hfu']:.1f} %")
+    within(f"{r['model']}: HFU / MFU published", r["published"], r["predicted"], 0.01)
+
+# %% [markdown]
+# ## 7. Against PyTorch's plans, on CPU ranks
+#
+# PyTorch ships tensor parallelism as `ColwiseParallel` and `RowwiseParallel` plans applied
+# with `parallelize_module` on a `DeviceMesh`; 04 checks that they give the dense model on
+# the same weights. Their speed: `labs/tp.py` timed lessonlib and DTensor, step by step in
+# turn, on a 2-core CPU machine (stored with its command).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+lab = stored("tp_cpu_results.json")
+print(lab["command"])
+for kind, ratio in lab["paired_ratio_lessonlib_over_torch"].items():
+    ours, theirs = (lab["results"][n]["layers"][kind] for n in ("lessonlib", "torch"))
+    print(f"{kind:>5}: lessonlib {ours['step_time_s'] * 1e3:.1f} ms, DTensor "
+          f"{theirs['step_time_s'] * 1e3:.1f} ms (median step-by-step ratio {ratio:.2f}); "
+          f"all-reduces {ours['all_reduces']} vs {theirs['all_reduces']}")
+tpviz.plot_lab(lab)
+plt.show()
+
+# %% [markdown]
+# <!-- no measured claim: the lab's ratios are printed above -->
+# Same model, same weights per rank; the difference is work. DTensor decides each tensor's
+# layout at run time, work that plain f and g skip, and its transformer layer sends 6
+# all-reduces instead of 4: Q, K and V are three `ColwiseParallel` modules, where lessonlib
+# fuses them behind one f.
+#
+# With SP and each recompute mode, the same comparison of one layer's step on the same
+# weights (`labs/tp.py`, 2 ranks, b = 8, s = 128, h = 256, 8 heads, fp32; stored with its
+# command):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+sp_lab = stored("tp_sp_cpu_results.json")
+for record in sp_lab["runs"]:
+    mode = ("TP+SP" if record["settings"]["sequence_parallel"] else "TP") + \
+        f", recompute {record['settings']['recompute']}"
+    ours, theirs = (record["results"][n]["layers"]["block"] for n in ("lessonlib", "torch"))
+    ratio = record["paired_ratio_lessonlib_over_torch"]["block"]
+    print(f"{mode:<28} layer step lessonlib {ours['step_time_s'] * 1e3:6.1f} ms, PyTorch "
+          f"{theirs['step_time_s'] * 1e3:6.1f} ms (ratio {ratio:.2f}); kept for backward "
+          f"{record['saved_bytes']['block']['lessonlib']:,} vs "
+          f"{record['saved_bytes']['block']['torch']:,} bytes")
+    print(f"{'':<28} {record['command']}")
+sp_records = [r for r in sp_lab["runs"] if r["settings"]["sequence_parallel"]]
+claim("under SP PyTorch's plan keeps more bytes for backward than lessonlib, in every mode",
+      all(r["saved_bytes"]["block"]["torch"] > r["saved_bytes"]["block"]["lessonlib"]
+          for r in sp_records if r["settings"]["recompute"] != "full"),
+      numbers="recompute none and selective")
+
+# %% [markdown]
+# PyTorch's plan keeps more bytes under SP: its column layers keep the gathered input, where
+# lessonlib keeps only this rank's rows and gathers them again in backward (with full
+# recompute both keep only the layer's input). The step times come from a shared 2-core
+# machine: read them as "same order", not as the cost of recompute, which the cost model
+# above measures against the paper.
+#
+# <div style="border: 2px solid #4C72B0; border-radius: 6px; padding: 10px;">
+# <b>Takeaway.</b> Tensor parallelism splits the weights by t but leaves 10sbh of every
+# layer's activations replicated. Sequence parallelism splits those along the sequence for
+# the same communication bytes (all-gathers and reduce-scatters instead of all-reduces), so
+# each rank keeps 1/t of the layer: that is why Megatron turns it on whenever t > 1.
+# Selective recompute then drops the attention term that grows with s², for a few percent
+# more FLOPs; full recompute keeps only each layer's input, for about a third more compute.
+# </div>
+#
+# ## Exercises
+#
+# **1.** SP's operators are all-gathers and reduce-scatters; here is the all-gather at work.
+# Write the forward pass of a column-parallel linear layer that returns the full output on
+# every rank: `my_column_forward(x, weight, bias, group)` receives this rank's rows of the
+# dense `weight` (shape `(out/t, in)`) and of `bias`. Compute your slice with `F.linear`,
+# then gather all slices along the last dim with `comm.all_gather` (the signature of
+# `torch.distributed.all_gather`). The checker runs it on 2 ranks.
+
+# %%
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lessonlib import comm
+
+
+def my_column_forward(x, weight, bias, group):
+    raise NotImplementedError
+
+
+ex.check_column_forward(my_column_forward)
+
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+def column_forward_solution(x, weight, bias, group):
+    y = F.linear(x, weight, bias).contiguous()                  # (b, s, out/t)
+    slices = [torch.empty_like(y) for _ in range(dist.get_world_size(group))]
+    comm.all_gather(slices, y, group=group)
+    return torch.cat(slices, dim=-1)                            # (b, s, out)
+
+
+ex.check_column_forward(column_forward_solution)
+
+# %% [markdown]
+# **2.** One GPT-3 layer on t = 8 GPUs (b = 1): by what factor does turning on
+# sequence parallelism shrink the activations each GPU keeps for backward? Predict it from
+# Table 2 before computing (5as/h = 80 for GPT-3).
+
+# %%
+my_sp_ratio = None     # activations per GPU with TP alone, divided by those with TP+SP
+ex.check_sp_activation_ratio(my_sp_ratio, "gpt3-175B", t=8)
+
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+sp_ratio_solution = (cm.activation_bytes_per_layer(gpt3, 1, 8)
+                     / cm.activation_bytes_per_layer(gpt3, 1, 8, sequence_parallel=True))
+ex.check_sp_activation_ratio(sp_ratio_solution, "gpt3-175B", t=8)
+
+# %% [markdown]
+# **3.** Memory decides a pipeline's bubble too (04, Part 2). Each stage of a p = 4
+# pipeline has room for the activations of at most 4 micro-batches. What is the smallest
+# bubble, as a share of the step's wall time, that GPipe can reach? (Then ask yourself what
+# 1F1B could reach, and how many more micro-batches SP or recompute would let GPipe hold.)
+
+# %%
+from lessonlib.exercises import pipeline as ex
+
+my_bubble = None
+ex.check_capped_bubble(my_bubble, p=4, capacity=4)
+
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+bubble_solution = cm.bubble_fraction(4, 4, convention="wall")   # GPipe holds all m: m <= 4
+ex.check_capped_bubble(bubble_solution, p=4, capacity=4)

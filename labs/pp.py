@@ -117,8 +117,8 @@ def check_settings(p, args) -> dict:
                           "microbatch-size", "v")
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more; got {args.warmup}")
-    if args.threads is not None and args.threads < 1:
-        p.error(f"--threads must be a positive integer; got {args.threads}")
+    if args.threads is not None:
+        labkit.check_positive(p, args, "threads")
     if not args.microbatches or any(m < 1 for m in args.microbatches):
         p.error(f"--microbatches must be positive integers, e.g. 2 4 8; got {args.microbatches}")
     if "zbv" in args.schedules and args.layers_per_stage % 2:

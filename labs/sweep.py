@@ -54,7 +54,7 @@ from sweep_points import (LABS_DIR, check, error_line, expand, lab_argv, lab_fla
                           parse_axis, point_row, read_grid_file, read_record, table_meta,
                           table_rows, write_table)
 
-from lessonlib import results as R
+from lessonlib import argcheck, results as R
 
 # The kit's own tools, and minimal_ddp.py: plain PyTorch for students to copy, no lab flags
 NOT_LABS = {"sweep", "sweep_points", "sweep_slurm", "gpu_check", "gpu_check_labs", "minimal_ddp"}
@@ -205,15 +205,16 @@ def build_jobs(opts) -> list[tuple[str, list[dict]]]:
             raise ValueError(f"{keys[0]} is both a grid axis and --set {keys[0]}=...; keep one")
     jobs = [(lab, [{**p, **{ks[0]: vs[0][0] for ks, vs in fixed}} for p in points])
             for lab, points in jobs]
-    if opts.nproc_per_node is not None and opts.nproc_per_node < 1:
-        raise ValueError(f"--nproc-per-node must be a positive integer; got {opts.nproc_per_node}")
+    if opts.nproc_per_node is not None:
+        argcheck.positive_int("--nproc-per-node", opts.nproc_per_node)
     if opts.launcher == "torchrun" and opts.nproc_per_node is None:
         opts.nproc_per_node = 1
     for lab, points in jobs:
         for p in points:
             w = p.get("world_size")
-            if w is not None and not (w.isdigit() and int(w) >= 1):
-                raise ValueError(f"world_size={w!r} in the {lab} grid must be a positive integer")
+            if w is not None:
+                argcheck.positive_int("world_size", int(w) if w.isdigit() else w,
+                                      what=f"the ranks of a {lab} point")
     return jobs
 
 

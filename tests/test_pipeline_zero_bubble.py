@@ -9,6 +9,10 @@ its B. With processes (one launch per p = 2, 3, 4): both equal one process in lo
 gradients and weights after 3 SGD steps in float64, at m = 1, p and 2p+1 (and so do PyTorch's
 ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble on the same stages at p = 2), and
 lessonlib's recorded traces pass ``comm.nccl_hazards``."""
+import contextlib
+import io
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -180,3 +184,26 @@ def test_zero_bubble_traces_pass_the_nccl_rules(run):
     assert set(names) == {f"{s} m={2 * p + 1}" for s in ("zb-h1", "zbv")}
     for name in names:
         assert comm.nccl_hazards([r["traces"][name] for r in per_rank]) == [], name
+
+
+def test_the_planner_considers_the_zero_bubble_schedules():
+    """``plan`` keeps 1F1B unless asked (the 1 T design question of notebook 05 is a 1F1B
+    answer); asked, and on the command line's --plan, it weighs ZB-H1 and ZBV too."""
+    from lessonlib.costmodel import CLUSTERS, MODELS, plan
+    from lessonlib.costmodel.__main__ import main
+    from lessonlib.costmodel.planner import PLAN_SCHEDULES
+    gpt3, a100 = MODELS["gpt3-175B"], CLUSTERS["dgx-a100"]
+    only = plan(gpt3, a100, 64, 64, interleave=(1,))
+    every = plan(gpt3, a100, 64, 64, interleave=(1,), schedules=PLAN_SCHEDULES)
+    assert {e.layout.schedule for e in only.ranked} == {"1f1b"}
+    assert {e.layout.schedule for e in every.ranked} == set(PLAN_SCHEDULES)
+    assert every.best.layout.schedule != "1f1b"
+    assert every.best.step_time_s < only.best.step_time_s
+    assert f"({every.best.layout.schedule.upper()} schedule)" in every.explain()
+    cli = ["--plan", "--json", "--model", "gpt3-175B", "--gpus", "64", "--global-batch", "64",
+           "--gpu", "A100-80GB"]
+    for extra, want in (([], every.best.layout.schedule), (["--schedule", "1f1b"], "1f1b")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(cli + extra) == 0
+        assert json.loads(out.getvalue())["best"]["schedule"] == want

@@ -170,9 +170,9 @@ def explain(plan):
     lay, mem = best.layout, best.memory
     schedule = f" ({lay.schedule.upper()} schedule)" if lay.schedule != "1f1b" else ""
     peak_share = best.tflops_per_gpu * 1e12 / cluster.gpu.peak_flops
-    lines.append(f"Best: {lay.describe()}{schedule}: {best.tflops_per_gpu:.0f} TFLOP/s per GPU counting "
-                 f"the recomputation ({peak_share:.0%} of peak; {best.mfu:.0%} MFU, which counts "
-                 f"only the model's own FLOPs), {best.step_time_s:.1f} s per step, "
+    lines.append(f"Best: {lay.describe()}{schedule}: {best.tflops_per_gpu:.0f} TFLOP/s per GPU "
+                 f"counting the recomputation ({peak_share:.0%} of peak; {best.mfu:.0%} MFU, "
+                 f"which counts only the model's own FLOPs), {best.step_time_s:.1f} s per step, "
                  f"{mem.total / GB:.1f} GB per GPU ({mem.model_state / GB:.1f} model state + "
                  f"{mem.activations / GB:.1f} activations, assuming {lay.recompute} recompute"
                  f"{' and sequence parallelism' if lay.sequence_parallel else ''}).")

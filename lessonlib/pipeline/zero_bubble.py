@@ -19,8 +19,8 @@ sit idle (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024).
   ``ScheduleZBVZeroBubble`` builds). At T_F = T_B = T_W per chunk and m >= 2p-1 every device
   idles only (p-1) T_F, the time the first micro-batch needs to reach the last device,
   which no schedule starting from an empty pipeline avoids: a sixth of 1F1B's bubble,
-  whatever m (at unequal times more, but still not growing with m). It holds at most 2p half-size chunk activations per device: p micro-batches, 1F1B's
-  peak on its first stage.
+  whatever m (at unequal times more, but still not growing with m). It holds at most 2p
+  half-size chunk activations per device: p micro-batches, 1F1B's peak on its first stage.
 
 Both are pure functions like ``one_f_one_b``; ``make("zb-h1", p, m)`` and
 ``make("zbv", p, m, v=2)`` reach them too.

@@ -286,7 +286,8 @@ claim(f"at equal times ZBV idles only the start-up, (p-1) chunk forwards, a sixt
       numbers=", ".join(f"m={mm}: {x:g}" for mm, x in zbv_idle.items()) + f"; 1F1B {one_idle:g}")
 few = max(simulate(S.zbv(p, p), forward=0.5, backward=0.5, weight=0.5).idle)
 claim("with fewer micro-batches the V never fills: 2(2p-1-m) chunk forwards",
-      abs(few - (2 * p - 1 - p)) < 1e-9, numbers=f"m={p}: {few:g} time units, {few / 0.5:g} chunk forwards")
+      abs(few - (2 * p - 1 - p)) < 1e-9,
+      numbers=f"m={p}: {few:g} time units, {few / 0.5:g} chunk forwards")
 
 # %% [markdown]
 # ZBV's remaining idle time is the start-up alone: device p-1 cannot begin before micro-batch

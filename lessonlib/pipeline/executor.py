@@ -10,8 +10,9 @@ pipeline stage (device) and walks its own action list:
 * B: backpropagate the received output gradient (or the loss), gradients accumulate in
   ``.grad`` across micro-batches; the input's gradient is what goes back upstream. Where the
   schedule has a W for the same micro-batch, B computes only the input gradient and keeps
-  what the weight gradients need (``split_backward``);
-* W: the weight gradients, from what B kept;
+  what the weight gradients need (``split_backward``); on the first virtual stage, whose
+  input gradient nobody needs, B computes nothing and keeps the output gradient;
+* W: the weight gradients, from what B kept (on the first virtual stage: the whole backward);
 * SEND_* / RECV_*: ``comm.isend`` / ``comm.irecv``, and every request is waited on.
 
 No deadlock, on gloo or NCCL: sends never block the loop (isend, waited at the end), and
@@ -250,8 +251,14 @@ class PipelineExecutor:
         k = virtual_stage(self.stage, chunk, self.p, self.placement)
         x, out, layers = st.stash[mb, chunk]
         grad_out = None if k == self.last else st.inbox.pop(("B", mb, chunk))
+        if (mb, chunk) in self.split and k == 0:
+            # The first virtual stage sends no input gradient: nobody waits for its B, so
+            # B computes nothing and W runs the whole backward in one pass (as PyTorch's
+            # stage does), instead of one pass for B and one per layer for W.
+            st.kept[mb, chunk] = grad_out
+            return
         if (mb, chunk) in self.split:
-            dx, st.kept[mb, chunk] = input_grad(out, grad_out, x if k > 0 else None, layers)
+            dx, st.kept[mb, chunk] = input_grad(out, grad_out, x, layers)
         else:
             del st.stash[mb, chunk]
             torch.autograd.backward(out, grad_out)
@@ -262,8 +269,13 @@ class PipelineExecutor:
             st.grads[mb, chunk] = dx
 
     def _weight(self, st: _Step, a) -> None:
-        weight_grad(st.kept.pop((a.microbatch, a.chunk)))
-        del st.stash[a.microbatch, a.chunk]
+        key = (a.microbatch, a.chunk)
+        kept = st.kept.pop(key)
+        if virtual_stage(self.stage, a.chunk, self.p, self.placement) == 0:
+            torch.autograd.backward(st.stash[key][1], kept)     # kept: the output gradient
+        else:
+            weight_grad(kept)
+        del st.stash[key]
 
     def _microbatches(self, inputs, targets) -> tuple[list | None, list | None]:
         xs, ys = (t.to(self.device) if t is not None else None for t in (inputs, targets))

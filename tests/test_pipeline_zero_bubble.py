@@ -2,12 +2,17 @@
 and W (weight gradient), ZB-H1 and the V-shaped ZBV.
 
 Without processes: ZB-H1's simulated bubble is (p-1)(T_F + T_B - T_W) per stage (Table 2)
-for any p and m >= p, a third of 1F1B's at equal times, at 1F1B's peak memory; ZBV's is
-half a forward per hop at equal times; both pass the validator, which rejects a W before
+for any p and m >= p, a third of 1F1B's at equal times, at 1F1B's peak memory; ZBV's, at
+equal times and m >= 2p-1, is the start-up alone, (p-1) chunk forwards, a sixth of 1F1B's
+whatever m; both pass the validator, which rejects a W before
 its B. With processes (one launch per p = 2, 3, 4): both equal one process in losses,
 gradients and weights after 3 SGD steps in float64, at m = 1, p and 2p+1 (and so do PyTorch's
 ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble on the same stages at p = 2), and
 lessonlib's recorded traces pass ``comm.nccl_hazards``."""
+import contextlib
+import io
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -36,23 +41,44 @@ def test_zb_h1_bubble_is_p_minus_1_times_tf_plus_tb_minus_tw(p, f, b, w):
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 6])
-def test_at_equal_times_zb_h1_has_a_third_of_1f1b_and_zbv_half_a_forward_per_hop(p):
-    for m in (p, 2 * p, 3 * p):
+def test_at_equal_times_zb_h1_has_a_third_of_1f1b_and_zbv_only_the_start_up(p):
+    for m in (p, 2 * p - 1, 2 * p, 3 * p, 8 * p):
         one = simulate(S.make("1f1b", p, m), forward=1, backward=2)
         zb = simulate(S.make("zb-h1", p, m), forward=1, backward=1, weight=1)
         assert zb.idle[0] == pytest.approx(one.idle[0] / 3)
         assert zb.bubble_ideal[0] == pytest.approx(bubble_fraction(p, m, schedule="zb-h1",
                                                                    convention="ideal"))
+        # ZBV's chunks are half a stage: T_F = T_B = T_W = 1/2. Every device idles only
+        # while the first micro-batch reaches device p-1, (p-1) chunk forwards (no schedule
+        # that starts empty does better), 1F1B's (p-1)(T_F + T_B + T_W) / 6, whatever m.
         v = simulate(S.make("zbv", p, m, v=2), forward=0.5, backward=0.5, weight=0.5)
-        assert (p - 1) / 2 <= v.idle[0] <= (p - 1) / 2 + 1.0     # the start-up, about
-        assert v.idle[0] < zb.idle[0] < one.idle[0]
+        start_up = (p - 1) * 0.5
+        assert v.idle == pytest.approx([max(start_up, 2 * p - 1 - m)] * p)
+        if m >= 2 * p - 1:
+            assert v.idle == pytest.approx([one.idle[0] / 6] * p)
+            assert v.bubble_ideal[0] == pytest.approx(bubble_fraction(p, m, schedule="zbv",
+                                                                      convention="ideal"))
+        assert v.idle[0] <= zb.idle[0] < one.idle[0]
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("f,b,w", TIMES[1:])
+def test_at_unequal_times_zbv_still_leaves_a_bubble_that_does_not_grow_with_m(p, f, b, w):
+    idle = [max(simulate(S.zbv(p, m), forward=f / 2, backward=b / 2, weight=w / 2).idle)
+            for m in (2 * p - 1, 2 * p, 3 * p + 1, 6 * p)]
+    assert idle == pytest.approx([idle[0]] * 4)
+    assert idle[0] < simulate(S.zero_bubble_h1(p, 2 * p), forward=f, backward=b,
+                              weight=w).idle[0]
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 13])
 def test_zero_bubble_schedules_hold_min_p_m_micro_batches_until_their_w(p, m):
     assert simulate(S.zero_bubble_h1(p, m)).peak_stash == [min(p, m)] * p
-    assert simulate(S.zbv(p, m)).peak_stash == [2 * min(p, m)] * p      # half-size chunks
+    zbv = simulate(S.zbv(p, m)).peak_stash                  # half-size chunk activations
+    assert zbv == [min(2 * p, m + s + 1, 2 * m) for s in range(p)]
+    assert max(zbv) == zbv[-1] == 2 * min(p, m)
+    assert [stashed_microbatches("zbv", p, m, s) for s in range(p)] == [n / 2 for n in zbv]
     assert stashed_microbatches("zb-h1", p, m, 0) == min(p, m)
     for name, v in (("zb-h1", 1), ("zbv", 2)):
         sched = S.make(name, p, m, v)
@@ -145,8 +171,10 @@ def test_zb_h1_and_zbv_match_one_process_after_3_steps(run, no_children_left):
         assert max(row["max_grads_diff"], row["max_weights_diff"], row["max_losses_diff"]) < 1e-9
         if row["engine"] == "torch":
             continue
-        want = 2 * min(p, row["m"]) if row["schedule"] == "zbv" else min(p, row["m"])
-        assert row["peak_stash"] == [want] * p, row
+        m = row["m"]
+        want = ([min(2 * p, m + s + 1, 2 * m) for s in range(p)] if row["schedule"] == "zbv"
+                else [min(p, m)] * p)
+        assert row["peak_stash"] == want, row
 
 
 @pytest.mark.timeout(300)
@@ -156,3 +184,26 @@ def test_zero_bubble_traces_pass_the_nccl_rules(run):
     assert set(names) == {f"{s} m={2 * p + 1}" for s in ("zb-h1", "zbv")}
     for name in names:
         assert comm.nccl_hazards([r["traces"][name] for r in per_rank]) == [], name
+
+
+def test_the_planner_considers_the_zero_bubble_schedules():
+    """``plan`` keeps 1F1B unless asked (the 1 T design question of notebook 05 is a 1F1B
+    answer); asked, and on the command line's --plan, it weighs ZB-H1 and ZBV too."""
+    from lessonlib.costmodel import CLUSTERS, MODELS, plan
+    from lessonlib.costmodel.__main__ import main
+    from lessonlib.costmodel.planner import PLAN_SCHEDULES
+    gpt3, a100 = MODELS["gpt3-175B"], CLUSTERS["dgx-a100"]
+    only = plan(gpt3, a100, 64, 64, interleave=(1,))
+    every = plan(gpt3, a100, 64, 64, interleave=(1,), schedules=PLAN_SCHEDULES)
+    assert {e.layout.schedule for e in only.ranked} == {"1f1b"}
+    assert {e.layout.schedule for e in every.ranked} == set(PLAN_SCHEDULES)
+    assert every.best.layout.schedule != "1f1b"
+    assert every.best.step_time_s < only.best.step_time_s
+    assert f"({every.best.layout.schedule.upper()} schedule)" in every.explain()
+    cli = ["--plan", "--json", "--model", "gpt3-175B", "--gpus", "64", "--global-batch", "64",
+           "--gpu", "A100-80GB"]
+    for extra, want in (([], every.best.layout.schedule), (["--schedule", "1f1b"], "1f1b")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(cli + extra) == 0
+        assert json.loads(out.getvalue())["best"]["schedule"] == want

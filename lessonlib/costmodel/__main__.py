@@ -28,7 +28,7 @@ from lessonlib.argcheck import positive_int
 from .hardware import COLLECTIVE_ALGORITHMS, CLUSTERS, GPUS, get_cluster, get_gpu, make_cluster
 from .megatron2021 import table1_report
 from .model import GPT, MODELS, get_model
-from .planner import plan
+from .planner import PLAN_SCHEDULES, plan
 from .search import explain_axes, plan_job
 from .throughput import Layout, estimate
 
@@ -67,7 +67,8 @@ def build_parser():
                      help="default: full; --plan: SP + selective where t > 1")
     lay.add_argument("--sequence-parallel", action="store_true")
     lay.add_argument("--no-scatter-gather", action="store_true")
-    lay.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
+    lay.add_argument("--schedule", choices=("1f1b", "gpipe", "zb-h1", "zbv"),
+                     help="default: 1f1b; --plan: the best of 1f1b, zb-h1 and zbv")
     lay.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over d")
     lay.add_argument("--shard-group", type=int,
                      help="ZeRO/FSDP shard group inside d (fewer than d: HSDP)")
@@ -165,7 +166,8 @@ def _layout(args):
     return Layout(t=args.t, c=args.c, p=p, d=d, e=args.e, b=args.b, m=args.m,
                   global_batch=args.global_batch, v=args.v,
                   recompute=args.recompute or "full", sequence_parallel=args.sequence_parallel,
-                  scatter_gather=not args.no_scatter_gather, schedule=args.schedule,
+                  scatter_gather=not args.no_scatter_gather,
+                  schedule=args.schedule or "1f1b",
                   zero_stage=args.zero, shard_group=args.shard_group,
                   overlap_comm=args.overlap_comm)
 
@@ -186,8 +188,9 @@ def _run(args):
             raise ValueError("plan needs --gpus N and --global-batch B")
         chosen = {"recompute": args.recompute} if args.recompute else {}
         chosen |= {"sequence_parallel": True} if args.sequence_parallel else {}
+        chosen |= {"schedule": args.schedule} if args.schedule else {}
         result = plan(model, cluster, args.gpus, args.global_batch, zero_stage=args.zero,
-                      schedule=args.schedule, **chosen)
+                      schedules=PLAN_SCHEDULES, **chosen)
         if not args.json:
             return result.explain()
         best = result.best

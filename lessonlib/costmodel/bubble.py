@@ -19,9 +19,10 @@ Splitting the backward removes most of it (Qi et al., ICLR 2024): B (the input g
 goes upstream at once, W (the weight gradient) fills the idle time. Per stage, with T_F,
 T_B (input gradient) and T_W (weight gradient) per micro-batch (``bubble_time``): 1F1B
 (p-1)(T_F + T_B + T_W), ZB-H1 (p-1)(T_F + T_B - T_W) (Table 2), at 1F1B's memory; at equal
-times a third: ``schedule="zb-h1"`` gives (p-1)/(3m) of ideal time. ZBV (two chunks per
-device in a V) leaves only the start-up, one chunk's forward per hop: (p-1) T_F / 2, or
-(p-1)/(6m) of ideal time at equal times; it holds min(p, m) micro-batches like ZB-H1.
+times a third: ``schedule="zb-h1"`` gives (p-1)/(3m) of ideal time. ZB-V (two chunks per
+device in a V, §6) leaves only the start-up, one chunk's forward per hop: (p-1) T_F / 2, or
+(p-1)/(6m) of ideal time at equal times once m >= 2p-1 (fewer micro-batches never fill the
+V: 2(2p-1-m) chunk forwards); its busiest stage holds min(p, m) micro-batches like ZB-H1.
 
 Try ``python -c "from lessonlib.costmodel import bubble_fraction as f; print(f(4, 8),
 f(4, 8, convention='ideal'))"``.
@@ -31,8 +32,15 @@ from lessonlib.argcheck import positive_int, positive_number
 CONVENTIONS = ("wall", "ideal")
 SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zbv")
 # Micro-batch slots of ideal time the bubble lasts, per unit of (p-1), at T_F = T_B = T_W
-# (a slot = T_F + T_B + T_W): 1F1B 1, ZB-H1 1/3, ZBV 1/6 (half a forward).
+# (a slot = T_F + T_B + T_W): 1F1B 1, ZB-H1 1/3, ZBV 1/6 (half a forward) once m >= 2p-1.
 _SLOTS = {"gpipe": 1.0, "1f1b": 1.0, "zb-h1": 1 / 3, "zbv": 1 / 6}
+
+
+def _idle_slots(schedule, p, m):
+    """Micro-batch slots each stage idles at T_F = T_B = T_W (simulated, ``zero_bubble``)."""
+    if schedule == "zbv":                    # in chunk forwards, 6 to a micro-batch slot
+        return max(p - 1, 2 * (2 * p - 1 - m)) / 6
+    return (p - 1) * _SLOTS[schedule]
 
 
 def _check(p, m, v):
@@ -46,14 +54,14 @@ def bubble_fraction(p, m, v=1, convention="wall", schedule="1f1b"):
     "wall": (p-1)/(v*m + p-1), share of the step's wall time (GPipe §2.3 for v=1).
     "ideal": (p-1)/(v*m), relative to bubble-free compute time (Megatron-LM 2021 §2.2).
     ``schedule="zb-h1"`` or ``"zbv"``: the zero-bubble schedules at T_F = T_B = T_W, whose
-    bubble is 1/3 (ZB-H1) or 1/6 (ZBV) of 1F1B's; v must then be 1.
+    bubble is 1/3 (ZB-H1) or 1/6 (ZBV, m >= 2p-1) of 1F1B's; v must then be 1.
     """
     _check(p, m, v)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} must be one of {', '.join(SCHEDULES)}")
     if v > 1 and schedule not in ("1f1b", "gpipe"):
         raise ValueError(f"v={v}: interleaving is a 1F1B schedule; {schedule!r} takes v=1")
-    idle = (p - 1) * _SLOTS[schedule]
+    idle = _idle_slots(schedule, p, m)
     if convention == "wall":
         return idle / (v * m + idle)
     if convention == "ideal":
@@ -65,7 +73,8 @@ def bubble_time(schedule, p, forward, backward, weight):
     """Idle time per stage per step for balanced stages: ``forward`` T_F, ``backward`` T_B
     (the input gradient only) and ``weight`` T_W per micro-batch. "1f1b"/"gpipe":
     (p-1)(T_F + T_B + T_W); "zb-h1": (p-1)(T_F + T_B - T_W) (Qi et al. 2024, Table 2,
-    for T_W <= T_F); "zbv": (p-1) T_F / 2, the start-up alone."""
+    for T_W <= T_F); "zbv": (p-1) T_F / 2, the start-up alone (at T_F = T_B = T_W and
+    m >= 2p-1; otherwise ``lessonlib.pipeline.validate.simulate`` the schedule)."""
     positive_int("p", p)
     f, b, w = (positive_number(n, x) for n, x in (("forward", forward), ("backward", backward),
                                                  ("weight", weight)))
@@ -78,8 +87,9 @@ def bubble_time(schedule, p, forward, backward, weight):
 def stashed_microbatches(schedule, p, m, stage=0):
     """Micro-batches whose activations ``stage`` (0-based) holds at its peak.
 
-    "1f1b": min(p - stage, m); "gpipe": m; "zb-h1" and "zbv": min(p, m) on every stage
-    (a micro-batch is held until its W; ZBV's two half-size chunks count one half each).
+    "1f1b": min(p - stage, m); "gpipe": m; "zb-h1": min(p, m) on every stage (a
+    micro-batch is held until its W); "zbv": min(2p, m + stage + 1, 2m) half-size chunks,
+    each one half: min(p, m) on the last stage, the busiest.
     """
     _check(p, m, 1)
     if not isinstance(stage, int) or not 0 <= stage < p:
@@ -88,6 +98,8 @@ def stashed_microbatches(schedule, p, m, stage=0):
         return min(p - stage, m)
     if schedule == "gpipe":
         return m
-    if schedule in ("zb-h1", "zbv"):
+    if schedule == "zb-h1":
         return min(p, m)
+    if schedule == "zbv":
+        return min(2 * p, m + stage + 1, 2 * m) / 2
     raise ValueError(f"schedule={schedule!r} must be one of {', '.join(SCHEDULES)}")

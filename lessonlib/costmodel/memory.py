@@ -192,14 +192,15 @@ def in_flight_microbatches(schedule, p, m, v=1, stage=0):
 
 def activation_bytes(model, t, p, b, m, v=1, recompute="full", sequence_parallel=False,
                      schedule="1f1b"):
-    """Activation bytes on a GPU of the first stage at its peak.
+    """Activation bytes on a GPU of the busiest stage (the first; ZBV: the last) at its peak.
 
     With full recompute the backward of one layer rebuilds that layer's activations, so one
     layer's worth (without recompute) is added as working memory.
     """
     per_layer = activation_bytes_per_layer(model, b, t, sequence_parallel, recompute)
+    busiest = p - 1 if schedule == "zbv" else 0          # ZBV: the bottom of the V
     stored = per_layer * layers_per_stage(model.L, p) * in_flight_microbatches(
-        schedule, p, m, v)
+        schedule, p, m, v, busiest)
     if recompute == "full":
         stored += activation_bytes_per_layer(model, b, t, sequence_parallel, "none")
     return stored

@@ -30,6 +30,12 @@ GB = 1e9
 # The planner estimates every layout; beyond this many GPUs that is no longer a quick answer.
 MAX_PLAN_GPUS = 1 << 17
 
+# Every pipeline schedule the cost model prices: 1F1B and the zero-bubble ZB-H1 and ZBV (Qi
+# et al. 2024). ``plan`` tries only 1F1B unless given these (``schedules=PLAN_SCHEDULES``): the
+# lesson's 1 T design question (notebook 05) is a 1F1B answer, while the command line's
+# ``--plan`` and the five-axis ``search.plan_job`` try them all.
+PLAN_SCHEDULES = ("1f1b", "zb-h1", "zbv")
+
 
 
 
@@ -162,10 +168,11 @@ def explain(plan):
                      f"or full recompute, or a smaller micro-batch.")
         return "\n".join(lines)
     lay, mem = best.layout, best.memory
+    schedule = f" ({lay.schedule.upper()} schedule)" if lay.schedule != "1f1b" else ""
     peak_share = best.tflops_per_gpu * 1e12 / cluster.gpu.peak_flops
-    lines.append(f"Best: {lay.describe()}: {best.tflops_per_gpu:.0f} TFLOP/s per GPU counting "
-                 f"the recomputation ({peak_share:.0%} of peak; {best.mfu:.0%} MFU, which counts "
-                 f"only the model's own FLOPs), {best.step_time_s:.1f} s per step, "
+    lines.append(f"Best: {lay.describe()}{schedule}: {best.tflops_per_gpu:.0f} TFLOP/s per GPU "
+                 f"counting the recomputation ({peak_share:.0%} of peak; {best.mfu:.0%} MFU, "
+                 f"which counts only the model's own FLOPs), {best.step_time_s:.1f} s per step, "
                  f"{mem.total / GB:.1f} GB per GPU ({mem.model_state / GB:.1f} model state + "
                  f"{mem.activations / GB:.1f} activations, assuming {lay.recompute} recompute"
                  f"{' and sequence parallelism' if lay.sequence_parallel else ''}).")

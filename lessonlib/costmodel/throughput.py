@@ -102,7 +102,7 @@ class Estimate:
         return {
             "model": self.model.describe(), "layout": lay.describe(),
             "t": lay.t, "c": lay.c, "p": lay.p, "d": lay.d, "e": lay.e, "b": lay.b,
-            "m": lay.m, "v": lay.v,
+            "m": lay.m, "v": lay.v, "schedule": lay.schedule,
             "global_batch": lay.global_batch, "n_gpus": lay.n_gpus,
             "gpu": self.cluster.gpu.name, "gpus_per_node": self.cluster.gpus_per_node,
             "network_ports": self.cluster.network_ports,

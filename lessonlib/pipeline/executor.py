@@ -7,11 +7,11 @@ pipeline stage (device) and walks its own action list:
   activation they received); the last stage also computes the loss, scaled by 1/m so that
   the gradients summed over m micro-batches equal the gradient of the whole batch's mean
   loss, i.e. exactly what one process computes;
-* B: backpropagate the received output gradient (or the loss), gradients accumulate in
-  ``.grad`` across micro-batches; the input's gradient is what goes back upstream. Where the
-  schedule has a W for the same micro-batch, B computes only the input gradient and keeps
-  what the weight gradients need (``split_backward``);
-* W: the weight gradients, from what B kept;
+* B: backpropagate the received output gradient (or the loss); gradients accumulate in
+  ``.grad`` across micro-batches and the input's gradient goes back upstream. With a W for
+  the same micro-batch, B computes only the input gradient, keeping what W needs for the
+  weight gradients (``split_backward``); on the first virtual stage, whose input gradient
+  nobody needs, W runs the whole backward in one pass and B nothing, as PyTorch does;
 * SEND_* / RECV_*: ``comm.isend`` / ``comm.irecv``, and every request is waited on.
 
 No deadlock, on gloo or NCCL: sends never block the loop (isend, waited at the end), and
@@ -25,13 +25,11 @@ before any receive is posted: interleaved 1F1B's wrap-around link (0, p-1) would
 otherwise deadlock at p >= 3 (``lessonlib.nccl_rules``); the opening messages also check
 that both ends agree on the dtype and activation shape.
 
-Each action is dispatched on its kind (``actions.Kind``), one method per kind. Around the
-loop, not in it: the ``timeline.Timeline`` the executor is given times every action (from a
-barrier that lines the ranks up) and leaves a breadcrumb per action; ``stash.StashMeter``
-measures what the stage keeps for backward (count and bytes, until W if B is split).
+One method per kind of action (``actions.Kind``). Around the loop, not in it: the given
+``timeline.Timeline`` times every action (from a barrier that lines the ranks up) and leaves a
+breadcrumb each; ``stash.StashMeter`` measures what is kept for backward (count, bytes; to W).
 
-Inside a 3-D grid, pass ``stage_ranks`` (the global rank of each stage of this rank's
-pipeline), ``group`` (the pipeline's process group) and this stage's chunk modules.
+Inside a 3-D grid: ``stage_ranks`` (each stage's global rank), ``group`` and the chunks.
 
 Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
          print(L.launch(runs.demo, 2))"``
@@ -250,8 +248,8 @@ class PipelineExecutor:
         k = virtual_stage(self.stage, chunk, self.p, self.placement)
         x, out, layers = st.stash[mb, chunk]
         grad_out = None if k == self.last else st.inbox.pop(("B", mb, chunk))
-        if (mb, chunk) in self.split:
-            dx, st.kept[mb, chunk] = input_grad(out, grad_out, x if k > 0 else None, layers)
+        if (mb, chunk) in self.split:         # k = 0: W runs the whole backward from grad_out
+            dx, st.kept[mb, chunk] = input_grad(out, grad_out, x, layers) if k else (None, grad_out)
         else:
             del st.stash[mb, chunk]
             torch.autograd.backward(out, grad_out)
@@ -262,8 +260,10 @@ class PipelineExecutor:
             st.grads[mb, chunk] = dx
 
     def _weight(self, st: _Step, a) -> None:
-        weight_grad(st.kept.pop((a.microbatch, a.chunk)))
-        del st.stash[a.microbatch, a.chunk]
+        kept, (_, out, _) = st.kept.pop(key := (a.microbatch, a.chunk)), st.stash.pop(key)
+        if virtual_stage(self.stage, a.chunk, self.p, self.placement) == 0:
+            return torch.autograd.backward(out, kept)           # kept: the output gradient
+        weight_grad(kept)
 
     def _microbatches(self, inputs, targets) -> tuple[list | None, list | None]:
         xs, ys = (t.to(self.device) if t is not None else None for t in (inputs, targets))

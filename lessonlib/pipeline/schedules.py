@@ -29,7 +29,8 @@ from lessonlib.pipeline.actions import (COMM, COMPUTE, KINDS, MAX_ACTIONS, Actio
                                         B, F, Kind, Schedule, W, add_communication,
                                         check_settings, compute_only, describe, parse, place,
                                         virtual_stage)
-from lessonlib.pipeline.zero_bubble import zbv, zero_bubble_h1, zero_bubble_h1_order  # noqa: F401
+from lessonlib.pipeline.zero_bubble import (zbv, zbv_order, zero_bubble_h1,  # noqa: F401
+                                            zero_bubble_h1_order)
 
 
 # ---------------------------------------------------------------- the schedules

@@ -11,13 +11,16 @@ sit idle (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024).
   the step. Bubble (p-1)(T_F + T_B - T_W) instead of 1F1B's (p-1)(T_F + T_B + T_W)
   (Qi et al., Table 2): a third of it when the three are equal; every stage holds at most p
   micro-batches (until their W), 1F1B's peak.
-* ``zbv(p, m)`` (ZBV): two chunks per device in a V (device d runs virtual stages d and
-  2p-1-d), so the first and the last virtual stage are on device 0 and the gradient turns
-  round on device p-1 without a message. The order is the one a greedy list scheduler finds
-  with equal times for F, B and W: a B first (someone waits for it), else a forward (the
-  deeper chunk first; a new micro-batch only while fewer than 2p chunk-activations are held),
-  else a W. About zero bubble at equal times once m >= 2p (the V-shaped schedules of Qi et
-  al., arXiv 2405.15362), at 1F1B's memory (p micro-batches of activations).
+* ``zbv(p, m)`` (ZB-V, Qi et al. §6): two chunks per device in a V (device d runs virtual
+  stages d and 2p-1-d), so the first and the last virtual stage are on device 0 and the
+  gradient turns round on device p-1 without a message. Warm-up forwards of chunk 0, then
+  of both chunks, then the steady state F B W of chunk 0 and F B W of chunk 1 per
+  micro-batch, with the cool-down's W's held back to fill its waits (the order PyTorch's
+  ``ScheduleZBVZeroBubble`` builds). At T_F = T_B = T_W per chunk and m >= 2p-1 every device
+  idles only (p-1) T_F, the time the first micro-batch needs to reach the last device,
+  which no schedule starting from an empty pipeline avoids: a sixth of 1F1B's bubble,
+  whatever m (at unequal times more, but still not growing with m). It holds at most 2p
+  half-size chunk activations per device: p micro-batches, 1F1B's peak on its first stage.
 
 Both are pure functions like ``one_f_one_b``; ``make("zb-h1", p, m)`` and
 ``make("zbv", p, m, v=2)`` reach them too.
@@ -28,7 +31,7 @@ GPU box: the same; a schedule does not depend on the hardware it runs on.
 from __future__ import annotations
 
 from lessonlib.pipeline.actions import (B, F, Schedule, W, add_communication, check_settings,
-                                        describe, place, virtual_stage)
+                                        describe)
 
 
 def zero_bubble_h1_order(p: int, m: int, stage: int) -> list:
@@ -57,55 +60,53 @@ def zero_bubble_h1(p: int, m: int) -> Schedule:
     return add_communication([zero_bubble_h1_order(p, m, s) for s in range(p)])
 
 
-def zbv_orders(p: int, m: int) -> list[list]:
-    """Every device's compute order under ZBV, found by playing the V with unit times.
+def zbv_order(p: int, m: int, stage: int) -> list:
+    """Device ``stage``'s compute order under ZB-V (Qi et al. 2024, §6; the order PyTorch's
+    ``ScheduleZBVZeroBubble`` builds). Chunk 0 is virtual stage ``stage``, chunk 1 virtual
+    stage 2p-1-``stage``; n = max(m, 2p-1) micro-batches are laid out, then those >= m dropped.
 
-    Each tick every device starts one ready action: a B (oldest micro-batch first), else an
-    F (chunk 1 before chunk 0), else the oldest W. A device holding 2p chunk-activations
-    (each held from its F to its W) runs a W first and takes no new micro-batch."""
-    check_settings(p, m, 2)
-    last = 2 * p - 1
-    done: dict[tuple, int] = {}                  # (kind, mb, vstage) -> tick it finished
-    todo = {(kind, k): 0 for kind in "FB" for k in range(last + 1)}  # next micro-batch
-    orders: list[list] = [[] for _ in range(p)]
-    held, waiting = [0] * p, [[] for _ in range(p)]
+    1. warm-up: 2(p - stage) - 1 forwards of chunk 0; then ``stage`` pairs F(chunk 1),
+       F(chunk 0); then p - stage rounds F, B, W of chunk 1 (the gradient turns round);
+    2. steady state, until every forward is out: F(chunk 0), B W (chunk 0), F B W (chunk 1):
+       one micro-batch through both chunks, each B followed by its W;
+    3. cool-down: ``stage`` pairs B(chunk 0), B(chunk 1) with their W's held back, then
+       p - stage rounds B, W of chunk 0, and the held-back W's fill the wait at the end."""
+    check_settings(p, m, 2, stage=stage)
+    n = max(m, 2 * p - 1)
+    order = []
+    done = {(kind, c): 0 for kind in "FBW" for c in (0, 1)}     # next micro-batch of each
 
-    def ready(kind, k, now):
-        """The micro-batch whose ``kind`` on virtual stage k can start now, or None."""
-        mb = todo[kind, k]
-        need = ("F", mb, k - 1) if kind == "F" else ("F", mb, k) if k == last else \
-            ("B", mb, k + 1)
-        if mb < m and (kind == "F" and k == 0 or done.get(need, now + 1) <= now):
-            return mb
-        return None
+    def run(kind, chunk, times=1):
+        for _ in range(times):
+            order.append({"F": F, "B": B, "W": W}[kind](done[kind, chunk], chunk))
+            done[kind, chunk] += 1
 
-    now = 0
-    while any(n < m for n in todo.values()) or any(waiting):
-        for d in range(p):
-            ks = [virtual_stage(d, c, p, "v") for c in (1, 0)]          # the deeper first
-            full = held[d] >= 2 * p
-            backs = [(mb, -k) for k in ks if (mb := ready("B", k, now)) is not None]
-            fronts = [k for k in ks if ready("F", k, now) is not None and (k or not full)]
-            if full and waiting[d] or not (backs or fronts):
-                if waiting[d]:
-                    orders[d].append(waiting[d].pop(0))
-                    held[d] -= 1
-                continue
-            kind, k = ("B", -min(backs)[1]) if backs else ("F", fronts[0])
-            mb, chunk = todo[kind, k], place(k, p, "v")[1]
-            todo[kind, k] += 1
-            done[kind, mb, k] = now + 1
-            orders[d].append(F(mb, chunk) if kind == "F" else B(mb, chunk))
-            held[d] += kind == "F"
-            if kind == "B":
-                waiting[d].append(W(mb, chunk))
-        now += 1
-    return orders
+    run("F", 0, 2 * (p - stage) - 1)
+    for _ in range(stage):
+        run("F", 1), run("F", 0)
+    for _ in range(p - stage):
+        run("F", 1), run("B", 1), run("W", 1)
+    while done["F", 1] < done["F", 0] or done["F", 0] < n:
+        if done["F", 0] < n:
+            run("F", 0)
+        run("B", 0), run("W", 0)
+        run("F", 1), run("B", 1), run("W", 1)
+    for _ in range(stage):
+        run("B", 0), run("B", 1)
+    for _ in range(p - stage):
+        run("B", 0), run("W", 0)
+    run("W", 1, n - done["W", 1])
+    run("W", 0, n - done["W", 0])
+    return [a for a in order if a.microbatch < m]
 
 
 def zbv(p: int, m: int) -> Schedule:
-    """ZBV: two chunks per device in a V, B and W split, about zero bubble at equal times."""
-    return add_communication(zbv_orders(p, m), v=2, placement="v")
+    """ZB-V: two chunks per device in a V, B and W split. At T_F = T_B = T_W (per chunk) and
+    m >= 2p-1 every device idles (p-1) T_F: only the time the first micro-batch takes to reach
+    the last device, which no schedule can avoid; fewer micro-batches never fill the V and
+    leave 2(2p-1-m) T_F. Each device holds at most 2p chunk activations (p micro-batches)."""
+    check_settings(p, m, 2)
+    return add_communication([zbv_order(p, m, d) for d in range(p)], v=2, placement="v")
 
 
 if __name__ == "__main__":

@@ -236,12 +236,17 @@ show(split_backward.weight_grad)
 # **ZB-H1** keeps 1F1B's forwards and B's in 1F1B's order; stage s holds back s of its W's
 # to fill the end of the step. Per stage it leaves `(p-1)(T_F + T_B - T_W)` of idle time,
 # 1F1B `(p-1)(T_F + T_B + T_W)` (Table 2), at the same peak memory (a micro-batch is held
-# until its W). **ZBV** gives each device two half-size chunks in a V (device d runs virtual
-# stages d and 2p-1-d), so the gradient turns round on the last device without a message;
-# its order is what a greedy list scheduler finds with equal times. As pure functions:
+# until its W). **ZBV** (Qi et al. §6, "ZB-V") gives each device two half-size chunks in a V
+# (device d runs virtual stages d and 2p-1-d), so the gradient turns round on the last
+# device without a message. Its order, the one PyTorch's `ScheduleZBVZeroBubble` builds:
+# forwards of chunk 0, then of both chunks, then per micro-batch F B W of chunk 0 and F B W
+# of chunk 1, and in the cool-down the W's held back to fill the waits. As pure functions:
 
 # %%
 show(zero_bubble.zero_bubble_h1_order)
+
+# %%
+show(zero_bubble.zbv_order)
 
 # %% [markdown]
 # The prediction, simulated with T_F = T_B = T_W (1F1B and interleaved run B and W as one
@@ -261,20 +266,37 @@ for name, v, times in (("1f1b", 1, dict(forward=1, backward=2)),
     model = runs.theory(name, p, m, v, "ideal")
     print(f"{vp.NAMES[name]:>17} {sim.idle[0]:>15.2f} {sim.bubble_ideal[0]:>15.1%} "
           f"{model:>11.1%} {max(sim.peak_stash) / v:>21.1f}")
-print(f"ZB-H1 formula (p-1)(T_F + T_B - T_W) = {(p - 1) * (1 + 1 - 1)}")
+print(f"ZB-H1 formula (p-1)(T_F + T_B - T_W) = {(p - 1) * (1 + 1 - 1)}; ZBV's start-up, "
+      f"(p-1) chunk forwards = {(p - 1) * 0.5}")
 
 # %%
 fig, axes = plt.subplots(2, 1, figsize=(10, 4.6), constrained_layout=True)
 vp.gantt_schedule("zb-h1", 4, 8, ax=axes[0])
 vp.gantt_schedule("zbv", 4, 8, ax=axes[1])
 plt.show()
+from lessonlib.claims import claim
+
+zbv_idle = {mm: max(simulate(S.zbv(p, mm), forward=0.5, backward=0.5, weight=0.5).idle)
+            for mm in (2 * p - 1, 2 * p, 4 * p, 16 * p)}
+one_idle = simulate(S.one_f_one_b(p, 2 * p), forward=1, backward=2).idle[0]
+claim(f"at equal times ZBV idles only the start-up, (p-1) chunk forwards, a sixth of 1F1B's "
+      f"bubble, for every m >= 2p-1 (p = {p})",
+      all(abs(x - (p - 1) * 0.5) < 1e-9 for x in zbv_idle.values())
+      and abs(one_idle / 6 - (p - 1) * 0.5) < 1e-9,
+      numbers=", ".join(f"m={mm}: {x:g}" for mm, x in zbv_idle.items()) + f"; 1F1B {one_idle:g}")
+few = max(simulate(S.zbv(p, p), forward=0.5, backward=0.5, weight=0.5).idle)
+claim("with fewer micro-batches the V never fills: 2(2p-1-m) chunk forwards",
+      abs(few - (2 * p - 1 - p)) < 1e-9,
+      numbers=f"m={p}: {few:g} time units, {few / 0.5:g} chunk forwards")
 
 # %% [markdown]
-# ZBV's remaining idle time is mostly the start-up, where device d waits for micro-batch 0
-# to pass d half-size chunks: no single step can avoid it (the papers' "zero" also overlaps
-# it with the previous step's end, by not synchronising before the optimizer step). The cost
-# model's ZBV figure is that start-up alone, the least a step can have; the greedy order
-# leaves a little more at p = 4, m = 8.
+# ZBV's remaining idle time is the start-up alone: device p-1 cannot begin before micro-batch
+# 0 has passed p-1 half-size chunks, and every device has the same work, so each idles at
+# least (p-1) chunk forwards. No step that starts from an empty pipeline does better (the
+# paper's "zero" also overlaps it with the previous step's end, by not synchronising before
+# the optimizer step). ZBV reaches that bound for every m >= 2p-1, a sixth of 1F1B's
+# bubble; with fewer micro-batches the V never fills and it leaves 2(2p-1-m) chunk forwards.
+# The cost model's ZBV figure is the same.
 #
 # The real run: both train the same model as one process, and so do PyTorch's
 # `ScheduleInterleavedZeroBubble` (one stage per rank) and `ScheduleZBVZeroBubble` on the
@@ -299,8 +321,6 @@ for r in report:
 # NBVAL_IGNORE_OUTPUT
 import statistics
 
-from lessonlib.claims import claim
-
 zb = lessonlib.launch(runs.measure, 2, ms=(4,), engines=("lessonlib", "torch"), micro=32,
                       schedules=("1f1b", "interleaved", "zb-h1", "zbv"), steps=3, warmup=1,
                       timeout=300)
@@ -315,11 +335,11 @@ for ax, (name, case) in zip(axes, ours.items()):
                    f"{statistics.fmean(why[name]['measured']):.1%} of wall time")
 plt.show()
 print(f"{'schedule':>17} {'step ms':>8} {'bubble measured':>16} {'replayed':>9} "
-      f"{'T_F, T_B, T_W ms (stage 0)':>28}")
+      f"{'T_F, T_B, T_W ms (last stage)':>31}")
 for name, w in why.items():
     print(f"{vp.NAMES[name]:>17} {w['step_ms']:>8.1f} {statistics.fmean(w['measured']):>16.1%} "
           f"{statistics.fmean(w['simulated_with_measured_compute']):>9.1%} "
-          f"{w['forward_ms'][0]:>8.2f} {w['backward_ms'][0]:>6.2f} {w['weight_ms'][0]:>6.2f}")
+          f"{w['forward_ms'][-1]:>17.2f} {w['backward_ms'][-1]:>6.2f} {w['weight_ms'][-1]:>6.2f}")
 for name, torch_name in (("zb-h1", "ScheduleInterleavedZeroBubble"),
                          ("zbv", "ScheduleZBVZeroBubble")):
     ours, theirs = zb_rows["lessonlib", name]["step_time_s"], zb_rows["torch", name]["step_time_s"]
@@ -336,8 +356,11 @@ claim("replayed with their own measured times, ZB-H1 and ZBV leave less bubble t
 # the split costs: W runs one autograd call per layer where a whole backward runs one per
 # stage, and ZB-H1's `(p-1)(T_F + T_B - T_W)` assumes T_W <= T_F; compare the table's T_W
 # with its T_F (with 32 rows per micro-batch, a weight gradient writes a whole 1024 x 1024
-# matrix while an input gradient writes 32 x 1024). `labs/pp.py --schedules 1f1b zb-h1 zbv`
-# measures the step times with more steps.
+# matrix while an input gradient writes 32 x 1024). On the first virtual stage (stage 0's
+# only chunk in ZB-H1, chunk 0 of device 0 in ZBV) nobody waits for the input gradient, so
+# there B computes nothing and W runs the whole backward in one pass, as PyTorch's stages do;
+# the table shows the last stage. `labs/pp.py --schedules 1f1b zb-h1 zbv` measures the step
+# times with more steps.
 
 # %% [markdown]
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">

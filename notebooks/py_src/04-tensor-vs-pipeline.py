@@ -32,10 +32,12 @@ from lessonlib.claims import claim
 from lessonlib.pipeline import runs
 from lessonlib.pipeline import schedules
 from lessonlib.pipeline.validate import ScheduleError, simulate
-from lessonlib.tensor_parallel import runs as tp_runs
+from lessonlib.tensor_parallel import ops as tp_ops, runs as tp_runs
+from lessonlib.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from lessonlib.viz import live
 from lessonlib.viz import pipeline as vp
 from lessonlib.viz import tp as tpviz
+from lessonlib.viz.source import show
 
 # %% [markdown]
 # ## Part 1 · Tensor parallelism: many builders on one wall
@@ -48,10 +50,15 @@ from lessonlib.viz import tp as tpviz
 # message (GeLU acts on each element); **B by rows**, so rank r computes `Y_r B_r`, a
 # partial sum of `Z`, and one **all-reduce** adds the t of them. Two operators hold it
 # together: **g** after B (all-reduce forward, identity backward) and **f** before A
-# (identity forward, all-reduce backward, since each rank's gradient of X is a partial sum).
-# Attention splits the same way, by heads. Each colour below is one rank:
+# (identity forward, all-reduce backward: each rank's gradient of X is a partial sum).
+# lessonlib's f and g, and the two layers that call them:
 
 # %%
+show(tp_ops._CopyToTP, tp_ops._ReduceFromTP,
+     ColumnParallelLinear.forward, RowParallelLinear.forward)
+
+# %%
+# attention splits the same way, by heads; each colour is one rank
 tpviz.weight_split_widget(heads=8)
 
 # %% [markdown]

@@ -261,8 +261,11 @@ ex.check_tp_traffic_ratio(ratio_solution, t_from=4, t_to=8)
 # Each stage's order of forwards `F<i>` and backwards `B<i>` of micro-batches `i`. GPipe runs
 # all forwards, then all backwards; 1F1B (PipeDream-Flush, Narayanan et al. 2021) lets stage
 # `s` run `p - s - 1` warm-up forwards, then alternates one forward and one backward. As
-# data, a schedule is checked before any process starts: GPipe's order on stage 1 with
-# 1F1B's elsewhere deadlocks.
+# data, a schedule is checked before any process starts (below: GPipe's order on stage 1
+# with 1F1B's elsewhere deadlocks). 1F1B's order in lessonlib:
+
+# %%
+show(schedules.one_f_one_b_order)
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -231,10 +231,15 @@ CORES = {
                               "FullyShardedDataParallel._free_after_forward",
                               "FullyShardedDataParallel._gather_for_backward",
                               "FullyShardedDataParallel.reduce_scatter"],
+    "pipeline/executor.py": ["PipelineExecutor.step"],
+    "tensor_parallel/layers.py": ["ColumnParallelLinear.forward", "RowParallelLinear.forward"],
 }
 CORE_LINES = 30
-INSTRUMENTS = {"device", "progress", "breadcrumbs", "ledger", "Ledger", "timer", "mark",
-               "perf_counter", "time"}
+# The instrument modules, by the names a core would call them through (``device.mark``,
+# ``time.perf_counter``), and the instrument calls under any name. An attribute that only
+# shares a module's name (a stage's ``self.device``) is not an instrument.
+INSTRUMENT_MODULES = {"device", "progress", "breadcrumbs", "ledger", "time"}
+INSTRUMENT_CALLS = {"Ledger", "timer", "mark", "perf_counter"}
 
 
 def _function(path: Path, dotted: str):
@@ -250,6 +255,7 @@ def test_each_core_is_short_and_free_of_instruments(module):
         fn = _function(ROOT / module, dotted)
         first = min([d.lineno for d in fn.decorator_list] + [fn.lineno])
         assert fn.end_lineno - first + 1 <= CORE_LINES, f"{module}: {dotted} is long"
-        names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | \
-                {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
-        assert not names & INSTRUMENTS, f"{module}: {dotted} calls {names & INSTRUMENTS}"
+        names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+        attributes = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
+        used = names & (INSTRUMENT_MODULES | INSTRUMENT_CALLS) | attributes & INSTRUMENT_CALLS
+        assert not used, f"{module}: {dotted} calls {used}"

@@ -23,8 +23,8 @@
 #
 # The plan: the grid with five axes -> three layouts on 8 ranks, each equal to one process
 # -> the cost model's planner on Llama 3 and DeepSeek-V3, beside their published layouts ->
-# a takeaway -> a design question. About 15 minutes to read; Run All takes about 17 s on a
-# 2-core laptop.
+# a takeaway -> a design question. About 15 minutes to read; Run All takes under half a
+# minute on a 2-core laptop.
 
 # %%
 from lessonlib import comm, grid, hybrid_axes

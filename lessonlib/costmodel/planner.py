@@ -37,8 +37,6 @@ MAX_PLAN_GPUS = 1 << 17
 PLAN_SCHEDULES = ("1f1b", "zb-h1", "zbv")
 
 
-
-
 def activation_options(t, options):
     """SP + selective recompute where t > 1 unless ``options`` choose either; t = 1 keeps
     ``Layout``'s default."""

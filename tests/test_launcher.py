@@ -149,7 +149,10 @@ def test_rank_output_goes_to_logs_not_the_caller(capfd):
 
 def test_worker_code_reads_rank_from_the_process_group_under_torchrun(tmp_path):
     """The labs' entry point, run for real under torchrun with 2 CPU ranks. The results are
-    gathered to rank 0 only: the other rank leaves inside ``run``."""
+    gathered to rank 0 only: the other rank leaves inside ``run``. Rank 0 then leaves as
+    every lab does (``labkit.emit``): flushed, with ``os._exit``, since Python's teardown
+    after ``destroy_process_group`` can abort a rank on a loaded machine (exit -6,
+    "terminate called without an active exception", seen once in a full-suite run)."""
     script = tmp_path / "entry.py"
     script.write_text(textwrap.dedent("""
         import os, pathlib, sys; sys.path.insert(0, %r)
@@ -158,7 +161,8 @@ def test_worker_code_reads_rank_from_the_process_group_under_torchrun(tmp_path):
             out = lessonlib.run(rank_workers.rank_and_sum, 99)
             pathlib.Path(%r, "after_run_" + os.environ["RANK"]).write_text(repr(out))
             if lessonlib.launcher.is_main_process():
-                print("sums", [r["sum"] for r in out], "world", out[0]["world"])
+                print("sums", [r["sum"] for r in out], "world", out[0]["world"], flush=True)
+            os._exit(0)
     """ % (str(ROOT / "tests"), str(tmp_path))))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", "2", str(script)]

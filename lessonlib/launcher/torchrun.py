@@ -30,7 +30,11 @@ def under_torchrun() -> bool:
 def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
     """The labs' entry point: under torchrun, run ``fn`` on this rank and gather every
     rank's result to rank 0, which gets the list in rank order while the other ranks leave;
-    otherwise ``launch`` ``world_size`` local ranks. Rank 0 sees the same list either way."""
+    otherwise ``launch`` ``world_size`` local ranks. Rank 0 sees the same list either way.
+
+    Under torchrun, let rank 0's script end the way the labs do (``labkit.emit``: flush,
+    then ``os._exit``): Python's own teardown after ``destroy_process_group`` can abort the
+    rank ("terminate called without an active exception") on a loaded machine."""
     if not under_torchrun():
         return local.launch(fn, world_size, *args, backend=backend, **kwargs)
     kwargs.pop("timeout", None)

@@ -39,7 +39,7 @@ from lessonlib.viz.source import show
 #
 # Each new axis is one room's idea applied in one place, and the builder applies them in one
 # order, as torchtitan's `parallelize_llama` does: tensor, with sequence parallelism (SP,
-# lesson 04; an MoE layer becomes expert-parallel instead), then context (ring attention over
+# [deep dive 14](14-deep-dive-sequence-parallelism.ipynb); an MoE layer becomes expert-parallel instead), then context (ring attention over
 # the c group, each token's position read from the whole sequence), then the pipeline cut,
 # then data parallelism over the d·c ranks that hold the same weights (plain, ZeRO-1 or
 # FSDP), an expert's gradients over the ranks holding its copies. The grid gains a c axis,
@@ -86,7 +86,7 @@ for name, axes in beyond.items():
 # The ranks keep section 1's order, the e groups inside the d ranks. `cm.plan_job` searches
 # t, c, p, d and e, with the pipeline schedule (1F1B, interleaved, or the zero-bubble ZB-H1
 # and ZBV of [deep dive 09](09-deep-dive-interleaved-schedules.ipynb)), ZeRO-1 or FSDP, and
-# recompute (lesson 04: `full` re-runs each layer's forward in the backward, `selective`
+# recompute ([deep dive 14](14-deep-dive-sequence-parallelism.ipynb): `full` re-runs each layer's forward in the backward, `selective`
 # only attention's s × s part); `cm.explain_axes` says why each value won. The model shapes
 # are the published ones: grouped-query attention with kv key/value heads, SwiGLU MLPs of
 # width ffn, untied embeddings, and for DeepSeek-V3 E = 256 experts of which k = 8 serve

@@ -32,13 +32,13 @@ from lessonlib.argcheck import positive_int, positive_number
 CONVENTIONS = ("wall", "ideal")
 SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zbv")
 # Micro-batch slots of ideal time the bubble lasts, per unit of (p-1), at T_F = T_B = T_W
-# (a slot = T_F + T_B + T_W): 1F1B 1, ZB-H1 1/3, ZBV 1/6 (half a forward) once m >= 2p-1.
-_SLOTS = {"gpipe": 1.0, "1f1b": 1.0, "zb-h1": 1 / 3, "zbv": 1 / 6}
+# (a slot = T_F + T_B + T_W): 1F1B 1, ZB-H1 1/3. ZBV's depends on m (``_idle_slots``).
+_SLOTS = {"gpipe": 1.0, "1f1b": 1.0, "zb-h1": 1 / 3}
 
 
 def _idle_slots(schedule, p, m):
     """Micro-batch slots each stage idles at T_F = T_B = T_W (simulated, ``zero_bubble``)."""
-    if schedule == "zbv":                    # in chunk forwards, 6 to a micro-batch slot
+    if schedule == "zbv":   # in chunk forwards, 6 to a slot: (p-1)/6 once m >= 2p-1
         return max(p - 1, 2 * (2 * p - 1 - m)) / 6
     return (p - 1) * _SLOTS[schedule]
 

@@ -28,7 +28,6 @@ that both ends agree on the dtype and activation shape.
 One method per kind of action (``actions.Kind``). Around the loop, not in it: the given
 ``timeline.Timeline`` times every action (from a barrier that lines the ranks up) and leaves a
 breadcrumb each; ``stash.StashMeter`` measures what is kept for backward (count, bytes; to W).
-
 Inside a 3-D grid: ``stage_ranks`` (each stage's global rank), ``group`` and the chunks.
 
 Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
@@ -260,9 +259,10 @@ class PipelineExecutor:
             st.grads[mb, chunk] = dx
 
     def _weight(self, st: _Step, a) -> None:
-        kept, (_, out, _) = st.kept.pop(key := (a.microbatch, a.chunk)), st.stash.pop(key)
+        key = (a.microbatch, a.chunk)
+        kept, (_, out, _) = st.kept.pop(key), st.stash.pop(key)
         if virtual_stage(self.stage, a.chunk, self.p, self.placement) == 0:
-            return torch.autograd.backward(out, kept)           # kept: the output gradient
+            return torch.autograd.backward(out, kept)      # B left it the output gradient
         weight_grad(kept)
 
     def _microbatches(self, inputs, targets) -> tuple[list | None, list | None]:

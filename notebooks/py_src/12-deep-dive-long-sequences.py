@@ -145,7 +145,7 @@ GPT = GPTConfig(vocab=32, seq=16, hidden=16, heads=2, layers=2)
 def the_run():
     return {"parity": runs.attention_reports((1, 2, 3, 4)),
             "gpt": runs.gpt_report(2, GPT, b=2, steps=3),
-            "balance": runs.balance_report(s=2048, heads=4, head_dim=64, repeats=3),
+            "balance": runs.balance_report(s=2048, heads=4, head_dim=64, repeats=5),
             "torch": torch_ref.demo()}
 
 
@@ -207,7 +207,8 @@ plt.show()
 # Per rank, for the forward at c = 4: the scores the causal mask kept (the work a causal
 # kernel must do), the scores computed (this implementation computes a diagonal chunk pair
 # whole, then masks it), and the CPU seconds of the rank's thread (on 2 shared cores a rank
-# waits for a core, and its wall time then says little about its work):
+# waits for a core, and its wall time then says little about its work; each step's CPU time
+# is the least of 5 rings, so one interruption does not count as work):
 
 # %%
 # NBVAL_IGNORE_OUTPUT

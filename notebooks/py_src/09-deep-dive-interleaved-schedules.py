@@ -125,12 +125,13 @@ for r in report:
 # %% [markdown]
 # Then the measurement, on the stages of notebook 04: 2 ranks, one compute thread each, an
 # `mlp_stack` of 16 Linear + GeLU layers of width 1024 (4 chunks of 4 layers when
-# interleaved), micro-batches of 128 rows; 1F1B and interleaved 1F1B (v = 2) for m = 2, 4, 8.
+# interleaved), micro-batches of 32 rows; 1F1B and interleaved 1F1B (v = 2) for m = 2, 4, 8.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 measured = lessonlib.launch(runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
-                            schedules=("1f1b", "interleaved"), steps=3, warmup=1, timeout=300)
+                            schedules=("1f1b", "interleaved"), micro=32, steps=3, warmup=1,
+                            timeout=300)
 rows = runs.summarize(measured)
 print(f"{len(rows)} cases measured, median step times from "
       f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "

@@ -227,11 +227,11 @@ within("the contiguous layout's last rank's work over its first's, against 2c-1 
 claim("the zig-zag layout's work per rank is balanced within 15 %",
       max(work["zigzag"]) / min(work["zigzag"]) <= 1.15,
       numbers=f"max / min {max(work['zigzag']) / min(work['zigzag']):.3f}")
-claim("the contiguous layout's last rank spent at least 1.3 times the first's CPU time",
-      cpu["contiguous"][-1] / cpu["contiguous"][0] >= 1.3,
+claim("the contiguous layout's last rank spent at least 1.5 times the first's CPU time",
+      cpu["contiguous"][-1] / cpu["contiguous"][0] >= 1.5,
       numbers=f"{cpu['contiguous'][-1] / cpu['contiguous'][0]:.2f} x")
-claim("the zig-zag ranks' CPU times are within 35 % of each other",
-      max(cpu["zigzag"]) / min(cpu["zigzag"]) <= 1.35,
+claim("the zig-zag ranks' CPU times are within 50 % of each other",
+      max(cpu["zigzag"]) / min(cpu["zigzag"]) <= 1.5,
       numbers=f"max / min {max(cpu['zigzag']) / min(cpu['zigzag']):.2f}")
 
 # %% [markdown]

@@ -138,8 +138,8 @@ def balance_report(s: int = 256, b: int = 1, heads: int = 2, head_dim: int = 16,
                        for what in ("work", "computed", "seconds")}
         # a step's least CPU time over the repeats, summed: one descheduling or cache flush
         # on 2 shared cores no longer inflates a whole ring's total
-        out[layout]["cpu_s"] = sum(min(rows) for rows in zip(
-            *([r["cpu_s"] for r in log.rows if r["phase"] == "forward"] for log in logs)))
+        per_step = [[r["cpu_s"] for r in log.rows if r["phase"] == "forward"] for log in logs]
+        out[layout]["cpu_s"] = sum(map(min, zip(*per_step)))
         out[layout]["steps"] = logs[-1].rows      # the same ring on every rank: a Gantt chart
     return out
 

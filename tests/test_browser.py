@@ -1,7 +1,8 @@
 """The course where students use it: JupyterLab in a real browser, widgets that respond.
 
-For each notebooks/NN-*.ipynb that shows a widget (every core notebook, and the deep dives
-that have one; nbval executes the others) this opens the notebook in JupyterLab on
+For each core notebook (notebooks/01-05; each shows a widget; the deep dives' widgets are
+moved in their nbval kernels by tests/widget_moves.py, and BROWSER_TEST_ALL_NOTEBOOKS=1
+brings them here too) this opens the notebook in JupyterLab on
 127.0.0.1 (a free port, a random token, a copy of the notebooks so nothing in the repository
 is touched; one server and one headless Chromium, driven by Selenium, with JupyterLab loaded
 once for all the notebooks, each closed and its kernel shut down after its test), clears the
@@ -16,7 +17,7 @@ one of these uses, found by a static def-use analysis of the cells' Python sourc
 (widget_slice; a cell that does not parse, a magic, always runs). Most of a notebook's
 time goes to measured multi-rank runs whose numbers feed tables and plots, not the widgets;
 those cells are skipped here, since nbval executes every cell of every notebook anyway. A
-measured run that a widget does read (deep dive 09 plots its own) still runs. What the
+measured run that a widget does read (deep dive 09's plots its own) still runs. What the
 analysis cannot see (a cell that changes an object only by calling its methods, a file
 written by one cell and read by another) would show up here as a widget cell that raises.
 BROWSER_TEST_ALL_CELLS=1 runs every cell of every notebook instead.
@@ -46,10 +47,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from widget_moves import BROWSER_NOTEBOOKS, widget_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "results" / "screenshots"
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 LIVE_NOTEBOOKS = ("02", "03", "04", "05")   # each has a widget that measures when moved
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
@@ -63,16 +64,17 @@ LAB_SETTINGS = {  # no windowing (every cell stays in the page), no news or upda
 
 def _widget_cells(path: Path) -> list[int]:
     """Indices (among code cells) of the cells that show an interactive widget."""
-    code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
-    return [i for i, c in enumerate(code)
-            if any(WIDGET_VIEW in o.get("data", {}) for o in c.get("outputs", []))
-            or "widget(" in c.source or "interact" in c.source]
+    return widget_cells(nbformat.read(path, as_version=4))
 
 
 # The browser test is about widgets: a notebook without one (some deep dives) is executed by
-# nbval and has nothing a browser would add.
+# nbval and has nothing a browser would add. The deep dives' widgets are moved in their nbval
+# kernels (tests/widget_moves.py): the front end is the same for every notebook, and the
+# core notebooks test it. BROWSER_TEST_ALL_NOTEBOOKS=1 opens every notebook with a widget.
 ALL_NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
-NOTEBOOKS = [p for p in ALL_NOTEBOOKS if _widget_cells(p)]
+NOTEBOOKS = [p for p in ALL_NOTEBOOKS if _widget_cells(p)
+             and (p.stem[:2] in BROWSER_NOTEBOOKS
+                  or os.environ.get("BROWSER_TEST_ALL_NOTEBOOKS") == "1")]
 
 
 # ---------------------------------------------------------------- is there a browser?

@@ -33,10 +33,13 @@ course: setup
 # (pytest-xdist; a notebook's cells, and each test file, stay on one worker); the slowest
 # tests last, so that the next slowdown is seen. TEST_WORKERS=1 runs it in one process.
 # One compute thread per process: the workers, their kernels and their ranks share the
-# cores, and torch's threads spinning against each other slow a step down 10x.
+# cores, and torch's threads spinning against each other slow a step down 10x. Python writes
+# its compiled modules (PYTHONDONTWRITEBYTECODE emptied, where the environment sets it):
+# the suite starts a hundred interpreters (kernels, fork servers, labs), and each would
+# otherwise compile lessonlib and pytest rewrite every test module again.
 TEST_WORKERS ?= 2
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs --durations=15 \
+	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs --durations=15 \
 	  $(if $(filter 1,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope)
 
 # Library tests only (no notebooks), for quick iteration.

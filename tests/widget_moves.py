@@ -39,7 +39,8 @@ def _walk(widget):
 
 
 def interact_boxes() -> list:
-    """The lesson widgets standing in this kernel, in the order they were made."""
+    """The lesson widgets standing in this kernel, in the order they were made (ipywidgets
+    keeps every open widget in ``_instances``)."""
     import ipywidgets as w
     from ipywidgets.widgets.widget import _instances
     return [x for x in list(_instances.values())
@@ -71,8 +72,9 @@ def move(control) -> str:
 
 
 def _plot(box):
-    out = [c for c in _walk(box) if type(c).__name__ == "Output"][-1]
-    return tuple(str(o.get("data", o)) for o in out.outputs) or None
+    """What the box's Output shows now (its last Output: the plot), or None."""
+    outs = [c for c in _walk(box) if type(c).__name__ == "Output"]
+    return (tuple(str(o.get("data", o)) for o in outs[-1].outputs) or None) if outs else None
 
 
 def move_every_widget() -> list[str]:

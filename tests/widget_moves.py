@@ -57,8 +57,7 @@ def _controls(box) -> list:
 def move(control) -> str:
     """Change one control as the browser test does; returns what was done."""
     if hasattr(control, "options"):
-        values = [v for _, v in control._options_full] if hasattr(control, "_options_full") \
-            else list(control.options)
+        values = [v for _, v in control._options_full]   # (label, value) of every option
         index = (values.index(control.value) + 1) % len(values)
         control.value = values[index]
         return f"{control.description} -> {control.value!r}"

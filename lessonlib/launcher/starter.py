@@ -8,8 +8,8 @@ the worker's own module, so each rank imports it fresh from disk; when a file of
 itself changes (an author editing it), the server is restarted before the next launch. It
 preloads the lessons' rooms the caller has imported (a lab script pays for its own only),
 with torch._dynamo once the caller trains (torch.optim's first optimizer imports it), and
-restarts once when the caller imports another. The server ends with its caller. Where
-there is no forkserver (Windows), ranks are spawned.
+restarts once, with every room, when the caller imports another. The server ends with its
+caller. Where there is no forkserver (Windows), ranks are spawned.
 
 Each launch also gets a private folder ``lessonlib-<caller pid>-*`` in the temp folder (logs,
 results, the rendezvous file), and the caller one of its own for the server's socket and
@@ -75,7 +75,10 @@ def context(warm: bool = True):
         if ours and _server["fingerprint"] != code:
             forkserver.stop_unlocked()  # lessonlib changed on disk: its preloaded copy is stale
         elif ours and not set(modules) <= _server["preload"]:
-            forkserver.stop_unlocked()  # the caller imported another room since: preload it too
+            # The caller imported another room since (a notebook or a test session, which go
+            # from room to room): the next server preloads every room, and is the last one.
+            forkserver.stop_unlocked()
+            modules = BASE + TRAINING + [m for m in ROOMS if m not in BASE + TRAINING]
         if pid is None or ours:
             # Not "__main__" (the default): the server must not import the kernel or script.
             forkserver.server().set_forkserver_preload(modules)

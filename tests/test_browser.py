@@ -504,7 +504,8 @@ def move(driver, control, steps: int = 3) -> str:
         if control.get_attribute("aria-valuetext") != before:
             break
         time.sleep(1)
-    return f"slider {before} -> {control.get_attribute('aria-valuetext') or ''} ({steps} x arrow right)"
+    after = control.get_attribute("aria-valuetext") or ""
+    return f"slider {before} -> {after} ({steps} x arrow right)"
 
 
 def test_every_core_notebook_is_tested_in_the_browser():

@@ -76,7 +76,7 @@ def context(warm: bool = True):
             forkserver.stop_unlocked()  # lessonlib changed on disk: its preloaded copy is stale
         elif ours and not set(modules) <= _server["preload"]:
             # The caller imported another room since (a notebook or a test session, which go
-            # from room to room): the next server preloads every room, and is the last one.
+            # from room to room): the next server preloads every room, so none restarts it.
             forkserver.stop_unlocked()
             modules = BASE + TRAINING + [m for m in ROOMS if m not in BASE + TRAINING]
         if pid is None or ours:

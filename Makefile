@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: setup course test test-fast notebooks bench site clean
+.PHONY: setup course test test-fast durations notebooks bench site clean
 
 setup: $(STAMP)
 
@@ -33,16 +33,27 @@ course: setup
 
 # The whole suite: library tests and every notebook under nbval, on TEST_WORKERS processes
 # (pytest-xdist; a notebook's cells, and each test file, stay on one worker); the slowest
-# tests last, so that the next slowdown is seen. TEST_WORKERS=1 runs it in one process.
+# tests are printed at the end, so that the next slowdown is seen. TEST_WORKERS=1 runs it
+# in one process.
 # One compute thread per process: the workers, their kernels and their ranks share the
 # cores, and torch's threads spinning against each other slow a step down 10x. Python writes
 # its compiled modules (PYTHONDONTWRITEBYTECODE emptied, where the environment sets it):
 # the suite starts a hundred interpreters (kernels, fork servers, labs), and each would
 # otherwise compile lessonlib and pytest rewrite every test module again.
+# Each worker takes a whole test file or notebook at a time, the longest first as last
+# measured (tests/durations.json, tests/scope_order.py; xdist's own order, the files with
+# the most tests first, left the slowest single tests to the end, one worker waiting).
 TEST_WORKERS ?= 2
+SUITE = PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest tests notebooks --nbval-lax \
+  --nbval-cell-timeout=600 -q -rs \
+  $(if $(filter 1,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 test: setup
-	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=600 -q -rs --durations=15 \
-	  $(if $(filter 1,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope)
+	$(SUITE) --durations=15
+
+# The whole suite, writing each scope's seconds to tests/durations.json (the order of
+# the next runs); commit the file when it has changed much.
+durations: setup
+	$(SUITE) --store-durations
 
 # Library tests only (no notebooks), for quick iteration.
 test-fast: setup

@@ -1,6 +1,7 @@
 """Under nbval, each notebook with a widget that the browser test does not open ends with one
 more item, "widgets respond": its widgets are moved in the kernel that ran its cells
-(tests/widget_moves.py says why, and which notebooks the browser takes)."""
+(tests/widget_moves.py says why, and which notebooks the browser takes). The suite's scopes
+then run longest first (tests/scope_order.py); ``--store-durations`` measures them again."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent / "tests"
 
 sys.path.insert(0, str(TESTS))
+import scope_order  # noqa: E402
 from widget_moves import BROWSER_NOTEBOOKS, widget_cells  # noqa: E402
 
 
@@ -43,8 +45,24 @@ class WidgetsRespond(pytest.Item):
         return self.path, None, f"{self.parent.name}: widgets respond"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help=f"write each scope's seconds to {scope_order.DURATIONS.name}, "
+                          "the order the next runs take the scopes in")
+
+
+def pytest_configure(config):
+    if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(scope_order.Recorder(), "scope-durations")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
+    _add_widget_items(items)
+    items[:] = scope_order.ordered(items, scope_order.load())
+
+
+def _add_widget_items(items):
     """After each such notebook's last cell (the kernel is still up: nbval stops it when
     the notebook's last item is done)."""
     try:

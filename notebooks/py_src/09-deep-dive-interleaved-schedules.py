@@ -366,15 +366,15 @@ claim("replayed on the same measured F, B and W times, ZB-H1 and ZBV leave less 
 # %% [markdown]
 # On a shared 2-core machine the measured bubble and step times move from run to run (the
 # numbers above are this run's), and so do the runs' own times (one stage of a run can be
-# slowed by a neighbour); the replay on the same times is the schedules' part. A split backward gains step time only where the bubble it saves is larger than what
-# the split costs: W runs one autograd call per layer where a whole backward runs one per
-# stage, and ZB-H1's `(p-1)(T_F + T_B - T_W)` assumes T_W <= T_F; compare the table's T_W
-# with its T_F (with 32 rows per micro-batch, a weight gradient writes a whole 1024 x 1024
-# matrix while an input gradient writes 32 x 1024). On the first virtual stage (stage 0's
-# only chunk in ZB-H1, chunk 0 of device 0 in ZBV) nobody waits for the input gradient, so
-# there B computes nothing and W runs the whole backward in one pass, as PyTorch's stages do;
-# the table shows the last stage. `labs/pp.py --schedules 1f1b zb-h1 zbv` measures the step
-# times with more steps.
+# slowed by a neighbour); the replay on the same times is the schedules' part. A split
+# backward gains step time only where the bubble it saves is larger than what the split costs:
+# W runs one autograd call per layer where a whole backward runs one per stage, and ZB-H1's
+# `(p-1)(T_F + T_B - T_W)` assumes T_W <= T_F; compare the table's T_W with its T_F (with 32
+# rows per micro-batch, a weight gradient writes a whole 1024 x 1024 matrix while an input
+# gradient writes 32 x 1024). On the first virtual stage (stage 0's only chunk in ZB-H1, chunk
+# 0 of device 0 in ZBV) nobody waits for the input gradient, so there B computes nothing and W
+# runs the whole backward in one pass, as PyTorch's stages do; the table shows the last stage.
+# `labs/pp.py --schedules 1f1b zb-h1 zbv` measures the step times with more steps.
 
 # %% [markdown]
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">

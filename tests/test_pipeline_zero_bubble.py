@@ -24,7 +24,7 @@ from lessonlib.pipeline import runs
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline.actions import Kind
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
-from lessonlib.pipeline.validate import ScheduleError, check, simulate
+from lessonlib.pipeline.validate import ScheduleError, check, replay, simulate
 
 TIMES = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.7), (1.0, 1.2, 1.0), (2.0, 1.0, 0.5)]
 
@@ -86,6 +86,24 @@ def test_zero_bubble_schedules_hold_min_p_m_micro_batches_until_their_w(p, m):
         for actions in sched:
             assert sum(a.kind == Kind.W for a in actions) == m * v
             assert all(a.kind != Kind.W or a.peer is None for a in actions)
+
+
+def test_a_replay_runs_every_schedule_on_one_split_runs_times():
+    """1F1B fuses B and W into its backward; a chunk of half the layers takes half."""
+    ms = {"forward_ms": [1.0, 1.5], "backward_ms": [2.0, 1.0], "weight_ms": [0.5, 3.0]}
+
+    def per_stage(*keys, share=1.0):
+        return lambda s, a: share * sum(ms[k][s] for k in keys)
+
+    f, b, w = per_stage("forward_ms"), per_stage("backward_ms"), per_stage("weight_ms")
+    assert replay(S.make("zb-h1", 2, 4), ms).bubble == simulate(
+        S.make("zb-h1", 2, 4), forward=f, backward=b, weight=w).bubble
+    assert replay(S.make("1f1b", 2, 4), ms).bubble == simulate(
+        S.make("1f1b", 2, 4), forward=f, backward=per_stage("backward_ms", "weight_ms")).bubble
+    assert replay(S.make("zbv", 2, 4), ms).bubble == simulate(
+        S.make("zbv", 2, 4), forward=per_stage("forward_ms", share=0.5),
+        backward=per_stage("backward_ms", share=0.5),
+        weight=per_stage("weight_ms", share=0.5)).bubble
 
 
 def test_zbv_turns_round_on_the_last_stage_without_a_message():

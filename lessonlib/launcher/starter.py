@@ -47,11 +47,11 @@ _server = {"pid": None, "fingerprint": None, "preload": frozenset()}
 _caller: dict[str, Path | None] = {"folder": None}
 
 
-def preload() -> list[str]:
-    """torch, and the rooms this caller has imported (with TRAINING, once it trains). A
-    notebook or a test session imports its rooms before it launches them; a lab script, run
-    once, pays only for its own."""
-    rooms = [room for room in ROOMS if room in sys.modules]
+def preload(every_room: bool = False) -> list[str]:
+    """torch, and the rooms this caller has imported (with TRAINING, once it trains), or
+    every room. A notebook or a test session imports its rooms before it launches them; a
+    lab script, run once, pays only for its own."""
+    rooms = [room for room in ROOMS if every_room or room in sys.modules]
     trains = rooms or any(module in sys.modules for module in TRAINING)
     return BASE + (TRAINING if trains else []) + rooms
 
@@ -78,7 +78,7 @@ def context(warm: bool = True):
             # The caller imported another room since (a notebook or a test session, which go
             # from room to room): the next server preloads every room, so none restarts it.
             forkserver.stop_unlocked()
-            modules = BASE + TRAINING + [m for m in ROOMS if m not in BASE + TRAINING]
+            modules = preload(every_room=True)
         if pid is None or ours:
             # Not "__main__" (the default): the server must not import the kernel or script.
             forkserver.server().set_forkserver_preload(modules)

@@ -19,6 +19,9 @@ where each stage is stuck. Otherwise it reports, per stage:
   1F1B and m for GPipe (PipeDream-Flush, Narayanan et al. 2021, §3.2); a micro-batch whose
   backward is split stays held until its W, which needs what B kept.
 
+``replay`` plays any schedule on one run's measured times per stage, so that two schedules
+are compared on the same times rather than through two noisy runs.
+
 Laptop:  ``python -m lessonlib.pipeline.validate`` simulates GPipe and 1F1B for p=4, m=8.
 GPU box: the same (pure Python).
 """
@@ -132,6 +135,20 @@ def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0, weight=
 def validate(schedule, m: int | None = None, v: int | None = None, **costs) -> Simulation:
     """``check`` + ``simulate`` (a deadlock is an error): the one call before running."""
     return simulate(schedule, m=m, v=v, **costs)
+
+
+def replay(schedule, stage_ms: dict) -> Simulation:
+    """``schedule`` played on one run's measured times per stage, so that schedules compare
+    on the same times, without the noise of separate runs (``stage_ms``: "forward_ms",
+    "backward_ms" and "weight_ms", lists by stage, as ``runs.explain_bubble`` reports a run
+    whose backward is split): a schedule without W runs B + W as one backward, and a chunk
+    of 1/v of a stage's layers takes 1/v of each time."""
+    v = check(schedule)[2]
+    fused = not any(a.kind == Kind.W for actions in schedule for a in actions)
+    f, b, w = (stage_ms[k] for k in ("forward_ms", "backward_ms", "weight_ms"))
+    return simulate(schedule, forward=lambda s, a: f[s] / v,
+                    backward=lambda s, a: (b[s] + fused * w[s]) / v,
+                    weight=lambda s, a: w[s] / v)
 
 
 def link_orders(schedule) -> dict[tuple[int, int], list[Message]]:

@@ -31,7 +31,7 @@ from lessonlib import costmodel as cm
 from lessonlib.claims import claim
 from lessonlib.pipeline import runs
 from lessonlib.pipeline import schedules
-from lessonlib.pipeline.validate import ScheduleError, simulate
+from lessonlib.pipeline.validate import ScheduleError, replay, simulate
 from lessonlib.tensor_parallel import ops as tp_ops, runs as tp_runs
 from lessonlib.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from lessonlib.viz import live
@@ -395,18 +395,9 @@ for ax, name in zip(axes, why):
     vp.gantt(spans, ax=ax, title=f"{vp.NAMES[name]}, p=2, m=4, measured: bubble "
              f"{statistics.fmean(why[name]['measured']):.1%} of wall time")
 plt.show()
-zb_ms = why["zb-h1"]   # both schedules replayed on the times this ZB-H1 run measured
-
-
-def replay(name):   # 1F1B runs B and W as one backward
-    fused = name == "1f1b"
-    return statistics.fmean(simulate(
-        schedules.make(name, 2, 4), forward=lambda s, a: zb_ms["forward_ms"][s],
-        backward=lambda s, a: zb_ms["backward_ms"][s] + fused * zb_ms["weight_ms"][s],
-        weight=lambda s, a: zb_ms["weight_ms"][s]).bubble)
-
-
-sim = {name: replay(name) for name in ("1f1b", "zb-h1")}
+# both schedules replayed on the times this ZB-H1 run measured (1F1B's backward is B + W)
+sim = {name: statistics.fmean(replay(schedules.make(name, 2, 4), why["zb-h1"]).bubble)
+       for name in ("1f1b", "zb-h1")}
 claim("replayed on the same measured F, B and W times, ZB-H1 leaves less bubble than 1F1B",
       sim["zb-h1"] < sim["1f1b"], numbers=f"{sim['zb-h1']:.1%} vs {sim['1f1b']:.1%} of wall time")
 claim("the W's took a real share of ZB-H1's backward",

@@ -33,7 +33,7 @@ import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.pipeline import runs
 from lessonlib.pipeline import schedules as S
-from lessonlib.pipeline.validate import simulate
+from lessonlib.pipeline.validate import replay, simulate
 from lessonlib.viz import pipeline as vp
 
 # %% [markdown]
@@ -347,18 +347,9 @@ for name, torch_name in (("zb-h1", "ScheduleInterleavedZeroBubble"),
                          ("zbv", "ScheduleZBVZeroBubble")):
     mine, theirs = zb_rows["lessonlib", name]["step_time_s"], zb_rows["torch", name]["step_time_s"]
     print(f"lessonlib {vp.NAMES[name]} step / PyTorch's {torch_name}: {mine / theirs:.2f}")
-zb_ms = why["zb-h1"]   # every schedule replayed on the times this ZB-H1 run measured
-
-
-def replay(name, v):   # a chunk holds 1/v of a stage's layers; 1F1B's backward is B + W
-    fused = name in ("1f1b", "interleaved")
-    return statistics.fmean(simulate(
-        S.make(name, 2, 4, v), forward=lambda s, a: zb_ms["forward_ms"][s] / v,
-        backward=lambda s, a: (zb_ms["backward_ms"][s] + fused * zb_ms["weight_ms"][s]) / v,
-        weight=lambda s, a: zb_ms["weight_ms"][s] / v).bubble)
-
-
-same = {name: replay(name, case[3]) for name, case in ours.items()}
+# every schedule replayed on the times this ZB-H1 run measured (a chunk takes half)
+same = {name: statistics.fmean(replay(S.make(name, 2, 4, case[3]), why["zb-h1"]).bubble)
+        for name, case in ours.items()}
 claim("replayed on the same measured F, B and W times, ZB-H1 and ZBV leave less bubble "
       "than 1F1B", max(same["zb-h1"], same["zbv"]) < same["1f1b"],
       numbers=", ".join(f"{vp.NAMES[n]} {b:.1%}" for n, b in same.items()))

@@ -11,7 +11,9 @@ named and the run resumes from the newest intact one. A checkpoint saved on anot
 or world size is resharded onto this one (``lessonlib.reshard``); one written with another
 model, batch, learning rate, optimizer or seed is refused before any process starts, with
 the settings that differ, as is a ``--checkpoint-dir`` that is a file. A loss that is not
-finite (``--lr`` too high) stops the run with one line, before that step is saved.
+finite (``--lr`` too high) stops the run with one line, before that step is saved. A newer
+step folder that holds every shard but no manifest is never written over: the run refuses,
+naming it, and ``--set-aside`` renames it to ``step_*.unverified`` (nothing is deleted).
 ``--fail-at RANK:STEP`` makes one rank fail, to rehearse a crash.
 
 Laptop:  python labs/train.py --world-size 2 --checkpoint-dir results/ckpt --json results/t.json
@@ -66,6 +68,16 @@ def check_run(ap, args) -> dict:
     settings = check_settings(ap, args)
     args.failure = fail_at(ap, args.fail_at, args.world_size)
     args.resume = None
+    if args.set_aside and lessonlib.launcher.under_torchrun():
+        ap.error("--set-aside renames folders once, before a run: run it with python "
+                 "labs/train.py (which then trains), not under torchrun, whose workers all "
+                 "read the folder at once")
+    if args.set_aside:
+        found = checkpoint.latest(args.checkpoint_dir)
+        for folder in checkpoint.held_ahead(args.checkpoint_dir, args.world_size, found):
+            moved = checkpoint.set_aside(folder)
+            print(f"labs/train.py: set {folder} aside as {moved.name} (shards without a "
+                  f"manifest; nothing deleted)", file=sys.stderr)
     if args.fresh:
         if lessonlib.launcher.is_main_process():
             try:    # only the course's own files; a folder holding anything else is refused
@@ -137,9 +149,14 @@ def main(argv=None):
     ap.add_argument("--checkpoint-every", type=int, default=50, help="steps between saves")
     ap.add_argument("--keep", type=int, default=2, help="complete checkpoints to keep")
     ap.add_argument("--fresh", action="store_true",
-                    help="delete the folder's checkpoints and start from step 0; a folder "
+                    help="delete the folder's checkpoints and start from step 0 (shards "
+                         "without a manifest are set aside, not deleted); a folder "
                          "holding anything but checkpoints is refused (not with torchrun "
                          "--max-restarts: every restart would start over)")
+    ap.add_argument("--set-aside", action="store_true",
+                    help="rename the newer step folders that hold shards but no manifest to "
+                         "step_*.unverified (never deleted), then resume from the newest "
+                         "verified checkpoint")
     ap.add_argument("--fail-at", default=None, metavar="RANK:STEP",
                     help="make RANK raise at STEP, to rehearse a failure and the resume")
     args = labkit.parse(ap, argv,

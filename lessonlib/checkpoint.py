@@ -43,11 +43,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device
+from lessonlib import checkpoint_manifest, comm, device
 # The folder's names, its check and its deletions live beside, and are used from here too.
 from lessonlib.checkpoint_folder import (LATEST, MANIFEST, check_directory,  # noqa: F401
-                                         clear, remove_step, remove_temporaries, shard_path,
-                                         step_dir, steps)
+                                         clear, held_ahead, held_shards, remove_step,
+                                         remove_temporaries, set_aside, shard_path, step_dir,
+                                         steps)
 
 
 class CheckpointError(RuntimeError):
@@ -157,40 +158,25 @@ def save(directory, step: int, state: dict, meta: dict, keep: int = 2) -> None:
 
 
 # ---------------------------------------------------------------- reading
-def _records(manifest: dict, path: Path) -> tuple[dict | None, str | None]:
-    """The manifest's ``{shard name: {"bytes", "sha256"}}``, or what makes it unverifiable."""
-    names = [f"rank_{r:05d}.pt" for r in range(int(manifest["world_size"]))]
-    shards = manifest.get("shards")
-    if not isinstance(shards, dict) or not shards:
-        return None, f"{path} lists no SHA-256 for its shards: unverified, so not trusted"
-    stray = sorted(p.name for p in path.parent.glob("rank_*.pt") if p.name not in shards)
-    if stray:
-        return None, f"{path.parent / stray[0]} is not listed in {path}: unverified, so not trusted"
-    if sorted(shards) != names:
-        return None, (f"{path} is damaged: it lists the shards {sorted(shards)}, but a world "
-                      f"of {len(names)} ranks writes {names[0]} to {names[-1]}")
-    for name, want in shards.items():
-        if not (isinstance(want, dict) and isinstance(want.get("bytes"), int)
-                and isinstance(want.get("sha256"), str)):
-            return None, (f"{path} lists no size and SHA-256 for {name}: unverified, so "
-                          f"not trusted")
-    return shards, None
-
-
 def verify(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
     """``(manifest, None)`` if the checkpoint in ``folder`` is intact and verified, else
-    ``(None, what is wrong)``: no manifest ("incomplete"), an unreadable one, a shard without
-    a hash or not listed, a shard not as listed. ``hashes=False``: sizes only. Pure."""
+    ``(None, what is wrong)``: no manifest ("incomplete"), an unreadable or damaged one (a
+    field of the wrong kind: ``checkpoint_manifest``), a shard without a hash or not listed,
+    a shard not as listed. ``hashes=False``: sizes only. Pure."""
     folder = Path(folder)
     path = folder / MANIFEST
     if not path.exists():
+        held = held_shards(folder)
+        if held:
+            return None, (f"{folder} holds the shards of ranks 0-{held[-1]} but no {MANIFEST}: "
+                          f"a save interrupted before its manifest, or the manifest lost "
+                          f"(incomplete)")
         return None, f"{folder} has no {MANIFEST}: a save was interrupted (incomplete)"
     try:
-        manifest = json.loads(path.read_text())
-        int(manifest["step"])
-        shards, problem = _records(manifest, path)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        return None, f"{path} is damaged (unreadable: {exc})"
+        manifest = checkpoint_manifest.parse(folder)
+    except ValueError as exc:
+        return None, str(exc)
+    shards, problem = checkpoint_manifest.records(manifest, path)
     if problem:
         return None, problem
     for name, want in shards.items():
@@ -243,8 +229,19 @@ def check_resume(directory, world_size: int, meta: dict, may_differ: tuple[str, 
     """Caller side, before launching: the checkpoint a run with these settings would resume
     from, or None for a fresh start. Raise ValueError naming every setting that differs
     (except those in ``may_differ``), or if no checkpoint in the folder is verified (only
-    interrupted saves: a fresh start). ``check`` as for ``scan``."""
+    interrupted saves: a fresh start). ``check`` as for ``scan``. A newer step folder that
+    holds a whole world's shards without a manifest (``held_shards``) is refused too: the
+    run would write that step again over shards that may be the only copy."""
     found, problems = scan(directory, check)
+    ahead = held_ahead(directory, world_size, found)
+    if ahead:
+        folder = ahead[0]
+        raise ValueError(
+            f"{folder} holds the shards of ranks 0-{held_shards(folder)[-1]} but no "
+            f"{MANIFEST}, so they cannot be verified, and this run would write that step "
+            f"over them; nothing was changed. Move that folder away, or set it aside "
+            f"(labs/train.py --set-aside renames it to {folder.name}.unverified; nothing "
+            f"is deleted)")
     if found is None:
         damaged = [p for p in problems if "(incomplete)" not in p]
         if damaged:

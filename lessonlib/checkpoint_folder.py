@@ -9,11 +9,19 @@ nothing else:
     step_00000040/manifest.json    the checkpoint's commit record
     step_00000040/.rank_00001.pt.tmp1234, .latest.tmp1234   a save killed mid-write
     latest                         the name of the newest complete step
+    step_00000040.unverified/      shards without a manifest, set aside (never deleted)
 
 ``clear`` (what ``labs/train.py --fresh`` does) refuses a folder that holds anything else,
 naming one foreign file, so that ``--checkpoint-dir .`` or a folder with a user's notes in
 it is never emptied; pruning removes a step folder's own files and the folder only when
 nothing foreign is left in it.
+
+A step folder whose shards are all there (``rank_00000.pt`` on, no save in progress) but
+whose manifest is not may hold the only copy of good weights: the manifest was lost, or the
+save was killed between the last shard and the manifest. Nothing proves those shards good,
+and nothing proves them bad, so they are never deleted, overwritten or pruned: ``set_aside``
+renames the folder to ``step_00000040.unverified`` when a person asks for it, and ``clear``
+does the same instead of deleting it.
 
 Laptop:  ``python labs/train.py --world-size 2 --checkpoint-dir results/ckpt --fresh``
 GPU box: the same under torchrun; rank 0 alone deletes.
@@ -29,6 +37,8 @@ MANIFEST = "manifest.json"
 _STEP = re.compile(r"step_\d{8}")
 _IN_STEP = re.compile(r"rank_\d{5}\.pt|manifest\.json|\.(rank_\d{5}\.pt|manifest\.json)\.tmp\d+")
 _TOP = re.compile(r"latest|\.latest\.tmp\d+")
+_SET_ASIDE = re.compile(r"step_\d{8}\.unverified\d*")
+_SHARD = re.compile(r"rank_(\d{5})\.pt")
 
 
 def check_directory(directory, setting: str = "checkpoint_dir") -> None:
@@ -81,12 +91,51 @@ def foreign(directory) -> Path | None:
     for entry in sorted(folder.iterdir()):
         if _TOP.fullmatch(entry.name) and entry.is_file() and not entry.is_symlink():
             continue
-        if not (_STEP.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink()):
+        ours = _STEP.fullmatch(entry.name) or _SET_ASIDE.fullmatch(entry.name)
+        if not (ours and entry.is_dir() and not entry.is_symlink()):
             return entry
         stranger = next((p for p in sorted(entry.iterdir()) if not _ours_in_step(p)), None)
         if stranger is not None:
             return stranger
     return None
+
+
+def held_shards(folder, world_size: int = 1) -> list[int]:
+    """The ranks of the shards in a step folder that has no manifest, when they look like a
+    whole checkpoint whose manifest is gone: ``rank_00000.pt`` to ``rank_<k-1>.pt``, k at
+    least ``world_size``, and no shard still being written. [] for a folder with a manifest,
+    and for an interrupted save (a shard's temporary file, a gap, fewer than
+    ``world_size``), which the next save of that step may overwrite."""
+    folder = Path(folder)
+    if not folder.is_dir() or (folder / MANIFEST).exists():
+        return []
+    names = [p.name for p in folder.iterdir()]
+    ranks = sorted(int(m.group(1)) for m in map(_SHARD.fullmatch, names) if m)
+    writing = any(name.startswith(".rank_") for name in names)
+    if writing or len(ranks) < max(1, world_size) or ranks != list(range(len(ranks))):
+        return []
+    return ranks
+
+
+def held_ahead(directory, world_size: int, found: dict | None) -> list[Path]:
+    """The step folders after checkpoint ``found`` (all, if None) that hold a whole world's
+    shards without a manifest (``held_shards``): a run resumed from ``found`` would write
+    those steps again, over shards that may be the only copy of good weights."""
+    after = found["step"] if found else -1
+    return [step_dir(directory, s) for s in steps(directory)
+            if s > after and held_shards(step_dir(directory, s), world_size)]
+
+
+def set_aside(folder) -> Path:
+    """Rename a step folder to ``<name>.unverified`` (``.unverified2``... if taken): out of
+    the way of the run, which would write that step again, and never deleted."""
+    folder = Path(folder)
+    for n in range(1, 1000):
+        target = folder.with_name(f"{folder.name}.unverified{n if n > 1 else ''}")
+        if not target.exists():
+            folder.rename(target)
+            return target
+    raise ValueError(f"{folder}: 999 folders are already set aside beside it; move them away")
 
 
 def remove_step(folder) -> None:
@@ -112,9 +161,10 @@ def remove_temporaries(directory) -> None:
 
 
 def clear(directory, setting: str = "checkpoint_dir") -> None:
-    """Delete every checkpoint in ``directory`` and its ``latest`` marker; ValueError naming
-    ``setting`` and one foreign file if the folder holds anything the course did not write
-    (then nothing is deleted)."""
+    """Delete every checkpoint in ``directory`` and its ``latest`` marker, and set aside
+    (never delete) the folders of shards without a manifest (``held_shards``); ValueError
+    naming ``setting`` and one foreign file if the folder holds anything the course did not
+    write (then nothing is deleted)."""
     folder = Path(directory)
     if not folder.exists():
         return
@@ -125,7 +175,10 @@ def clear(directory, setting: str = "checkpoint_dir") -> None:
             f"nothing was deleted. Only a folder that holds nothing but checkpoints is cleared: "
             f"give a folder of its own to the checkpoints, or move that file away")
     for step in steps(folder):
-        remove_step(step_dir(folder, step))
+        if held_shards(step_dir(folder, step)):
+            set_aside(step_dir(folder, step))
+        else:
+            remove_step(step_dir(folder, step))
     for path in folder.iterdir():
         if _TOP.fullmatch(path.name):
             path.unlink(missing_ok=True)

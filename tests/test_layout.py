@@ -120,8 +120,8 @@ FLOORS = {
                        "placement", "labkit", "labargs", "grid_layout", "grid"],
     "one package per strategy": ["data_parallel", "model_parallel", "tensor_parallel",
                                  "pipeline", "context_parallel", "expert_parallel"],
-    "composition": ["hybrid", "hybrid_axes", "checkpoint", "checkpoint_folder", "reshard",
-                    "long_run"],
+    "composition": ["hybrid", "hybrid_axes", "checkpoint", "checkpoint_folder",
+                    "checkpoint_manifest", "reshard", "long_run"],
     "faces": ["viz", "exercises", "bugzoo", "results"],
 }
 # On the strategy floor the lessons come in the course's order, and a strategy builds only on

@@ -12,22 +12,30 @@
 # # 13 · Deep dive: mixture of experts and expert parallelism
 #
 # This notebook extends [05 · Hybrid parallelism](05-hybrid-parallelism.ipynb), section 7:
-# today a trillion-parameter model is usually a **mixture of experts** (MoE), and its answer
-# is different. The largest open models of the last two years are MoEs: Mixtral 8x7B, and
-# DeepSeek-V3 (671 B parameters, of which 37 B are active per token, trained with 64-way
-# expert parallelism).
+# a trillion-parameter model today is often a **mixture of experts** (MoE), and its answer
+# is different. Many of the largest open models of the last two years are MoEs, Mixtral 8x7B
+# and DeepSeek-V3 (671 B parameters, of which 37 B are active per token, trained with 64-way
+# expert parallelism) among them; not all: Llama 3.1 405B is dense.
 #
 # **The idea (and the metaphor).** A hospital of specialists. A triage nurse (the *router*,
 # one linear layer) looks at each patient (a token) and sends them to the k specialists
-# (the *experts*, each an MLP) who suit them best, with a weight for each opinion. Each
-# specialist sees at most a fixed number of patients a day (the *capacity*, ceil(C·k·T/E)
-# of a batch of T tokens, C the *capacity factor*); whoever comes over it is sent home
-# untreated (a *dropped* token: the block's residual carries it on unchanged). The hospital
-# holds E specialists' salaries (E times the MLP's parameters) but each patient costs only
-# k visits (k MLPs of compute). Split the specialists over e buildings (*expert
+# (the *experts*, each an MLP) who suit them best, with a weight for each opinion. The
+# hospital holds E specialists' salaries (E times the MLP's parameters) but each patient
+# costs only k visits (k MLPs of compute). Split the specialists over e buildings (*expert
 # parallelism*) and the patients must be driven to their specialists' building and back:
 # two **all-to-alls** per layer (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et
 # al. 2021).
+#
+# What a hospital does when one specialist is overrun has changed. GShard and Switch gave
+# each specialist a fixed number of patients a day (the *capacity*, ceil(C·k·T/E) of a batch
+# of T tokens, C the *capacity factor*), sent whoever came over it home untreated (a
+# *dropped* token: the block's residual carries it on unchanged), and added a loss that
+# teaches the nurse to spread patients evenly. Today's large runs drop no one: DeepSeek-V3
+# keeps the load even by nudging the nurse's scores instead of adding a loss, and "does not
+# drop any tokens during training" (DeepSeek-AI 2024, §2.1.2); Mixtral runs its experts on
+# MegaBlocks' block-sparse kernels (Gale et al. 2022), which take every token an expert is
+# given, and Megatron-Core's MoE is dropless by default. This notebook runs GShard's recipe,
+# which is where the ideas come from, and says at each step what the dropless runs do.
 
 # %%
 import matplotlib.pyplot as plt
@@ -66,7 +74,8 @@ print(f"\nthe 1 T question again: the dense megatron-1T and moe-1T both hold "
 # %% [markdown]
 # So the 1 T MoE is a different job: the memory problem is the same (split the state over
 # hundreds of GPUs), but the compute problem is that of a 37 B dense model, 27 times
-# smaller, so the same cluster trains it on 27 times more tokens in the same time. Its
+# smaller: the same FLOPs train it on 27 times more tokens (in the same time only if both
+# ran at the same MFU, which the all-to-alls make harder). Its
 # experts are split by expert parallelism, and the cost model picks the smallest e whose
 # share of the state fits (here for DeepSeek-V3 on 2048 H100, 16 pipeline stages, ZeRO-1):
 
@@ -146,6 +155,19 @@ claim("a larger capacity factor never drops more",
 # drops. A larger C drops less but every expert's buffer (and, across ranks, every
 # all-to-all) is sized for C·k·T/E tokens, so compute and bytes grow with C. Switch uses C
 # between 1 and 2; the balancing loss is what lets C stay small.
+#
+# That is the recipe of 2020-2021. DeepSeek-V3 (§2.1.2) changes three parts of it:
+# - **no auxiliary loss for balance**: a bias per expert is added to the routing scores to
+#   *choose* the k experts (never to weight their outputs) and moved by a fixed step after
+#   every training step, up for an expert that got too few tokens and down for one that got
+#   too many; only a tiny sequence-wise balance loss remains, so the language-modelling
+#   objective is not traded for balance;
+# - **sigmoid affinities**, normalised over the k chosen experts, instead of a softmax over
+#   all E; and **node-limited routing**: a token's experts lie on at most 4 servers, which
+#   bounds the traffic that crosses the network;
+# - **no capacity**: every expert takes every token routed to it, so none is dropped; the
+#   all-to-all's sizes then vary from step to step, and the bias keeps the busiest expert
+#   (which sets the pace) near the mean.
 #
 # ## 3. The real run: E experts over e ranks, against one process
 #
@@ -312,14 +334,18 @@ for model, n in ((mixtral, 2), (mixtral, 4), (mixtral, 8), (deepseek, 8), (deeps
 # network every layer, on GEMMs sliced to a few columns. (Mixtral has only 8 experts, so
 # its e stops at 8.) What
 # EP pays instead is imbalance: the busiest expert's rank sets the pace (section 2), which
-# is why the balancing loss and the capacity factor exist. TP never drops a token.
+# is why every MoE run balances its router: GShard and Switch with a loss and a capacity that
+# drops the overflow, DeepSeek-V3 with a bias on the scores and no drops. TP never drops a
+# token.
 #
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
 # <b>Takeaway.</b> An MoE layer holds E experts and spends k per token: total parameters
 # are memory, active parameters are compute (6 × active FLOPs per token), so a 1 T MoE holds
-# the state of a 1 T dense model but trains at the cost of a 37 B one. A router sends each
-# token to its k experts, each expert takes at most ceil(C·k·T/E), and the overflow rides
-# the residual; a balancing loss keeps the load even so that C can stay small. Expert
+# the state of a 1 T dense model but does the FLOPs of a 37 B one. A router sends each
+# token to its k experts and must keep their load even: GShard's recipe caps each expert
+# at ceil(C·k·T/E), lets the overflow ride the residual and adds a balancing loss so that C
+# can stay small; DeepSeek-V3 and Mixtral drop no token, and DeepSeek-V3 balances with a
+# per-expert bias on the routing scores instead of a loss. Expert
 # parallelism splits the experts over e ranks with two all-to-alls each way, whose bytes are
 # the routing counts, and equals one process exactly; for the same parameters it moves n/k
 # times less than tensor parallelism, and pays in load imbalance.

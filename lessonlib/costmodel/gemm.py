@@ -31,6 +31,7 @@ from lessonlib.costmodel import GPUS; print(gemm_efficiency(GPUS['H100-SXM5'], 8
 16384))"``.
 """
 import math
+from functools import lru_cache
 
 # Chosen on Megatron-LM 2021 Table 1 (0.6, 0.65, 0.7 tried); under the 80 % an isolated
 # large GEMM measures on an H100 (795 of 989 TFLOP/s).
@@ -113,6 +114,7 @@ def layer_gemms(model, b, t=1, c=1, e=1):
     return out
 
 
+@lru_cache(maxsize=4096)   # the planner prices the same layer shapes many times
 def layer_gemm_time_s(model, b, gpu, t=1, c=1, e=1, precision="bf16", kinds=("linear",
                                                                             "attention")):
     """Seconds of one layer's forward GEMMs of ``kinds`` on one GPU; linear GEMMs at

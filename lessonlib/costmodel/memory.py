@@ -104,9 +104,11 @@ def stage_params(model, t, p, e=1, uneven=False, schedule="1f1b"):
     position embedding is replicated. The last stage holds a copy of the token embedding for
     the tied output layer (an untied one as large), and fewer layers when p does not divide
     L, so it is never larger. An MoE model's routed experts are split over e GPUs (and, like
-    every weight here, over t); every stage is counted as MoE layers.
+    every weight here, over t); every stage is counted as MoE layers. ``uneven``: the first
+    stage one layer lighter; DualPipe holds two stages' layers.
     """
-    layers = layers_per_stage(model.L, p) * model.layer_params(e)
+    layers = layers_per_stage(model.L, p, uneven) * stage_copies(schedule) * \
+        model.layer_params(e)
     positions = model.s * model.h if model.tied_embeddings and model.moe is None else 0
     return (layers + model.V * model.h) / t + positions
 

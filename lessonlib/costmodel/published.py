@@ -195,3 +195,44 @@ def published_report(runs=None):
                  "palm: every score counted. DeepSeek-V3's row is an average over its whole "
                  "pre-training, not a step.")
     return "\n".join(lines)
+
+
+# The published setups the planner is asked about (item: the planner agrees with the teams).
+PLANNED = ("Llama 3 Table 4, 8,192 GPUs 8K", "Llama 3 Table 4, 16,384 GPUs 8K",
+           "Llama 3 Table 4, 128K", "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours")
+
+
+def versus_planner(run):
+    """The planner's best layout for the run's setup (model, cluster, GPUs, batch, sequence,
+    and its precision and routing) against the published layout: both estimates, the ratio
+    of their steps, and the parts of the step that separate them, largest first."""
+    from .search import plan_job      # the planner sits above this module's estimate
+    lay = run.layout
+    fixed = {"precision": lay.precision, "max_nodes": lay.max_nodes, "cp_comm": lay.cp_comm}
+    plan = plan_job(run.model, CLUSTERS[run.cluster], lay.n_gpus, lay.global_batch,
+                    overlap_comm=lay.overlap_comm, **fixed)
+    mine = estimate(run.model, lay, CLUSTERS[run.cluster])
+    best = plan.best
+    parts = sorted(((k, mine.time.get(k, 0.0) - best.time.get(k, 0.0))
+                    for k in set(mine.time) | set(best.time)), key=lambda kv: -abs(kv[1]))
+    return {"run": run, "published": mine, "best": best,
+            "ratio": mine.step_time_s / best.step_time_s, "parts": parts}
+
+
+def explain_versus_planner(run):
+    """In words: the published layout's predicted step against the planner's best, and,
+    when they differ by more than 10 %, the cost that separates them (and memory)."""
+    r = versus_planner(run)
+    mine, best = r["published"], r["best"]
+    lines = [f"{run.source}: published {mine.layout.describe()} -> {mine.step_time_s:.2f} s "
+             f"per step ({'fits' if mine.fits else 'over memory'}, "
+             f"{mine.memory.total / 1e9:.0f} GB); planner's best {best.layout.describe()} "
+             f"({best.layout.schedule}) -> {best.step_time_s:.2f} s "
+             f"({best.memory.total / 1e9:.0f} GB): published / best = {r['ratio']:.2f}."]
+    if r["ratio"] > 1.10 or not mine.fits:
+        named = ", ".join(f"{k} {v:+.2f} s" for k, v in r["parts"][:3])
+        lines.append(f"What separates them (published minus best): {named}"
+                     + ("" if mine.fits else f"; and the model counts the published layout "
+                        f"{mine.memory.total / 1e9:.0f} GB per GPU, over the "
+                        f"{mine.memory_capacity_bytes / 1e9:.0f} GB usable") + ".")
+    return "\n".join(lines)

@@ -5,6 +5,7 @@
         --gpu A100-80GB --gpus-per-node 8 --json
     python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048
     python -m lessonlib.costmodel --table1
+    python -m lessonlib.costmodel --published    # every published run, predicted vs measured
     python -m lessonlib.costmodel --model llama3-405B --seq 131072 --t 8 --c 16 --p 16 \
         --gpus 16384 --global-batch 128 --cluster dgx-h100 --zero 1 --recompute full
     python -m lessonlib.costmodel --model deepseek-v3 --p 16 --e 64 --gpus 2048 \
@@ -29,6 +30,7 @@ from .hardware import COLLECTIVE_ALGORITHMS, CLUSTERS, GPUS, get_cluster, get_gp
 from .megatron2021 import table1_report
 from .model import GPT, MODELS, get_model
 from .planner import PLAN_SCHEDULES, plan
+from .published import published_report
 from .search import explain_axes, plan_job
 from .throughput import Layout, estimate
 
@@ -90,6 +92,8 @@ def build_parser():
                      help="plan over all five axes t, c, p, d, e (search.plan_job)")
     out.add_argument("--table1", action="store_true",
                      help="compare with Megatron-LM 2021 Table 1 and exit")
+    out.add_argument("--published", action="store_true",
+                     help="every published run the course quotes, predicted, and exit")
     out.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return ap
 
@@ -176,6 +180,8 @@ def _run(args):
     check_args(args)
     if args.table1:
         return table1_report()
+    if args.published:
+        return published_report()
     model, cluster = _model(args), _cluster(args)
     if args.plan5:
         if args.gpus is None or args.global_batch is None:

@@ -39,12 +39,18 @@ def cp_ring_s(model, lay, cluster, layers, flops_per_s, comm_efficiency):
     bandwidth, latency = cluster.link(spans)
     bandwidth *= comm_efficiency
     block = kv_block_bytes(model, lay.b, lay.c) / lay.t        # K/V heads split over t
+    forwards = 2 if lay.recompute != "none" else 1
+    if lay.cp_comm == "all-gather":
+        # Llama 3 §3.3.2: all-gather K and V (GQA-sized) before attention, exposed;
+        # reduce-scatter their gradients after it, exposed as well.
+        gather = ring_all_gather_time_s(lay.c, lay.c * block, bandwidth, latency)
+        return layers * (forwards + 1) * gather
     forward, backward = ring_bytes_received_per_rank(lay.c, block)
     attention = attention_core_forward_flops(model, lay.b) / (lay.t * lay.c) / flops_per_s
     hops = (lay.c - 1) * latency
     fwd = max(0.0, hops + forward / bandwidth - attention)
     bwd = max(0.0, 2 * hops + backward / bandwidth - 2 * attention)
-    return layers * ((2 if lay.recompute != "none" else 1) * fwd + bwd)
+    return layers * (forwards * fwd + bwd)
 
 
 def ep_alltoall_s(model, lay, cluster, layers, comm_efficiency):
@@ -56,7 +62,8 @@ def ep_alltoall_s(model, lay, cluster, layers, comm_efficiency):
     moe_layers = layers * moe.moe_layers / moe.L
     tokens = model.s // lay.c // (lay.t if lay.sequence_parallel else 1)
     spans = group_spans_nodes(lay.n_gpus, lay.e, lay.t * lay.c, cluster.gpus_per_node)
-    one = moe_layer_comm_s(moe, lay.e, lay.b, tokens, cluster, spans) / comm_efficiency
+    one = moe_layer_comm_s(moe, lay.e, lay.b, tokens, cluster, spans,
+                           max_nodes=lay.max_nodes) / comm_efficiency
     return moe_layers * one * (6 / 4 if lay.recompute == "full" else 1)
 
 
@@ -89,8 +96,9 @@ def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
         bandwidth, latency = min(bandwidth, cp_bw), max(latency, cp_lat)
     bandwidth *= comm_efficiency
     shard = (lay.shard_group or lay.d) * lay.c
-    grads = GRAD_BYTES * stage_params(model, lay.t, lay.p, lay.e)
-    experts = GRAD_BYTES * stage_expert_params(model, lay.t, lay.p, lay.e)
+    where = (lay.t, lay.p, lay.e, lay.uneven_stages, lay.schedule)
+    grads = GRAD_BYTES * stage_params(model, *where)
+    experts = GRAD_BYTES * stage_expert_params(model, *where)
     gathers, rest = _exchange_s(lay, grads - experts, group, shard, bandwidth, latency)
     if experts and group // lay.e > 1:
         more = _exchange_s(lay, experts, group // lay.e, max(1, shard // lay.e), bandwidth,

@@ -24,13 +24,18 @@ device in a V, §6) leaves only the start-up, one chunk's forward per hop: (p-1)
 (p-1)/(6m) of ideal time at equal times once m >= 2p-1 (fewer micro-batches never fill the
 V: 2(2p-1-m) chunk forwards); its busiest stage holds min(p, m) micro-batches like ZB-H1.
 
+DualPipe (DeepSeek-V3, DeepSeek-AI 2024, Table 2) feeds the pipeline from both ends, each
+device holding two stages (2x parameters, PP + 1 micro-batches of activations): bubble
+(PP/2 - 1)(F&B + B - 3W), where F&B is a forward and a backward chunk run side by side, their
+communication hidden behind each other's compute. At F = B = W and F&B = F + B that is 0.
+
 Try ``python -c "from lessonlib.costmodel import bubble_fraction as f; print(f(4, 8),
 f(4, 8, convention='ideal'))"``.
 """
 from lessonlib.argcheck import positive_int, positive_number
 
 CONVENTIONS = ("wall", "ideal")
-SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zbv")
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zbv", "dualpipe")
 # Micro-batch slots of ideal time the bubble lasts, per unit of (p-1), at T_F = T_B = T_W
 # (a slot = T_F + T_B + T_W): 1F1B 1, ZB-H1 1/3. ZBV's depends on m (``_idle_slots``).
 _SLOTS = {"gpipe": 1.0, "1f1b": 1.0, "zb-h1": 1 / 3}
@@ -40,6 +45,8 @@ def _idle_slots(schedule, p, m):
     """Micro-batch slots each stage idles at T_F = T_B = T_W (simulated, ``zero_bubble``)."""
     if schedule == "zbv":   # in chunk forwards, 6 to a slot: (p-1)/6 once m >= 2p-1
         return max(p - 1, 2 * (2 * p - 1 - m)) / 6
+    if schedule == "dualpipe":   # DeepSeek-V3 Table 2 at F = B = W, F&B = F + B: none
+        return bubble_time("dualpipe", p, 1, 1, 1) / 3
     return (p - 1) * _SLOTS[schedule]
 
 
@@ -74,14 +81,18 @@ def bubble_time(schedule, p, forward, backward, weight):
     (the input gradient only) and ``weight`` T_W per micro-batch. "1f1b"/"gpipe":
     (p-1)(T_F + T_B + T_W); "zb-h1": (p-1)(T_F + T_B - T_W) (Qi et al. 2024, Table 2,
     for T_W <= T_F); "zbv": (p-1) T_F / 2, the start-up alone (at T_F = T_B = T_W and
-    m >= 2p-1; otherwise ``lessonlib.pipeline.validate.simulate`` the schedule)."""
+    m >= 2p-1; otherwise ``lessonlib.pipeline.validate.simulate`` the schedule);
+    "dualpipe": (p/2 - 1)(F&B + B - 3W) (DeepSeek-V3 Table 2), F&B taken as F + B, a
+    forward and a backward chunk run side by side without gaining on each other."""
     positive_int("p", p)
     f, b, w = (positive_number(n, x) for n, x in (("forward", forward), ("backward", backward),
                                                  ("weight", weight)))
-    per_hop = {"gpipe": f + b + w, "1f1b": f + b + w, "zb-h1": f + b - w, "zbv": f / 2}
+    per_hop = {"gpipe": f + b + w, "1f1b": f + b + w, "zb-h1": f + b - w, "zbv": f / 2,
+               "dualpipe": max(0.0, (f + b) + b - 3 * w)}
     if schedule not in per_hop:
         raise ValueError(f"schedule={schedule!r} must be one of {', '.join(per_hop)}")
-    return (p - 1) * per_hop[schedule]
+    hops = max(0.0, p / 2 - 1) if schedule == "dualpipe" else p - 1
+    return hops * per_hop[schedule]
 
 
 def stashed_microbatches(schedule, p, m, stage=0):
@@ -102,4 +113,6 @@ def stashed_microbatches(schedule, p, m, stage=0):
         return min(p, m)
     if schedule == "zbv":
         return min(2 * p, m + stage + 1, 2 * m) / 2
+    if schedule == "dualpipe":   # DeepSeek-V3 Table 2: PP + 1 micro-batches' activations
+        return min(p + 1, m)
     raise ValueError(f"schedule={schedule!r} must be one of {', '.join(SCHEDULES)}")

@@ -1,7 +1,7 @@
 """Calibrate the cost model with a measured matrix-product rate.
 
-What it teaches: the cost model assumes GEMMs reach ``throughput.MATMUL_EFFICIENCY`` (0.6,
-chosen on Megatron-LM 2021's Table 1) of a GPU's dense peak. Measure the rate on a real GPU
+What it teaches: the cost model assumes large GEMMs reach ``gemm.GEMM_PEAK_FRACTION`` (0.65,
+chosen on Megatron-LM 2021's Table 1) of a GPU's dense peak, smaller ones less by their shape. Measure the rate on a real GPU
 (``labkit.gemm_rates``), and ``calibrate`` says which fraction of the preset's datasheet
 peak it reached, and what that changes in the prediction for Megatron-LM 2021's 145.6 B row.
 Pure arithmetic, like the rest of the cost model.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 
-from . import throughput
+from . import gemm, throughput
 from .hardware import GPUS, make_cluster
 from .megatron2021 import load_table1, table1_layout, table1_model
 
@@ -29,7 +29,7 @@ def peak_preset(name: str):
 
 def calibrate(rates: list[dict], gpu_name: str) -> dict:
     preset = peak_preset(gpu_name)
-    out = {"device": gpu_name, "assumed_matmul_efficiency": throughput.MATMUL_EFFICIENCY,
+    out = {"device": gpu_name, "assumed_matmul_efficiency": gemm.GEMM_PEAK_FRACTION,
            "median_tflops": statistics.median(r["tflops"] for r in rates),
            "largest_gemm_tflops": rates[-1]["tflops"], "preset": None}
     if preset is None:
@@ -45,10 +45,10 @@ def calibrate(rates: list[dict], gpu_name: str) -> dict:
     cluster = make_cluster(preset)
     default = throughput.estimate(model, layout, cluster).tflops_per_gpu
     try:
-        throughput.MATMUL_EFFICIENCY = eff
+        gemm.GEMM_PEAK_FRACTION = eff
         measured = throughput.estimate(model, layout, cluster).tflops_per_gpu
     finally:
-        throughput.MATMUL_EFFICIENCY = out["assumed_matmul_efficiency"]
+        gemm.GEMM_PEAK_FRACTION = out["assumed_matmul_efficiency"]
     out["prediction_145.6B"] = {"layout": layout.describe(), "cluster": f"8 x {preset.name}",
                                 "tflops_per_gpu_assumed": default,
                                 "tflops_per_gpu_measured_efficiency": measured}

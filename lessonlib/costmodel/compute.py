@@ -87,3 +87,30 @@ def megatron_training_time_s(n_params, n_tokens, n_gpus, flops_per_gpu):
 def megatron_training_days(n_params, n_tokens, n_gpus, flops_per_gpu):
     """Eq. 4 in days: GPT-3 175B, 300e9 tokens, 1024 A100 at 140 TFLOP/s -> about 34."""
     return megatron_training_time_s(n_params, n_tokens, n_gpus, flops_per_gpu) / SECONDS_PER_DAY
+
+
+FLOP_COUNTS = ("course", "megatron-eq3", "korthikanti", "palm", "torchtitan")
+
+
+def team_flops_per_token(model, formula="course"):
+    """Model FLOPs per token as each team counts them, for MFU beside their figures.
+
+    * "course": ``model_flops_per_iteration`` (today's shapes: causal scores halved, as a
+      fused kernel computes them);
+    * "megatron-eq3": Eq. 3 over B s, recompute included (hardware FLOPs, Megatron-LM 2021);
+    * "korthikanti": 72 L s h^2 (1 + s/(6h) + V/(12hL)) per sequence (Korthikanti et al.
+      2022, App. A: model FLOPs, every score counted);
+    * "palm" and "torchtitan": 6 x (parameters less the token embedding) + 12 L h s
+      (6 L a (qk + v head dims) s with both head dims h/a; causal scores not halved),
+      torchtitan's own count, which the Llama 3 paper is read to use as well.
+    """
+    s, L, h, V = model.s, model.L, model.h, model.V
+    if formula == "course":
+        return model_flops_per_iteration(model, 1) / s
+    if formula == "megatron-eq3":
+        return megatron_flops_per_iteration(model, 1) / s
+    if formula == "korthikanti":
+        return 72 * L * s * h**2 * (1 + s / (6 * h) + V / (12 * h * L)) / s
+    if formula in ("palm", "torchtitan"):
+        return 6 * (model.params() - V * h) + 12 * L * h * s
+    raise ValueError(f"formula={formula!r} must be one of {', '.join(FLOP_COUNTS)}")

@@ -1,7 +1,7 @@
 """GPUs and the servers that hold them: the numbers every cost-model estimate starts from.
 
 A GPU is four numbers from its datasheet: dense 16-bit Tensor Core FLOP/s, memory, HBM
-bandwidth and NVLink bandwidth. A cluster adds how many GPUs share one server (one NVLink
+bandwidth and NVLink bandwidth (and, from Hopper on, its dense FP8 FLOP/s). A cluster adds how many GPUs share one server (one NVLink
 domain) and how fast each GPU can talk to GPUs in *other* servers (its share of the
 InfiniBand network).
 
@@ -38,6 +38,7 @@ class GPU:
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float  # bidirectional total per GPU, as datasheets quote it
     source: str
+    fp8_peak_flops: float = None  # dense FP8 FLOP/s; None before Hopper (no FP8 Tensor Cores)
 
 
 GPUS = {
@@ -52,18 +53,21 @@ GPUS = {
     "H100-SXM5": GPU(
         "H100-SXM5", 989e12, 80 * GB, 3350 * GB, 900 * GB,
         "NVIDIA H100 datasheet (SXM5): 989 TFLOP/s BF16 dense (1,979 with sparsity), "
-        "80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s"),
+        "80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; dense FP8 1,979 (3,958 with sparsity)",
+        1979e12),
     "H200": GPU(
         "H200", 989e12, 141 * GB, 4800 * GB, 900 * GB,
         "NVIDIA H200 datasheet (SXM): 989 TFLOP/s BF16 dense (1,979 with sparsity), "
-        "141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s"),
+        "141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; dense FP8 1,979 (3,958 with sparsity)",
+        1979e12),
 }
 
 # DeepSeek-V3's GPU, kept out of GPUS (the course's datasheet list) and used by "hgx-h800".
 H800 = GPU(
     "H800", 989e12, 80 * GB, 3350 * GB, 400 * GB,
     "H100 SXM5's compute and memory with NVLink cut to 400 GB/s; DeepSeek-V3 (DeepSeek-AI "
-    "2024, §3.1) trained on 2048 of them, 8 per node, 400 Gb/s InfiniBand per GPU")
+    "2024, §3.1) trained on 2048 of them, 8 per node, 400 Gb/s InfiniBand per GPU; dense "
+    "FP8 1,979 TFLOP/s as the H100", 1979e12)
 
 _ALIASES = {"V100": "V100-SXM2-32GB", "A100": "A100-80GB", "H100": "H100-SXM5",
             "H200-SXM": "H200"}

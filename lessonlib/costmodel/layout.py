@@ -11,6 +11,14 @@ sharded over ``shard_group`` GPUs of d (default all d; fewer is HSDP: shard insi
 replicate across groups). ``overlap_comm``: FSDP's gathers and the MoE all-to-alls hidden
 behind the compute they feed (prefetching, DualPipe-style overlap), else exposed.
 
+What the teams of today ran, expressible: ``uneven_stages`` (first and last pipeline stage
+one layer lighter, making room for the embedding and the output layer: Llama 3 §3.3.2,
+torchtitan's ``pipeline_parallel_first/last_stage_less_layers``), ``schedule="dualpipe"``
+(DeepSeek-V3), ``recompute="none"`` (Llama 3 at 8K), ``cp_comm`` "ring" or "all-gather"
+(Llama 3's), ``precision`` "bf16" or "fp8" for the linear layers' GEMMs (DeepSeek-V3 §3.3)
+and ``max_nodes``, node-limited routing (each token's experts on at most that many servers,
+4 for DeepSeek-V3, §2.1.2).
+
 Rank order, innermost first: tp, cp, (ep), dp, pp, Megatron-Core's. The estimate places the
 CP ring inside a server when t*c <= GPUs per server and the EP all-to-all inside one when
 t*c*e fits; the pipeline and data-parallel groups keep the placement the Table 1 calibration
@@ -28,8 +36,15 @@ from dataclasses import dataclass
 from lessonlib.argcheck import positive_int
 
 from .bubble import SCHEDULES
+from .gemm import PRECISIONS
 from .memory import RECOMPUTE_MODES
 from .model import MAX, divisors
+
+
+# How context parallelism brings each rank the keys and values of the other c-1: a ring of
+# blocks hidden behind attention (Liu et al. 2023; torchtitan, Megatron-Core's p2p), or one
+# all-gather of the GQA-sized K and V, exposed (Llama 3 §3.3.2).
+CP_COMM = ("ring", "all-gather")
 
 
 def _is_int(value):
@@ -60,6 +75,10 @@ class Layout:
     zero_stage: int = 0
     shard_group: int = None
     overlap_comm: bool = False
+    uneven_stages: bool = False
+    cp_comm: str = "ring"
+    precision: str = "bf16"
+    max_nodes: int = None
 
     def __post_init__(self):
         for name in ("t", "c", "p", "d", "e", "b", "v", "m", "global_batch"):
@@ -74,8 +93,18 @@ class Layout:
             raise ValueError(f"schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}")
         if not _is_int(self.zero_stage) or self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r} must be 0, 1, 2 or 3")
-        if not isinstance(self.overlap_comm, bool):
-            raise ValueError(f"overlap_comm={self.overlap_comm!r} must be True or False")
+        for name in ("overlap_comm", "uneven_stages"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        for name, allowed in (("cp_comm", CP_COMM), ("precision", PRECISIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be one of "
+                                 f"{', '.join(allowed)}")
+        if self.max_nodes is not None:
+            positive_int("max_nodes", self.max_nodes, most=MAX)
+        if self.schedule == "dualpipe" and self.p % 2:
+            raise ValueError(f"p={self.p}: DualPipe feeds the pipeline from both ends and "
+                             f"needs an even p; use p={self.p + 1} or another schedule")
         if self.d % self.e:
             raise ValueError(f"e={self.e} must divide d={self.d}: expert parallelism is "
                              f"carved from the data-parallel GPUs")
@@ -126,10 +155,16 @@ class Layout:
             shown = ", ".join(map(str, ok[:12])) + (", ..." if len(ok) > 12 else "")
             raise ValueError(f"t={self.t} must divide heads={model.a} and hidden={model.h}; "
                              f"use one of [{shown}]")
-        if self.v > 1 and (model.L % self.p or (model.L // self.p) % self.v):
-            raise ValueError(f"v={self.v} needs layers={model.L} to split into p*v = "
+        if self.uneven_stages and self.p > 1 and (model.L + 2) % self.p:
+            raise ValueError(f"uneven_stages needs layers + 2 = {model.L + 2} (the first and "
+                             f"last stage one layer lighter) to divide by p={self.p}; use "
+                             f"uneven_stages=False or such a p")
+        layers = model.L + (2 if self.uneven_stages and self.p > 1 else 0)
+        if self.v > 1 and (layers % self.p or (layers // self.p) % self.v):
+            raise ValueError(f"v={self.v} needs layers={layers} to split into p*v = "
                              f"{self.p * self.v} equal chunks; use v=1 or a v dividing "
-                             f"{model.L // self.p if model.L % self.p == 0 else 'L/p'}")
+                             f"{layers // self.p if layers % self.p == 0 else 'L/p'}"
+                             f"{'' if self.uneven_stages else ' (or uneven_stages=True)'}")
 
     def describe(self):
         extras = [f"v={self.v}"] if self.v > 1 else []
@@ -138,6 +173,11 @@ class Layout:
         extras += [f"ZeRO-{self.zero_stage}"] if self.zero_stage else []
         extras += [f"shard {self.shard_group} (HSDP)"] if self.shard_group not in (
             None, self.d) else []
+        extras += ["DualPipe"] if self.schedule == "dualpipe" else []
+        extras += ["uneven stages"] if self.uneven_stages else []
+        extras += ["CP all-gather"] if self.c > 1 and self.cp_comm == "all-gather" else []
+        extras += [self.precision.upper()] if self.precision != "bf16" else []
+        extras += [f"routing <= {self.max_nodes} nodes"] if self.max_nodes else []
         axes = f"t={self.t} " + (f"c={self.c} " if self.c > 1 else "") + \
             f"p={self.p} d={self.d} " + (f"e={self.e} " if self.e > 1 else "")
         return f"{axes}b={self.b} m={self.m} B={self.global_batch} " + " ".join(extras)

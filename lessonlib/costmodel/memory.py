@@ -83,30 +83,42 @@ def model_state_bytes(n_params, zero_stage=0, d=1):
     return weights, grads, optimizer
 
 
-def layers_per_stage(L, p):
-    """Layers on the busiest stage: the first stages take one more when p does not divide L."""
+def layers_per_stage(L, p, uneven=False):
+    """Layers on the first stage: ceil(L/p) (the first stages take one more when p does not
+    divide L), or with ``uneven`` (first and last stage one layer lighter, Llama 3 §3.3.2;
+    torchtitan's ``pipeline_parallel_first/last_stage_less_layers``) (L + 2)/p - 1."""
+    if uneven and p > 1:
+        return (L + 2) // p - 1
     return math.ceil(L / p)
 
 
-def stage_params(model, t, p, e=1):
+def stage_copies(schedule):
+    """Stages one GPU holds: two under DualPipe (DeepSeek-V3 Table 2, 2x parameters)."""
+    return 2 if schedule == "dualpipe" else 1
+
+
+def stage_params(model, t, p, e=1, uneven=False, schedule="1f1b"):
     """Parameters on one GPU of the first stage: its layers and the embeddings, split by t.
 
     The token embedding is split over t (vocabulary-parallel, Megatron-LM 2019 §3); the
     position embedding is replicated. The last stage holds a copy of the token embedding for
     the tied output layer (an untied one as large), and fewer layers when p does not divide
     L, so it is never larger. An MoE model's routed experts are split over e GPUs (and, like
-    every weight here, over t); every stage is counted as MoE layers.
+    every weight here, over t); every stage is counted as MoE layers. ``uneven``: the first
+    stage one layer lighter; DualPipe holds two stages' layers.
     """
-    layers = layers_per_stage(model.L, p) * model.layer_params(e)
+    layers = layers_per_stage(model.L, p, uneven) * stage_copies(schedule) * \
+        model.layer_params(e)
     positions = model.s * model.h if model.tied_embeddings and model.moe is None else 0
     return (layers + model.V * model.h) / t + positions
 
 
-def stage_expert_params(model, t, p, e=1):
+def stage_expert_params(model, t, p, e=1, uneven=False, schedule="1f1b"):
     """The part of ``stage_params`` that is routed experts (0 for a dense model)."""
     if model.moe is None:
         return 0
-    return layers_per_stage(model.L, p) * (model.layer_params(e) - model.layer_dense_params()) / t
+    layers = layers_per_stage(model.L, p, uneven) * stage_copies(schedule)
+    return layers * (model.layer_params(e) - model.layer_dense_params()) / t
 
 
 def activation_bytes_per_layer(model, b, t=1, sequence_parallel=False, recompute="none"):
@@ -191,7 +203,7 @@ def in_flight_microbatches(schedule, p, m, v=1, stage=0):
 
 
 def activation_bytes(model, t, p, b, m, v=1, recompute="full", sequence_parallel=False,
-                     schedule="1f1b"):
+                     schedule="1f1b", uneven=False):
     """Activation bytes on a GPU of the busiest stage (the first; ZBV: the last) at its peak.
 
     With full recompute the backward of one layer rebuilds that layer's activations, so one
@@ -199,7 +211,7 @@ def activation_bytes(model, t, p, b, m, v=1, recompute="full", sequence_parallel
     """
     per_layer = activation_bytes_per_layer(model, b, t, sequence_parallel, recompute)
     busiest = p - 1 if schedule == "zbv" else 0          # ZBV: the bottom of the V
-    stored = per_layer * layers_per_stage(model.L, p) * in_flight_microbatches(
+    stored = per_layer * layers_per_stage(model.L, p, uneven) * in_flight_microbatches(
         schedule, p, m, v, busiest)
     if recompute == "full":
         stored += activation_bytes_per_layer(model, b, t, sequence_parallel, "none")
@@ -208,20 +220,23 @@ def activation_bytes(model, t, p, b, m, v=1, recompute="full", sequence_parallel
 
 def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
                    sequence_parallel=False, zero_stage=0, schedule="1f1b", c=1, e=1,
-                   shard=None):
+                   shard=None, uneven=False):
     """MemoryBreakdown of the busiest GPU for a (t, c, p, d, e) layout and micro-batching
     (b, m).
 
     Context parallelism divides the activations by c (each rank keeps s/c tokens); its c
     ranks hold the same weights, so ZeRO/FSDP shards the state over ``shard`` x c GPUs
     (``shard``: the shard group inside d, default d; HSDP replicates across the d/shard
-    groups). An expert's weights have shard x c / e copies to shard over.
+    groups). An expert's weights have shard x c / e copies to shard over. ``uneven``: first
+    and last stage one layer lighter; DualPipe (``schedule``) holds two stages.
     """
     shard = (d if shard is None else shard) * c
-    experts = stage_expert_params(model, t, p, e)
-    dense = model_state_bytes(stage_params(model, t, p, e) - experts, zero_stage, shard)
+    experts = stage_expert_params(model, t, p, e, uneven, schedule)
+    dense = model_state_bytes(stage_params(model, t, p, e, uneven, schedule) - experts,
+                              zero_stage, shard)
     if experts:
         moe = model_state_bytes(experts, zero_stage, max(1, shard // e))
         dense = tuple(x + y for x, y in zip(dense, moe))
-    acts = activation_bytes(model, t, p, b, m, v, recompute, sequence_parallel, schedule) / c
+    acts = activation_bytes(model, t, p, b, m, v, recompute, sequence_parallel, schedule,
+                            uneven) / c
     return MemoryBreakdown(*dense, acts)

@@ -146,12 +146,17 @@ def dispatch_bytes(b: int, s: int, h: int, k: int, bytes_per_element: int = 2) -
 
 
 def moe_layer_comm_s(m: MoEModel, e: int, b: int, s: int, cluster, spans_nodes: bool,
-                     bytes_per_element: int = 2) -> float:
+                     bytes_per_element: int = 2, max_nodes: int | None = None) -> float:
     """Four all-to-alls (dispatch and return, forward and backward) of one MoE layer for one
     micro-batch. Inside one server all (e-1)/e of a rank's bytes go over NVLink; across
     servers of g GPUs, the (e-g)/e bound for other servers take the GPU's network share and
     the (g-1)/e for its own server NVLink, side by side, and the e - 1 exchanges pay the
-    network's latency."""
+    network's latency.
+
+    ``max_nodes`` M: node-limited routing (DeepSeek-V3 §2.1.2, M = 4): a token's k experts
+    sit on at most M servers, and it crosses the network once per server, forwarded to its
+    experts there over NVLink (§3.2.2): min(M, k) copies, (servers-1)/servers of them bound
+    for other servers, instead of k (e-g)/e."""
     size = dispatch_bytes(b, s, m.h, m.k, bytes_per_element)
     if not spans_nodes:
         bandwidth, latency = cluster.link(False)
@@ -159,7 +164,11 @@ def moe_layer_comm_s(m: MoEModel, e: int, b: int, s: int, cluster, spans_nodes: 
     g = min(cluster.gpus_per_node, e)
     network, latency = cluster.link(True)
     nvlink = cluster.link(False)[0]
-    one = (e - 1) * latency + max(size * (e - g) / e / network, size * (g - 1) / e / nvlink)
+    crossing = size * (e - g) / e
+    if max_nodes is not None:
+        servers = -(-e // g)
+        crossing = size / m.k * min(max_nodes, m.k, servers) * (servers - 1) / servers
+    one = (e - 1) * latency + max(crossing / network, size * (g - 1) / e / nvlink)
     return 4 * one
 
 

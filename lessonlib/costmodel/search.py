@@ -2,7 +2,8 @@
 
 ``plan_job(model, cluster, n_gpus, global_batch, seq=)`` tries every (t, c, p, d, e) with
 t*c*p*d = n_gpus (e dividing d and the model's experts), each with micro-batches b of 1 or
-2, the 1F1B (with v = 1 or 2), ZB-H1 and ZBV schedules, ZeRO-1 or FSDP (ZeRO-3) on d, and
+2, the 1F1B (with v = 1, 2, 4 or 8, even stages or the first and last one layer lighter),
+ZB-H1, ZBV and (MoE models) DualPipe schedules, ZeRO-1 or FSDP (ZeRO-3) on d, and no,
 selective or full recompute, then ranks them as ``planner.plan`` does (a ``Plan``).
 ``explain_axes(plan)`` says, axis by axis, why each value won, each time against the best
 layout that differs on that axis alone.
@@ -12,11 +13,11 @@ GPUs): t stays inside a server (Megatron-LM 2021's takeaway #1; a layout with t 
 is never close), and SP goes with every t > 1 (Korthikanti et al. 2022).
 
 What was fitted and what is only checked: the estimate's two empirical constants
-(``throughput.MATMUL_EFFICIENCY``, ``ELEMENTWISE_PASSES``) were chosen once against
+(``gemm.GEMM_PEAK_FRACTION``, ``throughput.ELEMENTWISE_PASSES``) were chosen once against
 Megatron-LM 2021 Table 1 (``megatron2021.table1_report``, every row within 15 %); Korthikanti
 et al. 2022 Table 5 (``korthikanti2022``) and Megatron-LM 2021 Fig. 13's 162 B model are held
 out, checked, never fitted; nothing was fitted to Llama 3 or DeepSeek-V3, whose published
-layouts the lesson prints beside the planner's choice.
+layouts the lesson prints beside the planner's choice (``published.py``).
 
 Run ``python -m lessonlib.costmodel --plan5 --model llama3-405B --seq 131072 --gpus 16384
 --global-batch 128 --cluster dgx-h100``.
@@ -33,14 +34,32 @@ GB = 1e9
 
 # What the search tries on each layout (see the module docstring).
 MICROBATCHES = (1, 2)
-SCHEDULES = (("1f1b", 1), ("1f1b", 2), ("zb-h1", 1), ("zbv", 1))
+SCHEDULES = (("1f1b", 1), ("1f1b", 2), ("1f1b", 4), ("1f1b", 8), ("zb-h1", 1), ("zbv", 1),
+             ("dualpipe", 1))
 SHARDING = (1, 3)
-RECOMPUTE = ("selective", "full")
+RECOMPUTE = ("none", "selective", "full")
 
 
-def candidate_layouts_5d(model, cluster, n_gpus, global_batch, overlap_comm=False):
+def _stage_splits(model, p, v, m):
+    """How v chunks of p stages split the layers: evenly where they can, else with the first
+    and last stage one layer lighter (``uneven_stages``) where that makes it even; [] if
+    neither."""
+    if v > 1 and m % p:
+        return []
+    for uneven in (False, True):
+        layers = model.L + (2 if uneven else 0)
+        if uneven and p == 1:
+            continue
+        if layers % p == 0 and (layers // p) % v == 0 or (not uneven and v == 1):
+            return [uneven]
+    return []
+
+
+def candidate_layouts_5d(model, cluster, n_gpus, global_batch, overlap_comm=False, **fixed):
     """Every Layout over (t, c, p, d, e) and the options above that ``model`` allows;
-    ``overlap_comm`` for all of them (FSDP's gathers and the all-to-alls hidden)."""
+    ``overlap_comm`` for all of them (FSDP's gathers and the all-to-alls hidden); ``fixed``:
+    settings of the job, not of the layout, for every one (``precision``, ``max_nodes``,
+    ``cp_comm``)."""
     experts = model.moe.E if model.moe is not None else 1
     out = []
     for t in divisors(cluster.gpus_per_node):
@@ -59,27 +78,29 @@ def candidate_layouts_5d(model, cluster, n_gpus, global_batch, overlap_comm=Fals
                             continue
                         m = global_batch // (b * d)
                         for sched, v in SCHEDULES if p > 1 else (("1f1b", 1),):
-                            if v > 1 and (model.L % p or (model.L // p) % v or m % p):
-                                continue
-                            for zero in SHARDING if d * c > 1 else (0,):
-                                for rc in RECOMPUTE:
-                                    out.append(Layout(
-                                        t=t, c=c, p=p, d=d, e=e, b=b, m=m, v=v,
-                                        schedule=sched, zero_stage=zero, recompute=rc,
-                                        sequence_parallel=t > 1,
-                                        overlap_comm=overlap_comm))
+                            if sched == "dualpipe" and (p % 2 or model.moe is None):
+                                continue       # DualPipe: an even p, for MoE all-to-alls
+                            for uneven in _stage_splits(model, p, v, m):
+                                out += [Layout(t=t, c=c, p=p, d=d, e=e, b=b, m=m, v=v,
+                                               schedule=sched, zero_stage=zero,
+                                               recompute=rc, sequence_parallel=t > 1,
+                                               overlap_comm=overlap_comm,
+                                               uneven_stages=uneven, **fixed)
+                                        for zero in (SHARDING if d * c > 1 else (0,))
+                                        for rc in RECOMPUTE]
     return out
 
 
-def plan_job(model, cluster, n_gpus, global_batch, seq=None, overlap_comm=False):
+def plan_job(model, cluster, n_gpus, global_batch, seq=None, overlap_comm=False, **fixed):
     """A ``Plan`` over all five axes for ``model`` (at ``seq`` tokens if given);
     ``overlap_comm``: assume FSDP's gathers and the MoE all-to-alls hidden behind compute
-    (as prefetching and DeepSeek-V3's DualPipe do), else exposed."""
+    (as prefetching and DeepSeek-V3's DualPipe do), else exposed; ``fixed``: the job's
+    own settings (``precision``, ``max_nodes``, ``cp_comm``) for every layout."""
     check_plan_size(n_gpus, global_batch)
     if seq is not None:
         positive_int("seq", seq)
         model = replace(model, s=seq)
-    layouts = candidate_layouts_5d(model, cluster, n_gpus, global_batch, overlap_comm)
+    layouts = candidate_layouts_5d(model, cluster, n_gpus, global_batch, overlap_comm, **fixed)
     if not layouts:
         raise ValueError(f"global_batch={global_batch} admits no layout on n_gpus={n_gpus}: "
                          f"use a multiple of the data-parallel sizes, e.g. {n_gpus}")

@@ -3,7 +3,8 @@
 ``estimate(model, layout, cluster)`` walks the slowest pipeline stage through one
 micro-batch and adds up:
 
-* compute: the stage's GEMM FLOPs (forward, backward, recompute) at a fixed fraction of peak;
+* compute: the stage's GEMMs (forward, backward, recompute), each at the rate its shape
+  allows (``gemm.py``: a roofline under the measured achievable peak, BF16 or FP8);
 * elementwise: memory-bound kernels (layer norm, GeLU, softmax, dropout) streaming the layer's
   activations through HBM;
 * TP comm: the tensor-parallel all-reduces (NVLink inside a server; across servers, the
@@ -31,27 +32,26 @@ from .bubble import bubble_fraction as _bubble_fraction
 from .comm import (group_spans_nodes, pp_elements_per_boundary, ring_all_gather_time_s,
                    ring_allreduce_time_s)
 from .compute import (attention_core_forward_flops, layer_forward_flops,
-                      logits_forward_flops, megatron_flops_per_iteration,
-                      model_flops_per_iteration)
+                      megatron_flops_per_iteration, model_flops_per_iteration)
+from . import gemm
 from .hardware import Cluster
 from .layout import Layout
 from .memory import WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu
 from .model import GPT
 
 # --- The empirical constants: set once, for every model, layout and GPU. ------------------
-# No paper states these for the Table 1 runs, so they are assumptions, never fitted row by
-# row. MATMUL_EFFICIENCY was chosen among round values (0.55 ... 0.75) together with
-# ELEMENTWISE_PASSES as the pair that keeps all ten Megatron-LM 2021 Table 1 rows within
-# 15 %; the others are round figures for what hardware of this kind usually reaches.
+# How fast a GEMM runs is no longer one constant: ``gemm.py`` prices each GEMM of a layer by
+# its shape (a roofline under the measured 80 % of peak that large GEMMs reach on an H100, and
+# NVIDIA's tile quantization). Two constants were chosen together among round values on
+# Megatron-LM 2021's Table 1, the only rows that set any (every row within 15 %):
+# ``gemm.GEMM_PEAK_FRACTION`` (0.65) and ELEMENTWISE_PASSES (3). The others are round
+# figures for what hardware of this kind usually reaches; every other published row
+# (``published.py``: Korthikanti 2022, Llama 3, torchtitan, DeepSeek-V3) is only checked.
 
-# Fraction of dense peak that a transformer layer's GEMMs sustain on average. Large square
-# GEMMs get closer to peak; the thin per-GPU shards of tensor parallelism, the batched
-# attention GEMMs and tile/wave quantization (NVIDIA, "Matrix Multiplication Background
-# User's Guide") pull the average down. Being one number, it under-predicts the largest
-# models, whose GEMMs are the most efficient.
-MATMUL_EFFICIENCY = 0.6
+# The large-GEMM share of peak under its older name, as ``labs/gpu_check.py`` reports it.
+MATMUL_EFFICIENCY = gemm.GEMM_PEAK_FRACTION
 # Fraction of datasheet HBM bandwidth that streaming, elementwise kernels reach.
-HBM_EFFICIENCY = 0.8
+HBM_EFFICIENCY = gemm.HBM_EFFICIENCY
 # Fraction of the per-direction link rate that NCCL collectives and p2p transfers of tens of
 # MB reach (what nccl-tests calls busbw, compared with the link's rate).
 COMM_EFFICIENCY = 0.8
@@ -139,11 +139,14 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     layers; with context parallelism each of the c ranks does 1/c of the work on s/c tokens."""
     gpu, b, t, s, h, c = cluster.gpu, lay.b, lay.t, model.s, model.h, lay.c
     n = lay.n_gpus
-    recompute = {"none": 0.0, "full": layer_forward_flops(model, b),
-                 "selective": attention_core_forward_flops(model, b)}[lay.recompute]
-    flops = layers * (3 * layer_forward_flops(model, b) + recompute)
-    flops += 3 * logits_forward_flops(model, b) if logits else 0.0
-    gemm = flops / t / c / (gpu.peak_flops * MATMUL_EFFICIENCY)
+    shape = dict(t=t, c=c, e=lay.e, precision=lay.precision)
+    forward = gemm.layer_gemm_time_s(model, b, gpu, **shape)
+    attention = gemm.layer_gemm_time_s(model, b, gpu, kinds=("attention",), **shape)
+    recompute = {"none": 0.0, "full": forward, "selective": attention}[lay.recompute]
+    # forward, then the backward's two GEMMs of each shape (input and weight gradients)
+    compute = layers * (3 * forward + recompute)
+    if logits:
+        compute += 3 * gemm.gemm_time_s(gpu, b * s / c, model.V / t, h, lay.precision)
 
     acts = activation_bytes_per_layer(model, b, t, lay.sequence_parallel, "none")
     attention_acts = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
@@ -170,12 +173,13 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
         if lay.scatter_gather and t > 1:
             one_way += ring_all_gather_time_s(t, WEIGHT_BYTES * b * s * h / c, tp_bw, tp_lat)
         pp = 2 * lay.v * one_way  # activations forward, gradients backward, per chunk
-    cp = cp_ring_s(model, lay, cluster, layers, gpu.peak_flops * MATMUL_EFFICIENCY,
-                   COMM_EFFICIENCY)
+    attention_rate = attention_core_forward_flops(model, b) / t / c / attention if \
+        attention else gpu.peak_flops
+    cp = cp_ring_s(model, lay, cluster, layers, attention_rate, COMM_EFFICIENCY)
     ep = ep_alltoall_s(model, lay, cluster, layers, COMM_EFFICIENCY)
-    if lay.overlap_comm:
-        ep = max(0.0, ep - gemm)
-    return gemm, elementwise, tp, pp, cp, ep
+    if lay.overlap_comm or lay.schedule == "dualpipe":   # DualPipe hides its all-to-alls
+        ep = max(0.0, ep - compute)
+    return compute, elementwise, tp, pp, cp, ep
 
 
 def hardware_flops_per_iteration(model, lay):
@@ -201,11 +205,18 @@ def estimate(model, layout, cluster):
     lay.check(model)
     mem = memory_per_gpu(model, lay.t, lay.p, lay.d, lay.b, lay.m, lay.v, lay.recompute,
                          lay.sequence_parallel, lay.zero_stage, lay.schedule, lay.c, lay.e,
-                         lay.shard_group)
+                         lay.shard_group, lay.uneven_stages)
     # The slowest stage paces the pipeline: the first (ceil(L/p) layers) or the last
-    # (floor(L/p) layers plus the output layer's logits).
-    first = _stage_microbatch_s(model, lay, cluster, -(-model.L // lay.p), logits=lay.p == 1)
-    last = _stage_microbatch_s(model, lay, cluster, model.L // lay.p, logits=True)
+    # (floor(L/p) layers plus the output layer's logits); with uneven stages a middle one
+    # ((L+2)/p layers) or the last (one layer fewer, plus the logits).
+    if lay.uneven_stages and lay.p > 1:
+        full = (model.L + 2) // lay.p
+        first = _stage_microbatch_s(model, lay, cluster, full, logits=False)
+        last = _stage_microbatch_s(model, lay, cluster, full - 1, logits=True)
+    else:
+        first = _stage_microbatch_s(model, lay, cluster, -(-model.L // lay.p),
+                                    logits=lay.p == 1)
+        last = _stage_microbatch_s(model, lay, cluster, model.L // lay.p, logits=True)
     per_mb = max(first, last, key=sum)
     slot = sum(per_mb)
     m = lay.m

@@ -1,0 +1,128 @@
+"""How fast one GEMM runs: a roofline over the GEMM's own shape, instead of one constant.
+
+What it teaches: a matrix product C (M x N) = A (M x K) B (K x N) does 2MNK FLOPs and, at
+best, reads A and B and writes C once: (MK + KN + MN) elements. Its arithmetic intensity,
+FLOPs per byte, decides which of two ceilings holds (the roofline; NVIDIA, "Matrix
+Multiplication Background User's Guide", "Math and memory bounds"):
+
+    time = max(2MNK / (peak x GEMM_PEAK_FRACTION), bytes / (HBM bandwidth x HBM_EFFICIENCY))
+
+A large square GEMM is compute-bound; a thin one (a tensor-parallel shard with few columns,
+an attention score product with K = the head dim of 64-192 and its s x s output written to
+memory) is memory-bound and runs far below peak, the more so on an H100, whose peak grew
+3.2x over the A100's while its HBM grew 1.6x (989 / 3.35 = 295 FLOPs per byte against
+312 / 2.0 = 153; ``hardware.py``). The guide's tile quantization adds the rest of the shape's
+effect: a GPU computes C in tiles of ``TILE`` x ``TILE``, so M or N of 129 costs as much as
+256.
+
+``GEMM_PEAK_FRACTION`` is the share of peak a large GEMM sustains inside a training step, the
+same for every GPU and for FP8. An isolated large BF16 GEMM on an H100 measures about 795
+of 989 TFLOP/s (80 %), its ceiling; inside a step (clocks under a whole job's power draw,
+launch gaps, the GEMMs' own epilogues) less. It is one of the two constants chosen on
+Megatron-LM 2021's Table 1 (with ``throughput.ELEMENTWISE_PASSES``), among round values;
+``published.py`` checks it against every other published run.
+
+FP8 (``precision="fp8"``) uses the GPU's dense FP8 peak (1,979 TFLOP/s on H100/H200/H800,
+twice BF16) and one byte per element; DeepSeek-V3 ran its linear layers' GEMMs so (§3.3) and
+kept attention's score products in BF16, as ``layer_gemms`` labels them.
+
+Pure arithmetic: ``python -c "from lessonlib.costmodel.gemm import gemm_efficiency;
+from lessonlib.costmodel import GPUS; print(gemm_efficiency(GPUS['H100-SXM5'], 8192, 2048,
+16384))"``.
+"""
+import math
+from functools import lru_cache
+
+# Chosen on Megatron-LM 2021 Table 1 (0.6, 0.65, 0.7 tried); under the 80 % an isolated
+# large GEMM measures on an H100 (795 of 989 TFLOP/s).
+GEMM_PEAK_FRACTION = 0.65
+# Fraction of datasheet HBM bandwidth that streaming kernels reach (``throughput.py``).
+HBM_EFFICIENCY = 0.8
+# Output tile of one thread block (NVIDIA's guide: 128 x 128 and 256 x 128 tiles).
+TILE = 128
+PRECISIONS = {"bf16": 2, "fp8": 1}   # bytes per element
+
+
+def peak_flops(gpu, precision="bf16"):
+    """The GPU's dense peak for ``precision``; ValueError if it has none (FP8 before H100)."""
+    if precision == "bf16":
+        return gpu.peak_flops
+    if precision == "fp8" and gpu.fp8_peak_flops:
+        return gpu.fp8_peak_flops
+    raise ValueError(f"precision={precision!r} is not available on {gpu.name}; use "
+                     f"{' or '.join(p for p in PRECISIONS if p == 'bf16' or gpu.fp8_peak_flops)}")
+
+
+def _tile_share(n):
+    """Useful share of the tiles covering n rows: n / (TILE x ceil(n / TILE))."""
+    return n / (TILE * math.ceil(n / TILE))
+
+
+def gemm_time_s(gpu, m, n, k, precision="bf16", writes_output=True):
+    """Seconds of one (m x k) @ (k x n) GEMM on ``gpu``: the slower of its compute and its
+    memory traffic (``writes_output`` False: a fused kernel that never stores C, as
+    FlashAttention's score product)."""
+    flops = 2 * m * n * k / (_tile_share(m) * _tile_share(n))
+    compute = flops / (peak_flops(gpu, precision) * GEMM_PEAK_FRACTION)
+    elements = m * k + k * n + (m * n if writes_output else 0)
+    memory = elements * PRECISIONS[precision] / (gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
+    return max(compute, memory)
+
+
+def gemm_efficiency(gpu, m, n, k, precision="bf16", writes_output=True):
+    """Achieved share of the ``precision`` peak: 2mnk FLOPs over ``gemm_time_s``."""
+    seconds = gemm_time_s(gpu, m, n, k, precision, writes_output)
+    return 2 * m * n * k / seconds / peak_flops(gpu, precision)
+
+
+def layer_gemms(model, b, t=1, c=1, e=1):
+    """The forward GEMMs of one layer on one GPU, as (m, n, k, count, kind) with kind
+    "linear" (weights) or "attention" (the score products QK^T and PV, per head).
+
+    Tokens per GPU: b s/c; weights split t ways (columns of QKV and the first MLP matrix,
+    rows of the output projection and the second). Megatron-LM 2021's layer writes the s x s
+    scores to memory; today's layers (``model.legacy`` False) run a fused kernel that does not,
+    and count half the causal scores. An MoE layer's experts each take the tokens routed to
+    them: b s k / E per expert from each of the e ranks, E/e experts per GPU.
+    """
+    s, h, a = model.s // c, model.h, model.a
+    tokens, hd = b * s, h // a
+    if model.legacy:
+        qkv, ffn, gate = 3 * h, 4 * h, 1             # QKV; a GeLU MLP of 4h
+    else:
+        attention = model.moe.attention if model.moe else model.attention_params()
+        qkv, ffn, gate = attention / h - h, model.ffn or 4 * h, 2   # SwiGLU: gate and up
+    out = [(tokens, qkv / t, h, 1, "linear"), (tokens, h, h / t, 1, "linear")]
+    causal = 1.0 if model.legacy else 0.5            # share of the s x s scores computed
+    heads = b * a / t
+    out += [(s, model.s * causal, hd, heads, "attention"),      # QK^T, s/c queries x s keys
+            (s, hd, model.s * causal, heads, "attention")]      # PV
+    moe = model.moe
+    dense = 1.0 if moe is None else 1 - moe.moe_layers / moe.L   # an average layer
+    if moe is not None:
+        ffn = moe.ffn
+    out += [(tokens, gate * ffn / t, h, dense, "linear"), (tokens, h, ffn / t, dense, "linear")]
+    if moe is None:
+        return out
+    share, w = moe.moe_layers / moe.L, moe.expert_ffn / t
+    routed = tokens * moe.k * e / moe.E               # tokens each expert on this GPU takes
+    experts = share * moe.E / e
+    out += [(routed, 2 * w, h, experts, "linear"), (routed, h, w, experts, "linear"),
+            (tokens, 2 * w, h, share * moe.shared, "linear"),     # shared experts
+            (tokens, h, w, share * moe.shared, "linear"),
+            (tokens, moe.E, h, share, "linear")]                  # the router
+    return out
+
+
+@lru_cache(maxsize=4096)   # the planner prices the same layer shapes many times
+def layer_gemm_time_s(model, b, gpu, t=1, c=1, e=1, precision="bf16", kinds=("linear",
+                                                                            "attention")):
+    """Seconds of one layer's forward GEMMs of ``kinds`` on one GPU; linear GEMMs at
+    ``precision``, the attention score products always in BF16."""
+    total = 0.0
+    for m, n, k, count, kind in layer_gemms(model, b, t, c, e):
+        if kind in kinds:
+            fused = kind == "attention" and not model.legacy
+            prec = precision if kind == "linear" else "bf16"
+            total += count * gemm_time_s(gpu, m, n, k, prec, writes_output=not fused)
+    return total

@@ -1,0 +1,79 @@
+"""The published record as data: every row predicted with one set of constants, and the
+terms that make today's runs expressible (uneven stages, DualPipe, all-gather CP, FP8,
+node-limited routing, a GEMM's rate by its shape)."""
+import pytest
+
+from lessonlib.costmodel import CLUSTERS, GPUS, MODELS, Layout, estimate
+from lessonlib.costmodel.__main__ import main
+from lessonlib.costmodel.bubble import bubble_time
+from lessonlib.costmodel.compute import team_flops_per_token
+from lessonlib.costmodel.gemm import gemm_efficiency
+from lessonlib.costmodel.published import published_report, published_rows
+
+ROWS = published_rows()
+# Rows the model does not yet reach within 15 %: the names of what it lacks are in the report.
+OUT_OF_REACH = ("torchtitan", "DeepSeek-V3")
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r["run"].source[:40])
+def test_published_rows_within_15_percent(row):
+    if row["run"].source.startswith(OUT_OF_REACH):
+        pytest.xfail("eager kernels / an average over the whole run: not modelled")
+    assert abs(row["error"]) < 0.15, (row["predicted"], row["run"].published)
+
+
+def test_only_table1_sets_the_constants_and_the_report_has_every_row():
+    setters = {r["run"].source.split(",")[0] for r in ROWS if r["run"].role != "checked"}
+    assert setters == {"Megatron-LM 2021 Table 1"}
+    text = published_report()
+    assert len(text.splitlines()) == len(ROWS) + 2 and "8,192" in text
+
+
+def test_llama_128k_row_takes_the_tables_own_degrees():
+    row = next(r for r in ROWS if r["run"].source.endswith("128K"))
+    lay = row["run"].layout
+    assert (lay.t, lay.c, lay.p, lay.d, lay.n_gpus) == (8, 16, 16, 4, 8192)
+    assert "16,384" in row["run"].note and row["mfu"]["palm"] > row["mfu"]["course"]
+
+
+def test_torchtitan_count_gives_its_published_mfu_from_its_tokens():
+    per_token = team_flops_per_token(MODELS["llama3-8B"], "torchtitan")
+    assert per_token * 5762 / 989e12 == pytest.approx(0.337, abs=0.002)
+
+
+def test_thin_gemms_run_below_square_ones_and_fp8_doubles_the_peak():
+    h100 = GPUS["H100-SXM5"]
+    assert gemm_efficiency(h100, 8192, 8192, 8192) == pytest.approx(0.65)
+    assert gemm_efficiency(h100, 8192, 64, 8192) < 0.5 * gemm_efficiency(h100, 8192, 8192, 8192)
+    big = gemm_efficiency(h100, 8192, 8192, 8192, "fp8")
+    assert big == pytest.approx(0.65) and 2 * 8192**3 / big / 1979e12 < 2 * 8192**3 / 0.65 / 989e12
+    with pytest.raises(ValueError, match="precision='fp8'"):
+        gemm_efficiency(GPUS["A100-80GB"], 64, 64, 64, "fp8")
+
+
+def test_uneven_stages_let_llama_interleave_and_dualpipe_has_no_bubble_at_equal_times():
+    m = MODELS["llama3-405B"]
+    with pytest.raises(ValueError, match="uneven_stages=True"):
+        Layout(t=8, p=16, d=1, m=16, v=8).check(m)
+    Layout(t=8, p=16, d=1, m=16, v=8, uneven_stages=True).check(m)
+    assert bubble_time("dualpipe", 16, 1, 1, 1) == 0
+    assert bubble_time("dualpipe", 16, 2, 1, 1) == 7 * 1   # (PP/2 - 1)(F&B + B - 3W)
+    with pytest.raises(ValueError, match="even p"):
+        Layout(p=3, m=4, schedule="dualpipe")
+
+
+def test_all_gather_cp_is_exposed_and_node_limited_routing_cuts_the_all_to_all():
+    from dataclasses import replace
+    m, h100 = replace(MODELS["llama3-405B"], s=131072), CLUSTERS["dgx-h100"]
+    kw = dict(t=8, c=16, p=16, d=1, global_batch=16, recompute="none", sequence_parallel=True)
+    ring, gather = (estimate(m, Layout(cp_comm=k, **kw), h100) for k in ("ring", "all-gather"))
+    assert gather.time["cp_comm"] > ring.time["cp_comm"]
+    ds, h800 = MODELS["deepseek-v3"], CLUSTERS["hgx-h800"]
+    kw = dict(p=16, d=128, e=64, global_batch=15360, zero_stage=1)
+    free, limited = (estimate(ds, Layout(max_nodes=k, **kw), h800) for k in (None, 4))
+    assert limited.time["ep_comm"] < free.time["ep_comm"]
+
+
+def test_cli_prints_the_published_table(capsys):
+    assert main(["--published"]) == 0
+    assert "Llama 3 Table 4" in capsys.readouterr().out

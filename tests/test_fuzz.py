@@ -210,6 +210,8 @@ SCHEDULE_WRONG = {"function": SCHEDULE_VALID["function"],
 
 
 @fuzz(100)
+@example(c={"function": "make", "name": "1f1b", "p": 2, "m": 4, "v": 1, "forward": 1e308,
+            "backward": 1e308, "latency": 0.0, "send": 0.0})         # sums overflow: not nan
 @given(c=one_knob_wrong(SCHEDULE_VALID, SCHEDULE_WRONG))
 def test_schedules_and_simulation_finite_or_one_clear_error(c):
     function, name, p, m, v = c["function"], c["name"], c["p"], c["m"], c["v"]

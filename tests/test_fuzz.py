@@ -172,6 +172,8 @@ def command_lines(draw):
 
 @fuzz(100)
 @example(argv=["--model", "gpt2-small", "--t", "1", "--p", "1", "--network-gbit=1e308"])
+@example(argv=["--model", "gpt2-small", "--global-batch", "16", "--d", "16",
+               "--network-gbit=1e-320", "--json"])                    # was Infinity, not JSON
 @given(argv=command_lines())
 def test_cli_prints_finite_numbers_or_exits_2_with_one_line(argv):
     out, err = io.StringIO(), io.StringIO()

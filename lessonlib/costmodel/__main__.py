@@ -192,10 +192,10 @@ def _run(args):
             return result.explain()
         best = result.best
         return _json({"best": best.as_dict() if best else None,
-                           "explanation": result.explain(),
-                           "ranked": [e.as_dict() for e in result.ranked[:10]],
-                           "fitting_layouts": len(result.ranked),
-                           "rejected_layouts": len(result.rejected)})
+                      "explanation": result.explain(),
+                      "ranked": [e.as_dict() for e in result.ranked[:10]],
+                      "fitting_layouts": len(result.ranked),
+                      "rejected_layouts": len(result.rejected)})
     est = estimate(model, _layout(args), cluster)
     return _json(est.as_dict()) if args.json else est.summary()
 

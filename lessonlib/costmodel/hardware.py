@@ -172,14 +172,14 @@ class Cluster:
         return min(self.nvlink_bytes_per_s, ports * self.network_bytes_per_s), latency
 
 
-# InfiniBand port speed per GPU in the DGX server of each generation, in Gb/s:
-# DGX-1 V100 has 4 x 100 Gb/s EDR for 8 GPUs (NVIDIA DGX-1 datasheet); DGX A100 / Selene
-# 8 x 200 Gb/s HDR (Megatron-LM 2021, Narayanan et al., §5); DGX H100 and H200
-# 8 x 400 Gb/s NDR (NVIDIA DGX BasePOD docs).
 # Port speeds the model turns into finite times, 1 Mb/s to 1 Pb/s: below, a step runs past
 # 1e299 s and then overflows to inf; above, the bytes per second overflow.
 NETWORK_GBIT_RANGE = (1e-3, 1e6)
 
+# InfiniBand port speed per GPU in the DGX server of each generation, in Gb/s:
+# DGX-1 V100 has 4 x 100 Gb/s EDR for 8 GPUs (NVIDIA DGX-1 datasheet); DGX A100 / Selene
+# 8 x 200 Gb/s HDR (Megatron-LM 2021, Narayanan et al., §5); DGX H100 and H200
+# 8 x 400 Gb/s NDR (NVIDIA DGX BasePOD docs).
 DGX_NETWORK_GBIT_PER_GPU = {"V100-SXM2-32GB": 50, "A100-80GB": 200, "H100-SXM5": 400,
                             "H200": 400, "H800": 400}
 

@@ -111,6 +111,7 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.hidden)
         self.mlp = MLP(cfg.hidden, cfg.ffn_mult * cfg.hidden)
         self.recompute = recompute
+        self.seq = cfg.seq              # s of the model it belongs to, for copies that split it
 
     @property
     def recompute(self) -> str:

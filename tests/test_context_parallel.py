@@ -5,7 +5,9 @@ tiny GPT, also with data parallelism (c = 2, d = 2) and in the contiguous layout
 one process after 3 SGD steps (losses, gradients, weights); under a causal mask the contiguous layout's last rank does
 about 2c-1 times the first's work and the zig-zag layout is balanced; each rank saves about
 1/c of one process's activations; the ledger's key/value bytes equal the formula; the traces
-pass ``comm.nccl_hazards``; bad settings fail in one line before anything is sent.
+pass ``comm.nccl_hazards``; bad settings (q, k, v of different or integer dtypes among them)
+fail in one line before anything is sent; ranks passing different layouts are refused on
+every rank, checked by one all-gather on a group's first ring only.
 
 One 4-rank launch checks everything: ranks form groups of c consecutive ranks (at c = 3 the
 fourth rank is in none, and is refused)."""
@@ -28,6 +30,7 @@ def everything_worker():
     return {"attention": runs.attention_reports(CS, LAYOUTS, (True, False), **SHAPE),
             "gpt": {c: runs.gpt_report(c, CFG, b=2, steps=3) for c in (2, 4)}
             | {"contiguous": runs.gpt_report(4, CFG, b=2, steps=3, layout="contiguous")},
+            "disagree": runs.disagreement_report(),
             "balance": runs.balance_report(s=64, repeats=1),
             "bad": runs.bad_input_report()}
 
@@ -121,6 +124,20 @@ def test_bad_input_one_line_before_anything_is_sent(ranks):
     assert "do not split into 8 equal chunks" in messages["s not divisible by 2c (zigzag)"]
     assert "do not split into 4 equal chunks" in messages["s not divisible by c (contiguous)"]
     assert "unequal length" in bad["messages"]["shards of unequal length"]
+    assert messages["k, v of another dtype"].startswith(
+        "q, k, v must share one floating-point dtype; got q float32, k float64, v float64")
+    assert "got q int64, k int64, v int64" in messages["integer tensors"]
+
+
+@pytest.mark.timeout(150)
+def test_ranks_that_disagree_on_the_layout_are_refused_checked_once(ranks):
+    said = ("rank 0 layout='zigzag' causal=True, rank 1 layout='contiguous' causal=True, "
+            "rank 2 layout='zigzag' causal=True, rank 3 layout='contiguous' causal=True")
+    for r in ranks:
+        assert r["disagree"]["refused"] == (
+            f"the ranks of the context-parallel group disagree on the ring ({said}); "
+            f"every rank must pass the same layout and causal")
+        assert r["disagree"]["all_gathers"] == [1, 0]      # the first ring of a group, once
 
 
 def test_settings_are_checked_before_any_launch():

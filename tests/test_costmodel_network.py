@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from lessonlib.costmodel import CLUSTERS, MODELS, make_cluster, tp_sweep
+from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate, make_cluster, tp_sweep
 from lessonlib.costmodel.__main__ import main
 from lessonlib.costmodel.comm import members_per_node
 
@@ -75,6 +75,8 @@ CLI = ["--model", "gpt-161B", "--t", "8", "--p", "8", "--global-batch", "64"]
 @pytest.mark.parametrize("extra, flag", [
     (["--network-gbit", "nan"], "network-gbit=nan"),
     (["--network-gbit", "-200"], "network-gbit=-200"),
+    (["--network-gbit", "1e-320"], "network-gbit=1e-320"),     # inf s, printed as Infinity
+    (["--network-gbit", "1e-300"], "network-gbit=1e-300"),     # a 5.8e299 s step
     (["--global-batch", "0"], "global-batch=0"),
     (["--gpus", "0"], "gpus=0"),
     (["--t", "0", "--gpus", "8"], "t=0"),
@@ -92,6 +94,26 @@ def test_cli_bad_value_one_line_naming_the_flag(capsys, extra, flag):
     assert status == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and flag in err, err
+
+
+def test_cli_json_never_prints_a_number_json_cannot_hold(capsys):
+    argv = ["--model", "gpt2-small", "--global-batch", "16", "--d", "16", "--json"]
+    assert main(argv + ["--network-gbit", "1e-320"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("error: network-gbit=1e-320 must be a port speed in Gb/s from "
+                                 "0.001 to 1000000, e.g. 200 (HDR) or 400 (NDR)\n")
+    assert main(argv + ["--network-gbit", "0.001"]) == 0     # the slowest port still prints
+    assert json.loads(capsys.readouterr().out)["step_time_s"] < 1e3
+
+
+def test_estimate_refuses_a_step_whose_time_is_infinite():
+    with pytest.raises(ValueError, match="network_gbit=1e-300 must be a port speed in Gb/s"):
+        make_cluster("A100", 8, 1e-300)
+    crawling = replace(DGX, network_bytes_per_s=1e-310)          # built around make_cluster
+    with pytest.raises(ValueError) as err:
+        estimate(MODELS["gpt2-small"], Layout(d=16, global_batch=16), crawling)
+    assert str(err.value) == ("the step time is not finite (dp_comm inf s): a setting is out of "
+                              "range, e.g. the cluster's network_gbit or a bandwidth near zero")
 
 
 def test_cli_cluster_settings(capsys):

@@ -78,6 +78,32 @@ def test_bad_settings_get_one_line_before_any_process_starts(monkeypatch):
     assert check_split(8, 4) == 2
 
 
+def test_bad_splits_and_counts_get_one_line_naming_the_argument(monkeypatch):
+    import torch
+    import torch.distributed as dist
+    from lessonlib.expert_parallel import all_to_all, exchange_counts
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)   # a group of e = 2
+    monkeypatch.setattr(comm, "all_to_all_single", lambda *a, **k: pytest.fail("sent"))
+    x = torch.zeros(3, 4)
+    for recv, send, words in (
+            ([1, 2], [4, -1], "send=[4, -1] must be e=2 whole row counts >= 0, one per rank"),
+            ([1.5, 1.5], [1, 2], "recv=[1.5, 1.5] must be e=2 whole row counts >= 0"),
+            ([1, 2], [3], "send=[3] must be e=2 whole row counts"),
+            ([1, 2], [1, 1], "send=[1, 1] sends 2 rows but x has 3")):
+        with pytest.raises(ValueError) as info:
+            all_to_all(x, recv, send)
+        assert str(info.value).startswith(words) and "\n" not in str(info.value)
+    for counts, got in ((torch.tensor([1, 2, 3]), "shape (3,), int64"),
+                        (torch.tensor([1.0, 2.0]), "shape (2,), float32"),
+                        (torch.tensor([1, -2]), "shape (2,), int64")):
+        with pytest.raises(ValueError) as info:
+            exchange_counts(counts)
+        assert str(info.value) == (
+            f"tokens_per_expert must be a 1-D tensor of E whole counts >= 0, E a multiple of "
+            f"the group's e=2 ranks (E/e experts each); got {got}")
+
+
 def test_the_package_has_a_map():
     package = Path(runs.__file__).parent
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text()))

@@ -172,6 +172,8 @@ def command_lines(draw):
 
 @fuzz(100)
 @example(argv=["--model", "gpt2-small", "--t", "1", "--p", "1", "--network-gbit=1e308"])
+@example(argv=["--model", "gpt2-small", "--global-batch", "16", "--d", "16",
+               "--network-gbit=1e-320", "--json"])                    # was Infinity, not JSON
 @given(argv=command_lines())
 def test_cli_prints_finite_numbers_or_exits_2_with_one_line(argv):
     out, err = io.StringIO(), io.StringIO()
@@ -210,6 +212,8 @@ SCHEDULE_WRONG = {"function": SCHEDULE_VALID["function"],
 
 
 @fuzz(100)
+@example(c={"function": "make", "name": "1f1b", "p": 2, "m": 4, "v": 1, "forward": 1e308,
+            "backward": 1e308, "latency": 0.0, "send": 0.0})         # sums overflow: not nan
 @given(c=one_knob_wrong(SCHEDULE_VALID, SCHEDULE_WRONG))
 def test_schedules_and_simulation_finite_or_one_clear_error(c):
     function, name, p, m, v = c["function"], c["name"], c["p"], c["m"], c["v"]

@@ -173,6 +173,17 @@ def test_a_deadlock_names_every_stuck_stage():
     assert "stage 1, action" in text and "waits for the activation of micro-batch 4 from stage 0" in text
 
 
+def test_times_whose_sums_overflow_are_refused_not_a_nan_bubble():
+    with pytest.raises(ScheduleError) as err:
+        simulate(S.make("zbv", 2, 4), forward=1e308, backward=1e308)
+    assert str(err.value) == (
+        "the times (forward=1e+308, backward=1e+308, weight=1.0, send=0.0, latency=0.0) add up "
+        "past the largest float (about 1.8e308) in this schedule, so its bubble would be nan; "
+        "use smaller units (ms instead of s, or every time scaled down by the same factor)")
+    with pytest.raises(ScheduleError, match="forward=a function, .*latency=1e"):
+        simulate(S.gpipe(2, 2), forward=lambda s, a: 1e308, latency=1e308)
+
+
 def test_a_micro_batch_missing_everywhere_is_caught_when_m_is_given():
     short = S.gpipe(2, 3)
     assert check(short) == (2, 3, 1)

@@ -13,7 +13,8 @@ and send what tensor parallelism sends.
   all-reduces; on top come the re-gathers of the column layers' inputs in backward and the
   LayerNorm/bias gradient sums (6 all-reduces of h elements); full recompute repeats the
   forward's collectives in backward, all but the last (nothing needs the MLP's summed output).
-* A sequence that t does not divide: one error naming s and t, nothing sent.
+* A sequence that t does not divide, or a TP+SP layer fed the whole sequence instead of its
+  s/t rows: one error naming s and t, nothing sent.
 
 * Pipeline stages whose blocks recompute ("selective", "full", set with
   ``models.set_recompute`` before the model is cut) train through 1F1B on 4 stages exactly
@@ -209,6 +210,10 @@ def test_a_sequence_t_does_not_divide_fails_naming_s_and_t(four):
     assert bad["messages_sent"] == 0
     for message in bad["messages"].values():
         assert message and "s=6" in message and "t=4" in message, bad
+    assert bad["messages"]["whole sequence into an SP block"] == (
+        "a sequence-parallel layer takes this rank's s/t rows, but got 6 rows: 6 x t=4 is not "
+        "the model's sequence s=6 (the whole sequence? feed it split_sequence(x, group) or a "
+        "SequenceScatter's output)")
 
 
 @pytest.mark.timeout(300)

@@ -13,6 +13,9 @@ one, so every rank does the same work.
 ``chunks_of`` names the chunks a rank holds (pure), ``positions_of`` their tokens' places in
 the whole sequence (for the position embedding and the causal mask); ``shard_sequence`` takes
 this rank's shard of a full tensor and ``unshard_sequence`` gathers the shards back into it.
+Every rank of a group must use the same layout (and mask): one that does not would meet the
+others' chunks at the wrong places and return a wrong answer without any error, so
+``check_same_layout`` all-gathers a small code the first time a group meets a layout, once.
 
 Laptop:  ``python -c "from lessonlib.context_parallel.layout import chunks_of; \\
           print([chunks_of(r, 4, 'zigzag') for r in range(4)])"``
@@ -20,13 +23,16 @@ GPU box: the same; ``unshard_sequence`` all-gathers over NCCL there.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm
+from lessonlib import comm, device
 from lessonlib.argcheck import positive_int
 
 LAYOUTS = ("contiguous", "zigzag")
+_agreed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> {(layout, causal)}
 
 
 def check_layout(layout: str) -> str:
@@ -93,3 +99,25 @@ def unshard_sequence(x: torch.Tensor, group=None, layout: str = "zigzag", dim: i
         for j, i in enumerate(chunks_of(r, c, layout)):
             placed[i] = shard.narrow(dim, j * n, n)
     return torch.cat([placed[i] for i in range(c * per)], dim=dim)
+
+
+def check_same_layout(group, layout: str, causal: bool) -> None:
+    """ValueError on every rank if the ranks of ``group`` pass different layouts or masks.
+
+    The first time a group meets a (layout, causal) pair its ranks all-gather one small
+    code each (a few bytes, once; remembered afterwards), so every rank must make that first
+    call together, as it must make every call of the ring."""
+    key = dist.group.WORLD if group is None else group
+    seen = _agreed.setdefault(key, set())
+    c = dist.get_world_size(group)
+    if (layout, causal) in seen or c == 1:
+        return
+    code = torch.tensor([LAYOUTS.index(layout) * 2 + bool(causal)], device=device.current_device())
+    codes = torch.empty(c, dtype=code.dtype, device=code.device)
+    comm.all_gather_into_tensor(codes, code, group=group)
+    if len(set(codes.tolist())) > 1:
+        said = ", ".join(f"rank {r} layout={LAYOUTS[x // 2]!r} causal={bool(x % 2)}"
+                         for r, x in enumerate(codes.tolist()))
+        raise ValueError(f"the ranks of the context-parallel group disagree on the ring ({said}); "
+                         f"every rank must pass the same layout and causal")
+    seen.add((layout, causal))

@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 from lessonlib import comm
 from lessonlib.context_parallel.blocks import attend, attend_backward, chunk_pairs, merge
-from lessonlib.context_parallel.layout import check_divisible, check_layout, chunks_of, group_rank
+from lessonlib.context_parallel.layout import (check_divisible, check_layout, check_same_layout,
+                                               chunks_of, group_rank)
 
 
 def no_record(phase, step, source, pairs):
@@ -165,6 +166,11 @@ class RingAttention(torch.autograd.Function):
 
 
 def check_shards(q, k, v) -> None:
+    dtypes = {name: str(t.dtype).replace("torch.", "") for name, t in zip("qkv", (q, k, v))}
+    if len(set(dtypes.values())) > 1 or not q.is_floating_point():
+        said = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
+        raise ValueError(f"q, k, v must share one floating-point dtype; got {said} (cast them, "
+                         f"e.g. k.to(q.dtype), or all three .float())")
     shapes = [tuple(t.shape) for t in (q, k, v)]
     if any(len(s) != 4 for s in shapes):
         raise ValueError(f"q, k, v must be (b, heads, s/c, head_dim) shards; got shapes {shapes}")
@@ -178,8 +184,10 @@ def ring_attention(q, k, v, group=None, causal: bool = True, layout: str = "zigz
                    record=no_record):
     """Exact softmax attention of this rank's query shard over the whole sequence, whose
     keys and values are sharded over ``group`` in ``layout``; returns this rank's output
-    shard (b, heads, s/c, head_dim). ``record`` is an optional per-step hook."""
+    shard (b, heads, s/c, head_dim). ``record`` is an optional per-step hook. Every rank of
+    the group must pass the same ``layout`` and ``causal`` (checked on a group's first ring)."""
     check_layout(layout)
     check_shards(q, k, v)
     ring = Ring.of(group, layout, bool(causal), q.shape[2])
+    check_same_layout(group, ring.layout, ring.causal)
     return RingAttention.apply(q, k, v, ring, record)

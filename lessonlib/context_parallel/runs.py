@@ -83,8 +83,10 @@ def attention_report(group, c: int, layout: str, causal: bool, b=2, heads=2, s=2
                      "backward": backward.total_bytes("recv")},
         "predicted_received": dict(zip(("forward", "backward"),
                                        ring_bytes_received_per_rank(c, block))),
-        "batches": {"forward": len({e.batch for e in forward.events}),
-                    "backward": len({e.batch for e in backward.events})},
+        # the ring's point-to-point batches (the first ring of a group also all-gathers
+        # each rank's layout code once: ``check_same_layout``)
+        "batches": {"forward": len({e.batch for e in forward.events if e.batch is not None}),
+                    "backward": len({e.batch for e in backward.events if e.batch is not None})},
         "events": forward.events + backward.events}
     for name, shard, whole in zip("qkv", shards, full):
         report[f"d{name}"] = _max_err(shard.grad, shard_sequence(whole.grad, group, layout, 2))
@@ -203,10 +205,27 @@ def bad_input_report() -> dict:
         "odd shard in zigzag": lambda: ring_attention(x[:, :, :5], x[:, :, :5], x[:, :, :5]),
         "shards of unequal length": lambda: ring_attention(x, x[:, :, :4], x[:, :, :4]),
         "unknown layout": lambda: ring_attention(x, x, x, layout="striped"),
+        "k, v of another dtype": lambda: ring_attention(x.float(), x.double(), x.double()),
+        "integer tensors": lambda: ring_attention(*(x.long() for _ in "qkv")),
     }
     with comm.ledger() as book:
         messages = {name: _refusal(call) for name, call in cases.items()}
     return {"messages": messages, "messages_sent": book.count()}
+
+
+def disagreement_report(s: int = 8) -> dict:
+    """Ranks of the world passing different layouts (even ranks zig-zag, odd contiguous),
+    then the same: the refusal each rank sees, and the all-gathers of the layout check in a
+    group's first ring and in the next one (1, then 0: remembered)."""
+    x = torch.zeros(1, 1, s // dist.get_world_size(), 2, dtype=torch.float64)
+    mine = LAYOUTS[1 - dist.get_rank() % 2]
+    refused = _refusal(lambda: ring_attention(x, x, x, layout=mine))
+    gathers = []
+    for _ in range(2):
+        with comm.ledger() as book:
+            ring_attention(x, x, x, layout="zigzag")
+        gathers.append(book.count("all_gather"))
+    return {"refused": refused, "all_gathers": gathers}
 
 
 def check_settings(world_size: int, cs=(), s: int = 24, layouts=LAYOUTS) -> None:

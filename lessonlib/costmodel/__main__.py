@@ -20,13 +20,13 @@ with status 2, before anything is estimated; so do flags argparse cannot read.
 """
 import argparse
 import json
-import math
 import sys
 from dataclasses import replace
 
 from lessonlib.argcheck import positive_int
 
-from .hardware import COLLECTIVE_ALGORITHMS, CLUSTERS, GPUS, get_cluster, get_gpu, make_cluster
+from .hardware import (COLLECTIVE_ALGORITHMS, CLUSTERS, GPUS, check_network_gbit, get_cluster,
+                       get_gpu, make_cluster)
 from .megatron2021 import table1_report
 from .model import GPT, MODELS, get_model
 from .planner import PLAN_SCHEDULES, plan
@@ -135,11 +135,8 @@ def check_args(args):
             positive_int(flag, value)
     if args.zero not in (0, 1, 2, 3):
         raise ValueError(f"zero={args.zero} must be a ZeRO stage: 0, 1, 2 or 3")
-    gbit = args.network_gbit
-    # Beyond 10^6 Gb/s the bytes per second overflow to inf later, naming another setting
-    if gbit is not None and not (math.isfinite(gbit) and 0 < gbit <= 1e6):
-        raise ValueError(f"network-gbit={gbit} must be a finite positive port speed in Gb/s, "
-                         f"at most 1e6, e.g. 200 (HDR) or 400 (NDR)")
+    if args.network_gbit is not None:
+        check_network_gbit("network-gbit", args.network_gbit)
 
 
 def _cluster(args):
@@ -200,13 +197,23 @@ def _run(args):
         if not args.json:
             return result.explain()
         best = result.best
-        return json.dumps({"best": best.as_dict() if best else None,
-                           "explanation": result.explain(),
-                           "ranked": [e.as_dict() for e in result.ranked[:10]],
-                           "fitting_layouts": len(result.ranked),
-                           "rejected_layouts": len(result.rejected)}, indent=2)
+        return _json({"best": best.as_dict() if best else None,
+                      "explanation": result.explain(),
+                      "ranked": [e.as_dict() for e in result.ranked[:10]],
+                      "fitting_layouts": len(result.ranked),
+                      "rejected_layouts": len(result.rejected)})
     est = estimate(model, _layout(args), cluster)
-    return json.dumps(est.as_dict(), indent=2) if args.json else est.summary()
+    return _json(est.as_dict()) if args.json else est.summary()
+
+
+def _json(result: dict) -> str:
+    """One JSON object: a number that is not finite is refused, never printed as Infinity."""
+    try:
+        return json.dumps(result, indent=2, allow_nan=False)
+    except ValueError:
+        raise ValueError("a predicted number is not finite (inf or nan), which JSON cannot "
+                         "hold: a setting is out of range (a time or bandwidth, e.g. "
+                         "--network-gbit)") from None
 
 
 def main(argv=None):

@@ -176,12 +176,26 @@ class Cluster:
         return min(self.nvlink_bytes_per_s, ports * self.network_bytes_per_s), latency
 
 
+# Port speeds the model turns into finite times, 1 Mb/s to 1 Pb/s: below, a step runs past
+# 1e299 s and then overflows to inf; above, the bytes per second overflow.
+NETWORK_GBIT_RANGE = (1e-3, 1e6)
+
 # InfiniBand port speed per GPU in the DGX server of each generation, in Gb/s:
 # DGX-1 V100 has 4 x 100 Gb/s EDR for 8 GPUs (NVIDIA DGX-1 datasheet); DGX A100 / Selene
 # 8 x 200 Gb/s HDR (Megatron-LM 2021, Narayanan et al., §5); DGX H100 and H200
 # 8 x 400 Gb/s NDR (NVIDIA DGX BasePOD docs).
 DGX_NETWORK_GBIT_PER_GPU = {"V100-SXM2-32GB": 50, "A100-80GB": 200, "H100-SXM5": 400,
                             "H200": 400, "H800": 400}
+
+
+def check_network_gbit(name: str, gbit) -> float:
+    """A port speed in Gb/s within ``NETWORK_GBIT_RANGE``; ValueError naming ``name`` if not."""
+    low, high = NETWORK_GBIT_RANGE
+    if (isinstance(gbit, bool) or not isinstance(gbit, (int, float)) or not math.isfinite(gbit)
+            or not low <= gbit <= high):
+        raise ValueError(f"{name}={gbit!r} must be a port speed in Gb/s from {low} to "
+                         f"{high:.0f}, e.g. 200 (HDR) or 400 (NDR)")
+    return gbit
 
 
 def make_cluster(gpu, gpus_per_node=8, network_gbit_per_s=None, name="", network_ports=None,
@@ -195,10 +209,7 @@ def make_cluster(gpu, gpus_per_node=8, network_gbit_per_s=None, name="", network
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if network_gbit_per_s is None:
         network_gbit_per_s = DGX_NETWORK_GBIT_PER_GPU.get(gpu.name, 200)
-    if (isinstance(network_gbit_per_s, bool) or not isinstance(network_gbit_per_s, (int, float))
-            or not math.isfinite(network_gbit_per_s) or network_gbit_per_s <= 0):
-        raise ValueError(f"network_gbit={network_gbit_per_s!r} must be a finite positive port "
-                         f"speed in Gb/s, e.g. 200 (HDR) or 400 (NDR)")
+    check_network_gbit("network_gbit", network_gbit_per_s)
     return Cluster(gpu=gpu, gpus_per_node=gpus_per_node,
                    nvlink_bytes_per_s=gpu.nvlink_bytes_per_s / 2,
                    network_bytes_per_s=network_gbit_per_s * GB / 8, name=name,

@@ -25,6 +25,7 @@ does the comparison.
 Run ``python -m lessonlib.costmodel --model megatron-1T --t 8 --p 64 --d 6 --microbatch 1
 --global-batch 3072 --gpu A100-80GB --json``.
 """
+import math
 from dataclasses import dataclass, field
 
 from .axes import cp_ring_s, dp_time_s, ep_alltoall_s
@@ -192,6 +193,16 @@ def hardware_flops_per_iteration(model, lay):
         lay.global_batch * model.L * again
 
 
+def check_finite_times(time: dict) -> None:
+    """ValueError naming the parts of a step whose time is not finite (a bandwidth so small,
+    or a size so large, that a division overflowed), so no estimate carries inf or nan."""
+    bad = {part: seconds for part, seconds in time.items() if not math.isfinite(seconds)}
+    if bad:
+        said = ", ".join(f"{part} {seconds} s" for part, seconds in bad.items())
+        raise ValueError(f"the step time is not finite ({said}): a setting is out of range, "
+                         f"e.g. the cluster's network_gbit or a bandwidth near zero")
+
+
 def estimate(model, layout, cluster):
     """Predict one training step of ``model`` split by ``layout`` on ``cluster``."""
     for name, value, kind, example in (
@@ -230,6 +241,7 @@ def estimate(model, layout, cluster):
     # The new axes' traffic, only where they are used (c = e = 1 keeps the old keys).
     time.update({k: m * per_mb[i] for k, i, on in (("cp_comm", 4, lay.c > 1),
                                                    ("ep_comm", 5, lay.e > 1)) if on})
+    check_finite_times(time)
     step = sum(time.values())
     n, peak = lay.n_gpus, cluster.gpu.peak_flops
     return Estimate(

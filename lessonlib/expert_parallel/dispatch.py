@@ -14,6 +14,7 @@ GPU box: the same calls under NCCL; the counts live on the GPU and are read once
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -30,10 +31,34 @@ class Splits:
     counts: torch.Tensor  # (e, E/e): rows from each rank for each of this rank's experts
 
 
+def check_counts(tokens_per_expert, e: int) -> None:
+    """The counts ``exchange_counts`` sends: one whole number >= 0 per expert, E of them."""
+    t = tokens_per_expert
+    if not (isinstance(t, torch.Tensor) and t.dim() == 1 and len(t) and len(t) % e == 0
+            and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+            and not (t < 0).any()):
+        got = (f"shape {tuple(t.shape)}, {str(t.dtype).replace('torch.', '')}"
+               if isinstance(t, torch.Tensor) else f"{t!r:.40}")
+        raise ValueError(f"tokens_per_expert must be a 1-D tensor of E whole counts >= 0, E a "
+                         f"multiple of the group's e={e} ranks (E/e experts each); got {got}")
+
+
+def check_splits(name: str, splits, e: int) -> list[int]:
+    """Rows to or from each rank: e whole numbers >= 0; ValueError naming ``name`` if not."""
+    splits = splits.tolist() if isinstance(splits, torch.Tensor) else splits
+    if not (isinstance(splits, (list, tuple)) and len(splits) == e and all(
+            isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0
+            for n in splits)):
+        raise ValueError(f"{name}={splits!r:.60} must be e={e} whole row counts >= 0, one per "
+                         f"rank of the group")
+    return [int(n) for n in splits]
+
+
 def exchange_counts(tokens_per_expert: torch.Tensor, group=None) -> Splits:
     """All-to-all the per-expert counts (E,) so that each rank learns, for each of its E/e
     experts, how many rows every rank will send it: the splits of the token all-to-all."""
     e = dist.get_world_size(group)
+    check_counts(tokens_per_expert, e)
     counts = torch.empty_like(tokens_per_expert)
     comm.all_to_all_single(counts, tokens_per_expert.contiguous(), group=group)
     counts = counts.view(e, -1)                                                  # (e, E/e)
@@ -60,4 +85,9 @@ class _AllToAll(torch.autograd.Function):
 
 def all_to_all(x: torch.Tensor, recv: list[int], send: list[int], group=None) -> torch.Tensor:
     """Differentiable ``all_to_all_single`` on rows: (sum(send), h) -> (sum(recv), h)."""
-    return _AllToAll.apply(x, list(recv), list(send), group)
+    e = dist.get_world_size(group)
+    recv, send = check_splits("recv", recv, e), check_splits("send", send, e)
+    if x.shape[0] != sum(send):
+        raise ValueError(f"send={send} sends {sum(send)} rows but x has {x.shape[0]}; send must "
+                         f"split x's rows over the e={e} ranks")
+    return _AllToAll.apply(x, recv, send, group)

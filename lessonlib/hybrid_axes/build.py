@@ -97,7 +97,8 @@ def tensor_parallel_block(block: Block, ctx: ParallelContext, sp: bool = False) 
     """Step 1: TP (with ``sp``, sequence parallelism) inside the block; an MoE layer becomes
     expert-parallel instead."""
     if not isinstance(block.mlp, MoELayer):
-        return parallelize_block(block, ctx.tp_group, sequence_parallel=sp) if ctx.tp > 1 \
+        return parallelize_block(block, ctx.tp_group, sequence_parallel=sp,
+                                 seq=block.seq // ctx.cp) if ctx.tp > 1 \
             else block
     if sp:
         raise ValueError("sequence parallelism is not combined with MoE blocks here")

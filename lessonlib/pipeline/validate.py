@@ -67,6 +67,19 @@ def _cost(name, cost, stage, action) -> float:
     return float(cost)
 
 
+def _finite_makespan(clock, times: dict) -> float:
+    """The step's length; ScheduleError if the times add up past the largest float, which
+    would make every bubble inf - inf = nan."""
+    makespan = max(clock)
+    if math.isfinite(makespan):
+        return makespan
+    said = ", ".join(f"{name}=" + ("a function" if callable(value) else repr(value))
+                     for name, value in times.items())
+    raise ScheduleError(f"the times ({said}) add up past the largest float (about 1.8e308) "
+                        f"in this schedule, so its bubble would be nan; use smaller units "
+                        f"(ms instead of s, or every time scaled down by the same factor)")
+
+
 def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0, weight=1.0,
              m: int | None = None, v: int | None = None) -> Simulation:
     """Check, then play the schedule; raise ScheduleError if it deadlocks.
@@ -123,7 +136,8 @@ def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0, weight=
                              f"{a.microbatch} from stage {a.peer}")
         raise ScheduleError("deadlock: every unfinished stage waits for a message from a stage "
                             "that is itself stuck.\n  " + "\n  ".join(stuck))
-    makespan = max(clock)
+    makespan = _finite_makespan(clock, {"forward": forward, "backward": backward,
+                                        "weight": weight, "send": send, "latency": latency})
     busy = [sum(x.end - x.start for x in line if x.kind in COMPUTE) for line in spans]
     return Simulation(p, m, v, spans, makespan,
                       [1 - b / makespan if makespan else 0.0 for b in busy],

@@ -89,18 +89,24 @@ def _copy_except(module: nn.Module, skip) -> nn.Module:
 
 
 def parallelize_block(block: nn.Module, group=None, t: int | None = None,
-                      sequence_parallel: bool = False) -> nn.Module:
+                      sequence_parallel: bool = False, seq: int | None = None) -> nn.Module:
     """A copy of a ``Block`` whose attention and MLP are split over the group's t ranks;
     the LayerNorms are copied whole (replicated), or with ``sequence_parallel`` run on this
-    rank's s/t rows: the block then takes and returns (b, s/t, h). ``recompute`` carries
-    over from ``block`` and can be set on the copy."""
+    rank's s/t rows: the block then takes and returns (b, s/t, h), and refuses anything
+    whose length times t is not ``seq`` (default: its model's s, ``block.seq``; under
+    context parallelism the s/c tokens of the c-shard). ``recompute`` carries over from
+    ``block`` and can be set on the copy."""
+    seq = getattr(block, "seq", None) if seq is None else seq
+    if sequence_parallel and seq is None:
+        raise ValueError("sequence_parallel=True needs the sequence the t ranks split: pass "
+                         "seq=s (a Block built from a GPTConfig knows its own)")
     tp = _copy_except(block, [block.attn, block.mlp])
     tp.attn = TensorParallelSelfAttention.from_attention(block.attn, group, t, sequence_parallel)
     tp.mlp = TensorParallelMLP.from_mlp(block.mlp, group, t, sequence_parallel=sequence_parallel)
     if bugs.active("tp_layer_left_unsharded"):                        # the MLP left dense
         tp.mlp = copy.deepcopy(block.mlp)
     if sequence_parallel:
-        tp.ln1, tp.ln2 = (SequenceParallelLayerNorm.from_layernorm(ln, group)
+        tp.ln1, tp.ln2 = (SequenceParallelLayerNorm.from_layernorm(ln, group, seq)
                           for ln in (block.ln1, block.ln2))
     return tp
 

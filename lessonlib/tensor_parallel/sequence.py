@@ -62,23 +62,40 @@ def linear_on_gathered_sequence(x, weight, bias=None, group=None):
     return _LinearOnGatheredSequence.apply(x, weight, bias, group)
 
 
+def check_shard(x, seq: int | None, group=None) -> None:
+    """A sequence-parallel layer takes this rank's s/t rows: fed anything else (the whole
+    sequence, say) it would compute a wrong answer of the right shape, so say so instead."""
+    t = dist.get_world_size(group)
+    if seq is None or x.dim() < 2 or x.shape[1] * t == seq:
+        return
+    n = x.shape[1]
+    whole = " (the whole sequence?" if n == seq else " ("
+    raise ValueError(f"a sequence-parallel layer takes this rank's s/t rows, but got {n} rows: "
+                     f"{n} x t={t} is not the model's sequence s={seq}{whole} feed it "
+                     f"split_sequence(x, group) or a SequenceScatter's output)")
+
+
 class SequenceParallelLayerNorm(nn.LayerNorm):
     """A LayerNorm on this rank's s/t rows, (b, s/t, h) -> (b, s/t, h), whose weight and
-    bias gradients are summed over the tensor-parallel group by f."""
+    bias gradients are summed over the tensor-parallel group by f. With ``seq`` (the
+    sequence s the t ranks split) it refuses rows that are not an s/t shard."""
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, group=None, **factory):
+    def __init__(self, normalized_shape, eps: float = 1e-5, group=None, seq: int | None = None,
+                 **factory):
         super().__init__(normalized_shape, eps, **factory)
-        self.group = group
+        self.group, self.seq = group, seq
 
     @classmethod
-    def from_layernorm(cls, ln: nn.LayerNorm, group=None) -> "SequenceParallelLayerNorm":
+    def from_layernorm(cls, ln: nn.LayerNorm, group=None,
+                       seq: int | None = None) -> "SequenceParallelLayerNorm":
         """A copy of a dense LayerNorm's weight and bias, for this rank's rows."""
-        layer = cls(ln.normalized_shape, ln.eps, group, device=ln.weight.device,
+        layer = cls(ln.normalized_shape, ln.eps, group, seq, device=ln.weight.device,
                     dtype=ln.weight.dtype)
         layer.load_state_dict(ln.state_dict())
         return layer
 
     def forward(self, x):                                               # (b, s/t, h)
+        check_shard(x, self.seq, self.group)
         weight, bias = self.weight, self.bias
         if not bugs.active("sp_layernorm_grad_not_summed"):            # the zoo drops the sum
             weight, bias = copy_to_tp(weight, self.group), copy_to_tp(bias, self.group)

@@ -178,10 +178,13 @@ def ledger_report(t: int, b: int = 2, s: int = 16, h: int = 32, heads: int = 4,
 
 
 def bad_sequence_report() -> dict:
-    """A sequence that does not split over t: one error naming s and t, nothing sent."""
-    cases = {"parallelize_gpt": lambda: parallelize_gpt(
-                 TinyGPT(GPTConfig(seq=6, hidden=8, heads=4), 0), sequence_parallel=True),
-             "scatter": lambda: SequenceScatter()(torch.zeros(2, 6, 8))}
+    """A sequence that does not split over t, and a sequence-parallel layer fed the whole
+    sequence instead of its s/t rows: one error naming s and t each, nothing sent."""
+    cfg = GPTConfig(seq=6, hidden=8, heads=4)
+    cases = {"parallelize_gpt": lambda: parallelize_gpt(TinyGPT(cfg, 0), sequence_parallel=True),
+             "scatter": lambda: SequenceScatter()(torch.zeros(2, 6, 8)),
+             "whole sequence into an SP block": lambda: parallelize_block(
+                 Block(cfg), sequence_parallel=True)(torch.zeros(2, 6, 8))}
     return refusals(cases)
 
 

@@ -24,14 +24,16 @@ Megatron-LM 2021's Table 1.
 
 Modules, one idea each: ``hardware`` (GPU and cluster presets; collectives across servers),
 ``model`` (GPT shapes, Eq. 2, and today's: GQA, SwiGLU, untied embeddings, MoE; Llama 3 and
-DeepSeek-V3 presets), ``memory``, ``compute`` (FLOPs and training time), ``bubble``,
+DeepSeek-V3 presets), ``memory``, ``compute`` (FLOPs and training time; the teams' own FLOP counts), ``gemm``
+(a GEMM's time from its shape: roofline, tile quantization, BF16 or FP8), ``bubble``,
 ``comm`` (alpha-beta collectives, groups and servers), ``alpha_beta`` (the same model fitted
 to measured all-reduces, and DDP's bucket overlap), ``layout`` (``Layout`` and its checks),
 ``throughput`` (``estimate``), ``axes`` (what context and expert parallelism and FSDP/HSDP
 add to a step, placed by the rank order tp-cp-ep-dp-pp), ``planner``, ``search`` (the planner
 over all five axes t, c, p, d, e, explained axis by axis), ``megatron2021``,
 ``korthikanti2022`` (recompute
-and sequence parallelism against that paper's Tables 4 and 5), ``calibration`` (a measured
+and sequence parallelism against that paper's Tables 4 and 5), ``published`` (every
+published run the course holds the model to, as data, and ``published_report()``), ``calibration`` (a measured
 GEMM rate against a preset's peak), ``context`` (context parallelism: causal work per rank,
 the key/value ring, activations / c), ``moe`` (mixture-of-experts shapes: total vs active
 parameters, expert-parallel memory, the all-to-all), and ``__main__`` (the command line).

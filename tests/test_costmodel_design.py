@@ -6,7 +6,7 @@ import pytest
 
 from lessonlib.costmodel import BYTES_PER_PARAM, CLUSTERS, MODELS, Layout, estimate
 from lessonlib.exercises.hybrid import (check_coords, check_design, check_gpt3_design,
-                                        check_h100_best_t)
+                                        check_h100_best_t, design_best, design_plan)
 
 ONE_T, DGX = MODELS["megatron-1T"], CLUSTERS["dgx-a100"]
 
@@ -30,12 +30,25 @@ def test_the_lessons_answer_needs_sharding_or_a_longer_pipeline():
     assert longer.fits and longer.step_time_s > zero1.step_time_s  # a little slower
 
 
-def test_check_design_explains_zero1():
+def test_check_design_explains_zero1_and_holds_it_to_the_planner_the_notebook_prints():
     verdict = check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1)
     text = str(verdict)
-    assert verdict and text.startswith("✅ Correct: ")
     assert "ZeRO-1" in text and "d=8 replicas" in text
     assert "97.0 -> 12.1 GB" in text and "143.8 GB becomes 59.0 GB" in text
+    best = design_best(zero_stage=1)
+    assert best is design_plan(zero_stage=1).best or best is design_plan(0).best
+    assert f"The best layout the planner finds, {best.layout.describe()}" in text
+    assert f"recompute={best.layout.recompute}" in best.layout.describe()   # printed
+    if best.layout.recompute != "full":        # full recompute against the planner's choice
+        assert verdict.ok is False and "recompute='full' where the best uses" in text
+    answer = {k: getattr(best.layout, k) for k in ("t", "p", "d", "b", "m", "zero_stage",
+                                                   "recompute")}
+    assert "yours is that layout" in str(check_design(**answer))
+
+
+def test_check_design_names_a_recompute_it_does_not_know():
+    verdict = check_design(t=8, p=16, d=8, b=1, m=256, recompute="some")
+    assert verdict.ok is False and "recompute='some' must be" in str(verdict)
 
 
 def test_check_design_without_zero_points_at_it():
@@ -43,7 +56,7 @@ def test_check_design_without_zero_points_at_it():
     text = str(verdict)
     assert verdict.ok is False and text.startswith("❌ Not yet: ")
     assert "144 GB" in text and "zero_stage=1: 59.0 GB per GPU, it fits" in text
-    assert check_design(t=8, p=64, d=2, b=1, m=1024)
+    assert check_design(t=8, p=64, d=2, b=1, m=1024).ok is not None      # fits: judged
 
 
 @pytest.mark.parametrize("stage", [5, -1, True, "1"])
@@ -71,8 +84,11 @@ def test_gpt3_design_is_a_new_case_judged_by_the_same_rules():
     # 175 B x 16 bytes = 2.8 TB: t*p = 32 does not fit an 80 GB GPU, t*p = 64 does
     too_small = check_gpt3_design(t=8, p=4, d=8, b=1, m=128)
     assert too_small.ok is False and "94 GB" in str(too_small) and "ZeRO-1" in str(too_small)
-    assert check_gpt3_design(t=8, p=8, d=4, b=1, m=256)      # the lesson's rule: within 3 %
-    assert "yours is that layout" in str(check_gpt3_design(t=4, p=16, d=4, b=1, m=256))
+    lessons_rule = dict(t=8, p=8, d=4, b=1, m=256)
+    assert check_gpt3_design(**lessons_rule, recompute="selective")   # within 5 %
+    assert "recompute='full' where the best uses" in str(check_gpt3_design(**lessons_rule))
+    assert "yours is that layout" in str(check_gpt3_design(t=4, p=16, d=4, b=1, m=256,
+                                                           recompute="selective"))
     copied = check_gpt3_design(t=8, p=16, d=8, b=1, m=256)   # the 1 T answer, copied
     assert copied.ok is False and "32 servers of 8 have 256" in str(copied)
 

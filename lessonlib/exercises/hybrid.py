@@ -11,9 +11,10 @@ stub (``None``, or a function that raises NotImplementedError) is "your turn".
     hybrid.check_h100_best_t(4)                      # the 161 B model's best t on H100 servers
 
 ``check_design`` rebuilds the student's layout, asks the cost model (``estimate``) whether it
-fits and how fast it runs, and compares it with the best layout the planner (``plan``) finds
-for the same GPUs and batch (without ZeRO, and with the student's ZeRO stage), all in plain
-words. With ``zero_stage`` (ZeRO, Rajbhandari et al. 2020: 1 shards the optimizer state over
+fits and how fast it runs, and compares it with ``design_best``: the best layout the planner
+(``plan``) finds for the same GPUs and batch, without ZeRO or with the student's ZeRO stage,
+with the recompute it assumes (selective with sequence parallelism where t > 1) printed, all
+in plain words. The notebook prints that same plan, so the lesson shows one "best". With ``zero_stage`` (ZeRO, Rajbhandari et al. 2020: 1 shards the optimizer state over
 the d replicas, as Megatron's distributed optimizer does; 2 also the gradients; 3 also the
 weights) it says what sharding saved and what it costs.
 
@@ -70,9 +71,26 @@ def check_coords(coords, shapes=((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 3, 2))) ->
 
 @lru_cache(maxsize=8)
 def _plan(model: str, cluster: str, n_gpus: int, global_batch: int, zero_stage: int = 0):
-    # The student chooses (t, p, d, b, m) without interleaving, so compare with v = 1.
+    # The student chooses (t, p, d, b, m) without interleaving, so compare with v = 1; the
+    # recompute is the planner's own choice (and the student's to make, ``recompute=``).
     return plan(MODELS[model], CLUSTERS[cluster], n_gpus, global_batch, interleave=(1,),
-                zero_stage=zero_stage, recompute="full")   # as the student's Layout
+                zero_stage=zero_stage)
+
+
+def design_plan(zero_stage: int = 0, model: str = QUESTION["model"],
+                cluster: str = QUESTION["cluster"], servers: int = QUESTION["servers"],
+                global_batch: int = QUESTION["global_batch"]):
+    """The planner ``check_design`` holds an answer to, for ZeRO stage ``zero_stage``: a
+    ``Plan`` whose ``explain()`` the notebook prints."""
+    n = servers * CLUSTERS[cluster].gpus_per_node
+    return _plan(model, cluster, n, global_batch, zero_stage)
+
+
+def design_best(zero_stage: int = 0, **question):
+    """The estimate every answer is compared with: the faster of the planner's best without
+    ZeRO and with ``zero_stage`` (``design_plan``)."""
+    return min((pl.best for pl in (design_plan(0, **question), design_plan(zero_stage, **question))
+                if pl.best), key=lambda e: e.step_time_s)
 
 
 def _zero_note(est, plain, d: int, zero_stage: int) -> str:
@@ -96,13 +114,14 @@ def _zero_note(est, plain, d: int, zero_stage: int) -> str:
 
 
 def check_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0,
-                 model: str = QUESTION["model"], cluster: str = QUESTION["cluster"],
-                 servers: int = QUESTION["servers"],
+                 recompute: str = "full", model: str = QUESTION["model"],
+                 cluster: str = QUESTION["cluster"], servers: int = QUESTION["servers"],
                  global_batch: int = QUESTION["global_batch"]) -> Verdict:
     """The system-design question: a layout for ``model`` on ``servers`` servers of
     ``cluster`` with a global batch of ``global_batch`` sequences, optionally with ZeRO stage
-    ``zero_stage`` over the d replicas. Correct when it fits and is within 5 % of the best
-    layout the planner finds without ZeRO or with the same stage."""
+    ``zero_stage`` over the d replicas and ``recompute`` "full" (the default, lesson 04) or
+    "selective" (with sequence parallelism where t > 1, as the planner pairs them). Correct
+    when it fits and is within 5 % of ``design_best``."""
     missing = [name for name, value in (("t", t), ("p", p), ("d", d), ("b", b), ("m", m))
                if value is None]
     if missing:
@@ -111,6 +130,9 @@ def check_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0,
     if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
         return not_yet(f"zero_stage={zero_stage!r} must be 0 (no sharding), 1 (the "
                        f"optimizer state), 2 (and the gradients) or 3 (and the weights).")
+    if recompute not in ("full", "selective"):
+        return not_yet(f"recompute={recompute!r} must be \"full\" (every layer's forward "
+                       f"again in the backward) or \"selective\" (only attention's s x s part).")
     gpt, hw = MODELS[model], CLUSTERS[cluster]
     n = servers * hw.gpus_per_node
     if t * p * d != n:
@@ -122,16 +144,16 @@ def check_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0,
                        f"m = {global_batch}/({b}*{d})"
                        + (f" = {global_batch // (b * d)}." if global_batch % (b * d) == 0
                           else ", which is not a whole number: change b or d."))
+    activations = dict(recompute=recompute, sequence_parallel=recompute == "selective" and t > 1)
     try:
-        layout = Layout(t=t, p=p, d=d, b=b, m=m, zero_stage=zero_stage)
+        layout = Layout(t=t, p=p, d=d, b=b, m=m, zero_stage=zero_stage, **activations)
         est = estimate(gpt, layout, hw)
-        plain = estimate(gpt, Layout(t=t, p=p, d=d, b=b, m=m), hw)
-        sharded = estimate(gpt, Layout(t=t, p=p, d=d, b=b, m=m, zero_stage=1), hw)
+        plain = estimate(gpt, Layout(t=t, p=p, d=d, b=b, m=m, **activations), hw)
+        sharded = estimate(gpt, Layout(t=t, p=p, d=d, b=b, m=m, zero_stage=1, **activations), hw)
     except ValueError as exc:
         return not_yet(f"this layout cannot run the model: {exc}.")
-    best = min((pl.best for pl in (_plan(model, cluster, n, global_batch),
-                                   _plan(model, cluster, n, global_batch, zero_stage))
-                if pl.best), key=lambda e: e.step_time_s)
+    best = design_best(zero_stage, model=model, cluster=cluster, servers=servers,
+                       global_batch=global_batch)
     mem = est.memory
     zero = _zero_note(est, plain, d, zero_stage) if zero_stage and d > 1 else ""
     if not est.fits:
@@ -167,6 +189,10 @@ def check_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0,
                    f"(best: {best.bubble_fraction:.0%}): fewer stages or more micro-batches help")
     if b > best.layout.b:
         why.append(f"b={b} leaves fewer micro-batches (m={m}) to fill the pipeline")
+    if recompute != best.layout.recompute:
+        why.append(f"recompute={recompute!r} where the best uses "
+                   f"{best.layout.recompute!r}: full recompute runs every layer's forward "
+                   f"twice, selective only attention's s x s part (lesson 14)")
     part = max(est.time, key=lambda k: est.time[k] - best.time[k])
     why.append(f"the largest difference is {PART_NAMES.get(part, part)}: "
                f"{est.time[part]:.0f} s per step against {best.time[part]:.0f} s")
@@ -174,10 +200,11 @@ def check_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0,
                    + "; ".join(why) + ".")
 
 
-def check_gpt3_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0) -> Verdict:
+def check_gpt3_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0,
+                      recompute: str = "full") -> Verdict:
     """Exercise 2: the design question on a new case, GPT-3 175 B on 32 servers of 8 A100
     80 GB with a global batch of 1024 sequences; judged as ``check_design`` judges."""
-    return check_design(t, p, d, b, m, zero_stage, **GPT3_QUESTION)
+    return check_design(t, p, d, b, m, zero_stage, recompute, **GPT3_QUESTION)
 
 
 @lru_cache(maxsize=4)

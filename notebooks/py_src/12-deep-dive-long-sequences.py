@@ -15,10 +15,13 @@
 # and [05 · Hybrid parallelism](05-hybrid-parallelism.ipynb), whose layouts split the
 # weights (t), the layers (p) and the batch (d), but never a sequence: every GPU holds
 # all s tokens of the sequences it works on. Llama 3 405B went from 8K to 128K tokens per
-# sequence, and no (t, p, d) holds that. Its answer, and torchtitan's, Megatron-Core's and
-# the Ultra-Scale Playbook's, is **context parallelism**: split the sequence itself over c
-# ranks, and pass keys and values around a ring while each rank computes its part of the
-# attention (ring attention, Liu, Zaharia and Abbeel 2023).
+# sequence and kept its 16M tokens per step: 128 sequences for 16,384 GPUs, so a (t, p, d)
+# layout gives each replica one sequence, one micro-batch, and a pipeline that waits
+# almost all the time. Its answer, and torchtitan's, Megatron-Core's and the Ultra-Scale
+# Playbook's, is **context parallelism**: split the sequence itself over c ranks, and bring
+# each rank the keys and values of the others while it computes its part of the attention.
+# torchtitan and Megatron-Core pass them around a ring (ring attention, Liu, Zaharia and
+# Abbeel 2023), which this notebook runs; Llama 3 all-gathered them (section 5).
 #
 # The plan: the idea -> a prediction -> a real run on 4 ranks -> measured against predicted
 # -> a takeaway -> an exercise.
@@ -30,6 +33,7 @@ import matplotlib.pyplot as plt
 
 import lessonlib
 from lessonlib import comm
+from lessonlib import costmodel as cm
 from lessonlib.claims import claim, within
 from lessonlib.context_parallel import chunks_of, ring, runs, torch_ref
 from lessonlib.costmodel import compute as cc
@@ -290,53 +294,88 @@ print(measured[0]["torch"])
 # error and times ours against one-process SDPA).
 
 # %% [markdown]
-# ## 5. When c beats a longer pipeline or more t
+# ## 5. What c buys at the same GPUs and batch, and how Llama 3 passed keys and values
 #
-# Back to Llama 3 405B at 128K tokens, from the cost model: the activations of a
-# first-stage GPU at its peak (1F1B with p micro-batches in flight, selective recompute,
-# sequence parallelism), and per GPU and layer the bytes tensor parallelism moves and those
-# the key/value ring brings in (bf16, forward and backward).
+# Llama 3 405B at 128K tokens on 16,384 H100, 16M tokens per step (128 sequences), with
+# Meta's t = 8 and p = 16 (Dubey et al. 2024, Table 4; ZeRO-1 standing in for its FSDP, no
+# recomputation, plain 1F1B where Meta interleaved): the GPUs left, c·d = 128, go to context or to data parallelism. Each
+# replica gets 128/d = c sequences, so c is also the number of micro-batches its pipeline
+# can be fed (b = 1). From the cost model:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(f"{'t':>3} {'p':>3} {'c':>3} {'activations GiB/GPU':>20} {'TP GiB/layer':>13} "
-      f"{'K/V ring GiB/layer':>19}")
-for t, p, c in ((8, 16, 1), (8, 32, 1), (16, 16, 1), (8, 16, 4), (8, 16, 16)):
-    tp, kv = cx.comm_bytes_per_layer(llama, 1, t, c)
-    print(f"{t:>3} {p:>3} {c:>3} {cx.activation_bytes_per_gpu(llama, t, p, c) / 2**30:>20.0f} "
-          f"{tp / 2**30:>13.2f} {kv / 2**30:>19.3f}")
 h100 = get_cluster("dgx-h100")
-network, _ = h100.link(spans_nodes=True)          # c strides over the servers, t = 8 inside
-step = cx.ring_step(llama, 1, 16, h100.gpu.peak_flops, network)
-print(f"\nc = 16 across DGX H100 servers ({h100.gpu.peak_flops / 1e12:.0f} TFLOP/s, "
-      f"{network / 1e9:.0f} GB/s per GPU over the network): one step computes "
-      f"{step['compute_s'] * 1e3:.2f} ms and moves its K/V block in "
-      f"{step['transfer_s'] * 1e3:.2f} ms: hidden {step['hidden']}; it stays hidden down to "
-      f"{cx.shortest_hidden_shard(llama, h100.gpu.peak_flops, network):.0f} tokens per rank")
+llama_128k = dataclasses.replace(cm.MODELS["llama3-405B"], s=131072)
+
+
+def llama_at_128k(c, cp_comm="all-gather"):
+    layout = cm.Layout(t=8, c=c, p=16, d=128 // c, b=1, global_batch=128, recompute="none",
+                       sequence_parallel=True, zero_stage=1, cp_comm=cp_comm)
+    return cm.estimate(llama_128k, layout, h100)
+
+
+print(f"{'c':>3} {'d':>4} {'m':>3} {'activations GB/GPU':>19} {'bubble':>7} {'step s':>7}")
+by_c = {c: llama_at_128k(c) for c in (1, 2, 4, 8, 16)}
+for c, e in by_c.items():
+    print(f"{c:>3} {128 // c:>4} {e.layout.m:>3} {e.memory.activations / 1e9:>19.1f} "
+          f"{e.bubble_fraction:>7.1%} {e.step_time_s:>7.1f}")
+one, sixteen = by_c[1], by_c[16]
+claim("c = 1 and c = 16 hold the same activations per GPU",
+      abs(sixteen.memory.activations / one.memory.activations - 1) < 0.05,
+      numbers=f"{one.memory.activations / 1e9:.1f} GB and {sixteen.memory.activations / 1e9:.1f} GB")
+claim("c = 16 cuts the bubble from over 90 % to under half of the step",
+      one.bubble_fraction > 0.9 and sixteen.bubble_fraction < 0.5,
+      numbers=f"{one.bubble_fraction:.1%} -> {sixteen.bubble_fraction:.1%}")
+claim("and the step more than five times", one.step_time_s > 5 * sixteen.step_time_s,
+      numbers=f"{one.step_time_s:.0f} s -> {sixteen.step_time_s:.1f} s")
 
 # %% [markdown]
-# - **A longer pipeline does not help**: each stage holds p micro-batches of L/p layers, so
-#   the first stage keeps about L layers' worth whatever p is (1088 GiB at p = 16 and 32).
-# - **More t helps, but runs out**: t = 16 halves the activations, but its groups then span
-#   two 8-GPU servers, and every layer's tensor-parallel traffic (28-30 GiB here) crosses the
-#   network instead of NVLink; and t cannot exceed the 8 key/value heads without copying them.
-# - **c divides them by c, cheaply**: the ring moves only the keys and values, and grouped-query
-#   attention makes them small (8 of 128 heads: 16 times less than full multi-head
-#   attention), so at 128K tokens a step's compute hides its transfer even across servers. The
-#   quadratic attention work is also divided by c, and balanced by the zig-zag split.
+# At a fixed GPU count and batch, c does not shrink what a GPU holds: at c = 1 a stage
+# keeps one micro-batch of 128K tokens in flight, at c = 16 sixteen micro-batches of 8K
+# tokens each (1F1B keeps up to p in flight), the same tokens. What c buys is
+# **micro-batches**: a replica of c ranks gets c sequences instead of one, and 1F1B's bubble,
+# (p-1) idle slots against m busy ones, shrinks with m. Compared at different GPU counts or
+# batches, c seems to divide the activations by c; compared at Llama 3's own, it divides the
+# idle time.
 #
-# This is Llama 3's layout for its 128K stage: t = 8 inside a server, c = 16, p = 16, and
-# FSDP for the rest (Dubey et al. 2024).
+# **How the keys and values travel.** The ring of sections 3-4 posts each block's transfer
+# before the compute it hides behind: torchtitan (PyTorch's `context_parallel`) and
+# Megatron-Core (`--cp-comm-type p2p`, its default) do this. Llama 3 did not. It
+# all-gathers K and V over the c ranks before attention, "the latency of which is
+# exposed", and chose it for two reasons (Dubey et al. 2024, §3.3.2): it handles the
+# document masks Llama 3 trains with (a token attends only inside its own document), which
+# make a ring's blocks uneven and hard to balance; and with grouped-query attention K and V
+# are small (8 key/value heads against 128 query heads), so gathering all of them costs
+# little. Its split is the zig-zag one, 2c chunks. The cost model prices both at c = 16:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ring_run, gathered = llama_at_128k(16, "ring"), llama_at_128k(16, "all-gather")
+for name, e in (("ring (torchtitan, Megatron-Core)", ring_run),
+                ("all-gather (Llama 3)", gathered)):
+    print(f"{name:<33} exposed CP traffic {e.time['cp_comm']:5.2f} s of a "
+          f"{e.step_time_s:5.2f} s step")
+network, _ = h100.link(spans_nodes=True)          # c strides over the servers, t = 8 inside
+step = cx.ring_step(llama, 1, 16, h100.gpu.peak_flops, network)
+print(f"one ring step at c = 16 across servers: computes {step['compute_s'] * 1e3:.2f} ms, "
+      f"moves its K/V block in {step['transfer_s'] * 1e3:.2f} ms: hidden {step['hidden']}")
+claim("the ring hides its traffic; the all-gather leaves some exposed, a few % of the step",
+      ring_run.time["cp_comm"] == 0 and
+      0 < gathered.step_time_s / ring_run.step_time_s - 1 < 0.1,
+      numbers=f"{gathered.step_time_s / ring_run.step_time_s - 1:+.1%}")
 
 # %% [markdown]
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
-# <b>Takeaway.</b> Context parallelism splits the sequence over c ranks and passes keys and
-# values around a ring, each transfer posted before the compute it hides behind; the
+# <b>Takeaway.</b> Context parallelism splits the sequence over c ranks and brings each
+# rank the others' keys and values: around a ring, each transfer posted before the compute
+# it hides behind (torchtitan, Megatron-Core), or in one all-gather whose latency is
+# exposed (Llama 3, for document masks and because GQA makes K and V small). The
 # log-sum-exp rule merges the blocks exactly, so the result is the one-process attention.
 # Every activation becomes s/c tokens long. Under a causal mask a contiguous split leaves
 # the last rank about 2c-1 times the first's work; the zig-zag split (chunks i and 2c-1-i)
-# balances it. Where activations, not weights, are what does not fit, c beats a longer
-# pipeline (which does not shrink them) and more t (which leaves the server).
+# balances it. At a fixed GPU count and batch, c does not shrink a GPU's activations; it
+# gives each replica c sequences, so the pipeline gets c micro-batches and its bubble
+# shrinks.
 # </div>
 #
 # ## Exercise

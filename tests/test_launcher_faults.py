@@ -16,7 +16,7 @@ import torch
 
 import lessonlib
 import rank_workers
-from lessonlib.launcher import RankError, starter
+from lessonlib.launcher import RankError, folders, starter
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
@@ -138,6 +138,33 @@ def test_nothing_is_left_in_the_temp_folder_and_dead_launches_are_swept():
         assert [f for f in os.listdir(folder) if not f.startswith(TORCH_CACHE)] == []
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _open_for_writing(fifo: Path) -> None:
+    """Lets a reader blocked on ``fifo`` go (an open for writing, never blocking itself)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:                    # nobody is waiting on it
+        pass
+
+
+def test_a_lock_that_is_not_a_regular_file_is_refused_not_waited_on(tmp_path, monkeypatch):
+    """Anyone who may write to a shared temp folder can make a FIFO named owner.lock in a
+    folder named like a launch's: opening it to read would wait for a writer, and every
+    later launch with it. The sweep leaves that folder alone, in one line, at once."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    trap = tmp_path / "lessonlib-1-x"
+    trap.mkdir()
+    os.mkfifo(trap / folders.LOCK)
+    release = threading.Timer(3.0, _open_for_writing, [trap / folders.LOCK])  # if it waits
+    release.start()
+    start = time.monotonic()
+    try:
+        with pytest.warns(UserWarning, match=r"lessonlib-1-x/owner.lock is not a regular file"):
+            folders.sweep()
+    finally:
+        release.cancel()
+    assert time.monotonic() - start < 2.0 and trap.exists()
 
 
 # ---------------------------------------------------------------- no open door

@@ -8,7 +8,9 @@ each folder ``lessonlib-<pid>-*`` holds ``owner.lock``, locked (``flock``) by th
 that made it for as long as it uses the folder; the kernel releases the lock when that
 process ends, however it ends (``kill -9`` included), in whatever namespace it ran. A folder
 whose lock can be taken is stale and removed by the next launch, by the launch's end, or by
-the fork server as it ends with its caller.
+the fork server as it ends with its caller. A lock that is not a regular file (a FIFO that
+anyone on a shared ``/tmp`` can make, whose opening would block every later launch) is never
+opened blocking: its folder is left alone, with one line saying so.
 
 Laptop:  ``python -c "from lessonlib.launcher import folders; print(folders.new())"``
 GPU box: the same.
@@ -18,8 +20,10 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 LOCK = "owner.lock"
@@ -63,11 +67,17 @@ def _stale(folder: Path) -> bool:
     """True if nobody holds the folder's lock (without a lock file: if its pid is not a live
     process here)."""
     try:
-        fd = os.open(folder / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+        # Non-blocking and not through a link: whatever the file is, opening it returns at once
+        fd = os.open(folder / LOCK, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:          # not made by ``new``: the old rule, by its pid
         pid = folder.name[len(PREFIX):].split("-")[0]
         return pid.isdigit() and not _pid_alive(int(pid))
     except OSError:
+        return False
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        warnings.warn(f"{folder / LOCK} is not a regular file, so it is no lock lessonlib made; "
+                      f"that folder is left alone (remove it if it is yours)", stacklevel=3)
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

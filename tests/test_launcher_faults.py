@@ -9,6 +9,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,18 @@ def test_a_world_beyond_the_machine_is_refused_unless_asked_for():
         lessonlib.launch(rank_workers.rank_and_sum, 10000)
     with pytest.raises(ValueError, match="timeout=-1 must be a finite positive"):  # no start
         lessonlib.launch(rank_workers.rank_and_sum, 10000, oversubscribe=True, timeout=-1)
+
+
+def test_a_script_read_from_standard_input_is_told_so_before_any_process_starts(monkeypatch):
+    """``python - <<EOF`` or ``python < script.py``: the ranks cannot re-import a script that
+    has no file, and the guard they would otherwise be told to add is already there."""
+    stdin_main = types.ModuleType("__main__")
+    stdin_main.__file__ = "<stdin>"
+    monkeypatch.setitem(sys.modules, "__main__", stdin_main)
+    with pytest.raises(ValueError, match=r"script read from standard input.*save the script "
+                                         r"to a file") as refused:
+        lessonlib.launch(rank_workers.rank_and_sum, 2, timeout=20)
+    assert "if __name__" not in str(refused.value)
 
 
 # ---------------------------------------------------------------- ranks that die

@@ -108,6 +108,11 @@ def _keep_the_server_socket_in_our_folder() -> None:
         forkserver.set_temp_folder(folder)
 
 
+def is_a_caller() -> bool:
+    """Not a rank that a launch forked or spawned, nor the fork server itself."""
+    return multiprocessing.parent_process() is None and not forkserver.in_server()
+
+
 def keep_the_compile_cache_in_our_folder() -> None:
     """torch._dynamo, once imported, makes ``torchinductor_<user>`` in the temp folder for
     its compile cache; unless the user chose a place, it goes into the caller's own folder
@@ -128,7 +133,3 @@ def server_pid() -> int | None:
     """The fork server's process id, while one started by this process runs."""
     pid = forkserver.pid()
     return pid if pid is not None and pid == _server["pid"] else None
-
-
-if multiprocessing.parent_process() is None and not forkserver.in_server():
-    keep_the_compile_cache_in_our_folder()      # a caller: before it imports torch._dynamo

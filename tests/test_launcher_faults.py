@@ -180,6 +180,23 @@ def test_a_lock_that_is_not_a_regular_file_is_refused_not_waited_on(tmp_path, mo
     assert time.monotonic() - start < 2.0 and trap.exists()
 
 
+def test_a_socket_folder_goes_where_its_path_fits_and_is_swept_there(tmp_path, monkeypatch):
+    """A temp folder too long for the fork server's socket (macOS's own is about 48
+    characters): the caller's folder, which holds it, goes to a short system temp folder,
+    and the sweeps look there too once its owner is gone."""
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    base = folders.socket_base()
+    if base is None:
+        pytest.skip(f"none of {folders.SHORT_TEMP_FOLDERS} is writable here")
+    folder = folders.new("server-", socket=True)
+    assert folder.parent == Path(base) and len(str(folder / "listener-12345678")) < 100
+    os.close(folders._held.pop(str(folder)))    # its owner is gone: the lock is let go
+    folders.sweep()
+    assert not folder.exists()
+
+
 # ---------------------------------------------------------------- no open door
 def test_nothing_listens_beyond_this_machine_during_a_launch(no_children_left):
     out = lessonlib.launch(rank_workers.listening_sockets, 2, os.getpid())

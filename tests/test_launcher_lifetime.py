@@ -54,6 +54,24 @@ def test_what_a_rank_starts_ends_at_the_timeout(tmp_path, no_children_left):
     assert len(pids) == 4 and not _all_gone(pids)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreapers are Linux's")
+@pytest.mark.parametrize("then", ["return", "exit", "hang"])
+def test_what_a_rank_starts_in_another_session_or_group_ends_with_the_launch(
+        tmp_path, then, no_children_left):
+    """``start_new_session=True``, ``process_group=0`` and a daemon's orphaned grandchild
+    leave the rank's process group. The rank returns (it ends them), dies (the fork server
+    adopted them, the launch ends them) or hangs (the launch ends them, then it)."""
+    run = lambda: lessonlib.launch(lifetime_workers.start_escapees, 2,  # noqa: E731
+                                   str(tmp_path / "pids"), then, timeout=3)
+    if then == "return":
+        run()
+    else:
+        with pytest.raises((RankError, LaunchTimeout)):
+            run()
+    pids = [int(pid) for f in tmp_path.glob("pids.*") for pid in f.read_text().split()]
+    assert len(pids) == 6 and not _all_gone(pids)
+
+
 def test_results_travel_back_by_value(no_children_left):
     cell = {"__name__": "__main__"}
     exec("import dataclasses\nimport torch.distributed as dist\n"
@@ -127,8 +145,8 @@ def test_a_launch_in_another_pid_namespace_leaves_a_live_launch_alone(tmp_path, 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
 def test_a_killed_caller_leaves_no_process_and_no_folder(tmp_path, how):
-    """The ranks and their children end, the fork server ends at once (not after torch's
-    teardown), and the temp folder is left as it was found. Under kill -9 the temp folder is
+    """The ranks and their children (in other sessions and groups too) end, the fork server
+    ends at once (not after torch's teardown), and the temp folder is left as it was found. Under kill -9 the temp folder is
     too long for the server's socket (as macOS's is): its folder goes to a short system temp
     folder, removed as well, never to multiprocessing's pymp-* that nothing removes."""
     long = "x" * 60 if how == signal.SIGKILL else ""
@@ -139,7 +157,7 @@ def test_a_killed_caller_leaves_no_process_and_no_folder(tmp_path, how):
         import lessonlib, lifetime_workers
         if __name__ == "__main__":
             import torch._dynamo  # as a lab that trains: torch's compile cache is made now
-            lessonlib.launch(lifetime_workers.start_children, 2, %r, True, timeout=300)
+            lessonlib.launch(lifetime_workers.start_escapees, 2, %r, "hang", timeout=300)
     """ % (str(ROOT / "tests"), str(tmp_path / "pids")))
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     caller = subprocess.Popen([sys.executable, "-c", script], env=dict(env, TMPDIR=str(folder)),

@@ -25,6 +25,7 @@ The files, in the order a launch uses them:
 - ``folders``: the launch's private folders, each held by a lock while its owner lives;
 - ``rank``: what each rank does, from birth to its result (and ``demo_rank_sum``);
 - ``local``: ``launch`` itself, watching the ranks until results, a failure or the timeout;
+- ``reaper``: every process a rank starts ends with the launch, in whatever session;
 - ``errors``: ``RankError`` and ``LaunchTimeout``, and the words that explain them;
 - ``torchrun``: ``run``, the labs' one entry under python, torchrun or srun.
 

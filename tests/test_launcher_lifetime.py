@@ -146,9 +146,10 @@ def test_a_launch_in_another_pid_namespace_leaves_a_live_launch_alone(tmp_path, 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
 def test_a_killed_caller_leaves_no_process_and_no_folder(tmp_path, how):
     """The ranks and their children (in other sessions and groups too) end, the fork server
-    ends at once (not after torch's teardown), and the temp folder is left as it was found. Under kill -9 the temp folder is
-    too long for the server's socket (as macOS's is): its folder goes to a short system temp
-    folder, removed as well, never to multiprocessing's pymp-* that nothing removes."""
+    ends at once (not after torch's teardown), and the temp folder is left as it was found.
+    Under kill -9 the temp folder is too long for the server's socket (as macOS's is): its
+    folder goes to a short system temp folder, removed as well, never to multiprocessing's
+    pymp-* that nothing removes."""
     long = "x" * 60 if how == signal.SIGKILL else ""
     folder = Path(tempfile.mkdtemp(prefix=f"kc-{long}"))
     script = textwrap.dedent("""

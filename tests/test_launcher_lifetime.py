@@ -11,6 +11,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import psutil
@@ -61,13 +62,10 @@ def test_what_a_rank_starts_in_another_session_or_group_ends_with_the_launch(
     """``start_new_session=True``, ``process_group=0`` and a daemon's orphaned grandchild
     leave the rank's process group. The rank returns (it ends them), dies (the fork server
     adopted them, the launch ends them) or hangs (the launch ends them, then it)."""
-    run = lambda: lessonlib.launch(lifetime_workers.start_escapees, 2,  # noqa: E731
-                                   str(tmp_path / "pids"), then, timeout=3)
-    if then == "return":
-        run()
-    else:
-        with pytest.raises((RankError, LaunchTimeout)):
-            run()
+    ends = nullcontext() if then == "return" else pytest.raises((RankError, LaunchTimeout))
+    with ends:
+        lessonlib.launch(lifetime_workers.start_escapees, 2, str(tmp_path / "pids"), then,
+                         timeout=3)
     pids = [int(pid) for f in tmp_path.glob("pids.*") for pid in f.read_text().split()]
     assert len(pids) == 6 and not _all_gone(pids)
 

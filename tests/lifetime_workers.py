@@ -23,6 +23,24 @@ def start_children(pid_file: str, then_hang: bool = False) -> list[int]:
     return pids
 
 
+def start_escapees(pid_file: str, then: str = "return") -> list[int]:
+    """Start processes that leave the rank's process group: one in a new session, one in a
+    group of its own, and a daemon's grandchild (orphaned at once, in a new session); write
+    their pids; then return, leave with ``os._exit(3)`` as a crash would, or hang."""
+    own_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    session = subprocess.Popen(["sleep", "78"], start_new_session=True)
+    group = subprocess.Popen(["sleep", "78"], **own_group)
+    daemon = subprocess.run(["sh", "-c", "sleep 78 >/dev/null 2>&1 & echo $!"],
+                            capture_output=True, text=True, start_new_session=True)
+    pids = [session.pid, group.pid, int(daemon.stdout)]
+    Path(f"{pid_file}.{dist.get_rank()}").write_text(" ".join(map(str, pids)))
+    if then == "exit":
+        os._exit(3)
+    while then == "hang":
+        time.sleep(1)
+    return pids
+
+
 def close_stdout_and_return(value):
     print("a line before the close")
     sys.stdout.close()

@@ -152,7 +152,8 @@ def test_worker_code_reads_rank_from_the_process_group_under_torchrun(tmp_path):
     gathered to rank 0 only: the other rank leaves inside ``run``. Rank 0 then leaves as
     every lab does (``labkit.emit``): flushed, with ``os._exit``, since Python's teardown
     after ``destroy_process_group`` can abort a rank on a loaded machine (exit -6,
-    "terminate called without an active exception", seen once in a full-suite run)."""
+    "terminate called without an active exception", seen once in a full-suite run). No rank
+    leaves a folder in the temp folder: a torchrun rank makes none."""
     script = tmp_path / "entry.py"
     script.write_text(textwrap.dedent("""
         import os, pathlib, sys; sys.path.insert(0, %r)
@@ -166,8 +167,12 @@ def test_worker_code_reads_rank_from_the_process_group_under_torchrun(tmp_path):
     """ % (str(ROOT / "tests"), str(tmp_path))))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", "2", str(script)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # as a user's
+    env.update(OMP_NUM_THREADS="1", TMPDIR=str(temp))
     done = subprocess.run(torchrun, capture_output=True, text=True, timeout=100, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sums [3.0, 3.0] world 2" in done.stdout
     assert sorted(p.name for p in tmp_path.glob("after_run_*")) == ["after_run_0"]
+    assert [p.name for p in temp.glob("lessonlib-*")] == []

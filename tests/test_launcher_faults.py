@@ -9,6 +9,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import torch
 
 import lessonlib
 import rank_workers
-from lessonlib.launcher import RankError, starter
+from lessonlib.launcher import RankError, folders, starter
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
@@ -61,6 +62,18 @@ def test_a_world_beyond_the_machine_is_refused_unless_asked_for():
         lessonlib.launch(rank_workers.rank_and_sum, 10000)
     with pytest.raises(ValueError, match="timeout=-1 must be a finite positive"):  # no start
         lessonlib.launch(rank_workers.rank_and_sum, 10000, oversubscribe=True, timeout=-1)
+
+
+def test_a_script_read_from_standard_input_is_told_so_before_any_process_starts(monkeypatch):
+    """``python - <<EOF`` or ``python < script.py``: the ranks cannot re-import a script that
+    has no file, and the guard they would otherwise be told to add is already there."""
+    stdin_main = types.ModuleType("__main__")
+    stdin_main.__file__ = "<stdin>"
+    monkeypatch.setitem(sys.modules, "__main__", stdin_main)
+    with pytest.raises(ValueError, match=r"script read from standard input.*save the script "
+                                         r"to a file") as refused:
+        lessonlib.launch(rank_workers.rank_and_sum, 2, timeout=20)
+    assert "if __name__" not in str(refused.value)
 
 
 # ---------------------------------------------------------------- ranks that die
@@ -138,6 +151,50 @@ def test_nothing_is_left_in_the_temp_folder_and_dead_launches_are_swept():
         assert [f for f in os.listdir(folder) if not f.startswith(TORCH_CACHE)] == []
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _open_for_writing(fifo: Path) -> None:
+    """Lets a reader blocked on ``fifo`` go (an open for writing, never blocking itself)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:                    # nobody is waiting on it
+        pass
+
+
+def test_a_lock_that_is_not_a_regular_file_is_refused_not_waited_on(tmp_path, monkeypatch):
+    """Anyone who may write to a shared temp folder can make a FIFO named owner.lock in a
+    folder named like a launch's: opening it to read would wait for a writer, and every
+    later launch with it. The sweep leaves that folder alone, in one line, at once."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    trap = tmp_path / "lessonlib-1-x"
+    trap.mkdir()
+    os.mkfifo(trap / folders.LOCK)
+    release = threading.Timer(3.0, _open_for_writing, [trap / folders.LOCK])  # if it waits
+    release.start()
+    start = time.monotonic()
+    try:
+        with pytest.warns(UserWarning, match=r"lessonlib-1-x/owner.lock is not a regular file"):
+            folders.sweep()
+    finally:
+        release.cancel()
+    assert time.monotonic() - start < 2.0 and trap.exists()
+
+
+def test_a_socket_folder_goes_where_its_path_fits_and_is_swept_there(tmp_path, monkeypatch):
+    """A temp folder too long for the fork server's socket (macOS's own is about 48
+    characters): the caller's folder, which holds it, goes to a short system temp folder,
+    and the sweeps look there too once its owner is gone."""
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    base = folders.socket_base()
+    if base is None:
+        pytest.skip(f"none of {folders.SHORT_TEMP_FOLDERS} is writable here")
+    folder = folders.new("server-", socket=True)
+    assert folder.parent == Path(base) and len(str(folder / "listener-12345678")) < 100
+    os.close(folders._held.pop(str(folder)))    # its owner is gone: the lock is let go
+    folders.sweep()
+    assert not folder.exists()
 
 
 # ---------------------------------------------------------------- no open door

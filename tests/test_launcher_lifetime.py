@@ -11,6 +11,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import psutil
@@ -18,7 +19,7 @@ import pytest
 
 import lessonlib
 import lifetime_workers
-from lessonlib.launcher import LaunchTimeout, RankError
+from lessonlib.launcher import LaunchTimeout, RankError, folders
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
@@ -52,6 +53,21 @@ def test_what_a_rank_starts_ends_at_the_timeout(tmp_path, no_children_left):
                          timeout=4)
     pids = [int(pid) for f in tmp_path.glob("pids.*") for pid in f.read_text().split()]
     assert len(pids) == 4 and not _all_gone(pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreapers are Linux's")
+@pytest.mark.parametrize("then", ["return", "exit", "hang"])
+def test_what_a_rank_starts_in_another_session_or_group_ends_with_the_launch(
+        tmp_path, then, no_children_left):
+    """``start_new_session=True``, ``process_group=0`` and a daemon's orphaned grandchild
+    leave the rank's process group. The rank returns (it ends them), dies (the fork server
+    adopted them, the launch ends them) or hangs (the launch ends them, then it)."""
+    ends = nullcontext() if then == "return" else pytest.raises((RankError, LaunchTimeout))
+    with ends:
+        lessonlib.launch(lifetime_workers.start_escapees, 2, str(tmp_path / "pids"), then,
+                         timeout=3)
+    pids = [int(pid) for f in tmp_path.glob("pids.*") for pid in f.read_text().split()]
+    assert len(pids) == 6 and not _all_gone(pids)
 
 
 def test_results_travel_back_by_value(no_children_left):
@@ -127,16 +143,20 @@ def test_a_launch_in_another_pid_namespace_leaves_a_live_launch_alone(tmp_path, 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
 def test_a_killed_caller_leaves_no_process_and_no_folder(tmp_path, how):
-    """The ranks and their children end, the fork server ends at once (not after torch's
-    teardown), and the temp folder is left as it was found."""
-    folder = Path(tempfile.mkdtemp(prefix="kc-"))       # short: socket paths must be short
+    """The ranks and their children (in other sessions and groups too) end, the fork server
+    ends at once (not after torch's teardown), and the temp folder is left as it was found.
+    Under kill -9 the temp folder is too long for the server's socket (as macOS's is): its
+    folder goes to a short system temp folder, removed as well, never to multiprocessing's
+    pymp-* that nothing removes."""
+    long = "x" * 60 if how == signal.SIGKILL else ""
+    folder = Path(tempfile.mkdtemp(prefix=f"kc-{long}"))
     script = textwrap.dedent("""
         import sys; sys.path.insert(0, %r)
         from lessonlib import launcher  # noqa: F401  (first, as the labs import it)
         import lessonlib, lifetime_workers
         if __name__ == "__main__":
             import torch._dynamo  # as a lab that trains: torch's compile cache is made now
-            lessonlib.launch(lifetime_workers.start_children, 2, %r, True, timeout=300)
+            lessonlib.launch(lifetime_workers.start_escapees, 2, %r, "hang", timeout=300)
     """ % (str(ROOT / "tests"), str(tmp_path / "pids")))
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     caller = subprocess.Popen([sys.executable, "-c", script], env=dict(env, TMPDIR=str(folder)),
@@ -159,6 +179,8 @@ def test_a_killed_caller_leaves_no_process_and_no_folder(tmp_path, how):
         while list(folder.iterdir()) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert list(folder.iterdir()) == []
+        assert [f for base in folders.SHORT_TEMP_FOLDERS
+                for f in Path(base).glob(f"lessonlib-{caller.pid}-*")] == []
     finally:
         if caller.poll() is None:
             caller.kill()

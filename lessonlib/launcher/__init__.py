@@ -25,6 +25,7 @@ The files, in the order a launch uses them:
 - ``folders``: the launch's private folders, each held by a lock while its owner lives;
 - ``rank``: what each rank does, from birth to its result (and ``demo_rank_sum``);
 - ``local``: ``launch`` itself, watching the ranks until results, a failure or the timeout;
+- ``reaper``: every process a rank starts ends with the launch, in whatever session;
 - ``errors``: ``RankError`` and ``LaunchTimeout``, and the words that explain them;
 - ``torchrun``: ``run``, the labs' one entry under python, torchrun or srun.
 
@@ -32,11 +33,18 @@ Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.launcher.demo_rank
 GPU box: the same call uses NCCL when 4 GPUs are visible; under torchrun use ``run``.
 """
 from lessonlib.breadcrumbs import progress
+from lessonlib.launcher import starter
 from lessonlib.launcher.errors import LaunchTimeout, RankError
 from lessonlib.launcher.local import DEFAULT_TIMEOUT_S, launch
 from lessonlib.launcher.rank import demo_rank_sum, phase_times
 from lessonlib.launcher.starter import server_pid, stop_server
 from lessonlib.launcher.torchrun import is_main_process, run, under_torchrun
+
+# A caller's own folder takes torch's compile cache, before the caller imports torch._dynamo.
+# A torchrun (or srun) rank is no caller: it launches nothing and leaves with os._exit, which
+# would leave that folder behind, one per rank.
+if starter.is_a_caller() and not under_torchrun():
+    starter.keep_the_compile_cache_in_our_folder()
 
 __all__ = ["DEFAULT_TIMEOUT_S", "LaunchTimeout", "RankError", "demo_rank_sum", "is_main_process",
            "launch", "phase_times", "progress", "run", "server_pid", "stop_server",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import sys
 
 import cloudpickle
 import torch
@@ -55,6 +56,18 @@ def check_backend(backend: str) -> None:
     if backend == "nccl" and device.gpu_count() == 0:
         raise ValueError("backend='nccl' needs GPUs, but no GPU is visible to torch here; "
                          "use backend='gloo' (CPU ranks) or backend='auto'")
+
+
+def check_main_script() -> None:
+    """A script read from standard input cannot launch: multiprocessing has every rank, cold
+    or warm, re-import the caller's script from its file (``__main__.__file__``), and
+    standard input has none, so each rank would die while starting."""
+    if getattr(sys.modules.get("__main__"), "__file__", None) == "<stdin>":
+        raise ValueError(
+            "launch was called from a script read from standard input (python - or python < "
+            "script.py): each rank, warm or cold, re-imports the caller's script from its "
+            "file, and standard input has none; save the script to a file and run python "
+            "script.py (or pass it with python -c)")
 
 
 class _Pickler(cloudpickle.Pickler):

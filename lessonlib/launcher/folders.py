@@ -8,7 +8,14 @@ each folder ``lessonlib-<pid>-*`` holds ``owner.lock``, locked (``flock``) by th
 that made it for as long as it uses the folder; the kernel releases the lock when that
 process ends, however it ends (``kill -9`` included), in whatever namespace it ran. A folder
 whose lock can be taken is stale and removed by the next launch, by the launch's end, or by
-the fork server as it ends with its caller.
+the fork server as it ends with its caller. A lock that is not a regular file (a FIFO that
+anyone on a shared ``/tmp`` can make, whose opening would block every later launch) is never
+opened blocking: its folder is left alone, with one line saying so.
+
+A folder that holds a Unix socket (the fork server's) is made where the socket's path fits
+(about 100 bytes): the temp folder, or, when that is too long (macOS's own is about 48
+characters), a short system temp folder, which the sweeps cover too. multiprocessing's own
+fallback, a ``pymp-*`` folder, is removed only by a caller that exits normally.
 
 Laptop:  ``python -c "from lessonlib.launcher import folders; print(folders.new())"``
 GPU box: the same.
@@ -18,21 +25,45 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 LOCK = "owner.lock"
 PREFIX = "lessonlib-"
+# The longest base a socket's folder may have: its socket is <base>/lessonlib-<pid>-<kind><8
+# random>/listener-<8 random> (multiprocessing's name), under 100 bytes with the largest pid.
+SOCKET_BASE_MAX = 100 - len("/lessonlib-4194304-server-12345678/listener-12345678")
+SHORT_TEMP_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
 _held: dict[str, int] = {}  # folder -> the open file descriptor holding its lock
 
 
-def new(kind: str = "") -> Path:
-    """A fresh folder ``lessonlib-<pid>-<kind>*`` in the temp folder, locked by this process
-    until ``remove`` (or its end); stale folders are swept first."""
+def socket_base() -> str | None:
+    """Where a folder for a socket goes: the temp folder if short enough, else the first
+    short system temp folder this process may write to (None: there is none)."""
+    for base in (tempfile.gettempdir(), *SHORT_TEMP_FOLDERS):
+        if len(base) <= SOCKET_BASE_MAX and os.path.isdir(base) \
+                and os.access(base, os.W_OK | os.X_OK):
+            return base
+    return None
+
+
+def _bases() -> list[str]:
+    """Every folder this module makes folders in: the temp folder and the sockets' one."""
+    temp, sockets = tempfile.gettempdir(), socket_base()
+    return [temp] if sockets in (None, temp) else [temp, sockets]
+
+
+def new(kind: str = "", socket: bool = False) -> Path:
+    """A fresh folder ``lessonlib-<pid>-<kind>*`` in the temp folder (``socket``: where a
+    socket's path fits), locked by this process until ``remove`` (or its end); stale folders
+    are swept first."""
     sweep()
+    base = socket_base() if socket else None
     # Locked under a hidden name, then renamed (atomic): no sweep ever sees it unlocked
-    staging = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{os.getpid()}-{kind}"))
+    staging = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{os.getpid()}-{kind}", dir=base))
     fd = os.open(staging / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     folder = staging.with_name(staging.name[1:])
@@ -63,11 +94,17 @@ def _stale(folder: Path) -> bool:
     """True if nobody holds the folder's lock (without a lock file: if its pid is not a live
     process here)."""
     try:
-        fd = os.open(folder / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+        # Non-blocking and not through a link: whatever the file is, opening it returns at once
+        fd = os.open(folder / LOCK, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:          # not made by ``new``: the old rule, by its pid
         pid = folder.name[len(PREFIX):].split("-")[0]
         return pid.isdigit() and not _pid_alive(int(pid))
     except OSError:
+        return False
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        warnings.warn(f"{folder / LOCK} is not a regular file, so it is no lock lessonlib made; "
+                      f"that folder is left alone (remove it if it is yours)", stacklevel=3)
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -84,11 +121,11 @@ def sweep(owner: int | None = None, within_s: float = 1.0) -> None:
     releases a dead process's files in no set order): wait up to ``within_s`` for them."""
     deadline = time.monotonic() + within_s
     while True:
-        for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        for folder in (f for base in _bases() for f in Path(base).glob(f"{PREFIX}*-*")):
             if str(folder) not in _held and folder.is_dir() and not folder.is_symlink() \
                     and _stale(folder):
                 shutil.rmtree(folder, ignore_errors=True)
         if owner is None or time.monotonic() > deadline or not any(
-                Path(tempfile.gettempdir()).glob(f"{PREFIX}{owner}-*")):
+                f for base in _bases() for f in Path(base).glob(f"{PREFIX}{owner}-*")):
             return
         time.sleep(0.02)

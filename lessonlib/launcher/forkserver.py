@@ -22,6 +22,7 @@ import multiprocessing.forkserver
 import multiprocessing.process
 import os
 import sys
+import warnings
 
 CHECKED_ON = ("3.10", "3.11", "3.12", "3.13")
 ATTRIBUTES = ("_lock", "_forkserver_pid", "_forkserver_alive_fd", "_forkserver_address",
@@ -105,7 +106,8 @@ def _end_at_once(server_pid: int, caller_pid: int) -> None:
         return
     marker = _stopping_marker(server()._forkserver_address)
     if not (marker and os.path.exists(marker)):   # the caller ended (it may still be ending)
-        from lessonlib.launcher import folders
+        from lessonlib.launcher import folders, reaper
+        reaper.end_descendants([server_pid])       # its ranks, and all they started
         folders.sweep(owner=caller_pid)
     os._exit(0)
 
@@ -117,4 +119,10 @@ if in_server():
         os.setpgid(0, 0)
     except OSError:                      # a session leader already: nothing to leave
         pass
+    # A subreaper: the orphans of a rank that ended without ending them (killed from outside,
+    # os._exit) are adopted here, not by init, for the launch to end (``reaper``). The server
+    # reaps them when they end, which multiprocessing would otherwise warn about.
+    from lessonlib.launcher import reaper
+    reaper.become_subreaper()
+    warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
     atexit.register(_end_at_once, os.getpid(), os.getppid())

@@ -4,8 +4,8 @@ What it teaches: a distributed program is N copies of the same function, told ap
 their rank. The caller checks everything it can first, sends the function by value, starts
 the ranks, then only watches: for a result from every rank, for the first rank that fails
 (it is named, with its traceback), or for the timeout (each rank's last step is named).
-Whatever happens, every rank and every process a rank started (its process group) is
-stopped, and the launch's folder removed, before it returns.
+Whatever happens, every rank and every process a rank started (in any session or process
+group: ``reaper``) is stopped, and the launch's folder removed, before it returns.
 
 Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.launcher.demo_rank_sum, 4))"``
 GPU box: the same call uses NCCL when 4 GPUs are visible; under torchrun use ``run``.
@@ -15,14 +15,19 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import threading
 import time
 from pathlib import Path
 
 from lessonlib import device
-from lessonlib.launcher import checks, errors, folders, rank, starter
+from lessonlib.launcher import checks, errors, folders, rank, reaper, starter
 
 DEFAULT_TIMEOUT_S = 120.0
 _POLL_S = 0.005  # a warm launch lasts about 0.1 s: look often, the check is a few syscalls
+# The ranks of the launches running in this process (a notebook may launch from two threads):
+# every other child of the fork server is an orphan it adopted from a rank.
+_running: set[int] = set()
+_starting = threading.Lock()
 
 
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S,
@@ -36,6 +41,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     ``oversubscribe=True`` allows more than 8 ranks per CPU core.
     """
     world_size, timeout = checks.check_settings(world_size, timeout, backend, oversubscribe)
+    checks.check_main_script()
     backend = device.resolve_backend(backend, world_size)
     payload = checks.pack(fn, args, kwargs)
     ctx = starter.context(warm)
@@ -46,13 +52,15 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
             p = ctx.Process(target=rank.main, name=f"lessonlib-rank{r}",
                             args=(r, payload, world_size, backend, str(workdir), timeout,
                                   os.getpid(), dict(os.environ)))
-            p.start()
+            with _starting:         # counted before anyone looks for orphans
+                p.start()
+                _running.add(p.pid)
             processes.append(p)
         _wait(processes, workdir, backend, timeout)
         return [pickle.loads((workdir / f"rank{r}.result").read_bytes())
                 for r in range(world_size)]
     finally:
-        _stop_all(processes)
+        _stop_all(processes, workdir)
         folders.remove(workdir)
         folders.sweep()     # what a launch nested in a stopped rank left, say
 
@@ -81,19 +89,29 @@ def _wait(processes, workdir: Path, backend: str, timeout: float) -> None:
         time.sleep(_POLL_S)
 
 
-def _stop_all(processes) -> None:
-    """Stop every rank, then every process a rank started: each rank leads its own process
-    group (``rank.main``), which outlives the rank while any of its children live."""
+def _stop_all(processes, workdir: Path) -> None:
+    """Stop every rank, then every process a rank started. A rank still running is frozen
+    (it starts nothing more), what is below it ended (``reaper``), then it. A rank that ended
+    without its result may have left orphans to the fork server: they end too. Each rank also
+    leads its own process group (``rank.main``): where there is no subreaper, that is all."""
+    live = [p for p in processes if p.exitcode is None]
+    for p in live:
+        try:
+            os.kill(p.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+    roots = [p.pid for p in live]
+    if starter.server_pid() is not None and not all(
+            (workdir / f"rank{r}.result").exists() for r in range(len(processes))):
+        roots.append(starter.server_pid())
+    ours = {p.pid for p in processes}
+    with _starting:
+        reaper.end_descendants(roots, spare=frozenset(_running - ours))
+        _running.difference_update(ours)
+    for p in live:
+        p.kill()
     for p in processes:
-        if p.exitcode is None:
-            p.terminate()
-    deadline = time.monotonic() + 2.0
-    for p in processes:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.exitcode is None:
-            p.kill()
-            p.join()
-    for p in processes:
+        p.join()
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):   # no process left in it

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from lessonlib import comm, device, placement
 from lessonlib.breadcrumbs import PROGRESS_ENV, progress
-from lessonlib.launcher import checks, forkserver
+from lessonlib.launcher import checks, forkserver, reaper
 
 phase_times: dict[str, float] = {}  # this rank's wall-clock milestones (labs/launch_overhead.py)
 
@@ -51,7 +51,9 @@ def to_cpu(value):
 
 
 def _end_everything() -> None:
-    """This rank and every process it started (its process group) end now."""
+    """This rank and every process it started end now: those below it (it is a subreaper,
+    ``reaper``), and those in its process group (where there is no subreaper)."""
+    reaper.end_descendants([os.getpid()])
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
@@ -89,7 +91,8 @@ def _write(path: Path, data: bytes) -> None:
 
 def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, environ):
     phase_times["entered"] = time.time()
-    os.setpgid(0, 0)    # its own process group: whatever it starts is stopped with it
+    os.setpgid(0, 0)    # its own process group: whatever it starts is stopped with it,
+    reaper.become_subreaper()   # even what leaves that group: its orphans stay below the rank
     forkserver.drop_alive_pipe()
     log = os.open(Path(workdir) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT, 0o644)
     os.dup2(log, 1)
@@ -130,6 +133,7 @@ def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, envir
         code = 1
     else:
         code = 0
+    reaper.end_descendants([os.getpid()])   # what it started ends with it, in any session
     # The result is safe on disk: skip the interpreter's slow teardown of torch (about a
     # second per rank on a small CPU), which would otherwise dominate short launches.
     _flush()

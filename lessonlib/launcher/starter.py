@@ -25,6 +25,7 @@ import multiprocessing
 import multiprocessing.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import lessonlib
@@ -92,7 +93,7 @@ def context(warm: bool = True):
 def caller_folder() -> Path:
     """This process's own folder, made once, locked for its life and removed at its exit."""
     if _caller["folder"] is None:
-        _caller["folder"] = folders.new("server-")
+        _caller["folder"] = folders.new("server-", socket=True)
         multiprocessing.util.Finalize(None, folders.remove, args=(_caller["folder"],),
                                       exitpriority=-100)
     return _caller["folder"]
@@ -101,11 +102,23 @@ def caller_folder() -> Path:
 def _keep_the_server_socket_in_our_folder() -> None:
     """The server listens on a socket file in multiprocessing's temp folder (``pymp-*``),
     removed only when the caller exits normally. Put it in the caller's own folder instead,
-    which the next launch (or the server as it ends) removes after a caller that was killed."""
+    which the next launch (or the server as it ends) removes after a caller that was killed;
+    ``folders`` makes that folder where a socket's path fits."""
+    if forkserver.temp_folder() is not None:    # the caller's own multiprocessing chose one
+        return
     folder = str(caller_folder())
-    # A socket's path must fit in about 100 bytes; a deep temp folder keeps the default.
-    if forkserver.temp_folder() is None and len(folder) + len("/listener-12345678") < 100:
-        forkserver.set_temp_folder(folder)
+    if len(folder) + len("/listener-12345678") >= 100:
+        raise ValueError(
+            f"the fork server's socket needs a temp folder path of at most "
+            f"{folders.SOCKET_BASE_MAX} characters, but TMPDIR={tempfile.gettempdir()} has "
+            f"{len(tempfile.gettempdir())} and none of {', '.join(folders.SHORT_TEMP_FOLDERS)} "
+            f"is writable; set TMPDIR to a shorter folder, or launch with warm=False")
+    forkserver.set_temp_folder(folder)
+
+
+def is_a_caller() -> bool:
+    """Not a rank that a launch forked or spawned, nor the fork server itself."""
+    return multiprocessing.parent_process() is None and not forkserver.in_server()
 
 
 def keep_the_compile_cache_in_our_folder() -> None:
@@ -128,7 +141,3 @@ def server_pid() -> int | None:
     """The fork server's process id, while one started by this process runs."""
     pid = forkserver.pid()
     return pid if pid is not None and pid == _server["pid"] else None
-
-
-if multiprocessing.parent_process() is None and not forkserver.in_server():
-    keep_the_compile_cache_in_our_folder()      # a caller: before it imports torch._dynamo

@@ -232,8 +232,7 @@ def default_folder(name: str, jobs, opts) -> Path:
 
 
 def check_folder(parser, out: Path) -> None:
-    """The results folder must be a folder this user can write, on a disk, before any point
-    runs."""
+    """The results folder: one this user can write, on a disk, before any point runs."""
     place = next(p for p in [out, *out.parents, Path(".")] if p.exists())
     if not place.is_dir() or (place == out and not out.is_dir()):
         parser.error(f"--out {out}: {place} is a file, not a folder; give a folder")
@@ -276,8 +275,6 @@ def main(argv=None) -> int:
     parser, opts = parse_args(argv)
     if opts.collect:
         return collect(parser, opts.collect, opts)
-    if opts.out is not None:
-        check_folder(parser, opts.out)        # before each lab's --help is read
     try:
         jobs = build_jobs(opts)
         for lab, points in jobs:
@@ -289,8 +286,7 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     name = opts.grid_file.stem if opts.grid_file else jobs[0][0]
     out = opts.out or default_folder(name, jobs, opts)
-    if opts.out is None:
-        check_folder(parser, out)
+    check_folder(parser, out)
     if opts.slurm and (out / sweep_slurm.STATE).exists():
         return collect(parser, out, opts)          # the same command again: gather
     if opts.slurm and not opts.dry_run:

@@ -287,7 +287,7 @@ def _flags_from_usage(python, lab):
 
 
 @pytest.mark.parametrize("lab", LABS)
-@fuzz(40)
+@fuzz(12)
 @given(data=st.data())
 def test_lab_command_lines_run_or_refuse_in_one_line(lab, data):
     argv = list(BASE.get(lab, []))

@@ -2,11 +2,17 @@
 machine could never hold, a hybrid axis that does not fit, a sweep's point timeout and a path
 on a kernel file system (``/proc``, ``/sys``) each cost one line naming the flag, with no
 usage block above it. The launch is stubbed: a setting that passes every check would start
-ranks, which these tests count as a failure."""
+ranks, which these tests count as a failure; the sweep's reading of a lab's --help is
+stubbed too."""
+import sys
+
 import labrun
 import pytest
 
 from lessonlib import launcher
+
+sys.path.append(str(labrun.LABS))   # after site-packages: labs/ holds scripts, not a package
+import sweep_points  # noqa: E402  (the sweep reads each lab's flags with it)
 
 HUGE = "99999999999999999999"
 STARTED = 99
@@ -21,6 +27,7 @@ def refused(lab, *argv):
     with pytest.MonkeyPatch.context() as mp:
         for name in ("run", "launch"):
             mp.setattr(launcher, name, _would_start)
+        mp.setattr(sweep_points, "lab_flags", lambda python, lab: {"--help"})  # no subprocess
         done = labrun.run(lab, *argv)
     assert done.returncode == 2, (argv, done.returncode, done.stderr[-2000:])
     lines = done.stderr.strip().splitlines()

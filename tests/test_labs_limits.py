@@ -90,6 +90,12 @@ def test_sweep_refuses_in_one_line_without_the_usage(argv, words, tmp_path):
     assert words in line and line.startswith("labs/sweep.py: error: "), line
 
 
+@pytest.mark.parametrize("argv", [["--budget-s", "-1"], ["--max-world-size", HUGE]])
+def test_gpu_check_refuses_in_one_line_without_the_usage(argv):
+    line = refused("gpu_check", "--allow-cpu", *argv)
+    assert argv[0] in line and line.startswith("labs/gpu_check.py: error: "), line
+
+
 @pytest.mark.parametrize("lab,argv,flag", [
     ("train", ["--checkpoint-dir", "/proc/ckpt"], "--checkpoint-dir"),
     ("train", ["--checkpoint-dir", "/sys/ckpt"], "--checkpoint-dir"),

@@ -63,8 +63,8 @@ def check_settings(p, args) -> dict:
         p.error(f"--bucket-cap-mb must be a positive number of MiB (PyTorch uses 25); "
                 f"got {args.bucket_cap_mb}")
     cfg = MODELS[args.model]
-    labkit.check_fits(p, args, f"the activations of a step of the {args.model} model, b s h L "
-                               f"floats", [("--batch", args.batch)],
+    labkit.check_fits(p, args, f"the activations of a step of the {args.model} model (b s h "
+                               f"L floats)", [("--batch", args.batch)],
                       itemsize=4 * cfg.seq * cfg.hidden * cfg.layers)
     args.rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
     if not args.rungs or any(r not in RUNGS for r in args.rungs):

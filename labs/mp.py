@@ -126,10 +126,10 @@ def check_settings(parser, args, argv=None) -> dict:
         labkit.check_gpt_fits(parser, Namespace(**vars(args) | {"heads": 4, "seq": 32}),
                               batch="batch")
     else:
-        labkit.check_fits(parser, args, "the mlp's weights, width^2 layers floats",
+        labkit.check_fits(parser, args, "the mlp's weights (width^2 layers floats)",
                           [("--width", args.width), ("--width", args.width),
                            ("--layers", args.layers)])
-        labkit.check_fits(parser, args, "the mlp's activations, b width layers floats",
+        labkit.check_fits(parser, args, "the mlp's activations (b width layers floats)",
                           [("--batch", args.batch), ("--width", args.width),
                            ("--layers", args.layers)])
     if args.warmup < 0:

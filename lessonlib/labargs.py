@@ -2,11 +2,12 @@
 
 What it teaches: a bad setting costs the student one line, not a traceback from a rank a
 minute later. Each check names the flag, the value and one that would work; the usage is
-printed only for ``--help`` and for a flag the lab does not know. The counts go through
-``argcheck`` (the course's one check of a count), the world size and the timeout through the
-launcher's own limits, a size through ``check_fits`` (what this machine's memory could ever
-hold), and an output path is tried where it will be written (never on a kernel file system
-such as ``/proc``: ``writable``).
+printed only for ``--help`` and for a flag the lab does not know (``argcheck.LabParser``,
+which also bounds every number a flag takes). The counts go through ``argcheck`` (the
+course's one check of a count), the world size and the timeout through the launcher's own
+limits, a size through ``check_fits`` (what this machine's memory could ever hold), and an
+output path is tried where it will be written (never on a kernel file system such as
+``/proc``: ``writable``).
 
 Laptop:  ``python labs/ddp.py --timeout 1e10``  (refused: one line)
 GPU box: the same.
@@ -120,13 +121,13 @@ def check_fits(p: argparse.ArgumentParser, args, what: str, factors: list[tuple[
     the largest factor's flag. An upper bound: what passes may still not fit beside the rest."""
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if launcher.under_torchrun() \
         else args.world_size
-    need, have = math.prod(v for _, v in factors) * itemsize * ranks, machine_bytes()
-    if need > have:
+    each, have = math.prod(v for _, v in factors) * itemsize, machine_bytes()
+    if each * ranks > have:
         flag, value = max(factors, key=lambda factor: factor[1])
         value = f"{value:g}" if isinstance(value, float) else value
-        p.error(f"{flag} {value}: {what} would need {need / 2 ** 30:.3g} GiB on each of "
-                f"{ranks} rank(s) here, more than this machine's {have / 2 ** 30:.0f} GiB of "
-                f"memory; give a smaller {flag}")
+        p.error(f"{flag} {value}: {what} would take {each / 2 ** 30:.3g} GiB on each of the "
+                f"{ranks} rank(s) started here, more than this machine's "
+                f"{have / 2 ** 30:.0f} GiB of memory; give a smaller {flag}")
 
 
 def check_gpt_fits(p: argparse.ArgumentParser, args, batch: str = "global-batch") -> None:
@@ -135,11 +136,11 @@ def check_gpt_fits(p: argparse.ArgumentParser, args, batch: str = "global-batch"
     with their gradients and Adam's two moments, its activations, its attention scores."""
     L, h, a, s = args.layers, args.hidden, args.heads, args.seq
     B = (f"--{batch}", getattr(args, batch.replace("-", "_")))
-    check_fits(p, args, "the weights, gradients and Adam moments, 4 x 12 L h^2 floats",
+    check_fits(p, args, "the weights, gradients and Adam moments (4 x 12 L h^2 floats)",
                [("--layers", L), ("--hidden", h), ("--hidden", h)], itemsize=4 * 4 * 12)
-    check_fits(p, args, "the activations of a step, B s h L floats",
+    check_fits(p, args, "the activations of a step (B s h L floats)",
                [B, ("--seq", s), ("--hidden", h), ("--layers", L)])
-    check_fits(p, args, "the attention scores of a step, B a s^2 L floats",
+    check_fits(p, args, "the attention scores of a step (B a s^2 L floats)",
                [B, ("--heads", a), ("--seq", s), ("--seq", s), ("--layers", L)])
 
 

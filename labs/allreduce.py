@@ -81,6 +81,11 @@ def check_settings(p, args) -> dict:
         p.error("--world-sizes must be >= 1 and --sizes-kb at least 0.004 (one float)")
     if args.sweep:
         labkit.check_world_sizes(p, "--world-sizes", args.world_sizes, args.backend)
+        labkit.check_fits(p, args, "the largest message and its receive buffer",
+                          [("--sizes-kb", max(args.sizes) / 1024)], itemsize=2 * 1024)
+    else:
+        labkit.check_fits(p, args, "the message and its receive buffer",
+                          [("--size-mb", args.size_mb)], itemsize=2 * 2 ** 20)
     if not args.sweep:
         return {"size_bytes": int(args.size_mb * 2 ** 20) // 4 * 4,
                 "algorithms": args.algorithms, "command": args.command}

@@ -144,6 +144,9 @@ def check_settings(p, args) -> dict:
     labkit.check_positive(p, args, "world-size", "steps", "batch", "seq", "heads", "head-dim")
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more; got {args.warmup}")
+    labkit.check_fits(p, args, "each of q, k, v and the output (b a s h/a floats)",
+                      [("--batch", args.batch), ("--heads", args.heads), ("--seq", args.seq),
+                       ("--head-dim", args.head_dim)])
     if args.seq % (2 * args.world_size):
         p.error(f"--seq {args.seq} must be a multiple of 2c = {2 * args.world_size} (the "
                 f"zig-zag layout cuts it into 2c equal chunks, c = the world size)")

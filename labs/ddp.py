@@ -62,6 +62,10 @@ def check_settings(p, args) -> dict:
     if not args.bucket_cap_mb > 0:
         p.error(f"--bucket-cap-mb must be a positive number of MiB (PyTorch uses 25); "
                 f"got {args.bucket_cap_mb}")
+    cfg = MODELS[args.model]
+    labkit.check_fits(p, args, f"the activations of a step of the {args.model} model (b s h "
+                               f"L floats)", [("--batch", args.batch)],
+                      itemsize=4 * cfg.seq * cfg.hidden * cfg.layers)
     args.rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
     if not args.rungs or any(r not in RUNGS for r in args.rungs):
         p.error(f"--rungs {args.rungs}: choose from {','.join(RUNGS)}")

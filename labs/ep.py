@@ -118,6 +118,12 @@ def check_settings(p, args) -> dict:
                 f"{args.world_size} (each rank holds E/e experts)")
     if args.top_k > args.experts:
         p.error(f"--top-k {args.top_k} must be at most --experts {args.experts}")
+    labkit.check_fits(p, args, "the experts' weights (E h 4h floats)",
+                      [("--experts", args.experts), ("--hidden", args.hidden),
+                       ("--hidden", args.hidden)], itemsize=4 * 4)
+    labkit.check_fits(p, args, "the experts' inner activations (k b s 4h floats)",
+                      [("--top-k", args.top_k), ("--batch", args.batch), ("--seq", args.seq),
+                       ("--hidden", args.hidden)], itemsize=4 * 4)
     if not args.capacity_factor > 0:
         p.error(f"--capacity-factor must be a positive number, e.g. 1.25; got "
                 f"{args.capacity_factor}")

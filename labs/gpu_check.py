@@ -43,7 +43,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.g
 import sweep  # noqa: E402  (labs/sweep.py: runs one lab and turns its record into a row)
 from gpu_check_labs import GENERIC, LABS, Lab, lab_summary, plan, show  # noqa: E402, F401
 
-from lessonlib import device, placement  # noqa: E402
+from lessonlib import argcheck, device, placement  # noqa: E402
 from lessonlib.costmodel import throughput  # noqa: E402, F401 (its MATMUL_EFFICIENCY)
 from lessonlib.costmodel.calibration import calibrate  # noqa: E402
 from lessonlib.labkit import gemm_rates  # noqa: E402
@@ -206,7 +206,7 @@ def point_summary(row: dict) -> str:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="labs/gpu_check.py", description=__doc__.splitlines()[0])
+    p = argcheck.LabParser(prog="labs/gpu_check.py", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None,
                    help="report folder (default results/gpu_check-<date>-<time>)")
     p.add_argument("--budget-s", type=float, default=420.0,

@@ -27,11 +27,13 @@ import torch
 
 import lessonlib
 from lessonlib import labkit
+from lessonlib.context_parallel.layout import check_divisible
 from lessonlib.costmodel import bubble_fraction
 from lessonlib.grid import check_grid, layout_name, parse_layout
 from lessonlib.hybrid import (check_layout, expected_param_count, expected_traffic,
                               measured_traffic, train)
 from lessonlib.hybrid_axes import SHARDS, check_axes
+from lessonlib.hybrid_axes.build import LAYOUT, N_EXPERTS
 from lessonlib.hybrid_axes import train as train_axes
 from lessonlib.models import GPTConfig
 
@@ -137,6 +139,38 @@ def table(record: dict) -> list[dict]:
             for key, row in record["results"].items()]
 
 
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def check_new_axes(ap, args) -> None:
+    """``--cp``, ``--ep`` and ``--shard`` on their own, before any layout is tried, so that
+    a refusal names the flag at fault, its value and what would work."""
+    labkit.check_positive(ap, args, "cp", "ep")
+    world = args.world_size
+    if world % args.cp:
+        ap.error(f"--cp {args.cp} must divide --world-size {world} (c ranks share each "
+                 f"sequence); use one of {_divisors(world)}")
+    try:
+        check_divisible(args.seq, args.cp, LAYOUT)
+    except ValueError as exc:
+        ap.error(f"--cp {args.cp} with --seq {args.seq}: {exc}")
+    fits = [e for e in _divisors(world // args.cp) if N_EXPERTS % e == 0]
+    if args.ep not in fits:
+        ap.error(f"--ep {args.ep} must divide both the MoE's {N_EXPERTS} experts and the "
+                 f"{world // args.cp} ranks of --world-size {world} / --cp {args.cp}; use one "
+                 f"of {fits}")
+    if args.ep > 1 and args.cp > 1:
+        ap.error(f"--ep {args.ep} with --cp {args.cp}: expert parallelism is combined here "
+                 f"with tp, pp and plain dp only; use --cp 1 (or --ep 1)")
+    if args.ep > 1 and args.shard != "none":
+        ap.error(f"--shard {args.shard} with --ep {args.ep}: expert parallelism is combined "
+                 f"here with plain dp only; use --shard none (or --ep 1)")
+    if args.sp and args.ep > 1:
+        ap.error(f"--sp with --ep {args.ep}: sequence parallelism is not combined with the "
+                 f"MoE blocks here; drop --sp")
+
+
 def check_settings(ap, args) -> dict:
     labkit.check_positive(ap, args, "world-size", "steps")
     labkit.check_number(ap, args, "lr", example="0.1")
@@ -144,10 +178,8 @@ def check_settings(ap, args) -> dict:
         ap.error(f"--warmup must be 0 or more; got {args.warmup}")
     model = labkit.gpt_model(ap, args)
     cfg = GPTConfig(**model)
+    check_new_axes(ap, args)
     axes = dict(cp=args.cp, ep=args.ep, shard=args.shard, sp=args.sp)
-    if args.sp and args.ep > 1:
-        ap.error(f"--sp with --ep {args.ep}: sequence parallelism is not combined with the "
-                 f"MoE blocks here; drop --sp")
     if args.layouts:
         layouts = []
         for text in args.layouts.split(","):
@@ -164,8 +196,10 @@ def check_settings(ap, args) -> dict:
         layouts = all_layouts(args.world_size, cfg, args.global_batch, args.microbatches,
                               args.cp, args.ep, args.shard, args.sp)
         if not layouts:
-            ap.error(f"no (t, p, d) layout of --world-size {args.world_size} fits --layers "
-                     f"{args.layers}, --heads {args.heads} and --global-batch "
+            beyond = "".join(f" with --{k} {v}" for k, v in axes.items()
+                             if v not in (1, "none", False))
+            ap.error(f"no (t, p, d) layout of --world-size {args.world_size}{beyond} fits "
+                     f"--layers {args.layers}, --heads {args.heads} and --global-batch "
                      f"{args.global_batch} with --microbatches {args.microbatches}")
     return {"model": model, "global_batch": args.global_batch, "m": args.microbatches,
                      "steps": args.steps, "warmup": args.warmup, "lr": args.lr,

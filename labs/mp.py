@@ -22,6 +22,7 @@ GPU box: torchrun --nproc-per-node 8 labs/mp.py --hidden 1024 --layers 16 --batc
              --json results/mp.json
 """
 import sys
+from argparse import Namespace
 
 import torch
 
@@ -119,7 +120,18 @@ def table(record: dict) -> list[dict]:
 
 def check_settings(parser, args, argv=None) -> dict:
     labkit.check_positive(parser, args, "world-size", "steps", "rounds", "layers", "hidden",
-                          "width", "batch", "threads")
+                          "width", "batch")
+    labkit.check_threads(parser, args)
+    if args.model == "gpt":                     # its 4 heads and 32 tokens are fixed
+        labkit.check_gpt_fits(parser, Namespace(**vars(args) | {"heads": 4, "seq": 32}),
+                              batch="batch")
+    else:
+        labkit.check_fits(parser, args, "the mlp's weights (width^2 layers floats)",
+                          [("--width", args.width), ("--width", args.width),
+                           ("--layers", args.layers)])
+        labkit.check_fits(parser, args, "the mlp's activations (b width layers floats)",
+                          [("--batch", args.batch), ("--width", args.width),
+                           ("--layers", args.layers)])
     if args.warmup < 0:
         parser.error(f"--warmup must be 0 or more; got {args.warmup}")
     if args.model == "gpt" and args.hidden % 4:

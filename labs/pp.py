@@ -118,9 +118,17 @@ def check_settings(p, args) -> dict:
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more; got {args.warmup}")
     if args.threads is not None:
-        labkit.check_positive(p, args, "threads")
+        labkit.check_threads(p, args)
     if not args.microbatches or any(m < 1 for m in args.microbatches):
         p.error(f"--microbatches must be positive integers, e.g. 2 4 8; got {args.microbatches}")
+    labkit.check_fits(p, args, "the activations a GPipe stage keeps (m b width layers "
+                               "floats)",
+                      [("--microbatches", max(args.microbatches)),
+                       ("--microbatch-size", args.microbatch_size), ("--width", args.width),
+                       ("--layers-per-stage", args.layers_per_stage)])
+    labkit.check_fits(p, args, "a stage's weights (width^2 layers floats)",
+                      [("--width", args.width), ("--width", args.width),
+                       ("--layers-per-stage", args.layers_per_stage)])
     if "zbv" in args.schedules and args.layers_per_stage % 2:
         p.error(f"--schedules zbv runs two chunks per stage: --layers-per-stage must be even; "
                 f"got {args.layers_per_stage}")

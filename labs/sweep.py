@@ -54,11 +54,12 @@ from sweep_points import (LABS_DIR, check, error_line, expand, lab_argv, lab_fla
                           parse_axis, point_row, read_grid_file, read_record, table_meta,
                           table_rows, write_table)
 
-from lessonlib import argcheck, results as R
+from lessonlib import argcheck, results as R, writable
 
 # The kit's own tools, and minimal_ddp.py: plain PyTorch for students to copy, no lab flags
 NOT_LABS = {"sweep", "sweep_points", "sweep_slurm", "gpu_check", "gpu_check_labs", "minimal_ddp"}
 LAUNCHERS = ("local", "torchrun", "srun")
+MAX_POINT_TIMEOUT_S = 1e7  # the launcher's own limit on a run (116 days)
 __all__ = ["parse_axis", "expand", "read_grid_file", "lab_flags", "check", "command", "sweep"]
 
 
@@ -158,9 +159,9 @@ def sweep(jobs: list[tuple[str, list[dict]]], out: Path, opts) -> list[dict]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="labs/sweep.py", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 2)[2])
+    p = argcheck.LabParser(prog="labs/sweep.py", description=__doc__.splitlines()[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--lab", help=f"one of: {', '.join(available_labs())}")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="one axis of the grid (repeat for more axes)")
@@ -173,7 +174,8 @@ def parse_args(argv=None):
                         "srun: tasks per node")
     p.add_argument("--out", type=Path, default=None,
                    help="results folder (default results/sweeps/<name>-<date>-<time>)")
-    p.add_argument("--point-timeout", type=float, default=1800.0, help="seconds per point")
+    p.add_argument("--point-timeout", type=float, default=1800.0,
+                   help=f"seconds per point (at most {MAX_POINT_TIMEOUT_S:g})")
     p.add_argument("--python", default=sys.executable, help="interpreter for the labs")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--strict", action="store_true", help="exit 1 if any point failed")
@@ -205,6 +207,8 @@ def build_jobs(opts) -> list[tuple[str, list[dict]]]:
             raise ValueError(f"{keys[0]} is both a grid axis and --set {keys[0]}=...; keep one")
     jobs = [(lab, [{**p, **{ks[0]: vs[0][0] for ks, vs in fixed}} for p in points])
             for lab, points in jobs]
+    argcheck.positive_number("--point-timeout", opts.point_timeout, most=MAX_POINT_TIMEOUT_S,
+                             example="1800")       # 0 kills every point at once; nan, never
     if opts.nproc_per_node is not None:
         argcheck.positive_int("--nproc-per-node", opts.nproc_per_node)
     if opts.launcher == "torchrun" and opts.nproc_per_node is None:
@@ -228,10 +232,14 @@ def default_folder(name: str, jobs, opts) -> Path:
 
 
 def check_folder(parser, out: Path) -> None:
-    """The results folder must be a folder this user can write, before any point runs."""
+    """The results folder: one this user can write, on a disk, before any point runs."""
     place = next(p for p in [out, *out.parents, Path(".")] if p.exists())
     if not place.is_dir() or (place == out and not out.is_dir()):
         parser.error(f"--out {out}: {place} is a file, not a folder; give a folder")
+    kernel = writable.kernel_filesystem(place)
+    if kernel:                 # to root, os.access says yes, then the first table fails
+        parser.error(f"--out {out}: {place} is on the kernel's {kernel} file system, where no "
+                     f"result can be kept; choose a folder on a disk")
     if not os.access(place, os.W_OK):
         parser.error(f"--out {out}: no write permission in {place}; choose a writable place")
 

@@ -229,6 +229,12 @@ def check_settings(p, args) -> dict:
     if args.heads % args.world_size:
         p.error(f"--heads {args.heads} must be divisible by the TP degree t = --world-size "
                 f"{args.world_size} (each rank gets heads/t heads)")
+    labkit.check_fits(p, args, "the MLP's inner activations (b s 4h floats)",
+                      [("--batch", args.batch), ("--seq", args.seq), ("--hidden", args.hidden)],
+                      itemsize=4 * 4)
+    labkit.check_fits(p, args, "the attention scores (b a s^2 floats)",
+                      [("--batch", args.batch), ("--heads", args.heads), ("--seq", args.seq),
+                       ("--seq", args.seq)])
     if args.sequence_parallel and args.seq % args.world_size:
         p.error(f"--sequence-parallel splits the sequence over the TP ranks: --seq {args.seq} "
                 f"(s) must be divisible by t = --world-size {args.world_size}")

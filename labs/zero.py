@@ -63,6 +63,7 @@ def check(p, args) -> dict:
         p.error(f"--warmup must be 0 or more; got {args.warmup}")
     if args.hidden % args.heads:
         p.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
+    labkit.check_gpt_fits(p, args, batch="batch")
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     if not stages or any(s not in STAGES for s in stages):
         p.error(f"--stages {args.stages}: choose from {','.join(STAGES)}")

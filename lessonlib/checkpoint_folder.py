@@ -32,6 +32,8 @@ import os
 import re
 from pathlib import Path
 
+from lessonlib import writable
+
 LATEST = "latest"
 MANIFEST = "manifest.json"
 _STEP = re.compile(r"step_\d{8}")
@@ -43,7 +45,8 @@ _SHARD = re.compile(r"rank_(\d{5})\.pt")
 
 def check_directory(directory, setting: str = "checkpoint_dir") -> None:
     """Before any process starts: ValueError naming ``setting`` unless ``directory`` is a
-    folder this process can write in, or can be created (not a file, nor inside one)."""
+    folder this process can write in, or can be created (not a file, nor inside one, nor on
+    a kernel file system such as ``/proc``)."""
     path = Path(directory).absolute()
     try:
         path.exists()
@@ -57,6 +60,10 @@ def check_directory(directory, setting: str = "checkpoint_dir") -> None:
     if not parent.is_dir():
         raise ValueError(f"{setting}={str(directory)!r} lies inside the file {parent}; give "
                          f"a folder path")
+    kernel = writable.kernel_filesystem(parent)
+    if kernel:            # to root, os.access says yes, then the first save fails
+        raise ValueError(f"{setting}={str(directory)!r}: {parent} is on the kernel's {kernel} "
+                         f"file system, where no checkpoint can be kept; give a folder on a disk")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{setting}={str(directory)!r}: {parent} is not writable by this "
                          f"user; give a folder you can write in")

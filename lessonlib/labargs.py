@@ -2,9 +2,12 @@
 
 What it teaches: a bad setting costs the student one line, not a traceback from a rank a
 minute later. Each check names the flag, the value and one that would work; the usage is
-printed only for ``--help`` and for a flag the lab does not know. The counts go through
-``argcheck`` (the course's one check of a count), the world size and the timeout through the
-launcher's own limits, and an output path is tried where it will be written.
+printed only for ``--help`` and for a flag the lab does not know (``argcheck.LabParser``,
+which also bounds every number a flag takes). The counts go through ``argcheck`` (the
+course's one check of a count), the world size and the timeout through the launcher's own
+limits, a size through ``check_fits`` (what this machine's memory could ever hold), and an
+output path is tried where it will be written (never on a kernel file system such as
+``/proc``: ``writable``).
 
 Laptop:  ``python labs/ddp.py --timeout 1e10``  (refused: one line)
 GPU box: the same.
@@ -12,52 +15,22 @@ GPU box: the same.
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from lessonlib import argcheck, device, launcher
+from lessonlib import argcheck, device, launcher, writable
 from lessonlib.launcher import checks
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-LARGEST = 1e12  # no lab setting is a number beyond this; inf and 1e308 overflow in sizes
-
-
-def number(text: str) -> float:
-    """A float flag's value: finite and at most ``LARGEST`` in size (NaN is left to the
-    flag's own check, which names what would work)."""
-    value = float(text)
-    if abs(value) > LARGEST:
-        raise argparse.ArgumentTypeError(f"{text!r} is beyond any setting a lab takes; give a "
-                                         f"finite number, at most {LARGEST:g}")
-    return value
-
-
-class LabParser(argparse.ArgumentParser):
-    """argparse, whose refusals are one line: the usage is printed for ``--help`` and for a
-    flag it does not know (or a missing one), not above every bad value. A float flag
-    takes only finite numbers (``number``)."""
-
-    def add_argument(self, *names, **kwargs):
-        if kwargs.get("type") is float:
-            kwargs["type"] = number
-        return super().add_argument(*names, **kwargs)
-
-    def error(self, message):
-        if message.startswith(("unrecognized arguments", "the following arguments are",
-                               "ambiguous option")):
-            self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def parser(lab: str, description: str) -> argparse.ArgumentParser:
     """The flags every lab takes; a lab adds its own on the returned parser."""
-    p = LabParser(prog=f"labs/{lab}.py", description=description)
+    p = argcheck.LabParser(prog=f"labs/{lab}.py", description=description)
     p.add_argument("--world-size", type=int, default=2,
                    help="ranks to spawn (ignored under torchrun, which sets it)")
     p.add_argument("--backend", default="auto", choices=list(device.BACKENDS))
@@ -117,10 +90,58 @@ def check_positive(p: argparse.ArgumentParser, args, *names: str) -> None:
     _each(p, args, names, argcheck.positive_int, "a positive integer, e.g. 2")
 
 
+def check_threads(p: argparse.ArgumentParser, args) -> None:
+    """``--threads``: a positive count, at most this machine's cores (more only take turns)."""
+    check_positive(p, args, "threads")
+    cores = os.cpu_count() or 1
+    if args.threads > cores:
+        p.error(f"--threads {args.threads} is more than this machine's {cores} cores, where "
+                f"threads only take turns; give at most {cores}, e.g. 1")
+
+
 def check_number(p: argparse.ArgumentParser, args, *names: str, example: str = "0.001") -> None:
     """Reject settings that are not finite positive numbers (a learning rate, a size)."""
     _each(p, args, names, argcheck.positive_number,
           f"a finite positive number, e.g. {example}")
+
+
+def machine_bytes() -> int:
+    """This machine's memory in bytes, which every rank started here shares."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):      # no sysconf: assume a large machine
+        return 2 ** 40
+
+
+def check_fits(p: argparse.ArgumentParser, args, what: str, factors: list[tuple[str, float]],
+               itemsize: int = 4) -> None:
+    """Refuse settings whose tensor ``what`` (the product of ``factors``' values, ``(flag,
+    value)`` pairs, in elements of ``itemsize`` bytes) could never fit: held by every rank
+    started on this machine, it would need more than the machine's memory. One line naming
+    the largest factor's flag. An upper bound: what passes may still not fit beside the rest."""
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if launcher.under_torchrun() \
+        else args.world_size
+    each, have = math.prod(v for _, v in factors) * itemsize, machine_bytes()
+    if each * ranks > have:
+        flag, value = max(factors, key=lambda factor: factor[1])
+        value = f"{value:g}" if isinstance(value, float) else value
+        p.error(f"{flag} {value}: {what} would take {each / 2 ** 30:.3g} GiB on each of the "
+                f"{ranks} rank(s) started here, more than this machine's "
+                f"{have / 2 ** 30:.0f} GiB of memory; give a smaller {flag}")
+
+
+def check_gpt_fits(p: argparse.ArgumentParser, args, batch: str = "global-batch") -> None:
+    """The tiny GPT of ``--layers``, ``--hidden``, ``--heads`` and ``--seq`` on a batch of
+    ``--<batch>`` sequences, held whole by one process (the parity reference): its weights
+    with their gradients and Adam's two moments, its activations, its attention scores."""
+    L, h, a, s = args.layers, args.hidden, args.heads, args.seq
+    B = (f"--{batch}", getattr(args, batch.replace("-", "_")))
+    check_fits(p, args, "the weights, gradients and Adam moments (4 x 12 L h^2 floats)",
+               [("--layers", L), ("--hidden", h), ("--hidden", h)], itemsize=4 * 4 * 12)
+    check_fits(p, args, "the activations of a step (B s h L floats)",
+               [B, ("--seq", s), ("--hidden", h), ("--layers", L)])
+    check_fits(p, args, "the attention scores of a step (B a s^2 L floats)",
+               [B, ("--heads", a), ("--seq", s), ("--seq", s), ("--layers", L)])
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -146,6 +167,10 @@ def check_output(p: argparse.ArgumentParser, flag: str, path: Path | None) -> No
     place = _nearest_existing(path.parent)
     if not place.is_dir():
         p.error(f"{flag} {path}: {place} is a file, so nothing can be written below it")
+    kernel = writable.kernel_filesystem(place)
+    if kernel:
+        p.error(f"{flag} {path}: {place} is on the kernel's {kernel} file system, where no "
+                f"result can be kept; choose a folder on a disk")
     if not os.access(place, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         p.error(f"{flag} {path}: no write permission in {place}; choose a writable place")
     try:
@@ -169,10 +194,11 @@ def add_gpt_flags(p: argparse.ArgumentParser, hidden: int = 64, seq: int = 32) -
 
 
 def gpt_model(p: argparse.ArgumentParser, args) -> dict:
-    """``add_gpt_flags``' values checked, as ``GPTConfig`` keywords (the corpus has 27
-    characters)."""
+    """``add_gpt_flags``' values checked (a model this machine can hold), as ``GPTConfig``
+    keywords (the corpus has 27 characters)."""
     check_positive(p, args, "layers", "hidden", "heads", "seq", "global-batch", "microbatches")
     if args.hidden % args.heads:
         p.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
+    check_gpt_fits(p, args)
     return {"vocab": 27, "seq": args.seq, "hidden": args.hidden, "heads": args.heads,
             "layers": args.layers}

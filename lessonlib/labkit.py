@@ -44,9 +44,10 @@ import torch.distributed as dist
 
 from lessonlib import comm, device, launcher
 # A lab's flags and their checks, used by every lab as labkit.<name>
-from lessonlib.labargs import (DTYPES, LabParser, add_gpt_flags, check_common,  # noqa: F401
-                               check_number, check_output, check_positive, check_world_sizes,
-                               gpt_model, parser, world_size)
+from lessonlib.labargs import (DTYPES, add_gpt_flags, check_common, check_fits,  # noqa: F401
+                               check_gpt_fits, check_number, check_output, check_positive,
+                               check_threads, check_world_sizes, gpt_model, parser,
+                               world_size)
 
 
 def parse(p: argparse.ArgumentParser, argv=None, fp32_only: str | None = None):

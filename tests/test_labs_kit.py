@@ -45,7 +45,7 @@ def test_bad_shared_settings_stop_the_lab_before_any_rank(tmp_path, lab, args, w
     ("train", ["--lr", "nan"], "--lr must be a finite positive number"),
     ("hybrid", ["--lr", "-1"], "--lr must be a finite positive number"),
     ("ddp", ["--json", "x" * 300], "is longer than the 255 bytes"),
-    ("ddp", ["--json", "/proc/x"], "no file can be written in /proc"),
+    ("ddp", ["--json", "/proc/x"], "/proc is on the kernel's proc file system"),
     ("tp", ["--steps", "0"], "--steps must be a positive integer"),
 ])
 def test_every_setting_is_refused_in_one_line_without_the_usage(lab, args, words):

@@ -114,8 +114,8 @@ README = ROOT.parent / "README.md"
 # exist (yet) is skipped.
 FLOORS = {
     "ground floor": ["costmodel", "models", "data", "device", "baseline", "bugs",
-                     "breadcrumbs", "argcheck", "activations", "stash", "layer_split", "spans",
-                     "claims", "moe"],
+                     "breadcrumbs", "argcheck", "writable", "activations", "stash",
+                     "layer_split", "spans", "claims", "moe"],
     "infrastructure": ["launcher", "comm", "ledger", "nccl_rules", "nccl_trace", "nccl_replay",
                        "placement", "labkit", "labargs", "grid_layout", "grid"],
     "one package per strategy": ["data_parallel", "model_parallel", "tensor_parallel",

@@ -39,7 +39,6 @@ Schedules: python labs/sweep.py --lab pp --grid schedules=1f1b,zb-h1,zbv --set w
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shlex
@@ -50,11 +49,11 @@ import time
 from pathlib import Path
 
 import sweep_slurm
-from sweep_points import (LABS_DIR, check, error_line, expand, lab_argv, lab_flags,
-                          parse_axis, point_row, read_grid_file, read_record, table_meta,
-                          table_rows, write_table)
+from sweep_points import (LABS_DIR, check, check_folder, default_folder, error_line, expand,
+                          lab_argv, lab_flags, parse_axis, point_row, read_grid_file,
+                          read_record, table_meta, table_rows, write_table)
 
-from lessonlib import argcheck, results as R, writable
+from lessonlib import argcheck, results as R
 
 # The kit's own tools, and minimal_ddp.py: plain PyTorch for students to copy, no lab flags
 NOT_LABS = {"sweep", "sweep_points", "sweep_slurm", "gpu_check", "gpu_check_labs", "minimal_ddp"}
@@ -220,28 +219,6 @@ def build_jobs(opts) -> list[tuple[str, list[dict]]]:
                 argcheck.positive_int("world_size", int(w) if w.isdigit() else w,
                                       what=f"the ranks of a {lab} point")
     return jobs
-
-
-def default_folder(name: str, jobs, opts) -> Path:
-    """A local sweep's folder is new each time; a --slurm sweep's is named by its grid, so
-    running the same command again finds the array it submitted and collects it."""
-    if not opts.slurm:
-        return Path("results", "sweeps", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    digest = hashlib.sha1(json.dumps([jobs, opts.sbatch_args]).encode()).hexdigest()[:8]
-    return Path("results", "sweeps", f"{name}-{digest}")
-
-
-def check_folder(parser, out: Path) -> None:
-    """The results folder: one this user can write, on a disk, before any point runs."""
-    place = next(p for p in [out, *out.parents, Path(".")] if p.exists())
-    if not place.is_dir() or (place == out and not out.is_dir()):
-        parser.error(f"--out {out}: {place} is a file, not a folder; give a folder")
-    kernel = writable.kernel_filesystem(place)
-    if kernel:                 # to root, os.access says yes, then the first table fails
-        parser.error(f"--out {out}: {place} is on the kernel's {kernel} file system, where no "
-                     f"result can be kept; choose a folder on a disk")
-    if not os.access(place, os.W_OK):
-        parser.error(f"--out {out}: no write permission in {place}; choose a writable place")
 
 
 def finish(rows: list[dict], out: Path, opts, pending: list[dict] = ()) -> int:

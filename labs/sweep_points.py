@@ -15,13 +15,16 @@ GPU box: python labs/sweep.py --lab pp --launcher torchrun --grid microbatches=4
 from __future__ import annotations
 
 import configparser
+import hashlib
 import itertools
 import json
+import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
-from lessonlib import results as R
+from lessonlib import results as R, writable
 
 LABS_DIR = Path(__file__).resolve().parent
 LEAD_COLUMNS = ["point", "lab", "status", "seconds", "error"]
@@ -183,3 +186,26 @@ def read_record(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+# ---------------------------------------------------------------- the results folder
+def default_folder(name: str, jobs, opts) -> Path:
+    """A local sweep's folder is new each time; a --slurm sweep's is named by its grid, so
+    running the same command again finds the array it submitted and collects it."""
+    if not opts.slurm:
+        return Path("results", "sweeps", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    digest = hashlib.sha1(json.dumps([jobs, opts.sbatch_args]).encode()).hexdigest()[:8]
+    return Path("results", "sweeps", f"{name}-{digest}")
+
+
+def check_folder(parser, out: Path) -> None:
+    """The results folder: one this user can write, on a disk, before any point runs."""
+    place = next(p for p in [out, *out.parents, Path(".")] if p.exists())
+    if not place.is_dir() or (place == out and not out.is_dir()):
+        parser.error(f"--out {out}: {place} is a file, not a folder; give a folder")
+    kernel = writable.kernel_filesystem(place)
+    if kernel:                 # to root, os.access says yes, then the first table fails
+        parser.error(f"--out {out}: {place} is on the kernel's {kernel} file system, where no "
+                     f"result can be kept; choose a folder on a disk")
+    if not os.access(place, os.W_OK):
+        parser.error(f"--out {out}: no write permission in {place}; choose a writable place")

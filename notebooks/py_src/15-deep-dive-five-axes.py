@@ -16,7 +16,8 @@
 # [long sequences](12-deep-dive-long-sequences.ipynb) and
 # [mixture of experts](13-deep-dive-mixture-of-experts.ipynb) built on their own:
 # **context parallelism** over c ranks (each sequence split over c GPUs, which share one
-# micro-batch; keys and values travel a ring) and **expert parallelism** over e ranks (a
+# micro-batch; keys and values travel a ring here, as in torchtitan and Megatron-Core, or
+# are all-gathered, as in Llama 3) and **expert parallelism** over e ranks (a
 # mixture of experts' experts split over e of the d data-parallel GPUs, tokens sent to them
 # by all-to-alls). The layouts published since 2021 use them: Llama 3 405B trained on
 # TP × CP × PP × FSDP, DeepSeek-V3 on PP × EP × ZeRO-1.
@@ -37,12 +38,14 @@ from lessonlib.viz.source import show
 # %% [markdown]
 # ## 1. One grid, five axes, one order
 #
-# Each new axis is one room's idea applied in one place, and the builder applies them in one
-# order, as torchtitan's `parallelize_llama` does: tensor, with sequence parallelism (SP,
-# [deep dive 14](14-deep-dive-sequence-parallelism.ipynb); an MoE layer becomes expert-parallel instead), then context (ring attention over
-# the c group, each token's position read from the whole sequence), then the pipeline cut,
-# then data parallelism over the d·c ranks that hold the same weights (plain, ZeRO-1 or
-# FSDP), an expert's gradients over the ranks holding its copies. The grid gains a c axis,
+# Each new axis is one room's idea applied in one place, in one order, as torchtitan does:
+# the pipeline is cut first (its `pipeline_llama` builds each rank's stage), then on that
+# stage `parallelize_llama`'s order: tensor, with sequence parallelism (SP,
+# [deep dive 14](14-deep-dive-sequence-parallelism.ipynb); an MoE layer becomes
+# expert-parallel instead), then context (ring attention over the c group, each token's
+# position read from the whole sequence), then data parallelism over the d·c ranks that
+# hold the same weights (plain, ZeRO-1 or FSDP), an expert's gradients over the ranks
+# holding its copies. The grid gains a c axis,
 # and expert groups carved from the d ranks, in Megatron-Core's rank order tp-cp-dp-pp:
 # tensor innermost, pipeline outermost. Here is t = 2, c = 2, p = 2 on 8 ranks, then the
 # builder itself:

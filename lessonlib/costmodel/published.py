@@ -9,7 +9,8 @@ what kind it is:
   recompute included: hardware FLOPs);
 * ``"mfu"``: model FLOPs utilization of the BF16 peak, model FLOPs counted by the team's own
   formula (``compute.team_flops_per_token``);
-* ``"tokens"``: tokens per second per GPU, which needs no FLOP count at all.
+* ``"tokens"``: tokens per second per GPU, which needs no FLOP count at all;
+* ``"ratio"``: tokens/s over another row's (``versus``), the same run with one thing changed.
 
 ``published_rows()`` predicts each one; ``published_report()`` prints predicted against
 published with the error, and, where the team's FLOP count differs from the course's, the
@@ -49,6 +50,7 @@ class PublishedRun:
     role: str = CHECKED
     note: str = ""
     also: str = ""     # another FLOP count whose MFU is printed beside (a reading not taken)
+    versus: str = ""   # metric "ratio": tokens/s over those of the run of this source
 
     @property
     def n_gpus(self):
@@ -114,15 +116,22 @@ def _llama_rows():
     ]
 
 
-def _torchtitan_row():
-    return PublishedRun(
-        "torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Llama 3.1 8B",
-        MODELS["llama3-8B"], "dgx-h100",
-        Layout(d=8, b=2, m=1, zero_stage=3, recompute="selective", overlap_comm=True),
-        "tokens", 5762, "torchtitan",
-        note="8 H100, FSDP, local batch 2, 8K tokens, selective recompute, no compile; "
-             "33.7 % MFU by torchtitan's count (6 x non-embedding params + 12Lhs per token, "
-             "causal not halved)")
+def _torchtitan_rows():
+    """Its Table 1 eager and with torch.compile: the same run but for the elementwise
+    kernels, so the pair checks ``kernels.py``'s eager count against the measured ratio."""
+    note = ("benchmarks/llama3_h100_202412_torchtitan.md; 8 H100 of Meta's Grand Teton (96 GB HBM2e at 2.4 TB/s, 500 W: "
+            "docs/performance.md), FSDP, local batch 2, 8K tokens, selective recompute "
+            "'op' (torchtitan's default: every second matmul recomputed); MFU by torchtitan's "
+            "count (6 x non-embedding params + 12Lhs per token, causal not halved)")
+    lay = Layout(d=8, b=2, m=1, zero_stage=3, recompute="op", overlap_comm=True)
+    source = "torchtitan Llama 3.1 8B on 8 H100, eager"
+    return [PublishedRun(source, MODELS["llama3-8B"], "grand-teton-h100-96gb",
+                         replace(lay, kernels="eager"), "tokens", 5762, "torchtitan",
+                         note="eager, 33.7 % MFU; " + note),
+            PublishedRun("torchtitan Llama 3.1 8B, torch.compile / eager", MODELS["llama3-8B"],
+                         "grand-teton-h100-96gb", lay, "ratio", 6667 / 5762, "torchtitan",
+                         versus=source, note="6,667 tokens/s with torch.compile, which fuses "
+                         "the elementwise kernels (39.0 % MFU), over 5,762 eager; " + note)]
 
 
 def _deepseek_row():
@@ -130,7 +139,8 @@ def _deepseek_row():
         "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours", MODELS["deepseek-v3"],
         "hgx-h800",
         Layout(p=16, d=128, e=64, b=1, global_batch=15360, schedule="dualpipe",
-               zero_stage=1, recompute="none", precision="fp8", max_nodes=4),
+               zero_stage=1, recompute="none", precision="fp8", max_nodes=4,
+               comm_sm_share=20 / 132),
         "tokens", 14.8e12 / (2.664e6 * 3600), "",
         note="an average over the whole pre-training (batch ramp-up, restarts and all), not "
              "a step measurement; batch 15,360 x 4K (§4.2); DualPipe, EP 64, ZeRO-1, FP8 "
@@ -140,8 +150,8 @@ def _deepseek_row():
 
 def published_runs():
     """Every published run the course holds the cost model to."""
-    return (_megatron_rows() + _korthikanti_rows() + _llama_rows() + [_torchtitan_row(),
-                                                                      _deepseek_row()])
+    return (_megatron_rows() + _korthikanti_rows() + _llama_rows() + _torchtitan_rows()
+            + [_deepseek_row()])
 
 
 def _mfu(model, formula, tokens_per_gpu, peak):
@@ -155,23 +165,28 @@ def _predicted(run, est):
     counts = {run.also or "course", "course"} | ({run.flops} if run.flops not in (
         "", "megatron-eq3") else set())
     mfu = {f: _mfu(run.model, f, tokens, peak) for f in counts}
-    value = {"tflops": est.tflops_per_gpu, "mfu": mfu.get(run.flops), "tokens": tokens}
+    value = {"tflops": est.tflops_per_gpu, "mfu": mfu.get(run.flops), "tokens": tokens,
+             "ratio": None}
     return value[run.metric], mfu
 
 
 def published_rows(runs=None):
     """Per run: the run, ``predicted`` (its metric), ``error``, ``mfu`` (predicted MFU by the
     team's count, ``also``'s and the course's: a dict by count) and the ``estimate``."""
-    out = []
+    out, tokens = [], {}
     for run in runs or published_runs():
         est = estimate(run.model, run.layout, CLUSTERS[run.cluster])
         value, mfu = _predicted(run, est)
+        tokens[run.source] = est.tokens_per_s
+        if run.metric == "ratio":
+            value = est.tokens_per_s / tokens[run.versus]
         out.append({"run": run, "predicted": value, "error": value / run.published - 1,
                     "mfu": mfu, "estimate": est})
     return out
 
 
-_UNITS = {"tflops": ("TFLOP/s", 1), "mfu": ("MFU %", 100), "tokens": ("tok/s/GPU", 1)}
+_UNITS = {"tflops": ("TFLOP/s", 1), "mfu": ("MFU %", 100), "tokens": ("tok/s/GPU", 1),
+          "ratio": ("ratio", 1)}
 
 
 def published_report(runs=None):
@@ -186,7 +201,8 @@ def published_report(runs=None):
         team = f"{mfu[run.flops]:.1%}" if run.flops in mfu and run.metric != "tflops" else "-"
         other = f"{mfu[run.also]:.1%} ({run.also})" if run.also else ""
         lines.append(f"{run.source[:50]:50} {run.n_gpus:>6} {unit:>9} "
-                     f"{run.published * scale:>9.1f} {r['predicted'] * scale:>9.1f} "
+                     f"{run.published * scale:>9.{3 if run.metric == 'ratio' else 1}f} "
+                     f"{r['predicted'] * scale:>9.{3 if run.metric == 'ratio' else 1}f} "
                      f"{r['error']:>+7.1%}  {team:>6} / {mfu['course']:>6.1%} / {other:9} "
                      f"{run.role}")
     lines.append("MFU % by the team's own FLOP count (Korthikanti 2022 App. A; torchtitan's; "
@@ -208,7 +224,8 @@ def versus_planner(run):
     of their steps, and the parts of the step that separate them, largest first."""
     from .search import plan_job      # the planner sits above this module's estimate
     lay = run.layout
-    fixed = {"precision": lay.precision, "max_nodes": lay.max_nodes, "cp_comm": lay.cp_comm}
+    fixed = {"precision": lay.precision, "max_nodes": lay.max_nodes, "cp_comm": lay.cp_comm,
+             "kernels": lay.kernels, "comm_sm_share": lay.comm_sm_share}
     plan = plan_job(run.model, CLUSTERS[run.cluster], lay.n_gpus, lay.global_batch,
                     overlap_comm=lay.overlap_comm, **fixed)
     mine = estimate(run.model, lay, CLUSTERS[run.cluster])

@@ -117,3 +117,11 @@ def test_compile_over_eager_is_a_checked_ratio_row():
     row = next(r for r in ROWS if r["run"].metric == "ratio")
     assert row["run"].published == pytest.approx(6667 / 5762)
     assert abs(row["error"]) < 0.15
+
+
+def test_explain_says_whether_the_separating_cost_is_real_or_a_gap():
+    from lessonlib.costmodel.published import PLANNED, explain_versus_planner, published_runs
+    run = next(r for r in published_runs() if r.source == PLANNED[0])
+    text = explain_versus_planner(run)
+    assert "The largest, " in text and ("real" in text or "a gap of the model" in text)
+    assert "Memory: a gap of the model" in text

@@ -103,8 +103,10 @@ def test_cli_rejects_a_bad_shard_group_in_one_line(capsys):
 
 def test_the_long_context_checker_takes_llamas_layout_and_names_the_bubble():
     from lessonlib.exercises import frontier
-    assert frontier.check_long_context_layout(8, 16, 16, 8)          # Llama 3's own
+    text = frontier.check_long_context_layout(8, 16, 16, 8)          # Llama 3's, text's GPUs
+    table = frontier.check_long_context_layout(8, 16, 16, 4)         # Table 4's own degrees
+    assert text and "16,384" in str(text) and table and "8,192" in str(table)
     no_cp = frontier.check_long_context_layout(8, 1, 16, 128)
     assert not no_cp and "bubble" in str(no_cp)
     assert "inside NVLink" in str(frontier.check_long_context_layout(16, 16, 8, 8))
-    assert "16384" in str(frontier.check_long_context_layout(8, 16, 16, 4))
+    assert "16384" in str(frontier.check_long_context_layout(8, 16, 16, 2))

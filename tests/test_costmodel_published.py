@@ -12,13 +12,14 @@ from lessonlib.costmodel.published import published_report, published_rows
 
 ROWS = published_rows()
 # Rows the model does not yet reach within 15 %: the names of what it lacks are in the report.
-OUT_OF_REACH = ("torchtitan", "DeepSeek-V3")
+OUT_OF_REACH = ("torchtitan Llama 3.1 8B on 8 H100, eager", "DeepSeek-V3")
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r["run"].source[:40])
 def test_published_rows_within_15_percent(row):
     if row["run"].source.startswith(OUT_OF_REACH):
-        pytest.xfail("eager kernels / an average over the whole run: not modelled")
+        pytest.xfail("+21 % (torchtitan: its 500 W power limit not modelled), +19 % "
+                     "(DeepSeek-V3: an average over the whole run)")
     assert abs(row["error"]) < 0.15, (row["predicted"], row["run"].published)
 
 
@@ -77,3 +78,50 @@ def test_all_gather_cp_is_exposed_and_node_limited_routing_cuts_the_all_to_all()
 def test_cli_prints_the_published_table(capsys):
     assert main(["--published"]) == 0
     assert "Llama 3 Table 4" in capsys.readouterr().out
+
+
+def test_new_terms_each_move_the_step_the_way_their_source_says():
+    from dataclasses import replace
+    from lessonlib.costmodel.kernels import eager_layer_forward_bytes, op_recompute_share
+    from lessonlib.costmodel.memory import activation_bytes_per_layer
+    from lessonlib.costmodel.gemm import ATTENTION_PEAK_FRACTION
+    m8, teton = MODELS["llama3-8B"], CLUSTERS["grand-teton-h100-96gb"]
+    # torchtitan's "op" policy recomputes wk, wo and w3 of wq, wk, wv, wo, w1, w3, w2
+    assert op_recompute_share(m8) == pytest.approx((1024 + 4096 + 14336) / (
+        4096 + 2 * 1024 + 4096 + 3 * 14336))
+    assert eager_layer_forward_bytes(m8) > 100 * 4096 * 8192           # > 100 B per h
+    lay = Layout(d=8, b=2, m=1, zero_stage=3, recompute="op", overlap_comm=True)
+    fused, eager = (estimate(m8, replace(lay, kernels=k), teton) for k in ("fused", "eager"))
+    assert eager.time["elementwise"] > 2 * fused.time["elementwise"]
+    assert eager.time["compute"] == fused.time["compute"]
+    # SwiGLU/GQA count: 12 + 4 kv/h + 8 ffn/h bytes per sbh for Llama 3 405B (38.25)
+    m405 = MODELS["llama3-405B"]
+    sbh = m405.s * m405.h
+    assert activation_bytes_per_layer(m405, 1) == pytest.approx(38.25 * sbh)
+    assert activation_bytes_per_layer(m405, 1, 8, True) == pytest.approx(38.25 * sbh / 8)
+    assert 0 < ATTENTION_PEAK_FRACTION < 0.5                       # FA2 on H100: 35 %
+    # DeepSeek-V3: MLA's head dims, MTP on the last stage, 20 of 132 SMs on communication
+    ds, h800 = MODELS["deepseek-v3"], CLUSTERS["hgx-h800"]
+    assert ds.qk_v_head_dims() == (192, 128) and ds.mtp == 1
+    kw = dict(p=16, d=128, e=64, global_batch=15360, zero_stage=1, schedule="dualpipe",
+              recompute="none", precision="fp8", max_nodes=4)
+    free, taxed = (estimate(ds, Layout(comm_sm_share=k, **kw), h800) for k in (0.0, 20 / 132))
+    assert taxed.time["compute"] == pytest.approx(free.time["compute"] * 132 / 112)
+    no_mtp = estimate(replace(ds, mtp=0), Layout(**kw), h800)
+    assert no_mtp.time["compute"] < free.time["compute"]
+    with pytest.raises(ValueError, match="comm_sm_share"):
+        Layout(comm_sm_share=1.5)
+
+
+def test_compile_over_eager_is_a_checked_ratio_row():
+    row = next(r for r in ROWS if r["run"].metric == "ratio")
+    assert row["run"].published == pytest.approx(6667 / 5762)
+    assert abs(row["error"]) < 0.15
+
+
+def test_explain_says_whether_the_separating_cost_is_real_or_a_gap():
+    from lessonlib.costmodel.published import PLANNED, explain_versus_planner, published_runs
+    run = next(r for r in published_runs() if r.source == PLANNED[0])
+    text = explain_versus_planner(run)
+    assert "The largest, " in text and ("real" in text or "a gap of the model" in text)
+    assert "Memory: a gap of the model" in text

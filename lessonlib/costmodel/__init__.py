@@ -25,7 +25,9 @@ Megatron-LM 2021's Table 1.
 Modules, one idea each: ``hardware`` (GPU and cluster presets; collectives across servers),
 ``model`` (GPT shapes, Eq. 2, and today's: GQA, SwiGLU, untied embeddings, MoE; Llama 3 and
 DeepSeek-V3 presets), ``memory``, ``compute`` (FLOPs and training time; the teams' own FLOP counts), ``gemm``
-(a GEMM's time from its shape: roofline, tile quantization, BF16 or FP8), ``bubble``,
+(a GEMM's time from its shape: roofline, tile quantization, BF16 or FP8; the fused
+attention kernel's own rate), ``kernels`` (eager PyTorch's unfused elementwise kernels and
+torchtitan's op-level selective checkpointing), ``bubble``,
 ``comm`` (alpha-beta collectives, groups and servers), ``alpha_beta`` (the same model fitted
 to measured all-reduces, and DDP's bucket overlap), ``layout`` (``Layout`` and its checks),
 ``throughput`` (``estimate``), ``axes`` (what context and expert parallelism and FSDP/HSDP

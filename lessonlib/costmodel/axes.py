@@ -62,8 +62,11 @@ def ep_alltoall_s(model, lay, cluster, layers, comm_efficiency):
     moe_layers = layers * moe.moe_layers / moe.L
     tokens = model.s // lay.c // (lay.t if lay.sequence_parallel else 1)
     spans = group_spans_nodes(lay.n_gpus, lay.e, lay.t * lay.c, cluster.gpus_per_node)
-    one = moe_layer_comm_s(moe, lay.e, lay.b, tokens, cluster, spans,
-                           max_nodes=lay.max_nodes) / comm_efficiency
+    # FP8 training sends the dispatch (forward) and its gradient's return (backward) in FP8
+    # and the two combines in BF16 (DeepSeek-V3 §3.3.4): 1.5 bytes per element on average
+    per_element = 1.5 if lay.precision == "fp8" else 2
+    one = moe_layer_comm_s(moe, lay.e, lay.b, tokens, cluster, spans, per_element,
+                           lay.max_nodes) / comm_efficiency
     return moe_layers * one * (6 / 4 if lay.recompute == "full" else 1)
 
 

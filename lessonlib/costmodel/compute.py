@@ -42,8 +42,12 @@ def layer_forward_flops(model, b):
 
 def attention_core_forward_flops(model, b):
     """The 4bs^2h of ``layer_forward_flops`` that selective recompute runs twice (2bs^2h
-    under a causal kernel for today's shapes)."""
-    return (4 if model.legacy else 2) * b * model.s**2 * model.h
+    under a causal kernel for today's shapes; with head dims other than h/a, as MLA's,
+    b s^2 a (d_qk + d_v): QK^T and PV over half the scores)."""
+    if model.legacy:
+        return 4 * b * model.s**2 * model.h
+    qk, v = model.qk_v_head_dims()
+    return b * model.s**2 * model.a * (qk + v)
 
 
 def logits_forward_flops(model, b):

@@ -22,6 +22,14 @@ launch gaps, the GEMMs' own epilogues) less. It is one of the two constants chos
 Megatron-LM 2021's Table 1 (with ``throughput.ELEMENTWISE_PASSES``), among round values;
 ``published.py`` checks it against every other published run.
 
+A fused attention kernel (today's shapes) is not a GEMM library call: it runs QK^T, the
+softmax and PV in one kernel whose softmax and data movement stall the Tensor Cores, so it
+is priced at its own share of peak, ``ATTENTION_PEAK_FRACTION``: FlashAttention-2 reaches
+"only 35 %" of an H100's peak (Shah et al. 2024, FlashAttention-3, abstract and §1; 50-73 %
+on A100, Dao 2023, FlashAttention-2, abstract). Its backward recomputes the scores from Q and
+K instead of reading them (Dao et al. 2022 §3.1; FlashAttention-2 §3.1.2): five s x s
+products against the forward's two, 2.5x the forward, which ``throughput.py`` charges.
+
 FP8 (``precision="fp8"``) uses the GPU's dense FP8 peak (1,979 TFLOP/s on H100/H200/H800,
 twice BF16) and one byte per element; DeepSeek-V3 ran its linear layers' GEMMs so (§3.3) and
 kept attention's score products in BF16, as ``layer_gemms`` labels them.
@@ -38,6 +46,12 @@ from functools import lru_cache
 GEMM_PEAK_FRACTION = 0.65
 # Fraction of datasheet HBM bandwidth that streaming kernels reach (``throughput.py``).
 HBM_EFFICIENCY = 0.8
+# FlashAttention-2's share of H100 peak, forward (Shah et al. 2024, abstract); taken from
+# the paper, not fitted. Applied to every GPU (on an A100 it is pessimistic: 50-73 %).
+ATTENTION_PEAK_FRACTION = 0.35
+# The fused kernel's backward against its forward: dV, dP, dQ, dK and the recomputed QK^T
+# (Dao et al. 2022, Algorithm 4), 5 products of s x s against 2.
+FUSED_BACKWARD_RATIO = 2.5
 # Output tile of one thread block (NVIDIA's guide: 128 x 128 and 256 x 128 tiles).
 TILE = 128
 PRECISIONS = {"bf16": 2, "fp8": 1}   # bytes per element
@@ -86,7 +100,7 @@ def layer_gemms(model, b, t=1, c=1, e=1):
     them: b s k / E per expert from each of the e ranks, E/e experts per GPU.
     """
     s, h, a = model.s // c, model.h, model.a
-    tokens, hd = b * s, h // a
+    tokens, (qk_dim, v_dim) = b * s, model.qk_v_head_dims()
     if model.legacy:
         qkv, ffn, gate = 3 * h, 4 * h, 1             # QKV; a GeLU MLP of 4h
     else:
@@ -95,8 +109,8 @@ def layer_gemms(model, b, t=1, c=1, e=1):
     out = [(tokens, qkv / t, h, 1, "linear"), (tokens, h, h / t, 1, "linear")]
     causal = 1.0 if model.legacy else 0.5            # share of the s x s scores computed
     heads = b * a / t
-    out += [(s, model.s * causal, hd, heads, "attention"),      # QK^T, s/c queries x s keys
-            (s, hd, model.s * causal, heads, "attention")]      # PV
+    out += [(s, model.s * causal, qk_dim, heads, "attention"),  # QK^T, s/c queries x s keys
+            (s, v_dim, model.s * causal, heads, "attention")]   # PV
     moe = model.moe
     dense = 1.0 if moe is None else 1 - moe.moe_layers / moe.L   # an average layer
     if moe is not None:
@@ -121,8 +135,10 @@ def layer_gemm_time_s(model, b, gpu, t=1, c=1, e=1, precision="bf16", kinds=("li
     ``precision``, the attention score products always in BF16."""
     total = 0.0
     for m, n, k, count, kind in layer_gemms(model, b, t, c, e):
-        if kind in kinds:
-            fused = kind == "attention" and not model.legacy
-            prec = precision if kind == "linear" else "bf16"
-            total += count * gemm_time_s(gpu, m, n, k, prec, writes_output=not fused)
+        if kind not in kinds:
+            continue
+        if kind == "attention" and not model.legacy:     # one fused kernel, its own rate
+            total += count * 2 * m * n * k / (gpu.peak_flops * ATTENTION_PEAK_FRACTION)
+        else:
+            total += count * gemm_time_s(gpu, m, n, k, precision if kind == "linear" else "bf16")
     return total

@@ -69,6 +69,14 @@ H800 = GPU(
     "2024, §3.1) trained on 2048 of them, 8 per node, 400 Gb/s InfiniBand per GPU; dense "
     "FP8 1,979 TFLOP/s as the H100", 1979e12)
 
+# torchtitan's H100 benchmarks ran on Meta's Grand Teton hosts: "96GB HBM2e with 2.4 TB/sec
+# peak memory bandwidth", "the default 500W power limit" (docs/performance.md); kept out of
+# GPUS like the H800. The 500 W limit lowers clocks under load; that is not modelled.
+H100_96GB = GPU(
+    "H100-96GB", 989e12, 96 * GB, 2400 * GB, 900 * GB,
+    "torchtitan docs/performance.md: H100 with 96 GB HBM2e at 2.4 TB/s on Grand Teton, "
+    "500 W; BF16 peak as the SXM5 (989, torchtitan's MFU denominator)", 1979e12)
+
 _ALIASES = {"V100": "V100-SXM2-32GB", "A100": "A100-80GB", "H100": "H100-SXM5",
             "H200-SXM": "H200"}
 
@@ -222,6 +230,7 @@ CLUSTERS = {
     "dgx-h100": make_cluster("H100", 8, name="dgx-h100"),
     "dgx-h200": make_cluster("H200", 8, name="dgx-h200"),
     "hgx-h800": make_cluster(H800, 8, name="hgx-h800"),
+    "grand-teton-h100-96gb": make_cluster(H100_96GB, 8, 400, name="grand-teton-h100-96gb"),
 }
 
 

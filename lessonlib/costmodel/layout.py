@@ -17,7 +17,10 @@ torchtitan's ``pipeline_parallel_first/last_stage_less_layers``), ``schedule="du
 (DeepSeek-V3), ``recompute="none"`` (Llama 3 at 8K), ``cp_comm`` "ring" or "all-gather"
 (Llama 3's), ``precision`` "bf16" or "fp8" for the linear layers' GEMMs (DeepSeek-V3 §3.3)
 and ``max_nodes``, node-limited routing (each token's experts on at most that many servers,
-4 for DeepSeek-V3, §2.1.2).
+4 for DeepSeek-V3, §2.1.2). ``kernels``: "fused" (Megatron's fused kernels, torch.compile) or
+"eager" (one kernel per elementwise op, ``kernels.py``); ``recompute="op"``: torchtitan's
+op-level selective checkpointing; ``comm_sm_share``: the share of SMs given to communication
+kernels, which compute nothing (DeepSeek-V3 §3.2.2: 20 of the H800's 132).
 
 Rank order, innermost first: tp, cp, (ep), dp, pp, Megatron-Core's. The estimate places the
 CP ring inside a server when t*c <= GPUs per server and the EP all-to-all inside one when
@@ -37,6 +40,7 @@ from lessonlib.argcheck import positive_int
 
 from .bubble import SCHEDULES
 from .gemm import PRECISIONS
+from .kernels import KERNELS
 from .memory import RECOMPUTE_MODES
 from .model import MAX, divisors
 
@@ -79,6 +83,8 @@ class Layout:
     cp_comm: str = "ring"
     precision: str = "bf16"
     max_nodes: int = None
+    kernels: str = "fused"
+    comm_sm_share: float = 0.0
 
     def __post_init__(self):
         for name in ("t", "c", "p", "d", "e", "b", "v", "m", "global_batch"):
@@ -96,7 +102,12 @@ class Layout:
         for name in ("overlap_comm", "uneven_stages"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
-        for name, allowed in (("cp_comm", CP_COMM), ("precision", PRECISIONS)):
+        if isinstance(self.comm_sm_share, bool) or not isinstance(
+                self.comm_sm_share, (int, float)) or not 0 <= self.comm_sm_share < 1:
+            raise ValueError(f"comm_sm_share={self.comm_sm_share!r} must be a share of the "
+                             f"GPU's SMs from 0 to below 1, e.g. 20/132 (DeepSeek-V3)")
+        for name, allowed in (("cp_comm", CP_COMM), ("precision", PRECISIONS),
+                              ("kernels", KERNELS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of "
                                  f"{', '.join(allowed)}")
@@ -178,6 +189,8 @@ class Layout:
         extras += ["CP all-gather"] if self.c > 1 and self.cp_comm == "all-gather" else []
         extras += [self.precision.upper()] if self.precision != "bf16" else []
         extras += [f"routing <= {self.max_nodes} nodes"] if self.max_nodes else []
+        extras += ["eager"] if self.kernels == "eager" else []
+        extras += [f"{self.comm_sm_share:.0%} SMs on comm"] if self.comm_sm_share else []
         axes = f"t={self.t} " + (f"c={self.c} " if self.c > 1 else "") + \
             f"p={self.p} d={self.d} " + (f"e={self.e} " if self.e > 1 else "")
         return f"{axes}b={self.b} m={self.m} B={self.global_batch} " + " ".join(extras)

@@ -43,7 +43,8 @@ GRAD_BYTES = 2  # 16-bit gradients
 OPTIMIZER_BYTES = 12  # fp32 master weights + momentum + variance, 4 bytes each
 BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES  # 16
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+# "op": torchtitan's op-level selective checkpointing (``kernels.op_recompute_share``).
+RECOMPUTE_MODES = ("none", "selective", "full", "op")
 
 
 @dataclass(frozen=True)
@@ -122,25 +123,50 @@ def stage_expert_params(model, t, p, e=1, uneven=False, schedule="1f1b"):
 
 
 def activation_bytes_per_layer(model, b, t=1, sequence_parallel=False, recompute="none"):
-    """Bytes one layer keeps for backward, per micro-batch (Korthikanti et al. 2022, Table 2).
-
-    Counted for the GPT-3 layer (a 4h MLP) whatever the model: for SwiGLU and MoE layers an
-    approximation, and for them (``model.legacy`` False) without the s x s softmax, which
-    their fused attention kernels never store."""
+    """Bytes one layer keeps for backward, per micro-batch: Korthikanti et al. 2022, Table 2,
+    for Megatron-LM 2021's GPT layer; for today's layers (``model.legacy`` False) the same
+    count made tensor by tensor for their own layer (``swiglu_layer_activation_bytes``)."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute={recompute!r} must be one of {', '.join(RECOMPUTE_MODES)}")
     s, h, a = model.s, model.h, model.a
     sbh = s * b * h
-    # softmax input/output and dropout mask: grows with s^2. Today's shapes (not ``legacy``)
-    # run a fused attention kernel that never writes the s x s matrix: none of it is kept.
-    attention = 5 * a * s / h if model.legacy else 0.0
     if recompute == "full":
         return 2 * sbh
+    if not model.legacy:
+        return swiglu_layer_activation_bytes(model, b, t, sequence_parallel, recompute)
+    # softmax input/output and dropout mask: grows with s^2
+    attention = 5 * a * s / h
     if sequence_parallel:
         return sbh * 34 / t if recompute == "selective" else sbh * (34 + attention) / t
-    if recompute == "selective":
+    if recompute in ("selective", "op"):
         return sbh * (10 + 24 / t)
     return sbh * (10 + 24 / t + attention / t)
+
+
+def swiglu_layer_activation_bytes(model, b, t=1, sequence_parallel=False, recompute="none"):
+    """Korthikanti's method (Table 2: every tensor a layer's backward reads, 2 bytes per
+    element) applied to a pre-norm layer with RMSNorm, grouped-query attention in one fused
+    kernel, and a SwiGLU MLP (Llama 3; an MoE layer's average token is counted as a dense
+    SwiGLU of the model's ``ffn`` width, an approximation), per token in elements:
+
+        RMSNorm inputs and outputs (inputs of QKV and of w1, w3)      4 h   (split by SP)
+        Q, K, V as the attention kernel saves them                    q + 2 kv
+        the kernel's output (= the output projection's input)         h
+        w1 x (SiLU's input), SiLU(w1 x), w3 x, their product (w2's)   4 ffn
+
+    No dropout, and the fused kernel keeps no s x s scores (a log-sum-exp per head and
+    query, left out). Selective recompute saves nothing more here: the kernel already
+    recomputes its scores. ``recompute="op"`` (torchtitan): the layer's input and the saved
+    matmul and attention outputs: wq x, wv x, the kernel's output, w1 x and w2's output."""
+    qk_dim, v_dim = model.qk_v_head_dims()
+    h, q = model.h, model.a * qk_dim
+    kv = (model.kv_heads or model.a) * (qk_dim + v_dim) / 2
+    ffn = (model.ffn or 4 * h) if model.moe is None else model.moe.ffn
+    rows = b * model.s
+    norms = (rows * h / t) if sequence_parallel else rows * h
+    if recompute == "op":
+        return 2 * (norms + rows * (q + kv + h + ffn + h) / t)
+    return 2 * (4 * norms + rows * (q + 2 * kv + h + 4 * ffn) / t)
 
 
 def course_layer_activation_bytes(b, s, h, a, t=1, sequence_parallel=False,

@@ -52,6 +52,12 @@ class GPT:
     ffn: int | None = None
     tied_embeddings: bool = True
     moe: MoEModel | None = None
+    # Per-head dims of queries/keys and of values where they are not h/a: DeepSeek-V3's MLA
+    # (§2.1.1): 128 heads of 128 + 64 rotary dims for Q and K, 128 for V.
+    head_dims: tuple | None = None
+    # Multi-token prediction modules (DeepSeek-V3 §2.2, depth 1): one more layer and one more
+    # pass through the shared output head on the last stage; not in the parameter count.
+    mtp: int = 0
 
     @property
     def legacy(self):
@@ -77,6 +83,10 @@ class GPT:
                                                                               self.V):
             raise ValueError(f"moe={self.moe.name!r} has L={self.moe.L}, h={self.moe.h}, "
                              f"V={self.moe.V}; the GPT shape must have the same")
+
+    def qk_v_head_dims(self):
+        """(query/key, value) dims per head: ``head_dims`` or h/a for both."""
+        return self.head_dims or (self.h // self.a, self.h // self.a)
 
     def attention_params(self):
         """Q, K, V and output projections of one layer (no biases unless ``legacy``)."""
@@ -185,7 +195,7 @@ MODELS = {
     # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437): 671 B total, 37 B active, 4K tokens,
     # 128 heads of multi-head latent attention; its experts as ``moe.py`` builds them.
     "deepseek-v3": GPT(61, 7168, 128, 4096, 129280, "deepseek-v3", tied_embeddings=False,
-                       moe=MOE_MODELS["deepseek-v3"]),
+                       moe=MOE_MODELS["deepseek-v3"], head_dims=(192, 128), mtp=1),
 }
 
 # The published totals the presets are checked against (tests), from the sources above.

@@ -36,6 +36,7 @@ from .compute import (attention_core_forward_flops, layer_forward_flops,
                       megatron_flops_per_iteration, model_flops_per_iteration)
 from . import gemm
 from .hardware import Cluster
+from .kernels import BACKWARD_TRAFFIC, eager_layer_forward_bytes, op_recompute_share
 from .layout import Layout
 from .memory import WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu
 from .model import GPT
@@ -141,20 +142,34 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     gpu, b, t, s, h, c = cluster.gpu, lay.b, lay.t, model.s, model.h, lay.c
     n = lay.n_gpus
     shape = dict(t=t, c=c, e=lay.e, precision=lay.precision)
-    forward = gemm.layer_gemm_time_s(model, b, gpu, **shape)
+    linear = gemm.layer_gemm_time_s(model, b, gpu, kinds=("linear",), **shape)
     attention = gemm.layer_gemm_time_s(model, b, gpu, kinds=("attention",), **shape)
-    recompute = {"none": 0.0, "full": forward, "selective": attention}[lay.recompute]
-    # forward, then the backward's two GEMMs of each shape (input and weight gradients)
-    compute = layers * (3 * forward + recompute)
+    # forward, then the backward's two GEMMs of each shape (input and weight gradients); a
+    # fused attention kernel's backward is 2.5x its forward (it recomputes the scores), so
+    # selective recompute adds nothing to it
+    fused = not model.legacy
+    backward = gemm.FUSED_BACKWARD_RATIO if fused else 2
+    recompute = {"none": 0.0, "full": linear + attention,
+                 "selective": 0.0 if fused else attention,
+                 "op": op_recompute_share(model) * linear}[lay.recompute]
+    compute = layers * (3 * linear + (1 + backward) * attention + recompute)
     if logits:
-        compute += 3 * gemm.gemm_time_s(gpu, b * s / c, model.V / t, h, lay.precision)
+        compute += 3 * logits * gemm.gemm_time_s(gpu, b * s / c, model.V / t, h, lay.precision)
+    # SMs given to communication kernels compute nothing (DeepSeek-V3 §3.2.2: 20 of 132)
+    compute /= 1 - lay.comm_sm_share
 
     acts = activation_bytes_per_layer(model, b, t, lay.sequence_parallel, "none")
-    attention_acts = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
-                                                       "selective")
-    rewritten = {"none": 0.0, "full": acts, "selective": attention_acts}[lay.recompute]
-    elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / c / (
-        gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
+    hbm = gpu.hbm_bytes_per_s * HBM_EFFICIENCY
+    if lay.kernels == "eager":        # one kernel per op (``kernels.py``)
+        again = 0 if lay.recompute == "none" else 1
+        elementwise = layers * (1 + BACKWARD_TRAFFIC + again) * eager_layer_forward_bytes(
+            model, b, t, c) / hbm
+    else:
+        rewritten = {"none": 0.0, "full": acts, "op": acts}.get(lay.recompute, 0.0)
+        if lay.recompute == "selective":
+            rewritten = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
+                                                          "selective")
+        elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / c / hbm
 
     tp_bw, tp_lat = cluster.group_link(n, t, 1)
     tp_bw *= COMM_EFFICIENCY
@@ -187,8 +202,10 @@ def hardware_flops_per_iteration(model, lay):
     """The FLOPs one step executes: the model's, plus what ``lay.recompute`` repeats."""
     if lay.recompute == "full" and model.legacy:
         return megatron_flops_per_iteration(model, lay.global_batch)        # Eq. 3
+    linear = layer_forward_flops(model, 1) - attention_core_forward_flops(model, 1)
     again = {"none": 0.0, "selective": attention_core_forward_flops(model, 1),
-             "full": layer_forward_flops(model, 1)}[lay.recompute]
+             "full": layer_forward_flops(model, 1),
+             "op": op_recompute_share(model) * linear}[lay.recompute]
     return model_flops_per_iteration(model, lay.global_batch) + \
         lay.global_batch * model.L * again
 
@@ -220,14 +237,18 @@ def estimate(model, layout, cluster):
     # The slowest stage paces the pipeline: the first (ceil(L/p) layers) or the last
     # (floor(L/p) layers plus the output layer's logits); with uneven stages a middle one
     # ((L+2)/p layers) or the last (one layer fewer, plus the logits).
+    # Multi-token prediction (DeepSeek-V3 §2.2): the last stage runs ``model.mtp`` more
+    # layers and output heads.
+    mtp = model.mtp
     if lay.uneven_stages and lay.p > 1:
         full = (model.L + 2) // lay.p
-        first = _stage_microbatch_s(model, lay, cluster, full, logits=False)
-        last = _stage_microbatch_s(model, lay, cluster, full - 1, logits=True)
+        first = _stage_microbatch_s(model, lay, cluster, full, logits=0)
+        last = _stage_microbatch_s(model, lay, cluster, full - 1 + mtp, logits=1 + mtp)
     else:
-        first = _stage_microbatch_s(model, lay, cluster, -(-model.L // lay.p),
-                                    logits=lay.p == 1)
-        last = _stage_microbatch_s(model, lay, cluster, model.L // lay.p, logits=True)
+        first = _stage_microbatch_s(model, lay, cluster, -(-model.L // lay.p) + (
+            mtp if lay.p == 1 else 0), logits=(1 + mtp) if lay.p == 1 else 0)
+        last = _stage_microbatch_s(model, lay, cluster, model.L // lay.p + mtp,
+                                   logits=1 + mtp)
     per_mb = max(first, last, key=sum)
     slot = sum(per_mb)
     m = lay.m

@@ -1,6 +1,8 @@
 """Checker for deep dive 15's design question, a layout of today: Llama 3 405B at
 128K-token sequences on 16,384 H100 (Dubey et al. 2024), which layout of t, c, p and d, and
-why each axis. Returns a ``Verdict`` (``lessonlib.exercises.verdict``); ``None`` anywhere is
+why each axis. Table 4's 128K row prints t=8, c=16, p=16, d=4, which is 8,192 GPUs while
+the text says 16,384: the checker takes both readings, a layout over 16,384 GPUs (the
+text's, d=8 for Llama's degrees) or over 8,192 (the table's own degrees), and says which. Returns a ``Verdict`` (``lessonlib.exercises.verdict``); ``None`` anywhere is
 "your turn".
 
     from lessonlib.exercises import frontier
@@ -28,10 +30,14 @@ LONG_CONTEXT = {"model": "llama3-405B", "cluster": "dgx-h100", "n_gpus": 16384,
 WITHIN = 2.0   # a correct layout takes at most this many times the best step
 
 
-@lru_cache(maxsize=1)
-def long_context_plan():
+# The two GPU counts Table 4's 128K row can be read as: the text's, and its own degrees'.
+READINGS = {16384: "the text's 16,384 GPUs", 8192: "Table 4's own degrees, 8*16*16*4 = 8,192 GPUs"}
+
+
+@lru_cache(maxsize=2)
+def long_context_plan(n_gpus=LONG_CONTEXT["n_gpus"]):
     q = LONG_CONTEXT
-    return plan_job(MODELS[q["model"]], CLUSTERS[q["cluster"]], q["n_gpus"],
+    return plan_job(MODELS[q["model"]], CLUSTERS[q["cluster"]], n_gpus,
                     q["global_batch"], seq=q["seq"])
 
 
@@ -42,10 +48,11 @@ def check_long_context_layout(t: int, c: int, p: int, d: int) -> Verdict:
     if missing:
         return your_turn(f"{', '.join(missing)} still None: choose t, c, p and d "
                          f"(t*c*p*d = {LONG_CONTEXT['n_gpus']}) and run the cell.")
-    q, plan = LONG_CONTEXT, long_context_plan()
-    if t * c * p * d != q["n_gpus"]:
-        return not_yet(f"t*c*p*d = {t * c * p * d}, but there are {q['n_gpus']} GPUs: "
-                       f"use each once.")
+    q, n = LONG_CONTEXT, t * c * p * d
+    if n not in READINGS:
+        return not_yet(f"t*c*p*d = {n}, but there are {q['n_gpus']} GPUs (or 8192 in Table "
+                       f"4's own degrees): use each once.")
+    plan = long_context_plan(n)
     gpn = plan.cluster.gpus_per_node
     if t > gpn:
         return not_yet(f"t={t} stretches the tensor-parallel all-reduces (several per layer) "
@@ -66,7 +73,7 @@ def check_long_context_layout(t: int, c: int, p: int, d: int) -> Verdict:
     per_replica = q["global_batch"] // d
     split = (f"c={c} leaves {q['seq'] // c} tokens per GPU, dividing the activations by {c}"
              if c > 1 else "c=1 keeps each 128K-token sequence whole on a GPU")
-    why = (f"t={t} keeps the all-reduces inside a server; {split}; p={p} splits the 126 "
+    why = (f"Read as {READINGS[n]}: t={t} keeps the all-reduces inside a server; {split}; p={p} splits the 126 "
            f"layers and their state ({mine.memory.model_state / GB:.0f} GB per GPU); d={d} "
            f"replicas take "
            f"{per_replica} sequence{'s' if per_replica > 1 else ''} each ({lay.schedule}, "

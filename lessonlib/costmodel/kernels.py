@@ -1,0 +1,69 @@
+"""What runs when nothing is fused: eager PyTorch's elementwise kernels, and torchtitan's
+op-level selective activation checkpointing.
+
+What it teaches: the GEMMs are not the whole layer. Between them run memory-bound kernels
+(norms, rotary embeddings, the SwiGLU product, residual adds, layout copies) that do almost
+no arithmetic and stream their tensors through HBM. Megatron-LM fuses them (a fused
+LayerNorm, bias-GeLU, softmax) and torch.compile does the same for a model written in plain
+PyTorch; eager PyTorch launches each op as its own kernel, which reads its inputs from HBM
+and writes its output back. The difference is measured: torchtitan's Llama 3.1 8B on 8 H100
+runs 5,762 tokens/s per GPU eager and 6,667 with torch.compile (docs/performance.md, Table 1).
+
+``eager_layer_forward_bytes`` counts those kernels for one Llama-style layer as torchtitan
+writes it (``models/llama/model.py``, ``norms.py``), per token, 2 bytes per bf16 element, 4
+per fp32 one:
+
+    RMSNorm, twice: x.float(), pow, mean, x * rsqrt(...), type_as, * weight  36 B per h
+    rotary on q and k: float(), complex multiply, type_as                      20 B per q/k
+    repeat_kv on k and v (copies to every query head)                          2 kv + 2 h each
+    the attention output's transpose(...).contiguous() copy                    4 B per h
+    two residual adds                                                          6 B per h each
+    silu(w1 x) and its product with w3 x                                       4 + 6 B per ffn
+
+Each backward kernel reads the output's gradient and its saved input and writes the input's
+gradient, about twice a forward kernel's traffic; a recompute runs the forward's kernels
+again. So a step moves (3 + recomputes) x the forward's bytes.
+
+``op_recompute_share``: torchtitan's ``selective_ac_option = "op"`` saves the outputs of
+matmuls and of the attention kernel, "except every second mm" (its ``_custom_policy``:
+``meta[mm_count_key] % 2 == 0`` -> PREFER_RECOMPUTE), and recomputes every other op. In a
+layer's order wq, wk, wv, wo, w1, w3, w2 that recomputes wk, wo and w3 and every
+elementwise kernel; the share of the layer's linear FLOPs it repeats is returned.
+
+Pure arithmetic: ``python -c "from lessonlib.costmodel import MODELS;
+from lessonlib.costmodel.kernels import *; print(eager_layer_forward_bytes(MODELS['llama3-8B']))"``.
+"""
+# The forward's elementwise kernels per token, bytes per element of each width (see above).
+RMSNORM_BYTES = 36          # per h, each of two norms
+ROTARY_BYTES = 20           # per element of q and of k
+RESIDUAL_BYTES = 6          # per h, each of two adds
+COPY_BYTES = 4              # per h: the attention output made contiguous
+SWIGLU_BYTES = 4 + 6        # per ffn element: silu, then the product
+# A backward kernel against a forward one: reads the gradient and the saved input, writes
+# the input's gradient.
+BACKWARD_TRAFFIC = 2
+KERNELS = ("fused", "eager")
+
+
+def eager_layer_forward_bytes(model, b=1, t=1, c=1):
+    """HBM bytes the forward's elementwise kernels move for one layer and b sequences, one
+    kernel per op as eager PyTorch runs torchtitan's Llama layer; split over t and c."""
+    qk_dim, v_dim = model.qk_v_head_dims()
+    h, q = model.h, model.a * qk_dim
+    kv = (model.kv_heads or model.a) * (qk_dim + v_dim) / 2     # one of K or V
+    ffn = model.ffn or 4 * h
+    per_token = (2 * RMSNORM_BYTES * h + ROTARY_BYTES * (q + kv)
+                 + 2 * (2 * kv + 2 * h) + COPY_BYTES * h + 2 * RESIDUAL_BYTES * h
+                 + SWIGLU_BYTES * ffn)
+    return per_token * b * model.s / (t * c)
+
+
+def op_recompute_share(model):
+    """Share of a layer's forward linear FLOPs that torchtitan's "op" policy recomputes: the
+    second, fourth and sixth of wq, wk, wv, wo, w1, w3, w2 (wk, wo, w3)."""
+    qk_dim, v_dim = model.qk_v_head_dims()
+    h, q = model.h, model.a * qk_dim
+    kv = (model.kv_heads or model.a) * qk_dim
+    ffn = model.ffn or 4 * h
+    widths = [q, kv, kv, h, ffn, ffn, ffn]      # output widths, each times h inputs
+    return sum(widths[1::2]) / sum(widths)

@@ -76,7 +76,9 @@ def test_planner_on_the_405B_job_is_fast_and_splits_the_sequence_at_128K():
     t0 = time.perf_counter()
     short = plan_job(MODELS["llama3-405B"], CLUSTERS["dgx-h100"], 16384, 2048, seq=8192)
     long = plan_job(MODELS["llama3-405B"], CLUSTERS["dgx-h100"], 16384, 128, seq=131072)
-    assert time.perf_counter() - t0 < 10  # about 1-3 s each here (v up to 8, no recompute)
+    # about 2-4 s each alone here (v up to 8, no recompute); the bound catches a search grown
+    # tenfold, with room for a loaded CI run of two workers
+    assert time.perf_counter() - t0 < 20
     for p in (short, long):
         assert p.best.fits and p.best.memory.total < 80e9
         text = explain_axes(p)

@@ -33,6 +33,7 @@ Try ``python -c "from lessonlib.costmodel import ring_allreduce_time_s as f;
 print(f(8, 1e9, 300e9))"``.
 """
 import math
+from functools import lru_cache
 
 from lessonlib.argcheck import positive_int
 
@@ -144,6 +145,7 @@ def _first_positions(n_gpus, size, stride, gpus_per_node):
     return positions
 
 
+@lru_cache(maxsize=4096)      # the planner asks the same few shapes thousands of times
 def members_per_node(n_gpus, size, stride, gpus_per_node):
     """Fewest members any group of ``size`` ranks ``stride`` apart has in one of its servers.
 

@@ -67,6 +67,14 @@ def peak_flops(gpu, precision="bf16"):
                      f"{' or '.join(p for p in PRECISIONS if p == 'bf16' or gpu.fp8_peak_flops)}")
 
 
+def tensor_core_flops(gpu, precision="bf16"):
+    """The rate the Tensor Cores run at for ``precision``: the dense peak, lowered in
+    proportion where the part runs under a power limit below its datasheet's
+    (``GPU.power_limited_flops``: torchtitan's 500 W H100s)."""
+    clocks = (gpu.power_limited_flops or gpu.peak_flops) / gpu.peak_flops
+    return peak_flops(gpu, precision) * clocks
+
+
 def _tile_share(n):
     """Useful share of the tiles covering n rows: n / (TILE x ceil(n / TILE))."""
     return n / (TILE * math.ceil(n / TILE))
@@ -77,7 +85,7 @@ def gemm_time_s(gpu, m, n, k, precision="bf16", writes_output=True):
     memory traffic (``writes_output`` False: a fused kernel that never stores C, as
     FlashAttention's score product)."""
     flops = 2 * m * n * k / (_tile_share(m) * _tile_share(n))
-    compute = flops / (peak_flops(gpu, precision) * GEMM_PEAK_FRACTION)
+    compute = flops / (tensor_core_flops(gpu, precision) * GEMM_PEAK_FRACTION)
     elements = m * k + k * n + (m * n if writes_output else 0)
     memory = elements * PRECISIONS[precision] / (gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
     return max(compute, memory)
@@ -138,7 +146,7 @@ def layer_gemm_time_s(model, b, gpu, t=1, c=1, e=1, precision="bf16", kinds=("li
         if kind not in kinds:
             continue
         if kind == "attention" and not model.legacy:     # one fused kernel, its own rate
-            total += count * 2 * m * n * k / (gpu.peak_flops * ATTENTION_PEAK_FRACTION)
+            total += count * 2 * m * n * k / (tensor_core_flops(gpu) * ATTENTION_PEAK_FRACTION)
         else:
             total += count * gemm_time_s(gpu, m, n, k, precision if kind == "linear" else "bf16")
     return total

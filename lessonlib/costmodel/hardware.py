@@ -39,6 +39,9 @@ class GPU:
     nvlink_bytes_per_s: float  # bidirectional total per GPU, as datasheets quote it
     source: str
     fp8_peak_flops: float = None  # dense FP8 FLOP/s; None before Hopper (no FP8 Tensor Cores)
+    # Dense 16-bit FLOP/s the Tensor Cores reach under a power limit below the datasheet's
+    # (lower clocks); None: the datasheet peak. MFU stays a share of ``peak_flops``.
+    power_limited_flops: float = None
 
 
 GPUS = {
@@ -70,12 +73,23 @@ H800 = GPU(
     "FP8 1,979 TFLOP/s as the H100", 1979e12)
 
 # torchtitan's H100 benchmarks ran on Meta's Grand Teton hosts: "96GB HBM2e with 2.4 TB/sec
-# peak memory bandwidth", "the default 500W power limit" (docs/performance.md); kept out of
-# GPUS like the H800. The 500 W limit lowers clocks under load; that is not modelled.
+# peak memory bandwidth", "the default 500W power limit, although tuning it up to 700W TDP can
+# potentially provide further speedups" (docs/performance.md); kept out of GPUS like the H800.
+# What 500 W costs, its team says in a footnote: these H100s "are non-standard. They have
+# HBM2e and are limited to a lower TDP. The actual peak TFLOPs should be between SXM and NVL,
+# and we don't know the exact value" (PyTorch forum, "[Distributed w/ TorchTitan] Introducing
+# Async Tensor Parallelism in PyTorch", benchmark configuration). torchtitan's own
+# ``get_peak_flops`` gives the two ends, 989 (SXM) and 835 (NVL) TFLOP/s dense BF16. The course
+# takes the middle of that range, 912, as the rate its Tensor Cores reach: a reading of a
+# stated range, not a measurement, and it decides the torchtitan eager row (835: +7 %,
+# 912: +14 %, 989: +21 %; ``published.py``). MFU stays a share of 989, as torchtitan counts it.
+H100_NVL_DENSE_BF16 = 835e12
 H100_96GB = GPU(
     "H100-96GB", 989e12, 96 * GB, 2400 * GB, 900 * GB,
     "torchtitan docs/performance.md: H100 with 96 GB HBM2e at 2.4 TB/s on Grand Teton, "
-    "500 W; BF16 peak as the SXM5 (989, torchtitan's MFU denominator)", 1979e12)
+    "500 W; BF16 peak as the SXM5 (989, torchtitan's MFU denominator); under 500 W between "
+    "the NVL's 835 and the SXM's 989 (its team), taken as the middle", 1979e12,
+    power_limited_flops=(989e12 + H100_NVL_DENSE_BF16) / 2)
 
 _ALIASES = {"V100": "V100-SXM2-32GB", "A100": "A100-80GB", "H100": "H100-SXM5",
             "H200-SXM": "H200"}

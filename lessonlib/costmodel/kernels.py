@@ -33,6 +33,8 @@ elementwise kernel; the share of the layer's linear FLOPs it repeats is returned
 Pure arithmetic: ``python -c "from lessonlib.costmodel import MODELS;
 from lessonlib.costmodel.kernels import *; print(eager_layer_forward_bytes(MODELS['llama3-8B']))"``.
 """
+from .gemm import layer_gemms
+
 # The forward's elementwise kernels per token, bytes per element of each width (see above).
 RMSNORM_BYTES = 36          # per h, each of two norms
 ROTARY_BYTES = 20           # per element of q and of k
@@ -67,3 +69,19 @@ def op_recompute_share(model):
     ffn = model.ffn or 4 * h
     widths = [q, kv, kv, h, ffn, ffn, ffn]      # output widths, each times h inputs
     return sum(widths[1::2]) / sum(widths)
+
+
+def norm_up_recompute_share(model):
+    """Share of a layer's forward linear FLOPs that DeepSeek-V3's recompute repeats (§3.2.3):
+    MLA's up-projections, the query latent to 128 heads of 192 and the key/value latent to
+    128 keys and values of 128 (the rotary key comes from h, not recomputed), against every
+    linear GEMM of the average layer (``gemm.layer_gemms``); 0 without MLA (the norms and
+    SwiGLU's product are elementwise, ``throughput.py`` charges their bytes)."""
+    if not model.mla_latents:
+        return 0.0
+    q_latent, kv_latent, rope = model.mla_latents
+    qk_dim, v_dim = model.qk_v_head_dims()
+    up = q_latent * model.a * qk_dim + kv_latent * model.a * (qk_dim - rope + v_dim)
+    linear = sum(m * n * k * count for m, n, k, count, kind in layer_gemms(model, 1)
+                 if kind == "linear") / model.s
+    return up / linear

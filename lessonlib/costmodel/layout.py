@@ -19,7 +19,8 @@ torchtitan's ``pipeline_parallel_first/last_stage_less_layers``), ``schedule="du
 and ``max_nodes``, node-limited routing (each token's experts on at most that many servers,
 4 for DeepSeek-V3, §2.1.2). ``kernels``: "fused" (Megatron's fused kernels, torch.compile) or
 "eager" (one kernel per elementwise op, ``kernels.py``); ``recompute="op"``: torchtitan's
-op-level selective checkpointing; ``comm_sm_share``: the share of SMs given to communication
+op-level selective checkpointing; ``recompute="norm-up"``: DeepSeek-V3's (norms, MLA
+up-projections and SwiGLU's output rebuilt in the backward, §3.2.3, §3.3.4); ``comm_sm_share``: the share of SMs given to communication
 kernels, which compute nothing (DeepSeek-V3 §3.2.2: 20 of the H800's 132).
 
 Rank order, innermost first: tp, cp, (ep), dp, pp, Megatron-Core's. The estimate places the

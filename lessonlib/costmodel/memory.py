@@ -43,8 +43,10 @@ GRAD_BYTES = 2  # 16-bit gradients
 OPTIMIZER_BYTES = 12  # fp32 master weights + momentum + variance, 4 bytes each
 BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES  # 16
 
-# "op": torchtitan's op-level selective checkpointing (``kernels.op_recompute_share``).
-RECOMPUTE_MODES = ("none", "selective", "full", "op")
+# "op": torchtitan's op-level selective checkpointing (``kernels.op_recompute_share``);
+# "norm-up": DeepSeek-V3's, the norms, MLA's up-projections and SwiGLU's output recomputed
+# (``kernels.norm_up_recompute_share``).
+RECOMPUTE_MODES = ("none", "selective", "full", "op", "norm-up")
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,14 @@ def swiglu_layer_activation_bytes(model, b, t=1, sequence_parallel=False, recomp
     No dropout, and the fused kernel keeps no s x s scores (a log-sum-exp per head and
     query, left out). Selective recompute saves nothing more here: the kernel already
     recomputes its scores. ``recompute="op"`` (torchtitan): the layer's input and the saved
-    matmul and attention outputs: wq x, wv x, the kernel's output, w1 x and w2's output."""
+    matmul and attention outputs: wq x, wv x, the kernel's output, w1 x and w2's output.
+    ``recompute="norm-up"`` (DeepSeek-V3): "We recompute all RMSNorm operations and MLA
+    up-projections during back-propagation, thereby eliminating the need to persistently
+    store their output activations" (§3.2.3), and "we cache the inputs of the SwiGLU operator
+    and recompute its output in the backward pass" (§3.3.4): the norms' inputs, MLA's latents
+    in place of Q, K and V (``mla_latents``; Q, K, V for a model without MLA), the kernel's
+    output, and w1 x and w3 x. Counted at 2 bytes, though §3.3.4 caches the SwiGLU inputs
+    and other linear inputs in FP8: an upper bound."""
     qk_dim, v_dim = model.qk_v_head_dims()
     h, q = model.h, model.a * qk_dim
     kv = (model.kv_heads or model.a) * (qk_dim + v_dim) / 2
@@ -166,6 +175,9 @@ def swiglu_layer_activation_bytes(model, b, t=1, sequence_parallel=False, recomp
     norms = (rows * h / t) if sequence_parallel else rows * h
     if recompute == "op":
         return 2 * (norms + rows * (q + kv + h + ffn + h) / t)
+    if recompute == "norm-up":
+        latents = sum(model.mla_latents) if model.mla_latents else q + 2 * kv
+        return 2 * (2 * norms + rows * (latents + h + 2 * ffn) / t)
     return 2 * (4 * norms + rows * (q + 2 * kv + h + 4 * ffn) / t)
 
 

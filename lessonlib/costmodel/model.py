@@ -58,6 +58,9 @@ class GPT:
     # Multi-token prediction modules (DeepSeek-V3 §2.2, depth 1): one more layer and one more
     # pass through the shared output head on the last stage; not in the parameter count.
     mtp: int = 0
+    # MLA's latents (DeepSeek-V3 §2.1.1, §4.2): the query latent d_c' (1536), the key/value
+    # latent d_c (512) and the shared rotary key d_h^R (64) that the up-projections read.
+    mla_latents: tuple | None = None
 
     @property
     def legacy(self):
@@ -195,7 +198,8 @@ MODELS = {
     # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437): 671 B total, 37 B active, 4K tokens,
     # 128 heads of multi-head latent attention; its experts as ``moe.py`` builds them.
     "deepseek-v3": GPT(61, 7168, 128, 4096, 129280, "deepseek-v3", tied_embeddings=False,
-                       moe=MOE_MODELS["deepseek-v3"], head_dims=(192, 128), mtp=1),
+                       moe=MOE_MODELS["deepseek-v3"], head_dims=(192, 128), mtp=1,
+                       mla_latents=(1536, 512, 64)),
 }
 
 # The published totals the presets are checked against (tests), from the sources above.

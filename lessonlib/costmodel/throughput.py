@@ -36,7 +36,8 @@ from .compute import (attention_core_forward_flops, layer_forward_flops,
                       megatron_flops_per_iteration, model_flops_per_iteration)
 from . import gemm
 from .hardware import Cluster
-from .kernels import BACKWARD_TRAFFIC, eager_layer_forward_bytes, op_recompute_share
+from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, norm_up_recompute_share,
+                      op_recompute_share)
 from .layout import Layout
 from .memory import WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu
 from .model import GPT
@@ -151,7 +152,8 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     backward = gemm.FUSED_BACKWARD_RATIO if fused else 2
     recompute = {"none": 0.0, "full": linear + attention,
                  "selective": 0.0 if fused else attention,
-                 "op": op_recompute_share(model) * linear}[lay.recompute]
+                 "op": op_recompute_share(model) * linear,
+                 "norm-up": norm_up_recompute_share(model) * linear}[lay.recompute]
     compute = layers * (3 * linear + (1 + backward) * attention + recompute)
     if logits:
         compute += 3 * logits * gemm.gemm_time_s(gpu, b * s / c, model.V / t, h, lay.precision)
@@ -166,9 +168,9 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
             model, b, t, c) / hbm
     else:
         rewritten = {"none": 0.0, "full": acts, "op": acts}.get(lay.recompute, 0.0)
-        if lay.recompute == "selective":
+        if lay.recompute in ("selective", "norm-up"):    # what is rebuilt is written again
             rewritten = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
-                                                          "selective")
+                                                          lay.recompute)
         elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / c / hbm
 
     tp_bw, tp_lat = cluster.group_link(n, t, 1)
@@ -205,7 +207,8 @@ def hardware_flops_per_iteration(model, lay):
     linear = layer_forward_flops(model, 1) - attention_core_forward_flops(model, 1)
     again = {"none": 0.0, "selective": attention_core_forward_flops(model, 1),
              "full": layer_forward_flops(model, 1),
-             "op": op_recompute_share(model) * linear}[lay.recompute]
+             "op": op_recompute_share(model) * linear,
+             "norm-up": norm_up_recompute_share(model) * linear}[lay.recompute]
     return model_flops_per_iteration(model, lay.global_batch) + \
         lay.global_batch * model.L * again
 

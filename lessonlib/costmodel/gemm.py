@@ -136,6 +136,24 @@ def layer_gemms(model, b, t=1, c=1, e=1):
     return out
 
 
+# FP8 inputs are made by separate kernels: DeepSeek-V3 §3.5.2 ("we need to read 128 BF16
+# activation values (the output of the previous computation) from HBM for quantization, and
+# the quantized FP8 values are then written back to HBM, only to be read again for MMA"):
+# 2 bytes read and 1 written per element of each FP8 GEMM's activation input, beyond the
+# GEMM's own read. In the backward the output gradient is quantized for the input-gradient
+# GEMM, and the activation again, as 128x1 tiles, for the weight gradient (§3.3.4).
+QUANTIZE_BYTES = 2 + 1
+
+
+@lru_cache(maxsize=1024)
+def fp8_quantization_bytes(model, b, t=1, c=1, e=1):
+    """HBM bytes one layer's FP8 quantization kernels move on one GPU, forward and backward:
+    the linear GEMMs' activation inputs (m x k) twice, their output gradients (m x n) once."""
+    return QUANTIZE_BYTES * sum(count * (2 * m * k + m * n)
+                                for m, n, k, count, kind in layer_gemms(model, b, t, c, e)
+                                if kind == "linear")
+
+
 @lru_cache(maxsize=4096)   # the planner prices the same layer shapes many times
 def layer_gemm_time_s(model, b, gpu, t=1, c=1, e=1, precision="bf16", kinds=("linear",
                                                                             "attention")):

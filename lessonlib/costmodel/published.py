@@ -151,12 +151,12 @@ def _deepseek_row():
         "tokens", 14.8e12 / (2.664e6 * 3600), "",
         note="an average over the whole pre-training, not a step; batch 15,360 x 4K (§4.2); "
              "DualPipe, EP 64, ZeRO-1, FP8 linear GEMMs, tokens on at most 4 nodes; RMSNorm, "
-             "MLA up-projections (§3.2.3) and SwiGLU's output (§3.3.4) recomputed. Not "
-             "modelled: (1) FP8 quantization traffic, stated in §3.5.2 (BF16 read, quantized, "
-             "FP8 written back, read again by the MMA) and §3.3.4 (1x128 tiles made 128x1 in "
-             "the backward), about 2 % of a step by the course's count; (2) the output head in "
+             "MLA up-projections (§3.2.3) and SwiGLU's output (§3.3.4) recomputed; the FP8 "
+             "quantization kernels' traffic (§3.5.2: BF16 read, quantized, FP8 written back, "
+             "read again by the MMA; §3.3.4: 128x1 tiles again in the backward) as memory-bound "
+             "time (gemm.fp8_quantization_bytes). Not modelled: (1) the output head in "
              "BF16 (§3.3.1; FP8 here) with DualPipe's first and last stage on one rank "
-             "(§3.2.3; here the slower paces): the two nearly cancel; (3) time outside steps "
+             "(§3.2.3; here the slower paces): the two nearly cancel; (2) time outside steps "
              "(evaluation, checkpoints, restarts), in the GPU hours, unsized. The batch ramp "
              "(3,072 -> 15,360 over 469B tokens, §4.2) costs 0.07 % here (DualPipe's bubble is "
              "0 at F = B = W).")

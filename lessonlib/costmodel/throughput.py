@@ -172,6 +172,8 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
             rewritten = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
                                                           lay.recompute)
         elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / c / hbm
+    if lay.precision == "fp8":        # the quantization kernels around every FP8 GEMM
+        elementwise += layers * gemm.fp8_quantization_bytes(model, b, t, c, lay.e) / hbm
 
     tp_bw, tp_lat = cluster.group_link(n, t, 1)
     tp_bw *= COMM_EFFICIENCY

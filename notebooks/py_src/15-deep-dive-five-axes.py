@@ -117,15 +117,10 @@ from lessonlib.costmodel import published as pub
 
 print(pub.published_report())
 record = pub.published_rows()
-missed = {r["run"].source.split(" ")[0]: r["error"] for r in record if abs(r["error"]) > 0.15}
-llama3 = [r for r in record if r["run"].source.startswith("Llama 3")]
-claim("every Megatron-LM 2021 Table 1 and Llama 3 Table 4 row is within 15 %",
-      all(abs(r["error"]) <= 0.15 for r in record
-          if r["run"].source.startswith(("Megatron", "Llama 3"))),
-      numbers="Llama 3: " + ", ".join(f"{r['error']:+.1%}" for r in llama3))
-claim("the model misses two rows by more than 15 %: torchtitan's eager run and DeepSeek-V3's",
-      sorted(missed) == ["DeepSeek-V3", "torchtitan"],
-      numbers=", ".join(f"{name} {error:+.1%}" for name, error in missed.items()))
+worst = max(record, key=lambda r: abs(r["error"]))
+claim("every row is within 15 % of its published figure, with one set of constants",
+      all(abs(r["error"]) <= 0.15 for r in record),
+      numbers=f"the largest miss: {worst['run'].source}, {worst['error']:+.1%}")
 
 # %% [markdown]
 # How each row is read, from its note in `costmodel/published.py`:
@@ -145,10 +140,12 @@ claim("the model misses two rows by more than 15 %: torchtitan's eager run and D
 #   measurement; FP8 GEMMs, DualPipe, EP 64, each token on at most 4 nodes.
 #
 # Where the model and a team disagree, the model is assumed to be missing a cost until
-# shown otherwise. For the two rows it misses, `published.py` names the candidates: for
-# torchtitan, how fast GEMMs and attention run on GPUs held to 500 W (a published figure
-# for that is what the model lacks); for DeepSeek-V3, that the figure averages over the
-# whole run, and the costs of its recomputation and batch ramp-up.
+# shown otherwise. The last two rows it reached needed costs their own sources state:
+# torchtitan's GPUs are held to 500 W, below the datasheet's rate (its `docs/performance.md`;
+# its team puts their peak between the H100 NVL's and the SXM's, and the model takes the
+# middle, a reading that decides that row and is said in `hardware.py`); DeepSeek-V3
+# recomputes its norms and MLA up-projections (§3.2.3), and quantizes every FP8 GEMM's
+# input in a separate kernel that reads BF16 from memory and writes FP8 back (§3.5.2).
 #
 # **The planner against the published layouts.** For each setup (model, cluster, GPU
 # count, batch, sequence, and the team's precision and routing), the planner's best layout
@@ -167,6 +164,9 @@ claim("at 128K the planner's best is within 10 % of Meta's layout",
 claim("c grows with the sequence", llama_128k["best"].layout.c > llama_8k["best"].layout.c,
       numbers=f"the planner's c = {llama_8k['best'].layout.c} at 8K, "
               f"{llama_128k['best'].layout.c} at 128K")
+claim("Meta's layouts are over the model's memory, DeepSeek-V3's fits",
+      not any(vs["published"].fits for name, vs in versus.items() if name.startswith("Llama"))
+      and versus[pub.PLANNED[-1]]["published"].fits)
 claim("every gap over 10 % is named", all(
     vs["ratio"] <= 1.10 or "What separates them" in pub.explain_versus_planner(vs["run"])
     for vs in versus.values()))
@@ -177,7 +177,8 @@ claim("every gap over 10 % is named", all(
 # exposed what Meta's stack overlaps (tensor-parallel and pipeline traffic), the gap is the
 # model's; where the planner's pick runs a zero-bubble schedule Meta did not use, the gain
 # is real but was not Meta's to take in 2024. Memory is the model's gap too: it counts
-# Meta's and DeepSeek's layouts over the usable memory, and those runs happened.
+# Meta's layouts over the usable memory, and those runs happened (printed above; DeepSeek-V3's
+# fits once its recomputation is counted).
 #
 # **Why DeepSeek-V3 has no TP.** Tensor parallelism would split every layer's GEMMs and
 # all-reduce its activations twice per layer; DeepSeek-V3 trained on H800s, whose NVLink is

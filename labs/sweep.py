@@ -35,6 +35,7 @@ Laptop:  python labs/sweep.py --lab tp --grid world_size=1,2,4 --set steps=5
 GPU box: python labs/sweep.py --lab tp --launcher torchrun --grid world_size=1,2,4,8 --plot
 Cluster: python labs/sweep.py --lab pp --grid microbatches=4,8,16 --set world_size=8 --slurm
 Schedules: python labs/sweep.py --lab pp --grid schedules=1f1b,zb-h1,zbv --set world_size=2
+Predicted: python labs/sweep.py --published "Llama 3 Table 4, 128K" --grid c=1,2,4,8,16 --set v=1
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ import sys
 import time
 from pathlib import Path
 
+import sweep_published
 import sweep_slurm
 from sweep_points import (LABS_DIR, check, check_folder, default_folder, error_line, expand,
                           lab_argv, lab_flags, parse_axis, point_row, read_grid_file,
@@ -56,7 +58,7 @@ from sweep_points import (LABS_DIR, check, check_folder, default_folder, error_l
 from lessonlib import argcheck, results as R
 
 # The kit's own tools, and minimal_ddp.py: plain PyTorch for students to copy, no lab flags
-NOT_LABS = {"sweep", "sweep_points", "sweep_slurm", "gpu_check", "gpu_check_labs", "minimal_ddp"}
+NOT_LABS = {"sweep", "sweep_points", "sweep_published", "sweep_slurm", "gpu_check", "gpu_check_labs", "minimal_ddp"}
 LAUNCHERS = ("local", "torchrun", "srun")
 MAX_POINT_TIMEOUT_S = 1e7  # the launcher's own limit on a run (116 days)
 __all__ = ["parse_axis", "expand", "read_grid_file", "lab_flags", "check", "command", "sweep"]
@@ -184,6 +186,8 @@ def parse_args(argv=None):
                    help="submit the grid as one SLURM job array and return (run it again, or "
                         "--collect FOLDER, to gather the finished points)")
     p.add_argument("--sbatch-args", default="", help="extra sbatch flags for --slurm, quoted")
+    p.add_argument("--published", metavar="RUN", help="no lab: the cost model around a "
+                   "published run's layout (labs/sweep_published.py)")
     p.add_argument("--collect", type=Path, default=None, metavar="FOLDER",
                    help="gather a --slurm sweep's finished points into its table")
     return p, p.parse_args(argv)
@@ -248,10 +252,21 @@ def collect(parser, out: Path, opts) -> int:
     return finish(table, out, opts, pending)
 
 
+def predicted(parser, opts) -> int:
+    """``--published RUN``: the cost model over the grid, around that run's layout."""
+    check_folder(parser, out := opts.out or default_folder("published", [], opts))
+    try:
+        return sweep_published.sweep(opts.published, opts.grid, opts.set, out, opts.plot)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
 def main(argv=None) -> int:
     parser, opts = parse_args(argv)
     if opts.collect:
         return collect(parser, opts.collect, opts)
+    if opts.published:
+        return predicted(parser, opts)
     try:
         jobs = build_jobs(opts)
         for lab, points in jobs:

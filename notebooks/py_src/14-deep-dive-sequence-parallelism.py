@@ -247,9 +247,10 @@ for r in k22.table5_rows()[:4]:
     within(f"{r['model']} {r['mode']}: the published iteration", r["published_s"],
            r["predicted_s"], 0.15)
 slow = [r["error"] for r in k22.table5_rows()[4:]]
-claim("530B and 1T come out 15-25 % slow, the bias the one GEMM efficiency has on the "
-      "largest models (Megatron-LM 2021's Table 1 shows it too)",
-      all(0.15 < err < 0.25 for err in slow), numbers=", ".join(f"{x:+.1%}" for x in slow))
+claim("530B and 1T come out 5-20 % slow: their large GEMMs run closer to peak than the "
+      "model's one cap on a large GEMM's share allows (Megatron-LM 2021's Table 1 under-"
+      "predicts its 1 T row too)",
+      all(0.05 < err < 0.20 for err in slow), numbers=", ".join(f"{x:+.1%}" for x in slow))
 for r in k22.table5_speedups():
     within(f"{r['model']}: full recompute / selective+SP, published", r["published"],
            r["predicted"], 0.15)

@@ -59,7 +59,7 @@ def _record(data) -> dict:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):   # 1 MiB at a time: shards are big
@@ -188,7 +188,7 @@ def verify(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
         if size != want["bytes"]:
             return None, (f"{shard} is damaged: {size:,} bytes, its manifest says "
                           f"{want['bytes']:,} (truncated or emptied)")
-        if hashes and _file_sha256(shard) != want["sha256"]:
+        if hashes and file_sha256(shard) != want["sha256"]:
             return None, (f"{shard} is damaged: its SHA-256 differs from its manifest's "
                           f"(bytes changed after it was saved)")
     return manifest, None
@@ -262,21 +262,27 @@ def check_resume(directory, world_size: int, meta: dict, may_differ: tuple[str, 
     return {**found, "damaged": problems}
 
 
+def listed(folder, path: Path, manifest: dict | None) -> dict:
+    """The size and SHA-256 the manifest lists for the shard ``path`` (CheckpointError if none)."""
+    if manifest is None:
+        manifest = json.loads((Path(folder) / MANIFEST).read_text())
+    want = (manifest.get("shards") or {}).get(path.name)
+    if want is None:
+        raise CheckpointError(f"{Path(folder) / MANIFEST} lists no SHA-256 for {path.name}: "
+                              f"unverified, so not loaded")
+    return want
+
+
 def load(folder, rank: int, map_location=None, manifest: dict | None = None) -> dict:
     """Rank side: rank ``rank``'s shard in a checkpoint folder (``latest(...)["path"]``),
     checked against the manifest's size and hash, its tensors on ``map_location`` (default:
     this rank's ``device.current_device()``, not the GPU it was saved from)."""
     path = Path(folder) / f"rank_{rank:05d}.pt"
-    if manifest is None:
-        manifest = json.loads((Path(folder) / MANIFEST).read_text())
+    want = listed(folder, path, manifest)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing (its manifest lists it)") from None
-    want = (manifest.get("shards") or {}).get(path.name)
-    if want is None:
-        raise CheckpointError(f"{Path(folder) / MANIFEST} lists no SHA-256 for {path.name}: "
-                              f"unverified, so not loaded")
     if _record(data) != want:
         raise CheckpointError(f"{path} is damaged: {len(data):,} bytes and a SHA-256 that "
                               f"do not match its manifest's ({want['bytes']:,} bytes)")

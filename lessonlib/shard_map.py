@@ -220,27 +220,26 @@ def held(layout: Layout, cfg: GPTConfig, rank: int) -> dict[str, list[Held]]:
             "moments": [Held((b - a,), segments(stage[i], sizes[i], a, b)) for i, a, b in ranges]}
 
 
-def _view(tensor: torch.Tensor, seg: Segment, box: tuple) -> torch.Tensor:
-    """The part of ``tensor`` (flat, holding ``seg``) that is ``box`` of the full tensor."""
+def box_view(tensor: torch.Tensor, seg: Segment, box: tuple) -> torch.Tensor:
+    """The part of ``tensor`` (flat, storing ``seg``) that is ``box`` of the full tensor: a
+    slice, no copy."""
     size = [hi - lo for lo, hi in seg.box]
     flat = tensor.reshape(-1)[seg.offset:seg.offset + math.prod(size)]
     return flat.view(size)[tuple(slice(lo - s, hi - s) for (lo, hi), (s, _) in zip(box, seg.box))]
 
 
-def copy_overlap(dst: torch.Tensor, dst_held: Held, src: torch.Tensor, src_held: Held,
-                 filled: torch.Tensor | None = None) -> int:
-    """Copy every element ``src`` stores that ``dst`` needs, slice by slice; mark them in
-    ``filled`` (a bool tensor like ``dst``). Returns the elements copied."""
-    copied = 0
-    for want in dst_held.segments:
-        for have in src_held.segments:
-            if want.name != have.name:
+def overlaps(want: Held, have: Held):
+    """Every (segment of ``want``, segment of ``have``, their common box) that is not empty."""
+    for mine in want.segments:
+        for theirs in have.segments:
+            if mine.name != theirs.name:
                 continue
-            box = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(want.box, have.box))
-            if any(lo >= hi for lo, hi in box):
-                continue
-            _view(dst, want, box).copy_(_view(src, have, box))
-            if filled is not None:
-                _view(filled, want, box).fill_(True)
-            copied += math.prod(hi - lo for lo, hi in box)
-    return copied
+            box = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(mine.box, theirs.box))
+            if all(lo < hi for lo, hi in box):
+                yield mine, theirs, box
+
+
+def copy_overlap(dst: torch.Tensor, dst_held: Held, src: torch.Tensor, src_held: Held) -> None:
+    """Copy every element ``src`` stores that ``dst`` needs, slice into slice."""
+    for mine, theirs, box in overlaps(dst_held, src_held):
+        box_view(dst, mine, box).copy_(box_view(src, theirs, box))

@@ -262,27 +262,21 @@ def check_resume(directory, world_size: int, meta: dict, may_differ: tuple[str, 
     return {**found, "damaged": problems}
 
 
-def listed(folder, path: Path, manifest: dict | None) -> dict:
-    """The size and SHA-256 the manifest lists for the shard ``path`` (CheckpointError if none)."""
-    if manifest is None:
-        manifest = json.loads((Path(folder) / MANIFEST).read_text())
-    want = (manifest.get("shards") or {}).get(path.name)
-    if want is None:
-        raise CheckpointError(f"{Path(folder) / MANIFEST} lists no SHA-256 for {path.name}: "
-                              f"unverified, so not loaded")
-    return want
-
-
 def load(folder, rank: int, map_location=None, manifest: dict | None = None) -> dict:
     """Rank side: rank ``rank``'s shard in a checkpoint folder (``latest(...)["path"]``),
     checked against the manifest's size and hash, its tensors on ``map_location`` (default:
     this rank's ``device.current_device()``, not the GPU it was saved from)."""
     path = Path(folder) / f"rank_{rank:05d}.pt"
-    want = listed(folder, path, manifest)
+    if manifest is None:
+        manifest = json.loads((Path(folder) / MANIFEST).read_text())
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing (its manifest lists it)") from None
+    want = (manifest.get("shards") or {}).get(path.name)
+    if want is None:
+        raise CheckpointError(f"{Path(folder) / MANIFEST} lists no SHA-256 for {path.name}: "
+                              f"unverified, so not loaded")
     if _record(data) != want:
         raise CheckpointError(f"{path} is damaged: {len(data):,} bytes and a SHA-256 that "
                               f"do not match its manifest's ({want['bytes']:,} bytes)")

@@ -1,4 +1,4 @@
-"""A training run that survives being killed: the tiny GPT on a (t, p, d) grid, with checkpoints.
+"""A training run that survives being killed: the tiny GPT on any layout, with checkpoints.
 
 What it teaches: a run of weeks on thousands of GPUs meets failed GPUs, lost nodes and
 preempted jobs; what saves it is a checkpoint every N steps and a restart that continues
@@ -14,6 +14,13 @@ with ``Diverged`` before that step is saved, so the good checkpoints stay the ne
 checkpoint saved on another (t, p, d) layout (or world size, or m) is resharded on load
 (``lessonlib.reshard``): the weights and AdamW's moments are the same, and the loss curve
 continues up to float rounding (the new layout sums in another order).
+
+Beyond (t, p, d): with ``cp``, ``ep`` (the MoE tiny GPT), ``sp`` or ``shard="zero1"|"fsdp"``
+the five-axis ``hybrid_axes.AxesTrainer`` trains (float32, AdamW or SGD, Megatron-Core's
+rank order); each rank saves what it holds (under FSDP its weights' row shards, under
+ZeRO-1 the optimizer state of its range), the manifest records the five axes
+(``t1c2p2d1``), the sharding and the order, and a resume on any other layout, five-axis or
+not, is resharded the same way. A (t, p, d) run, and its checkpoints, are what they were.
 
 ``fail_at=(rank, step)`` makes that rank raise at that step, to watch the failure (the
 launcher names the rank and stops the others) and the resume.

@@ -68,7 +68,10 @@ def open_mapped(found: dict, rank: int) -> dict:
     SHA-256 (hashed 1 MiB at a time), then mapped: its tensors stay in the file, on the CPU,
     and only the slices a caller copies are read."""
     path = Path(found["path"]) / f"rank_{rank:05d}.pt"
-    want = checkpoint.listed(found["path"], path, found)
+    want = (found.get("shards") or {}).get(path.name)
+    if want is None:
+        raise checkpoint.CheckpointError(f"{Path(found['path']) / checkpoint.MANIFEST} lists "
+                                         f"no SHA-256 for {path.name}: unverified, so not loaded")
     if not path.exists():
         raise checkpoint.CheckpointError(f"{path} is missing (its manifest lists it)")
     if path.stat().st_size != want["bytes"] or checkpoint.file_sha256(path) != want["sha256"]:

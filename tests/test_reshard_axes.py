@@ -20,6 +20,7 @@ from lessonlib.models import GPTConfig
 from lessonlib.shard_map import Layout
 
 import ckpt_workers
+import labrun
 
 CFG = GPTConfig(**long_run.SMALL)
 LOSS_TOLERANCE = {"rtol": 1e-6, "atol": 0.0}
@@ -120,6 +121,18 @@ def test_resharding_gives_every_rank_exactly_what_its_layout_holds(tmp_path, sav
             assert got["optimizer"]["state"][j]["step"].item() == 1.0
 
 
+def test_a_replica_is_opened_only_for_what_is_still_lacking(tmp_path, monkeypatch):
+    """Saved at t2p1d2 (ranks 0-1 one replica, 2-3 the other), loaded on one rank: ranks 0
+    and 1 fill it, rank 2 is opened for its losses only, rank 3 not at all."""
+    found = _save_as(tmp_path, _full(False), Layout(2, 1, 1, 2))
+    opened, open_mapped = [], reshard.open_mapped
+    monkeypatch.setattr(reshard, "open_mapped",
+                        lambda found, rank: opened.append(rank) or open_mapped(found, rank))
+    names = [str(i) for i in range(len(shard_map.held(Layout(1, 1, 1, 1), CFG, 0)["model"]))]
+    reshard.load(found, CFG, Layout(1, 1, 1, 1), 0, names, where="cpu")
+    assert opened == [0, 1, 2]
+
+
 def test_a_manifest_whose_axes_do_not_fit_its_shards_is_named(tmp_path):
     found = _save_as(tmp_path, _full(False), Layout(1, 2, 2, 1, 1, "zero1", M))
     wrong_world = {**found, "meta": {**found["meta"], "layout": "t1c2p2d2"}}
@@ -169,3 +182,32 @@ def test_a_five_axis_run_killed_resumes_to_its_curve_and_on_another_layout(tmp_p
     torch.testing.assert_close(torch.tensor(moved["losses"][3:], dtype=torch.float64),
                                torch.tensor(whole["losses"][3:], dtype=torch.float64),
                                **LOSS_TOLERANCE)
+
+
+LAB = ["--layers", "2", "--hidden", "32", "--seq", "16", "--global-batch", "8",
+       "--microbatches", "2", "--checkpoint-every", "2", "--timeout", "200"]
+
+
+def test_the_lab_refuses_bad_axes_in_one_line_before_any_process(tmp_path):
+    done = labrun.run("train", "--world-size", "4", "--layout", "t1p1d4", "--ep", "2",
+                      "--shard", "zero1", *LAB, "--checkpoint-dir", str(tmp_path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert ("--layout t1p1d4 --ep 2 --shard zero1: ep=2 with cp=1, shard='zero1'"
+            in done.stderr.splitlines()[-1])
+
+
+@pytest.mark.timeout(240)
+def test_a_three_axis_checkpoint_of_the_lab_resumes_on_a_five_axis_layout(tmp_path,
+                                                                          no_children_left):
+    """lesson 05's trainer saves t1p2d1 on 2 ranks (a manifest without c, e or sharding);
+    the lab resumes it on 4 ranks as t1c2p2d1 with ZeRO-1, resharded."""
+    folder = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    first = labrun.run("train", "--world-size", "2", "--layout", "t1p2d1", "--steps", "2",
+                       *LAB, *folder)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "shard" not in checkpoint.latest(tmp_path / "ckpt")["meta"]
+    record = labrun.run_lab("train", "--world-size", "4", "--layout", "t1p2d1", "--cp", "2",
+                            "--shard", "zero1", "--steps", "4", *LAB, *folder, tmp_path=tmp_path)
+    row = record["rows"][0]
+    assert (row["layout"], row["shard"], row["resumed_from_step"]) == ("t1c2p2d1", "zero1", 2)
+    assert checkpoint.latest(tmp_path / "ckpt")["meta"]["shard"] == "zero1"

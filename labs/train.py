@@ -16,8 +16,16 @@ step folder that holds every shard but no manifest is never written over: the ru
 naming it, and ``--set-aside`` renames it to ``step_*.unverified`` (nothing is deleted).
 ``--fail-at RANK:STEP`` makes one rank fail, to rehearse a crash.
 
+Beyond three axes, as ``labs/hybrid.py`` names them: ``--cp C`` (context parallelism),
+``--ep E`` (expert parallelism inside d, on the MoE tiny GPT; ``--moe`` alone trains it at
+e = 1), ``--sp`` (sequence parallelism with TP) and ``--shard zero1|fsdp`` (the optimizer
+state, or the weights too, sharded over the d*c ranks of a stage) train on
+``lessonlib.hybrid_axes``; the checkpoint records the five axes (``t1c2p2d1``) and the
+sharding, each rank saves what it holds, and a resume on any other such layout is resharded.
+
 Laptop:  python labs/train.py --world-size 2 --checkpoint-dir results/ckpt --json results/t.json
-         (a minute or two on a laptop: 600 steps of 1F1B on 2 pipeline stages)
+         (a minute or two on a laptop: 600 steps of 1F1B on 2 pipeline stages);
+         python labs/train.py --world-size 4 --layout t1p2d1 --cp 2 --shard zero1 ...
 GPU box: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 8 --max-restarts 3 \\
              labs/train.py --layout t2p2d2 --checkpoint-dir /shared/ckpt
          (torchrun restarts failed workers and they resume; the variable keeps the restarted
@@ -30,8 +38,8 @@ import torch
 
 import lessonlib
 from lessonlib import checkpoint, labkit, long_run
-from lessonlib.grid import layout_name
 from lessonlib.hybrid import HybridTrainer
+from lessonlib.hybrid_axes import SHARDS
 
 
 def check_settings(ap, args) -> dict:
@@ -45,9 +53,13 @@ def check_settings(ap, args) -> dict:
     try:   # what is left to fail is the layout against the world, the model and the batch
         return long_run.plan(args.world_size, args.layout, model, args.global_batch,
                              args.microbatches, args.lr, args.optimizer, args.seed, args.steps,
-                             args.checkpoint_dir, args.checkpoint_every, args.keep)
+                             args.checkpoint_dir, args.checkpoint_every, args.keep, args.cp,
+                             args.ep, args.shard, args.sp, args.moe or args.ep > 1)
     except ValueError as exc:
-        ap.error(f"--layout {args.layout or '(default)'}: {exc}")
+        beyond = "".join(f" --{k} {v}" for k, v in (("cp", args.cp), ("ep", args.ep),
+                                                     ("shard", args.shard)) if v not in (1, "none"))
+        flags = " --sp" * args.sp + " --moe" * args.moe
+        ap.error(f"--layout {args.layout or '(default)'}{beyond}{flags}: {exc}")
 
 
 def fail_at(ap, text: str | None, world_size: int) -> tuple[int, int] | None:
@@ -101,9 +113,11 @@ def measure(args, settings: dict) -> dict:
         for problem in skipped:
             print(f"labs/train.py: skipping a newer checkpoint: {problem}", file=sys.stderr)
         start = f"resuming at step {resume['step']}" if resume else "starting at step 0"
-        if resume and resume["meta"]["layout"] != layout_name(*settings["layout"]):
-            start += f" (resharded from {resume['meta']['layout']})"
-        print(f"labs/train.py: {layout_name(*settings['layout'])}, {start} of {args.steps}, "
+        if resume and any(resume["meta"].get(k) != settings["meta"].get(k)
+                          for k in ("layout", "shard", "order")):
+            start += (f" (resharded from {resume['meta']['layout']}, shard "
+                      f"{resume['meta'].get('shard', 'none')})")
+        print(f"labs/train.py: {settings['meta']['layout']}, {start} of {args.steps}, "
               f"checkpoints every {args.checkpoint_every} steps in {args.checkpoint_dir}",
               file=sys.stderr, flush=True)
     try:
@@ -127,7 +141,8 @@ def build_record(measured: dict, settings: dict, world_size: int) -> dict:
                if lessonlib.launcher.under_torchrun() else "python")
     record["command"] = " ".join([starter, "labs/train.py", *sys.argv[1:]])
     record["host"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__}
-    record["rows"] = [{"implementation": "lessonlib", "layout": layout_name(*settings["layout"]),
+    record["rows"] = [{"implementation": "lessonlib", "layout": settings["meta"]["layout"],
+                       "shard": settings["axes"]["shard"], "sp": settings["axes"]["sp"],
                        **{k: summary[k] for k in ("step_time_s", "first_loss", "last_loss",
                                                   "resumed_from_step", "steps_run_now",
                                                   "checkpoint_save_s")}}]
@@ -141,6 +156,15 @@ def main(argv=None):
     ap.add_argument("--layout", default=None, help="t<t>p<p>d<d>, e.g. t1p2d1 (default: as "
                     "many pipeline stages as the world and layers allow, then TP, then DP)")
     labkit.add_gpt_flags(ap, hidden=128, seq=64)
+    ap.add_argument("--cp", type=int, default=1, help="context-parallel ranks (default 1)")
+    ap.add_argument("--ep", type=int, default=1,
+                    help="expert-parallel ranks inside d, on the MoE tiny GPT (default 1)")
+    ap.add_argument("--moe", action="store_true",
+                    help="train the MoE tiny GPT (implied by --ep > 1)")
+    ap.add_argument("--shard", choices=SHARDS, default="none",
+                    help="sharded data parallelism on the d*c ranks of a stage (default none)")
+    ap.add_argument("--sp", action="store_true",
+                    help="sequence parallelism with TP (LayerNorms on s/(c t) rows)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--optimizer", default="adamw", choices=sorted(HybridTrainer.OPTIMIZERS))
     ap.add_argument("--seed", type=int, default=0)

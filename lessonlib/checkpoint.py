@@ -59,7 +59,7 @@ def _record(data) -> dict:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):   # 1 MiB at a time: shards are big
@@ -188,7 +188,7 @@ def verify(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
         if size != want["bytes"]:
             return None, (f"{shard} is damaged: {size:,} bytes, its manifest says "
                           f"{want['bytes']:,} (truncated or emptied)")
-        if hashes and _file_sha256(shard) != want["sha256"]:
+        if hashes and file_sha256(shard) != want["sha256"]:
             return None, (f"{shard} is damaged: its SHA-256 differs from its manifest's "
                           f"(bytes changed after it was saved)")
     return manifest, None

@@ -183,6 +183,17 @@ def parse_layout(text: str) -> tuple[int, int, int]:
     return tuple(int(g) for g in match.groups())
 
 
+def parse_axes(text: str) -> tuple[int, int, int, int, int]:
+    """``"t2c2p1d1"`` -> (t, c, p, d, e) = (2, 2, 1, 1, 1), as ``layout_name`` writes five
+    axes (c and e only where not 1); ValueError showing the form otherwise."""
+    match = re.fullmatch(r"t(\d+)(?:c(\d+))?p(\d+)d(\d+)(?:e(\d+))?", text.strip())
+    if not match:
+        raise ValueError(f"cannot read the layout {text!r}; write t<t>[c<c>]p<p>d<d>[e<e>], "
+                         f"e.g. t2p2d2 or t1c2p2d1")
+    t, c, p, d, e = (int(g) if g else 1 for g in match.groups())
+    return t, c, p, d, e
+
+
 def layout_table(dp: int, pp: int, tp: int, gpus_per_node: int | None = None, cp: int = 1,
                  ep: int = 1, order: str = LESSON_ORDER) -> str:
     """A printable table: rank -> coordinates -> server and GPU, and the groups it belongs

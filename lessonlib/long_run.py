@@ -1,4 +1,4 @@
-"""A training run that survives being killed: the tiny GPT on a (t, p, d) grid, with checkpoints.
+"""A training run that survives being killed: the tiny GPT on any layout, with checkpoints.
 
 What it teaches: a run of weeks on thousands of GPUs meets failed GPUs, lost nodes and
 preempted jobs; what saves it is a checkpoint every N steps and a restart that continues
@@ -14,6 +14,13 @@ with ``Diverged`` before that step is saved, so the good checkpoints stay the ne
 checkpoint saved on another (t, p, d) layout (or world size, or m) is resharded on load
 (``lessonlib.reshard``): the weights and AdamW's moments are the same, and the loss curve
 continues up to float rounding (the new layout sums in another order).
+
+Beyond (t, p, d): with ``cp``, ``ep`` (the MoE tiny GPT), ``sp`` or ``shard="zero1"|"fsdp"``
+the five-axis ``hybrid_axes.AxesTrainer`` trains (float32, AdamW or SGD, Megatron-Core's
+rank order); each rank saves what it holds (under FSDP its weights' row shards, under
+ZeRO-1 the optimizer state of its range), the manifest records the five axes
+(``t1c2p2d1``), the sharding and the order, and a resume on any other layout, five-axis or
+not, is resharded the same way. A (t, p, d) run, and its checkpoints, are what they were.
 
 ``fail_at=(rank, step)`` makes that rank raise at that step, to watch the failure (the
 launcher names the rank and stops the others) and the resume.
@@ -36,13 +43,16 @@ from lessonlib import checkpoint, comm, device, labkit, reshard
 from lessonlib.argcheck import positive_int
 from lessonlib.data import corpus_tokens, lm_batch
 from lessonlib.breadcrumbs import progress
-from lessonlib.grid import ParallelContext, check_grid, layout_name, parse_layout
+from lessonlib.grid import MEGATRON_ORDER, ParallelContext, check_grid, layout_name, parse_layout
 from lessonlib.hybrid import HybridTrainer, check_layout, step_losses
+from lessonlib.hybrid_axes import AxesTrainer, check_axes, make_model
 from lessonlib.models import LONG_RUN, GPTConfig, TinyGPT
+from lessonlib.shard_map import Layout
 
 SMALL = {k: getattr(LONG_RUN, k) for k in ("vocab", "seq", "hidden", "heads", "layers")}
 # How the work is split: a checkpoint saved with other values is resharded, not refused.
-RESHARDABLE = ("world_size", "layout", "m")
+RESHARDABLE = ("world_size", "layout", "m", "shard", "sp", "order")
+PLAIN = {"cp": 1, "ep": 1, "shard": "none", "sp": False, "moe": False}
 
 
 class Diverged(RuntimeError):
@@ -60,9 +70,13 @@ def default_layout(world: int, cfg: GPTConfig) -> tuple[int, int, int]:
 def plan(world_size: int, layout: str | None = None, model: dict | None = None,
          global_batch: int = 8, m: int = 2, lr: float = 1e-3, optimizer: str = "adamw",
          seed: int = 0, steps: int = 100, checkpoint_dir: str = "results/long-run",
-         checkpoint_every: int = 10, keep: int = 2) -> dict:
+         checkpoint_every: int = 10, keep: int = 2, cp: int = 1, ep: int = 1,
+         shard: str = "none", sp: bool = False, moe: bool | None = None) -> dict:
     """The run's settings, checked (ValueError naming the setting) before any process.
-    ``layout`` is ``"t<t>p<p>d<d>"`` (default: ``default_layout``)."""
+    ``layout`` is ``"t<t>p<p>d<d>"`` (default: ``default_layout``) on the world's t*p*d
+    ranks, or on t*c*p*d with ``cp``, ``ep`` (the MoE tiny GPT: ``moe``, implied by ep > 1),
+    ``shard`` (``"zero1"``, ``"fsdp"``) or ``sp``: then ``hybrid_axes.AxesTrainer`` trains
+    it, in Megatron-Core's rank order, and its manifest records those axes."""
     for name, value in (("steps", steps), ("checkpoint_every", checkpoint_every),
                         ("keep", keep)):
         positive_int(name, value)
@@ -71,15 +85,67 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
         raise ValueError(f"optimizer={optimizer!r}; use one of {sorted(HybridTrainer.OPTIMIZERS)}")
     model = dict(model or SMALL)
     cfg = GPTConfig(**model)
-    t, p, d = parse_layout(layout) if layout else default_layout(world_size, cfg)
-    check_grid(world_size, d, p, t)
+    axes = {"cp": cp, "ep": ep, "shard": shard, "sp": sp, "moe": ep > 1 if moe is None else moe}
+    for name in ("cp", "ep"):
+        positive_int(name, axes[name])
+    if world_size % cp:
+        raise ValueError(f"cp={cp} must divide world_size={world_size} (c ranks share each "
+                         f"sequence)")
+    t, p, d = parse_layout(layout) if layout else default_layout(world_size // cp, cfg)
+    check_grid(world_size, d, p, t, cp=cp, ep=ep)
     check_layout(cfg, d, p, t, global_batch, m)
     # What the shards depend on; the step count and checkpoint cadence may change on resume.
-    meta = {"layout": layout_name(t, p, d), "model": model, "global_batch": global_batch,
+    meta = {"layout": layout_name(t, p, d, cp, ep), "model": model, "global_batch": global_batch,
             "m": m, "lr": lr, "optimizer": optimizer, "seed": seed}
-    return {**meta, "layout": (t, p, d), "world_size": world_size, "steps": steps,
-            "checkpoint_dir": str(checkpoint_dir), "checkpoint_every": checkpoint_every,
-            "keep": keep, "meta": meta}
+    if axes != PLAIN:
+        _check_axes(cfg, t, p, d, axes, global_batch, m, world_size)
+        meta |= {"shard": shard, "sp": sp, "order": MEGATRON_ORDER} | (
+            {"moe": True} if axes["moe"] else {})
+    return {**meta, "layout": (t, p, d), "axes": axes, "world_size": world_size,
+            "steps": steps, "checkpoint_dir": str(checkpoint_dir),
+            "checkpoint_every": checkpoint_every, "keep": keep, "meta": meta}
+
+
+def _check_axes(cfg: GPTConfig, t: int, p: int, d: int, axes: dict, global_batch: int,
+                m: int, world_size: int) -> None:
+    check_axes(cfg, t, axes["cp"], p, d, axes["ep"], axes["shard"], global_batch, m,
+               world_size, axes["sp"])
+    if axes["ep"] > 1 and not axes["moe"]:
+        raise ValueError(f"ep={axes['ep']} needs experts: use moe=True (the MoE tiny GPT)")
+    if axes["sp"] and axes["moe"]:
+        raise ValueError("sp=True with moe=True: sequence parallelism is not combined with "
+                         "MoE blocks here; use sp=False")
+
+
+def build_trainer(settings: dict):
+    """Rank side: (context, trainer): lesson 05's ``HybridTrainer`` on a (t, p, d) run, the
+    five-axis ``AxesTrainer`` on any other (same model, float32, in Megatron-Core's order)."""
+    cfg, (t, p, d) = GPTConfig(**settings["model"]), settings["layout"]
+    axes = settings.get("axes", PLAIN)
+    if axes == PLAIN:
+        ctx = ParallelContext.build(d, p, t)
+        return ctx, HybridTrainer(TinyGPT(cfg, settings["seed"]), ctx, settings["m"],
+                                  settings["global_batch"], settings["lr"],
+                                  optimizer=settings["optimizer"])
+    ctx = ParallelContext.build(d, p, t, cp=axes["cp"], ep=axes["ep"], order=MEGATRON_ORDER)
+    model = make_model(cfg, axes["moe"], settings["seed"]).float()
+    return ctx, AxesTrainer(model, ctx, settings["m"], settings["global_batch"], settings["lr"],
+                            axes["shard"], axes["sp"], settings["optimizer"])
+
+
+def _step(trainer, x, y) -> dict:
+    """One training step, timed (one host sync at each end)."""
+    if isinstance(trainer, HybridTrainer):
+        return trainer.step(x, y, timeline=False)   # no barrier, no per-action timing
+    began = device.timer()
+    out = trainer.step(x, y)
+    return {**out, "seconds": device.timer() - began}
+
+
+def _optimizer(trainer):
+    """The optimizer whose state this rank saves: under ZeRO-1 the inner one, stepping (and
+    keeping AdamW's moments of) this rank's range only."""
+    return getattr(trainer.opt, "optim", trainer.opt)
 
 
 def _agreed_resume(settings: dict, resume: dict | None) -> dict | None:
@@ -92,19 +158,23 @@ def _agreed_resume(settings: dict, resume: dict | None) -> dict | None:
     return None if step.item() < 0 else checkpoint.at_step(settings["checkpoint_dir"], step.item())
 
 
-def _restore(trainer: HybridTrainer, ctx: ParallelContext, settings: dict, resume: dict):
-    """Load this rank's share of ``resume``: its own shard on the same layout, else the
-    pieces of the old shards it needs (``reshard``). Returns (step, loss history)."""
-    if resume["meta"]["layout"] == settings["meta"]["layout"]:
+def _restore(trainer, ctx: ParallelContext, settings: dict, resume: dict):
+    """Load this rank's share of ``resume``: its own shard on the same layout (the five
+    axes, the sharding and the rank order), else the pieces of the old shards it needs
+    (``reshard``). Returns (step, loss history)."""
+    same = ("layout", "shard", "order")
+    optimizer = _optimizer(trainer)
+    if all(resume["meta"].get(k) == settings["meta"].get(k) for k in same):
         state = checkpoint.load(resume["path"], ctx.rank, manifest=resume)
         checkpoint.set_rng_state(state["rng"])
     else:       # no dropout or sampling: the RNG stays seeded as a fresh start would
         names = [name for name, _ in trainer.stage.named_parameters()]
-        state = reshard.load(resume, GPTConfig(**settings["model"]), ctx.tp, ctx.pp,
-                             ctx.pp_rank, ctx.tp_rank, names)
-        state["optimizer"]["param_groups"] = trainer.opt.state_dict()["param_groups"]
+        state = reshard.load(resume, GPTConfig(**settings["model"]),
+                             Layout.of(settings["meta"]), ctx.rank, names,
+                             trainer.params[0].dtype)
+        state["optimizer"]["param_groups"] = optimizer.state_dict()["param_groups"]
     trainer.stage.load_state_dict(state["model"])
-    trainer.opt.load_state_dict(state["optimizer"])
+    optimizer.load_state_dict(state["optimizer"])
     for moments in trainer.opt.state.values():  # loaded onto the GPU, AdamW's step counts
         if torch.is_tensor(moments.get("step")):  # go back to the CPU it keeps them on
             moments["step"] = moments["step"].cpu()
@@ -133,11 +203,8 @@ def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None =
     """Rank side: build this rank's shard, load its checkpoint when resuming (resharded if
     it was saved on another layout), train to the last step, saving every
     ``checkpoint_every`` steps and at the end; stop with ``Diverged`` at a non-finite loss."""
-    cfg, (t, p, d) = GPTConfig(**settings["model"]), settings["layout"]
-    ctx = ParallelContext.build(d, p, t)
-    trainer = HybridTrainer(TinyGPT(cfg, settings["seed"]), ctx, settings["m"],
-                            settings["global_batch"], settings["lr"],
-                            optimizer=settings["optimizer"])
+    cfg = GPTConfig(**settings["model"])
+    ctx, trainer = build_trainer(settings)
     start, history = 0, []
     torch.manual_seed(settings["seed"] + ctx.rank)  # reproducible, and restored on resume
     resume = _agreed_resume(settings, resume)
@@ -150,13 +217,14 @@ def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None =
         if fail_at == (ctx.rank, step + 1):
             raise RuntimeError(f"a simulated failure of rank {ctx.rank} at step {step + 1}")
         x, y = lm_batch(tokens, settings["global_batch"], cfg.seq, step, settings["seed"])
-        out = trainer.step(x, y, timeline=False)   # no barrier, no per-action timing
+        out = _step(trainer, x, y)
         saving = (step + 1) % every == 0 or step + 1 == settings["steps"]
         _check_finite(out["losses"], trainer, step + 1, saving, settings)
         history.append(out["losses"])
         seconds.append(out["seconds"])
         if saving:
-            state = {"model": trainer.stage.state_dict(), "optimizer": trainer.opt.state_dict(),
+            state = {"model": trainer.stage.state_dict(),
+                     "optimizer": _optimizer(trainer).state_dict(),
                      "step": step + 1, "losses": history, "rng": checkpoint.rng_state(),
                      "coords": list(ctx.coords)}
             began = time.perf_counter()

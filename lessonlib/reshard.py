@@ -1,122 +1,107 @@
-"""Resume on another layout: where each rank's tensors sit in the full model, and how to cut
-a checkpoint saved at one (t, p, d) into the shards of another.
+"""Resume on another layout: cut a checkpoint saved at one (t, c, p, d, e) into the shards of
+another, one old shard and one slice at a time.
 
 What it teaches: an allocation changes (8 GPUs this week, 2 the next), and a checkpoint is
-only as useful as the layouts it can be loaded on. Every tensor a rank holds is a piece of
-one or more tensors of the full model, at a place the layout decides: ``placement`` writes
-that down, a pure function of the model and (t, p, stage, TP rank), e.g. on t=2 rank 1 of a
-block
+only as useful as the layouts it can be loaded on. Every number a rank holds is an element
+of one tensor of the full model, at a place the layout decides; ``shard_map`` writes that
+down as boxes (a pure function of the layout and the rank), e.g. on t=2 rank 1 of a block
 
     "1.attn.qkv.weight" -> [("blocks.0.attn.q.weight", 0, 16, 32),
                             ("blocks.0.attn.k.weight", 0, 16, 32), (... v ...)]
 
-(full name, dim, start, stop; the pieces are concatenated along that dim). Resharding is then
-two copies and no arithmetic: a new rank reads the old shards that hold a piece of what it
-needs (one data-parallel replica is enough: the d replicas are equal), ``assemble``s those
-full tensors, and ``cut``s its own pieces, for the weights and for each optimizer state of
-the same shape (AdamW's two moments); so the weights and moments are equal, bit for bit,
-on any layout.
+and under FSDP or ZeRO-1 a range of rows or of flattened elements of those. Resharding is
+then copies and no arithmetic: a new rank allocates its own tensors (weights, and each
+optimizer state shaped like them: AdamW's two moments), then opens the old shards one after
+another, skips those that hold nothing it still lacks, and copies each box where an old
+box meets one of its own, slice into slice. So the weights and moments are equal, bit for
+bit, on any layout, and the tensors it ends with are exactly those it trains with.
+
+Memory per rank, bounded: its own new shard (weights and optimizer state) on its device,
+plus a mask of one byte per element of it (which elements are filled: a checkpoint that
+lacks a piece is named, never trained from zeros), plus one slice in flight. An old shard is
+mapped, not read (``mmap``): its pages stay in the file and the operating system's cache,
+and only the slices copied are read. No rank ever builds a full tensor of the model, nor
+holds two old shards, so a model too big for one device reshards as it trains. Reading:
+each old shard holding a needed box is hashed (1 MiB at a time) before it is mapped; the d
+replicas of a piece are read once (the first one fills it). What changes is the sums'
+order (t partial sums, d replicas): the loss curve continues to float rounding.
 
 Why not ``torch.distributed.checkpoint`` (PyTorch's sharded format, which reshards the same
 way: its metadata lists, for every named tensor, which chunk at which offset is in which
 file)? Its planner reshards tensors that are DTensors (or ShardedTensors) with one named
 source each; our tensor-parallel layers hold plain tensors, and the fused QKV weight on a
 rank is three slices stacked, which is not one chunk of one tensor. We would have to write
-this placement table anyway, to build DTensors from it; the course keeps its own small files
-(one ``torch.save`` per rank and a manifest with sizes and hashes, ``lessonlib.checkpoint``)
-and keeps the table here, where a student can read it.
+this table anyway, to build DTensors from it; the course keeps its own small files (one
+``torch.save`` per rank and a manifest with sizes and hashes, ``lessonlib.checkpoint``) and
+the table in ``shard_map``, where a student can read it.
 
-Laptop:  ``python labs/train.py --world-size 4 --layout t2p2d1 --steps 40 --checkpoint-dir
-         results/ckpt``, then the same command with ``--world-size 2 --layout t1p1d2 --steps
-         80``: it resumes at step 40 on the new layout.
+Laptop:  ``python labs/train.py --world-size 4 --cp 2 --layout t1p2d1 --shard zero1 --steps
+         40 --checkpoint-dir results/ckpt``, then ``--world-size 4 --layout t1p2d2 --shard
+         fsdp --steps 80``: it resumes at step 40 on the new layout.
 GPU box: the same with ``torchrun --nproc-per-node 8 ... --layout t2p2d2``, then
          ``torchrun --nproc-per-node 4 ... --layout t2p1d2``.
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
 
-from lessonlib import checkpoint
-from lessonlib.grid import parse_layout
-from lessonlib.hybrid import stage_counts, step_losses
-from lessonlib.models import GPTConfig, TinyGPT
-
-# How ``tensor_parallel.parallelize_block`` splits a transformer layer over t ranks: each
-# tensor of the parallel layer that is made of slices of dense tensors, and the dim they are
-# cut along (column-parallel: dim 0 of nn.Linear's (out, in) weight; row-parallel: dim 1).
-# Every other tensor of the layer (LayerNorms, the row-parallel biases) is copied whole.
-TP_SPLITS = {
-    "attn.qkv.weight": (("attn.q.weight", "attn.k.weight", "attn.v.weight"), 0),
-    "attn.qkv.bias": (("attn.q.bias", "attn.k.bias", "attn.v.bias"), 0),
-    "attn.proj.weight": (("attn.proj.weight",), 1),
-    "mlp.fc1.weight": (("mlp.fc1.weight",), 0),
-    "mlp.fc1.bias": (("mlp.fc1.bias",), 0),
-    "mlp.fc2.weight": (("mlp.fc2.weight",), 1),
-}
-_SPLIT_SOURCES = {source for sources, _ in TP_SPLITS.values() for source in sources}
+from lessonlib import checkpoint, device
+from lessonlib.grid_layout import placements
+from lessonlib.hybrid import step_losses
+from lessonlib.models import GPTConfig
+# The table of where each tensor sits lives beside, and is read from here too.
+from lessonlib.shard_map import (TP_SPLITS, Held, Layout, box_view, dense_shapes,  # noqa: F401
+                                 held, overlaps, placement)
 
 
-@functools.lru_cache(maxsize=8)
-def dense_shapes(cfg: GPTConfig) -> dict[str, torch.Size]:
-    """The full model's tensor names and shapes (built once per shape of model)."""
-    return {name: p.shape for name, p in TinyGPT(cfg).named_parameters()}
+def cut(full: dict[str, torch.Tensor], pieces: list) -> torch.Tensor:
+    """One rank's stage tensor from full tensors: its pieces, concatenated (for tests and
+    for checking a builder against ``placement``)."""
+    return torch.cat([full[name].narrow(dim, start, stop - start)
+                      for name, dim, start, stop in pieces], dim=pieces[0][1])
 
 
-def placement(cfg: GPTConfig, t: int, p: int, pp_rank: int, tp_rank: int) -> dict[str, list]:
-    """Each tensor of the rank at (pp_rank, tp_rank) of a (t, p) layout -> its pieces
-    ``(full name, dim, start, stop)``, in the order ``hybrid.build_stage`` concatenates them."""
-    shapes, counts = dense_shapes(cfg), stage_counts(cfg.layers, p)
-    parts = ["embed", *(f"blocks.{i}" for i in range(cfg.layers)), "head"]
-    first = sum(counts[:pp_rank])
-    out = {}
-    for i, part in enumerate(parts[first:first + counts[pp_rank]]):  # stage = Sequential(parts)
-        block = part.startswith("blocks.")
-        for local, (sources, dim) in (TP_SPLITS.items() if block else ()):
-            out[f"{i}.{local}"] = []
-            for source in sources:
-                n = shapes[f"{part}.{source}"][dim] // t
-                out[f"{i}.{local}"].append((f"{part}.{source}", dim, tp_rank * n, (tp_rank + 1) * n))
-        for name, shape in shapes.items():
-            inner = name[len(part) + 1:]
-            if name.startswith(part + ".") and not (block and inner in _SPLIT_SOURCES):
-                out[f"{i}.{inner}"] = [(name, 0, 0, shape[0])]
-    return out
-
-
-def _shape(shapes: dict, pieces: list) -> tuple[int, ...]:
-    """The shape of the tensor ``cut`` makes from ``pieces``."""
-    shape = list(shapes[pieces[0][0]])
-    shape[pieces[0][1]] = sum(stop - start for _, _, start, stop in pieces)
-    return tuple(shape)
+def open_mapped(found: dict, rank: int) -> dict:
+    """Rank ``rank``'s shard of checkpoint ``found``, checked against its manifest's size and
+    SHA-256 (hashed 1 MiB at a time), then mapped: its tensors stay in the file, on the CPU,
+    and only the slices a caller copies are read."""
+    path = Path(found["path"]) / f"rank_{rank:05d}.pt"
+    want = (found.get("shards") or {}).get(path.name)
+    if want is None:
+        raise checkpoint.CheckpointError(f"{Path(found['path']) / checkpoint.MANIFEST} lists "
+                                         f"no SHA-256 for {path.name}: unverified, so not loaded")
+    if not path.exists():
+        raise checkpoint.CheckpointError(f"{path} is missing (its manifest lists it)")
+    if path.stat().st_size != want["bytes"] or checkpoint.file_sha256(path) != want["sha256"]:
+        raise checkpoint.CheckpointError(f"{path} is damaged: its size or SHA-256 does not "
+                                         f"match its manifest's ({want['bytes']:,} bytes)")
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 def mismatch(found: dict) -> str | None:
     """What makes checkpoint ``found`` (a manifest with its ``path``) damaged beyond its
     hashes, or None: a layout that is not its world size, or shards that do not hold the
-    tensors (names and shapes) its layout places on them. Reads each shard's index only
+    tensors (shapes, in order) its layout places on them. Reads each shard's index only
     (``mmap``), not its tensors; for ``checkpoint.scan`` before any process starts."""
     manifest = Path(found["path"]) / checkpoint.MANIFEST
     if not {"layout", "model"} <= set(found["meta"]):
         return None                 # another run's settings: check_resume names the difference
     try:
-        t, p, d = parse_layout(found["meta"]["layout"])
+        layout = Layout.of(found["meta"])
         cfg = GPTConfig(**found["meta"]["model"])
     except (TypeError, ValueError) as exc:
         return f"{manifest} is damaged: its layout or model cannot be read ({exc})"
-    if t * p * d != found["world_size"]:
-        return (f"{manifest} is damaged: its layout {found['meta']['layout']} has {t * p * d} "
-                f"ranks, its world_size says {found['world_size']}")
-    shapes = dense_shapes(cfg)
-    for rank in range(t * p * d):                      # rank = (dp * p + pp) * t + tp
-        want = {name: _shape(shapes, pieces)
-                for name, pieces in placement(cfg, t, p, rank // t % p, rank % t).items()}
+    if layout.world != found["world_size"]:
+        return (f"{manifest} is damaged: its layout {found['meta']['layout']} has "
+                f"{layout.world} ranks, its world_size says {found['world_size']}")
+    for rank in range(layout.world):
+        want = [tuple(h.shape) for h in held(layout, cfg, rank)["model"]]
         shard = Path(found["path"]) / f"rank_{rank:05d}.pt"
         try:
             model = torch.load(shard, map_location="cpu", weights_only=True, mmap=True)["model"]
-            got = {name: tuple(tensor.shape) for name, tensor in model.items()}
+            got = [tuple(tensor.shape) for tensor in model.values()]
         except Exception as exc:  # noqa: BLE001  (any unreadable shard is damage, named)
             return f"{shard} is damaged: it cannot be read as a shard ({type(exc).__name__})"
         if got != want:
@@ -126,56 +111,71 @@ def mismatch(found: dict) -> str | None:
     return None
 
 
-def cut(full: dict[str, torch.Tensor], pieces: list) -> torch.Tensor:
-    """One rank's tensor from full tensors: its pieces, concatenated."""
-    return torch.cat([full[name].narrow(dim, start, stop - start)
-                      for name, dim, start, stop in pieces], dim=pieces[0][1])
+def _empty(wanted: list[Held], dtype, where) -> list[torch.Tensor]:
+    return [torch.zeros(h.shape, dtype=dtype, device=where) for h in wanted]
 
 
-def assemble(full: dict, shapes: dict, pieces: list, tensor: torch.Tensor) -> None:
-    """Write one rank's ``tensor`` back into the full tensors ``full`` (made as needed)."""
-    dim = pieces[0][1]
-    for (name, _, start, stop), part in zip(pieces, tensor.split(
-            [stop - start for _, _, start, stop in pieces], dim=dim)):
-        if name not in full:
-            full[name] = torch.empty(shapes[name], dtype=tensor.dtype, device=tensor.device)
-        full[name].narrow(dim, start, stop - start).copy_(part)
+def _masks(wanted: list[Held], where) -> list[torch.Tensor]:
+    """One flag per element to fill: False until copied; True where nothing is to come
+    (FSDP's padding rows)."""
+    masks = [torch.ones(h.shape, dtype=torch.bool, device=where) for h in wanted]
+    for mask, h in zip(masks, wanted):
+        for seg in h.segments:
+            box_view(mask, seg, seg.box).fill_(False)
+    return masks
 
 
-def load(found: dict, cfg: GPTConfig, t: int, p: int, pp_rank: int, tp_rank: int,
-         names: list[str]) -> dict:
-    """Rank side: this rank's shard of checkpoint ``found`` (a manifest, saved on another
-    layout) for the (t, p) layout: ``{"model": state dict, "optimizer": {"state": ...}
-    (keyed by the position in ``names``, the stage's parameter names in order), "step",
-    "losses"}``. The loss history becomes one value per step (the global batch's mean)."""
-    t0, p0, d0 = parse_layout(found["meta"]["layout"])
-    wanted = placement(cfg, t, p, pp_rank, tp_rank)
-    needed = {piece[0] for pieces in wanted.values() for piece in pieces}
-    shapes, full, scalars, last = dense_shapes(cfg), {}, {}, []
-    for old_rank in range(d0 * p0 * t0):                  # rank = (dp * p + pp) * t + tp
-        dp0, pp0, tp0 = old_rank // (p0 * t0), old_rank // t0 % p0, old_rank % t0
-        old = placement(cfg, t0, p0, pp0, tp0)
-        holds = dp0 == 0 and needed & {piece[0] for pieces in old.values() for piece in pieces}
-        if not holds and (pp0, tp0) != (p0 - 1, 0):
+def _lacking(wanted: list[Held], masks: list, had: list[Held]) -> list[tuple]:
+    """(new index, old index, overlap) for every overlap of an old tensor with a new one
+    that holds an element not yet filled: what this old shard is opened for."""
+    return [(i, j, hit) for i, want in enumerate(wanted) for j, have in enumerate(had)
+            for hit in overlaps(want, have) if not bool(box_view(masks[i], hit[0], hit[2]).all())]
+
+
+def load(found: dict, cfg: GPTConfig, layout: Layout, rank: int, names: list[str],
+         dtype: torch.dtype = torch.float32, where=None) -> dict:
+    """Rank side: rank ``rank``'s state on ``layout`` from checkpoint ``found`` (saved on
+    another layout): ``{"model": {names[i]: tensor}, "optimizer": {"state": ...}, "step",
+    "losses"}``, its tensors on ``where`` (default: this rank's device). The loss history
+    becomes one value per step (the global batch's mean)."""
+    where = device.current_device() if where is None else where
+    old, new = Layout.of(found["meta"]), held(layout, cfg, rank)
+    stateful = found["meta"].get("optimizer", "adamw") != "sgd"     # SGD keeps no state
+    params, param_masks = _empty(new["model"], dtype, where), _masks(new["model"], where)
+    moment_masks = _masks(new["moments"], where) if stateful else []
+    moments, scalars, last = {}, {}, []
+    for old_rank, pl in enumerate(placements(old.d, old.p, old.t, None, old.c, old.e, old.order)):
+        had = held(old, cfg, old_rank)
+        todo = _lacking(new["model"], param_masks, had["model"])
+        todo_moments = _lacking(new["moments"], moment_masks, had["moments"]) if stateful else []
+        keeps_losses = (pl.pp, pl.tp) == (old.p - 1, 0)
+        if not (todo or todo_moments or keeps_losses):
             continue
-        shard = checkpoint.load(found["path"], old_rank, manifest=found)
-        if (pp0, tp0) == (p0 - 1, 0):                     # the last stage keeps the losses
+        shard = open_mapped(found, old_rank)                  # one old shard at a time
+        if keeps_losses:                                      # the last stage keeps the losses
             last.append({"coords": shard["coords"], "losses": shard["losses"]})
-        if not holds:
-            continue
-        order = list(shard["model"])        # a stage's state dict lists its parameters in order
-        for local, tensor in shard["model"].items():
-            assemble(full.setdefault("param", {}), shapes, old[local], tensor)
-        for index, state in shard["optimizer"]["state"].items():
-            for key, value in state.items():
-                if value.shape == shard["model"][order[index]].shape:   # a moment, like the weight
-                    assemble(full.setdefault(key, {}), shapes, old[order[index]], value)
-                else:                                                   # AdamW's step count
-                    scalars[key] = value
-    model = {local: cut(full["param"], pieces) for local, pieces in wanted.items()}
-    moments = [key for key in full if key != "param"]
+        tensors, states = list(shard["model"].values()), shard["optimizer"]["state"]
+        for i, j, (mine, theirs, box) in todo:
+            box_view(params[i], mine, box).copy_(box_view(tensors[j], theirs, box))
+            box_view(param_masks[i], mine, box).fill_(True)
+        for i, j, (mine, theirs, box) in todo_moments:
+            for key, value in states[j].items():
+                if value.dim() > 0:                           # a moment, shaped like its weight
+                    if key not in moments:
+                        moments[key] = _empty(new["moments"], dtype, where)
+                    box_view(moments[key][i], mine, box).copy_(box_view(value, theirs, box))
+            box_view(moment_masks[i], mine, box).fill_(True)
+        for state in states.values():                         # AdamW's step count
+            scalars.update({k: v.clone() for k, v in state.items() if v.dim() == 0})
+        del shard, tensors, states                            # unmapped before the next one
+    lacking = [f"{names[i]}" for i, mask in enumerate(param_masks) if not bool(mask.all())] + [
+        f"the optimizer state of {i}" for i, mask in enumerate(moment_masks) if not bool(mask.all())]
+    if lacking:
+        raise checkpoint.CheckpointError(
+            f"{found['path']} (layout {found['meta']['layout']}) holds no copy of parts of "
+            f"{lacking[0]}: its shards do not cover the model; resume from another checkpoint")
     state = {i: {**{k: v.clone() for k, v in scalars.items()},
-                 **{key: cut(full[key], wanted[name]) for key in moments}}
-             for i, name in enumerate(names) if moments or scalars}
-    return {"model": model, "optimizer": {"state": state}, "step": found["step"],
-            "losses": [[loss] for loss in step_losses(last)]}
+                 **{key: tensors[i] for key, tensors in moments.items()}}
+             for i in range(len(new["moments"])) if moments or scalars}
+    return {"model": dict(zip(names, params)), "optimizer": {"state": state},
+            "step": found["step"], "losses": [[loss] for loss in step_losses(last)]}

@@ -5,22 +5,23 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import checkpoint, long_run, reshard
-from lessonlib.grid import ParallelContext
+from lessonlib import checkpoint, long_run, reshard, shard_map
+from lessonlib.grid import MEGATRON_ORDER, ParallelContext
 from lessonlib.hybrid import HybridTrainer
+from lessonlib.hybrid_axes import AxesTrainer, make_model
 from lessonlib.models import GPTConfig, TinyGPT
 
 
 def stage_against_placement(cfg: dict, dp: int, pp: int, tp: int) -> dict:
     """This rank's stage as ``HybridTrainer`` builds it, against the full model cut by
-    ``reshard.placement``: the same names, and tensors equal bit for bit?"""
+    ``reshard.placement``: the same names in the same order, and tensors equal bit for bit?"""
     cfg = GPTConfig(**cfg)
     ctx = ParallelContext.build(dp, pp, tp)
     model = TinyGPT(cfg, seed=3)
     stage = HybridTrainer(model, ctx, m=1, global_batch=dp).stage.state_dict()
     full = dict(model.named_parameters())
     wanted = reshard.placement(cfg, tp, pp, ctx.pp_rank, ctx.tp_rank)
-    return {"rank": dist.get_rank(), "same_names": sorted(stage) == sorted(wanted),
+    return {"rank": dist.get_rank(), "same_names": list(stage) == list(wanted),   # in order
             "equal": all(torch.equal(stage[name], reshard.cut(full, pieces).detach())
                          for name, pieces in wanted.items() if name in stage)}
 
@@ -47,3 +48,37 @@ def agreed_steps(folder: str, cases: list) -> list:
         got = long_run._agreed_resume({"checkpoint_dir": folder}, resume)
         agreed.append(None if got is None else got["step"])
     return agreed
+
+
+def held_from_full(full: dict, held) -> torch.Tensor:
+    """What a rank storing ``held`` (a ``shard_map.Held``) holds of the full tensors ``full``:
+    each box copied in, the padding zero."""
+    out = torch.zeros(held.shape, dtype=next(iter(full.values())).dtype)
+    for seg in held.segments:
+        shard_map.box_view(out, seg, seg.box).copy_(full[seg.name][tuple(slice(a, b)
+                                                                         for a, b in seg.box)])
+    return out
+
+
+def axes_against_map(cfg: dict, cases: list) -> list[bool]:
+    """Per five-axis case (t, c, p, d, e, shard, sp, moe): does ``AxesTrainer`` hold what
+    ``shard_map.held`` says, bit for bit (its weights), and, after one AdamW step, optimizer
+    state of the shapes it says (under ZeRO-1, this rank's range only)?"""
+    cfg, out = GPTConfig(**cfg), []
+    for t, c, p, d, e, shard, sp, moe in cases:
+        ctx = ParallelContext.build(d, p, t, cp=c, ep=e, order=MEGATRON_ORDER)
+        model = make_model(cfg, moe, seed=3).float()
+        full = {name: q.detach().clone() for name, q in model.named_parameters()}
+        trainer = AxesTrainer(model, ctx, 2, 8, 1e-3, shard, sp, "adamw")
+        where = shard_map.held(shard_map.Layout(t, c, p, d, e, shard, MEGATRON_ORDER, moe), cfg,
+                               ctx.rank)
+        same = all(torch.equal(q.detach(), held_from_full(full, h))
+                   for q, h in zip(trainer.params, where["model"], strict=True))
+        torch.manual_seed(0)
+        x = torch.randint(0, cfg.vocab, (8, cfg.seq))
+        trainer.step(x, x)
+        state = long_run._optimizer(trainer).state_dict()["state"]
+        shapes = [tuple(state[i]["exp_avg"].shape) for i in range(len(state))]
+        out.append(same and shapes == [tuple(h.shape) for h in where["moments"]])
+        ctx.destroy()
+    return out

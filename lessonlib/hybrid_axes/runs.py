@@ -24,7 +24,7 @@ from lessonlib.data_parallel.fsdp import FullyShardedDataParallel
 from lessonlib.data_parallel.sharded import row_shard
 from lessonlib.data_parallel.zero import ShardedOptimizer
 from lessonlib.grid import MEGATRON_ORDER, ParallelContext
-from lessonlib.hybrid import largest, step_losses
+from lessonlib.hybrid import HybridTrainer, largest, step_losses
 from lessonlib.hybrid_axes.build import (LAYOUT, average_over, build_stage, check_axes, make_model,
                                          sync_gradients)
 from lessonlib.launcher import launch
@@ -35,10 +35,12 @@ from lessonlib.pipeline.schedules import make
 
 class AxesTrainer:
     """One rank of a (tp, cp, pp, dp, ep) run: its shard, a 1F1B executor on its pipeline,
-    SGD on the shard: plain, ZeRO-1 or FSDP (``shard_on``) on the dp_cp group."""
+    SGD (or ``optimizer="adamw"``) on the shard: plain, ZeRO-1 or FSDP (``shard_on``) on the
+    dp_cp group. Activations travel in the model's dtype."""
 
     def __init__(self, model: TinyGPT, ctx: ParallelContext, m: int, global_batch: int,
-                 lr: float = 0.1, shard_on: str = "none", sp: bool = False):
+                 lr: float = 0.1, shard_on: str = "none", sp: bool = False,
+                 optimizer: str = "sgd"):
         cfg = model.cfg
         self.b = check_axes(cfg, ctx.tp, ctx.cp, ctx.pp, ctx.dp, ctx.ep, shard_on, global_batch,
                             m, dist.get_world_size(), sp)
@@ -50,9 +52,10 @@ class AxesTrainer:
         self.executor = PipelineExecutor(
             make("1f1b", ctx.pp, m), ctx.pp_rank, [self.stage], lm_loss,
             (self.b, cfg.seq // (ctx.cp * (ctx.tp if sp else 1)), cfg.hidden),  # (b, s/c[/t], h)
-            stage_ranks=ctx.pp_ranks, group=ctx.pp_group, dtype=torch.float64)
-        self.opt = (ShardedOptimizer(self.params, torch.optim.SGD, group=ctx.dp_cp_group, lr=lr)
-                    if shard_on == "zero1" else torch.optim.SGD(self.params, lr=lr))
+            stage_ranks=ctx.pp_ranks, group=ctx.pp_group, dtype=self.params[0].dtype)
+        kind = HybridTrainer.OPTIMIZERS[optimizer]
+        self.opt = (ShardedOptimizer(self.params, kind, group=ctx.dp_cp_group, lr=lr)
+                    if shard_on == "zero1" else kind(self.params, lr=lr))
 
     def my_tokens(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's rows (dp) and sequence shard (cp) of a global (B, s) batch."""

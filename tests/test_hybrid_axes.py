@@ -114,9 +114,9 @@ def test_the_lab_runs_a_layout_on_the_new_axes(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--cp", "3", "--layouts", "t2p2d1"], "dp*pp*cp*tp = 1*2*3*2 = 12 ranks"),
+    (["--cp", "3", "--layouts", "t2p2d1"], "--cp 3 must divide --world-size 8"),
     (["--ep", "2", "--layouts", "t2p2d1"], "ep=2 must divide dp=1"),
-    (["--ep", "2", "--shard", "zero1", "--layouts", "t2p2d2"], "ep=2 with cp=1, shard='zero1'"),
+    (["--ep", "2", "--shard", "zero1", "--layouts", "t2p2d2"], "--shard zero1 with --ep 2"),
     (["--shard", "zero3"], "invalid choice: 'zero3'"),
     (["--sp", "--ep", "2", "--layouts", "t2p2d2"], "--sp with --ep 2"),
 ])

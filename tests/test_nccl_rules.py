@@ -87,6 +87,55 @@ def test_a_call_posted_after_a_wait_starts_after_it():
     assert nccl_hazards([rank(1, 2), rank(0, 2)])          # one stream, recv first: still bad
 
 
+# ---------------------------------------------------------------- what is left in flight
+def _pair_all_reduces(waited_at_end: bool) -> list[list]:
+    """Groups (0, 1), (1, 2), (2, 0), each given an asynchronous all-reduce; every rank
+    waits on both at the end, or (not waited_at_end) on each before posting the next."""
+    groups = {"01": (0, 1), "12": (1, 2), "20": (0, 2)}
+    mine = {0: ("01", "20"), 1: ("01", "12"), 2: ("12", "20")}
+    made = [("new_group", None, {"ranks": m, "group": n, "bytes": 0, "waited": i + 1})
+            for i, (n, m) in enumerate(groups.items())]
+    return [trace(*made, *[("all_reduce", None, {"group": g, "ranks": groups[g],
+                                                 "waited": 5 if waited_at_end else 4 + i})
+                           for i, g in enumerate(mine[r])]) for r in range(3)]
+
+
+def test_a_cycle_of_asynchronous_all_reduces_over_three_pairs_is_flagged():
+    hazards = nccl_hazards(_pair_all_reduces(waited_at_end=True))
+    assert len(hazards) == 3 and all(h.startswith("hang:") for h in hazards), hazards
+    assert "two communicators at once" in hazards[0] and "nccl issue 783" in hazards[0], hazards
+    assert nccl_hazards(_pair_all_reduces(waited_at_end=False)) == []
+
+
+def test_a_receive_never_waited_on_is_flagged():
+    hazards = nccl_hazards([trace(("send", 1, {"batch": 0, "waited": 1})),
+                            trace(("recv", 0, {"batch": 0, "waited": None}))])
+    assert len(hazards) == 1 and hazards[0].startswith("race: rank 1") and "never waited" in hazards[0]
+
+
+@pytest.mark.parametrize("fields", [{"waited": None}, {"waited": 1, "written": True}])
+def test_a_send_whose_buffer_may_be_written_in_flight_is_flagged(fields):
+    hazards = nccl_hazards([trace(("send", 1, {"batch": 0, **fields})),
+                            trace(("recv", 0, {"batch": 0, "waited": 1}))])
+    assert len(hazards) == 1 and hazards[0].startswith("race: rank 0's batched send"), hazards
+
+
+def test_comm_marks_a_send_whose_tensor_is_written_before_its_wait():
+    import torch
+
+    class Done:
+        def wait(self, timeout=None):
+            return True
+
+    for write in (False, True):
+        buf, event = torch.zeros(4), comm.Event("send", 2, 16, order=0)
+        work = comm.TimedWork(Done(), event, sends=[(event, buf.detach())])
+        if write:
+            buf.add_(1)
+        work.wait()
+        assert event.written is write
+
+
 # ---------------------------------------------------------------- recorded traces
 def _hazards(per_rank: list[dict]) -> dict:
     """Each scheme's hazards in lazy mode (the course's), and in eager mode (``device_id``

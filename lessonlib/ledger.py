@@ -99,11 +99,14 @@ class TimedWork:
 
     ``sends``: (event, tensor) of the sends it covers; each tensor's version counter (which
     every in-place write moves) is read now and at the wait, so a buffer written while its
-    send was in flight is marked ``written`` (``nccl_inflight``, rule 10)."""
+    send was in flight is marked ``written`` (``nccl_inflight``, rule 10). The counter
+    belongs to the whole storage, so only a send that covers its storage is watched: for a
+    slice of a larger buffer a write elsewhere in it would look the same."""
 
     def __init__(self, work, *events: Event, sends=()):
         self._work, self._events = work, events
-        self._sends = [(event, tensor, tensor._version) for event, tensor in sends]
+        self._sends = [(event, tensor, tensor._version) for event, tensor in sends
+                       if tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()]
 
     def wait(self, timeout=None):
         out = self._work.wait() if timeout is None else self._work.wait(timeout)

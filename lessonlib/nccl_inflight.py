@@ -16,8 +16,10 @@ on, and NCCL asks three things of what is in flight on a rank:
    NCCL the kernel may not have run; a read sees whatever was there).
 10. A send's buffer is left alone until the send is waited on: NCCL reads it while the
    kernel runs, so a write before then can send the new values. ``comm`` notes a send whose
-   tensor was written in place (its version counter moved) between posting and waiting;
-   a send never waited on is flagged too, since nothing then says when its buffer is free.
+   tensor was written in place (its version counter moved) between posting and waiting,
+   for a send that covers its whole storage (the counter is the storage's: a slice's
+   neighbours share it); a send never waited on is flagged too, since nothing then says
+   when its buffer is free.
 
 Each rule reports at most one sentence per rank (the first place it is broken).
 

@@ -134,6 +134,12 @@ def test_comm_marks_a_send_whose_tensor_is_written_before_its_wait():
             buf.add_(1)
         work.wait()
         assert event.written is write
+    # a slice of a larger buffer shares its version counter: writes beside it are not its
+    buf, event = torch.zeros(8), comm.Event("send", 2, 16, order=0)
+    work = comm.TimedWork(Done(), event, sends=[(event, buf[:4])])
+    buf[4:].add_(1)
+    work.wait()
+    assert event.written is False
 
 
 # ---------------------------------------------------------------- recorded traces

@@ -197,8 +197,13 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 
 
 def barrier(group=None):
+    """``dist.barrier``; under NCCL it names this rank's GPU (``device_ids``), so torch
+    neither guesses the device nor warns, and the process group stays in lazy mode (giving
+    ``init_process_group`` a ``device_id``, as the warning suggests, would switch NCCL to
+    eager mode: ``lessonlib.nccl_rules``, rule 1)."""
+    ids = device.barrier_device_ids()
     return _call("barrier", [], group, None, False,
-                 lambda: dist.barrier(group=group))
+                 lambda: dist.barrier(group=group, device_ids=ids))
 
 
 # Python objects travel pickled inside torch: they count as calls of 0 bytes.

@@ -104,3 +104,15 @@ def test_an_expert_parallel_moe_gpt_trains_like_one_process():
     for r in lessonlib.launch(runs.gpt_parity, 4, 2):
         assert max(r["loss"]) < TIGHT and r["grads"] < TIGHT, r
         assert r["weights_after_steps"] < TIGHT, r
+
+
+@pytest.mark.timeout(120)
+def test_an_expert_parallel_forward_reads_the_device_once():
+    """The counts' exchange is the only value the host waits for (a GPU would stall the
+    queue at every such read): no nonzero, bincount or repeat_interleave of unknown size."""
+    import lessonlib
+    import comm_workers
+
+    for r in lessonlib.launch(comm_workers.host_reads_in_an_expert_parallel_forward, 2,
+                              timeout=60):
+        assert r["reads"] == ["tolist"], r

@@ -60,7 +60,7 @@ BUGS = {b.name: b for b in (
         "on it, and reads the buffer at once. The switch parks the handle with the sends "
         "(waited at the end of the step); truly discarding it is worse on gloo: freeing an "
         "unfinished request cancels the receive and the peer's send then waits forever.",
-        "lessonlib.pipeline.executor.PipelineExecutor._receive",
+        "lessonlib.pipeline.executor.PipelineExecutor._exchange",
         "activations and gradients read before the data lands: whatever the buffer held "
         "(huge values, NaN); no error, no hang",
         "pipeline gradients vs one process (a hang would end as a LaunchTimeout)",

@@ -11,7 +11,8 @@ The ledger is also a trace that NCCL's rules can be checked on without a GPU: ea
 keeps its dtype, its group (by creation: torch numbers groups "0" for the world, then "1",
 "2", ... in ``new_group`` order) and members, its *global* peer or root, its order among
 this rank's calls, whether it was posted in one ``batch_isend_irecv`` and when it was
-waited on; ``new_group`` itself is recorded. ``nccl_hazards(ledgers)`` (one ledger per rank,
+waited on (and whether a send's tensor was written before that); ``new_group`` itself is
+recorded. ``nccl_hazards(ledgers)`` (one ledger per rank,
 ``lessonlib.nccl_rules``) replays them.
 
 The wrappers take the same arguments as ``torch.distributed`` and return the same things;
@@ -83,7 +84,8 @@ def _call(name: str, payload, group, peer, async_op: bool, thunk, root=None):
     for book in books:
         book.events.append(event)
     if async_op:
-        return TimedWork(work, event) if work is not None else None
+        sends = [(event, payload)] if name == "send" else []
+        return TimedWork(work, event, sends=sends) if work is not None else None
     close(event)
     return work
 
@@ -107,9 +109,11 @@ def batch_isend_irecv(ops: list) -> list:
     works = dist.batch_isend_irecv(list(ops))
     for book in books:
         book.events.extend(events)
+    sends = [(e, op.tensor) for e, op in zip(events, ops) if e.op == "send"]
     if len(works) == len(events):          # gloo: one handle per op
-        return [TimedWork(w, e) for w, e in zip(works, events)]
-    return [TimedWork(w, *events) for w in works]     # NCCL: one handle for the group
+        return [TimedWork(w, e, sends=[s for s in sends if s[0] is e])
+                for w, e in zip(works, events)]
+    return [TimedWork(w, *events, sends=sends) for w in works]   # NCCL: one for the group
 
 
 def _kind(op) -> str:
@@ -193,8 +197,13 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 
 
 def barrier(group=None):
+    """``dist.barrier``; under NCCL it names this rank's GPU (``device_ids``), so torch
+    neither guesses the device nor warns, and the process group stays in lazy mode (giving
+    ``init_process_group`` a ``device_id``, as the warning suggests, would switch NCCL to
+    eager mode: ``lessonlib.nccl_rules``, rule 1)."""
+    ids = device.barrier_device_ids()
     return _call("barrier", [], group, None, False,
-                 lambda: dist.barrier(group=group))
+                 lambda: dist.barrier(group=group, device_ids=ids))
 
 
 # Python objects travel pickled inside torch: they count as calls of 0 bytes.

@@ -79,6 +79,13 @@ def current_device() -> torch.device:
     return _stand_in[0] if _stand_in else _CPU
 
 
+def barrier_device_ids() -> list[int] | None:
+    """[this rank's GPU index] for ``dist.barrier`` under NCCL; None elsewhere (gloo)."""
+    dev = current_device()
+    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+    return [dev.index] if nccl and dev.type == "cuda" else None
+
+
 def bind_device(backend: str) -> torch.device:
     """Pin this process to its GPU before the process group starts (NCCL only)."""
     if backend == "nccl":

@@ -40,6 +40,7 @@ class Event:
     waited: int | None = None         # the ``order`` of the next call when this one was waited on
     group: str | None = None          # the group's name: its place in creation order
     root: int | None = None           # global source (broadcast) or destination (gather_object)
+    written: bool = False             # a send's tensor written in place before it was waited on
     marks: tuple | None = field(default=None, repr=False, compare=False)  # (start, end) to read
 
 
@@ -94,13 +95,24 @@ def ledger():
 
 
 class TimedWork:
-    """An async handle that closes its event's timing, and notes when it was waited on."""
+    """An async handle that closes its event's timing, and notes when it was waited on.
 
-    def __init__(self, work, *events: Event):
+    ``sends``: (event, tensor) of the sends it covers; each tensor's version counter (which
+    every in-place write moves) is read now and at the wait, so a buffer written while its
+    send was in flight is marked ``written`` (``nccl_inflight``, rule 10). The counter
+    belongs to the whole storage, so only a send that covers its storage is watched: for a
+    slice of a larger buffer a write elsewhere in it would look the same."""
+
+    def __init__(self, work, *events: Event, sends=()):
         self._work, self._events = work, events
+        self._sends = [(event, tensor, tensor._version) for event, tensor in sends
+                       if tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()]
 
     def wait(self, timeout=None):
         out = self._work.wait() if timeout is None else self._work.wait(timeout)
+        for event, tensor, version in self._sends:
+            event.written = event.written or tensor._version != version
+        self._sends = []
         for event in self._events:
             close(event)
         return out

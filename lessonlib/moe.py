@@ -66,18 +66,35 @@ class Routing:
     aux_loss: torch.Tensor           # scalar, in the graph
     capacity: int
 
-    def stats(self) -> dict:
-        dropped = int(self.routed_per_expert.sum() - self.tokens_per_expert.sum())
-        return {"aux_loss": self.aux_loss, "dropped": dropped, "capacity": self.capacity,
-                "tokens_per_expert": self.tokens_per_expert.tolist(),
-                "routed_per_expert": self.routed_per_expert.tolist()}
+    def stats(self, kept: list[int] | None = None, routed: list[int] | None = None) -> dict:
+        """aux_loss, dropped, capacity and the counts per expert; ``kept`` and ``routed``:
+        the two counts already read to the host (else they are read here)."""
+        kept = self.tokens_per_expert.tolist() if kept is None else kept
+        routed = self.routed_per_expert.tolist() if routed is None else routed
+        return {"aux_loss": self.aux_loss, "dropped": sum(routed) - sum(kept),
+                "capacity": self.capacity, "tokens_per_expert": kept, "routed_per_expert": routed}
 
 
-def route(logits: torch.Tensor, top_k: int, capacity_factor: float,
-          aux_alpha: float = AUX_ALPHA) -> Routing:
+@dataclass
+class Queue:
+    """``route`` before the capacity cut: every (token, expert) choice in queue order and
+    whether it is kept, and the counts, all on the device (nothing read back yet)."""
+    expert: torch.Tensor             # (k T,) the expert of each choice
+    keep: torch.Tensor               # (k T,) bool: within its expert's capacity
+    gates: torch.Tensor              # (k T,) weights, in the graph
+    tokens_per_expert: torch.Tensor  # (E,) kept choices per expert
+    routed_per_expert: torch.Tensor  # (E,) choices per expert
+    aux_loss: torch.Tensor
+    capacity: int
+    tokens: int                      # T
+
+
+def queue(logits: torch.Tensor, top_k: int, capacity_factor: float,
+          aux_alpha: float = AUX_ALPHA) -> Queue:
     """Top-k gating with capacity (GShard Algorithm 1; Switch for k = 1): (T, E) logits ->
-    ``Routing``. k = 1 weighs a token's expert output by its router probability (Switch);
-    k >= 2 by the probabilities renormalized over its k experts (GShard, Mixtral)."""
+    every choice and whether it fits in its expert's queue. k = 1 weighs a token's expert
+    output by its router probability (Switch); k >= 2 by the probabilities renormalized
+    over its k experts (GShard, Mixtral)."""
     T, E = logits.shape
     probs = F.softmax(logits, dim=-1)                                          # (T, E)
     # a stable sort breaks ties toward the lower expert index: the same on every process
@@ -89,14 +106,30 @@ def route(logits: torch.Tensor, top_k: int, capacity_factor: float,
     choice = F.one_hot(expert, E)                                              # (k T, E)
     place = (choice.cumsum(0) * choice).sum(-1) - 1      # place in its expert's queue
     cap = capacity(T, E, top_k, capacity_factor)
-    kept = torch.nonzero(place < cap).squeeze(-1)
-    kept = kept[torch.sort(expert[kept], stable=True).indices]   # grouped by expert
+    keep = place < cap
     routed = choice.sum(0)
     f = routed.to(probs.dtype) / (top_k * T)               # share of the choices per expert
     aux = aux_alpha * E * (f * probs.mean(0)).sum()
-    return Routing(token=kept % T, gate=gates.t().reshape(-1)[kept],
-                   tokens_per_expert=torch.bincount(expert[kept], minlength=E),
-                   routed_per_expert=routed, aux_loss=aux, capacity=cap)
+    return Queue(expert, keep, gates.t().reshape(-1), (choice * keep.unsqueeze(1)).sum(0),
+                 routed, aux, cap, T)
+
+
+def cut(q: Queue, n: int) -> Routing:
+    """The ``n`` kept choices (n: the kept counts' sum, read by the caller), grouped by
+    expert in queue order: a stable sort that puts the dropped ones last, so that no size
+    depending on the data is read from the device here."""
+    dropped_last = q.expert + q.tokens_per_expert.numel() * (~q.keep)
+    kept = torch.sort(dropped_last, stable=True).indices[:n]
+    return Routing(token=kept % q.tokens, gate=q.gates[kept],
+                   tokens_per_expert=q.tokens_per_expert, routed_per_expert=q.routed_per_expert,
+                   aux_loss=q.aux_loss, capacity=q.capacity)
+
+
+def route(logits: torch.Tensor, top_k: int, capacity_factor: float,
+          aux_alpha: float = AUX_ALPHA) -> Routing:
+    """``queue``, then the capacity ``cut``: (T, E) logits -> ``Routing``."""
+    q = queue(logits, top_k, capacity_factor, aux_alpha)
+    return cut(q, int(q.tokens_per_expert.sum()))
 
 
 def run_experts(experts, routed: torch.Tensor, counts: list[int]) -> torch.Tensor:

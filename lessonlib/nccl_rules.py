@@ -51,16 +51,22 @@ The rules modelled (PyTorch's and NCCL's, cited; "assumed" where the checker's a
 7. ``work.wait()`` makes the current stream wait for that call, so a call posted after the
    wait starts only when the waited call is done (torch.distributed docs, ``Work.wait``).
 
-Each entry point's mode (``ENTRY_POINTS``; a test reads the sources): every one is lazy.
-It must stay so while the pipeline executor posts unbatched ``isend``/``irecv``: in eager
-mode they share the group's one stream, and the interleaved schedules (p >= 3) hang on the
-wrap-around link (tests/test_nccl_rules.py replays every scheme's trace in both modes).
+8-10. What a rank leaves in flight (``lessonlib.nccl_inflight``): work outstanding on one
+   communicator at a time (NCCL user guide, "Using multiple NCCL communicators
+   concurrently"; NVIDIA/nccl issue 783), every receive waited on before it is read, every
+   send waited on before its buffer is written.
+
+Each entry point's mode (``ENTRY_POINTS``; a test reads the sources): every one is lazy, as
+the process groups are made (``launcher.rank``, ``launcher.torchrun``). The pipeline posts
+its transfers as batches on its group's communicator, which is the same in both modes
+(tests/test_nccl_rules.py replays every scheme's trace in both).
 
 Laptop:  ``python -m lessonlib.nccl_rules`` (two rings of 3 ranks: irecv-first, batched)
 GPU box: nothing to run: the point is to find such hangs before a GPU is at hand.
 """
 from __future__ import annotations
 
+from lessonlib.nccl_inflight import in_flight
 from lessonlib.nccl_replay import creation, matching, streams, to_ops
 from lessonlib.nccl_trace import created_in_order, malformed, normalized
 
@@ -77,8 +83,9 @@ def nccl_hazards(ledgers, mode: str | None = None) -> list[str]:
     events need ``op``, ``peer`` (global), ``bytes``, ``dtype``, ``ranks``, ``order``,
     ``batch`` and ``waited`` as ``comm`` records them (``group`` and ``root`` where known).
     ``mode``: "lazy" or "eager" (rule 1); by default the ledgers' own (lazy for lists).
-    Returns plain sentences starting with "hang:", "mismatch:", "order:" or "trace:"; an
-    empty list when none is found."""
+    Returns plain sentences starting with "hang:", "mismatch:", "order:", "race:" (a
+    buffer read or written while NCCL may still use it) or "trace:"; an empty list when
+    none is found."""
     try:
         ledgers = list(ledgers)
     except TypeError:
@@ -100,7 +107,7 @@ def nccl_hazards(ledgers, mode: str | None = None) -> list[str]:
     if hazards:
         return hazards
     partner, index, hazards = matching(ops)
-    return hazards or streams(ops, partner, index)
+    return hazards or streams(ops, partner, index) or in_flight(ops)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ class Call:
     waited: int | None = None
     group: str | None = None
     root: int | None = None
+    written: bool = False      # a send whose buffer was written before its wait (comm notes it)
 
     @property
     def p2p(self) -> bool:

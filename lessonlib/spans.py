@@ -18,7 +18,8 @@ class Span:
     """One interval on one stage's timeline (simulated cost units, or measured seconds).
     The assembly line of ``lessonlib.model_parallel`` records its spans with it too (one
     batch per step: micro-batch 0, and the training ``step`` it belongs to)."""
-    kind: str          # F, B, W, OPT, RECV_F/RECV_B (waiting for data), SEND_F/SEND_B, WAIT_SENDS
+    kind: str          # F, B, W, OPT, RECV_F/RECV_B (waiting for data), SEND_F/SEND_B,
+                       # RECV/SEND (a pipeline batch that receives / only sends)
     microbatch: int
     chunk: int
     start: float

@@ -29,3 +29,35 @@ def every_new_call() -> dict:
     return {"a2a": out.tolist(), "a2a_list": [t.item() for t in outs], "gathered": gathered,
             "everyone": everyone, "box": box, "x": x.tolist(), "events": book.events,
             "summary": book.summary(), "count": book.count(), "mode": book.mode}
+
+
+def host_reads_in_an_expert_parallel_forward() -> dict:
+    """Every call in one ExpertParallelMoE forward that makes the host wait for the device
+    (a value or a size read back), counted with a torch function mode."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from lessonlib.expert_parallel import expert_parallel
+    from lessonlib.moe import MoELayer
+
+    reads = {"tolist", "item", "nonzero", "bincount", "__bool__", "__int__", "__float__",
+             "unique", "masked_select"}
+
+    class Count(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", "")
+            if name in reads or (name == "repeat_interleave" and "output_size" not in kwargs):
+                self.seen.append(name)
+            return func(*args, **kwargs)
+
+    torch.manual_seed(0)
+    layer = expert_parallel(MoELayer(8, 4, top_k=2), None)
+    x = torch.randn(2, 6, 8)
+    with Count() as count:
+        layer(x)
+    return {"reads": count.seen}

@@ -94,6 +94,8 @@ def test_bad_splits_and_counts_get_one_line_naming_the_argument(monkeypatch):
         with pytest.raises(ValueError) as info:
             all_to_all(x, recv, send)
         assert str(info.value).startswith(words) and "\n" not in str(info.value)
+    # a count's value is read once, with the exchanged counts: refused before any row moves
+    monkeypatch.setattr(comm, "all_to_all_single", lambda out, x, **k: out.copy_(x))
     for counts, got in ((torch.tensor([1, 2, 3]), "shape (3,), int64"),
                         (torch.tensor([1.0, 2.0]), "shape (2,), float32"),
                         (torch.tensor([1, -2]), "shape (2,), int64")):
@@ -130,3 +132,15 @@ def test_an_expert_parallel_moe_gpt_trains_like_one_process():
     for r in lessonlib.launch(runs.gpt_parity, 4, 2):
         assert max(r["loss"]) < TIGHT and r["grads"] < TIGHT, r
         assert r["weights_after_steps"] < TIGHT, r
+
+
+@pytest.mark.timeout(120)
+def test_an_expert_parallel_forward_reads_the_device_once():
+    """The counts' exchange is the only value the host waits for (a GPU would stall the
+    queue at every such read): no nonzero, bincount or repeat_interleave of unknown size."""
+    import lessonlib
+    import comm_workers
+
+    for r in lessonlib.launch(comm_workers.host_reads_in_an_expert_parallel_forward, 2,
+                              timeout=60):
+        assert r["reads"] == ["tolist"], r

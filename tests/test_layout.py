@@ -117,7 +117,7 @@ FLOORS = {
                      "breadcrumbs", "argcheck", "writable", "activations", "stash",
                      "layer_split", "spans", "claims", "moe"],
     "infrastructure": ["launcher", "comm", "ledger", "nccl_rules", "nccl_trace", "nccl_replay",
-                       "placement", "labkit", "labargs", "grid_layout", "grid"],
+                       "nccl_inflight", "placement", "labkit", "labargs", "grid_layout", "grid"],
     "one package per strategy": ["data_parallel", "model_parallel", "tensor_parallel",
                                  "pipeline", "context_parallel", "expert_parallel"],
     "composition": ["hybrid", "hybrid_axes", "checkpoint", "checkpoint_folder",

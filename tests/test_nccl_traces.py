@@ -17,7 +17,7 @@ from lessonlib.nccl_rules import ENTRY_POINTS, MODES, nccl_hazards
 from lessonlib.nccl_trace import OPS
 
 ROOT = Path(__file__).resolve().parent.parent
-PREFIXES = ("hang:", "mismatch:", "order:", "trace:")
+PREFIXES = ("hang:", "mismatch:", "order:", "race:", "trace:")
 
 
 def rank(*calls) -> list:
@@ -74,8 +74,11 @@ def test_groups_with_the_same_members_used_in_opposite_orders_are_flagged(waited
     assert lazy and "creating" in lazy[0] and "group #1" in lazy[0], lazy
     eager = nccl_hazards(trace, mode="eager")
     assert eager and eager[0].startswith(("order:", "hang:")), eager
-    same = [trace[0], [*trace[0]]]             # both ranks in rank 0's order: fine
-    assert nccl_hazards(same, mode="lazy") == nccl_hazards(same, mode="eager") == []
+    same = [trace[0], [*trace[0]]]             # both ranks in rank 0's order: fine, unless
+    lazy, eager = (nccl_hazards(same, mode=m) for m in MODES)   # both are in flight at once
+    for hazards in (lazy, eager):
+        assert len(hazards) == 2 * waited_at_end, hazards
+        assert all("two communicators at once" in h for h in hazards), hazards
 
 
 def test_groups_created_in_different_orders_are_flagged():
@@ -121,10 +124,13 @@ def test_barriers_and_object_collectives_line_up_like_collectives():
 # ---------------------------------------------------------------- the two modes
 def test_unbatched_send_and_receive_share_the_groups_stream_in_eager_mode():
     """Rank 0 sends before an all-reduce, rank 1 receives after it: lazy mode puts the pair
-    on its own communicator (fine); eager mode puts it on the group's one stream (a hang)."""
+    on its own communicator, so rank 0's send is in flight there during its second
+    all-reduce (two communicators busy, rule 8); eager mode puts it on the group's one
+    stream, behind which rank 0's all-reduce waits (a hang)."""
     trace = [rank(ar(), p2p("send", 1), ar()), rank(ar(), ar(), p2p("recv", 0))]
-    assert nccl_hazards(trace, mode="lazy") == []
-    assert nccl_hazards(trace, mode="eager")
+    lazy, eager = nccl_hazards(trace, mode="lazy"), nccl_hazards(trace, mode="eager")
+    assert lazy and all("two communicators at once" in h for h in lazy), lazy
+    assert eager and "stuck" in eager[0], eager
 
 
 def test_every_init_process_group_call_has_its_mode_stated():

@@ -18,7 +18,8 @@ from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.stages import device_chunks, stage_modules, stage_parameters
-from lessonlib.pipeline.validate import ScheduleError, check, link_orders, simulate
+from lessonlib.pipeline.validate import (ScheduleError, batched, check, check_batches, lockstep,
+                                        simulate)
 from lessonlib.stash import StashMeter
 
 matplotlib.use("Agg")
@@ -191,40 +192,54 @@ def test_a_micro_batch_missing_everywhere_is_caught_when_m_is_given():
         check(short, m=4)
 
 
-# ---------------------------------------------------------------- link orders (NCCL safety)
-@pytest.mark.parametrize("sched", [S.gpipe(3, 5), S.one_f_one_b(4, 6), S.one_f_one_b(4, 2),
-                                   S.interleaved_one_f_one_b(2, 4, 2),
-                                   S.interleaved_one_f_one_b(4, 8, 2)])
-def test_link_orders_can_be_followed_by_both_ends_without_blocking(sched):
-    """Replay every link as a stream that must match the n-th op at both ends: each stage
-    posts sends in its action order, and a receive it waits for must already be posted."""
-    p = len(sched)
-    links = link_orders(sched)
-    for (a, b), msgs in links.items():
-        for me in (a, b):
-            sends = [(x.direction, x.microbatch, x.vstage) for x in msgs if x.src == me]
-            mine = []
-            for act in sched[me]:
-                if act.kind.startswith("SEND") and act.peer in (a, b):
-                    k = S.virtual_stage(me, act.chunk, p)
-                    mine.append((act.kind[-1], act.microbatch, k))
-            assert sends == mine
-    for s in range(p):
-        for act in sched[s]:
-            if act.kind.startswith("RECV"):
-                link = links[min(s, act.peer), max(s, act.peer)]
-                before = link[:[i for i, x in enumerate(link) if x.dst == s and x.microbatch ==
-                                act.microbatch and x.direction == act.kind[-1] and
-                                x.vstage == S.virtual_stage(s, act.chunk, p) + (
-                                    -1 if act.kind == "RECV_F" else 1)][0]]
-                done = sched[s][:sched[s].index(act)]
-                for x in before:
-                    if x.src == s:
-                        assert any(d.kind == f"SEND_{x.direction}" and d.microbatch == x.microbatch
-                                   for d in done)
+# ---------------------------------------------------------------- blocking batches (NCCL safety)
+def _every_schedule():
+    """Every family at p = 2..4 and several m (interleaved at v = 2 and 3)."""
+    for name in S.SCHEDULES:
+        for p in (2, 3, 4):
+            for m in sorted({1, 2, p, p + 1, 2 * p, 2 * p + 1, 3 * p}):
+                for v in ((2, 3) if name == "interleaved" else (None,)):
+                    try:
+                        yield pytest.param(S.make(name, p, m, v), id=f"{name}-p{p}-m{m}-v{v}")
+                    except ValueError:             # m not a multiple of p (interleaved)
+                        continue
 
 
-# ---------------------------------------------------------------- stages
+@pytest.mark.parametrize("sched", list(_every_schedule()))
+def test_blocking_batches_never_deadlock_and_carry_every_message(sched):
+    """The executor's rounds (``lockstep``): the schedule's computes in its order, every
+    send and receive in exactly one batch, and the batches, each waited on whole before
+    the next compute, never deadlock (``check_batches`` plays them)."""
+    check_batches(sched)
+    for actions, units in zip(sched, lockstep(sched)):
+        assert [u for u in units if not isinstance(u, list)] == S.compute_only(actions)
+        moved = sorted(map(str, (a for u in units if isinstance(u, list) for a in u)))
+        assert moved == sorted(str(a) for a in actions if a.kind not in S.COMPUTE)
+
+
+@pytest.mark.parametrize("name,p,m,v", [("interleaved", 2, 4, 2), ("interleaved", 4, 8, 2),
+                                        ("zbv", 3, 6, 2)])
+def test_one_batch_per_gap_of_the_action_list_would_deadlock(name, p, m, v):
+    """Posting each run of sends and receives between two computes as one blocking batch
+    hangs the interleaved schedule (a stage sends a gradient its neighbour receives only
+    after a forward the first stage's next batch must feed), and would pair ZBV's messages
+    wrongly (a stage lists its receives in another order than its neighbour sends them).
+    Hence the rounds."""
+    sched = S.make(name, p, m, v)
+    with pytest.raises(ScheduleError, match="deadlock with blocking batches|another order"):
+        check_batches(sched, [batched(actions) for actions in sched])
+
+
+def test_batches_whose_sends_and_receives_are_in_different_orders_are_refused():
+    sched = S.gpipe(2, 2)
+    units = lockstep(sched)
+    units[1] = [u for u in units[1] if not isinstance(u, list)]
+    recvs = [S.Action("RECV_F", 1, 0, 0), S.Action("RECV_F", 0, 0, 0)]
+    units[1][:0] = [recvs]
+    with pytest.raises(ScheduleError, match="another order"):
+        check_batches(sched, units)
+
+
 def test_balanced_split_minimises_the_largest_stage():
     assert balanced_split([1, 1, 1, 1], 2) == [2, 2]
     assert balanced_split([5, 1, 1, 1, 1, 1], 2) == [1, 5]

@@ -31,7 +31,7 @@ from torch import nn
 
 from lessonlib import comm
 from lessonlib.argcheck import positive_int
-from lessonlib.context_parallel.layout import positions_of
+from lessonlib.context_parallel.layout import positions_on
 from lessonlib.context_parallel.ring import ring_attention
 from lessonlib.models import TinyGPT, lm_loss
 
@@ -78,8 +78,9 @@ class ContextParallelGPT(nn.Module):
 
     def forward(self, idx):
         gpt, c = self.gpt, dist.get_world_size(self.group)
-        positions = positions_of(dist.get_rank(self.group), c, idx.shape[1] * c, self.layout)
-        x = gpt.embed.tok(idx) + gpt.embed.pos(positions.to(idx.device))  # (b, s/c, h)
+        positions = positions_on(dist.get_rank(self.group), c, idx.shape[1] * c, self.layout,
+                                 idx.device)
+        x = gpt.embed.tok(idx) + gpt.embed.pos(positions)                # (b, s/c, h)
         for block in gpt.blocks:
             x = x + self.attention(block.attn, block.ln1(x))
             x = x + block.mlp(block.ln2(x))

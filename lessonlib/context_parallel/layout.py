@@ -23,6 +23,7 @@ GPU box: the same; ``unshard_sequence`` all-gathers over NCCL there.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -64,10 +65,18 @@ def check_divisible(s: int, c: int, layout: str) -> int:
     return s // pieces
 
 
-def positions_of(rank: int, c: int, s: int, layout: str = "zigzag") -> torch.Tensor:
+def positions_of(rank: int, c: int, s: int, layout: str = "zigzag", device=None) -> torch.Tensor:
     """Where this rank's s/c tokens sit in the whole sequence of s, in shard order."""
     n = check_divisible(s, c, layout)
-    return torch.cat([torch.arange(i * n, (i + 1) * n) for i in chunks_of(rank, c, layout)])
+    return torch.cat([torch.arange(i * n, (i + 1) * n, device=device)
+                      for i in chunks_of(rank, c, layout)])
+
+
+@functools.lru_cache(maxsize=64)
+def positions_on(rank: int, c: int, s: int, layout: str, device: torch.device) -> torch.Tensor:
+    """``positions_of``, made once on ``device`` and kept: an embedding reads it every
+    forward without a host-to-device copy (nothing may write into it)."""
+    return positions_of(rank, c, s, layout, device)
 
 
 def group_rank(group) -> tuple[int, int]:

@@ -178,18 +178,24 @@ def parameter_server_all_reduce(tensor, group=None, average: bool = False, serve
     if me == server:
         inbox = scratch((n - 1) * flat.numel(), flat).view(n - 1, -1)   # (n-1, S)
         workers = [r for i, r in enumerate(members) if i != server]
-        pending = [comm.irecv(buf, src=r, group=group) for buf, r in zip(inbox, workers)]
-        for buf, handle in zip(inbox, pending):
-            handle.wait()
+        _posted_and_waited([comm.recv_op(buf, r, group) for buf, r in zip(inbox, workers)])
+        for buf in inbox:
             flat.add_(buf)
         if average:
             flat.div_(n)
-        for handle in [comm.isend(flat, dst=r, group=group) for r in workers]:
-            handle.wait()
+        _posted_and_waited([comm.send_op(flat, r, group) for r in workers])
     else:
-        comm.send(flat, dst=members[server], group=group)
-        comm.recv(flat, src=members[server], group=group)
+        _posted_and_waited([comm.send_op(flat, members[server], group)])
+        _posted_and_waited([comm.recv_op(flat, members[server], group)])
     return work.finish()
+
+
+def _posted_and_waited(ops) -> None:
+    """One batch on the group's communicator, every op waited on: the server's n-1 receives
+    (or sends) are then never in flight on n-1 two-rank communicators at once, which NCCL
+    does not promise to progress (``lessonlib.nccl_inflight``)."""
+    for handle in comm.batch_isend_irecv(ops):
+        handle.wait()
 
 
 # ---------------------------------------------------------------- naive ring

@@ -19,7 +19,10 @@ module is cut, and where each parameter lives: ``fsdp_units``). Each unit, each 
 reduce-scatter. Parameters held by the module itself, or shared by two units (an embedding
 tied to the output head), form the root unit, gathered for the whole forward. ``prefetch``:
 while a unit computes, the next unit's gather is already on its way (the forward order of
-the last step; backward walks it in reverse). ``compute_dtype=torch.bfloat16`` gathers,
+the last step; backward walks it in reverse). ``overlap=False`` waits on every gather and
+reduce-scatter at once (no prefetch): for a module whose compute runs collectives of its own
+(TP, ring attention), so that no rank has NCCL work in flight on two communicators at once
+(``lessonlib.nccl_inflight``). ``compute_dtype=torch.bfloat16`` gathers,
 computes and reduces in bf16 (FSDP2's ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``).
 
 Why a gathered weight must be found again in backward (ZeRO-3): to compute the gradient of
@@ -86,7 +89,8 @@ class FullyShardedDataParallel(nn.Module):
     gathers the root unit and sets up ZeRO-3's saved-tensor hooks."""
 
     def __init__(self, module: nn.Module, reshard_after_forward: bool = True,
-                 compute_dtype: torch.dtype | None = None, group=None, prefetch: bool = True):
+                 compute_dtype: torch.dtype | None = None, group=None, prefetch: bool = True,
+                 overlap: bool = True):
         params = check_arguments(module, reshard_after_forward, compute_dtype)
         me, members = group_ranks(group)                   # raises before any message
         super().__init__()
@@ -94,7 +98,7 @@ class FullyShardedDataParallel(nn.Module):
         self.group, self.rank, self.world_size = group, me, len(members)
         self.reshard_after_forward = reshard_after_forward
         self.compute_dtype = compute_dtype or params[0].dtype
-        self.prefetch = prefetch
+        self.prefetch, self.overlap = prefetch and overlap, overlap
         self._weights_in: dict[int, list] = {}  # storage address -> the gathered weights in it
         self._order: list[Unit] = []            # the units in the order the last forward ran
         self._seen: list[Unit] = []
@@ -154,6 +158,8 @@ class FullyShardedDataParallel(nn.Module):
             if d > 1:   # asynchronous: backward goes on with the units before this one
                 work = comm.reduce_scatter_tensor(mine, rows.view(-1), group=self.group,
                                                   async_op=True)
+                if not self.overlap:
+                    work.wait()
             else:
                 mine.copy_(rows[0])
 

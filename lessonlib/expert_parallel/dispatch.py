@@ -10,7 +10,7 @@ path (GShard, Lepikhin et al. 2020, §2.2; Megatron-Core's and DeepSpeed's token
 dispatchers exchange the counts the same way).
 
 Laptop:  run through ``lessonlib.expert_parallel.runs`` (``python labs/ep.py``).
-GPU box: the same calls under NCCL; the counts live on the GPU and are read once.
+GPU box: the same calls under NCCL; the counts live on the GPU and are read once per layer.
 """
 from __future__ import annotations
 
@@ -25,22 +25,29 @@ from lessonlib import comm
 
 @dataclass
 class Splits:
-    """What one rank sends and receives in the dispatch all-to-all."""
+    """What one rank sends and receives in the dispatch all-to-all, read to the host once."""
     send: list[int]       # rows to each rank of the group (its experts' tokens)
     recv: list[int]       # rows from each rank of the group
-    counts: torch.Tensor  # (e, E/e): rows from each rank for each of this rank's experts
+    counts: list          # (e, E/e): rows from each rank for each of this rank's experts
+    kept: list[int]       # (E,) this rank's rows for each expert (what it sends)
+    routed: list[int]     # (E,) this rank's choices per expert before the capacity cut
+    on_device: torch.Tensor  # (E,) ``counts`` flattened, where the exchange left them
 
 
 def check_counts(tokens_per_expert, e: int) -> None:
-    """The counts ``exchange_counts`` sends: one whole number >= 0 per expert, E of them."""
+    """The counts ``exchange_counts`` sends: a 1-D integer tensor, E of them, E a multiple of
+    e (its values, whole and >= 0, are checked once they are read to the host)."""
     t = tokens_per_expert
     if not (isinstance(t, torch.Tensor) and t.dim() == 1 and len(t) and len(t) % e == 0
-            and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
-            and not (t < 0).any()):
-        got = (f"shape {tuple(t.shape)}, {str(t.dtype).replace('torch.', '')}"
-               if isinstance(t, torch.Tensor) else f"{t!r:.40}")
-        raise ValueError(f"tokens_per_expert must be a 1-D tensor of E whole counts >= 0, E a "
-                         f"multiple of the group's e={e} ranks (E/e experts each); got {got}")
+            and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool):
+        _bad_counts(t, e)
+
+
+def _bad_counts(t, e: int):
+    got = (f"shape {tuple(t.shape)}, {str(t.dtype).replace('torch.', '')}"
+           if isinstance(t, torch.Tensor) else f"{t!r:.40}")
+    raise ValueError(f"tokens_per_expert must be a 1-D tensor of E whole counts >= 0, E a "
+                     f"multiple of the group's e={e} ranks (E/e experts each); got {got}")
 
 
 def check_splits(name: str, splits, e: int) -> list[int]:
@@ -54,16 +61,27 @@ def check_splits(name: str, splits, e: int) -> list[int]:
     return [int(n) for n in splits]
 
 
-def exchange_counts(tokens_per_expert: torch.Tensor, group=None) -> Splits:
+def exchange_counts(tokens_per_expert: torch.Tensor, routed_per_expert: torch.Tensor = None,
+                    group=None) -> Splits:
     """All-to-all the per-expert counts (E,) so that each rank learns, for each of its E/e
-    experts, how many rows every rank will send it: the splits of the token all-to-all."""
+    experts, how many rows every rank will send it: the splits of the token all-to-all.
+    The one read back to the host of the layer's forward: these counts and this rank's
+    own (kept and routed per expert, ``routed_per_expert`` defaulting to the kept), in one
+    copy; a negative count is refused there, before any row moves."""
     e = dist.get_world_size(group)
     check_counts(tokens_per_expert, e)
+    E = tokens_per_expert.numel()
+    routed_per_expert = tokens_per_expert if routed_per_expert is None else routed_per_expert
     counts = torch.empty_like(tokens_per_expert)
     comm.all_to_all_single(counts, tokens_per_expert.contiguous(), group=group)
-    counts = counts.view(e, -1)                                                  # (e, E/e)
-    send = tokens_per_expert.view(e, -1).sum(1)
-    return Splits(send=send.tolist(), recv=counts.sum(1).tolist(), counts=counts)
+    host = torch.cat([counts, tokens_per_expert, routed_per_expert]).tolist()   # (3 E,)
+    received, kept, routed = host[:E], host[E:2 * E], host[2 * E:]
+    if min(kept) < 0:
+        _bad_counts(tokens_per_expert, e)
+    rows = [received[i * E // e:(i + 1) * E // e] for i in range(e)]           # (e, E/e)
+    return Splits(send=[sum(kept[i * E // e:(i + 1) * E // e]) for i in range(e)],
+                  recv=[sum(r) for r in rows], counts=rows, kept=kept, routed=routed,
+                  on_device=counts)
 
 
 class _AllToAll(torch.autograd.Function):

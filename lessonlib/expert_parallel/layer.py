@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lessonlib.expert_parallel.dispatch import all_to_all, exchange_counts
-from lessonlib.moe import MoELayer, Routed, check_moe, combine, route, run_experts
+from lessonlib.expert_parallel.dispatch import Splits, all_to_all, exchange_counts
+from lessonlib.moe import MoELayer, Routed, check_moe, combine, cut, queue, run_experts
 
 
 def check_split(n_experts: int, e: int, top_k: int = 1, capacity_factor: float = 1.25) -> int:
@@ -37,14 +37,17 @@ def check_split(n_experts: int, e: int, top_k: int = 1, capacity_factor: float =
     return n_experts // e
 
 
-def run_local_experts(experts, received: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def run_local_experts(experts, received: torch.Tensor, splits: Splits) -> torch.Tensor:
     """This rank's experts on the rows that arrived, in arrival order (by source rank, then
-    by expert): regroup them by expert, run each expert once, put them back in order."""
-    e, local = counts.shape
-    expert_of_row = torch.arange(local, device=counts.device).repeat(e)
-    expert_of_row = expert_of_row.repeat_interleave(counts.reshape(-1))
+    by expert): regroup them by expert, run each expert once, put them back in order. The
+    sizes come from ``splits`` (read once), so nothing here waits for the device."""
+    e, local = len(splits.counts), len(splits.counts[0])
+    expert_of_row = torch.arange(local, device=received.device).repeat(e)
+    expert_of_row = expert_of_row.repeat_interleave(splits.on_device,
+                                                    output_size=received.shape[0])
     order = torch.sort(expert_of_row, stable=True).indices
-    out = run_experts(experts, received[order], counts.sum(0).tolist())         # (m, h)
+    per_expert = [sum(col) for col in zip(*splits.counts)]
+    out = run_experts(experts, received[order], per_expert)                    # (m, h)
     return out[torch.argsort(order)]
 
 
@@ -67,17 +70,20 @@ class ExpertParallelMoE(Routed):
     def forward(self, x):
         b, s, h = x.shape
         tokens = x.reshape(b * s, h)                                            # (T, h)
-        routing = route(self.router(tokens), self.top_k, self.capacity_factor, self.aux_alpha)
+        choices = queue(self.router(tokens), self.top_k, self.capacity_factor, self.aux_alpha)
+        splits = exchange_counts(choices.tokens_per_expert, choices.routed_per_expert,
+                                 self.group)            # the forward's one read to the host
+        routing = cut(choices, sum(splits.send))
         routed = tokens[routing.token]         # (n, h), grouped by expert, so by rank
-        splits = exchange_counts(routing.tokens_per_expert, self.group)
         received = all_to_all(routed, splits.recv, splits.send, self.group)     # (m, h)
-        expert_out = run_local_experts(self.experts, received, splits.counts)   # (m, h)
+        expert_out = run_local_experts(self.experts, received, splits)          # (m, h)
         returned = all_to_all(expert_out, splits.send, splits.recv, self.group)  # (n, h)
         out = combine(returned, routing, b * s)                                 # (T, h)
         if self.shared is not None:
             out = out + self.shared(tokens)
-        self.stats = {**routing.stats(), "sent_rows": splits.send, "received_rows": splits.recv,
-                      "received_per_expert": splits.counts.sum(0).tolist()}
+        self.stats = {**routing.stats(splits.kept, splits.routed), "sent_rows": splits.send,
+                      "received_rows": splits.recv,
+                      "received_per_expert": [sum(col) for col in zip(*splits.counts)]}
         return out.view(b, s, h)                                                # (b, s, h)
 
 

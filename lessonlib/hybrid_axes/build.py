@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lessonlib import comm
-from lessonlib.context_parallel.layout import check_divisible, positions_of
+from lessonlib.context_parallel.layout import check_divisible, positions_on
 from lessonlib.context_parallel.ring import ring_attention
 from lessonlib.expert_parallel.groups import expert_parameters
 from lessonlib.expert_parallel.layer import check_split, expert_parallel
@@ -137,8 +137,9 @@ class ShardPositionEmbed(nn.Module):
 
     def forward(self, idx):                                            # (b, s/c)
         c = dist.get_world_size(self.group)
-        positions = positions_of(dist.get_rank(self.group), c, idx.shape[1] * c, LAYOUT)
-        return self.embed.tok(idx) + self.embed.pos(positions.to(idx.device))
+        positions = positions_on(dist.get_rank(self.group), c, idx.shape[1] * c, LAYOUT,
+                                 idx.device)
+        return self.embed.tok(idx) + self.embed.pos(positions)
 
 
 def sequence_parallel_ends(part: nn.Module, ctx: ParallelContext) -> nn.Module:

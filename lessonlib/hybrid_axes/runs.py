@@ -47,7 +47,10 @@ class AxesTrainer:
         self.ctx, self.shard_on = ctx, shard_on
         self.stage = build_stage(model, ctx, sp).to(device.current_device())
         if shard_on == "fsdp":       # the gradients are reduce-scattered inside backward
-            self.stage = FullyShardedDataParallel(self.stage, group=ctx.dp_cp_group)
+            # with TP or CP collectives inside the stage's compute, FSDP's own wait at once:
+            # one communicator busy at a time (lessonlib.nccl_inflight)
+            self.stage = FullyShardedDataParallel(self.stage, group=ctx.dp_cp_group,
+                                                  overlap=ctx.tp == 1 and ctx.cp == 1)
         self.params = list(self.stage.parameters())
         self.executor = PipelineExecutor(
             make("1f1b", ctx.pp, m), ctx.pp_rank, [self.stage], lm_loss,

@@ -113,6 +113,8 @@ def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, envir
                                   if hasattr(os, "sched_getaffinity") else 1)
         device.bind_device(backend)
         store = dist.FileStore(str(Path(workdir) / "store"), world_size)
+        # lazy mode on purpose: no device_id, so NCCL makes each communicator at its first
+        # call (lessonlib.nccl_rules, rule 1); comm.barrier names the GPU instead
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout))
         placement.start_if_asked()

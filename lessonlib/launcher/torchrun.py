@@ -42,6 +42,8 @@ def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
     sharing = device.ranks_per_gpu_set(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     backend = device.resolve_backend(backend, sharing)
     device.bind_device(backend)
+    # lazy mode on purpose: no device_id, so NCCL makes each communicator at its first
+    # call (lessonlib.nccl_rules, rule 1); comm.barrier names the GPU instead
     dist.init_process_group(backend)
     placement.start_if_asked()
     try:

@@ -12,18 +12,30 @@ pipeline stage (device) and walks its own action list:
   the same micro-batch, B computes only the input gradient, keeping what W needs for the
   weight gradients (``split_backward``); on the first virtual stage, whose input gradient
   nobody needs, W runs the whole backward in one pass and B nothing, as PyTorch does;
-* SEND_* / RECV_*: ``comm.isend`` / ``comm.irecv``, and every request is waited on.
+* SEND_* / RECV_*: posted in batches, one ``comm.batch_isend_irecv`` on the pipeline's group
+  between two computes, every request waited on before the next compute.
 
-No deadlock, on gloo or NCCL: sends never block the loop (isend, waited at the end), and
-the two ends of each link issue their sends and receives in one order they both derive from
-the schedule (``validate.link_orders``). NCCL pairs point-to-point messages by order, so
-that agreement is what makes it safe; receives are posted as early as that order allows,
-so data usually arrives before it is needed. Under NCCL the first message on a link
-creates that link's communicator and blocks until the other end joins, so the executor
-opens every link when it is built, in one order all stages share (lowest pair first),
-before any receive is posted: interleaved 1F1B's wrap-around link (0, p-1) would
-otherwise deadlock at p >= 3 (``lessonlib.nccl_rules``); the opening messages also check
-that both ends agree on the dtype and activation shape.
+The batches are grouped in rounds (``validate.lockstep``), as PyTorch's pipelining
+schedules do: in each round every stage runs its next compute, then posts the sends of
+what it computed with the receives of what its neighbours computed in the same round. What
+is guaranteed, on gloo and on NCCL: no deadlock among the batches (``validate.check_batches``
+plays them for every schedule, run by ``validate``), every send and receive meets its
+partner in order (NCCL pairs point-to-point messages by order), and this rank never has
+NCCL work in flight on two communicators at once. NCCL promises nothing for that case (its
+user guide, "Using multiple NCCL communicators concurrently"; NVIDIA/nccl#783), and the
+executor used to create it: each link its own two-rank communicator, receives posted ahead
+and left outstanding while the stage computed and ran its tensor-parallel all-reduces. A
+batch runs on the group's one communicator in either mode (lazy or ``device_id``), and
+nothing else is in flight while it does (``lessonlib.nccl_inflight``).
+
+What batching costs: a receive is no longer posted ahead of the compute it feeds, so the
+transfer is no longer hidden behind that compute, and a stage's batch waits until its
+neighbour has finished its own compute of the round and posts the other end. The
+frameworks (PyTorch's pipelining, Megatron-LM) accept that because a hang on the first
+real cluster costs more than a few exposed transfers, and because at scale the transfers
+of one boundary activation are small next to a stage's compute. The group's communicator
+is made once, when the executor is built, by one all-gather of every stage's (dtype,
+activation shape) on the group, which also checks that the stages agree.
 
 One method per kind of action (``actions.Kind``). Around the loop, not in it: the given
 ``timeline.Timeline`` times every action (from a barrier that lines the ranks up) and leaves a
@@ -48,7 +60,7 @@ from lessonlib.device import current_device
 from lessonlib.pipeline.actions import Kind, place, placement_of, virtual_stage
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
 from lessonlib.pipeline.timeline import Timeline
-from lessonlib.pipeline.validate import link_orders, message_of, validate
+from lessonlib.pipeline.validate import lockstep, message_of, validate
 from lessonlib.spans import Span
 
 
@@ -66,16 +78,14 @@ class StepResult:
 
 @dataclass
 class _Step:
-    """Per-step state: what is posted on each link, received, stashed, in flight."""
+    """Per-step state: what is received, stashed, left unwaited (only under a bug switch)."""
     xs: list | None = None                         # the micro-batches (first stage)
     ys: list | None = None                         # their targets (last stage)
-    ptr: dict = field(default_factory=dict)        # link -> next op in its order
-    posted: dict = field(default_factory=dict)     # Message -> (buffer, work)
     inbox: dict = field(default_factory=dict)      # (kind, mb, chunk) -> received tensor
     stash: dict = field(default_factory=dict)      # (mb, chunk) -> (input, output or loss, layers)
     kept: dict = field(default_factory=dict)       # (mb, chunk) -> what its W needs
     grads: dict = field(default_factory=dict)      # (mb, chunk) -> input gradient to send
-    pending: list = field(default_factory=list)    # (work, tensor) of unfinished sends
+    late: list = field(default_factory=list)       # receives' handles parked by the bug switch
     losses: dict = field(default_factory=dict)
     peak: int = 0
 
@@ -149,77 +159,64 @@ class PipelineExecutor:
         self.loss_fn, self.shape = loss_fn, tuple(activation_shape)
         self.ranks, self.group, self.recorder = ranks, group, recorder
         self.device = device or current_device()
-        self.links = {k: ops for k, ops in sorted(link_orders(schedule).items()) if stage in k}
+        self.units = lockstep(schedule)[stage]       # computes, and the batches between them
         self.meter = stash.StashMeter(q for c in chunks for q in c.parameters())
         self.last, self.placement = self.p * self.v - 1, placement_of(schedule)
         self.split = {(a.microbatch, a.chunk) for a in self.actions if a.kind == Kind.W}
         self.layers = [LayerOutputs(c) for c in chunks] if self.split else None
-        self.run = {Kind.F: self._forward, Kind.B: self._backward, Kind.W: self._weight,
-                    Kind.RECV_F: self._receive, Kind.RECV_B: self._receive,
-                    Kind.SEND_F: self._send_output, Kind.SEND_B: self._send_output}
-        if dist.is_initialized():
-            self._open_links()
-
-    # ------------------------------------------------------------ links
-    def _open_links(self) -> None:
-        """One blocking message each way on every link, lowest pair first on every stage
-        (the order is global, so no stage can wait on one that waits on it). Under NCCL
-        this creates each link's communicator; each end sends its (dtype, shape) and both
-        check that they agree."""
-        mine = _meta(self.dtype, self.shape, self.device)
-        for a, b in self.links:                       # sorted: (0, 1) < (0, p-1) < (1, 2) ...
-            other = self.ranks[b if self.stage == a else a]
-            theirs = torch.empty_like(mine)
-            for sender in (a, b):
-                if sender == self.stage:
-                    comm.send(mine, other, group=self.group)
-                else:
-                    comm.recv(theirs, other, group=self.group)
-            if not torch.equal(mine, theirs):
-                raise ValueError(
-                    f"pipeline stages {a} and {b} disagree on what crosses their link: stage "
-                    f"{self.stage} has {_describe(mine)}, stage {a + b - self.stage} has "
-                    f"{_describe(theirs)}; give every stage the same activation_shape and dtype")
+        self.run = {Kind.F: self._forward, Kind.B: self._backward, Kind.W: self._weight}
+        if dist.is_initialized() and self.p > 1:
+            self._agree()
 
     # ------------------------------------------------------------ messages
-    def _post_receives(self, st: _Step, link) -> None:
-        """Post every receive at the head of the link's order, up to our next send."""
-        ops, i = self.links[link], st.ptr.get(link, 0)
-        while i < len(ops) and ops[i].dst == self.stage:
-            buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-            st.posted[ops[i]] = (buf, comm.irecv(buf, self.ranks[ops[i].src], group=self.group))
-            i += 1
-        st.ptr[link] = i
+    def _agree(self) -> None:
+        """One all-gather of every stage's (dtype, shape) on the pipeline's group: it makes
+        the group's communicator with every stage present, before any batch, and each stage
+        checks that all the others carry what it does."""
+        mine = _meta(self.dtype, self.shape, self.device)
+        everyone = [torch.empty_like(mine) for _ in range(self.p)]
+        comm.all_gather(everyone, mine, group=self.group)
+        for rank, theirs in zip(sorted(self.ranks), everyone):   # the group's rank order
+            other = self.ranks.index(rank)
+            if not torch.equal(mine, theirs):
+                raise ValueError(
+                    f"pipeline stages {min(self.stage, other)} and {max(self.stage, other)} "
+                    f"disagree on what crosses their links: stage {self.stage} has "
+                    f"{_describe(mine)}, stage {other} has {_describe(theirs)}; give every "
+                    f"stage the same activation_shape and dtype")
 
-    def _send(self, st: _Step, a, tensor: torch.Tensor) -> None:
-        msg = message_of(a, self.stage, self.p, self.placement)
+    def _outgoing(self, st: _Step, a) -> torch.Tensor:
+        """SEND_F sends the output it stashed; SEND_B the input gradient B left for it."""
+        key = (a.microbatch, a.chunk)
+        tensor = st.stash[key][1] if a.kind == Kind.SEND_F else st.grads.pop(key)
         if tuple(tensor.shape) != self.shape or tensor.dtype != self.dtype:
+            msg = message_of(a, self.stage, self.p, self.placement)
             raise ValueError(f"stage {self.stage} sends a {tensor.dtype} tensor of shape "
                              f"{tuple(tensor.shape)} for {msg.direction}{msg.microbatch}, but "
                              f"the link carries {self.dtype} of activation_shape={self.shape}; "
                              f"every stage boundary must carry that shape and dtype")
-        link = (min(msg.src, msg.dst), max(msg.src, msg.dst))
-        ops, i = self.links[link], st.ptr.get(link, 0)
-        if i >= len(ops) or ops[i] != msg:
-            raise RuntimeError(f"stage {self.stage}: link order broken at {msg}")
-        tensor = tensor.detach().contiguous()
-        st.pending.append((comm.isend(tensor, self.ranks[msg.dst], group=self.group), tensor))
-        st.ptr[link] = i + 1
-        self._post_receives(st, link)
-        while st.pending and st.pending[0][0].is_completed():
-            st.pending.pop(0)[0].wait()
+        return tensor.detach().contiguous()
+
+    def _exchange(self, st: _Step, batch) -> None:
+        """Post a batch's sends and receives as one batch_isend_irecv on the pipeline's
+        group, and wait on every one of them before the next compute."""
+        ops, arrivals = [], []
+        for a in batch:
+            if a.kind.is_send:
+                ops.append(comm.send_op(self._outgoing(st, a), self.ranks[a.peer], self.group))
+            else:
+                buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+                ops.append(comm.recv_op(buf, self.ranks[a.peer], self.group))
+                arrivals.append((a, buf))
+        works = comm.batch_isend_irecv(ops)
+        per_op = len(works) == len(ops)          # gloo: one handle per op; NCCL: one in all
+        for work, op in zip(works, ops):
+            receive = per_op and op.op is dist.irecv
+            st.late.append(work) if receive and bugs.active("p2p_dropped_request") else work.wait()
+        for a, buf in arrivals:
+            st.inbox[a.kind.direction, a.microbatch, a.chunk] = buf
 
     # ------------------------------------------------------------ one method per kind
-    def _receive(self, st: _Step, a) -> None:
-        buf, work = st.posted.pop(message_of(a, self.stage, self.p, self.placement))
-        st.pending.append((work, buf)) if bugs.active("p2p_dropped_request") else work.wait()
-        st.inbox[a.kind.direction, a.microbatch, a.chunk] = buf
-
-    def _send_output(self, st: _Step, a) -> None:
-        """SEND_F sends the output it stashed; SEND_B the input gradient B left for it."""
-        key = (a.microbatch, a.chunk)
-        self._send(st, a, st.stash[key][1] if a.kind == Kind.SEND_F else st.grads.pop(key))
-
     def _neighbour(self, k: int) -> int | None:
         """The chunk that runs virtual stage k if it is on this stage (hand over in memory)."""
         device, chunk = place(k, self.p, self.placement)
@@ -286,14 +283,15 @@ class PipelineExecutor:
         clock = self.recorder(f"pipeline stage {self.stage}", self.device, timeline)
         self.meter.reset_peaks()
         clock.start()
-        for link in self.links:
-            self._post_receives(st, link)
-        for a in self.actions:
-            with clock.action(a):
-                self.run[a.kind](st, a)
-        with clock.span("WAIT_SENDS"):
-            for work, _ in st.pending:
-                work.wait()
+        for unit in self.units:
+            if isinstance(unit, list):
+                with clock.batch(unit):
+                    self._exchange(st, unit)
+            else:
+                with clock.action(unit):
+                    self.run[unit.kind](st, unit)
+        for work in st.late:
+            work.wait()
         spans, wall = clock.read()
         losses = [float(st.losses[i]) for i in sorted(st.losses)]
         return StepResult(self.stage, losses, spans, wall, st.peak,

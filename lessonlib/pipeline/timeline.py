@@ -48,6 +48,13 @@ class Timeline:
         progress(f"{self.label}: {a}")
         return self.span(a.kind, a.microbatch, a.chunk)
 
+    def batch(self, actions):
+        """The span of one batch of sends and receives: "RECV" if it receives (the stage
+        waits for data), else "SEND"; labelled with its first action's micro-batch."""
+        progress(f"{self.label}: batch {' '.join(map(str, actions))}")
+        kind = "RECV" if any(a.kind.is_recv for a in actions) else "SEND"
+        return self.span(kind, actions[0].microbatch, actions[0].chunk)
+
     def read(self) -> tuple[list[Span], float]:
         """(spans, wall seconds to the last mark), after one synchronize."""
         if not self.on:

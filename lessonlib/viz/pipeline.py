@@ -46,7 +46,7 @@ def gantt(timelines, ax=None, title: str = "", unit: str = "s", labels: bool = T
                 if labels and width > 0.025 * end * scale:
                     ax.text((x.start + x.end) / 2 * scale, y, str(x.microbatch), ha="center",
                             va="center", color="white", fontsize=7, zorder=3)
-            elif x.kind.startswith("RECV") or x.kind == "WAIT_SENDS":
+            elif x.kind.startswith("RECV"):
                 ax.barh(y, width, left=x.start * scale, height=0.35, color=COLORS["wait"],
                         hatch="///", edgecolor="#888888", linewidth=0, zorder=1)
     ax.set_yticks(range(p), [f"stage {s}" for s in reversed(range(p))])

@@ -18,8 +18,8 @@ from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.stages import device_chunks, stage_modules, stage_parameters
-from lessonlib.pipeline.validate import (ScheduleError, batched, check, check_batches, lockstep,
-                                        simulate)
+from lessonlib.pipeline.rounds import batched, check_batches, lockstep
+from lessonlib.pipeline.validate import ScheduleError, check, simulate
 from lessonlib.stash import StashMeter
 
 matplotlib.use("Agg")

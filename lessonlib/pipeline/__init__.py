@@ -11,6 +11,8 @@ One idea per module:
   executor's recorder;
 * ``validate``: ``check`` / ``simulate`` a schedule without processes (deadlocks, bubble,
   peak stash per stage); pure Python;
+* ``rounds``: the executor's transfers grouped in rounds of one ``batch_isend_irecv``
+  each (``lockstep``), and ``check_batches``, which proves such blocking batches never hang;
 * ``stages``: the chunks each device holds, over ``lessonlib.layer_split``'s cut into p
   (or p*v) balanced stages; ``lessonlib.stash`` measures what a stage keeps for backward;
 * ``executor``: ``PipelineExecutor`` runs a schedule on real ranks (gloo or NCCL) and

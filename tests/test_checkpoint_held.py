@@ -10,6 +10,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lessonlib import checkpoint, long_run
 
@@ -152,3 +154,31 @@ def test_the_resume_step_is_the_folders_never_the_manifests_word(tmp_path):
         path.write_text(json.dumps({**json.loads(path.read_text()), "step": bad}))
         found = checkpoint.check_resume(tmp_path, 2, settings["meta"])
         assert found["step"] == 10 and "its step is" in found["damaged"][0]
+
+
+# A manifest is input: any JSON in any field is read as a verified checkpoint or named in one
+# line and skipped, never a traceback, never a resume at a step that is not its folder's.
+JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10**13, 10**13),
+                              st.floats(allow_nan=False), st.text(max_size=3)),
+                    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                            st.dictionaries(st.text(max_size=3), inner,
+                                                            max_size=3)), max_leaves=6)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(["step", "world_size", "meta", "shards"]), value=JSON)
+def test_any_json_in_a_manifest_field_is_verified_or_named_in_one_line(tmp_path, field, value):
+    folder = tmp_path / f"case{abs(hash((field, repr(value)))) % 10**9}"
+    _save(folder, 5)
+    path = _save(folder, 10) / checkpoint.MANIFEST
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
+    try:
+        found = checkpoint.check_resume(folder, 2, META)
+    except ValueError as exc:     # a verified manifest of other settings: refused, named
+        assert "step 10) was written by a run with other settings" in str(exc)
+        return
+    assert found["step"] in (5, 10) and found["step"] == int(found["path"][-8:])
+    if found["step"] == 5:
+        (problem,) = found["damaged"]
+        assert "step_00000010" in problem and "\n" not in problem

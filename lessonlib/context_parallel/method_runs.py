@@ -86,11 +86,13 @@ def method_report(group, c: int, method: str, layout: str = "zigzag", causal: bo
     return report
 
 
-def cases(methods=METHODS, layouts=LAYOUTS, causals=(True, False), gqas=(False, True),
-          docs=(None, DOCS)):
-    """Every (method, layout, causal, gqa, docs) the methods take (the ring: no GQA)."""
-    return [case for case in itertools.product(methods, layouts, causals, gqas, docs)
-            if not (case[0] == "ring" and case[3])]
+def cases(methods=METHODS, layouts=LAYOUTS, causals=(True, False)):
+    """(method, layout, causal, gqa, docs) for every layout and mask, each plain and with
+    the document mask, GQA with it (the ring takes no GQA: plain and masked only)."""
+    kinds = {"ring": [(False, None), (False, DOCS)]}
+    return [(method, layout, causal, *kind)
+            for method, layout, causal in itertools.product(methods, layouts, causals)
+            for kind in kinds.get(method, [(False, None), (True, DOCS)])]
 
 
 def method_reports(cs=(1, 2, 3, 4), methods=METHODS, **shape) -> dict:

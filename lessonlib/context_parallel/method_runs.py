@@ -110,9 +110,12 @@ def method_reports(cs=(1, 2, 3, 4), methods=METHODS, **shape) -> dict:
 def time_report(method: str, b: int = 1, heads: int = 8, kv_heads: int = 2, s: int = 512,
                 head_dim: int = 32, causal: bool = True, docs=None, repeats: int = 5) -> dict:
     """One method's forward+backward over the world (float32): the least seconds of
-    ``repeats`` (the slowest rank's), and the bytes this rank sent."""
+    ``repeats`` (the slowest rank's), and the bytes this rank sent. The ring takes no GQA:
+    its K and V are repeated to all heads first, and its blocks carry them all
+    (``kv_heads_moved``)."""
     c, rank = dist.get_world_size(), dist.get_rank()
     q, k, v, grad = qkv(b, heads, s, head_dim, dtype=torch.float32)
+    kv_heads = heads if method == "ring" else kv_heads
     k, v = k[:, :kv_heads], v[:, :kv_heads]
     doc_ids = doc_ids_of(docs, b, s, q.device) if docs else None
     shards = [shard_sequence(t, None, "zigzag", dim=2).requires_grad_() for t in (q, k, v)]
@@ -125,10 +128,16 @@ def time_report(method: str, b: int = 1, heads: int = 8, kv_heads: int = 2, s: i
         with comm.ledger() as book:
             context_attention(method, *shards, causal=causal, doc_ids=doc_ids).backward(mine)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)   # outside the ledger: not counted
+        comm.all_reduce(elapsed, op=dist.ReduceOp.MAX)   # outside the ledger: not counted
         seconds.append(elapsed.item())
         sent = sent_bytes(book.events, rank)
-    return {"rank": rank, "method": method, "c": c, "seconds": min(seconds), "sent": sent}
+    return {"rank": rank, "method": method, "c": c, "seconds": min(seconds), "sent": sent,
+            "kv_heads_moved": kv_heads}
+
+
+def time_reports(methods=METHODS, **shape) -> dict:
+    """``time_report`` for each method, the methods taking turns: {method: report}."""
+    return {method: time_report(method, **shape) for method in methods}
 
 
 def _refusal(call) -> str | None:
@@ -176,6 +185,13 @@ def check_settings(world_size: int, cs=(), methods=METHODS, s: int = 24, heads=N
         check_divisible(s, c, "zigzag")
         if "ulysses" in methods and heads is not None:
             check_divides_heads(heads, kv_heads or heads, c)
+
+
+def run_times(world_size: int, methods=METHODS, timeout: float = 300, **shape) -> list:
+    """Check here, then launch ``time_reports`` with c = world_size: [rank][method]."""
+    heads, kv_heads = shape.get("heads", 8), shape.get("kv_heads", 2)
+    check_settings(world_size, (world_size,), methods, shape.get("s", 512), heads, kv_heads)
+    return launcher.launch(time_reports, world_size, methods, timeout=timeout, **shape)
 
 
 def run_parity(world_size: int, cs=None, methods=METHODS, timeout: float = 120,

@@ -26,7 +26,6 @@ GPU box: the same; on GPUs the all-to-alls run over NCCL.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from lessonlib import bugs, comm
 from lessonlib.context_parallel.allgather import key_positions

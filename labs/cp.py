@@ -1,5 +1,6 @@
-"""Context parallelism, lessonlib against one-process attention: ring attention over c ranks
-(c = the world size), zig-zag and contiguous layouts, against PyTorch's
+"""Context parallelism, lessonlib against one-process attention: ring, all-gather or Ulysses
+attention (``--method``) over c ranks (c = the world size), zig-zag and contiguous layouts,
+K and V of ``--kv-heads`` heads (grouped-query attention; not for the ring), against PyTorch's
 ``scaled_dot_product_attention`` on the whole sequence in one process, and against
 PyTorch's own ``torch.distributed.tensor.experimental.context_parallel`` where it runs (on CPU
 ranks it stops with NotImplementedError: the record keeps the error).
@@ -7,14 +8,16 @@ ranks it stops with NotImplementedError: the record keeps the error).
 Per implementation and layout it reports the median forward+backward time (the slowest
 rank's; the implementations alternate step by step so machine noise hits all of them),
 its ratio to one-process SDPA, the per-rank causal attention work (the (query, key) scores
-each rank computed) and forward compute seconds (``StepLog``), the key/value bytes each rank
-received against the formula (``costmodel.context``), and the output's and gradients'
-largest error against SDPA. The one-process SDPA runs on rank 0 alone while the other ranks
+each rank computed) and forward compute seconds (``StepLog``, the ring's), the key/value bytes
+each rank received (the ring's) and the bytes each rank sent to the others (every method's,
+``methods.sent_bytes``) against the formulas (``costmodel.context``), and the output's and
+gradients' largest error against SDPA. Every setting is checked before any rank starts
+(Ulysses: c must divide --heads and --kv-heads). The one-process SDPA runs on rank 0 alone while the other ranks
 wait, so on shared CPU cores it is not slowed by them. The record's ``rows``: one per
 implementation and layout, with c a column and the same metric names in every row.
 
-Laptop:  python labs/cp.py --world-size 4 [--json results/cp.json]
-GPU box: torchrun --nproc-per-node 8 labs/cp.py --seq 32768 --json results/cp.json
+Laptop:  python labs/cp.py --world-size 4 [--method allgather --kv-heads 2] [--json results/cp.json]
+GPU box: torchrun --nproc-per-node 8 labs/cp.py --seq 32768 --method ulysses --heads 8
 """
 import sys
 
@@ -24,20 +27,25 @@ import torch.nn.functional as F
 
 import lessonlib
 from lessonlib import comm, labkit
-from lessonlib.context_parallel import ring_attention, shard_sequence
+from lessonlib.context_parallel import context_attention, ring_attention, shard_sequence
+from lessonlib.context_parallel.layout import check_same_layout
+from lessonlib.context_parallel.masks import attention, repeat_kv
+from lessonlib.context_parallel.methods import METHODS, sent_bytes
 from lessonlib.context_parallel.recorder import StepLog
 from lessonlib.context_parallel.runs import qkv
 from lessonlib.context_parallel.torch_ref import torch_ring_attention
-from lessonlib.costmodel.context import causal_pairs_per_rank, ring_bytes_received_per_rank
+from lessonlib.costmodel.context import (causal_pairs_per_rank, cp_bytes_sent_per_rank,
+                                         ring_bytes_received_per_rank)
 
 LAYOUTS = ("zigzag", "contiguous")
 
 
-def _ring_step(shards, grad, layout, causal, log=None):
+def _ring_step(shards, grad, layout, causal, log=None, method="ring"):
     for t in shards:
         t.grad = None
     out = ring_attention(*shards, causal=causal, layout=layout,
-                         **({"record": log} if log else {}))
+                         **({"record": log} if log else {})) if method == "ring" else \
+        context_attention(method, *shards, causal=causal, layout=layout)
     out.backward(grad)
     out[0, 0, 0, 0].item()
     return out
@@ -48,17 +56,19 @@ def _sdpa_step(full, grad, causal):
         return None
     for t in full:
         t.grad = None
-    out = F.scaled_dot_product_attention(*full, is_causal=causal)
+    out = F.scaled_dot_product_attention(*full, is_causal=causal,
+                                         enable_gqa=full[1].shape[1] != full[0].shape[1])
     out.backward(grad)
     return out
 
 
 def worker(settings: dict) -> dict:
-    c, causal = dist.get_world_size(), settings["causal"]
+    c, causal, method = dist.get_world_size(), settings["causal"], settings["method"]
     b, heads, s, d = (settings[k] for k in ("batch", "heads", "seq", "head_dim"))
     q, k, v, grad = qkv(b, heads, s, d, dtype=torch.float32)
+    k, v = k[:, :settings["kv_heads"]], v[:, :settings["kv_heads"]]      # GQA: fewer K/V heads
     full = [t.clone().requires_grad_() for t in (q, k, v)]
-    reference = F.scaled_dot_product_attention(*full, is_causal=causal)
+    reference = attention(*full, causal=causal)
     reference.backward(grad)
     ref_grads = [t.grad.clone() for t in full]
     steps, rows = {}, {}
@@ -66,19 +76,26 @@ def worker(settings: dict) -> dict:
         shards = [shard_sequence(t, None, layout, dim=2).requires_grad_() for t in (q, k, v)]
         mine = shard_sequence(grad, None, layout, dim=2)
         log = StepLog(s // (c * (2 if layout == "zigzag" else 1)))
+        check_same_layout(None, layout, causal)   # agreed first: the ledger holds the method
         with comm.ledger() as book:
-            out = _ring_step(shards, mine, layout, causal, log)
+            out = _ring_step(shards, mine, layout, causal, log if method == "ring" else None,
+                             method)
         errors = [(out.detach() - shard_sequence(reference.detach(), None, layout, 2))]
         errors += [sh.grad - shard_sequence(g, None, layout, 2) for sh, g in zip(shards, ref_grads)]
+        ring = method == "ring"
         rows["lessonlib", layout] = {
-            "work": log.total("work"), "compute_s": log.total("seconds"),
-            "kv_bytes_received": book.total_bytes("recv"),
+            "work": log.total("work") if ring else None,
+            "compute_s": log.total("seconds") if ring else None,
+            "kv_bytes_received": book.total_bytes("recv") if ring else None,
+            "bytes_sent": sent_bytes(book.events, dist.get_rank()),
             "max_abs_error": max(e.abs().max().item() for e in errors), "times": []}
         steps["lessonlib", layout] = lambda sh=shards, g=mine, lay=layout: _ring_step(
-            sh, g, lay, causal)
+            sh, g, lay, causal, method=method)
     rows["torch", "one process"] = {"work": s * (s + 1) // 2 if causal else s * s,
                                     "max_abs_error": 0.0, "times": []}
     steps["torch", "one process"] = lambda: _sdpa_step(full, grad, causal)
+    groups = heads // settings["kv_heads"]                  # PyTorch's ring: K/V repeated
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     theirs = torch_ring_attention(q, k, v, causal)
     rows["torch_context_parallel", "torch's"] = {
         "error": theirs.get("error"), "times": [],
@@ -96,29 +113,35 @@ def worker(settings: dict) -> dict:
 
 
 def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
-    c, s = world_size, settings["seq"]
+    c, s, ring = world_size, settings["seq"], settings["method"] == "ring"
     block = 2 * settings["batch"] * settings["heads"] * (s // c) * settings["head_dim"] * 4
     forward, backward = ring_bytes_received_per_rank(c, block)
+    sent = sum(cp_bytes_sent_per_rank(settings["method"], c, settings["batch"], s,
+                                      settings["heads"], settings["kv_heads"],
+                                      settings["head_dim"], bytes_per_value=4))
     results, rows = {}, []
     sdpa = None
     for (name, layout) in ranks[0]["rows"]:
         per_rank = [r["rows"][name, layout] for r in ranks]
         times = [max(step) for step in zip(*(r["times"] for r in per_rank))]
+        ours = name == "lessonlib"
         row = {"implementation": name, "layout": layout, "c": c,
+               "method": settings["method"] if ours else None,
                "step_time_s": labkit.median(times) if times else None,
                "max_abs_error": max((r["max_abs_error"] for r in per_rank
                                      if r["max_abs_error"] is not None), default=None),
-               "work_per_rank": [r.get("work") for r in per_rank] if name == "lessonlib"
-               else None,
+               "work_per_rank": [r.get("work") for r in per_rank] if ours and ring else None,
                "work_predicted": causal_pairs_per_rank(s, c, layout, settings["causal"])
-               if name == "lessonlib" else None,
+               if ours and ring else None,
                "compute_s_per_rank": [r.get("compute_s") for r in per_rank]
-               if name == "lessonlib" else None,
+               if ours and ring else None,
                "kv_bytes_received_per_rank": [r.get("kv_bytes_received") for r in per_rank]
-               if name == "lessonlib" else None,
-               "kv_bytes_predicted": forward + backward if name == "lessonlib" else None,
+               if ours and ring else None,
+               "kv_bytes_predicted": forward + backward if ours and ring else None,
+               "bytes_sent_per_rank": [r.get("bytes_sent") for r in per_rank] if ours else None,
+               "bytes_sent_predicted": sent if ours else None,
                "error": per_rank[0].get("error")}
-        if name == "lessonlib":
+        if ours and ring:
             work = row["work_per_rank"]
             row["work_max_over_min"] = max(work) / min(work)
         if name == "torch":
@@ -150,9 +173,20 @@ def check_settings(p, args) -> dict:
     if args.seq % (2 * args.world_size):
         p.error(f"--seq {args.seq} must be a multiple of 2c = {2 * args.world_size} (the "
                 f"zig-zag layout cuts it into 2c equal chunks, c = the world size)")
-    return {"batch": args.batch, "seq": args.seq, "heads": args.heads,
-            "head_dim": args.head_dim, "causal": not args.no_causal, "steps": args.steps,
-            "warmup": args.warmup}
+    kv_heads = args.heads if args.kv_heads is None else args.kv_heads
+    if kv_heads < 1 or args.heads % kv_heads:
+        p.error(f"--kv-heads {kv_heads} must divide --heads {args.heads} (each key head serves "
+                f"heads/kv_heads query heads), e.g. --kv-heads {args.heads}")
+    if args.method == "ring" and kv_heads != args.heads:
+        p.error(f"--kv-heads {kv_heads}: --method ring takes K and V of all --heads "
+                f"{args.heads}; use --method allgather or ulysses for grouped-query attention")
+    for flag, count in (("--heads", args.heads), ("--kv-heads", kv_heads)):
+        if args.method == "ulysses" and count % args.world_size:
+            p.error(f"{flag} {count} must be a multiple of c = {args.world_size} under "
+                    f"--method ulysses (it splits the heads over the c ranks)")
+    return {"method": args.method, "batch": args.batch, "seq": args.seq, "heads": args.heads,
+            "kv_heads": kv_heads, "head_dim": args.head_dim, "causal": not args.no_causal,
+            "steps": args.steps, "warmup": args.warmup}
 
 
 def main(argv=None):
@@ -160,7 +194,11 @@ def main(argv=None):
     p.set_defaults(steps=10, warmup=2)
     p.add_argument("--batch", type=int, default=1, help="b, sequences")
     p.add_argument("--seq", type=int, default=512, help="s, tokens per sequence")
+    p.add_argument("--method", default="ring", choices=list(METHODS),
+                   help="context-parallel attention: ring, all-gather (Llama 3) or Ulysses")
     p.add_argument("--heads", type=int, default=4, help="a, attention heads")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="K and V heads (grouped-query attention; default: --heads)")
     p.add_argument("--head-dim", type=int, default=32, help="h/a, dims per head")
     p.add_argument("--no-causal", action="store_true", help="attend to every token")
     args = labkit.parse(p, argv, fp32_only="the errors are read against float32 SDPA")

@@ -99,6 +99,26 @@ BUGS = {b.name: b for b in (
         "bias gradients differ from rank to rank, and the replicas drift apart",
         "LayerNorm gradients of a TP+SP block vs the dense block",
         "tests/test_tensor_parallel_sp.py::test_every_mode_equals_the_dense_layer[tp+sp-2]"),
+    Bug("cp_allgather_grads_not_reduced",
+        "All-gather context parallelism (Llama 3) skips the reduce-scatter of the gathered K "
+        "and V's gradients: each rank keeps the gradient its own queries gave its own keys, "
+        "not the sum over every rank whose queries used them.",
+        "lessonlib.context_parallel.allgather.GatherKV.backward",
+        "the output and dq still match one-process attention; dk and dv miss the other "
+        "ranks' shares (c = 1 hides it: there are none)",
+        "dk, dv of all-gather attention vs one-process attention",
+        "tests/test_context_parallel_methods.py::test_each_method_is_one_process_attention"
+        "[allgather]"),
+    Bug("ulysses_head_groups_swapped",
+        "Ulysses' second all-to-all (head shards back to sequence shards) puts the head "
+        "groups back in the wrong order: head group j of rank j read as heads j, j+c, ... "
+        "instead of j*heads/c .. (j+1)*heads/c - 1.",
+        "lessonlib.context_parallel.ulysses.to_sequence",
+        "the output's heads are permuted (no error: the shapes agree); at heads = c each "
+        "group is one head and the order is right, so a test with heads = c sees nothing",
+        "output of Ulysses attention vs one-process attention",
+        "tests/test_context_parallel_methods.py::test_each_method_is_one_process_attention"
+        "[ulysses]"),
 )}
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 
 from lessonlib import comm
 from lessonlib.baseline import rel_err
+from lessonlib.context_parallel import method_runs as cp_runs
 from lessonlib.bugs import BUGS, ENV, Bug, active, enabled, hook_line, known, switched, switched_on
 from lessonlib.data import regression_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
@@ -109,6 +111,14 @@ def rank_sp_layernorm() -> dict:
             "forward": max(r["output"], r["input_grad"])}
 
 
+def rank_cp_method(method: str) -> dict:
+    """One context-parallel method over the world (c = 2; 4 query heads, GQA and a document
+    mask where it takes them) vs one-process attention: errors of the output and gradients."""
+    r = cp_runs.method_report(None, 2, method, gqa=method != "ring", docs=cp_runs.DOCS,
+                              heads=4)
+    return {what: r[what] for what in ("output", "dq", "dk", "dv")}
+
+
 # ---------------------------------------------------------------- the caller side
 def _tp_gradient(r):
     err, out = max(x["input_grad"] for x in r), max(x["output"] for x in r)
@@ -160,6 +170,18 @@ def _sp_layernorm(r):
         f"gradient are off by only {forward:.2g}")
 
 
+def _cp(method):
+    def summary(r):
+        worst = {w: max(x[w] for x in r) for w in ("output", "dq", "dk", "dv")}
+        err, tol = max(worst.values()), 1e-12
+        off = ", ".join(w for w, e in worst.items() if e > tol) or "nothing"
+        right = ", ".join(w for w, e in worst.items() if e <= tol) or "nothing"
+        return f"{method} attention vs one-process attention (largest error)", err, tol, (
+            f"{method} attention: {off} off by up to {err:.2g} (tolerance 1e-12); "
+            f"{right} right")
+    return summary
+
+
 CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance, message))
     "tp_missing_backward_all_reduce": (rank_tp_gradient, _tp_gradient),
     "ddp_sync_on_wrong_microbatch": (rank_ddp_accumulation, _ddp),
@@ -168,6 +190,8 @@ CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance,
     "tp_layer_left_unsharded": (rank_tp_sharding, _tp_sharding),
     "ep_expert_grads_wrong_group": (rank_ep_gradient, _ep),
     "sp_layernorm_grad_not_summed": (rank_sp_layernorm, _sp_layernorm),
+    "cp_allgather_grads_not_reduced": (partial(rank_cp_method, "allgather"), _cp("all-gather")),
+    "ulysses_head_groups_swapped": (partial(rank_cp_method, "ulysses"), _cp("Ulysses")),
 }
 
 

@@ -73,6 +73,8 @@ def test_the_check_passes_with_the_bug_off_and_fails_with_it_on(name, monkeypatc
         "tp_layer_left_unsharded": "1 all-reduce(s) per forward, expected 2",
         "ep_expert_grads_wrong_group": "the other rank's gradients too",
         "sp_layernorm_grad_not_summed": "ln",
+        "cp_allgather_grads_not_reduced": "dk, dv off by up to",
+        "ulysses_head_groups_swapped": "output, dq, dk, dv off by up to",
     }[name]
     assert expected in on["message"], on["message"]
 

@@ -68,3 +68,47 @@ def test_bad_settings_one_line():
         cx.causal_pairs_per_rank(10, 2)
     with pytest.raises(ValueError, match="layout='ring'"):
         cx.imbalance(8, 2, "ring")
+
+
+def test_bytes_sent_by_each_method_by_hand():
+    # b = 1, s = 16, c = 4 (s/c = 4), 8 query heads of 2, K/V 2 heads, 2 bytes a value
+    q = 1 * 8 * 4 * 2 * 2                                 # 128 bytes: q's shard, the output's
+    kv = 2 * 1 * 2 * 4 * 2 * 2                            # 64 bytes: K and V's shards
+    sent = {m: cx.cp_bytes_sent_per_rank(m, 4, 1, 16, 8, 2, 2) for m in cx.METHODS}
+    assert sent["ring"] == (3 * kv, 3 * kv + 4 * kv)
+    assert sent["allgather"] == (3 * kv, 3 * kv)
+    assert sent["ulysses"] == (3 * (2 * q + kv) // 4,) * 2 == (240, 240)
+    assert all(cx.cp_bytes_sent_per_rank(m, 1, 1, 16, 8, 2, 2) == (0, 0) for m in cx.METHODS)
+    with pytest.raises(ValueError, match="method='p2p' must be one of ring, allgather, ulysses"):
+        cx.cp_bytes_sent_per_rank("p2p", 2, 1, 16, 8, 2, 2)
+
+
+def test_document_mask_work_per_ring_step():
+    # c = 2, contiguous, documents of 3 and 5 tokens: rank 0 holds 0-3, rank 1 holds 4-7
+    steps = cx.document_pairs_per_step([3, 5], 2, "contiguous")
+    # rank 0: doc 0 (0-2) 6 scores, token 3 (doc 1) 1; rank 1, own block: tokens 4-7 of doc 1
+    # score 2+3+4+5 minus the one key (3) in rank 0's block: 10; from rank 0's block: 4
+    assert steps == [[7, 0], [10, 4]]
+    work = cx.document_work([3, 5], 2, "contiguous")
+    assert (work["ring"], work["allgather"], work["even"]) == (10 + 4, 14, 10.5)
+    assert work["per_rank"] == [7, 14]
+    with pytest.raises(ValueError, match="the documents' 7 tokens must split into 4"):
+        cx.document_pairs_per_step([3, 4], 2)
+    with pytest.raises(ValueError, match="document length"):
+        cx.document_pairs_per_step([3, 0, 5], 2)
+
+
+def test_ulysses_in_the_estimate_is_limited_by_the_kv_heads():
+    from dataclasses import replace
+
+    from lessonlib.costmodel import CLUSTERS, Layout, estimate
+    from lessonlib.costmodel.model import MODELS
+    m = replace(MODELS["llama3-405B"], s=131072)          # 128 heads, 8 KV heads
+    with pytest.raises(ValueError, match="c=16 with cp_comm='ulysses' must divide the heads "
+                                         r"of each of the t=8 ranks \(heads=128, kv_heads=8\)"):
+        Layout(t=8, c=16, p=16, global_batch=16, cp_comm="ulysses").check(m)
+    kw = dict(t=1, c=8, p=16, d=1, global_batch=16, recompute="none")
+    times = {k: estimate(m, Layout(cp_comm=k, **kw), CLUSTERS["dgx-h100"]).time["cp_comm"]
+             for k in ("ring", "allgather", "ulysses")}
+    assert times["ulysses"] > 0 and times["allgather"] > 0
+    assert "CP ulysses" in Layout(c=8, m=1, cp_comm="ulysses").describe()

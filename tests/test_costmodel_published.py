@@ -73,7 +73,7 @@ def test_all_gather_cp_is_exposed_and_node_limited_routing_cuts_the_all_to_all()
     from dataclasses import replace
     m, h100 = replace(MODELS["llama3-405B"], s=131072), CLUSTERS["dgx-h100"]
     kw = dict(t=8, c=16, p=16, d=1, global_batch=16, recompute="none", sequence_parallel=True)
-    ring, gather = (estimate(m, Layout(cp_comm=k, **kw), h100) for k in ("ring", "all-gather"))
+    ring, gather = (estimate(m, Layout(cp_comm=k, **kw), h100) for k in ("ring", "allgather"))
     assert gather.time["cp_comm"] > ring.time["cp_comm"]
     ds, h800 = MODELS["deepseek-v3"], CLUSTERS["hgx-h800"]
     kw = dict(p=16, d=128, e=64, global_batch=15360, zero_stage=1)

@@ -5,7 +5,9 @@ embeddings, LayerNorms, MLPs and the head work on this rank's tokens alone (the 
 embedding reads each token's place in the whole sequence, ``positions_of``); attention is
 ``ring_attention`` over the context-parallel group. The loss is the mean over all tokens of
 all ranks: every rank holds the same number, so it is the mean of the ranks' local means,
-and the gradient of the whole batch is the average of the ranks' gradients.
+and the gradient of the whole batch is the average of the ranks' gradients. ``method``
+picks the attention: "ring" (default), "allgather" or "ulysses" (``methods``); the rest of
+the model does not change.
 
 Context parallelism combines with data parallelism on a (d, c) grid, c innermost as TP is in
 ``lessonlib.grid``: ranks r = j*c + i, groups of c consecutive ranks share one sequence
@@ -31,8 +33,13 @@ from torch import nn
 
 from lessonlib import comm
 from lessonlib.argcheck import positive_int
+<<<<<<< HEAD
 from lessonlib.context_parallel.layout import positions_on
 from lessonlib.context_parallel.ring import ring_attention
+=======
+from lessonlib.context_parallel.layout import positions_of
+from lessonlib.context_parallel.methods import check_method, context_attention
+>>>>>>> i42-cp
 from lessonlib.models import TinyGPT, lm_loss
 
 
@@ -66,14 +73,15 @@ class ContextParallelGrid:
 class ContextParallelGPT(nn.Module):
     """A ``TinyGPT``'s weights (copied) run on this rank's (b, s/c) tokens."""
 
-    def __init__(self, model: TinyGPT, group=None, layout: str = "zigzag"):
+    def __init__(self, model: TinyGPT, group=None, layout: str = "zigzag", method: str = "ring"):
         super().__init__()
         self.gpt, self.group, self.layout = copy.deepcopy(model), group, layout
+        self.method = check_method(method)
 
     def attention(self, attn, x):
         b, n, _ = x.shape                                                # (b, s/c, h)
         q, k, v = (attn.split_heads(f(x)) for f in (attn.q, attn.k, attn.v))
-        y = ring_attention(q, k, v, self.group, causal=True, layout=self.layout)
+        y = context_attention(self.method, q, k, v, self.group, causal=True, layout=self.layout)
         return attn.proj(y.transpose(1, 2).reshape(b, n, -1))          # (b, s/c, h)
 
     def forward(self, idx):

@@ -5,7 +5,8 @@ In c steps every rank meets every key/value block: at each step it posts the tra
 the block it holds to the next rank (and the receive of the previous rank's) *before* it
 computes with it, so the transfer hides behind the compute, and merges the block's partial
 softmax into its output with the log-sum-exp rule (``blocks``). Under a causal mask, chunk
-pairs entirely above the diagonal are skipped.
+pairs entirely above the diagonal are skipped. Under a document mask (``doc_ids``) every
+step still runs, its transfer too: the mask is applied inside each pair's scores.
 
     step 0: rank r holds its own block r      step t: rank r holds block (r - t) mod c
 
@@ -34,7 +35,8 @@ import torch.distributed as dist
 from lessonlib import comm
 from lessonlib.context_parallel.blocks import attend, attend_backward, chunk_pairs, merge
 from lessonlib.context_parallel.layout import (check_divisible, check_layout, check_same_layout,
-                                               chunks_of, group_rank)
+                                               chunks_of, group_rank, positions_of)
+from lessonlib.context_parallel.masks import check_doc_ids, keep
 
 
 def no_record(phase, step, source, pairs):
@@ -92,31 +94,44 @@ def _chunk(slot: int, n: int) -> slice:
     return slice(slot * n, (slot + 1) * n)
 
 
-def forward_step(q, kv, out, lse, pairs, n: int):
+def block_docs(doc_ids, ring: Ring, source: int):
+    """(this rank's tokens' documents, ``source``'s), (b, s/c) each; None without a mask."""
+    if doc_ids is None:
+        return None
+    return tuple(doc_ids[:, positions_of(r, ring.c, doc_ids.shape[1], ring.layout).to(
+        doc_ids.device)] for r in (ring.rank, source))
+
+
+def _kept(docs, rows, cols):
+    return None if docs is None else keep(None, None, False, docs[0][:, rows], docs[1][:, cols])
+
+
+def forward_step(q, kv, out, lse, pairs, n: int, docs=None):
     """Attend this rank's queries to one key/value block and merge it into (out, lse)."""
     k, v = kv
     for a, b, diagonal in pairs:
         rows, cols = _chunk(a, n), _chunk(b, n)
-        block = attend(q[:, :, rows], k[:, :, cols], v[:, :, cols], diagonal)
+        block = attend(q[:, :, rows], k[:, :, cols], v[:, :, cols], diagonal,
+                       _kept(docs, rows, cols))
         out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], *block)
     return out, lse
 
 
-def backward_step(q, kv, lse, dout, delta, dq, dkv, pairs, n: int):
+def backward_step(q, kv, lse, dout, delta, dq, dkv, pairs, n: int, docs=None):
     """Add one key/value block's share to dq, and this rank's share to the block's dk, dv."""
     (k, v), (dk, dv) = kv, dkv
     for a, b, diagonal in pairs:
         rows, cols = _chunk(a, n), _chunk(b, n)
         gq, gk, gv = attend_backward(q[:, :, rows], k[:, :, cols], v[:, :, cols],
                                      lse[:, :, rows], dout[:, :, rows], delta[:, :, rows],
-                                     diagonal)
+                                     diagonal, _kept(docs, rows, cols))
         dq[:, :, rows] += gq
         dk[:, :, cols] += gk
         dv[:, :, cols] += gv
     return dq, (dk, dv)
 
 
-def ring_forward(q, k, v, ring: Ring, record=no_record):
+def ring_forward(q, k, v, ring: Ring, record=no_record, doc_ids=None):
     out = torch.zeros_like(q)                                         # (b, a, s/c, d)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
     kv = (k, v)
@@ -124,12 +139,13 @@ def ring_forward(q, k, v, ring: Ring, record=no_record):
         source = ring.source(step)
         incoming = pass_on(kv, ring) if step < ring.c - 1 else None   # the next block, first
         with record("forward", step, source, ring.pairs(source)):
-            out, lse = forward_step(q, kv, out, lse, ring.pairs(source), ring.n)
+            out, lse = forward_step(q, kv, out, lse, ring.pairs(source), ring.n,
+                                    block_docs(doc_ids, ring, source))
         kv = arrive(incoming) if incoming else kv
     return out, lse
 
 
-def ring_backward(q, k, v, out, lse, dout, ring: Ring, record=no_record):
+def ring_backward(q, k, v, out, lse, dout, ring: Ring, record=no_record, doc_ids=None):
     delta = (dout * out).sum(-1)                                      # (b, a, s/c)
     dq, kv, on_its_way = torch.zeros_like(q), (k, v), None
     for step in range(ring.c):
@@ -138,7 +154,8 @@ def ring_backward(q, k, v, out, lse, dout, ring: Ring, record=no_record):
         with record("backward", step, source, ring.pairs(source)):
             dq, mine = backward_step(q, kv, lse, dout, delta, dq,
                                      (torch.zeros_like(k), torch.zeros_like(v)),
-                                     ring.pairs(source), ring.n)
+                                     ring.pairs(source), ring.n,
+                                     block_docs(doc_ids, ring, source))
         kv = arrive(incoming) if incoming else kv
         # the block's dk, dv so far came from the previous rank while we computed; add ours and
         # pass them on: after c hops they are back with the block's owner
@@ -151,18 +168,19 @@ class RingAttention(torch.autograd.Function):
     """Ring attention forward and backward; saves only this rank's shards."""
 
     @staticmethod
-    def forward(ctx, q, k, v, ring, record):
+    def forward(ctx, q, k, v, ring, record, doc_ids):
         q, k, v = (t.contiguous() for t in (q, k, v))
-        out, lse = ring_forward(q, k, v, ring, record)
+        out, lse = ring_forward(q, k, v, ring, record, doc_ids)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.record = ring, record
+        ctx.ring, ctx.record, ctx.doc_ids = ring, record, doc_ids
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(q, k, v, out, lse, dout.contiguous(), ctx.ring, ctx.record)
-        return dq, dk, dv, None, None
+        dq, dk, dv = ring_backward(q, k, v, out, lse, dout.contiguous(), ctx.ring, ctx.record,
+                                   ctx.doc_ids)
+        return dq, dk, dv, None, None, None
 
 
 def check_shards(q, k, v) -> None:
@@ -181,13 +199,16 @@ def check_shards(q, k, v) -> None:
 
 
 def ring_attention(q, k, v, group=None, causal: bool = True, layout: str = "zigzag",
-                   record=no_record):
+                   record=no_record, doc_ids=None):
     """Exact softmax attention of this rank's query shard over the whole sequence, whose
     keys and values are sharded over ``group`` in ``layout``; returns this rank's output
-    shard (b, heads, s/c, head_dim). ``record`` is an optional per-step hook. Every rank of
-    the group must pass the same ``layout`` and ``causal`` (checked on a group's first ring)."""
+    shard (b, heads, s/c, head_dim). ``record`` is an optional per-step hook; ``doc_ids``
+    (b, s) an optional document mask, the whole sequence's, the same on every rank. Every
+    rank of the group must pass the same ``layout`` and ``causal`` (checked on a group's
+    first ring)."""
     check_layout(layout)
     check_shards(q, k, v)
     ring = Ring.of(group, layout, bool(causal), q.shape[2])
+    check_doc_ids(doc_ids, q.shape[0], q.shape[2] * ring.c)
     check_same_layout(group, ring.layout, ring.causal)
-    return RingAttention.apply(q, k, v, ring, record)
+    return RingAttention.apply(q, k, v, ring, record, doc_ids)

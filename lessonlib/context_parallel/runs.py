@@ -147,16 +147,18 @@ def balance_report(s: int = 256, b: int = 1, heads: int = 2, head_dim: int = 16,
 
 
 def gpt_report(c: int, cfg: GPTConfig, b: int = 2, steps: int = 3, layout: str = "zigzag",
-               seed: int = 0, lr: float = 0.1) -> dict:
-    """The c-rank GPT (d = world / c) against one process on the whole batch of d*b
-    sequences, float64, SGD with momentum: losses, first-step gradients, final weights;
-    and the activation bytes of one forward on this rank against one process on its b."""
+               seed: int = 0, lr: float = 0.1, method: str = "ring") -> dict:
+    """The c-rank GPT (d = world / c; attention by ``method``) against one process on the
+    whole batch of d*b sequences, float64, SGD with momentum: losses, first-step gradients,
+    final weights; and the activation bytes of one forward on this rank against one process
+    on its b."""
     grid, dev = ContextParallelGrid.build(c), device.current_device()
     reference = TinyGPT(cfg, seed).double().to(dev)
-    model = ContextParallelGPT(reference, grid.group, layout)
+    model = ContextParallelGPT(reference, grid.group, layout, method)
     opts = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for m in (reference, model)]
     gen = torch.Generator().manual_seed(seed + 1)
-    report = {"rank": dist.get_rank(), "c": c, "d": grid.d, "losses": [], "reference_losses": []}
+    report = {"rank": dist.get_rank(), "c": c, "d": grid.d, "method": method, "losses": [],
+              "reference_losses": []}
     for step in range(steps):
         idx, targets = (torch.randint(0, cfg.vocab, (grid.d * b, cfg.seq), generator=gen).to(dev)
                         for _ in "xy")                                 # (d b, s)

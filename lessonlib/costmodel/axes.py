@@ -5,7 +5,10 @@ parallelism and sharded data parallelism add to a step, and where the rank order
   (``context.py``) brings the other c-1 blocks in while the rank computes attention on the
   block it has, so only the part of a transfer longer than that compute is exposed. The c
   ranks of a group are t apart (tp, cp, ...), so the ring stays inside a server while
-  t*c <= GPUs per server.
+  t*c <= GPUs per server. ``cp_comm="allgather"`` (Llama 3 §3.3.2) gathers K and V whole,
+  exposed; ``"ulysses"`` (DeepSpeed-Ulysses, Jacobs et al. 2023; Megatron-Core's ``a2a``)
+  runs four all-to-alls per layer forward (q, k, v to head shards, the output back) and four
+  backward, exposed, each carrying (c-1)/c of its tensor.
 * Expert parallelism (e, carved from d): four all-to-alls per MoE layer and micro-batch
   (``moe.moe_layer_comm_s``), six under full recompute (the forward runs again); the e
   ranks are t*c apart, inside a server while t*c*e fits. Exposed unless ``overlap_comm``.
@@ -23,7 +26,7 @@ from .comm import (group_spans_nodes, ring_all_gather_time_s, ring_allreduce_tim
                    ring_reduce_scatter_time_s)
 from .compute import attention_core_forward_flops
 from .memory import GRAD_BYTES, stage_expert_params, stage_params
-from .moe import moe_layer_comm_s
+from .moe import alltoall_time_s, moe_layer_comm_s
 
 
 def cp_ring_s(model, lay, cluster, layers, flops_per_s, comm_efficiency):
@@ -40,11 +43,17 @@ def cp_ring_s(model, lay, cluster, layers, flops_per_s, comm_efficiency):
     bandwidth *= comm_efficiency
     block = kv_block_bytes(model, lay.b, lay.c) / lay.t        # K/V heads split over t
     forwards = 2 if lay.recompute != "none" else 1
-    if lay.cp_comm == "all-gather":
+    if lay.cp_comm == "allgather":
         # Llama 3 §3.3.2: all-gather K and V (GQA-sized) before attention, exposed;
         # reduce-scatter their gradients after it, exposed as well.
         gather = ring_all_gather_time_s(lay.c, lay.c * block, bandwidth, latency)
         return layers * (forwards + 1) * gather
+    if lay.cp_comm == "ulysses":
+        # q and the output of a/t heads, k and v of kv_heads/t, s/c tokens each (bf16)
+        q = 2 * lay.b * (model.s // lay.c) * model.h / lay.t
+        one = sum(alltoall_time_s(lay.c, size, bandwidth, latency)
+                  for size in (q, block / 2, block / 2, q))
+        return layers * (forwards + 1) * one
     forward, backward = ring_bytes_received_per_rank(lay.c, block)
     attention = attention_core_forward_flops(model, lay.b) / (lay.t * lay.c) / flops_per_s
     hops = (lay.c - 1) * latency

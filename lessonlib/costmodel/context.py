@@ -130,6 +130,79 @@ def comm_bytes_per_layer(model, b, t, c, bytes_per_value=2):
     return tp, ring
 
 
+# ---------------------------------------------------------------- the three methods
+METHODS = ("ring", "allgather", "ulysses")
+
+
+def cp_bytes_sent_per_rank(method, c, b, s, heads, kv_heads, head_dim, bytes_per_value=2):
+    """(forward, backward) bytes one rank sends to the other c-1 ranks for one attention
+    call, its shard s/c tokens long; q (and the output) of ``heads`` heads, K and V of
+    ``kv_heads`` each, ``head_dim`` values per head:
+
+    * ring: the K/V block (2 b (s/c) kv_heads head_dim) c-1 times forward; backward c-1
+      times again plus c hops of its gradients;
+    * allgather: (c-1)/c of the whole K and V forward (the all-gather), as much backward
+      (the reduce-scatter of their gradients);
+    * ulysses: (c-1)/c of each of four tensors, q, k, v in and the output back (the
+      gradients retrace them backward); with GQA the k, v all-to-alls are smaller."""
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} must be one of {', '.join(METHODS)}")
+    positive_int("c", c, what="the context-parallel ranks")
+    if c == 1:
+        return 0, 0
+    n = s // c
+    q = b * heads * n * head_dim * bytes_per_value           # q's shard; the output's too
+    kv = 2 * b * kv_heads * n * head_dim * bytes_per_value   # K and V's shards
+    if method == "ring":
+        return ring_bytes_received_per_rank(c, kv)
+    if method == "allgather":
+        return (c - 1) * kv, (c - 1) * kv
+    sent = (c - 1) * (2 * q + kv) // c
+    return sent, sent
+
+
+def document_of(doc_lengths):
+    """Each token's document: [0]*len0 + [1]*len1 + ...; and each document's first token."""
+    starts, ids = [], []
+    for doc, length in enumerate(doc_lengths):
+        positive_int("document length", length, what="tokens")
+        starts.append(len(ids))
+        ids += [doc] * length
+    return ids, starts
+
+
+def document_pairs_per_step(doc_lengths, c, layout="zigzag"):
+    """[rank][step]: the (query, key) scores a causal document mask keeps between rank r's
+    queries and the key/value block it holds at ring step t (that of rank (r - t) mod c),
+    per sequence and head. Summed over the steps it is the rank's work under all-gather."""
+    ids, starts = document_of(doc_lengths)
+    s = len(ids)
+    pieces = c * (2 if layout == "zigzag" else 1)
+    _check(c, layout)
+    if s % pieces:
+        raise ValueError(f"the documents' {s} tokens must split into {pieces} equal chunks "
+                         f"({layout}, c={c}); make them add up to a multiple of {pieces}")
+    n = s // pieces
+    spans = [[(i * n, (i + 1) * n) for i in chunks_of(r, c, layout)] for r in range(c)]
+
+    def kept(queries, keys):   # keys in [first token of the query's document, the query]
+        return sum(max(0, min(hi, p + 1) - max(lo, starts[ids[p]]))
+                   for q_lo, q_hi in queries for p in range(q_lo, q_hi) for lo, hi in keys)
+    return [[kept(spans[r], spans[(r - t) % c]) for t in range(c)] for r in range(c)]
+
+
+def document_work(doc_lengths, c, layout="zigzag"):
+    """Ring vs all-gather under a causal document mask, in kept scores: the ring's ranks
+    wait for each other every step, so a step lasts its busiest rank's work (``ring``: the
+    sum over steps of the per-step maximum); all-gather does each rank's work in one go
+    (``allgather``: the busiest rank's total); ``even``: the total over c."""
+    steps = document_pairs_per_step(doc_lengths, c, layout)
+    per_rank = [sum(row) for row in steps]
+    return {"per_step": steps, "per_rank": per_rank,
+            "ring": sum(max(col) for col in zip(*steps)), "allgather": max(per_rank),
+            "even": sum(per_rank) / c}
+
+
 def summary(model=LLAMA3_405B, b=1, c=16, flops_per_s=989e12, link_bytes_per_s=450e9):
     step = ring_step(model, b, c, flops_per_s, link_bytes_per_s)
     return "\n".join([

@@ -14,14 +14,16 @@ behind the compute they feed (prefetching, DualPipe-style overlap), else exposed
 What the teams of today ran, expressible: ``uneven_stages`` (first and last pipeline stage
 one layer lighter, making room for the embedding and the output layer: Llama 3 §3.3.2,
 torchtitan's ``pipeline_parallel_first/last_stage_less_layers``), ``schedule="dualpipe"``
-(DeepSeek-V3), ``recompute="none"`` (Llama 3 at 8K), ``cp_comm`` "ring" or "all-gather"
-(Llama 3's), ``precision`` "bf16" or "fp8" for the linear layers' GEMMs (DeepSeek-V3 §3.3)
-and ``max_nodes``, node-limited routing (each token's experts on at most that many servers,
-4 for DeepSeek-V3, §2.1.2). ``kernels``: "fused" (Megatron's fused kernels, torch.compile) or
-"eager" (one kernel per elementwise op, ``kernels.py``); ``recompute="op"``: torchtitan's
-op-level selective checkpointing; ``recompute="norm-up"``: DeepSeek-V3's (norms, MLA
-up-projections and SwiGLU's output rebuilt in the backward, §3.2.3, §3.3.4); ``comm_sm_share``: the share of SMs given to communication
-kernels, which compute nothing (DeepSeek-V3 §3.2.2: 20 of the H800's 132).
+(DeepSeek-V3), ``recompute="none"`` (Llama 3 at 8K), ``cp_comm`` "ring", "allgather"
+(Llama 3's) or "ulysses" (all-to-alls, c limited by the KV heads), the names of
+``lessonlib.context_parallel``'s methods, ``precision`` "bf16" or "fp8" for the linear
+layers' GEMMs (DeepSeek-V3 §3.3) and ``max_nodes``, node-limited routing (each token's
+experts on at most that many servers, 4 for DeepSeek-V3, §2.1.2). ``kernels``: "fused"
+(Megatron's fused kernels, torch.compile) or "eager" (one kernel per elementwise op,
+``kernels.py``); ``recompute="op"``: torchtitan's op-level selective checkpointing;
+``recompute="norm-up"``: DeepSeek-V3's (norms, MLA up-projections and SwiGLU's output
+rebuilt in the backward, §3.2.3, §3.3.4); ``comm_sm_share``: the share of SMs given to
+communication kernels, which compute nothing (DeepSeek-V3 §3.2.2: 20 of the H800's 132).
 
 Rank order, innermost first: tp, cp, (ep), dp, pp, Megatron-Core's. The estimate places the
 CP ring inside a server when t*c <= GPUs per server and the EP all-to-all inside one when
@@ -47,9 +49,11 @@ from .model import MAX, divisors
 
 
 # How context parallelism brings each rank the keys and values of the other c-1: a ring of
-# blocks hidden behind attention (Liu et al. 2023; torchtitan, Megatron-Core's p2p), or one
-# all-gather of the GQA-sized K and V, exposed (Llama 3 §3.3.2).
-CP_COMM = ("ring", "all-gather")
+# blocks hidden behind attention (Liu et al. 2023; torchtitan, Megatron-Core's p2p), one
+# all-gather of the GQA-sized K and V, exposed (Llama 3 §3.3.2), or Ulysses' all-to-alls
+# from sequence shards to head shards and back, exposed, c dividing the (KV) heads of a
+# tensor-parallel rank (Jacobs et al. 2023; Megatron-Core's a2a).
+CP_COMM = ("ring", "allgather", "ulysses")
 
 
 def _is_int(value):
@@ -155,6 +159,13 @@ class Layout:
         if model.s % (2 * self.c) and self.c > 1:
             raise ValueError(f"c={self.c} needs seq={model.s} to split into 2c = "
                              f"{2 * self.c} zig-zag chunks; use a c with s % 2c == 0")
+        kv_heads = model.kv_heads or model.a
+        if self.cp_comm == "ulysses" and self.c > 1 and (
+                model.a % (self.t * self.c) or kv_heads % (self.t * self.c)):
+            raise ValueError(f"c={self.c} with cp_comm='ulysses' must divide the heads of each "
+                             f"of the t={self.t} ranks (heads={model.a}, kv_heads={kv_heads}): "
+                             f"t*c must divide both; use a smaller c or cp_comm 'ring' or "
+                             f"'allgather'")
         if self.e > 1 and (model.moe is None or model.moe.E % self.e):
             raise ValueError(f"e={self.e} needs an MoE model whose experts it divides "
                              f"(model={model.name!r}: "
@@ -187,7 +198,7 @@ class Layout:
             None, self.d) else []
         extras += ["DualPipe"] if self.schedule == "dualpipe" else []
         extras += ["uneven stages"] if self.uneven_stages else []
-        extras += ["CP all-gather"] if self.c > 1 and self.cp_comm == "all-gather" else []
+        extras += [f"CP {self.cp_comm}"] if self.c > 1 and self.cp_comm != "ring" else []
         extras += [self.precision.upper()] if self.precision != "bf16" else []
         extras += [f"routing <= {self.max_nodes} nodes"] if self.max_nodes else []
         extras += ["eager"] if self.kernels == "eager" else []

@@ -113,7 +113,7 @@ def _llama_rows():
                      Layout(d=128, global_batch=2048, **common), "mfu", 0.41, "course", also="palm",
                      note=_LLAMA_NOTE),
         PublishedRun("Llama 3 Table 4, 128K", replace(base, s=131072), "dgx-h100",
-                     Layout(c=16, d=4, global_batch=128, cp_comm="all-gather", **common),
+                     Layout(c=16, d=4, global_batch=128, cp_comm="allgather", **common),
                      "mfu", 0.38, "course", also="palm",
                      note="the row prints DP 4: 8*16*16*4 = 8,192 GPUs, while the text says "
                           "16,384; the course takes the table's own degrees (d=4, 8,192 "

@@ -49,7 +49,7 @@ def long_context_plan(n_gpus=LONG_CONTEXT["n_gpus"]):
     # The planner of deep dive 15's comparison (``published.versus_planner``): the same
     # setup with Llama 3's K/V all-gather, so that the lesson shows one "best".
     return plan_job(MODELS[q["model"]], CLUSTERS[q["cluster"]], n_gpus,
-                    q["global_batch"], seq=q["seq"], cp_comm="all-gather")
+                    q["global_batch"], seq=q["seq"], cp_comm="allgather")
 
 
 def check_long_context_layout(t: int, c: int, p: int, d: int) -> Verdict:

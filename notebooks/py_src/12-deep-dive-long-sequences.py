@@ -308,7 +308,7 @@ h100 = get_cluster("dgx-h100")
 llama_128k = dataclasses.replace(cm.MODELS["llama3-405B"], s=131072)
 
 
-def llama_at_128k(c, cp_comm="all-gather"):
+def llama_at_128k(c, cp_comm="allgather"):
     layout = cm.Layout(t=8, c=c, p=16, d=128 // c, b=1, global_batch=128, recompute="none",
                        sequence_parallel=True, zero_stage=1, cp_comm=cp_comm)
     return cm.estimate(llama_128k, layout, h100)
@@ -350,7 +350,7 @@ claim("and the step more than five times", one.step_time_s > 5 * sixteen.step_ti
 
 # %%
 # NBVAL_CHECK_OUTPUT
-ring_run, gathered = llama_at_128k(16, "ring"), llama_at_128k(16, "all-gather")
+ring_run, gathered = llama_at_128k(16, "ring"), llama_at_128k(16, "allgather")
 for name, e in (("ring (torchtitan, Megatron-Core)", ring_run),
                 ("all-gather (Llama 3)", gathered)):
     print(f"{name:<33} exposed CP traffic {e.time['cp_comm']:5.2f} s of a "

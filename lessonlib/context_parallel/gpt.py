@@ -33,13 +33,8 @@ from torch import nn
 
 from lessonlib import comm
 from lessonlib.argcheck import positive_int
-<<<<<<< HEAD
 from lessonlib.context_parallel.layout import positions_on
-from lessonlib.context_parallel.ring import ring_attention
-=======
-from lessonlib.context_parallel.layout import positions_of
 from lessonlib.context_parallel.methods import check_method, context_attention
->>>>>>> i42-cp
 from lessonlib.models import TinyGPT, lm_loss
 
 

@@ -1,5 +1,6 @@
 """How labs/gpu_check.py runs each lab: its settings on CPU ranks and on a GPU, the world
-size it takes, what it shows with one rank, and the columns of its line in the report.
+size it takes, what it shows with one rank, its multi-rank points on one shared GPU, where
+its record keeps its parity with one process, and the columns of its line in the report.
 
 GPU box: used by ``python labs/gpu_check.py``; nothing to run on its own.
 Laptop:  the same.
@@ -7,8 +8,6 @@ Laptop:  the same.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import sweep
 
 
 @dataclass
@@ -20,6 +19,11 @@ class Lab:
     at_one: str                    # what the lab shows with a single rank
     largest: object = staticmethod(lambda n: n)
     metrics: dict = field(default_factory=dict)   # label -> flat result column
+    # (ranks, extra settings, label) on 2-4 ranks sharing one GPU; a label: a layout of its own
+    multi: list = field(default_factory=lambda: [(2, {}, "")])
+    parity: tuple = ()             # ends of the flat record's columns compared with one process
+    no_parity: str = ""            # why there are none
+    cpu_s: float = 2.0             # its tiny settings on 2 CPU ranks here, started warm
 
 
 def _divisor_at_most(n: int, of: int) -> int:
@@ -43,7 +47,9 @@ LABS = {
         at_one="one replica: the gradient all-reduce spans a group of one, so the step time "
                "is the baseline that scaling efficiency divides by",
         metrics={"lessonlib step s": "results.lessonlib.step_time_s",
-                 "torch DDP step s": "results.torch.step_time_s"}),
+                 "torch DDP step s": "results.torch.step_time_s"},
+        no_parity="none in its record (tests/test_data_parallel.py: every rung against one "
+                  "process)", cpu_s=4.7),
     "tp": Lab(
         tiny={"steps": "2", "warmup": "1", "batch": "2", "seq": "16", "hidden": "32", "heads": "4"},
         short={"steps": "5", "warmup": "2", "batch": "8", "seq": "512", "hidden": "1024",
@@ -54,7 +60,9 @@ LABS = {
         largest=lambda n: _divisor_at_most(n, 16),
         metrics={"lessonlib step s": "results.lessonlib.step_time_s",
                  "torch step s": "results.torch.step_time_s",
-                 "output error": "results.lessonlib.layers.block.output_max_abs_error"}),
+                 "output error": "results.lessonlib.layers.block.output_max_abs_error"},
+        multi=[(4, {}, "")], parity=("output_max_abs_error", "input_grad_max_abs_error"),
+        cpu_s=2.4),
     "pp": Lab(
         tiny={"steps": "2", "warmup": "1", "microbatches": "2", "width": "32",
               "layers-per-stage": "2", "microbatch-size": "8", "schedules": "1f1b zb-h1 zbv"},
@@ -64,7 +72,10 @@ LABS = {
         at_one="p = 1: one stage holds every layer; nothing is sent and the theory's bubble "
                "(p-1)/(m+p-1) is 0, so what it measures is the schedule's own overhead",
         metrics={"lessonlib step s": "results.lessonlib.step_time_s",
-                 "torch step s": "results.torch.step_time_s"}),
+                 "torch step s": "results.torch.step_time_s"},
+        multi=[(3, {"microbatches": "3"}, "")],        # p = 3: a middle stage sends both ways
+        no_parity="none in its record (tests/test_pipeline_parity.py: every schedule's "
+                  "weights and gradients against one process)", cpu_s=6.6),
     "zero": Lab(
         tiny={"steps": "2", "warmup": "1", "rounds": "1", "layers": "2", "hidden": "16",
               "heads": "4", "seq": "8"},
@@ -73,32 +84,45 @@ LABS = {
         at_one="d = 1: nothing to shard, every stage holds the whole model state; the "
                "baseline each stage's memory is divided from",
         metrics={"lessonlib stage-3 step s": "results.lessonlib.step_time_s",
-                 "torch fully_shard step s": "results.torch.step_time_s"}),
+                 "torch fully_shard step s": "results.torch.step_time_s"},
+        no_parity="none in its record (tests/test_sharded.py: every stage against one "
+                  "process; FSDP on the dp axis: the hybrid five-axis point)", cpu_s=5.4),
     "hybrid": Lab(
         tiny={"steps": "2", "warmup": "1", "layers": "2", "hidden": "32", "heads": "2",
               "seq": "16", "global-batch": "8", "microbatches": "2"},
         short={"steps": "3", "warmup": "1"},
         at_one="only the layout t1p1d1: plain training on one GPU, checked against one process",
         largest=_power_of_two_at_most,
-        metrics={"layouts": "settings.layouts"}),
+        metrics={"layouts": "settings.layouts"},
+        # the five-axis builder: c x t with sequence parallelism and c x d with FSDP; then
+        # expert parallelism inside d on the MoE GPT, with a pipeline (it takes no cp)
+        multi=[(4, {"cp": "2", "sp": "true", "shard": "fsdp", "layouts": "t2p1d1,t1p1d2"},
+                "five-axis c2 sp fsdp"),
+               (4, {"ep": "2", "layouts": "t1p2d2,t2p1d2"}, "five-axis e2 moe"),
+               (4, {}, "")],
+        parity=("max_weight_diff_vs_one_process",), cpu_s=4.0),
     "allreduce": Lab(
         tiny={"size-mb": "0.25", "budget-s": "0.3"}, short={"size-mb": "256", "budget-s": "2"},
         at_one="skipped: an all-reduce over one rank moves no bytes (bus bandwidth factor "
                "2(n-1)/n = 0); it needs 2 ranks",
         largest=lambda n: n if n >= 2 else None,
         metrics={"ring busbw GB/s": "results.ring.busbw_GBps",
-                 "torch busbw GB/s": "results.torch.busbw_GBps"}),
+                 "torch busbw GB/s": "results.torch.busbw_GBps"},
+        multi=[(4, {}, "")], parity=("max_error",), cpu_s=0.4),
     "mp": Lab(
         tiny={"steps": "2", "warmup": "1", "rounds": "1", "layers": "4", "hidden": "32"},
         short={"steps": "5", "warmup": "2", "rounds": "2", "layers": "16", "hidden": "1024",
                "batch": "32"},
         at_one="p = 1: the whole model on one rank, nothing idles; the baseline the split "
                "is measured against",
-        metrics={"p=1 step s": "results.lessonlib.by_p.1.step_time_s"}),
+        metrics={"p=1 step s": "results.lessonlib.by_p.1.step_time_s"},
+        parity=("weights_max_abs_diff", "loss_max_abs_diff"), cpu_s=1.1),
     "launch_overhead": Lab(
         tiny={"repeats": "1"}, short={"repeats": "3"},
         at_one="starts one rank that all-reduces one number with itself: the fixed cost of a launch",
-        metrics={"launch s": "results.lessonlib.total_s"}),
+        metrics={"launch s": "results.lessonlib.total_s"},
+        no_parity="nothing to compare: it times launches of a one-number all-reduce",
+        cpu_s=10.8),
     "train": Lab(
         tiny={"steps": "20", "checkpoint-every": "10", "layers": "2", "hidden": "32",
               "seq": "16", "global-batch": "8", "microbatches": "2", "fresh": "true"},
@@ -107,7 +131,9 @@ LABS = {
         at_one="t1p1d1: plain training with checkpoints every N steps (--fresh: from step 0)",
         largest=_power_of_two_at_most,
         metrics={"step s": "results.lessonlib.step_time_s",
-                 "checkpoint save s": "results.lessonlib.checkpoint_save_s"}),
+                 "checkpoint save s": "results.lessonlib.checkpoint_save_s"},
+        no_parity="none: the NCCL point must resume from its checkpoint (train+resume)",
+        cpu_s=1.0),
     "ep": Lab(
         tiny={"steps": "2", "warmup": "1", "experts": "4", "batch": "2", "seq": "16",
               "hidden": "32"},
@@ -117,7 +143,13 @@ LABS = {
         largest=lambda n: _divisor_at_most(n, 8),
         metrics={"step s": "results.lessonlib.step_time_s",
                  "all-to-all share": "results.lessonlib.moe_layer.alltoall_share",
-                 "torch all-to-all s": "results.torch.step_time_s"}),
+                 "torch all-to-all s": "results.torch.step_time_s"},
+        parity=("output_max_abs_error",), cpu_s=0.4),
+    "cp": Lab(
+        tiny={"steps": "2", "warmup": "1", "seq": "64"}, short={"steps": "3", "warmup": "1"},
+        at_one="c = 1: the whole sequence on one rank; ring attention has no one to pass to",
+        metrics={"step s": "results.lessonlib.layouts.zigzag.step_time_s"},
+        parity=("max_abs_error",), cpu_s=1.3),
 }
 GENERIC = Lab(tiny={"steps": "2", "warmup": "1"}, short={"steps": "3", "warmup": "1"},
               at_one="(a lab this script has no notes for: run with its defaults)",
@@ -125,26 +157,14 @@ GENERIC = Lab(tiny={"steps": "2", "warmup": "1"}, short={"steps": "3", "warmup":
                        "torch step s": "results.torch.step_time_s"})
 
 
-# ---------------------------------------------------------------- the labs
-def plan(n_ranks: int, gpu: bool, quick: bool) -> tuple[list, list[dict]]:
-    """(jobs for sweep, rows for labs that do not run), in a fixed order."""
-    present = sweep.available_labs()
-    jobs, skipped = [], []
-    for name in list(LABS) + [lab for lab in present if lab not in LABS]:
-        lab = LABS.get(name, GENERIC)
-        if name not in present:
-            skipped.append({"lab": name, "status": "skipped",
-                            "error": f"labs/{name}.py is not there yet"})
-            continue
-        ranks = lab.largest(n_ranks)
-        if ranks is None:
-            skipped.append({"lab": name, "status": "skipped", "world_size": n_ranks,
-                            "error": lab.at_one})
-            continue
-        settings = lab.tiny if (quick or not gpu) else lab.short
-        jobs.append((name, [{"world_size": str(ranks), "backend": "nccl" if gpu else "gloo",
-                             **settings}]))
-    return jobs, skipped
+# ---------------------------------------------------------------- a lab's line
+def parity_of(row: dict) -> float | None:
+    """The largest difference from one process that the lab's record holds (its ``parity``
+    columns, every layout or implementation), or None when it holds none."""
+    ends = LABS.get(row["lab"], GENERIC).parity
+    values = [v for k, v in row.items() if k.startswith("results.") and k.endswith(ends)
+              and isinstance(v, (int, float)) and not isinstance(v, bool)] if ends else []
+    return max(values) if values else None
 
 
 def show(value) -> str:
@@ -160,9 +180,8 @@ def lab_summary(row: dict) -> str:
     if row["status"] != "ok":
         return row.get("error") or ""
     shown = [f"{label} {show(row[col])}" for label, col in lab.metrics.items() if col in row]
-    errors = [v for k, v in row.items() if k.endswith("max_weight_diff_vs_one_process")]
-    if errors:
-        shown.append(f"max weight diff vs one process {max(errors):.2g}")
+    if parity_of(row) is not None:
+        shown.append(f"parity: max diff vs one process {parity_of(row):.2g}")
     if row.get("off_device"):
         shown.append("NOT ALL ON THE GPU: " + " / ".join(row["off_device"]))
     elif row.get("off_device") == []:

@@ -58,7 +58,8 @@ from sweep_points import (LABS_DIR, check, check_folder, default_folder, error_l
 from lessonlib import argcheck, results as R
 
 # The kit's own tools, and minimal_ddp.py: plain PyTorch for students to copy, no lab flags
-NOT_LABS = {"sweep", "sweep_points", "sweep_published", "sweep_slurm", "gpu_check", "gpu_check_labs", "minimal_ddp"}
+NOT_LABS = {"sweep", "sweep_points", "sweep_published", "sweep_slurm", "gpu_check",
+            "gpu_check_labs", "gpu_check_plan", "gpu_check_report", "minimal_ddp"}
 LAUNCHERS = ("local", "torchrun", "srun")
 MAX_POINT_TIMEOUT_S = 1e7  # the launcher's own limit on a run (116 days)
 __all__ = ["parse_axis", "expand", "read_grid_file", "lab_flags", "check", "command", "sweep"]

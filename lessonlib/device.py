@@ -4,6 +4,12 @@ Everything else in lessonlib asks this module, so the same code runs on CPU rank
 and on one GPU per rank (NCCL). Nothing here initializes CUDA in the calling process:
 counting GPUs goes through ``torch.cuda.device_count()``, which does not create a context.
 
+One more mode, named and asked for, never picked by accident: **the shared GPU**
+(``LESSONLIB_SHARED_GPU=1`` with ``backend='gloo'``): every rank computes on ``cuda:0``
+and the ranks talk over gloo. NCCL refuses two ranks on one GPU; gloo does not, so one GPU
+runs the device code of every multi-rank path (``labs/gpu_check.py`` does; which
+collectives gloo runs on CUDA tensors, and the detour for the others: ``gloo_cuda``).
+
 Laptop:  ``python -c "from lessonlib import device; print(device.resolve_backend('auto', 4))"``
 GPU box: the same command prints ``nccl`` when at least 4 GPUs are visible.
 """
@@ -16,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 BACKENDS = ("auto", "gloo", "nccl")
+SHARED_GPU_ENV = "LESSONLIB_SHARED_GPU"   # "1": gloo ranks all compute on cuda:0
 
 
 def gpu_count() -> int:
@@ -23,12 +30,19 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.backends.cuda.is_built() else 0
 
 
+def shared_gpu(env=None) -> bool:
+    """The shared-GPU mode was asked for (``LESSONLIB_SHARED_GPU=1``) and a GPU is visible."""
+    env = os.environ if env is None else env
+    return env.get(SHARED_GPU_ENV) == "1" and gpu_count() > 0
+
+
 def resolve_backend(backend: str, world_size: int) -> str:
-    """'auto' -> NCCL with one GPU per rank when enough GPUs are visible, else gloo."""
+    """'auto' -> NCCL with one GPU per rank when enough GPUs are visible, else gloo (always
+    gloo in the shared-GPU mode, whose ranks share one GPU)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
     if backend == "auto":
-        return "nccl" if gpu_count() >= world_size else "gloo"
+        return "nccl" if gpu_count() >= world_size and not shared_gpu() else "gloo"
     if backend == "nccl" and gpu_count() < world_size:
         raise ValueError(
             f"backend='nccl' needs one GPU per rank: world_size={world_size} but "
@@ -71,11 +85,14 @@ _stand_in: list = []               # [STAND_IN] while ``placement`` runs that te
 
 
 def current_device() -> torch.device:
-    """The device this rank computes on: its own GPU under NCCL, the CPU under gloo (or,
-    inside ``placement``'s CPU test, ``STAND_IN``: still the CPU, but told apart)."""
+    """The device this rank computes on: its own GPU under NCCL, ``cuda:0`` for every rank
+    in the shared-GPU mode, the CPU under gloo (or, inside ``placement``'s CPU test,
+    ``STAND_IN``: still the CPU, but told apart)."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
         # One visible GPU (a SLURM task bound to its own) is index 0 whatever the local rank
         return torch.device("cuda", local_rank() % gpu_count())
+    if dist.is_initialized() and shared_gpu():
+        return torch.device("cuda", 0)
     return _stand_in[0] if _stand_in else _CPU
 
 
@@ -87,9 +104,10 @@ def barrier_device_ids() -> list[int] | None:
 
 
 def bind_device(backend: str) -> torch.device:
-    """Pin this process to its GPU before the process group starts (NCCL only)."""
-    if backend == "nccl":
-        dev = torch.device("cuda", local_rank() % gpu_count())
+    """Pin this process to its GPU before the process group starts: its own under NCCL,
+    ``cuda:0`` in the shared-GPU mode (gloo); nothing to pin for CPU ranks."""
+    if backend == "nccl" or (backend == "gloo" and shared_gpu()):
+        dev = torch.device("cuda", local_rank() % gpu_count() if backend == "nccl" else 0)
         torch.cuda.set_device(dev)
         return dev
     return torch.device("cpu")

@@ -219,10 +219,20 @@ def stand_in() -> _StandIn:
 def _checked(fn, name: str, mode: _StandIn):
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        mode.check(name, [t for t in _flat([args, kwargs]) if isinstance(t, torch.Tensor)]
-                   + [op.tensor for op in (args[0] if name == "batch_isend_irecv" else [])])
-        return fn(*args, **kwargs)
+        # The caller's tensors, once: not again when torch hands the same call back through
+        # its __torch_function__, nor the CPU copies ``gloo_cuda``'s detour passes inward
+        if not _inside:
+            mode.check(name, [t for t in _flat([args, kwargs]) if isinstance(t, torch.Tensor)]
+                       + [op.tensor for op in (args[0] if name == "batch_isend_irecv" else [])])
+        _inside.append(name)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _inside.pop()
     return call
+
+
+_inside: list = []     # the checked collectives this rank is inside (one thread per rank)
 
 
 def findings(folder: Path, script: str = "*") -> list[str]:

@@ -69,3 +69,29 @@ def left_behind() -> None:
     from lessonlib.device import current_device
 
     nn.Linear(3, 2)(torch.ones(4, 3, device=current_device()))
+
+
+def through_the_detour() -> dict:
+    """Point-to-point in the shared-GPU mode (``lessonlib.gloo_cuda``): a ring shift with
+    ``batch_isend_irecv``, then ``isend``/``irecv`` and ``send``/``recv`` to the next rank,
+    each received value read after its ``wait``."""
+    import torch
+
+    from lessonlib import device, gloo_cuda
+
+    rank, n, dev = dist.get_rank(), dist.get_world_size(), device.current_device()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    got = torch.zeros(3, device=dev)
+    mine = torch.full((3,), float(rank), device=dev)
+    for work in comm.batch_isend_irecv([comm.send_op(mine, right), comm.recv_op(got, left)]):
+        work.wait()
+    batched = got.tolist()
+    leaf = torch.zeros(2, device=dev, requires_grad=True)     # as a pipeline stage receives
+    if rank == 0:
+        comm.isend(torch.ones(2, device=dev) * 7, 1).wait()
+        comm.send(torch.ones(2, device=dev) * 9, 1)
+    elif rank == 1:
+        comm.irecv(leaf, 0).wait()
+        comm.recv(got[:2], 0)
+    return {"detour": bool(gloo_cuda._started), "batched": batched,
+            "async": leaf.tolist(), "blocking": got[:2].tolist()}

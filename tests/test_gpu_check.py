@@ -1,4 +1,6 @@
-"""labs/gpu_check.py on this machine: its CPU mode runs every lab that exists on 2 CPU
+"""labs/gpu_check.py on this machine: its dry run lists the GPU plan (every lab at one rank
+on NCCL and at 2-4 ranks sharing one GPU over gloo, the five-axis layouts, each point's
+parity check and whether it needs a GPU); its CPU mode runs the multi-rank points on CPU
 ranks with tiny settings, times small matrix products and writes the report; a lab that is
 not there is reported as skipped, not as a failure.
 
@@ -18,11 +20,15 @@ LABS = Path(__file__).resolve().parent.parent / "labs"
 sys.path.append(str(LABS))         # after site-packages: labs/ holds scripts, not a package
 
 import gpu_check  # noqa: E402  (labs/ is not a package)
+import gpu_check_plan  # noqa: E402
 import sweep_points  # noqa: E402
 
 from lessonlib import device, placement, results  # noqa: E402
 
 FROM_THE_COMMAND_LINE = ("allreduce",)
+# the shared-GPU plan's points run on the CPU stand-in: a p = 3 pipeline (point-to-point
+# through gloo_cuda's detour, a middle stage both ways) and a five-axis layout
+ON_THE_STAND_IN = ("pp x3", "hybrid x4 five-axis c2 sp fsdp")
 
 
 def run_check(*args, timeout=240):
@@ -38,16 +44,16 @@ def test_cpu_mode_runs_labs_and_writes_the_report(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     rows = {r["point"]: r for r in report["points"]}
     # the most telling first: versions, a 1-rank launch, the products, then the labs
-    assert list(rows) == ["versions", "launch", "gemm", *FROM_THE_COMMAND_LINE]
-    for lab in FROM_THE_COMMAND_LINE:
-        # with 2 ranks every lab runs (allreduce skips only at 1)
-        assert rows[lab]["status"] == "ok" and rows[lab]["seconds"] > 0, rows[lab]
-        assert (tmp_path / rows[lab]["log"]).exists()
+    assert list(rows) == ["versions", "launch", "gemm", "allreduce x4"]
+    row = rows["allreduce x4"]           # on CPU ranks, the multi-rank points only
+    assert row["status"] == "ok" and row["seconds"] > 0 and row["mode"] == "cpu", row
+    assert (tmp_path / row["log"]).exists() and row["parity"] < 1e-5     # vs the exact sum
     gemm = rows["gemm"]["gemm"]
     assert [g["n"] for g in gemm] and all(g["tflops"] > 0 for g in gemm)
     text = (tmp_path / "report.md").read_text()
-    assert "| point | ranks | status |" in text and "Matrix products" in text
-    assert "| allreduce | 2 | ok |" in text and "ring busbw GB/s" in text
+    assert "| point | ranks | where | status |" in text and "Matrix products" in text
+    assert "| allreduce x4 | 4 | CPU ranks (gloo) | ok |" in text and "ring busbw GB/s" in text
+    assert "need a GPU" in text
     if device.gpu_count() == 0:
         assert report["machine"]["backend"] == "gloo"
         assert "No GPU visible" in out.stderr
@@ -59,20 +65,63 @@ def test_cpu_mode_settings_run_every_lab(tmp_path, monkeypatch):
     that holds every column its report line shows; its ranks run on the placement audit's
     stand-in GPU (tests/test_placement.py), so a tensor a lab leaves on the CPU fails it."""
     monkeypatch.setenv(placement.STAND_IN_ENV, "1")
-    jobs, skipped = gpu_check.plan(2, gpu=False, quick=True)
+    points = gpu_check.plan(gpu_check.sweep.available_labs(), 0, quick=True)
     present = set(gpu_check.sweep.available_labs())
-    assert {lab for lab, _ in jobs} == present, "a lab in labs/ would not be run"
-    for row in skipped:
-        assert row["lab"] not in present and "not there yet" in row["error"]
-    for lab, [point] in jobs:
-        assert point["world_size"] == "2" and point["backend"] == "gloo"
-        out = tmp_path / f"{lab}.json"
+    assert {p.lab for p in points if p.ranks} == present, "a lab in labs/ would not be run"
+    for p in points:
+        assert p.ranks or ("not there yet" in p.note and p.lab not in present)
+    plain = {p.lab: p for p in points if p.ranks and p.mode == "cpu" and " five-axis" not in p.name}
+    for lab, p in plain.items():
+        assert p.job()["backend"] == "gloo" and 2 <= p.ranks <= 4
+        # at 2 ranks, as cheap as it gets: the 3- and 4-rank points run on the stand-in below
+        point, out = {**p.job(), "world_size": "2"}, tmp_path / f"{lab}.json"
         done = labrun.run(lab, *sweep_points.lab_argv(point, "local"), "--json", str(out))
         assert done.returncode == 0, f"{lab}: " + done.stderr[-3000:]
         row = {"lab": lab, "status": "ok", **results.flatten(json.loads(out.read_text()))}
         shown = gpu_check.LABS.get(lab, gpu_check.GENERIC).metrics
         assert set(shown.values()) <= set(row), (lab, set(shown.values()) - set(row))
         assert gpu_check.lab_summary(row)
+        if gpu_check.LABS.get(lab, gpu_check.GENERIC).parity:
+            assert gpu_check.parity_of(row) is not None, f"{lab}: no parity in its record"
+
+
+def test_the_dry_run_lists_every_lab_at_one_and_at_two_to_four_ranks(capsys, monkeypatch):
+    monkeypatch.setattr(gpu_check.device, "gpu_count", lambda: 0)       # as on this machine
+    assert gpu_check.main(["--budget-s", "420", "--dry-run"]) == 0
+    out = capsys.readouterr()
+    rows = [line.split(" | ") for line in out.out.splitlines() if line.startswith("| ")]
+    points = {r[1]: r for r in rows[2:]}
+    for lab in gpu_check.sweep.available_labs():
+        one = points.get(f"{lab} nccl") or points.get("train+resume" if lab == "train" else "")
+        many = [r for name, r in points.items() if name.split(" ")[0] == lab
+                and r[3] == "gloo" and r[2] in ("2", "3", "4")]
+        assert many and all("share cuda:0" in r[4] and r[-1].startswith("yes") for r in many), lab
+        assert one or points.get(f"{lab} nccl (not run)"), lab
+        assert one is None or (one[2] == "1" and one[3] == "nccl"), one
+        assert all(r[5].strip() for r in [*many, *([one] if one else [])]), f"{lab}: no parity"
+    five = [r for name, r in points.items() if "five-axis" in name]
+    assert len(five) == 2 and all("max_weight_diff_vs_one_process" in r[5] for r in five)
+    assert "fit --budget-s 420" in out.out and "Need a GPU (" in out.out
+    assert "not run" in out.out         # allreduce at one rank, with its reason
+
+
+@pytest.mark.timeout(120)
+def test_the_shared_gpu_points_run_on_the_stand_in_with_parity(tmp_path, monkeypatch):
+    """The same plan's shared-GPU points, on CPU ranks: the mode asked for as on a GPU (its
+    point-to-point detour runs), the stand-in as the GPU, parity read from the records."""
+    monkeypatch.setenv(placement.STAND_IN_ENV, "1")
+    monkeypatch.setenv(device.SHARED_GPU_ENV, "1")
+    points = {p.name: p for p in gpu_check.plan(gpu_check.sweep.available_labs(), 1, True)}
+    for name in ON_THE_STAND_IN:
+        p = points[name]
+        assert p.mode == "shared" and p.backend == "gloo"
+        out = tmp_path / f"{p.lab}.json"
+        done = labrun.run(p.lab, *sweep_points.lab_argv(p.job(), "local"), "--json", str(out))
+        assert done.returncode == 0, f"{name}: " + done.stderr[-3000:]
+        row = {"lab": p.lab, **results.flatten(json.loads(out.read_text()))}
+        assert row["world_size"] == p.ranks
+        parity = gpu_check.parity_of(row)
+        assert parity is None if not gpu_check.LABS[p.lab].parity else parity < 1e-6, (name, parity)
 
 
 @pytest.mark.skipif(device.gpu_count() > 0, reason="this machine has a GPU")
@@ -82,15 +131,25 @@ def test_without_a_gpu_it_says_so_and_stops(tmp_path):
     assert not (tmp_path / "report.json").exists()
 
 
-def test_missing_labs_are_skipped_and_one_gpu_sizes(monkeypatch):
-    monkeypatch.setattr(gpu_check.sweep, "available_labs", lambda: ["ddp", "tp"])
-    jobs, skipped = gpu_check.plan(1, gpu=True, quick=False)
-    assert [lab for lab, _ in jobs] == ["ddp", "tp"]
-    assert all(points[0]["world_size"] == "1" and points[0]["backend"] == "nccl"
-               for _, points in jobs)
-    assert {s["lab"] for s in skipped} == set(gpu_check.LABS) - {"ddp", "tp"}
-    jobs, skipped = gpu_check.plan(6, gpu=True, quick=False)
-    assert dict((lab, p[0]["world_size"]) for lab, p in jobs) == {"ddp": "6", "tp": "4"}
+def test_missing_labs_are_skipped_and_one_gpu_sizes():
+    points = gpu_check.plan(["ddp", "tp"], 1, quick=False)
+    ran = [p for p in points if p.ranks]
+    assert {p.lab for p in ran} == {"ddp", "tp"}
+    assert [p.name for p in ran] == ["ddp x2", "tp x4", "ddp nccl", "tp nccl"]   # multi-rank first
+    assert all(p.ranks == 1 and p.backend == "nccl" for p in ran if p.mode == "nccl")
+    assert {p.lab for p in points if not p.ranks} == set(gpu_check.LABS) - {"ddp", "tp"}
+    sizes = {p.name: p.ranks for p in gpu_check.plan(["ddp", "tp"], 6, quick=False)}
+    assert sizes["ddp nccl"] == 6 and sizes["tp nccl"] == 4
+
+
+def test_the_budget_cuts_the_tail_and_says_so():
+    points = gpu_check.plan(gpu_check.sweep.available_labs(), 1, quick=False)
+    fits, cut = gpu_check_plan.within(points, 420)
+    assert fits and fits == [p for p in points if p.ranks][:len(fits)]
+    assert sum(p.estimate_s for p in fits) <= 420
+    fits, cut = gpu_check_plan.within(points, 100)
+    assert cut and "cut: past --budget-s" in gpu_check_plan.listing(points, 100, 1)
+    assert fits[0].name.startswith("hybrid x4 five-axis")
 
 
 def test_the_calibration_compares_with_the_preset_peak():
@@ -120,4 +179,6 @@ def test_each_point_is_written_as_it_goes_and_one_that_does_not_fit_is_skipped(t
     assert row["status"] == "skipped" and "--budget-s" in row["error"]
     rows = json.loads((tmp_path / "report.json").read_text())["points"]
     assert [r["status"] for r in rows] == ["ok", "failed", "skipped"]
-    assert "ZeroDivisionError" in rows[1]["error"] and "| ddp |" in (tmp_path / "report.md").read_text()
+    text = (tmp_path / "report.md").read_text()
+    assert "ZeroDivisionError" in rows[1]["error"] and "| ddp |" in text
+    assert "Cut by --budget-s (1): ddp" in text

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device, placement
+from lessonlib import comm, device, gloo_cuda, placement
 from lessonlib.breadcrumbs import PROGRESS_ENV, progress
 from lessonlib.launcher import checks, forkserver, reaper
 
@@ -117,6 +117,7 @@ def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, envir
         # call (lessonlib.nccl_rules, rule 1); comm.barrier names the GPU instead
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout))
+        gloo_cuda.start_if_asked()      # before the audit, which then sees the rank's tensors
         placement.start_if_asked()
         phase_times["group_ready"] = time.time()
         progress("started")

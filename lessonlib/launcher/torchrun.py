@@ -16,7 +16,7 @@ import sys
 
 import torch.distributed as dist
 
-from lessonlib import device, placement
+from lessonlib import device, gloo_cuda, placement
 from lessonlib.breadcrumbs import PROGRESS_ENV
 from lessonlib.launcher import checks, local, rank
 
@@ -45,6 +45,7 @@ def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
     # lazy mode on purpose: no device_id, so NCCL makes each communicator at its first
     # call (lessonlib.nccl_rules, rule 1); comm.barrier names the GPU instead
     dist.init_process_group(backend)
+    gloo_cuda.start_if_asked()
     placement.start_if_asked()
     try:
         result = rank.to_cpu(fn(*args, **kwargs))

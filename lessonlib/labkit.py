@@ -30,6 +30,7 @@ GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py --json results/ddp.json``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -42,7 +43,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device, launcher
+from lessonlib import comm, device, launcher, placement
 # A lab's flags and their checks, used by every lab as labkit.<name>
 from lessonlib.labargs import (DTYPES, add_gpt_flags, check_common, check_fits,  # noqa: F401
                                check_gpt_fits, check_number, check_output, check_positive,
@@ -81,13 +82,17 @@ def in_dtype(worker, dtype: str):
 def time_steps(step, steps: int, warmup: int) -> list[float]:
     """Wall time of each of ``steps`` calls to ``step()`` after ``warmup`` untimed ones.
 
-    Ranks line up at a barrier before each step, so one rank's slowness is not hidden."""
+    Ranks line up at a barrier before each step, so one rank's slowness is not hidden.
+    Under the GPU audit (``placement``) the untimed steps are the audited pass (at least
+    one) and the timed ones run with the audit paused, so no step time pays for it."""
     times = []
+    warmup = max(warmup, 1) if placement.auditing() else warmup
     for i in range(warmup + steps):
         comm.barrier()
-        start = device.timer()
-        step()
-        elapsed = device.timer() - start
+        with placement.paused() if i >= warmup else contextlib.nullcontext():
+            start = device.timer()
+            step()
+            elapsed = device.timer() - start
         if i >= warmup:
             times.append(elapsed)
         launcher.progress(f"timed step {i + 1} of {warmup + steps}")

@@ -26,6 +26,7 @@ GPU box: ``LESSONLIB_DEVICE_AUDIT=/tmp/audit python labs/pp.py --world-size 1``,
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -98,6 +99,27 @@ def start_if_asked() -> bool:
         mode.__enter__()             # for the rest of the process: it ends with the rank
         _started.append(mode)
     return bool(_started)
+
+
+@contextlib.contextmanager
+def paused():
+    """The GPU audit off for the block, back on after: a timed step pays no check on every
+    torch call (several microseconds each); the untimed steps before it are the audited
+    pass. The CPU stand-in is never paused (it checks correctness, not speed)."""
+    mode = next((m for m in _started if isinstance(m, _OffDevice)), None)
+    if mode is None:
+        yield
+        return
+    mode.__exit__(None, None, None)      # the audit's mode is the only one a rank pushes
+    try:
+        yield
+    finally:
+        mode.__enter__()
+
+
+def auditing() -> bool:
+    """Whether this process runs the GPU audit (``LESSONLIB_DEVICE_AUDIT``)."""
+    return any(isinstance(m, _OffDevice) for m in _started)
 
 
 _DATA = next(c.__dict__["data"] for c in torch.Tensor.__mro__ if "data" in c.__dict__)

@@ -52,3 +52,35 @@ def test_the_stand_in_names_the_first_tensor_left_on_the_cpu(monkeypatch):
     finally:
         mode.__exit__(None, None, None)
         placement._started.remove(mode)
+
+
+def test_timed_steps_run_with_the_gpu_audit_paused_after_an_audited_pass(tmp_path, monkeypatch):
+    """Issue: step times were measured with the audit's check on every torch call. Now the
+    untimed steps (at least one) are the audited pass and the timed ones pay nothing."""
+    import torch
+
+    from lessonlib import comm, labkit, placement
+
+    seen = []
+
+    class Spy(placement._OffDevice):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(comm, "barrier", lambda group=None: None)
+    spy = Spy(tmp_path)
+    spy.__enter__()
+    monkeypatch.setattr(placement, "_started", [spy])
+    try:
+        counts = []
+
+        def step():
+            before = len(seen)
+            torch.ones(3).sum()
+            counts.append(len(seen) - before)
+
+        times = labkit.time_steps(step, steps=2, warmup=0)
+        assert len(times) == 2 and counts[0] > 0 and counts[1:] == [0, 0], counts
+    finally:
+        spy.__exit__(None, None, None)

@@ -194,6 +194,43 @@ for n in (2, 3):
 print("3 ranks, one batch:", comm.nccl_hazards(ring(3, True)) or "no hazard")
 
 # %% [markdown]
+# **One communicator busy at a time.** A batch fixes one communicator's order, but a rank
+# may still have work on two at once: an asynchronous all-reduce on one group still in
+# flight while it posts one on another. NCCL's guide warns against it ("Using multiple NCCL
+# communicators concurrently"): each communicator has its own stream, CUDA does not promise
+# that two streams progress independently, and NCCL's kernels wait for their peers, so
+# three ranks whose pairs' all-reduces are posted in a cycle can each hold the GPU for the
+# one the next rank has not started (NVIDIA/nccl issue 783). The checker flags it; waiting
+# on each call before posting the next passes:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+def cycle(wait_each):
+    pairs = {"01": (0, 1), "12": (1, 2), "20": (0, 2)}
+    mine = {0: ("01", "20"), 1: ("01", "12"), 2: ("12", "20")}
+    made = [comm.Event("new_group", 3, 0, ranks=m, group=g, order=i, waited=i + 1)
+            for i, (g, m) in enumerate(pairs.items())]
+    return [made + [comm.Event("all_reduce", 2, 16, dtype="torch.float32", ranks=pairs[g],
+                               group=g, order=3 + i, waited=4 + i if wait_each else 5)
+                    for i, g in enumerate(mine[r])] for r in range(3)]
+
+
+print("posted together:", *comm.nccl_hazards(cycle(False))[:1], sep="\n  ")
+print("each waited before the next:", comm.nccl_hazards(cycle(True)) or "no hazard")
+
+# %% [markdown]
+# That rule shapes the pipeline executor ([lesson 04](04-tensor-vs-pipeline.ipynb)), as it
+# shapes PyTorch's pipelining (`PipelineScheduleMulti`) and Megatron's schedules: a stage's
+# sends and receives go out in rounds, one `batch_isend_irecv` on the pipeline group each,
+# and all of a round is waited on before the stage computes again, so no transfer is left
+# in flight on one communicator while a tensor-parallel collective starts on another
+# (`pipeline.rounds`, which also proves, without processes, that no schedule's rounds can
+# hang). What it costs: a receive is no longer posted long before the compute that needs it,
+# so less of the transfer hides behind compute, and a stage waits at each round for its
+# neighbour's compute of that round. The frameworks pay that for a run that cannot hang on
+# its first cluster.
+
+# %% [markdown]
 # ## 2. Why a CPU's pipeline bubble sits above theory
 #
 # Notebook 04 measured the bubble of GPipe and 1F1B on two CPU ranks next to the theory,

@@ -74,8 +74,8 @@ LABS = {
         metrics={"lessonlib step s": "results.lessonlib.step_time_s",
                  "torch step s": "results.torch.step_time_s"},
         multi=[(3, {"microbatches": "3"}, "")],        # p = 3: a middle stage sends both ways
-        no_parity="none in its record (tests/test_pipeline_parity.py: every schedule's "
-                  "weights and gradients against one process)", cpu_s=6.6),
+        parity=("max_weight_diff_vs_one_process", "max_grad_diff_vs_one_process"),
+        cpu_s=6.6),
     "zero": Lab(
         tiny={"steps": "2", "warmup": "1", "rounds": "1", "layers": "2", "hidden": "16",
               "heads": "4", "seq": "8"},

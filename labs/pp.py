@@ -15,14 +15,18 @@ backward (counted from what autograd saved), next to the theory: bubble (p-1)/(m
 wall time (and Megatron-LM 2021's (p-1)/m of ideal time), stash min(p - stage, m) for
 1F1B and m for GPipe. Compute threads per rank default to 1 so ranks do not share cores,
 and stage 0 computes its input's gradient like every other stage, so the stages are equal.
-The record's ``rows`` hold one row per implementation, schedule and m, with m a column and
-the same metric names in every row (``bubble_measured`` over ``bubble_predicted`` is the
-headline a sweep plots).
+Each run also checks parity with one process (the tiny GPT under 1F1B with m = p, weights
+and gradients after 2 SGD steps: ``max_weight_diff_vs_one_process``). The record's
+``rows`` hold one row per implementation, schedule and m, with m a column and the same
+metric names in every row (``bubble_measured`` over ``bubble_predicted`` is the headline a
+sweep plots).
 
 Laptop:  python labs/pp.py --world-size 2 [--json results/pp.json]
 GPU box: torchrun --nproc-per-node 4 labs/pp.py --microbatches 4 8 16 --json results/pp.json
 """
 import sys
+
+import torch.distributed as dist
 
 from lessonlib import labkit
 from lessonlib.pipeline import runs
@@ -36,11 +40,19 @@ def worker(settings: dict) -> dict:
             "input_grad")
     results = runs.measure(ms=settings["microbatches"], schedules=settings["schedules"],
                            **{k: settings[k] for k in keys})
-    return {"cases": results, **labkit.rank_info()}
+    # parity with one process: the tiny GPT, 2 SGD steps of 1F1B with m = p, in float32
+    checked = runs.parity([parity_case(dist.get_world_size())])
+    return {"cases": results, "parity": checked, **labkit.rank_info()}
+
+
+def parity_case(p: int) -> tuple:
+    """What the lab checks against one process: 1F1B with m = p on the tiny GPT."""
+    return ("lessonlib", "1f1b", p, 1)
 
 
 def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     rows = runs.summarize([r["cases"] for r in ranks])
+    (parity,) = runs.parity_report([r["parity"] for r in ranks])   # raises if it differs
     results = {"lessonlib": {"schedules": {}}, "torch": {"schedules": {}}}
     for row in rows:
         case = {k: row[k] for k in ("step_time_s", "bubble_per_stage", "bubble_mean",
@@ -51,6 +63,8 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
         one = [r for r in rows if (r["engine"], r["schedule"]) == (engine, "1f1b")]
         results[engine]["step_time_s"] = (max(one, key=lambda r: r["m"])["step_time_s"]
                                           if one else None)
+    results["lessonlib"]["max_weight_diff_vs_one_process"] = parity["max_weights_diff"]
+    results["lessonlib"]["max_grad_diff_vs_one_process"] = parity["max_grads_diff"]
     record = labkit.result("pp", world_size, settings, results, ranks[0])
     record["command"] = "python labs/pp.py " + " ".join(sys.argv[1:])
     theory = {"conventions": {"bubble_wall": "(p-1)/(v m+p-1) of wall time, GPipe §2.3; "

@@ -73,6 +73,9 @@ def test_the_check_passes_with_the_bug_off_and_fails_with_it_on(name, monkeypatc
         "tp_layer_left_unsharded": "1 all-reduce(s) per forward, expected 2",
         "ep_expert_grads_wrong_group": "the other rank's gradients too",
         "sp_layernorm_grad_not_summed": "ln",
+        "moe_bias_in_combine_weights": "the bias is in the combine weights",
+        "moe_bias_update_sign_flipped": "busiest / mean load went from",
+        "ep_bias_load_not_all_reduced": "each replica moved its bias by its own batch's load",
     }[name]
     assert expected in on["message"], on["message"]
 

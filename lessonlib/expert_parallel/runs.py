@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lessonlib import comm, device, launcher
+from lessonlib import comm, device, launcher, moe
 from lessonlib.baseline import grads_as_model, rel_err
 from lessonlib.breadcrumbs import progress
 from lessonlib.baseline import corpus_batches
@@ -136,22 +136,30 @@ def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None
     return out
 
 
-def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor: float = 1.0,
-               b: int = 2, steps: int = 3, seed: int = 0) -> dict:
+DEEPSEEK_V3 = {"capacity_factor": None, "balance": "bias", "gate": "sigmoid",
+               "bias_step": 0.05, "max_nodes": 1, "experts_per_node": 2}   # E = 4: 2 nodes
+
+
+def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
+               b: int = 2, steps: int = 3, seed: int = 0, **routing) -> dict:
     """On each rank: the tiny MoE GPT, its MoE layers expert-parallel over groups of e inside
     the d data-parallel ranks, trained on the corpus (each rank b sequences) against the
     one-process model on all d ranks' sequences, in float64: the loss of each step, every
-    gradient after the first, every weight after the last."""
+    gradient after the first, every weight (and every layer's balancing bias) after the
+    last. ``routing``: ``MoELayer``'s options (e.g. ``DEEPSEEK_V3``)."""
     ctx, dev = ExpertParallelContext.build(e), device.current_device()
     rank, d = dist.get_rank(), dist.get_world_size()
     cfg = corpus_config(seq=8, hidden=16, heads=2, layers=2)
-    full = moe_gpt(cfg, n_experts, top_k, capacity_factor, seed).double().to(dev)
+    full = moe_gpt(cfg, n_experts, top_k, capacity_factor, seed, **routing).double().to(dev)
     ep = expert_parallel_gpt(full, ctx.ep_group)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (full, ep)]
     batches, out = corpus_batches(cfg, b * d, seed), {"rank": rank, "e": e, "d": d, "loss": []}
     for step in range(steps):
         xs, ys = (t.to(dev).chunk(d) for t in batches(step))                    # (b, s) each
-        losses = [lm_loss(full(x), y) + aux_loss(full) for x, y in zip(xs, ys)]
+        losses, loads = [], []
+        for x, y in zip(xs, ys):
+            losses.append(lm_loss(full(x), y) + aux_loss(full))
+            loads.append([m.stats["routed_per_expert"] for m in moe.moe_layers(full)])
         (sum(losses) / d).backward()
         loss = lm_loss(ep(xs[rank]), ys[rank]) + aux_loss(ep)
         loss.backward()
@@ -163,9 +171,20 @@ def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor: floa
         for opt in opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
+        # the whole batch's load per layer: the sum over the d ranks' sequences
+        moe.update_biases(full, [[sum(c) for c in zip(*layer)] for layer in zip(*loads)])
+        update_biases(ep)
     out["weights_after_steps"] = _worst(ep, expert_parallel_gpt(full, ctx.ep_group))
+    out["bias_after_steps"] = max((abs(a.expert_bias - b.expert_bias).max().item()
+                                   for a, b in zip(moe.moe_layers(ep), moe.moe_layers(full))
+                                   if a.expert_bias is not None), default=0.0)
     ctx.destroy()
     return out
+
+
+def gpt_parity_reports(e: int, recipes=({}, DEEPSEEK_V3), **kwargs) -> list[dict]:
+    """``gpt_parity`` for each routing recipe of ``recipes`` in one launch."""
+    return [gpt_parity(e, **kwargs, **recipe) for recipe in recipes]
 
 
 def parity_reports(cases=CASES, **kwargs) -> list[dict]:

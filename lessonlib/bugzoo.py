@@ -5,8 +5,8 @@ What it teaches: every bug here is one that teams building data, tensor and pipe
 parallelism have shipped at some point, and each is caught by one kind of check: parity
 with one process (outputs, input gradients, weight gradients), a property the routing must
 keep (a bias shared by all experts changes no output; the bias update evens the load), or
-counting what each rank holds and sends. One bug (a layer left unsharded) passes every parity test: parity is not
-enough, the memory and the messages must be checked too.
+counting what each rank holds and sends. One bug (a layer left unsharded) passes every
+parity test: parity is not enough, the memory and the messages must be checked too.
 
 Each bug is one commented ``if bugs.active("<name>"):`` in the real code, off unless the
 environment variable ``LESSONLIB_BUGS`` names it (comma-separated). The switches live on the

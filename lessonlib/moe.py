@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from lessonlib.argcheck import positive_int
-from lessonlib.moe_routing import (AUX_ALPHA, BIAS_STEP, Routing, bias_update, capacity,  # noqa: F401
-                                   check_routing, route)
+from lessonlib.moe_routing import (  # noqa: F401 (Routing, capacity: the layer's vocabulary)
+    AUX_ALPHA, BIAS_STEP, Routing, bias_update, capacity, check_routing, route)
 
 
 def check_moe(n_experts: int, top_k: int, capacity_factor, **routing) -> tuple:
@@ -104,7 +104,8 @@ class MoELayer(Routed):
         self.n_experts, self.top_k, self.capacity_factor = check_moe(
             n_experts, top_k, capacity_factor, balance=balance, gate=gate, bias_step=bias_step,
             max_nodes=max_nodes, experts_per_node=experts_per_node)
-        self.aux_alpha, self.balance, self.gate, self.bias_step = aux_alpha, balance, gate, bias_step
+        self.aux_alpha, self.balance, self.gate = aux_alpha, balance, gate
+        self.bias_step = bias_step
         self.max_nodes, self.experts_per_node = max_nodes, experts_per_node
         self.register_buffer("expert_bias", torch.zeros(n_experts) if balance == "bias" else None)
         self.router = nn.Linear(hidden, self.n_experts, bias=False)

@@ -194,16 +194,20 @@ def test_bad_settings_get_one_line():
     for kwargs, words in (({"n_experts": 4, "top_k": 5}, "top_k=5 must be a positive integer at most 4"),
                           ({"n_experts": 4, "capacity_factor": 0}, "capacity_factor=0 must be a finite positive"),
                           ({"n_experts": 0}, "n_experts=0 must be a positive integer"),
-                          ({"n_experts": 4, "bias_step": -0.1}, "bias_step=-0.1 must be a finite number >= 0"),
-                          ({"n_experts": 4, "balance": "switch"}, "balance='switch' must be one of 'aux', 'bias', 'none'"),
-                          ({"n_experts": 4, "gate": "relu"}, "gate='relu' must be one of 'softmax', 'sigmoid'"),
+                          ({"n_experts": 4, "bias_step": -0.1},
+                           "bias_step=-0.1 must be a finite number >= 0"),
+                          ({"n_experts": 4, "balance": "switch"},
+                           "balance='switch' must be one of 'aux', 'bias', 'none'"),
+                          ({"n_experts": 4, "gate": "relu"},
+                           "gate='relu' must be one of 'softmax', 'sigmoid'"),
                           ({"n_experts": 4, "max_nodes": 3, "experts_per_node": 2},
                            "max_nodes=3 must be a positive integer at most 2"),
                           ({"n_experts": 4, "max_nodes": 1, "experts_per_node": 3},
                            "experts_per_node=3 must divide n_experts=4"),
                           ({"n_experts": 4, "top_k": 3, "max_nodes": 1, "experts_per_node": 2},
                            "max_nodes=1 nodes of experts_per_node=2 hold fewer than top_k=3"),
-                          ({"n_experts": 4, "max_nodes": 1}, "experts_per_node=None must be a positive integer")):
+                          ({"n_experts": 4, "max_nodes": 1},
+                           "experts_per_node=None must be a positive integer")):
         with pytest.raises(ValueError, match=words) as info:
             MoELayer(8, **kwargs)
         assert "\n" not in str(info.value)

@@ -32,5 +32,5 @@ from lessonlib.expert_parallel.layer import (ExpertParallelMoE, check_split, exp
                                              expert_parallel_gpt, run_local_experts)
 
 __all__ = ["Splits", "all_to_all", "exchange_counts", "ExpertParallelContext",
-           "expert_parameters", "sync_gradients", "update_biases", "ExpertParallelMoE", "check_split",
-           "expert_parallel", "expert_parallel_gpt", "run_local_experts"]
+           "expert_parameters", "sync_gradients", "update_biases", "ExpertParallelMoE",
+           "check_split", "expert_parallel", "expert_parallel_gpt", "run_local_experts"]

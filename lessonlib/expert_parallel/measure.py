@@ -76,7 +76,8 @@ def balance_study(balance="aux", n_experts: int = 8, top_k: int = 2, steps: int 
             dropped[factor] = sum(m.stats["dropped"] for m in layers) / (choices * len(layers))
     return {"balance": balance, "gate": gate, "E": n_experts, "k": top_k, "load": load,
             "losses": losses, "aux_losses": aux,
-            "train_dropped_share": dropped_in_training / train_choices, "dropped_share": dropped, "imbalance": imbalance(load[steps // 2:])}
+            "train_dropped_share": dropped_in_training / train_choices,
+            "dropped_share": dropped, "imbalance": imbalance(load[steps // 2:])}
 
 
 def imbalance(load: list[list[int]]) -> float:

@@ -11,7 +11,14 @@ against the one-process layer. PyTorch has no MoE layer or expert-parallel modul
 timed on the same dispatch (same rows, same splits, forward and backward), next to
 lessonlib's. The record's ``rows``: one per implementation and part, e a column.
 
+The routing is GShard's by default (softmax, capacity, the auxiliary loss); DeepSeek-V3's
+(§2.1.2) is ``--gate sigmoid --balance bias --dropless --max-nodes M``, with
+``--experts-per-node`` grouping the ranks into pretend nodes (default: one rank a node). The
+record then also holds the load's busiest / mean over the steps (the bias moves after each)
+and the share of the all-to-alls' bytes that crossed a node boundary.
+
 Laptop:  python labs/ep.py --world-size 4 [--json results/ep.json]
+         python labs/ep.py --world-size 4 --gate sigmoid --balance bias --dropless --max-nodes 2
 GPU box: torchrun --nproc-per-node 8 labs/ep.py --json results/ep.json
 """
 import sys
@@ -23,7 +30,8 @@ import torch.distributed.nn.functional as dist_fn
 import lessonlib
 from lessonlib import device, labkit
 from lessonlib.expert_parallel.dispatch import all_to_all
-from lessonlib.expert_parallel.measure import time_layer
+from lessonlib.expert_parallel.measure import imbalance, time_layer
+from lessonlib.moe_routing import BALANCES, BIAS_STEP, GATES
 
 
 def _time_dispatch(settings: dict, send: list[int], recv: list[int]) -> dict:
@@ -45,11 +53,19 @@ def _time_dispatch(settings: dict, send: list[int], recv: list[int]) -> dict:
     return {"times": times, "same_rows": bool(torch.equal(outs["lessonlib"], outs["torch"]))}
 
 
+def _off_node(events, rank: int, ranks_per_node: int) -> int:
+    """Bytes this rank's all-to-alls sent to ranks of other (pretend) nodes."""
+    return sum(ev.bytes for ev in events
+               if ev.op == "send" and ev.peer // ranks_per_node != rank // ranks_per_node)
+
+
 def worker(settings: dict) -> dict:
     layer = time_layer(settings["experts"], settings["top_k"], settings["capacity_factor"],
                        settings["batch"], settings["seq"], settings["hidden"],
-                       settings["steps"], settings["warmup"])
-    layer.pop("events")
+                       settings["steps"], settings["warmup"], **settings["routing"])
+    ranks_per_node = settings["ranks_per_node"]
+    layer["bytes"]["sent_off_node"] = _off_node(layer.pop("events"), layer["rank"],
+                                                ranks_per_node)
     dispatch = _time_dispatch(settings, layer["stats"]["sent_rows"],
                               layer["stats"]["received_rows"])
     return {**labkit.rank_info(), "layer": layer, "dispatch": dispatch}
@@ -74,7 +90,11 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
                                       for x in layers),
            "dropped_share": sum(x["stats"]["dropped"] for x in layers) / choices,
            "tokens_per_expert": [n for x in layers for n in x["stats"]["received_per_expert"]],
-           "output_max_abs_error": max(x["output_max_abs_error"] for x in layers)}
+           "output_max_abs_error": max(x["output_max_abs_error"] for x in layers),
+           "busiest_over_mean": imbalance([[sum(col) for col in zip(*step)]
+                                           for step in zip(*(x["load"] for x in layers))]),
+           "off_node_share": (sum(x["bytes"]["sent_off_node"] for x in layers)
+                              / sum(x["bytes"]["sent"] for x in layers))}
     dispatch = {name: labkit.median(_slowest([r["dispatch"]["times"][name] for r in ranks]))
                 for name in ("lessonlib", "torch")}
     results = {"lessonlib": {"step_time_s": moe["step_time_s"], "moe_layer": moe,
@@ -128,8 +148,34 @@ def check_settings(p, args) -> dict:
         p.error(f"--capacity-factor must be a positive number, e.g. 1.25; got "
                 f"{args.capacity_factor}")
     return {"experts": args.experts, "top_k": args.top_k,
-            "capacity_factor": args.capacity_factor, "batch": args.batch, "seq": args.seq,
-            "hidden": args.hidden, "steps": args.steps, "warmup": args.warmup}
+            "capacity_factor": None if args.dropless else args.capacity_factor,
+            "batch": args.batch, "seq": args.seq, "hidden": args.hidden, "steps": args.steps,
+            "warmup": args.warmup, **check_routing_flags(p, args)}
+
+
+def check_routing_flags(p, args) -> dict:
+    """The routing flags, one line each: a bias step of 0 or more, pretend nodes of whole
+    ranks dividing the experts, a node limit of at most the nodes that hold k experts."""
+    if not 0 <= args.bias_step < float("inf"):
+        p.error(f"--bias-step must be a finite number >= 0 (each step's move of the bias), "
+                f"e.g. {BIAS_STEP}; got {args.bias_step}")
+    local = args.experts // args.world_size
+    per_node = local if args.experts_per_node is None else args.experts_per_node
+    if per_node < 1 or args.experts % per_node or per_node % local:
+        p.error(f"--experts-per-node {per_node} must divide --experts {args.experts} and be a "
+                f"multiple of the E/e = {local} experts of one rank (a node holds whole "
+                f"ranks), e.g. {local}")
+    nodes = args.experts // per_node
+    if args.max_nodes is not None and not 1 <= args.max_nodes <= nodes:
+        p.error(f"--max-nodes {args.max_nodes} must be between 1 and the {nodes} nodes "
+                f"(--experts {args.experts} / --experts-per-node {per_node})")
+    if args.max_nodes is not None and args.max_nodes * per_node < args.top_k:
+        p.error(f"--max-nodes {args.max_nodes} nodes of {per_node} experts hold fewer than "
+                f"--top-k {args.top_k}; raise --max-nodes")
+    limit = {"max_nodes": args.max_nodes, "experts_per_node": per_node} \
+        if args.max_nodes is not None else {}
+    return {"routing": {"balance": args.balance, "gate": args.gate, "bias_step": args.bias_step,
+                        **limit}, "ranks_per_node": per_node // local}
 
 
 def main(argv=None):
@@ -141,6 +187,18 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=4, help="b, sequences per rank")
     p.add_argument("--seq", type=int, default=64, help="s, tokens per sequence")
     p.add_argument("--hidden", type=int, default=128, help="h; each expert's inner size is 4h")
+    p.add_argument("--balance", default="aux", choices=BALANCES,
+                   help="aux: Switch's auxiliary loss; bias: DeepSeek-V3's bias, no loss")
+    p.add_argument("--gate", default="softmax", choices=GATES,
+                   help="sigmoid: DeepSeek-V3's affinities, the chosen k normalised")
+    p.add_argument("--bias-step", type=float, default=BIAS_STEP,
+                   help="the bias's move per step with --balance bias (DeepSeek-V3: 0.001)")
+    p.add_argument("--dropless", action="store_true",
+                   help="no capacity: every expert takes every token (ignores --capacity-factor)")
+    p.add_argument("--max-nodes", type=int, default=None,
+                   help="M: each token's experts from its M best (pretend) nodes")
+    p.add_argument("--experts-per-node", type=int, default=None,
+                   help="experts on one pretend node, whole ranks' worth (default: E/e)")
     args = labkit.parse(p, argv)
     settings = check_settings(p, args) | {"dtype": args.dtype}
     record = build_record(labkit.on_ranks(worker, args, settings), settings, args.world_size)

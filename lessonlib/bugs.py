@@ -90,6 +90,33 @@ BUGS = {b.name: b for b in (
         "gradient is mixed with other experts' (no error: the shapes agree)",
         "expert gradients vs the one-process MoE layer",
         "tests/test_expert_parallel.py::test_expert_parallel_equals_one_process[4]"),
+    Bug("moe_bias_in_combine_weights",
+        "DeepSeek-V3's balancing bias, meant only to choose each token's k experts, is left "
+        "in the scores the combine weights are taken from: the weights are s_i + b_i instead "
+        "of the affinities s_i.",
+        "lessonlib.moe_routing.queue",
+        "training runs and balances; the outputs move whenever the bias does, even by a "
+        "constant shared by all experts, which changes no choice",
+        "the layer with a bias shared by all experts vs without, and the token-by-token "
+        "definition",
+        "tests/test_moe.py::test_the_layer_equals_the_definition_token_by_token[sigmoid-bias]"),
+    Bug("moe_bias_update_sign_flipped",
+        "The auxiliary-loss-free update moves each expert's bias the wrong way: up for an "
+        "expert above the mean load, down for one below.",
+        "lessonlib.moe_routing.bias_update",
+        "no error and no change in the first step; then the busiest expert gets busier and "
+        "the load drifts away from even",
+        "busiest / mean load over repeated bias updates on a skewed router",
+        "tests/test_moe.py::test_the_bias_update_evens_a_skewed_load[sigmoid]"),
+    Bug("ep_bias_load_not_all_reduced",
+        "Under data parallelism each replica moves its balancing bias by the load of its own "
+        "batch instead of the load of the whole batch, all-reduced over the data-parallel "
+        "ranks.",
+        "lessonlib.expert_parallel.groups.update_biases",
+        "the first step matches one process; then the replicas' biases differ from one "
+        "another, so the same token is routed differently on different ranks",
+        "the bias after 3 steps vs the one-process layer trained on every rank's batch",
+        "tests/test_expert_parallel.py::test_expert_parallel_equals_one_process[4]"),
     Bug("sp_layernorm_grad_not_summed",
         "Under sequence parallelism each rank's LayerNorm sees only its s/t rows, so its "
         "weight and bias gradients are partial sums; the switch drops the sum over the "

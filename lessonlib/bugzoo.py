@@ -3,9 +3,10 @@ that catch them.
 
 What it teaches: every bug here is one that teams building data, tensor and pipeline
 parallelism have shipped at some point, and each is caught by one kind of check: parity
-with one process (outputs, input gradients, weight gradients), or counting what each rank
-holds and sends. One bug (a layer left unsharded) passes every parity test: parity is not
-enough, the memory and the messages must be checked too.
+with one process (outputs, input gradients, weight gradients), a property the routing must
+keep (a bias shared by all experts changes no output; the bias update evens the load), or
+counting what each rank holds and sends. One bug (a layer left unsharded) passes every
+parity test: parity is not enough, the memory and the messages must be checked too.
 
 Each bug is one commented ``if bugs.active("<name>"):`` in the real code, off unless the
 environment variable ``LESSONLIB_BUGS`` names it (comma-separated). The switches live on the
@@ -37,7 +38,8 @@ from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.device import current_device
 from lessonlib.expert_parallel import runs as ep_runs
 from lessonlib.launcher import LaunchTimeout, RankError, launch
-from lessonlib.models import Block, GPTConfig, init_weights_, mlp_stack
+from lessonlib.models import Block, GPTConfig, MoELayer, init_weights_, mlp_stack
+from lessonlib.moe_routing import bias_update, route
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules, stage_parameters
@@ -104,6 +106,40 @@ def rank_ep_gradient() -> dict:
     """4 experts over e = 2 ranks (top-2, drops), one step vs the one-process MoE layer."""
     r = ep_runs.parity(4, 2, 2, 1.0, steps=1)
     return {"grads": r["grads"], "output": r["output"]}
+def rank_moe_bias_weights() -> dict:
+    """DeepSeek-V3's routing (sigmoid, bias, node limit, dropless) with a bias of 0 and of
+    0.25 for every expert: the same choices, so the output must not move."""
+    x = torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    outs = []
+    for shift in (0.0, 0.25):
+        layer = init_weights_(MoELayer(8, 8, 2, None, ffn_mult=2, balance="bias", gate="sigmoid",
+                                       max_nodes=2, experts_per_node=2), 0).double()
+        layer.expert_bias.fill_(shift)
+        outs.append(layer(x).detach())
+    return {"moved": rel_err(outs[1], outs[0])}
+
+
+def rank_moe_bias_update() -> dict:
+    """50 bias updates (gamma 0.01) on a router that favours 2 of 8 experts (top-2,
+    sigmoid): busiest / mean load at the first step and its worst over the last 10."""
+    logits = torch.randn(64, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    logits[:, :2] += 1.5
+    bias, ratios = torch.zeros(8, dtype=torch.float64), []
+    for _ in range(50):
+        load = route(logits, 2, None, balance="bias", gate="sigmoid", bias=bias).routed_per_expert
+        ratios.append(load.max().item() * 8 / load.sum().item())
+        bias = bias_update(bias, load, 0.01)
+    return {"first": ratios[0], "last": max(ratios[-10:])}
+
+
+def rank_ep_bias() -> dict:
+    """4 experts over e = 2 ranks, dropless, sigmoid, the bias (0.05 a step), 2 steps vs the
+    one-process layer trained on both ranks' batches."""
+    r = ep_runs.parity(4, 2, 2, None, routing={"balance": "bias", "gate": "sigmoid",
+                                               "bias_step": 0.05}, steps=2)
+    return {"bias": r["bias_after_steps"], "output": r["output"]}
+
+
 def rank_sp_layernorm() -> dict:
     """A TP+SP transformer layer (t=2) vs the dense layer, one step."""
     r = sp_runs.parity_report(2, steps=1, modes=("tp+sp",), models=())["tp+sp"]
@@ -163,6 +199,27 @@ def _ep(r):
     return "expert-parallel gradients vs one process (relative)", err, 1e-10, (
         f"gradients off by {err:.2g} of their largest value (tolerance 1e-10); the output "
         f"is off by only {out:.2g}: each rank's experts got the other rank's gradients too")
+def _moe_bias_weights(r):
+    moved = max(x["moved"] for x in r)
+    return "output with a bias shared by all experts vs none (relative)", moved, 0.0, (
+        f"a bias of 0.25 on every expert, which changes no choice, moved the output by "
+        f"{moved:.2g} of its largest value: the bias is in the combine weights")
+
+
+def _moe_bias_update(r):
+    first, last = r[0]["first"], r[0]["last"]
+    return "busiest / mean load after 50 bias updates, over the first step's", \
+        last / first, 0.6, (f"busiest / mean load went from {first:.2f} to {last:.2f} in 50 "
+                            f"bias updates (an even load is 1.00)")
+
+
+def _ep_bias(r):
+    err, out = max(x["bias"] for x in r), max(x["output"] for x in r)
+    return "the balancing bias after 2 steps vs one process (absolute)", err, 1e-12, (
+        f"the bias is off by {err:.2g} after 2 steps; the first step's output is off by only "
+        f"{out:.2g}: each replica moved its bias by its own batch's load")
+
+
 def _sp_layernorm(r):
     err, forward = max(x["grads"] for x in r), max(x["forward"] for x in r)
     return "weight gradients of a TP+SP layer vs the dense layer (relative)", err, 1e-10, (
@@ -192,6 +249,9 @@ CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance,
     "sp_layernorm_grad_not_summed": (rank_sp_layernorm, _sp_layernorm),
     "cp_allgather_grads_not_reduced": (partial(rank_cp_method, "allgather"), _cp("all-gather")),
     "ulysses_head_groups_swapped": (partial(rank_cp_method, "ulysses"), _cp("Ulysses")),
+    "moe_bias_in_combine_weights": (rank_moe_bias_weights, _moe_bias_weights),
+    "moe_bias_update_sign_flipped": (rank_moe_bias_update, _moe_bias_update),
+    "ep_bias_load_not_all_reduced": (rank_ep_bias, _ep_bias),
 }
 
 

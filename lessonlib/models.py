@@ -248,12 +248,15 @@ MOE_CONFIG = corpus_config(seq=16, hidden=32, heads=2, layers=2)        # each M
 
 
 def moe_gpt(cfg: GPTConfig = MOE_CONFIG, n_experts: int = 4, top_k: int = 2,
-            capacity_factor: float = 1.25, seed: int = 0) -> TinyGPT:
-    """A TinyGPT whose every block's MLP is an ``MoELayer`` of ``n_experts`` MLPs; train it
-    on ``lm_loss(...) + aux_loss(model)``."""
+            capacity_factor: float | None = 1.25, seed: int = 0, **routing) -> TinyGPT:
+    """A TinyGPT whose every block's MLP is an ``MoELayer`` of ``n_experts`` MLPs (``routing``:
+    its routing options, e.g. ``balance="bias", gate="sigmoid"``); train it on
+    ``lm_loss(...) + aux_loss(model)``, and with ``balance="bias"`` call
+    ``moe.update_biases(model)`` after each optimizer step."""
     model = TinyGPT(cfg, seed)
     for block in model.blocks:
-        block.mlp = MoELayer(cfg.hidden, n_experts, top_k, capacity_factor, cfg.ffn_mult)
+        block.mlp = MoELayer(cfg.hidden, n_experts, top_k, capacity_factor, cfg.ffn_mult,
+                             **routing)
     return init_weights_(model, seed, std=0.02)
 
 

@@ -33,7 +33,8 @@ def every_new_call() -> dict:
 
 def host_reads_in_an_expert_parallel_forward() -> dict:
     """Every call in one ExpertParallelMoE forward that makes the host wait for the device
-    (a value or a size read back), counted with a torch function mode."""
+    (a value or a size read back), counted with a torch function mode: GShard's routing,
+    and DeepSeek-V3's (dropless, sigmoid, the bias, the node limit) as "dropless"."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -56,8 +57,12 @@ def host_reads_in_an_expert_parallel_forward() -> dict:
             return func(*args, **kwargs)
 
     torch.manual_seed(0)
-    layer = expert_parallel(MoELayer(8, 4, top_k=2), None)
-    x = torch.randn(2, 6, 8)
-    with Count() as count:
-        layer(x)
-    return {"reads": count.seen}
+    x, out = torch.randn(2, 6, 8), {}
+    for name, routing in (("reads", {}), ("dropless", {
+            "capacity_factor": None, "gate": "sigmoid", "balance": "bias", "max_nodes": 1,
+            "experts_per_node": 2})):
+        layer = expert_parallel(MoELayer(8, 4, top_k=2, **routing), None)
+        with Count() as count:
+            layer(x)
+        out[name] = count.seen
+    return out

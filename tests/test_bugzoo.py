@@ -75,6 +75,9 @@ def test_the_check_passes_with_the_bug_off_and_fails_with_it_on(name, monkeypatc
         "sp_layernorm_grad_not_summed": "ln",
         "cp_allgather_grads_not_reduced": "dk, dv off by up to",
         "ulysses_head_groups_swapped": "output, dq, dk, dv off by up to",
+        "moe_bias_in_combine_weights": "the bias is in the combine weights",
+        "moe_bias_update_sign_flipped": "busiest / mean load went from",
+        "ep_bias_load_not_all_reduced": "each replica moved its bias by its own batch's load",
     }[name]
     assert expected in on["message"], on["message"]
 

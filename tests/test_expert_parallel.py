@@ -1,9 +1,11 @@
 """Expert parallelism equals the one-process MoE layer, in float64, on CPU ranks.
 
 One 4-rank launch checks every case of ``runs.CASES`` (e = 1, 2, 4; E/e = 1 and 2; k = 1
-and 2; a capacity factor of 1.0 that drops tokens; a shared expert): this rank's output,
-auxiliary loss, drops, tokens per expert, input gradient and every weight's gradient after
-one step, every weight after 3 SGD steps; the bytes each rank's all-to-alls sent and
+and 2; a capacity factor of 1.0 that drops tokens; a shared expert) and of
+``runs.ROUTING_CASES`` (balance aux, bias or none; softmax or sigmoid gates; dropless; the
+node limit: every combination at e = 4, every pair of options at e = 1 and 2): this rank's
+output, auxiliary loss, drops, tokens per expert, input gradient and every weight's gradient
+after one step, every weight (and the balancing bias) after 3 SGD steps; the bytes each rank's all-to-alls sent and
 received equal the routing counts' formula; the recorded trace passes ``nccl_hazards``.
 A 2-rank launch shows the wrong-group gradient bug caught by the same comparison."""
 import ast
@@ -17,12 +19,15 @@ from lessonlib.expert_parallel import check_split, runs
 TIGHT = 1e-12       # float64: every comparison is rounding away from exact
 
 
+ALL_CASES = runs.CASES + runs.ROUTING_CASES
+
+
 @pytest.fixture(scope="module")
 def reports():
-    return runs.run_parity(4)
+    return runs.run_parity(4, cases=ALL_CASES, timeout=240)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("world_size", [4])
 def test_expert_parallel_equals_one_process(world_size, reports):
     assert len(reports) == world_size
@@ -37,10 +42,36 @@ def test_expert_parallel_equals_one_process(world_size, reports):
             assert len(r["expert_ids"]) == case[0] // case[1]
         assert sum(r["dropped"][0] for r in ranks) > 0, case      # C = 1.0 drops tokens
         assert sorted(i for r in ranks[:case[1]] for i in r["expert_ids"]) == list(range(case[0]))
+    for i, (E, e, k, C, shared, routing) in enumerate(runs.ROUTING_CASES, len(runs.CASES)):
+        ranks = [r[i] for r in reports]
+        for r in ranks:
+            for what in ("output", "input_grad", "grads", "weights_after_steps", "aux_loss",
+                         "bias_after_steps"):
+                assert r[what] < TIGHT, (e, C, routing, r["rank"], what, r[what])
+            assert r["dropped"][0] == r["dropped"][1] and r["tokens_per_expert"][0] == \
+                r["tokens_per_expert"][1], (e, C, routing)
+        dropped = sum(r["dropped"][0] for r in ranks)
+        assert dropped == 0 if C is None else dropped > 0, (e, C, routing, dropped)
+        # the bias moved (by 0.05 a step), the same on every replica
+        assert (min(r["bias_moved"] for r in ranks) > 0) == (routing["balance"] == "bias")
+
+
+def test_the_routing_cases_hold_every_combination_at_e4_and_every_pair_at_e1_and_e2():
+    import itertools
+    options = [("aux", "bias", "none"), ("softmax", "sigmoid"), (1.0, None), (None, 1)]
+
+    def rows(e):
+        return {(r["balance"], r["gate"], C, r["max_nodes"])
+                for E, e_, k, C, _, r in runs.ROUTING_CASES if e_ == e}
+    assert rows(4) == set(itertools.product(*options))
+    for e in (1, 2):
+        for i, j in itertools.combinations(range(4), 2):
+            assert {(row[i], row[j]) for row in rows(e)} == \
+                set(itertools.product(options[i], options[j])), (e, i, j)
 
 
 def test_all_to_all_bytes_equal_the_routing_counts_and_no_nccl_hazard(reports):
-    for i, (E, e, *_rest) in enumerate(runs.CASES):
+    for i, (E, e, *_rest) in enumerate(ALL_CASES):
         ranks = [r[i] for r in reports]
         for r in ranks:
             measured = runs.sent_and_received(r["events"], r["rank"])
@@ -127,20 +158,24 @@ def test_nccl_hazards_sees_an_all_to_all_whose_splits_disagree(reports):
 @pytest.mark.timeout(60)
 def test_an_expert_parallel_moe_gpt_trains_like_one_process():
     """e = 2 inside d = 4 data-parallel ranks: attention, embeddings and routers averaged
-    over 4, each expert over its 2 copies; 3 SGD steps on the corpus, float64."""
+    over 4, each expert over its 2 copies; 3 SGD steps on the corpus, float64; GShard's
+    routing, then DeepSeek-V3's (dropless, sigmoid, the bias of both layers moved by one
+    all-reduce of their loads, the node limit), in the same launch."""
     import lessonlib
-    for r in lessonlib.launch(runs.gpt_parity, 4, 2):
-        assert max(r["loss"]) < TIGHT and r["grads"] < TIGHT, r
-        assert r["weights_after_steps"] < TIGHT, r
+    for rank in lessonlib.launch(runs.gpt_parity_reports, 4, 2):
+        for r in rank:
+            assert max(r["loss"]) < TIGHT and r["grads"] < TIGHT, r
+            assert r["weights_after_steps"] < TIGHT and r["bias_after_steps"] < TIGHT, r
 
 
 @pytest.mark.timeout(120)
 def test_an_expert_parallel_forward_reads_the_device_once():
     """The counts' exchange is the only value the host waits for (a GPU would stall the
-    queue at every such read): no nonzero, bincount or repeat_interleave of unknown size."""
+    queue at every such read): no nonzero, bincount or repeat_interleave of unknown size;
+    dropless routing too (its splits vary per step, exchanged the same way)."""
     import lessonlib
     import comm_workers
 
     for r in lessonlib.launch(comm_workers.host_reads_in_an_expert_parallel_forward, 2,
                               timeout=60):
-        assert r["reads"] == ["tolist"], r
+        assert r["reads"] == ["tolist"] and r["dropless"] == ["tolist"], r

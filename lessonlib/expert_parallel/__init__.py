@@ -12,11 +12,13 @@ Read in this order, each file one idea:
   ``lessonlib.moe.MoELayer`` with the exchange in the middle;
 * ``groups``: expert parallelism inside data parallelism (Megatron-Core, DeepSeek-V3):
   dense weights averaged over all d ranks, each expert's over the ranks holding a copy;
+  the balancing bias moved by the load all-reduced over the d ranks (``update_biases``);
 * ``runs``: what the notebook, the lab and the tests launch (parity with one process in
-  float64, the bytes the all-to-alls move against the routing counts).
-* ``measure``: what the lesson measures: the load per expert and the dropped share with and
-  without the balancing loss, the layer's step and its all-to-alls' time, bare all-to-alls
-  for the alpha-beta fit.
+  float64 for GShard's and DeepSeek-V3's routing options, the bytes the all-to-alls move
+  against the routing counts).
+* ``measure``: what the lesson measures: the load per expert and the dropped share with no
+  balancing, the auxiliary loss or the bias, the node limit's traffic over pretend nodes,
+  the layer's step and its all-to-alls' time, bare all-to-alls for the alpha-beta fit.
 
     from lessonlib.expert_parallel import expert_parallel, ExpertParallelContext
 
@@ -25,10 +27,10 @@ GPU box: ``torchrun --nproc-per-node 8 labs/ep.py`` (NCCL, e up to the GPUs of o
 """
 from lessonlib.expert_parallel.dispatch import Splits, all_to_all, exchange_counts
 from lessonlib.expert_parallel.groups import (ExpertParallelContext, expert_parameters,
-                                              sync_gradients)
+                                              sync_gradients, update_biases)
 from lessonlib.expert_parallel.layer import (ExpertParallelMoE, check_split, expert_parallel,
                                              expert_parallel_gpt, run_local_experts)
 
 __all__ = ["Splits", "all_to_all", "exchange_counts", "ExpertParallelContext",
-           "expert_parameters", "sync_gradients", "ExpertParallelMoE", "check_split",
-           "expert_parallel", "expert_parallel_gpt", "run_local_experts"]
+           "expert_parameters", "sync_gradients", "update_biases", "ExpertParallelMoE",
+           "check_split", "expert_parallel", "expert_parallel_gpt", "run_local_experts"]

@@ -10,7 +10,10 @@ the mean over all d ranks' batches, so
   over all d ranks and divided by d, as in plain data parallelism;
 * an expert's weight: the return all-to-all has already summed what the e ranks of its
   group sent it, so its gradient is summed over the d/e ranks holding a copy and divided by
-  d (not by d/e: each copy's gradient already holds e ranks' batches).
+  d (not by d/e: each copy's gradient already holds e ranks' batches);
+* DeepSeek-V3's balancing bias (a buffer, not a parameter): after the optimizer step every
+  replica moves it by the load of the whole batch, each rank's load per expert all-reduced
+  over the d ranks (one all-reduce for every MoE layer), so the replicas stay identical.
 
 Laptop:  see ``lessonlib.expert_parallel.runs``.
 GPU box: the same groups under NCCL; keep each expert-parallel group inside a server.
@@ -19,11 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from lessonlib import bugs, comm
 from lessonlib.argcheck import positive_int
 from lessonlib.grid import axis_groups
+from lessonlib.moe import moe_layers
 
 
 @dataclass(frozen=True)
@@ -79,3 +84,19 @@ def sync_gradients(module, ctx: ExpertParallelContext) -> None:
             group = None           # the bug: experts averaged like dense weights, over all d
         comm.all_reduce(p.grad, group=group)
         p.grad.div_(ctx.d)
+
+
+def update_biases(module, group=None) -> None:
+    """After the optimizer step: every MoE layer's ``update_bias`` with its load of this step
+    summed over the data-parallel ranks ``group`` (None: the world, all d ranks here), one
+    all-reduce of L E counts for L layers."""
+    layers = [m for m in moe_layers(module) if m.expert_bias is not None]
+    if not layers:
+        return
+    dev = layers[0].expert_bias.device
+    load = torch.tensor([m.stats["routed_per_expert"] for m in layers], device=dev)  # (L, E)
+    # the bug skips the all-reduce: each replica moves its bias by its own batch's load
+    if not bugs.active("ep_bias_load_not_all_reduced"):
+        comm.all_reduce(load, group=group)
+    for layer, layer_load in zip(layers, load):
+        layer.update_bias(layer_load)

@@ -8,6 +8,10 @@ and sends the results back to be combined:
 
     route -> dispatch all-to-all -> local experts -> return all-to-all -> combine
 
+Dropless routing (``capacity_factor=None``) is the same code: no choice is cut, and the
+all-to-all's splits, exchanged first, simply vary from step to step; the forward still
+reads the device once, at that exchange.
+
 ``expert_parallel(moe, group)`` builds this rank's layer from the full layer's own weights,
 so e = 1, 2, 4 are the same model and its ``forward(x)`` on this rank's tokens returns what
 ``moe(x)`` returns for them, with the same ``stats``.
@@ -24,12 +28,15 @@ import torch.distributed as dist
 from torch import nn
 
 from lessonlib.expert_parallel.dispatch import Splits, all_to_all, exchange_counts
-from lessonlib.moe import MoELayer, Routed, check_moe, combine, cut, queue, run_experts
+from lessonlib.moe import ROUTING, MoELayer, Routed, check_moe, combine, run_experts
+from lessonlib.moe_routing import cut, queue
 
 
-def check_split(n_experts: int, e: int, top_k: int = 1, capacity_factor: float = 1.25) -> int:
-    """E/e, after checking the settings (one line each): E divisible by e, k <= E, C > 0."""
-    n_experts, _, _ = check_moe(n_experts, top_k, capacity_factor)
+def check_split(n_experts: int, e: int, top_k: int = 1, capacity_factor=1.25,
+                **routing) -> int:
+    """E/e, after checking the settings (one line each): E divisible by e, k <= E, C > 0 or
+    None, and the routing options (``moe_routing.check_routing``)."""
+    n_experts, _, _ = check_moe(n_experts, top_k, capacity_factor, **routing)
     if e < 1 or n_experts % e:
         raise ValueError(f"n_experts={n_experts} must be divisible by the expert-parallel size "
                          f"e={e} (each rank holds E/e experts), e.g. e in "
@@ -53,14 +60,18 @@ def run_local_experts(experts, received: torch.Tensor, splits: Splits) -> torch.
 
 class ExpertParallelMoE(Routed):
     """This rank's share of an ``MoELayer``: ``router`` (replicated), ``experts`` (this
-    rank's E/e), ``expert_ids`` (their global indices), ``shared`` (replicated, if any)."""
+    rank's E/e), ``expert_ids`` (their global indices), ``shared`` (replicated, if any),
+    the routing settings and the balancing bias (replicated: every rank chooses alike)."""
 
     def __init__(self, moe: MoELayer, group=None):
         super().__init__()
         e, rank = dist.get_world_size(group), dist.get_rank(group)
         local = check_split(moe.n_experts, e, moe.top_k, moe.capacity_factor)
-        self.group, self.n_experts, self.top_k = group, moe.n_experts, moe.top_k
-        self.capacity_factor, self.aux_alpha = moe.capacity_factor, moe.aux_alpha
+        self.group = group
+        for name in ROUTING:
+            setattr(self, name, getattr(moe, name))
+        self.register_buffer("expert_bias", None if moe.expert_bias is None
+                             else moe.expert_bias.detach().clone())
         self.expert_ids = list(range(rank * local, (rank + 1) * local))
         self.router = copy.deepcopy(moe.router)
         self.experts = nn.ModuleList(copy.deepcopy(moe.experts[i]) for i in self.expert_ids)
@@ -70,7 +81,8 @@ class ExpertParallelMoE(Routed):
     def forward(self, x):
         b, s, h = x.shape
         tokens = x.reshape(b * s, h)                                            # (T, h)
-        choices = queue(self.router(tokens), self.top_k, self.capacity_factor, self.aux_alpha)
+        choices = queue(self.router(tokens), self.top_k, self.capacity_factor, self.aux_alpha,
+                        **self.routing_options())
         splits = exchange_counts(choices.tokens_per_expert, choices.routed_per_expert,
                                  self.group)            # the forward's one read to the host
         routing = cut(choices, sum(splits.send))

@@ -6,7 +6,12 @@ trains the full ``MoELayer`` on every rank's batch in one process (the loss is t
 the d ranks' losses, each with its auxiliary loss, capacity counted per rank's batch) next
 to the expert-parallel copy (each rank its own batch, gradients averaged by
 ``sync_gradients``), in float64, and reports for the first step the error of this rank's
-output, auxiliary loss, drops and every gradient, and of every weight after the last step.
+output, auxiliary loss, drops and every gradient, and of every weight after the last step
+(and of the balancing bias, moved after each step by the whole batch's load: on one process
+the sum of the d batches' loads, on the ranks ``update_biases``' all-reduce).
+``ROUTING_CASES`` runs every combination of the routing options (balance aux, bias or none;
+softmax or sigmoid gates; capacity 1.0 or dropless; with and without a node limit) at
+e = 1, 2 and 4 in the same launch.
 The ledger of the first step shows what the all-to-alls moved: per rank, 8E bytes of counts
 plus, in the forward, the rows it dispatched and the rows it returned, each h elements.
 
@@ -19,17 +24,37 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lessonlib import comm, device, launcher
+from lessonlib import comm, device, launcher, moe
 from lessonlib.baseline import grads_as_model, rel_err
 from lessonlib.breadcrumbs import progress
-from lessonlib.expert_parallel.groups import ExpertParallelContext, sync_gradients
 from lessonlib.baseline import corpus_batches
+from lessonlib.expert_parallel.groups import ExpertParallelContext, sync_gradients, update_biases
 from lessonlib.expert_parallel.layer import check_split, expert_parallel, expert_parallel_gpt
 from lessonlib.models import MoELayer, aux_loss, corpus_config, init_weights_, lm_loss, moe_gpt
+from lessonlib.moe_routing import BALANCES, GATES
 
 # (E, e, k, C, shared): e = 1, 2, 4; E/e = 1 and 2; k = 1 and 2; C = 1.0 drops tokens
 CASES = ((4, 1, 1, 1.0, False), (4, 2, 2, 1.0, True), (4, 4, 2, 1.0, False),
          (8, 4, 1, 1.0, False))
+# (E, e, k, C, shared, routing): a bias step far above DeepSeek-V3's 0.001, so that 3 steps
+# move choices; the node limit: 4 nodes of 2 experts, each token's 2 experts on 1 of them
+
+
+def _route(balance: str, gate: str, C, nodes) -> tuple:
+    return (C, {"balance": balance, "gate": gate, "bias_step": 0.05, "max_nodes": nodes,
+                "experts_per_node": 2 if nodes else None})
+
+
+# every combination (balance x gate x capacity 1.0 or dropless x node limit or not) at e = 4;
+# at e = 1 and 2 six of them that hold every pair of option values at least once
+EVERY_ROUTE = tuple(_route(balance, gate, C, nodes) for balance in BALANCES for gate in GATES
+                    for C in (1.0, None) for nodes in (None, 1))
+PAIRWISE_ROUTES = tuple(_route(*row) for row in (
+    ("aux", "softmax", 1.0, None), ("aux", "sigmoid", None, 1), ("bias", "softmax", None, None),
+    ("bias", "sigmoid", 1.0, 1), ("none", "softmax", 1.0, 1), ("none", "sigmoid", None, None)))
+ROUTING_CASES = tuple((8, e, 2, C, False, route) for e, routes in
+                      ((1, PAIRWISE_ROUTES), (2, PAIRWISE_ROUTES), (4, EVERY_ROUTE))
+                      for C, route in routes)
 
 
 def _batches(d, b, s, h, steps, seed, dev):
@@ -55,22 +80,27 @@ def _worst(module, reference, attr=None) -> float:
     return max((g - want[n]).abs().max().item() for n, g in got.items()) / scale
 
 
-def parity(E: int, e: int, k: int, C: float, shared: bool = False, h: int = 8, b: int = 2,
-           s: int = 8, steps: int = 3, seed: int = 0) -> dict:
+def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None = None,
+           h: int = 8, b: int = 2, s: int = 8, steps: int = 3, seed: int = 0) -> dict:
     """On each rank: the expert-parallel layer against the one-process layer, ``steps``
-    SGD steps on every rank's batch (see the module docstring)."""
+    SGD steps on every rank's batch (see the module docstring); ``routing``: the layer's
+    routing options (``MoELayer``'s keywords)."""
     ctx, dev = ExpertParallelContext.build(e), device.current_device()
     rank, d = dist.get_rank(), dist.get_world_size()
-    full = init_weights_(MoELayer(h, E, k, C, ffn_mult=2, shared_expert=shared), seed)
+    full = init_weights_(MoELayer(h, E, k, C, ffn_mult=2, shared_expert=shared,
+                                  **(routing or {})), seed)
     full = full.double().to(dev)
     ep = expert_parallel(full, ctx.ep_group)
     opt_full = torch.optim.SGD(full.parameters(), lr=0.1, momentum=0.9)
     opt_ep = torch.optim.SGD(ep.parameters(), lr=0.1, momentum=0.9)
     out = {"rank": rank, "E": E, "e": e, "k": k, "C": C, "shared": shared, "d": d, "h": h,
-           "expert_ids": ep.expert_ids}
+           "routing": routing or {}, "expert_ids": ep.expert_ids}
     for step, batch in enumerate(_batches(d, b, s, h, steps, seed + 1, dev)):
         progress(f"expert-parallel parity E={E} e={e} step {step}")
-        losses = [_loss(full, x, y) for x, y in batch]
+        losses, loads = [], []
+        for x, y in batch:
+            losses.append(_loss(full, x, y))
+            loads.append(full.stats["routed_per_expert"])
         mine_out = full(batch[rank][0]).detach()
         mine_stats = full.stats
         (sum(losses) / d).backward()
@@ -96,27 +126,40 @@ def parity(E: int, e: int, k: int, C: float, shared: bool = False, h: int = 8, b
         for opt in (opt_full, opt_ep):
             opt.step()
             opt.zero_grad(set_to_none=True)
+        full.update_bias([sum(col) for col in zip(*loads)])   # the whole batch's load
+        update_biases(ep)
     out["weights_after_steps"] = _worst(ep, expert_parallel(full, ctx.ep_group))
+    out["bias_after_steps"] = (0.0 if full.expert_bias is None else
+                               (ep.expert_bias - full.expert_bias).abs().max().item())
+    out["bias_moved"] = 0.0 if full.expert_bias is None else full.expert_bias.abs().max().item()
     ctx.destroy()
     return out
 
 
-def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor: float = 1.0,
-               b: int = 2, steps: int = 3, seed: int = 0) -> dict:
+DEEPSEEK_V3 = {"capacity_factor": None, "balance": "bias", "gate": "sigmoid",
+               "bias_step": 0.05, "max_nodes": 1, "experts_per_node": 2}   # E = 4: 2 nodes
+
+
+def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
+               b: int = 2, steps: int = 3, seed: int = 0, **routing) -> dict:
     """On each rank: the tiny MoE GPT, its MoE layers expert-parallel over groups of e inside
     the d data-parallel ranks, trained on the corpus (each rank b sequences) against the
     one-process model on all d ranks' sequences, in float64: the loss of each step, every
-    gradient after the first, every weight after the last."""
+    gradient after the first, every weight (and every layer's balancing bias) after the
+    last. ``routing``: ``MoELayer``'s options (e.g. ``DEEPSEEK_V3``)."""
     ctx, dev = ExpertParallelContext.build(e), device.current_device()
     rank, d = dist.get_rank(), dist.get_world_size()
     cfg = corpus_config(seq=8, hidden=16, heads=2, layers=2)
-    full = moe_gpt(cfg, n_experts, top_k, capacity_factor, seed).double().to(dev)
+    full = moe_gpt(cfg, n_experts, top_k, capacity_factor, seed, **routing).double().to(dev)
     ep = expert_parallel_gpt(full, ctx.ep_group)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (full, ep)]
     batches, out = corpus_batches(cfg, b * d, seed), {"rank": rank, "e": e, "d": d, "loss": []}
     for step in range(steps):
         xs, ys = (t.to(dev).chunk(d) for t in batches(step))                    # (b, s) each
-        losses = [lm_loss(full(x), y) + aux_loss(full) for x, y in zip(xs, ys)]
+        losses, loads = [], []
+        for x, y in zip(xs, ys):
+            losses.append(lm_loss(full(x), y) + aux_loss(full))
+            loads.append([m.stats["routed_per_expert"] for m in moe.moe_layers(full)])
         (sum(losses) / d).backward()
         loss = lm_loss(ep(xs[rank]), ys[rank]) + aux_loss(ep)
         loss.backward()
@@ -128,20 +171,31 @@ def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor: floa
         for opt in opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
+        # the whole batch's load per layer: the sum over the d ranks' sequences
+        moe.update_biases(full, [[sum(c) for c in zip(*layer)] for layer in zip(*loads)])
+        update_biases(ep)
     out["weights_after_steps"] = _worst(ep, expert_parallel_gpt(full, ctx.ep_group))
+    out["bias_after_steps"] = max((abs(a.expert_bias - b.expert_bias).max().item()
+                                   for a, b in zip(moe.moe_layers(ep), moe.moe_layers(full))
+                                   if a.expert_bias is not None), default=0.0)
     ctx.destroy()
     return out
 
 
+def gpt_parity_reports(e: int, recipes=({}, DEEPSEEK_V3), **kwargs) -> list[dict]:
+    """``gpt_parity`` for each routing recipe of ``recipes`` in one launch."""
+    return [gpt_parity(e, **kwargs, **recipe) for recipe in recipes]
+
+
 def parity_reports(cases=CASES, **kwargs) -> list[dict]:
-    """``parity`` for each (E, e, k, C, shared) of ``cases`` in one launch."""
+    """``parity`` for each (E, e, k, C, shared[, routing]) of ``cases`` in one launch."""
     return [parity(*case, **kwargs) for case in cases]
 
 
 def check_cases(world_size: int, cases=CASES) -> None:
     """One line per bad setting, before any process starts."""
-    for E, e, k, C, _ in cases:
-        check_split(E, e, k, C)
+    for E, e, k, C, *rest in cases:
+        check_split(E, e, k, C, **(rest[1] if len(rest) > 1 else {}))
         if world_size % e:
             raise ValueError(f"e={e} must divide the world size {world_size} (expert-parallel "
                              f"groups of e consecutive ranks)")

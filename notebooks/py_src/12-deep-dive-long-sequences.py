@@ -365,6 +365,61 @@ claim("the ring hides its traffic; the all-gather leaves some exposed, a few % o
       numbers=f"{gathered.step_time_s / ring_run.step_time_s - 1:+.1%}")
 
 # %% [markdown]
+# **Three ways, run side by side.** `lessonlib.context_parallel` runs all three on the same
+# shards: `ring_attention`, `allgather_attention` (Llama 3's: K and V gathered, the
+# backward reduce-scatters their gradients) and `ulysses_attention` (DeepSpeed-Ulysses,
+# Megatron-Core's `a2a`: an all-to-all turns sequence shards into head shards, each rank
+# attends over the whole sequence for heads/c heads, a second all-to-all turns them back;
+# c must divide the heads, and the KV heads under GQA). Each equals one-process attention in
+# float64, with GQA and with document masks (`tests/test_context_parallel_methods.py`). On 4
+# ranks, s = 512, 8 query heads and 4 key/value heads (the ring repeats K and V to all 8
+# heads: its blocks carry them all), each method's forward and backward, the bytes a rank
+# sent against the cost model's formula, and the time, without and with a document mask of
+# uneven documents:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from lessonlib.context_parallel import method_runs
+
+shape = dict(s=512, heads=8, kv_heads=4, head_dim=32)
+docs = (37, 211, 64, 200)                  # four documents of uneven lengths
+timed = {"no mask": method_runs.run_times(4, **shape),
+         "documents": method_runs.run_times(4, docs=docs, **shape)}
+print(f"{'method':>10} {'KB sent/rank':>13} {'formula KB':>11} {'ms, no mask':>12} "
+      f"{'ms, documents':>14}")
+for method in ("ring", "allgather", "ulysses"):
+    mine = timed["no mask"][0][method]
+    formula = sum(cx.cp_bytes_sent_per_rank(method, 4, 1, 512, 8, mine["kv_heads_moved"], 32,
+                                            bytes_per_value=4))
+    print(f"{method:>10} {mine['sent'] / 1e3:>13.1f} {formula / 1e3:>11.1f} "
+          f"{mine['seconds'] * 1e3:>12.1f} {timed['documents'][0][method]['seconds'] * 1e3:>14.1f}")
+claim("every method's bytes equal the formula on every rank", all(
+    r[m]["sent"] == sum(cx.cp_bytes_sent_per_rank(m, 4, 1, 512, 8, r[m]["kv_heads_moved"], 32,
+                                                  bytes_per_value=4))
+    for runs_ in timed.values() for r in runs_ for m in r))
+work = cx.document_work(docs, 4, "zigzag")
+claim("under the document mask the ring's steps last longer than the all-gather's one pass",
+      work["ring"] > work["allgather"],
+      numbers=f"kept scores on the busiest rank: ring {work['ring']:,} summed over its steps, "
+              f"all-gather {work['allgather']:,}, an even split {work['even']:,.0f}")
+
+# %% [markdown]
+# When each wins:
+# - **The ring** sends the most (every K/V block passes every rank, and without GQA it
+#   carries all heads), but each transfer hides behind a step of attention, so on long
+#   sequences it costs nothing in time (section 5's cost model). Under a causal mask its
+#   steps are balanced by the zig-zag split; under document masks they are not: the ranks
+#   wait for each other every step, so each step lasts its busiest rank's work.
+# - **All-gather** sends each K/V shard once, small under GQA, and computes each rank's
+#   queries in one pass, so a document mask costs it only its busiest rank's total (the
+#   claim above); its latency is exposed. Llama 3 chose it for both reasons (§3.3.2).
+# - **Ulysses** sends the least per rank here and attends over whole sequences, so masks of
+#   any shape cost nothing extra, but c cannot exceed the KV heads (8 for Llama 3 405B), its
+#   all-to-alls cross every rank of the group twice each way, and they are exposed.
+# Times on CPU ranks measure this machine, not a GPU cluster; the bytes and the work are
+# what carry over.
+
+# %% [markdown]
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
 # <b>Takeaway.</b> Context parallelism splits the sequence over c ranks and brings each
 # rank the others' keys and values: around a ring, each transfer posted before the compute

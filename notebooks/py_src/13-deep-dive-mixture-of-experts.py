@@ -48,7 +48,7 @@ from lessonlib.claims import claim, within
 from lessonlib.costmodel import moe as cmoe
 from lessonlib.costmodel.alpha_beta import fit_alpha_beta
 from lessonlib.expert_parallel import ExpertParallelMoE, exchange_counts, measure, runs
-from lessonlib.moe import route
+from lessonlib.moe_routing import route
 from lessonlib.viz.source import show
 
 # %% [markdown]
@@ -168,6 +168,37 @@ claim("a larger capacity factor never drops more",
 # - **no capacity**: every expert takes every token routed to it, so none is dropped; the
 #   all-to-all's sizes then vary from step to step, and the bias keeps the busiest expert
 #   (which sets the pace) near the mean.
+#
+# The same tiny MoE GPT, now dropless (`capacity_factor=None`), trained 60 steps three ways:
+# no balancing, GShard's auxiliary loss, and DeepSeek-V3's bias (`balance="bias"`, its step
+# 0.001, §4.2: `moe.update_biases(model)` after each optimizer step); the busiest expert's
+# load over the mean, over steps 30-59:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+frontier = {b: measure.balance_study(b, capacity_factor=None) for b in ("none", "aux", "bias")}
+print(f"{'balancing':>10} {'busiest / mean':>15} {'dropped':>8} {'largest aux loss':>17}")
+for b, study in frontier.items():
+    print(f"{b:>10} {study['imbalance']:>15.2f} {study['train_dropped_share']:>8.1%} "
+          f"{max(study['aux_losses'], default=0.0):>17.4f}")
+claim("dropless routing drops no token", all(s["train_dropped_share"] == 0
+                                              for s in frontier.values()))
+claim("the bias brings the busiest expert closer to the mean than no balancing, with no "
+      "auxiliary loss", frontier["bias"]["imbalance"] < frontier["none"]["imbalance"]
+      and max(frontier["bias"]["aux_losses"], default=0.0) == 0,
+      numbers=f"busiest / mean {frontier['bias']['imbalance']:.2f} against "
+              f"{frontier['none']['imbalance']:.2f}")
+
+# %% [markdown]
+# Dropless, every token reaches its experts and the load shows only in the busiest
+# expert's share, which sets the step's pace. The bias balances without a term in the
+# loss; at this tiny scale whether it also beats the auxiliary loss depends on the gate and
+# the capacity (`tests/test_moe_balance.py` checks only that it beats no balancing).
+# Which models use which: GShard and Switch, capacity with drops and an auxiliary loss;
+# Mixtral, dropless (MegaBlocks' kernels); DeepSeek-V3, dropless with the bias and a tiny
+# sequence-wise loss (not modelled here: `balance="bias"` has none). `python labs/ep.py --balance bias --dropless --gate sigmoid
+# --max-nodes 1 --experts-per-node 4` runs DeepSeek-V3's routing over e ranks (each token's
+# experts on at most M pretend nodes).
 #
 # ## 3. The real run: E experts over e ranks, against one process
 #

@@ -123,7 +123,7 @@ def test_bad_input_one_line_before_anything_is_sent(ranks):
     messages = bad["messages"]
     assert "do not split into 8 equal chunks" in messages["s not divisible by 2c (zigzag)"]
     assert "do not split into 4 equal chunks" in messages["s not divisible by c (contiguous)"]
-    assert "unequal length" in bad["messages"]["shards of unequal length"]
+    assert "the same b, s/c and head_dim as q" in bad["messages"]["shards of unequal length"]
     assert messages["k, v of another dtype"].startswith(
         "q, k, v must share one floating-point dtype; got q float32, k float64, v float64")
     assert "got q int64, k int64, v int64" in messages["integer tensors"]

@@ -78,7 +78,8 @@ def method_report(group, c: int, method: str, layout: str = "zigzag", causal: bo
         "sent": {"forward": sent_bytes(forward.events, rank),
                  "backward": sent_bytes(backward.events, rank)},
         "predicted_sent": dict(zip(("forward", "backward"), cp_bytes_sent_per_rank(
-            method, c, b, s, heads, kv_heads, head_dim, bytes_per_value=8))),
+            method, c, b, s, heads, heads if method == "ring" else kv_heads, head_dim,
+            bytes_per_value=8))),                    # the ring's blocks carry every head
         "calls": {"forward": forward.summary(), "backward": backward.summary()},
         "events": forward.events + backward.events}
     for name, shard, whole in zip("qkv", shards, full):
@@ -88,11 +89,10 @@ def method_report(group, c: int, method: str, layout: str = "zigzag", causal: bo
 
 def cases(methods=METHODS, layouts=LAYOUTS, causals=(True, False)):
     """(method, layout, causal, gqa, docs) for every layout and mask, each plain and with
-    the document mask, GQA with it (the ring takes no GQA: plain and masked only)."""
-    kinds = {"ring": [(False, None), (False, DOCS)]}
+    the document mask, GQA with it."""
     return [(method, layout, causal, *kind)
             for method, layout, causal in itertools.product(methods, layouts, causals)
-            for kind in kinds.get(method, [(False, None), (True, DOCS)])]
+            for kind in [(False, None), (True, DOCS)]]
 
 
 def method_reports(cs=(1, 2, 3, 4), methods=METHODS, **shape) -> dict:
@@ -110,13 +110,12 @@ def method_reports(cs=(1, 2, 3, 4), methods=METHODS, **shape) -> dict:
 def time_report(method: str, b: int = 1, heads: int = 8, kv_heads: int = 2, s: int = 512,
                 head_dim: int = 32, causal: bool = True, docs=None, repeats: int = 5) -> dict:
     """One method's forward+backward over the world (float32): the least seconds of
-    ``repeats`` (the slowest rank's), and the bytes this rank sent. The ring takes no GQA:
-    its K and V are repeated to all heads first, and its blocks carry them all
-    (``kv_heads_moved``)."""
+    ``repeats`` (the slowest rank's), and the bytes this rank sent. Under GQA the ring
+    repeats K and V to all heads first, and its blocks carry them all (``kv_heads_moved``)."""
     c, rank = dist.get_world_size(), dist.get_rank()
     q, k, v, grad = qkv(b, heads, s, head_dim, dtype=torch.float32)
-    kv_heads = heads if method == "ring" else kv_heads
     k, v = k[:, :kv_heads], v[:, :kv_heads]
+    kv_heads = heads if method == "ring" else kv_heads      # the ring repeats them to all
     doc_ids = doc_ids_of(docs, b, s, q.device) if docs else None
     shards = [shard_sequence(t, None, "zigzag", dim=2).requires_grad_() for t in (q, k, v)]
     mine = shard_sequence(grad, None, "zigzag", dim=2)

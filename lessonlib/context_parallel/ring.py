@@ -36,7 +36,7 @@ from lessonlib import comm
 from lessonlib.context_parallel.blocks import attend, attend_backward, chunk_pairs, merge
 from lessonlib.context_parallel.layout import (check_divisible, check_layout, check_same_layout,
                                                chunks_of, group_rank, positions_of)
-from lessonlib.context_parallel.masks import check_doc_ids, keep
+from lessonlib.context_parallel.masks import check_doc_ids, check_heads, keep, repeat_kv
 
 
 def no_record(phase, step, source, pairs):
@@ -183,21 +183,6 @@ class RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def check_shards(q, k, v) -> None:
-    dtypes = {name: str(t.dtype).replace("torch.", "") for name, t in zip("qkv", (q, k, v))}
-    if len(set(dtypes.values())) > 1 or not q.is_floating_point():
-        said = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
-        raise ValueError(f"q, k, v must share one floating-point dtype; got {said} (cast them, "
-                         f"e.g. k.to(q.dtype), or all three .float())")
-    shapes = [tuple(t.shape) for t in (q, k, v)]
-    if any(len(s) != 4 for s in shapes):
-        raise ValueError(f"q, k, v must be (b, heads, s/c, head_dim) shards; got shapes {shapes}")
-    if len(set(shapes)) > 1:
-        raise ValueError(f"q, k, v shards must have the same shape (b, heads, s/c, head_dim); "
-                         f"got {shapes} (shards of unequal length, or grouped k/v heads: "
-                         f"repeat k and v to the query heads first)")
-
-
 def ring_attention(q, k, v, group=None, causal: bool = True, layout: str = "zigzag",
                    record=no_record, doc_ids=None):
     """Exact softmax attention of this rank's query shard over the whole sequence, whose
@@ -205,9 +190,13 @@ def ring_attention(q, k, v, group=None, causal: bool = True, layout: str = "zigz
     shard (b, heads, s/c, head_dim). ``record`` is an optional per-step hook; ``doc_ids``
     (b, s) an optional document mask, the whole sequence's, the same on every rank. Every
     rank of the group must pass the same ``layout`` and ``causal`` (checked on a group's
-    first ring)."""
+    first ring). k and v may have fewer heads than q (GQA, kv_heads dividing heads): they
+    are repeated to every query head first, so the ring's blocks carry all the heads
+    (``costmodel.context.cp_bytes_sent_per_rank`` counts them so), and autograd sums each
+    repeated head's gradient back into its key head."""
     check_layout(layout)
-    check_shards(q, k, v)
+    groups = check_heads(q, k, v)
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)                 # (b, heads, s/c, d)
     ring = Ring.of(group, layout, bool(causal), q.shape[2])
     check_doc_ids(doc_ids, q.shape[0], q.shape[2] * ring.c)
     check_same_layout(group, ring.layout, ring.causal)

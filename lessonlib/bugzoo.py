@@ -199,6 +199,8 @@ def _ep(r):
     return "expert-parallel gradients vs one process (relative)", err, 1e-10, (
         f"gradients off by {err:.2g} of their largest value (tolerance 1e-10); the output "
         f"is off by only {out:.2g}: each rank's experts got the other rank's gradients too")
+
+
 def _moe_bias_weights(r):
     moved = max(x["moved"] for x in r)
     return "output with a bias shared by all experts vs none (relative)", moved, 0.0, (

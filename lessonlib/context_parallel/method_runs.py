@@ -30,7 +30,7 @@ from lessonlib.context_parallel.layout import LAYOUTS, check_divisible, check_sa
 from lessonlib.context_parallel.layout import shard_sequence, unshard_sequence
 from lessonlib.context_parallel.masks import attention
 from lessonlib.context_parallel.methods import METHODS, check_method, context_attention, sent_bytes
-from lessonlib.context_parallel.runs import _max_err, qkv, ring_groups
+from lessonlib.context_parallel.runs import _max_err, _refusal, qkv, ring_groups
 from lessonlib.context_parallel.ulysses import check_divides_heads
 from lessonlib.costmodel.context import cp_bytes_sent_per_rank
 
@@ -137,14 +137,6 @@ def time_report(method: str, b: int = 1, heads: int = 8, kv_heads: int = 2, s: i
 def time_reports(methods=METHODS, **shape) -> dict:
     """``time_report`` for each method, the methods taking turns: {method: report}."""
     return {method: time_report(method, **shape) for method in methods}
-
-
-def _refusal(call) -> str | None:
-    try:
-        call()
-    except ValueError as exc:
-        return str(exc)
-    return None
 
 
 def bad_input_report() -> dict:

@@ -22,7 +22,7 @@ from lessonlib.argcheck import positive_int
 
 from .memory import BYTES_PER_PARAM
 from .model import divisors
-from .throughput import Layout, estimate
+from .throughput import Layout, estimate, memory_estimate, timed
 
 GB = 1e9
 
@@ -125,11 +125,11 @@ def check_plan_size(n_gpus, global_batch):
 
 
 def rank(model, cluster, n_gpus, global_batch, layouts):
-    """Estimate every layout: a ``Plan`` of those that fit (fastest first) and those that
-    do not (smallest shortfall first)."""
-    estimates = [estimate(model, lay, cluster) for lay in layouts]
-    ranked = sorted((e for e in estimates if e.fits), key=lambda e: e.step_time_s)
-    rejected = sorted((e for e in estimates if not e.fits),
+    """Estimate every layout: a ``Plan`` of those that fit (fastest first, each timed) and
+    those that do not (smallest shortfall first: their memory alone, ``time`` empty)."""
+    sized = [memory_estimate(model, lay, cluster) for lay in layouts]
+    ranked = sorted((timed(e) for e in sized if e.fits), key=lambda e: e.step_time_s)
+    rejected = sorted((e for e in sized if not e.fits),
                       key=lambda e: e.memory.total - e.memory_capacity_bytes)
     return Plan(model, cluster, n_gpus, global_batch, ranked, rejected)
 

@@ -26,7 +26,7 @@ Run ``python -m lessonlib.costmodel --model megatron-1T --t 8 --p 64 --d 6 --mic
 --global-batch 3072 --gpu A100-80GB --json``.
 """
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .axes import cp_ring_s, dp_time_s, ep_alltoall_s
 from .bubble import bubble_fraction as _bubble_fraction
@@ -227,6 +227,12 @@ def check_finite_times(time: dict) -> None:
 
 def estimate(model, layout, cluster):
     """Predict one training step of ``model`` split by ``layout`` on ``cluster``."""
+    return timed(memory_estimate(model, layout, cluster))
+
+
+def memory_estimate(model, layout, cluster):
+    """The ``Estimate`` of memory alone (its ``time`` empty): all the planner needs of a
+    layout that does not fit; ``timed`` adds the step."""
     for name, value, kind, example in (
             ("model", model, GPT, 'MODELS["gpt3-175B"]'),
             ("layout", layout, Layout, "Layout(t=8, p=12, d=4, global_batch=1536)"),
@@ -239,6 +245,13 @@ def estimate(model, layout, cluster):
     mem = memory_per_gpu(model, lay.t, lay.p, lay.d, lay.b, lay.m, lay.v, lay.recompute,
                          lay.sequence_parallel, lay.zero_stage, lay.schedule, lay.c, lay.e,
                          lay.shard_group, lay.uneven_stages)
+    return Estimate(model=model, layout=lay, cluster=cluster, memory=mem,
+                    memory_capacity_bytes=cluster.gpu.memory_bytes * USABLE_MEMORY_FRACTION)
+
+
+def timed(est):
+    """``est`` (a ``memory_estimate``) with its step: time by part, TFLOP/s, MFU."""
+    model, lay, cluster = est.model, est.layout, est.cluster
     # The slowest stage paces the pipeline: the first (ceil(L/p) layers) or the last
     # (floor(L/p) layers plus the output layer's logits); with uneven stages a middle one
     # ((L+2)/p layers) or the last (one layer fewer, plus the logits).
@@ -270,8 +283,7 @@ def estimate(model, layout, cluster):
     check_finite_times(time)
     step = sum(time.values())
     n, peak = lay.n_gpus, cluster.gpu.peak_flops
-    return Estimate(
-        model=model, layout=lay, cluster=cluster, memory=mem,
-        memory_capacity_bytes=cluster.gpu.memory_bytes * USABLE_MEMORY_FRACTION, time=time,
+    return replace(
+        est, time=time,
         tflops_per_gpu=hardware_flops_per_iteration(model, lay) / (n * step) / 1e12,
         mfu=model_flops_per_iteration(model, lay.global_batch) / (n * step * peak))

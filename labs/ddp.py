@@ -4,7 +4,9 @@ What it teaches: what buckets and overlap buy. Every rank trains the same GPT (1
 parameters by default) on its shard of each batch, with lessonlib's bucketed
 ``DataParallel`` (rung d), the naive rung (a: one blocking all-reduce per gradient after
 backward) and ``torch.nn.parallel.DistributedDataParallel``, taking turns, and reports each
-one's median step time (slowest rank), throughput and bytes all-reduced per step. With
+one's median step time (slowest rank), throughput and bytes all-reduced per step. Each
+rung is also checked against one process: the tiny GPT, 2 AdamW steps from different
+random weights on every rank, in float32 (``max_weight_diff_vs_one_process``). With
 ``--sweep`` it repeats over world sizes and reports weak-scaling efficiency:
 throughput(n) / (n x throughput(1)), the per-rank batch staying fixed.
 
@@ -18,21 +20,53 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 
+import torch.distributed as dist
+
 import lessonlib
 from lessonlib import labkit, launcher
 from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank
 from lessonlib.data_parallel.bench import ddp_bench, slowest_rank_median
-from lessonlib.data_parallel.runs import RUNGS
+from lessonlib.data_parallel.runs import RUNGS, train_replicas, train_single
 from lessonlib.models import TEN_M, TINY
 
 MODELS = {"10M": TEN_M, "tiny": TINY}
+PARITY = {"steps": 2, "cfg": TINY}     # the one-process check: its sharded global batch is 2n
+# float32, the all-reduce summing in another order and, on a GPU, other kernels than the CPU
+# reference's: 3e-6 measured on CPU ranks; a missed or unaveraged sync is off by ~lr = 3e-3
+PARITY_TOLERANCE = 1e-4
 NAMES = {"bucketed": "lessonlib", "naive": "lessonlib_naive", "flat": "lessonlib_flat",
          "async": "lessonlib_async", "torch": "torch"}
 
 
+def worker(rungs, cfg, dtype: str, **timing) -> dict:
+    """One rank: the rungs timed (in ``dtype``), then each trained as in the one-process
+    check (float32, the tiny GPT: the check is about the sums, not the size)."""
+    out = labkit.in_dtype(ddp_bench, dtype)(rungs, cfg, **timing)
+    n = dist.get_world_size()
+    out["parity_weights"] = {rung: train_replicas(rung, global_batch=2 * n, **PARITY)
+                             ["weights"].cpu() for rung in rungs}
+    return out
+
+
+def parity(ranks: list[dict]) -> dict[str, float]:
+    """Each rung's largest weight difference from one process on the whole batch, over the
+    ranks; raises, naming the rung and the rank, beyond float32's rounding."""
+    want = train_single(global_batch=2 * len(ranks), **PARITY)["weights"]
+    diffs = {}
+    for rung in ranks[0]["parity_weights"]:
+        per_rank = [(r["parity_weights"][rung] - want).abs().max().item() for r in ranks]
+        bad = [i for i, d in enumerate(per_rank) if not d <= PARITY_TOLERANCE]
+        if bad:
+            raise AssertionError(f"rung {rung}, rank {bad[0]}: weights differ from one process "
+                                 f"by {per_rank[bad[0]]:.3g} after {PARITY['steps']} steps "
+                                 f"(float32 allows {PARITY_TOLERANCE:g})")
+        diffs[rung] = max(per_rank)
+    return diffs
+
+
 def summarize(ranks: list[dict], batch: int, seq: int) -> dict:
     n = len(ranks)
-    out = {}
+    out, diffs = {}, parity(ranks)
     for rung in ranks[0]["runs"]:
         t = slowest_rank_median([r["runs"][rung]["times"] for r in ranks])
         ledger = ranks[0]["runs"][rung]["ledger"].get("all_reduce", {})
@@ -40,7 +74,8 @@ def summarize(ranks: list[dict], batch: int, seq: int) -> dict:
         entry = {"rung": RUNGS[rung], "step_time_s": t, "samples_per_s": n * batch / t,
                  "tokens_per_s": n * batch * seq / t,
                  "gradient_bytes_per_step": grad_bytes,
-                 "wire_bytes_per_rank_theory": ring_allreduce_bytes_per_rank(n, grad_bytes)}
+                 "wire_bytes_per_rank_theory": ring_allreduce_bytes_per_rank(n, grad_bytes),
+                 "max_weight_diff_vs_one_process": diffs[rung]}
         if rung != "torch":            # PyTorch's DDP sends from C++, out of the ledger's sight
             entry["all_reduces_per_step"] = ledger.get("calls", 0)
             entry["bytes_all_reduced_per_step"] = ledger.get("bytes", 0)
@@ -49,8 +84,8 @@ def summarize(ranks: list[dict], batch: int, seq: int) -> dict:
 
 
 def measure(n, args) -> list[dict]:
-    return lessonlib.run(labkit.in_dtype(ddp_bench, args.dtype), n, args.rungs,
-                         MODELS[args.model], batch=args.batch, steps=args.steps,
+    return lessonlib.run(worker, n, args.rungs, MODELS[args.model], args.dtype,
+                         batch=args.batch, steps=args.steps,
                          warmup=args.warmup, rounds=args.rounds,
                          bucket_cap_mb=args.bucket_cap_mb, timeout=args.timeout)
 
@@ -125,7 +160,8 @@ def build_record(measured: dict, settings: dict, world_size: int) -> dict:
 
 HEADLINE = labkit.headline("samples_per_s", x="world_size", series=["implementation"])
 METRICS = ("rung", "step_time_s", "samples_per_s", "tokens_per_s", "gradient_bytes_per_step",
-           "wire_bytes_per_rank_theory", "all_reduces_per_step", "bytes_all_reduced_per_step")
+           "wire_bytes_per_rank_theory", "all_reduces_per_step", "bytes_all_reduced_per_step",
+           "max_weight_diff_vs_one_process")
 
 
 def table(record: dict) -> list[dict]:

@@ -48,8 +48,7 @@ LABS = {
                "is the baseline that scaling efficiency divides by",
         metrics={"lessonlib step s": "results.lessonlib.step_time_s",
                  "torch DDP step s": "results.torch.step_time_s"},
-        no_parity="none in its record (tests/test_data_parallel.py: every rung against one "
-                  "process)", cpu_s=4.7),
+        parity=("max_weight_diff_vs_one_process",), cpu_s=4.7),
     "tp": Lab(
         tiny={"steps": "2", "warmup": "1", "batch": "2", "seq": "16", "hidden": "32", "heads": "4"},
         short={"steps": "5", "warmup": "2", "batch": "8", "seq": "512", "hidden": "1024",
@@ -85,8 +84,7 @@ LABS = {
                "baseline each stage's memory is divided from",
         metrics={"lessonlib stage-3 step s": "results.lessonlib.step_time_s",
                  "torch fully_shard step s": "results.torch.step_time_s"},
-        no_parity="none in its record (tests/test_sharded.py: every stage against one "
-                  "process; FSDP on the dp axis: the hybrid five-axis point)", cpu_s=5.4),
+        parity=("max_weight_diff_vs_one_process",), cpu_s=5.4),
     "hybrid": Lab(
         tiny={"steps": "2", "warmup": "1", "layers": "2", "hidden": "32", "heads": "2",
               "seq": "16", "global-batch": "8", "microbatches": "2"},

@@ -9,7 +9,10 @@ rank), the bytes each rank holds for weights, gradients and optimizer state agai
 per-stage formula, ``torch.cuda.max_memory_allocated`` on a GPU, and the bytes one step
 sends per rank (from the ledger) against 2(n-1)/n x S (stages 0-2) and 3(n-1)/n x S
 (stage 3). ``lessonlib_vs_torch_step_time`` is lessonlib's stage 3 over ``fully_shard``'s,
-measured in the same run. ``--dtype bf16`` gathers and computes in bf16 (shards and
+measured in the same run. Each stage is also checked against one process: 2 steps of the
+lab's optimizer on the tiny GPT (``SHARDING_CONFIG``: the check is about the shards, not the
+size) from different random weights on every rank, in float32
+(``max_weight_diff_vs_one_process``). ``--dtype bf16`` gathers and computes in bf16 (shards and
 optimizer state stay fp32).
 
 Laptop:  ``python labs/zero.py --world-size 2 --json results/zero.json``
@@ -21,24 +24,68 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 
+import torch.distributed as dist
+
 import lessonlib
 from lessonlib import labkit
 from lessonlib.data_parallel.bench import slowest_rank_median
 from lessonlib.data_parallel.sharded import ring_bytes_per_rank
 from lessonlib.data_parallel.zero_bench import zero_bench
-from lessonlib.data_parallel.zero_runs import OPTIMIZERS, ZERO_STAGE, predicted
+from lessonlib.data_parallel.zero_runs import (OPTIMIZERS, ZERO_STAGE, predicted, train_single,
+                                               train_stage)
 from lessonlib.models import GPTConfig, corpus_config
 
 STAGES = {"0": "lessonlib_stage0", "1": "lessonlib_stage1", "2": "lessonlib_stage2",
           "3": "lessonlib", "3-noprefetch": "lessonlib_no_prefetch", "torch-fsdp2": "torch",
           "torch-fsdp2-2": "torch_stage2"}
+PARITY_STEPS = 2             # the one-process check: its sharded global batch is 2n
+# float32, sums in another order (and, on a GPU, other kernels than the CPU reference's);
+# a stage that loses or double-counts a shard's gradient is off by ~lr (1e-2 or 5e-2)
+PARITY_TOLERANCE = 1e-4
 # Step-time ratios measured in the same run: stage 3 against fully_shard, and prefetching's effect.
 RATIOS = {"lessonlib_vs_torch_step_time": ("lessonlib", "torch"),
           "prefetch_vs_none_step_time": ("lessonlib", "lessonlib_no_prefetch")}
 
 
+def worker(stages, cfg: GPTConfig, optimizer: str, **timing) -> dict:
+    """One rank: the stages timed, then each trained as in the one-process check (float32,
+    the tiny GPT)."""
+    out = zero_bench(stages, cfg, optimizer, **timing)
+    out["parity_weights"] = {
+        stage: train_stage(stage, optimizer, steps=PARITY_STEPS,
+                           global_batch=2 * dist.get_world_size(), dtype="float32")["weights"]
+        for stage in stages}
+    return out
+
+
+def parity(ranks: list[dict], optimizer: str) -> dict[str, float]:
+    """Each stage's largest weight difference from one process on the whole batch, over the
+    ranks and the weights; raises, naming the stage, rank and weight, beyond float32's
+    rounding."""
+    want, _ = train_single(optimizer, steps=PARITY_STEPS, global_batch=2 * len(ranks),
+                           dtype="float32")
+    diffs = {}
+    for stage in ranks[0]["parity_weights"]:
+        worst = (0.0, 0, "")
+        for rank, r in enumerate(ranks):
+            got = r["parity_weights"][stage]
+            if set(got) != set(want):
+                raise AssertionError(f"stage {stage}, rank {rank}: weights {sorted(got)}, "
+                                     f"expected {sorted(want)}")
+            for name in want:
+                worst = max(worst, ((got[name] - want[name].double()).abs().max().item(),
+                                    rank, name))
+        if not worst[0] <= PARITY_TOLERANCE:
+            raise AssertionError(f"stage {stage}, rank {worst[1]}: {worst[2]} differs from one "
+                                 f"process by {worst[0]:.3g} after {PARITY_STEPS} steps "
+                                 f"(float32 allows {PARITY_TOLERANCE:g})")
+        diffs[stage] = worst[0]
+    return diffs
+
+
 def summarize(ranks: list[dict], settings: dict, cfg: GPTConfig) -> dict:
     n, out = len(ranks), {}
+    diffs = parity(ranks, settings["optimizer"])
     for stage in settings["stages"]:
         runs = [r["runs"][stage] for r in ranks]
         t = slowest_rank_median([run["times"] for run in runs])
@@ -47,7 +94,8 @@ def summarize(ranks: list[dict], settings: dict, cfg: GPTConfig) -> dict:
                  "bytes_held_per_rank": [run["held"] for run in runs],
                  "peak_allocated_bytes_per_rank": [run["peak_bytes"] for run in runs],
                  "predicted": predicted(stage, cfg, n, settings["optimizer"],
-                                        settings["dtype"] == "bf16")}
+                                        settings["dtype"] == "bf16"),
+                 "max_weight_diff_vs_one_process": diffs[stage]}
         if not stage.startswith("torch"):       # FSDP2 calls torch.distributed itself: no ledger
             entry["bytes_sent_per_rank"] = [ring_bytes_per_rank(run["ledger"], n)
                                             for run in runs]
@@ -77,7 +125,7 @@ def check(p, args) -> dict:
 def measure(args, settings: dict) -> list[dict]:
     """``--dtype bf16`` is the sharded runs' compute dtype (gathered weights and math in bf16,
     shards and optimizer fp32), not autocast: so the lab launches its ranks itself."""
-    return lessonlib.run(zero_bench, args.world_size, settings["stages"],
+    return lessonlib.run(worker, args.world_size, settings["stages"],
                          GPTConfig(**settings["config"]), settings["optimizer"],
                          batch=settings["batch_per_rank"], steps=settings["steps"],
                          warmup=settings["warmup"], rounds=settings["rounds"],
@@ -95,7 +143,8 @@ def _row(name: str, r: dict, world_size: int) -> dict:
             "bytes_held_per_rank": max(h["total"] for h in r["bytes_held_per_rank"]),
             "bytes_held_predicted": sum(r["predicted"]["bytes_held"].values()),
             "bytes_sent_per_rank": max(sent) if sent else None,
-            "bytes_sent_predicted": r["predicted"]["bytes_sent_per_rank"]}
+            "bytes_sent_predicted": r["predicted"]["bytes_sent_per_rank"],
+            "max_weight_diff_vs_one_process": r["max_weight_diff_vs_one_process"]}
 
 
 def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:

@@ -47,6 +47,7 @@ def test_ddp_lab_times_every_rung(tmp_path):
     for entry in results.values():
         assert entry["step_time_s"] > 0 and entry["samples_per_s"] > 0
         assert entry["gradient_bytes_per_step"] == 4 * record["settings"]["parameters"]
+        assert 0 <= entry["max_weight_diff_vs_one_process"] <= 1e-4     # float32
     assert results["lessonlib_naive"]["all_reduces_per_step"] == 37
     grad_bytes = 4 * record["settings"]["parameters"]
     assert results["lessonlib"]["bytes_all_reduced_per_step"] == grad_bytes
@@ -63,6 +64,16 @@ def test_ddp_sweep_reports_scaling_efficiency(tmp_path):
         eff = record["results"][name]["scaling_efficiency"]
         assert set(eff) == {"1", "2"} and eff["1"] == pytest.approx(1.0) and eff["2"] > 0
         assert set(record["results"][name]["by_world_size"]) == {"1", "2"}
+
+
+def test_ddp_parity_names_the_rung_and_rank_that_differ_from_one_process():
+    ddp = load_lab("ddp")
+    want = ddp.train_single(global_batch=4, **ddp.PARITY)["weights"]
+    ranks = [{"parity_weights": {"bucketed": want.clone()}} for _ in range(2)]
+    assert ddp.parity(ranks) == {"bucketed": 0.0}
+    ranks[1]["parity_weights"]["bucketed"][5] += 3e-3          # one AdamW step, missed
+    with pytest.raises(AssertionError, match="rung bucketed, rank 1: weights differ"):
+        ddp.parity(ranks)
 
 
 @pytest.mark.parametrize("lab, flags, message", [

@@ -16,6 +16,7 @@ def test_zero_lab_times_every_stage_against_fully_shard(tmp_path):
                             "lessonlib", "lessonlib_no_prefetch", "torch"}
     for name, entry in results.items():
         assert entry["step_time_s"] > 0 and entry["samples_per_s"] > 0
+        assert 0 <= entry["max_weight_diff_vs_one_process"] <= 1e-4     # float32
         held, want = entry["bytes_held_per_rank"], entry["predicted"]["bytes_held"]
         assert len(held) == 2 and held[0]["gradients"] == want["gradients"]
         assert held[0]["optimizer"] == want["optimizer"] or name == "lessonlib_stage1"
@@ -26,6 +27,17 @@ def test_zero_lab_times_every_stage_against_fully_shard(tmp_path):
         1.5 * results["lessonlib_stage0"]["bytes_sent_per_rank"][0], rel=0.01)
     assert record["lessonlib_vs_torch_step_time"] > 0
     assert record["prefetch_vs_none_step_time"] > 0
+
+
+def test_zero_parity_names_the_stage_rank_and_weight_that_differ_from_one_process():
+    zero = load_lab("zero")
+    want, _ = zero.train_single("sgd", steps=zero.PARITY_STEPS, global_batch=4, dtype="float32")
+    ranks = [{"parity_weights": {"3": {k: v.double() for k, v in want.items()}}}
+             for _ in range(2)]
+    assert zero.parity(ranks, "sgd") == {"3": 0.0}
+    ranks[1]["parity_weights"]["3"]["head.out.weight"][0, 0] += 0.05    # one SGD step, missed
+    with pytest.raises(AssertionError, match="stage 3, rank 1: head.out.weight differs"):
+        zero.parity(ranks, "sgd")
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -12,12 +12,11 @@ import torch
 from torch import nn
 
 import lessonlib
-from lessonlib.data import corpus_tokens, lm_batch
 from lessonlib.data_parallel import FullyShardedDataParallel, ShardedOptimizer
 from lessonlib.data_parallel import zero_runs
 from lessonlib.data_parallel.sharded import (flat_ranges, padded_numel, ring_bytes_per_rank,
                                              row_shard, zero_stage_bytes)
-from lessonlib.models import GPTConfig, lm_loss
+from lessonlib.models import GPTConfig
 
 CFG = GPTConfig(vocab=27, seq=8, hidden=10, heads=2, layers=2)
 STEPS, BATCH = 3, 6
@@ -46,17 +45,7 @@ def runs(request):
 
 def _single(optimizer, tie=False, freeze=False):
     """One process on the whole batch: the run every sharded run must reproduce."""
-    model = zero_runs.build_model(CFG, 0, torch.float64, tie, freeze)
-    cls, kwargs = zero_runs.OPTIMIZERS[optimizer]
-    opt = cls([p for p in model.parameters() if p.requires_grad], **kwargs)
-    tokens, _ = corpus_tokens()
-    for step in range(STEPS):
-        x, y = lm_batch(tokens, BATCH, CFG.seq, step, 0)
-        loss = lm_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, model
+    return zero_runs.train_single(optimizer, CFG, STEPS, BATCH, tie=tie, freeze=freeze)
 
 
 def _assert_weights(got, want):

@@ -30,7 +30,7 @@ from lessonlib.data_parallel.ladder import replicate
 from lessonlib.data_parallel.runs import replica_step
 from lessonlib.data_parallel.sharded import padded_numel, tensor_bytes, zero_stage_bytes
 from lessonlib.data_parallel.zero import ShardedOptimizer
-from lessonlib.models import SHARDING_CONFIG, GPTConfig, TinyGPT
+from lessonlib.models import SHARDING_CONFIG, GPTConfig, TinyGPT, lm_loss
 
 # How each run shards: our stages 0-3, stage 1 after DDP-style all-reduce, and PyTorch's.
 STAGES = {"0": "stage 0: DataParallel, everything replicated",
@@ -167,6 +167,25 @@ def train_step(model, opt, sync, tokens, cfg: GPTConfig, global_batch: int, step
     x, y = lm_batch(tokens, global_batch, cfg.seq, step, seed)
     x, y = shard(x, rank, n).to(dev), shard(y, rank, n).to(dev)
     return replica_step(model, sync, opt, x, y)[1].summary()
+
+
+def train_single(optimizer: str = "adamw", cfg: GPTConfig | None = None, steps: int = 3,
+                 global_batch: int = 6, seed: int = 0, dtype: str = "float64", tie: bool = False,
+                 freeze: bool = False) -> tuple[dict[str, torch.Tensor], TinyGPT]:
+    """One process on the whole batch, the run every stage must reproduce: (its weights by
+    name after ``steps`` steps, the model)."""
+    cfg = cfg or SHARDING_CONFIG
+    model = build_model(cfg, seed, DTYPES[dtype], tie, freeze)
+    cls, kwargs = OPTIMIZERS[optimizer]
+    opt = cls([p for p in model.parameters() if p.requires_grad], **kwargs)
+    tokens, _ = corpus_tokens()
+    for step in range(steps):
+        x, y = lm_batch(tokens, global_batch, cfg.seq, step, seed)
+        loss = lm_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, model
 
 
 def train_stage(stage: str = "3", optimizer: str = "adamw", cfg: GPTConfig | None = None,

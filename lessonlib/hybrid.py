@@ -31,7 +31,7 @@ import time
 import torch
 from torch import nn
 
-from lessonlib import comm, device
+from lessonlib import comm, device, placement
 from lessonlib.argcheck import positive_int
 from lessonlib.baseline import corpus_batches, grads_as_model, max_abs_diff, train_one_process
 from lessonlib.breadcrumbs import progress
@@ -170,7 +170,8 @@ def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
         progress(f"hybrid step {step}")
         x, y = batch_of(step)                                            # (B, s)
         comm.barrier()  # every rank starts the step together, so times compare
-        out = trainer.step(x, y)
+        with placement.timed(step, warmup):
+            out = trainer.step(x, y)
         if first_grads is None:  # after the DP all-reduce: the gradients the optimizer used
             first_grads = [p.grad.detach().clone() for p in trainer.params]
         losses.append(out["losses"])

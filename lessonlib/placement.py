@@ -117,6 +117,13 @@ def paused():
         mode.__enter__()
 
 
+def timed(step: int, warmup: int):
+    """The context of step ``step`` of a timed loop: the audit paused from the first timed
+    step on, but step 0 is always the audited pass (a loop with no warm-up times its first
+    step with the audit on; every other step pays nothing)."""
+    return paused() if step >= max(warmup, 1) else contextlib.nullcontext()
+
+
 def auditing() -> bool:
     """Whether this process runs the GPU audit (``LESSONLIB_DEVICE_AUDIT``)."""
     return any(isinstance(m, _OffDevice) for m in _started)

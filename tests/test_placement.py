@@ -84,3 +84,41 @@ def test_timed_steps_run_with_the_gpu_audit_paused_after_an_audited_pass(tmp_pat
         assert len(times) == 2 and counts[0] > 0 and counts[1:] == [0, 0], counts
     finally:
         spy.__exit__(None, None, None)
+
+
+def test_every_timed_loop_pauses_the_audit_after_its_audited_pass(tmp_path, monkeypatch):
+    """Issue: the pipeline, hybrid, five-axis and assembly-line labs timed their steps with
+    the audit's check on every torch call. ``placement.timed`` pauses it from the first timed
+    step on (step 0 always audited), and every such loop runs its steps inside it."""
+    import inspect
+
+    import torch
+
+    from lessonlib import hybrid, model_parallel, placement
+    from lessonlib.hybrid_axes import runs as axes_runs
+    from lessonlib.pipeline import runs as pipeline_runs
+
+    seen = []
+
+    class Spy(placement._OffDevice):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    spy = Spy(tmp_path)
+    spy.__enter__()
+    monkeypatch.setattr(placement, "_started", [spy])
+    try:
+        for warmup, audited in ((0, [True, False, False]), (2, [True, True, False])):
+            counts = []
+            for step in range(3):
+                before = len(seen)
+                with placement.timed(step, warmup):
+                    torch.ones(3).sum()
+                counts.append(len(seen) - before)
+            assert [c > 0 for c in counts] == audited, (warmup, counts)
+    finally:
+        spy.__exit__(None, None, None)
+    for loop in (pipeline_runs.measure, hybrid.train, axes_runs._train,
+                 model_parallel.assembly_line):
+        assert "placement.timed(" in inspect.getsource(loop), loop.__qualname__

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device
+from lessonlib import comm, device, placement
 from lessonlib.baseline import corpus_batches, grads_as_model, max_abs_diff, train_one_process
 from lessonlib.context_parallel.layout import shard_sequence
 from lessonlib.data import shard
@@ -134,7 +134,8 @@ def _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, s
     for step in range(steps):
         comm.barrier()                   # every rank starts the step together, so times compare
         start = time.perf_counter()
-        out = trainer.step(*batch_of(step), keep_grads=step == 0)
+        with placement.timed(step, 0):
+            out = trainer.step(*batch_of(step), keep_grads=step == 0)
         seconds.append(time.perf_counter() - start)
         first_grads = out["grads"] if step == 0 else first_grads
         losses.append(out["losses"])

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib import comm
+from lessonlib import comm, placement
 from lessonlib.baseline import corpus_batches, flat, train_one_process
 from lessonlib.costmodel import bubble_fraction, stashed_microbatches
 from lessonlib.data import regression_batch
@@ -204,7 +204,8 @@ def measure(ms=(2, 4, 8), schedules=("gpipe", "1f1b"), engines=("lessonlib", "to
             for case, chunks, runner in (runners if i % 2 == 0 else runners[::-1]):
                 for c in chunks:
                     c.zero_grad()
-                result = runner.step(x, y)
+                with placement.timed(i, warmup):
+                    result = runner.step(x, y)
                 if i >= warmup:
                     out.setdefault(case, []).append(result)
     return out

@@ -1,0 +1,88 @@
+"""The published figures the lessons quote, each with the source that states it.
+
+What it teaches: a number about a real system is the paper's, not ours, and says where it
+is from. A notebook's prose may quote a figure listed here when the same cell names its
+source (tests/prose_numbers.py checks it), so a figure edited in the prose alone no longer
+matches the list and the suite fails; the list itself is read against the papers.
+
+Laptop:  ``python -c "from lessonlib.references import PUBLISHED; print(PUBLISHED['gpt3'])"``
+GPU box: the same; pure Python.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Source:
+    citation: str                  # where the figures are stated
+    names: tuple[str, ...]         # how the lessons' prose names it (any one of them)
+    figures: dict[float, str]      # each figure and what it is
+
+
+def _source(citation: str, names: tuple[str, ...], **figures: float) -> Source:
+    """A source whose figures are given by keyword (what each is) for readability."""
+    return Source(citation, names, {value: what for what, value in figures.items()})
+
+
+PUBLISHED: dict[str, Source] = {
+    "gpt3": _source(
+        "Brown et al. 2020, Table 2.1; Megatron-LM 2021 (Narayanan et al., SC21) §1 and Eq. 4; "
+        "Korthikanti et al. 2022 §5", ("GPT-3",),
+        billion_parameters=175, layers=96, hidden=12288, heads=96, sequence=2048,
+        billion_tokens=300, years_on_one_v100=288, days_on_1024_a100=34, a100s=1024,
+        tflops_per_a100=140, five_a_s_over_h=80),
+    "megatron2019": _source(
+        "Shoeybi et al. 2019 (Megatron-LM), §1 and §5.1", ("Megatron-LM 2019",),
+        tflops_on_one_v100=39, percent_of_peak=30, tp_scaling_efficiency_percent=77,
+        tp_dp_scaling_efficiency_percent=74, gpus=512),
+    "megatron2021": _source(
+        "Narayanan et al. 2021 (Megatron-LM, SC21): §1, Eq. 4, Table 1, Fig. 13 and its "
+        "run_figure_13.sh", ("Megatron-LM 2021", "Megatron-LM's", "Narayanan"),
+        days_for_gpt3=34, a100s=1024, tflops_per_gpu=140, fig13_billion_parameters=162.2,
+        fig13_hidden=20480, fig13_heads=128, fig13_layers=32, fig13_gpus=64,
+        fig13_small_batch=32, fig13_large_batch=128, table1_smallest_hidden=2304,
+        table1_largest_pipeline=64, one_t_servers=128, one_t_gpus=3072,
+        one_t_layers=128, one_t_hidden=25600, one_t_days=84, one_t_tflops=163),
+    "a100": _source(
+        "NVIDIA A100 datasheet; DGX A100 (Megatron-LM 2021 §5): 8 x 200 Gb/s HDR InfiniBand",
+        ("A100",), peak_tflops=312, memory_gb=80, nvlink_gb_s_each_way=300,
+        infiniband_gbit_s=200, infiniband_gbyte_s=25),
+    "v100": _source("NVIDIA V100 datasheet", ("V100",), peak_tflops=125, nvlink_gb_s=300),
+    "h100": _source(
+        "NVIDIA H100 SXM5 datasheet (dense, without 2:4 sparsity)", ("H100", "H200"),
+        peak_tflops=989, fp8_tflops=1979, memory_gb=80, h200_memory_gb=141,
+        nvlink_gb_s=900, infiniband_gbit_s=400),
+    "h800": _source("DeepSeek-AI 2024 (DeepSeek-V3) §3.1: the H800's NVLink", ("H800",),
+                    nvlink_gb_s=400),
+    "pytorch_ddp": _source(
+        "Li et al., VLDB 2020 (PyTorch Distributed), §3.2 and abstract",
+        ("DDP", "Li et al.", "bucket_cap_mb"), default_bucket_mib=25, gpus=256),
+    "korthikanti": _source(
+        "Korthikanti et al. 2022 (arXiv 2205.05198), Table 2, §5, App. A",
+        ("Korthikanti",), bytes_per_sbh=34, attention_term=5, matmul_flops_per_bsh2=24,
+        gpt3_five_a_s_over_h=80, selective_saves_percent=70, selective_costs_percent=2.7),
+    "llama3": _source(
+        "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3, Table 4 and §3.3.2",
+        ("Llama 3",), billion_parameters=405, layers=126, hidden=16384, ffn=53248, heads=128,
+        kv_heads=8, vocabulary=128256, gpus=16384, gpus_at_8k=8192, sequences_at_128k=128,
+        million_tokens_per_step=16, tflops_8k=430, tflops_8k_16k_gpus=400, tflops_128k=380,
+        mfu_8k=43, mfu_8k_16k_gpus=41, mfu_128k=38, tokens_k=128, point_release=3.1),
+    "deepseek_v3": _source(
+        "DeepSeek-AI 2024 (DeepSeek-V3, arXiv 2412.19437): §2.1, §3.1-3.3, §4.2, Table 1",
+        ("DeepSeek-V3",), billion_parameters=671, billion_active=37, layers=61, hidden=7168,
+        routed_experts=256, chosen_experts=8, gpus=2048, pipeline=16, expert_parallel=64,
+        servers=8, nodes_per_token=4, trillion_tokens=14.8, million_gpu_hours=2.664,
+        bias_step=0.001, tile=128),
+    "switch": _source("Fedus et al. 2021 (Switch Transformer), §2.2", ("Switch", "alpha"),
+                      alpha=0.01),
+    "mixtral": _source("Jiang et al. 2024 (Mixtral of Experts), Table 1", ("Mixtral",),
+                       experts=8, chosen=2, billion_parameters=46.7, billion_active=12.9,
+                       hidden=4096),
+    "torchtitan": _source(
+        "torchtitan benchmarks/llama3_h100_202412_torchtitan.md and "
+        "asyncTP_llama3_h100_2025-06_torchtitan.md", ("torchtitan",),
+        eager_tokens_per_s=5762, compiled_tokens_per_s=6667, float8_tokens_per_s=8532,
+        eager_mfu=33.7, compiled_mfu=39.0, power_limit_w=500, async_tp_70b=1.09,
+        async_tp_8b=1.10),
+}

@@ -22,6 +22,8 @@ def positive_int(name: str, value, *, most: int | None = None, what: str = "") -
 
     Accepts any integer type (``numpy.int64`` included) but not ``bool`` or a float; ``what``
     says what the number counts, e.g. ``"the number of pipeline stages"``."""
+    if type(value) is int and value >= 1 and (most is None or value <= most):
+        return value      # the common case, taken first: the planner checks ~100,000 layouts
     try:
         number = None if isinstance(value, bool) else operator.index(value)
     except TypeError:

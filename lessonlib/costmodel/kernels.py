@@ -33,6 +33,8 @@ elementwise kernel; the share of the layer's linear FLOPs it repeats is returned
 Pure arithmetic: ``python -c "from lessonlib.costmodel import MODELS;
 from lessonlib.costmodel.kernels import *; print(eager_layer_forward_bytes(MODELS['llama3-8B']))"``.
 """
+from functools import lru_cache
+
 from .gemm import layer_gemms
 
 # The forward's elementwise kernels per token, bytes per element of each width (see above).
@@ -60,6 +62,7 @@ def eager_layer_forward_bytes(model, b=1, t=1, c=1):
     return per_token * b * model.s / (t * c)
 
 
+@lru_cache(maxsize=64)      # one value per model; the planner asks for every layout
 def op_recompute_share(model):
     """Share of a layer's forward linear FLOPs that torchtitan's "op" policy recomputes: the
     second, fourth and sixth of wq, wk, wv, wo, w1, w3, w2 (wk, wo, w3)."""
@@ -71,6 +74,7 @@ def op_recompute_share(model):
     return sum(widths[1::2]) / sum(widths)
 
 
+@lru_cache(maxsize=64)
 def norm_up_recompute_share(model):
     """Share of a layer's forward linear FLOPs that DeepSeek-V3's recompute repeats (§3.2.3):
     MLA's up-projections, the query latent to 128 heads of 192 and the key/value latent to

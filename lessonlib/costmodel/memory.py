@@ -34,6 +34,7 @@ Run ``python -m lessonlib.costmodel --model gpt3-175B --t 8 --p 12 --d 4 --micro
 """
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .bubble import stashed_microbatches
 
@@ -100,6 +101,7 @@ def stage_copies(schedule):
     return 2 if schedule == "dualpipe" else 1
 
 
+@lru_cache(maxsize=4096, typed=True)   # the planner asks the same few stages per layout
 def stage_params(model, t, p, e=1, uneven=False, schedule="1f1b"):
     """Parameters on one GPU of the first stage: its layers and the embeddings, split by t.
 
@@ -116,6 +118,7 @@ def stage_params(model, t, p, e=1, uneven=False, schedule="1f1b"):
     return (layers + model.V * model.h) / t + positions
 
 
+@lru_cache(maxsize=4096, typed=True)
 def stage_expert_params(model, t, p, e=1, uneven=False, schedule="1f1b"):
     """The part of ``stage_params`` that is routed experts (0 for a dense model)."""
     if model.moe is None:

@@ -27,6 +27,7 @@ Run ``python -m lessonlib.costmodel --model megatron-1T --t 8 --p 64 --d 6 --mic
 """
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from .axes import cp_ring_s, dp_time_s, ep_alltoall_s
 from .bubble import bubble_fraction as _bubble_fraction
@@ -202,17 +203,25 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     return compute, elementwise, tp, pp, cp, ep
 
 
+# Once per model and batch (and recompute): the thousands of layouts of a plan share them.
+_model_flops = lru_cache(maxsize=256, typed=True)(model_flops_per_iteration)
+
+
 def hardware_flops_per_iteration(model, lay):
     """The FLOPs one step executes: the model's, plus what ``lay.recompute`` repeats."""
-    if lay.recompute == "full" and model.legacy:
-        return megatron_flops_per_iteration(model, lay.global_batch)        # Eq. 3
+    return _hardware_flops(model, lay.recompute, lay.global_batch)
+
+
+@lru_cache(maxsize=256, typed=True)
+def _hardware_flops(model, recompute, global_batch):
+    if recompute == "full" and model.legacy:
+        return megatron_flops_per_iteration(model, global_batch)            # Eq. 3
     linear = layer_forward_flops(model, 1) - attention_core_forward_flops(model, 1)
     again = {"none": 0.0, "selective": attention_core_forward_flops(model, 1),
              "full": layer_forward_flops(model, 1),
              "op": op_recompute_share(model) * linear,
-             "norm-up": norm_up_recompute_share(model) * linear}[lay.recompute]
-    return model_flops_per_iteration(model, lay.global_batch) + \
-        lay.global_batch * model.L * again
+             "norm-up": norm_up_recompute_share(model) * linear}[recompute]
+    return _model_flops(model, global_batch) + global_batch * model.L * again
 
 
 def check_finite_times(time: dict) -> None:
@@ -286,4 +295,4 @@ def timed(est):
     return replace(
         est, time=time,
         tflops_per_gpu=hardware_flops_per_iteration(model, lay) / (n * step) / 1e12,
-        mfu=model_flops_per_iteration(model, lay.global_batch) / (n * step * peak))
+        mfu=_model_flops(model, lay.global_batch) / (n * step * peak))

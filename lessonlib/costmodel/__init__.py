@@ -60,7 +60,7 @@ from .memory import (BYTES_PER_PARAM, MemoryBreakdown, activation_bytes,
 from .model import GPT, MODELS, get_model
 from .planner import Plan, candidate_layouts, explain, plan, tp_sweep
 from .search import explain_axes, plan_job
-from .throughput import Estimate, Layout, estimate
+from .throughput import USABLE_MEMORY_FRACTION, Estimate, Layout, estimate
 
 __all__ = [
     "bubble_fraction", "bubble_time", "stashed_microbatches",
@@ -78,5 +78,5 @@ __all__ = [
     "in_flight_microbatches", "memory_per_gpu", "model_state_bytes",
     "GPT", "MODELS", "get_model",
     "Plan", "candidate_layouts", "explain", "plan", "tp_sweep", "explain_axes", "plan_job",
-    "Estimate", "Layout", "estimate",
+    "USABLE_MEMORY_FRACTION", "Estimate", "Layout", "estimate",
 ]

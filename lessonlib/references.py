@@ -58,6 +58,10 @@ PUBLISHED: dict[str, Source] = {
     "pytorch_ddp": _source(
         "Li et al., VLDB 2020 (PyTorch Distributed), §3.2 and abstract",
         ("DDP", "Li et al.", "bucket_cap_mb"), default_bucket_mib=25, gpus=256),
+    "zero": _source(
+        "Rajbhandari et al. 2020 (ZeRO), §7.2.2: stage 3 moves 3Ψ per rank, 1.5x the 2Ψ of "
+        "data parallelism's all-reduce (stages 1 and 2 move 2Ψ, §7.2.1)", ("ZeRO",),
+        stage3_traffic_over_all_reduce=1.5),
     "korthikanti": _source(
         "Korthikanti et al. 2022 (arXiv 2205.05198), Table 2, §5, App. A",
         ("Korthikanti",), bytes_per_sbh=34, attention_term=5, matmul_flops_per_bsh2=24,

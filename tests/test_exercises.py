@@ -119,13 +119,25 @@ def test_verdict_reads_the_same_everywhere():
 
 def test_lesson_01_checkers_name_the_slip():
     from lessonlib.exercises import scale
-    assert scale.check_largest_model(5e9) and not scale.check_largest_model(40e9)
+    assert scale.check_largest_model(4.5e9) and not scale.check_largest_model(40e9)
     assert "only the 16-bit weights" in scale.check_largest_model(40e9)
-    assert scale.check_min_gpus(35) and "round up" in scale.check_min_gpus(34)
+    assert "only the 16-bit weights" in scale.check_largest_model(36e9)
+    assert "usable" in scale.check_largest_model(5e9) and not scale.check_largest_model(5e9)
+    assert scale.check_min_gpus(39) and "round up" in scale.check_min_gpus(38)
+    assert "90%" in scale.check_min_gpus(35) and not scale.check_min_gpus(35)
     assert scale.check_gpus_for_days(4961)
     assert "round up" in scale.check_gpus_for_days(4960.3)
     assert "6PD" in scale.check_gpus_for_days(3720)
     assert "units" in scale.check_gpus_for_days(4960.3 / 86400)
+
+
+def test_lesson_12_ring_speedup_is_2c_minus_1_over_c_and_names_the_slip():
+    from lessonlib.exercises import context
+    for c in (2, 4, 8):      # contiguous (c - 1/2) n^2 over zig-zag's c n^2 / 2
+        assert context.ring_time_ratio(c) == pytest.approx((2 * c - 1) / c, rel=0.01)
+    assert context.check_ring_speedup(15 / 8)
+    assert "last rank's work over the first's" in context.check_ring_speedup(15)
+    assert "limit for many ranks" in context.check_ring_speedup(2)
 
 
 @pytest.mark.timeout(120)

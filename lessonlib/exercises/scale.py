@@ -4,15 +4,16 @@ and, when the answer is off, says which common slip would produce it. Each retur
 ``Verdict`` (``lessonlib.exercises.verdict``); ``None`` (the untouched stub) is "your turn".
 
     from lessonlib.exercises import scale
-    scale.check_largest_model(5e9)             # parameters that fit one A100-80GB with Adam
-    scale.check_min_gpus(35)                   # A100-80GB that hold GPT-3's model state
+    scale.check_largest_model(4.5e9)           # parameters that fit one A100-80GB with Adam
+    scale.check_min_gpus(39)                   # A100-80GB that hold GPT-3's model state
     scale.check_gpus_for_days(4961)            # A100 at 140 TFLOP/s for GPT-3 in 7 days
 """
 from __future__ import annotations
 
 import math
 
-from lessonlib.costmodel import GPUS, MODELS, SECONDS_PER_DAY, training_flops
+from lessonlib.costmodel import (GPUS, MODELS, SECONDS_PER_DAY, USABLE_MEMORY_FRACTION,
+                                 training_flops)
 from lessonlib.exercises.verdict import Verdict, correct, not_yet, number, unanswered
 
 
@@ -22,42 +23,58 @@ def _close(value: float, expected, rel: float = 0.02) -> bool:
 
 def check_largest_model(answer_params, gpu: str = "A100-80GB") -> Verdict:
     """Exercise 1: the most parameters whose weights, gradients and Adam state (mixed
-    precision, 16 bytes per parameter) fit in one ``gpu``, before any activation."""
+    precision, 16 bytes per parameter) fit in the usable share of one ``gpu``
+    (``USABLE_MEMORY_FRACTION`` of its memory), before any activation."""
     if answer_params is None:
         return unanswered("my_params")
     value = number(answer_params)
     if value is None:
         return not_yet(f"give a number of parameters, e.g. 1e9; got {answer_params!r}.")
     memory = GPUS[gpu].memory_bytes
-    expected = memory / 16
+    usable = USABLE_MEMORY_FRACTION * memory
+    expected = usable / 16
     if _close(value, expected):
-        return correct(f"{memory / 1e9:.0f} GB / 16 bytes = {expected / 1e9:.1f} B parameters: "
-                       f"GPT-2 XL's model state (1.6 B) fits one {gpu}, a 7.5 B model's already "
-                       f"does not, and GPT-3's is 35 times too big.")
+        gpt3 = 16 * MODELS["gpt3-175B"].params()
+        return correct(f"{usable / 1e9:.0f} GB usable / 16 bytes = {expected / 1e9:.1f} B "
+                       f"parameters: GPT-2 XL's model state (1.6 B) fits one {gpu}, a 7.5 B "
+                       f"model's already does not, and GPT-3's is {gpt3 / usable:.0f} times too "
+                       f"big.")
+    if _close(value, memory / 16):
+        return not_yet(f"your value fills all {memory / 1e9:.0f} GB; a training job can use "
+                       f"{USABLE_MEMORY_FRACTION:.0%} of it (the CUDA context, NCCL's buffers "
+                       f"and fragmentation take the rest): divide the {usable / 1e9:.0f} GB "
+                       f"usable.")
     slips = {2: "only the 16-bit weights", 4: "the 16-bit weights and gradients: Adam's fp32 "
              "master weights, momentum and variance add 12 more bytes",
              12: "only the optimizer state", 8: "fp32 weights and gradients, without Adam"}
     for per_param, slip in slips.items():
-        if _close(value, memory / per_param):
-            return not_yet(f"your value is {memory / 1e9:.0f} GB / {per_param} bytes: {slip}. "
-                           f"Count all 16 bytes per parameter.")
-    return not_yet(f"divide the GPU's {memory / 1e9:.0f} GB by the bytes one parameter needs "
-                   f"in training; you gave {value / 1e9:.2f} B parameters.")
+        for capacity in (usable, memory):
+            if _close(value, capacity / per_param):
+                return not_yet(f"your value is {capacity / 1e9:.0f} GB / {per_param} bytes: "
+                               f"{slip}. Count all 16 bytes per parameter, in the "
+                               f"{usable / 1e9:.0f} GB usable.")
+    return not_yet(f"divide the GPU's {usable / 1e9:.0f} GB usable by the bytes one parameter "
+                   f"needs in training; you gave {value / 1e9:.2f} B parameters.")
 
 
 def check_min_gpus(answer, model: str = "gpt3-175B", gpu: str = "A100-80GB") -> Verdict:
-    """Exercise 2: the fewest GPUs whose memory can hold the model state alone."""
+    """Exercise 2: the fewest GPUs whose usable memory (``USABLE_MEMORY_FRACTION`` of it)
+    can hold the model state alone."""
     if answer is None:
         return unanswered("my_gpus")
     need = 16 * MODELS[model].params()
-    expected = math.ceil(need / GPUS[gpu].memory_bytes)
+    usable = USABLE_MEMORY_FRACTION * GPUS[gpu].memory_bytes
+    expected = math.ceil(need / usable)
     if answer == expected:
-        return correct(f"{need / 1e12:.2f} TB / {GPUS[gpu].memory_bytes / 1e9:.0f} GB rounds up "
-                       f"to {expected} GPUs, before a single activation.")
+        return correct(f"{need / 1e12:.2f} TB / {usable / 1e9:.0f} GB usable rounds up to "
+                       f"{expected} GPUs, before a single activation.")
     if answer == expected - 1:
         return not_yet("round up: a fraction of a GPU still needs a whole GPU.")
-    return not_yet(f"divide the model state (16 bytes per parameter) by one GPU's memory and "
-                   f"round up; you gave {answer}.")
+    if answer == math.ceil(need / GPUS[gpu].memory_bytes):
+        return not_yet(f"that fills all {GPUS[gpu].memory_bytes / 1e9:.0f} GB of every GPU; a "
+                       f"training job can use {USABLE_MEMORY_FRACTION:.0%} of it.")
+    return not_yet(f"divide the model state (16 bytes per parameter) by one GPU's usable memory "
+                   f"and round up; you gave {answer}.")
 
 
 def check_gpus_for_days(answer, days: float = 7, params: float = 175e9,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from lessonlib.costmodel import (GPT, GPUS, MODELS, SECONDS_PER_DAY, memory_per_gpu,
-                                 training_flops, training_time_s)
+from lessonlib.costmodel import (GPT, GPUS, MODELS, SECONDS_PER_DAY, USABLE_MEMORY_FRACTION,
+                                 memory_per_gpu, training_flops, training_time_s)
 from lessonlib.viz.widgets import current_figure, explorer
 
 PARTS = ("weights", "gradients", "optimizer", "activations")
@@ -39,25 +39,31 @@ def gpu_capacities() -> dict[float, str]:
 def memory_wall(model: GPT | str = "gpt3-175B", b: int = 1, recompute: str = "none", ax=None):
     """Side-by-side bars on a linear axis: each part of one model's training memory, their
     total, and each GPU size. Lengths are true sizes (a log axis would make the 2.1 TB of Adam
-    state look barely longer than the weights)."""
+    state look barely longer than the weights). A GPU's label gives the share a training job
+    can use (``USABLE_MEMORY_FRACTION`` of it), and the verdict compares the total with that
+    share of the largest GPU."""
     model = MODELS[model] if isinstance(model, str) else model
     parts = one_gpu_memory(model, b, recompute)
     total = sum(parts[part] for part in PARTS)
     rows = [(f"{part}", parts[part] / 1e9, COLORS[part]) for part in PARTS]
     rows.append(("total on one GPU", total / 1e9, "#333333"))
-    rows += [(name, gb, "#bbbbbb") for gb, name in gpu_capacities().items()]
+    gpus = [(name, gb, "#bbbbbb") for gb, name in gpu_capacities().items()]
     ax = ax or plt.subplots(figsize=(6.5, 4))[1]
-    y = np.arange(len(rows))[::-1]
-    ax.barh(y, [gb for _, gb, _ in rows], color=[color for *_, color in rows])
+    y = np.arange(len(rows) + len(gpus))[::-1]
+    ax.barh(y, [gb for _, gb, _ in rows + gpus], color=[color for *_, color in rows + gpus])
     for row, (_, gb, _) in zip(y, rows):
         ax.text(gb, row, f" {gb:,.0f} GB" if gb >= 10 else f" {gb:.2g} GB", va="center",
                 fontsize=8)
-    ax.set_yticks(y, [label for label, *_ in rows], fontsize=8)
-    ax.set_xlim(0, max(gb for _, gb, _ in rows) * 1.25)
+    for row, (_, gb, _) in zip(y[len(rows):], gpus):
+        ax.text(gb, row, f" {gb:,.0f} GB, {gb * USABLE_MEMORY_FRACTION:,.0f} usable",
+                va="center", fontsize=8)
+    ax.set_yticks(y, [label for label, *_ in rows + gpus], fontsize=8)
+    ax.set_xlim(0, max(gb for _, gb, _ in rows + gpus) * 1.25)
     ax.set_xlabel("GB (linear scale: bar lengths are true sizes)")
     largest = max(GPUS.values(), key=lambda g: g.memory_bytes)
-    verdict = (f"total = {total / largest.memory_bytes:,.1f}x the largest GPU ({largest.name})"
-               if total > largest.memory_bytes else "fits on one GPU")
+    usable = USABLE_MEMORY_FRACTION * largest.memory_bytes
+    verdict = (f"total = {total / usable:,.1f}x the {usable / 1e9:,.0f} GB usable on the largest "
+               f"GPU ({largest.name})" if total > usable else "fits on one GPU")
     ax.set_title(f"{model.name or 'model'}: {model.params() / 1e9:.2f} B parameters, b={b}, "
                  f"recompute={recompute}\n{verdict}", fontsize=10)
     return ax

@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib import baseline
-from lessonlib.claims import claim
+from lessonlib.claims import at_least, at_most
 from lessonlib.viz import scale
 
 # %% [markdown]
@@ -47,13 +47,20 @@ from lessonlib.viz import scale
 # %%
 # NBVAL_CHECK_OUTPUT
 gpt3 = cm.MODELS["gpt3-175B"]
-state = sum(cm.model_state_bytes(gpt3.params()))
+gpt3_state = sum(cm.model_state_bytes(gpt3.params()))
+largest = max(cm.GPUS.values(), key=lambda gpu: gpu.memory_bytes)
+usable = cm.USABLE_MEMORY_FRACTION * largest.memory_bytes
 print(f"GPT-3: {gpt3.params() / 1e9:.1f} B parameters (Megatron-LM 2021, Eq. 2)")
-print(f"model state: 16 bytes x {gpt3.params() / 1e9:.1f} B = {state / 1e12:.2f} TB")
-print(f"the largest GPU in the presets, {cm.GPUS['H200'].name}, holds "
-      f"{cm.GPUS['H200'].memory_bytes / 1e9:.0f} GB: {state / cm.GPUS['H200'].memory_bytes:.0f}x too small")
+print(f"model state: 16 bytes x {gpt3.params() / 1e9:.1f} B = {gpt3_state / 1e12:.2f} TB")
+print(f"the largest GPU in the presets, {largest.name}, holds {largest.memory_bytes / 1e9:.0f} "
+      f"GB; a training job can use {cm.USABLE_MEMORY_FRACTION:.0%} of it, {usable / 1e9:.0f} GB")
+print(f"GPT-3's model state is {gpt3_state / usable:.0f}x that")
 
 # %% [markdown]
+# Throughout the course a model **fits** a GPU when it needs at most 90 % of the GPU's memory,
+# the cost model's `USABLE_MEMORY_FRACTION`: the CUDA context, NCCL's buffers and the
+# allocator's fragmentation take the rest.
+#
 # Activations come on top: every layer keeps its intermediate tensors for the backward pass,
 # `s·b·h·(34 + 5·a·s/h)` bytes per layer in 16-bit without any parallelism (Korthikanti et
 # al. 2022, Table 2), for a micro-batch of b sequences of s tokens (the batch one GPU works
@@ -67,7 +74,10 @@ for name in scale.MODEL_PRESETS:
     state = parts["weights"] + parts["gradients"] + parts["optimizer"]
     print(f"{name:>16} {cm.MODELS[name].params() / 1e9:>8.2f}B {state / 1e9:>16,.0f} GB "
           f"{parts['activations'] / 1e9:>15,.0f} GB")
-print("GPU memory: " + ", ".join(f"{g.name} {g.memory_bytes / 1e9:.0f} GB" for g in cm.GPUS.values()))
+share = cm.USABLE_MEMORY_FRACTION
+print("GPU memory (usable): " + ", ".join(
+    f"{g.name} {g.memory_bytes / 1e9:.0f} GB ({share * g.memory_bytes / 1e9:.0f})"
+    for g in cm.GPUS.values()))
 
 # %% [markdown]
 # The activations are the part that techniques other than more GPUs can shrink. For
@@ -91,8 +101,9 @@ for name, options in techniques.items():
 
 # %% [markdown]
 # The widget puts each part side by side with the GPU sizes on a linear axis, so a bar twice
-# as long is twice as many bytes; GPUs with the same memory share one bar. Try it: pick a
-# model, a micro-batch size and a recomputation mode. A preset fixes the
+# as long is twice as many bytes; GPUs with the same memory share one bar, labelled with
+# what a job can use. Try it: pick a model, a micro-batch size and a recomputation mode. A
+# preset fixes the
 # number of layers L and the hidden size h, so their sliders show its values greyed out;
 # choose "custom" to move them and build your own model. Full recomputation keeps only each layer's input (`2·s·b·h` bytes)
 # and recomputes the rest in the backward pass; it shrinks activations, never the 16 bytes
@@ -142,11 +153,11 @@ for label, P_, T, n, X, paper in (("GPT-3 175B", 175e9, 300e9, 1024, 140e12, 34)
 # The widget below starts one V100 at the rate solved above from "288 years" (6PD), so it
 # lands on 288 years. 30 % of the V100's peak, about what Megatron-LM 2019 measured on one
 # V100 (39 TFLOP/s), is a slightly faster rate, hence fewer years (move its efficiency
-# slider to 0.3). Both are printed here, from the same formula:
+# slider to 30 %). Both are printed here, from the same formula:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for why, rate in (("solved from 288 years", rate_288), ("the widget's default, 30 % of peak",
+for why, rate in (("solved from 288 years", rate_288), ("30 % of peak (Megatron-LM 2019)",
                                                         0.3 * v100)):
     t = cm.training_time_s(cm.training_flops(P, D), 1, rate) / cm.SECONDS_PER_YEAR
     print(f"{why:>36}: {rate / 1e12:.1f} TFLOP/s -> {t:.0f} years")
@@ -157,10 +168,10 @@ scale.time_widget(efficiency=rate_288 / v100)
 # %% [markdown]
 # ## 3. Measured: this machine against GPT-3
 #
-# Now a real run. `lessonlib.baseline.train_tiny_gpt` trains the course's tiny GPT (2 layers,
-# hidden size 64) on a generated corpus of sentences about building a castle, in this one
-# process. The loss must fall, and the step times give this machine's FLOP/s, counted with
-# the same formula the cost model uses for GPT-3.
+# Now a real run. `lessonlib.baseline.train_tiny_gpt` trains the course's tiny GPT (its
+# shape is printed below the plot) on a generated corpus of sentences about building a
+# castle, in this one process. The loss must fall, and the step times give this machine's
+# FLOP/s, counted with the same formula the cost model uses for GPT-3.
 
 # %%
 run = baseline.train_tiny_gpt(steps=100)
@@ -173,8 +184,11 @@ plt.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
+cfg = run["cfg"]
+print(f"tiny GPT: {cfg.layers} layers, hidden size {cfg.hidden}, {len(run['losses'])} steps")
 first, last = sum(run["losses"][:10]) / 10, sum(run["losses"][-10:]) / 10
-print(f"loss fell from {first:.1f} to below {first - 1:.1f}: {last < first - 1}")
+at_most(f"the mean loss of the last 10 steps (the first 10: {first:.1f})", last,
+        round(first - 1, 1), digits=2)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -185,8 +199,8 @@ print(f"GPT-3 at that rate: {gpt3_flops / rate / cm.SECONDS_PER_YEAR:,.0f} years
 print(f"a V100 at {rate_288 / 1e12:.1f} TFLOP/s is {rate_288 / rate:,.0f}x faster; "
       f"it still needs 288 years")
 years_here = gpt3_flops / rate / cm.SECONDS_PER_YEAR
-claim("at this machine's rate GPT-3 takes more than a thousand years", years_here > 1000,
-      numbers=f"{years_here:,.0f} years")
+at_least("at this machine's rate, GPT-3's training time", years_here, 1000, unit=" years",
+         digits=6)
 
 # %% [markdown]
 # Small matrices use a CPU (or a GPU) far below its peak, so this rate is a floor, not a
@@ -204,11 +218,20 @@ results = lessonlib.launch(lessonlib.launcher.demo_rank_sum, 4)
 for r in results:
     print(f"rank {r['rank']} of {r['world_size']}: sum of all ranks = {r['sum']:.0f}")
 
+# %%
+# NBVAL_CHECK_OUTPUT
+# The two walls, from sections 1 and 2
+print(f"GPT-3's model state: {gpt3_state / 1e12:.1f} TB = {gpt3_state / usable:.0f}x the "
+      f"{usable / 1e9:.0f} GB usable on one {largest.name}")
+one_v100 = cm.training_time_s(gpt3_flops, 1, rate_288) / cm.SECONDS_PER_YEAR
+print(f"its compute: {gpt3_flops:.3g} FLOPs = {one_v100:.0f} years of one V100 at "
+      f"{rate_288 / 1e12:.1f} TFLOP/s")
+
 # %% [markdown]
-# > **Takeaway.** GPT-3's model state alone (2.8 TB) is 20 times the largest GPU's memory,
-# > and its compute (3.15e23 FLOPs) is centuries of one GPU. Both walls are broken the same
-# > way: split the work across many devices, and pay for it in communication. The rest of
-# > the course measures that price.
+# > **Takeaway.** GPT-3's model state alone (2.8 TB) is 22 times the usable memory of the
+# > largest GPU, and its compute (3.15e23 FLOPs) is centuries of one GPU. Both walls are
+# > broken the same way: split the work across many devices, and pay for it in
+# > communication. The rest of the course measures that price.
 #
 # ## Exercises
 #
@@ -218,7 +241,8 @@ for r in results:
 #
 # **1. The other way round.** The table above turns parameters into bytes. Turn it around:
 # what is the largest model (in parameters) whose weights, gradients and Adam state fit in
-# one A100-80GB, before any activation? Which of the table's models still train on one GPU?
+# the usable memory of one A100-80GB (`cm.USABLE_MEMORY_FRACTION` of it), before any
+# activation? Which of the table's models still train on one GPU?
 
 # %%
 from lessonlib.exercises import scale as ex
@@ -228,12 +252,12 @@ ex.check_largest_model(my_params)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
-solution_params = cm.GPUS["A100-80GB"].memory_bytes / 16
+solution_params = cm.USABLE_MEMORY_FRACTION * cm.GPUS["A100-80GB"].memory_bytes / 16
 ex.check_largest_model(solution_params)
 
 # %% [markdown]
-# **2.** What is the smallest number of A100-80GB GPUs whose memory could hold GPT-3's model
-# state, before any activation?
+# **2.** What is the smallest number of A100-80GB GPUs whose usable memory could hold
+# GPT-3's model state, before any activation?
 
 # %%
 my_gpus = None
@@ -243,7 +267,8 @@ ex.check_min_gpus(my_gpus)
 # NBVAL_CHECK_OUTPUT
 import math
 
-solution_gpus = math.ceil(16 * cm.MODELS["gpt3-175B"].params() / cm.GPUS["A100-80GB"].memory_bytes)
+usable_a100 = cm.USABLE_MEMORY_FRACTION * cm.GPUS["A100-80GB"].memory_bytes
+solution_gpus = math.ceil(16 * cm.MODELS["gpt3-175B"].params() / usable_a100)
 ex.check_min_gpus(solution_gpus)
 
 # %% [markdown]

@@ -42,7 +42,7 @@ PUBLISHED: dict[str, Source] = {
         days_for_gpt3=34, a100s=1024, tflops_per_gpu=140, fig13_billion_parameters=162.2,
         fig13_hidden=20480, fig13_heads=128, fig13_layers=32, fig13_gpus=64,
         fig13_small_batch=32, fig13_large_batch=128, table1_smallest_hidden=2304,
-        table1_largest_pipeline=64, one_t_servers=128, one_t_gpus=3072,
+        table1_largest_pipeline=64, one_t_gpus=3072,
         one_t_layers=128, one_t_hidden=25600, one_t_days=84, one_t_tflops=163),
     "a100": _source(
         "NVIDIA A100 datasheet; DGX A100 (Megatron-LM 2021 §5): 8 x 200 Gb/s HDR InfiniBand",

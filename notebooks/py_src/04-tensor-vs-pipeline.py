@@ -183,8 +183,9 @@ at_least("  and at t = 8 it passes the compute: their time over it", share[8][1]
 
 # %% [markdown]
 # Over one InfiniBand port the all-reduces' share grows with t (the compute per GPU falls as
-# 1/t, they do not) until they outlast the compute. Leaving the server is a cliff (Megatron-LM 2021, Fig. 13: "up to
-# 2x" lower throughput). Sequences too long for one GPU get their own axis:
+# 1/t, they do not) until they outlast the compute. Leaving the server is a cliff
+# (Megatron-LM 2021, Fig. 13: "up to 2x" lower throughput). Sequences too long for one GPU
+# get their own axis:
 # [deep dive 12](12-deep-dive-long-sequences.ipynb).
 #
 # <div style="border: 2px solid #4C72B0; border-radius: 6px; padding: 10px;">

@@ -39,10 +39,34 @@ def test_kv_block_and_ring_bytes_with_grouped_query_attention():
 def test_ring_hidden_behind_compute_when_shards_are_long():
     llama = cx.LLAMA3_405B
     n = cx.shortest_hidden_shard(llama, 989e12, 450e9)
-    assert n == pytest.approx(8 * 2 * 989e12 / (2 * 128 * 450e9))
+    assert n == pytest.approx(8 * 2 * 989e12 / (128 * 450e9))
     short = GPT(1, 16384, 128, 16 * 64, 128256, kv_heads=8)      # 64 tokens per rank
     assert not cx.ring_step(short, 1, 16, 989e12, 450e9, layout="contiguous")["hidden"]
     assert cx.ring_step(llama, 1, 16, 989e12, 450e9)["hidden"]
+
+
+def test_ring_step_per_gpu_and_break_even_share_one_accounting():
+    # Llama 3 405B, s = 128K, c = 16, t = 8, one GPU's 400 Gb/s port (50e9 bytes/s)
+    llama, peak, port = cx.LLAMA3_405B, 989e12, 50e9
+    whole, per_gpu = (cx.ring_step(llama, 1, 16, peak, port, t=t) for t in (1, 8))
+    # per GPU: a step's causal average, 4 h (s/c)^2 / 2 FLOPs (plus the diagonal's n/2c), / t
+    n = 131072 // 16
+    assert per_gpu["compute_s"] == pytest.approx(4 * 16384 * n * n / 2 / 8 / peak, rel=1e-4)
+    assert per_gpu["transfer_s"] == pytest.approx(2 * n * 8 * 128 * 2 / 8 / port)   # 4 MiB
+    assert per_gpu["compute_s"] == pytest.approx(whole["compute_s"] / 8)
+    assert per_gpu["transfer_s"] == pytest.approx(whole["transfer_s"] / 8)
+    # the break-even shard: 8 KV heads * 2 bytes * F / (128 heads * B) = 2,472 tokens
+    shortest = cx.shortest_hidden_shard(llama, peak, port)
+    assert shortest == pytest.approx(8 * 2 * peak / (128 * port)) == pytest.approx(2472.5)
+    # ... and it is where ring_step's compute meets its transfer, at t = 1 and 8: a shard
+    # 7 % shorter is exposed, 7 % longer hidden (c = 4; s/c even for the zig-zag chunks)
+    for t in (1, 8):
+        for factor, hidden in ((0.93, False), (1.07, True)):
+            n = 2 * round(shortest * factor / 2)
+            model = GPT(1, 16384, 128, 4 * n, 128256, kv_heads=8)
+            assert cx.ring_step(model, 1, 4, peak, port, t=t)["hidden"] is hidden, (t, n)
+    with pytest.raises(ValueError, match="t=3 must divide the K/V heads"):
+        cx.ring_step(llama, 1, 16, peak, port, t=3)
 
 
 def test_activations_divided_by_c():

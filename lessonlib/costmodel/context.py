@@ -8,8 +8,10 @@ block each. Three numbers decide whether that is worth it:
   split gives the rank holding the last tokens about 2c-1 times the first's work, the
   zig-zag split (rank i holds chunks i and 2c-1-i of 2c) gives every rank the same;
 * the ring: each step moves one block of K and V, 2 b (s/c) kv_heads (h/a) values; it hides
-  behind the step's compute, 4 b (s/c)^2 h FLOPs (QK^T and PV at 2 FLOPs per multiply-add),
-  when s/c is long enough; grouped-query attention (kv_heads < a) makes the block smaller;
+  behind the step's compute, on average half a block's 4 b (s/c)^2 h FLOPs under a causal
+  mask (QK^T and PV at 2 FLOPs per multiply-add), when s/c is long enough; grouped-query
+  attention (kv_heads < a) makes the block smaller; tensor parallelism over t splits the
+  heads, so a GPU computes and moves 1/t of both;
 * activations: every tensor a layer saves is s/c tokens long, so memory per rank is 1/c.
 
 Pure arithmetic, no torch; ``model`` is a ``costmodel.model.GPT``.
@@ -90,20 +92,36 @@ def ring_bytes_received_per_rank(c, block_bytes):
     return (c - 1) * block_bytes, (c - 1) * block_bytes + c * block_bytes
 
 
-def ring_step(model, b, c, flops_per_s, link_bytes_per_s, bytes_per_value=2, layout="zigzag"):
-    """One forward step of the ring on the busiest rank: its compute against one block's
-    transfer, and whether the compute hides the transfer (the transfer is posted first)."""
-    flops = max(attention_flops_per_rank(model, b, c, layout)) / c
+def ring_step(model, b, c, flops_per_s, link_bytes_per_s, bytes_per_value=2, layout="zigzag",
+              t=1):
+    """One forward step of the ring on one GPU of the busiest rank: its compute (the rank's
+    causal work over its c steps, on average) against one block's transfer, and whether the
+    compute hides the transfer (the transfer is posted first). With tensor parallelism over
+    t GPUs the rank's heads are split over them: each GPU computes 1/t of the step and moves
+    1/t of the block (its kv_heads/t K/V heads) over its own link."""
+    _check_t(model, t)
+    flops = max(attention_flops_per_rank(model, b, c, layout)) / c / t
     compute = flops / flops_per_s
-    transfer = kv_block_bytes(model, b, c, bytes_per_value) / link_bytes_per_s
+    transfer = kv_block_bytes(model, b, c, bytes_per_value) / t / link_bytes_per_s
     return {"compute_s": compute, "transfer_s": transfer, "hidden": compute >= transfer,
             "exposed_s": max(0.0, transfer - compute)}
 
 
 def shortest_hidden_shard(model, flops_per_s, link_bytes_per_s, bytes_per_value=2):
-    """The fewest tokens per rank, s/c, at which a full block's compute hides its transfer:
-    4 n^2 h / F >= 2 n kv (h/a) bytes / B  =>  n >= kv bytes F / (2 a B)."""
-    return kv_heads(model) * bytes_per_value * flops_per_s / (2 * model.a * link_bytes_per_s)
+    """The fewest tokens per rank, n = s/c, at which a zig-zag ring step's compute hides its
+    block's transfer, as ``ring_step`` counts them. Under a causal mask a step keeps on
+    average n^2/2 of a block's n^2 scores (every zig-zag step: two of its four chunk pairs),
+    at 4 h FLOPs each; the block is 2 n kv_heads (h/a) values. Per GPU at any t, both / t:
+
+        2 b n^2 h / F  >=  2 b n kv (h/a) bytes / B   =>   n >= kv bytes F / (a B)."""
+    return kv_heads(model) * bytes_per_value * flops_per_s / (model.a * link_bytes_per_s)
+
+
+def _check_t(model, t):
+    positive_int("t", t, what="the tensor-parallel GPUs that split the heads")
+    if kv_heads(model) % t:
+        raise ValueError(f"t={t} must divide the K/V heads ({kv_heads(model)}): each GPU "
+                         f"moves its own kv_heads/t of them")
 
 
 def activation_bytes_per_rank(model, b, c, t=1, sequence_parallel=True, recompute="none"):
@@ -173,7 +191,7 @@ def document_of(doc_lengths):
 
 def document_pairs_per_step(doc_lengths, c, layout="zigzag"):
     """[rank][step]: the (query, key) scores a causal document mask keeps between rank r's
-    queries and the key/value block it holds at ring step t (that of rank (r - t) mod c),
+    queries and the key/value block it holds at ring step i (that of rank (r - i) mod c),
     per sequence and head. Summed over the steps it is the rank's work under all-gather."""
     ids, starts = document_of(doc_lengths)
     s = len(ids)
@@ -188,7 +206,7 @@ def document_pairs_per_step(doc_lengths, c, layout="zigzag"):
     def kept(queries, keys):   # keys in [first token of the query's document, the query]
         return sum(max(0, min(hi, p + 1) - max(lo, starts[ids[p]]))
                    for q_lo, q_hi in queries for p in range(q_lo, q_hi) for lo, hi in keys)
-    return [[kept(spans[r], spans[(r - t) % c]) for t in range(c)] for r in range(c)]
+    return [[kept(spans[r], spans[(r - i) % c]) for i in range(c)] for r in range(c)]
 
 
 def document_work(doc_lengths, c, layout="zigzag"):
@@ -203,14 +221,16 @@ def document_work(doc_lengths, c, layout="zigzag"):
             "even": sum(per_rank) / c}
 
 
-def summary(model=LLAMA3_405B, b=1, c=16, flops_per_s=989e12, link_bytes_per_s=450e9):
-    step = ring_step(model, b, c, flops_per_s, link_bytes_per_s)
+def summary(model=LLAMA3_405B, b=1, c=16, t=8, flops_per_s=989e12, link_bytes_per_s=50e9):
+    """Llama 3 405B at 128K tokens, c = 16 and t = 8 (Dubey et al. 2024, Table 4), one GPU's
+    own 400 Gb/s port (the ring's ranks are t GPUs apart, so in different servers)."""
+    step = ring_step(model, b, c, flops_per_s, link_bytes_per_s, t=t)
     return "\n".join([
-        f"{model.name}: s={model.s}, c={c}, kv_heads={kv_heads(model)} of a={model.a}",
+        f"{model.name}: s={model.s}, c={c}, t={t}, kv_heads={kv_heads(model)} of a={model.a}",
         f"  contiguous imbalance {imbalance(model.s, c, 'contiguous'):.2f}, "
         f"zig-zag {imbalance(model.s, c, 'zigzag'):.2f}",
-        f"  K/V block {kv_block_bytes(model, b, c) / 2**20:.1f} MiB: step compute "
-        f"{step['compute_s'] * 1e3:.2f} ms, transfer {step['transfer_s'] * 1e3:.3f} ms, "
+        f"  K/V block per GPU {kv_block_bytes(model, b, c) / t / 2**20:.1f} MiB: step compute "
+        f"{step['compute_s'] * 1e3:.3f} ms, transfer {step['transfer_s'] * 1e3:.3f} ms, "
         f"hidden: {step['hidden']}",
         f"  shortest shard that hides its block: "
         f"{shortest_hidden_shard(model, flops_per_s, link_bytes_per_s):.0f} tokens"])

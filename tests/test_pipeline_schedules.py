@@ -375,3 +375,19 @@ def test_plots_draw_theory_and_measured_points():
     assert len(box.children[1].outputs) == 1
     assert vp.predicted_stash("1f1b", 4, 8) == [4, 3, 2, 1]
     assert vp.predicted_stash("interleaved", 4, 8, 2) == [5.5, 4.5, 3.5, 2.5]
+
+
+def test_gantt_panels_on_a_shared_time_axis_all_end_at_the_longest_chart():
+    """Drawn one by one on a shared x axis, GPipe's and 1F1B's 33 time units (p = 4, m = 8)
+    are not cut at the interleaved chart's 28.5, the last one drawn."""
+    import matplotlib.pyplot as plt
+
+    from lessonlib.viz import pipeline as vp
+
+    fig, axes = plt.subplots(3, 1, sharex=True)
+    for ax, (name, v) in zip(axes, (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))):
+        vp.gantt_schedule(name, 4, 8, v, ax=ax)
+    assert [ax.get_xlim() for ax in axes] == [pytest.approx((0, 33 * 1.01))] * 3
+    alone = vp.gantt_schedule("interleaved", 4, 8, 2)
+    assert alone.get_xlim() == pytest.approx((0, 28.5 * 1.01))
+    plt.close("all")

@@ -23,6 +23,7 @@ from lessonlib.costmodel import Layout, bubble_fraction, bubble_time, stashed_mi
 from lessonlib.pipeline import runs
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline.actions import Kind
+from lessonlib.pipeline.executor import StepResult
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
 from lessonlib.pipeline.validate import ScheduleError, check, replay, simulate
 
@@ -88,22 +89,59 @@ def test_zero_bubble_schedules_hold_min_p_m_micro_batches_until_their_w(p, m):
             assert all(a.kind != Kind.W or a.peer is None for a in actions)
 
 
-def test_a_replay_runs_every_schedule_on_one_split_runs_times():
-    """1F1B fuses B and W into its backward; a chunk of half the layers takes half."""
-    ms = {"forward_ms": [1.0, 1.5], "backward_ms": [2.0, 1.0], "weight_ms": [0.5, 3.0]}
+def test_a_replay_gives_each_virtual_stage_the_times_of_the_stage_holding_its_layers():
+    """1F1B fuses B and W into its backward; a virtual stage of half a stage's layers takes
+    half of that stage's times, whichever device runs it: ZBV's device 0 runs virtual stages
+    0 and 3, so its chunk 1 takes half of the last stage's times, not of its own device's."""
+    ms = {"forward_ms": [1.0, 1.5, 0.5, 2.0], "backward_ms": [0.0, 1.0, 2.5, 1.2],
+          "weight_ms": [3.0, 0.5, 1.0, 0.8]}
 
-    def per_stage(*keys, share=1.0):
-        return lambda s, a: share * sum(ms[k][s] for k in keys)
+    def times(*keys, holder=lambda s, a: s, share=1.0):
+        return lambda s, a: share * sum(ms[k][holder(s, a)] for k in keys)
 
-    f, b, w = per_stage("forward_ms"), per_stage("backward_ms"), per_stage("weight_ms")
-    assert replay(S.make("zb-h1", 2, 4), ms).bubble == simulate(
-        S.make("zb-h1", 2, 4), forward=f, backward=b, weight=w).bubble
-    assert replay(S.make("1f1b", 2, 4), ms).bubble == simulate(
-        S.make("1f1b", 2, 4), forward=f, backward=per_stage("backward_ms", "weight_ms")).bubble
-    assert replay(S.make("zbv", 2, 4), ms).bubble == simulate(
-        S.make("zbv", 2, 4), forward=per_stage("forward_ms", share=0.5),
-        backward=per_stage("backward_ms", share=0.5),
-        weight=per_stage("weight_ms", share=0.5)).bubble
+    zb_h1 = S.make("zb-h1", 4, 8)
+    assert replay(zb_h1, ms).bubble == simulate(
+        zb_h1, forward=times("forward_ms"), backward=times("backward_ms"),
+        weight=times("weight_ms")).bubble
+    one = S.make("1f1b", 4, 8)
+    assert replay(one, ms).bubble == simulate(
+        one, forward=times("forward_ms"), backward=times("backward_ms", "weight_ms")).bubble
+    # (device, chunk) -> the stage of the 4-stage run that holds its layers, by hand: ZBV's
+    # virtual stages are d and 7-d, interleaved's d and 4+d, each half of stage k // 2
+    for name, holds in (("zbv", {(0, 0): 0, (1, 0): 0, (2, 0): 1, (3, 0): 1,
+                                 (0, 1): 3, (1, 1): 3, (2, 1): 2, (3, 1): 2}),
+                        ("interleaved", {(0, 0): 0, (1, 0): 0, (2, 0): 1, (3, 0): 1,
+                                         (0, 1): 2, (1, 1): 2, (2, 1): 3, (3, 1): 3})):
+        def half(*keys):
+            return times(*keys, holder=lambda s, a: holds[s, a.chunk], share=0.5)
+
+        sched = S.make(name, 4, 8, 2)
+        fused = ("backward_ms", "weight_ms") if name == "interleaved" else ("backward_ms",)
+        want = simulate(sched, forward=half("forward_ms"), backward=half(*fused),
+                        weight=half("weight_ms"))
+        assert replay(sched, ms).bubble == want.bubble, name
+    with pytest.raises(ScheduleError, match="4 virtual stages cannot be cut evenly"):
+        replay(S.make("1f1b", 2, 4), ms)
+
+
+def test_explain_bubble_reads_each_virtual_stages_times_and_replays_them():
+    """A simulated ZBV step handed over as a measured one: its F, B and W come back per
+    virtual stage (device 0's two chunks apart), and replaying them gives its bubble."""
+    f, b, w = [1.0, 2.0, 3.0, 4.0], [0.0, 1.5, 2.5, 0.5], [2.0, 1.0, 0.5, 3.0]
+    sched = S.make("zbv", 2, 4)
+    vstage = {(0, 0): 0, (1, 0): 1, (1, 1): 2, (0, 1): 3}
+    sim = simulate(sched, forward=lambda s, a: f[vstage[s, a.chunk]],
+                   backward=lambda s, a: b[vstage[s, a.chunk]],
+                   weight=lambda s, a: w[vstage[s, a.chunk]])
+    case = ("lessonlib", "zbv", 4, 2)
+    per_rank = [{case: [StepResult(d, [], sim.timelines[d], sim.makespan, 0, 0, 0)]}
+                for d in range(2)]
+    why = runs.explain_bubble(per_rank, case)
+    assert (why["forward_ms"], why["backward_ms"], why["weight_ms"]) == (
+        [1e3 * t for t in f], [1e3 * t for t in b], [1e3 * t for t in w])
+    assert why["simulated_with_measured_compute"] == pytest.approx(sim.bubble)
+    assert why["measured"] == pytest.approx(sim.bubble)
+    assert replay(sched, why).bubble == pytest.approx(sim.bubble)
 
 
 def test_zbv_turns_round_on_the_last_stage_without_a_message():

@@ -34,7 +34,7 @@ from lessonlib.data import regression_batch
 from lessonlib.device import current_device
 from lessonlib.models import PARITY_CONFIG, GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.pipeline.actions import COMPUTE, place, placement_of
+from lessonlib.pipeline.actions import COMPUTE, place, placement_of, virtual_stage
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules, stage_parameters
 from lessonlib.pipeline.torch_ref import TorchPipeline, torch_can_run
@@ -258,26 +258,32 @@ def median_step(per_rank: list[dict], case) -> list:
 
 
 def explain_bubble(per_rank: list[dict], case) -> dict:
-    """Why a measured bubble differs from (p-1)/(m+p-1). The median step's measured F, B,
-    W and send times per stage are replayed by the schedule simulation: once with compute
-    only (stages that ran at different speeds), once with the sends as well (the time a
-    stage spends copying each message out, on the critical path of a pipeline)."""
+    """Why a measured bubble differs from (p-1)/(m+p-1). The median step's measured F, B and
+    W times per virtual stage (a device's chunks kept apart: ZBV's device 0 runs the first
+    virtual stage and the last) and send times per stage are replayed by the schedule
+    simulation: once with compute only (stages that ran at different speeds), once with the
+    sends as well (the time a stage spends copying each message out, on the critical path
+    of a pipeline). "forward_ms", "backward_ms" and "weight_ms" are by virtual stage in the
+    model's order (by stage where v = 1), "send_ms" by stage."""
     engine, schedule, m, v = case
     p, step = len(per_rank), median_step(per_rank, case)
-    def took(r, k):
-        return statistics.median([x.end - x.start for x in r.spans if x.kind == k or (
-            k == "SEND" and x.kind.startswith(k))] or [0.0])
-
-    cost = {k: [took(r, k) for r in step] for k in ("F", "B", "W", "SEND")}
     sched = make(schedule, p, m, v)
-    times = {name: (lambda s, a, k=k: cost[k][s])
+    at = placement_of(sched)
+
+    def took(spans):
+        return statistics.median([x.end - x.start for x in spans] or [0.0])
+
+    cost = {k: [took([x for x in step[d].spans if (x.kind, x.chunk) == (k, c)])
+                for d, c in (place(vs, p, at) for vs in range(p * v))] for k in ("F", "B", "W")}
+    sends = [took([x for x in r.spans if x.kind.startswith("SEND")]) for r in step]
+    times = {name: (lambda s, a, k=k: cost[k][virtual_stage(s, a.chunk, p, at)])
              for name, k in (("forward", "F"), ("backward", "B"), ("weight", "W"))}
     compute_only = simulate(sched, **times)
-    with_sends = simulate(sched, **times, send=lambda s, a: cost["SEND"][s])
+    with_sends = simulate(sched, **times, send=lambda s, a: sends[s])
     wall = max(r.wall_s for r in step)
     busy = [sum(x.end - x.start for x in r.spans if x.kind in COMPUTE) for r in step]
     return {"forward_ms": [1e3 * t for t in cost["F"]], "backward_ms": [1e3 * t for t in cost["B"]],
-            "weight_ms": [1e3 * t for t in cost["W"]], "send_ms": [1e3 * t for t in cost["SEND"]],
+            "weight_ms": [1e3 * t for t in cost["W"]], "send_ms": [1e3 * t for t in sends],
             "theory": theory(schedule, p, m, v, "wall"),
             "simulated_with_measured_compute": compute_only.bubble,
             "simulated_with_measured_compute_and_sends": with_sends.bubble,

@@ -19,8 +19,8 @@ where each stage is stuck. Otherwise it reports, per stage:
   1F1B and m for GPipe (PipeDream-Flush, Narayanan et al. 2021, §3.2); a micro-batch whose
   backward is split stays held until its W, which needs what B kept.
 
-``replay`` plays any schedule on one run's measured times per stage, so that two schedules
-are compared on the same times rather than through two noisy runs.
+``replay`` plays any schedule on one run's measured times per virtual stage, so that two
+schedules are compared on the same times rather than through two noisy runs.
 
 Laptop:  ``python -m lessonlib.pipeline.validate`` simulates GPipe and 1F1B for p=4, m=8.
 GPU box: the same (pure Python).
@@ -31,7 +31,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from lessonlib.pipeline.actions import COMPUTE, Kind, placement_of
+from lessonlib.pipeline.actions import COMPUTE, Kind, placement_of, virtual_stage
 from lessonlib.pipeline.check import (Message, ScheduleError, check, message_of,  # noqa: F401
                                       where)
 from lessonlib.pipeline.rounds import check_batches, lockstep
@@ -156,17 +156,31 @@ def validate(schedule, m: int | None = None, v: int | None = None, **costs) -> S
 
 
 def replay(schedule, stage_ms: dict) -> Simulation:
-    """``schedule`` played on one run's measured times per stage, so that schedules compare
-    on the same times, without the noise of separate runs (``stage_ms``: "forward_ms",
-    "backward_ms" and "weight_ms", lists by stage, as ``runs.explain_bubble`` reports a run
-    whose backward is split): a schedule without W runs B + W as one backward, and a chunk
-    of 1/v of a stage's layers takes 1/v of each time."""
-    v = check(schedule)[2]
+    """``schedule`` played on one run's measured times, so that schedules compare on the
+    same times, without the noise of separate runs. ``stage_ms``: "forward_ms",
+    "backward_ms" and "weight_ms", lists by the measured run's virtual stage, in the
+    model's order (as ``runs.explain_bubble`` reports them; one per stage for a run with
+    one chunk per device).
+
+    Each virtual stage of ``schedule`` takes the times of the measured virtual stage that
+    holds its layers, shared evenly among the virtual stages cut from it: on a ZB-H1 run's
+    two stages, ZBV's virtual stages 0 and 3, both on device 0, take half of stage 0's and
+    half of stage 1's times. A schedule without W runs B + W as one backward."""
+    p, _, v = check(schedule)
+    f, b, w = (list(stage_ms[k]) for k in ("forward_ms", "backward_ms", "weight_ms"))
+    if (p * v) % len(f):
+        raise ScheduleError(f"a run measured on {len(f)} virtual stages cannot be cut evenly "
+                            f"into this schedule's p*v = {p * v}; replay it on a run whose "
+                            f"virtual stages divide p*v")
+    cut, placement = p * v // len(f), placement_of(schedule)
     fused = not any(a.kind == Kind.W for actions in schedule for a in actions)
-    f, b, w = (stage_ms[k] for k in ("forward_ms", "backward_ms", "weight_ms"))
-    return simulate(schedule, forward=lambda s, a: f[s] / v,
-                    backward=lambda s, a: (b[s] + fused * w[s]) / v,
-                    weight=lambda s, a: w[s] / v)
+
+    def share(*times):       # (device, action) -> its virtual stage's share of the times
+        return lambda s, a: sum(t[virtual_stage(s, a.chunk, p, placement) // cut]
+                                for t in times) / cut
+
+    return simulate(schedule, forward=share(f), backward=share(b, w) if fused else share(b),
+                    weight=share(w))
 
 
 def bubble_of(timelines: list[list[Span]], wall: float | None = None) -> list[float]:

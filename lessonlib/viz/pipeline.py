@@ -50,7 +50,7 @@ def gantt(timelines, ax=None, title: str = "", unit: str = "s", labels: bool = T
                 ax.barh(y, width, left=x.start * scale, height=0.35, color=COLORS["wait"],
                         hatch="///", edgecolor="#888888", linewidth=0, zorder=1)
     ax.set_yticks(range(p), [f"stage {s}" for s in reversed(range(p))])
-    ax.set_xlim(0, end * scale * 1.01)
+    ax.set_xlim(0, _longest(ax) * 1.01)
     ax.set_xlabel("time (ms)" if unit == "s" else f"time ({unit})")
     ax.set_title(title, fontsize=10)
     split = any(x.kind == "W" for line in timelines for x in line)
@@ -64,6 +64,14 @@ def gantt(timelines, ax=None, title: str = "", unit: str = "s", labels: bool = T
     ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
     return ax
+
+
+def _longest(ax) -> float:
+    """The latest end drawn on ``ax`` or on any panel sharing its x axis (each chart's idle
+    row spans its whole step), so that panels drawn one by one on a shared axis all end at
+    the longest chart's end instead of the last one drawn."""
+    return max((bar.get_x() + bar.get_width() for panel in ax.get_shared_x_axes().get_siblings(ax)
+                for bar in panel.patches), default=1.0) or 1.0
 
 
 def gantt_schedule(name: str, p: int, m: int, v: int = 1, forward: float = 1.0,

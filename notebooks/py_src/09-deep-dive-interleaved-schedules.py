@@ -21,7 +21,8 @@
 # V-shaped ZBV (Qi et al., ICLR 2024).
 #
 # The same plan as a core lesson: the idea -> a prediction -> a real run -> measured against
-# predicted -> a takeaway -> an exercise.
+# predicted -> a takeaway -> an exercise. About 33 minutes to read, code and outputs included.
+# <!-- numbers: 33 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 
 # %%
 import json
@@ -124,16 +125,20 @@ for r in report:
 
 # %% [markdown]
 # Then the measurement, on the stages of notebook 04: 2 ranks, one compute thread each, an
-# `mlp_stack` of 16 Linear + GeLU layers of width 1024 (4 chunks of 4 layers when
-# interleaved), micro-batches of 32 rows; 1F1B and interleaved 1F1B (v = 2) for m = 2, 4, 8.
+# `mlp_stack` of Linear + GeLU layers (2 stages, or 4 chunks when interleaved; the cell
+# prints their width and the micro-batch's rows); 1F1B and interleaved 1F1B (v = 2) for
+# m = 2, 4, 8.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+WIDTH, LAYERS_PER_STAGE, MICRO = 1024, 8, 32     # the stages' layers; rows per micro-batch
 measured = lessonlib.launch(runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
-                            schedules=("1f1b", "interleaved"), micro=32, steps=3, warmup=1,
+                            schedules=("1f1b", "interleaved"), width=WIDTH,
+                            layers_per_stage=LAYERS_PER_STAGE, micro=MICRO, steps=3, warmup=1,
                             timeout=300)
 rows = runs.summarize(measured)
-print(f"{len(rows)} cases measured, median step times from "
+print(f"{2 * LAYERS_PER_STAGE} layers of width {WIDTH}, micro-batches of {MICRO} rows: "
+      f"{len(rows)} cases measured, median step times from "
       f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "
       f"{max(r['step_time_s'] for r in rows) * 1e3:.0f} ms")
 
@@ -151,11 +156,8 @@ plt.show()
 # %% [markdown]
 # The bubble of every run as a share of the step's wall time, next to `(p-1)/(v·m+p-1)`
 # (Megatron's `(p-1)/(v·m)` of ideal time for reference). Step times are the median of 3
-# steps on whatever else this machine is doing. Interleaving multiplies the messages per
-# micro-batch (3 boundaries instead of 1 here) and halves the work between them; on CPU
-# ranks, where the sender copies each message on the critical path, it gains least (the deep dive
-# [11 · laptop measurements](11-deep-dive-laptop-measurements.ipynb) takes the measured
-# bubble apart).
+# steps on whatever else this machine is doing; the last line sets each interleaved step
+# time over 1F1B's at the same m.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -166,6 +168,22 @@ for r in rows:
           f"{r['bubble_mean']:>14.1%} {r['bubble_theory_wall']:>14.1%} "
           f"{r['bubble_mean'] - r['bubble_theory_wall']:>+11.1%} "
           f"{r['bubble_theory_ideal']:>15.1%}")
+step_ms = {(r["schedule"], r["m"]): r["step_time_s"] for r in rows}
+ratio = {m: step_ms["interleaved", m] / step_ms["1f1b", m] for m in (2, 4, 8)}
+slower = [m for m, x in ratio.items() if x > 1]
+print("interleaved step / 1F1B step: " + ", ".join(f"m={m} {x:.2f}" for m, x in ratio.items())
+      + (f"; slower than 1F1B at m = {', '.join(map(str, slower))}" if slower
+         else "; faster than 1F1B at every m"))
+
+# %% [markdown]
+# <!-- no measured claim: the line above states this run's comparison, computed from the table -->
+# Halving the theoretical bubble does not halve the step. Each micro-batch now crosses 3
+# boundaries instead of 1 and does half the work between two messages, and on CPU ranks the
+# sender copies each message on the critical path. What interleaving saves in bubble,
+# (p-1)/(m+p-1) - (p-1)/(2m+p-1) of the step, shrinks as m grows; what its messages cost per
+# micro-batch does not. Where the last line's ratio is above 1, interleaving made this run's
+# step longer (the deep dive [11 · laptop measurements](11-deep-dive-laptop-measurements.ipynb)
+# takes the measured bubble apart).
 
 # %% [markdown]
 # Memory, from what autograd saved for the backward: micro-batch-chunks held at once per
@@ -275,29 +293,30 @@ fig, axes = plt.subplots(2, 1, figsize=(10, 4.6), constrained_layout=True)
 vp.gantt_schedule("zb-h1", 4, 8, ax=axes[0])
 vp.gantt_schedule("zbv", 4, 8, ax=axes[1])
 plt.show()
-from lessonlib.claims import claim
+from lessonlib.claims import claim, every
 
-zbv_idle = {mm: max(simulate(S.zbv(p, mm), forward=0.5, backward=0.5, weight=0.5).idle)
-            for mm in (2 * p - 1, 2 * p, 4 * p, 16 * p)}
-one_idle = simulate(S.one_f_one_b(p, 2 * p), forward=1, backward=2).idle[0]
-claim(f"at equal times ZBV idles only the start-up, (p-1) chunk forwards, a sixth of 1F1B's "
-      f"bubble, for every m >= 2p-1 (p = {p})",
-      all(abs(x - (p - 1) * 0.5) < 1e-9 for x in zbv_idle.values())
-      and abs(one_idle / 6 - (p - 1) * 0.5) < 1e-9,
-      numbers=", ".join(f"m={mm}: {x:g}" for mm, x in zbv_idle.items()) + f"; 1F1B {one_idle:g}")
-few = max(simulate(S.zbv(p, p), forward=0.5, backward=0.5, weight=0.5).idle)
-claim("with fewer micro-batches the V never fills: 2(2p-1-m) chunk forwards",
-      abs(few - (2 * p - 1 - p)) < 1e-9,
-      numbers=f"m={p}: {few:g} time units, {few / 0.5:g} chunk forwards")
+M_MAX = 8 * p                   # the largest m simulated below
+chunk = dict(forward=0.5, backward=0.5, weight=0.5)      # a chunk forward takes 0.5
+zbv_idle = {mm: max(simulate(S.zbv(p, mm), **chunk).idle) / 0.5 for mm in range(1, M_MAX + 1)}
+one_idle = {mm: simulate(S.one_f_one_b(p, mm), forward=1, backward=2).idle[0] / 0.5
+            for mm in range(2 * p - 1, M_MAX + 1)}      # in chunk forwards too
+every(f"at equal times (p = {p}) ZBV idles max(p-1, 2(2p-1-m)) chunk forwards at m",
+      {mm: (x, max(p - 1, 2 * (2 * p - 1 - mm))) for mm, x in zbv_idle.items()},
+      lambda x: abs(x[0] - x[1]) < 1e-9)
+every(f"from m = 2p-1 on, that is the start-up alone, p-1 = {p - 1} chunk forwards, a sixth "
+      f"of 1F1B's idle time, at m", {mm: (zbv_idle[mm], x) for mm, x in one_idle.items()},
+      lambda x: abs(x[0] - (p - 1)) < 1e-9 and abs(x[1] - 6 * x[0]) < 1e-9)
 
 # %% [markdown]
 # ZBV's remaining idle time is the start-up alone: device p-1 cannot begin before micro-batch
 # 0 has passed p-1 half-size chunks, and every device has the same work, so each idles at
 # least (p-1) chunk forwards. No step that starts from an empty pipeline does better (the
 # paper's "zero" also overlaps it with the previous step's end, by not synchronising before
-# the optimizer step). ZBV reaches that bound for every m >= 2p-1, a sixth of 1F1B's
-# bubble; with fewer micro-batches the V never fills and it leaves 2(2p-1-m) chunk forwards.
-# The cost model's ZBV figure is the same.
+# the optimizer step). ZBV reaches that bound, a sixth of 1F1B's bubble, at every m from
+# 2p-1 to 32 that the check above simulates for p = 4 (and the cost model's formula,
+# max(p-1, 2(2p-1-m)) chunk forwards, says it stays there for any larger m); with fewer
+# micro-batches the V does not fill, and below (3p-1)/2 it leaves 2(2p-1-m) chunk forwards.
+# The cost model's ZBV column above is the same figure.
 #
 # The real run: both train the same model as one process, and so do PyTorch's
 # `ScheduleInterleavedZeroBubble` (one stage per rank) and `ScheduleZBVZeroBubble` on the
@@ -313,18 +332,24 @@ for r in report:
           f"losses equal one process: {same}")
 
 # %% [markdown]
-# Measured: the stages of §3 (micro-batches of 32 rows), m = 4, every schedule and
-# PyTorch's zero-bubble schedules taking turns step by step. Each measured Gantt chart is
-# drawn with its bubble, and each run's own F, B and W times per stage are replayed by the
-# simulation, which removes the noise of a shared machine from the schedule's part. To
-# compare the schedules themselves, every one is then replayed on the same times (the ZB-H1
-# run's, a chunk of half the layers taking half of them).
+# Measured: the stages of §3, m = 4, every schedule and PyTorch's zero-bubble schedules
+# taking turns step by step. Each measured Gantt chart is drawn with its bubble, and each
+# run's own F, B and W times per virtual stage are replayed by the simulation, which removes
+# the noise of a shared machine from the schedule's part. To compare the schedules
+# themselves, every one is then replayed on the same times, the ZB-H1 run's: each virtual
+# stage takes its share of the times of the ZB-H1 stage that holds its layers, so ZBV's
+# device 0, which runs the first virtual stage and the last, takes half of stage 0's times
+# for its chunk 0 and half of stage 1's for its chunk 1 (`validate.replay`). One
+# approximation remains: a virtual stage cut from ZB-H1's stage 0 inherits that stage's
+# backward, where B computes nothing and W all of it, so ZBV's virtual stage 1 is replayed
+# with no B of its own.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 import statistics
 
-zb = lessonlib.launch(runs.measure, 2, ms=(4,), engines=("lessonlib", "torch"), micro=32,
+zb = lessonlib.launch(runs.measure, 2, ms=(4,), engines=("lessonlib", "torch"), width=WIDTH,
+                      layers_per_stage=LAYERS_PER_STAGE, micro=MICRO,
                       schedules=("1f1b", "interleaved", "zb-h1", "zbv"), steps=3, warmup=1,
                       timeout=300)
 zb_rows = {(r["engine"], r["schedule"]): r for r in runs.summarize(zb)}
@@ -337,35 +362,39 @@ for ax, (name, case) in zip(axes, ours.items()):
              title=f"{vp.NAMES[name]}, p=2, m=4, measured: bubble "
                    f"{statistics.fmean(why[name]['measured']):.1%} of wall time")
 plt.show()
+print(f"p = 2, m = 4, layers of width {WIDTH}, micro-batches of {MICRO} rows")
 print(f"{'schedule':>17} {'step ms':>8} {'bubble measured':>16} {'replayed':>9} "
-      f"{'T_F, T_B, T_W ms (last stage)':>31}")
+      f"{'T_F, T_B, T_W ms (last virtual stage)':>39}")
 for name, w in why.items():
     print(f"{vp.NAMES[name]:>17} {w['step_ms']:>8.1f} {statistics.fmean(w['measured']):>16.1%} "
           f"{statistics.fmean(w['simulated_with_measured_compute']):>9.1%} "
-          f"{w['forward_ms'][-1]:>17.2f} {w['backward_ms'][-1]:>6.2f} {w['weight_ms'][-1]:>6.2f}")
+          f"{w['forward_ms'][-1]:>25.2f} {w['backward_ms'][-1]:>6.2f} {w['weight_ms'][-1]:>6.2f}")
 for name, torch_name in (("zb-h1", "ScheduleInterleavedZeroBubble"),
                          ("zbv", "ScheduleZBVZeroBubble")):
     mine, theirs = zb_rows["lessonlib", name]["step_time_s"], zb_rows["torch", name]["step_time_s"]
     print(f"lessonlib {vp.NAMES[name]} step / PyTorch's {torch_name}: {mine / theirs:.2f}")
-# every schedule replayed on the times this ZB-H1 run measured (a chunk takes half)
+# every schedule replayed on the times this ZB-H1 run measured, per virtual stage
 same = {name: statistics.fmean(replay(S.make(name, 2, 4, case[3]), why["zb-h1"]).bubble)
         for name, case in ours.items()}
 claim("replayed on the same measured F, B and W times, ZB-H1 and ZBV leave less bubble "
-      "than 1F1B", max(same["zb-h1"], same["zbv"]) < same["1f1b"],
+      "than 1F1B, and ZBV the least of the four",
+      max(same["zb-h1"], same["zbv"]) < same["1f1b"] and same["zbv"] == min(same.values()),
       numbers=", ".join(f"{vp.NAMES[n]} {b:.1%}" for n, b in same.items()))
 
 # %% [markdown]
 # On a shared 2-core machine the measured bubble and step times move from run to run (the
 # numbers above are this run's), and so do the runs' own times (one stage of a run can be
-# slowed by a neighbour); the replay on the same times is the schedules' part. A split
-# backward gains step time only where the bubble it saves is larger than what the split costs:
-# W runs one autograd call per layer where a whole backward runs one per stage, and ZB-H1's
-# `(p-1)(T_F + T_B - T_W)` assumes T_W <= T_F; compare the table's T_W with its T_F (with 32
-# rows per micro-batch, a weight gradient writes a whole 1024 x 1024 matrix while an input
-# gradient writes 32 x 1024). On the first virtual stage (stage 0's only chunk in ZB-H1, chunk
-# 0 of device 0 in ZBV) nobody waits for the input gradient, so there B computes nothing and W
-# runs the whole backward in one pass, as PyTorch's stages do; the table shows the last stage.
-# `labs/pp.py --schedules 1f1b zb-h1 zbv` measures the step times with more steps.
+# slowed by a neighbour); the replay on the same times, its bubbles printed on the claim's
+# line, is the schedules' part. A split backward gains step time only where the bubble it
+# saves is larger than what the split costs: W runs one autograd call per layer where a whole
+# backward runs one per stage, and ZB-H1's `(p-1)(T_F + T_B - T_W)` assumes T_W <= T_F;
+# compare the table's T_W with its T_F (with 32 rows per micro-batch, a weight gradient
+# writes a whole 1024 x 1024 matrix while an input gradient writes 32 x 1024). On the first
+# virtual stage (stage 0's only chunk in ZB-H1, chunk 0 of device 0 in ZBV) nobody waits for
+# the input gradient, so there B computes nothing and W runs the whole backward in one pass,
+# as PyTorch's stages do; the table shows the last virtual stage, the one that computes the
+# loss (chunk 1 of device 0 in ZBV). `labs/pp.py --schedules 1f1b zb-h1 zbv` measures the
+# step times with more steps.
 
 # %% [markdown]
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
@@ -374,7 +403,8 @@ claim("replayed on the same measured F, B and W times, ZB-H1 and ZBV leave less 
 # micro-batches. The price is about v times the messages between devices, m a multiple of
 # p, and slightly more activations on the first device. Where a message is cheap next to a chunk's
 # compute (GPUs over NVLink or InfiniBand, large layers) that trade pays; where each message
-# costs a copy on the critical path (CPU ranks, tiny layers) it pays least. Splitting each
+# costs a copy on the critical path (CPU ranks, small layers) it pays least, and at large m,
+# where there is little bubble left to save, it can lengthen the step. Splitting each
 # backward into B and W attacks the hop itself: ZB-H1 leaves a third of 1F1B's bubble at
 # equal F, B and W times with 1F1B's memory, ZBV only the start-up.
 # </div>

@@ -19,8 +19,7 @@
 #
 # That is data parallelism in five steps: **replicate** the model, **shard** the batch,
 # compute **local gradients**, **all-reduce** them, **update**. Each runs for real below, on
-# CPU ranks: what the all-reduce costs (1), a real run (2), the call measured (3), hidden
-# behind backward (4), PyTorch's DDP (5), and sharding the replica (6).
+# CPU ranks.
 #
 # Deeper: [DDP's buckets](07-deep-dive-ddp-buckets.ipynb),
 # [sharding](08-deep-dive-sharding.ipynb),
@@ -34,7 +33,7 @@ import torch
 
 import lessonlib
 from lessonlib import costmodel as cm
-from lessonlib.claims import claim
+from lessonlib.claims import at_least, at_most, claim, every
 from lessonlib.data import stored
 from lessonlib.data_parallel import bench as dp_bench, runs as dp_runs
 from lessonlib.data_parallel.ddp import DataParallel
@@ -79,8 +78,8 @@ for n in (2, 4, 8, 64, 1024):
 n = 64
 ratio = cm.parameter_server_time_s(n, S, bandwidth, alpha) / cm.ring_allreduce_time_s(
     n, S, bandwidth, alpha)
-claim("at n = 64 the server takes far more than n/2 times the ring's time, nearly n times",
-      n / 2 < 0.6 * n < ratio < n, numbers=f"{ratio:.0f}x")
+at_least(f"at n = {n} the server's time over the ring's", ratio, 0.6 * n)
+at_most(f"at n = {n} the server's time over the ring's", ratio, n)
 
 # %% [markdown]
 # The ring's time levels off near `2·S/B`. The server's grows with n, to about n times the
@@ -98,21 +97,24 @@ claim("at n = 64 the server takes far more than n/2 times the ring's time, nearl
 # %%
 single = dp_runs.train_single(steps=20, global_batch=16)
 runs = lessonlib.launch(dp_runs.train_replicas, 4, "bucketed", steps=20, global_batch=16)
-start_spread = max((r["start"] - runs[0]["start"]).abs().max().item() for r in runs)
-replica_spread = max((r["weights"] - runs[0]["weights"]).abs().max().item() for r in runs)
-vs_single = (runs[0]["weights"] - single["weights"]).abs().max().item()
 mean_losses = torch.tensor([r["losses"] for r in runs]).mean(0)
-loss_gap = (mean_losses - torch.tensor(single["losses"])).abs().max().item()
 viz.plot_replicas(single["losses"], mean_losses, n=4)
 plt.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(f"the 4 ranks started from different weights:        {start_spread > 0.01}")
-steps = len(single["losses"])
-print(f"after {steps} steps the 4 replicas are bit-identical:   {replica_spread == 0.0}")
-print(f"replicas equal the one-process weights (to 1e-4):  {vs_single < 1e-4}")
-print(f"mean shard loss equals the full-batch loss (1e-4): {loss_gap < 1e-4}")
+TOL, steps = 1e-4, len(single["losses"])
+ranks = {f"rank {r['rank']}": r for r in runs}
+others = {label: r for label, r in ranks.items() if r is not runs[0]}
+every("a rank started from weights more than 0.01 away from rank 0's", others,
+      lambda r: (r["start"] - runs[0]["start"]).abs().max().item() > 0.01)
+every(f"after {steps} steps a rank's weights are bit-identical to rank 0's", others,
+      lambda r: torch.equal(r["weights"], runs[0]["weights"]))
+every(f"a rank's weights equal the one-process weights to {TOL:g}", ranks,
+      lambda r: (r["weights"] - single["weights"]).abs().max().item() <= TOL)
+gaps = (mean_losses - torch.tensor(single["losses"])).abs().tolist()
+every(f"the mean shard loss equals the full-batch loss to {TOL:g}",
+      {f"step {i}": gap for i, gap in enumerate(gaps)}, lambda gap: gap <= TOL)
 calls = [step["all_reduce"]["calls"] for step in runs[0]["comm"]]
 print(f"buckets: {runs[0]['buckets']}; all-reduces per step: {sorted(set(calls))}")
 
@@ -131,8 +133,8 @@ print(f"buckets: {runs[0]['buckets']}; all-reduces per step: {sorted(set(calls))
 show(ring_all_reduce)
 
 # %% [markdown]
-# A fresh measurement on 2 and 4 ranks (a few seconds), every algorithm checked against
-# `dist.all_reduce` first, comes back as one row per rank, algorithm and size:
+# A fresh measurement on 2 and 4 ranks (a few seconds), one row per rank, algorithm and
+# size:
 
 # %%
 fresh_sizes = [64 * 1024, MiB, 16 * MiB]
@@ -142,25 +144,31 @@ rows = dp_bench.records(fresh_runs)
 rows[0]
 
 # %% [markdown]
-# The bytes at n = 4, S = 16 MiB, from the ledger, against the prediction of section 1,
-# counted per direction (sent and received separately):
+# The ledger's bytes at n = 4, S = 16 MiB, sent and received, against section 1's
+# prediction, and every algorithm's result against `dist.all_reduce`:
 
 # %%
 # NBVAL_CHECK_OUTPUT
 n, size = 4, 16 * MiB
 at = {(r.algorithm, r.rank): r for r in rows if r.n == n and r.size_bytes == size}
 ring, naive, server = at["ring", 0], at["naive_ring", 1], at["parameter_server", 0]
-rings_alike = all(at["ring", k][4:6] == ring[4:6] for k in range(n))
-errors = max(r.max_error for r in rows if r.n == n and r.algorithm != "torch")
 print(f"{'':18} {'sent':>11} {'received':>11}   theory, each way")
-print(f"ring, each rank:   {ring.bytes_sent:>11,} {ring.bytes_received:>11,}   2(n-1)/n x S = "
-      f"{cm.ring_allreduce_bytes_per_rank(n, size):>11,.0f}   (every rank alike: {rings_alike})")
+print(f"ring, rank 0:      {ring.bytes_sent:>11,} {ring.bytes_received:>11,}   2(n-1)/n x S = "
+      f"{cm.ring_allreduce_bytes_per_rank(n, size):>11,.0f}")
 print(f"naive ring, rank 1:{naive.bytes_sent:>11,} {'':>11}   (n-1) x S    = {(n - 1) * size:>11,}")
 print(f"server's link:     {server.bytes_sent:>11,} {server.bytes_received:>11,}   (n-1) x S    = "
       f"{cm.parameter_server_bytes(n, size) // 2:>11,}")
 print(f"each way, server's link / a ring rank's: {server.bytes_sent / ring.bytes_sent:.1f} "
       f"(n/2 = {n / 2:g})")
-print(f"every algorithm equals dist.all_reduce to 1e-4: {errors < 1e-4}")
+every("a ring rank sends and receives the bytes rank 0 does",
+      {f"rank {k}": at["ring", k] for k in range(n)},
+      lambda r: (r.bytes_sent, r.bytes_received) == (ring.bytes_sent, ring.bytes_received))
+errors = {}
+for r in rows:
+    if r.algorithm != "torch":
+        errors[r.algorithm] = max(errors.get(r.algorithm, 0.0), r.max_error)
+every(f"on {' and '.join(map(str, fresh_runs))} ranks, at every size, an algorithm equals "
+      f"dist.all_reduce to {TOL:g}", errors, lambda error: error <= TOL)
 
 # %% [markdown]
 # On GPUs, where every rank has a link of its own, time follows the busiest link. Here all
@@ -232,7 +240,7 @@ print(f"communication still running after backward: naive {after['naive'] * 1e3:
 
 # %% [markdown]
 # In the naive step the communication row stays empty until backward ends; with buckets the
-# first all-reduce starts during backward (checked above, on this run's timeline). What is
+# first all-reduce starts during backward (checked above). What is
 # left after backward depends on the cores: on GPUs, where NCCL has its own stream, only the
 # last buckets; here gloo's thread and backward share two cores, and it can come out as long
 # as the naive step's (the last line prints both). More: [deep dive 07](07-deep-dive-ddp-buckets.ipynb).
@@ -271,12 +279,11 @@ show(lab("minimal_ddp").main)
 #
 # ## 6 · Sharding the replica (ZeRO, FSDP)
 #
-# Every replica above holds the whole model state: in mixed-precision Adam, 16 bytes per
-# parameter (2 of bf16 weights, 2 of gradients, 12 of fp32 master weights, momentum and
-# variance; ZeRO, Rajbhandari et al. 2020, §3.1). ZeRO keeps **one** copy, spread over the
-# d ranks, each fetching what it lacks just before it needs it: stage 1 shards the optimizer
-# state, stage 2 the gradients too, stage 3 the weights too (PyTorch's FSDP, Zhao et al.,
-# VLDB 2023). The prediction for GPT-3 on 1024 GPUs:
+# Every replica above holds the whole model state: 16 bytes per parameter in
+# mixed-precision Adam (lesson 01; ZeRO, Rajbhandari et al. 2020, §3.1). ZeRO keeps **one**
+# copy, spread over the d ranks, each fetching what it lacks just before it needs it:
+# stage 1 shards the optimizer state, stage 2 the gradients too, stage 3 the weights too
+# (PyTorch's FSDP, Zhao et al., VLDB 2023). The prediction for GPT-3 on 1024 GPUs:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -297,10 +304,10 @@ for stage, parts in zviz.predicted_gb(gpt3.params(), 1024).items():
 zviz.sharding_widget()
 
 # %% [markdown]
-# <!-- no measured claim: the 1x and 1.5x are ZeRO's formula (§7); 08 measures them -->
+# <!-- no measured claim: the traffic is ZeRO's formula (§7.2); 08 measures it -->
 # The price is traffic: stages 1 and 2 move what an all-reduce moves, stage 3 gathers the
-# weights again for backward, **1.5x** that, every step. Why the bars differ from the formula
-# where they do, and how every stage still trains exactly like one process:
+# weights again for backward, **1.5x** that (ZeRO §7.2.2), every step. Where the bars
+# differ from the formula, and why every stage still trains exactly like one process:
 # [deep dive 08](08-deep-dive-sharding.ipynb). Shard when the model *state* does not fit;
 # split the model (lessons 03, 04) when one layer does not.
 #
@@ -309,8 +316,8 @@ zviz.sharding_widget()
 # replica stays bit-identical and trains like one process on the whole batch. A ring rank
 # sends 2(n-1)/n·S per step, nearly independent of n; one server's link carries (n-1)·S.
 # DDP hides most of it behind backward with buckets, last layer first. ZeRO and FSDP spread
-# the replica's state over the d ranks, for 1x (stages 1, 2) or 1.5x (stage 3) an
-# all-reduce's traffic.
+# the replica's state over the d ranks, for an all-reduce's traffic (stages 1, 2) or 1.5x
+# that (stage 3).
 # </div>
 #
 # ## Exercises

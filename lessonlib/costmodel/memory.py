@@ -43,6 +43,9 @@ WEIGHT_BYTES = 2  # 16-bit weights
 GRAD_BYTES = 2  # 16-bit gradients
 OPTIMIZER_BYTES = 12  # fp32 master weights + momentum + variance, 4 bytes each
 BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES  # 16
+# Share of a GPU's memory a training job can use; the CUDA context, NCCL buffers and
+# allocator fragmentation take the rest. Every "fits" of the cost model compares with it.
+USABLE_MEMORY_FRACTION = 0.9
 
 # "op": torchtitan's op-level selective checkpointing (``kernels.op_recompute_share``);
 # "norm-up": DeepSeek-V3's, the norms, MLA's up-projections and SwiGLU's output recomputed

@@ -27,7 +27,7 @@ from lessonlib.argcheck import positive_int
 
 from .alpha_beta import allreduce_terms
 from .comm import ring_allreduce_time_s
-from .memory import BYTES_PER_PARAM, OPTIMIZER_BYTES
+from .memory import BYTES_PER_PARAM, OPTIMIZER_BYTES, USABLE_MEMORY_FRACTION
 
 
 def gqa_attention_params(h: int, heads: int, kv_heads: int) -> int:
@@ -199,10 +199,11 @@ def ep_vs_tp(m: MoEModel, n: int, b: int, s: int, cluster) -> dict:
 
 
 def choose_e(m: MoEModel, n_gpus: int, cluster, p: int = 1, zero1: bool = True,
-             memory_fraction: float = 0.8) -> dict:
+             memory_fraction: float = USABLE_MEMORY_FRACTION) -> dict:
     """The smallest e (dividing E and the n_gpus/p data-parallel GPUs) whose model state
-    fits ``memory_fraction`` of a GPU, with p pipeline stages: the fewest GPUs an expert's
-    tokens must travel to; {"e", "memory_per_gpu", "fits", "inside_server"}."""
+    fits the usable ``memory_fraction`` of a GPU (activations left out), with p pipeline
+    stages: the fewest GPUs an expert's tokens must travel to; {"e", "memory_per_gpu",
+    "fits", "inside_server"}."""
     d = n_gpus // p
     usable = memory_fraction * cluster.gpu.memory_bytes
     rows = [{"e": e, "memory_per_gpu": ep_memory_per_gpu(m, e, p, d, zero1)["total"],
@@ -247,4 +248,5 @@ def one_trillion(dense_params: float, moe: MoEModel = MOE_MODELS["moe-1T"]) -> d
             "moe_state_bytes": BYTES_PER_PARAM * total_params(moe),
             "dense_state_bytes": BYTES_PER_PARAM * dense_params,
             "flops_ratio_dense_over_moe": 6 * dense_params / training_flops_per_token(moe),
-            "min_gpus_80GB": math.ceil(BYTES_PER_PARAM * total_params(moe) / (0.8 * 80e9))}
+            "min_gpus_80GB": math.ceil(BYTES_PER_PARAM * total_params(moe)
+                                       / (USABLE_MEMORY_FRACTION * 80e9))}

@@ -40,7 +40,8 @@ from .hardware import Cluster
 from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, norm_up_recompute_share,
                       op_recompute_share)
 from .layout import Layout
-from .memory import WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu
+from .memory import (USABLE_MEMORY_FRACTION, WEIGHT_BYTES, MemoryBreakdown,
+                     activation_bytes_per_layer, memory_per_gpu)
 from .model import GPT
 
 # --- The empirical constants: set once, for every model, layout and GPU. ------------------
@@ -66,9 +67,6 @@ ELEMENTWISE_PASSES = 3
 # Share of the data-parallel all-reduce hidden behind the backward pass. The Megatron-LM code
 # of 2021 all-reduced gradients after the pipeline flush, so nothing was hidden.
 DP_OVERLAP = 0.0
-# Share of HBM a training job can use; the CUDA context, NCCL buffers and allocator
-# fragmentation take the rest.
-USABLE_MEMORY_FRACTION = 0.9
 
 
 @dataclass(frozen=True)

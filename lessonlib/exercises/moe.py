@@ -7,14 +7,16 @@ size that fits a 1 T MoE. Each returns a ``Verdict``; ``None`` is "your turn".
 from __future__ import annotations
 
 from lessonlib.costmodel import CLUSTERS
+from lessonlib.costmodel.memory import USABLE_MEMORY_FRACTION
 from lessonlib.costmodel.moe import MOE_MODELS, choose_e, ep_memory_per_gpu
 from lessonlib.exercises.verdict import Verdict, correct, not_yet, number, unanswered
 
 
 def check_smallest_e(answer, model: str = "moe-1T", n_gpus: int = 2048, p: int = 16,
                      cluster: str = "dgx-h100") -> Verdict:
-    """Exercise 1: the smallest e that fits the model state in 80 % of a GPU, with p stages
-    and ZeRO-1 over the d = n_gpus / p data-parallel GPUs."""
+    """Exercise 1: the smallest e that fits the model state in the usable share of a GPU
+    (``USABLE_MEMORY_FRACTION`` of its memory), with p stages and ZeRO-1 over the
+    d = n_gpus / p data-parallel GPUs."""
     if answer is None:
         return unanswered("my_e")
     value = number(answer)
@@ -26,11 +28,13 @@ def check_smallest_e(answer, model: str = "moe-1T", n_gpus: int = 2048, p: int =
                        f"GPUs; got {answer!r}.")
     e = int(value)
     gb = ep_memory_per_gpu(spec, e, p, d, zero1=True)["total"] / 1e9
-    usable = 0.8 * servers.gpu.memory_bytes / 1e9
+    usable = USABLE_MEMORY_FRACTION * servers.gpu.memory_bytes / 1e9
     if e == best["e"]:
-        return correct(f"e = {e}: {gb:.0f} GB per GPU of {usable:.0f} GB usable. Each GPU holds "
+        return correct(f"e = {e}: {gb:.1f} GB per GPU of {usable:.0f} GB usable. Each GPU holds "
                        f"E/e = {spec.E // e} experts of every MoE layer in its stage; a smaller e "
-                       f"would hold more and overflow, a larger one sends tokens further.")
+                       f"would hold more and overflow, a larger one sends tokens further. The "
+                       f"{usable - gb:.1f} GB left must hold the activations, which this count "
+                       f"leaves out: if they need more, take the next e.")
     if gb > usable:
         return not_yet(f"at e = {e} a GPU holds {gb:.0f} GB of model state, over the {usable:.0f} "
                        f"GB usable: split the experts over more ranks.")

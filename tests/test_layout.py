@@ -115,7 +115,7 @@ README = ROOT.parent / "README.md"
 FLOORS = {
     "ground floor": ["costmodel", "models", "data", "device", "baseline", "bugs",
                      "breadcrumbs", "argcheck", "writable", "activations", "stash",
-                     "layer_split", "spans", "claims", "moe", "moe_routing"],
+                     "layer_split", "spans", "claims", "references", "moe", "moe_routing"],
     "infrastructure": ["launcher", "comm", "ledger", "nccl_rules", "nccl_trace", "nccl_replay",
                        "nccl_inflight", "placement", "gloo_cuda", "labkit", "labargs",
                        "grid_layout", "grid"],

@@ -5,9 +5,11 @@ the newest checkpoint was damaged after the kill (it resumes from the one before
 The kill is ``kill -9`` of the lab's parent process only, as when a job is preempted: the
 launcher's ranks must notice and exit by themselves. The runs that are killed and resumed are
 real command lines; the uninterrupted run, the resumed runs and the refusals call the lab in
-this process (tests/labrun.py)."""
+this process (tests/labrun.py). One run is killed for the module; each test resumes its own
+copy of what the kill left."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +24,10 @@ import torch
 from lessonlib import checkpoint
 
 LAB = labrun.LABS / "train.py"
-STEPS, EVERY, KILL_AFTER = 240, 20, 60
+# Killed after the checkpoint of step 40 (the one of step 20 kept before it, for the damaged
+# newest one), with 80 steps left: the ranks train on for a few steps after the kill, as
+# long as it takes them to see their parent gone (rank.py looks every 0.2 s)
+STEPS, EVERY, KILL_AFTER = 120, 20, 40
 TINY = ["--world-size", "2", "--layout", "t1p2d1", "--layers", "2", "--hidden", "32",
         "--seq", "16", "--global-batch", "8", "--microbatches", "2", "--steps", str(STEPS),
         "--checkpoint-every", str(EVERY), "--timeout", "240"]
@@ -139,10 +144,23 @@ def _kill_midway(killed) -> int:
     return at_kill
 
 
+@pytest.fixture(scope="module")
+def killed_midway(tmp_path_factory):
+    """The run killed midway, once: (its checkpoint folder as the kill left it, the step)."""
+    killed = tmp_path_factory.mktemp("killed") / "ckpt"
+    return killed, _kill_midway(killed)
+
+
+def _copy_of(killed_midway, tmp_path):
+    """A copy of the killed run's folder for one test to resume (and damage)."""
+    killed, at_kill = killed_midway
+    return shutil.copytree(killed, tmp_path / "killed"), at_kill
+
+
 @pytest.mark.timeout(400)
-def test_a_run_killed_midway_resumes_to_the_uninterrupted_curve(tmp_path, uninterrupted):
-    (whole, whole_run), killed = uninterrupted, tmp_path / "killed"
-    at_kill = _kill_midway(killed)
+def test_a_run_killed_midway_resumes_to_the_uninterrupted_curve(tmp_path, uninterrupted,
+                                                                killed_midway):
+    (whole, whole_run), (killed, at_kill) = uninterrupted, _copy_of(killed_midway, tmp_path)
 
     done = labrun.run("train", *TINY, "--checkpoint-dir", str(killed), "--json",
                       str(tmp_path / "resumed.json"))
@@ -159,12 +177,11 @@ def test_a_run_killed_midway_resumes_to_the_uninterrupted_curve(tmp_path, uninte
 
 @pytest.mark.timeout(400)
 def test_a_killed_run_with_a_damaged_newest_checkpoint_resumes_from_the_older_one(
-        tmp_path, uninterrupted):
+        tmp_path, uninterrupted, killed_midway):
     """Killed, then 32 bytes of a weight in the newest checkpoint overwritten (NaN): the same
     command names the damaged file, resumes from the checkpoint before it, rewrites the
     steps after it (leaving no temporary file), and ends on the uninterrupted curve."""
-    (whole, whole_run), killed = uninterrupted, tmp_path / "killed"
-    at_kill = _kill_midway(killed)
+    (whole, whole_run), (killed, at_kill) = uninterrupted, _copy_of(killed_midway, tmp_path)
     ckpt_workers.damage_inside_a_tensor(checkpoint.shard_path(killed, at_kill, 1))
 
     done = labrun.run("train", *TINY, "--checkpoint-dir", str(killed), "--json",

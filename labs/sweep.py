@@ -269,18 +269,23 @@ def main(argv=None) -> int:
         return predicted(parser, opts)
     try:
         jobs = build_jobs(opts)
-        for lab, points in jobs:
+        for lab, _ in jobs:
             if lab not in available_labs():
                 raise ValueError(f"lab={lab!r} is not in labs/; choose one of "
                                  f"{', '.join(available_labs())}")
-            check(lab, points, lab_flags(opts.python, lab))
     except ValueError as exc:
         parser.error(str(exc))
     name = opts.grid_file.stem if opts.grid_file else jobs[0][0]
     out = opts.out or default_folder(name, jobs, opts)
     check_folder(parser, out)
     if opts.slurm and (out / sweep_slurm.STATE).exists():
-        return collect(parser, out, opts)          # the same command again: gather
+        # the same command again: gather; its grid was checked when it was submitted
+        return collect(parser, out, opts)
+    try:   # each lab's flags, from its --help: an interpreter that imports torch, per lab
+        for lab, points in jobs:
+            check(lab, points, lab_flags(opts.python, lab))
+    except ValueError as exc:
+        parser.error(str(exc))
     if opts.slurm and not opts.dry_run:
         try:
             job = sweep_slurm.submit(jobs, out, opts)

@@ -95,7 +95,7 @@ def test_a_grid_runs_as_one_job_array_and_is_collected(tmp_path):
     assert "not finished" in first.stdout
     deadline = time.monotonic() + 330
     while list((tmp_path / "queue").glob("*/*")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
     again = sweep(env, *grid, "--plot")                 # the same command again: gathers
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 of 2 points ok" in again.stdout and "failed: points [1]" in again.stdout

@@ -8,6 +8,7 @@ The script itself runs as a user runs it, with one lab (which the sweep starts a
 command line). Every lab's CPU-mode run is also the same command line run in this
 interpreter (tests/labrun.py), so that nine fresh interpreters do not each import torch
 twice; what the report shows of each lab is checked from its record."""
+import importlib
 import json
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import gpu_check_plan  # noqa: E402
 import sweep_points  # noqa: E402
 
 from lessonlib import device, placement, results  # noqa: E402
+from lessonlib.launcher import starter  # noqa: E402
 
 FROM_THE_COMMAND_LINE = ("allreduce",)
 # the shared-GPU plan's points run on the CPU stand-in: a p = 3 pipeline (point-to-point
@@ -65,6 +67,10 @@ def test_cpu_mode_settings_run_every_lab(tmp_path, monkeypatch):
     that holds every column its report line shows; its ranks run on the placement audit's
     stand-in GPU (tests/test_placement.py), so a tensor a lab leaves on the CPU fails it."""
     monkeypatch.setenv(placement.STAND_IN_ENV, "1")
+    # The labs' rooms imported before the first launch, so the warm fork server starts once
+    # with all of them, not once with ddp's and again when pp's lab imports another room
+    for room in starter.ROOMS:
+        importlib.import_module(room)
     points = gpu_check.plan(gpu_check.sweep.available_labs(), 0, quick=True)
     present = set(gpu_check.sweep.available_labs())
     assert {p.lab for p in points if p.ranks} == present, "a lab in labs/ would not be run"

@@ -171,8 +171,8 @@ for op in ("all_gather", "reduce_scatter", "all_reduce"):
 # ## 5 · When to shard, and when to split the model
 #
 # Shard when the model *state* does not fit but one layer's weights and activations do, and
-# the network can carry 1.5x an all-reduce every step; stage 3 also needs at least one
-# sample per GPU in the global batch, since every GPU is a replica. Split the model when a
+# the network can carry 1.5x an all-reduce every step (ZeRO §7.2.2); stage 3 also needs one
+# sample or more per GPU in the global batch, since every GPU is a replica. Split the model when a
 # single layer or its activations do not fit, or the network between servers is too slow:
 # tensor parallelism inside a server, pipeline parallelism across servers (lessons 03 and
 # 04). Large runs do both (lesson 05).

@@ -9,9 +9,11 @@ to the expert-parallel copy (each rank its own batch, gradients averaged by
 output, auxiliary loss, drops and every gradient, and of every weight after the last step
 (and of the balancing bias, moved after each step by the whole batch's load: on one process
 the sum of the d batches' loads, on the ranks ``update_biases``' all-reduce).
-``ROUTING_CASES`` runs every combination of the routing options (balance aux, bias or none;
-softmax or sigmoid gates; capacity 1.0 or dropless; with and without a node limit) at
-e = 1, 2 and 4 in the same launch.
+``ROUTING_CASES`` runs the routing options (balance aux, bias or none; softmax or sigmoid
+gates; capacity 1.0 or dropless; with and without a node limit) pairwise at e = 1, 2 and 4:
+at each e, 6 cases in which every pair of option values appears (a covering array, 18 of
+the 24 combinations over the three e), in the same launch; ``TWO_RANK_CASES`` are the two
+cases a 2-rank launch runs.
 The ledger of the first step shows what the all-to-alls moved: per rank, 8E bytes of counts
 plus, in the forward, the rows it dispatched and the rows it returned, each h elements.
 
@@ -31,7 +33,6 @@ from lessonlib.baseline import corpus_batches
 from lessonlib.expert_parallel.groups import ExpertParallelContext, sync_gradients, update_biases
 from lessonlib.expert_parallel.layer import check_split, expert_parallel, expert_parallel_gpt
 from lessonlib.models import MoELayer, aux_loss, corpus_config, init_weights_, lm_loss, moe_gpt
-from lessonlib.moe_routing import BALANCES, GATES
 
 # (E, e, k, C, shared): e = 1, 2, 4; E/e = 1 and 2; k = 1 and 2; C = 1.0 drops tokens
 CASES = ((4, 1, 1, 1.0, False), (4, 2, 2, 1.0, True), (4, 4, 2, 1.0, False),
@@ -40,21 +41,31 @@ CASES = ((4, 1, 1, 1.0, False), (4, 2, 2, 1.0, True), (4, 4, 2, 1.0, False),
 # move choices; the node limit: 4 nodes of 2 experts, each token's 2 experts on 1 of them
 
 
-def _route(balance: str, gate: str, C, nodes) -> tuple:
-    return (C, {"balance": balance, "gate": gate, "bias_step": 0.05, "max_nodes": nodes,
-                "experts_per_node": 2 if nodes else None})
+def _route(e: int, balance: str, gate: str, C, nodes) -> tuple:
+    return (8, e, 2, C, False, {"balance": balance, "gate": gate, "bias_step": 0.05,
+                                "max_nodes": nodes, "experts_per_node": 2 if nodes else None})
 
 
-# every combination (balance x gate x capacity 1.0 or dropless x node limit or not) at e = 4;
-# at e = 1 and 2 six of them that hold every pair of option values at least once
-EVERY_ROUTE = tuple(_route(balance, gate, C, nodes) for balance in BALANCES for gate in GATES
-                    for C in (1.0, None) for nodes in (None, 1))
-PAIRWISE_ROUTES = tuple(_route(*row) for row in (
-    ("aux", "softmax", 1.0, None), ("aux", "sigmoid", None, 1), ("bias", "softmax", None, None),
-    ("bias", "sigmoid", 1.0, 1), ("none", "softmax", 1.0, 1), ("none", "sigmoid", None, None)))
-ROUTING_CASES = tuple((8, e, 2, C, False, route) for e, routes in
-                      ((1, PAIRWISE_ROUTES), (2, PAIRWISE_ROUTES), (4, EVERY_ROUTE))
-                      for C, route in routes)
+# at each e, 6 of the 24 combinations (balance x gate x capacity 1.0 or dropless x node
+# limit or not) that hold every pair of option values at least once: one row per balance and
+# gate, the two gates of a balance opposite in capacity and in node limit; the three e share
+# no row, so the launch runs 18 combinations, DeepSeek-V3's (bias, sigmoid, dropless, node
+# limit) at e = 4
+PAIRWISE_ROUTES = {
+    1: (("aux", "softmax", 1.0, None), ("aux", "sigmoid", None, 1),
+        ("bias", "softmax", None, None), ("bias", "sigmoid", 1.0, 1),
+        ("none", "softmax", 1.0, 1), ("none", "sigmoid", None, None)),
+    2: (("aux", "softmax", None, 1), ("aux", "sigmoid", 1.0, None),
+        ("bias", "softmax", 1.0, 1), ("bias", "sigmoid", None, None),
+        ("none", "softmax", None, None), ("none", "sigmoid", 1.0, 1)),
+    4: (("aux", "softmax", 1.0, 1), ("aux", "sigmoid", None, None),
+        ("bias", "softmax", 1.0, None), ("bias", "sigmoid", None, 1),
+        ("none", "softmax", None, 1), ("none", "sigmoid", 1.0, None))}
+ROUTING_CASES = tuple(_route(e, *row) for e, rows in PAIRWISE_ROUTES.items() for row in rows)
+# the smallest launch whose sums over data-parallel ranks can go wrong: 2 ranks, one group
+# of e = 2 (each expert on one rank only, the bias moved by both ranks' loads); a capacity
+# that drops tokens with a shared expert, then DeepSeek-V3's routing
+TWO_RANK_CASES = (CASES[1], _route(2, "bias", "sigmoid", None, 1))
 
 
 def _batches(d, b, s, h, steps, seed, dev):

@@ -7,7 +7,10 @@ weights agree; each rank holds 1/t of the weight matrices; bad settings fail bef
 is sent.
 
 One 4-rank launch checks everything: ranks form TP groups of t consecutive ranks, so t = 1,
-2 and 4 run side by side. Shapes: b=4, s=32, h=128, 8 heads (the MLP's inner size 512)."""
+2 and 4 run side by side. Shapes: b=4, s=32, h=128, 8 heads (the MLP's inner size 512).
+A 2-rank launch checks the MLP's and the layer's parity and bytes again where the group of
+t = 2 is the whole world, with small shapes (b=2, s=4, h=16, 2 heads): the smallest tests
+that see a missing all-reduce or a layer left unsharded (the bug zoo names them)."""
 import pytest
 
 import lessonlib
@@ -33,20 +36,37 @@ def ranks():
     return lessonlib.launch(everything_worker, 4, timeout=280)
 
 
+@pytest.fixture(scope="module")
+def two_ranks():
+    return lessonlib.launch(tp_runs.layer_report, 2, 2, b=2, s=4, h=16, heads=2,
+                            kinds=("mlp", "block"), timeout=60)
+
+
+def _assert_equal_to_dense(layer_reports, kind):
+    """Every rank's ``layer_report``: ``kind`` equals the dense model, the same loss on all."""
+    for layers in layer_reports:
+        report = layers[kind]
+        for what in ("output", "input_grad", "grads", "weights_after_steps"):
+            if what in report:
+                assert report[what] < TOL, (
+                    f"rank {layers['rank']} t={layers['t']} {kind}: {what} off by "
+                    f"{report[what]:.2e} (worst: {report.get('worst_grad')}, "
+                    f"{report.get('worst_weight')})")
+    losses = [layers[kind]["losses"] for layers in layer_reports]
+    assert all(x == losses[0] for x in losses)     # every rank of every group: the same loss
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("t", TS)
 @pytest.mark.parametrize("kind", ["mlp", "block", "gpt"])
 def test_parity_with_the_dense_model(ranks, kind, t):
-    for r in ranks:
-        report = r["layers"][t][kind]
-        for what in ("output", "input_grad", "grads", "weights_after_steps"):
-            if what in report:
-                rank = r["layers"][t]["rank"]
-                assert report[what] < TOL, (
-                    f"rank {rank} t={t} {kind}: {what} off by {report[what]:.2e} "
-                    f"(worst: {report.get('worst_grad')}, {report.get('worst_weight')})")
-    losses = [r["layers"][t][kind]["losses"] for r in ranks]
-    assert all(x == losses[0] for x in losses)     # every rank of every group: the same loss
+    _assert_equal_to_dense([r["layers"][t] for r in ranks], kind)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["mlp", "block"])
+def test_on_two_ranks_parity_with_the_dense_model(two_ranks, kind):
+    _assert_equal_to_dense(two_ranks, kind)
 
 
 @pytest.mark.timeout(300)
@@ -66,20 +86,35 @@ def test_one_all_reduce_each_way_per_mlp_and_megatron_bytes_per_layer(ranks, t):
         assert ring == pytest.approx(8 * B * S * H * (t - 1) / t * 4)
 
 
+def _assert_one_t_th(layers, kind):
+    """This rank's ``layer_report`` (its t and h): ``kind`` holds 1/t of the weight matrices."""
+    t, h, report = layers["t"], layers["h"], layers[kind]
+    if kind == "mlp":
+        # fc1 weight and bias, fc2 weight split; fc2's bias (h) is replicated
+        inner = 4 * h
+        sharded = (h * inner + inner + inner * h) * 4
+        assert report["param_bytes"] == sharded // t + h * 4
+        assert report["dense_param_bytes"] == sharded + h * 4
+    else:
+        # 12h^2 + 7h split (QKV, proj, fc1, fc2 and column biases); 6h replicated (LNs, 2 biases)
+        assert report["param_bytes"] == ((12 * h * h + 7 * h) // t + 6 * h) * 4
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("t", TS)
 def test_each_rank_holds_one_t_th_of_the_weight_matrices(ranks, t):
     for r in ranks:
+        for kind in ("mlp", "block"):
+            _assert_one_t_th(r["layers"][t], kind)
         mlp = r["layers"][t]["mlp"]
-        h, inner = H, 4 * H
-        # fc1 weight and bias, fc2 weight split; fc2's bias (h) is replicated
-        sharded = (h * inner + inner + inner * h) * 4
-        assert mlp["param_bytes"] == sharded // t + h * 4
-        assert mlp["dense_param_bytes"] == sharded + h * 4
-        assert mlp["torch"]["param_bytes"] == mlp["param_bytes"]
-        block = r["layers"][t]["block"]
-        # 12h^2 + 7h split (QKV, proj, fc1, fc2 and column biases); 6h replicated (LNs, 2 biases)
-        assert block["param_bytes"] == ((12 * h * h + 7 * h) // t + 6 * h) * 4
+        assert mlp["torch"]["param_bytes"] == mlp["param_bytes"]     # DTensor's split too
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["mlp", "block"])
+def test_on_two_ranks_each_rank_holds_one_t_th_of_the_weight_matrices(two_ranks, kind):
+    for layers in two_ranks:
+        _assert_one_t_th(layers, kind)
 
 
 @pytest.mark.timeout(300)

@@ -33,7 +33,8 @@ class Bug:
     where: str      # module.function holding its one-line switch
     symptom: str
     check: str      # the check that catches it
-    test: str       # the pytest node that fails with the switch on
+    test: str       # the pytest node that fails with the switch on (the bug zoo's tests
+                    # run it with its module's fixtures: a small launch keeps them quick)
 
 
 BUGS = {b.name: b for b in (
@@ -46,7 +47,7 @@ BUGS = {b.name: b for b in (
         "forward outputs still match the dense model (that is what makes it sneaky); the "
         "input gradient, and so every gradient upstream, is wrong",
         "input gradient of a tensor-parallel MLP vs the dense MLP",
-        "tests/test_tensor_parallel.py::test_parity_with_the_dense_model[mlp-2]"),
+        "tests/test_tensor_parallel.py::test_on_two_ranks_parity_with_the_dense_model[mlp]"),
     Bug("ddp_sync_on_wrong_microbatch",
         "Under gradient accumulation, no_sync is inverted: the gradient all-reduce fires "
         "on the micro-batches inside no_sync and not on the last one, after it.",
@@ -80,7 +81,8 @@ BUGS = {b.name: b for b in (
         "rank holds more weight bytes than 1/t of the matrices, and sends one all-reduce "
         "fewer per layer",
         "weight bytes per rank vs 1/t of the layer, all-reduces per forward",
-        "tests/test_tensor_parallel.py::test_each_rank_holds_one_t_th_of_the_weight_matrices[2]"),
+        "tests/test_tensor_parallel.py::"
+        "test_on_two_ranks_each_rank_holds_one_t_th_of_the_weight_matrices[block]"),
     Bug("ep_expert_grads_wrong_group",
         "Expert parallelism inside data parallelism averages the experts' gradients over all "
         "d ranks, as for the dense weights, instead of over the d/e ranks that hold a copy "
@@ -89,7 +91,7 @@ BUGS = {b.name: b for b in (
         "outputs, drops and the router's gradient still match one process; every expert's "
         "gradient is mixed with other experts' (no error: the shapes agree)",
         "expert gradients vs the one-process MoE layer",
-        "tests/test_expert_parallel.py::test_expert_parallel_equals_one_process[4]"),
+        "tests/test_expert_parallel.py::test_expert_parallel_equals_one_process[2]"),
     Bug("moe_bias_in_combine_weights",
         "DeepSeek-V3's balancing bias, meant only to choose each token's k experts, is left "
         "in the scores the combine weights are taken from: the weights are s_i + b_i instead "
@@ -116,7 +118,7 @@ BUGS = {b.name: b for b in (
         "the first step matches one process; then the replicas' biases differ from one "
         "another, so the same token is routed differently on different ranks",
         "the bias after 3 steps vs the one-process layer trained on every rank's batch",
-        "tests/test_expert_parallel.py::test_expert_parallel_equals_one_process[4]"),
+        "tests/test_expert_parallel.py::test_expert_parallel_equals_one_process[2]"),
     Bug("sp_layernorm_grad_not_summed",
         "Under sequence parallelism each rank's LayerNorm sees only its s/t rows, so its "
         "weight and bias gradients are partial sums; the switch drops the sum over the "
@@ -125,7 +127,8 @@ BUGS = {b.name: b for b in (
         "outputs and input gradients still match the dense model; the LayerNorm weight and "
         "bias gradients differ from rank to rank, and the replicas drift apart",
         "LayerNorm gradients of a TP+SP block vs the dense block",
-        "tests/test_tensor_parallel_sp.py::test_every_mode_equals_the_dense_layer[tp+sp-2]"),
+        "tests/test_tensor_parallel_sp.py::test_on_two_ranks_every_mode_equals_the_dense_layer"
+        "[tp+sp]"),
     Bug("cp_allgather_grads_not_reduced",
         "All-gather context parallelism (Llama 3) skips the reduce-scatter of the gathered K "
         "and V's gradients: each rank keeps the gradient its own queries gave its own keys, "
@@ -134,8 +137,8 @@ BUGS = {b.name: b for b in (
         "the output and dq still match one-process attention; dk and dv miss the other "
         "ranks' shares (c = 1 hides it: there are none)",
         "dk, dv of all-gather attention vs one-process attention",
-        "tests/test_context_parallel_methods.py::test_each_method_is_one_process_attention"
-        "[allgather]"),
+        "tests/test_context_parallel_methods.py::"
+        "test_on_two_ranks_each_method_is_one_process_attention[allgather]"),
     Bug("ulysses_head_groups_swapped",
         "Ulysses' second all-to-all (head shards back to sequence shards) puts the head "
         "groups back in the wrong order: head group j of rank j read as heads j, j+c, ... "
@@ -144,8 +147,8 @@ BUGS = {b.name: b for b in (
         "the output's heads are permuted (no error: the shapes agree); at heads = c each "
         "group is one head and the order is right, so a test with heads = c sees nothing",
         "output of Ulysses attention vs one-process attention",
-        "tests/test_context_parallel_methods.py::test_each_method_is_one_process_attention"
-        "[ulysses]"),
+        "tests/test_context_parallel_methods.py::"
+        "test_on_two_ranks_each_method_is_one_process_attention[ulysses]"),
 )}
 
 

@@ -120,7 +120,7 @@ def test_the_named_existing_test_fails_with_the_switch_on(name, monkeypatch):
 
 @pytest.mark.timeout(170)
 def test_a_layer_left_unsharded_passes_parity_and_fails_the_memory_check(monkeypatch):
-    parity = "tests/test_tensor_parallel.py::test_parity_with_the_dense_model[block-2]"
+    parity = "tests/test_tensor_parallel.py::test_on_two_ranks_parity_with_the_dense_model[block]"
     memory = bugzoo.BUGS["tp_layer_left_unsharded"].test
     code, outcomes = _pytest("tp_layer_left_unsharded", parity, memory, monkeypatch=monkeypatch)
     assert code == 1 and outcomes == {parity: "passed", memory: "failed"}, outcomes

@@ -79,7 +79,9 @@ def test_the_planner_assumes_sp_and_selective_recompute_where_t_is_above_one():
 def test_the_sp_exercise_checker():
     from lessonlib.exercises import tp as ex
     assert ex.check_sp_activation_ratio((10 + 3 + 10) / (114 / 8))
+    assert ex.check_sp_activation_ratio(1.6)          # 1.614 at the two figures asked
     for answer, words in ((8, "compares SP with the dense layer"), (2, "you gave 2"),
+                          (1.7, "you gave 1.7"),
                           (None, "my_sp_ratio"), ("x", "one number")):
         verdict = ex.check_sp_activation_ratio(answer)
         assert not verdict and words in str(verdict), verdict

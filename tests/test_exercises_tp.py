@@ -1,12 +1,12 @@
-"""The checkers of lessons 03 (layer split) and 04 (tensor parallelism): right answers are
-"Correct", the common slips get a hint that names them, untouched stubs are "your turn".
+"""The checkers of lessons 03 (layer split), 04 and 14 (tensor and sequence parallelism):
+right answers are "Correct", the common slips get a hint that names them, untouched stubs
+are "your turn".
 
 In process, except the last test, which runs a student's stub and answer on 2 CPU ranks."""
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from lessonlib import comm
 from lessonlib.exercises import tp as ex
@@ -62,20 +62,27 @@ def test_tp_traffic_ratio_hardly_changes_with_t():
 
 
 @pytest.mark.timeout(120)
-def test_column_forward_on_two_ranks():
-    def stub(x, weight, bias, group):
+def test_gather_sequence_on_two_ranks():
+    def stub(x, group):
         raise NotImplementedError
 
-    def only_my_slice(x, weight, bias, group):
-        return F.linear(x, weight, bias)
+    def gather(x, group, dim=1):
+        parts = [torch.empty_like(x) for _ in range(2)]
+        comm.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=dim)
 
-    def gathered(x, weight, bias, group):
-        y = F.linear(x, weight, bias).contiguous()
-        parts = [torch.empty_like(y) for _ in range(2)]
-        comm.all_gather(parts, y, group=group)
-        return torch.cat(parts, dim=-1)
+    def keep_my_rows(grad, group):                  # no sum: each rank's own gradient only
+        return grad.chunk(2, dim=1)[torch.distributed.get_rank()].contiguous()
 
-    assert ex.check_column_forward(stub).ok is None
-    verdict = ex.check_column_forward(only_my_slice)
-    assert verdict.ok is False and "gather the slices" in str(verdict)
-    assert ex.check_column_forward(gathered)
+    def reduce_scatter(grad, group):
+        stacked = torch.cat(grad.chunk(2, dim=1), dim=0)
+        mine = stacked.new_empty(grad.shape[0], grad.shape[1] // 2, grad.shape[2])
+        comm.reduce_scatter_tensor(mine, stacked, group=group)
+        return mine
+
+    assert ex.check_gather_sequence(stub, stub).ok is None
+    verdict = ex.check_gather_sequence(lambda x, g: gather(x, g, dim=-1), reduce_scatter)
+    assert verdict.ok is False and "hidden dim" in str(verdict), verdict
+    verdict = ex.check_gather_sequence(gather, keep_my_rows)
+    assert verdict.ok is False and "sum over ranks" in str(verdict), verdict
+    assert ex.check_gather_sequence(gather, reduce_scatter)

@@ -222,7 +222,7 @@ def course_vs_table2():
          "why": "same tensors; elements here, bytes at 2 per element there"},
         {"term": "Q, K, V", "table2": "6", "course": "3 sbh", "why": "same"},
         {"term": "softmax output, its dropout mask and output", "table2": "5as/h",
-         "course": "abs", "why": "CPU's fused attention kernel keeps only a log-sum-exp per "
+         "course": "a·b·s", "why": "CPU's fused attention kernel keeps only a log-sum-exp per "
          "row and recomputes the s x s matrix in backward: selective recompute inside the "
          "kernel; the course has no dropout"},
         {"term": "attention output (projection input)", "table2": "2", "course": "1 sbh",

@@ -4,9 +4,12 @@ each way of keeping them (Korthikanti et al. 2022), over the pure cost model.
 ``activation_plot`` draws two panels. Left, any preset: the bytes all L layers keep for
 backward on one GPU of a t-way tensor-parallel group (one micro-batch of b sequences, no
 pipeline), from Table 2's formulas, against s: no parallelism, TP, TP+SP, TP + selective,
-TP+SP + selective, full recompute. Right, the course's own tiny layer: the exact formula
-(``course_layer_activation_bytes``) for the same modes, with the bytes measured on real
-ranks drawn as points on the same axes. ``activation_widget`` puts a preset, t and b over it.
+TP+SP + selective, full recompute. Its axes are log-log, so a term in s is a line of slope
+1 and the attention term in s² bends a curve up to slope 2. Right, the course's own tiny
+layer: the exact formula (``course_layer_activation_bytes``) for the same modes, with the
+bytes measured on real ranks drawn as points on the same axes. Selective recompute is
+dashed in both panels, since its lines run close to those of the same mode without it.
+``activation_widget`` puts a preset, t and b over it.
 
 Laptop and GPU box alike:
 ``from lessonlib.viz import activations; activations.activation_plot("gpt3-175B", t=8)``
@@ -17,6 +20,7 @@ from dataclasses import replace
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
 
 from lessonlib.costmodel import MODELS
 from lessonlib.costmodel.memory import activation_bytes_per_layer, course_layer_activation_bytes
@@ -30,6 +34,8 @@ MODES = {  # label: (tensor-parallel size used: 1 or t, sequence_parallel, recom
     "full recompute": (True, False, "full"),
 }
 COLORS = dict(zip(MODES, ("#333333", "#4c72b0", "#55a868", "#dd8452", "#c44e52", "#8172b3")))
+STYLES = {label: "--" if recompute == "selective" else "-"
+          for label, (_, _, recompute) in MODES.items()}
 # the course's measured modes (``sequence_runs.MODES`` names) under the labels above
 MEASURED_AS = {"dense": "no parallelism", "tp": "TP", "tp+sp": "TP+SP",
                "tp+selective": "TP + selective", "tp+sp+selective": "TP+SP + selective",
@@ -60,12 +66,14 @@ def activation_plot(model="gpt3-175B", t: int = 8, b: int = 1, measured=None, ax
     if axes is None:
         axes = plt.subplots(1, 2, figsize=(11, 4))[1]
     left, right = axes
-    seqs = np.linspace(512, 16384, 32)
+    seqs = np.geomspace(512, 16384, 32)
     for label, gb in preset_curves(model, t, b, seqs).items():
-        left.plot(seqs, gb, color=COLORS[label], label=label)
+        left.plot(seqs, gb, STYLES[label], color=COLORS[label], label=label)
+    left.set_xscale("log")
     left.set_yscale("log")
-    left.set_xticks([2048, 4096, 8192, 16384], ["2k", "4k", "8k", "16k"])
-    left.set_xlabel("sequence length s")
+    left.set_xticks([512, 1024, 2048, 4096, 8192, 16384], ["512", "1k", "2k", "4k", "8k", "16k"])
+    left.minorticks_off()
+    left.set_xlabel("sequence length s (log)")
     left.set_ylabel("GB per GPU (L layers, one micro-batch; log)")
     left.set_title(f"{model.name or 'model'}: t={t}, b={b} (Korthikanti Table 2)", fontsize=10)
     left.legend(fontsize=7)
@@ -74,9 +82,11 @@ def activation_plot(model="gpt3-175B", t: int = 8, b: int = 1, measured=None, ax
     curves = tiny_curves(shape["b"], shape["h"], shape["a"], shape["t"],
                          shape["element_size"], small)
     for label, kb in curves.items():
-        right.plot(small, np.array(kb) / 1e3, color=COLORS[label], label=label)
+        right.plot(small, np.array(kb) / 1e3, STYLES[label], color=COLORS[label], label=label)
     for mode, s, kept in shape["points"]:
         right.plot([s], [kept / 1e3], "o", color=COLORS[MEASURED_AS[mode]], ms=5)
+    dots = Line2D([], [], marker="o", ls="", color="#777777", label="measured on ranks")
+    right.legend(handles=[*right.get_legend_handles_labels()[0], dots], fontsize=7)
     right.set_xlabel("sequence length s")
     right.set_ylabel("kB per rank (one layer)")
     right.set_title(f"course layer: b={shape['b']}, h={shape['h']}, a={shape['a']}, "

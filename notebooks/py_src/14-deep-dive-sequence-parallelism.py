@@ -20,8 +20,9 @@
 # 2022).
 #
 # **Prerequisites:** 04's Part 1 (f and g, the column- and row-parallel layers, a ring
-# all-reduce's bytes). About 20 minutes to read; Run All takes under half a minute on a
-# 2-core laptop.
+# all-reduce's bytes). About 35 minutes to read, code and outputs included; Run All takes
+# under half a minute on a 2-core laptop.
+# <!-- numbers: 35 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 #
 # The plan: the idea and the library's operators -> a prediction (Korthikanti's Table 2)
 # -> a real run on 4 ranks, measured to the byte -> what each mode sends -> memory against
@@ -34,7 +35,7 @@ from types import SimpleNamespace
 import matplotlib.pyplot as plt
 
 from lessonlib import costmodel as cm
-from lessonlib.claims import claim, within
+from lessonlib.claims import claim, every, within
 from lessonlib.costmodel import korthikanti2022 as k22
 from lessonlib.costmodel import memory as cm_memory
 from lessonlib.data import stored
@@ -58,7 +59,8 @@ gpt3 = cm.MODELS["gpt3-175B"]
 # but **replicates `10sbh`** on every rank: the two LayerNorms' inputs, their outputs
 # (the inputs of the column layers) and two dropout masks. Three ways to shrink it:
 #
-# * **Sequence parallelism (SP)** runs the LayerNorms on s/t rows per rank. A ring
+# * **Sequence parallelism (SP)** runs the LayerNorms and dropouts on s/t rows per rank,
+#   which splits their work too. A ring
 #   all-reduce is a reduce-scatter followed by an all-gather, so g's all-reduce becomes a
 #   reduce-scatter along the sequence and the all-gather moves to the next column layer's
 #   input: the same bytes, and now **every** activation is split, `sbh·(34 + 5as/h)/t`.
@@ -67,8 +69,10 @@ gpt3 = cm.MODELS["gpt3-175B"]
 # * **Full recompute** keeps only the layer's input (`2sbh`) and runs the whole layer again
 #   in backward: about a third more compute.
 #
-# Recompute trades FLOPs for bytes; SP costs neither. Here are SP's two operators, beside f
-# and g in `ops.py` (Korthikanti calls f and g "f and f̄", and this pair "g and ḡ"):
+# Recompute trades FLOPs for bytes. SP costs no FLOPs, and its collectives move TP's bytes;
+# keeping only s/t rows of each column layer's input costs one more all-gather of it in
+# backward (section 4 measures it). Here are SP's two operators, beside f and g in `ops.py`
+# (Korthikanti calls f and g "f and f̄", and this pair "g and ḡ"):
 
 # %%
 show(tp_ops._GatherSequence)
@@ -113,28 +117,30 @@ for row in cm_memory.course_vs_table2():
 #
 # `lessonlib.activations.saved_bytes` counts what autograd keeps during one forward pass
 # (each storage once, the weights left out; a checkpoint's kept input counted too). One
-# launch of 4 ranks measures the layer (b = 2, s = 16, h = 32, 4 heads, float64) in every
+# launch of 4 ranks measures a small layer in float64 (its shape printed below) in every
 # mode at t = 1, 2, 4, beside `course_layer_activation_bytes`, the formula in
 # `costmodel/memory.py`.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 acts = sp_runs.run(4, sp_runs.lesson_report, timeout=240)
-print(f"{len(acts)} ranks measured")
+shape = acts[0]["bytes"][1]
+print(f"{len(acts)} ranks measured one layer: b = {shape['b']}, s = {shape['s']}, "
+      f"h = {shape['h']}, {shape['a']} heads, {shape['element_size']} bytes per element")
 
 # %%
 # NBVAL_CHECK_OUTPUT
 print(f"{'mode':>16} " + " ".join(f"{f't={t} measured / formula':>26}" for t in (1, 2, 4)))
-every = []
+checked = []
 for mode in ["dense", *sp_runs.MODES]:
     cells = []
     for t in (1, 2, 4):
         got = [r["bytes"][t][mode] for r in acts]
-        every += [(g["measured"], g["formula"]) for g in got]
+        checked += [(g["measured"], g["formula"]) for g in got]
         cells.append(f"{got[0]['measured']:>12,} / {got[0]['formula']:<11,}")
     print(f"{mode:>16} " + " ".join(cells))
 claim("on every rank, in every mode and at every t, the measured bytes equal the formula",
-      all(m == f for m, f in every), numbers=f"{len(every)} measurements")
+      all(m == f for m, f in checked), numbers=f"{len(checked)} measurements")
 for t in (2, 4):
     sp_kept, dense = acts[0]["bytes"][t]["tp+sp"]["measured"], acts[0]["bytes"][t]["dense"]["measured"]
     claim(f"at t = {t} TP+SP keeps 1/t of the dense layer's bytes on each rank",
@@ -196,6 +202,15 @@ for t in (2, 4):
     claim(f"at t = {t} SP's gathers and reduce-scatters send exactly TP's all-reduce bytes",
           ring(conjugates, t) == ring(tp_ev, t),
           numbers=f"{ring(conjugates, t):,.0f} = {ring(tp_ev, t):,.0f}")
+    claim(f"at t = {t} the two re-gathers add a quarter of TP's bytes",
+          4 * ring(regather, t) == ring(tp_ev, t),
+          numbers=f"4 x {ring(regather, t):,.0f} = {ring(tp_ev, t):,.0f}")
+    claim(f"at t = {t} the gradient sums add 6h / 4bsh of TP's bytes",
+          4 * bsh * ring(sums, t) == 6 * h * ring(tp_ev, t),
+          numbers=f"{ring(sums, t) / ring(tp_ev, t):.1%} at b·s = {bsh // h}")
+    sp_total = ring(sp_ev, t)
+    print(f"     TP+SP in all: {sp_total:,.0f} bytes per rank, "
+          f"{sp_total / ring(tp_ev, t) - 1:+.1%} over TP")
     again = list(led["full"]["backward"]["events"])
     for ev in led["tp"]["backward"]["events"]:
         again.remove(ev)
@@ -203,17 +218,30 @@ for t in (2, 4):
           f"{kinds(led['tp']['forward']['events'])}")
 
 # %% [markdown]
+# So SP sent 30 % more than TP on this layer, at both t. The re-gathers add a quarter of
+# TP's bytes at any t: two gathers of the layer's input, against four all-reduces of the
+# same size that each move twice a gather's bytes. The gradient sums add the rest, 6h for
+# every 4bsh, which is 5 % at this layer's b·s = 32 and vanishes at real sizes. Megatron
+# pays the same re-gathers and hides them behind the input-gradient GEMM; PyTorch's plan
+# keeps the gathered input instead (section 7).
+#
 # ## 5. Activation memory against sequence length
 #
-# Left, any preset at any t (Table 2's formulas, all L layers, one micro-batch); right, the
-# course's layer: the exact formula as lines and the bytes measured above as dots, at s =
-# 8, 16 and 32. The attention term makes "no parallelism" and TP curve upward with s;
-# SP + selective is a straight line, 1/t of the dense layer's 34sbh.
+# Left, any preset at any t (Table 2's formulas, all L layers, one micro-batch), on log-log
+# axes: a term in s is a line of slope 1 there, a term in s² a line of slope 2. The
+# attention term `5as²b` bends "no parallelism", TP and TP+SP up to slope 2; with
+# selective or full recompute the lines stay straight at slope 1, and TP+SP + selective is
+# 1/t of the dense layer's 34sbh. Right, the course's layer on linear axes: the exact formula
+# as lines (selective recompute dashed) and the bytes measured above as dots, at the three
+# sequence lengths the run measured at t = 2. Its kernel keeps one log-sum-exp per row
+# instead of the s × s softmax, so it has no s² term: every line is straight, and selective
+# recompute barely moves it.
 
 # %%
 points = [(mode, s, acts[0]["bytes_by_s"][s][mode]["measured"])
           for s in acts[0]["bytes_by_s"] for mode in actviz.MEASURED_AS]
-measured = {"b": 2, "h": 32, "a": 4, "t": 2, "element_size": 8, "points": points}
+at_t2 = next(iter(acts[0]["bytes_by_s"].values()))
+measured = {key: at_t2[key] for key in ("b", "h", "a", "t", "element_size")} | {"points": points}
 actviz.activation_plot("gpt3-175B", t=8, b=1, measured=measured)
 plt.show()
 actviz.activation_widget(measured)
@@ -299,12 +327,14 @@ plt.show()
 # fuses them behind one f.
 #
 # With SP and each recompute mode, the same comparison of one layer's step on the same
-# weights (`labs/tp.py`, 2 ranks, b = 8, s = 128, h = 256, 8 heads, fp32; stored with its
-# command):
+# weights (`labs/tp.py` on 2 ranks, at the sizes printed first; stored with its command):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 sp_lab = stored("tp_sp_cpu_results.json")
+sizes = sp_lab["runs"][0]["settings"]
+print(f"b = {sizes['batch']}, s = {sizes['seq']}, h = {sizes['hidden']}, {sizes['heads']} "
+      f"heads, {sizes['dtype']}")
 for record in sp_lab["runs"]:
     mode = ("TP+SP" if record["settings"]["sequence_parallel"] else "TP") + \
         f", recompute {record['settings']['recompute']}"
@@ -315,11 +345,14 @@ for record in sp_lab["runs"]:
           f"{record['saved_bytes']['block']['lessonlib']:,} vs "
           f"{record['saved_bytes']['block']['torch']:,} bytes")
     print(f"{'':<28} {record['command']}")
-sp_records = [r for r in sp_lab["runs"] if r["settings"]["sequence_parallel"]]
-claim("under SP PyTorch's plan keeps more bytes for backward than lessonlib, in every mode",
-      all(r["saved_bytes"]["block"]["torch"] > r["saved_bytes"]["block"]["lessonlib"]
-          for r in sp_records if r["settings"]["recompute"] != "full"),
-      numbers="recompute none and selective")
+kept = {f"recompute {r['settings']['recompute']}": r["saved_bytes"]["block"]
+        for r in sp_lab["runs"] if r["settings"]["sequence_parallel"]}
+every("under SP PyTorch's plan keeps more bytes for backward than lessonlib",
+      {mode: k for mode, k in kept.items() if mode != "recompute full"},
+      lambda k: k["torch"] > k["lessonlib"])
+every("under SP with full recompute both keep the same bytes, the layer's input",
+      {mode: k for mode, k in kept.items() if mode == "recompute full"},
+      lambda k: k["torch"] == k["lessonlib"])
 
 # %% [markdown]
 # PyTorch's plan keeps more bytes under SP: its column layers keep the gathered input, where
@@ -330,51 +363,70 @@ claim("under SP PyTorch's plan keeps more bytes for backward than lessonlib, in 
 #
 # <div style="border: 2px solid #4C72B0; border-radius: 6px; padding: 10px;">
 # <b>Takeaway.</b> Tensor parallelism splits the weights by t but leaves 10sbh of every
-# layer's activations replicated. Sequence parallelism splits those along the sequence for
-# the same communication bytes (all-gathers and reduce-scatters instead of all-reduces), so
-# each rank keeps 1/t of the layer: that is why Megatron turns it on whenever t > 1.
-# Selective recompute then drops the attention term that grows with s², for a few percent
-# more FLOPs; full recompute keeps only each layer's input, for about a third more compute.
+# layer's activations replicated. Sequence parallelism splits those along the sequence, so
+# each rank keeps 1/t of the layer. Its all-gathers and reduce-scatters move exactly the
+# bytes of TP's all-reduces; keeping only s/t rows of each column layer's input adds two
+# all-gathers in backward, a quarter more bytes, plus the small sums of the LayerNorm
+# gradients (section 4 measured the total; Megatron re-gathers too, overlapped with the
+# input-gradient GEMM). SP also runs the LayerNorms and dropouts on s/t rows, which is why
+# Korthikanti's Table 4 times the SP layer 3 % faster than TP alone. Megatron-LM leaves SP
+# to a flag (`--sequence-parallel`), switches it off at t = 1 and requires it when MoE layers
+# run with tensor parallelism. Selective recompute then drops the attention term that grows
+# with s², for a few percent more FLOPs; full recompute keeps only each layer's input, for
+# about a third more compute.
 # </div>
 #
 # ## Exercises
 #
-# **1.** SP's operators are all-gathers and reduce-scatters; here is the all-gather at work.
-# Write the forward pass of a column-parallel linear layer that returns the full output on
-# every rank: `my_column_forward(x, weight, bias, group)` receives this rank's rows of the
-# dense `weight` (shape `(out/t, in)`) and of `bias`. Compute your slice with `F.linear`,
-# then gather all slices along the last dim with `comm.all_gather` (the signature of
-# `torch.distributed.all_gather`). The checker runs it on 2 ranks.
+# **1.** Write SP's g yourself. Before a column layer, each rank holds s/t rows of the
+# sequence and needs all of them; in backward every rank holds a different gradient for the
+# whole sequence (each used it with its own weight columns), and needs only its rows of
+# their sum. `my_gather_forward(x, group)` receives this rank's rows, shape `(b, s/t, h)`:
+# return the whole `(b, s, h)`, the ranks' rows in rank order along dim 1, with
+# `comm.all_gather`. `my_gather_backward(grad, group)` receives `(b, s, h)`: return this
+# rank's rows of the sum over ranks with `comm.reduce_scatter_tensor` (the signature of
+# `torch.distributed.reduce_scatter_tensor`: it sums the ranks' inputs and keeps this
+# rank's chunk of dim 0). The checker runs them on 2 ranks, as an autograd function.
 
 # %%
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from lessonlib import comm
 
 
-def my_column_forward(x, weight, bias, group):
+def my_gather_forward(x, group):
     raise NotImplementedError
 
 
-ex.check_column_forward(my_column_forward)
+def my_gather_backward(grad, group):
+    raise NotImplementedError
+
+
+ex.check_gather_sequence(my_gather_forward, my_gather_backward)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
-def column_forward_solution(x, weight, bias, group):
-    y = F.linear(x, weight, bias).contiguous()                  # (b, s, out/t)
-    slices = [torch.empty_like(y) for _ in range(dist.get_world_size(group))]
-    comm.all_gather(slices, y, group=group)
-    return torch.cat(slices, dim=-1)                            # (b, s, out)
+def gather_forward_solution(x, group):
+    rows = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    comm.all_gather(rows, x.contiguous(), group=group)
+    return torch.cat(rows, dim=1)                                       # (b, s, h)
 
 
-ex.check_column_forward(column_forward_solution)
+def gather_backward_solution(grad, group):
+    t = dist.get_world_size(group)
+    stacked = torch.cat(grad.chunk(t, dim=1), dim=0)                    # (t*b, s/t, h)
+    mine = stacked.new_empty(grad.shape[0], grad.shape[1] // t, grad.shape[2])  # (b, s/t, h)
+    comm.reduce_scatter_tensor(mine, stacked, group=group)
+    return mine
+
+
+ex.check_gather_sequence(gather_forward_solution, gather_backward_solution)
 
 # %% [markdown]
 # **2.** One GPT-3 layer on t = 8 GPUs (b = 1): by what factor does turning on
-# sequence parallelism shrink the activations each GPU keeps for backward? Predict it from
-# Table 2 before computing (5as/h = 80 for GPT-3).
+# sequence parallelism shrink the activations each GPU keeps for backward? Give it to two
+# significant figures; predict it from Table 2 before computing (5as/h = 80 for GPT-3).
 
 # %%
 my_sp_ratio = None     # activations per GPU with TP alone, divided by those with TP+SP

@@ -110,10 +110,11 @@ def plot_allreduce(points: dict, fits: dict, world_size: int = 4, size_bytes: in
              title=f"{world_size} ranks")
     right.set(xlabel="ranks n", ylabel="seconds", title=f"{size_bytes / MiB:g} MiB message")
     left.axvline(size_bytes / 1024, color="grey", lw=0.8, ls=":")
-    left.legend(fontsize=8)
+    fig.legend(*left.get_legend_handles_labels(), loc="upper center", ncol=2, fontsize=8,
+               frameon=False)                     # one legend: both panels use its colours
     fig.text(0.5, -0.02, "lines: alpha-beta fit; hollow squares: stored sweep; filled circles: "
              "measured in this notebook", ha="center", fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.88))        # the legend above, clear of both panels
     return fig
 
 

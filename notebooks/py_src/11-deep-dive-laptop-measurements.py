@@ -14,7 +14,9 @@
 # This notebook extends [02 · Data parallelism](02-data-parallelism.ipynb), section 3 (and,
 # in section 2, [04 · Tensor vs pipeline parallelism](04-tensor-vs-pipeline.ipynb)): the
 # course measures on CPU ranks that share a laptop's cores, and this is where the
-# measurements are held to the cost model, with what they can and cannot tell.
+# measurements are held to the cost model, with what they can and cannot tell. About 23
+# minutes to read, code and outputs included.
+# <!-- numbers: 23 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 #
 # ## 1. The alpha-beta fits: what a laptop's links can and cannot show
 #
@@ -28,7 +30,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import lessonlib
-from lessonlib.claims import claim
+from lessonlib.claims import every
 from lessonlib.costmodel import alpha_beta
 from lessonlib.data import stored
 from lessonlib.data_parallel import bench as dp_bench
@@ -87,9 +89,11 @@ def miss(alg, small):
     return errors[len(errors) // 2]
 
 
-claim("every fit misses small messages (under 64 KiB) by more than large ones",
-      all(miss(alg, True) > miss(alg, False) for alg in fits),
-      numbers=", ".join(f"{alg} {miss(alg, True):.0%} vs {miss(alg, False):.0%}" for alg in fits))
+every("the fit misses small messages (under 64 KiB) by more than large ones (median "
+      "relative error, small vs large)",
+      {f"{alg} ({miss(alg, True):.0%} vs {miss(alg, False):.0%})": (miss(alg, True),
+                                                                   miss(alg, False))
+       for alg in fits}, lambda x: x[0] > x[1])
 
 # %% [markdown]
 # The errors are largest at small messages (the check above), where an oversubscribed laptop's time is the
@@ -131,8 +135,9 @@ for alg in ("parameter_server", "ring", "torch"):
           + f"  -> {slope * 1e3:4.1f} ms per extra rank, R^2 = {r2:.2f}")
 tiny = {alg: {q["world_size"]: q["time_s"] for q in points[alg] if q["size_bytes"] == 1024}
         for alg in ("parameter_server", "ring")}
-claim("at 1 KiB the server's two hops beat the ring's 2(n-1) steps at every n",
-      all(tiny["parameter_server"][n] < tiny["ring"][n] for n in tiny["ring"]))
+every("at 1 KiB the server's two hops beat the ring's 2(n-1) steps at n",
+      {n: (tiny["parameter_server"][n], tiny["ring"][n]) for n in tiny["ring"]},
+      lambda x: x[0] < x[1])
 
 # %% [markdown]
 # The ring's flat line in notebook 02's section 1 is a property of the *network*, where
@@ -166,6 +171,7 @@ print(f"ring / dist.all_reduce bus bandwidth: {lab['ring_vs_torch_busbw']:.0%}")
 viz.allreduce_explorer(points, fits, fresh)
 
 # %% [markdown]
+# <!-- numbers: 783 because it is an issue number -->
 # **What gloo lets through and NCCL would not: why the naive exchange hangs on GPUs.**
 # Each step of a ring receives from the left and
 # sends to the right. On CPU ranks (gloo), posting `irecv(left)` and then `isend(right)`
@@ -237,10 +243,10 @@ print("each waited before the next:", comm.nccl_hazards(cycle(True)) or "no haza
 # `(p-1)/(v·m+p-1)` of the step's wall time, and deep dive 09 did the same for interleaved
 # 1F1B. On a laptop the measured bubble comes out off that line, often above it by as much
 # as the theory itself; the run below says by how much. This section takes one measured
-# step of each schedule apart to show why. First the
-# measurement, on the stages of notebook 04: 2 ranks, one compute thread each, an
-# `mlp_stack` of 16 Linear + GeLU layers of width 1024 (2 stages of 8, or 4 chunks of 4
-# when interleaved), m = 8 micro-batches of 32 rows.
+# step of each schedule apart to show why. First the measurement, on the stages of notebook
+# 04: 2 ranks, one compute thread each, an `mlp_stack` of 16 Linear + GeLU layers (2 stages
+# of 8, or 4 chunks of 4 when interleaved), m = 8 micro-batches; the cell prints the layers'
+# width and the rows of a micro-batch.
 
 # %%
 import lessonlib
@@ -248,11 +254,12 @@ from lessonlib.pipeline import runs
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+WIDTH, MICRO = 1024, 32               # the layers' width, rows per micro-batch
 measured = lessonlib.launch(runs.measure, 2, ms=(8,), engines=("lessonlib",),
-                            schedules=("gpipe", "1f1b", "interleaved"), micro=32, steps=3,
-                            warmup=1, timeout=300)
-print(f"{len(measured[0])} schedules measured on {len(measured)} ranks: "
-      f"{', '.join(case[1] for case in measured[0])}")
+                            schedules=("gpipe", "1f1b", "interleaved"), width=WIDTH,
+                            micro=MICRO, steps=3, warmup=1, timeout=300)
+print(f"layers of width {WIDTH}, micro-batches of {MICRO} rows: {len(measured[0])} schedules "
+      f"measured on {len(measured)} ranks: {', '.join(case[1] for case in measured[0])}")
 
 # %% [markdown]
 # <!-- no measured claim: "below" points at the next cell, which reports the run -->
@@ -264,13 +271,15 @@ print(f"{len(measured[0])} schedules measured on {len(measured)} ranks: "
 # On CPU ranks a message is copied through the operating system by the sending process, and
 # in a pipeline the receiver is usually already waiting, so that copy sits on the critical
 # path, twice per micro-batch in the 1F1B steady state; what remains after both is the
-# transfer latency a receiver waits for and per-action overhead. Interleaving doubles the
-# messages per micro-batch and halves the work between them, which is why it gains least
-# here. The difference can also come out negative when other work loads the machine: the
-# theory counts idle slots as long as busy ones, but while the line fills and drains one
-# rank works alone, at full speed, and in the steady state the two ranks slow each other
-# down, so the idle slots come out shorter. Every bubble below is a share of the step's
-# wall time, the convention of `(p-1)/(v·m+p-1)`.
+# transfer latency a receiver waits for and per-action overhead. Interleaving (v = 2 here)
+# sends each micro-batch across 3 boundaries instead of 1 and halves the work between two
+# messages, so the sends weigh more in its step than in 1F1B's; its F and B are given per
+# virtual stage (a device's two chunks apart), its sends per stage. The difference can also
+# come out negative when other work loads the machine: the theory counts idle slots as long
+# as busy ones, but while the line fills and drains one rank works alone, at full speed, and
+# in the steady state the two ranks slow each other down, so the idle slots come out
+# shorter. Every bubble below is a share of the step's wall time, the convention of
+# `(p-1)/(v·m+p-1)`.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -280,9 +289,11 @@ def percent(values):
 
 spread = []
 for name, m in (("gpipe", 8), ("1f1b", 8), ("interleaved", 8)):
-    why = runs.explain_bubble(measured, ("lessonlib", name, m, 2 if name == "interleaved" else 1))
-    print(f"{name} m={m}: per stage F {[round(x, 1) for x in why['forward_ms']]} ms, "
-          f"B {[round(x, 1) for x in why['backward_ms']]} ms, "
+    v = 2 if name == "interleaved" else 1
+    why = runs.explain_bubble(measured, ("lessonlib", name, m, v))
+    print(f"{name} m={m}: per {'virtual stage' if v > 1 else 'stage'} "
+          f"F {[round(x, 1) for x in why['forward_ms']]} ms, "
+          f"B {[round(x, 1) for x in why['backward_ms']]} ms; per stage "
           f"send {[round(x, 1) for x in why['send_ms']]} ms (medians)")
     spread.append((name, why["theory"], why["measured"]))
     print(f"   bubble of wall time: theory {why['theory']:.1%} | simulated with measured F, B "

@@ -24,13 +24,14 @@
 #
 # The plan: the grid with five axes -> three layouts on 8 ranks, each equal to one process
 # -> the cost model's planner on Llama 3 and DeepSeek-V3, beside their published layouts ->
-# a takeaway -> a design question. About 15 minutes to read; Run All takes under half a
-# minute on a 2-core laptop.
+# a takeaway -> a design question. About 17 minutes to read, code and outputs included;
+# Run All takes about half a minute on a 2-core laptop.
+# <!-- numbers: 17 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 
 # %%
 from lessonlib import comm, grid, hybrid_axes
 from lessonlib import costmodel as cm
-from lessonlib.claims import claim
+from lessonlib.claims import at_most, claim, every
 from lessonlib.costmodel.model import PUBLISHED_PARAMS
 from lessonlib.exercises import frontier as ex
 from lessonlib.viz.source import show
@@ -38,14 +39,17 @@ from lessonlib.viz.source import show
 # %% [markdown]
 # ## 1. One grid, five axes, one order
 #
-# Each new axis is one room's idea applied in one place, in one order, as torchtitan does:
-# the pipeline is cut first (its `pipeline_llama` builds each rank's stage), then on that
-# stage `parallelize_llama`'s order: tensor, with sequence parallelism (SP,
-# [deep dive 14](14-deep-dive-sequence-parallelism.ipynb); an MoE layer becomes
-# expert-parallel instead), then context (ring attention over the c group, each token's
-# position read from the whole sequence), then data parallelism over the d·c ranks that
-# hold the same weights (plain, ZeRO-1 or FSDP), an expert's gradients over the ranks
-# holding its copies. The grid gains a c axis,
+# Each new axis is one room's idea applied in one place, in one order, as torchtitan does.
+# There the pipeline is cut first: `pipeline_llama` keeps this rank's stage of the model,
+# then calls `parallelize_llama` on that stage, which applies every other axis ("the PT-D
+# parallelisms (except pipeline parallelism)", as its file says) in its order: tensor, with
+# sequence parallelism (SP, [deep dive 14](14-deep-dive-sequence-parallelism.ipynb)), then
+# context, then activation checkpointing and compile, then data parallelism. `build_stage`
+# below does the same: it cuts the stage first, then on its layers applies tensor with SP
+# (an MoE layer becomes expert-parallel instead), then context (ring attention over the c
+# group, each token's position read from the whole sequence); data parallelism averages the
+# gradients after backward over the d·c ranks that hold the same weights (plain, ZeRO-1 or
+# FSDP), an expert's over the ranks holding its copies. The grid gains a c axis,
 # and expert groups carved from the d ranks, in Megatron-Core's rank order tp-cp-dp-pp:
 # tensor innermost, pipeline outermost. Here is t = 2, c = 2, p = 2 on 8 ranks, then the
 # builder itself:
@@ -149,27 +153,29 @@ claim("every row is within 15 % of its published figure, with one set of constan
 #
 # **The planner against the published layouts.** For each setup (model, cluster, GPU
 # count, batch, sequence, and the team's precision and routing), the planner's best layout
-# beside the team's, and, where they differ by more than 10 %, the part of the step that
-# separates them and whether that cost is real (with its source) or a gap of the model:
+# beside the team's, and, where the team's step is slower than the planner's tolerance
+# allows (`ex.WITHIN`, printed first: the same bar the exercise below uses), the part of the
+# step that separates them and whether that cost is real (with its source) or a gap of the
+# model:
 
 # %%
 # NBVAL_CHECK_OUTPUT
+print(f"tolerance: a layout within {ex.WITHIN - 1:.0%} of the planner's best step "
+      f"(ex.WITHIN = {ex.WITHIN:.2f}) counts as agreeing with it\n")
 versus = {run.source: pub.versus_planner(run) for run in pub.published_runs()
           if run.source in pub.PLANNED}
 for run_name, vs in versus.items():
     print(pub.explain_versus_planner(vs["run"]), end="\n\n")
 llama_128k, llama_8k = versus["Llama 3 Table 4, 128K"], versus["Llama 3 Table 4, 16,384 GPUs 8K"]
-claim("at 128K the planner's best is within 10 % of Meta's layout",
-      llama_128k["ratio"] <= 1.10, numbers=f"published / best = {llama_128k['ratio']:.2f}")
+at_most("at 128K, Meta's step over the planner's best", llama_128k["ratio"], ex.WITHIN)
 claim("c grows with the sequence", llama_128k["best"].layout.c > llama_8k["best"].layout.c,
       numbers=f"the planner's c = {llama_8k['best'].layout.c} at 8K, "
               f"{llama_128k['best'].layout.c} at 128K")
 claim("Meta's layouts are over the model's memory, DeepSeek-V3's fits",
       not any(vs["published"].fits for name, vs in versus.items() if name.startswith("Llama"))
       and versus[pub.PLANNED[-1]]["published"].fits)
-claim("every gap over 10 % is named", all(
-    vs["ratio"] <= 1.10 or "What separates them" in pub.explain_versus_planner(vs["run"])
-    for vs in versus.values()))
+every(f"a gap over {ex.WITHIN - 1:.0%} is named", versus, lambda vs: vs["ratio"] <= ex.WITHIN
+      or "What separates them" in pub.explain_versus_planner(vs["run"]))
 
 # %% [markdown]
 # So the planner agrees with Meta at 128K. At 8K it prefers other layouts, by the margins
@@ -192,10 +198,11 @@ claim("every gap over 10 % is named", all(
 
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
 # <b>Takeaway.</b> Context and expert parallelism are two more axes of the same grid, each
-# applied in one place and in one order (tensor, context, pipeline, data), and together
-# they still compute exactly what one process computes. Context parallelism splits the
-# sequence when activations, not weights, outgrow a GPU; expert parallelism splits an MoE
-# layer's experts over the ranks that would otherwise be replicas. The planner searches all
+# applied in one place and in one order (the pipeline cut first, then tensor, context and
+# data on each stage), and together they still compute exactly what one process computes.
+# Context parallelism splits the sequence when activations, not weights, outgrow a GPU;
+# expert parallelism splits an MoE layer's experts over the ranks that would otherwise be
+# replicas. The planner searches all
 # five axes with the schedule, the sharding and the recompute, and says why each value won.
 # It is held to the published record first: where it parts from a team's measured figure
 # or layout, it names the cost, and a cost the model leaves out is the first suspect.
@@ -205,7 +212,9 @@ claim("every gap over 10 % is named", all(
 #
 # **1. The design question of today.** Llama 3 405B, 128K-token sequences, 16,384 H100, 128
 # sequences per step: which (t, c, p, d), and why each axis? The checker answers axis by
-# axis.
+# axis, and accepts a layout only within the planner's tolerance of section 3
+# (`ex.WITHIN`): its step at most that many times the planner's best, and one that fits in
+# memory (Meta's own layout is judged as Meta ran it).
 
 # %%
 long_context = dict(t=None, c=None, p=None, d=None)

@@ -77,7 +77,7 @@ def test_the_planner_assumes_sp_and_selective_recompute_where_t_is_above_one():
 
 
 def test_the_sp_exercise_checker():
-    from lessonlib.exercises import tp as ex
+    from lessonlib.exercises import sp as ex
     assert ex.check_sp_activation_ratio((10 + 3 + 10) / (114 / 8))
     assert ex.check_sp_activation_ratio(1.6)          # 1.614 at the two figures asked
     for answer, words in ((8, "compares SP with the dense layer"), (2, "you gave 2"),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lessonlib import comm
-from lessonlib.exercises import tp as ex
+from lessonlib.exercises import sp, tp as ex
 from lessonlib.spans import Span
 
 
@@ -80,9 +80,9 @@ def test_gather_sequence_on_two_ranks():
         comm.reduce_scatter_tensor(mine, stacked, group=group)
         return mine
 
-    assert ex.check_gather_sequence(stub, stub).ok is None
-    verdict = ex.check_gather_sequence(lambda x, g: gather(x, g, dim=-1), reduce_scatter)
+    assert sp.check_gather_sequence(stub, stub).ok is None
+    verdict = sp.check_gather_sequence(lambda x, g: gather(x, g, dim=-1), reduce_scatter)
     assert verdict.ok is False and "hidden dim" in str(verdict), verdict
-    verdict = ex.check_gather_sequence(gather, keep_my_rows)
+    verdict = sp.check_gather_sequence(gather, keep_my_rows)
     assert verdict.ok is False and "sum over ranks" in str(verdict), verdict
-    assert ex.check_gather_sequence(gather, reduce_scatter)
+    assert sp.check_gather_sequence(gather, reduce_scatter)

@@ -258,13 +258,11 @@ def median_step(per_rank: list[dict], case) -> list:
 
 
 def explain_bubble(per_rank: list[dict], case) -> dict:
-    """Why a measured bubble differs from (p-1)/(m+p-1). The median step's measured F, B and
-    W times per virtual stage (a device's chunks kept apart: ZBV's device 0 runs the first
-    virtual stage and the last) and send times per stage are replayed by the schedule
-    simulation: once with compute only (stages that ran at different speeds), once with the
-    sends as well (the time a stage spends copying each message out, on the critical path
-    of a pipeline). "forward_ms", "backward_ms" and "weight_ms" are by virtual stage in the
-    model's order (by stage where v = 1), "send_ms" by stage."""
+    """Why a measured bubble differs from (p-1)/(m+p-1): the median step's F, B and W times
+    per virtual stage (ZBV's device 0 runs the first and the last) and send times per stage,
+    replayed by the schedule simulation with compute only (stages of different speeds), then
+    with the sends (copying each message out is on a pipeline's critical path too). F, B and
+    W ms are by virtual stage in model order, "send_ms" by stage."""
     engine, schedule, m, v = case
     p, step = len(per_rank), median_step(per_rank, case)
     sched = make(schedule, p, m, v)

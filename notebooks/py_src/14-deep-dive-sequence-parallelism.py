@@ -39,7 +39,7 @@ from lessonlib.claims import claim, every, within
 from lessonlib.costmodel import korthikanti2022 as k22
 from lessonlib.costmodel import memory as cm_memory
 from lessonlib.data import stored
-from lessonlib.exercises import tp as ex
+from lessonlib.exercises import sp as ex
 from lessonlib.tensor_parallel import ops as tp_ops
 from lessonlib.tensor_parallel import sequence as tp_sequence
 from lessonlib.tensor_parallel import sequence_runs as sp_runs

@@ -5,6 +5,7 @@ then run longest first (tests/scope_order.py); ``--store-durations`` measures th
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -52,6 +53,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # every figure drawn in the suite (the notebooks' kernels inherit it) is checked for
+    # hidden data and unexplained series (lessonlib/viz/figure_check.py)
+    os.environ.setdefault("LESSONLIB_CHECK_FIGURES", "1")
     if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(scope_order.Recorder(), "scope-durations")
 

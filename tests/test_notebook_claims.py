@@ -1,13 +1,15 @@
 """Every sentence that states a measured result is backed by a claim the notebook checks.
 
-A heuristic, honest about what it sees: a markdown cell right after a measuring code cell
-(one marked ``# NBVAL_IGNORE_OUTPUT``, whose numbers change from run to run) that uses a
-comparison word or a number with a unit is taken to state a measured result; the code cell
-before it must then check that result with ``lessonlib.claims`` (``claim(`` or
-``within(``), which prints the sentence when it holds and raises when it does not. A cell
-may instead say why it states no measured result, in an invisible HTML comment
-``<!-- no measured claim: ... -->``. What it cannot see: a claim two cells away from its
-numbers, a comparison in words it does not list, a plot whose shape the prose describes.
+A heuristic, honest about what it sees: a markdown cell that follows a measuring code cell
+of its section (one marked ``# NBVAL_IGNORE_OUTPUT``, whose numbers change from run to run)
+and uses a comparison word, a number with a unit, or quotes a number printed above it is
+taken to state a measured result; a code cell of that section above it must then check a
+claim with ``lessonlib.claims``, which prints the sentence when it holds and raises when it
+does not (the quoted numbers themselves are held to their outputs by
+tests/test_prose_numbers.py). A cell may instead say why it states no measured result, in
+an invisible HTML comment ``<!-- no measured claim: ... -->``. What it cannot see: a
+comparison in words it does not list and with no number, a plot whose shape the prose
+describes.
 
 The second half shows the mechanism can fail: a notebook whose claim is false stops with
 ClaimFailed when executed, as nbval would see it in CI.
@@ -18,34 +20,42 @@ import re
 import sys
 from pathlib import Path
 
-import jupytext
 import nbformat
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import notebooks  # noqa: E402  (tools/notebooks.py)
+import prose_numbers  # noqa: E402  (tests/prose_numbers.py)
 
 COMPARISON = re.compile(
     r"\b(faster|slower|beats?|above|below|within|more than|less than|fewer than|twice|"
-    r"off by|exceeds?|outruns?|closer)\b|\d+(\.\d+)?\s*(%|x\b|ms\b|MiB\b|GB\b|s\b)", re.I)
+    r"off by|exceeds?|outruns?|closer|nowhere near|double[sd]?|halve[sd]?|half as|"
+    r"as (fast|slow|large|small) as|larger|smaller|wins?|loses?|cheaper|dearer)\b")
 EXCUSED = "<!-- no measured claim:"
-CHECKED = re.compile(r"\b(claim|within)\(")
+CHECKED = re.compile(r"\b(claim|within|at_least|at_most|every)\(")
+SECTION = re.compile(r"^#{1,2}\s", re.M)
 
 
 def unbacked(nb) -> list[tuple[int, list[str]]]:
-    """(cell index, the words that look like a measured statement) for each markdown cell
-    after a measuring cell that no claim backs."""
-    found = []
-    for i, cell in enumerate(nb.cells[1:], 1):
-        before = nb.cells[i - 1]
-        measuring = before.cell_type == "code" and "NBVAL_IGNORE_OUTPUT" in before.source
-        if cell.cell_type != "markdown" or not measuring or EXCUSED in cell.source:
+    """(cell index, what looks like a measured statement) for each markdown cell that
+    follows a measuring cell of its section (``##`` to ``##``) while no code cell of that
+    section above it checks a claim. A measured statement is a comparison word or a number
+    the cell quotes from a printed output (tests/prose_numbers.py), not a keyword alone."""
+    found, measuring, checked = [], False, False
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            measuring |= "NBVAL_IGNORE_OUTPUT" in cell.source
+            checked |= bool(CHECKED.search(cell.source))
             continue
-        if CHECKED.search(before.source):
+        if SECTION.search(cell.source):
+            measuring = checked = False
+        if cell.cell_type != "markdown" or not measuring or checked or EXCUSED in cell.source:
             continue
         words = [m.group(0) for m in COMPARISON.finditer(cell.source)]
-        if words:
-            found.append((i, words[:4]))
+        quoted = [n.text for n, kind in prose_numbers.classify(
+            nbformat.v4.new_notebook(cells=nb.cells[:i + 1])) if n.cell == i and kind == "printed"]
+        if words or quoted:
+            found.append((i, (words + quoted)[:4]))
     return found
 
 
@@ -54,7 +64,7 @@ PAIRS = notebooks.pairs()
 
 @pytest.mark.parametrize("py", [py for py, _ in PAIRS], ids=[py.stem[:2] for py, _ in PAIRS])
 def test_every_measured_sentence_is_backed_by_a_claim(py):
-    missing = unbacked(jupytext.read(py))
+    missing = unbacked(nbformat.read(py.parent.parent / f"{py.stem}.ipynb", as_version=4))
     assert not missing, (f"{py.name}: markdown cells {missing} state what looks like a "
                          "measured result after a measuring cell that checks no claim")
 

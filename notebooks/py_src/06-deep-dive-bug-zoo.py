@@ -181,6 +181,7 @@ print(f"bug on inside the block: {tried['bug_on']}, check passed: {tried['passed
 # ```
 
 # %% [markdown]
+# <!-- no measured claim: the lesson's rule for parity checks, not a measurement -->
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
 #
 # **Takeaway.** Distributed bugs are quiet: the step runs, the loss goes down. Every

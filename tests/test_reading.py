@@ -1,0 +1,53 @@
+"""What a notebook asks of its reader is what it says: the core notebooks stay within 1,500
+words of prose and 45 cells, and a stated reading time is the one its text, code and output
+take (200 words, 10 lines of code or 20 lines of output a minute). Pure: reads the committed
+notebooks."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import notebooks  # noqa: E402  (tools/notebooks.py)
+
+PAIRS = notebooks.pairs()
+CORE = [nb for _, nb in PAIRS if nb.name[:2] <= "05"]
+STATED = re.compile(r"[Aa]bout (\d+) minutes to read")
+
+
+def prose_words(nb) -> int:
+    return sum(len(re.sub(r"<!--.*?-->", "", c.source, flags=re.S).split())
+               for c in nb.cells if c.cell_type == "markdown")
+
+
+def reading_minutes(nb) -> float:
+    """Prose at 200 words a minute, code at 10 lines (comments and blank lines aside), the
+    printed output at 20 lines."""
+    code = sum(1 for c in nb.cells if c.cell_type == "code" for line in c.source.splitlines()
+               if line.strip() and not line.lstrip().startswith("#"))
+    output = sum(len((o.get("text") or "".join(o.get("data", {}).get("text/plain", "")))
+                     .splitlines()) for c in nb.cells for o in c.get("outputs", []))
+    return prose_words(nb) / 200 + code / 10 + output / 20
+
+
+@pytest.mark.parametrize("ipynb", CORE, ids=[nb.name[:2] for nb in CORE])
+def test_a_core_notebook_stays_short(ipynb):
+    nb = nbformat.read(ipynb, as_version=4)
+    assert prose_words(nb) <= 1500, f"{ipynb.name}: {prose_words(nb)} words of prose"
+    assert len(nb.cells) <= 45, f"{ipynb.name}: {len(nb.cells)} cells"
+
+
+@pytest.mark.parametrize("ipynb", [nb for _, nb in PAIRS], ids=[nb.name[:2] for _, nb in PAIRS])
+def test_a_stated_reading_time_is_the_measured_one(ipynb):
+    nb = nbformat.read(ipynb, as_version=4)
+    stated = [int(m) for c in nb.cells if c.cell_type == "markdown"
+              for m in STATED.findall(c.source)]
+    measured = reading_minutes(nb)
+    for minutes in stated:
+        assert abs(minutes - measured) <= max(5, 0.25 * measured), (
+            f"{ipynb.name} says about {minutes} minutes; its prose, code and output take "
+            f"{measured:.0f} (200 words, 10 code lines or 20 output lines a minute)")

@@ -81,8 +81,10 @@ for name, axes in beyond.items():
     claim(f"{name} on 8 ranks equals one process", worst < 1e-12,
           numbers=f"loss {s['max_loss_diff']:.0e}, gradients {s['max_grad_diff']:.0e}, "
                   f"weights {s['max_weight_diff']:.0e}")
-    claim("  and its recorded trace has no NCCL hazard",
-          comm.nccl_hazards([r["events"] for r in ranks]) == [])
+    hazards = comm.nccl_hazards([r["events"] for r in ranks])
+    claim("  and its recorded trace has no NCCL hazard", hazards == [],
+          numbers=f"{sum(len(r['events']) for r in ranks)} calls replayed: "
+                  f"{'; '.join(hazards) or 'no hazard'}")
 
 # %% [markdown]
 # The same lab measures them: `python labs/hybrid.py --cp 2 --layouts t2p2d1`, with `--ep 2`
@@ -173,7 +175,10 @@ claim("c grows with the sequence", llama_128k["best"].layout.c > llama_8k["best"
               f"{llama_128k['best'].layout.c} at 128K")
 claim("Meta's layouts are over the model's memory, DeepSeek-V3's fits",
       not any(vs["published"].fits for name, vs in versus.items() if name.startswith("Llama"))
-      and versus[pub.PLANNED[-1]]["published"].fits)
+      and versus[pub.PLANNED[-1]]["published"].fits,
+      numbers="GB per GPU against the usable, in the order above: " + ", ".join(
+          f"{est.memory.total / 1e9:.0f} of {est.memory_capacity_bytes / 1e9:.0f}"
+          for est in (vs["published"] for vs in versus.values())))
 every(f"a gap over {ex.WITHIN - 1:.0%} is named", versus, lambda vs: vs["ratio"] <= ex.WITHIN
       or "What separates them" in pub.explain_versus_planner(vs["run"]))
 

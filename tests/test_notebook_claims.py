@@ -13,13 +13,19 @@ describes.
 
 The second half shows the mechanism can fail: a notebook whose claim is false stops with
 ClaimFailed when executed, as nbval would see it in CI.
+
+And every bare ``claim(sentence, holds)`` in a notebook's source passes ``numbers=``, the
+values it judged, so a reader sees what would make it false (``at_least``, ``at_most``,
+``within`` and ``every`` write theirs from their bound or cases).
 """
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
 
+import jupytext
 import nbformat
 import pytest
 
@@ -60,6 +66,51 @@ def unbacked(nb) -> list[tuple[int, list[str]]]:
 
 
 PAIRS = notebooks.pairs()
+
+
+def bare_claims(nb) -> list[tuple[int, str]]:
+    """(cell index, the call) for each ``claim(...)`` of a code cell that passes no
+    ``numbers=``. IPython's ``%`` and ``!`` lines are blanked before parsing; a cell that
+    still does not parse is returned as (index, "SyntaxError: ...") rather than skipped."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        source = "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                           for line in cell.source.splitlines())
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as error:
+            found.append((i, f"SyntaxError: {error}"))
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call)
+                    and getattr(node.func, "id", getattr(node.func, "attr", None)) == "claim"
+                    and not any(k.arg == "numbers" for k in node.keywords)):
+                found.append((i, ast.get_source_segment(source, node)))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("py", [py for py, _ in PAIRS], ids=[py.stem[:2] for py, _ in PAIRS])
+def test_every_claim_shows_the_numbers_it_judged(py):
+    bare = bare_claims(jupytext.read(py))
+    assert not bare, (f"{py.name}: claims that print no numbers= (pass the values judged, or "
+                      f"use every/at_least/at_most/within): {bare}")
+
+
+def test_a_bare_claim_is_found():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("claim('in prose, not code', ok)"),
+        nbformat.v4.new_code_cell("%matplotlib inline\n"
+                                  "claim('shown', ok, numbers=f'{x} of {y}')\n"
+                                  "claims.claim('bare, through the module', ok)\n"
+                                  "every('a case holds', cases, bool)"),
+        nbformat.v4.new_code_cell("for c in cases:\n    claim(f'case {c}', c > 0)"),
+        nbformat.v4.new_code_cell("claim('unfinished', ok")])
+    bare = bare_claims(nb)
+    assert bare[:2] == [(1, "claims.claim('bare, through the module', ok)"),
+                        (2, "claim(f'case {c}', c > 0)")]
+    assert len(bare) == 3 and bare[2][0] == 3 and bare[2][1].startswith("SyntaxError")
 
 
 @pytest.mark.parametrize("py", [py for py, _ in PAIRS], ids=[py.stem[:2] for py, _ in PAIRS])

@@ -269,23 +269,18 @@ def main(argv=None) -> int:
         return predicted(parser, opts)
     try:
         jobs = build_jobs(opts)
-        for lab, _ in jobs:
+        out = opts.out or default_folder((opts.grid_file or Path(jobs[0][0])).stem, jobs, opts)
+        submitted = opts.slurm and (out / sweep_slurm.STATE).exists()
+        for lab, points in [] if submitted else jobs:      # a submitted grid was checked then
             if lab not in available_labs():
                 raise ValueError(f"lab={lab!r} is not in labs/; choose one of "
                                  f"{', '.join(available_labs())}")
+            check(lab, points, lab_flags(opts.python, lab))   # runs its --help (seconds)
     except ValueError as exc:
         parser.error(str(exc))
-    name = opts.grid_file.stem if opts.grid_file else jobs[0][0]
-    out = opts.out or default_folder(name, jobs, opts)
     check_folder(parser, out)
-    if opts.slurm and (out / sweep_slurm.STATE).exists():
-        # the same command again: gather; its grid was checked when it was submitted
-        return collect(parser, out, opts)
-    try:   # each lab's flags, from its --help: an interpreter that imports torch, per lab
-        for lab, points in jobs:
-            check(lab, points, lab_flags(opts.python, lab))
-    except ValueError as exc:
-        parser.error(str(exc))
+    if submitted:
+        return collect(parser, out, opts)          # the same command again: gather
     if opts.slurm and not opts.dry_run:
         try:
             job = sweep_slurm.submit(jobs, out, opts)

@@ -44,3 +44,11 @@ def test_a_point_outside_the_limits_fails_the_rendering(monkeypatch):
     with pytest.raises(figure_check.FigureProblem, match="beyond the axes'"):
         fig.savefig(__import__("io").BytesIO(), format="png")
     plt.close(fig)
+
+
+def test_categories_are_read_at_their_positions():
+    fig, ax = plt.subplots()                           # labs/sweep_published.py's x axis
+    ax.plot(["8", "16"], [82.7, 85.1], "o-", label="predicted")
+    ax.legend()
+    assert figure_check.problems(fig) == []
+    plt.close(fig)

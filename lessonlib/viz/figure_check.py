@@ -37,7 +37,10 @@ def _extent(artist):
     if isinstance(artist, Line2D):
         if artist.get_transform() != artist.axes.transData:    # axhline, axvline: spans
             return None
-        x, y = (np.asarray(v, dtype=float) for v in artist.get_data())
+        xy = np.asarray(artist.get_xydata(), dtype=float)        # categories as positions
+        if xy.size == 0:
+            return None
+        x, y = xy[:, 0], xy[:, 1]
     elif isinstance(artist, Rectangle):
         if artist.get_data_transform() != artist.axes.transData:      # bars, not spans
             return None

@@ -128,7 +128,8 @@ def bubble_plot(p: int = 4, m: int = 8, v: int = 2, measured=(), ax=None, m_max:
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), fontsize=7)
-    ax.set_ylim(0, 1)
+    # the ideal-time convention passes 1 at small m (more bubble than compute): show it all
+    ax.set_ylim(0, max(1.0, p - 1.0) * 1.02)     # GPipe at m = 1: (p-1)/1 of ideal time
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble")
     ax.set_title(f"p={p}: wall (GPipe §2.3) and ideal (Megatron-LM 2021 §2.2)", fontsize=9)

@@ -16,9 +16,8 @@ import torch.distributed as dist
 from lessonlib import comm, device
 from lessonlib.costmodel import MODELS
 from lessonlib.costmodel.memory import activation_bytes_per_layer
-from lessonlib.exercises.tp import launch_student
-from lessonlib.exercises.verdict import (Verdict, correct, not_yet, number, unanswered,
-                                         unwritten)
+from lessonlib.exercises.tp import run_pair
+from lessonlib.exercises.verdict import Verdict, correct, not_yet, number, unanswered
 
 
 def check_sp_activation_ratio(answer, model: str = "gpt3-175B", t: int = 8) -> Verdict:
@@ -96,13 +95,9 @@ def check_gather_sequence(forward, backward) -> Verdict:
     """Korthikanti's g from ``forward(x, group)`` and ``backward(grad, group)``: all-gather
     this rank's s/t rows along the sequence (dim 1) forward; reduce-scatter the gradient of
     the whole sequence backward, back to this rank's rows. Run on 2 ranks."""
-    if forward is None or backward is None:
-        return unanswered("my_gather_forward or my_gather_backward")
-    ranks = launch_student(_run_gather, forward, backward)
-    if isinstance(ranks, str):
-        return not_yet(ranks)
-    if isinstance(ranks, dict) or ranks[0]["status"] == "todo":
-        return unwritten(f"{forward.__name__} or {backward.__name__}")
+    ranks = run_pair(_run_gather, forward, backward, "my_gather_forward or my_gather_backward")
+    if isinstance(ranks, Verdict):
+        return ranks
     r = ranks[0]
     b, rows, h = r["rows"]
     if r["shape"] == r["rows"]:

@@ -142,6 +142,19 @@ def launch_student(worker, *fns) -> list | dict | str:
                 "collectives, in the same order, with tensors of the same shape?")
 
 
+def run_pair(worker, forward, backward, names: str) -> list | Verdict:
+    """The student's ``forward`` and ``backward`` run by ``worker`` on 2 ranks: the ranks'
+    results, or the verdict to give at once (unanswered, still a stub, what went wrong)."""
+    if forward is None or backward is None:
+        return unanswered(names)
+    ranks = launch_student(worker, forward, backward)
+    if isinstance(ranks, str):
+        return not_yet(ranks)
+    if isinstance(ranks, dict) or ranks[0]["status"] == "todo":
+        return unwritten(f"{forward.__name__} or {backward.__name__}")
+    return ranks
+
+
 class _StudentF(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, fwd, bwd):
@@ -174,13 +187,9 @@ def check_f_operator(forward, backward) -> Verdict:
 
     On 2 ranks, x = rank + 1 and the loss weighs f(x) by rank + 1, so the right input
     gradient is 1 + 2 = 3 on both ranks."""
-    if forward is None or backward is None:
-        return unanswered("my_f_forward or my_f_backward")
-    ranks = launch_student(_run_f, forward, backward)
-    if isinstance(ranks, str):
-        return not_yet(ranks)
-    if isinstance(ranks, dict) or ranks[0]["status"] == "todo":
-        return unwritten(f"{forward.__name__} or {backward.__name__}")
+    ranks = run_pair(_run_f, forward, backward, "my_f_forward or my_f_backward")
+    if isinstance(ranks, Verdict):
+        return ranks
     for r in ranks:
         if r["y"] != r["x"]:
             return not_yet(f"f must not change x in the forward pass: got {r['y']} for "

@@ -25,7 +25,7 @@
 #
 # The plan: the idea -> a prediction -> a real run on 4 ranks -> measured against predicted
 # -> a takeaway -> an exercise. About 36 minutes to read (its words, code and printed
-# lines); Run All takes about a minute on a 2-core laptop.
+# lines); Run All takes under half a minute on a 2-core laptop.
 # <!-- numbers: 36 because it is the reading time, counted as 2,476 words / 200 + 193 code lines / 10 + 92 printed lines / 20 -->
 
 # %%

@@ -19,7 +19,7 @@
 # Llama 3.1 405B is dense.
 #
 # **Prerequisites:** 05's section 7 (the trillion-parameter question, ZeRO-1 and pipeline
-# stages). About 35 minutes to read; Run All takes about a minute on a 2-core laptop.
+# stages). About 35 minutes to read; Run All takes under half a minute on a 2-core laptop.
 # <!-- numbers: 35 because it is the reading time: markdown words / 200 + code lines / 10 +
 # output lines / 20 -->
 #

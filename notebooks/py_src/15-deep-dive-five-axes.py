@@ -25,7 +25,7 @@
 # The plan: the grid with five axes -> three layouts on 8 ranks, each equal to one process
 # -> the cost model's planner on Llama 3 and DeepSeek-V3, beside their published layouts ->
 # a takeaway -> a design question. About 17 minutes to read, code and outputs included;
-# Run All takes about half a minute on a 2-core laptop.
+# Run All takes under half a minute on a 2-core laptop.
 # <!-- numbers: 17 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 
 # %%

@@ -133,7 +133,8 @@ def _kind(n: Number, printed: list[float], settings: set[float], text: str) -> s
 
 
 # ---------------------------------------------------------------- claims' bounds
-BOUND_WORDS = {"at_least": (2, "bound", "is at least {:g}"), "at_most": (2, "bound", "is at most {:g}"),
+BOUND_WORDS = {"at_least": (2, "bound", "is at least {:g}"),
+               "at_most": (2, "bound", "is at most {:g}"),
                "within": (3, "tolerance", "within {:.0%}")}
 
 

@@ -56,7 +56,7 @@ class ContextParallelGrid:
             raise ValueError(f"c={c} must divide the world size {world} (d = world / c groups)")
         rank, group = dist.get_rank(), None
         for start in range(0, world, c):
-            made = dist.new_group(list(range(start, start + c)))
+            made = comm.new_group(list(range(start, start + c)))
             if start <= rank < start + c:
                 group = made
         return cls(c, world // c, rank % c, rank // c, group)

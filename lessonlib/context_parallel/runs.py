@@ -40,7 +40,7 @@ def ring_groups(c: int):
     world, rank = dist.get_world_size(), dist.get_rank()
     mine = first = None
     for start in range(0, world - c + 1, c):
-        group = dist.new_group(list(range(start, start + c)))
+        group = comm.new_group(list(range(start, start + c)))
         first = first or group
         if start <= rank < start + c:
             mine = group

@@ -55,7 +55,7 @@ class ExpertParallelContext:
         grid = axis_groups(d // e, 1, e)          # "tp": e consecutive ranks, "dp": e apart
         for axis in ("tp", "dp"):
             for ranks in grid[axis]:
-                group = dist.new_group(ranks)
+                group = comm.new_group(ranks)
                 if rank in ranks:
                     mine[axis] = (group, tuple(ranks))
         (ep, ep_ranks), (edp, edp_ranks) = mine["tp"], mine["dp"]

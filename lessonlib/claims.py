@@ -18,6 +18,7 @@ GPU box: the same; pure Python.
 from __future__ import annotations
 
 import math
+import numbers
 
 
 class ClaimFailed(AssertionError):
@@ -41,7 +42,7 @@ class ClaimCannotFail(ValueError):
 
 def _finite(what: str, *values: float) -> None:
     for value in values:
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise ClaimCannotFail(f"the claim '{what}' is tested on {value!r}, which no bound "
                                   f"can fail: measure something finite (a ratio over zero?)")
 
@@ -49,16 +50,18 @@ def _finite(what: str, *values: float) -> None:
 def at_least(what: str, measured: float, bound: float, *, unit: str = "",
              digits: int = 3) -> None:
     """Claim that ``measured`` is at least ``bound``; the sentence says both."""
-    _finite(what, measured, bound)
-    claim(f"{what} is at least {bound:g}{unit}", measured >= bound,
-          numbers=f"measured {measured:.{digits}g}{unit}")
+    _bounded(what, measured, bound, "at least", measured >= bound, unit, digits)
 
 
 def at_most(what: str, measured: float, bound: float, *, unit: str = "",
             digits: int = 3) -> None:
     """Claim that ``measured`` is at most ``bound``; the sentence says both."""
+    _bounded(what, measured, bound, "at most", measured <= bound, unit, digits)
+
+
+def _bounded(what, measured, bound, words: str, holds: bool, unit: str, digits: int) -> None:
     _finite(what, measured, bound)
-    claim(f"{what} is at most {bound:g}{unit}", measured <= bound,
+    claim(f"{what} is {words} {bound:g}{unit}", holds,
           numbers=f"measured {measured:.{digits}g}{unit}")
 
 

@@ -56,8 +56,7 @@ def numbers_in(text: str, cell: int = 0) -> list[Number]:
     text = HEADING.sub(lambda m: m.group(0)[0] + " " * (len(m.group(0)) - 1), text)
     found = []
     for m in NUMBER.finditer(text):
-        whole, frac = m.group(1), m.group(2) or ""
-        value = float(whole.replace(",", "") + frac)
+        whole, frac, value = m.group(1), m.group(2) or "", _value(m)
         decimals = len(frac) - 1 if frac else 0
         before, after = text[max(0, m.start() - 12):m.start()], text[m.end():m.end() + 8]
         small = decimals == 0 and value <= 16 and not RATIO_OR_SHARE.match(after)
@@ -69,9 +68,12 @@ def numbers_in(text: str, cell: int = 0) -> list[Number]:
     return found
 
 
+def _value(match) -> float:
+    return float(match.group(1).replace(",", "") + (match.group(2) or ""))
+
+
 def _values(text: str) -> list[float]:
-    return [float(m.group(1).replace(",", "") + (m.group(2) or ""))
-            for m in NUMBER.finditer(text)]
+    return [_value(m) for m in NUMBER.finditer(text)]
 
 
 def printed_text(cell) -> str:

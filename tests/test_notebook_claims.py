@@ -2,8 +2,8 @@
 
 A heuristic, honest about what it sees: a markdown cell that follows a measuring code cell
 of its section (one marked ``# NBVAL_IGNORE_OUTPUT``, whose numbers change from run to run)
-and uses a comparison word, a number with a unit, or quotes a number printed above it is
-taken to state a measured result; a code cell of that section above it must then check a
+and uses a comparison word or quotes a number printed above it is taken to state a
+measured result; a code cell of that section above it must then check a
 claim with ``lessonlib.claims``, which prints the sentence when it holds and raises when it
 does not (the quoted numbers themselves are held to their outputs by
 tests/test_prose_numbers.py). A cell may instead say why it states no measured result, in
@@ -47,6 +47,10 @@ def unbacked(nb) -> list[tuple[int, list[str]]]:
     follows a measuring cell of its section (``##`` to ``##``) while no code cell of that
     section above it checks a claim. A measured statement is a comparison word or a number
     the cell quotes from a printed output (tests/prose_numbers.py), not a keyword alone."""
+    quoted = {}                                 # cell: the numbers it quotes from outputs
+    for n, kind in prose_numbers.classify(nb):
+        if kind == "printed":
+            quoted.setdefault(n.cell, []).append(n.text)
     found, measuring, checked = [], False, False
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
@@ -57,11 +61,9 @@ def unbacked(nb) -> list[tuple[int, list[str]]]:
             measuring = checked = False
         if cell.cell_type != "markdown" or not measuring or checked or EXCUSED in cell.source:
             continue
-        words = [m.group(0) for m in COMPARISON.finditer(cell.source)]
-        quoted = [n.text for n, kind in prose_numbers.classify(
-            nbformat.v4.new_notebook(cells=nb.cells[:i + 1])) if n.cell == i and kind == "printed"]
-        if words or quoted:
-            found.append((i, (words + quoted)[:4]))
+        words = [m.group(0) for m in COMPARISON.finditer(cell.source)] + quoted.get(i, [])
+        if words:
+            found.append((i, words[:4]))
     return found
 
 

@@ -68,17 +68,16 @@ def _extent(artist):
 
 def _outside(ax) -> list[str]:
     (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
-    dx, dy = (x1 - x0) * SLACK, (y1 - y0) * SLACK
-    if ax.get_yscale() == "log":
-        dy = 0
+    log_y = ax.get_yscale() == "log"
+    dx, dy = (x1 - x0) * SLACK, 0 if log_y else (y1 - y0) * SLACK
     found = []
     for artist in [*ax.lines, *ax.collections, *ax.patches]:
         box = _extent(artist)
         if box is None or not artist.get_visible():
             continue
         a, b, c, d = box
-        if a < x0 - dx or b > x1 + dx or (c < y0 - dy and not (ax.get_yscale() == "log"
-                                                            and c <= 0)) or d > y1 + dy:
+        below = c < y0 - dy and not (log_y and c <= 0)     # zero has no place on a log axis
+        if a < x0 - dx or b > x1 + dx or below or d > y1 + dy:
             label = artist.get_label()
             name = label if label and not label.startswith("_") else type(artist).__name__
             found.append(f"'{_title(ax)}': {name} spans x {a:.3g}..{b:.3g}, y {c:.3g}..{d:.3g}"
@@ -97,10 +96,11 @@ def _series(ax) -> int:
 
 
 def _unexplained(ax) -> list[str]:
+    series = _series(ax)
     legend = ax.get_legend() or ax.figure.legends
-    labelled = len(ax.texts) >= _series(ax)          # each series labelled where it is drawn
-    if _series(ax) > 1 and not legend and not labelled:
-        return [f"'{_title(ax)}': {_series(ax)} series and no legend to tell them apart"]
+    labelled = len(ax.texts) >= series               # each series labelled where it is drawn
+    if series > 1 and not legend and not labelled:
+        return [f"'{_title(ax)}': {series} series and no legend to tell them apart"]
     return []
 
 

@@ -86,8 +86,13 @@ PUBLISHED: dict[str, Source] = {
                        hidden=4096),
     "torchtitan": _source(
         "torchtitan benchmarks/llama3_h100_202412_torchtitan.md and "
-        "asyncTP_llama3_h100_2025-06_torchtitan.md", ("torchtitan",),
+        "asyncTP_llama3_h100_2025-06_torchtitan.md (its table and commands: BF16, "
+        "torch.compile, FSDP x TP 8)", ("torchtitan",),
         eager_tokens_per_s=5762, compiled_tokens_per_s=6667, float8_tokens_per_s=8532,
         eager_mfu=33.7, compiled_mfu=39.0, power_limit_w=500, async_tp_70b=1.09,
-        async_tp_8b=1.10),
+        async_tp_8b=1.10, float8_over_compiled=1.28, async_tp_70b_gpus=256,
+        async_tp_70b_fsdp=32, async_tp_8b_gpus=64, async_tp_tensor_parallel=8,
+        async_tp_70b_local_batch=16, async_tp_8b_local_batch=12,
+        async_tp_70b_tokens_per_s=597.3, async_tp_70b_async_tokens_per_s=652.4,
+        async_tp_8b_tokens_per_s=4378, async_tp_8b_async_tokens_per_s=4809),
 }

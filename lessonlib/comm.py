@@ -3,9 +3,10 @@
 What it teaches: parallel training is computation plus communication, and the lesson's
 claims about communication ("one all-reduce per MLP forward", "a ring moves 2(n-1)/n of
 the data per rank") can be checked by counting. Inside ``with ledger() as book:`` each call
-below appends an ``Event`` (operation, group size, payload bytes, peer, seconds) to
-``book``, on this rank (``lessonlib.ledger``). Each call also leaves a breadcrumb (``launcher.progress``), so a
-hang names the collective a rank was stuck in.
+below appends an ``Event`` (operation, group size, payload bytes, peer, seconds, and the
+seconds it held the rank: ``exposed``) to ``book``, on this rank (``lessonlib.ledger``).
+Each call also leaves a breadcrumb (``launcher.progress``), so a hang names the collective
+a rank was stuck in.
 
 The ledger is also a trace that NCCL's rules can be checked on without a GPU: each event
 keeps its dtype, its group (by creation: torch numbers groups "0" for the world, then "1",
@@ -32,7 +33,7 @@ import torch.distributed as dist
 from lessonlib import device
 from lessonlib.breadcrumbs import progress
 from lessonlib.ledger import (Event, Ledger, TimedWork, batches, books, calls,  # noqa: F401
-                              close, ledger, mode)
+                              close, hold, ledger, mode)
 from lessonlib.nccl_rules import nccl_hazards  # noqa: F401 (comm.nccl_hazards, the public name)
 
 _groups: dict = {}           # process group -> (name, members): looked up once per group
@@ -86,8 +87,16 @@ def _call(name: str, payload, group, peer, async_op: bool, thunk, root=None):
     if async_op:
         sends = [(event, payload)] if name == "send" else []
         return TimedWork(work, event, sends=sends) if work is not None else None
-    close(event)
+    _close_blocking([event])
     return work
+
+
+def _close_blocking(events) -> None:
+    """A blocking call (one or several events) held this rank from start to end: once."""
+    for event in events:
+        close(event)
+    if events[0].span is not None:
+        hold(events[0], *events[0].span)
 
 
 def batch_isend_irecv(ops: list) -> list:
@@ -185,8 +194,7 @@ def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes
         book.events.extend(events)
     if async_op:
         return TimedWork(work, *events) if work is not None else None
-    for event in events:
-        close(event)
+    _close_blocking(events)
     return work
 
 

@@ -6,6 +6,16 @@ opens a ``Ledger``; while one is open, every ``lessonlib.comm`` call appends an 
 when it was waited on, seconds) to every open ledger. With none open, ``comm`` records
 nothing. The events are also the trace ``comm.nccl_hazards`` replays under NCCL's rules.
 
+Communication costs a rank only the time it is *held* by it: ``Event.exposed``. A blocking
+call holds the rank for the whole call; an asynchronous one only inside ``wait()``, so a
+transfer that finished while the rank computed costs nothing (``Ledger.exposed_seconds``).
+On a CPU the held stretches are wall clock around the call or the ``wait()``, exact. On a
+GPU ``wait()`` returns at once: it only makes the compute stream wait for the
+communication's stream. So there the stretch is a pair of CUDA events recorded on the
+compute stream around the call or the ``wait()``: the time between them on that stream is
+how long compute stood still for the message, which is the exposed time of the GPU's
+timeline (read, like ``seconds``, after one synchronize when the ledger closes).
+
 Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.comm.demo_ledger, 2))"``
 GPU box: the same; the timing is a pair of CUDA events, read after one synchronize when the
          ledger closes (or ``summary()`` is asked), so counting never stalls the queue.
@@ -42,6 +52,11 @@ class Event:
     root: int | None = None           # global source (broadcast) or destination (gather_object)
     written: bool = False             # a send's tensor written in place before it was waited on
     marks: tuple | None = field(default=None, repr=False, compare=False)  # (start, end) to read
+    exposed: float = field(default=0.0, compare=False)  # seconds this rank was held by it
+    # what the timelines draw: (posted, closed) marks, and each stretch the rank was held
+    span: tuple | None = field(default=None, repr=False, compare=False)
+    stalls: list = field(default_factory=list, repr=False, compare=False)
+    read: int = field(default=0, repr=False, compare=False)   # stalls already in ``exposed``
 
 
 @dataclass
@@ -52,10 +67,14 @@ class Ledger:
     def settle(self) -> None:
         """Turn pending CUDA-event pairs into seconds, after one synchronize."""
         pending = [e for e in self.events if e.marks is not None and e.marks[1] is not None]
-        if pending:
+        held = [e for e in self.events if e.read < len(e.stalls)]
+        if pending or held:
             device.synchronize()
         for e in pending:
             e.seconds, e.marks = device.elapsed(*e.marks), None
+        for e in held:
+            e.exposed += sum(device.elapsed(*pair) for pair in e.stalls[e.read:])
+            e.read = len(e.stalls)
 
     def count(self, op: str | None = None) -> int:
         """Calls of ``op`` (of every kind when None; group creations are not messages)."""
@@ -71,6 +90,12 @@ class Ledger:
         return {op: {"calls": n, "bytes": self.total_bytes(op),
                      "seconds": sum(e.seconds for e in self.events if e.op == op)}
                 for op, n in calls.items()}
+
+    def exposed_seconds(self, op: str | None = None) -> float:
+        """Seconds this rank was held by communication (of ``op``, or of every kind): whole
+        blocking calls, and the time inside ``wait()`` of asynchronous ones."""
+        self.settle()
+        return sum(e.exposed for e in self.events if op is None or e.op == op)
 
 
 def mode() -> str:
@@ -109,7 +134,10 @@ class TimedWork:
                        if tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()]
 
     def wait(self, timeout=None):
+        start = device.mark()
         out = self._work.wait() if timeout is None else self._work.wait(timeout)
+        if self._events:        # one handle, one stretch: held once, however many calls
+            hold(self._events[0], start, device.mark())
         for event, tensor, version in self._sends:
             event.written = event.written or tensor._version != version
         self._sends = []
@@ -121,6 +149,14 @@ class TimedWork:
         return self._work.is_completed()
 
 
+def hold(event: Event, start, end) -> None:
+    """``event`` held this rank from mark ``start`` to mark ``end``."""
+    event.stalls.append((start, end))
+    if isinstance(start, float):
+        event.exposed += end - start
+        event.read = len(event.stalls)
+
+
 def close(event: Event) -> None:
     if event.waited is None:
         event.waited = next(calls)
@@ -128,6 +164,7 @@ def close(event: Event) -> None:
         return                         # waited on before: its timing is already closed
     start = event.marks[0]
     end = device.mark()
+    event.span = (start, end)
     if isinstance(start, float):
         event.seconds, event.marks = device.elapsed(start, end), None
     else:

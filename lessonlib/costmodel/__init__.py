@@ -34,8 +34,11 @@ to measured all-reduces, and DDP's bucket overlap), ``layout`` (``Layout`` and i
 add to a step, placed by the rank order tp-cp-ep-dp-pp), ``planner``, ``search`` (the planner
 over all five axes t, c, p, d, e, explained axis by axis), ``megatron2021``,
 ``korthikanti2022`` (recompute
-and sequence parallelism against that paper's Tables 4 and 5), ``published`` (every
-published run the course holds the model to, as data, and ``published_report()``), ``calibration`` (a measured
+and sequence parallelism against that paper's Tables 4 and 5), ``record`` (every published
+run the course holds the model to, as data), ``published`` (those runs predicted, and
+``published_report()``), ``overlap`` (what async TP, FSDP prefetch and DualPipe hide, up to
+the compute beside them), ``gains`` (what FP8 and each overlap buy a job, with and
+without), ``calibration`` (a measured
 GEMM rate against a preset's peak), ``context`` (context parallelism: causal work per rank,
 the key/value ring, activations / c), ``moe`` (mixture-of-experts shapes: total vs active
 parameters, expert-parallel memory, the all-to-all), and ``__main__`` (the command line).

@@ -31,8 +31,11 @@ K instead of reading them (Dao et al. 2022 §3.1; FlashAttention-2 §3.1.2): fiv
 products against the forward's two, 2.5x the forward, which ``throughput.py`` charges.
 
 FP8 (``precision="fp8"``) uses the GPU's dense FP8 peak (1,979 TFLOP/s on H100/H200/H800,
-twice BF16) and one byte per element; DeepSeek-V3 ran its linear layers' GEMMs so (§3.3) and
-kept attention's score products in BF16, as ``layer_gemms`` labels them.
+twice BF16) and one byte per element for the linear layers' GEMMs only: DeepSeek-V3 (§3.3)
+and torchao's ``Float8Linear`` (which converts ``nn.Linear``; torchtitan's float8 converter
+skips the one named "output") both keep attention's score products and the output head in
+BF16. Its inputs are made by cast kernels, memory-bound, whose bytes depend on the scaling
+(``fp8_quantization_bytes``): DeepSeek-V3's blockwise tiles or torchao's tensorwise scale.
 
 Pure arithmetic: ``python -c "from lessonlib.costmodel.gemm import gemm_efficiency;
 from lessonlib.costmodel import GPUS; print(gemm_efficiency(GPUS['H100-SXM5'], 8192, 2048,
@@ -145,13 +148,37 @@ def layer_gemms(model, b, t=1, c=1, e=1):
 QUANTIZE_BYTES = 2 + 1
 
 
+
+# Tensorwise scaling (torchao's Float8Linear, as torchtitan's Float8 runs it): one scale per
+# tensor from its amax, so the whole tensor is read once for the amax (2 bytes per BF16
+# element) before a second pass can scale it, reading it again (2) and writing FP8 (1), and,
+# fused into that pass by torch.compile, the transposed FP8 copy (1) that the backward's
+# GEMMs take (Hopper's FP8 MMA reads both operands K-major; torchao's float8 mm makes the
+# copy): 6 bytes per element of the input, the weight (gathered whole by FSDP, cast per
+# micro-batch) and the output gradient of every FP8 GEMM. The weights are cast in full
+# precision: the all-gather stays BF16 unless FSDP's float8 all-gather is on (torchtitan's
+# default is off). A recompute repeats the forward's cast pass over input and weight (3),
+# not the amax, which torchtitan's op policy saves (its PR #701).
+TENSORWISE_CAST_BYTES = 2 + 2 + 1 + 1
+TENSORWISE_RECAST_BYTES = 2 + 1
+FP8_SCALINGS = ("blockwise", "tensorwise")
+
+
 @lru_cache(maxsize=1024)
-def fp8_quantization_bytes(model, b, t=1, c=1, e=1):
-    """HBM bytes one layer's FP8 quantization kernels move on one GPU, forward and backward:
-    the linear GEMMs' activation inputs (m x k) twice, their output gradients (m x n) once."""
-    return QUANTIZE_BYTES * sum(count * (2 * m * k + m * n)
-                                for m, n, k, count, kind in layer_gemms(model, b, t, c, e)
-                                if kind == "linear")
+def fp8_quantization_bytes(model, b, t=1, c=1, e=1, scaling="blockwise", recompute=False):
+    """HBM bytes one layer's FP8 cast kernels move on one GPU, forward and backward.
+
+    "blockwise" (DeepSeek-V3's tiles): the linear GEMMs' activation inputs (m x k) twice,
+    their output gradients (m x n) once, 3 bytes each. "tensorwise" (torchao): input, weight
+    (k x n) and output gradient once, 6 bytes each, and input and weight again at 3 bytes
+    when the layer is recomputed."""
+    linear = [(m, n, k, count) for m, n, k, count, kind in layer_gemms(model, b, t, c, e)
+              if kind == "linear"]
+    if scaling == "blockwise":
+        return QUANTIZE_BYTES * sum(count * (2 * m * k + m * n) for m, n, k, count in linear)
+    again = TENSORWISE_RECAST_BYTES if recompute else 0
+    return sum(count * (TENSORWISE_CAST_BYTES * (m * k + k * n + m * n)
+                        + again * (m * k + k * n)) for m, n, k, count in linear)
 
 
 @lru_cache(maxsize=4096)   # the planner prices the same layer shapes many times

@@ -8,8 +8,14 @@ which share one micro-batch) and e-way expert parallelism carved from the d data
 GPUs, as Megatron-Core does (an MoE model's experts split over e of them; e takes no GPUs
 of its own). Sharded data parallelism is a choice on d: ``zero_stage`` 1-3 (3 is FSDP),
 sharded over ``shard_group`` GPUs of d (default all d; fewer is HSDP: shard inside a group,
-replicate across groups). ``overlap_comm``: FSDP's gathers and the MoE all-to-alls hidden
-behind the compute they feed (prefetching, DualPipe-style overlap), else exposed.
+replicate across groups). ``overlap_comm``: FSDP's weight all-gathers prefetched (the next
+unit's gather posted before this unit computes) and hidden behind the step's compute up to
+its length, and the MoE all-to-alls hidden behind the stage's compute (DualPipe's overlap,
+which ``schedule="dualpipe"`` implies), else exposed; the gradient reduce-scatter and the
+all-reduces stay exposed. ``async_tp``: sequence parallelism's all-gathers and
+reduce-scatters split into t pieces overlapping their GEMMs (torchtitan's
+``enable_async_tensor_parallel``; needs ``sequence_parallel``); ``overlap.py`` says how much
+each hides.
 
 What the teams of today ran, expressible: ``uneven_stages`` (first and last pipeline stage
 one layer lighter, making room for the embedding and the output layer: Llama 3 §3.3.2,
@@ -17,7 +23,9 @@ torchtitan's ``pipeline_parallel_first/last_stage_less_layers``), ``schedule="du
 (DeepSeek-V3), ``recompute="none"`` (Llama 3 at 8K), ``cp_comm`` "ring", "allgather"
 (Llama 3's) or "ulysses" (all-to-alls, c limited by the KV heads), the names of
 ``lessonlib.context_parallel``'s methods, ``precision`` "bf16" or "fp8" for the linear
-layers' GEMMs (DeepSeek-V3 §3.3) and ``max_nodes``, node-limited routing (each token's
+layers' GEMMs (DeepSeek-V3 §3.3), with ``fp8_scaling`` "blockwise" (DeepSeek-V3's 1x128 and
+128x128 tiles) or "tensorwise" (torchao's ``Float8Linear``, torchtitan's Float8), which sets
+the cast kernels' bytes (``gemm.fp8_quantization_bytes``), and ``max_nodes``, node-limited routing (each token's
 experts on at most that many servers, 4 for DeepSeek-V3, §2.1.2). ``kernels``: "fused"
 (Megatron's fused kernels, torch.compile) or "eager" (one kernel per elementwise op,
 ``kernels.py``); ``recompute="op"``: torchtitan's op-level selective checkpointing;
@@ -42,7 +50,7 @@ from dataclasses import dataclass
 from lessonlib.argcheck import positive_int
 
 from .bubble import SCHEDULES
-from .gemm import PRECISIONS
+from .gemm import FP8_SCALINGS, PRECISIONS
 from .kernels import KERNELS
 from .memory import RECOMPUTE_MODES
 from .model import MAX, divisors
@@ -90,6 +98,8 @@ class Layout:
     max_nodes: int = None
     kernels: str = "fused"
     comm_sm_share: float = 0.0
+    async_tp: bool = False
+    fp8_scaling: str = "blockwise"
 
     def __post_init__(self):
         for name in ("t", "c", "p", "d", "e", "b", "v", "m", "global_batch"):
@@ -104,7 +114,7 @@ class Layout:
             raise ValueError(f"schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}")
         if not _is_int(self.zero_stage) or self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r} must be 0, 1, 2 or 3")
-        for name in ("overlap_comm", "uneven_stages"):
+        for name in ("overlap_comm", "uneven_stages", "async_tp"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if isinstance(self.comm_sm_share, bool) or not isinstance(
@@ -112,12 +122,15 @@ class Layout:
             raise ValueError(f"comm_sm_share={self.comm_sm_share!r} must be a share of the "
                              f"GPU's SMs from 0 to below 1, e.g. 20/132 (DeepSeek-V3)")
         for name, allowed in (("cp_comm", CP_COMM), ("precision", PRECISIONS),
-                              ("kernels", KERNELS)):
+                              ("kernels", KERNELS), ("fp8_scaling", FP8_SCALINGS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of "
                                  f"{', '.join(allowed)}")
         if self.max_nodes is not None:
             positive_int("max_nodes", self.max_nodes, most=MAX)
+        if self.async_tp and not self.sequence_parallel:
+            raise ValueError("async_tp=True splits sequence parallelism's all-gathers and "
+                             "reduce-scatters; set sequence_parallel=True")
         if self.schedule == "dualpipe" and self.p % 2:
             raise ValueError(f"p={self.p}: DualPipe feeds the pipeline from both ends and "
                              f"needs an even p; use p={self.p + 1} or another schedule")
@@ -199,7 +212,10 @@ class Layout:
         extras += ["DualPipe"] if self.schedule == "dualpipe" else []
         extras += ["uneven stages"] if self.uneven_stages else []
         extras += [f"CP {self.cp_comm}"] if self.c > 1 and self.cp_comm != "ring" else []
-        extras += [self.precision.upper()] if self.precision != "bf16" else []
+        extras += ["async TP"] if self.async_tp else []
+        if self.precision != "bf16":      # blockwise, DeepSeek-V3's, printed as plain "FP8"
+            tensorwise = self.fp8_scaling != "blockwise"
+            extras += [f"FP8 {self.fp8_scaling}" if tensorwise else "FP8"]
         extras += [f"routing <= {self.max_nodes} nodes"] if self.max_nodes else []
         extras += ["eager"] if self.kernels == "eager" else []
         extras += [f"{self.comm_sm_share:.0%} SMs on comm"] if self.comm_sm_share else []

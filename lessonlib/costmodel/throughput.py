@@ -8,7 +8,8 @@ micro-batch and adds up:
 * elementwise: memory-bound kernels (layer norm, GeLU, softmax, dropout) streaming the layer's
   activations through HBM;
 * TP comm: the tensor-parallel all-reduces (NVLink inside a server; across servers, the
-  ports of the group's members together, ``Cluster.group_link``);
+  ports of the group's members together, ``Cluster.group_link``), hidden behind their GEMMs
+  under async TP (``overlap.py``);
 * PP comm: activations and gradients to and from the neighbouring stages;
 
 * CP comm and EP comm (``axes.py``): the K/V ring's exposed part, the MoE all-to-alls;
@@ -31,8 +32,7 @@ from functools import lru_cache
 
 from .axes import cp_ring_s, dp_time_s, ep_alltoall_s
 from .bubble import bubble_fraction as _bubble_fraction
-from .comm import (group_spans_nodes, pp_elements_per_boundary, ring_all_gather_time_s,
-                   ring_allreduce_time_s)
+from .comm import group_spans_nodes, pp_elements_per_boundary, ring_all_gather_time_s
 from .compute import (attention_core_forward_flops, layer_forward_flops,
                       megatron_flops_per_iteration, model_flops_per_iteration)
 from . import gemm
@@ -43,6 +43,7 @@ from .layout import Layout
 from .memory import (USABLE_MEMORY_FRACTION, WEIGHT_BYTES, MemoryBreakdown,
                      activation_bytes_per_layer, memory_per_gpu)
 from .model import GPT
+from .overlap import tp_comm_s
 
 # --- The empirical constants: set once, for every model, layout and GPU. ------------------
 # How fast a GEMM runs is no longer one constant: ``gemm.py`` prices each GEMM of a layer by
@@ -154,8 +155,8 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
                  "op": op_recompute_share(model) * linear,
                  "norm-up": norm_up_recompute_share(model) * linear}[lay.recompute]
     compute = layers * (3 * linear + (1 + backward) * attention + recompute)
-    if logits:
-        compute += 3 * logits * gemm.gemm_time_s(gpu, b * s / c, model.V / t, h, lay.precision)
+    if logits:     # the output head stays BF16 (DeepSeek-V3 §3.3.1; torchtitan's float8)
+        compute += 3 * logits * gemm.gemm_time_s(gpu, b * s / c, model.V / t, h)
     # SMs given to communication kernels compute nothing (DeepSeek-V3 §3.2.2: 20 of 132)
     compute /= 1 - lay.comm_sm_share
 
@@ -171,19 +172,15 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
             rewritten = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
                                                           lay.recompute)
         elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / c / hbm
-    if lay.precision == "fp8":        # the quantization kernels around every FP8 GEMM
-        elementwise += layers * gemm.fp8_quantization_bytes(model, b, t, c, lay.e) / hbm
+    if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
+        elementwise += layers * gemm.fp8_quantization_bytes(
+            model, b, t, c, lay.e, lay.fp8_scaling, lay.recompute != "none") / hbm
 
+    # forward g after attention and MLP, backward f twice; recompute repeats the forward;
+    # with SP all-gathers and reduce-scatters, hidden behind their GEMMs under async TP
+    tp = tp_comm_s(model, lay, cluster, layers, COMM_EFFICIENCY)
     tp_bw, tp_lat = cluster.group_link(n, t, 1)
     tp_bw *= COMM_EFFICIENCY
-    tp = 0.0
-    if t > 1:
-        # forward g after attention and MLP, backward f twice; recompute repeats the forward.
-        # With sequence parallelism each all-reduce becomes a reduce-scatter + all-gather:
-        # same bytes, same time.
-        all_reduces = 6 if lay.recompute == "full" else 4
-        tp = layers * all_reduces * ring_allreduce_time_s(t, WEIGHT_BYTES * b * s * h / c,
-                                                          tp_bw, tp_lat)
     pp = 0.0
     if lay.p > 1:
         pp_bw, pp_lat = cluster.link(group_spans_nodes(n, lay.p, t, cluster.gpus_per_node))
@@ -274,6 +271,8 @@ def timed(est):
             mtp if lay.p == 1 else 0), logits=(1 + mtp) if lay.p == 1 else 0)
         last = _stage_microbatch_s(model, lay, cluster, model.L // lay.p + mtp,
                                    logits=1 + mtp)
+    if lay.schedule == "dualpipe":    # the first and the last stage on one rank (§3.2.3)
+        last = tuple((x + y) / 2 for x, y in zip(first, last))
     per_mb = max(first, last, key=sum)
     slot = sum(per_mb)
     m = lay.m

@@ -1,0 +1,74 @@
+"""What overlap hides: communication run while the GPU computes, up to the compute beside it.
+
+What it teaches: a transfer that runs while a GEMM runs costs nothing, until it is longer
+than that GEMM. Each overlap of the course hides one kind of traffic behind one kind of work,
+and the estimate charges only the rest:
+
+* DDP's buckets (``alpha_beta.ddp_step_s``): each bucket's all-reduce behind the backward of
+  the layers before it; only the last bucket is exposed.
+* FSDP prefetch (``Layout.overlap_comm``, ``axes.dp_time_s``): the next unit's weight
+  all-gather posted before this unit computes, forward and backward, so the gathers hide
+  behind the step's compute up to its length; the gradient reduce-scatter stays exposed.
+* DualPipe (``schedule="dualpipe"`` or ``overlap_comm``, ``throughput.py``): one
+  micro-batch's expert all-to-alls behind the other direction's compute (DeepSeek-V3
+  §3.2.1), up to the stage's compute.
+* Asynchronous TP (``Layout.async_tp``, here): sequence parallelism's all-gather before a
+  column-parallel GEMM, and its reduce-scatter after a row-parallel one, each split into t
+  pieces, one per rank's shard (torchtitan's ``enable_async_tensor_parallel``, torch.compile's
+  micro-pipeline TP pass). The rank starts on the shard it holds while the first remote
+  piece arrives; piece j's GEMM waits for piece j's transfer. With C the collective's time
+  (t-1 pieces on the wire) and G the GEMM's (t pieces), the GEMM ends at
+  max(G, C + G/t): the last piece's GEMM has nothing left to hide, so
+
+      exposed = max(0, C - G (t-1)/t)
+
+  and the reduce-scatter is the mirror image (the first piece's GEMM has nothing to send).
+  Each of a layer's four collectives is set against its own GEMM: the QKV projection, the
+  attention output, the MLP's first and its second GEMMs (the backward's input-gradient
+  GEMMs have the same shapes). Not modelled: the GEMMs' slowdown while a transfer shares
+  the GPU's memory, and the pieces' own launch costs; so the model's gain is an upper bound.
+
+Pure arithmetic, called by ``throughput.estimate``. Try ``python -c "from
+lessonlib.costmodel.overlap import async_tp_exposed_s; print(async_tp_exposed_s(2.0, 1.0, 8))"``.
+"""
+from .comm import ring_all_gather_time_s, ring_allreduce_time_s
+from .gemm import gemm_time_s, layer_gemms
+from .memory import WEIGHT_BYTES
+
+
+def async_tp_exposed_s(collective_s, gemm_s, t):
+    """Seconds of one all-gather (or reduce-scatter) of ``collective_s`` left exposed when it
+    is split into t pieces that overlap a GEMM of ``gemm_s``: max(0, C - G (t-1)/t)."""
+    return max(0.0, collective_s - gemm_s * (t - 1) / t)
+
+
+def sp_gemms_s(model, b, gpu, t=1, c=1, e=1, precision="bf16"):
+    """Forward seconds of the GEMMs beside a layer's four SP collectives, in order: the QKV
+    projection (after the all-gather), the attention output (before the reduce-scatter), the
+    MLP's first GEMMs (the router and every expert's and the shared experts' first, after
+    the all-gather) and its second ones (before the reduce-scatter)."""
+    linear = [count * gemm_time_s(gpu, m, n, k, precision)
+              for m, n, k, count, kind in layer_gemms(model, b, t, c, e) if kind == "linear"]
+    # layer_gemms lists QKV, the attention output, then the MLP's (first, second) pairs and
+    # last the router, which reads the gathered input like a first GEMM
+    return linear[0], linear[1], sum(linear[2::2]), sum(linear[3::2])
+
+
+def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
+    """Exposed seconds of the tensor-parallel collectives for one micro-batch on a stage of
+    ``layers`` layers: two all-reduces (or with SP all-gather + reduce-scatter pairs, same
+    bytes) in each forward, two in the backward, a full recompute repeating the forward's;
+    with ``lay.async_tp`` each SP collective hides behind its GEMM (above)."""
+    t = lay.t
+    if t == 1:
+        return 0.0
+    bandwidth, latency = cluster.group_link(lay.n_gpus, t, 1)
+    message = WEIGHT_BYTES * lay.b * model.s * model.h / lay.c
+    forwards = 2 if lay.recompute == "full" else 1
+    if not lay.async_tp:
+        return layers * 2 * (forwards + 1) * ring_allreduce_time_s(
+            t, message, bandwidth * comm_efficiency, latency)
+    one = ring_all_gather_time_s(t, message, bandwidth * comm_efficiency, latency)
+    gemms = sp_gemms_s(model, lay.b, cluster.gpu, t, lay.c, lay.e, lay.precision)
+    exposed = sum(async_tp_exposed_s(one, g, t) for g in gemms)
+    return layers * (forwards + 1) * exposed

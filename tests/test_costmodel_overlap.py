@@ -1,0 +1,70 @@
+"""The cost model's low-precision and overlap terms, without processes: async TP hides at most
+the GEMM time beside its collectives and nothing at t = 1; FP8 speeds only the linear GEMMs
+and pays tensorwise casts by torchao's count; the gains function toggles one technique at a
+time. (The torchtitan rows within 15 % are in test_costmodel_published.py.)"""
+from dataclasses import replace
+
+import pytest
+
+from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate
+from lessonlib.costmodel import gemm
+from lessonlib.costmodel.gains import overlap_and_precision_gains
+from lessonlib.costmodel.overlap import async_tp_exposed_s, sp_gemms_s
+
+TETON, M8 = CLUSTERS["grand-teton-h100-96gb"], MODELS["llama3-8B"]
+
+
+def test_async_tp_exposes_the_transfer_less_all_but_one_piece_of_the_gemm():
+    assert async_tp_exposed_s(2.0, 1.0, 8) == pytest.approx(2.0 - 7 / 8)   # comm-bound
+    assert async_tp_exposed_s(1.0, 4.0, 8) == 0.0                          # GEMM-bound
+    assert async_tp_exposed_s(1.0, 1.0, 2) == pytest.approx(0.5)           # half a GEMM hides
+
+
+def test_async_tp_hides_at_most_the_gemm_time_and_nothing_at_t1():
+    lay = Layout(t=8, d=8, b=12, m=1, zero_stage=3, recompute="op", sequence_parallel=True,
+                 overlap_comm=True)
+    off, on = (estimate(M8, replace(lay, async_tp=a), TETON) for a in (False, True))
+    gemms = sum(sp_gemms_s(M8, 12, TETON.gpu, t=8)) * 7 / 8
+    hidden = off.time["tp_comm"] - on.time["tp_comm"]
+    assert 0 < hidden <= M8.L * 2 * gemms            # forward and backward, one layer each
+    assert {k: v for k, v in off.time.items() if k != "tp_comm"} == \
+        {k: v for k, v in on.time.items() if k != "tp_comm"}
+    one = Layout(d=8, b=2, m=1, zero_stage=3, sequence_parallel=True)
+    assert estimate(M8, replace(one, async_tp=True), TETON).time == \
+        estimate(M8, one, TETON).time
+    with pytest.raises(ValueError, match="sequence_parallel=True"):
+        Layout(t=8, d=1, m=1, async_tp=True)
+
+
+def test_fp8_speeds_only_the_linear_gemms_and_pays_tensorwise_casts():
+    lay = Layout(d=8, b=1, m=1, recompute="none")
+    bf16, fp8 = (estimate(M8, replace(lay, precision=p, fp8_scaling="tensorwise"), TETON)
+                 for p in ("bf16", "fp8"))
+    linear = {p: gemm.layer_gemm_time_s(M8, 1, TETON.gpu, precision=p, kinds=("linear",))
+              for p in ("bf16", "fp8")}
+    # attention and the output head stay BF16: the whole difference is the linear GEMMs'
+    assert bf16.time["compute"] - fp8.time["compute"] == pytest.approx(
+        M8.L * 3 * (linear["bf16"] - linear["fp8"]))
+    # torchao's tensorwise casts: 6 bytes per element of input (m x k), weight (k x n) and
+    # output gradient (m x n) of wq/wk/wv, wo, w1/w3, w2, by hand for b = 1, s = 8192
+    mk, kn, mn = 8192 * (3 * 4096 + 14336), 4096 * (6144 + 4096 + 28672 + 14336), \
+        8192 * (6144 + 4096 + 28672 + 4096)
+    cast = gemm.fp8_quantization_bytes(M8, 1, scaling="tensorwise")
+    assert cast == 6 * (mk + kn + mn)
+    assert gemm.fp8_quantization_bytes(M8, 1, scaling="tensorwise", recompute=True) == \
+        cast + 3 * (mk + kn)
+    hbm = TETON.gpu.hbm_bytes_per_s * gemm.HBM_EFFICIENCY
+    assert fp8.time["elementwise"] - bf16.time["elementwise"] == pytest.approx(
+        M8.L * cast / hbm)
+    with pytest.raises(ValueError, match="fp8_scaling"):
+        Layout(fp8_scaling="rowwise")
+
+
+def test_gains_toggle_one_technique_at_a_time():
+    lay = Layout(t=8, d=32, b=16, m=1, zero_stage=3, recompute="full", sequence_parallel=True)
+    g = overlap_and_precision_gains(MODELS["llama3-70B"], lay, CLUSTERS["dgx-h100"])
+    rows = g.by_name()
+    assert set(rows) == {"FP8 tensorwise", "async TP", "FSDP prefetch"}
+    assert all(r.ratio > 1 for r in rows.values()) and "DualPipe" in g.skipped
+    assert rows["async TP"].without == pytest.approx(rows["FP8 tensorwise"].without)
+    assert "async TP" in g.table()

@@ -2,11 +2,13 @@
 
 One idea per module:
 
-* ``actions``: the language (``Kind``: F, B, W, SEND_F, RECV_F, SEND_B, RECV_B; ``Action``;
-  where chunks sit; ``add_communication``);
+* ``actions``: the language (``Kind``: F, B, W, SEND_F, RECV_F, SEND_B, RECV_B; ``Action``,
+  an F marked ``overlap`` sharing one F&B slot with the B after it; where chunks sit;
+  ``add_communication``);
 * ``schedules``: ``gpipe(p, m)``, ``one_f_one_b(p, m)``, ``interleaved_one_f_one_b(p, m, v)``
   and ``make(name, p, m, v)`` return, per stage, the ordered actions; ``zero_bubble``:
-  ``zero_bubble_h1(p, m)`` and ``zbv(p, m)``, B and W split; all pure Python;
+  ``zero_bubble_h1(p, m)`` and ``zbv(p, m)``, B and W split; ``dualpipe``: ``dualpipev(p, m)``,
+  DeepSeek's V with F&B slots, and its README's ``bubble_formula``; all pure Python;
 * ``check`` (static) and ``split_backward`` (B and W on autograd); ``timeline``: the
   executor's recorder;
 * ``validate``: ``check`` / ``simulate`` a schedule without processes (deadlocks, bubble,
@@ -18,7 +20,8 @@ One idea per module:
 * ``executor``: ``PipelineExecutor`` runs a schedule on real ranks (gloo or NCCL) and
   records a timeline per rank;
 * ``torch_ref``: the same stages under ``torch.distributed.pipelining``;
-* ``runs``: the lesson's measurements (what the notebook, the lab and the tests launch).
+* ``runs``: the lesson's measurements (what the notebook, the lab and the tests launch);
+  ``dualpipe_runs``: DualPipeV's (simulated bubble against the formula, parity).
 
 The pure names are importable from here without torch; the others load on first use.
 
@@ -27,15 +30,15 @@ GPU box: the same; ``labs/pp.py`` under torchrun runs the executor on GPUs.
 """
 import importlib
 
-from lessonlib.pipeline.schedules import (Action, gpipe, interleaved_one_f_one_b, make,
-                                          one_f_one_b, zbv, zero_bubble_h1)
+from lessonlib.pipeline.schedules import (Action, dualpipev, gpipe, interleaved_one_f_one_b,
+                                          make, one_f_one_b, zbv, zero_bubble_h1)
 from lessonlib.pipeline.validate import ScheduleError, check, simulate, validate
 
 _LAZY = {"PipelineExecutor": "executor", "StepResult": "executor", "TorchPipeline": "torch_ref",
          "stage_modules": "stages"}
 
 __all__ = ["Action", "gpipe", "one_f_one_b", "interleaved_one_f_one_b", "make",
-           "zero_bubble_h1", "zbv",
+           "zero_bubble_h1", "zbv", "dualpipev",
            "ScheduleError", "check", "simulate", "validate", *_LAZY]
 
 

@@ -15,6 +15,12 @@ backward receives the gradient from k+1 (RECV_B) and sends one to k-1 (SEND_B). 
 nothing. Where two neighbouring virtual stages sit on the same device (the bottom of a V),
 the tensor is handed over in memory, with no message.
 
+One slot may hold two computes: DualPipe's F&B (DeepSeek-V3, Table 2), the forward of one
+micro-batch beside the backward of another, so that one's communication hides behind the
+other's compute. It is written as an F marked ``overlap`` followed at once by its B
+(``overlapped``; printed ``F4&B1c1``); both its receives come before the slot and both its
+sends after it.
+
 Where the chunks sit (``Schedule.placement``): ``"loop"`` (Megatron-LM 2021 §2.2.2) puts
 virtual stage c*p + d on device d, so the model loops over the devices v times; ``"v"``
 (the V-shaped zero-bubble schedule) puts chunk 0 of device d at virtual stage d and chunk 1
@@ -25,7 +31,7 @@ GPU box: the same; pure Python.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from lessonlib.argcheck import positive_int
@@ -72,12 +78,14 @@ class Action:
     """One step of one stage: ``kind`` in KINDS, for ``microbatch`` of model ``chunk``.
 
     ``peer`` is the pipeline stage (device index, not a global rank) a SEND goes to or a
-    RECV comes from; None for F, B and W. A kind given as text ("F") becomes a ``Kind``;
-    one that is not a kind stays text, for the validator to reject by name."""
+    RECV comes from; None for F, B and W. ``overlap``: this F shares one slot with the
+    next action of its stage, a B (DualPipe's F&B). A kind given as text ("F") becomes a
+    ``Kind``; one that is not a kind stays text, for the validator to reject by name."""
     kind: Kind
     microbatch: int
     chunk: int = 0
     peer: int | None = None
+    overlap: bool = False
 
     def __post_init__(self):
         if isinstance(self.kind, str) and self.kind in Kind._value2member_map_:
@@ -86,7 +94,7 @@ class Action:
     def __str__(self) -> str:
         chunk = f"c{self.chunk}" if self.chunk else ""
         if self.peer is None:
-            return f"{self.kind}{self.microbatch}{chunk}"
+            return f"{self.kind}{self.microbatch}{chunk}" + "&" * self.overlap
         arrow = "->" if self.kind in (Kind.SEND_F, Kind.SEND_B) else "<-"
         return f"{self.kind}{self.microbatch}{chunk}{arrow}{self.peer}"
 
@@ -101,6 +109,26 @@ def B(mb: int, chunk: int = 0) -> Action:
 
 def W(mb: int, chunk: int = 0) -> Action:
     return Action(Kind.W, mb, chunk)
+
+
+def overlapped(forward: Action, backward: Action) -> list[Action]:
+    """One F&B slot: ``forward`` (an F) marked to run beside ``backward`` (a B)."""
+    if forward.kind != Kind.F or backward.kind != Kind.B:
+        raise ValueError(f"an overlapped slot is an F beside a B; got {forward} and {backward}")
+    return [replace(forward, overlap=True), backward]
+
+
+def slots(order: list[Action]) -> list[tuple[Action, ...]]:
+    """A stage's compute order in slots: each action alone, an F& with the B after it."""
+    out, i = [], 0
+    while i < len(order):
+        a = order[i]
+        pair = a.overlap and i + 1 < len(order) and order[i + 1].kind == Kind.B
+        if a.overlap and not (a.kind == Kind.F and pair):
+            raise ValueError(f"{a} is marked overlapped but is not an F followed by a B")
+        out.append(tuple(order[i:i + 1 + pair]))
+        i += 1 + pair
+    return out
 
 
 class Schedule(list):
@@ -156,16 +184,20 @@ def add_communication(orders: list[list[Action]], v: int = 1,
         for a in order:
             if a.kind not in COMPUTE:
                 raise ValueError(f"add_communication takes only F, B and W actions; got {a}")
-            k = virtual_stage(d, a.chunk, p, placement)
-            if a.kind == Kind.F:
-                message(Kind.RECV_F, a, k - 1)
-            elif a.kind == Kind.B:
-                message(Kind.RECV_B, a, k + 1)
-            actions.append(a)
-            if a.kind == Kind.F:
-                message(Kind.SEND_F, a, k + 1)
-            elif a.kind == Kind.B:
-                message(Kind.SEND_B, a, k - 1)
+        for slot in slots(order):      # an F&B slot: both receives, both computes, both sends
+            for a in slot:
+                k = virtual_stage(d, a.chunk, p, placement)
+                if a.kind == Kind.F:
+                    message(Kind.RECV_F, a, k - 1)
+                elif a.kind == Kind.B:
+                    message(Kind.RECV_B, a, k + 1)
+            actions.extend(slot)
+            for a in slot:
+                k = virtual_stage(d, a.chunk, p, placement)
+                if a.kind == Kind.F:
+                    message(Kind.SEND_F, a, k + 1)
+                elif a.kind == Kind.B:
+                    message(Kind.SEND_B, a, k - 1)
         schedule.append(actions)
     return Schedule(schedule, placement)
 
@@ -176,7 +208,8 @@ def compute_only(actions: list[Action]) -> list[Action]:
 
 
 def parse(order) -> list[Action]:
-    """'F0 F1 B0 W0 ...' (or a list of such strings; 'F3c1' for chunk 1) -> list of Actions."""
+    """'F0 F1 B0 W0 ...' (or a list of such strings; 'F3c1' for chunk 1, 'F4&B1c1' for an
+    F&B slot) -> list of Actions."""
     words = order.split() if isinstance(order, str) else list(order)
     actions = []
     for word in words:
@@ -184,6 +217,11 @@ def parse(order) -> list[Action]:
             actions.append(word)
             continue
         text = str(word).strip()
+        if "&" in text:
+            first, _, second = text.partition("&")
+            (f,), (b,) = parse([first]), parse([second])
+            actions += overlapped(f, b)
+            continue
         kind, rest = text[:1].upper(), text[1:]
         mb, _, chunk = rest.partition("c")
         if kind not in COMPUTE or not mb.isdigit() or (chunk and not chunk.isdigit()):
@@ -199,7 +237,7 @@ def describe(schedule: list[list[Action]], messages: bool = False) -> str:
     lines = []
     for s, actions in enumerate(schedule):
         shown = actions if messages else compute_only(actions)
-        lines.append(f"stage {s}: " + " ".join(str(a) for a in shown))
+        lines.append(f"stage {s}: " + " ".join(str(a) for a in shown).replace("& ", "&"))
     return "\n".join(lines)
 
 

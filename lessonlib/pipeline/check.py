@@ -97,6 +97,7 @@ def check(schedule, m: int | None = None, v: int | None = None) -> tuple[int, in
                 raise ScheduleError(f"{where(s, i, a)}: runs twice (also action "
                                     f"{seen[a.kind, a.microbatch, a.chunk]})")
             seen[a.kind, a.microbatch, a.chunk] = i
+            _check_slot(s, i, a, actions)
             if a.kind in COMPUTE:
                 if a.peer is not None:
                     raise ScheduleError(f"{where(s, i, a)}: F, B and W have no peer")
@@ -122,6 +123,23 @@ def check(schedule, m: int | None = None, v: int | None = None) -> tuple[int, in
                 who = a.peer
                 raise ScheduleError(f"{where(s, i, a)}: stage {who} never {verb} it")
     return p, m, v
+
+
+def _check_slot(s, i, a, actions) -> None:
+    """An action marked ``overlap`` is an F with its B right after it (one F&B slot), and
+    that B is not the F's own backward, which cannot start before the F ends."""
+    if not isinstance(a.overlap, bool):
+        raise ScheduleError(f"{where(s, i, a)}: overlap must be True or False")
+    if not a.overlap:
+        return
+    partner = actions[i + 1] if i + 1 < len(actions) else None
+    if a.kind != "F" or partner is None or partner.kind != "B" or partner.overlap:
+        raise ScheduleError(f"{where(s, i, a)}: only an F is overlapped, with the B that "
+                            f"follows it at once (an F&B slot); here it is followed by "
+                            f"{partner or 'nothing'}")
+    if (partner.microbatch, partner.chunk) == (a.microbatch, a.chunk):
+        raise ScheduleError(f"{where(s, i, a)}: a slot cannot overlap a micro-batch's forward "
+                            f"with its own backward, which needs the forward's output")
 
 
 def _check_unit(s, p, v, mb, c, seen, actions, placement="loop"):

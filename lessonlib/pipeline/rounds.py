@@ -59,11 +59,14 @@ def _link_order_agrees(schedule, p: int, placement: str) -> None:
 
 
 def _plan(actions) -> list[tuple]:
-    """(compute, the receives it needs, the sends that follow it) for each compute."""
+    """(the computes of one slot, the receives they need, the sends that follow them) for
+    each slot: one compute, or an F&B slot's two, with no batch between them."""
     plan, needs = [], []
     for a in actions:
-        if a.kind in COMPUTE:
-            plan.append((a, needs, []))
+        if a.kind in COMPUTE and plan and plan[-1][0][-1].overlap:
+            plan[-1][0].append(a)                     # the B beside an overlapped F
+        elif a.kind in COMPUTE:
+            plan.append(([a], needs, []))
             needs = []
         elif a.kind.is_recv:
             needs.append(a)
@@ -76,8 +79,10 @@ def lockstep(schedule) -> list[list]:
     """Each stage's actions as the executor runs them: its computes in the schedule's order,
     and between them at most one batch of sends and receives, grouped by rounds as
     PyTorch's ``PipelineScheduleMulti`` does. In each round every stage runs its next
-    compute if the messages it needs arrived in an earlier round, then posts one batch: the
-    sends of what it just computed and the receives of what its neighbours just computed.
+    compute (or F&B slot: its two computes one after the other, as PyTorch's runtime runs
+    an OVERLAP_F_B) if the messages it needs arrived in an earlier round, then posts one
+    batch: the sends of what it just computed and the receives of what its neighbours just
+    computed.
     Both ends of every message are in the batches of one round, in one order, so no batch
     waits on a later one (``check_batches`` plays it)."""
     check(schedule)
@@ -92,9 +97,9 @@ def lockstep(schedule) -> list[list]:
         for s in range(p):
             if pos[s] == len(plans[s]):
                 continue
-            compute, needs, sends = plans[s][pos[s]]
+            computes, needs, sends = plans[s][pos[s]]
             if all(message_of(a, s, p, placement) in arrived[s] for a in needs):
-                units[s].append(compute)
+                units[s].extend(computes)
                 pos[s] += 1
                 batch.setdefault(s, []).extend(sends)
         if not batch:

@@ -5,7 +5,8 @@ which it runs the forward (F) and backward (B) of each micro-batch, plus the mes
 need (the language is ``actions``: ``F``, ``B``, ``W``, ``add_communication``). These
 functions are pure (no torch, no processes): the validator checks and simulates their
 output, the executor runs it, the plots draw it. The zero-bubble schedules, which split
-the backward into B and W, are in ``zero_bubble``; ``make`` builds any of them by name.
+the backward into B and W, are in ``zero_bubble``, DualPipeV (F&B slots) in ``dualpipe``;
+``make`` builds any of them by name.
 
 * ``gpipe(p, m)``: all m forwards, then all m backwards (Huang et al. 2019). Every stage
   keeps the activations of all m micro-batches until their backward.
@@ -29,6 +30,7 @@ from lessonlib.pipeline.actions import (COMM, COMPUTE, KINDS, MAX_ACTIONS, Actio
                                         B, F, Kind, Schedule, W, add_communication,
                                         check_settings, compute_only, describe, parse, place,
                                         virtual_stage)
+from lessonlib.pipeline.dualpipe import dualpipev, dualpipev_order  # noqa: F401
 from lessonlib.pipeline.zero_bubble import (zbv, zbv_order, zero_bubble_h1,  # noqa: F401
                                             zero_bubble_h1_order)
 
@@ -102,26 +104,28 @@ def interleaved_one_f_one_b(p: int, m: int, v: int = 2) -> Schedule:
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved_one_f_one_b,
-             "zb-h1": zero_bubble_h1, "zbv": zbv}
+             "zb-h1": zero_bubble_h1, "zbv": zbv, "dualpipev": dualpipev}
+V_SHAPED = ("zbv", "dualpipev")
 
 
 def make(name: str, p: int, m: int, v: int | None = None) -> Schedule:
     """Build a schedule by name: 'gpipe', '1f1b', 'interleaved' (v chunks per device),
-    'zb-h1' or 'zbv' (two chunks per device in a V: v=2, the default for it)."""
+    'zb-h1', 'zbv' or 'dualpipev' (the last two: two chunks per device in a V, v=2, the
+    default for them)."""
     if not isinstance(name, str) or name not in SCHEDULES:
         raise ValueError(f"schedule={name!r} is not one of {', '.join(SCHEDULES)}")
-    v = (2 if name == "zbv" else 1) if v is None else v
+    v = (2 if name in V_SHAPED else 1) if v is None else v
     check_settings(p, m, v)
     if name == "interleaved":
         return interleaved_one_f_one_b(p, m, v)
-    if name == "zbv":
+    if name in V_SHAPED:
         if v != 2:
-            raise ValueError(f"v={v}: schedule='zbv' runs exactly two chunks per device (the "
+            raise ValueError(f"v={v}: schedule={name!r} runs exactly two chunks per device (the "
                              f"two arms of the V); use v=2")
-        return zbv(p, m)
+        return SCHEDULES[name](p, m)
     if v != 1:
-        raise ValueError(f"v={v} chunks per device needs schedule='interleaved' (or 'zbv', "
-                         f"v=2); {name!r} runs one chunk per device (v=1)")
+        raise ValueError(f"v={v} chunks per device needs schedule='interleaved' (or 'zbv' or "
+                         f"'dualpipev', v=2); {name!r} runs one chunk per device (v=1)")
     return SCHEDULES[name](p, m)
 
 

@@ -82,23 +82,35 @@ def _finite_makespan(clock, times: dict) -> float:
 
 
 def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0, weight=1.0,
-             m: int | None = None, v: int | None = None) -> Simulation:
+             m: int | None = None, v: int | None = None, whole=None,
+             overlapped=None) -> Simulation:
     """Check, then play the schedule; raise ScheduleError if it deadlocks.
 
     ``forward``/``backward``/``weight``: time of one F/B/W action (one chunk), a number or a
     function (stage, action) -> time; where a W is split off, ``backward`` is the time of
-    the input gradient alone. ``send``: time a send keeps its stage busy (copying the
+    the input gradient alone, and ``whole`` (default ``backward``) that of a B with no W
+    split off, in a schedule that has both (DualPipeV). ``send``: time a send keeps its stage busy (copying the
     message out), the same kind of value; ``latency``: time from the end of a send to the
-    matching receive."""
+    matching receive. ``overlapped``: time of an F&B slot (an F marked ``overlap`` and its
+    B), a number or a function (stage, F action, B action) -> time; None: the F's time plus
+    the B's, the two run one after the other (nothing of either is hidden). Both of a slot's
+    spans cover the whole slot; busy time counts it once."""
     costs = {Kind.F: ("forward", forward), Kind.B: ("backward", backward),
-             Kind.W: ("weight", weight)}
-    for name, value in (*costs.values(), ("send", send), ("latency", latency)):
-        if name == "latency" or not callable(value):
+             Kind.W: ("weight", weight), "whole": ("whole", backward if whole is None else whole)}
+    for name, value in (*costs.values(), ("send", send), ("latency", latency),
+                        ("overlapped", overlapped)):
+        if (name != "overlapped" or value is not None) and (name == "latency"
+                                                            or not callable(value)):
             _time(name, value)
     p, m, v = check(schedule, m, v)
     placement = placement_of(schedule)
     split = {(s, a.microbatch, a.chunk) for s, actions in enumerate(schedule)
              for a in actions if a.kind == Kind.W}
+
+    def price(s, x):                      # a B with no W split off takes ``whole``
+        unsplit = x.kind == Kind.B and (s, x.microbatch, x.chunk) not in split
+        return _cost(*costs["whole" if unsplit else x.kind], s, x)
+
     clock, pos = [0.0] * p, [0] * p
     spans: list[list[Span]] = [[] for _ in range(p)]
     held, peak = [0] * p, [0] * p
@@ -121,10 +133,15 @@ def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0, weight=
                     sent[msg] = end = start + _cost("send", send, s, a)
                     order.append((start, s, pos[s], msg))
                 else:
-                    end = start + _cost(*costs[a.kind], s, a)
-                    frees = Kind.W if (s, a.microbatch, a.chunk) in split else Kind.B
-                    held[s] += 1 if a.kind == Kind.F else -(a.kind == frees)
-                    peak[s] = max(peak[s], held[s])
+                    slot = schedule[s][pos[s]:pos[s] + 1 + a.overlap]   # F& and its B
+                    end = start + _slot_time(slot, price, overlapped, s)
+                    for x in slot:
+                        frees = Kind.W if (s, x.microbatch, x.chunk) in split else Kind.B
+                        held[s] += 1 if x.kind == Kind.F else -(x.kind == frees)
+                        peak[s] = max(peak[s], held[s])
+                        spans[s].append(Span(str(x.kind), x.microbatch, x.chunk, start, end))
+                    clock[s], pos[s], moved = end, pos[s] + len(slot), True
+                    continue
                 spans[s].append(Span(str(a.kind), a.microbatch, a.chunk, start, end))
                 clock[s], pos[s], moved = end, pos[s] + 1, True
     if any(pos[s] < len(schedule[s]) for s in range(p)):
@@ -137,14 +154,33 @@ def simulate(schedule, forward=1.0, backward=2.0, latency=0.0, send=0.0, weight=
                              f"{a.microbatch} from stage {a.peer}")
         raise ScheduleError("deadlock: every unfinished stage waits for a message from a stage "
                             "that is itself stuck.\n  " + "\n  ".join(stuck))
-    makespan = _finite_makespan(clock, {"forward": forward, "backward": backward,
-                                        "weight": weight, "send": send, "latency": latency})
-    busy = [sum(x.end - x.start for x in line if x.kind in COMPUTE) for line in spans]
+    times = {"forward": forward, "backward": backward, "weight": weight, "send": send,
+             "latency": latency, "whole": whole, "overlapped": overlapped}
+    makespan = _finite_makespan(clock, {k: x for k, x in times.items() if x is not None})
+    busy = [busy_time(line) for line in spans]
     return Simulation(p, m, v, spans, makespan,
                       [1 - b / makespan if makespan else 0.0 for b in busy],
                       [(makespan - b) / b if b else 0.0 for b in busy],
                       [makespan - b for b in busy],
                       peak, [(t, msg) for t, _, _, msg in sorted(order)])
+
+
+def _slot_time(slot, price, overlapped, stage) -> float:
+    """One compute alone, or an F&B slot: ``overlapped`` (default: the sum of the two)."""
+    if len(slot) == 1 or overlapped is None:
+        return sum(price(stage, x) for x in slot)
+    return _cost("overlapped", overlapped if not callable(overlapped)
+                 else (lambda s, f: overlapped(s, f, slot[1])), stage, slot[0])
+
+
+def busy_time(line: list[Span]) -> float:
+    """Time a stage spends computing: the union of its F, B and W spans (an F&B slot's two
+    spans cover the same interval and count once)."""
+    total, reach = 0.0, -math.inf
+    for x in sorted((x for x in line if x.kind in COMPUTE), key=lambda x: x.start):
+        total += max(0.0, x.end - max(x.start, reach))
+        reach = max(reach, x.end)
+    return total
 
 
 def validate(schedule, m: int | None = None, v: int | None = None, **costs) -> Simulation:
@@ -189,8 +225,7 @@ def bubble_of(timelines: list[list[Span]], wall: float | None = None) -> list[fl
     unless given."""
     if wall is None:
         wall = max((x.end for line in timelines for x in line), default=0.0)
-    return [1 - sum(x.end - x.start for x in line if x.kind in COMPUTE) / wall if wall else 0.0
-            for line in timelines]
+    return [1 - busy_time(line) / wall if wall else 0.0 for line in timelines]
 
 
 if __name__ == "__main__":

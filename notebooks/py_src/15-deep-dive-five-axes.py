@@ -140,7 +140,10 @@ claim("every row is within 15 % of its published figure, with one set of constan
 #   16,384 each GPU's work is the same, half the micro-batches per replica.
 # - **torchtitan** (its `benchmarks/llama3_h100_202412_torchtitan.md`): tokens per second per
 #   GPU, eager and compiled, on H100s limited to 500 W; its own FLOP formula turns 5,762
-#   tokens/s into 33.7 % MFU.
+#   tokens/s into 33.7 % MFU. Its Float8 run and its async-TP benchmark
+#   (`benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`) are ratios over the same run
+#   without them: tensorwise FP8 casts with the output head in BF16, and sequence
+#   parallelism's collectives split into pieces behind their GEMMs (`costmodel/overlap.py`).
 # - **DeepSeek-V3** (DeepSeek-AI 2024, Table 1): 14.8T tokens in 2.664M H800 GPU hours is an
 #   average over the whole pre-training (its batch ramp-up included), not a step's
 #   measurement; FP8 GEMMs, DualPipe, EP 64, each token on at most 4 nodes.

@@ -103,8 +103,8 @@ def versus_planner(run):
 # Whether a cost that separates a published layout from the planner's best is real, or a
 # gap of the model, with the source that says so.
 WHY = {
-    "tp_comm": "a gap of the model: it leaves every TP all-reduce exposed, while overlapping "
-               "them is published (torchtitan's async TP: 1.09-1.10x, its "
+    "tp_comm": "a gap of the model: the recorded layout leaves every TP all-reduce exposed "
+               "(async_tp off), while overlapping them is published (torchtitan's async TP: 1.09-1.10x, its "
                "asyncTP_llama3_h100_2025-06 benchmark)",
     "pp_comm": "a gap of the model: it leaves pipeline sends exposed, while Llama 3 sent them "
                "asynchronously (Dubey et al. 2024, §3.3.2)",

@@ -122,3 +122,18 @@ def test_dualpipev_equals_one_process_and_pytorchs_schedule(no_children_left):
         assert max(row["max_grads_diff"], row["max_weights_diff"], row["max_losses_diff"]) < 1e-12
     assert run.max_engine_diff < 1e-12
     assert run.peak_stash == [5, 5]
+
+
+def test_the_gantt_chart_draws_each_f_and_b_slot_as_one_bordered_cell():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from lessonlib.viz import pipeline as vp
+
+    ax = vp.gantt_schedule("dualpipev", 2, 4)
+    cells = [r for r in ax.patches if not r.get_fill() and r.get_edgecolor()[:3] == (0, 0, 0)]
+    halves = [r for r in ax.patches if r.get_fill() and r.get_height() == pytest.approx(0.4)]
+    slots = sum(a.overlap for actions in dualpipev(2, 4) for a in actions)
+    assert (len(cells), len(halves)) == (slots, 2 * slots)
+    assert "F&B slot (F above, B below)" in [t.get_text() for t in ax.get_legend().texts]
+    plt.close(ax.figure)

@@ -3,7 +3,8 @@
 ``gantt`` draws per-stage timelines (simulated by ``pipeline.validate.simulate`` or measured
 by the executor): one row per stage, time to the right, forwards blue, backwards green,
 waiting for a message hatched grey, and idle time left as the pale red row behind them, so
-the bubble is what you see. ``gantt_pair`` puts the theory above a measured run.
+the bubble is what you see. An F&B slot (DualPipeV) is one black-bordered cell, its F in
+the upper half and its B in the lower, as DeepSeek's DualPipe figures draw it. ``gantt_pair`` puts the theory above a measured run.
 ``bubble_plot`` and ``stash_plot`` draw the cost model's predictions (bubble in both
 conventions, activations held per stage) with measured points on top; ``widget`` puts
 sliders for p, m and v over both.
@@ -17,13 +18,21 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from lessonlib.costmodel import bubble_fraction, stashed_microbatches
+from lessonlib.pipeline.dualpipe import readme_times
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.validate import simulate
 from lessonlib.viz.widgets import explorer
 
 COLORS = {"F": "#4c72b0", "B": "#55a868", "W": "#c9a227", "wait": "#bbbbbb", "idle": "#f6d5d5"}
 NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B", "zb-h1": "ZB-H1",
-         "zbv": "ZBV"}
+         "zbv": "ZBV", "dualpipev": "DualPipeV"}
+
+
+def _slots(line) -> set:
+    """(start, end) of each F&B slot in a stage's spans: two computes over one interval."""
+    computes = [x for x in line if x.kind in ("F", "B", "W")]
+    return {(x.start, x.end) for x, y in zip(computes, computes[1:])
+            if (x.start, x.end) == (y.start, y.end) and x.end > x.start}
 
 
 def gantt(timelines, ax=None, title: str = "", unit: str = "s", labels: bool = True):
@@ -34,18 +43,27 @@ def gantt(timelines, ax=None, title: str = "", unit: str = "s", labels: bool = T
     ax = ax or plt.subplots(figsize=(10, 0.6 + 0.45 * p), constrained_layout=True)[1]
     end = max((x.end for line in timelines for x in line), default=1.0) or 1.0
     scale = 1e3 if unit == "s" else 1.0
+    slotted = False
     for s, line in enumerate(timelines):
         y = p - 1 - s
         ax.barh(y, end * scale, left=0, height=0.8, color=COLORS["idle"], zorder=0)
+        slots = _slots(line)
+        slotted = slotted or bool(slots)
+        for start, stop in slots:
+            ax.barh(y, (stop - start) * scale, left=start * scale, height=0.84, fill=False,
+                    edgecolor="black", linewidth=1.0, zorder=4)
         for x in line:
             width = (x.end - x.start) * scale
             if x.kind in ("F", "B", "W"):
                 shade = 1.0 - 0.35 * x.chunk
-                ax.barh(y, width, left=x.start * scale, height=0.8, color=COLORS[x.kind],
-                        alpha=max(shade, 0.4), edgecolor="white", linewidth=0.5, zorder=2)
+                half = (x.start, x.end) in slots           # F above, B below
+                at = y + (0.2 if x.kind == "F" else -0.2) * half
+                ax.barh(at, width, left=x.start * scale, height=0.8 - 0.4 * half,
+                        color=COLORS[x.kind], alpha=max(shade, 0.4), edgecolor="white",
+                        linewidth=0.5, zorder=2)
                 if labels and width > 0.025 * end * scale:
-                    ax.text((x.start + x.end) / 2 * scale, y, str(x.microbatch), ha="center",
-                            va="center", color="white", fontsize=7, zorder=3)
+                    ax.text((x.start + x.end) / 2 * scale, at, str(x.microbatch), ha="center",
+                            va="center", color="white", fontsize=7 - half, zorder=3)
             elif x.kind.startswith("RECV"):
                 ax.barh(y, width, left=x.start * scale, height=0.35, color=COLORS["wait"],
                         hatch="///", edgecolor="#888888", linewidth=0, zorder=1)
@@ -61,6 +79,11 @@ def gantt(timelines, ax=None, title: str = "", unit: str = "s", labels: bool = T
     names += ["weight gradient (W)"] * split + ["idle (bubble)", "waiting for a message"]
     if any(x.chunk for line in timelines for x in line):
         names[:2 + split] = [f"{n} (paler: chunk 1)" for n in names[:2 + split]]
+    if slotted:           # DualPipeV: whole backwards beside split ones
+        names[1] = names[1].replace("B: input gradient", "B: whole, or the input gradient "
+                                    "where a W follows")
+        handles.append(plt.Rectangle((0, 0), 1, 1, fill=False, edgecolor="black"))
+        names.append("F&B slot (F above, B below)")
     ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
     return ax
@@ -75,14 +98,18 @@ def _longest(ax) -> float:
 
 
 def gantt_schedule(name: str, p: int, m: int, v: int = 1, forward: float = 1.0,
-                   backward: float = 2.0, ax=None):
+                   backward: float = 2.0, ax=None, overlapped: float | None = None):
     """The theoretical chart: ``simulate`` the named schedule with F = ``forward`` and
     B = ``backward`` time units (per chunk: divided by v, so the total work is the same);
-    where the backward is split, B and W take half of ``backward`` each."""
-    v = 2 if name == "zbv" else v
+    where the backward is split, B and W take half of ``backward`` each. DualPipeV's F&B
+    slot takes ``overlapped`` (default: its F plus its whole B, nothing hidden)."""
+    v = 2 if name in ("zbv", "dualpipev") else v
     split = name in ("zb-h1", "zbv")
-    sim = simulate(make(name, p, m, v), forward=forward / v,
-                   backward=backward / v / (2 if split else 1), weight=backward / v / 2)
+    times = (readme_times(forward / v, backward / v, backward / v / 2, overlapped)
+             if name == "dualpipev" else
+             dict(forward=forward / v, backward=backward / v / (2 if split else 1),
+                  weight=backward / v / 2))
+    sim = simulate(make(name, p, m, v), **times)
     title = (f"{NAMES[name]}, p={p}, m={m}" + (f", v={v}" if v > 1 else "") +
              f" (theory): bubble {sim.bubble[0]:.1%} of wall time")
     return gantt(sim.timelines, ax=ax, title=title, unit="time units")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from lessonlib import device
+from lessonlib.spans import Span
 
 books: list["Ledger"] = []  # the ledgers open on this rank (nested ``with`` blocks allowed)
 calls = itertools.count()   # this rank's recorded calls, in the order they were made
@@ -90,6 +91,19 @@ class Ledger:
         return {op: {"calls": n, "bytes": self.total_bytes(op),
                      "seconds": sum(e.seconds for e in self.events if e.op == op)}
                 for op, n in calls.items()}
+
+    def timeline(self, start, step: int = 0) -> list[Span]:
+        """The ledger drawn: a "COMM" span per call from posting to closing (for an
+        asynchronous call, to the ``wait()`` that closed it: it may have finished earlier)
+        and an "EXPOSED" span per stretch it held the rank; seconds since the mark ``start``
+        (``device.mark``), ``microbatch`` the call's order."""
+        self.settle()
+        pairs = [(kind, e.order, a, b) for e in self.events if e.span is not None
+                 for kind, (a, b) in [("COMM", e.span)] + [("EXPOSED", s) for s in e.stalls]]
+        clock = device.on_clock([start] + [m for *_, a, b in pairs for m in (a, b)])
+        t0, ends = clock[0], iter(clock[1:])
+        return [Span(kind, order, 0, next(ends) - t0, next(ends) - t0, step)
+                for kind, order, _, _ in pairs]
 
     def exposed_seconds(self, op: str | None = None) -> float:
         """Seconds this rank was held by communication (of ``op``, or of every kind): whole

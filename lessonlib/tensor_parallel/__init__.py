@@ -19,7 +19,12 @@ Read in this order, each file one idea:
 * ``runs``: what the notebook, the lab and the tests launch (parity with the dense model,
   messages counted, bad input refused);
 * ``sequence_runs``: the same for sequence parallelism and recomputation, with the bytes
-  each layer keeps for backward measured beside the exact formula.
+  each layer keeps for backward measured beside the exact formula;
+* ``async_tp``: asynchronous TP (Wang et al. 2023; torchtitan's async TP): the sequence
+  all-gather and reduce-scatter cut into the t ranks' pieces passed round a ring, each
+  piece's transfer hidden behind a GEMM, forward and backward; ``enable_async_tp``;
+* ``async_tp_runs``: overlap you can see: exposed communication (the ledger's) of plain SP
+  against async TP and of FSDP without and with prefetch, their parity, their timelines.
 
     from lessonlib.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 

@@ -20,8 +20,15 @@ reduce-scattering to ``Shard(1)``), each rank feeding its s/t rows. ``--recomput
 recomputed. The record's ``saved_bytes`` per layer kind: the bytes one forward keeps for
 backward on rank 0, ours and PyTorch's.
 
-Laptop:  python labs/tp.py --world-size 2 [--sequence-parallel] [--recompute selective]
-         [--json results/tp.json]
+``--overlap`` (with ``--sequence-parallel``) also runs our layers with async TP
+(``tensor_parallel.async_tp``: the sequence all-gather and reduce-scatter cut into the t
+ranks' pieces, each piece's transfer hidden behind a GEMM) against plain SP on the same
+weights: the record's ``overlap`` per layer kind holds their output and input-gradient
+differences and, for each, the median step, communication and exposed seconds (the time a
+rank stood still for communication, ``Ledger.exposed_seconds``), slowest rank.
+
+Laptop:  python labs/tp.py --world-size 2 [--sequence-parallel [--overlap]]
+         [--recompute selective] [--json results/tp.json]
 GPU box: torchrun --nproc-per-node 4 labs/tp.py --json results/tp.json
 """
 import sys
@@ -35,6 +42,8 @@ from lessonlib import comm, device, labkit
 from lessonlib.activations import saved_bytes
 from lessonlib.grid import ParallelContext
 from lessonlib.models import MLP, RECOMPUTE, Block, GPTConfig, init_weights_
+from lessonlib.tensor_parallel.async_tp import enable_async_tp
+from lessonlib.tensor_parallel.async_tp_runs import across_ranks, compare_overlap
 from lessonlib.tensor_parallel.dtensor_ref import parallelize_with_dtensor, tp_mesh
 from lessonlib.tensor_parallel.layers import TensorParallelMLP
 from lessonlib.tensor_parallel.ops import split_sequence
@@ -68,11 +77,14 @@ def _dense(kind, settings):
     return init_weights_(Block(cfg, settings["recompute"]), seed=0, std=0.02)
 
 
+def _ours(kind, dense, sp: bool = True):
+    return (TensorParallelMLP.from_mlp(dense, sequence_parallel=sp) if kind == "mlp"
+            else parallelize_block(dense, sequence_parallel=sp))
+
+
 def _implementations(kind, dense, settings, mesh) -> dict:
     sp = settings["sequence_parallel"]
-    ours = (TensorParallelMLP.from_mlp(dense, sequence_parallel=sp) if kind == "mlp"
-            else parallelize_block(dense, sequence_parallel=sp))
-    return {"lessonlib": ours,
+    return {"lessonlib": _ours(kind, dense, sp),
             "torch": parallelize_with_dtensor(dense, kind + ("_sp" if sp else ""), mesh)}
 
 
@@ -150,8 +162,15 @@ def worker(settings: dict) -> dict:
     x = torch.randn(b, s, h, generator=gen).to(dev).requires_grad_()            # (b, s, h)
     grad_out = torch.randn(b, s, h, generator=gen).to(dev)
     mesh = tp_mesh(ParallelContext.build(1, 1, dist.get_world_size()))
-    return {"rank": dist.get_rank(), **labkit.rank_info(),
-            **{kind: _measure(kind, settings, x, grad_out, mesh) for kind in KINDS}}
+    out = {"rank": dist.get_rank(), **labkit.rank_info(),
+           **{kind: _measure(kind, settings, x, grad_out, mesh) for kind in KINDS}}
+    if settings.get("overlap"):      # plain SP against async TP, the same weights
+        rows, grads = (split_sequence(v.detach(), mesh.get_group()) for v in (x, grad_out))
+        out["overlap"] = {kind: compare_overlap(
+            _ours(kind, _dense(kind, settings).to(dev)),
+            enable_async_tp(_ours(kind, _dense(kind, settings).to(dev))), rows, grads,
+            settings["steps"], settings["warmup"]) for kind in KINDS}
+    return out
 
 
 def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
@@ -188,6 +207,9 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
         kind: results["lessonlib"]["layers"][kind]["matrix_bytes"]
         / record["dense"][kind]["matrix_bytes"] for kind in KINDS}
     record["rows"], record["headline"] = table(record), HEADLINE
+    if settings.get("overlap"):
+        record["overlap"] = {kind: across_ranks([r["overlap"][kind] for r in ranks])
+                             for kind in KINDS}
     return record
 
 
@@ -238,9 +260,13 @@ def check_settings(p, args) -> dict:
     if args.sequence_parallel and args.seq % args.world_size:
         p.error(f"--sequence-parallel splits the sequence over the TP ranks: --seq {args.seq} "
                 f"(s) must be divisible by t = --world-size {args.world_size}")
-    return {"batch": args.batch, "seq": args.seq, "hidden": args.hidden, "heads": args.heads,
-            "steps": args.steps, "warmup": args.warmup,
-            "sequence_parallel": args.sequence_parallel, "recompute": args.recompute}
+    if args.overlap and not args.sequence_parallel:
+        p.error("--overlap runs async TP, which decomposes sequence parallelism's gathers: "
+                "add --sequence-parallel")
+    settings = {"batch": args.batch, "seq": args.seq, "hidden": args.hidden,
+                "heads": args.heads, "steps": args.steps, "warmup": args.warmup,
+                "sequence_parallel": args.sequence_parallel, "recompute": args.recompute}
+    return settings | ({"overlap": True} if args.overlap else {})
 
 
 def main(argv=None):
@@ -252,6 +278,8 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=8, help="a, attention heads")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="split the layers' input and output along the sequence (SP)")
+    p.add_argument("--overlap", action="store_true",
+                   help="also async TP against plain SP: parity and exposed communication")
     p.add_argument("--recompute", default="none", choices=RECOMPUTE,
                    help="what the transformer layer recomputes in backward")
     args = labkit.parse(p, argv)

@@ -13,7 +13,10 @@ measured in the same run. Each stage is also checked against one process: 2 step
 lab's optimizer on the tiny GPT (``SHARDING_CONFIG``: the check is about the shards, not the
 size) from different random weights on every rank, in float32
 (``max_weight_diff_vs_one_process``). ``--dtype bf16`` gathers and computes in bf16 (shards and
-optimizer state stay fp32).
+optimizer state stay fp32). ``--overlap`` adds the record's ``overlap``: for stage 3 with and
+without prefetching the next unit's all-gather, the median seconds per step that
+communication held a rank (``Ledger.exposed_seconds``: blocking calls whole, asynchronous
+ones inside ``wait()``; slowest rank each step), and their ratio.
 
 Laptop:  ``python labs/zero.py --world-size 2 --json results/zero.json``
 GPU box: ``torchrun --nproc-per-node 8 labs/zero.py --json results/zero.json``
@@ -115,8 +118,11 @@ def check(p, args) -> dict:
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     if not stages or any(s not in STAGES for s in stages):
         p.error(f"--stages {args.stages}: choose from {','.join(STAGES)}")
+    if args.overlap and not {"3", "3-noprefetch"} <= set(stages):
+        p.error("--overlap compares stage 3 with and without prefetch: --stages must hold "
+                "3 and 3-noprefetch")
     cfg = corpus_config(seq=args.seq, hidden=args.hidden, heads=args.heads, layers=args.layers)
-    return {"config": asdict(cfg), "stages": stages, "optimizer": args.optimizer,
+    return ({"overlap": True} if args.overlap else {}) | {"config": asdict(cfg), "stages": stages, "optimizer": args.optimizer,
             "batch_per_rank": args.batch, "steps": args.steps, "warmup": args.warmup,
             "rounds": args.rounds,
             "command": "python labs/zero.py " + " ".join(sys.argv[1:])}
@@ -147,6 +153,13 @@ def _row(name: str, r: dict, world_size: int) -> dict:
             "max_weight_diff_vs_one_process": r["max_weight_diff_vs_one_process"]}
 
 
+def exposed(ranks: list[dict]) -> dict:
+    """Stage 3 with and without prefetch: median exposed seconds per step (slowest rank)."""
+    out = {name: slowest_rank_median([r["runs"][stage]["exposed"] for r in ranks])
+           for name, stage in (("prefetch", "3"), ("no_prefetch", "3-noprefetch"))}
+    return {**out, "prefetch_over_none": out["prefetch"] / max(out["no_prefetch"], 1e-9)}
+
+
 def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     results = summarize(ranks, settings, GPTConfig(**settings["config"]))
     shown = {**settings, "parameters": ranks[0]["parameters"]}
@@ -155,6 +168,8 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
         if a in results and b in results:
             record[key] = results[a]["step_time_s"] / results[b]["step_time_s"]
     record["rows"] = [_row(name, r, world_size) for name, r in results.items()]
+    if settings.get("overlap"):
+        record["overlap"] = exposed(ranks)
     record["headline"] = labkit.headline("bytes_held_per_rank", x="world_size",
                                          series=["implementation"],
                                          predicted="bytes_held_predicted")
@@ -165,6 +180,8 @@ def main(argv=None):
     p = labkit.parser("zero", "Time ZeRO stages 0-3 against FSDP2's fully_shard.")
     p.add_argument("--stages", default="0,1,2,3,3-noprefetch,torch-fsdp2",
                    help=f"comma-separated, from {','.join(STAGES)}")
+    p.add_argument("--overlap", action="store_true",
+                   help="report stage 3's exposed communication with and without prefetch")
     p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZERS))
     p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     p.add_argument("--rounds", type=int, default=3, help="turns the stages take")

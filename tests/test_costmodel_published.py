@@ -58,13 +58,14 @@ def test_thin_gemms_run_below_square_ones_and_fp8_doubles_the_peak():
         gemm_efficiency(GPUS["A100-80GB"], 64, 64, 64, "fp8")
 
 
-def test_uneven_stages_let_llama_interleave_and_dualpipe_has_no_bubble_at_equal_times():
+def test_uneven_stages_let_llama_interleave_and_dualpipe_reads_b_as_the_whole_backward():
     m = MODELS["llama3-405B"]
     with pytest.raises(ValueError, match="uneven_stages=True"):
         Layout(t=8, p=16, d=1, m=16, v=8).check(m)
     Layout(t=8, p=16, d=1, m=16, v=8, uneven_stages=True).check(m)
-    assert bubble_time("dualpipe", 16, 1, 1, 1) == 0
-    assert bubble_time("dualpipe", 16, 2, 1, 1) == 7 * 1   # (PP/2 - 1)(F&B + B - 3W)
+    # (PP/2 - 1)(F&B + B - 3W), DeepSeek's B = T_B + T_W (its 1F1B row: (PP - 1)(F + B))
+    assert bubble_time("dualpipe", 16, 1, 1, 1) == 7 * (3 + 2 - 3)
+    assert bubble_time("dualpipe", 16, 2, 1, 1) == 7 * (4 + 2 - 3)
     with pytest.raises(ValueError, match="even p"):
         Layout(p=3, m=4, schedule="dualpipe")
 

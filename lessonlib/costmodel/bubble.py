@@ -27,7 +27,9 @@ V: 2(2p-1-m) chunk forwards); its busiest stage holds min(p, m) micro-batches li
 DualPipe (DeepSeek-V3, DeepSeek-AI 2024, Table 2) feeds the pipeline from both ends, each
 device holding two stages (2x parameters, PP + 1 micro-batches of activations): bubble
 (PP/2 - 1)(F&B + B - 3W), where F&B is a forward and a backward chunk run side by side, their
-communication hidden behind each other's compute. At F = B = W and F&B = F + B that is 0.
+communication hidden behind each other's compute. DeepSeek's B is the *whole* backward (its
+1F1B row reads (PP - 1)(F + B)), the course's T_B + T_W: at T_F = T_B = T_W and F&B = F + B
+the bubble is (PP/2 - 1) x 2 T_F, a third of a micro-batch's slot per hop less than ZB-H1's.
 
 Try ``python -c "from lessonlib.costmodel import bubble_fraction as f; print(f(4, 8),
 f(4, 8, convention='ideal'))"``.
@@ -45,7 +47,7 @@ def _idle_slots(schedule, p, m):
     """Micro-batch slots each stage idles at T_F = T_B = T_W (simulated, ``zero_bubble``)."""
     if schedule == "zbv":   # in chunk forwards, 6 to a slot: (p-1)/6 once m >= 2p-1
         return max(p - 1, 2 * (2 * p - 1 - m)) / 6
-    if schedule == "dualpipe":   # DeepSeek-V3 Table 2 at F = B = W, F&B = F + B: none
+    if schedule == "dualpipe":   # DeepSeek-V3 Table 2 at T_F = T_B = T_W, F&B = F + B
         return bubble_time("dualpipe", p, 1, 1, 1) / 3
     return (p - 1) * _SLOTS[schedule]
 
@@ -82,13 +84,14 @@ def bubble_time(schedule, p, forward, backward, weight):
     (p-1)(T_F + T_B + T_W); "zb-h1": (p-1)(T_F + T_B - T_W) (Qi et al. 2024, Table 2,
     for T_W <= T_F); "zbv": (p-1) T_F / 2, the start-up alone (at T_F = T_B = T_W and
     m >= 2p-1; otherwise ``lessonlib.pipeline.validate.simulate`` the schedule);
-    "dualpipe": (p/2 - 1)(F&B + B - 3W) (DeepSeek-V3 Table 2), F&B taken as F + B, a
-    forward and a backward chunk run side by side without gaining on each other."""
+    "dualpipe": (p/2 - 1)(F&B + B - 3W) (DeepSeek-V3 Table 2), with DeepSeek's B the whole
+    backward (T_B + T_W) and F&B taken as F + B, a forward and a backward chunk run side by
+    side without gaining on each other: (p/2 - 1)(T_F + 2 T_B - T_W)."""
     positive_int("p", p)
     f, b, w = (positive_number(n, x) for n, x in (("forward", forward), ("backward", backward),
                                                  ("weight", weight)))
     per_hop = {"gpipe": f + b + w, "1f1b": f + b + w, "zb-h1": f + b - w, "zbv": f / 2,
-               "dualpipe": max(0.0, (f + b) + b - 3 * w)}
+               "dualpipe": max(0.0, (f + (b + w)) + (b + w) - 3 * w)}
     if schedule not in per_hop:
         raise ValueError(f"schedule={schedule!r} must be one of {', '.join(per_hop)}")
     hops = max(0.0, p / 2 - 1) if schedule == "dualpipe" else p - 1

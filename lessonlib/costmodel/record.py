@@ -184,8 +184,8 @@ def _deepseek_row():
              "rank that also holds the first stage (§3.2.3), which DualPipe's two "
              "directions share: the two nearly cancel. Not modelled: time outside steps "
              "(evaluation, checkpoints, restarts), in the GPU hours, unsized. The batch ramp "
-             "(3,072 -> 15,360 over 469B tokens, §4.2) costs 0.07 % here (DualPipe's bubble is "
-             "0 at F = B = W).")
+             "(3,072 -> 15,360 over 469B tokens, §4.2) costs 0.2 % here (m 24 -> 120: "
+             "DualPipe's bubble, (PP/2 - 1)(F&B + B - 3W), weighs more at small m).")
 
 
 

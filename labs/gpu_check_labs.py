@@ -53,7 +53,7 @@ LABS = {
         tiny={"steps": "2", "warmup": "1", "batch": "2", "seq": "16", "hidden": "32", "heads": "4"},
         short={"steps": "5", "warmup": "2", "batch": "8", "seq": "512", "hidden": "1024",
                "heads": "16", "dtype": "bf16", "sequence-parallel": "true",
-               "recompute": "selective"},
+               "recompute": "selective", "overlap": "true"},
         at_one="t = 1: the unsharded layer, f and g are identities and no all-reduce runs; "
                "the dense baseline",
         largest=lambda n: _divisor_at_most(n, 16),
@@ -79,7 +79,7 @@ LABS = {
         tiny={"steps": "2", "warmup": "1", "rounds": "1", "layers": "2", "hidden": "16",
               "heads": "4", "seq": "8"},
         short={"steps": "3", "warmup": "1", "rounds": "1", "layers": "8", "hidden": "1024",
-               "heads": "16", "seq": "512", "dtype": "bf16"},
+               "heads": "16", "seq": "512", "dtype": "bf16", "overlap": "true"},
         at_one="d = 1: nothing to shard, every stage holds the whole model state; the "
                "baseline each stage's memory is divided from",
         metrics={"lessonlib stage-3 step s": "results.lessonlib.step_time_s",

@@ -164,7 +164,7 @@ def worker(settings: dict) -> dict:
     mesh = tp_mesh(ParallelContext.build(1, 1, dist.get_world_size()))
     out = {"rank": dist.get_rank(), **labkit.rank_info(),
            **{kind: _measure(kind, settings, x, grad_out, mesh) for kind in KINDS}}
-    if settings.get("overlap"):      # plain SP against async TP, the same weights
+    if settings.get("overlap"):      # plain SP ("plain") against async TP ("overlapped"), the same weights
         rows, grads = (split_sequence(v.detach(), mesh.get_group()) for v in (x, grad_out))
         out["overlap"] = {kind: compare_overlap(
             _ours(kind, _dense(kind, settings).to(dev)),

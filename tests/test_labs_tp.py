@@ -43,7 +43,7 @@ def test_sequence_parallel_with_recompute_against_pytorch_plan(tmp_path):
     out = tmp_path / "tp.json"
     done = _run("--world-size", "2", "--steps", "1", "--warmup", "0", "--batch", "2",
                 "--seq", "8", "--hidden", "32", "--heads", "4", "--sequence-parallel",
-                "--recompute", "selective", "--json", str(out))
+                "--recompute", "selective", "--overlap", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["settings"]["sequence_parallel"] is True
@@ -56,6 +56,11 @@ def test_sequence_parallel_with_recompute_against_pytorch_plan(tmp_path):
     kept = record["saved_bytes"]["block"]
     assert kept["lessonlib"] < kept["torch"]
     assert set(record["paired_ratio_lessonlib_over_torch"]) == {"mlp", "block"}
+    # --overlap: async TP computes what plain SP does; plain SP's communication is all exposed
+    for kind, entry in record["overlap"].items():
+        assert entry["output_max_abs_diff"] < 1e-5 and entry["input_grad_max_abs_diff"] < 1e-5
+        assert entry["plain"]["exposed_s"] == entry["plain"]["comm_s"] > 0, kind
+        assert 0 <= entry["overlapped"]["exposed_s"] <= entry["overlapped"]["comm_s"], kind
 
 
 def test_bad_settings_stop_before_any_rank_starts():
@@ -68,3 +73,9 @@ def test_bad_settings_stop_before_any_rank_starts():
                 "--sequence-parallel")
     assert done.returncode == 2 and "--seq 6 (s) must be divisible by t = --world-size 4" \
         in done.stderr
+
+
+def test_overlap_without_sequence_parallel_stops_before_any_rank_starts(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        labrun.load_lab("tp").main(["--world-size", "2", "--overlap"])
+    assert exit_info.value.code == 2 and "add --sequence-parallel" in capsys.readouterr().err

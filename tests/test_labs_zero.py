@@ -9,7 +9,8 @@ from labrun import check_shape, load_lab, run_lab
 def test_zero_lab_times_every_stage_against_fully_shard(tmp_path):
     record = run_lab("zero", "--world-size", "2", "--steps", "2", "--warmup", "1",
                      "--rounds", "1", "--layers", "2", "--hidden", "16", "--seq", "8",
-                     "--stages", "0,1,2,3,3-noprefetch,torch-fsdp2", tmp_path=tmp_path)
+                     "--stages", "0,1,2,3,3-noprefetch,torch-fsdp2", "--overlap",
+                     tmp_path=tmp_path)
     check_shape(record, "zero", 2)
     results = record["results"]
     assert set(results) == {"lessonlib_stage0", "lessonlib_stage1", "lessonlib_stage2",
@@ -27,6 +28,10 @@ def test_zero_lab_times_every_stage_against_fully_shard(tmp_path):
         1.5 * results["lessonlib_stage0"]["bytes_sent_per_rank"][0], rel=0.01)
     assert record["lessonlib_vs_torch_step_time"] > 0
     assert record["prefetch_vs_none_step_time"] > 0
+    overlap = record["overlap"]       # --overlap: what communication held a rank, per step
+    assert overlap["prefetch"] > 0 and overlap["no_prefetch"] > 0
+    assert overlap["prefetch_over_none"] == pytest.approx(overlap["prefetch"]
+                                                          / overlap["no_prefetch"])
 
 
 def test_zero_parity_names_the_stage_rank_and_weight_that_differ_from_one_process():
@@ -45,6 +50,7 @@ def test_zero_parity_names_the_stage_rank_and_weight_that_differ_from_one_proces
     (["--batch", "0"], "--batch must be a positive integer"),
     (["--hidden", "10", "--heads", "4"], "--hidden 10 must be divisible by --heads 4"),
     (["--warmup", "-1"], "--warmup must be 0 or more"),
+    (["--stages", "0,3", "--overlap"], "--stages must hold 3 and 3-noprefetch"),
 ])
 def test_zero_lab_refuses_bad_settings_before_any_process_starts(flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -148,6 +148,16 @@ LABS = {
         at_one="c = 1: the whole sequence on one rank; ring attention has no one to pass to",
         metrics={"step s": "results.lessonlib.layouts.zigzag.step_time_s"},
         parity=("max_abs_error",), cpu_s=1.3),
+    "fp8": Lab(
+        tiny={"steps": "1", "warmup": "1", "gemm-size": "128"},
+        short={"steps": "3", "warmup": "1", "gemm-size": "4096"},
+        at_one="one GPU: each recipe's GEMM error and step time, and the FP8 GEMM rate "
+               "against bf16 at 4096^3 (torch._scaled_mm; H100 or newer)",
+        largest=lambda n: 1,
+        metrics={"fp8/bf16 GEMM rate": "gemm_tflops.fp8_over_bf16",
+                 "blockwise step s": "results.blockwise.step_time_s"},
+        no_parity="FP8 is not exact: the record holds each recipe's GEMM error instead",
+        cpu_s=3.0),
 }
 GENERIC = Lab(tiny={"steps": "2", "warmup": "1"}, short={"steps": "3", "warmup": "1"},
               at_one="(a lab this script has no notes for: run with its defaults)",

@@ -81,7 +81,8 @@ def test_no_import_circle_in_lessonlib():
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
-@pytest.mark.parametrize("package", ["data_parallel", "tensor_parallel", "pipeline", "costmodel"])
+@pytest.mark.parametrize("package", ["data_parallel", "tensor_parallel", "pipeline", "costmodel",
+                                     "precision"])
 def test_each_strategy_is_a_package_with_a_map(package):
     init = ROOT / package / "__init__.py"
     doc = ast.get_docstring(ast.parse(init.read_text()))
@@ -120,7 +121,8 @@ FLOORS = {
                        "nccl_inflight", "placement", "gloo_cuda", "labkit", "labargs",
                        "grid_layout", "grid"],
     "one package per strategy": ["data_parallel", "model_parallel", "tensor_parallel",
-                                 "pipeline", "context_parallel", "expert_parallel"],
+                                 "pipeline", "context_parallel", "expert_parallel",
+                                 "precision"],
     "composition": ["hybrid", "hybrid_axes", "checkpoint", "checkpoint_folder",
                     "checkpoint_manifest", "shard_map", "reshard", "long_run"],
     "faces": ["viz", "exercises", "bugzoo", "results"],

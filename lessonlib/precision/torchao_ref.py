@@ -25,6 +25,7 @@ GPU box: the same, on the CPU (torchao's CUDA paths are its own lesson).
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,14 @@ class TorchaoDiff:
     output_within_bf16: bool      # |ours - theirs| <= 2^-8 |x W^T| (+ float32's last bits)
 
 
+def _quiet_torchao() -> None:
+    """torchao logs a warning for each of its CUDA-only kernel libraries a CPU cannot load,
+    and torch one for an enum torchao registers with torch.compile (deprecated, harmless);
+    neither matters to a CPU comparison, so only their errors are shown."""
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _step(module, x, grad_out):
     x = x.clone().requires_grad_()
     y = module(x)
@@ -57,6 +66,7 @@ def _step(module, x, grad_out):
 
 def _their_casts(x, weight, name: str):
     """torchao's FP8 cast of x (forward) and W^T (forward): (data, scale) each."""
+    _quiet_torchao()
     from torchao.float8.config import Float8LinearConfig
     from torchao.float8.float8_scaling_utils import (get_maybe_axiswise_dim,
                                                      hp_tensor_to_float8_dynamic)
@@ -75,6 +85,7 @@ def _their_casts(x, weight, name: str):
 def compare(name: str = "tensorwise", in_features: int = 32, out_features: int = 48,
             tokens: int = 64, seed: int = 0) -> TorchaoDiff:
     """One linear layer, one input and one output gradient, through ours and torchao's."""
+    _quiet_torchao()
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     if name not in ("tensorwise", "rowwise"):
         raise ValueError(f"torchao runs {name!r} on the GPU only; compare tensorwise or rowwise")

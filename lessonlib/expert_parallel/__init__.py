@@ -16,6 +16,11 @@ Read in this order, each file one idea:
 * ``runs``: what the notebook, the lab and the tests launch (parity with one process in
   float64 for GShard's and DeepSeek-V3's routing options, the bytes the all-to-alls move
   against the routing counts).
+* ``overlap``: DualPipe's F&B slot on one MoE block (DeepSeek-V3 §3.2.1): the forward of
+  one micro-batch beside the backward of another, cut at the all-to-alls, each posted
+  (``dispatch.post_all_to_all``) and waited for only after a piece of the other's compute;
+  ``overlap_runs``: its parity with one process and the exposed communication it saves
+  (``run_overlap()`` -> ``OverlapReport``).
 * ``measure``: what the lesson measures: the load per expert and the dropped share with no
   balancing, the auxiliary loss or the bias, the node limit's traffic over pretend nodes,
   the layer's step and its all-to-alls' time, bare all-to-alls for the alpha-beta fit.
@@ -25,12 +30,13 @@ Read in this order, each file one idea:
 Laptop:  ``python labs/ep.py --world-size 4``
 GPU box: ``torchrun --nproc-per-node 8 labs/ep.py`` (NCCL, e up to the GPUs of one server)
 """
-from lessonlib.expert_parallel.dispatch import Splits, all_to_all, exchange_counts
+from lessonlib.expert_parallel.dispatch import (Splits, all_to_all, exchange_counts,
+                                                post_all_to_all)
 from lessonlib.expert_parallel.groups import (ExpertParallelContext, expert_parameters,
                                               sync_gradients, update_biases)
 from lessonlib.expert_parallel.layer import (ExpertParallelMoE, check_split, expert_parallel,
                                              expert_parallel_gpt, run_local_experts)
 
-__all__ = ["Splits", "all_to_all", "exchange_counts", "ExpertParallelContext",
+__all__ = ["Splits", "all_to_all", "exchange_counts", "post_all_to_all", "ExpertParallelContext",
            "expert_parameters", "sync_gradients", "update_biases", "ExpertParallelMoE",
            "check_split", "expert_parallel", "expert_parallel_gpt", "run_local_experts"]

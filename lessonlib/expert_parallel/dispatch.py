@@ -101,6 +101,17 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
+def post_all_to_all(x: torch.Tensor, recv: list[int], send: list[int], group=None):
+    """``all_to_all``'s exchange posted, not waited for: (out, work), ``out`` (sum(recv), h)
+    filled once ``work.wait()`` returns. Outside autograd: its backward is the same call on
+    the gradient with ``recv`` and ``send`` swapped, made by the caller
+    (``expert_parallel.overlap`` posts both directions so, one micro-batch's behind the
+    other's compute)."""
+    out = x.new_empty(sum(recv), *x.shape[1:])                                 # (m, h)
+    return out, comm.all_to_all_single(out, x.contiguous(), recv, send, group=group,
+                                       async_op=True)
+
+
 def all_to_all(x: torch.Tensor, recv: list[int], send: list[int], group=None) -> torch.Tensor:
     """Differentiable ``all_to_all_single`` on rows: (sum(send), h) -> (sum(recv), h)."""
     e = dist.get_world_size(group)

@@ -51,10 +51,11 @@ def _ring(group) -> tuple[int, int, int, int]:
 
 
 def _pass_on(piece, group, nxt, prev):
-    """Post: ``piece`` to the next rank, the previous rank's into a fresh buffer."""
+    """Post: ``piece`` to the next rank, the previous rank's into a fresh buffer. The
+    handles come back receive first: by the time it has landed the send is usually done."""
     arriving = torch.empty_like(piece)
-    works = comm.batch_isend_irecv([comm.send_op(piece, nxt, group),
-                                    comm.recv_op(arriving, prev, group)])
+    works = comm.batch_isend_irecv([comm.recv_op(arriving, prev, group),
+                                    comm.send_op(piece, nxt, group)])
     return arriving, works
 
 

@@ -6,7 +6,8 @@ What it teaches: hiding the all-to-alls changes when a rank waits, not what it c
 alone), with and without overlap, in float64, against the one-process block on every
 rank's micro-batches: outputs, input gradients and weight gradients, and the two runs
 against each other (equal to the bit). ``timing`` repeats the F&B slot at a size where the
-all-to-alls are a real part of it, both ways in turn, and records each slot's time and the
+all-to-alls are a real part of it, both ways in turn (each slot's forward is the
+next one's backward, as in DualPipe's steady state), and records each slot's time and the
 seconds the rank was held in ``wait()`` or in a blocking call (``Ledger.exposed_seconds``).
 ``run_overlap`` launches both on 2 CPU ranks (one launch, about 2 s) and returns an
 ``OverlapReport``.
@@ -31,10 +32,10 @@ from lessonlib.expert_parallel.layer import expert_parallel
 from lessonlib.expert_parallel.overlap import backward, forward, forward_backward
 from lessonlib.models import corpus_config, moe_gpt
 
-# the timed slot on 2 CPU ranks: about 35 ms, a quarter of it all-to-alls waited at once
-# (4 MB sent per rank per slot); a wide h and a narrow expert (ffn_mult 1) make the
-# transfers a real part of the slot
-TIMING_SHAPE = dict(s=64, h=256, heads=4, ffn_mult=1, E=4, k=2, b=8)
+# the timed slot on 2 CPU ranks: about 60 ms, 10-20 % of it all-to-alls waited at once
+# (8 MB sent per rank per slot); a wide h, k = 4 and a narrow expert (ffn_mult 1) make
+# the transfers a real part of the slot
+TIMING_SHAPE = dict(s=64, h=256, heads=4, ffn_mult=1, E=8, k=4, b=8)
 
 
 def moe_block(s: int, h: int, heads: int, ffn_mult: int, E: int, k: int, seed: int = 0,
@@ -106,36 +107,38 @@ def parity(s=8, h=16, heads=2, ffn_mult=2, E=4, k=2, b=2, seed=0) -> dict:
     return report
 
 
-def timing(reps: int = 5, warmup: int = 1, seed: int = 0, shape: dict | None = None) -> dict:
-    """On each rank: the F&B slot ``reps`` times each way, in turn (float32): per way, each
-    slot's seconds and exposed seconds, and the bytes one slot's all-to-alls send."""
+def timing(reps: int = 8, warmup: int = 1, seed: int = 0, shape: dict | None = None) -> dict:
+    """On each rank: F&B slots in DualPipe's steady state, each slot's forward the next
+    one's backward, overlapped and plain in turn, ``reps`` of each after ``warmup`` (float32):
+    per way, each slot's seconds and exposed seconds; the bytes one slot's all-to-alls send."""
     ctx, dev = ExpertParallelContext.build(dist.get_world_size()), device.current_device()
     shape = {**TIMING_SHAPE, **(shape or {})}
     b, s, h = shape.pop("b"), shape["s"], shape["h"]
     block = ep_block(moe_block(**shape, seed=seed, capacity_factor=1.0).to(dev), ctx.ep_group)
     gen = torch.Generator().manual_seed(seed + 1 + dist.get_rank())
-    mbs = [[torch.randn(b, s, h, generator=gen).to(dev) for _ in "xy"] for _ in "AB"]
+    # every slot the same micro-batch, so that both ways do the same work: two different
+    # ones would route differently and load the ranks unevenly in a different way
+    mb = [torch.randn(b, s, h, generator=gen).to(dev) for _ in "xy"]
     out = {False: {"slot_s": [], "exposed_s": []}, True: {"slot_s": [], "exposed_s": []}}
-    for rep in range(warmup + reps):
-        for overlap in (False, True):
-            trip = forward(block, *mbs[1])
-            comm.barrier(ctx.ep_group)
-            with comm.ledger() as book:
-                start = time.perf_counter()
-                a = forward_backward(block, *mbs[0], trip, overlap)
-                device.synchronize()
-                seconds = time.perf_counter() - start
-            backward(block, a)
-            block.zero_grad(set_to_none=True)
-            if rep >= warmup:
-                out[overlap]["slot_s"].append(seconds)
-                out[overlap]["exposed_s"].append(book.exposed_seconds())
-                out["sent_bytes"] = book.total_bytes("send")
+    trip = forward(block, *mb)
+    for slot in range(2 * (warmup + reps)):
+        overlap = slot % 2 == 1
+        comm.barrier(ctx.ep_group)             # both ranks start the slot together
+        with comm.ledger() as book:
+            start = time.perf_counter()
+            trip = forward_backward(block, *mb, trip, overlap)
+            device.synchronize()
+            seconds = time.perf_counter() - start
+        if slot >= 2 * warmup:
+            out[overlap]["slot_s"].append(seconds)
+            out[overlap]["exposed_s"].append(book.exposed_seconds())
+            out["sent_bytes"] = book.total_bytes("send")
+    backward(block, trip)
     ctx.destroy()
     return out
 
 
-def report(reps: int = 5, warmup: int = 1, shape: dict | None = None) -> dict:
+def report(reps: int = 8, warmup: int = 1, shape: dict | None = None) -> dict:
     """One launch's worth: ``parity`` and ``timing``."""
     return {"parity": parity(), "timing": timing(reps, warmup, shape=shape)}
 
@@ -171,7 +174,7 @@ def summarize(ranks: list[dict]) -> OverlapReport:
                          max(p), max(r["parity"]["overlap_vs_plain"] for r in ranks))
 
 
-def run_overlap(reps: int = 5, warmup: int = 1, shape: dict | None = None,
+def run_overlap(reps: int = 8, warmup: int = 1, shape: dict | None = None,
                 timeout: float = 120) -> OverlapReport:
     """``report`` on 2 CPU ranks (one launch), summarized."""
     return summarize(launcher.launch(report, 2, reps, warmup, shape=shape, timeout=timeout))

@@ -9,10 +9,10 @@ hide communication that the plain versions leave exposed.
   transformer layer through ``enable_async_tp`` (fused Q, K, V) too, FSDP with prefetch
   equals FSDP without after two SGD steps; the ring's trace passes ``comm.nccl_hazards``
   and sends only point to point (no all-gather or reduce-scatter left).
-* Exposed communication on 2 CPU ranks: for FSDP the median over steps of prefetch / none
-  (each step's pair back to back, slowest rank) is below 1 (the machine is shared and small:
-  a comparison that fails is measured once more before it counts); plain SP's
-  communication is all exposed, async TP's only in part.
+* Exposed communication on 2 CPU ranks: the median over steps of overlapped / plain (each
+  step's pair back to back, slowest rank) is below 1 for FSDP's prefetch and for async TP
+  (the machine is shared and small: a comparison that fails is measured once more before it
+  counts); plain SP's communication is all exposed, async TP's only in part.
 
 One 2-rank launch; a t = 4 case is left out (a 4-rank launch costs more than 2 s here)."""
 import time
@@ -70,15 +70,13 @@ def test_async_tp_and_prefetch_compute_what_the_plain_versions_do(ranks):
 
 def test_overlap_leaves_less_communication_exposed(ranks):
     ratios = runs.exposed_ratios(ranks)
-    if not ratios["fsdp_prefetch"] < 1:                 # load on a shared 2-core machine
+    if not max(ratios.values()) < 1:                    # load on a shared 2-core machine
         again = lessonlib.launch(runs.overlap_runs, 2, STEPS, WARMUP, timeout=120)
         ratios = {k: min(v, runs.exposed_ratios(again)[k]) for k, v in ratios.items()}
-    assert ratios["fsdp_prefetch"] < 1, ratios
+    assert ratios["fsdp_prefetch"] < 1 and ratios["async_tp"] < 1, ratios
     variants = runs.summarize(ranks)
     # plain SP blocks in every call: all its communication is exposed; async TP's ring
-    # hides part of what it has in flight. (Async TP's exposed < plain SP's holds on an idle
-    # machine but not reliably on 2 oversubscribed cores, where gloo's transfer thread finds
-    # no free core to run beside the GEMM: it is measured, not asserted, here.)
+    # hides part of what it has in flight
     assert variants["sp"].exposed_s == pytest.approx(variants["sp"].comm_s)
     assert variants["async_tp"].exposed_s < variants["async_tp"].comm_s
     assert all(s.kind in ("COMM", "EXPOSED", "STEP") for v in variants.values()

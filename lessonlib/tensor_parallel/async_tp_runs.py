@@ -43,8 +43,11 @@ from lessonlib.tensor_parallel.layers import TensorParallelMLP
 from lessonlib.tensor_parallel.ops import split_sequence
 from lessonlib.tensor_parallel.parallelize import parallelize_block
 
-# sizes where communication is a real part of a step on 2 CPU ranks, and the run stays short
-TP_SHAPE = {"b": 4, "s": 512, "h": 64}       # the SP MLP: (b, s, h), inner 4h
+# sizes where communication is a real part of a step on 2 CPU ranks, and the run stays short.
+# The SP MLP, (b, s, h), inner 4h: each piece's GEMM must outlast the ranks' drift apart on a
+# loaded machine (each ring step lines them up); at b*s = 2048 it did not (async TP exposed
+# 0.4-2.9x plain SP's), at b*s = 8192 it does (0.35-0.6x in 7 runs at load 2.8 on 2 cores).
+TP_SHAPE = {"b": 8, "s": 1024, "h": 64}
 FSDP_SHAPE = {"units": 4, "h": 512, "tokens": 64}   # units of Linear(h, h) + GELU
 
 

@@ -42,6 +42,7 @@ from lessonlib.launcher import launch
 from lessonlib.models import HYBRID_CONFIG, Block, GPTConfig, TinyGPT, lm_loss
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
+from lessonlib.pipeline.timeline import StepTimeline
 from lessonlib.layer_split import split_layers
 from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
 
@@ -111,9 +112,11 @@ class HybridTrainer:
         self.ctx, self.m = ctx, m
         self.stage = build_stage(model, ctx).to(device.current_device())
         self.params = list(self.stage.parameters())
+        self.timeline = StepTimeline(f"pipeline stage {ctx.pp_rank}", group=ctx.pp_group)
         self.executor = PipelineExecutor(
             make(schedule, ctx.pp, m), ctx.pp_rank, [self.stage], lm_loss,
-            (self.b, cfg.seq, cfg.hidden), stage_ranks=ctx.pp_ranks, group=ctx.pp_group)
+            (self.b, cfg.seq, cfg.hidden), stage_ranks=ctx.pp_ranks, group=ctx.pp_group,
+            recorder=self.timeline)
         self.opt = self.OPTIMIZERS[optimizer](self.params, lr=lr)
 
     def step(self, x, y, timeline: bool = True) -> dict:
@@ -126,10 +129,10 @@ class HybridTrainer:
         x, y = shard(x, ctx.dp_rank, ctx.dp).to(dev), shard(y, ctx.dp_rank, ctx.dp).to(dev)
         self.opt.zero_grad(set_to_none=False)
         start = device.timer() if timeline else time.perf_counter()
+        self.timeline.on = timeline
         with comm.ledger() as pipe_book:
             result = self.executor.step(x if ctx.is_first_stage else None,
-                                        y if ctx.is_last_stage else None,
-                                        align=timeline, timeline=timeline)
+                                        y if ctx.is_last_stage else None)
         with comm.ledger() as dp_book:
             sync_gradients(self.stage, ctx)
         self.opt.step()

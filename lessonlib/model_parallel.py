@@ -31,6 +31,7 @@ GPU box: the same call runs one stage per GPU over NCCL; under torchrun use ``le
 from __future__ import annotations
 
 import statistics
+from contextlib import contextmanager, nullcontext
 import time
 
 import torch
@@ -47,7 +48,7 @@ from lessonlib.data import corpus_tokens, lm_batch, regression_batch
 from lessonlib.launcher import launch
 from lessonlib.layer_split import layers_of, split_layers, split_summary
 from lessonlib.models import TinyGPT, corpus_config, lm_loss, mlp_stack
-from lessonlib.spans import Span
+from lessonlib.spans import Span, Timeline, no_record
 from lessonlib.stash import StashMeter
 
 MODEL_KINDS = ("gpt", "mlp")
@@ -84,32 +85,27 @@ def boundary_shape(model: str, batch: int, hidden: int = 64, width: int = 128, *
 
 
 # ---------------------------------------------------------------- the assembly line
-def _clock() -> float:
-    device.synchronize()
-    return time.time()
+def _start_aligned(timeline: Timeline, dev) -> None:
+    """Start ``timeline`` on a clock all ranks share: after a barrier, the earliest rank's
+    wall-clock reading is everyone's zero (on one machine the ranks' spans line up exactly;
+    across machines, as well as their clocks agree)."""
+    comm.barrier()
+    device.synchronize(dev)
+    wall = time.time()
+    timeline.start()
+    earliest = torch.tensor([wall], dtype=torch.float64, device=dev)
+    comm.all_reduce(earliest, op=dist.ReduceOp.MIN)
+    timeline.origin = wall - earliest.item()
 
 
-class _Timeline:
-    """Spans in seconds from an origin shared by all ranks: after a barrier, the earliest
-    rank's clock reading. Each span runs from the end of the previous one (or ``mark``)."""
-
-    def __init__(self, dev):
-        self.dev = dev
-        self.restart()
-
-    def restart(self) -> None:
-        comm.barrier()
-        now = torch.tensor([_clock()], dtype=torch.float64, device=self.dev)
-        comm.all_reduce(now, op=dist.ReduceOp.MIN)
-        self.t0, self.spans, self.last = now.item(), [], 0.0
-
-    def mark(self) -> None:
-        self.last = _clock() - self.t0
-
-    def close(self, kind: str, step: int) -> None:
-        end = _clock() - self.t0
-        self.spans.append(Span(kind, 0, 0, self.last, end, step))
-        self.last = end
+def _recorder(timeline: Timeline, meter: StashMeter, step: int):
+    """The assembly line's recorder for one step: each phase one span of ``timeline`` (the
+    spans tile the step), and what the forward saves for backward counted by ``meter``."""
+    @contextmanager
+    def record(phase: str):
+        with timeline.span(phase, 0, 0, step), meter.forward() if phase == "F" else nullcontext():
+            yield
+    return record
 
 
 def _n_layers(model: str, layers: int = 6, **_) -> int:
@@ -159,8 +155,9 @@ def assembly_line(model: str = "gpt", p: int | None = None, steps: int = 3, warm
     rank = dist.get_rank()
     p = check_settings(dist.get_world_size(), p, model, steps, warmup, batch, lines, **shape)
     stage, dev = rank % p, device.current_device()
+    timeline = Timeline(dev, contiguous=True)
     if lines is not None and rank >= lines * p:   # sit out, but join the clock's collectives
-        _Timeline(dev).restart()
+        _start_aligned(timeline, dev)
         return {"rank": rank, "stage": None, "p": p}
     full = make_model(model, seed, **shape)
     layer_ids = split_summary(full, p)[stage]["layers"]
@@ -173,19 +170,19 @@ def assembly_line(model: str = "gpt", p: int | None = None, steps: int = 3, warm
     # every rank can make every batch (same seed); made up front so the timeline is all work
     batches = [tuple(z.to(dev) for z in make_batch(model, step, batch, seed, **shape))
                for step in range(warmup + steps)]
-    timeline, losses, book = _Timeline(dev), [], comm.Ledger()
+    losses, book = [], comm.Ledger()
     for step, (inputs, targets) in enumerate(batches):
         if step == warmup:                        # line the ranks up, restart the clock
-            timeline.restart()
+            _start_aligned(timeline, dev)
         progress(f"assembly line step {step}, stage {stage}")
         timeline.mark()
+        record = _recorder(timeline, meter, step)
         with placement.timed(step, warmup):           # the audit off while the clock runs
             with comm.ledger() as messages:
-                loss = _step(part, (inputs, targets), act, (stage, p), model, meter, timeline,
-                             step)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            timeline.close("OPT", step)
+                loss = _step(part, (inputs, targets), act, (stage, p), model, record)
+            with record("OPT"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
         if step >= warmup:
             book.events += messages.events
         if loss is not None:
@@ -193,43 +190,48 @@ def assembly_line(model: str = "gpt", p: int | None = None, steps: int = 3, warm
     names = {f"{layer_ids[int(n.split('.', 1)[0])]}.{n.split('.', 1)[1]}": t.detach()
              for n, t in part.state_dict().items()}
     return {"rank": rank, "stage": stage, "p": p, "layers": layer_ids,
-            "timeline": timeline.spans, "losses": losses, "messages": book.summary(),
+            "timeline": timeline.read()[0], "losses": losses, "messages": book.summary(),
             "param_bytes": sum(t.numel() * t.element_size() for t in part.parameters()),
             "stash_bytes": meter.peak_bytes, "state": names}
 
 
-def _step(part, batch, act, where, model, meter, timeline, step):
+def _step(part, batch, act, where, model, record=no_record):
     """One batch through this stage: receive, forward, send on; receive the gradient,
-    backward, send it back. The loss on the last stage, else None. Peers are global ranks."""
+    backward, send it back. The loss on the last stage, else None. Peers are global ranks;
+    ``record(phase)`` scopes each phase (records nothing by default)."""
     (inputs, targets), (stage, p) = batch, where
     rank, first, last = dist.get_rank(), stage == 0, stage == p - 1
     if not first:
-        comm.recv(act, src=rank - 1)
-        timeline.close("RECV_F", step)
+        with record("RECV_F"):
+            comm.recv(act, src=rank - 1)
         inputs = act.clone().requires_grad_()
-    with meter.forward():
+    with record("F"):
         out = part(inputs)
-    timeline.close("F", step)
-    loss = None
+    loss = loss_of(model, out, targets) if last else None
     if last:
-        loss = loss_of(model, out, targets)
-        loss.backward()
-        timeline.close("B", step)
+        with record("B"):
+            loss.backward()
     else:
-        if out.dtype != act.dtype:      # NCCL would garble it: the receiver's buffer is act's
-            raise ValueError(f"stage {stage} sends {out.dtype} but stages exchange {act.dtype}; "
-                             f"give every stage the same dtype")
-        comm.send(out.detach().contiguous(), dst=rank + 1)
-        timeline.close("SEND_F", step)
+        with record("SEND_F"):
+            comm.send(_outgoing(out, act, stage), dst=rank + 1)
         grad = torch.empty_like(out)
-        comm.recv(grad, src=rank + 1)
-        timeline.close("RECV_B", step)
-        out.backward(grad)
-        timeline.close("B", step)
+        with record("RECV_B"):
+            comm.recv(grad, src=rank + 1)
+        with record("B"):
+            out.backward(grad)
     if not first:
-        comm.send(inputs.grad, dst=rank - 1)
-        timeline.close("SEND_B", step)
+        with record("SEND_B"):
+            comm.send(inputs.grad, dst=rank - 1)
     return None if loss is None else loss.item()
+
+
+def _outgoing(out, act, stage: int) -> torch.Tensor:
+    """The activation to send on, in the dtype every stage's receive buffer has (NCCL would
+    garble another)."""
+    if out.dtype != act.dtype:
+        raise ValueError(f"stage {stage} sends {out.dtype} but stages exchange {act.dtype}; "
+                         f"give every stage the same dtype")
+    return out.detach().contiguous()
 
 
 # ---------------------------------------------------------------- one process, and the checks

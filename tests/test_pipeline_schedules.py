@@ -299,7 +299,7 @@ def test_a_one_stage_pipeline_equals_the_model(name):
     cfg = GPTConfig(vocab=27, seq=8, hidden=16, heads=2, layers=2)
     model, pipe = TinyGPT(cfg, 0), split_layers(TinyGPT(cfg, 0), 1)
     x, y = torch.randint(0, 27, (8, 8)), torch.randint(0, 27, (8, 8))
-    result = PipelineExecutor(S.make(name, 1, 4), 0, pipe, lm_loss, (2, 8, 16)).step(x, y, align=False)
+    result = PipelineExecutor(S.make(name, 1, 4), 0, pipe, lm_loss, (2, 8, 16)).step(x, y)
     lm_loss(model(x), y).backward()
     for a, b in zip(pipe[0].parameters(), model.parameters()):
         torch.testing.assert_close(a.grad, b.grad)
@@ -310,9 +310,9 @@ def test_executor_rejects_bad_input_before_running():
     stage = split_layers(mlp_stack(8, 2), 1)
     ex_ = PipelineExecutor(S.gpipe(1, 4), 0, stage, torch.nn.functional.mse_loss, (2, 8))
     with pytest.raises(ValueError, match="10 rows, which m=4 micro-batches cannot split evenly"):
-        ex_.step(torch.ones(10, 8), torch.ones(10, 8), align=False)
+        ex_.step(torch.ones(10, 8), torch.ones(10, 8))
     with pytest.raises(ValueError, match="needs inputs="):
-        ex_.step(None, torch.ones(8, 8), align=False)
+        ex_.step(None, torch.ones(8, 8))
     with pytest.raises(ValueError, match="v=1 chunk"):
         PipelineExecutor(S.gpipe(1, 4), 0, stage * 2, torch.nn.functional.mse_loss, (2, 8))
     with pytest.raises(ValueError, match="stage must be in 0..0"):

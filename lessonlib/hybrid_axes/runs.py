@@ -74,8 +74,7 @@ class AxesTrainer:
         self.opt.zero_grad(set_to_none=False)
         with comm.ledger() as pipe_book:
             result = self.executor.step(x if ctx.is_first_stage else None,
-                                        y if ctx.is_last_stage else None,
-                                        align=False, timeline=False)
+                                        y if ctx.is_last_stage else None)
         grads = None
         with comm.ledger() as dp_book:
             if self.shard_on == "zero1":

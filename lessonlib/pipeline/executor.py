@@ -37,9 +37,10 @@ of one boundary activation are small next to a stage's compute. The group's comm
 is made once, when the executor is built, by one all-gather of every stage's (dtype,
 activation shape) on the group, which also checks that the stages agree.
 
-One method per kind of action (``actions.Kind``). Around the loop, not in it: the given
-``timeline.Timeline`` times every action (from a barrier that lines the ranks up) and leaves a
-breadcrumb each; ``stash.StashMeter`` measures what is kept for backward (count, bytes; to W).
+One method per kind of action (``actions.Kind``). Around the loop, not in it: the recorder
+the executor is handed (``timeline.untimed`` by default; a ``timeline.StepTimeline`` lines the
+ranks up with a barrier, times every unit and leaves a breadcrumb each) gives the loop its
+units; ``stash.StashMeter`` measures what is kept for backward (count, bytes; to W).
 Inside a 3-D grid: ``stage_ranks`` (each stage's global rank), ``group`` and the chunks.
 
 Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
@@ -59,7 +60,7 @@ from lessonlib.argcheck import positive_int
 from lessonlib.device import current_device
 from lessonlib.pipeline.actions import Kind, place, placement_of, virtual_stage
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
-from lessonlib.pipeline.timeline import Timeline
+from lessonlib.pipeline.timeline import untimed
 from lessonlib.pipeline.rounds import lockstep
 from lessonlib.pipeline.validate import message_of, validate
 from lessonlib.spans import Span
@@ -130,11 +131,13 @@ class PipelineExecutor:
     group:             the process group the pipeline's messages use (default: world)
     dtype:             of the activations and gradients that cross stages (default: the
                        dtype of this stage's first floating-point parameter)
-    recorder:          (label, device, on) -> a ``Timeline`` (the default) for each step
+    recorder:          units -> the units to run, in order, recording what it measures;
+                       ``read()`` -> (spans, wall seconds) of the last step (default
+                       ``timeline.untimed``: no barrier, no spans, wall time 0)
     """
 
     def __init__(self, schedule, stage: int, chunks, loss_fn, activation_shape, *,
-                 stage_ranks=None, group=None, dtype=None, device=None, recorder=Timeline):
+                 stage_ranks=None, group=None, dtype=None, device=None, recorder=untimed):
         sim = validate(schedule)
         self.p, self.m, self.v = sim.p, sim.m, sim.v
         if not (isinstance(stage, int) and 0 <= stage < self.p):
@@ -269,31 +272,27 @@ class PipelineExecutor:
         return (split_microbatches("inputs", xs, self.m) if self.stage == 0 else None,
                 split_microbatches("targets", ys, self.m) if last else None)
 
-    def step(self, inputs=None, targets=None, align: bool = True,
-             timeline: bool = True) -> StepResult:
+    def step(self, inputs=None, targets=None) -> StepResult:
         """One training step over m micro-batches. Stage 0 gets the whole batch's
         ``inputs``, the stage with the last chunk its ``targets``; gradients accumulate in
-        ``.grad`` (zero them and step the optimizer outside, as with any model).
-
-        ``align``: start with a barrier of the pipeline's group, so the ranks' timelines
-        share a zero. ``timeline``: time every action; False skips it (the spans are then
-        empty and ``wall_s`` is 0)."""
+        ``.grad`` (zero them and step the optimizer outside, as with any model). The
+        recorder hands out the units (it may line the ranks up and time each one)."""
         st = _Step(*self._microbatches(inputs, targets))
-        if align:
-            comm.barrier(self.group)
-        clock = self.recorder(f"pipeline stage {self.stage}", self.device, timeline)
-        self.meter.reset_peaks()
-        clock.start()
-        for unit in self.units:
+        for unit in self.recorder(self.units):
             if isinstance(unit, list):
-                with clock.batch(unit):
-                    self._exchange(st, unit)
+                self._exchange(st, unit)
             else:
-                with clock.action(unit):
-                    self.run[unit.kind](st, unit)
+                self.run[unit.kind](st, unit)
         for work in st.late:
             work.wait()
-        spans, wall = clock.read()
+        return self._result(st)
+
+    def _result(self, st: _Step) -> StepResult:
+        """The step's losses, the recorder's spans and wall time, the stash's peaks (then
+        reset, for the next step)."""
+        spans, wall = self.recorder.read()
         losses = [float(st.losses[i]) for i in sorted(st.losses)]
-        return StepResult(self.stage, losses, spans, wall, st.peak,
-                          self.meter.peak_groups, self.meter.peak_bytes)
+        result = StepResult(self.stage, losses, spans, wall, st.peak,
+                            self.meter.peak_groups, self.meter.peak_bytes)
+        self.meter.reset_peaks()
+        return result

@@ -1,17 +1,15 @@
 """The pipeline lesson's real runs: the functions the notebook, the lab and the tests launch.
 
-What it teaches: the measurements behind the lesson's claims, each one function that runs
-on every rank (stage s = rank s), plus the parent-side code that turns the ranks' results
-into one table:
+What it teaches: the measurements behind the lesson's claims, each one function that runs on every
+rank (stage s = rank s), plus the parent-side code that turns the ranks' results into one table:
 
 * ``parity``: a tiny GPT trained a few steps with GPipe, 1F1B, interleaved 1F1B (lessonlib)
   and ScheduleGPipe / Schedule1F1B (PyTorch); ``parity_report`` compares every case with
   the same model in one process (losses, gradients, weights after the steps);
-* ``measure``: balanced stages that do a fixed amount of matmul work (an ``mlp_stack``,
-  equal Linear layers per stage), timed step by step with lessonlib's executor and with
-  PyTorch's schedules taking turns; ``summarize`` reports the median step time, the bubble
-  per stage (idle share of the step's wall time) and the peak stash per stage, next to
-  the theory.
+* ``measure``: balanced stages that do a fixed amount of matmul work (an ``mlp_stack``, equal
+  Linear layers per stage), timed step by step with lessonlib's executor and with PyTorch's
+  schedules taking turns; ``summarize`` reports the median step time, the bubble per stage
+  (idle share of the step's wall time) and the peak stash per stage, next to the theory.
 
 Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
          print(runs.summarize(L.launch(runs.measure, 2, ms=(4,), steps=2)))"``
@@ -33,8 +31,9 @@ from lessonlib.costmodel import bubble_fraction, stashed_microbatches
 from lessonlib.data import regression_batch
 from lessonlib.device import current_device
 from lessonlib.models import PARITY_CONFIG, GPTConfig, TinyGPT, lm_loss, mlp_stack
-from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.actions import COMPUTE, place, placement_of, virtual_stage
+from lessonlib.pipeline.executor import PipelineExecutor
+from lessonlib.pipeline.timeline import StepTimeline
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules, stage_parameters
 from lessonlib.pipeline.torch_ref import TorchPipeline, torch_can_run
@@ -61,7 +60,8 @@ def make_runner(engine, schedule, model, p, m, v, stage, loss_fn, shape):
     chunks = [c.to(current_device())
               for c in stage_modules(model, p, v, stage, placement=placement_of(sched))]
     if engine == "lessonlib":
-        return chunks, PipelineExecutor(sched, stage, chunks, loss_fn, shape)
+        return chunks, PipelineExecutor(sched, stage, chunks, loss_fn, shape,
+                                        recorder=StepTimeline())
     if engine == "torch":
         return chunks, TorchPipeline(chunks, stage, p, m, schedule, loss_fn)
     raise ValueError(f"engine={engine!r} must be 'lessonlib' or 'torch'")

@@ -1,65 +1,73 @@
-"""The pipeline executor's recorder: a span for every action, a breadcrumb before each.
+"""The pipeline executor's recorders: what the course measures of a step, from outside it.
 
-What it teaches: the course measures a pipeline (Gantt charts, bubbles) without putting a
-single timer in the executor's loop. The executor is handed a ``Timeline`` and wraps each
-action in ``timeline.action(a)``; the timeline leaves a breadcrumb (what this rank is doing
-now, shown if a launch times out) and, when on, marks the start and end. On a GPU the marks
-are CUDA events, read after the step with one synchronize, so timing does not serialise
-the work it measures.
+What it teaches: the course draws a pipeline's Gantt chart and measures its bubble without a
+single timer in the executor's loop. The executor hands its recorder the step's units (its
+computes, and the batches of sends and receives between them) and runs them in the order the
+recorder gives them back: ``untimed`` gives them back as they are (the default); a
+``StepTimeline`` first lines the stages up (a barrier of the pipeline's group), then spans
+each unit (``spans.Timeline``) and leaves a breadcrumb before it (what this rank is doing
+now, shown if a launch times out). ``read()`` gives the step's spans and wall time.
 
-Laptop:  ``python -c "from lessonlib.pipeline.timeline import Timeline; t = Timeline('x');
-         t.start(); print(t.read())"``
+Laptop:  ``python -c "from lessonlib.pipeline.timeline import StepTimeline; t = StepTimeline('x',
+         align=False); print(list(t([])), t.read())"``
 GPU box: the same.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+import torch.distributed as dist
 
+from lessonlib import comm
 from lessonlib.breadcrumbs import progress
-from lessonlib.device import elapsed, mark, synchronize
-from lessonlib.spans import Span
+from lessonlib.spans import Span, Timeline
 
 
-class Timeline:
-    """Spans of one step of one stage, in seconds since ``start()``; ``on=False`` records
-    none (``read`` then gives no spans and a wall time of 0)."""
+class _Untimed:
+    """The recorder that records nothing: the units as they are, no spans, wall time 0."""
 
-    def __init__(self, label: str, device=None, on: bool = True):
-        self.label, self.device, self.on = label, device, on
-        self.marks: list[tuple] = []     # (kind, micro-batch, chunk, start mark, end mark)
-        self.t0 = self.end = None
-
-    def start(self) -> None:
-        self.marks, self.t0 = [], mark(self.device) if self.on else None
-
-    def _mark(self):
-        return mark(self.device) if self.on else None
-
-    @contextmanager
-    def span(self, kind: str, microbatch: int = -1, chunk: int = 0):
-        begin = self._mark()
-        yield
-        self.end = self._mark()
-        if self.on:
-            self.marks.append((str(kind), microbatch, chunk, begin, self.end))
-
-    def action(self, a):
-        """The span of one schedule action, with its breadcrumb."""
-        progress(f"{self.label}: {a}")
-        return self.span(a.kind, a.microbatch, a.chunk)
-
-    def batch(self, actions):
-        """The span of one batch of sends and receives: "RECV" if it receives (the stage
-        waits for data), else "SEND"; labelled with its first action's micro-batch."""
-        progress(f"{self.label}: batch {' '.join(map(str, actions))}")
-        kind = "RECV" if any(a.kind.is_recv for a in actions) else "SEND"
-        return self.span(kind, actions[0].microbatch, actions[0].chunk)
+    def __call__(self, units):
+        return units
 
     def read(self) -> tuple[list[Span], float]:
-        """(spans, wall seconds to the last mark), after one synchronize."""
+        return [], 0.0
+
+
+untimed = _Untimed()
+
+
+def _label(unit):
+    """A batch of sends and receives is "RECV" if it receives (the stage waits for data),
+    else "SEND", labelled with its first action's micro-batch and chunk."""
+    if not isinstance(unit, list):
+        return unit.kind, unit.microbatch, unit.chunk
+    kind = "RECV" if any(a.kind.is_recv for a in unit) else "SEND"
+    return kind, unit[0].microbatch, unit[0].chunk
+
+
+class StepTimeline:
+    """Spans of one step of one stage, in seconds since the stages were lined up.
+
+    ``label`` names the rank in breadcrumbs (default: "pipeline stage r", r its global
+    rank, the stage of a pipeline over the whole world); ``group`` is the pipeline's (its barrier lines
+    the stages up when ``align``); ``on=False`` neither aligns nor times (as ``untimed``)."""
+
+    def __init__(self, label: str | None = None, device=None, group=None, align: bool = True,
+                 on: bool = True):
+        self.label, self.group, self.align, self.on = label, group, align, on
+        self.timeline = Timeline(device)
+
+    def __call__(self, units):
         if not self.on:
-            return [], 0.0
-        synchronize(self.device)
-        spans = [Span(k, mb, c, elapsed(self.t0, a), elapsed(self.t0, b))
-                 for k, mb, c, a, b in self.marks]
-        return spans, elapsed(self.t0, self.end)
+            yield from units
+            return
+        label = self.label or f"pipeline stage {dist.get_rank()}"
+        if self.align:
+            comm.barrier(self.group)
+        self.timeline.start()
+        for unit in units:
+            what = f"batch {' '.join(map(str, unit))}" if isinstance(unit, list) else unit
+            progress(f"{label}: {what}")
+            with self.timeline.span(*_label(unit)):
+                yield unit
+
+    def read(self) -> tuple[list[Span], float]:
+        return self.timeline.read() if self.on else ([], 0.0)

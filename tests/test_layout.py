@@ -225,7 +225,8 @@ def test_the_readme_map_or_the_package_map_names_every_file_of_a_package():
 # ---------------------------------------------------------------- the cores
 # The functions a student reads as the paper's algorithm: about 30 lines at most, and no
 # instrument inline (timers, breadcrumbs, the ledger, device marks); what the course measures
-# is recorded by ``comm`` or by a recorder the core is handed. One more core is one more line.
+# is recorded by ``comm`` or by a recorder the core is handed, a no-op by default. One more
+# core is one more line.
 CORES = {
     "data_parallel/ddp.py": ["DataParallel._on_grad", "DataParallel._launch_ready_buckets",
                              "DataParallel._finish"],
@@ -235,7 +236,16 @@ CORES = {
                               "FullyShardedDataParallel._gather_for_backward",
                               "FullyShardedDataParallel.reduce_scatter"],
     "pipeline/executor.py": ["PipelineExecutor.step"],
+    "pipeline/split_backward.py": ["input_grad", "weight_grad"],
     "tensor_parallel/layers.py": ["ColumnParallelLinear.forward", "RowParallelLinear.forward"],
+    "tensor_parallel/sequence.py": ["SequenceParallelLayerNorm.forward",
+                                    "_LinearOnGatheredSequence.forward",
+                                    "_LinearOnGatheredSequence.backward"],
+    "model_parallel.py": ["_step"],
+    "context_parallel/ring.py": ["ring_forward", "ring_backward"],
+    "expert_parallel/dispatch.py": ["_AllToAll.forward", "_AllToAll.backward",
+                                    "post_all_to_all"],
+    "expert_parallel/layer.py": ["ExpertParallelMoE.forward", "run_local_experts"],
 }
 CORE_LINES = 30
 # The instrument modules, by the names a core would call them through (``device.mark``,
@@ -243,6 +253,8 @@ CORE_LINES = 30
 # shares a module's name (a stage's ``self.device``) is not an instrument.
 INSTRUMENT_MODULES = {"device", "progress", "breadcrumbs", "ledger", "time"}
 INSTRUMENT_CALLS = {"Ledger", "timer", "mark", "perf_counter"}
+# A recorder call: a call of the recorder a core was handed, or of one of its methods.
+RECORDERS = {"record", "recorder", "timeline", "clock"}
 
 
 def _function(path: Path, dotted: str):
@@ -250,6 +262,35 @@ def _function(path: Path, dotted: str):
     for name in dotted.split("."):
         scope = next(n for n in scope.body if getattr(n, "name", None) == name)
     return scope
+
+
+def _calls_recorder(call: ast.Call) -> bool:
+    names = {n.id for n in ast.walk(call.func) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(call.func) if isinstance(n, ast.Attribute)}
+    return bool(names & RECORDERS)
+
+
+def recorder_calls(fn) -> tuple[int, int]:
+    """(recorder calls that scope a phase, as the one item of a ``with``; other recorder
+    calls). A core makes at most one recorder call: one in all, or one ``with`` per phase
+    (``with record("F"):``), each phase recorded once, never both."""
+    scoped = [item.context_expr for w in ast.walk(fn) if isinstance(w, ast.With)
+              for item in w.items]
+    phases = sum(isinstance(e, ast.Call) and _calls_recorder(e) for e in scoped)
+    crowded = [w for w in ast.walk(fn) if isinstance(w, ast.With)
+               and sum(isinstance(i.context_expr, ast.Call) and _calls_recorder(i.context_expr)
+                       for i in w.items) > 1]
+    calls = sum(_calls_recorder(c) for c in ast.walk(fn) if isinstance(c, ast.Call))
+    return phases, calls - phases + 2 * len(crowded)
+
+
+def test_the_recorder_count_reads_phases_and_other_calls():
+    fn = ast.parse("def f(x, record):\n    with record('F'):\n        y = x + 1\n"
+                   "    with record('B'):\n        y.backward()\n").body[0]
+    assert recorder_calls(fn) == (2, 0)
+    fn = ast.parse("def f(self):\n    self.recorder.start()\n    with self.recorder.span():\n"
+                   "        pass\n").body[0]
+    assert recorder_calls(fn) == (1, 1)
 
 
 @pytest.mark.parametrize("module", sorted(CORES))
@@ -262,3 +303,6 @@ def test_each_core_is_short_and_free_of_instruments(module):
         attributes = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
         used = names & (INSTRUMENT_MODULES | INSTRUMENT_CALLS) | attributes & INSTRUMENT_CALLS
         assert not used, f"{module}: {dotted} calls {used}"
+        phases, others = recorder_calls(fn)
+        assert others + (phases > 0) <= 1, \
+            f"{module}: {dotted} makes {others} recorder call(s) beside {phases} phase(s)"

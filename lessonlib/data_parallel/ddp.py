@@ -8,7 +8,8 @@ asynchronous all-reduce starts while backward keeps computing earlier layers: fe
 (unlike rung (c)) and overlap with compute (unlike rungs (a) and (b), see
 ``lessonlib.data_parallel.ladder``). A callback at the end of backward waits for the buckets, so the
 gradients are averaged by the time ``loss.backward()`` returns, as with PyTorch's DDP.
-The lesson's timeline is stamped by ``BucketTimeline``, a recorder the wrapper is handed.
+The lesson's timeline is stamped by a recorder the wrapper is handed (none by default;
+``runs.BucketTimeline`` stamps each bucket's launch and finish).
 
 Also as in PyTorch's DDP: rank 0's weights are copied to every rank at wrap time; frozen
 parameters are skipped and a tied weight is reduced once; ``no_sync()`` lets gradients
@@ -22,7 +23,7 @@ GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py`` (NCCL, one GPU per rank)
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lessonlib import bugs, comm, device
+from lessonlib import bugs, comm
 from lessonlib.argcheck import positive_int
 from lessonlib.data_parallel.collectives import group_ranks
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate, trainable_parameters
@@ -112,55 +113,20 @@ class Bucket:
         self.arrived, self.handle = set(), None
 
 
-class BucketTimeline:
-    """The lesson's instrument, handed to ``DataParallel``: when backward finished computing
-    and, per bucket, when its all-reduce was launched and when it was first seen finished
-    (at the next gradient hook, or at the end of backward). ``device.mark`` stamps: seconds
-    on CPU, CUDA events on a GPU (turned into seconds, one synchronize, by ``read``)."""
+class _Unrecorded:
+    """The recorder that records nothing: ``DataParallel``'s default."""
 
-    def __init__(self):
-        self.last: dict = {}
-        self._start()
+    def poll(self, buckets) -> None:
+        pass
 
-    def _start(self) -> None:
-        self.computed_at, self.launched_at, self.done_at = None, {}, {}
+    def launching(self, i: int, bucket):
+        return nullcontext()
 
-    def launched(self, i: int) -> None:
-        self.launched_at[i] = device.mark()
-
-    def poll(self, buckets: list[Bucket]) -> None:
-        """Stamp buckets seen finished (they finish in launch order: check the oldest)."""
-        i = len(self.done_at)
-        while i < len(self.launched_at) and buckets[i].handle.is_completed():
-            self.done_at[i] = device.mark()
-            i += 1
-
-    def backward_computed(self) -> None:
-        self.computed_at = device.mark()
-
-    def waited(self, i: int) -> None:
-        if i not in self.done_at:
-            self.done_at[i] = device.mark()
-
-    def close(self, buckets: list[Bucket]) -> None:
-        """Keep this backward's timeline as ``last``; start afresh for the next one."""
-        self.last = {"backward_computed_at": self.computed_at, "buckets": [
-            {"bucket": i, "bytes": b.nbytes, "params": len(b.params),
-             "launched_at": self.launched_at.get(i), "done_at": self.done_at.get(i)}
-            for i, b in enumerate(buckets)]}
-        self._start()
+    def finishing(self, buckets):
+        return nullcontext()
 
     def read(self) -> dict:
-        """The last synced backward's timeline, in ``time.perf_counter`` seconds."""
-        line = self.last
-        if line and not isinstance(line["backward_computed_at"], float):   # CUDA events
-            buckets = line["buckets"]
-            marks = device.on_clock([line["backward_computed_at"]] + [
-                m for b in buckets for m in (b["launched_at"], b["done_at"])])
-            line = self.last = {"backward_computed_at": marks[0], "buckets": [
-                {**b, "launched_at": a, "done_at": d}
-                for b, a, d in zip(buckets, marks[1::2], marks[2::2])]}
-        return line
+        return {}
 
 
 def _check_cap(value, name: str = "bucket_cap_mb") -> None:
@@ -177,13 +143,13 @@ class DataParallel(nn.Module):
     Buckets hold about ``bucket_cap_mb`` MiB, the first one ``first_bucket_mb`` (both as in
     PyTorch's DDP: 25 and 1), so the first all-reduce starts early in backward.
 
-    ``buckets`` lists the buckets (reverse parameter order). After each synced backward,
-    ``timeline`` says when backward finished computing and, per bucket, when its all-reduce
-    was launched and when it was first seen finished (``time.perf_counter`` seconds), for
-    the lesson's timeline: ``recorder``, a ``BucketTimeline``, takes those stamps."""
+    ``buckets`` lists the buckets (reverse parameter order). ``recorder`` (none by default;
+    the lesson's ``runs.BucketTimeline``) is told when a gradient arrives (``poll``), scopes
+    each bucket's launch (``launching``) and the end of backward (``finishing``); after each
+    synced backward ``timeline`` is what it read (``{}`` with none)."""
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, group=None,
-                 first_bucket_mb: float = 1.0, recorder: BucketTimeline | None = None):
+                 first_bucket_mb: float = 1.0, recorder=None):
         _check_cap(bucket_cap_mb)
         _check_cap(first_bucket_mb, "first_bucket_mb")
         super().__init__()
@@ -198,7 +164,7 @@ class DataParallel(nn.Module):
         self._sync = True              # False inside no_sync(): gradients stay local
         self._finish_queued = False    # this backward's end-of-backward callback is queued
         self._launched = 0             # buckets launched so far in this backward, in order
-        self.recorder = recorder or BucketTimeline()
+        self.recorder = recorder or _Unrecorded()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def forward(self, *args, **kwargs):
@@ -236,8 +202,8 @@ class DataParallel(nn.Module):
         order on every rank, which collectives require."""
         while self._launched < len(self.buckets) and self.buckets[self._launched].ready:
             bucket = self.buckets[self._launched]
-            self.recorder.launched(self._launched)
-            bucket.handle = comm.all_reduce(bucket.buffer, group=self.group, async_op=True)
+            with self.recorder.launching(self._launched, bucket):
+                bucket.handle = comm.all_reduce(bucket.buffer, group=self.group, async_op=True)
             self._launched += 1
 
     # ------------------------------------------------------------ end of backward
@@ -245,15 +211,13 @@ class DataParallel(nn.Module):
     def _finish(self) -> None:
         """Once backward has computed every gradient: send the buckets it did not fill,
         wait for every all-reduce, divide by n into ``.grad``, and start afresh."""
-        self.recorder.backward_computed()
-        for bucket in self.buckets[self._launched:]:
-            bucket.put_the_rest()
-        self._launch_ready_buckets()
-        for i, bucket in enumerate(self.buckets):
-            self._wait(i, bucket)
-            self.recorder.waited(i)
-            bucket.average_into_grads(self.world_size)
-        self.recorder.close(self.buckets)
+        with self.recorder.finishing(self.buckets):
+            for bucket in self.buckets[self._launched:]:
+                bucket.put_the_rest()
+            self._launch_ready_buckets()
+            for i, bucket in enumerate(self.buckets):
+                self._wait(i, bucket)
+                bucket.average_into_grads(self.world_size)
         for bucket in self.buckets:
             bucket.empty()
         self._finish_queued, self._launched = False, 0
@@ -274,7 +238,7 @@ class DataParallel(nn.Module):
 
     @property
     def timeline(self) -> dict:
-        """The last synced backward's timeline, in ``time.perf_counter`` seconds."""
+        """What the recorder read of the last synced backward (``{}`` with none)."""
         return self.recorder.read()
 
     def remove_hooks(self) -> nn.Module:

@@ -30,11 +30,9 @@ from lessonlib import labkit
 from lessonlib.context_parallel.layout import check_divisible
 from lessonlib.costmodel import bubble_fraction
 from lessonlib.grid import check_grid, layout_name, parse_layout
-from lessonlib.hybrid import (check_layout, expected_param_count, expected_traffic,
-                              measured_traffic, train)
-from lessonlib.hybrid_axes import SHARDS, check_axes
-from lessonlib.hybrid_axes.build import LAYOUT, N_EXPERTS
-from lessonlib.hybrid_axes import train as train_axes
+from lessonlib.hybrid import expected_param_count, expected_traffic, measured_traffic, train
+from lessonlib.hybrid_axes.build import LAYOUT, N_EXPERTS, SHARDS, check_axes, check_layout
+from lessonlib.hybrid_axes.runs import train as train_axes
 from lessonlib.models import GPTConfig
 
 name = layout_name

@@ -38,8 +38,8 @@ import torch
 
 import lessonlib
 from lessonlib import checkpoint, labkit, long_run
-from lessonlib.hybrid import HybridTrainer
-from lessonlib.hybrid_axes import SHARDS
+from lessonlib.hybrid_axes.build import SHARDS
+from lessonlib.hybrid_axes.trainer import HybridTrainer
 
 
 def check_settings(ap, args) -> dict:

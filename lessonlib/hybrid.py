@@ -14,9 +14,11 @@ What it teaches: the three strategies compose, each on its own axis of the (dp, 
    1F1B (``pipeline.executor``); after the last backward of the step, *one* all-reduce of all
    the stage's gradients over the DP group, divided by d, then the optimizer step.
 
-Every rank builds its shard from the same full model (cut, then split), so the run equals
-one process training the dense model on the whole batch; ``train`` checks that on the
-ranks and ``parity_summary`` in the caller. ``expected_traffic`` says how many messages and
+The builder and the trainer are those of every layout (``hybrid_axes``: ``build_stage``,
+``HybridTrainer``) at c = e = 1 on this grid; here are lesson 05's run and its counts. Every
+rank builds its shard from the same full model (cut, then split), so the run equals one
+process training the dense model on the whole batch; ``train`` checks that on the ranks and
+``parity_summary`` in the caller. ``expected_traffic`` says how many messages and
 bytes each rank should send per step, which the ranks' ledgers confirm.
 
 Laptop:  ``python -c "import lessonlib as L; print(L.hybrid.parity_summary(
@@ -26,134 +28,21 @@ GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --layouts t2p2d2`` (NCCL, 
 from __future__ import annotations
 
 import statistics
-import time
-
-import torch
-from torch import nn
 
 from lessonlib import comm, device, placement
-from lessonlib.argcheck import positive_int
-from lessonlib.baseline import corpus_batches, grads_as_model, max_abs_diff, train_one_process
+from lessonlib.baseline import corpus_batches, max_abs_diff
 from lessonlib.breadcrumbs import progress
-from lessonlib.data import shard
-from lessonlib.data_parallel.ladder import allreduce_flat_gradients
-from lessonlib.grid import AXES, ParallelContext, check_grid
+from lessonlib.grid import ParallelContext
+from lessonlib.grid_layout import check_grid
+from lessonlib.hybrid_axes.build import build_stage, check_layout, stage_counts
+from lessonlib.hybrid_axes.runs import largest, reference, step_losses
+from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.launcher import launch
-from lessonlib.models import HYBRID_CONFIG, Block, GPTConfig, TinyGPT, lm_loss
-from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.pipeline.schedules import make
-from lessonlib.pipeline.timeline import StepTimeline
-from lessonlib.layer_split import split_layers
-from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
-
-# ---------------------------------------------------------------- checks (pure, before any process)
-def check_layout(cfg: GPTConfig, dp: int, pp: int, tp: int, global_batch: int, m: int) -> int:
-    """Raise ValueError naming the setting if (dp, pp, tp, B, m) cannot train ``cfg``;
-    return the micro-batch size b = B / (d m)."""
-    for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("global_batch", global_batch),
-                        ("m", m)):
-        positive_int(name, value)
-    if pp > cfg.layers:
-        raise ValueError(f"pp={pp} stages but the model has layers={cfg.layers}: every stage "
-                         f"needs at least one transformer layer; use pp <= {cfg.layers} or a "
-                         f"deeper model")
-    for setting, value in (("heads", cfg.heads), ("hidden", cfg.hidden)):
-        if value % tp:
-            ok = [k for k in range(1, cfg.heads + 1) if cfg.heads % k == 0 and cfg.hidden % k == 0]
-            raise ValueError(f"tp={tp} must divide {setting}={value} (each TP rank takes an "
-                             f"equal share); use tp in {ok}")
-    if global_batch % (dp * m):
-        ok = dp * m * max(1, round(global_batch / (dp * m)))
-        raise ValueError(f"global_batch={global_batch} is not divisible by dp*m = {dp}*{m} = "
-                         f"{dp * m}: each of the d replicas needs m equal micro-batches; use "
-                         f"global_batch={ok}, or change m")
-    return global_batch // (dp * m)
-
-
-def stage_counts(layers: int, pp: int) -> list[int]:
-    """Parts per stage for ``TinyGPT.parts()`` = [embed, L blocks, head]: the L blocks as even
-    as possible (earlier stages take the extra one), the embedding on the first stage and the
-    head on the last."""
-    blocks = [layers // pp + (1 if s < layers % pp else 0) for s in range(pp)]
-    blocks[0] += 1
-    blocks[-1] += 1
-    return blocks
-
-
-# ---------------------------------------------------------------- building a rank's shard
-def build_stage(model: TinyGPT, ctx: ParallelContext) -> nn.Sequential:
-    """This rank's shard: the pipeline stage ``ctx.pp_rank`` of ``model``, with every
-    transformer layer split over the TP group. Copies; sends nothing."""
-    stage = split_layers(model, ctx.pp, stage_counts(model.cfg.layers, ctx.pp))[ctx.pp_rank]
-    return nn.Sequential(*(parallelize_block(part, ctx.tp_group) if isinstance(part, Block)
-                           else part for part in stage))
-
-
-def sync_gradients(stage: nn.Module, ctx: ParallelContext) -> None:
-    """Average the stage's gradients over the d replicas: the data-parallel room's rung (b),
-    one all-reduce of one flat buffer, on this rank's data-parallel group."""
-    if ctx.dp > 1:
-        allreduce_flat_gradients(stage, group=ctx.dp_group)
-
-
-class HybridTrainer:
-    """One rank of a (dp, pp, tp) run: its stage shard, a 1F1B executor on its pipeline,
-    and an optimizer over the shard (``"sgd"``, or ``"adamw"``, whose per-weight moments are
-    shards too). ``step(x, y)`` takes the *global* batch (every rank builds the same one)."""
-
-    OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
-
-    def __init__(self, model: TinyGPT, ctx: ParallelContext, m: int, global_batch: int,
-                 lr: float = 0.1, schedule: str = "1f1b", optimizer: str = "sgd"):
-        if optimizer not in self.OPTIMIZERS:
-            raise ValueError(f"optimizer={optimizer!r}; use one of {sorted(self.OPTIMIZERS)}")
-        cfg = model.cfg
-        self.b = check_layout(cfg, ctx.dp, ctx.pp, ctx.tp, global_batch, m)
-        self.ctx, self.m = ctx, m
-        self.stage = build_stage(model, ctx).to(device.current_device())
-        self.params = list(self.stage.parameters())
-        self.timeline = StepTimeline(f"pipeline stage {ctx.pp_rank}", group=ctx.pp_group)
-        self.executor = PipelineExecutor(
-            make(schedule, ctx.pp, m), ctx.pp_rank, [self.stage], lm_loss,
-            (self.b, cfg.seq, cfg.hidden), stage_ranks=ctx.pp_ranks, group=ctx.pp_group,
-            recorder=self.timeline)
-        self.opt = self.OPTIMIZERS[optimizer](self.params, lr=lr)
-
-    def step(self, x, y, timeline: bool = True) -> dict:
-        """Forward and backward of this replica's rows through the pipeline, one DP
-        all-reduce, one optimizer step. Returns this rank's losses (last stage), ledgers,
-        and the share of the pipeline's wall time this stage spent outside F and B (None
-        with ``timeline=False``: then no barrier, no action timing, one host sync at the
-        end for the step's seconds)."""
-        ctx, dev = self.ctx, device.current_device()
-        x, y = shard(x, ctx.dp_rank, ctx.dp).to(dev), shard(y, ctx.dp_rank, ctx.dp).to(dev)
-        self.opt.zero_grad(set_to_none=False)
-        start = device.timer() if timeline else time.perf_counter()
-        self.timeline.on = timeline
-        with comm.ledger() as pipe_book:
-            result = self.executor.step(x if ctx.is_first_stage else None,
-                                        y if ctx.is_last_stage else None)
-        with comm.ledger() as dp_book:
-            sync_gradients(self.stage, ctx)
-        self.opt.step()
-        busy = sum(s.end - s.start for s in result.spans if s.kind in ("F", "B"))
-        return {"losses": result.losses, "seconds": device.timer() - start,
-                "pipe": pipe_book, "dp": dp_book, "peak_stash": result.peak_stash,
-                "idle_share": 1 - busy / result.wall_s if timeline else None}
+from lessonlib.models import HYBRID_CONFIG, GPTConfig, TinyGPT
+from lessonlib.tensor_parallel.parallelize import param_bytes
 
 
 # ---------------------------------------------------------------- the run and its proof
-def reference(cfg: GPTConfig = HYBRID_CONFIG, global_batch: int = 8, steps: int = 3,
-              lr: float = 0.1, seed: int = 0, dev=None):
-    """One process, whole batch: (model after the steps, model of first-step grads, losses),
-    computed on ``dev`` (the CPU by default; a rank's own device inside ``train``)."""
-    model = TinyGPT(cfg, seed).to(dev)
-    batch_of = corpus_batches(cfg, global_batch, seed)
-    run = train_one_process(model, lambda step: tuple(t.to(dev) for t in batch_of(step)),
-                            steps, lr=lr)
-    return model, grads_as_model(model, run["first_grads"]), run["losses"]
-
-
 def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
           global_batch: int = 8, steps: int = 3, lr: float = 0.1, seed: int = 0,
           check: bool = True, warmup: int = 0) -> dict:
@@ -167,21 +56,21 @@ def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
                          f"times are medians over the steps after the warm-up")
     ctx = ParallelContext.build(dp, pp, tp)
     batch_of = corpus_batches(cfg, global_batch, seed)
-    trainer = HybridTrainer(TinyGPT(cfg, seed), ctx, m, global_batch, lr)
+    trainer = HybridTrainer(TinyGPT(cfg, seed), ctx, m, global_batch, lr)   # c = e = 1
     losses, seconds, idle, first_grads, books = [], [], [], None, []
     for step in range(steps):
         progress(f"hybrid step {step}")
         x, y = batch_of(step)                                            # (B, s)
         comm.barrier()  # every rank starts the step together, so times compare
         with placement.timed(step, warmup):
-            out = trainer.step(x, y)
+            out = trainer.step(x, y, timeline=True)
         if first_grads is None:  # after the DP all-reduce: the gradients the optimizer used
             first_grads = [p.grad.detach().clone() for p in trainer.params]
         losses.append(out["losses"])
         if step >= warmup:
             seconds.append(out["seconds"])
             idle.append(out["idle_share"])
-        books.append({"pipe": out["pipe"].summary(), "dp": out["dp"].summary()})
+        books.append({"pipe": out["pipe"], "dp": out["dp"]})
     result = {"rank": ctx.rank, "coords": ctx.coords, "losses": losses,
               "step_time_s": statistics.median(seconds), "idle_share": statistics.median(idle),
               "traffic": books,
@@ -189,8 +78,8 @@ def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
               "param_count": sum(p.numel() for p in trainer.params),
               "peak_stash": out["peak_stash"]}
     if check:
-        dense, dense_grads, dense_losses = reference(cfg, global_batch, steps, lr, seed,
-                                                     device.current_device())
+        dense, dense_grads, dense_losses = reference(TinyGPT(cfg, seed), global_batch, steps,
+                                                     lr, seed, device.current_device())
         result.update(
             max_grad_diff=max_abs_diff(first_grads, build_stage(dense_grads, ctx).parameters()),
             max_weight_diff=max_abs_diff(trainer.params, build_stage(dense, ctx).parameters()),
@@ -214,32 +103,12 @@ def run(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
                   timeout=timeout, **settings)
 
 
-def step_losses(per_rank: list[dict]) -> list[float]:
-    """The global batch's mean loss per step, from the last stages' micro-batch losses
-    (mean over the m micro-batches of each replica, then over the d replicas)."""
-    places = [dict(zip(AXES, r["coords"])) for r in per_rank]     # {"dp": i, "pp": j, "tp": k}
-    last_stage = max(place["pp"] for place in places)
-    last = [r for r, place in zip(per_rank, places)
-            if place["pp"] == last_stage and place["tp"] == 0]
-    return [statistics.fmean(statistics.fmean(r["losses"][s]) for r in last)
-            for s in range(len(last[0]["losses"]))]
-
-
-def largest(per_rank: list[dict], key: str) -> float:
-    """The largest ``key`` over the ranks; a rank that did not report it is an error."""
-    missing = [r.get("rank") for r in per_rank if key not in r]
-    if missing:
-        raise ValueError(f"rank(s) {missing} did not report {key}: train them with "
-                         f"check=True (the default) to compare them with one process")
-    return max(r[key] for r in per_rank)
-
-
 def parity_summary(per_rank: list[dict], cfg: GPTConfig = HYBRID_CONFIG,
                    global_batch: int = 8, lr: float = 0.1, seed: int = 0) -> dict:
     """Caller side: the run's losses against one process (computed here) and the ranks'
     largest gradient and weight differences from their shard of the dense model."""
     losses = step_losses(per_rank)
-    _, _, dense = reference(cfg, global_batch, len(losses), lr, seed)
+    _, _, dense = reference(TinyGPT(cfg, seed), global_batch, len(losses), lr, seed)
     return {"losses": losses, "dense_losses": dense,
             "max_loss_diff": max(abs(a - b) for a, b in zip(losses, dense)),
             "max_grad_diff": largest(per_rank, "max_grad_diff"),

@@ -16,7 +16,7 @@ checkpoint saved on another (t, p, d) layout (or world size, or m) is resharded 
 continues up to float rounding (the new layout sums in another order).
 
 Beyond (t, p, d): with ``cp``, ``ep`` (the MoE tiny GPT), ``sp`` or ``shard="zero1"|"fsdp"``
-the five-axis ``hybrid_axes.AxesTrainer`` trains (float32, AdamW or SGD, Megatron-Core's
+the same ``hybrid_axes.HybridTrainer`` trains (float32, AdamW or SGD, Megatron-Core's
 rank order); each rank saves what it holds (under FSDP its weights' row shards, under
 ZeRO-1 the optimizer state of its range), the manifest records the five axes
 (``t1c2p2d1``), the sharding and the order, and a resume on any other layout, five-axis or
@@ -44,8 +44,9 @@ from lessonlib.argcheck import positive_int
 from lessonlib.data import corpus_tokens, lm_batch
 from lessonlib.breadcrumbs import progress
 from lessonlib.grid import MEGATRON_ORDER, ParallelContext, check_grid, layout_name, parse_layout
-from lessonlib.hybrid import HybridTrainer, check_layout, step_losses
-from lessonlib.hybrid_axes import AxesTrainer, check_axes, make_model
+from lessonlib.hybrid_axes.build import check_axes, check_layout, make_model
+from lessonlib.hybrid_axes.runs import step_losses
+from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.models import LONG_RUN, GPTConfig, TinyGPT
 from lessonlib.shard_map import Layout
 
@@ -75,7 +76,7 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
     """The run's settings, checked (ValueError naming the setting) before any process.
     ``layout`` is ``"t<t>p<p>d<d>"`` (default: ``default_layout``) on the world's t*p*d
     ranks, or on t*c*p*d with ``cp``, ``ep`` (the MoE tiny GPT: ``moe``, implied by ep > 1),
-    ``shard`` (``"zero1"``, ``"fsdp"``) or ``sp``: then ``hybrid_axes.AxesTrainer`` trains
+    ``shard`` (``"zero1"``, ``"fsdp"``) or ``sp``: then ``HybridTrainer`` trains
     it, in Megatron-Core's rank order, and its manifest records those axes."""
     for name, value in (("steps", steps), ("checkpoint_every", checkpoint_every),
                         ("keep", keep)):
@@ -118,8 +119,8 @@ def _check_axes(cfg: GPTConfig, t: int, p: int, d: int, axes: dict, global_batch
 
 
 def build_trainer(settings: dict):
-    """Rank side: (context, trainer): lesson 05's ``HybridTrainer`` on a (t, p, d) run, the
-    five-axis ``AxesTrainer`` on any other (same model, float32, in Megatron-Core's order)."""
+    """Rank side: (context, trainer): ``HybridTrainer`` on lesson 05's grid for a (t, p, d)
+    run, on Megatron-Core's order for any other (same model, float32)."""
     cfg, (t, p, d) = GPTConfig(**settings["model"]), settings["layout"]
     axes = settings.get("axes", PLAIN)
     if axes == PLAIN:
@@ -129,17 +130,13 @@ def build_trainer(settings: dict):
                                   optimizer=settings["optimizer"])
     ctx = ParallelContext.build(d, p, t, cp=axes["cp"], ep=axes["ep"], order=MEGATRON_ORDER)
     model = make_model(cfg, axes["moe"], settings["seed"]).float()
-    return ctx, AxesTrainer(model, ctx, settings["m"], settings["global_batch"], settings["lr"],
-                            axes["shard"], axes["sp"], settings["optimizer"])
+    return ctx, HybridTrainer(model, ctx, settings["m"], settings["global_batch"],
+                              settings["lr"], axes["shard"], axes["sp"], settings["optimizer"])
 
 
 def _step(trainer, x, y) -> dict:
-    """One training step, timed (one host sync at each end)."""
-    if isinstance(trainer, HybridTrainer):
-        return trainer.step(x, y, timeline=False)   # no barrier, no per-action timing
-    began = device.timer()
-    out = trainer.step(x, y)
-    return {**out, "seconds": device.timer() - began}
+    """One training step, timed (no barrier, no per-action timing: one host sync at the end)."""
+    return trainer.step(x, y)
 
 
 def _optimizer(trainer):

@@ -73,9 +73,13 @@ class SelfAttention(nn.Module):
 
     def forward(self, x):
         b, s, _ = x.shape                                               # (b, s, h)
-        q, k, v = (self.split_heads(f(x)) for f in (self.q, self.k, self.v))
+        q, k, v = self.heads(x)
         y = attention_core(q, k, v, self.recompute_core)                # (b, a, s, h/a)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))           # (b, s, h)
+
+    def heads(self, x):
+        """q, k and v of ``x``, (b, a, s, h/a) each: what attention (or a ring) consumes."""
+        return tuple(self.split_heads(f(x)) for f in (self.q, self.k, self.v))
 
     def split_heads(self, x):
         b, s, _ = x.shape                     # works for all heads or a shard of them

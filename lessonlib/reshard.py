@@ -49,7 +49,7 @@ import torch
 
 from lessonlib import checkpoint, device
 from lessonlib.grid_layout import placements
-from lessonlib.hybrid import step_losses
+from lessonlib.hybrid_axes.runs import step_losses
 from lessonlib.models import GPTConfig
 # The table of where each tensor sits lives beside, and is read from here too.
 from lessonlib.shard_map import (TP_SPLITS, Held, Layout, box_view, dense_shapes,  # noqa: F401

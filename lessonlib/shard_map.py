@@ -43,8 +43,7 @@ import torch
 
 from lessonlib.data_parallel.sharded import flat_ranges, shard_rows
 from lessonlib.grid_layout import LESSON_ORDER, axis_groups, parse_axes, placements
-from lessonlib.hybrid import stage_counts
-from lessonlib.hybrid_axes.build import N_EXPERTS, make_model
+from lessonlib.hybrid_axes.build import N_EXPERTS, make_model, stage_counts
 from lessonlib.models import GPTConfig
 
 # How ``tensor_parallel.parallelize_block`` splits a transformer layer over t ranks: each

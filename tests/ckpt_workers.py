@@ -7,8 +7,8 @@ import torch.distributed as dist
 
 from lessonlib import checkpoint, long_run, reshard, shard_map
 from lessonlib.grid import MEGATRON_ORDER, ParallelContext
-from lessonlib.hybrid import HybridTrainer
-from lessonlib.hybrid_axes import AxesTrainer, make_model
+from lessonlib.hybrid_axes.build import make_model
+from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.models import GPTConfig, TinyGPT
 
 
@@ -61,7 +61,7 @@ def held_from_full(full: dict, held) -> torch.Tensor:
 
 
 def axes_against_map(cfg: dict, cases: list) -> list[bool]:
-    """Per five-axis case (t, c, p, d, e, shard, sp, moe): does ``AxesTrainer`` hold what
+    """Per five-axis case (t, c, p, d, e, shard, sp, moe): does ``HybridTrainer`` hold what
     ``shard_map.held`` says, bit for bit (its weights), and, after one AdamW step, optimizer
     state of the shapes it says (under ZeRO-1, this rank's range only)?"""
     cfg, out = GPTConfig(**cfg), []
@@ -69,7 +69,7 @@ def axes_against_map(cfg: dict, cases: list) -> list[bool]:
         ctx = ParallelContext.build(d, p, t, cp=c, ep=e, order=MEGATRON_ORDER)
         model = make_model(cfg, moe, seed=3).float()
         full = {name: q.detach().clone() for name, q in model.named_parameters()}
-        trainer = AxesTrainer(model, ctx, 2, 8, 1e-3, shard, sp, "adamw")
+        trainer = HybridTrainer(model, ctx, 2, 8, 1e-3, shard, sp, "adamw")
         where = shard_map.held(shard_map.Layout(t, c, p, d, e, shard, MEGATRON_ORDER, moe), cfg,
                                ctx.rank)
         same = all(torch.equal(q.detach(), held_from_full(full, h))

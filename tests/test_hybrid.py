@@ -4,9 +4,9 @@ sends, and bad input rejected before any process."""
 import pytest
 
 import lessonlib
-from lessonlib.hybrid import (HYBRID_CONFIG, check_layout, expected_param_count,
-                              expected_traffic, measured_traffic,
-                              parity_summary, run, stage_counts, train, train_layouts)
+from lessonlib.hybrid import (HYBRID_CONFIG, expected_param_count, expected_traffic,
+                              measured_traffic, parity_summary, run, train, train_layouts)
+from lessonlib.hybrid_axes.build import check_layout, stage_counts
 from lessonlib.grid import demo_grid
 from lessonlib.models import GPTConfig
 

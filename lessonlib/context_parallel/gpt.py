@@ -12,7 +12,8 @@ the model does not change.
 Context parallelism combines with data parallelism on a (d, c) grid, c innermost as TP is in
 ``lessonlib.grid``: ranks r = j*c + i, groups of c consecutive ranks share one sequence
 batch, the d groups take different sequences. Every rank holds a replica of the weights, so
-one all-reduce over all c x d ranks averages the gradients, as in DDP.
+one all-reduce over all c x d ranks averages the gradients (the data-parallel ladder's
+flat rung, ``allreduce_flat_gradients``), as in DDP.
 
 The model is built around the plain ``TinyGPT``'s own parts (``lessonlib.models`` knows
 nothing about ranks); its parameters keep their names, so the comparison with one process
@@ -27,7 +28,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -35,6 +35,7 @@ from lessonlib import comm
 from lessonlib.argcheck import positive_int
 from lessonlib.context_parallel.layout import positions_on
 from lessonlib.context_parallel.methods import check_method, context_attention
+from lessonlib.data_parallel.ladder import allreduce_flat_gradients, gradients
 from lessonlib.models import TinyGPT, lm_loss
 
 
@@ -75,7 +76,7 @@ class ContextParallelGPT(nn.Module):
 
     def attention(self, attn, x):
         b, n, _ = x.shape                                                # (b, s/c, h)
-        q, k, v = (attn.split_heads(f(x)) for f in (attn.q, attn.k, attn.v))
+        q, k, v = attn.heads(x)                                          # (b, a, s/c, h/a)
         y = context_attention(self.method, q, k, v, self.group, causal=True, layout=self.layout)
         return attn.proj(y.transpose(1, 2).reshape(b, n, -1))          # (b, s/c, h)
 
@@ -90,25 +91,12 @@ class ContextParallelGPT(nn.Module):
         return gpt.head(x)                                               # (b, s/c, V)
 
 
-def average_gradients(module: nn.Module, group=None) -> None:
-    """One all-reduce of every gradient, flattened, then divided by the ranks: the mean
-    over the c x d replicas of the weights."""
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    comm.all_reduce(flat, group=group)
-    flat /= dist.get_world_size(group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
 def forward_backward(model: ContextParallelGPT, idx, targets) -> float:
     """Forward and backward on this rank's (b, s/c) tokens, gradients averaged over the
     world; returns the loss over all tokens of all ranks (the mean of equal-sized means)."""
     loss = lm_loss(model(idx), targets)
     loss.backward()
-    average_gradients(model)
+    allreduce_flat_gradients(gradients(model))    # the mean over the c x d replicas
     total = loss.detach().clone()
     comm.all_reduce(total)
     return total.item() / dist.get_world_size()

@@ -7,7 +7,8 @@ gradients are all-reduced. Each rung keeps the numbers identical and spends less
 (a) ``allreduce_gradients``: after backward, one blocking all-reduce per parameter.
     Simple, and slow: many small messages, each paying the latency, none overlapping compute.
 (b) ``allreduce_flat_gradients``: after backward, copy every gradient into one flat buffer
-    and all-reduce it once. One latency instead of hundreds, still no overlap.
+    and all-reduce it once. One latency instead of hundreds, still no overlap. The hybrid
+    layouts, context and expert parallelism average their gradients with this same rung.
 (c) ``AsyncGradientHooks``: during backward, as soon as a parameter's gradient is final
     (``register_post_accumulate_grad_hook``), launch its all-reduce asynchronously; a
     callback at the end of backward waits for them all. Overlap, but many small messages.
@@ -121,6 +122,14 @@ def _grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
     return p.grad
 
 
+def gradients(params) -> list[torch.Tensor]:
+    """The gradients to average of ``params`` (a module: its trainable parameters), zeros
+    for a parameter that got none."""
+    if isinstance(params, nn.Module):
+        params = trainable_parameters(params)
+    return [_grad_or_zeros(p) for p in params]
+
+
 # ---------------------------------------------------------------- rung (a)
 @torch.no_grad()
 def allreduce_gradients(module: nn.Module, group=None) -> None:
@@ -134,14 +143,17 @@ def allreduce_gradients(module: nn.Module, group=None) -> None:
 
 # ---------------------------------------------------------------- rung (b)
 @torch.no_grad()
-def allreduce_flat_gradients(module: nn.Module, group=None) -> None:
-    """Rung (b), called after ``loss.backward()``: one all-reduce of all gradients, flattened."""
-    grads = [_grad_or_zeros(p) for p in trainable_parameters(module)]
+def allreduce_flat_gradients(grads: list[torch.Tensor], group=None,
+                             divisor: float | None = None) -> None:
+    """Rung (b), called after ``loss.backward()`` with ``gradients(model)``: one all-reduce
+    of all the gradients, flattened, then each divided by ``divisor`` (default: the group's
+    ranks), in place. A group of one rank sends nothing."""
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])                     # (total,)
-    comm.all_reduce(flat, group=group)
-    flat.div_(dist.get_world_size(group))
+    if dist.get_world_size(group) > 1:
+        comm.all_reduce(flat, group=group)
+    flat.div_(dist.get_world_size(group) if divisor is None else divisor)
     for grad, piece in zip(grads, flat.split([g.numel() for g in grads])):
         grad.copy_(piece.view_as(grad))
 

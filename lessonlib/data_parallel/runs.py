@@ -27,7 +27,7 @@ from lessonlib.baseline import corpus_batches, train_one_process
 from lessonlib.data import shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.ladder import (AsyncGradientHooks, allreduce_flat_gradients,
-                                            allreduce_gradients, replicate)
+                                            allreduce_gradients, gradients, replicate)
 from lessonlib.models import TIMELINE_MODEL, TINY, GPTConfig, TinyGPT, lm_loss
 
 RUNGS = {"naive": "(a) one all-reduce per gradient, after backward",
@@ -122,7 +122,7 @@ def wrap(rung: str, model: nn.Module, group=None, bucket_cap_mb: float = 25.0):
     if rung == "naive":
         return replicate(model, group), lambda: allreduce_gradients(model, group)
     if rung == "flat":
-        return replicate(model, group), lambda: allreduce_flat_gradients(model, group)
+        return replicate(model, group), lambda: allreduce_flat_gradients(gradients(model), group)
     if rung == "async":
         return AsyncGradientHooks(model, group).module, nothing
     if rung == "bucketed":

@@ -27,6 +27,8 @@ import torch.distributed as dist
 
 from lessonlib import bugs, comm
 from lessonlib.argcheck import positive_int
+from lessonlib.data_parallel.ladder import (allreduce_flat_gradients, gradients,
+                                            trainable_parameters)
 from lessonlib.grid import axis_groups
 from lessonlib.moe import moe_layers
 
@@ -72,18 +74,21 @@ def expert_parameters(module) -> list:
             for p in m.experts.parameters()]
 
 
-def sync_gradients(module, ctx: ExpertParallelContext) -> None:
-    """Average the gradients of a data-parallel x expert-parallel replica, in place: dense
-    weights over all d ranks, each expert's over the ranks holding a copy of it."""
+def sync_gradients(module, group=None, expert_group=None, d: int | None = None) -> None:
+    """Average ``module``'s gradients over the ranks holding the same weights, in place, one
+    flat all-reduce each (``allreduce_flat_gradients``): the dense weights over ``group``
+    (divided by its ranks); an expert's, if any, over ``expert_group`` (the ranks holding a
+    copy of it), divided by the d data-parallel ranks. The hybrid layouts call it with
+    their dp (or dp*cp) and edp groups, the expert-parallel lesson with the world and
+    ``ExpertParallelContext.expert_dp_group``."""
     experts = {id(p) for p in expert_parameters(module)}
-    for p in module.parameters():
-        if p.grad is None:
-            continue
-        group = ctx.expert_dp_group if id(p) in experts else None
-        if id(p) in experts and bugs.active("ep_expert_grads_wrong_group"):
-            group = None           # the bug: experts averaged like dense weights, over all d
-        comm.all_reduce(p.grad, group=group)
-        p.grad.div_(ctx.d)
+    params = trainable_parameters(module)
+    allreduce_flat_gradients(gradients(p for p in params if id(p) not in experts), group)
+    if experts:
+        if bugs.active("ep_expert_grads_wrong_group"):
+            expert_group = group   # the bug: experts averaged like dense weights, over all d
+        allreduce_flat_gradients(gradients(p for p in params if id(p) in experts),
+                                 expert_group, d)
 
 
 def update_biases(module, group=None) -> None:

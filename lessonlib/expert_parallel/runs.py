@@ -121,7 +121,7 @@ def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None
             loss = F.mse_loss(got, y) + ep.stats["aux_loss"]
             loss.backward()
         with comm.ledger() as sync:
-            sync_gradients(ep, ctx)
+            sync_gradients(ep, None, ctx.expert_dp_group, ctx.d)
         if step == 0:
             out.update(output=rel_err(got.detach(), mine_out),
                        # this rank's loss is L_r; the one-process loss the mean of d of them
@@ -174,7 +174,7 @@ def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
         (sum(losses) / d).backward()
         loss = lm_loss(ep(xs[rank]), ys[rank]) + aux_loss(ep)
         loss.backward()
-        sync_gradients(ep, ctx)
+        sync_gradients(ep, None, ctx.expert_dp_group, ctx.d)
         out["loss"].append(abs(loss.item() - losses[rank].item()))
         if step == 0:
             out["grads"] = _worst(ep, expert_parallel_gpt(grads_as_model(full), ctx.ep_group),

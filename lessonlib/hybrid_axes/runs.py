@@ -1,7 +1,7 @@
-"""The five-axis run on the ranks and its proof: ``AxesTrainer`` (one rank's shard, its 1F1B
-pipeline, SGD plain, ZeRO-1 or FSDP on the dp_cp group), ``train`` (rank side: 3 steps, then
-this rank's share of one process's first gradients and final weights against its own, and
-the recorded messages for ``comm.nccl_hazards``), ``run`` (caller side) and ``parity``.
+"""The runs on the ranks and their proof against one process: ``train`` (rank side: 3 steps
+with ``HybridTrainer``, then this rank's share of one process's first gradients and final
+weights against its own, and the recorded messages for ``comm.nccl_hazards``), ``run``
+(caller side), ``reference`` (one process, whole batch) and ``parity``.
 
 Laptop:  ``python -c "from lessonlib import hybrid_axes as H; print(H.parity(H.run(tp=2,
          pp=2, dp=2, shard_on='fsdp')))"``  (8 CPU ranks)
@@ -11,85 +11,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from types import SimpleNamespace
-
-import torch
-import torch.distributed as dist
 
 from lessonlib import comm, device, placement
 from lessonlib.baseline import corpus_batches, grads_as_model, max_abs_diff, train_one_process
-from lessonlib.context_parallel.layout import shard_sequence
-from lessonlib.data import shard
-from lessonlib.data_parallel.fsdp import FullyShardedDataParallel
+from lessonlib.data_parallel.ladder import allreduce_flat_gradients
 from lessonlib.data_parallel.sharded import row_shard
-from lessonlib.data_parallel.zero import ShardedOptimizer
-from lessonlib.grid import MEGATRON_ORDER, ParallelContext
-from lessonlib.hybrid import HybridTrainer, largest, step_losses
-from lessonlib.hybrid_axes.build import (LAYOUT, average_over, build_stage, check_axes, make_model,
-                                         sync_gradients)
+from lessonlib.grid import ParallelContext
+from lessonlib.grid_layout import AXES, MEGATRON_ORDER
+from lessonlib.hybrid_axes.build import build_stage, check_axes, make_model
+from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.launcher import launch
-from lessonlib.models import HYBRID_CONFIG, GPTConfig, TinyGPT, lm_loss
-from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.pipeline.schedules import make
-
-
-class AxesTrainer:
-    """One rank of a (tp, cp, pp, dp, ep) run: its shard, a 1F1B executor on its pipeline,
-    SGD (or ``optimizer="adamw"``) on the shard: plain, ZeRO-1 or FSDP (``shard_on``) on the
-    dp_cp group. Activations travel in the model's dtype."""
-
-    def __init__(self, model: TinyGPT, ctx: ParallelContext, m: int, global_batch: int,
-                 lr: float = 0.1, shard_on: str = "none", sp: bool = False,
-                 optimizer: str = "sgd"):
-        cfg = model.cfg
-        self.b = check_axes(cfg, ctx.tp, ctx.cp, ctx.pp, ctx.dp, ctx.ep, shard_on, global_batch,
-                            m, dist.get_world_size(), sp)
-        self.ctx, self.shard_on = ctx, shard_on
-        self.stage = build_stage(model, ctx, sp).to(device.current_device())
-        if shard_on == "fsdp":       # the gradients are reduce-scattered inside backward
-            # with TP or CP collectives inside the stage's compute, FSDP's own wait at once:
-            # one communicator busy at a time (lessonlib.nccl_inflight)
-            self.stage = FullyShardedDataParallel(self.stage, group=ctx.dp_cp_group,
-                                                  overlap=ctx.tp == 1 and ctx.cp == 1)
-        self.params = list(self.stage.parameters())
-        self.executor = PipelineExecutor(
-            make("1f1b", ctx.pp, m), ctx.pp_rank, [self.stage], lm_loss,
-            (self.b, cfg.seq // (ctx.cp * (ctx.tp if sp else 1)), cfg.hidden),  # (b, s/c[/t], h)
-            stage_ranks=ctx.pp_ranks, group=ctx.pp_group, dtype=self.params[0].dtype)
-        kind = HybridTrainer.OPTIMIZERS[optimizer]
-        self.opt = (ShardedOptimizer(self.params, kind, group=ctx.dp_cp_group, lr=lr)
-                    if shard_on == "zero1" else kind(self.params, lr=lr))
-
-    def my_tokens(self, t: torch.Tensor) -> torch.Tensor:
-        """This rank's rows (dp) and sequence shard (cp) of a global (B, s) batch."""
-        t = shard(t, self.ctx.dp_rank, self.ctx.dp)
-        return shard_sequence(t, self.ctx.cp_group, LAYOUT) if self.ctx.cp > 1 else t
-
-    def step(self, x, y, keep_grads: bool = False) -> dict:
-        """Pipeline forward/backward on this rank's tokens, the dp_cp sync (under FSDP done
-        inside backward), one SGD step. ``keep_grads``: also return the averaged gradients
-        (under ZeRO-1 an extra all-reduce of a copy, made for the check only)."""
-        ctx, dev = self.ctx, device.current_device()
-        x, y = self.my_tokens(x).to(dev), self.my_tokens(y).to(dev)
-        self.opt.zero_grad(set_to_none=False)
-        with comm.ledger() as pipe_book:
-            result = self.executor.step(x if ctx.is_first_stage else None,
-                                        y if ctx.is_last_stage else None)
-        grads = None
-        with comm.ledger() as dp_book:
-            if self.shard_on == "zero1":
-                if keep_grads:                       # for the check: a copy, all-reduced
-                    copies = [SimpleNamespace(grad=p.grad.clone()) for p in self.params]
-                    average_over(copies, ctx.dp_cp_group, ctx.dp * ctx.cp)
-                    grads = [c.grad for c in copies]
-                self.opt.reduce_scatter_gradients()
-            elif self.shard_on == "none":
-                sync_gradients(self.stage, ctx)
-        if keep_grads and grads is None:
-            grads = [p.grad.detach().clone() for p in self.params]
-        self.opt.step()
-        return {"losses": result.losses, "grads": grads,
-                "pipe": pipe_book.summary(), "dp": dp_book.summary()}
+from lessonlib.models import HYBRID_CONFIG, GPTConfig, TinyGPT
 
 
 # ---------------------------------------------------------------- the run and its proof
@@ -102,11 +34,13 @@ def my_share(model: TinyGPT, ctx: ParallelContext, shard_on: str, sp: bool) -> l
     return [row_shard(t.detach(), rank, n) for t in tensors]
 
 
-def reference(cfg: GPTConfig, moe: bool, global_batch: int = 8, steps: int = 3,
-              lr: float = 0.1, seed: int = 0, dev=None):
-    """One process, whole batch, float64: (model after the steps, first grads, losses)."""
-    model = make_model(cfg, moe, seed).to(dev)
-    batch_of = corpus_batches(cfg, global_batch, seed)
+def reference(model: TinyGPT, global_batch: int = 8, steps: int = 3, lr: float = 0.1,
+              seed: int = 0, dev=None):
+    """One process, whole batch: (``model`` after the steps, a model of its first-step
+    gradients, losses), trained on ``dev`` (the CPU by default; a rank's own device inside
+    ``train``) in its own dtype (lesson 05's float32, the five-axis runs' float64)."""
+    model = model.to(dev)
+    batch_of = corpus_batches(model.cfg, global_batch, seed)
     run = train_one_process(model, lambda step: tuple(t.to(dev) for t in batch_of(step)),
                             steps, lr=lr)
     return model, grads_as_model(model, run["first_grads"]), run["losses"]
@@ -128,19 +62,22 @@ def train(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
 def _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, seed, sp):
     ctx = ParallelContext.build(dp, pp, tp, cp=cp, ep=ep, order=MEGATRON_ORDER)
     batch_of = corpus_batches(cfg, global_batch, seed)
-    trainer = AxesTrainer(make_model(cfg, moe, seed), ctx, m, global_batch, lr, shard_on, sp)
-    losses, books, first_grads, seconds = [], [], None, []
+    trainer = HybridTrainer(make_model(cfg, moe, seed), ctx, m, global_batch, lr, shard_on, sp)
+    losses, books, first_grads, seconds = [], [], [], []
     for step in range(steps):
         comm.barrier()                   # every rank starts the step together, so times compare
         start = time.perf_counter()
+        copy_first = step == 0 and shard_on == "zero1"     # ZeRO-1 keeps each rank's own
         with placement.timed(step, 0):
-            out = trainer.step(*batch_of(step), keep_grads=step == 0)
+            out = trainer.step(*batch_of(step),
+                               before_sync=averaged_copy(first_grads) if copy_first else None)
         seconds.append(time.perf_counter() - start)
-        first_grads = out["grads"] if step == 0 else first_grads
+        if step == 0 and not copy_first:      # the gradients the optimizer used
+            first_grads = [p.grad.detach().clone() for p in trainer.params]
         losses.append(out["losses"])
         books.append({"pipe": out["pipe"], "dp": out["dp"]})
-    dense, dense_grads, dense_losses = reference(cfg, moe, global_batch, steps, lr, seed,
-                                                 device.current_device())
+    dense, dense_grads, dense_losses = reference(make_model(cfg, moe, seed), global_batch, steps,
+                                                 lr, seed, device.current_device())
     result = {"rank": ctx.rank, "coords": ctx.coords, "coords4": ctx.coords4, "losses": losses,
               "cp_ranks": ctx.cp_ranks, "ep_ranks": ctx.ep_ranks,
               "edp_ranks": ctx.edp_ranks,
@@ -151,6 +88,17 @@ def _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, s
               "dense_losses": dense_losses}
     ctx.destroy()
     return result
+
+
+def averaged_copy(into: list):
+    """A ``before_sync`` hook, for the check only: ZeRO-1 leaves each rank its own gradients
+    (its optimizer averages its range), so ``into`` gets a copy of them averaged over the
+    dp_cp group (one flat all-reduce)."""
+    def hook(trainer: HybridTrainer) -> None:
+        ctx = trainer.ctx
+        into[:] = [p.grad.clone() for p in trainer.params]
+        allreduce_flat_gradients(into, ctx.dp_cp_group, ctx.dp * ctx.cp)
+    return hook
 
 
 def run(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1, shard_on: str = "none",
@@ -176,3 +124,23 @@ def parity(per_rank: list[dict]) -> dict:
             "max_loss_diff": max(abs(a - b) for a, b in zip(losses, dense)),
             "max_grad_diff": largest(per_rank, "max_grad_diff"),
             "max_weight_diff": largest(per_rank, "max_weight_diff")}
+
+
+def step_losses(per_rank: list[dict]) -> list[float]:
+    """The global batch's mean loss per step, from the last stages' micro-batch losses
+    (mean over the m micro-batches of each replica, then over the d replicas)."""
+    places = [dict(zip(AXES, r["coords"])) for r in per_rank]     # {"dp": i, "pp": j, "tp": k}
+    last_stage = max(place["pp"] for place in places)
+    last = [r for r, place in zip(per_rank, places)
+            if place["pp"] == last_stage and place["tp"] == 0]
+    return [statistics.fmean(statistics.fmean(r["losses"][s]) for r in last)
+            for s in range(len(last[0]["losses"]))]
+
+
+def largest(per_rank: list[dict], key: str) -> float:
+    """The largest ``key`` over the ranks; a rank that did not report it is an error."""
+    missing = [r.get("rank") for r in per_rank if key not in r]
+    if missing:
+        raise ValueError(f"rank(s) {missing} did not report {key}: train them with "
+                         f"check=True (the default) to compare them with one process")
+    return max(r[key] for r in per_rank)

@@ -258,11 +258,16 @@ class TensorParallelSelfAttention(nn.Module):
         return layer
 
     def forward(self, x):                                              # (b, s, h) or SP's s/t
-        qkv = self.qkv(x)                                              # (b, s, 3h/t)
-        b, s, _ = qkv.shape
-        q, k, v = (self.split_heads(z) for z in qkv.chunk(3, dim=-1))
+        q, k, v = self.heads(x)                                        # (b, a/t, s, h/a)
+        b, s = q.shape[0], q.shape[2]
         y = attention_core(q, k, v, self.recompute_core)               # (b, a/t, s, h/a)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))         # (b, s, h) or s/t
+
+    def heads(self, x):
+        """This rank's q, k and v of ``x``, (b, a/t, s, h/a) each (SP: s gathered from s/t),
+        as the dense ``SelfAttention.heads`` gives all a heads."""
+        qkv = self.qkv(x)                                              # (b, s, 3h/t)
+        return tuple(self.split_heads(z) for z in qkv.chunk(3, dim=-1))
 
     def split_heads(self, x):
         b, s, _ = x.shape

@@ -34,8 +34,11 @@ from lessonlib.claims import at_least, at_most, claim, every, within
 from lessonlib.costmodel.throughput import USABLE_MEMORY_FRACTION
 from lessonlib.data import stored
 from lessonlib.exercises import hybrid as ex
+from lessonlib.hybrid_axes.build import build_stage
+from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.viz import hybrid as viz
 from lessonlib.viz import live
+from lessonlib.viz.source import show
 
 # %% [markdown]
 # ## 1. The grid: every rank gets three coordinates
@@ -103,8 +106,11 @@ print(f"predicted bubble: {cm.bubble_fraction(2, 2):.1%} of the step (wall conve
 # %% [markdown]
 # ## 3. The real run: TP × PP × DP on 8 ranks
 #
-# Every rank builds its shard from the same full model and trains 3 SGD steps, against the
-# dense model trained by one process on the whole batch.
+# Every rank builds its shard from the same full model (`build_stage`: cut, then split) and
+# trains 3 SGD steps (`HybridTrainer.step`), against one process on the whole batch.
+
+# %%
+show(build_stage, HybridTrainer.step)
 
 # %%
 # NBVAL_IGNORE_OUTPUT

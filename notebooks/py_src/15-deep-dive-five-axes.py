@@ -45,10 +45,11 @@ from lessonlib.viz.source import show
 # parallelisms (except pipeline parallelism)", as its file says) in its order: tensor, with
 # sequence parallelism (SP, [deep dive 14](14-deep-dive-sequence-parallelism.ipynb)), then
 # context, then activation checkpointing and compile, then data parallelism. `build_stage`
-# below does the same: it cuts the stage first, then on its layers applies tensor with SP
-# (an MoE layer becomes expert-parallel instead), then context (ring attention over the c
-# group, each token's position read from the whole sequence); data parallelism averages the
-# gradients after backward over the d·c ranks that hold the same weights (plain, ZeRO-1 or
+# below, lesson 05's builder too, does the same: it cuts the stage first, then on each part
+# applies tensor with SP (`apply_tp`), expert (`apply_ep`: an MoE layer's experts spread over
+# the e group), then context (`apply_cp`: ring attention over the c group, each token's
+# position read from the whole sequence), then data parallelism (`apply_dp`): the gradients
+# averaged after backward over the d·c ranks that hold the same weights (plain, ZeRO-1 or
 # FSDP), an expert's over the ranks holding its copies. The grid gains a c axis,
 # and expert groups carved from the d ranks, in Megatron-Core's rank order tp-cp-dp-pp:
 # tensor innermost, pipeline outermost. Here is t = 2, c = 2, p = 2 on 8 ranks, then the

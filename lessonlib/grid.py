@@ -49,7 +49,7 @@ from lessonlib.grid_layout import (ALL_AXES, AXES, LESSON_ORDER, MEGATRON_ORDER,
 
 
 # ---------------------------------------------------------------- on the ranks: the context
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)      # built with keywords: 28 fields
 class ParallelContext:
     """This rank's place in the (dp, pp, cp, tp) grid and the process groups it talks through.
 
@@ -112,12 +112,15 @@ class ParallelContext:
         mine.setdefault("edp", mine["dp"])
         ranks.setdefault("edp", ranks["dp"])
         pl = placements(dp, pp, tp, None, cp, ep, order)[rank]
-        return cls(dp, pp, tp, rank, pl.dp, pl.pp, pl.tp,
-                   mine["dp"], mine["pp"], mine["tp"],
-                   ranks["dp"], ranks["pp"], ranks["tp"], gpus_per_node,
-                   cp, ep, pl.cp, pl.ep, order, mine.get("cp"), mine["dp_cp"], mine.get("ep"),
-                   mine["edp"], ranks.get("cp", (rank,)), ranks["dp_cp"],
-                   ranks.get("ep", (rank,)), ranks["edp"], made)
+        return cls(dp=dp, pp=pp, tp=tp, cp=cp, ep=ep, rank=rank, order=order,
+                   gpus_per_node=gpus_per_node, made=made,
+                   dp_rank=pl.dp, pp_rank=pl.pp, tp_rank=pl.tp, cp_rank=pl.cp, ep_rank=pl.ep,
+                   dp_group=mine["dp"], pp_group=mine["pp"], tp_group=mine["tp"],
+                   cp_group=mine.get("cp"), dp_cp_group=mine["dp_cp"],
+                   ep_group=mine.get("ep"), edp_group=mine["edp"],
+                   dp_ranks=ranks["dp"], pp_ranks=ranks["pp"], tp_ranks=ranks["tp"],
+                   cp_ranks=ranks.get("cp", (rank,)), dp_cp_ranks=ranks["dp_cp"],
+                   ep_ranks=ranks.get("ep", (rank,)), edp_ranks=ranks["edp"])
 
     def destroy(self) -> None:
         """Destroy every group this rank joined once the layout is done (every member calls

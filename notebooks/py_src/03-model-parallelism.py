@@ -43,6 +43,7 @@ from lessonlib.data import DATA_DIR
 from lessonlib.layer_split import split_summary
 from lessonlib.viz import mp as mpviz
 from lessonlib.viz import tp as tpviz
+from lessonlib.viz.source import show
 
 # %% [markdown]
 # ## 1. Prediction: the memory fits, the time does not
@@ -106,6 +107,13 @@ print(f"one process: {sum(s['params'] for s in plan):,} parameters")
 # backward, send the input's gradient back (all through `lessonlib.comm`). Every rank
 # records when it computed, waited and sent. `mp.single_process` trains the same model on
 # the same batches in this one process, as the reference.
+#
+# Here is the step each rank runs, from `lessonlib.model_parallel`. Each phase is one
+# `with record(...)`: the recorder the rank is handed times it (and counts what the forward
+# keeps for backward); the step itself holds no clock.
+
+# %%
+show(mp._step)
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -246,6 +246,7 @@ CORES = {
     "expert_parallel/dispatch.py": ["_AllToAll.forward", "_AllToAll.backward",
                                     "post_all_to_all"],
     "expert_parallel/layer.py": ["ExpertParallelMoE.forward", "run_local_experts"],
+    "hybrid_axes/build.py": ["build_stage", "apply_tp", "apply_cp", "apply_ep", "apply_dp"],
 }
 CORE_LINES = 30
 # The instrument modules, by the names a core would call them through (``device.mark``,

@@ -250,8 +250,9 @@ CORES = {
 }
 CORE_LINES = 30
 # The instrument modules, by the names a core would call them through (``device.mark``,
-# ``time.perf_counter``), and the instrument calls under any name. An attribute that only
-# shares a module's name (a stage's ``self.device``) is not an instrument.
+# ``time.perf_counter``), and the instrument calls under any name. An attribute or an
+# argument that only shares a module's name (a stage's ``self.device``, a ``device=``
+# parameter) is not an instrument.
 INSTRUMENT_MODULES = {"device", "progress", "breadcrumbs", "ledger", "time"}
 INSTRUMENT_CALLS = {"Ledger", "timer", "mark", "perf_counter"}
 # A recorder call: a call of the recorder a core was handed, or of one of its methods.
@@ -300,7 +301,8 @@ def test_each_core_is_short_and_free_of_instruments(module):
         fn = _function(ROOT / module, dotted)
         first = min([d.lineno for d in fn.decorator_list] + [fn.lineno])
         assert fn.end_lineno - first + 1 <= CORE_LINES, f"{module}: {dotted} is long"
-        names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+        arguments = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+        names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} - arguments
         attributes = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
         used = names & (INSTRUMENT_MODULES | INSTRUMENT_CALLS) | attributes & INSTRUMENT_CALLS
         assert not used, f"{module}: {dotted} calls {used}"

@@ -51,3 +51,14 @@ def test_a_stated_reading_time_is_the_measured_one(ipynb):
         assert abs(minutes - measured) <= max(5, 0.25 * measured), (
             f"{ipynb.name} says about {minutes} minutes; its prose, code and output take "
             f"{measured:.0f} (200 words, 10 code lines or 20 output lines a minute)")
+
+
+SHOW = re.compile(r"(?<![.\w])show\(")
+
+
+@pytest.mark.parametrize("ipynb", CORE, ids=[nb.name[:2] for nb in CORE])
+def test_a_core_notebook_shows_the_library_code_it_runs(ipynb):
+    """At least one cell displays lessonlib's own code (``viz.source.show``), so the lesson's
+    core is on the student's screen, not only its results."""
+    nb = nbformat.read(ipynb, as_version=4)
+    assert any(SHOW.search(c.source) for c in nb.cells if c.cell_type == "code"), ipynb.name

@@ -36,6 +36,7 @@ from lessonlib import costmodel as cm
 from lessonlib import baseline
 from lessonlib.claims import at_least, at_most
 from lessonlib.viz import scale
+from lessonlib.viz.source import show
 
 # %% [markdown]
 # ## 1. The memory wall
@@ -211,6 +212,10 @@ at_least("at this machine's rate, GPT-3's training time", years_here, 1000, unit
 # The way out is more devices. Here are four ranks (CPU processes on a laptop, one GPU each
 # on a GPU machine), started from this cell. Each contributes its rank to one
 # **all-reduce**, the collective operation at the heart of lesson 02, and returns the sum.
+# This is the whole program every rank runs:
+
+# %%
+show(lessonlib.launcher.demo_rank_sum)
 
 # %%
 # NBVAL_CHECK_OUTPUT

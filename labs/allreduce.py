@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 
 import lessonlib
-from lessonlib import labkit, launcher
+from lessonlib import labargs, labkit, launcher
 from lessonlib.costmodel.alpha_beta import LINKS, fit_alpha_beta, predict_from_fit
 from lessonlib.costmodel.comm import (bus_bandwidth, parameter_server_bytes,
                                       ring_allreduce_bytes_per_rank)
@@ -64,7 +64,7 @@ def measure(n: int, sizes: list[int], args) -> list[dict]:
 
 
 def check_settings(p, args) -> dict:
-    labkit.check_positive(p, args, "world-size", "steps")
+    labargs.check_positive(p, args, "world-size", "steps")
     args.algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     bad = [a for a in args.algorithms if a not in ALL_ALGORITHMS]
     if bad or not args.algorithms:
@@ -80,11 +80,11 @@ def check_settings(p, args) -> dict:
     if min(args.world_sizes) < 1 or min(args.sizes) < 4:
         p.error("--world-sizes must be >= 1 and --sizes-kb at least 0.004 (one float)")
     if args.sweep:
-        labkit.check_world_sizes(p, "--world-sizes", args.world_sizes, args.backend)
-        labkit.check_fits(p, args, "the largest message and its receive buffer",
+        labargs.check_world_sizes(p, "--world-sizes", args.world_sizes, args.backend)
+        labargs.check_fits(p, args, "the largest message and its receive buffer",
                           [("--sizes-kb", max(args.sizes) / 1024)], itemsize=2 * 1024)
     else:
-        labkit.check_fits(p, args, "the message and its receive buffer",
+        labargs.check_fits(p, args, "the message and its receive buffer",
                           [("--size-mb", args.size_mb)], itemsize=2 * 2 ** 20)
     if not args.sweep:
         return {"size_bytes": int(args.size_mb * 2 ** 20) // 4 * 4,
@@ -161,7 +161,7 @@ def table(record: dict) -> list[dict]:
 
 
 def main(argv=None):
-    p = labkit.parser("allreduce", "Time hand-written all-reduces against dist.all_reduce.")
+    p = labargs.parser("allreduce", "Time hand-written all-reduces against dist.all_reduce.")
     p.add_argument("--size-mb", type=float, default=16.0, help="message size in MiB")
     p.add_argument("--algorithms", default=",".join(ALL_ALGORITHMS),
                    help=f"comma-separated, from {','.join(ALL_ALGORITHMS)}")

@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import lessonlib
-from lessonlib import comm, labkit
+from lessonlib import comm, labargs, labkit
 from lessonlib.context_parallel import context_attention, ring_attention, shard_sequence
 from lessonlib.context_parallel.layout import check_same_layout
 from lessonlib.context_parallel.masks import attention, repeat_kv
@@ -164,10 +164,10 @@ HEADLINE = labkit.headline("step_time_s", x="c", series=["implementation", "layo
 
 
 def check_settings(p, args) -> dict:
-    labkit.check_positive(p, args, "world-size", "steps", "batch", "seq", "heads", "head-dim")
+    labargs.check_positive(p, args, "world-size", "steps", "batch", "seq", "heads", "head-dim")
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more; got {args.warmup}")
-    labkit.check_fits(p, args, "each of q, k, v and the output (b a s h/a floats)",
+    labargs.check_fits(p, args, "each of q, k, v and the output (b a s h/a floats)",
                       [("--batch", args.batch), ("--heads", args.heads), ("--seq", args.seq),
                        ("--head-dim", args.head_dim)])
     if args.seq % (2 * args.world_size):
@@ -190,7 +190,7 @@ def check_settings(p, args) -> dict:
 
 
 def main(argv=None):
-    p = labkit.parser("cp", __doc__.splitlines()[0])
+    p = labargs.parser("cp", __doc__.splitlines()[0])
     p.set_defaults(steps=10, warmup=2)
     p.add_argument("--batch", type=int, default=1, help="b, sequences")
     p.add_argument("--seq", type=int, default=512, help="s, tokens per sequence")

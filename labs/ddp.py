@@ -23,7 +23,7 @@ from dataclasses import asdict
 import torch.distributed as dist
 
 import lessonlib
-from lessonlib import labkit, launcher
+from lessonlib import labargs, labkit, launcher
 from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank
 from lessonlib.data_parallel.bench import ddp_bench, slowest_rank_median
 from lessonlib.data_parallel.runs import RUNGS, train_replicas, train_single
@@ -91,14 +91,14 @@ def measure(n, args) -> list[dict]:
 
 
 def check_settings(p, args) -> dict:
-    labkit.check_positive(p, args, "world-size", "steps", "batch", "rounds")
+    labargs.check_positive(p, args, "world-size", "steps", "batch", "rounds")
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more; got {args.warmup}")
     if not args.bucket_cap_mb > 0:
         p.error(f"--bucket-cap-mb must be a positive number of MiB (PyTorch uses 25); "
                 f"got {args.bucket_cap_mb}")
     cfg = MODELS[args.model]
-    labkit.check_fits(p, args, f"the activations of a step of the {args.model} model (b s h "
+    labargs.check_fits(p, args, f"the activations of a step of the {args.model} model (b s h "
                                f"L floats)", [("--batch", args.batch)],
                       itemsize=4 * cfg.seq * cfg.hidden * cfg.layers)
     args.rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
@@ -113,7 +113,7 @@ def check_settings(p, args) -> dict:
         p.error(f"--world-sizes must all be >= 1; got {args.world_sizes}")
     args.sweep = args.sweep and not launcher.under_torchrun()
     if args.sweep:
-        labkit.check_world_sizes(p, "--world-sizes", args.world_sizes, args.backend)
+        labargs.check_world_sizes(p, "--world-sizes", args.world_sizes, args.backend)
     return {"model": args.model, "config": asdict(MODELS[args.model]),
             "batch_per_rank": args.batch, "bucket_cap_mb": args.bucket_cap_mb,
             "steps": args.steps, "rounds": args.rounds, "command": args.command}
@@ -182,7 +182,7 @@ def table(record: dict) -> list[dict]:
 
 
 def main(argv=None):
-    p = labkit.parser("ddp", "Time lessonlib's data parallelism against PyTorch's DDP.")
+    p = labargs.parser("ddp", "Time lessonlib's data parallelism against PyTorch's DDP.")
     p.add_argument("--rungs", default="bucketed,naive,torch",
                    help=f"comma-separated, from {','.join(RUNGS)}")
     p.add_argument("--model", default="10M", choices=list(MODELS))

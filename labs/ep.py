@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
 import lessonlib
-from lessonlib import device, labkit
+from lessonlib import device, labargs, labkit
 from lessonlib.expert_parallel.dispatch import all_to_all
 from lessonlib.expert_parallel.measure import imbalance, time_layer
 from lessonlib.moe_routing import BALANCES, BIAS_STEP, GATES
@@ -129,7 +129,7 @@ def table(record: dict) -> list[dict]:
 
 
 def check_settings(p, args) -> dict:
-    labkit.check_positive(p, args, "world-size", "steps", "batch", "seq", "hidden", "experts",
+    labargs.check_positive(p, args, "world-size", "steps", "batch", "seq", "hidden", "experts",
                           "top-k")
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more; got {args.warmup}")
@@ -138,10 +138,10 @@ def check_settings(p, args) -> dict:
                 f"{args.world_size} (each rank holds E/e experts)")
     if args.top_k > args.experts:
         p.error(f"--top-k {args.top_k} must be at most --experts {args.experts}")
-    labkit.check_fits(p, args, "the experts' weights (E h 4h floats)",
+    labargs.check_fits(p, args, "the experts' weights (E h 4h floats)",
                       [("--experts", args.experts), ("--hidden", args.hidden),
                        ("--hidden", args.hidden)], itemsize=4 * 4)
-    labkit.check_fits(p, args, "the experts' inner activations (k b s 4h floats)",
+    labargs.check_fits(p, args, "the experts' inner activations (k b s 4h floats)",
                       [("--top-k", args.top_k), ("--batch", args.batch), ("--seq", args.seq),
                        ("--hidden", args.hidden)], itemsize=4 * 4)
     if not args.capacity_factor > 0:
@@ -179,7 +179,7 @@ def check_routing_flags(p, args) -> dict:
 
 
 def main(argv=None):
-    p = labkit.parser("ep", __doc__.splitlines()[0])
+    p = labargs.parser("ep", __doc__.splitlines()[0])
     p.set_defaults(steps=10, warmup=2)
     p.add_argument("--experts", type=int, default=8, help="E, experts in the layer")
     p.add_argument("--top-k", type=int, default=2, help="k, experts per token")

@@ -19,7 +19,7 @@ import copy
 import torch
 import torch.distributed as dist
 
-from lessonlib import device, labkit
+from lessonlib import device, labargs, labkit
 from lessonlib.models import TINY, TinyGPT
 from lessonlib.precision import RECIPES, E4M3, convert_to_float8, gemm_errors, quantize
 from lessonlib.precision.gemm import scaled_mm
@@ -78,7 +78,7 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
 
 
 def check_settings(p, args) -> dict:
-    labkit.check_positive(p, args, "world-size", "steps", "gemm-size")
+    labargs.check_positive(p, args, "world-size", "steps", "gemm-size")
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more; got {args.warmup}")
     if args.gemm_size % 16:
@@ -86,7 +86,7 @@ def check_settings(p, args) -> dict:
                 f"need it), e.g. 512")
     if not args.outlier_factor >= 1:
         p.error(f"--outlier-factor must be 1 or more, e.g. 100000; got {args.outlier_factor}")
-    labkit.check_fits(p, args, "the GEMM's three matrices",
+    labargs.check_fits(p, args, "the GEMM's three matrices",
                       [("--gemm-size", args.gemm_size), ("--gemm-size", args.gemm_size)],
                       itemsize=3 * 4)
     return {"steps": args.steps, "warmup": args.warmup, "gemm_size": args.gemm_size,
@@ -94,7 +94,7 @@ def check_settings(p, args) -> dict:
 
 
 def main(argv=None):
-    p = labkit.parser("fp8", __doc__.splitlines()[0])
+    p = labargs.parser("fp8", __doc__.splitlines()[0])
     p.set_defaults(steps=5, warmup=1)
     p.add_argument("--gemm-size", type=int, default=512, help="n of the rate's n^3 GEMM")
     p.add_argument("--outlier-factor", type=float, default=1e5,

@@ -19,7 +19,7 @@ import time
 import torch
 
 import lessonlib
-from lessonlib import comm, device, labkit, launcher
+from lessonlib import comm, device, labargs, labkit, launcher
 
 
 def one_all_reduce() -> dict:
@@ -71,11 +71,11 @@ def compare(world_size: int = 4, repeats: int = 5, backend: str = "auto") -> dic
 
 
 def main():
-    p = labkit.parser("launch_overhead", __doc__.splitlines()[0])
+    p = labargs.parser("launch_overhead", __doc__.splitlines()[0])
     p.set_defaults(world_size=4)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
-    labkit.check_positive(p, args, "world-size", "repeats")
+    labargs.check_positive(p, args, "world-size", "repeats")
     results = compare(args.world_size, args.repeats, args.backend)
     info = results.pop("info")
     record = labkit.result("launch_overhead", args.world_size, {"repeats": args.repeats},

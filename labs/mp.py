@@ -26,7 +26,7 @@ from argparse import Namespace
 
 import torch
 
-from lessonlib import labkit
+from lessonlib import labargs, labkit
 from lessonlib import model_parallel as mp
 from lessonlib.costmodel import bubble_fraction
 from lessonlib.layer_split import layers_of, split_summary
@@ -119,17 +119,17 @@ def table(record: dict) -> list[dict]:
 
 
 def check_settings(parser, args, argv=None) -> dict:
-    labkit.check_positive(parser, args, "world-size", "steps", "rounds", "layers", "hidden",
+    labargs.check_positive(parser, args, "world-size", "steps", "rounds", "layers", "hidden",
                           "width", "batch")
-    labkit.check_threads(parser, args)
+    labargs.check_threads(parser, args)
     if args.model == "gpt":                     # its 4 heads and 32 tokens are fixed
-        labkit.check_gpt_fits(parser, Namespace(**vars(args) | {"heads": 4, "seq": 32}),
+        labargs.check_gpt_fits(parser, Namespace(**vars(args) | {"heads": 4, "seq": 32}),
                               batch="batch")
     else:
-        labkit.check_fits(parser, args, "the mlp's weights (width^2 layers floats)",
+        labargs.check_fits(parser, args, "the mlp's weights (width^2 layers floats)",
                           [("--width", args.width), ("--width", args.width),
                            ("--layers", args.layers)])
-        labkit.check_fits(parser, args, "the mlp's activations (b width layers floats)",
+        labargs.check_fits(parser, args, "the mlp's activations (b width layers floats)",
                           [("--batch", args.batch), ("--width", args.width),
                            ("--layers", args.layers)])
     if args.warmup < 0:
@@ -159,7 +159,7 @@ def check_settings(parser, args, argv=None) -> dict:
 
 
 def main(argv=None):
-    parser = labkit.parser("mp", __doc__.splitlines()[0])
+    parser = labargs.parser("mp", __doc__.splitlines()[0])
     parser.set_defaults(steps=10, warmup=2)
     parser.add_argument("--p", type=int, nargs="+", default=None,
                         help="stages in the line to run (default: 1 up to the world size)")

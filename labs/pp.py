@@ -28,7 +28,7 @@ import sys
 
 import torch.distributed as dist
 
-from lessonlib import labkit
+from lessonlib import labargs, labkit
 from lessonlib.pipeline import runs
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
@@ -127,20 +127,20 @@ def table(rows: list[dict], record: dict) -> list[dict]:
 
 
 def check_settings(p, args) -> dict:
-    labkit.check_positive(p, args, "world-size", "steps", "width", "layers-per-stage",
+    labargs.check_positive(p, args, "world-size", "steps", "width", "layers-per-stage",
                           "microbatch-size", "v")
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more; got {args.warmup}")
     if args.threads is not None:
-        labkit.check_threads(p, args)
+        labargs.check_threads(p, args)
     if not args.microbatches or any(m < 1 for m in args.microbatches):
         p.error(f"--microbatches must be positive integers, e.g. 2 4 8; got {args.microbatches}")
-    labkit.check_fits(p, args, "the activations a GPipe stage keeps (m b width layers "
+    labargs.check_fits(p, args, "the activations a GPipe stage keeps (m b width layers "
                                "floats)",
                       [("--microbatches", max(args.microbatches)),
                        ("--microbatch-size", args.microbatch_size), ("--width", args.width),
                        ("--layers-per-stage", args.layers_per_stage)])
-    labkit.check_fits(p, args, "a stage's weights (width^2 layers floats)",
+    labargs.check_fits(p, args, "a stage's weights (width^2 layers floats)",
                       [("--width", args.width), ("--width", args.width),
                        ("--layers-per-stage", args.layers_per_stage)])
     if "zbv" in args.schedules and args.layers_per_stage % 2:
@@ -159,7 +159,7 @@ def check_settings(p, args) -> dict:
 
 
 def main(argv=None):
-    p = labkit.parser("pp", __doc__.splitlines()[0])
+    p = labargs.parser("pp", __doc__.splitlines()[0])
     p.set_defaults(steps=10, warmup=2)
     p.add_argument("--microbatches", type=int, nargs="+", default=[2, 4, 8], help="values of m")
     p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=SCHEDULES)

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lessonlib
-from lessonlib import comm, device, labkit
+from lessonlib import comm, device, labargs, labkit
 from lessonlib.activations import saved_bytes
 from lessonlib.grid import ParallelContext
 from lessonlib.models import MLP, RECOMPUTE, Block, GPTConfig, init_weights_
@@ -243,7 +243,7 @@ def table(record: dict) -> list[dict]:
 
 
 def check_settings(p, args) -> dict:
-    labkit.check_positive(p, args, "world-size", "steps", "batch", "seq", "hidden", "heads")
+    labargs.check_positive(p, args, "world-size", "steps", "batch", "seq", "hidden", "heads")
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more; got {args.warmup}")
     if args.hidden % args.heads:
@@ -251,10 +251,10 @@ def check_settings(p, args) -> dict:
     if args.heads % args.world_size:
         p.error(f"--heads {args.heads} must be divisible by the TP degree t = --world-size "
                 f"{args.world_size} (each rank gets heads/t heads)")
-    labkit.check_fits(p, args, "the MLP's inner activations (b s 4h floats)",
+    labargs.check_fits(p, args, "the MLP's inner activations (b s 4h floats)",
                       [("--batch", args.batch), ("--seq", args.seq), ("--hidden", args.hidden)],
                       itemsize=4 * 4)
-    labkit.check_fits(p, args, "the attention scores (b a s^2 floats)",
+    labargs.check_fits(p, args, "the attention scores (b a s^2 floats)",
                       [("--batch", args.batch), ("--heads", args.heads), ("--seq", args.seq),
                        ("--seq", args.seq)])
     if args.sequence_parallel and args.seq % args.world_size:
@@ -270,7 +270,7 @@ def check_settings(p, args) -> dict:
 
 
 def main(argv=None):
-    p = labkit.parser("tp", __doc__.splitlines()[0])
+    p = labargs.parser("tp", __doc__.splitlines()[0])
     p.set_defaults(steps=20, warmup=3)
     p.add_argument("--batch", type=int, default=8, help="b, sequences per step")
     p.add_argument("--seq", type=int, default=128, help="s, tokens per sequence")

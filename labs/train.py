@@ -37,17 +37,17 @@ import sys
 import torch
 
 import lessonlib
-from lessonlib import checkpoint, labkit, long_run
+from lessonlib import checkpoint, checkpoint_folder, labargs, labkit, long_run
 from lessonlib.hybrid_axes.build import SHARDS
 from lessonlib.hybrid_axes.trainer import HybridTrainer
 
 
 def check_settings(ap, args) -> dict:
-    labkit.check_positive(ap, args, "world-size", "steps", "checkpoint-every", "keep")
-    labkit.check_number(ap, args, "lr")
-    model = labkit.gpt_model(ap, args)
+    labargs.check_positive(ap, args, "world-size", "steps", "checkpoint-every", "keep")
+    labargs.check_number(ap, args, "lr")
+    model = labargs.gpt_model(ap, args)
     try:
-        checkpoint.check_directory(args.checkpoint_dir, "--checkpoint-dir")
+        checkpoint_folder.check_directory(args.checkpoint_dir, "--checkpoint-dir")
     except ValueError as exc:
         ap.error(str(exc))
     try:   # what is left to fail is the layout against the world, the model and the batch
@@ -86,14 +86,14 @@ def check_run(ap, args) -> dict:
                  "read the folder at once")
     if args.set_aside:
         found = checkpoint.latest(args.checkpoint_dir)
-        for folder in checkpoint.held_ahead(args.checkpoint_dir, args.world_size, found):
-            moved = checkpoint.set_aside(folder)
+        for folder in checkpoint_folder.held_ahead(args.checkpoint_dir, args.world_size, found):
+            moved = checkpoint_folder.set_aside(folder)
             print(f"labs/train.py: set {folder} aside as {moved.name} (shards without a "
                   f"manifest; nothing deleted)", file=sys.stderr)
     if args.fresh:
         if lessonlib.launcher.is_main_process():
             try:    # only the course's own files; a folder holding anything else is refused
-                checkpoint.clear(args.checkpoint_dir, "--checkpoint-dir")
+                checkpoint_folder.clear(args.checkpoint_dir, "--checkpoint-dir")
             except ValueError as exc:
                 ap.error(str(exc))
     else:
@@ -151,11 +151,11 @@ def build_record(measured: dict, settings: dict, world_size: int) -> dict:
 
 
 def main(argv=None):
-    ap = labkit.parser("train", __doc__.splitlines()[0])
+    ap = labargs.parser("train", __doc__.splitlines()[0])
     ap.set_defaults(steps=600, timeout=3600.0)
     ap.add_argument("--layout", default=None, help="t<t>p<p>d<d>, e.g. t1p2d1 (default: as "
                     "many pipeline stages as the world and layers allow, then TP, then DP)")
-    labkit.add_gpt_flags(ap, hidden=128, seq=64)
+    labargs.add_gpt_flags(ap, hidden=128, seq=64)
     ap.add_argument("--cp", type=int, default=1, help="context-parallel ranks (default 1)")
     ap.add_argument("--ep", type=int, default=1,
                     help="expert-parallel ranks inside d, on the MoE tiny GPT (default 1)")

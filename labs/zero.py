@@ -30,7 +30,7 @@ from dataclasses import asdict
 import torch.distributed as dist
 
 import lessonlib
-from lessonlib import labkit
+from lessonlib import labargs, labkit
 from lessonlib.data_parallel.bench import slowest_rank_median
 from lessonlib.data_parallel.sharded import ring_bytes_per_rank
 from lessonlib.data_parallel.zero_bench import zero_bench
@@ -108,13 +108,13 @@ def summarize(ranks: list[dict], settings: dict, cfg: GPTConfig) -> dict:
 
 
 def check(p, args) -> dict:
-    labkit.check_positive(p, args, "world-size", "steps", "batch", "rounds", "layers",
+    labargs.check_positive(p, args, "world-size", "steps", "batch", "rounds", "layers",
                           "hidden", "heads", "seq")
     if args.warmup < 0:
         p.error(f"--warmup must be 0 or more; got {args.warmup}")
     if args.hidden % args.heads:
         p.error(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
-    labkit.check_gpt_fits(p, args, batch="batch")
+    labargs.check_gpt_fits(p, args, batch="batch")
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     if not stages or any(s not in STAGES for s in stages):
         p.error(f"--stages {args.stages}: choose from {','.join(STAGES)}")
@@ -177,7 +177,7 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
 
 
 def main(argv=None):
-    p = labkit.parser("zero", "Time ZeRO stages 0-3 against FSDP2's fully_shard.")
+    p = labargs.parser("zero", "Time ZeRO stages 0-3 against FSDP2's fully_shard.")
     p.add_argument("--stages", default="0,1,2,3,3-noprefetch,torch-fsdp2",
                    help=f"comma-separated, from {','.join(STAGES)}")
     p.add_argument("--overlap", action="store_true",

@@ -10,9 +10,8 @@ parity test: parity is not enough, the memory and the messages must be checked t
 
 Each bug is one commented ``if bugs.active("<name>"):`` in the real code, off unless the
 environment variable ``LESSONLIB_BUGS`` names it (comma-separated). The switches live on the
-ground floor (``lessonlib.bugs``: ``BUGS``, ``active``, ``enabled``, re-exported here); this
-module, on the top floor, holds the checks that catch each bug, and imports the real code
-they exercise.
+ground floor (``lessonlib.bugs``: ``BUGS``, ``active``, ``enabled``); this module, on the top
+floor, holds the checks that catch each bug, and imports the real code they exercise.
 
 Laptop:  ``python -c "from lessonlib import bugzoo as z;
          print(z.check('pipeline_loss_unscaled', True))"``
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from lessonlib import comm
 from lessonlib.baseline import rel_err
 from lessonlib.context_parallel import method_runs as cp_runs
-from lessonlib.bugs import BUGS, ENV, Bug, active, enabled, hook_line, known, switched, switched_on
+from lessonlib.bugs import BUGS, active, known, switched, switched_on
 from lessonlib.data import regression_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.device import current_device
@@ -47,7 +46,7 @@ from lessonlib.tensor_parallel import runs as tp_runs
 from lessonlib.tensor_parallel import sequence_runs as sp_runs
 from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
 
-__all__ = ["BUGS", "ENV", "Bug", "active", "enabled", "hook_line", "CHECKS", "check"]
+__all__ = ["CHECKS", "check"]
 
 
 # ---------------------------------------------------------------- the rank side of the checks

@@ -44,11 +44,9 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import checkpoint_manifest, comm, device
-# The folder's names, its check and its deletions live beside, and are used from here too.
-from lessonlib.checkpoint_folder import (LATEST, MANIFEST, check_directory,  # noqa: F401
-                                         clear, held_ahead, held_shards, remove_step,
-                                         remove_temporaries, set_aside, shard_path, step_dir,
-                                         steps)
+# The folder's names, its check and its deletions live beside.
+from lessonlib.checkpoint_folder import (LATEST, MANIFEST, held_ahead, held_shards, remove_step,
+                                         remove_temporaries, shard_path, step_dir, steps)
 
 
 class CheckpointError(RuntimeError):

@@ -2,19 +2,18 @@
 
 What it teaches: parallel training is computation plus communication, and the lesson's
 claims about communication ("one all-reduce per MLP forward", "a ring moves 2(n-1)/n of
-the data per rank") can be checked by counting. Inside ``with ledger() as book:`` each call
-below appends an ``Event`` (operation, group size, payload bytes, peer, seconds, and the
-seconds it held the rank: ``exposed``) to ``book``, on this rank (``lessonlib.ledger``).
-Each call also leaves a breadcrumb (``launcher.progress``), so a hang names the collective
-a rank was stuck in.
+the data per rank") can be checked by counting. Inside ``with ledger() as book:``
+(``lessonlib.ledger``) each call below appends an ``Event`` (operation, group size, payload
+bytes, peer, seconds, and the seconds it held the rank: ``exposed``) to every ledger open on
+this rank. Each call also leaves a breadcrumb (``breadcrumbs.progress``), so a hang names
+the collective a rank was stuck in.
 
 The ledger is also a trace that NCCL's rules can be checked on without a GPU: each event
 keeps its dtype, its group (by creation: torch numbers groups "0" for the world, then "1",
 "2", ... in ``new_group`` order) and members, its *global* peer or root, its order among
 this rank's calls, whether it was posted in one ``batch_isend_irecv`` and when it was
 waited on (and whether a send's tensor was written before that); ``new_group`` itself is
-recorded. ``nccl_hazards(ledgers)`` (one ledger per rank,
-``lessonlib.nccl_rules``) replays them.
+recorded. ``nccl_rules.nccl_hazards(ledgers)`` (one ledger per rank) replays them.
 
 The wrappers take the same arguments as ``torch.distributed`` and return the same things;
 inside a ledger asynchronous ones return a handle whose ``wait()`` also closes the event's
@@ -32,9 +31,11 @@ import torch.distributed as dist
 
 from lessonlib import device
 from lessonlib.breadcrumbs import progress
-from lessonlib.ledger import (Event, Ledger, TimedWork, batches, books, calls,  # noqa: F401
-                              close, hold, ledger, mode)
-from lessonlib.nccl_rules import nccl_hazards  # noqa: F401 (comm.nccl_hazards, the public name)
+from lessonlib.ledger import Event, TimedWork, batches, books, calls, close, hold, ledger
+# until model_parallel.py, notebook 15 and tests/test_hybrid_axes.py (being edited) import
+# them from their own modules:
+from lessonlib.ledger import Ledger  # noqa: F401
+from lessonlib.nccl_rules import nccl_hazards  # noqa: F401
 
 _groups: dict = {}           # process group -> (name, members): looked up once per group
 

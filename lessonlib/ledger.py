@@ -4,7 +4,7 @@ What it teaches: a measurement that costs nothing when nobody asks. ``with ledge
 opens a ``Ledger``; while one is open, every ``lessonlib.comm`` call appends an ``Event``
 (operation, group, payload bytes, peer or root, dtype, order among this rank's calls, batch,
 when it was waited on, seconds) to every open ledger. With none open, ``comm`` records
-nothing. The events are also the trace ``comm.nccl_hazards`` replays under NCCL's rules.
+nothing. The events are also the trace ``nccl_rules.nccl_hazards`` replays under NCCL's rules.
 
 Communication costs a rank only the time it is *held* by it: ``Event.exposed``. A blocking
 call holds the rank for the whole call; an asynchronous one only inside ``wait()``, so a

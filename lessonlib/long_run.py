@@ -39,7 +39,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from lessonlib import checkpoint, comm, device, labkit, reshard
+from lessonlib import checkpoint, checkpoint_folder, comm, device, labkit, reshard
 from lessonlib.argcheck import positive_int
 from lessonlib.data import corpus_tokens, lm_batch
 from lessonlib.breadcrumbs import progress
@@ -81,7 +81,7 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
     for name, value in (("steps", steps), ("checkpoint_every", checkpoint_every),
                         ("keep", keep)):
         positive_int(name, value)
-    checkpoint.check_directory(checkpoint_dir)
+    checkpoint_folder.check_directory(checkpoint_dir)
     if optimizer not in HybridTrainer.OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r}; use one of {sorted(HybridTrainer.OPTIMIZERS)}")
     model = dict(model or SMALL)

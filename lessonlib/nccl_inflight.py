@@ -23,7 +23,7 @@ on, and NCCL asks three things of what is in flight on a rank:
 
 Each rule reports at most one sentence per rank (the first place it is broken).
 
-Laptop:  used through ``comm.nccl_hazards``; nothing to run on its own.
+Laptop:  used through ``nccl_rules.nccl_hazards``; nothing to run on its own.
 GPU box: the same.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ communicators it creates (rule 1), ``matching`` pairs sends with receives and li
 collectives (rules 4, 5, 6), ``streams`` runs every communicator's stream in order, with
 waits (rules 2, 3, 7). Each returns sentences; none raises on a trace ``nccl_trace`` read.
 
-Laptop:  used through ``comm.nccl_hazards``; nothing to run on its own.
+Laptop:  used through ``nccl_rules.nccl_hazards``; nothing to run on its own.
 GPU box: the same.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 What it teaches: a program that runs on CPU ranks (gloo) can still hang on its first GPU
 run, because NCCL plays by stricter rules. ``nccl_hazards(ledgers)`` takes one
-``comm.Ledger`` per rank (or a list of its events) and replays the calls under the rules
+``ledger.Ledger`` per rank (or a list of its events) and replays the calls under the rules
 below, as NCCL and PyTorch document them; it returns, in plain words, every place where a
 rank would wait forever, and every call whose partners do not fit. It never raises: a trace
 it cannot read gets a sentence starting "trace:". An empty list means none of the modelled
@@ -79,7 +79,7 @@ MODES = ("lazy", "eager")
 def nccl_hazards(ledgers, mode: str | None = None) -> list[str]:
     """Every hazard NCCL would turn into a hang (or a garbled message) in these traces.
 
-    ``ledgers``: one per rank, in rank order (``comm.Ledger`` or a list of ``comm.Event``);
+    ``ledgers``: one per rank, in rank order (``ledger.Ledger`` or a list of ``ledger.Event``);
     events need ``op``, ``peer`` (global), ``bytes``, ``dtype``, ``ranks``, ``order``,
     ``batch`` and ``waited`` as ``comm`` records them (``group`` and ``root`` where known).
     ``mode``: "lazy" or "eager" (rule 1); by default the ledgers' own (lazy for lists).

@@ -6,7 +6,7 @@ defaults), ``malformed`` says in words what makes a trace unreadable (an unknown
 a send with no peer, a call on a group its rank is not in), and ``created_in_order`` checks
 rule 0 of ``nccl_rules``: every rank creates the same groups, in the same order.
 
-Laptop:  used through ``comm.nccl_hazards``; nothing to run on its own.
+Laptop:  used through ``nccl_rules.nccl_hazards``; nothing to run on its own.
 GPU box: the same.
 """
 from __future__ import annotations

@@ -48,12 +48,13 @@ from pathlib import Path
 import torch
 
 from lessonlib import checkpoint, device
+from lessonlib.checkpoint_folder import MANIFEST
 from lessonlib.grid_layout import placements
 from lessonlib.hybrid_axes.runs import step_losses
 from lessonlib.models import GPTConfig
-# The table of where each tensor sits lives beside, and is read from here too.
-from lessonlib.shard_map import (TP_SPLITS, Held, Layout, box_view, dense_shapes,  # noqa: F401
-                                 held, overlaps, placement)
+# The table of where each tensor sits lives beside.
+from lessonlib.shard_map import Held, Layout, box_view, held, overlaps
+from lessonlib.shard_map import placement  # noqa: F401 (notebook 10 names reshard.placement)
 
 
 def cut(full: dict[str, torch.Tensor], pieces: list) -> torch.Tensor:
@@ -70,7 +71,7 @@ def open_mapped(found: dict, rank: int) -> dict:
     path = Path(found["path"]) / f"rank_{rank:05d}.pt"
     want = (found.get("shards") or {}).get(path.name)
     if want is None:
-        raise checkpoint.CheckpointError(f"{Path(found['path']) / checkpoint.MANIFEST} lists "
+        raise checkpoint.CheckpointError(f"{Path(found['path']) / MANIFEST} lists "
                                          f"no SHA-256 for {path.name}: unverified, so not loaded")
     if not path.exists():
         raise checkpoint.CheckpointError(f"{path} is missing (its manifest lists it)")
@@ -85,7 +86,7 @@ def mismatch(found: dict) -> str | None:
     hashes, or None: a layout that is not its world size, or shards that do not hold the
     tensors (shapes, in order) its layout places on them. Reads each shard's index only
     (``mmap``), not its tensors; for ``checkpoint.scan`` before any process starts."""
-    manifest = Path(found["path"]) / checkpoint.MANIFEST
+    manifest = Path(found["path"]) / MANIFEST
     if not {"layout", "model"} <= set(found["meta"]):
         return None                 # another run's settings: check_resume names the difference
     try:

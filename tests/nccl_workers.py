@@ -1,6 +1,6 @@
 """Rank functions that record the communication trace of every scheme, for the NCCL check
 (tests/test_nccl_rules.py). Each returns {scheme: this rank's events}; the parent hands
-one list per rank to ``comm.nccl_hazards``."""
+one list per rank to ``nccl_rules.nccl_hazards``."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

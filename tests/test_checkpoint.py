@@ -21,7 +21,7 @@ import psutil
 import pytest
 import torch
 
-from lessonlib import checkpoint
+from lessonlib import checkpoint, checkpoint_folder
 
 LAB = labrun.LABS / "train.py"
 # Killed after the checkpoint of step 40 (the one of step 20 kept before it, for the damaged
@@ -64,7 +64,7 @@ def test_old_checkpoints_are_pruned_and_a_stale_pointer_is_ignored(tmp_path):
         _save(tmp_path, step, keep=2)
     assert sorted(p.name for p in tmp_path.glob("step_*")) == [
         "step_00000003", "step_00000010", "step_00000015"]
-    (tmp_path / checkpoint.LATEST).write_text("step_00000099")
+    (tmp_path / checkpoint_folder.LATEST).write_text("step_00000099")
     assert checkpoint.latest(tmp_path)["step"] == 15
 
 
@@ -182,7 +182,7 @@ def test_a_killed_run_with_a_damaged_newest_checkpoint_resumes_from_the_older_on
     command names the damaged file, resumes from the checkpoint before it, rewrites the
     steps after it (leaving no temporary file), and ends on the uninterrupted curve."""
     (whole, whole_run), (killed, at_kill) = uninterrupted, _copy_of(killed_midway, tmp_path)
-    ckpt_workers.damage_inside_a_tensor(checkpoint.shard_path(killed, at_kill, 1))
+    ckpt_workers.damage_inside_a_tensor(checkpoint_folder.shard_path(killed, at_kill, 1))
 
     done = labrun.run("train", *TINY, "--checkpoint-dir", str(killed), "--json",
                       str(tmp_path / "resumed.json"))

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from lessonlib import checkpoint, device, long_run
+from lessonlib import checkpoint, checkpoint_folder, device, long_run
 from lessonlib.launcher import RankError, launch
 
 import ckpt_workers
@@ -36,7 +36,7 @@ PROBES = {  # what is done to the newest checkpoint, what the message says
     "a shard emptied": (lambda f: _truncate(f / "rank_00001.pt", 0),
                         "rank_00001.pt is damaged: 0 bytes"),
     "a shard missing": (lambda f: (f / "rank_00001.pt").unlink(), "rank_00001.pt is missing"),
-    "the manifest truncated": (lambda f: _truncate(f / checkpoint.MANIFEST, 40),
+    "the manifest truncated": (lambda f: _truncate(f / checkpoint_folder.MANIFEST, 40),
                                "manifest.json is damaged (unreadable"),
 }
 
@@ -52,7 +52,7 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_older_intact_one_resumed(t
     assert checkpoint.load(found["path"], 1)["model"]["w"][0].item() == 105
     if probe != "the manifest truncated":     # the rank side checks the shard it reads, too
         with pytest.raises(checkpoint.CheckpointError, match="rank_00001.pt is (damaged|missing)"):
-            checkpoint.load(checkpoint.step_dir(tmp_path, 10), 1)
+            checkpoint.load(checkpoint_folder.step_dir(tmp_path, 10), 1)
 
 
 def test_a_folder_whose_every_checkpoint_is_damaged_is_refused_not_restarted(tmp_path):
@@ -77,7 +77,7 @@ def test_pruning_never_lets_a_damaged_checkpoint_push_out_a_good_one(tmp_path):
 def test_a_save_killed_mid_write_leaves_no_temporary_file_once_the_step_is_rewritten(tmp_path):
     folder = _save(tmp_path, 5)
     (folder / ".rank_00001.pt.tmp4242").write_bytes(b"half a shard")
-    (tmp_path / f".{checkpoint.LATEST}.tmp4242").write_bytes(b"step_")
+    (tmp_path / f".{checkpoint_folder.LATEST}.tmp4242").write_bytes(b"step_")
     _save(tmp_path, 5)
     assert not list(tmp_path.rglob("*.tmp*"))
 
@@ -86,10 +86,10 @@ def test_load_maps_the_shard_onto_this_ranks_device(tmp_path, monkeypatch):
     """Saved from another GPU index, a shard must come back on the loading rank's device:
     the meta device stands in for that rank's GPU here."""
     _save(tmp_path, 5)
-    shard = checkpoint.load(checkpoint.step_dir(tmp_path, 5), 0, map_location="meta")
+    shard = checkpoint.load(checkpoint_folder.step_dir(tmp_path, 5), 0, map_location="meta")
     assert shard["model"]["w"].device.type == "meta"
     monkeypatch.setattr(device, "current_device", lambda: torch.device("meta"))
-    assert checkpoint.load(checkpoint.step_dir(tmp_path, 5), 0)["model"]["w"].is_meta
+    assert checkpoint.load(checkpoint_folder.step_dir(tmp_path, 5), 0)["model"]["w"].is_meta
 
 
 def test_a_checkpoint_folder_that_is_a_file_is_refused_before_any_rank(tmp_path):

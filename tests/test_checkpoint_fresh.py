@@ -3,7 +3,7 @@ holds a user's files is refused with one line naming one of them, and nothing is
 import pytest
 import torch
 
-from lessonlib import checkpoint
+from lessonlib import checkpoint, checkpoint_folder
 
 import labrun
 
@@ -42,7 +42,7 @@ def test_clearing_the_working_directory_is_refused(tmp_path, monkeypatch):
     _save(tmp_path, 10)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"checkpoint_dir='\.' holds README.md"):
-        checkpoint.clear(".")
+        checkpoint_folder.clear(".")
     assert (tmp_path / "README.md").exists() and checkpoint.latest(".")["step"] == 10
 
 
@@ -50,8 +50,8 @@ def test_a_folder_of_checkpoints_only_is_cleared_interrupted_saves_included(tmp_
     _save(tmp_path, 10)
     _save(tmp_path, 20)
     checkpoint.write_shard(tmp_path, 30, 0, {})                 # a save killed mid-way
-    (checkpoint.step_dir(tmp_path, 30) / ".rank_00001.pt.tmp77").write_bytes(b"half")
-    checkpoint.clear(tmp_path)
+    (checkpoint_folder.step_dir(tmp_path, 30) / ".rank_00001.pt.tmp77").write_bytes(b"half")
+    checkpoint_folder.clear(tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -63,7 +63,7 @@ def test_anything_the_course_did_not_write_is_named(tmp_path, stranger):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("mine")
     with pytest.raises(ValueError, match="which is not a checkpoint file"):
-        checkpoint.clear(tmp_path)
+        checkpoint_folder.clear(tmp_path)
     assert path.exists() and checkpoint.latest(tmp_path)["step"] == 10
 
 
@@ -72,5 +72,5 @@ def test_pruning_keeps_a_users_file_and_its_folder(tmp_path):
     (folder / "my-plot.png").write_bytes(b"png")
     (tmp_path / ".notes.tmp1").write_text("an editor's swap file")
     _save(tmp_path, 20, keep=1)
-    assert (folder / "my-plot.png").exists() and not (folder / checkpoint.MANIFEST).exists()
+    assert (folder / "my-plot.png").exists() and not (folder / checkpoint_folder.MANIFEST).exists()
     assert (tmp_path / ".notes.tmp1").exists()

@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lessonlib import checkpoint, long_run
+from lessonlib import checkpoint, checkpoint_folder, long_run
 
 import labrun
 
@@ -30,7 +30,7 @@ def _save(folder, step, world=2, keep=3):
 
 
 def _lose_manifest(folder):
-    (folder / checkpoint.MANIFEST).unlink()
+    (folder / checkpoint_folder.MANIFEST).unlink()
     return folder
 
 
@@ -42,7 +42,7 @@ def test_shards_without_a_manifest_are_refused_not_overwritten(tmp_path):
     """The reproduction: a run of 20 steps, its manifests deleted, the same run again."""
     for step in (10, 20):
         _lose_manifest(_save(tmp_path, step))
-    before = {s: _shards(checkpoint.step_dir(tmp_path, s)) for s in (10, 20)}
+    before = {s: _shards(checkpoint_folder.step_dir(tmp_path, s)) for s in (10, 20)}
     with pytest.raises(ValueError, match=r"step_00000010 holds the shards of ranks 0-1 but no "
                                          r"manifest.json.*nothing was changed.*--set-aside"):
         checkpoint.check_resume(tmp_path, 2, META)
@@ -50,7 +50,7 @@ def test_shards_without_a_manifest_are_refused_not_overwritten(tmp_path):
     assert done.returncode == 2, done.stderr[-800:]
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "step_00000010 holds the shards of ranks 0-1 but no manifest.json" in done.stderr
-    assert {s: _shards(checkpoint.step_dir(tmp_path, s)) for s in (10, 20)} == before
+    assert {s: _shards(checkpoint_folder.step_dir(tmp_path, s)) for s in (10, 20)} == before
 
 
 def test_a_held_folder_after_the_newest_verified_step_is_refused(tmp_path):
@@ -66,30 +66,31 @@ def test_a_held_folder_before_the_resume_point_is_kept_and_never_pruned(tmp_path
     for step in (10, 15, 20):
         _save(tmp_path, step, keep=1)
     assert checkpoint.check_resume(tmp_path, 2, META)["step"] == 20
-    assert sorted(_shards(checkpoint.step_dir(tmp_path, 5))) == ["rank_00000.pt", "rank_00001.pt"]
+    assert sorted(_shards(checkpoint_folder.step_dir(tmp_path, 5))) == ["rank_00000.pt",
+                                                                       "rank_00001.pt"]
 
 
 def test_an_interrupted_save_is_not_held(tmp_path):
     """A rank killed before or while writing: fewer shards than the world, or a temporary
     file. The next save of that step may overwrite it; a fresh start is allowed."""
     checkpoint.write_shard(tmp_path, 10, 0, {})
-    assert checkpoint.held_shards(checkpoint.step_dir(tmp_path, 10), 2) == []
+    assert checkpoint_folder.held_shards(checkpoint_folder.step_dir(tmp_path, 10), 2) == []
     assert checkpoint.check_resume(tmp_path, 2, META) is None
     checkpoint.write_shard(tmp_path, 10, 1, {})
-    (checkpoint.step_dir(tmp_path, 10) / ".rank_00002.pt.tmp7").write_bytes(b"half")
-    assert checkpoint.held_shards(checkpoint.step_dir(tmp_path, 10), 2) == []
+    (checkpoint_folder.step_dir(tmp_path, 10) / ".rank_00002.pt.tmp7").write_bytes(b"half")
+    assert checkpoint_folder.held_shards(checkpoint_folder.step_dir(tmp_path, 10), 2) == []
 
 
 def test_fresh_and_set_aside_move_held_shards_and_delete_nothing_of_them(tmp_path):
     _save(tmp_path, 5)
     held = _lose_manifest(_save(tmp_path, 10))
     shards = _shards(held)
-    checkpoint.clear(tmp_path)
+    checkpoint_folder.clear(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000010.unverified"]
     assert _shards(tmp_path / "step_00000010.unverified") == shards
-    checkpoint.clear(tmp_path)                       # set-aside folders are ours: kept
+    checkpoint_folder.clear(tmp_path)                       # set-aside folders are ours: kept
     _lose_manifest(_save(tmp_path, 10))
-    moved = checkpoint.set_aside(checkpoint.step_dir(tmp_path, 10))
+    moved = checkpoint_folder.set_aside(checkpoint_folder.step_dir(tmp_path, 10))
     assert moved.name == "step_00000010.unverified2" and _shards(moved) == shards
 
 
@@ -124,7 +125,7 @@ MANIFESTS = {  # what is written into the newest manifest, what the one line nam
 def test_a_manifest_field_of_the_wrong_kind_is_named_and_the_step_skipped(tmp_path, probe):
     change, words = MANIFESTS[probe]
     _save(tmp_path, 5)
-    path = _save(tmp_path, 10) / checkpoint.MANIFEST
+    path = _save(tmp_path, 10) / checkpoint_folder.MANIFEST
     path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
     found = checkpoint.check_resume(tmp_path, 2, META)
     assert found["step"] == 5 and found["world_size"] == 2, found
@@ -135,7 +136,7 @@ def test_a_manifest_field_of_the_wrong_kind_is_named_and_the_step_skipped(tmp_pa
 
 def test_a_manifest_that_is_not_an_object_is_named(tmp_path):
     _save(tmp_path, 5)
-    (_save(tmp_path, 10) / checkpoint.MANIFEST).write_text("[1, 2]")
+    (_save(tmp_path, 10) / checkpoint_folder.MANIFEST).write_text("[1, 2]")
     found = checkpoint.check_resume(tmp_path, 2, META)
     assert found["step"] == 5 and "holds a JSON list, not an object" in found["damaged"][0]
 
@@ -150,7 +151,7 @@ def test_the_resume_step_is_the_folders_never_the_manifests_word(tmp_path):
             for rank in range(2):
                 checkpoint.write_shard(tmp_path, step, rank, {"w": torch.zeros(1)})
             checkpoint.commit(tmp_path, step, 2, settings["meta"], keep=3)
-        path = checkpoint.step_dir(tmp_path, 20) / checkpoint.MANIFEST
+        path = checkpoint_folder.step_dir(tmp_path, 20) / checkpoint_folder.MANIFEST
         path.write_text(json.dumps({**json.loads(path.read_text()), "step": bad}))
         found = checkpoint.check_resume(tmp_path, 2, settings["meta"])
         assert found["step"] == 10 and "its step is" in found["damaged"][0]
@@ -171,7 +172,7 @@ JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10**13, 10*
 def test_any_json_in_a_manifest_field_is_verified_or_named_in_one_line(tmp_path, field, value):
     folder = tmp_path / f"case{abs(hash((field, repr(value)))) % 10**9}"
     _save(folder, 5)
-    path = _save(folder, 10) / checkpoint.MANIFEST
+    path = _save(folder, 10) / checkpoint_folder.MANIFEST
     path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
     try:
         found = checkpoint.check_resume(folder, 2, META)

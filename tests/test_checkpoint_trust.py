@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from lessonlib import checkpoint, long_run
+from lessonlib import checkpoint, checkpoint_folder, long_run
 
 import labrun
 
@@ -23,7 +23,7 @@ def _save(folder, step, world=2, keep=3):
 
 
 def _edit_manifest(folder, change):
-    path = folder / checkpoint.MANIFEST
+    path = folder / checkpoint_folder.MANIFEST
     manifest = json.loads(path.read_text())
     change(manifest)
     path.write_text(json.dumps(manifest))
@@ -58,7 +58,7 @@ def test_an_unverified_newest_checkpoint_is_named_and_skipped(tmp_path, probe):
         checkpoint.load(newest, 1)
     _save(tmp_path, 7, keep=2)                    # the resumed run saves again
     assert checkpoint.latest(tmp_path)["step"] == 7
-    assert (checkpoint.step_dir(tmp_path, 5) / checkpoint.MANIFEST).exists()
+    assert (checkpoint_folder.step_dir(tmp_path, 5) / checkpoint_folder.MANIFEST).exists()
 
 
 def test_only_unverified_checkpoints_are_refused_naming_the_file(tmp_path):
@@ -69,12 +69,12 @@ def test_only_unverified_checkpoints_are_refused_naming_the_file(tmp_path):
 
 def test_folders_without_a_manifest_are_never_pruned(tmp_path):
     for step in (5, 10):
-        (_save(tmp_path, step) / checkpoint.MANIFEST).unlink()
+        (_save(tmp_path, step) / checkpoint_folder.MANIFEST).unlink()
     found, problems = checkpoint.scan(tmp_path)
     assert found is None and len(problems) == 2 and "(incomplete)" in problems[0]
     _save(tmp_path, 1, keep=1)                    # a fresh start in the same folder
     _save(tmp_path, 2, keep=1)
-    assert all(checkpoint.shard_path(tmp_path, s, 1).exists() for s in (5, 10))
+    assert all(checkpoint_folder.shard_path(tmp_path, s, 1).exists() for s in (5, 10))
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,8 @@ def real_run(tmp_path_factory):
 def test_a_manifest_whose_layout_its_shards_do_not_hold_is_skipped(real_run, tmp_path, layout):
     folder = tmp_path / "ckpt"
     shutil.copytree(real_run["checkpoint_dir"], folder)
-    _edit_manifest(checkpoint.step_dir(folder, 20), lambda m: m["meta"].update(layout=layout))
+    _edit_manifest(checkpoint_folder.step_dir(folder, 20),
+                   lambda m: m["meta"].update(layout=layout))
     found = long_run.resume_point({**real_run, "checkpoint_dir": str(folder)})
     assert found["step"] == 10 and len(found["damaged"]) == 1, found["damaged"]
     assert "step_00000020/manifest.json is damaged: its layout " + layout in found["damaged"][0]
@@ -103,8 +104,8 @@ def test_the_lab_names_the_unverified_checkpoint_and_resumes_from_the_verified_o
                                                                                  tmp_path):
     folder = tmp_path / "ckpt"
     shutil.copytree(real_run["checkpoint_dir"], folder)
-    _edit_manifest(checkpoint.step_dir(folder, 20), lambda m: m.pop("shards"))
-    _flip_a_bit(checkpoint.shard_path(folder, 20, 1))
+    _edit_manifest(checkpoint_folder.step_dir(folder, 20), lambda m: m.pop("shards"))
+    _flip_a_bit(checkpoint_folder.shard_path(folder, 20, 1))
     done = labrun.run("train", "--world-size", "2", "--layout", "t1p2d1", "--layers", "2",
                       "--hidden", "32", "--heads", "2", "--seq", "16", "--global-batch", "8",
                       "--microbatches", "2", "--checkpoint-every", "10", "--steps", "20",

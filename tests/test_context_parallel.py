@@ -5,7 +5,7 @@ tiny GPT, also with data parallelism (c = 2, d = 2) and in the contiguous layout
 one process after 3 SGD steps (losses, gradients, weights); under a causal mask the contiguous layout's last rank does
 about 2c-1 times the first's work and the zig-zag layout is balanced; each rank saves about
 1/c of one process's activations; the ledger's key/value bytes equal the formula; the traces
-pass ``comm.nccl_hazards``; bad settings (q, k, v of different or integer dtypes among them)
+pass ``nccl_rules.nccl_hazards``; bad settings (q, k, v of different or integer dtypes among them)
 fail in one line before anything is sent; ranks passing different layouts are refused on
 every rank, checked by one all-gather on a group's first ring only.
 
@@ -14,10 +14,10 @@ fourth rank is in none, and is refused)."""
 import pytest
 
 import lessonlib
-from lessonlib import comm
 from lessonlib.context_parallel import runs
 from lessonlib.costmodel.context import causal_pairs_per_rank
 from lessonlib.models import GPTConfig
+from lessonlib.nccl_rules import nccl_hazards
 
 CS = (1, 2, 3, 4)
 LAYOUTS = ("contiguous", "zigzag")
@@ -76,7 +76,7 @@ def test_ledger_bytes_equal_the_formula_and_no_nccl_hazard(ranks, c):
             # the forward posts one batch per step but the last; the backward two
             assert report["batches"] == {"forward": c - 1, "backward": 2 * c - 1 if c > 1 else 0}
         # every member of every group, in global rank order (as the trace names them)
-        assert comm.nccl_hazards([m["events"] for m in members]) == []
+        assert nccl_hazards([m["events"] for m in members]) == []
 
 
 @pytest.mark.timeout(150)

@@ -5,7 +5,7 @@ uneven documents (5, 11 and 8 tokens) together with grouped-query K and V (half 
 the ring takes none: its masked case has all heads); the tiny GPT on a (d, c) = (2, 2) grid trains equal to one process with each
 method (Ulysses also at c = 4). The
 bytes each rank sends to the others, by its ledger, equal ``costmodel.context``'s formula
-for each method; the traces pass ``comm.nccl_hazards``; bad settings (heads or kv heads
+for each method; the traces pass ``nccl_rules.nccl_hazards``; bad settings (heads or kv heads
 that c does not divide, kv heads that do not divide the heads, doc_ids of the wrong shape or
 dtype) fail in one line before anything is sent.
 
@@ -16,11 +16,11 @@ unreduced or head groups put back in the wrong order (the bug zoo names it)."""
 import pytest
 
 import lessonlib
-from lessonlib import comm
 from lessonlib.context_parallel import method_runs, runs
 from lessonlib.context_parallel.methods import METHODS
 from lessonlib.costmodel.context import cp_bytes_sent_per_rank, document_work
 from lessonlib.models import GPTConfig
+from lessonlib.nccl_rules import nccl_hazards
 
 CS = (1, 2, 3, 4)
 CFG = GPTConfig(vocab=32, seq=16, hidden=16, heads=4, layers=2)
@@ -84,7 +84,7 @@ def test_bytes_sent_equal_the_formula_and_no_nccl_hazard(ranks, method):
             members = [r["attention"][(c, *case)] for r in _members(ranks, c)]
             for report in members:
                 assert report["sent"] == report["predicted_sent"], (c, case)
-            assert comm.nccl_hazards([m["events"] for m in members]) == [], (c, case)
+            assert nccl_hazards([m["events"] for m in members]) == [], (c, case)
 
 
 @pytest.mark.timeout(150)

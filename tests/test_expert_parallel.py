@@ -18,6 +18,7 @@ import pytest
 
 from lessonlib import bugs, comm
 from lessonlib.expert_parallel import check_split, runs
+from lessonlib.nccl_rules import nccl_hazards
 
 TIGHT = 1e-12       # float64: every comparison is rounding away from exact
 
@@ -89,7 +90,7 @@ def test_all_to_all_bytes_equal_the_routing_counts_and_no_nccl_hazard(reports):
         # what all ranks send off-rank, all ranks receive
         assert sum(runs.sent_and_received(r["events"], r["rank"])["sent_off_rank"] for r in ranks) \
             == sum(runs.sent_and_received(r["events"], r["rank"])["received_off_rank"] for r in ranks)
-        assert comm.nccl_hazards([r["events"] for r in ranks]) == []
+        assert nccl_hazards([r["events"] for r in ranks]) == []
 
 
 @pytest.mark.timeout(60)
@@ -157,7 +158,7 @@ def test_nccl_hazards_sees_an_all_to_all_whose_splits_disagree(reports):
     ranks = [copy.deepcopy(r[1]["events"]) for r in reports]      # E=4, e=2
     recv = next(ev for ev in ranks[0] if ev.op == "recv" and ev.peer == 1 and ev.bytes)
     recv.bytes += 8                          # rank 0 expects one more element from rank 1
-    hazards = comm.nccl_hazards(ranks)
+    hazards = nccl_hazards(ranks)
     assert hazards and "mismatch" in hazards[0], hazards
 
 

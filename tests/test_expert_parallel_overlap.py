@@ -4,7 +4,7 @@ all-to-alls behind the other's compute, on 2 CPU ranks, one launch.
 * Parity, float64: B's forward, the F&B slot (A's forward beside B's backward), A's
   backward, with and without overlap: outputs, input and weight gradients against the
   one-process MoE block within 1e-12, and the two ways equal to the bit.
-* NCCL: the overlapped trace passes ``comm.nccl_hazards``; every all-to-all is on the one
+* NCCL: the overlapped trace passes ``nccl_rules.nccl_hazards``; every all-to-all is on the one
   expert-parallel group, and in the overlapped run some are in flight together (in the
   plain run none is).
 * Exposed communication: the median over 6 slots each way (slowest rank) is below 0.6 of
@@ -15,8 +15,8 @@ all-to-alls behind the other's compute, on 2 CPU ranks, one launch.
 import pytest
 
 import lessonlib
-from lessonlib import comm
 from lessonlib.expert_parallel import overlap_runs
+from lessonlib.nccl_rules import nccl_hazards
 
 REPS = 6
 
@@ -45,7 +45,7 @@ def _a2a_calls(events):
 
 def test_all_to_alls_share_one_group_in_one_order_and_overlap_only_when_asked(ranks):
     overlapped = [r["parity"][True]["events"] for r in ranks]
-    assert comm.nccl_hazards(overlapped) == []
+    assert nccl_hazards(overlapped) == []
     for way in (False, True):
         calls = [_a2a_calls(r["parity"][way]["events"]) for r in ranks]
         # per micro-batch: the counts, dispatch and combine, and their two backward trips

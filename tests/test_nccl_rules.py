@@ -1,4 +1,4 @@
-"""NCCL's rules, checked on CPU: ``comm.nccl_hazards`` flags hand-written traces that would
+"""NCCL's rules, checked on CPU: ``nccl_rules.nccl_hazards`` flags hand-written traces that would
 hang on GPUs and passes ones that would not; then it replays the recorded traces of every
 scheme at its CPU world sizes: the rings and the pipeline as they were are flagged, the
 code as it is passes. Also: a pipeline run's tensors live on ``current_device()``, and
@@ -7,7 +7,8 @@ import pytest
 
 import lessonlib
 import nccl_workers as W
-from lessonlib import comm, device
+from lessonlib import device
+from lessonlib.ledger import Event, TimedWork
 from lessonlib.nccl_rules import MODES, nccl_hazards
 
 
@@ -18,7 +19,7 @@ def trace(*calls, waited_at_end: bool = True) -> list:
     for i, (op, peer, *extra) in enumerate(calls):
         fields = {"dtype": "torch.float32", "waited": len(calls) if waited_at_end else None,
                   **(extra[0] if extra else {})}
-        events.append(comm.Event(op, 2, fields.pop("bytes", 16), peer=peer, order=i, **fields))
+        events.append(Event(op, 2, fields.pop("bytes", 16), peer=peer, order=i, **fields))
     return events
 
 
@@ -79,10 +80,10 @@ def test_a_call_posted_after_a_wait_starts_after_it():
     # Each rank waits on its receive before it posts its send (both batched, so one stream):
     # nothing is ever sent. The same calls with the waits after both posts are fine.
     def rank(peer, waited):
-        return [comm.Event("recv", 2, 16, peer=peer, dtype="torch.float32", order=0, batch=0,
-                           waited=waited),
-                comm.Event("send", 2, 16, peer=peer, dtype="torch.float32", order=1, batch=1,
-                           waited=2)]
+        return [Event("recv", 2, 16, peer=peer, dtype="torch.float32", order=0, batch=0,
+                      waited=waited),
+                Event("send", 2, 16, peer=peer, dtype="torch.float32", order=1, batch=1,
+                      waited=2)]
     assert nccl_hazards([rank(1, 1), rank(0, 1)])
     assert nccl_hazards([rank(1, 2), rank(0, 2)])          # one stream, recv first: still bad
 
@@ -128,15 +129,15 @@ def test_comm_marks_a_send_whose_tensor_is_written_before_its_wait():
             return True
 
     for write in (False, True):
-        buf, event = torch.zeros(4), comm.Event("send", 2, 16, order=0)
-        work = comm.TimedWork(Done(), event, sends=[(event, buf.detach())])
+        buf, event = torch.zeros(4), Event("send", 2, 16, order=0)
+        work = TimedWork(Done(), event, sends=[(event, buf.detach())])
         if write:
             buf.add_(1)
         work.wait()
         assert event.written is write
     # a slice of a larger buffer shares its version counter: writes beside it are not its
-    buf, event = torch.zeros(8), comm.Event("send", 2, 16, order=0)
-    work = comm.TimedWork(Done(), event, sends=[(event, buf[:4])])
+    buf, event = torch.zeros(8), Event("send", 2, 16, order=0)
+    work = TimedWork(Done(), event, sends=[(event, buf[:4])])
     buf[4:].add_(1)
     work.wait()
     assert event.written is False

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lessonlib import comm
+from lessonlib.ledger import Event
 from lessonlib.nccl_rules import ENTRY_POINTS, MODES, nccl_hazards
 from lessonlib.nccl_trace import OPS
 
@@ -22,8 +22,8 @@ PREFIXES = ("hang:", "mismatch:", "order:", "race:", "trace:")
 
 def rank(*calls) -> list:
     """One rank's calls, in order: (op, fields); every call waited on after the last."""
-    return [comm.Event(op, 2, f.pop("bytes", 16), order=i,
-                       **{"dtype": "torch.float32", "waited": len(calls), **f})
+    return [Event(op, 2, f.pop("bytes", 16), order=i,
+                  **{"dtype": "torch.float32", "waited": len(calls), **f})
             for i, (op, f) in enumerate((op, dict(f)) for op, f in calls)]
 
 
@@ -142,7 +142,7 @@ def test_every_init_process_group_call_has_its_mode_stated():
                 eager = any(k.arg == "device_id" for k in node.keywords)
                 found[path.relative_to(ROOT).as_posix()] = "eager" if eager else "lazy"
     assert found == ENTRY_POINTS
-    doc = comm.nccl_hazards.__module__
+    doc = nccl_hazards.__module__
     assert re.search(r"every one is lazy", __import__(doc, fromlist=["x"]).__doc__) or \
         "eager" in set(found.values())
 

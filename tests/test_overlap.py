@@ -7,7 +7,7 @@ hide communication that the plain versions leave exposed.
 * Parity, float64, t = 2: the SP MLP with async TP equals plain SP (outputs and input
   gradients to the bit; weight gradients, summed piece by piece, within 1e-12), a
   transformer layer through ``enable_async_tp`` (fused Q, K, V) too, FSDP with prefetch
-  equals FSDP without after two SGD steps; the ring's trace passes ``comm.nccl_hazards``
+  equals FSDP without after two SGD steps; the ring's trace passes ``nccl_rules.nccl_hazards``
   and sends only point to point (no all-gather or reduce-scatter left).
 * Exposed communication on 2 CPU ranks: the median over steps of overlapped / plain (each
   step's pair back to back, slowest rank) is below 1 for FSDP's prefetch and for async TP
@@ -22,6 +22,7 @@ import torch
 
 import lessonlib
 from lessonlib import comm
+from lessonlib.nccl_rules import nccl_hazards
 from lessonlib.tensor_parallel import async_tp_runs as runs
 
 STEPS, WARMUP = 6, 1
@@ -65,7 +66,7 @@ def test_async_tp_and_prefetch_compute_what_the_plain_versions_do(ranks):
         assert p["grads"] < 1e-12 and p["block"] < 1e-12
         assert p["fsdp_weights"] == 0.0
         assert p["ring_calls"] == {"send": 5, "recv": 5, "all_gather": 0, "reduce_scatter": 0}
-    assert comm.nccl_hazards([r["parity"]["events"] for r in ranks]) == []
+    assert nccl_hazards([r["parity"]["events"] for r in ranks]) == []
 
 
 def test_overlap_leaves_less_communication_exposed(ranks):

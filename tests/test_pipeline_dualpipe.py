@@ -13,10 +13,12 @@ import torch
 from torch.distributed.pipelining.schedules import ScheduleDualPipeV, _ComputationType
 
 from lessonlib.pipeline import dualpipe_runs, schedules as S
-from lessonlib.pipeline.actions import Action, B, F, Kind, W, add_communication, describe, parse
-from lessonlib.pipeline.dualpipe import bubble_formula, dualpipev, readme_times
+from lessonlib.pipeline.actions import (Action, B, F, Kind, W, add_communication, compute_only,
+                                       describe, parse)
+from lessonlib.pipeline.dualpipe import bubble_formula, dualpipev, dualpipev_order, readme_times
 from lessonlib.pipeline.rounds import lockstep
-from lessonlib.pipeline.validate import ScheduleError, check, simulate, validate
+from lessonlib.pipeline.check import ScheduleError, check
+from lessonlib.pipeline.validate import simulate, validate
 
 KIND = {_ComputationType.FORWARD: "F", _ComputationType.FULL_BACKWARD: "B",
         _ComputationType.BACKWARD_INPUT: "B", _ComputationType.BACKWARD_WEIGHT: "W"}
@@ -40,7 +42,7 @@ def torch_order(p: int, m: int, rank: int) -> list[str]:
 def test_dualpipev_is_the_order_pytorch_builds(p):
     for m in (2 * p, 2 * p + 1, 2 * p + 3):
         for d in range(p):
-            mine = [str(a) for a in S.dualpipev_order(p, m, d)]
+            mine = [str(a) for a in dualpipev_order(p, m, d)]
             assert mine == torch_order(p, m, d), (p, m, d)
 
 
@@ -64,7 +66,7 @@ def test_an_f_and_b_slot_has_both_receives_before_it_both_sends_after_and_one_ti
                                                              "F3c1&B1", "B2c1"]
     line = " ".join(str(a) for a in sched[1])
     assert "RECV_F3<-0 RECV_B1c1<-0 F3& B1c1 F3c1& B1 SEND_F3c1->0 SEND_B1->0" in line
-    assert parse(describe(sched).splitlines()[1].split(": ")[1]) == S.compute_only(sched[1])
+    assert parse(describe(sched).splitlines()[1].split(": ")[1]) == compute_only(sched[1])
     for actions, units in zip(sched, lockstep(sched)):   # no batch inside a slot
         for i, u in enumerate(units):
             if isinstance(u, Action) and u.overlap:

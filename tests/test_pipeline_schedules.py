@@ -16,10 +16,13 @@ from lessonlib.exercises import pipeline as ex
 from lessonlib.layer_split import balanced_split, layers_of, split_layers
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline import schedules as S
+from lessonlib.pipeline.actions import (COMPUTE, Action, B, F, add_communication, compute_only,
+                                       describe, parse)
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.stages import device_chunks, stage_modules, stage_parameters
 from lessonlib.pipeline.rounds import batched, check_batches, lockstep
-from lessonlib.pipeline.validate import ScheduleError, check, simulate
+from lessonlib.pipeline.check import ScheduleError, check
+from lessonlib.pipeline.validate import simulate
 from lessonlib.stash import StashMeter
 
 matplotlib.use("Agg")
@@ -97,7 +100,7 @@ def test_every_f_has_its_messages():
     sched = S.one_f_one_b(3, 2)
     assert [str(a) for a in sched[1][:3]] == ["RECV_F0<-0", "F0", "SEND_F0->2"]
     assert all(a.kind != "RECV_F" for a in sched[0]) and all(a.kind != "SEND_F" for a in sched[2])
-    assert S.describe(sched).splitlines()[0] == "stage 0: F0 F1 B0 B1"
+    assert describe(sched).splitlines()[0] == "stage 0: F0 F1 B0 B1"
 
 
 @pytest.mark.parametrize("call,words", [
@@ -108,7 +111,7 @@ def test_every_f_has_its_messages():
     (lambda: S.interleaved_one_f_one_b(4, 6, 2), "use m=4 or 8"),
     (lambda: S.make("zb", 2, 2), "schedule='zb' is not one of"),
     (lambda: S.make("1f1b", 2, 2, v=2), "needs schedule='interleaved'"),
-    (lambda: S.parse("F0 X1"), "cannot read 'X1'"),
+    (lambda: parse("F0 X1"), "cannot read 'X1'"),
 ])
 def test_bad_settings_are_refused_with_the_setting_named(call, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -134,21 +137,21 @@ GOOD = S.one_f_one_b(3, 4)
 def _broken():
     """(schedule, words the error must contain) for a dozen ways to get it wrong."""
     s1 = GOOD[1]
-    i_f0, i_b0 = s1.index(S.F(0)), s1.index(S.B(0))
-    i_recv = s1.index(S.Action("RECV_F", 0, 0, 0))
+    i_f0, i_b0 = s1.index(F(0)), s1.index(B(0))
+    i_recv = s1.index(Action("RECV_F", 0, 0, 0))
     wrong_peer = [dataclasses.replace(a, peer=2) if a.kind == "RECV_F" and a.microbatch == 1
                   else a for a in s1]
     yield _edit(GOOD, 1, _swap(s1, i_f0, i_b0)), "stage 1, action"
     yield _edit(GOOD, 1, _swap(s1, i_recv, i_f0)), "before its input arrives"
-    yield _edit(GOOD, 1, [a for a in s1 if a != S.B(2)]), "never runs the backward of micro-batch 2"
+    yield _edit(GOOD, 1, [a for a in s1 if a != B(2)]), "never runs the backward of micro-batch 2"
     yield _edit(GOOD, 1, [a for a in s1 if a.kind != "SEND_B" or a.microbatch != 3]), \
         "never runs the send of its input gradient"
     yield _edit(GOOD, 1, wrong_peer), "is stage 0, not 2"
-    yield _edit(GOOD, 1, s1 + [S.F(0)]), "runs twice"
-    yield _edit(GOOD, 0, [S.F(-1)] + GOOD[0]), "micro-batch must be in 0..3"
+    yield _edit(GOOD, 1, s1 + [F(0)]), "runs twice"
+    yield _edit(GOOD, 0, [F(-1)] + GOOD[0]), "micro-batch must be in 0..3"
     yield _edit(GOOD, 1, s1 + ["F9"]), "is not an Action"
-    yield _edit(GOOD, 1, s1 + [S.Action("X", 0)]), "kind 'X'"
-    yield _edit(S.gpipe(2, 1), 0, [S.Action("RECV_F", 0, 0, 1)] + S.gpipe(2, 1)[0]), \
+    yield _edit(GOOD, 1, s1 + [Action("X", 0)]), "kind 'X'"
+    yield _edit(S.gpipe(2, 1), 0, [Action("RECV_F", 0, 0, 1)] + S.gpipe(2, 1)[0]), \
         "virtual stage 0 is the first one"
     yield _deadlock(), "deadlock"
 
@@ -156,8 +159,8 @@ def _broken():
 def _deadlock():
     """1F1B with GPipe's order on stage 1: stage 0 waits for B0, stage 1 for F4."""
     orders = [S.one_f_one_b_order(4, 6, s) for s in range(4)]
-    orders[1] = S.compute_only(S.gpipe(4, 6)[1])
-    return S.add_communication(orders)
+    orders[1] = compute_only(S.gpipe(4, 6)[1])
+    return add_communication(orders)
 
 
 @pytest.mark.parametrize("schedule,words", list(_broken()))
@@ -212,9 +215,9 @@ def test_blocking_batches_never_deadlock_and_carry_every_message(sched):
     the next compute, never deadlock (``check_batches`` plays them)."""
     check_batches(sched)
     for actions, units in zip(sched, lockstep(sched)):
-        assert [u for u in units if not isinstance(u, list)] == S.compute_only(actions)
+        assert [u for u in units if not isinstance(u, list)] == compute_only(actions)
         moved = sorted(map(str, (a for u in units if isinstance(u, list) for a in u)))
-        assert moved == sorted(str(a) for a in actions if a.kind not in S.COMPUTE)
+        assert moved == sorted(str(a) for a in actions if a.kind not in COMPUTE)
 
 
 @pytest.mark.parametrize("name,p,m,v", [("interleaved", 2, 4, 2), ("interleaved", 4, 8, 2),
@@ -234,7 +237,7 @@ def test_batches_whose_sends_and_receives_are_in_different_orders_are_refused():
     sched = S.gpipe(2, 2)
     units = lockstep(sched)
     units[1] = [u for u in units[1] if not isinstance(u, list)]
-    recvs = [S.Action("RECV_F", 1, 0, 0), S.Action("RECV_F", 0, 0, 0)]
+    recvs = [Action("RECV_F", 1, 0, 0), Action("RECV_F", 0, 0, 0)]
     units[1][:0] = [recvs]
     with pytest.raises(ScheduleError, match="another order"):
         check_batches(sched, units)

@@ -8,7 +8,7 @@ whatever m; both pass the validator, which rejects a W before
 its B. With processes (one launch per p = 2, 3, 4): both equal one process in losses,
 gradients and weights after 3 SGD steps in float64, at m = 1, p and 2p+1 (and so do PyTorch's
 ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble on the same stages at p = 2), and
-lessonlib's recorded traces pass ``comm.nccl_hazards``."""
+lessonlib's recorded traces pass ``nccl_rules.nccl_hazards``."""
 import contextlib
 import io
 import json
@@ -18,14 +18,16 @@ import torch
 from torch import nn
 
 import lessonlib
-from lessonlib import comm
 from lessonlib.costmodel import Layout, bubble_fraction, bubble_time, stashed_microbatches
+from lessonlib.nccl_rules import nccl_hazards
 from lessonlib.pipeline import runs
 from lessonlib.pipeline import schedules as S
-from lessonlib.pipeline.actions import Kind
+from lessonlib.pipeline import zero_bubble
+from lessonlib.pipeline.actions import Action, B, Kind, Schedule, W
 from lessonlib.pipeline.executor import StepResult
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
-from lessonlib.pipeline.validate import ScheduleError, check, replay, simulate
+from lessonlib.pipeline.check import ScheduleError, check
+from lessonlib.pipeline.validate import replay, simulate
 
 TIMES = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.7), (1.0, 1.2, 1.0), (2.0, 1.0, 0.5)]
 
@@ -65,18 +67,18 @@ def test_at_equal_times_zb_h1_has_a_third_of_1f1b_and_zbv_only_the_start_up(p):
 @pytest.mark.parametrize("p", [2, 3, 4])
 @pytest.mark.parametrize("f,b,w", TIMES[1:])
 def test_at_unequal_times_zbv_still_leaves_a_bubble_that_does_not_grow_with_m(p, f, b, w):
-    idle = [max(simulate(S.zbv(p, m), forward=f / 2, backward=b / 2, weight=w / 2).idle)
+    idle = [max(simulate(zero_bubble.zbv(p, m), forward=f / 2, backward=b / 2, weight=w / 2).idle)
             for m in (2 * p - 1, 2 * p, 3 * p + 1, 6 * p)]
     assert idle == pytest.approx([idle[0]] * 4)
-    assert idle[0] < simulate(S.zero_bubble_h1(p, 2 * p), forward=f, backward=b,
+    assert idle[0] < simulate(zero_bubble.zero_bubble_h1(p, 2 * p), forward=f, backward=b,
                               weight=w).idle[0]
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 13])
 def test_zero_bubble_schedules_hold_min_p_m_micro_batches_until_their_w(p, m):
-    assert simulate(S.zero_bubble_h1(p, m)).peak_stash == [min(p, m)] * p
-    zbv = simulate(S.zbv(p, m)).peak_stash                  # half-size chunk activations
+    assert simulate(zero_bubble.zero_bubble_h1(p, m)).peak_stash == [min(p, m)] * p
+    zbv = simulate(zero_bubble.zbv(p, m)).peak_stash     # half-size chunk activations
     assert zbv == [min(2 * p, m + s + 1, 2 * m) for s in range(p)]
     assert max(zbv) == zbv[-1] == 2 * min(p, m)
     assert [stashed_microbatches("zbv", p, m, s) for s in range(p)] == [n / 2 for n in zbv]
@@ -145,7 +147,7 @@ def test_explain_bubble_reads_each_virtual_stages_times_and_replays_them():
 
 
 def test_zbv_turns_round_on_the_last_stage_without_a_message():
-    sched = S.zbv(3, 4)
+    sched = zero_bubble.zbv(3, 4)
     assert sched.placement == "v"
     last = sched[2]
     assert not any(a.kind.is_send and a.peer == 2 for a in last)
@@ -153,11 +155,11 @@ def test_zbv_turns_round_on_the_last_stage_without_a_message():
 
 
 @pytest.mark.parametrize("call,words", [
-    (lambda: S.zero_bubble_h1(0, 4), "p=0 must be a positive integer"),
-    (lambda: S.zbv(2, 0), "m=0 must be"),
+    (lambda: zero_bubble.zero_bubble_h1(0, 4), "p=0 must be a positive integer"),
+    (lambda: zero_bubble.zbv(2, 0), "m=0 must be"),
     (lambda: S.make("zbv", 2, 4, v=3), "exactly two chunks"),
     (lambda: S.make("zb-h1", 2, 4, v=2), "needs schedule='interleaved'"),
-    (lambda: S.zero_bubble_h1_order(2, 4, 2), "stage must be an integer in 0..1"),
+    (lambda: zero_bubble.zero_bubble_h1_order(2, 4, 2), "stage must be an integer in 0..1"),
     (lambda: Layout(p=2, m=4, v=2, schedule="zbv"), "needs schedule='1f1b'"),
     (lambda: bubble_fraction(2, 4, 2, schedule="zb-h1"), "takes v=1"),
 ])
@@ -167,14 +169,14 @@ def test_bad_zero_bubble_settings_are_refused_with_the_setting_named(call, words
 
 
 def test_the_validator_rejects_a_w_before_its_b_or_a_message_on_a_local_hand_over():
-    good = S.zero_bubble_h1(2, 2)
+    good = zero_bubble.zero_bubble_h1(2, 2)
     s0 = list(good[0])
-    i, j = s0.index(S.B(0)), s0.index(S.W(0))
+    i, j = s0.index(B(0)), s0.index(W(0))
     s0[i], s0[j] = s0[j], s0[i]
     with pytest.raises(ScheduleError, match="weight gradient"):
         check([s0, good[1]])
-    v = S.zbv(2, 2)
-    bad = S.Schedule([v[0], [S.Action("RECV_F", 0, 1, 1)] + list(v[1])], "v")
+    v = zero_bubble.zbv(2, 2)
+    bad = Schedule([v[0], [Action("RECV_F", 0, 1, 1)] + list(v[1])], "v")
     with pytest.raises(ScheduleError, match="hand over in memory"):
         check(bad)
 
@@ -239,7 +241,7 @@ def test_zero_bubble_traces_pass_the_nccl_rules(run):
     names = per_rank[0]["traces"]
     assert set(names) == {f"{s} m={2 * p + 1}" for s in ("zb-h1", "zbv")}
     for name in names:
-        assert comm.nccl_hazards([r["traces"][name] for r in per_rank]) == [], name
+        assert nccl_hazards([r["traces"][name] for r in per_rank]) == [], name
 
 
 def test_the_planner_considers_the_zero_bubble_schedules():

@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 
-from lessonlib import checkpoint, long_run, reshard
+from lessonlib import checkpoint, checkpoint_folder, long_run, reshard, shard_map
 from lessonlib.launcher import launch
 from lessonlib.shard_map import Layout
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss
@@ -43,7 +43,7 @@ def _save_as(folder, full, t, p, d, step=3):
     """Write ``full`` as a (t, p, d) run would have: one shard per rank, cut by placement."""
     for rank in range(t * p * d):
         dp, pp, tp = rank // (p * t), rank // t % p, rank % t
-        pieces = reshard.placement(CFG, t, p, pp, tp)
+        pieces = shard_map.placement(CFG, t, p, pp, tp)
         model = {name: reshard.cut(full["param"], where) for name, where in pieces.items()}
         state = {i: {"step": torch.tensor(1.0),
                      **{key: reshard.cut(full[key], pieces[name]) for key in ("exp_avg", "exp_avg_sq")}}
@@ -65,7 +65,7 @@ def test_resharding_gives_each_rank_exactly_its_piece_of_the_weights_and_moments
     t, p, d = loaded
     for pp in range(p):
         for tp in range(t):
-            pieces = reshard.placement(CFG, t, p, pp, tp)
+            pieces = shard_map.placement(CFG, t, p, pp, tp)
             names = list(pieces)
             got = reshard.load(found, CFG, Layout(t, 1, p, d), pp * t + tp, names, where="cpu")
             # the global mean per step: micro-batches, then the d replicas (3.0 and 4.0)
@@ -84,7 +84,7 @@ def test_every_layout_cuts_the_whole_model_once():
         rebuilt = {n: torch.full_like(q, float("nan")) for n, q in full["param"].items()}
         for pp in range(p):
             for tp in range(t):
-                for pieces in reshard.placement(CFG, t, p, pp, tp).values():
+                for pieces in shard_map.placement(CFG, t, p, pp, tp).values():
                     at = 0
                     for name, dim, start, stop in pieces:   # each piece back where it came from
                         part = reshard.cut(full["param"], pieces).narrow(dim, at, stop - start)
@@ -112,7 +112,7 @@ def test_a_run_saved_on_4_ranks_resumes_on_2_and_on_1_to_the_same_curve(tmp_path
     whole = long_run.run(plan(4, "t2p2d1", "whole"), timeout=200)
     for folder in ("on2", "on1"):
         shutil.copytree(tmp_path / "whole", tmp_path / folder)
-        shutil.rmtree(checkpoint.step_dir(tmp_path / folder, 6))
+        shutil.rmtree(checkpoint_folder.step_dir(tmp_path / folder, 6))
     for world, layout, folder in ((2, "t1p1d2", "on2"), (1, "t1p1d1", "on1")):
         resumed = long_run.run(plan(world, layout, folder), timeout=200)
         assert (resumed["resumed_from_step"], resumed["resumed_from_layout"]) == (3, "t2p2d1")

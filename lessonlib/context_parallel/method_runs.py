@@ -8,7 +8,7 @@ output and its gradients of q, k and v with one-process attention on the whole t
 (``masks.attention``: PyTorch's ``scaled_dot_product_attention`` under the same mask). It
 also returns the bytes the rank sent to the others, forward and backward, by its ledger
 (``methods.sent_bytes``) next to ``costmodel.context``'s formula, and the events for
-``comm.nccl_hazards``. ``method_reports`` runs every case in one launch; ``time_report``
+``nccl_rules.nccl_hazards``. ``method_reports`` runs every case in one launch; ``time_report``
 times each method's forward and backward on one shape (CPU ranks: the time is mostly Python
 and the machine's other load; read the bytes and the work, not the seconds, as the lesson).
 

@@ -17,7 +17,7 @@ Only this rank's q, k, v, output and log-sum-exp are saved: activations of s/c t
 
 Every message is a batched point-to-point (``comm.batch_isend_irecv``: sends to the next
 rank and receives from the previous one in one group, as NCCL needs), so the ledger counts
-them and ``comm.nccl_hazards`` can replay them. The step functions are the algorithm; a
+them and ``nccl_rules.nccl_hazards`` can replay them. The step functions are the algorithm; a
 ``record(phase, step, source, pairs)`` hook (a context manager, none by default) is how a
 caller times the steps or draws the ring, from outside.
 

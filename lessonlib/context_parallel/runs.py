@@ -6,7 +6,7 @@ What it teaches: ring attention is right when it is attention. ``attention_repor
 output and its gradients of q, k and v with one-process ``scaled_dot_product_attention`` on
 the whole tensors (each rank computes that reference itself: the shapes are tiny); it also
 returns what the ring did at each step (``StepLog``), the ledger of every message (bytes
-received, against ``costmodel.context``'s formula, and the events for ``comm.nccl_hazards``)
+received, against ``costmodel.context``'s formula, and the events for ``nccl_rules.nccl_hazards``)
 and the bytes autograd saved. ``gpt_report`` trains the c-rank GPT (with data parallelism on
 a (d, c) grid) and one process side by side for a few steps.
 

@@ -52,10 +52,10 @@ from torch import nn
 from lessonlib import comm
 from lessonlib.data_parallel.collectives import group_ranks
 from lessonlib.data_parallel.fsdp_units import (Unit, check_arguments, held_bytes, shard_units,
-                                                tensors_in, unit_modules)
+                                                tensors_in)
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate
 
-__all__ = ["FullyShardedDataParallel", "GatherUnit", "SavedWeight", "unit_modules"]
+__all__ = ["FullyShardedDataParallel", "GatherUnit", "SavedWeight"]
 
 
 class GatherUnit(torch.autograd.Function):

@@ -25,7 +25,8 @@ from lessonlib import comm, device
 from lessonlib.breadcrumbs import progress
 from lessonlib.data import corpus_tokens, lm_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
-from lessonlib.data_parallel.fsdp import FullyShardedDataParallel, unit_modules
+from lessonlib.data_parallel.fsdp import FullyShardedDataParallel
+from lessonlib.data_parallel.fsdp_units import unit_modules
 from lessonlib.data_parallel.ladder import replicate
 from lessonlib.data_parallel.runs import replica_step
 from lessonlib.data_parallel.sharded import padded_numel, tensor_bytes, zero_stage_bytes

@@ -8,7 +8,7 @@ GPU box: the same (exercise 2 runs 2 ranks, on CPU or one GPU each).
 """
 from __future__ import annotations
 
-from lessonlib import bugzoo
+from lessonlib import bugs, bugzoo
 from lessonlib.exercises.verdict import Verdict, unanswered, unwritten
 from lessonlib.launcher import launch
 from lessonlib.models import Block, GPTConfig
@@ -62,7 +62,7 @@ def check_wrong_microbatch_prediction(prediction, micro: int = 3) -> Verdict:
     except (TypeError, ValueError):
         return Verdict(False, f"give one count per micro-batch, e.g. {[0] * (micro - 1) + [1]}; "
                               f"got {prediction!r}")
-    with bugzoo.enabled("ddp_sync_on_wrong_microbatch"):
+    with bugs.enabled("ddp_sync_on_wrong_microbatch"):
         ranks = launch(bugzoo.rank_ddp_accumulation, 2, micro=micro)
     sent = ranks[0]["all_reduces_per_microbatch"]
     if prediction == sent:

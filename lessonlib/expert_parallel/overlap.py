@@ -31,7 +31,7 @@ while the rank computes. Not hidden: the counts exchange (a small blocking all-t
 attention, the forward's one read to the host), and whatever a transfer takes beyond the
 compute beside it. Every all-to-all goes on the one expert-parallel group, in an order
 fixed by the schedule, the same on every rank: one communicator, which NCCL allows
-several collectives in flight on (``comm.nccl_hazards`` checks the trace).
+several collectives in flight on (``nccl_rules.nccl_hazards`` checks the trace).
 
 Laptop:  ``python -c "import lessonlib.expert_parallel.overlap_runs as o; print(o.run_overlap())"``
 GPU box: the same call; under NCCL a wait orders the streams, and the exposed time is read

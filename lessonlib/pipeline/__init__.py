@@ -30,9 +30,12 @@ GPU box: the same; ``labs/pp.py`` under torchrun runs the executor on GPUs.
 """
 import importlib
 
-from lessonlib.pipeline.schedules import (Action, dualpipev, gpipe, interleaved_one_f_one_b,
-                                          make, one_f_one_b, zbv, zero_bubble_h1)
-from lessonlib.pipeline.validate import ScheduleError, check, simulate, validate
+from lessonlib.pipeline.actions import Action
+from lessonlib.pipeline.check import ScheduleError, check
+from lessonlib.pipeline.dualpipe import dualpipev
+from lessonlib.pipeline.schedules import gpipe, interleaved_one_f_one_b, make, one_f_one_b
+from lessonlib.pipeline.validate import simulate, validate
+from lessonlib.pipeline.zero_bubble import zbv, zero_bubble_h1
 
 _LAZY = {"PipelineExecutor": "executor", "StepResult": "executor", "TorchPipeline": "torch_ref",
          "stage_modules": "stages"}

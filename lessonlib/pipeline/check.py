@@ -3,8 +3,8 @@
 What it teaches: because a schedule is data, we can prove it right before any process
 starts. ``check`` reads every stage's action list and rejects, naming the stage and the
 action, a backward before its forward, a W before its B, a forward whose input never
-arrives, a send nobody receives or a message to the wrong stage (``validate`` re-exports it
-and adds the simulation).
+arrives, a send nobody receives or a message to the wrong stage (``validate.simulate`` runs
+it before it plays the schedule).
 
 Laptop:  ``python -c "from lessonlib.pipeline.check import check; from lessonlib.pipeline
          import one_f_one_b; print(check(one_f_one_b(4, 8)))"``

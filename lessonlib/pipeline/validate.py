@@ -1,14 +1,12 @@
 """Check a pipeline schedule without running it, and simulate it: bubble, stash, deadlocks.
 
-What it teaches: because a schedule is data, we can prove it right before any process
-starts. ``check`` reads every stage's action list and rejects, naming the stage and the
-action, a backward before its forward, a forward whose input never arrives, a send nobody
-receives or a message to the wrong stage. ``simulate`` then plays the schedule as a
-discrete-event simulation: F, B and W take given times, a send never waits for its receiver
-(the message waits in the link, as an isend does; it may cost its sender a given time to
-copy out), a receive waits until its message has been sent plus ``latency``. If at some
-point no stage can move, the schedule deadlocks and the error says
-where each stage is stuck. Otherwise it reports, per stage:
+What it teaches: because a schedule is data, it can be played before any process starts.
+``simulate`` first runs ``check`` (``pipeline.check``: every action possible, every message
+paired), then plays the schedule as a discrete-event simulation: F, B and W take given
+times, a send never waits for its receiver (the message waits in the link, as an isend
+does; it may cost its sender a given time to copy out), a receive waits until its message
+has been sent plus ``latency``. If at some point no stage can move, the schedule deadlocks
+and the error says where each stage is stuck. Otherwise it reports, per stage:
 
 * ``bubble``: idle share of the step's wall time, (p-1)/(m+p-1) for GPipe and 1F1B with
   balanced stages (GPipe, Huang et al. 2019, §2.3), and ``bubble_ideal``: idle time over busy
@@ -32,8 +30,7 @@ import numbers
 from dataclasses import dataclass
 
 from lessonlib.pipeline.actions import COMPUTE, Kind, placement_of, virtual_stage
-from lessonlib.pipeline.check import (Message, ScheduleError, check, message_of,  # noqa: F401
-                                      where)
+from lessonlib.pipeline.check import Message, ScheduleError, check, message_of, where
 from lessonlib.pipeline.rounds import check_batches, lockstep
 from lessonlib.spans import Span
 

@@ -17,7 +17,7 @@ step seconds, the communication seconds (posted to closed), the exposed seconds 
 over the steps) and the last step's timeline (``Span``: "COMM" in flight, "EXPOSED" held);
 ``parity_report`` checks in float64 that each overlapped version computes what the plain one
 does (outputs, input and weight gradients; FSDP: weights after two steps) and returns the
-async ring's ledger for ``comm.nccl_hazards``. ``overlap_report`` launches both on 2 CPU
+async ring's ledger for ``nccl_rules.nccl_hazards``. ``overlap_report`` launches both on 2 CPU
 ranks, where gloo runs asynchronous calls on its own threads, so they overlap with compute.
 
 Laptop:  ``python -c "from lessonlib.tensor_parallel import async_tp_runs as r;
@@ -37,6 +37,7 @@ from torch import nn
 from lessonlib import comm, device, launcher
 from lessonlib.data_parallel.fsdp import FullyShardedDataParallel
 from lessonlib.models import MLP, Block, GPTConfig, init_weights_
+from lessonlib.nccl_rules import nccl_hazards
 from lessonlib.spans import Span
 from lessonlib.tensor_parallel.async_tp import enable_async_tp
 from lessonlib.tensor_parallel.layers import TensorParallelMLP
@@ -265,5 +266,5 @@ def overlap_report(world_size: int = 2, steps: int = 8, warmup: int = 2, tp_shap
     parity = {k: v for k, v in ranks[0]["parity"].items() if k != "events"}
     return {"parity": parity, "variants": summarize(ranks),
             "exposed_ratio": exposed_ratios(ranks),
-            "nccl_hazards": comm.nccl_hazards([r["parity"]["events"] for r in ranks])}
+            "nccl_hazards": nccl_hazards([r["parity"]["events"] for r in ranks])}
 

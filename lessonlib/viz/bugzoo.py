@@ -17,7 +17,7 @@ import textwrap
 
 import matplotlib.pyplot as plt
 
-from lessonlib import bugzoo
+from lessonlib import bugs
 from lessonlib.viz.widgets import explorer
 
 FLOOR, CEILING = 1e-18, 1e3   # log axis: 0 is drawn at the floor, inf (or NaN) at the ceiling
@@ -72,7 +72,7 @@ def plot_checks(results: dict):
 def describe(name: str, pair: dict | None = None) -> str:
     """One bug in words: what, where (and its switched line), symptom, check, test, and the
     messages of the checks already run."""
-    bug, (where, code) = bugzoo.BUGS[name], bugzoo.hook_line(name)
+    bug, (where, code) = bugs.BUGS[name], bugs.hook_line(name)
     rows = [("what", bug.what), ("where", f"{bug.where} ({where})"),
             ("symptom", bug.symptom), ("check", bug.check), ("test", bug.test)]
     rows += [(f"bug {state}", pair[state]["message"]) for state in ("off", "on") if pair]

@@ -26,7 +26,7 @@
 # (outputs, input gradients, weight gradients) and **counting** what each rank holds and
 # sends (`comm.ledger`). One of the bugs passes every parity test.
 #
-# Switch a bug on with `with bugzoo.enabled("name"):` or `LESSONLIB_BUGS=name` in the
+# Switch a bug on with `with bugs.enabled("name"):` or `LESSONLIB_BUGS=name` in the
 # environment; ranks started by `lessonlib.launch` inherit it.
 
 # %%
@@ -34,19 +34,19 @@ import textwrap
 
 import matplotlib.pyplot as plt
 
-from lessonlib import bugzoo
+from lessonlib import bugs, bugzoo
 from lessonlib.viz import bugzoo as viz
 
 # %% [markdown]
 # ## 1. The cages
 #
-# The registry, `bugzoo.BUGS`, is the documentation: for each bug, the line its switch
+# The registry, `bugs.BUGS`, is the documentation: for each bug, the line its switch
 # changes (read from the source now, so it is never stale), and the existing test in
 # `tests/` that fails when it is on.
 
 # %%
-for name, bug in bugzoo.BUGS.items():
-    where, code = bugzoo.hook_line(name)
+for name, bug in bugs.BUGS.items():
+    where, code = bugs.hook_line(name)
     print(f"{name}  ({where})\n{textwrap.indent(code, ' ' * 8)}\n"
           f"    caught by: {bug.check}\n    test: {bug.test}\n")
 
@@ -87,7 +87,7 @@ print(f"all-reduces per micro-batch:  {predicted_sends}")
 # %%
 # NBVAL_IGNORE_OUTPUT
 results = {name: {"off": bugzoo.check(name, bug_on=False), "on": bugzoo.check(name, bug_on=True)}
-           for name in bugzoo.BUGS}
+           for name in bugs.BUGS}
 for name, pair in results.items():
     print(f"{name}\n    off: {pair['off']['message']}\n    on:  {pair['on']['message']}")
 
@@ -163,14 +163,14 @@ viz.bug_widget(results)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-with bugzoo.enabled("pipeline_loss_unscaled"):
+with bugs.enabled("pipeline_loss_unscaled"):
     tried = bugzoo.check("pipeline_loss_unscaled")
 print(tried["message"])
 
 # %%
 # NBVAL_CHECK_OUTPUT
 print(f"bug on inside the block: {tried['bug_on']}, check passed: {tried['passed']}; "
-      f"switched on now: {bugzoo.active('pipeline_loss_unscaled')}")
+      f"switched on now: {bugs.active('pipeline_loss_unscaled')}")
 
 # %% [markdown]
 # From a terminal, the named test in `tests/` fails the same way:

@@ -29,7 +29,8 @@ import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.data import corpus_tokens, lm_batch
 from lessonlib.data_parallel import zero_runs
-from lessonlib.data_parallel.fsdp import FullyShardedDataParallel as FSDP, unit_modules
+from lessonlib.data_parallel.fsdp import FullyShardedDataParallel as FSDP
+from lessonlib.data_parallel.fsdp_units import unit_modules
 from lessonlib.models import SHARDING_CONFIG, lm_loss
 from lessonlib.viz import zero as zviz
 from lessonlib.viz.source import show

@@ -181,23 +181,24 @@ viz.allreduce_explorer(points, fits, fresh)
 # more every rank blocks creating the link to its left while its left neighbour does the
 # same (NVIDIA/nccl issues 479 and 783; pytorch/pytorch issue 109401). Posting the send and
 # the receive together as one batch (`comm.batch_isend_irecv`, as PyTorch's pipelining
-# does) is how `exchange` does it now. `comm.nccl_hazards` replays a recorded trace under
+# does) is how `exchange` does it now. `nccl_rules.nccl_hazards` replays a recorded trace under
 # these rules, so the course checks its GPU code on CPU:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from lessonlib import comm
+from lessonlib.ledger import Event
+from lessonlib.nccl_rules import nccl_hazards
 
 
 def ring(n, batched):
-    call = lambda op, peer, i: comm.Event(op, n, 16, peer=peer, dtype="torch.float32", order=i,
-                                          batch=0 if batched else None, waited=2)
+    call = lambda op, peer, i: Event(op, n, 16, peer=peer, dtype="torch.float32", order=i,
+                                     batch=0 if batched else None, waited=2)
     return [[call("recv", (r - 1) % n, 0), call("send", (r + 1) % n, 1)] for r in range(n)]
 
 
 for n in (2, 3):
-    print(f"{n} ranks, irecv then isend:", *comm.nccl_hazards(ring(n, False)), sep="\n  ")
-print("3 ranks, one batch:", comm.nccl_hazards(ring(3, True)) or "no hazard")
+    print(f"{n} ranks, irecv then isend:", *nccl_hazards(ring(n, False)), sep="\n  ")
+print("3 ranks, one batch:", nccl_hazards(ring(3, True)) or "no hazard")
 
 # %% [markdown]
 # **One communicator busy at a time.** A batch fixes one communicator's order, but a rank
@@ -214,15 +215,15 @@ print("3 ranks, one batch:", comm.nccl_hazards(ring(3, True)) or "no hazard")
 def cycle(wait_each):
     pairs = {"01": (0, 1), "12": (1, 2), "20": (0, 2)}
     mine = {0: ("01", "20"), 1: ("01", "12"), 2: ("12", "20")}
-    made = [comm.Event("new_group", 3, 0, ranks=m, group=g, order=i, waited=i + 1)
+    made = [Event("new_group", 3, 0, ranks=m, group=g, order=i, waited=i + 1)
             for i, (g, m) in enumerate(pairs.items())]
-    return [made + [comm.Event("all_reduce", 2, 16, dtype="torch.float32", ranks=pairs[g],
-                               group=g, order=3 + i, waited=4 + i if wait_each else 5)
+    return [made + [Event("all_reduce", 2, 16, dtype="torch.float32", ranks=pairs[g],
+                          group=g, order=3 + i, waited=4 + i if wait_each else 5)
                     for i, g in enumerate(mine[r])] for r in range(3)]
 
 
-print("posted together:", *comm.nccl_hazards(cycle(False))[:1], sep="\n  ")
-print("each waited before the next:", comm.nccl_hazards(cycle(True)) or "no hazard")
+print("posted together:", *nccl_hazards(cycle(False))[:1], sep="\n  ")
+print("each waited before the next:", nccl_hazards(cycle(True)) or "no hazard")
 
 # %% [markdown]
 # That rule shapes the pipeline executor ([lesson 04](04-tensor-vs-pipeline.ipynb)), as it

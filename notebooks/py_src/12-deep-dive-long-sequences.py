@@ -36,7 +36,6 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 import lessonlib
-from lessonlib import comm
 from lessonlib import costmodel as cm
 from lessonlib.claims import at_least, at_most, claim, every, within
 from lessonlib.context_parallel import chunks_of, ring, runs, torch_ref
@@ -45,6 +44,7 @@ from lessonlib.costmodel import get_cluster
 from lessonlib.costmodel import context as cx
 from lessonlib.costmodel.memory import activation_bytes_per_layer
 from lessonlib.models import GPTConfig
+from lessonlib.nccl_rules import nccl_hazards
 from lessonlib.viz.source import show
 
 # %% [markdown]
@@ -280,7 +280,7 @@ at_most("the zig-zag layout's largest CPU time per rank over its smallest",
 # against one process on the same sequences; the key/value bytes each rank received
 # (the ledger) against the formula: c-1 blocks forward, and backward the c-1 blocks again
 # plus c hops of their gradients (`costmodel.context.ring_bytes_received_per_rank`); and
-# the recorded messages replayed under NCCL's rules (`comm.nccl_hazards`).
+# the recorded messages replayed under NCCL's rules (`nccl_rules.nccl_hazards`).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -299,8 +299,8 @@ every("the ledger's key/value bytes per rank equal the formula, both layouts, ca
       lambda reps: all(rep["received"] == rep["predicted_received"] for rep in reps))
 for c in (2, 3, 4):
     traces = [r["parity"][c, "zigzag", True]["events"] for r in measured[:c * (4 // c)]]
-    hazards = comm.nccl_hazards(traces)
-    claim(f"the messages at c = {c} pass comm.nccl_hazards", hazards == [],
+    hazards = nccl_hazards(traces)
+    claim(f"the messages at c = {c} pass nccl_hazards", hazards == [],
           numbers=f"{sum(map(len, traces))} calls replayed: {'; '.join(hazards) or 'no hazard'}")
 
 # %%

@@ -48,13 +48,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import lessonlib
-from lessonlib import bugzoo, comm
+from lessonlib import bugs
 from lessonlib import costmodel as cm
 from lessonlib.claims import at_least, at_most, claim, every
 from lessonlib.costmodel import moe as cmoe
 from lessonlib.costmodel.alpha_beta import fit_alpha_beta
 from lessonlib.expert_parallel import ExpertParallelMoE, exchange_counts, measure, runs
 from lessonlib.moe_routing import route
+from lessonlib.nccl_rules import nccl_hazards
 from lessonlib.viz.source import show
 
 # %% [markdown]
@@ -296,7 +297,7 @@ every("every rank drops the same tokens as one process does on its batch",
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-with bugzoo.enabled("ep_expert_grads_wrong_group"):
+with bugs.enabled("ep_expert_grads_wrong_group"):
     buggy = [r[0] for r in runs.run_parity(2, cases=[(4, 2, 2, 1.0, False)], steps=1)]
 at_most("with the wrong group, the output's largest relative difference, in float64 "
         "rounding units,", max(r["output"] for r in buggy) / EPS, 1000)
@@ -323,7 +324,7 @@ for i, (E, e, k, C, _) in enumerate(runs.CASES):
     every(f"E={E}, e={e}: a rank sent and received what its routing counts say",
           {f"rank {c['rank']}": (m, x) for c, m, x in zip(case, measured, expected)},
           lambda pair: all(pair[0][w] == pair[1][w] for w in ("sent", "received")))
-    hazards = comm.nccl_hazards([c["events"] for c in case])
+    hazards = nccl_hazards([c["events"] for c in case])
     claim(f"E={E}, e={e}: NCCL's rules find no hazard in the trace", hazards == [],
           numbers=f"{sum(len(c['events']) for c in case)} calls replayed: "
                   f"{'; '.join(hazards) or 'no hazard'}")

@@ -130,7 +130,7 @@ class ColumnParallelLinear(nn.Module):
             [_my_slice(lin.bias, self.t, rank, 0) for lin in linears]))
 
     def forward(self, x):
-        if self.sequence_parallel:                                     # g: (b, s/t, in) in
+        if self.sequence_parallel:                              # gathered: (b, s/t, in) in
             y = linear_on_gathered_sequence(x, self.weight, self.bias, self.group)
         else:
             y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)  # f: (..., in) in
@@ -184,7 +184,7 @@ class RowParallelLinear(nn.Module):
         check_input_slice(self, x)
         partial = F.linear(x, self.weight)                             # X_r A_r, a partial sum
         if self.sequence_parallel:
-            y = reduce_scatter_sequence(partial, self.group)           # g-bar: (b, s/t, out)
+            y = reduce_scatter_sequence(partial, self.group)           # (b, s/t, out)
             bias = self.bias if self.bias is None else copy_to_tp(self.bias, self.group)
         else:
             y, bias = reduce_from_tp(partial, self.group), self.bias   # g: (..., out)

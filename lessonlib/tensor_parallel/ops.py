@@ -1,4 +1,4 @@
-"""The four communication operators of tensor parallelism, as autograd functions.
+"""The seven communication operators of tensor and sequence parallelism, as autograd functions.
 
 What it teaches: Megatron-LM (Shoeybi et al. 2019, §3) makes a layer tensor-parallel with
 two conjugate operators placed around the split matrices:
@@ -161,7 +161,7 @@ class _ScatterLastDim(torch.autograd.Function):
 
 
 class _GatherSequence(torch.autograd.Function):
-    """Korthikanti's g: all-gather along the sequence forward; backward,
+    """``gather_sequence``: all-gather along the sequence forward; backward,
     reduce-scatter the gradient (``split_grad``: keep this rank's rows of it)."""
 
     @staticmethod
@@ -177,7 +177,8 @@ class _GatherSequence(torch.autograd.Function):
 
 
 class _ReduceScatterSequence(torch.autograd.Function):
-    """Korthikanti's g-bar: reduce-scatter along the sequence forward, all-gather backward."""
+    """``reduce_scatter_sequence``: reduce-scatter along the sequence forward, all-gather
+    backward."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -230,14 +231,14 @@ def scatter_last_dim(x, group=None):
 
 
 def gather_sequence(x, group=None, split_grad: bool = False):
-    """Korthikanti's **g**: all-gather the sequence forward (b, s/t, h) ->
-    (b, s, h); reduce-scatter the gradient backward (before a column split), or with
+    """All-gather the sequence forward (b, s/t, h) -> (b, s, h) (Korthikanti et al.'s g);
+    reduce-scatter the gradient backward (before a column split), or with
     ``split_grad`` keep this rank's rows of it (before a replicated layer)."""
     return _apply(_GatherSequence, x, group, split_grad)
 
 
 def reduce_scatter_sequence(x, group=None):
-    """Korthikanti's **g-bar**: reduce-scatter the partial sums forward (b, s, h) -> (b, s/t, h),
+    """Reduce-scatter the partial sums forward (b, s, h) -> (b, s/t, h) (their g-bar),
     each rank's s/t rows complete; all-gather the gradient backward (after a row split)."""
     return _apply(_ReduceScatterSequence, x, group)
 

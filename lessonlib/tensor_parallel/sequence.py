@@ -12,8 +12,8 @@ work on each token alone, so they can run on s/t rows per rank. What changes:
   and the gradient comes out summed over the tensor-parallel group (Megatron all-reduces the
   gradients of its ``sequence_parallel`` parameters for the same reason).
 * ``linear_on_gathered_sequence``: a column-parallel layer's input is gathered along the
-  sequence (Korthikanti's g) and multiplied, but only this rank's s/t rows are kept for
-  backward, which gathers them again for the weight gradient (§4.2.2: that all-gather is
+  sequence (as ``gather_sequence`` does) and multiplied, but only this rank's s/t rows are
+  kept for backward, which gathers them again for the weight gradient (§4.2.2: that all-gather is
   overlapped with the input-gradient GEMM in Megatron). Keeping the gathered input instead
   would hold the whole (b, s, h) on every rank, just what SP is there to avoid.
 * ``SequenceScatter`` / ``SequenceGather``: the embedding's output is split into s/t rows
@@ -37,7 +37,7 @@ from lessonlib.tensor_parallel.ops import (all_gather_along_sequence, copy_to_tp
 
 
 class _LinearOnGatheredSequence(torch.autograd.Function):
-    """Y = g(X) A_r + b_r keeping only X's s/t rows: backward gathers X again."""
+    """Y = gather_sequence(X) A_r + b_r keeping only X's s/t rows: backward gathers X again."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, group):
@@ -49,7 +49,7 @@ class _LinearOnGatheredSequence(torch.autograd.Function):
     def backward(ctx, grad):                                            # (b, s, out/t)
         x, weight = ctx.saved_tensors
         x_full = all_gather_along_sequence(x, ctx.group)                # again: (b, s, in)
-        grad_x = reduce_scatter_along_sequence(grad @ weight, ctx.group)  # g's backward
+        grad_x = reduce_scatter_along_sequence(grad @ weight, ctx.group)  # the gather's backward
         grad_weight = grad.flatten(0, -2).T @ x_full.flatten(0, -2)     # (out/t, in)
         grad_bias = grad.flatten(0, -2).sum(0) if ctx.has_bias else None
         return grad_x, grad_weight, grad_bias, None

@@ -26,10 +26,11 @@ import sys
 import torch
 
 import lessonlib
-from lessonlib import labkit
+from lessonlib import labargs, labkit
 from lessonlib.context_parallel.layout import check_divisible
 from lessonlib.costmodel import bubble_fraction
-from lessonlib.grid import check_grid, layout_name, parse_layout
+from lessonlib.grid_layout import check_grid
+from lessonlib.grid_layout import layout_name, parse_layout
 from lessonlib.hybrid import expected_param_count, expected_traffic, measured_traffic, train
 from lessonlib.hybrid_axes.build import LAYOUT, N_EXPERTS, SHARDS, check_axes, check_layout
 from lessonlib.hybrid_axes.runs import train as train_axes
@@ -144,7 +145,7 @@ def _divisors(n: int) -> list[int]:
 def check_new_axes(ap, args) -> None:
     """``--cp``, ``--ep`` and ``--shard`` on their own, before any layout is tried, so that
     a refusal names the flag at fault, its value and what would work."""
-    labkit.check_positive(ap, args, "cp", "ep")
+    labargs.check_positive(ap, args, "cp", "ep")
     world = args.world_size
     if world % args.cp:
         ap.error(f"--cp {args.cp} must divide --world-size {world} (c ranks share each "
@@ -170,11 +171,11 @@ def check_new_axes(ap, args) -> None:
 
 
 def check_settings(ap, args) -> dict:
-    labkit.check_positive(ap, args, "world-size", "steps")
-    labkit.check_number(ap, args, "lr", example="0.1")
+    labargs.check_positive(ap, args, "world-size", "steps")
+    labargs.check_number(ap, args, "lr", example="0.1")
     if args.warmup < 0:
         ap.error(f"--warmup must be 0 or more; got {args.warmup}")
-    model = labkit.gpt_model(ap, args)
+    model = labargs.gpt_model(ap, args)
     cfg = GPTConfig(**model)
     check_new_axes(ap, args)
     axes = dict(cp=args.cp, ep=args.ep, shard=args.shard, sp=args.sp)
@@ -205,11 +206,11 @@ def check_settings(ap, args) -> dict:
 
 
 def main(argv=None):
-    ap = labkit.parser("hybrid", __doc__.splitlines()[0])
+    ap = labargs.parser("hybrid", __doc__.splitlines()[0])
     ap.set_defaults(world_size=8, steps=5, warmup=2)
     ap.add_argument("--layouts", default=None,
                     help="comma-separated t<t>p<p>d<d>, e.g. t2p2d2,t4p2d1 (default: all)")
-    labkit.add_gpt_flags(ap)
+    labargs.add_gpt_flags(ap)
     ap.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     ap.add_argument("--cp", type=int, default=1, help="context-parallel ranks (default 1)")
     ap.add_argument("--ep", type=int, default=1,

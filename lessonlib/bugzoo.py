@@ -37,7 +37,8 @@ from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.device import current_device
 from lessonlib.expert_parallel import runs as ep_runs
 from lessonlib.launcher import LaunchTimeout, RankError, launch
-from lessonlib.models import Block, GPTConfig, MoELayer, init_weights_, mlp_stack
+from lessonlib.models import Block, GPTConfig, init_weights_, mlp_stack
+from lessonlib.moe import MoELayer
 from lessonlib.moe_routing import bias_update, route
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make

@@ -32,10 +32,6 @@ import torch.distributed as dist
 from lessonlib import device
 from lessonlib.breadcrumbs import progress
 from lessonlib.ledger import Event, TimedWork, batches, books, calls, close, hold, ledger
-# until model_parallel.py, notebook 15 and tests/test_hybrid_axes.py (being edited) import
-# them from their own modules:
-from lessonlib.ledger import Ledger  # noqa: F401
-from lessonlib.nccl_rules import nccl_hazards  # noqa: F401
 
 _groups: dict = {}           # process group -> (name, members): looked up once per group
 

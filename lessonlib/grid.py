@@ -42,10 +42,8 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import comm
-from lessonlib.grid_layout import (ALL_AXES, AXES, LESSON_ORDER, MEGATRON_ORDER,  # noqa: F401
-                                   GridWarning, Placement, axis_groups, check_grid,
-                                   check_order, grid_mesh, layout_name, layout_table,
-                                   parse_layout, placements)
+from lessonlib.grid_layout import (ALL_AXES, AXES, LESSON_ORDER, MEGATRON_ORDER, axis_groups,
+                                   check_grid, check_order, layout_table, placements)
 
 
 # ---------------------------------------------------------------- on the ranks: the context

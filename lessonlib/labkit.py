@@ -46,9 +46,6 @@ import torch.distributed as dist
 from lessonlib import comm, device, launcher, placement
 # A lab's flags and their checks live in labargs: a lab imports them from there.
 from lessonlib.labargs import DTYPES, check_common, world_size
-# until labs/hybrid.py (being edited) reads them from labargs:
-from lessonlib.labargs import (add_gpt_flags, check_number, check_positive,  # noqa: F401
-                               gpt_model, parser)
 
 
 def parse(p: argparse.ArgumentParser, argv=None, fp32_only: str | None = None):

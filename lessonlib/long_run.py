@@ -43,7 +43,9 @@ from lessonlib import checkpoint, checkpoint_folder, comm, device, labkit, resha
 from lessonlib.argcheck import positive_int
 from lessonlib.data import corpus_tokens, lm_batch
 from lessonlib.breadcrumbs import progress
-from lessonlib.grid import MEGATRON_ORDER, ParallelContext, check_grid, layout_name, parse_layout
+from lessonlib.grid import ParallelContext
+from lessonlib.grid_layout import MEGATRON_ORDER, check_grid
+from lessonlib.grid_layout import layout_name, parse_layout
 from lessonlib.hybrid_axes.build import check_axes, check_layout, make_model
 from lessonlib.hybrid_axes.runs import step_losses
 from lessonlib.hybrid_axes.trainer import HybridTrainer

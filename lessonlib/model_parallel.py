@@ -39,7 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib import comm, device, placement
+from lessonlib import comm, device, ledger, placement
 from lessonlib.argcheck import positive_int
 from lessonlib.baseline import train_one_process
 from lessonlib.breadcrumbs import progress
@@ -170,7 +170,7 @@ def assembly_line(model: str = "gpt", p: int | None = None, steps: int = 3, warm
     # every rank can make every batch (same seed); made up front so the timeline is all work
     batches = [tuple(z.to(dev) for z in make_batch(model, step, batch, seed, **shape))
                for step in range(warmup + steps)]
-    losses, book = [], comm.Ledger()
+    losses, book = [], ledger.Ledger()
     for step, (inputs, targets) in enumerate(batches):
         if step == warmup:                        # line the ranks up, restart the clock
             _start_aligned(timeline, dev)

@@ -26,7 +26,7 @@ from torch import nn
 from lessonlib.activations import checkpoint
 from lessonlib.data import corpus_vocab
 from lessonlib.argcheck import positive_int
-from lessonlib.moe import MoELayer, aux_loss  # noqa: F401 (the routed MoE feed-forward)
+from lessonlib.moe import MoELayer
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,7 @@ import torch
 from torch import nn
 
 from lessonlib.argcheck import positive_int
-from lessonlib.moe_routing import (  # noqa: F401 (Routing, capacity: the layer's vocabulary)
-    AUX_ALPHA, BIAS_STEP, Routing, bias_update, capacity, check_routing, route)
+from lessonlib.moe_routing import AUX_ALPHA, BIAS_STEP, Routing, bias_update, check_routing, route
 
 
 def check_moe(n_experts: int, top_k: int, capacity_factor, **routing) -> tuple:

@@ -54,7 +54,6 @@ from lessonlib.hybrid_axes.runs import step_losses
 from lessonlib.models import GPTConfig
 # The table of where each tensor sits lives beside.
 from lessonlib.shard_map import Held, Layout, box_view, held, overlaps
-from lessonlib.shard_map import placement  # noqa: F401 (notebook 10 names reshard.placement)
 
 
 def cut(full: dict[str, torch.Tensor], pieces: list) -> torch.Tensor:

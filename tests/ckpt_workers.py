@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import checkpoint, long_run, reshard, shard_map
-from lessonlib.grid import MEGATRON_ORDER, ParallelContext
+from lessonlib.grid import ParallelContext
+from lessonlib.grid_layout import MEGATRON_ORDER
 from lessonlib.hybrid_axes.build import make_model
 from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.models import GPTConfig, TinyGPT

@@ -7,8 +7,9 @@ import torch
 
 import lessonlib
 from lessonlib.costmodel import group_spans_nodes
-from lessonlib.grid import (GridWarning, ParallelContext, axis_groups, check_grid,
-                            device_mesh_view, grid_mesh, layout_table, placements)
+from lessonlib.grid import ParallelContext, device_mesh_view
+from lessonlib.grid_layout import (GridWarning, axis_groups, check_grid, grid_mesh, layout_table,
+                                   placements)
 
 pytestmark = pytest.mark.timeout(120)
 

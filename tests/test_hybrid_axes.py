@@ -10,10 +10,12 @@ import labrun
 import pytest
 
 import lessonlib
-from lessonlib import comm, hybrid_axes
-from lessonlib.grid import (LESSON_ORDER, MEGATRON_ORDER, axis_groups, check_grid, demo_axes,
-                            layout_table, placements)
+from lessonlib import hybrid_axes
+from lessonlib.grid import demo_axes
+from lessonlib.grid_layout import (LESSON_ORDER, MEGATRON_ORDER, axis_groups, check_grid,
+                                   layout_table, placements)
 from lessonlib.models import corpus_config
+from lessonlib.nccl_rules import nccl_hazards
 
 TOL = 1e-12   # float64: summation order only
 
@@ -96,7 +98,7 @@ def test_eight_ranks_on_the_new_axes_equal_one_process(name, no_children_left):
     assert summary["max_grad_diff"] < TOL and summary["max_weight_diff"] < TOL, summary
     for sent in SENT[name]:
         assert all(any(sent(e, r) for e in r["events"]) for r in per_rank), name
-    assert comm.nccl_hazards([r["events"] for r in per_rank]) == []
+    assert nccl_hazards([r["events"] for r in per_rank]) == []
 
 
 # ---------------------------------------------------------------- the lab takes the new axes

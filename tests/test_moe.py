@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from lessonlib.baseline import corpus_batches
-from lessonlib.models import MOE_CONFIG, MoELayer, aux_loss, init_weights_, lm_loss, moe_gpt
-from lessonlib.moe import capacity, route, update_biases
+from lessonlib.models import MOE_CONFIG, init_weights_, lm_loss, moe_gpt
+from lessonlib.moe import MoELayer, aux_loss, update_biases
+from lessonlib.moe_routing import capacity, route
 from lessonlib.moe_routing import bias_update
 
 

@@ -10,18 +10,7 @@ from pathlib import Path
 
 LESSONLIB = Path(__file__).resolve().parents[1] / "lessonlib"
 
-ALLOWED = {
-    "grid.py": ("GridWarning", "Placement", "grid_mesh", "layout_name", "parse_layout",
-                "being reshaped into one grid (issue 44, Build item 2)"),
-    "moe.py": ("capacity", "aux_loss and the counters are moving (issue 44, Build item 3)"),
-    "models.py": ("aux_loss", "re-exports moe.py's layer, which is moving with it"),
-    "comm.py": ("Ledger", "nccl_hazards",
-                "model_parallel.py, notebook 15 and test_hybrid_axes.py, being edited"),
-    "labkit.py": ("add_gpt_flags", "check_number", "check_positive", "gpt_model", "parser",
-                  "labs/hybrid.py, being edited"),
-    "reshard.py": ("placement", "notebook 10, being edited"),
-    "pipeline/schedules.py": ("compute_only", "notebook 04, being edited"),
-}
+ALLOWED: dict[str, tuple] = {}   # module -> (names..., the reason); none left
 
 
 def unused_imports(tree: ast.Module) -> set[str]:

@@ -28,7 +28,7 @@ from functools import lru_cache
 from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate, plan, tp_sweep
 from lessonlib.costmodel.memory import OPTIMIZER_BYTES
 from lessonlib.exercises.verdict import Verdict, correct, not_yet, unwritten, your_turn
-from lessonlib.grid import placements
+from lessonlib.grid_layout import placements
 
 GB = 1e9
 PART_NAMES = {"compute": "the matrix products (the slowest stage sets the pace)",

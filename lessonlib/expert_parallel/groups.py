@@ -29,7 +29,7 @@ from lessonlib import bugs, comm
 from lessonlib.argcheck import positive_int
 from lessonlib.data_parallel.ladder import (allreduce_flat_gradients, gradients,
                                             trainable_parameters)
-from lessonlib.grid import axis_groups
+from lessonlib.grid_layout import axis_groups
 from lessonlib.moe import moe_layers
 
 

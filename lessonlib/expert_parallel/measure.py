@@ -30,7 +30,8 @@ from lessonlib.baseline import corpus_batches
 from lessonlib.expert_parallel.groups import update_biases
 from lessonlib.expert_parallel.layer import expert_parallel
 from lessonlib.expert_parallel.runs import expected_bytes, sent_and_received
-from lessonlib.models import MOE_CONFIG, MoELayer, aux_loss, init_weights_, lm_loss, moe_gpt
+from lessonlib.models import MOE_CONFIG, init_weights_, lm_loss, moe_gpt
+from lessonlib.moe import MoELayer, aux_loss
 
 CAPACITY_FACTORS = (1.0, 1.25, 2.0)
 

@@ -23,8 +23,8 @@ one room's idea applied in one place. ``build_stage`` applies them in torchtitan
    the stage wrapped in ``FullyShardedDataParallel`` (weights held as 1/(d c) row shards,
    each unit gathered for its forward and backward, its gradients reduce-scattered).
 
-At c = e = 1 on lesson 05's grid (``grid.LESSON_ORDER``) this is lesson 05's builder; the
-five-axis runs lay the ranks out in Megatron-Core's order (``grid.MEGATRON_ORDER``). Every
+At c = e = 1 on lesson 05's grid (``grid_layout.LESSON_ORDER``) this is lesson 05's builder; the
+five-axis runs lay the ranks out in Megatron-Core's order (``grid_layout.MEGATRON_ORDER``). Every
 rank builds its shard from the same full model (cut, then split), so the run equals one
 process training the model on the whole batch (``runs``).
 

@@ -1,6 +1,6 @@
 """The runs on the ranks and their proof against one process: ``train`` (rank side: 3 steps
 with ``HybridTrainer``, then this rank's share of one process's first gradients and final
-weights against its own, and the recorded messages for ``comm.nccl_hazards``), ``run``
+weights against its own, and the recorded messages for ``nccl_rules.nccl_hazards``), ``run``
 (caller side), ``reference`` (one process, whole batch) and ``parity``.
 
 Laptop:  ``python -c "from lessonlib import hybrid_axes as H; print(H.parity(H.run(tp=2,
@@ -52,7 +52,7 @@ def train(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
           seed: int = 0, sp: bool = False) -> dict:
     """Rank side: ``steps`` SGD steps on the grid, then this rank's shard of one process's
     first-step gradients and final weights against its own; ``events``: every message of
-    the run, groups' creation included, for ``comm.nccl_hazards``."""
+    the run, groups' creation included, for ``nccl_rules.nccl_hazards``."""
     with comm.ledger() as book:
         result = _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, seed,
                         sp)

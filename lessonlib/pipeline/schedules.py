@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from lessonlib.pipeline.actions import (Action, B, F, Schedule, add_communication, check_settings,
                                         describe)
-from lessonlib.pipeline.actions import compute_only  # noqa: F401 (notebook 04, being edited)
 from lessonlib.pipeline.dualpipe import dualpipev
 from lessonlib.pipeline.zero_bubble import zbv, zero_bubble_h1
 

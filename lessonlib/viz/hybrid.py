@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.patches import Rectangle
 
 from lessonlib.costmodel import CLUSTERS, MODELS, table1_rows, tp_sweep
-from lessonlib.grid import axis_groups, placements
+from lessonlib.grid_layout import axis_groups, placements
 from lessonlib.viz.hybrid_design import TIME_COLORS, design_panel
 from lessonlib.viz.widgets import current_figure, explorer
 

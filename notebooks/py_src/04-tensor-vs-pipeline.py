@@ -31,8 +31,9 @@ import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.claims import at_least, at_most, claim, within
 from lessonlib.pipeline import runs
-from lessonlib.pipeline import schedules
-from lessonlib.pipeline.validate import ScheduleError, replay, simulate
+from lessonlib.pipeline import actions, schedules
+from lessonlib.pipeline.check import ScheduleError
+from lessonlib.pipeline.validate import replay, simulate
 from lessonlib.tensor_parallel import ops as tp_ops, runs as tp_runs
 from lessonlib.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from lessonlib.viz import live
@@ -268,12 +269,12 @@ show(schedules.one_f_one_b_order)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print("GPipe\n" + schedules.describe(schedules.gpipe(4, 6)))
-print("\n1F1B\n" + schedules.describe(schedules.one_f_one_b(4, 6)))
+print("GPipe\n" + actions.describe(schedules.gpipe(4, 6)))
+print("\n1F1B\n" + actions.describe(schedules.one_f_one_b(4, 6)))
 orders = [schedules.one_f_one_b_order(4, 6, s) for s in range(4)]
-orders[1] = schedules.compute_only(schedules.gpipe(4, 6)[1])
+orders[1] = actions.compute_only(schedules.gpipe(4, 6)[1])
 try:
-    simulate(schedules.add_communication(orders))
+    simulate(actions.add_communication(orders))
 except ScheduleError as err:
     print(f"\nmixed: {err}")
 

@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt
 
 import lessonlib
 from lessonlib import costmodel as cm
-from lessonlib import grid, hybrid
+from lessonlib import grid, grid_layout, hybrid
 from lessonlib.claims import at_least, at_most, claim, every, within
 from lessonlib.costmodel.throughput import USABLE_MEMORY_FRACTION
 from lessonlib.data import stored
@@ -50,7 +50,7 @@ from lessonlib.viz.source import show
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(grid.layout_table(2, 2, 2, gpus_per_node=4))
+print(grid_layout.layout_table(2, 2, 2, gpus_per_node=4))
 
 # %%
 viz.draw_grid(2, 2, 2, gpus_per_node=4)
@@ -65,12 +65,12 @@ plt.show()
 # %%
 # NBVAL_CHECK_OUTPUT
 try:
-    grid.check_grid(8, 3, 2, 2)
+    grid_layout.check_grid(8, 3, 2, 2)
 except ValueError as exc:
     print("ValueError:", exc)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    grid.check_grid(24, 2, 4, 3, gpus_per_node=8)
+    grid_layout.check_grid(24, 2, 4, 3, gpus_per_node=8)
 print("GridWarning:", caught[0].message)
 
 ranks = lessonlib.launch(grid.demo_grid, 8, 2, 2, 2)

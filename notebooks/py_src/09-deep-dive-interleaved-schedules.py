@@ -34,6 +34,7 @@ import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.pipeline import runs
 from lessonlib.pipeline import schedules as S
+from lessonlib.pipeline.actions import describe
 from lessonlib.pipeline.validate import replay, simulate
 from lessonlib.viz import pipeline as vp
 
@@ -55,7 +56,7 @@ from lessonlib.viz import pipeline as vp
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(S.describe(S.interleaved_one_f_one_b(2, 4, 2)))
+print(describe(S.interleaved_one_f_one_b(2, 4, 2)))
 
 # %% [markdown]
 # Every F and B comes with its messages. Under plain 1F1B the forward of micro-batch `i` on
@@ -297,7 +298,7 @@ from lessonlib.claims import claim, every
 
 M_MAX = 8 * p                   # the largest m simulated below
 chunk = dict(forward=0.5, backward=0.5, weight=0.5)      # a chunk forward takes 0.5
-zbv_idle = {mm: max(simulate(S.zbv(p, mm), **chunk).idle) / 0.5 for mm in range(1, M_MAX + 1)}
+zbv_idle = {mm: max(simulate(zero_bubble.zbv(p, mm), **chunk).idle) / 0.5 for mm in range(1, M_MAX + 1)}
 one_idle = {mm: simulate(S.one_f_one_b(p, mm), forward=1, backward=2).idle[0] / 0.5
             for mm in range(2 * p - 1, M_MAX + 1)}      # in chunk forwards too
 every(f"at equal times (p = {p}) ZBV idles max(p-1, 2(2p-1-m)) chunk forwards at m",

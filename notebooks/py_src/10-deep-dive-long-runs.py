@@ -148,7 +148,7 @@ plt.show()
 # An allocation changes: the job that ran as two pipeline stages (t1p2d1) comes back as one
 # stage split over a TP pair (t2p1d1). Its shards no longer match any rank's tensors. Every
 # tensor a rank holds is a piece of the full model at a place the layout decides
-# (`lessonlib.reshard.placement`), so a new rank reads the old shards that hold its pieces,
+# (`lessonlib.shard_map.placement`), so a new rank reads the old shards that hold its pieces,
 # assembles those full tensors and cuts out its own: a copy, no arithmetic, so the weights
 # and AdamW's moments are the same bits (`tests/test_reshard.py` checks them). Here the crashed-and-resumed run goes on to step 50 on the new layout,
 # beside the uninterrupted run going on to step 50 on the old one:

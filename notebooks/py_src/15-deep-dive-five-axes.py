@@ -29,11 +29,12 @@
 # <!-- numbers: 17 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 
 # %%
-from lessonlib import comm, grid, hybrid_axes
+from lessonlib import grid_layout, hybrid_axes
 from lessonlib import costmodel as cm
 from lessonlib.claims import at_most, claim, every
 from lessonlib.costmodel.model import PUBLISHED_PARAMS
 from lessonlib.exercises import frontier as ex
+from lessonlib.nccl_rules import nccl_hazards
 from lessonlib.viz.source import show
 
 # %% [markdown]
@@ -57,7 +58,7 @@ from lessonlib.viz.source import show
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(grid.layout_table(1, 2, 2, gpus_per_node=4, cp=2, order=grid.MEGATRON_ORDER))
+print(grid_layout.layout_table(1, 2, 2, gpus_per_node=4, cp=2, order=grid_layout.MEGATRON_ORDER))
 
 # %%
 show(hybrid_axes.build_stage)
@@ -82,7 +83,7 @@ for name, axes in beyond.items():
     claim(f"{name} on 8 ranks equals one process", worst < 1e-12,
           numbers=f"loss {s['max_loss_diff']:.0e}, gradients {s['max_grad_diff']:.0e}, "
                   f"weights {s['max_weight_diff']:.0e}")
-    hazards = comm.nccl_hazards([r["events"] for r in ranks])
+    hazards = nccl_hazards([r["events"] for r in ranks])
     claim("  and its recorded trace has no NCCL hazard", hazards == [],
           numbers=f"{sum(len(r['events']) for r in ranks)} calls replayed: "
                   f"{'; '.join(hazards) or 'no hazard'}")

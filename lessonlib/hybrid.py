@@ -28,6 +28,7 @@ GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --layouts t2p2d2`` (NCCL, 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from lessonlib import comm, device, placement
 from lessonlib.baseline import corpus_batches, max_abs_diff
@@ -43,13 +44,23 @@ from lessonlib.tensor_parallel.parallelize import param_bytes
 
 
 # ---------------------------------------------------------------- the run and its proof
+@dataclass(frozen=True)
+class StepTraffic:
+    """One step's messages on one rank, as its two ledgers summed them (``Ledger.summary``:
+    {op: {"calls", "bytes", "seconds"}}): ``pipe`` the pipeline's (TP all-reduces inside the
+    stage, PP sends and receives between stages), ``dp`` the gradient averaging's."""
+    pipe: dict
+    dp: dict
+
+
 def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
           global_batch: int = 8, steps: int = 3, lr: float = 0.1, seed: int = 0,
           check: bool = True, warmup: int = 0) -> dict:
     """Rank side: train ``steps`` SGD steps on the (dp, pp, tp) grid. With ``check``, also
     train the dense model in this process and compare this rank's shard of it (gradients of
     the first step, weights after the last) with the rank's own. Step times and idle shares
-    are medians over the steps after the first ``warmup``."""
+    are medians over the steps after the first ``warmup``; ``traffic`` holds one
+    ``StepTraffic`` per step."""
     check_layout(cfg, dp, pp, tp, global_batch, m)
     if not 0 <= warmup < steps:
         raise ValueError(f"warmup={warmup} must be at least 0 and below steps={steps}: the "
@@ -70,7 +81,7 @@ def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
         if step >= warmup:
             seconds.append(out["seconds"])
             idle.append(out["idle_share"])
-        books.append({"pipe": out["pipe"], "dp": out["dp"]})
+        books.append(StepTraffic(pipe=out["pipe"], dp=out["dp"]))
     result = {"rank": ctx.rank, "coords": ctx.coords, "losses": losses,
               "step_time_s": statistics.median(seconds), "idle_share": statistics.median(idle),
               "traffic": books,
@@ -142,9 +153,9 @@ def expected_traffic(cfg: GPTConfig, dp: int, pp: int, tp: int, global_batch: in
             "dp_all_reduce": {"calls": int(dp > 1), "bytes": 4 * param_count * (dp > 1)}}
 
 
-def measured_traffic(book: dict) -> dict:
+def measured_traffic(book: StepTraffic) -> dict:
     """The same three numbers read from one step's ledgers (``train``'s ``traffic[i]``)."""
-    pipe, dp = book["pipe"], book["dp"]
+    pipe, dp = book.pipe, book.dp
     zero = {"calls": 0, "bytes": 0}
     keep = lambda d: {"calls": d["calls"], "bytes": d["bytes"]}  # noqa: E731
     return {"tp_all_reduce": keep(pipe.get("all_reduce", zero)),

@@ -62,13 +62,27 @@ ROUTING = ("n_experts", "top_k", "capacity_factor", "aux_alpha", "balance", "gat
 
 
 class Routed(nn.Module):
-    """A layer with a router whose last forward left ``stats``: a copy (``copy.deepcopy``,
-    pickling) starts with none, since ``stats["aux_loss"]`` belongs to that forward's graph.
-    It routes with the settings named in ``ROUTING`` and holds ``expert_bias`` (E,), a
-    buffer, when ``balance == "bias"`` (else None)."""
+    """A layer with a router. Its last forward leaves ``aux_loss`` (a tensor in that
+    forward's graph, to add to the training loss) and the routing it counts ``stats`` from
+    when asked (the counts read to the host then, never inside the forward); a copy
+    (``copy.deepcopy``, pickling) starts with neither. It routes with the settings named in
+    ``ROUTING`` and holds ``expert_bias`` (E,), a buffer, when ``balance == "bias"``."""
+
+    aux_loss = None              # the last forward's; None before any
+    _routed = None               # what ``stats`` counts from: the last forward's routing
 
     def __getstate__(self):
-        return {**super().__getstate__(), "stats": {}}
+        return {**super().__getstate__(), "aux_loss": None, "_routed": None}
+
+    @property
+    def stats(self) -> dict:
+        """The last forward's counters ({} before any): ``dropped``, ``capacity``,
+        ``tokens_per_expert``, ``routed_per_expert`` (and an expert-parallel layer's rows)."""
+        return {} if self._routed is None else self._count(self._routed)
+
+    @staticmethod
+    def _count(routing) -> dict:
+        return {k: v for k, v in routing.stats().items() if k != "aux_loss"}
 
     def routing_options(self) -> dict:
         """The options of ``moe_routing.queue`` this layer routes with, its bias included."""
@@ -87,10 +101,10 @@ class Routed(nn.Module):
 
 class MoELayer(Routed):
     """E expert MLPs behind a linear router: (b, s, h) -> (b, s, h). After each forward,
-    ``stats`` holds ``aux_loss`` (a tensor to add to the training loss; zero unless
-    ``balance="aux"``), ``dropped`` (choices over capacity; 0 when ``capacity_factor`` is
-    None, dropless), ``tokens_per_expert`` (kept) and ``routed_per_expert`` (the load the
-    bias update takes). The routing options are ``moe_routing.queue``'s."""
+    ``aux_loss`` is a tensor to add to the training loss (zero unless ``balance="aux"``), and
+    ``stats``, asked for, counts ``dropped`` (choices over capacity; 0 when
+    ``capacity_factor`` is None, dropless), ``tokens_per_expert`` (kept) and
+    ``routed_per_expert`` (the load the bias update takes). The routing options are ``moe_routing.queue``'s."""
 
     def __init__(self, hidden: int, n_experts: int, top_k: int = 1,
                  capacity_factor: float | None = 1.25, ffn_mult: int = 4,
@@ -110,7 +124,6 @@ class MoELayer(Routed):
         self.router = nn.Linear(hidden, self.n_experts, bias=False)
         self.experts = nn.ModuleList(expert_mlp(hidden, ffn_mult) for _ in range(n_experts))
         self.shared = expert_mlp(hidden, ffn_mult) if shared_expert else None
-        self.stats: dict = {}
 
     def forward(self, x):
         b, s, h = x.shape
@@ -122,7 +135,7 @@ class MoELayer(Routed):
         out = combine(expert_out, routing, b * s)                               # (T, h)
         if self.shared is not None:
             out = out + self.shared(tokens)
-        self.stats = routing.stats()
+        self.aux_loss, self._routed = routing.aux_loss, routing
         return out.view(b, s, h)                                                # (b, s, h)
 
 
@@ -133,7 +146,7 @@ def moe_layers(model: nn.Module) -> list:
 
 def aux_loss(model: nn.Module) -> torch.Tensor:
     """The sum of the auxiliary losses of ``model``'s MoE layers in its last forward."""
-    return sum((m.stats["aux_loss"] for m in moe_layers(model)), torch.zeros(()))
+    return sum((m.aux_loss for m in moe_layers(model)), torch.zeros(()))
 
 
 def update_biases(model: nn.Module, loads=None) -> None:
@@ -151,5 +164,4 @@ if __name__ == "__main__":
                    "balance": "bias", "max_nodes": 1, "experts_per_node": 2}):
         layer = MoELayer(16, 4, top_k=2, **recipe)
         layer(x)
-        print(recipe, {k: (round(v.item(), 4) if torch.is_tensor(v) else v)
-                       for k, v in layer.stats.items()})
+        print(recipe, f"aux_loss {layer.aux_loss.item():.4f}", layer.stats)

@@ -187,7 +187,7 @@ def test_the_auxiliary_loss_is_alpha_when_balanced_and_in_the_graph():
     assert r.aux_loss.item() == pytest.approx(0.01 * 4 * (0.25 * p).sum().item())
     layer, x = _layer(), _x()
     layer(x)
-    layer.stats["aux_loss"].backward()
+    layer.aux_loss.backward()
     assert layer.router.weight.grad.abs().sum() > 0
 
 

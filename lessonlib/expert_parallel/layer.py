@@ -76,7 +76,15 @@ class ExpertParallelMoE(Routed):
         self.router = copy.deepcopy(moe.router)
         self.experts = nn.ModuleList(copy.deepcopy(moe.experts[i]) for i in self.expert_ids)
         self.shared = copy.deepcopy(moe.shared)
-        self.stats: dict = {}
+
+    @staticmethod
+    def _count(routed) -> dict:
+        """The counts this forward already read to the host, and the rows each rank got."""
+        routing, splits = routed
+        counts = routing.stats(splits.kept, splits.routed)
+        return {**{k: v for k, v in counts.items() if k != "aux_loss"},
+                "sent_rows": splits.send, "received_rows": splits.recv,
+                "received_per_expert": [sum(col) for col in zip(*splits.counts)]}
 
     def forward(self, x):
         b, s, h = x.shape
@@ -93,9 +101,7 @@ class ExpertParallelMoE(Routed):
         out = combine(returned, routing, b * s)                                 # (T, h)
         if self.shared is not None:
             out = out + self.shared(tokens)
-        self.stats = {**routing.stats(splits.kept, splits.routed), "sent_rows": splits.send,
-                      "received_rows": splits.recv,
-                      "received_per_expert": [sum(col) for col in zip(*splits.counts)]}
+        self.aux_loss, self._routed = routing.aux_loss, (routing, splits)
         return out.view(b, s, h)                                                # (b, s, h)
 
 

@@ -84,7 +84,7 @@ def parity(s=8, h=16, heads=2, ffn_mult=2, E=4, k=2, b=2, seed=0) -> dict:
             x = x.clone().requires_grad_()
             out = full(x)
             # every rank's loss over d: the mean the data-parallel average gives
-            ((torch.nn.functional.mse_loss(out, y) + full.mlp.stats["aux_loss"]) / d).backward()
+            ((torch.nn.functional.mse_loss(out, y) + full.mlp.aux_loss) / d).backward()
             if r == rank:
                 outs.append(out.detach())
                 xgrads.append(d * x.grad)

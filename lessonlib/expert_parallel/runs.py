@@ -78,7 +78,7 @@ def _batches(d, b, s, h, steps, seed, dev):
 
 
 def _loss(layer, x, y):
-    return F.mse_loss(layer(x), y) + layer.stats["aux_loss"]
+    return F.mse_loss(layer(x), y) + layer.aux_loss
 
 
 def _worst(module, reference, attr=None) -> float:
@@ -114,12 +114,12 @@ def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None
             losses.append(_loss(full, x, y))
             loads.append(full.stats["routed_per_expert"])
         mine_out = full(batch[rank][0]).detach()
-        mine_stats = full.stats
+        mine_stats, mine_aux = full.stats, full.aux_loss
         (sum(losses) / d).backward()
         x, y = batch[rank][0].detach().clone().requires_grad_(), batch[rank][1]
         with comm.ledger() as book:
             got = ep(x)
-            loss = F.mse_loss(got, y) + ep.stats["aux_loss"]
+            loss = F.mse_loss(got, y) + ep.aux_loss
             loss.backward()
         with comm.ledger() as sync:
             sync_gradients(ep, None, ctx.expert_dp_group, ctx.d)
@@ -127,13 +127,13 @@ def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None
             out.update(output=rel_err(got.detach(), mine_out),
                        # this rank's loss is L_r; the one-process loss the mean of d of them
                        input_grad=rel_err(x.grad, d * batch[rank][0].grad),
-                       aux_loss=abs(ep.stats["aux_loss"].item() - mine_stats["aux_loss"].item()),
+                       aux_loss=abs(ep.aux_loss.item() - mine_aux.item()),
                        dropped=(ep.stats["dropped"], mine_stats["dropped"]),
                        tokens_per_expert=(ep.stats["tokens_per_expert"],
                                           mine_stats["tokens_per_expert"]),
                        grads=_worst(ep, expert_parallel(grads_as_model(full), ctx.ep_group),
                                     "grad"),
-                       stats={n: v for n, v in ep.stats.items() if n != "aux_loss"},
+                       stats=ep.stats,
                        events=book.events, sync_all_reduces=sync.count("all_reduce"))
         for opt in (opt_full, opt_ep):
             opt.step()

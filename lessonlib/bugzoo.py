@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -47,14 +48,14 @@ from lessonlib.tensor_parallel import runs as tp_runs
 from lessonlib.tensor_parallel import sequence_runs as sp_runs
 from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
 
-__all__ = ["CHECKS", "check"]
+__all__ = ["CHECKS", "Check", "check"]
 
 
 # ---------------------------------------------------------------- the rank side of the checks
 def rank_tp_gradient() -> dict:
     """A tensor-parallel MLP over the world (t=2) vs the dense MLP, one step."""
-    r = tp_runs.layer_report(2, b=2, s=4, h=16, heads=2, steps=1, kinds=("mlp",))["mlp"]
-    return {"input_grad": r["input_grad"], "output": r["output"]}
+    r = tp_runs.layer_report(2, b=2, s=4, h=16, heads=2, steps=1, kinds=("mlp",)).mlp
+    return {"input_grad": r.input_grad, "output": r.output}
 
 
 def rank_tp_sharding() -> dict:
@@ -142,9 +143,8 @@ def rank_ep_bias() -> dict:
 
 def rank_sp_layernorm() -> dict:
     """A TP+SP transformer layer (t=2) vs the dense layer, one step."""
-    r = sp_runs.parity_report(2, steps=1, modes=("tp+sp",), models=())["tp+sp"]
-    return {"grads": r["grads"], "worst": r["worst_grad"],
-            "forward": max(r["output"], r["input_grad"])}
+    r = sp_runs.parity_report(2, steps=1, modes=("tp+sp",), models=()).vs_dense["tp+sp"]
+    return {"grads": r.grads, "worst": r.worst_grad, "forward": max(r.output, r.input_grad)}
 
 
 def rank_cp_method(method: str) -> dict:
@@ -257,12 +257,24 @@ CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance,
 }
 
 
-def check(name: str, bug_on: bool | None = None, timeout: float = 60.0) -> dict:
+@dataclass(frozen=True)
+class Check:
+    """One check of one bug: whether it passed, what it compared, its largest difference
+    against its tolerance, a sentence, and ``ranks``: what each rank measured."""
+    bug: str
+    bug_on: bool
+    passed: bool
+    what: str
+    max_diff: float
+    tolerance: float
+    message: str
+    ranks: list
+
+
+def check(name: str, bug_on: bool | None = None, timeout: float = 60.0) -> Check:
     """Run the check that catches bug ``name`` on 2 ranks (one launch), with the bug on or
-    off (default: as the switch is now). Returns plain numbers and words: {"bug", "bug_on",
-    "passed", "what", "max_diff", "tolerance", "message", "ranks"} ("ranks": what each rank
-    measured). A hang ends at ``timeout`` and, like a crashed rank, is reported as a failed
-    check."""
+    off (default: as the switch is now). A hang ends at ``timeout`` and, like a crashed
+    rank, is reported as a failed check."""
     known([name])
     on = active(name) if bug_on is None else bool(bug_on)
     names = [n for n in switched_on() if n != name] + ([name] if on else [])
@@ -275,5 +287,5 @@ def check(name: str, bug_on: bool | None = None, timeout: float = 60.0) -> dict:
         except (LaunchTimeout, RankError) as exc:
             what, diff, tol, ranks = BUGS[name].check, math.inf, 0.0, []
             message = f"FAILED: the check did not finish: {str(exc).splitlines()[0]}"
-    return {"bug": name, "bug_on": on, "passed": diff <= tol, "what": what,
-            "max_diff": diff, "tolerance": tol, "message": message, "ranks": ranks}
+    return Check(bug=name, bug_on=on, passed=diff <= tol, what=what, max_diff=diff,
+                 tolerance=tol, message=message, ranks=ranks)

@@ -45,14 +45,14 @@ def two_ranks():
 def _assert_equal_to_dense(layer_reports, kind):
     """Every rank's ``layer_report``: ``kind`` equals the dense model, the same loss on all."""
     for layers in layer_reports:
-        report = layers[kind]
+        report = layers.layer(kind)
         for what in ("output", "input_grad", "grads", "weights_after_steps"):
-            if what in report:
-                assert report[what] < TOL, (
-                    f"rank {layers['rank']} t={layers['t']} {kind}: {what} off by "
-                    f"{report[what]:.2e} (worst: {report.get('worst_grad')}, "
-                    f"{report.get('worst_weight')})")
-    losses = [layers[kind]["losses"] for layers in layer_reports]
+            error = getattr(report, what)
+            if error is not None:
+                assert error < TOL, (
+                    f"rank {layers.rank} t={layers.t} {kind}: {what} off by "
+                    f"{error:.2e} (worst: {report.worst_grad}, {report.worst_weight})")
+    losses = [layers.layer(kind).losses for layers in layer_reports]
     assert all(x == losses[0] for x in losses)     # every rank of every group: the same loss
 
 
@@ -74,30 +74,30 @@ def test_on_two_ranks_parity_with_the_dense_model(two_ranks, kind):
 def test_one_all_reduce_each_way_per_mlp_and_megatron_bytes_per_layer(ranks, t):
     payload = B * S * H * 4                                     # one (b, s, h) fp32 tensor
     for r in ranks:
-        mlp, block = r["layers"][t]["mlp"], r["layers"][t]["block"]
+        mlp, block = r["layers"][t].mlp, r["layers"][t].block
         per = 1 if t > 1 else 0                                 # t = 1 sends nothing
-        assert (mlp["forward"]["all_reduce"], mlp["backward"]["all_reduce"]) == (per, per)
-        assert mlp["forward"]["payload_bytes"] == per * payload
-        assert block["forward"]["all_reduce"] == block["backward"]["all_reduce"] == 2 * per
-        assert block["forward"]["all_gather"] == block["backward"]["all_gather"] == 0
+        assert (mlp.forward.all_reduce, mlp.backward.all_reduce) == (per, per)
+        assert mlp.forward.payload_bytes == per * payload
+        assert block.forward.all_reduce == block.backward.all_reduce == 2 * per
+        assert block.forward.all_gather == block.backward.all_gather == 0
         # ring: 2(t-1)/t of each payload per rank; 4 payloads -> 8bsh(t-1)/t elements
-        ring = block["forward"]["ring_bytes_per_rank"] + block["backward"]["ring_bytes_per_rank"]
+        ring = block.forward.ring_bytes_per_rank + block.backward.ring_bytes_per_rank
         assert ring == pytest.approx(4 * tp_elements_per_layer(B, S, H, t))
         assert ring == pytest.approx(8 * B * S * H * (t - 1) / t * 4)
 
 
 def _assert_one_t_th(layers, kind):
     """This rank's ``layer_report`` (its t and h): ``kind`` holds 1/t of the weight matrices."""
-    t, h, report = layers["t"], layers["h"], layers[kind]
+    t, h, report = layers.t, layers.h, layers.layer(kind)
     if kind == "mlp":
         # fc1 weight and bias, fc2 weight split; fc2's bias (h) is replicated
         inner = 4 * h
         sharded = (h * inner + inner + inner * h) * 4
-        assert report["param_bytes"] == sharded // t + h * 4
-        assert report["dense_param_bytes"] == sharded + h * 4
+        assert report.param_bytes == sharded // t + h * 4
+        assert report.dense_param_bytes == sharded + h * 4
     else:
         # 12h^2 + 7h split (QKV, proj, fc1, fc2 and column biases); 6h replicated (LNs, 2 biases)
-        assert report["param_bytes"] == ((12 * h * h + 7 * h) // t + 6 * h) * 4
+        assert report.param_bytes == ((12 * h * h + 7 * h) // t + 6 * h) * 4
 
 
 @pytest.mark.timeout(300)
@@ -106,8 +106,8 @@ def test_each_rank_holds_one_t_th_of_the_weight_matrices(ranks, t):
     for r in ranks:
         for kind in ("mlp", "block"):
             _assert_one_t_th(r["layers"][t], kind)
-        mlp = r["layers"][t]["mlp"]
-        assert mlp["torch"]["param_bytes"] == mlp["param_bytes"]     # DTensor's split too
+        mlp = r["layers"][t].mlp
+        assert mlp.torch.param_bytes == mlp.param_bytes     # DTensor's split too
 
 
 @pytest.mark.timeout(60)
@@ -122,8 +122,8 @@ def test_on_two_ranks_each_rank_holds_one_t_th_of_the_weight_matrices(two_ranks,
 @pytest.mark.parametrize("kind", ["mlp", "block"])
 def test_dtensor_on_the_same_weights_agrees(ranks, kind, t):
     for r in ranks:
-        theirs = r["layers"][t][kind]["torch"]
-        assert max(theirs["output"], theirs["input_grad"], theirs["grads"]) < TOL, theirs
+        theirs = r["layers"][t].layer(kind).torch
+        assert max(theirs.output, theirs.input_grad, theirs.grads) < TOL, theirs
 
 
 @pytest.mark.timeout(300)
@@ -138,9 +138,9 @@ def test_f_g_gather_scatter(ranks, t):
 def test_gather_then_scatter_pairing_is_right_but_sends_more(ranks):
     for r in ranks:
         g = r["gathered"]
-        assert max(g["output"], g["input_grad"], g["grads"]) < TOL
-        assert (g["forward"]["all_gather"], g["forward"]["all_reduce"]) == (1, 1)
-        assert (g["backward"]["all_gather"], g["backward"]["all_reduce"]) == (1, 1)
+        assert max(g.output, g.input_grad, g.grads) < TOL
+        assert (g.forward.all_gather, g.forward.all_reduce) == (1, 1)
+        assert (g.backward.all_gather, g.backward.all_reduce) == (1, 1)
 
 
 @pytest.mark.timeout(300)

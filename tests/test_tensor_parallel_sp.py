@@ -90,13 +90,13 @@ def _parity(ranks, t):
 
 def _assert_equal_to_dense(reports, name, t):
     for r in reports:
-        got = r[name]
+        got = r.vs_dense[name]
         for what in ("output", "input_grad", "grads", "weights_after_steps"):
-            if what in got:
-                assert got[what] < TOL, (f"rank {r['rank']} t={t} {name}: {what} off by "
-                                         f"{got[what]:.2e} ({got.get('worst_grad')}, "
-                                         f"{got.get('worst_weight')})")
-    losses = [r[name]["losses"] for r in reports]
+            error = getattr(got, what)
+            if error is not None:
+                assert error < TOL, (f"rank {r.rank} t={t} {name}: {what} off by "
+                                     f"{error:.2e} ({got.worst_grad}, {got.worst_weight})")
+    losses = [r.vs_dense[name].losses for r in reports]
     assert all(x == losses[0] for x in losses)
 
 
@@ -124,8 +124,8 @@ def test_the_sequence_parallel_gpt_equals_the_dense_gpt(four, name, t):
 @pytest.mark.parametrize("t", (1, 2, 4))
 def test_pytorch_sequence_parallel_plan_agrees_on_the_same_weights(four, t):
     for r in _parity(four, t):
-        theirs = r["torch+sp"]
-        assert max(theirs.values()) < TOL, theirs
+        theirs = r.torch
+        assert theirs.largest() < TOL, theirs
 
 
 @pytest.mark.timeout(300)
@@ -133,7 +133,7 @@ def test_at_t3_every_mode_the_gpt_and_pytorch_plan_equal_the_dense_model(three):
     for name in [*MODES, "gpt+sp", "gpt+sp+vocab"]:
         _assert_equal_to_dense(three, name, 3)
     for r in three:
-        assert max(r["torch+sp"].values()) < TOL, r["torch+sp"]
+        assert r.torch.largest() < TOL, r.torch
 
 
 @pytest.mark.timeout(300)
@@ -148,16 +148,16 @@ def test_pipeline_stages_that_recompute_equal_one_process(four):
 @pytest.mark.parametrize("t", (1, 2, 4))
 def test_saved_bytes_equal_the_formula_to_the_byte(four, t):
     for r in four:
-        report = r["bytes"][t]
+        kept = r["bytes"][t].kept
         for mode in ["dense", *MODES]:
-            assert report[mode]["measured"] == report[mode]["formula"], (mode, report[mode])
+            assert kept[mode].measured == kept[mode].formula, (mode, kept[mode])
         # TP+SP keeps 1/t of the dense layer on each rank; so does full recompute with SP
-        assert report["tp+sp"]["measured"] * t == report["dense"]["measured"]
-        assert report["tp+sp+full"]["measured"] * t == report["full"]["measured"]
+        assert kept["tp+sp"].measured * t == kept["dense"].measured
+        assert kept["tp+sp+full"].measured * t == kept["full"].measured
         if t > 1:
-            assert (report["full"]["measured"] < report["tp+sp+selective"]["measured"]
-                    < report["tp+sp"]["measured"] < report["tp"]["measured"]
-                    < report["dense"]["measured"])
+            assert (kept["full"].measured < kept["tp+sp+selective"].measured
+                    < kept["tp+sp"].measured < kept["tp"].measured
+                    < kept["dense"].measured)
 
 
 def test_the_formula_by_hand():
@@ -181,11 +181,11 @@ def _ring(events, op):
 def test_sequence_parallelism_sends_the_bytes_tensor_parallelism_sends(four, t):
     for r in four:
         ledger = r["ledger"][t]
-        e, bsh, h = ledger["element_size"], ledger["b"] * ledger["s"] * ledger["h"], ledger["h"]
-        tp, sp_ = ledger["tp"], ledger["tp+sp"]
-        assert [(k, n) for k, n in tp["forward"]["events"]] == [("all_reduce", bsh * e)] * 2
-        assert [(k, n) for k, n in tp["backward"]["events"]] == [("all_reduce", bsh * e)] * 2
-        fwd, bwd = sp_["forward"]["events"], sp_["backward"]["events"]
+        e, bsh, h = ledger.element_size, ledger.b * ledger.s * ledger.h, ledger.h
+        tp, sp_ = ledger.sent["tp"], ledger.sent["tp+sp"]
+        assert [(k, n) for k, n in tp.forward.events] == [("all_reduce", bsh * e)] * 2
+        assert [(k, n) for k, n in tp.backward.events] == [("all_reduce", bsh * e)] * 2
+        fwd, bwd = sp_.forward.events, sp_.backward.events
         # forward: g (all-gather of s/t rows) before each column layer, g-bar after each row
         assert fwd == [("all_gather", bsh * e // t), ("reduce_scatter", bsh * e)] * 2
         assert _ring(fwd, "all_reduce") == []
@@ -196,7 +196,7 @@ def test_sequence_parallelism_sends_the_bytes_tensor_parallelism_sends(four, t):
         assert _ring(bwd, "all_reduce") == [h * e] * 6
         ring = lambda k, n: (t - 1) / t * n * (2 if k == "all_reduce" else 1) * (  # noqa: E731
             t if k == "all_gather" else 1)
-        tp_bytes = sum(ring(k, n) for k, n in tp["forward"]["events"] + tp["backward"]["events"])
+        tp_bytes = sum(ring(k, n) for k, n in tp.forward.events + tp.backward.events)
         conjugates = fwd + [(k, n) for k, n in bwd if k == "reduce_scatter"] + \
             [("all_gather", bsh * e // t)] * 2
         assert sum(ring(k, n) for k, n in conjugates) == pytest.approx(tp_bytes)
@@ -207,15 +207,15 @@ def test_sequence_parallelism_sends_the_bytes_tensor_parallelism_sends(four, t):
 @pytest.mark.parametrize("t", (2, 4))
 def test_full_recompute_repeats_the_forward_collectives_in_backward(four, t):
     for r in four:
-        ledger = r["ledger"][t]
+        sent = r["ledger"][t].sent
         for plain, full in (("tp", "full"), ("tp+sp", "tp+sp+full")):
-            again = [x for x in ledger[full]["backward"]["events"]]
-            for event in ledger[plain]["backward"]["events"]:
+            again = [x for x in sent[full].backward.events]
+            for event in sent[plain].backward.events:
                 again.remove(event)
             # all but the last: PyTorch's checkpoint stops recomputing once it has rebuilt every
             # tensor backward needs, and nothing keeps the MLP's output, whose sum is the last
-            assert sorted(again) == sorted(ledger[plain]["forward"]["events"][:-1]), again
-            assert ledger[full]["forward"]["events"] == ledger[plain]["forward"]["events"]
+            assert sorted(again) == sorted(sent[plain].forward.events[:-1]), again
+            assert sent[full].forward.events == sent[plain].forward.events
 
 
 @pytest.mark.timeout(300)

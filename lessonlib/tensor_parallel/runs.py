@@ -3,7 +3,7 @@
 
 What it teaches: a parallel layer is right when it is the dense layer. ``compare_with_dense``
 trains a dense module and its tensor-parallel copy side by side on the same batches and
-reports, for the first step, the error of the output, the input gradient and every
+reports (a ``reports.Parity``), for the first step, the error of the output, the input gradient and every
 parameter gradient, and, after the last step, of every weight, each relative to the largest
 value it is compared with; a shard is compared with the same slice of the dense tensor.
 The ledger of the first forward and backward pass counts what was sent: for a transformer layer 2 all-reduces each way of b*s*h elements, which a
@@ -17,6 +17,8 @@ GPU box: the same call uses NCCL when 2 GPUs are visible.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -25,7 +27,7 @@ from lessonlib import comm, device, launcher
 from lessonlib.argcheck import positive_int
 from lessonlib.baseline import grads_as_model, rel_err
 from lessonlib.breadcrumbs import progress
-from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank, tp_elements_per_layer
+from lessonlib.costmodel.comm import tp_elements_per_layer
 from lessonlib.grid import ParallelContext
 from lessonlib.models import MLP, Block, GPTConfig, TinyGPT, init_weights_, lm_loss
 from lessonlib.tensor_parallel import ops
@@ -34,6 +36,7 @@ from lessonlib.tensor_parallel.layers import (ColumnParallelLinear, RowParallelL
                                               TensorParallelMLP, TensorParallelSelfAttention,
                                               check_divisible, check_pair)
 from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block, parallelize_gpt
+from lessonlib.tensor_parallel.reports import LayerReport, Parity, PlanParity, traffic
 
 
 def worst_error(tensors: dict, reference: dict) -> tuple[float, str]:
@@ -50,33 +53,13 @@ def _params(module) -> dict:
     return dict(module.named_parameters())
 
 
-def ring_bytes_per_rank(event) -> float:
-    """What one rank sends for a ledger event on a ring: an all-reduce of S bytes 2(n-1)/n*S,
-    a reduce-scatter of S bytes (n-1)/n*S, an all-gather of an S-byte shard (n-1)*S."""
-    n, size = event.group_size, event.bytes
-    if event.op == "all_reduce":
-        return ring_allreduce_bytes_per_rank(n, size)
-    return {"reduce_scatter": (n - 1) / n * size, "all_gather": (n - 1) * size}.get(event.op, 0)
-
-
-def traffic(book) -> dict:
-    """A ledger's collectives: counts by kind, payload bytes, ring bytes each rank sends,
-    and every event as (kind, payload bytes) in the order sent."""
-    return {"all_reduce": book.count("all_reduce"), "all_gather": book.count("all_gather"),
-            "reduce_scatter": book.count("reduce_scatter"),
-            "payload_bytes": book.total_bytes(),
-            "ring_bytes_per_rank": sum(ring_bytes_per_rank(e) for e in book.events),
-            "events": [(e.op, e.bytes) for e in book.events],
-            "seconds": sum(e.seconds for e in book.events)}
-
-
-def compare_with_dense(dense, make_tp, batches, loss_fn, lr: float = 0.1) -> dict:
+def compare_with_dense(dense, make_tp, batches, loss_fn, lr: float = 0.1) -> Parity:
     """Train ``dense`` (changed in place) and ``make_tp(dense)`` with SGD + momentum on the
     same ``batches`` [(input, target)]; return relative errors, traffic and losses."""
     tp = make_tp(dense)
     opt_d = torch.optim.SGD(dense.parameters(), lr=lr, momentum=0.9)
     opt_t = torch.optim.SGD(tp.parameters(), lr=lr, momentum=0.9)
-    report, losses = {}, []
+    first, losses = {}, []
     for step, (x, y) in enumerate(batches):
         progress(f"compare_with_dense step {step}")
         grad_in = x.is_floating_point()
@@ -90,21 +73,20 @@ def compare_with_dense(dense, make_tp, batches, loss_fn, lr: float = 0.1) -> dic
             loss.backward()
         losses.append(loss.item())
         if step == 0:
-            report["output"] = rel_err(out_t.detach(), out_d.detach())
-            if grad_in:
-                report["input_grad"] = rel_err(x_t.grad, x_d.grad)
             expected = _params(make_tp(grads_as_model(dense)))
-            got = {n: p.grad for n, p in tp.named_parameters()}
-            report["grads"], report["worst_grad"] = worst_error(got, expected)
-            report["forward"], report["backward"] = traffic(forward), traffic(backward)
+            grads, worst_grad = worst_error({n: p.grad for n, p in tp.named_parameters()},
+                                            expected)
+            first = dict(output=rel_err(out_t.detach(), out_d.detach()),
+                         input_grad=rel_err(x_t.grad, x_d.grad) if grad_in else None,
+                         grads=grads, worst_grad=worst_grad,
+                         forward=traffic(forward), backward=traffic(backward))
         for opt in (opt_d, opt_t):
             opt.step()
             opt.zero_grad(set_to_none=True)
-    report["weights_after_steps"], report["worst_weight"] = worst_error(_params(tp),
-                                                                   _params(make_tp(dense)))
-    report["losses"] = losses
-    report["param_bytes"], report["dense_param_bytes"] = param_bytes(tp), param_bytes(dense)
-    return report
+    weights, worst_weight = worst_error(_params(tp), _params(make_tp(dense)))
+    return Parity(**first, weights_after_steps=weights, worst_weight=worst_weight,
+                  losses=losses, param_bytes=param_bytes(tp),
+                  dense_param_bytes=param_bytes(dense))
 
 
 def float_batches(b, s, h, steps, seed, dev):
@@ -126,14 +108,12 @@ def tp_context(t: int) -> ParallelContext:
 
 
 def layer_report(t: int, b: int = 2, s: int = 16, h: int = 64, heads: int = 4, steps: int = 3,
-                 seed: int = 0, kinds=("mlp", "block"), with_torch: bool = False) -> dict:
+                 seed: int = 0, kinds=("mlp", "block"), with_torch: bool = False) -> LayerReport:
     """On each rank: ``compare_with_dense`` for each of ``kinds`` ("mlp", "block", "gpt") split
     over this rank's group of t; with ``with_torch``, DTensor's split of the same weights too."""
     ctx, dev = tp_context(t), device.current_device()
     group = ctx.tp_group
     cfg = GPTConfig(vocab=64, seq=s, hidden=h, heads=heads, layers=2)
-    out = {"rank": dist.get_rank(), "t": t, "b": b, "s": s, "h": h,
-           "predicted_elements_per_layer": tp_elements_per_layer(b, s, h, t)}
     floats = float_batches(b, s, h, steps, seed + 1, dev)
     builders = {  # kind: (dense module, its tensor-parallel copy, batches, loss)
         "mlp": (lambda: init_weights_(MLP(h), seed),
@@ -144,17 +124,21 @@ def layer_report(t: int, b: int = 2, s: int = 16, h: int = 64, heads: int = 4, s
                 lambda m: parallelize_gpt(m, group, vocab_parallel=True),
                 token_batches(b, cfg, steps, seed + 1, dev), lm_loss),
     }
+    parities = {}
     for kind in kinds:
         build, make_tp, batches, loss_fn = builders[kind]
-        out[kind] = compare_with_dense(build().to(dev), make_tp, batches, loss_fn)
+        parities[kind] = compare_with_dense(build().to(dev), make_tp, batches, loss_fn)
         if with_torch and kind in ("mlp", "block"):
-            out[kind]["torch"] = _torch_errors(build().to(dev), kind, ctx, batches[0])
+            parities[kind] = replace(parities[kind], torch=_torch_errors(
+                build().to(dev), kind, ctx, batches[0]))
     ctx.destroy()          # each t makes its own groups: free them before the next
-    return out
+    return LayerReport(rank=dist.get_rank(), t=t, b=b, s=s, h=h,
+                       predicted_elements_per_layer=tp_elements_per_layer(b, s, h, t),
+                       **parities)
 
 
 def layer_reports(ts=(1, 2, 4), **kwargs) -> dict:
-    """``layer_report`` for each t in ``ts`` in one launch: {t: report}."""
+    """``layer_report`` for each t in ``ts`` in one launch: {t: LayerReport}."""
     return {t: layer_report(t, **kwargs) for t in ts}
 
 
@@ -176,7 +160,8 @@ def run_layer_reports(world_size: int, ts=(1, 2, 4), timeout: float = 120, **kwa
     return launcher.launch(layer_reports, world_size, ts, timeout=timeout, **kwargs)
 
 
-def gathered_mlp_report(t: int, b: int = 2, s: int = 16, h: int = 64, seed: int = 0) -> dict:
+def gathered_mlp_report(t: int, b: int = 2, s: int = 16, h: int = 64,
+                        seed: int = 0) -> Parity:
     """The other consistent pairing, gather_output=True with input_is_parallel=False: still
     the dense MLP, but an all-gather (forward) and its transpose (backward) are added."""
     ctx, dev = tp_context(t), device.current_device()
@@ -229,7 +214,7 @@ def constructor_report(t: int, n_in: int = 8, n_out: int = 12, seed: int = 3) ->
     return out
 
 
-def _torch_errors(dense, kind, ctx, batch) -> dict:
+def _torch_errors(dense, kind, ctx, batch) -> PlanParity:
     """DTensor's ColwiseParallel/RowwiseParallel on the same weights vs the dense module."""
     theirs = parallelize_with_dtensor(dense, kind, tp_mesh(ctx))
     x, y = batch
@@ -239,10 +224,10 @@ def _torch_errors(dense, kind, ctx, batch) -> dict:
     F.mse_loss(out_t, y).backward()
     full = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             for n, p in theirs.named_parameters()}
-    return {"output": rel_err(out_t.detach(), out_d.detach()),
-            "input_grad": rel_err(x_t.grad, x_d.grad),
-            "grads": worst_error(full, {n: p.grad for n, p in dense.named_parameters()})[0],
-            "param_bytes": param_bytes(theirs)}
+    return PlanParity(output=rel_err(out_t.detach(), out_d.detach()),
+                      input_grad=rel_err(x_t.grad, x_d.grad),
+                      grads=worst_error(full, {n: p.grad for n, p in dense.named_parameters()})[0],
+                      param_bytes=param_bytes(theirs))
 
 
 def bad_input_report() -> dict:

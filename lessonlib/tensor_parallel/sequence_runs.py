@@ -13,6 +13,9 @@ and differs only in what it keeps for backward and what it sends.
   mode, measured by ``lessonlib.activations.saved_bytes``, beside the exact formula
   (``costmodel.memory.course_layer_activation_bytes``).
 
+Each returns a record of ``reports`` (``SequenceParity``, ``ActivationBytes``,
+``LedgerReport``), its fields named.
+
 Laptop:  ``python -c "from lessonlib.tensor_parallel import sequence_runs as r; \\
           print(r.run(2, r.activation_report, 2))"``
 GPU box: the same functions under torchrun, one rank per GPU (NCCL).
@@ -32,16 +35,17 @@ from lessonlib.models import Block, GPTConfig, TinyGPT, init_weights_, lm_loss, 
 from lessonlib.tensor_parallel.dtensor_ref import parallelize_with_dtensor, tp_mesh
 from lessonlib.tensor_parallel.ops import split_sequence
 from lessonlib.tensor_parallel.parallelize import parallelize_block, parallelize_gpt
+from lessonlib.tensor_parallel.reports import (ActivationBytes, Kept, LedgerReport, Sent,
+                                               SequenceLesson, SequenceParity,
+                                               SequencePlanParity, traffic)
 from lessonlib.tensor_parallel.runs import (compare_with_dense, float_batches, refusals,
-                                            token_batches, tp_context, traffic, worst_error)
+                                            token_batches, tp_context, worst_error)
 from lessonlib.tensor_parallel.sequence import SequenceGather, SequenceScatter
 
 MODES = {  # name: (sequence_parallel, recompute); at t = 1 "tp" is the dense layer
     "tp": (False, "none"), "tp+sp": (True, "none"),
     "tp+selective": (False, "selective"), "tp+sp+selective": (True, "selective"),
     "full": (False, "full"), "tp+sp+full": (True, "full")}
-FIELDS = ("output", "input_grad", "grads", "weights_after_steps", "worst_grad",
-          "worst_weight", "forward", "backward", "losses")
 
 
 def layer_for(mode: str, dense: Block, group) -> nn.Module:
@@ -69,7 +73,7 @@ WHOLE_MODELS = ("gpt+sp", "gpt+sp+vocab", "torch+sp")
 
 def parity_report(t: int, b: int = 2, s: int = 12, h: int = 48, heads: int = 12,
                   steps: int = 3, seed: int = 0, modes=tuple(MODES),
-                  models=WHOLE_MODELS) -> dict:
+                  models=WHOLE_MODELS) -> SequenceParity:
     """On each rank, in float64: each of ``modes`` of a layer vs the dense layer; ``models``:
     the TP+SP GPT (replicated or vocabulary-parallel head) vs the dense GPT, and PyTorch's
     sequence-parallel plan vs the dense layer."""
@@ -80,29 +84,25 @@ def parity_report(t: int, b: int = 2, s: int = 12, h: int = 48, heads: int = 12,
         group, cfg = ctx.tp_group, _config(s, h, heads)
         dense = lambda: init_weights_(Block(cfg), seed, std=0.02).to(dev)   # noqa: E731
         floats = float_batches(b, s, h, steps, seed + 1, dev)
-        out = {"rank": dist.get_rank(), "t": t, "b": b, "s": s, "h": h}
-        for mode in modes:
-            report = compare_with_dense(dense(), lambda m, mode=mode: whole_sequence(
-                mode, m, group), floats, F.mse_loss)
-            out[mode] = {k: report[k] for k in FIELDS if k in report}
+        vs_dense = {mode: compare_with_dense(dense(), lambda m, mode=mode: whole_sequence(
+            mode, m, group), floats, F.mse_loss) for mode in modes}
         tokens = token_batches(b, cfg, steps, seed + 1, dev)
         for name, vocab_parallel in (("gpt+sp", False), ("gpt+sp+vocab", True)):
             if name not in models:
                 continue
-            report = compare_with_dense(TinyGPT(cfg, seed).to(dev), lambda m, v=vocab_parallel:
-                                        parallelize_gpt(m, group, vocab_parallel=v,
-                                                        sequence_parallel=True),
-                                        tokens, lm_loss)
-            out[name] = {k: report[k] for k in FIELDS if k in report}
-        if "torch+sp" in models:
-            out["torch+sp"] = torch_sequence_parallel_errors(dense(), ctx, floats[0])
+            vs_dense[name] = compare_with_dense(
+                TinyGPT(cfg, seed).to(dev), lambda m, v=vocab_parallel: parallelize_gpt(
+                    m, group, vocab_parallel=v, sequence_parallel=True), tokens, lm_loss)
+        theirs = (torch_sequence_parallel_errors(dense(), ctx, floats[0])
+                  if "torch+sp" in models else None)
         ctx.destroy()
     finally:
         torch.set_default_dtype(before)
-    return out
+    return SequenceParity(rank=dist.get_rank(), t=t, b=b, s=s, h=h, vs_dense=vs_dense,
+                          torch=theirs)
 
 
-def torch_sequence_parallel_errors(dense: Block, ctx, batch) -> dict:
+def torch_sequence_parallel_errors(dense: Block, ctx, batch) -> SequencePlanParity:
     """PyTorch's plan (``SequenceParallel`` + Colwise/Rowwise) and ours on the same weights
     and this rank's s/t rows: theirs against the dense layer (output, input gradient, every
     gradient), and ours against theirs (output, input gradient)."""
@@ -122,15 +122,16 @@ def torch_sequence_parallel_errors(dense: Block, ctx, batch) -> dict:
     out_t, grad_t, theirs = results["torch"]
     full = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             for n, p in theirs.named_parameters()}
-    return {"output": rel_err(out_t, split_sequence(out_d.detach(), group)),
-            "input_grad": rel_err(grad_t, split_sequence(x_d.grad, group)),
-            "grads": worst_error(full, {n: p.grad for n, p in dense.named_parameters()})[0],
-            "ours_vs_theirs_output": rel_err(results["lessonlib"][0], out_t),
-            "ours_vs_theirs_input_grad": rel_err(results["lessonlib"][1], grad_t)}
+    return SequencePlanParity(
+        output=rel_err(out_t, split_sequence(out_d.detach(), group)),
+        input_grad=rel_err(grad_t, split_sequence(x_d.grad, group)),
+        grads=worst_error(full, {n: p.grad for n, p in dense.named_parameters()})[0],
+        ours_vs_theirs_output=rel_err(results["lessonlib"][0], out_t),
+        ours_vs_theirs_input_grad=rel_err(results["lessonlib"][1], grad_t))
 
 
 def activation_report(t: int, b: int = 2, s: int = 16, h: int = 32, heads: int = 4,
-                      dtype=torch.float64, seed: int = 0) -> dict:
+                      dtype=torch.float64, seed: int = 0) -> ActivationBytes:
     """On each rank: the bytes one layer keeps for backward in every mode (``MODES``), each
     with the formula's bytes; "dense" is the plain ``Block`` in one process."""
     ctx, dev = tp_context(t), device.current_device()
@@ -139,9 +140,7 @@ def activation_report(t: int, b: int = 2, s: int = 16, h: int = 32, heads: int =
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(b, s, h, generator=gen, dtype=dtype).to(dev)                 # (b, s, h)
     size = torch.finfo(dtype).bits // 8
-    out = {"rank": dist.get_rank(), "t": t, "b": b, "s": s, "h": h, "a": heads,
-           "element_size": size}
-    layers = {"dense": (dense, x, False, "none")}
+    kept, layers = {}, {"dense": (dense, x, False, "none")}
     for mode, (sp, recompute) in MODES.items():
         rows = split_sequence(x, group) if sp else x                             # (b, s_r, h)
         layers[mode] = (layer_for(mode, dense, group), rows, sp, recompute)
@@ -150,21 +149,22 @@ def activation_report(t: int, b: int = 2, s: int = 16, h: int = 32, heads: int =
         with saved_bytes(exclude=layer.parameters()) as meter:
             y = layer(rows)
         y.sum().backward()                      # and free what was kept
-        out[mode] = {"measured": meter.bytes, "tensors": meter.tensors,
-                     "formula": course_layer_activation_bytes(
-                         b, s, h, heads, 1 if mode == "dense" else t, sp, recompute, size)}
+        kept[mode] = Kept(measured=meter.bytes, tensors=meter.tensors,
+                          formula=course_layer_activation_bytes(
+                              b, s, h, heads, 1 if mode == "dense" else t, sp, recompute, size))
     ctx.destroy()
-    return out
+    return ActivationBytes(rank=dist.get_rank(), t=t, b=b, s=s, h=h, a=heads,
+                           element_size=size, kept=kept)
 
 
 def ledger_report(t: int, b: int = 2, s: int = 16, h: int = 32, heads: int = 4,
-                  modes=("tp", "tp+sp", "full", "tp+sp+full"), seed: int = 0) -> dict:
+                  modes=("tp", "tp+sp", "full", "tp+sp+full"), seed: int = 0) -> LedgerReport:
     """On each rank: the ledger of one forward and one backward of one layer (this rank's
-    rows under SP) in each of ``modes``: {mode: {"forward": traffic, "backward": traffic}}."""
+    rows under SP) in each of ``modes``, as ``sent[mode].forward`` and ``.backward``."""
     ctx, dev = tp_context(t), device.current_device()
     dense = init_weights_(Block(_config(s, h, heads)), seed, std=0.02).to(dev)
     x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(seed + 1)).to(dev)
-    out = {"t": t, "b": b, "s": s, "h": h, "element_size": x.element_size()}
+    sent = {}
     for mode in modes:
         layer = layer_for(mode, dense, ctx.tp_group)
         rows = (split_sequence(x, ctx.tp_group) if MODES[mode][0] else x).requires_grad_()
@@ -172,9 +172,9 @@ def ledger_report(t: int, b: int = 2, s: int = 16, h: int = 32, heads: int = 4,
             y = layer(rows)                                              # (b, s_r, h)
         with comm.ledger() as backward:
             y.sum().backward()
-        out[mode] = {"forward": traffic(forward), "backward": traffic(backward)}
+        sent[mode] = Sent(forward=traffic(forward), backward=traffic(backward))
     ctx.destroy()
-    return out
+    return LedgerReport(t=t, b=b, s=s, h=h, element_size=x.element_size(), sent=sent)
 
 
 def bad_sequence_report() -> dict:
@@ -188,15 +188,16 @@ def bad_sequence_report() -> dict:
     return refusals(cases)
 
 
-def lesson_report(ts=(1, 2, 4), seqs=(8, 16, 32)) -> dict:
+def lesson_report(ts=(1, 2, 4), seqs=(8, 16, 32)) -> SequenceLesson:
     """What notebook 14 launches on 4 ranks: the bytes per mode at each t (and at t = 2 for
     each s in ``seqs``, the widget's points), the ledgers at t > 1, and TP+SP's parity with
     the dense layer and with PyTorch's plan at t = 2 and 4."""
-    return {"bytes": {t: activation_report(t) for t in ts},
-            "bytes_by_s": {s: activation_report(2, s=s) for s in seqs},
-            "ledger": {t: ledger_report(t) for t in ts if t > 1},
-            "parity": {t: parity_report(t, modes=("tp+sp", "tp+sp+selective", "full"),
-                                        models=("gpt+sp", "torch+sp")) for t in ts if t > 1}}
+    return SequenceLesson(
+        bytes={t: activation_report(t) for t in ts},
+        bytes_by_s={s: activation_report(2, s=s) for s in seqs},
+        ledger={t: ledger_report(t) for t in ts if t > 1},
+        parity={t: parity_report(t, modes=("tp+sp", "tp+sp+selective", "full"),
+                                 models=("gpt+sp", "torch+sp")) for t in ts if t > 1})
 
 
 def run(world_size: int, fn, *args, timeout: float = 120, **kwargs) -> list:

@@ -56,7 +56,7 @@ def worker(stages, cfg: GPTConfig, optimizer: str, **timing) -> dict:
     out = zero_bench(stages, cfg, optimizer, **timing)
     out["parity_weights"] = {
         stage: train_stage(stage, optimizer, steps=PARITY_STEPS,
-                           global_batch=2 * dist.get_world_size(), dtype="float32")["weights"]
+                           global_batch=2 * dist.get_world_size(), dtype="float32").weights
         for stage in stages}
     return out
 

@@ -67,7 +67,7 @@ def test_every_stage_equals_one_process(runs, stage, optimizer):
     start = zero_runs.build_model(CFG, 0, torch.float64).state_dict()
     assert any((want[k] - start[k]).abs().max() > 1e-3 for k in want)      # it trained
     for rank in _results(runs, stage, optimizer):
-        _assert_weights(rank["weights"], want)
+        _assert_weights(rank.weights, want)
 
 
 @pytest.mark.timeout(900)
@@ -76,8 +76,8 @@ def test_tied_and_frozen_weights_equal_one_process(runs, stage):
     want, model = _single("adamw", tie=True, freeze=True)
     assert model.head.out.weight is model.embed.tok.weight
     for rank in _results(runs, stage, "adamw", tie=True, freeze=True):
-        _assert_weights(rank["weights"], want)
-        torch.testing.assert_close(rank["weights"]["embed.pos.weight"],
+        _assert_weights(rank.weights, want)
+        torch.testing.assert_close(rank.weights["embed.pos.weight"],
                                    zero_runs.build_model(CFG, 0, torch.float64)
                                    .state_dict()["embed.pos.weight"])     # frozen: unchanged
 
@@ -87,7 +87,7 @@ def test_tied_and_frozen_weights_equal_one_process(runs, stage):
 @pytest.mark.parametrize("ours, theirs", [("1-ddp", "torch-zero"), ("3", "torch-fsdp2")])
 def test_equal_to_pytorchs_own(runs, ours, theirs, optimizer):
     for mine, torch_rank in zip(_results(runs, ours, optimizer), _results(runs, theirs, optimizer)):
-        _assert_weights(mine["weights"], torch_rank["weights"])
+        _assert_weights(mine.weights, torch_rank.weights)
 
 
 @pytest.mark.timeout(900)
@@ -107,13 +107,13 @@ def test_bf16_compute_equals_fully_shards_mixed_precision(runs):
     fp32 = _results(runs, "3", "adamw", dtype="float32", compute_dtype=None)
     lr = zero_runs.OPTIMIZERS["adamw"][1]["lr"]
     for mine, torch_rank, full in zip(ours, theirs, fp32):
-        rounding_only = {k for k in mine["weights"] if k.endswith("attn.k.bias")}
+        rounding_only = {k for k in mine.weights if k.endswith("attn.k.bias")}
         assert len(rounding_only) == CFG.layers
-        for name, w in mine["weights"].items():
+        for name, w in mine.weights.items():
             atol = 2 * lr * STEPS if name in rounding_only else 5e-3
-            torch.testing.assert_close(w, torch_rank["weights"][name], rtol=0, atol=atol,
+            torch.testing.assert_close(w, torch_rank.weights[name], rtol=0, atol=atol,
                                        msg=lambda m, name=name: f"{name}: {m}")
-        assert max((w - full["weights"][k]).abs().max() for k, w in mine["weights"].items()
+        assert max((w - full.weights[k]).abs().max() for k, w in mine.weights.items()
                    if k not in rounding_only) > 1e-2
 
 
@@ -122,8 +122,8 @@ def test_world_size_one_is_one_process():
     cases = [_case(s, o) for s in ("1", "2", "3") for o in ("sgd", "adamw")]
     (results,) = lessonlib.launch(zero_runs.train_cases, 1, cases, timeout=250)
     for case, result in zip(cases, results):
-        _assert_weights(result["weights"], _single(case["optimizer"])[0])
-        assert result["ledgers"][-1] == {}                   # nothing to send alone
+        _assert_weights(result.weights, _single(case["optimizer"])[0])
+        assert result.ledgers[-1] == {}                   # nothing to send alone
 
 
 def _counts(tie=False, freeze=False):
@@ -141,18 +141,18 @@ def test_bytes_held_equal_zeros_formula(runs, stage, optimizer, extra):
     every, trainable = _counts(**extra)
     state = STATE_BYTES[optimizer]
     for rank in _results(runs, stage, optimizer, **extra):
-        held, r = rank["held"], rank["rank"]
+        held, r = rank.held, rank.rank
         if stage.startswith("1"):
             # Stage 1 cuts the flattened trainable parameters into n ranges of L; the last
             # ranges are short by the padding, which the formula counts as held.
             p = sum(t.numel() for t in trainable)
             length, _ = flat_ranges([t.numel() for t in trainable], r, n)
             want = zero_stage_bytes(1, p, n, n * length, 8, 8, state)
-            assert rank["padding"] == length - sum(b - a for _, a, b in
+            assert rank.padding == length - sum(b - a for _, a, b in
                                                    flat_ranges([t.numel() for t in trainable],
                                                                r, n)[1])
             assert held["weights"] == want["weights"] and held["gradients"] == want["gradients"]
-            assert held["optimizer"] + state * rank["padding"] == want["optimizer"]
+            assert held["optimizer"] + state * rank.padding == want["optimizer"]
             continue
         # Stages 2 and 3 pad every parameter to n shards of ceil(rows/n) rows.
         weights = zero_stage_bytes(int(stage), sum(t.numel() for t in every), n,
@@ -185,7 +185,7 @@ def test_ledger_moves_two_or_three_times_n_minus_1_over_n(runs, stage, factor):
     else:
         size = 8 * sum(t.numel() for t in trainable)
     for rank in _results(runs, stage, "adamw"):
-        for summary in rank["ledgers"]:
+        for summary in rank.ledgers:
             assert ring_bytes_per_rank(summary, n) == pytest.approx(factor * (n - 1) / n * size)
     if stage == "3":
         units = 1 + CFG.layers + 1                         # embed, the blocks, head

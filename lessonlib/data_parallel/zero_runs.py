@@ -14,6 +14,8 @@ GPU box: ``torchrun --nproc-per-node 8 labs/zero.py``
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -189,12 +191,25 @@ def train_single(optimizer: str = "adamw", cfg: GPTConfig | None = None, steps: 
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, model
 
 
+@dataclass(frozen=True)
+class StageRun:
+    """One rank's run of ``train_stage``: the whole model's weights after training (by
+    state-dict name), each step's ledger summary, the bytes held after the last step (by
+    part) and the padding of stage 1's flat shard."""
+    rank: int
+    weights: dict
+    ledgers: list
+    held: dict
+    padding: int
+
+
 def train_stage(stage: str = "3", optimizer: str = "adamw", cfg: GPTConfig | None = None,
                 steps: int = 3, global_batch: int = 6, seed: int = 0, dtype: str = "float64",
-                tie: bool = False, freeze: bool = False, compute_dtype: str | None = None) -> dict:
+                tie: bool = False, freeze: bool = False,
+                compute_dtype: str | None = None) -> StageRun:
     """On each rank: train ``steps`` steps of ``stage`` from this rank's own random weights
-    (the wrap must copy rank 0's) on its shard of each global batch. Returns the whole
-    model's weights after training, each step's ledger and what the rank held."""
+    (the wrap must copy rank 0's) on its shard of each global batch. Returns a ``StageRun``:
+    the whole model's weights after training, each step's ledger and what the rank held."""
     check_choices(stage, optimizer)
     cfg = cfg or SHARDING_CONFIG
     rank, dev = dist.get_rank(), device.current_device()
@@ -207,17 +222,17 @@ def train_stage(stage: str = "3", optimizer: str = "adamw", cfg: GPTConfig | Non
         ledgers.append(train_step(model, opt, sync, tokens, cfg, global_batch, step, seed))
         held = held_bytes(stage, model, opt)
         progress(f"stage {stage} step {step + 1} of {steps}")
-    return {"rank": rank, "weights": full_weights(stage, model, opt), "ledgers": ledgers,
-            "held": held, "padding": opt.padding() if stage in ("1", "1-ddp") else 0}
+    return StageRun(rank=rank, weights=full_weights(stage, model, opt), ledgers=ledgers,
+                    held=held, padding=opt.padding() if stage in ("1", "1-ddp") else 0)
 
 
 def demo() -> dict:
     """Two ZeRO-3 steps: this rank's bytes held and the collectives of one step."""
     out = train_stage("3", steps=2)
-    return {"held": out["held"], "ledger": out["ledgers"][-1]}
+    return {"held": out.held, "ledger": out.ledgers[-1]}
 
 
-def train_cases(cases: list[dict]) -> list[dict]:
+def train_cases(cases: list[dict]) -> list[StageRun]:
     """``train_stage(**case)`` for every case, in one launch (spawning ranks is the slow part)."""
     return [train_stage(**case) for case in cases]
 

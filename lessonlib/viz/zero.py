@@ -38,9 +38,9 @@ def measure_stages(d: int, steps: int = 2) -> dict:
     for i, stage in enumerate(STAGES):
         run = per_rank[0][i]
         want = zero_runs.predicted(stage, SHARDING_CONFIG, d)
-        out[stage] = {"held": {k: run["held"].get(k, 0) for k, _, _ in PARTS},
+        out[stage] = {"held": {k: run.held.get(k, 0) for k, _, _ in PARTS},
                       "formula": want["bytes_held"],
-                      "sent": ring_bytes_per_rank(run["ledgers"][-1], d) if d > 1 else 0.0,
+                      "sent": ring_bytes_per_rank(run.ledgers[-1], d) if d > 1 else 0.0,
                       "sent_formula": want["bytes_sent_per_rank"] if d > 1 else 0.0}
     return out
 

@@ -122,7 +122,7 @@ len(per_rank[0])
 # %%
 # NBVAL_CHECK_OUTPUT
 for i, stage in enumerate(stages):
-    gap = max((rank[i]["weights"][k] - w).abs().max().item()
+    gap = max((rank[i].weights[k] - w).abs().max().item()
               for rank in per_rank for k, w in one_process.items())
     print(f"{zero_runs.STAGES[stage]:<66} = one process (1e-9): {gap < 1e-9}")
 
@@ -155,7 +155,7 @@ show(FSDP._gather_for_forward, FSDP._free_after_forward, FSDP._gather_for_backwa
 # %%
 # NBVAL_CHECK_OUTPUT
 units = [name for name, _ in unit_modules(zero_runs.build_model(SHARDING_CONFIG, 0))]
-ledger = per_rank[0][stages.index("3")]["ledgers"][-1]
+ledger = per_rank[0][stages.index("3")].ledgers[-1]
 print(f"units: {units}")
 for op in ("all_gather", "reduce_scatter", "all_reduce"):
     calls = ledger.get(op, {}).get("calls", 0)

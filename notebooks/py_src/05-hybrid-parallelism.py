@@ -152,7 +152,7 @@ print(f"time outside F and B, median over ranks: {idle[len(idle) // 2]:.0%}; "
       f"bubble formula: {cm.bubble_fraction(2, 2):.0%}")
 at_most("the median rank's idle share's distance from the bubble formula",
         100 * abs(idle[len(idle) // 2] - cm.bubble_fraction(2, 2)), 20, unit=" points")
-tp_calls = [r["traffic"][-1]["pipe"]["all_reduce"] for r in per_rank]
+tp_calls = [r["traffic"][-1].pipe["all_reduce"] for r in per_rank]
 per_call = sum(c["seconds"] for c in tp_calls) / sum(c["calls"] for c in tp_calls)
 print(f"one TP all-reduce of {tp_calls[0]['bytes'] // tp_calls[0]['calls']:,} bytes took "
       f"{per_call * 1e3:.2f} ms on average (from the ledger)")

@@ -29,7 +29,7 @@ import torch.distributed.nn.functional as dist_fn
 
 import lessonlib
 from lessonlib import device, labargs, labkit
-from lessonlib.expert_parallel.dispatch import all_to_all
+from lessonlib.expert_parallel.dispatch import all_to_all_rows
 from lessonlib.expert_parallel.measure import imbalance, time_layer
 from lessonlib.moe_routing import BALANCES, BIAS_STEP, GATES
 
@@ -41,7 +41,7 @@ def _time_dispatch(settings: dict, send: list[int], recv: list[int]) -> dict:
     h, dev = settings["hidden"], device.current_device()
     x = torch.randn(sum(send), h, generator=torch.Generator().manual_seed(dist.get_rank()))
     x = x.to(dev).requires_grad_()
-    impls = {"lessonlib": lambda: all_to_all(x, recv, send),
+    impls = {"lessonlib": lambda: all_to_all_rows(x, recv, send),
              "torch": lambda: dist_fn.all_to_all_single(x.new_empty(sum(recv), h), x, recv, send)}
     outs = {name: run().detach() for name, run in impls.items()}
     times = {name: [] for name in impls}

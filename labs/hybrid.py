@@ -32,7 +32,7 @@ from lessonlib.costmodel import bubble_fraction
 from lessonlib.grid_layout import check_grid
 from lessonlib.grid_layout import layout_name, parse_layout
 from lessonlib.hybrid import expected_param_count, expected_traffic, measured_traffic, train
-from lessonlib.hybrid_axes.build import LAYOUT, N_EXPERTS, SHARDS, check_axes, check_layout
+from lessonlib.hybrid_axes.build import LAYOUT, N_EXPERTS, SHARDS, check_axes, check_3d_layout
 from lessonlib.hybrid_axes.runs import train as train_axes
 from lessonlib.models import GPTConfig
 
@@ -185,7 +185,7 @@ def check_settings(ap, args) -> dict:
             try:
                 t, p, d = parse_layout(text)
                 check_grid(args.world_size, d, p, t, cp=args.cp, ep=args.ep)
-                check_layout(cfg, d, p, t, args.global_batch, args.microbatches)
+                check_3d_layout(cfg, d, p, t, args.global_batch, args.microbatches)
                 check_axes(cfg, t, args.cp, p, d, args.ep, args.shard, args.global_batch,
                            args.microbatches, args.world_size, args.sp)
             except ValueError as exc:

@@ -151,7 +151,7 @@ def check_settings(parser, args, argv=None) -> dict:
                                                             else argv)}
     for p in settings["p"]:
         try:
-            mp.check_settings(args.world_size, p, lines=1,
+            mp.check_line(args.world_size, p, lines=1,
                               **{k: settings[k] for k in MODEL_KEYS if k not in ("lr", "seed")})
         except ValueError as exc:
             parser.error(str(exc))

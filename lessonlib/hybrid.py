@@ -35,7 +35,7 @@ from lessonlib.baseline import corpus_batches, max_abs_diff
 from lessonlib.breadcrumbs import progress
 from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import check_grid
-from lessonlib.hybrid_axes.build import build_stage, check_layout, stage_counts
+from lessonlib.hybrid_axes.build import build_stage, check_3d_layout, stage_counts
 from lessonlib.hybrid_axes.runs import largest, reference, step_losses
 from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.launcher import launch
@@ -61,7 +61,7 @@ def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
     the first step, weights after the last) with the rank's own. Step times and idle shares
     are medians over the steps after the first ``warmup``; ``traffic`` holds one
     ``StepTraffic`` per step."""
-    check_layout(cfg, dp, pp, tp, global_batch, m)
+    check_3d_layout(cfg, dp, pp, tp, global_batch, m)
     if not 0 <= warmup < steps:
         raise ValueError(f"warmup={warmup} must be at least 0 and below steps={steps}: the "
                          f"times are medians over the steps after the warm-up")
@@ -108,7 +108,7 @@ def train_layouts(layouts, **settings) -> list[dict]:
 def run(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
         global_batch: int = 8, timeout: float = 180, **settings) -> list[dict]:
     """Caller side: check the layout, then ``launch`` ``train`` on dp*pp*tp ranks."""
-    check_layout(cfg, dp, pp, tp, global_batch, m)
+    check_3d_layout(cfg, dp, pp, tp, global_batch, m)
     check_grid(dp * pp * tp, dp, pp, tp)
     return launch(train, dp * pp * tp, dp, pp, tp, cfg=cfg, m=m, global_batch=global_batch,
                   timeout=timeout, **settings)
@@ -143,7 +143,7 @@ def expected_traffic(cfg: GPTConfig, dp: int, pp: int, tp: int, global_batch: in
     (float32). TP: 4 all-reduces of b*s*h per layer per micro-batch (g twice forward, f
     twice backward; Megatron-LM 2021 §3.2). PP: one (b, s, h) activation forward and one
     gradient backward per micro-batch and boundary. DP: one all-reduce of the stage's grads."""
-    b = check_layout(cfg, dp, pp, tp, global_batch, m)
+    b = check_3d_layout(cfg, dp, pp, tp, global_batch, m)
     layers = stage_counts(cfg.layers, pp)[stage] - (stage == 0) - (stage == pp - 1)
     act = 4 * b * cfg.seq * cfg.hidden
     boundaries = (stage > 0) + (stage < pp - 1)

@@ -70,7 +70,7 @@ def check_world_sizes(p: argparse.ArgumentParser, flag: str, sizes, backend: str
         return
     for size in sizes:
         try:
-            checks.check_settings(size, 1.0, backend, oversubscribe=False,
+            checks.check_launch(size, 1.0, backend, oversubscribe=False,
                                   names=(flag, "--timeout"))
         except ValueError as exc:
             p.error(str(exc))

@@ -46,7 +46,7 @@ from lessonlib.breadcrumbs import progress
 from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import MEGATRON_ORDER, check_grid
 from lessonlib.grid_layout import layout_name, parse_layout
-from lessonlib.hybrid_axes.build import check_axes, check_layout, make_model
+from lessonlib.hybrid_axes.build import check_axes, check_3d_layout, make_model
 from lessonlib.hybrid_axes.runs import step_losses
 from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.models import LONG_RUN, GPTConfig, TinyGPT
@@ -96,7 +96,7 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
                          f"sequence)")
     t, p, d = parse_layout(layout) if layout else default_layout(world_size // cp, cfg)
     check_grid(world_size, d, p, t, cp=cp, ep=ep)
-    check_layout(cfg, d, p, t, global_batch, m)
+    check_3d_layout(cfg, d, p, t, global_batch, m)
     # What the shards depend on; the step count and checkpoint cadence may change on resume.
     meta = {"layout": layout_name(t, p, d, cp, ep), "model": model, "global_batch": global_batch,
             "m": m, "lr": lr, "optimizer": optimizer, "seed": seed}

@@ -112,7 +112,7 @@ def _n_layers(model: str, layers: int = 6, **_) -> int:
     return layers + 2 if model == "gpt" else layers      # a GPT adds embed and head
 
 
-def check_settings(world_size: int, p: int | None = None, model: str = "gpt",
+def check_line(world_size: int, p: int | None = None, model: str = "gpt",
                    steps: int = 3, warmup: int = 1, batch: int = 8, lines: int | None = None,
                    **shape) -> int:
     """Raise ValueError naming the setting before any process starts; return p."""
@@ -142,7 +142,7 @@ def check_settings(world_size: int, p: int | None = None, model: str = "gpt",
 
 def run_assembly_line(world_size: int, p: int | None = None, timeout: float = 120, **settings):
     """Check the settings here, then launch ``assembly_line`` on ``world_size`` ranks."""
-    check_settings(world_size, p, **settings)
+    check_line(world_size, p, **settings)
     return launch(assembly_line, world_size, p=p, timeout=timeout, **settings)
 
 
@@ -153,7 +153,7 @@ def assembly_line(model: str = "gpt", p: int | None = None, steps: int = 3, warm
     steps; return this rank's stage, timeline and messages of the timed steps, memory and
     final weights. Ranks outside the first ``lines`` lines return ``stage`` None."""
     rank = dist.get_rank()
-    p = check_settings(dist.get_world_size(), p, model, steps, warmup, batch, lines, **shape)
+    p = check_line(dist.get_world_size(), p, model, steps, warmup, batch, lines, **shape)
     stage, dev = rank % p, device.current_device()
     timeline = Timeline(dev, contiguous=True)
     if lines is not None and rank >= lines * p:   # sit out, but join the clock's collectives

@@ -119,7 +119,7 @@ def test_bad_settings_get_one_line_before_any_process_starts(monkeypatch):
 def test_bad_splits_and_counts_get_one_line_naming_the_argument(monkeypatch):
     import torch
     import torch.distributed as dist
-    from lessonlib.expert_parallel import all_to_all, exchange_counts
+    from lessonlib.expert_parallel import all_to_all_rows, exchange_counts
 
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)   # a group of e = 2
     monkeypatch.setattr(comm, "all_to_all_single", lambda *a, **k: pytest.fail("sent"))
@@ -130,7 +130,7 @@ def test_bad_splits_and_counts_get_one_line_naming_the_argument(monkeypatch):
             ([1, 2], [3], "send=[3] must be e=2 whole row counts"),
             ([1, 2], [1, 1], "send=[1, 1] sends 2 rows but x has 3")):
         with pytest.raises(ValueError) as info:
-            all_to_all(x, recv, send)
+            all_to_all_rows(x, recv, send)
         assert str(info.value).startswith(words) and "\n" not in str(info.value)
     # a count's value is read once, with the exchanged counts: refused before any row moves
     monkeypatch.setattr(comm, "all_to_all_single", lambda out, x, **k: out.copy_(x))

@@ -6,7 +6,7 @@ import pytest
 import lessonlib
 from lessonlib.hybrid import (HYBRID_CONFIG, expected_param_count, expected_traffic,
                               measured_traffic, parity_summary, run, train, train_layouts)
-from lessonlib.hybrid_axes.build import check_layout, stage_counts
+from lessonlib.hybrid_axes.build import check_3d_layout, stage_counts
 from lessonlib.grid import demo_grid
 from lessonlib.models import GPTConfig
 
@@ -95,16 +95,16 @@ def test_batch_not_divisible_by_d_times_m_is_rejected():
     with pytest.raises(ValueError, match=r"global_batch=10 is not divisible by dp\*m = 2\*2"):
         run(2, 2, 2, global_batch=10)
     with pytest.raises(ValueError, match=r"global_batch=12 is not divisible.*use global_batch=16"):
-        check_layout(HYBRID_CONFIG, 2, 1, 1, 12, 4)
+        check_3d_layout(HYBRID_CONFIG, 2, 1, 1, 12, 4)
 
 
 def test_tp_that_does_not_divide_heads_is_rejected():
     with pytest.raises(ValueError, match=r"tp=3 must divide heads=4.*\[1, 2, 4\]"):
-        check_layout(HYBRID_CONFIG, 1, 1, 3, 8, 2)
+        check_3d_layout(HYBRID_CONFIG, 1, 1, 3, 8, 2)
 
 
 @pytest.mark.parametrize("name,value", [("m", 0), ("dp", 1.5), ("global_batch", -8)])
 def test_sizes_must_be_positive_integers(name, value):
     settings = {"dp": 1, "pp": 1, "tp": 1, "global_batch": 8, "m": 2, name: value}
     with pytest.raises(ValueError, match=f"{name}={value!r}"):
-        check_layout(HYBRID_CONFIG, **settings)
+        check_3d_layout(HYBRID_CONFIG, **settings)

@@ -58,11 +58,11 @@ def test_bad_settings_stop_the_lab_before_any_rank(flags, message, capsys):
 
 
 def test_lines_let_any_p_run_in_one_launch_but_must_fit():
-    assert mp.check_settings(4, p=3, lines=1) == 3
+    assert mp.check_line(4, p=3, lines=1) == 3
     with pytest.raises(ValueError, match="lines=2 lines of p=3 ranks do not fit a world of 4"):
-        mp.check_settings(4, p=3, lines=2)
+        mp.check_line(4, p=3, lines=2)
     with pytest.raises(ValueError, match="lines=0"):
-        mp.check_settings(4, p=2, lines=0)
+        mp.check_line(4, p=2, lines=0)
 
 
 def test_the_plot_draws_from_the_shipped_table():

@@ -75,6 +75,6 @@ def test_bad_settings_fail_before_any_process_starts():
     with pytest.raises(ValueError, match="p=4 stages but the mlp has 3 layers"):
         mp.run_assembly_line(4, model="mlp", layers=3)
     with pytest.raises(ValueError, match="model='cnn'"):
-        mp.check_settings(2, model="cnn")
+        mp.check_line(2, model="cnn")
     with pytest.raises(ValueError, match="batch=0"):
-        mp.check_settings(2, batch=0)
+        mp.check_line(2, batch=0)

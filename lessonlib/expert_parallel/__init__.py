@@ -30,13 +30,13 @@ Read in this order, each file one idea:
 Laptop:  ``python labs/ep.py --world-size 4``
 GPU box: ``torchrun --nproc-per-node 8 labs/ep.py`` (NCCL, e up to the GPUs of one server)
 """
-from lessonlib.expert_parallel.dispatch import (Splits, all_to_all, exchange_counts,
+from lessonlib.expert_parallel.dispatch import (Splits, all_to_all_rows, exchange_counts,
                                                 post_all_to_all)
 from lessonlib.expert_parallel.groups import (ExpertParallelContext, expert_parameters,
                                               sync_gradients, update_biases)
 from lessonlib.expert_parallel.layer import (ExpertParallelMoE, check_split, expert_parallel,
                                              expert_parallel_gpt, run_local_experts)
 
-__all__ = ["Splits", "all_to_all", "exchange_counts", "post_all_to_all", "ExpertParallelContext",
-           "expert_parameters", "sync_gradients", "update_biases", "ExpertParallelMoE",
+__all__ = ["Splits", "all_to_all_rows", "exchange_counts", "post_all_to_all",
+           "ExpertParallelContext", "expert_parameters", "sync_gradients", "update_biases", "ExpertParallelMoE",
            "check_split", "expert_parallel", "expert_parallel_gpt", "run_local_experts"]

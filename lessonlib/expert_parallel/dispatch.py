@@ -102,7 +102,7 @@ class _AllToAll(torch.autograd.Function):
 
 
 def post_all_to_all(x: torch.Tensor, recv: list[int], send: list[int], group=None):
-    """``all_to_all``'s exchange posted, not waited for: (out, work), ``out`` (sum(recv), h)
+    """``all_to_all_rows``' exchange posted, not waited for: (out, work), ``out`` (sum(recv), h)
     filled once ``work.wait()`` returns. Outside autograd: its backward is the same call on
     the gradient with ``recv`` and ``send`` swapped, made by the caller
     (``expert_parallel.overlap`` posts both directions so, one micro-batch's behind the
@@ -112,7 +112,7 @@ def post_all_to_all(x: torch.Tensor, recv: list[int], send: list[int], group=Non
                                        async_op=True)
 
 
-def all_to_all(x: torch.Tensor, recv: list[int], send: list[int], group=None) -> torch.Tensor:
+def all_to_all_rows(x: torch.Tensor, recv: list[int], send: list[int], group=None) -> torch.Tensor:
     """Differentiable ``all_to_all_single`` on rows: (sum(send), h) -> (sum(recv), h)."""
     e = dist.get_world_size(group)
     recv, send = check_splits("recv", recv, e), check_splits("send", send, e)

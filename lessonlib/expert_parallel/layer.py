@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lessonlib.expert_parallel.dispatch import Splits, all_to_all, exchange_counts
+from lessonlib.expert_parallel.dispatch import Splits, all_to_all_rows, exchange_counts
 from lessonlib.moe import ROUTING, MoELayer, Routed, check_moe, combine, run_experts
 from lessonlib.moe_routing import cut, queue
 
@@ -95,9 +95,9 @@ class ExpertParallelMoE(Routed):
                                  self.group)            # the forward's one read to the host
         routing = cut(choices, sum(splits.send))
         routed = tokens[routing.token]         # (n, h), grouped by expert, so by rank
-        received = all_to_all(routed, splits.recv, splits.send, self.group)     # (m, h)
+        received = all_to_all_rows(routed, splits.recv, splits.send, self.group)     # (m, h)
         expert_out = run_local_experts(self.experts, received, splits)          # (m, h)
-        returned = all_to_all(expert_out, splits.send, splits.recv, self.group)  # (n, h)
+        returned = all_to_all_rows(expert_out, splits.send, splits.recv, self.group)  # (n, h)
         out = combine(returned, routing, b * s)                                 # (T, h)
         if self.shared is not None:
             out = out + self.shared(tokens)

@@ -9,10 +9,10 @@ Laptop:  ``python -c "from lessonlib import hybrid_axes as H; print(H.parity(H.r
          cp=2, pp=2)))"``
 GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --cp 2 --layouts t2p2d1`` (NCCL).
 """
-from lessonlib.hybrid_axes.build import (SHARDS, build_stage, check_axes, check_layout,
+from lessonlib.hybrid_axes.build import (SHARDS, build_stage, check_axes, check_3d_layout,
                                          make_model, stage_counts)
 from lessonlib.hybrid_axes.runs import parity, reference, run, step_losses, train
 from lessonlib.hybrid_axes.trainer import HybridTrainer
 
-__all__ = ["SHARDS", "build_stage", "check_axes", "check_layout", "make_model", "stage_counts",
+__all__ = ["SHARDS", "build_stage", "check_axes", "check_3d_layout", "make_model", "stage_counts",
            "HybridTrainer", "parity", "reference", "run", "step_losses", "train"]

@@ -59,7 +59,7 @@ LAYOUT = "zigzag"
 
 
 # ---------------------------------------------------------------- checks (pure, before any process)
-def check_layout(cfg: GPTConfig, dp: int, pp: int, tp: int, global_batch: int, m: int) -> int:
+def check_3d_layout(cfg: GPTConfig, dp: int, pp: int, tp: int, global_batch: int, m: int) -> int:
     """Raise ValueError naming the setting if (dp, pp, tp, B, m) cannot train ``cfg``;
     return the micro-batch size b = B / (d m)."""
     for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("global_batch", global_batch),
@@ -86,7 +86,7 @@ def check_axes(cfg: GPTConfig, tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 
                shard_on: str = "none", global_batch: int = 8, m: int = 2,
                world_size: int | None = None, sp: bool = False) -> int:
     """One line naming the setting that cannot train ``cfg``; returns the micro-batch size."""
-    b = check_layout(cfg, dp, pp, tp, global_batch, m)
+    b = check_3d_layout(cfg, dp, pp, tp, global_batch, m)
     check_grid(world_size or dp * pp * cp * tp, dp, pp, tp, None, cp, ep, MEGATRON_ORDER)
     if cp > 1:
         check_divisible(cfg.seq, cp, LAYOUT)

@@ -35,7 +35,7 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
-def check_settings(world_size, timeout, backend: str, oversubscribe: bool,
+def check_launch(world_size, timeout, backend: str, oversubscribe: bool,
                    names: tuple[str, str] = ("world_size", "timeout")) -> tuple[int, float]:
     """``(world_size, timeout)`` as int and float, or a ValueError naming the setting (under
     ``names``: a lab passes its flags' names)."""

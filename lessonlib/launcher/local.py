@@ -40,7 +40,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     ``warm=False`` spawns fresh interpreters instead of forking from the preloaded server;
     ``oversubscribe=True`` allows more than 8 ranks per CPU core.
     """
-    world_size, timeout = checks.check_settings(world_size, timeout, backend, oversubscribe)
+    world_size, timeout = checks.check_launch(world_size, timeout, backend, oversubscribe)
     checks.check_main_script()
     backend = device.resolve_backend(backend, world_size)
     payload = checks.pack(fn, args, kwargs)

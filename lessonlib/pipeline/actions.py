@@ -247,7 +247,7 @@ def describe(schedule: list[list[Action]], messages: bool = False) -> str:
 MAX_ACTIONS = 10**6
 
 
-def check_settings(p, m, v=1, stage=None) -> None:
+def check_schedule_args(p, m, v=1, stage=None) -> None:
     """p stages, m micro-batches, v chunks per device (and a stage in 0..p-1), or ValueError."""
     for name, value, what in (("p", p, "pipeline stages"), ("m", m, "micro-batches"),
                               ("v", v, "chunks per device")):

@@ -31,14 +31,14 @@ GPU box: the same; a schedule does not depend on the hardware it runs on.
 """
 from __future__ import annotations
 
-from lessonlib.pipeline.actions import (B, F, Schedule, W, add_communication, check_settings,
+from lessonlib.pipeline.actions import (B, F, Schedule, W, add_communication, check_schedule_args,
                                         describe, overlapped)
 
 
 def dualpipev_order(p: int, m: int, stage: int) -> list:
     """Device ``stage``'s compute order under DualPipeV (steps 1-8 of the module docstring,
     as PyTorch 2.13's ``ScheduleDualPipeV._calculate_single_rank_operations``)."""
-    check_settings(p, m, 2, stage=stage)
+    check_schedule_args(p, m, 2, stage=stage)
     d, order, queue = stage, [], []              # queue: split B's whose W is still to run
     nxt = {(kind, c): 0 for kind in "FB" for c in (0, 1)}
 
@@ -81,7 +81,7 @@ def dualpipev_order(p: int, m: int, stage: int) -> list:
 def dualpipev(p: int, m: int) -> Schedule:
     """DualPipeV on p devices (2p virtual stages in a V) with m >= 2p micro-batches (what
     PyTorch's ``ScheduleDualPipeV`` requires: the steady state needs every device full)."""
-    check_settings(p, m, 2)
+    check_schedule_args(p, m, 2)
     if m < 2 * p:
         raise ValueError(f"DualPipeV needs at least as many micro-batches as virtual stages: "
                          f"m >= 2p = {2 * p}; got m={m}")

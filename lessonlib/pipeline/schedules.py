@@ -26,7 +26,7 @@ GPU box: the same; a schedule does not depend on the hardware it runs on.
 """
 from __future__ import annotations
 
-from lessonlib.pipeline.actions import (Action, B, F, Schedule, add_communication, check_settings,
+from lessonlib.pipeline.actions import (Action, B, F, Schedule, add_communication, check_schedule_args,
                                         describe)
 from lessonlib.pipeline.dualpipe import dualpipev
 from lessonlib.pipeline.zero_bubble import zbv, zero_bubble_h1
@@ -36,7 +36,7 @@ from lessonlib.pipeline.zero_bubble import zbv, zero_bubble_h1
 def gpipe(p: int, m: int) -> Schedule:
     """GPipe: every stage runs F0..F(m-1), then B0..B(m-1) (the order PyTorch's ScheduleGPipe
     uses). Peak stash: m micro-batches on every stage."""
-    check_settings(p, m)
+    check_schedule_args(p, m)
     order = [F(i) for i in range(m)] + [B(i) for i in range(m)]
     return add_communication([list(order) for _ in range(p)])
 
@@ -46,7 +46,7 @@ def one_f_one_b_order(p: int, m: int, stage: int) -> list[Action]:
 
     warm-up: min(p - stage - 1, m) forwards; steady state: F(next), B(oldest); cool-down:
     the remaining backwards. At most min(p - stage, m) micro-batches are in flight."""
-    check_settings(p, m, stage=stage)
+    check_schedule_args(p, m, stage=stage)
     warmup = min(p - stage - 1, m)
     order = [F(i) for i in range(warmup)]
     for i in range(m - warmup):
@@ -58,7 +58,7 @@ def one_f_one_b_order(p: int, m: int, stage: int) -> list[Action]:
 def one_f_one_b(p: int, m: int) -> Schedule:
     """1F1B (PipeDream-Flush, Narayanan et al. 2021): same bubble as GPipe, stage s stashes
     at most min(p - s, m) micro-batches instead of m."""
-    check_settings(p, m)
+    check_schedule_args(p, m)
     return add_communication([one_f_one_b_order(p, m, s) for s in range(p)])
 
 
@@ -69,7 +69,7 @@ def interleaved_order(p: int, m: int, v: int, stage: int) -> list[Action]:
     (k // (p v)) p + k % p: groups of p micro-batches go through chunk 0, then chunk 1, ...
     Backwards visit the chunks in reverse. Warm-up: 2(p - stage - 1) + (v - 1) p forwards
     (all of them when m = p), then one forward one backward, then the cool-down."""
-    check_settings(p, m, v, stage=stage)
+    check_schedule_args(p, m, v, stage=stage)
     total = m * v
 
     def unit(k, forward):
@@ -89,7 +89,7 @@ def interleaved_one_f_one_b(p: int, m: int, v: int = 2) -> Schedule:
     """Interleaved 1F1B with v chunks per device (Megatron-LM 2021 §2.2.2).
 
     m must be a multiple of p (micro-batches travel in groups of p); v = 1 is plain 1F1B."""
-    check_settings(p, m, v)
+    check_schedule_args(p, m, v)
     if v == 1:
         return one_f_one_b(p, m)
     if m % p:
@@ -112,7 +112,7 @@ def make(name: str, p: int, m: int, v: int | None = None) -> Schedule:
     if not isinstance(name, str) or name not in SCHEDULES:
         raise ValueError(f"schedule={name!r} is not one of {', '.join(SCHEDULES)}")
     v = (2 if name in V_SHAPED else 1) if v is None else v
-    check_settings(p, m, v)
+    check_schedule_args(p, m, v)
     if name == "interleaved":
         return interleaved_one_f_one_b(p, m, v)
     if name in V_SHAPED:

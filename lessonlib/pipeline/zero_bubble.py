@@ -30,7 +30,7 @@ GPU box: the same; a schedule does not depend on the hardware it runs on.
 """
 from __future__ import annotations
 
-from lessonlib.pipeline.actions import (B, F, Schedule, W, add_communication, check_settings,
+from lessonlib.pipeline.actions import (B, F, Schedule, W, add_communication, check_schedule_args,
                                         describe)
 
 
@@ -40,7 +40,7 @@ def zero_bubble_h1_order(p: int, m: int, stage: int) -> list:
     1F1B's warm-up (min(p - stage - 1, m) forwards), then F(next), B(oldest); each B's W
     waits in a queue, and the stage runs the oldest W whenever more than ``stage`` are
     waiting; the last ``stage`` W's fill the end of the step."""
-    check_settings(p, m, stage=stage)
+    check_schedule_args(p, m, stage=stage)
     warmup = min(p - stage - 1, m)
     order = [F(i) for i in range(warmup)]
     waiting = []
@@ -56,7 +56,7 @@ def zero_bubble_h1_order(p: int, m: int, stage: int) -> list:
 
 def zero_bubble_h1(p: int, m: int) -> Schedule:
     """ZB-H1 (Qi et al. 2024): 1F1B's memory, a third of its bubble at T_F = T_B = T_W."""
-    check_settings(p, m)
+    check_schedule_args(p, m)
     return add_communication([zero_bubble_h1_order(p, m, s) for s in range(p)])
 
 
@@ -71,7 +71,7 @@ def zbv_order(p: int, m: int, stage: int) -> list:
        one micro-batch through both chunks, each B followed by its W;
     3. cool-down: ``stage`` pairs B(chunk 0), B(chunk 1) with their W's held back, then
        p - stage rounds B, W of chunk 0, and the held-back W's fill the wait at the end."""
-    check_settings(p, m, 2, stage=stage)
+    check_schedule_args(p, m, 2, stage=stage)
     n = max(m, 2 * p - 1)
     order = []
     done = {(kind, c): 0 for kind in "FBW" for c in (0, 1)}     # next micro-batch of each
@@ -105,7 +105,7 @@ def zbv(p: int, m: int) -> Schedule:
     m >= 2p-1 every device idles (p-1) T_F: only the time the first micro-batch takes to reach
     the last device, which no schedule can avoid; fewer micro-batches never fill the V and
     leave 2(2p-1-m) T_F. Each device holds at most 2p chunk activations (p micro-batches)."""
-    check_settings(p, m, 2)
+    check_schedule_args(p, m, 2)
     return add_communication([zbv_order(p, m, d) for d in range(p)], v=2, placement="v")
 
 

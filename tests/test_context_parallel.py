@@ -52,13 +52,13 @@ def test_ring_attention_is_sdpa(ranks, c, layout, causal):
     for r in ranks[:c * (4 // c)]:
         report = r["attention"][c, layout, causal]
         for what in ("output", "gathered_output", "dq", "dk", "dv"):
-            assert report[what] < TOL, (f"rank {report['rank']} c={c}: {what} off by "
-                                        f"{report[what]:.1e}")
+            error = getattr(report, what)
+            assert error < TOL, f"rank {report.rank} c={c}: {what} off by {error:.1e}"
 
 
 @pytest.mark.timeout(150)
 def test_a_rank_outside_the_group_is_refused(ranks):
-    refused = ranks[3]["attention"][3, "zigzag", True]["refused"]
+    refused = ranks[3]["attention"][3, "zigzag", True].refused
     assert refused == ("rank 3 is not in the given group of ranks [0, 1, 2]; "
                        "call it only on its members")
 
@@ -71,20 +71,20 @@ def test_ledger_bytes_equal_the_formula_and_no_nccl_hazard(ranks, c):
     for layout in LAYOUTS:
         members = [r["attention"][c, layout, True] for r in ranks[:c * (4 // c)]]
         for report in members:
-            assert report["received"] == {"forward": forward, "backward": backward}
-            assert report["received"] == report["predicted_received"]
+            assert report.received == {"forward": forward, "backward": backward}
+            assert report.received == report.predicted_received
             # the forward posts one batch per step but the last; the backward two
-            assert report["batches"] == {"forward": c - 1, "backward": 2 * c - 1 if c > 1 else 0}
+            assert report.batches == {"forward": c - 1, "backward": 2 * c - 1 if c > 1 else 0}
         # every member of every group, in global rank order (as the trace names them)
-        assert nccl_hazards([m["events"] for m in members]) == []
+        assert nccl_hazards([m.events for m in members]) == []
 
 
 @pytest.mark.timeout(150)
 def test_activations_per_rank_are_one_cth(ranks):
-    one = ranks[0]["attention"][1, "zigzag", True]["saved_bytes"]
+    one = ranks[0]["attention"][1, "zigzag", True].saved_bytes
     for c in CS:
         for report in _members(ranks, c):
-            assert report["saved_bytes"] * c == one          # q, k, v, out, lse: s/c tokens
+            assert report.saved_bytes * c == one          # q, k, v, out, lse: s/c tokens
     for c, reports in ((c, [r["gpt"][c] for r in ranks]) for c in (2, 4)):
         for report in reports:
             ratio = report["activation_bytes"] / report["one_process_activation_bytes"]

@@ -9,7 +9,8 @@ output and its gradients of q, k and v with one-process attention on the whole t
 also returns the bytes the rank sent to the others, forward and backward, by its ledger
 (``methods.sent_bytes``) next to ``costmodel.context``'s formula, and the events for
 ``nccl_rules.nccl_hazards``. ``method_reports`` runs every case in one launch; ``time_report``
-times each method's forward and backward on one shape (CPU ranks: the time is mostly Python
+times each method's forward and backward on one shape, ``run_times`` gathers the ranks'
+times into one ``MethodTime`` per method (CPU ranks: the time is mostly Python
 and the machine's other load; read the bytes and the work, not the seconds, as the lesson).
 
 Laptop:  ``python -c "from lessonlib.context_parallel import method_runs as m; \\
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -107,8 +109,31 @@ def method_reports(cs=(1, 2, 3, 4), methods=METHODS, **shape) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class RankTime:
+    """One method's forward+backward on one rank: the least seconds of the repeats (each the
+    slowest rank's), the bytes this rank sent, the K/V heads its messages carry."""
+    rank: int
+    method: str
+    c: int
+    seconds: float
+    sent: int
+    kv_heads_moved: int
+
+
+@dataclass(frozen=True)
+class MethodTime:
+    """One method's forward+backward over the world: ``seconds`` the slowest rank's (the
+    ranks agree), ``sent`` the bytes each rank sent, in rank order."""
+    method: str
+    c: int
+    seconds: float
+    sent: list
+    kv_heads_moved: int
+
+
 def time_report(method: str, b: int = 1, heads: int = 8, kv_heads: int = 2, s: int = 512,
-                head_dim: int = 32, causal: bool = True, docs=None, repeats: int = 5) -> dict:
+                head_dim: int = 32, causal: bool = True, docs=None, repeats: int = 5) -> RankTime:
     """One method's forward+backward over the world (float32): the least seconds of
     ``repeats`` (the slowest rank's), and the bytes this rank sent. Under GQA the ring
     repeats K and V to all heads first, and its blocks carry them all (``kv_heads_moved``)."""
@@ -130,12 +155,12 @@ def time_report(method: str, b: int = 1, heads: int = 8, kv_heads: int = 2, s: i
         comm.all_reduce(elapsed, op=dist.ReduceOp.MAX)   # outside the ledger: not counted
         seconds.append(elapsed.item())
         sent = sent_bytes(book.events, rank)
-    return {"rank": rank, "method": method, "c": c, "seconds": min(seconds), "sent": sent,
-            "kv_heads_moved": kv_heads}
+    return RankTime(rank=rank, method=method, c=c, seconds=min(seconds), sent=sent,
+                    kv_heads_moved=kv_heads)
 
 
 def time_reports(methods=METHODS, **shape) -> dict:
-    """``time_report`` for each method, the methods taking turns: {method: report}."""
+    """``time_report`` for each method, the methods taking turns: {method: RankTime}."""
     return {method: time_report(method, **shape) for method in methods}
 
 
@@ -178,11 +203,15 @@ def check_settings(world_size: int, cs=(), methods=METHODS, s: int = 24, heads=N
             check_divides_heads(heads, kv_heads or heads, c)
 
 
-def run_times(world_size: int, methods=METHODS, timeout: float = 300, **shape) -> list:
-    """Check here, then launch ``time_reports`` with c = world_size: [rank][method]."""
+def run_times(world_size: int, methods=METHODS, timeout: float = 300, **shape) -> dict:
+    """Check here, then launch ``time_reports`` with c = world_size: {method: MethodTime}."""
     heads, kv_heads = shape.get("heads", 8), shape.get("kv_heads", 2)
     check_settings(world_size, (world_size,), methods, shape.get("s", 512), heads, kv_heads)
-    return launcher.launch(time_reports, world_size, methods, timeout=timeout, **shape)
+    ranks = launcher.launch(time_reports, world_size, methods, timeout=timeout, **shape)
+    return {m: MethodTime(method=m, c=world_size, seconds=max(r[m].seconds for r in ranks),
+                          sent=[r[m].sent for r in ranks],
+                          kv_heads_moved=ranks[0][m].kv_heads_moved)
+            for m in methods}
 
 
 def run_parity(world_size: int, cs=None, methods=METHODS, timeout: float = 120,

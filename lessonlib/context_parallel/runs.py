@@ -7,7 +7,7 @@ output and its gradients of q, k and v with one-process ``scaled_dot_product_att
 the whole tensors (each rank computes that reference itself: the shapes are tiny); it also
 returns what the ring did at each step (``StepLog``), the ledger of every message (bytes
 received, against ``costmodel.context``'s formula, and the events for ``nccl_rules.nccl_hazards``)
-and the bytes autograd saved. ``gpt_report`` trains the c-rank GPT (with data parallelism on
+and the bytes autograd saved, as one ``RingParity`` record. ``gpt_report`` trains the c-rank GPT (with data parallelism on
 a (d, c) grid) and one process side by side for a few steps.
 
 One 4-rank launch checks c = 1, 2, 3 and 4: ranks form groups of c consecutive ranks; at
@@ -17,6 +17,8 @@ Laptop:  ``python -c "from lessonlib.context_parallel import runs; print(runs.ru
 GPU box: the same call uses NCCL when the GPUs are visible.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -59,8 +61,38 @@ def _max_err(a, b) -> float:
     return (a - b).abs().max().item()
 
 
+@dataclass(frozen=True)
+class RingParity:
+    """One rank's ring attention at one c, layout and mask against one-process SDPA: the
+    largest errors of its output shard, of the gathered output and of its dq, dk, dv; the
+    ring's ``steps`` (``StepLog`` rows); the bytes autograd saved; the K/V bytes received,
+    forward and backward, against the formula; the point-to-point batches; the ledger's
+    events, forward then backward (for ``nccl_rules.nccl_hazards``)."""
+    rank: int
+    c: int
+    layout: str
+    causal: bool
+    output: float
+    gathered_output: float
+    dq: float
+    dk: float
+    dv: float
+    steps: list
+    saved_bytes: int
+    received: dict
+    predicted_received: dict
+    batches: dict
+    events: list
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A rank in no group of c: the ValueError's message ``ring_attention`` gave it."""
+    refused: str | None
+
+
 def attention_report(group, c: int, layout: str, causal: bool, b=2, heads=2, s=24,
-                     head_dim=4, seed=0) -> dict:
+                     head_dim=4, seed=0) -> RingParity:
     """Ring attention on this rank's shards against SDPA on the whole tensors."""
     q, k, v, grad = qkv(b, heads, s, head_dim, seed)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -73,29 +105,28 @@ def attention_report(group, c: int, layout: str, causal: bool, b=2, heads=2, s=2
     with comm.ledger() as backward:
         out.backward(shard_sequence(grad, group, layout, dim=2))
     block = shards[1].numel() * shards[1].element_size() * 2          # K and V
-    report = {
-        "rank": dist.get_rank(), "c": c, "layout": layout, "causal": causal,
-        "output": _max_err(out.detach(), shard_sequence(reference.detach(), group, layout, 2)),
-        "gathered_output": _max_err(unshard_sequence(out.detach(), group, layout, 2),
-                                    reference.detach()),
-        "steps": log.rows, "saved_bytes": saved.bytes,
-        "received": {"forward": forward.total_bytes("recv"),
-                     "backward": backward.total_bytes("recv")},
-        "predicted_received": dict(zip(("forward", "backward"),
-                                       ring_bytes_received_per_rank(c, block))),
+    dq, dk, dv = (_max_err(shard.grad, shard_sequence(whole.grad, group, layout, 2))
+                  for shard, whole in zip(shards, full))
+    return RingParity(
+        rank=dist.get_rank(), c=c, layout=layout, causal=causal,
+        output=_max_err(out.detach(), shard_sequence(reference.detach(), group, layout, 2)),
+        gathered_output=_max_err(unshard_sequence(out.detach(), group, layout, 2),
+                                 reference.detach()),
+        dq=dq, dk=dk, dv=dv, steps=log.rows, saved_bytes=saved.bytes,
+        received={"forward": forward.total_bytes("recv"),
+                  "backward": backward.total_bytes("recv")},
+        predicted_received=dict(zip(("forward", "backward"),
+                                    ring_bytes_received_per_rank(c, block))),
         # the ring's point-to-point batches (the first ring of a group also all-gathers
         # each rank's layout code once: ``check_same_layout``)
-        "batches": {"forward": len({e.batch for e in forward.events if e.batch is not None}),
-                    "backward": len({e.batch for e in backward.events if e.batch is not None})},
-        "events": forward.events + backward.events}
-    for name, shard, whole in zip("qkv", shards, full):
-        report[f"d{name}"] = _max_err(shard.grad, shard_sequence(whole.grad, group, layout, 2))
-    return report
+        batches={"forward": len({e.batch for e in forward.events if e.batch is not None}),
+                 "backward": len({e.batch for e in backward.events if e.batch is not None})},
+        events=forward.events + backward.events)
 
 
 def attention_reports(cs=(1, 2, 3, 4), layouts=LAYOUTS, causals=(True, False), **shape) -> dict:
     """``attention_report`` for every c, layout and mask in one launch:
-    {(c, layout, causal): report}; a rank in no group of c reports the refusal instead."""
+    {(c, layout, causal): RingParity}; a rank in no group of c reports ``Refused`` instead."""
     out = {}
     for c in cs:
         mine, first = ring_groups(c)
@@ -103,8 +134,8 @@ def attention_reports(cs=(1, 2, 3, 4), layouts=LAYOUTS, causals=(True, False), *
             for causal in causals:
                 if mine is None:
                     q = torch.zeros(1, 1, 2 * chunks_per_rank(layout), 1)
-                    out[c, layout, causal] = {"refused": _refusal(
-                        lambda: ring_attention(q, q, q, group=first, layout=layout))}
+                    out[c, layout, causal] = Refused(_refusal(
+                        lambda: ring_attention(q, q, q, group=first, layout=layout)))
                 else:
                     out[c, layout, causal] = attention_report(mine, c, layout, causal, **shape)
     return out

@@ -31,6 +31,7 @@
 # %%
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
@@ -166,10 +167,10 @@ GPT = GPTConfig(vocab=32, seq=16, hidden=16, heads=2, layers=2)
 
 
 def the_run():
-    return {"parity": runs.attention_reports((1, 2, 3, 4)),
-            "gpt": runs.gpt_report(2, GPT, b=2, steps=3),
-            "balance": runs.balance_report(s=2048, heads=4, head_dim=64, repeats=5),
-            "torch": torch_ref.demo()}
+    return SimpleNamespace(parity=runs.attention_reports((1, 2, 3, 4)),
+                           gpt=runs.gpt_report(2, GPT, b=2, steps=3),
+                           balance=runs.balance_report(s=2048, heads=4, head_dim=64, repeats=5),
+                           torch=torch_ref.demo())
 
 
 measured = lessonlib.launch(the_run, 4, timeout=180)
@@ -183,9 +184,10 @@ print(f"{len(measured)} ranks reported")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-reports = [rep for r in measured for rep in r["parity"].values() if "refused" not in rep]
-worst = max(rep[w] for rep in reports for w in ("output", "dq", "dk", "dv"))
-gpt = [r["gpt"] for r in measured]
+reports = [rep for r in measured for rep in r.parity.values()
+           if isinstance(rep, runs.RingParity)]          # a rank in no group of c: Refused
+worst = max(max(rep.output, rep.dq, rep.dk, rep.dv) for rep in reports)
+gpt = [r.gpt for r in measured]
 at_least("the decimal places to which ring attention agrees with one-process SDPA (float64), "
          "-log10 of the largest difference in the output and dq, dk, dv over every rank at "
          "c = 1, 2, 3, 4, both layouts, causal and not,", -math.log10(worst), 12)
@@ -194,7 +196,7 @@ gpt_worst = max([abs(mine - ref) for g in gpt for mine, ref in zip(g["losses"], 
 at_least("the decimal places to which the tiny GPT on c = 2 ranks x d = 2 replicas agrees with "
          "one process in the losses, gradients and weights of 3 SGD steps", -math.log10(gpt_worst),
          12)
-refusal = measured[3]["parity"][3, "zigzag", True]["refused"]
+refusal = measured[3].parity[3, "zigzag", True].refused
 claim("at c = 3 the fourth rank, in no group of 3, is refused",
       "not in the given group" in refusal, numbers=f"its error: {refusal}")
 
@@ -211,7 +213,7 @@ claim("at c = 3 the fourth rank, in no group of 3, is refused",
 # shared cores).
 
 # %%
-balance = [r["balance"] for r in measured]
+balance = [r.balance for r in measured]
 fig, axes = plt.subplots(2, 1, figsize=(10, 4.6), constrained_layout=True, sharex=True)
 colors = plt.cm.tab10.colors
 for ax, layout in zip(axes, ("contiguous", "zigzag")):
@@ -284,21 +286,21 @@ at_most("the zig-zag layout's largest CPU time per rank over its smallest",
 
 # %%
 # NBVAL_CHECK_OUTPUT
-one = measured[0]["parity"][1, "zigzag", True]["saved_bytes"]
+one = measured[0].parity[1, "zigzag", True].saved_bytes
 for c in (1, 2, 3, 4):
-    rep = measured[0]["parity"][c, "zigzag", True]
-    print(f"c = {c}: {rep['saved_bytes']:>6} bytes saved per rank ({rep['saved_bytes'] / one:.3f} "
-          f"of one process), K/V bytes received {rep['received']}")
+    rep = measured[0].parity[c, "zigzag", True]
+    print(f"c = {c}: {rep.saved_bytes:>6} bytes saved per rank ({rep.saved_bytes / one:.3f} "
+          f"of one process), K/V bytes received {rep.received}")
 every("each rank's ring attention saves exactly 1/c of one process's bytes (c times it is "
       "one process's)",
-      {f"c = {c}": c * measured[0]["parity"][c, "zigzag", True]["saved_bytes"] for c in (1, 2, 3, 4)},
+      {f"c = {c}": c * measured[0].parity[c, "zigzag", True].saved_bytes for c in (1, 2, 3, 4)},
       lambda c_times_saved: c_times_saved == one)
 every("the ledger's key/value bytes per rank equal the formula, both layouts, causal and not",
-      {f"c = {c}": [rep for r in measured for key, rep in r["parity"].items()
-                    if key[0] == c and "refused" not in rep] for c in (1, 2, 3, 4)},
-      lambda reps: all(rep["received"] == rep["predicted_received"] for rep in reps))
+      {f"c = {c}": [rep for r in measured for key, rep in r.parity.items()
+                    if key[0] == c and isinstance(rep, runs.RingParity)] for c in (1, 2, 3, 4)},
+      lambda reps: all(rep.received == rep.predicted_received for rep in reps))
 for c in (2, 3, 4):
-    traces = [r["parity"][c, "zigzag", True]["events"] for r in measured[:c * (4 // c)]]
+    traces = [r.parity[c, "zigzag", True].events for r in measured[:c * (4 // c)]]
     hazards = nccl_hazards(traces)
     claim(f"the messages at c = {c} pass nccl_hazards", hazards == [],
           numbers=f"{sum(map(len, traces))} calls replayed: {'; '.join(hazards) or 'no hazard'}")
@@ -320,7 +322,7 @@ within("the tiny GPT's activation bytes per rank at c = 2, against 1/c of one pr
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print(measured[0]["torch"])
+print(measured[0].torch)
 
 # %% [markdown]
 # So on CPU ranks one-process SDPA stays the reference; on one GPU per rank the same call
@@ -434,15 +436,15 @@ timed = {"no mask": method_runs.run_times(4, **shape),
 print(f"{'method':>10} {'KB sent/rank':>13} {'formula KB':>11} {'ms, no mask':>12} "
       f"{'ms, documents':>14}")
 for method in ("ring", "allgather", "ulysses"):
-    mine = timed["no mask"][0][method]
-    formula = sum(cx.cp_bytes_sent_per_rank(method, 4, 1, 512, 8, mine["kv_heads_moved"], 32,
+    mine = timed["no mask"][method]
+    formula = sum(cx.cp_bytes_sent_per_rank(method, 4, 1, 512, 8, mine.kv_heads_moved, 32,
                                             bytes_per_value=4))
-    print(f"{method:>10} {mine['sent'] / 1e3:>13.1f} {formula / 1e3:>11.1f} "
-          f"{mine['seconds'] * 1e3:>12.1f} {timed['documents'][0][method]['seconds'] * 1e3:>14.1f}")
+    print(f"{method:>10} {mine.sent[0] / 1e3:>13.1f} {formula / 1e3:>11.1f} "
+          f"{mine.seconds * 1e3:>12.1f} {timed['documents'][method].seconds * 1e3:>14.1f}")
 every("a method's bytes sent equal the formula on every rank, with and without documents",
-      {m: [(r[m]["sent"], sum(cx.cp_bytes_sent_per_rank(m, 4, 1, 512, 8, r[m]["kv_heads_moved"],
-                                                        32, bytes_per_value=4)))
-           for runs_ in timed.values() for r in runs_] for m in timed["no mask"][0]},
+      {m: [(sent, sum(cx.cp_bytes_sent_per_rank(m, 4, 1, 512, 8, t[m].kv_heads_moved, 32,
+                                                bytes_per_value=4)))
+           for t in timed.values() for sent in t[m].sent] for m in timed["no mask"]},
       lambda pairs: all(sent == formula for sent, formula in pairs))
 work = cx.document_work(docs, 4, "zigzag")
 claim("under the document mask the ring's steps last longer than the all-gather's one pass",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -24,7 +25,7 @@ import torch.distributed as dist
 
 from lessonlib import comm, device, labkit
 from lessonlib.breadcrumbs import progress
-from lessonlib.data import corpus_tokens, lm_batch, shard
+from lessonlib.data import corpus_tokens, lm_batch, shard, stored
 from lessonlib.data_parallel.collectives import torch_all_reduce
 from lessonlib.data_parallel.ring import ALGORITHMS
 from lessonlib.data_parallel.runs import check_rungs, replica_step, wrap
@@ -36,6 +37,38 @@ ALL_ALGORITHMS = (*ALGORITHMS, "torch")   # the names ``costmodel.fits`` knows
 def slowest_rank_median(per_rank_times) -> float:
     """Median over calls of the slowest rank's time for that call."""
     return float(statistics.median(max(call) for call in zip(*per_rank_times)))
+
+
+def call_time(ranks, size: int, algorithm: str) -> float:
+    """One algorithm's time at one size from every rank's ``allreduce_bench`` result: the
+    median over calls of the slowest rank's time."""
+    return slowest_rank_median([r["sizes"][size][algorithm]["times"] for r in ranks])
+
+
+@dataclass(frozen=True)
+class StoredSweep:
+    """The all-reduce sweep shipped in ``data/`` (``labs/allreduce.py --sweep``): the command
+    that made it and, per algorithm, the measured points and the alpha-beta model fitted to
+    them with a link per rank (``fit``) and with one shared medium (``fit_shared``)."""
+    command: str
+    points: dict[str, list[dict]]
+    fit: dict[str, dict]
+    fit_shared: dict[str, dict]
+
+    def best_fit(self, algorithm: str) -> dict:
+        """The fit with the smaller rms relative error (a tie keeps the shared one)."""
+        return min(self.fit_shared[algorithm], self.fit[algorithm],
+                   key=lambda f: f["rms_relative_error"])
+
+
+def stored_sweep(name: str = "dp_cpu_results.json") -> StoredSweep:
+    """The stored all-reduce sweep of the record ``name`` in ``data/``."""
+    sweep = stored(name)["allreduce_sweep"]
+    results = sweep["results"]
+    return StoredSweep(command=sweep["settings"]["command"],
+                       points={alg: r["points"] for alg, r in results.items()},
+                       fit={alg: r["fit"] for alg, r in results.items()},
+                       fit_shared={alg: r["fit_shared"] for alg, r in results.items()})
 
 
 # ---------------------------------------------------------------- on the ranks

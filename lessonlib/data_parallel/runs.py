@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import statistics
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,30 @@ RUNGS = {"naive": "(a) one all-reduce per gradient, after backward",
          "async": "(c) one async all-reduce per gradient, from hooks during backward",
          "bucketed": "(d) lessonlib.DataParallel: buckets launched as they fill",
          "torch": "PyTorch's DistributedDataParallel"}
+
+
+class Bar(NamedTuple):
+    """One interval of ``step_timeline``: what ran, in seconds from the step's start."""
+    what: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class CapRun:
+    """One bucket cap of ``bucket_sweep``: the buckets it makes, the median of backward's
+    compute time and of the communication left after it (seconds)."""
+    buckets: int
+    backward_s: float
+    exposed_s: float
+
+
+@dataclass(frozen=True)
+class BucketSweep:
+    """One rank's ``bucket_sweep``: a ``CapRun`` per cap (MiB) and the gradients' bytes."""
+    rank: int
+    caps: dict[float, CapRun]
+    gradient_bytes: int
 
 
 def check_rungs(rungs) -> list[str]:
@@ -198,9 +224,9 @@ def ladder_messages(rungs=("naive", "flat", "async", "bucketed"), cfg: GPTConfig
 
 
 def step_timeline(cfg: GPTConfig = TIMELINE_MODEL, batch: int = 4, bucket_cap_mb: float = 2.0,
-                  rungs=("naive", "bucketed"), warmup: int = 2) -> dict:
-    """One training step per rung on this rank, as (what, start, end) intervals in seconds
-    from the step's start: forward, backward's compute, and each all-reduce."""
+                  rungs=("naive", "bucketed"), warmup: int = 2) -> dict[str, list[Bar]]:
+    """One training step per rung on this rank, as ``Bar(what, start, end)`` intervals in
+    seconds from the step's start: forward, backward's compute, and each all-reduce."""
     rank, n = dist.get_rank(), dist.get_world_size()
     dev = device.current_device()
     out = {}
@@ -232,12 +258,12 @@ def step_timeline(cfg: GPTConfig = TIMELINE_MODEL, batch: int = 4, bucket_cap_mb
         else:
             bars += [("backward", t_fwd, t_bwd), ("all-reduce", t_bwd, t_comm)]
         bars.append(("optimizer", t_comm, t_end))
-        out[rung] = [(what, a - t0, b - t0) for what, a, b in bars]
+        out[rung] = [Bar(what, a - t0, b - t0) for what, a, b in bars]
     return out
 
 
 def bucket_sweep(caps_mb=(0.25, 1.0, 4.0, 16.0), cfg: GPTConfig = TIMELINE_MODEL,
-                 batch: int = 4, steps: int = 4) -> dict:
+                 batch: int = 4, steps: int = 4) -> BucketSweep:
     """For each bucket cap: the buckets it makes, and the median over ``steps`` steps of
     backward's compute time and of the communication left after it (from the end of
     backward's compute to ``loss.backward()`` returning)."""
@@ -259,11 +285,11 @@ def bucket_sweep(caps_mb=(0.25, 1.0, 4.0, 16.0), cfg: GPTConfig = TIMELINE_MODEL
             if step:
                 computed.append(ddp.timeline["backward_computed_at"] - t0)
                 exposed.append(t1 - ddp.timeline["backward_computed_at"])
-        out[cap] = {"buckets": len(ddp.buckets), "backward_s": statistics.median(computed),
-                    "exposed_s": statistics.median(exposed)}
+        out[cap] = CapRun(buckets=len(ddp.buckets), backward_s=statistics.median(computed),
+                          exposed_s=statistics.median(exposed))
         progress(f"bucket cap {cap} MiB done")
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"rank": rank, "caps": out, "gradient_bytes": grad_bytes}
+    return BucketSweep(rank=rank, caps=out, gradient_bytes=grad_bytes)
 
 
 def demo() -> dict:

@@ -50,7 +50,7 @@ def plot_replicas(single_losses, replica_losses, n: int):
 
 
 def plot_step_timeline(per_rank: list[dict], rungs=("naive", "bucketed")):
-    """``per_rank[r][rung]`` = [(what, start_s, end_s)] from ``dp_runs.step_timeline``."""
+    """``per_rank[r][rung]`` = [Bar(what, start, end)] from ``dp_runs.step_timeline``."""
     fig, axes = plt.subplots(len(rungs), 1, figsize=(8, 1.3 + 1.1 * len(per_rank) * len(rungs)),
                              sharex=True, squeeze=False)
     for ax, rung in zip(axes[:, 0], rungs):

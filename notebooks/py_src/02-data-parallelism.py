@@ -190,9 +190,8 @@ plt.show()
 # NBVAL_IGNORE_OUTPUT
 from lessonlib.viz import live
 
-sweep = STORED["allreduce_sweep"]["results"]
-fits = {alg: min(res["fit_shared"], res["fit"], key=lambda f: f["rms_relative_error"])
-        for alg, res in sweep.items()}                    # the better of the two fits
+sweep = dp_bench.stored_sweep()
+fits = {alg: sweep.best_fit(alg) for alg in sweep.points}   # the better of the two fits
 live.allreduce_widget(fits)
 
 # %% [markdown]
@@ -223,15 +222,15 @@ timeline = lessonlib.launch(dp_runs.step_timeline, 2)
 viz.plot_step_timeline(timeline)
 plt.show()
 for rung in ("naive", "bucketed"):
-    end = max(b for _, _, b in timeline[0][rung])
+    end = max(bar.end for bar in timeline[0][rung])
     print(f"{rung:>9}: step {end * 1e3:.0f} ms on rank 0")
 print(f"{count_parameters(TinyGPT(TIMELINE_MODEL)) / 1e6:.1f} M parameters")
-bars = {rung: {what: (a, b) for what, a, b in timeline[0][rung]} for rung in timeline[0]}
-backward_end = bars["bucketed"]["backward"][1]
-first_bucket = min(a for what, (a, b) in bars["bucketed"].items() if what.startswith("bucket"))
-after = {"naive": bars["naive"]["all-reduce"][1] - bars["naive"]["backward"][1],
-         "bucketed": max(b for what, (a, b) in bars["bucketed"].items()
-                         if what.startswith("bucket")) - backward_end}
+bars = {rung: {bar.what: bar for bar in timeline[0][rung]} for rung in timeline[0]}
+buckets = [bar for bar in timeline[0]["bucketed"] if bar.what.startswith("bucket")]
+backward_end = bars["bucketed"]["backward"].end
+first_bucket = min(bar.start for bar in buckets)
+after = {"naive": bars["naive"]["all-reduce"].end - bars["naive"]["backward"].end,
+         "bucketed": max(bar.end for bar in buckets) - backward_end}
 claim("with buckets the first all-reduce starts while backward is still computing",
       first_bucket < backward_end,
       numbers=f"at {first_bucket * 1e3:.0f} ms, backward ends at {backward_end * 1e3:.0f} ms")

@@ -26,6 +26,7 @@ import lessonlib
 from lessonlib.claims import claim
 from lessonlib.costmodel import alpha_beta
 from lessonlib.data import stored
+from lessonlib.data_parallel import bench as dp_bench
 from lessonlib.data_parallel import runs as dp_runs
 from lessonlib.models import TINY, TinyGPT
 from lessonlib.viz import dp as viz
@@ -92,20 +93,19 @@ for rung, summary in sent.items():
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-fit = STORED["allreduce_sweep"]["results"]["torch"]
-torch_fit = min(fit["fit_shared"], fit["fit"], key=lambda f: f["rms_relative_error"])
+torch_fit = dp_bench.stored_sweep().best_fit("torch")
 buckets = lessonlib.launch(dp_runs.bucket_sweep, 2)
-caps = buckets[0]["caps"]
-grad_bytes = buckets[0]["gradient_bytes"]
-backward_s = min(c["backward_s"] for c in caps.values())
-measured = {cap: max(b["caps"][cap]["exposed_s"] for b in buckets) for cap in caps}
+caps = buckets[0].caps
+grad_bytes = buckets[0].gradient_bytes
+backward_s = min(c.backward_s for c in caps.values())
+measured = {cap: max(b.caps[cap].exposed_s for b in buckets) for cap in caps}
 print(f"{'cap MiB':>8} {'buckets':>8} {'backward ms':>12} {'left after, measured':>21} "
       f"{'predicted':>10}")
 above = 0
 for cap, c in caps.items():
     guess = alpha_beta.bucketed_step(grad_bytes, 2, cap * MiB, backward_s, torch_fit)["exposed_s"]
     above += measured[cap] > guess
-    print(f"{cap:>8} {c['buckets']:>8} {c['backward_s'] * 1e3:>12.1f} "
+    print(f"{cap:>8} {c.buckets:>8} {c.backward_s * 1e3:>12.1f} "
           f"{measured[cap] * 1e3:>18.1f} ms {guess * 1e3:>7.1f} ms")
 claim("the model is optimistic here: the measured time left after backward is above it at "
       "half of the caps or more", above >= len(caps) / 2, numbers=f"{above} of {len(caps)} caps")

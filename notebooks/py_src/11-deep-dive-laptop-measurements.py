@@ -52,7 +52,7 @@ fresh = {alg: [] for alg in dp_bench.ALL_ALGORITHMS}
 for n, ranks in fresh_runs.items():
     for size in fresh_sizes:
         for alg in fresh:
-            t = dp_bench.slowest_rank_median([r["sizes"][size][alg]["times"] for r in ranks])
+            t = dp_bench.call_time(ranks, size, alg)
             fresh[alg].append({"world_size": n, "size_bytes": size, "time_s": t})
 len(fresh["ring"])
 
@@ -67,14 +67,14 @@ len(fresh["ring"])
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-sweep = STORED["allreduce_sweep"]
-points = {alg: res["points"] for alg, res in sweep["results"].items()}
-print(sweep["settings"]["command"])
+sweep = dp_bench.stored_sweep()
+points = sweep.points
+print(sweep.command)
 print(f"{'algorithm':>17} {'rms error, link per rank':>25} {'rms error, shared':>18}")
 fits = {}
-for alg, res in sweep["results"].items():
-    own, shared = res["fit"], res["fit_shared"]
-    fits[alg] = min(shared, own, key=lambda f: f["rms_relative_error"])   # a tie keeps shared
+for alg in sweep.points:
+    own, shared = sweep.fit[alg], sweep.fit_shared[alg]
+    fits[alg] = sweep.best_fit(alg)                                       # a tie keeps shared
     print(f"{alg:>17} {own['rms_relative_error']:>25.0%} {shared['rms_relative_error']:>18.0%}")
 for alg, fit in fits.items():
     print(f"kept for {alg:>17}: {fit['links']:>9} links, alpha = {fit['alpha_s'] * 1e6:5.0f} us, "

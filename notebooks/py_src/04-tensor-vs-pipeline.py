@@ -91,24 +91,25 @@ tp_reports = tp_runs.run_layer_reports(4, ts=TS, b=B, s=S, h=H, heads=HEADS, ste
                                        kinds=("mlp", "block", "gpt"), with_torch=True,
                                        timeout=240)
 for t in TS:
+    report = tp_reports[0][t]
     print(f"t={t}: " + ", ".join(
-        f"{kind} {max(tp_reports[0][t][kind][k] for k in ('output', 'grads', 'weights_after_steps')):.1e}"
-        for kind in ("mlp", "block", "gpt")) + " (largest relative error)")
+        f"{kind} {max(p.output, p.grads, p.weights_after_steps):.1e}"
+        for kind, p in (("mlp", report.mlp), ("block", report.block), ("gpt", report.gpt)))
+        + " (largest relative error)")
 
 # %%
 # NBVAL_CHECK_OUTPUT
 TOL = 2e-6   # relative to the largest value; fp32 sums in another order differ around 1e-7
 for t in TS:
     for kind in ("mlp", "block", "gpt"):
-        checks = ("output", "input_grad", "grads", "weights_after_steps")
-        same = all(r[t][kind][c] < TOL for r in tp_reports for c in checks if c in r[t][kind])
+        ours = [r[t].layer(kind) for r in tp_reports]     # output, input_grad, grads, weights
+        same = all(error < TOL for p in ours for error in p.errors().values())
         line = f"t={t} {kind:>5}: equal to the dense model on all 4 ranks: {same}"
         if kind != "gpt":   # PyTorch's plans split the MLP and the layer
-            theirs = [r[t][kind]["torch"] for r in tp_reports]
+            theirs = [p.torch for p in ours]
             line += (f"; DTensor too: "
-                     f"{all(max(x['output'], x['input_grad'], x['grads']) < TOL for x in theirs)},"
-                     f" same weight bytes: "
-                     f"{theirs[0]['param_bytes'] == tp_reports[0][t][kind]['param_bytes']}")
+                     f"{all(max(x.output, x.input_grad, x.grads) < TOL for x in theirs)},"
+                     f" same weight bytes: {theirs[0].param_bytes == ours[0].param_bytes}")
         print(line)
 
 # %% [markdown]
@@ -119,18 +120,18 @@ for t in TS:
 # NBVAL_CHECK_OUTPUT
 rows = []
 for t in TS:
-    mlp, block = tp_reports[0][t]["mlp"], tp_reports[0][t]["block"]
-    sent = block["forward"]["ring_bytes_per_rank"] + block["backward"]["ring_bytes_per_rank"]
-    rows.append({"t": t, "param_bytes": block["param_bytes"],
+    mlp, block = tp_reports[0][t].mlp, tp_reports[0][t].block
+    sent = block.forward.ring_bytes_per_rank + block.backward.ring_bytes_per_rank
+    rows.append({"t": t, "param_bytes": block.param_bytes,
                  "param_bytes_predicted": 4 * layer.layer_params() / t, "comm_bytes": sent,
                  "comm_bytes_predicted": 4 * cm.tp_elements_per_layer(B, S, H, t)})
-    print(f"t={t}: MLP {mlp['forward']['all_reduce']} all-reduce forward, "
-          f"{mlp['backward']['all_reduce']} backward | layer {block['forward']['all_reduce']} + "
-          f"{block['backward']['all_reduce']}, payload {block['forward']['payload_bytes'] // 2:,} "
+    print(f"t={t}: MLP {mlp.forward.all_reduce} all-reduce forward, "
+          f"{mlp.backward.all_reduce} backward | layer {block.forward.all_reduce} + "
+          f"{block.backward.all_reduce}, payload {block.forward.payload_bytes // 2:,} "
           f"bytes each, ring {sent:,.0f} bytes per rank (predicted "
           f"{rows[-1]['comm_bytes_predicted']:,.0f})")
-    print(f"     weights {block['param_bytes']:,} bytes per rank (predicted "
-          f"{rows[-1]['param_bytes_predicted']:,.0f}; dense {block['dense_param_bytes']:,})")
+    print(f"     weights {block.param_bytes:,} bytes per rank (predicted "
+          f"{rows[-1]['param_bytes_predicted']:,.0f}; dense {block.dense_param_bytes:,})")
 print("the small weight gap, 6h x 4 x (1 - 1/t) bytes, is what stays whole on every rank: "
       "the two LayerNorms and the biases added after g")
 tpviz.plot_tp_scaling(rows)

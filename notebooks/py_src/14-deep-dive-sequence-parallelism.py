@@ -43,7 +43,7 @@ from lessonlib.exercises import sp as ex
 from lessonlib.tensor_parallel import ops as tp_ops
 from lessonlib.tensor_parallel import sequence as tp_sequence
 from lessonlib.tensor_parallel import sequence_runs as sp_runs
-from lessonlib.tensor_parallel.runs import ring_bytes_per_rank
+from lessonlib.tensor_parallel.reports import LabRun, ring_bytes_per_rank
 from lessonlib.viz import activations as actviz
 from lessonlib.viz import tp as tpviz
 from lessonlib.viz.source import show
@@ -124,9 +124,9 @@ for row in cm_memory.course_vs_table2():
 # %%
 # NBVAL_IGNORE_OUTPUT
 acts = sp_runs.run(4, sp_runs.lesson_report, timeout=240)
-shape = acts[0]["bytes"][1]
-print(f"{len(acts)} ranks measured one layer: b = {shape['b']}, s = {shape['s']}, "
-      f"h = {shape['h']}, {shape['a']} heads, {shape['element_size']} bytes per element")
+shape = acts[0].bytes[1]
+print(f"{len(acts)} ranks measured one layer: b = {shape.b}, s = {shape.s}, "
+      f"h = {shape.h}, {shape.a} heads, {shape.element_size} bytes per element")
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -135,14 +135,15 @@ checked = []
 for mode in ["dense", *sp_runs.MODES]:
     cells = []
     for t in (1, 2, 4):
-        got = [r["bytes"][t][mode] for r in acts]
-        checked += [(g["measured"], g["formula"]) for g in got]
-        cells.append(f"{got[0]['measured']:>12,} / {got[0]['formula']:<11,}")
+        got = [r.bytes[t].kept[mode] for r in acts]
+        checked += [(g.measured, g.formula) for g in got]
+        cells.append(f"{got[0].measured:>12,} / {got[0].formula:<11,}")
     print(f"{mode:>16} " + " ".join(cells))
 claim("on every rank, in every mode and at every t, the measured bytes equal the formula",
       all(m == f for m, f in checked), numbers=f"{len(checked)} measurements")
 for t in (2, 4):
-    sp_kept, dense = acts[0]["bytes"][t]["tp+sp"]["measured"], acts[0]["bytes"][t]["dense"]["measured"]
+    kept = acts[0].bytes[t].kept
+    sp_kept, dense = kept["tp+sp"].measured, kept["dense"].measured
     claim(f"at t = {t} TP+SP keeps 1/t of the dense layer's bytes on each rank",
           sp_kept * t == dense, numbers=f"{sp_kept:,} x {t} = {dense:,}")
 
@@ -159,10 +160,10 @@ for t in (2, 4):
 # NBVAL_CHECK_OUTPUT
 for t in (2, 4):
     for mode in ("tp+sp", "tp+sp+selective", "full", "gpt+sp"):
-        worst = max(r["parity"][t][mode][k] for r in acts
-                    for k in ("output", "grads", "weights_after_steps"))
+        worst = max(max(p.output, p.grads, p.weights_after_steps)
+                    for p in (r.parity[t].vs_dense[mode] for r in acts))
         print(f"t={t} {mode:>16}: equal to the dense model: {worst < 1e-12}")
-    theirs = max(max(r["parity"][t]["torch+sp"].values()) for r in acts)
+    theirs = max(r.parity[t].torch.largest() for r in acts)
     print(f"t={t} PyTorch's SP plan: equal to the dense layer and to ours: {theirs < 1e-12}")
 
 # %% [markdown]
@@ -184,10 +185,11 @@ def ring(events, t):
 
 
 for t in (2, 4):
-    led = acts[0]["ledger"][t]
-    e, bsh, h = led["element_size"], led["b"] * led["s"] * led["h"], led["h"]
-    tp_ev = led["tp"]["forward"]["events"] + led["tp"]["backward"]["events"]
-    sp_ev = led["tp+sp"]["forward"]["events"] + led["tp+sp"]["backward"]["events"]
+    led = acts[0].ledger[t]
+    e, bsh, h = led.element_size, led.b * led.s * led.h, led.h
+    tp_sent, sp_sent, full_sent = led.sent["tp"], led.sent["tp+sp"], led.sent["full"]
+    tp_ev = tp_sent.forward.events + tp_sent.backward.events
+    sp_ev = sp_sent.forward.events + sp_sent.backward.events
     regather = [("all_gather", bsh * e // t)] * 2
     sums = [ev for ev in sp_ev if ev[0] == "all_reduce"]
     conjugates = [ev for ev in sp_ev if ev[0] != "all_reduce"]
@@ -211,11 +213,11 @@ for t in (2, 4):
     sp_total = ring(sp_ev, t)
     print(f"     TP+SP in all: {sp_total:,.0f} bytes per rank, "
           f"{sp_total / ring(tp_ev, t) - 1:+.1%} over TP")
-    again = list(led["full"]["backward"]["events"])
-    for ev in led["tp"]["backward"]["events"]:
+    again = list(full_sent.backward.events)
+    for ev in tp_sent.backward.events:
         again.remove(ev)
     print(f"     full recompute repeats in backward: {kinds(again)} of the forward's "
-          f"{kinds(led['tp']['forward']['events'])}")
+          f"{kinds(tp_sent.forward.events)}")
 
 # %% [markdown]
 # So SP sent 30 % more than TP on this layer, at both t. The re-gathers add a quarter of
@@ -238,10 +240,11 @@ for t in (2, 4):
 # recompute barely moves it.
 
 # %%
-points = [(mode, s, acts[0]["bytes_by_s"][s][mode]["measured"])
-          for s in acts[0]["bytes_by_s"] for mode in actviz.MEASURED_AS]
-at_t2 = next(iter(acts[0]["bytes_by_s"].values()))
-measured = {key: at_t2[key] for key in ("b", "h", "a", "t", "element_size")} | {"points": points}
+points = [(mode, s, by_s.kept[mode].measured)
+          for s, by_s in acts[0].bytes_by_s.items() for mode in actviz.MEASURED_AS]
+at_t2 = next(iter(acts[0].bytes_by_s.values()))
+measured = {"b": at_t2.b, "h": at_t2.h, "a": at_t2.a, "t": at_t2.t,
+            "element_size": at_t2.element_size, "points": points}
 actviz.activation_plot("gpt3-175B", t=8, b=1, measured=measured)
 plt.show()
 actviz.activation_widget(measured)
@@ -310,12 +313,14 @@ for r in k22.utilization_rows():
 # %%
 # NBVAL_IGNORE_OUTPUT
 lab = stored("tp_cpu_results.json")
-print(lab["command"])
-for kind, ratio in lab["paired_ratio_lessonlib_over_torch"].items():
-    ours, theirs = (lab["results"][n]["layers"][kind] for n in ("lessonlib", "torch"))
-    print(f"{kind:>5}: lessonlib {ours['step_time_s'] * 1e3:.1f} ms, DTensor "
-          f"{theirs['step_time_s'] * 1e3:.1f} ms (median step-by-step ratio {ratio:.2f}); "
-          f"all-reduces {ours['all_reduces']} vs {theirs['all_reduces']}")
+run = LabRun.from_record(lab)
+print(run.command)
+for kind in ("block", "mlp"):
+    ours, theirs = run.row("lessonlib", kind), run.row("torch", kind)
+    print(f"{kind:>5}: lessonlib {ours.step_time_s * 1e3:.1f} ms, DTensor "
+          f"{theirs.step_time_s * 1e3:.1f} ms (median step-by-step ratio "
+          f"{ours.paired_step_time_over_torch:.2f}); "
+          f"all-reduces {ours.all_reduces} vs {theirs.all_reduces}")
 tpviz.plot_lab(lab)
 plt.show()
 
@@ -331,22 +336,22 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-sp_lab = stored("tp_sp_cpu_results.json")
-sizes = sp_lab["runs"][0]["settings"]
+sp_lab = [LabRun.from_record(record) for record in stored("tp_sp_cpu_results.json")["runs"]]
+sizes = sp_lab[0].settings
 print(f"b = {sizes['batch']}, s = {sizes['seq']}, h = {sizes['hidden']}, {sizes['heads']} "
       f"heads, {sizes['dtype']}")
-for record in sp_lab["runs"]:
-    mode = ("TP+SP" if record["settings"]["sequence_parallel"] else "TP") + \
-        f", recompute {record['settings']['recompute']}"
-    ours, theirs = (record["results"][n]["layers"]["block"] for n in ("lessonlib", "torch"))
-    ratio = record["paired_ratio_lessonlib_over_torch"]["block"]
-    print(f"{mode:<28} layer step lessonlib {ours['step_time_s'] * 1e3:6.1f} ms, PyTorch "
-          f"{theirs['step_time_s'] * 1e3:6.1f} ms (ratio {ratio:.2f}); kept for backward "
-          f"{record['saved_bytes']['block']['lessonlib']:,} vs "
-          f"{record['saved_bytes']['block']['torch']:,} bytes")
-    print(f"{'':<28} {record['command']}")
-kept = {f"recompute {r['settings']['recompute']}": r["saved_bytes"]["block"]
-        for r in sp_lab["runs"] if r["settings"]["sequence_parallel"]}
+kept = {}
+for run in sp_lab:
+    sp, recompute = run.settings["sequence_parallel"], run.settings["recompute"]
+    mode = ("TP+SP" if sp else "TP") + f", recompute {recompute}"
+    ours, theirs = run.row("lessonlib", "block"), run.row("torch", "block")
+    print(f"{mode:<28} layer step lessonlib {ours.step_time_s * 1e3:6.1f} ms, PyTorch "
+          f"{theirs.step_time_s * 1e3:6.1f} ms (ratio {ours.paired_step_time_over_torch:.2f}); "
+          f"kept for backward {ours.saved_bytes:,} vs {theirs.saved_bytes:,} bytes")
+    print(f"{'':<28} {run.command}")
+    if sp:
+        kept[f"recompute {recompute}"] = {"lessonlib": ours.saved_bytes,
+                                          "torch": theirs.saved_bytes}
 every("under SP PyTorch's plan keeps more bytes for backward than lessonlib",
       {mode: k for mode, k in kept.items() if mode != "recompute full"},
       lambda k: k["torch"] > k["lessonlib"])

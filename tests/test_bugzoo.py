@@ -60,10 +60,10 @@ def test_each_switch_is_one_line_in_the_module_the_registry_names():
 def test_the_check_passes_with_the_bug_off_and_fails_with_it_on(name, monkeypatch):
     monkeypatch.delenv(bugs.ENV, raising=False)
     off, on = bugzoo.check(name, bug_on=False), bugzoo.check(name, bug_on=True)
-    assert off["passed"] and off["max_diff"] <= off["tolerance"], off
-    assert off["message"].startswith("passed: ")
-    assert not on["passed"] and not on["max_diff"] <= on["tolerance"], on
-    assert on["message"].startswith("FAILED: ") and "did not finish" not in on["message"], on
+    assert off.passed and off.max_diff <= off.tolerance, off
+    assert off.message.startswith("passed: ")
+    assert not on.passed and not on.max_diff <= on.tolerance, on
+    assert on.message.startswith("FAILED: ") and "did not finish" not in on.message, on
     assert bugs.ENV not in os.environ                    # the caller's switch is restored
     expected = {  # the words that say why, in the failing check's message
         "tp_missing_backward_all_reduce": "a check of the forward pass sees nothing",
@@ -79,7 +79,7 @@ def test_the_check_passes_with_the_bug_off_and_fails_with_it_on(name, monkeypatc
         "moe_bias_update_sign_flipped": "busiest / mean load went from",
         "ep_bias_load_not_all_reduced": "each replica moved its bias by its own batch's load",
     }[name]
-    assert expected in on["message"], on["message"]
+    assert expected in on.message, on.message
 
 
 class _Outcomes:

@@ -2,7 +2,7 @@
 on, against the check's tolerance; a dropdown that shows one bug, its line of code and
 its bars.
 
-Each plot draws results that ``lessonlib.bugzoo.check`` already returned (plain numbers);
+Each plot draws results that ``lessonlib.bugzoo.check`` already returned (``Check`` records);
 nothing here launches processes, so the widget answers at once.
 
 Laptop and GPU box alike:
@@ -18,6 +18,7 @@ import textwrap
 import matplotlib.pyplot as plt
 
 from lessonlib import bugs
+from lessonlib.bugzoo import Check
 from lessonlib.viz.widgets import explorer
 
 FLOOR, CEILING = 1e-18, 1e3   # log axis: 0 is drawn at the floor, inf (or NaN) at the ceiling
@@ -36,20 +37,20 @@ def _label(value: float) -> str:
     return "0" if value == 0 else f"{value:.1e}"
 
 
-def plot_check(off: dict, on: dict, ax=None):
+def plot_check(off: Check, on: Check, ax=None):
     """Two bars (bug off, bug on) of one check's largest difference, log scale, coloured
     by pass or fail, with the tolerance as a dashed line (on the floor when it is 0)."""
     ax = ax or plt.subplots(figsize=(3.4, 3.2))[1]
     for x, r in enumerate((off, on)):
-        ax.bar(x, _shown(r["max_diff"]) - FLOOR, bottom=FLOOR, width=0.6,
-               color=PASS if r["passed"] else FAIL, hatch="" if r["passed"] else "//",
+        ax.bar(x, _shown(r.max_diff) - FLOOR, bottom=FLOOR, width=0.6,
+               color=PASS if r.passed else FAIL, hatch="" if r.passed else "//",
                edgecolor="black", lw=0.6)
-        ax.text(x, _shown(r["max_diff"]) * 3, _label(r["max_diff"]), ha="center", fontsize=8)
-    tol = off["tolerance"]
+        ax.text(x, _shown(r.max_diff) * 3, _label(r.max_diff), ha="center", fontsize=8)
+    tol = off.tolerance
     ax.axhline(max(tol, FLOOR), color="black", ls="--", lw=1)
     ax.set_xlabel(f"dashed: tolerance {tol:g}" + (" (exact)" if tol == 0 else ""), fontsize=8)
     ax.set(yscale="log", ylim=(FLOOR, CEILING * 100), xlim=(-0.6, 1.6), xticks=[0, 1],
-           xticklabels=["bug off", "bug on"], title=off["bug"].replace("_", " "))
+           xticklabels=["bug off", "bug on"], title=off.bug.replace("_", " "))
     ax.title.set_fontsize(9)
     ax.set_ylabel("largest difference", fontsize=8)
     return ax
@@ -75,7 +76,7 @@ def describe(name: str, pair: dict | None = None) -> str:
     bug, (where, code) = bugs.BUGS[name], bugs.hook_line(name)
     rows = [("what", bug.what), ("where", f"{bug.where} ({where})"),
             ("symptom", bug.symptom), ("check", bug.check), ("test", bug.test)]
-    rows += [(f"bug {state}", pair[state]["message"]) for state in ("off", "on") if pair]
+    rows += [(f"bug {state}", pair[state].message) for state in ("off", "on") if pair]
     text = [textwrap.fill(text, 96, initial_indent=f"  {label + ':':9s}",
                           subsequent_indent=" " * 11, break_long_words=False,
                           break_on_hyphens=False) for label, text in rows]

@@ -89,7 +89,7 @@ print(f"all-reduces per micro-batch:  {predicted_sends}")
 results = {name: {"off": bugzoo.check(name, bug_on=False), "on": bugzoo.check(name, bug_on=True)}
            for name in bugs.BUGS}
 for name, pair in results.items():
-    print(f"{name}\n    off: {pair['off']['message']}\n    on:  {pair['on']['message']}")
+    print(f"{name}\n    off: {pair['off'].message}\n    on:  {pair['on'].message}")
 
 # %% [markdown]
 # Which traps sprang:
@@ -97,8 +97,8 @@ for name, pair in results.items():
 # %%
 # NBVAL_CHECK_OUTPUT
 for name, pair in results.items():
-    print(f"{name:32s} bug off: {'passed' if pair['off']['passed'] else 'FAILED'}   "
-          f"bug on: {'passed' if pair['on']['passed'] else 'FAILED'}")
+    print(f"{name:32s} bug off: {'passed' if pair['off'].passed else 'FAILED'}   "
+          f"bug on: {'passed' if pair['on'].passed else 'FAILED'}")
 
 # %% [markdown]
 # Measured next to predicted:
@@ -106,9 +106,9 @@ for name, pair in results.items():
 # %%
 # NBVAL_CHECK_OUTPUT
 for state in ("off", "on"):
-    held = results["tp_layer_left_unsharded"][state]["ranks"][0]["param_bytes"]
-    ratio = results["pipeline_loss_unscaled"][state]["ranks"][-1]["ratio"]
-    sends = results["ddp_sync_on_wrong_microbatch"][state]["ranks"][0]["all_reduces_per_microbatch"]
+    held = results["tp_layer_left_unsharded"][state].ranks[0]["param_bytes"]
+    ratio = results["pipeline_loss_unscaled"][state].ranks[-1]["ratio"]
+    sends = results["ddp_sync_on_wrong_microbatch"][state].ranks[0]["all_reduces_per_microbatch"]
     print(f"bug {state:3s}: bytes {held} (predicted {predicted_bytes[state]}), "
           f"gradient ratio {ratio:.3f} (predicted {predicted_ratio[state]:.3f}), "
           f"all-reduces per micro-batch {sends} (predicted {predicted_sends[state]})")
@@ -165,11 +165,11 @@ viz.bug_widget(results)
 # NBVAL_IGNORE_OUTPUT
 with bugs.enabled("pipeline_loss_unscaled"):
     tried = bugzoo.check("pipeline_loss_unscaled")
-print(tried["message"])
+print(tried.message)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(f"bug on inside the block: {tried['bug_on']}, check passed: {tried['passed']}; "
+print(f"bug on inside the block: {tried.bug_on}, check passed: {tried.passed}; "
       f"switched on now: {bugs.active('pipeline_loss_unscaled')}")
 
 # %% [markdown]

@@ -27,7 +27,7 @@ import torch
 
 import lessonlib
 from lessonlib import labargs, labkit
-from lessonlib.context_parallel.layout import check_divisible
+from lessonlib.context_parallel.layout import check_split_divides
 from lessonlib.costmodel import bubble_fraction
 from lessonlib.grid_layout import check_grid
 from lessonlib.grid_layout import layout_name, parse_layout
@@ -151,7 +151,7 @@ def check_new_axes(ap, args) -> None:
         ap.error(f"--cp {args.cp} must divide --world-size {world} (c ranks share each "
                  f"sequence); use one of {_divisors(world)}")
     try:
-        check_divisible(args.seq, args.cp, LAYOUT)
+        check_split_divides(args.seq, args.cp, LAYOUT)
     except ValueError as exc:
         ap.error(f"--cp {args.cp} with --seq {args.seq}: {exc}")
     fits = [e for e in _divisors(world // args.cp) if N_EXPERTS % e == 0]

@@ -149,6 +149,6 @@ def test_settings_are_checked_before_any_launch():
     with pytest.raises(ValueError, match="method='tree' is not a context-parallel attention"):
         method_runs.run_parity(2, methods=("tree",))
     with pytest.raises(ValueError, match="heads=4 is not divisible by c"):
-        method_runs.check_settings(4, (3,), ("ulysses",), s=24, heads=4)
+        method_runs.check_method_runs(4, (3,), ("ulysses",), s=24, heads=4)
     with pytest.raises(ValueError, match="s=24 tokens do not split into 10 equal chunks"):
         method_runs.run_parity(5, cs=(5,))

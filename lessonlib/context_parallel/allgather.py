@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import bugs, comm
-from lessonlib.context_parallel.layout import (check_divisible, check_layout, check_same_layout,
+from lessonlib.context_parallel.layout import (check_split_divides, check_split_name, check_same_layout,
                                                group_rank, positions_of)
 from lessonlib.context_parallel.masks import (check_doc_ids, check_heads, keep, masked_attention,
                                               repeat_kv)
@@ -85,10 +85,10 @@ def allgather_attention(q, k, v, group=None, causal: bool = True, layout: str = 
     dividing heads); returns this rank's output shard (b, heads, s/c, d). ``doc_ids``: an
     optional (b, s) document mask, the same on every rank. Every rank of the group must pass
     the same ``layout`` and ``causal`` (checked on a group's first call)."""
-    check_layout(layout)
+    check_split_name(layout)
     check_heads(q, k, v)
     _, c = group_rank(group)
-    check_divisible(q.shape[2] * c, c, layout)
+    check_split_divides(q.shape[2] * c, c, layout)
     check_doc_ids(doc_ids, q.shape[0], q.shape[2] * c)
     check_same_layout(group, layout, bool(causal))
     return allgather_forward(q, k, v, group, bool(causal), layout, doc_ids)

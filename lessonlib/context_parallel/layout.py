@@ -36,14 +36,14 @@ LAYOUTS = ("contiguous", "zigzag")
 _agreed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> {(layout, causal)}
 
 
-def check_layout(layout: str) -> str:
+def check_split_name(layout: str) -> str:
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r} is not a sequence layout; use one of {LAYOUTS}")
     return layout
 
 
 def chunks_per_rank(layout: str) -> int:
-    return 2 if check_layout(layout) == "zigzag" else 1
+    return 2 if check_split_name(layout) == "zigzag" else 1
 
 
 def chunks_of(rank: int, c: int, layout: str = "zigzag") -> tuple[int, ...]:
@@ -52,10 +52,10 @@ def chunks_of(rank: int, c: int, layout: str = "zigzag") -> tuple[int, ...]:
     c = positive_int("c", c, what="the ranks of the context-parallel group")
     if not (isinstance(rank, int) and 0 <= rank < c):
         raise ValueError(f"rank={rank!r} must be in 0..{c - 1} (a member of the group of c={c})")
-    return (rank,) if check_layout(layout) == "contiguous" else (rank, 2 * c - 1 - rank)
+    return (rank,) if check_split_name(layout) == "contiguous" else (rank, 2 * c - 1 - rank)
 
 
-def check_divisible(s: int, c: int, layout: str) -> int:
+def check_split_divides(s: int, c: int, layout: str) -> int:
     """The chunk length; ValueError if s does not split into c (or 2c) equal chunks."""
     pieces = c * chunks_per_rank(layout)
     if s % pieces:
@@ -67,7 +67,7 @@ def check_divisible(s: int, c: int, layout: str) -> int:
 
 def positions_of(rank: int, c: int, s: int, layout: str = "zigzag", device=None) -> torch.Tensor:
     """Where this rank's s/c tokens sit in the whole sequence of s, in shard order."""
-    n = check_divisible(s, c, layout)
+    n = check_split_divides(s, c, layout)
     return torch.cat([torch.arange(i * n, (i + 1) * n, device=device)
                       for i in chunks_of(rank, c, layout)])
 
@@ -91,7 +91,7 @@ def group_rank(group) -> tuple[int, int]:
 def shard_sequence(x: torch.Tensor, group=None, layout: str = "zigzag", dim: int = 1):
     """This rank's shard of the full tensor ``x``: its chunks along ``dim``, concatenated."""
     rank, c = group_rank(group)
-    n = check_divisible(x.shape[dim], c, layout)
+    n = check_split_divides(x.shape[dim], c, layout)
     return torch.cat([x.narrow(dim, i * n, n) for i in chunks_of(rank, c, layout)], dim=dim)
 
 
@@ -100,7 +100,7 @@ def unshard_sequence(x: torch.Tensor, group=None, layout: str = "zigzag", dim: i
     the inverse of ``shard_sequence``."""
     _, c = group_rank(group)
     per = chunks_per_rank(layout)
-    n = check_divisible(x.shape[dim] * c, c, layout)
+    n = check_split_divides(x.shape[dim] * c, c, layout)
     shards = [torch.empty_like(x) for _ in range(c)]
     comm.all_gather(shards, x.contiguous(), group=group)
     placed = {}

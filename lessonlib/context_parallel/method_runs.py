@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from lessonlib import comm, launcher
 from lessonlib.argcheck import positive_int
-from lessonlib.context_parallel.layout import LAYOUTS, check_divisible, check_same_layout
+from lessonlib.context_parallel.layout import LAYOUTS, check_split_divides, check_same_layout
 from lessonlib.context_parallel.layout import shard_sequence, unshard_sequence
 from lessonlib.context_parallel.masks import attention
 from lessonlib.context_parallel.methods import METHODS, check_method, context_attention, sent_bytes
@@ -190,7 +190,7 @@ def bad_input_report() -> dict:
     return {"c": c, "messages": messages, "messages_sent": book.count()}
 
 
-def check_settings(world_size: int, cs=(), methods=METHODS, s: int = 24, heads=None,
+def check_method_runs(world_size: int, cs=(), methods=METHODS, s: int = 24, heads=None,
                    kv_heads=None) -> None:
     """Raise ValueError naming the setting before any process starts."""
     positive_int("world_size", world_size, what="ranks")
@@ -198,7 +198,7 @@ def check_settings(world_size: int, cs=(), methods=METHODS, s: int = 24, heads=N
         check_method(method)
     for c in cs:
         positive_int("c", c, most=world_size, what="ranks of a context-parallel group")
-        check_divisible(s, c, "zigzag")
+        check_split_divides(s, c, "zigzag")
         if "ulysses" in methods and heads is not None:
             check_divides_heads(heads, kv_heads or heads, c)
 
@@ -206,7 +206,7 @@ def check_settings(world_size: int, cs=(), methods=METHODS, s: int = 24, heads=N
 def run_times(world_size: int, methods=METHODS, timeout: float = 300, **shape) -> dict:
     """Check here, then launch ``time_reports`` with c = world_size: {method: MethodTime}."""
     heads, kv_heads = shape.get("heads", 8), shape.get("kv_heads", 2)
-    check_settings(world_size, (world_size,), methods, shape.get("s", 512), heads, kv_heads)
+    check_method_runs(world_size, (world_size,), methods, shape.get("s", 512), heads, kv_heads)
     ranks = launcher.launch(time_reports, world_size, methods, timeout=timeout, **shape)
     return {m: MethodTime(method=m, c=world_size, seconds=max(r[m].seconds for r in ranks),
                           sent=[r[m].sent for r in ranks],
@@ -218,5 +218,5 @@ def run_parity(world_size: int, cs=None, methods=METHODS, timeout: float = 120,
                **shape) -> list:
     """Check here, then launch ``method_reports`` for c = 1..world_size."""
     cs = tuple(range(1, world_size + 1)) if cs is None else tuple(cs)
-    check_settings(world_size, cs, methods, shape.get("s", 24))
+    check_method_runs(world_size, cs, methods, shape.get("s", 24))
     return launcher.launch(method_reports, world_size, cs, methods, timeout=timeout, **shape)

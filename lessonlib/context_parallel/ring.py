@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from lessonlib import comm
 from lessonlib.context_parallel.blocks import attend, attend_backward, chunk_pairs, merge
-from lessonlib.context_parallel.layout import (check_divisible, check_layout, check_same_layout,
+from lessonlib.context_parallel.layout import (check_split_divides, check_split_name, check_same_layout,
                                                chunks_of, group_rank, positions_of)
 from lessonlib.context_parallel.masks import check_doc_ids, check_heads, keep, repeat_kv
 
@@ -59,7 +59,7 @@ class Ring:
     def of(cls, group, layout: str, causal: bool, local_tokens: int) -> "Ring":
         rank, c = group_rank(group)
         members = dist.get_process_group_ranks(group) if group is not None else list(range(c))
-        n = check_divisible(local_tokens * c, c, layout)
+        n = check_split_divides(local_tokens * c, c, layout)
         return cls(group, rank, c, members[(rank + 1) % c], members[(rank - 1) % c],
                    layout, causal, n)
 
@@ -194,7 +194,7 @@ def ring_attention(q, k, v, group=None, causal: bool = True, layout: str = "zigz
     are repeated to every query head first, so the ring's blocks carry all the heads
     (``costmodel.context.cp_bytes_sent_per_rank`` counts them so), and autograd sums each
     repeated head's gradient back into its key head."""
-    check_layout(layout)
+    check_split_name(layout)
     groups = check_heads(q, k, v)
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)                 # (b, heads, s/c, d)
     ring = Ring.of(group, layout, bool(causal), q.shape[2])

@@ -28,7 +28,7 @@ from lessonlib import comm, device, launcher
 from lessonlib.activations import saved_bytes
 from lessonlib.argcheck import positive_int
 from lessonlib.context_parallel.gpt import ContextParallelGPT, ContextParallelGrid, forward_backward
-from lessonlib.context_parallel.layout import (LAYOUTS, check_divisible, check_layout,
+from lessonlib.context_parallel.layout import (LAYOUTS, check_split_divides, check_split_name,
                                                chunks_per_rank, shard_sequence, unshard_sequence)
 from lessonlib.context_parallel.recorder import StepLog
 from lessonlib.context_parallel.ring import ring_attention
@@ -261,28 +261,28 @@ def disagreement_report(s: int = 8) -> dict:
     return {"refused": refused, "all_gathers": gathers}
 
 
-def check_settings(world_size: int, cs=(), s: int = 24, layouts=LAYOUTS) -> None:
+def check_ring_runs(world_size: int, cs=(), s: int = 24, layouts=LAYOUTS) -> None:
     """Raise ValueError naming the setting before any process starts."""
     positive_int("world_size", world_size, what="ranks")
     for layout in layouts:
-        check_layout(layout)
+        check_split_name(layout)
     for c in cs:
         positive_int("c", c, most=world_size, what="ranks of a context-parallel group")
         for layout in layouts:
-            check_divisible(s, c, layout)
+            check_split_divides(s, c, layout)
 
 
 def run_parity(world_size: int, cs=None, timeout: float = 120, **shape) -> list:
     """Check here, then launch ``attention_reports`` for c = 1..world_size."""
     cs = tuple(range(1, world_size + 1)) if cs is None else tuple(cs)
-    check_settings(world_size, cs, shape.get("s", 24))
+    check_ring_runs(world_size, cs, shape.get("s", 24))
     return launcher.launch(attention_reports, world_size, cs, timeout=timeout, **shape)
 
 
 def run_gpt_parity(world_size: int, c: int, cfg: GPTConfig | None = None, timeout: float = 120,
                    **kwargs) -> list:
     cfg = cfg or GPTConfig(vocab=32, seq=16, hidden=16, heads=2, layers=2)
-    check_settings(world_size, (c,), cfg.seq, (kwargs.get("layout", "zigzag"),))
+    check_ring_runs(world_size, (c,), cfg.seq, (kwargs.get("layout", "zigzag"),))
     if world_size % c:
         raise ValueError(f"c={c} must divide world_size={world_size} (d = world / c)")
     return launcher.launch(gpt_report, world_size, c, cfg, timeout=timeout, **kwargs)

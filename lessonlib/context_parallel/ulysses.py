@@ -29,7 +29,7 @@ import torch
 
 from lessonlib import bugs, comm
 from lessonlib.context_parallel.allgather import key_positions
-from lessonlib.context_parallel.layout import (check_divisible, check_layout, check_same_layout,
+from lessonlib.context_parallel.layout import (check_split_divides, check_split_name, check_same_layout,
                                                group_rank)
 from lessonlib.context_parallel.masks import (check_doc_ids, check_heads, keep, masked_attention,
                                               repeat_kv)
@@ -88,12 +88,12 @@ def ulysses_attention(q, k, v, group=None, causal: bool = True, doc_ids=None,
     all s tokens, attention, all-to-all back; returns this rank's output shard (b, heads,
     s/c, d). k, v: (b, kv_heads, s/c, d); heads and kv_heads must divide by c. ``doc_ids``:
     an optional (b, s) document mask, the same on every rank."""
-    check_layout(layout)
+    check_split_name(layout)
     groups = check_heads(q, k, v)
     _, c = group_rank(group)
     check_divides_heads(q.shape[1], k.shape[1], c)
     s = q.shape[2] * c
-    check_divisible(s, c, layout)
+    check_split_divides(s, c, layout)
     check_doc_ids(doc_ids, q.shape[0], s)
     check_same_layout(group, layout, bool(causal))
     qh, kh, vh = (to_heads(t, group, c) for t in (q, k, v))   # (b, heads/c or kv/c, s, d)

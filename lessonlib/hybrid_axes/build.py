@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lessonlib.argcheck import positive_int
-from lessonlib.context_parallel.layout import check_divisible, positions_on
+from lessonlib.context_parallel.layout import check_split_divides, positions_on
 from lessonlib.context_parallel.ring import ring_attention
 from lessonlib.data_parallel.fsdp import FullyShardedDataParallel
 from lessonlib.data_parallel.zero import ShardedOptimizer
@@ -89,7 +89,7 @@ def check_axes(cfg: GPTConfig, tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 
     b = check_3d_layout(cfg, dp, pp, tp, global_batch, m)
     check_grid(world_size or dp * pp * cp * tp, dp, pp, tp, None, cp, ep, MEGATRON_ORDER)
     if cp > 1:
-        check_divisible(cfg.seq, cp, LAYOUT)
+        check_split_divides(cfg.seq, cp, LAYOUT)
     if sp and (cfg.seq // cp) % tp:
         raise ValueError(f"sequence parallelism needs s/c = {cfg.seq}/{cp} tokens divisible "
                          f"by tp={tp} (each TP rank's LayerNorms take s/(c t) of them)")

@@ -4,6 +4,7 @@ take (200 words, 10 lines of code or 20 lines of output a minute). Pure: reads t
 notebooks."""
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -62,3 +63,30 @@ def test_a_core_notebook_shows_the_library_code_it_runs(ipynb):
     core is on the student's screen, not only its results."""
     nb = nbformat.read(ipynb, as_version=4)
     assert any(SHOW.search(c.source) for c in nb.cells if c.cell_type == "code"), ipynb.name
+
+
+def deep_indexes(source: str) -> list[str]:
+    """Expressions of a cell's code that index three levels deep, ``x[a][b][c]``: a report
+    read by keys a student has to know, where a record would name its fields."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:                    # a magic: not Python
+        return []
+    inner = {id(n.value) for n in ast.walk(tree)
+             if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Subscript)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and id(node) not in inner:
+            depth, value = 1, node.value
+            while isinstance(value, ast.Subscript):
+                depth, value = depth + 1, value.value
+            if depth >= 3:
+                found.append(ast.unparse(node))
+    return found
+
+
+@pytest.mark.parametrize("ipynb", [nb for _, nb in PAIRS], ids=[nb.name[:2] for _, nb in PAIRS])
+def test_no_notebook_line_indexes_a_report_three_levels_deep(ipynb):
+    nb = nbformat.read(ipynb, as_version=4)
+    deep = [expr for c in nb.cells if c.cell_type == "code" for expr in deep_indexes(c.source)]
+    assert not deep, f"{ipynb.name}: read these through a record's fields: {deep}"

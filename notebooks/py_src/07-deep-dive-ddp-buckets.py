@@ -27,9 +27,11 @@ from lessonlib.claims import claim
 from lessonlib.costmodel import alpha_beta
 from lessonlib.data import stored
 from lessonlib.data_parallel import bench as dp_bench
+from lessonlib.data_parallel import ddp
 from lessonlib.data_parallel import runs as dp_runs
 from lessonlib.models import TINY, TinyGPT
 from lessonlib.viz import dp as viz
+from lessonlib.viz.source import show
 
 STORED = stored("dp_cpu_results.json")
 MiB = 2 ** 20
@@ -79,8 +81,14 @@ for rung, summary in sent.items():
 # latency once per parameter. Buckets (PyTorch's DDP; Li et al., VLDB 2020) take the best
 # of both: parameters are packed **in reverse order** (the last layer's gradients are ready
 # first) into buckets of about `bucket_cap_mb` (PyTorch's default: 25 MiB), and each
-# bucket's all-reduce starts while backward is still computing earlier layers. Notebook 02
-# shows one step of rung (a) against rung (d) on a timeline.
+# bucket's all-reduce starts while backward is still computing earlier layers. The plan,
+# and the launch of each bucket whose gradients are all in:
+
+# %%
+show(ddp.plan_buckets, ddp.DataParallel._launch_ready_buckets)
+
+# %% [markdown]
+# Notebook 02 shows one step of rung (a) against rung (d) on a timeline.
 #
 # ## 2 · How big a bucket?
 #

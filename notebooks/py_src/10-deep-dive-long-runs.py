@@ -36,6 +36,7 @@ from lessonlib import costmodel as cm
 from lessonlib.claims import at_most
 from lessonlib.models import GPTConfig
 from lessonlib.viz import long_run as lrviz
+from lessonlib.viz.source import show
 
 # %% [markdown]
 # ## 1. Prediction: what a checkpoint weighs
@@ -57,6 +58,14 @@ print(f"{one_t.name}: {one_t.params() / 1e12:.2f} T parameters x {cm.memory.OPTI
 # ## 2. A crash, for real
 #
 # On 2 ranks, two pipeline stages of the tiny GPT, one run with a checkpoint every few steps.
+# A save is collective: each rank writes its own shard, and rank 0 writes the manifest (each
+# shard's size and SHA-256) only once every shard is on disk, so a folder without a manifest
+# is a save that did not finish:
+
+# %%
+show(checkpoint.save)
+
+# %% [markdown]
 # First the run nobody interrupts; the cell prints its settings:
 
 # %%
@@ -120,9 +129,15 @@ for rank in range(2):
 # ## 4. Resume: the same loss curve, to the last bit
 # <!-- no measured claim: "twice" counts steps; the next cells check the curve -->
 #
-# Run the same call again: it finds the newest complete checkpoint and resumes. The steps
-# run since that checkpoint are done twice, and the curve must be the uninterrupted one, to
-# the last bit:
+# Run the same call again: it finds the newest complete checkpoint and resumes, each rank
+# loading its own shard (or, on another layout, its slices of the old ones: section 5):
+
+# %%
+show(long_run._restore)
+
+# %% [markdown]
+# The steps run since that checkpoint are done twice, and the curve must be the
+# uninterrupted one, to the last bit:
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -51,8 +51,8 @@ from torch import nn
 
 from lessonlib import comm
 from lessonlib.data_parallel.collectives import group_ranks
-from lessonlib.data_parallel.fsdp_units import (Unit, check_arguments, held_bytes, shard_units,
-                                                tensors_in)
+from lessonlib.data_parallel.fsdp_units import (Unit, check_arguments, held_bytes, post_gather,
+                                                shard_units, tensors_in)
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate
 
 __all__ = ["FullyShardedDataParallel", "GatherUnit", "SavedWeight"]
@@ -116,13 +116,7 @@ class FullyShardedDataParallel(nn.Module):
     def _launch_gather(self, unit: Unit, dtype: torch.dtype | None = None):
         """Start one unit's all-gather; returns what waits for it and cuts the weights out."""
         mine = unit.flat_shard(dtype or self.compute_dtype)                      # (S,)
-        rows = mine.new_empty(self.world_size, mine.numel())                     # (d, S)
-        work = None
-        if self.world_size > 1:
-            work = comm.all_gather_into_tensor(rows.view(-1), mine, group=self.group,
-                                               async_op=True)
-        else:
-            rows[0] = mine
+        rows, work = post_gather(mine, self.group, self.world_size)              # (d, S)
 
         def finish() -> list[torch.Tensor]:
             if work is not None:

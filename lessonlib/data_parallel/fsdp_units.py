@@ -5,7 +5,8 @@ cutting it into units (here the direct children, a ``ModuleList``'s children sta
 it) and remembering every place that holds a parameter: a tied weight is held in two places
 (an embedding and the output head) but sharded, gathered and stepped once. ``shard_units``
 does the cut at wrap time; what happens to a unit during a step (gather, compute, free,
-reduce-scatter) is in ``fsdp.py``.
+reduce-scatter) is in ``fsdp.py``, and ``post_gather`` posts the all-gather of the units'
+flat shards that it and the FP8 gather (``precision.fsdp_float8``) share.
 
 Laptop:  ``python labs/zero.py --world-size 2``
 GPU box: ``torchrun --nproc-per-node 8 labs/zero.py`` (NCCL)
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from lessonlib import comm
 from lessonlib.data_parallel.sharded import (optimizer_state_bytes, row_shard, shard_rows,
                                              tensor_bytes)
 
@@ -193,3 +195,13 @@ def held_bytes(units: list[Unit], compute_dtype, reshard_after_forward: bool,
             "optimizer": (optimizer_state_bytes(optimizer, [s.shard for s in slots])
                           if optimizer is not None else 0)}
     return {**held, "total": sum(held.values())}
+
+
+def post_gather(mine: torch.Tensor, group, world_size: int):
+    """Post the all-gather of every rank's flat shard ``mine`` (S,) into rows (d, S):
+    (rows, the handle to wait on, or None with one rank)."""
+    rows = mine.new_empty(world_size, mine.numel())                               # (d, S)
+    if world_size == 1:
+        rows[0] = mine
+        return rows, None
+    return rows, comm.all_gather_into_tensor(rows.view(-1), mine, group=group, async_op=True)

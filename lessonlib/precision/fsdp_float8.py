@@ -32,7 +32,7 @@ import torch.distributed as dist
 from lessonlib import comm
 from lessonlib.data import corpus_tokens, lm_batch, shard
 from lessonlib.data_parallel.fsdp import FullyShardedDataParallel
-from lessonlib.data_parallel.fsdp_units import Unit
+from lessonlib.data_parallel.fsdp_units import Unit, post_gather
 from lessonlib.models import TINY, GPTConfig, TinyGPT, lm_loss
 from lessonlib.precision.fp8 import E4M3, Scaled, amax_to_scale, cast
 from lessonlib.precision.linear import Float8Linear, convert_to_float8
@@ -97,13 +97,7 @@ class Float8AllGatherFSDP(FullyShardedDataParallel):
         mine = torch.cat([cast(s.shard.reshape(1, -1), scale.view(1, 1), E4M3,
                                (1, s.shard_numel)).view(torch.uint8).reshape(-1)
                           for s, scale in zip(fp8.slots, scales)])                     # (S,)
-        rows = mine.new_empty(self.world_size, mine.numel())                        # (d, S)
-        work = None
-        if self.world_size > 1:
-            work = comm.all_gather_into_tensor(rows.view(-1), mine, group=self.group,
-                                               async_op=True)
-        else:
-            rows[0] = mine
+        rows, work = post_gather(mine, self.group, self.world_size)                 # (d, S)
 
         def finish() -> list[torch.Tensor]:
             if work is not None:

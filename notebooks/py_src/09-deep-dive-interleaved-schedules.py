@@ -253,6 +253,15 @@ show(split_backward.input_grad)
 show(split_backward.weight_grad)
 
 # %% [markdown]
+# The executor runs a schedule's actions in order, one handler per kind; its B and W are the
+# two halves above, called on what the forward kept for that micro-batch and chunk:
+
+# %%
+from lessonlib.pipeline.executor import PipelineExecutor
+
+show(PipelineExecutor.step, PipelineExecutor._backward, PipelineExecutor._weight)
+
+# %% [markdown]
 # **ZB-H1** keeps 1F1B's forwards and B's in 1F1B's order; stage s holds back s of its W's
 # to fill the end of the step. Per stage it leaves `(p-1)(T_F + T_B - T_W)` of idle time,
 # 1F1B `(p-1)(T_F + T_B + T_W)` (Table 2), at the same peak memory (a micro-batch is held

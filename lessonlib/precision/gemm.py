@@ -35,8 +35,9 @@ def _dequantizing(scale: torch.Tensor) -> torch.Tensor:
 
 
 def _kernel(a, b, scale_a, scale_b, out_dtype):
-    """``torch._scaled_mm`` with per-row and per-column scales. CUDA's rowwise kernel writes
-    no float32 (pytorch#156771): there it writes bfloat16, upcast, as torchao does."""
+    """``torch._scaled_mm`` with per-row and per-column scales. CUDA's rowwise kernel has
+    written only bfloat16 ("Only bf16 high precision output types are supported for row-wise
+    scaling"): there it writes bfloat16, upcast, as torchao's Float8 does."""
     kernel_dtype = torch.bfloat16 if a.is_cuda and out_dtype == torch.float32 else out_dtype
     return torch._scaled_mm(a.contiguous(), _layout_b(b), scale_a=scale_a.contiguous(),
                             scale_b=scale_b.contiguous(), out_dtype=kernel_dtype).to(out_dtype)

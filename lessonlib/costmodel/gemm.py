@@ -158,7 +158,9 @@ QUANTIZE_BYTES = 2 + 1
 # micro-batch) and the output gradient of every FP8 GEMM. The weights are cast in full
 # precision: the all-gather stays BF16 unless FSDP's float8 all-gather is on (torchtitan's
 # default is off). A recompute repeats the forward's cast pass over input and weight (3),
-# not the amax, which torchtitan's op policy saves (its PR #701).
+# not the amax, taken as saved: a scalar per tensor (torchtitan PR #701 proposes adding
+# max and abs to its op policy's saved ops for this; an assumption, worth 2 bytes a
+# recomputed element).
 TENSORWISE_CAST_BYTES = 2 + 2 + 1 + 1
 TENSORWISE_RECAST_BYTES = 2 + 1
 FP8_SCALINGS = ("blockwise", "tensorwise")

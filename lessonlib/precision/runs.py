@@ -8,7 +8,7 @@
   2^-6, a factor 2^14.8 ~ 28,700) absorbs x100 outliers: every recipe keeps its ~4 % error
   from 3 mantissa bits. Past that range, one scale for the tensor pushes the ordinary values
   under e4m3's smallest normal, where they lose their digits; a scale per row, and better a
-  scale per 1 x b tile, keeps each block's own range (DeepSeek-V3 §3.3.1's reason for
+  scale per 1 x b tile, keeps each block's own range (DeepSeek-V3 §3.3.2's reason for
   fine-grained scaling).
 * ``loss_curves``: the tiny GPT trained ``steps`` steps in bfloat16 (parameters and
   activations, no autocast) and with each recipe's ``Float8Linear`` layers (the rest of the

@@ -73,12 +73,13 @@ for name, dtype in {**precision.FORMATS, "bf16": torch.bfloat16}.items():
 # %% [markdown]
 # So an FP8 tensor is stored *with a scale*: multiply by `448 / amax` and the tensor's
 # largest value lands on e4m3's largest; keep the scale beside the bytes and divide the
-# GEMM's result by it. Which formats the GEMMs use is a recipe. NVIDIA's "hybrid" one,
-# torchao's default, casts the forward GEMM's activations and weights to e4m3 and the
-# gradients, whose magnitudes spread wider, to e5m2. DeepSeek-V3 uses "the E4M3 format on
-# all tensors for higher precision" (§3.3.2) and buys the range back with finer scales:
-# one per token per 128 channels of activations and gradients, one per 128 x 128 block of
-# weights (§3.3.1). Three recipes, one quantizer, one scale per block of the contraction dim:
+# GEMM's result by it. Which formats the GEMMs use is a recipe. The "hybrid" one of earlier
+# FP8 training (as DeepSeek-V3 §3.3.2 calls it), torchao's default, casts the forward GEMM's
+# activations and weights to e4m3 and the gradients, whose magnitudes spread wider, to e5m2.
+# DeepSeek-V3 uses "the E4M3 format on all tensors for higher precision" (§3.3.2) and buys
+# the range back with finer scales: one per token per 128 channels of activations and
+# gradients, one per 128 x 128 block of weights (§3.3.2, "fine-grained quantization"). Three
+# recipes, one quantizer, one scale per block of the contraction dim:
 
 # %%
 show(precision.fp8.quantize)
@@ -119,7 +120,7 @@ claim("at the largest outliers the finer the scale, the smaller the error",
 # smallest normal value, room for outliers a hundred times the rest. Past that range one
 # scale for the whole tensor pushes the ordinary values under the smallest normal, where
 # they lose their digits; a scale per row, and better per tile, keeps each block's own
-# range. That is DeepSeek-V3's reason for fine-grained scaling (§3.3.1).
+# range. That is DeepSeek-V3's reason for fine-grained scaling (§3.3.2).
 #
 # ## 3. Training in FP8
 #

@@ -245,17 +245,26 @@ overlap_viz.exposed_timelines(report["variants"], names=NAMES)
 plt.show()
 
 # %%
+v = report["variants"]
+claim("plain SP stands still for all of its communication", abs(v["sp"].exposed_s
+      - v["sp"].comm_s) <= 1e-3 * v["sp"].comm_s,
+      numbers=f"{v['sp'].exposed_s * 1e3:.1f} of {v['sp'].comm_s * 1e3:.1f} ms")
+every("each overlapped version stands still for less than its time in flight",
+      {NAMES[n]: v[n] for n in ("async_tp", "fsdp_prefetch")},
+      lambda x: x.exposed_s < x.comm_s)
 ratio = report["exposed_ratio"]
-at_most("async TP's exposed communication over plain SP's (median of step pairs)",
-        ratio["async_tp"], 1)
-at_most("FSDP's exposed communication with prefetch over without", ratio["fsdp_prefetch"], 1)
+print(f"exposed, overlapped over plain (median of step pairs): async TP "
+      f"{ratio['async_tp']:.2f}, FSDP prefetch {ratio['fsdp_prefetch']:.2f}")
 
 # %% [markdown]
 # Overlap does not make communication cheaper: the grey bars, time in flight, are as long
-# or longer (a transfer cut in pieces, or posted early, is in flight longer). It makes
-# the rank stand still less: the red. On a GPU the transfers run on NCCL's own kernels beside
+# or longer (a transfer cut in pieces, or posted early, is in flight longer). It lets the
+# rank compute while a transfer travels, so the red is shorter than the grey; a plain
+# collective's red is all of it. How much red it saves against the plain version depends
+# on cores free beside the compute. On a GPU the transfers run on NCCL's own kernels beside
 # the GEMMs; here they run on gloo's threads and share two cores with the compute, so the
-# numbers move from run to run, and the cell above checks only that the red shrinks.
+# ratios printed above move from run to run, and a busy machine can swamp them:
+# `tests/test_overlap.py` holds both below 1, measuring once more before a failure counts.
 
 # %% [markdown]
 # ## 6. DualPipeV: a forward beside a backward

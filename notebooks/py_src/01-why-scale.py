@@ -146,7 +146,7 @@ rate_288 = cm.rate_for_time(cm.training_flops(P, D), 1, years)   # the 6PD rate,
 # NBVAL_CHECK_OUTPUT
 for label, P_, T, n, X, paper in (("GPT-3 175B", 175e9, 300e9, 1024, 140e12, 34),
                                   ("1T model", 1e12, 450e9, 3072, 163e12, 84)):
-    days = cm.megatron_training_days(P_, T, n, X)
+    days = cm.megatron_training_days(P_, T, n_gpus=n, flops_per_gpu=X)
     print(f"{label}, {T / 1e9:.0f}e9 tokens, {n} A100 at {X / 1e12:.0f} TFLOP/s: {days:.1f} days "
           f"(paper: {paper}, {days - paper:+.1f} days)")
 

@@ -72,12 +72,12 @@ print("MB are per direction: what one rank's link sends (and, as much again, rec
 print(f"{'n':>5} {'ring MB/rank':>13} {'ring ms':>8} {'server link MB':>15} {'server ms':>10}")
 for n in (2, 4, 8, 64, 1024):
     print(f"{n:>5} {cm.ring_allreduce_bytes_per_rank(n, S) / 1e6:>13.1f} "
-          f"{cm.ring_allreduce_time_s(n, S, bandwidth, alpha) * 1e3:>8.2f} "
+          f"{cm.ring_allreduce_time_s(n, S, bandwidth, latency=alpha) * 1e3:>8.2f} "
           f"{cm.parameter_server_bytes(n, S) / 2 / 1e6:>15.0f} "
-          f"{cm.parameter_server_time_s(n, S, bandwidth, alpha) * 1e3:>10.1f}")
+          f"{cm.parameter_server_time_s(n, S, bandwidth, latency=alpha) * 1e3:>10.1f}")
 n = 64
-ratio = cm.parameter_server_time_s(n, S, bandwidth, alpha) / cm.ring_allreduce_time_s(
-    n, S, bandwidth, alpha)
+ratio = (cm.parameter_server_time_s(n, S, bandwidth, latency=alpha)
+         / cm.ring_allreduce_time_s(n, S, bandwidth, latency=alpha))
 at_least(f"at n = {n} the server's time over the ring's", ratio, 0.6 * n)
 at_most(f"at n = {n} the server's time over the ring's", ratio, n)
 

@@ -76,7 +76,7 @@ layer = cm.GPT(L=1, h=H, a=HEADS, s=S, V=64)
 print(f"{'t':>2} {'weights per rank':>17} {'sent per rank, fwd+bwd':>23}")
 for t in TS:
     print(f"{t:>2} {4 * layer.layer_params() / t:>11,.0f} bytes "
-          f"{4 * cm.tp_elements_per_layer(B, S, H, t):>17,.0f} bytes")
+          f"{4 * cm.tp_elements_per_layer(B, S, H, t=t):>17,.0f} bytes")
 
 # %% [markdown]
 # ### 1.2 The real run: t = 1, 2 and 4, equal to the dense model
@@ -124,7 +124,7 @@ for t in TS:
     sent = block.forward.ring_bytes_per_rank + block.backward.ring_bytes_per_rank
     rows.append({"t": t, "param_bytes": block.param_bytes,
                  "param_bytes_predicted": 4 * layer.layer_params() / t, "comm_bytes": sent,
-                 "comm_bytes_predicted": 4 * cm.tp_elements_per_layer(B, S, H, t)})
+                 "comm_bytes_predicted": 4 * cm.tp_elements_per_layer(B, S, H, t=t)})
     print(f"t={t}: MLP {mlp.forward.all_reduce} all-reduce forward, "
           f"{mlp.backward.all_reduce} backward | layer {block.forward.all_reduce} + "
           f"{block.backward.all_reduce}, payload {block.forward.payload_bytes // 2:,} "
@@ -157,7 +157,7 @@ for t in (2, 4, 8):
     times = {}
     for name, spans_nodes in (("nvlink_s", False), ("infiniband_s", True)):
         bandwidth, latency = cluster.link(spans_nodes)
-        times[name] = 4 * cm.ring_allreduce_time_s(t, payload, bandwidth, latency)
+        times[name] = 4 * cm.ring_allreduce_time_s(t, payload, bandwidth, latency=latency)
     link_rows.append({"t": t, **times, "compute_s": compute / t / cluster.gpu.peak_flops})
     r = link_rows[-1]
     print(f"t={t:>2}: all-reduces {r['nvlink_s'] * 1e3:5.2f} ms over NVLink, "
@@ -168,7 +168,7 @@ for t in (16, 32):
     took = {}
     for name, c in (("dgx", cluster), ("flat", flat_ring)):
         bandwidth, latency = c.group_link(t, t, 1)
-        took[name] = 4 * cm.ring_allreduce_time_s(t, payload, bandwidth, latency)
+        took[name] = 4 * cm.ring_allreduce_time_s(t, payload, bandwidth, latency=latency)
     print(f"t={t}: all-reduces {took['dgx'] * 1e3:5.2f} ms over DGX servers' 8 ports, "
           f"{took['flat'] * 1e3:5.2f} ms through one port per server; compute "
           f"{compute / t / cluster.gpu.peak_flops * 1e3:4.2f} ms per GPU at peak")
@@ -241,7 +241,8 @@ ex.check_tp_traffic_ratio(my_ratio, t_from=4, t_to=8)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
-ratio_solution = cm.tp_elements_per_layer(B, S, H, 8) / cm.tp_elements_per_layer(B, S, H, 4)
+ratio_solution = (cm.tp_elements_per_layer(B, S, H, t=8)
+                  / cm.tp_elements_per_layer(B, S, H, t=4))
 ex.check_tp_traffic_ratio(ratio_solution, t_from=4, t_to=8)
 
 # %% [markdown]
@@ -337,7 +338,7 @@ for name in ("gpipe", "1f1b"):
     case = ("lessonlib", name, 4, 1)
     step = runs.median_step(measured, case)
     row = next(r for r in rows if (r["engine"], r["schedule"], r["m"], r["v"]) == case)
-    vp.gantt_pair(name, [r.spans for r in step], 2, 4, bubble=row["bubble_per_stage"])
+    vp.gantt_pair(name, [r.spans for r in step], p=2, m=4, bubble=row["bubble_per_stage"])
     plt.show()
 
 # %% [markdown]
@@ -414,7 +415,7 @@ left = {label: idle_ms("zb-h1", ms) / idle_ms("1f1b", ms)
 print(f"ZB-H1's idle time over 1F1B's, both replayed: {left['equal']:.2f} at T_F = T_B = T_W, "
       f"{left['measured']:.2f} on the times above")
 within("replayed at T_F = T_B = T_W, ZB-H1's idle time over 1F1B's (Table 2's third)",
-       left["equal"], 1 / 3, 0.01)
+       left["equal"], expected=1 / 3, tolerance=0.01)
 at_most("replayed on the measured times, ZB-H1's idle time over 1F1B's", left["measured"], 1)
 split = {f"stage {s}": w / (b + w) for s, (b, w)   # stage 0's B computes nothing
          in enumerate(zip(times["backward_ms"], times["weight_ms"])) if s > 0}
@@ -481,7 +482,7 @@ ex.check_min_microbatches(m_solution, p=8, target=0.1)
 # %%
 # NBVAL_CHECK_OUTPUT
 g = cm.MODELS["gpt3-175B"]
-tp_elems = cm.tp_elements_per_layer(1, g.s, g.h, 8)
+tp_elems = cm.tp_elements_per_layer(1, g.s, g.h, t=8)
 pp_elems = 2 * cm.pp_elements_per_boundary(1, g.s, g.h, t=8)   # activation out, gradient back
 print(f"TP, t = 8: {tp_elems * 2 / 1e6:,.0f} MB per layer per micro-batch (forward and backward), "
       f"x {g.L} layers")

@@ -111,7 +111,8 @@ print(f"{'cap MiB':>8} {'buckets':>8} {'backward ms':>12} {'left after, measured
       f"{'predicted':>10}")
 above = 0
 for cap, c in caps.items():
-    guess = alpha_beta.bucketed_step(grad_bytes, 2, cap * MiB, backward_s, torch_fit)["exposed_s"]
+    guess = alpha_beta.bucketed_step(grad_bytes, n=2, bucket_bytes=cap * MiB,
+                                     backward_s=backward_s, fit=torch_fit)["exposed_s"]
     above += measured[cap] > guess
     print(f"{cap:>8} {c.buckets:>8} {c.backward_s * 1e3:>12.1f} "
           f"{measured[cap] * 1e3:>18.1f} ms {guess * 1e3:>7.1f} ms")
@@ -128,7 +129,8 @@ claim("the model is optimistic here: the measured time left after backward is ab
 # caps; on GPUs those differences are what DDP tunes for.
 
 # %%
-viz.plot_buckets(grad_bytes, 2, 4 * MiB, backward_s, torch_fit, measured)
+viz.plot_buckets(grad_bytes, world_size=2, bucket_bytes=4 * MiB, backward_s=backward_s,
+                 fit=torch_fit, measured=measured)
 plt.show()
 
 # %% [markdown]
@@ -137,4 +139,5 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-viz.bucket_explorer(grad_bytes, backward_s, torch_fit, measured, measured_world_size=2)
+viz.bucket_explorer(grad_bytes, backward_s, torch_fit, measured=measured,
+                    measured_world_size=2)

@@ -111,7 +111,7 @@ cls, kwargs = zero_runs.OPTIMIZERS["adamw"]
 opt = cls(model.parameters(), **kwargs)
 tokens, _ = corpus_tokens()
 for step in range(3):                                  # one process, the whole batch
-    x, y = lm_batch(tokens, 6, SHARDING_CONFIG.seq, step, 0)
+    x, y = lm_batch(tokens, batch=6, seq=SHARDING_CONFIG.seq, step=step, seed=0)
     loss = lm_loss(model(x), y)
     opt.zero_grad()
     loss.backward()

@@ -88,7 +88,7 @@ for p, m in ((2, 4), (4, 8)):
 print(f"{'p':>2} {'m':>2} {'v':>2} {'wall (p-1)/(vm+p-1)':>20} {'ideal (p-1)/(vm)':>17} "
       f"{'simulated (wall)':>17}   peak stash per device")
 for p, m, v in ((2, 4, 1), (2, 4, 2), (2, 8, 2), (4, 8, 1), (4, 8, 2), (4, 8, 4)):
-    sim = simulate(S.make("interleaved" if v > 1 else "1f1b", p, m, v), forward=1 / v,
+    sim = simulate(S.make("interleaved" if v > 1 else "1f1b", p=p, m=m, v=v), forward=1 / v,
                    backward=2 / v)
     print(f"{p:>2} {m:>2} {v:>2} {cm.bubble_fraction(p, m, v, convention='wall'):>20.1%} "
           f"{cm.bubble_fraction(p, m, v, convention='ideal'):>17.1%} {sim.bubble[0]:>17.1%}   "
@@ -105,7 +105,7 @@ for p, m, v in ((2, 4, 1), (2, 4, 2), (2, 8, 2), (4, 8, 1), (4, 8, 2), (4, 8, 4)
 fig, axes = plt.subplots(3, 1, figsize=(10, 6.8), constrained_layout=True, sharex=True)
 vp.gantt_schedule("gpipe", 4, 8, ax=axes[0])
 vp.gantt_schedule("1f1b", 4, 8, ax=axes[1])
-vp.gantt_schedule("interleaved", 4, 8, 2, ax=axes[2])
+vp.gantt_schedule("interleaved", p=4, m=8, v=2, ax=axes[2])
 plt.show()
 
 # %% [markdown]
@@ -151,7 +151,8 @@ print(f"{2 * LAYERS_PER_STAGE} layers of width {WIDTH}, micro-batches of {MICRO}
 # %%
 step = runs.median_step(measured, ("lessonlib", "interleaved", 4, 2))
 row = next(r for r in rows if (r["schedule"], r["m"]) == ("interleaved", 4))
-vp.gantt_pair("interleaved", [r.spans for r in step], 2, 4, 2, bubble=row["bubble_per_stage"])
+vp.gantt_pair("interleaved", [r.spans for r in step], p=2, m=4, v=2,
+              bubble=row["bubble_per_stage"])
 plt.show()
 
 # %% [markdown]
@@ -291,8 +292,8 @@ for name, v, times in (("1f1b", 1, dict(forward=1, backward=2)),
                        ("interleaved", 2, dict(forward=0.5, backward=1)),
                        ("zb-h1", 1, dict(forward=1, backward=1, weight=1)),
                        ("zbv", 2, dict(forward=0.5, backward=0.5, weight=0.5))):
-    sim = simulate(S.make(name, p, m, v), **times)
-    model = runs.theory(name, p, m, v, "ideal")
+    sim = simulate(S.make(name, p=p, m=m, v=v), **times)
+    model = runs.theory(name, p=p, m=m, v=v, convention="ideal")
     print(f"{vp.NAMES[name]:>17} {sim.idle[0]:>15.2f} {sim.bubble_ideal[0]:>15.1%} "
           f"{model:>11.1%} {max(sim.peak_stash) / v:>21.1f}")
 print(f"ZB-H1 formula (p-1)(T_F + T_B - T_W) = {(p - 1) * (1 + 1 - 1)}; ZBV's start-up, "
@@ -384,7 +385,7 @@ for name, torch_name in (("zb-h1", "ScheduleInterleavedZeroBubble"),
     mine, theirs = zb_rows["lessonlib", name]["step_time_s"], zb_rows["torch", name]["step_time_s"]
     print(f"lessonlib {vp.NAMES[name]} step / PyTorch's {torch_name}: {mine / theirs:.2f}")
 # every schedule replayed on the times this ZB-H1 run measured, per virtual stage
-same = {name: statistics.fmean(replay(S.make(name, 2, 4, case[3]), why["zb-h1"]).bubble)
+same = {name: statistics.fmean(replay(S.make(name, p=2, m=4, v=case[3]), why["zb-h1"]).bubble)
         for name, case in ours.items()}
 claim("replayed on the same measured F, B and W times, ZB-H1 and ZBV leave less bubble "
       "than 1F1B, and ZBV the least of the four",

@@ -111,7 +111,8 @@ shards = [checkpoint.load(found["path"], rank) for rank in range(2)]
 for rank, shard in enumerate(shards):
     moments = [x for state in shard["optimizer"]["state"].values() for x in state.values()]
     held = sum(x.numel() * x.element_size() for x in [*shard["model"].values(), *moments])
-    params, counters = hybrid.expected_param_count(cfg, 2, 1, rank), len(shard["model"])
+    params = hybrid.expected_param_count(cfg, pp=2, tp=1, stage=rank)
+    counters = len(shard["model"])
     print(f"rank {rank}: {params:,} parameters -> predicted 12 x {params:,} + 4 x {counters} = "
           f"{12 * params + 4 * counters:,} bytes; in its shard: {held:,} bytes")
 

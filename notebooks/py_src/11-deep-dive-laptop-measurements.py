@@ -83,8 +83,9 @@ for alg, fit in fits.items():
 
 def miss(alg, small):
     """The median relative error of the kept fit below (or from) 64 KiB."""
-    errors = sorted(abs(alpha_beta.predict_from_fit(alg, q["world_size"], q["size_bytes"],
-                                                    fits[alg]) / q["time_s"] - 1)
+    errors = sorted(abs(alpha_beta.predict_from_fit(alg, n=q["world_size"],
+                                                    size_bytes=q["size_bytes"], fit=fits[alg])
+                        / q["time_s"] - 1)
                     for q in points[alg] if (q["size_bytes"] < 64 * 1024) == small)
     return errors[len(errors) // 2]
 
@@ -105,7 +106,8 @@ every("the fit misses small messages (under 64 KiB) by more than large ones (med
 print(f"{'algorithm':>17} {'n':>2} {'size':>9} {'measured ms':>12} {'predicted ms':>13}")
 for alg in ("ring", "parameter_server", "torch"):
     for q in fresh[alg]:
-        guess = alpha_beta.predict_from_fit(alg, q["world_size"], q["size_bytes"], fits[alg])
+        guess = alpha_beta.predict_from_fit(alg, n=q["world_size"], size_bytes=q["size_bytes"],
+                                            fit=fits[alg])
         print(f"{alg:>17} {q['world_size']:>2} {q['size_bytes'] // 1024:>7}Ki "
               f"{q['time_s'] * 1e3:>12.2f} {guess * 1e3:>13.2f}")
 

@@ -260,7 +260,7 @@ every("the measured work per rank is the cost model's",
       {lay: (work[lay], cx.causal_pairs_per_rank(2048, 4, lay)) for lay in work},
       lambda pair: pair[0] == pair[1])
 within("the contiguous layout's last rank's work over its first's, against 2c-1 = 7,",
-       work["contiguous"][-1] / work["contiguous"][0], 7, 0.15)
+       work["contiguous"][-1] / work["contiguous"][0], expected=7, tolerance=0.15)
 at_most("the zig-zag layout's busiest rank's work over its least busy's",
         max(work["zigzag"]) / min(work["zigzag"]), 1.15)
 at_least("the contiguous layout's last rank's CPU time over its first's",
@@ -309,7 +309,7 @@ for c in (2, 3, 4):
 # NBVAL_IGNORE_OUTPUT
 ratio = gpt[0]["activation_bytes"] / gpt[0]["one_process_activation_bytes"]
 within("the tiny GPT's activation bytes per rank at c = 2, against 1/c of one process's,",
-       ratio, 0.5, 0.10)
+       ratio, expected=0.5, tolerance=0.10)
 
 # %% [markdown]
 # ### PyTorch's own context parallelism
@@ -396,7 +396,7 @@ at_most("the all-gather's step time over the ring's, less 1,",
         gathered.step_time_s / ring_run.step_time_s - 1, 0.1)
 port, _ = h100.link(spans_nodes=True)   # one GPU's own port: the c ranks are t = 8 GPUs apart
 peak = h100.gpu.peak_flops
-step = cx.ring_step(llama, 1, 16, peak, port, t=8)
+step = cx.ring_step(llama, b=1, c=16, flops_per_s=peak, link_bytes_per_s=port, t=8)
 block_mib = cx.kv_block_bytes(llama, 1, 16) / 8 / 2**20
 print(f"one ring step per GPU (t = 8, c = 16): computes {step['compute_s'] * 1e3:.3f} ms on "
       f"average under the causal mask, moves its {block_mib:.0f} MiB of K/V in "
@@ -437,12 +437,14 @@ print(f"{'method':>10} {'KB sent/rank':>13} {'formula KB':>11} {'ms, no mask':>1
       f"{'ms, documents':>14}")
 for method in ("ring", "allgather", "ulysses"):
     mine = timed["no mask"][method]
-    formula = sum(cx.cp_bytes_sent_per_rank(method, 4, 1, 512, 8, mine.kv_heads_moved, 32,
+    formula = sum(cx.cp_bytes_sent_per_rank(method, c=4, b=1, s=512, heads=8,
+                                            kv_heads=mine.kv_heads_moved, head_dim=32,
                                             bytes_per_value=4))
     print(f"{method:>10} {mine.sent[0] / 1e3:>13.1f} {formula / 1e3:>11.1f} "
           f"{mine.seconds * 1e3:>12.1f} {timed['documents'][method].seconds * 1e3:>14.1f}")
 every("a method's bytes sent equal the formula on every rank, with and without documents",
-      {m: [(sent, sum(cx.cp_bytes_sent_per_rank(m, 4, 1, 512, 8, t[m].kv_heads_moved, 32,
+      {m: [(sent, sum(cx.cp_bytes_sent_per_rank(m, c=4, b=1, s=512, heads=8,
+                                                kv_heads=t[m].kv_heads_moved, head_dim=32,
                                                 bytes_per_value=4)))
            for t in timed.values() for sent in t[m].sent] for m in timed["no mask"]},
       lambda pairs: all(sent == formula for sent, formula in pairs))

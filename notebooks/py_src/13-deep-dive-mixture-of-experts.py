@@ -343,17 +343,19 @@ for i, (E, e, k, C, _) in enumerate(runs.CASES):
 # NBVAL_IGNORE_OUTPUT
 E, K, C, B, S, H, STEPS_TIMED, WARMUP = 8, 2, 1.25, 4, 64, 128, 8, 2     # per rank
 print(f"4 ranks, each a layer of E = {E}, k = {K}, C = {C}, b = {B}, s = {S}, h = {H}")
-layer = lessonlib.launch(measure.time_layer, 4, E, K, C, B, S, H, STEPS_TIMED, WARMUP)
+layer = lessonlib.launch(measure.time_layer, 4, n_experts=E, top_k=K, capacity_factor=C,
+                         b=B, s=S, h=H, steps=STEPS_TIMED, warmup=WARMUP)
 step = np.array([max(s) for s in zip(*(r["step_s"] for r in layer))])
 a2a = np.array([max(s) for s in zip(*(r["alltoall_s"] for r in layer))])
 dispatch_bytes = max(sum(r["stats"]["sent_rows"]) for r in layer) * H * 4      # float32
 sizes = tuple(2**i for i in range(10, 23))                    # 1 KiB to 4 MiB per rank
 *points, held_out = lessonlib.launch(measure.alltoall_sweep, 4, sizes + (dispatch_bytes,))[0]
 fit = fit_alpha_beta([(e, size / e, t) for e, size, t in points], "naive_ring", links="shared")
-predicted = cmoe.alltoall_time_s(4, held_out[1], fit["bandwidth_Bps"], fit["alpha_s"], "shared")
+predicted = cmoe.alltoall_time_s(4, held_out[1], bandwidth=fit["bandwidth_Bps"],
+                                  latency=fit["alpha_s"], links="shared")
 # a step's all-to-alls: the counts (E integers), then dispatch and return, forward and backward
-bare = cmoe.alltoall_time_s(4, 8 * E, fit["bandwidth_Bps"], fit["alpha_s"], "shared") \
-    + 4 * predicted
+bare = cmoe.alltoall_time_s(4, 8 * E, bandwidth=fit["bandwidth_Bps"], latency=fit["alpha_s"],
+                            links="shared") + 4 * predicted
 inside, share = float(np.median(a2a)), float(np.median(a2a / step))
 print(f"fit: alpha = {fit['alpha_s'] * 1e6:.0f} us, B = {fit['bandwidth_Bps'] / 1e9:.2f} GB/s "
       f"(rms error {fit['rms_relative_error']:.0%} over {fit['points']} sizes)")
@@ -401,7 +403,7 @@ print(f"{'model':>13} {'n':>4} {'where':>15} {'EP comm ms':>11} {'TP comm ms':>1
       f"{'TP / EP':>8} {'expert GEMM width EP / TP':>26}")
 for model, n in ((mixtral, 2), (mixtral, 4), (mixtral, 8), (deepseek, 8), (deepseek, 64),
                  (deepseek, 256)):
-    row = cmoe.ep_vs_tp(model, n, 1, 4096, cluster)
+    row = cmoe.ep_vs_tp(model, n, b=1, s=4096, cluster=cluster)
     print(f"{model.name:>13} {n:>4} {'across servers' if row['across_servers'] else 'one server':>15} "
           f"{row['ep_comm_s'] * 1e3:>11.2f} {row['tp_comm_s'] * 1e3:>11.2f} "
           f"{row['tp_comm_s'] / row['ep_comm_s']:>8.1f} "

@@ -90,3 +90,25 @@ def test_no_notebook_line_indexes_a_report_three_levels_deep(ipynb):
     nb = nbformat.read(ipynb, as_version=4)
     deep = [expr for c in nb.cells if c.cell_type == "code" for expr in deep_indexes(c.source)]
     assert not deep, f"{ipynb.name}: read these through a record's fields: {deep}"
+
+
+TAKES_ANY_NUMBER = {"show", "max", "min", "print", "zip", "display"}   # their own *args
+
+
+def positional_crowds(source: str) -> list[str]:
+    """Calls of a cell's code that pass more than three arguments by position."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:                    # a magic: not Python
+        return []
+    return [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and len(n.args) > 3 and not any(isinstance(a, ast.Starred) for a in n.args)
+            and getattr(n.func, "id", getattr(n.func, "attr", "")) not in TAKES_ANY_NUMBER]
+
+
+@pytest.mark.parametrize("ipynb", [nb for _, nb in PAIRS], ids=[nb.name[:2] for _, nb in PAIRS])
+def test_a_call_with_more_than_three_arguments_names_them(ipynb):
+    nb = nbformat.read(ipynb, as_version=4)
+    crowded = [call for c in nb.cells if c.cell_type == "code"
+               for call in positional_crowds(c.source)]
+    assert not crowded, f"{ipynb.name}: pass these by keyword: {crowded}"

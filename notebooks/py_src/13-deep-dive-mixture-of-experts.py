@@ -437,7 +437,7 @@ for model, n in ((mixtral, 2), (mixtral, 4), (mixtral, 8), (deepseek, 8), (deeps
 # **1.** A 1 T MoE (`cmoe.MOE_MODELS["moe-1T"]`) on servers of 8 H100 80 GB, with 16
 # pipeline stages and ZeRO-1: what is the smallest expert-parallel size e that fits its
 # model state in the usable share of a GPU's memory (`cm.USABLE_MEMORY_FRACTION`, as in
-# section 1), on 2048 GPUs? Use `cmoe.ep_memory_per_gpu(model, e, p, d, zero1=True)` with
+# section 1), on 2048 GPUs? Use `cmoe.ep_memory_per_gpu(model, e, p=p, d=d, zero1=True)` with
 # d = 2048 / 16.
 
 # %%
@@ -451,6 +451,7 @@ ex.check_smallest_e(my_e)
 moe_1t = cmoe.MOE_MODELS["moe-1T"]
 usable = cm.USABLE_MEMORY_FRACTION * cluster.gpu.memory_bytes
 e_solution = next(e_try for e_try in range(1, 129) if moe_1t.E % e_try == 0 and 128 % e_try == 0
-                  and cmoe.ep_memory_per_gpu(moe_1t, e_try, 16, 128, zero1=True)["total"] <= usable)
+                  and cmoe.ep_memory_per_gpu(moe_1t, e_try, p=16, d=128,
+                                             zero1=True)["total"] <= usable)
 assert e_solution == cmoe.choose_e(moe_1t, 2048, cluster, p=16)["e"]
 ex.check_smallest_e(e_solution)

@@ -401,6 +401,7 @@ print(gains.table())
 # the error where 3 mantissa bits put it. Overlap does not shrink communication; it moves
 # it beside compute that does not need it yet: the next unit's weights, the next piece of
 # the sequence, the other micro-batch's all-to-all. Each computes exactly what its plain
-# version computes, and each gains only up to the compute beside it, which is why the cost
-# model, held to torchtitan's runs, gives async TP a tenth and Float8 a quarter or more.
+# version computes, and each gains only up to the compute beside it: torchtitan measured a
+# tenth from async TP and about a quarter from Float8, and the cost model, which hides each
+# collective up to its GEMM, predicts more for async TP than was measured.
 # </div>

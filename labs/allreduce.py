@@ -25,7 +25,8 @@ from __future__ import annotations
 import sys
 
 import lessonlib
-from lessonlib import labargs, labkit, launcher
+from lessonlib import launcher
+from lessonlib.lab import labargs, labkit
 from lessonlib.costmodel.alpha_beta import LINKS, fit_alpha_beta, predict_from_fit
 from lessonlib.costmodel.comm import (bus_bandwidth, parameter_server_bytes,
                                       ring_allreduce_bytes_per_rank)

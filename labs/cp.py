@@ -26,7 +26,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import lessonlib
-from lessonlib import comm, labargs, labkit
+from lessonlib import comm
+from lessonlib.lab import labargs, labkit
 from lessonlib.context_parallel import context_attention, ring_attention, shard_sequence
 from lessonlib.context_parallel.layout import check_same_layout
 from lessonlib.context_parallel.masks import attention, repeat_kv

@@ -28,7 +28,8 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
 import lessonlib
-from lessonlib import device, labargs, labkit
+from lessonlib import device
+from lessonlib.lab import labargs, labkit
 from lessonlib.expert_parallel.dispatch import all_to_all_rows
 from lessonlib.expert_parallel.measure import imbalance, time_layer
 from lessonlib.moe_routing import BALANCES, BIAS_STEP, GATES

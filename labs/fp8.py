@@ -19,7 +19,8 @@ import copy
 import torch
 import torch.distributed as dist
 
-from lessonlib import device, labargs, labkit
+from lessonlib import device
+from lessonlib.lab import labargs, labkit
 from lessonlib.models import TINY, TinyGPT
 from lessonlib.precision import RECIPES, E4M3, convert_to_float8, gemm_errors, quantize
 from lessonlib.precision.gemm import scaled_mm

@@ -20,7 +20,7 @@ still reports what it saw:
    with one rank); the GPT labs' MFU;
 6. train a few steps with checkpoints, then run again: it must resume.
 
-Every lab runs with ``lessonlib.placement``'s audit on: a lab whose ranks compute on anything
+Every lab runs with ``lessonlib.instruments.placement``'s audit on: a lab whose ranks compute on anything
 but their GPU says so in the table. ``--dry-run`` prints the plan (``gpu_check_plan``: each
 point's ranks, backend, device, parity check, estimated time, and whether it needs a GPU)
 and runs nothing, on any machine.
@@ -53,10 +53,11 @@ from gpu_check_labs import GENERIC, LABS, Lab, lab_summary, parity_of  # noqa: E
 from gpu_check_plan import listing, plan  # noqa: E402
 from gpu_check_report import Report, markdown  # noqa: E402
 
-from lessonlib import argcheck, device, placement  # noqa: E402
+from lessonlib import argcheck, device  # noqa: E402
+from lessonlib.instruments import placement
 from lessonlib.costmodel import throughput  # noqa: E402, F401 (its MATMUL_EFFICIENCY)
 from lessonlib.costmodel.calibration import calibrate  # noqa: E402
-from lessonlib.labkit import gemm_rates  # noqa: E402
+from lessonlib.lab.labkit import gemm_rates  # noqa: E402
 
 
 # ---------------------------------------------------------------- the points

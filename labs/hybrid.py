@@ -26,7 +26,7 @@ import sys
 import torch
 
 import lessonlib
-from lessonlib import labargs, labkit
+from lessonlib.lab import labargs, labkit
 from lessonlib.context_parallel.layout import check_split_divides
 from lessonlib.costmodel import bubble_fraction
 from lessonlib.grid_layout import check_grid

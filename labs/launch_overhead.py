@@ -19,7 +19,8 @@ import time
 import torch
 
 import lessonlib
-from lessonlib import comm, device, labargs, labkit, launcher
+from lessonlib import comm, device, launcher
+from lessonlib.lab import labargs, labkit
 
 
 def one_all_reduce() -> dict:

@@ -26,7 +26,7 @@ from argparse import Namespace
 
 import torch
 
-from lessonlib import labargs, labkit
+from lessonlib.lab import labargs, labkit
 from lessonlib import model_parallel as mp
 from lessonlib.costmodel import bubble_fraction
 from lessonlib.layer_split import layers_of, split_summary

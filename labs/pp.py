@@ -28,7 +28,7 @@ import sys
 
 import torch.distributed as dist
 
-from lessonlib import labargs, labkit
+from lessonlib.lab import labargs, labkit
 from lessonlib.pipeline import runs
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")

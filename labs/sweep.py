@@ -55,7 +55,8 @@ from sweep_points import (LABS_DIR, check, check_folder, default_folder, error_l
                           lab_argv, lab_flags, parse_axis, point_row, read_grid_file,
                           read_record, table_meta, table_rows, write_table)
 
-from lessonlib import argcheck, results as R
+from lessonlib import argcheck
+from lessonlib.lab import results as R
 
 # The kit's own tools, and minimal_ddp.py: plain PyTorch for students to copy, no lab flags
 NOT_LABS = {"sweep", "sweep_points", "sweep_published", "sweep_slurm", "gpu_check",
@@ -236,7 +237,8 @@ def finish(rows: list[dict], out: Path, opts, pending: list[dict] = ()) -> int:
           + (f"; failed: points {bad}" if bad else "")
           + (f"; not finished: points {[r['point'] for r in pending]}" if pending else ""))
     if opts.plot:
-        print(f"plot: {R.plot_sweep(out)}")
+        from lessonlib.viz import sweep as draw     # matplotlib only when asked to plot
+        print(f"plot: {draw.plot_sweep(out)}")
     return 1 if bad and opts.strict else 0
 
 

@@ -24,7 +24,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from lessonlib import results as R, writable
+from lessonlib import writable
+from lessonlib.lab import results as R
 
 LABS_DIR = Path(__file__).resolve().parent
 LEAD_COLUMNS = ["point", "lab", "status", "seconds", "error"]
@@ -152,7 +153,7 @@ def point_row(index: int, lab: str, point: dict) -> dict:
 
 def table_rows(row: dict, point: dict, record: dict | None) -> list[dict]:
     """A point's rows in the sweep's table: one per row of its record (stable columns,
-    ``lessonlib.results.record_rows``), each with the point's lead and grid columns, or the
+    ``lessonlib.lab.results.record_rows``), each with the point's lead and grid columns, or the
     point's own row when it failed or its lab writes no rows."""
     if record is None or not isinstance(record.get("rows"), list):
         return [row]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sweep_points import expand, parse_axis
 
-from lessonlib import results as R
+from lessonlib.lab import results as R
 from lessonlib.costmodel import CLUSTERS, estimate
 from lessonlib.costmodel.published import published_runs
 

@@ -38,8 +38,9 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lessonlib
-from lessonlib import comm, device, labargs, labkit
-from lessonlib.activations import saved_bytes
+from lessonlib import comm, device
+from lessonlib.lab import labargs, labkit
+from lessonlib.instruments.activations import saved_bytes
 from lessonlib.grid import ParallelContext
 from lessonlib.models import MLP, RECOMPUTE, Block, GPTConfig, init_weights_
 from lessonlib.tensor_parallel.async_tp import enable_async_tp

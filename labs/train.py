@@ -37,7 +37,8 @@ import sys
 import torch
 
 import lessonlib
-from lessonlib import checkpoint, checkpoint_folder, labargs, labkit, long_run
+from lessonlib import checkpoint, checkpoint_folder, long_run
+from lessonlib.lab import labargs, labkit
 from lessonlib.hybrid_axes.build import SHARDS
 from lessonlib.hybrid_axes.trainer import HybridTrainer
 

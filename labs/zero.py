@@ -30,7 +30,7 @@ from dataclasses import asdict
 import torch.distributed as dist
 
 import lessonlib
-from lessonlib import labargs, labkit
+from lessonlib.lab import labargs, labkit
 from lessonlib.data_parallel.bench import slowest_rank_median
 from lessonlib.data_parallel.sharded import ring_bytes_per_rank
 from lessonlib.data_parallel.zero_bench import zero_bench

@@ -18,7 +18,7 @@ def __getattr__(name):
     if name in _FROM_LAUNCHER:
         return getattr(importlib.import_module("lessonlib.launcher"), name)
     if name == "progress":
-        return importlib.import_module("lessonlib.breadcrumbs").progress
+        return importlib.import_module("lessonlib.instruments.breadcrumbs").progress
     try:
         return importlib.import_module(f"lessonlib.{name}")
     except ModuleNotFoundError as exc:

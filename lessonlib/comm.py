@@ -3,7 +3,7 @@
 What it teaches: parallel training is computation plus communication, and the lesson's
 claims about communication ("one all-reduce per MLP forward", "a ring moves 2(n-1)/n of
 the data per rank") can be checked by counting. Inside ``with ledger() as book:``
-(``lessonlib.ledger``) each call below appends an ``Event`` (operation, group size, payload
+(``lessonlib.instruments.ledger``) each call below appends an ``Event`` (operation, group size, payload
 bytes, peer, seconds, and the seconds it held the rank: ``exposed``) to every ledger open on
 this rank. Each call also leaves a breadcrumb (``breadcrumbs.progress``), so a hang names
 the collective a rank was stuck in.
@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import device
-from lessonlib.breadcrumbs import progress
-from lessonlib.ledger import Event, TimedWork, batches, books, calls, close, hold, ledger
+from lessonlib.instruments.breadcrumbs import progress
+from lessonlib.instruments.ledger import Event, TimedWork, batches, books, calls, close, hold, ledger
 
 _groups: dict = {}           # process group -> (name, members): looked up once per group
 
@@ -104,7 +104,7 @@ def batch_isend_irecv(ops: list) -> list:
 
     This is how paired sends and receives must be posted under NCCL (NCCL's user guide,
     "Point-to-point communication": calls that must progress concurrently go in one group).
-    ``lessonlib.nccl_rules`` explains why separate ``irecv`` + ``isend`` can hang."""
+    ``lessonlib.instruments.nccl_rules`` explains why separate ``irecv`` + ``isend`` can hang."""
     if not ops:
         return []
     if not books:                     # one breadcrumb (the last op's) for the batch
@@ -205,7 +205,7 @@ def barrier(group=None):
     """``dist.barrier``; under NCCL it names this rank's GPU (``device_ids``), so torch
     neither guesses the device nor warns, and the process group stays in lazy mode (giving
     ``init_process_group`` a ``device_id``, as the warning suggests, would switch NCCL to
-    eager mode: ``lessonlib.nccl_rules``, rule 1)."""
+    eager mode: ``lessonlib.instruments.nccl_rules``, rule 1)."""
     ids = device.barrier_device_ids()
     return _call("barrier", [], group, None, False,
                  lambda: dist.barrier(group=group, device_ids=ids))

@@ -30,9 +30,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from lessonlib import comm, device, placement
+from lessonlib import comm, device
+from lessonlib.instruments import placement
 from lessonlib.baseline import corpus_batches, max_abs_diff
-from lessonlib.breadcrumbs import progress
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import check_grid
 from lessonlib.hybrid_axes.build import build_stage, check_3d_layout, stage_counts

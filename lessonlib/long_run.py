@@ -39,10 +39,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from lessonlib import checkpoint, checkpoint_folder, comm, device, labkit, reshard
+from lessonlib import checkpoint, checkpoint_folder, comm, device, reshard
+from lessonlib.lab import labkit
 from lessonlib.argcheck import positive_int
 from lessonlib.data import corpus_tokens, lm_batch
-from lessonlib.breadcrumbs import progress
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import MEGATRON_ORDER, check_grid
 from lessonlib.grid_layout import layout_name, parse_layout

@@ -39,17 +39,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib import comm, device, ledger, placement
+from lessonlib import comm, device
+from lessonlib.instruments import ledger, placement
 from lessonlib.argcheck import positive_int
 from lessonlib.baseline import train_one_process
-from lessonlib.breadcrumbs import progress
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.costmodel import bubble_fraction
 from lessonlib.data import corpus_tokens, lm_batch, regression_batch
 from lessonlib.launcher import launch
 from lessonlib.layer_split import layers_of, split_layers, split_summary
 from lessonlib.models import TinyGPT, corpus_config, lm_loss, mlp_stack
-from lessonlib.spans import Span, Timeline, no_record
-from lessonlib.stash import StashMeter
+from lessonlib.instruments.spans import Span, Timeline, no_record
+from lessonlib.instruments.stash import StashMeter
 
 MODEL_KINDS = ("gpt", "mlp")
 BUSY = ("F", "B", "OPT")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib.activations import checkpoint
+from lessonlib.instruments.activations import checkpoint
 from lessonlib.data import corpus_vocab
 from lessonlib.argcheck import positive_int
 from lessonlib.moe import MoELayer

@@ -10,7 +10,7 @@ from lessonlib.data_parallel import collectives, ring
 from lessonlib.data_parallel import runs as dp_runs
 from lessonlib.exercises.dp import reference_reduce_scatter
 from lessonlib.models import mlp_stack
-from lessonlib.pipeline import runs as pp_runs
+from lessonlib.pipeline import runner as pp_runner
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.tensor_parallel import runs as tp_runs
 
@@ -57,7 +57,7 @@ def _pipeline(schedule: str, m: int, v: int) -> list:
     model = mlp_stack(8, 2 * p, seed=0)
     x, y = torch.randn(2 * m, 8), torch.randn(2 * m, 8)
     with comm.ledger() as book:
-        _, runner = pp_runs.make_runner("lessonlib", schedule, model, p, m, v, stage,
+        _, runner = pp_runner.make_runner("lessonlib", schedule, model, p, m, v, stage,
                                         F.mse_loss, (2, 8))
         runner.step(x, y)
     return book.events
@@ -94,7 +94,7 @@ def where_pipeline_tensors_live(schedule: str = "1f1b", m: int = 2) -> dict:
 
     p, stage = dist.get_world_size(), dist.get_rank()
     seen = []
-    chunks, runner = pp_runs.make_runner("lessonlib", schedule, mlp_stack(8, 2 * p), p, m, 1,
+    chunks, runner = pp_runner.make_runner("lessonlib", schedule, mlp_stack(8, 2 * p), p, m, 1,
                                          stage, F.mse_loss, (2, 8))
     for c in chunks:
         c.register_forward_pre_hook(lambda mod, args: seen.extend(str(a.device) for a in args))

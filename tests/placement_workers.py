@@ -1,5 +1,5 @@
 """Every launched entry point of the course, run on a rank whose "GPU" is the CPU stand-in
-(``lessonlib.placement.stand_in``): tests/test_placement.py launches ``drive``."""
+(``lessonlib.instruments.placement.stand_in``): tests/test_placement.py launches ``drive``."""
 import torch.distributed as dist
 
 from lessonlib import bugzoo, comm, grid, hybrid, model_parallel

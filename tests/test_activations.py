@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from lessonlib.activations import saved_bytes
+from lessonlib.instruments.activations import saved_bytes
 
 
 def test_a_linear_layer_keeps_its_input_and_not_its_weight():

@@ -1,7 +1,7 @@
 """A claim prints its sentence when it holds and fails the cell when it does not. Pure."""
 import pytest
 
-from lessonlib.claims import ClaimFailed, claim, within
+from lessonlib.instruments.claims import ClaimFailed, claim, within
 from lessonlib.viz.source import lab, show
 
 
@@ -21,7 +21,7 @@ def test_a_false_claim_fails_naming_the_sentence(capsys):
 
 def test_show_gives_the_source_and_where_it_lives():
     src = show(claim)
-    assert src.where.startswith("lessonlib/claims.py, line ")
+    assert src.where.startswith("lessonlib/instruments/claims.py, line ")
     assert "def claim(" in repr(src) and "<span" in src._repr_html_()
 
 
@@ -34,7 +34,7 @@ def test_a_lab_is_shown_from_its_own_file_without_running_it():
 
 
 def test_a_bound_claim_writes_its_sentence_from_its_bound(capsys):
-    from lessonlib.claims import at_least, at_most, every
+    from lessonlib.instruments.claims import at_least, at_most, every
     at_least("the last rank's CPU time over the first's", 1.83, 1.5)
     at_most("the exposed share", 0.04, 0.1, unit="")
     every("ring attention equals SDPA", {"c = 1": 0.0, "c = 2": 1e-13}, lambda d: d < 1e-12)
@@ -49,7 +49,7 @@ def test_a_bound_claim_writes_its_sentence_from_its_bound(capsys):
 
 
 def test_a_claim_no_measurement_could_fail_is_refused():
-    from lessonlib.claims import ClaimCannotFail, at_least, every
+    from lessonlib.instruments.claims import ClaimCannotFail, at_least, every
     for measured in (float("inf"), float("nan")):          # a ratio over a zero time
         with pytest.raises(ClaimCannotFail, match="no bound can fail"):
             at_least("weight time over backward time", measured, 0.2)

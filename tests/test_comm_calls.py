@@ -11,7 +11,7 @@ import torch
 import comm_workers
 import lessonlib
 from lessonlib import comm
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.instruments.nccl_rules import nccl_hazards
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import lessonlib
 from lessonlib.context_parallel import runs
 from lessonlib.costmodel.context import causal_pairs_per_rank
 from lessonlib.models import GPTConfig
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.instruments.nccl_rules import nccl_hazards
 
 CS = (1, 2, 3, 4)
 LAYOUTS = ("contiguous", "zigzag")

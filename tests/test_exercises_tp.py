@@ -10,7 +10,7 @@ import torch
 
 from lessonlib import comm
 from lessonlib.exercises import sp, tp as ex
-from lessonlib.spans import Span
+from lessonlib.instruments.spans import Span
 
 
 def test_stage_split_accepts_a_balanced_split_and_names_an_unbalanced_one():

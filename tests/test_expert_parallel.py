@@ -18,7 +18,7 @@ import pytest
 
 from lessonlib import bugs, comm
 from lessonlib.expert_parallel import check_split, runs
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.instruments.nccl_rules import nccl_hazards
 
 TIGHT = 1e-12       # float64: every comparison is rounding away from exact
 

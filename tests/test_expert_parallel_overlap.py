@@ -16,7 +16,7 @@ import pytest
 
 import lessonlib
 from lessonlib.expert_parallel import overlap_runs
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.instruments.nccl_rules import nccl_hazards
 
 REPS = 6
 

@@ -6,7 +6,8 @@ import pytest
 
 import lessonlib
 import placement_workers as W
-from lessonlib import device, gloo_cuda, placement
+from lessonlib import device, gloo_cuda
+from lessonlib.instruments import placement
 
 
 @pytest.mark.timeout(60)

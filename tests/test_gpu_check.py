@@ -24,7 +24,9 @@ import gpu_check  # noqa: E402  (labs/ is not a package)
 import gpu_check_plan  # noqa: E402
 import sweep_points  # noqa: E402
 
-from lessonlib import device, placement, results  # noqa: E402
+from lessonlib import device  # noqa: E402
+from lessonlib.instruments import placement
+from lessonlib.lab import results
 from lessonlib.launcher import starter  # noqa: E402
 
 FROM_THE_COMMAND_LINE = ("allreduce",)

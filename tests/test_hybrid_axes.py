@@ -15,7 +15,7 @@ from lessonlib.grid import demo_axes
 from lessonlib.grid_layout import (LESSON_ORDER, MEGATRON_ORDER, axis_groups, check_grid,
                                    layout_table, placements)
 from lessonlib.models import corpus_config
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.instruments.nccl_rules import nccl_hazards
 
 TOL = 1e-12   # float64: summation order only
 

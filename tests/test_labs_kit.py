@@ -1,4 +1,4 @@
-"""The lab kit every lab shares (``lessonlib.labkit``: ``parse``, ``on_ranks``, ``emit``):
+"""The lab kit every lab shares (``lessonlib.lab.labkit``: ``parse``, ``on_ranks``, ``emit``):
 shared flags and output paths are checked before any rank starts, a result that cannot be
 written is still printed in full, ``--dtype`` is recorded, and a record's rows read back with
 stable columns and plot."""
@@ -9,7 +9,8 @@ from pathlib import Path
 import labrun
 import pytest
 
-from lessonlib import labkit, results
+from lessonlib.lab import labkit, results
+from lessonlib.viz import sweep as draw
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT / "labs"))   # after site-packages: labs/ holds scripts, not a package
@@ -102,7 +103,7 @@ def test_a_finished_sweep_folder_plots_measured_over_predicted(tmp_path):
     table = sweep_points.table_rows(row, jobs[0][1][0], record)
     assert {r["m"] for r in table} == {2, 4, 8} and {r["point"] for r in table} == {0}
     sweep_points.write_table(tmp_path, table, sweep_points.table_meta(jobs, [record]))
-    png = results.plot_sweep(tmp_path)
+    png = draw.plot_sweep(tmp_path)
     assert png == tmp_path / results.PLOT_PNG and png.stat().st_size > 10_000
     assert results.load(tmp_path / results.TABLE_CSV)[0]["bubble_predicted"] == pytest.approx(
         1 / 3)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lessonlib import results
+from lessonlib.lab import results
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -236,7 +236,7 @@ def test_the_server_preloads_the_rooms_the_caller_imported(monkeypatch, no_child
     first = starter.server_pid()
     lessonlib.launch(rank_workers.rank_and_sum, 2)
     assert starter.server_pid() == first                    # nothing new: the same server
-    monkeypatch.setattr(starter, "ROOMS", starter.ROOMS + ["lessonlib.breadcrumbs"])  # one more
+    monkeypatch.setattr(starter, "ROOMS", starter.ROOMS + ["lessonlib.instruments.breadcrumbs"])  # one more
     lessonlib.launch(rank_workers.rank_and_sum, 2)
     second = starter.server_pid()
     assert second not in (None, first)

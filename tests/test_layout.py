@@ -114,18 +114,16 @@ README = ROOT.parent / "README.md"
 # modules. A new module is one more name here and in that bullet; a name that does not
 # exist (yet) is skipped.
 FLOORS = {
-    "ground floor": ["costmodel", "models", "data", "device", "baseline", "bugs",
-                     "breadcrumbs", "argcheck", "writable", "activations", "stash",
-                     "layer_split", "spans", "claims", "references", "moe", "moe_routing"],
-    "infrastructure": ["launcher", "comm", "ledger", "nccl_rules", "nccl_trace", "nccl_replay",
-                       "nccl_inflight", "placement", "gloo_cuda", "labkit", "labargs",
-                       "grid_layout", "grid"],
+    "ground floor": ["costmodel", "models", "data", "device", "baseline", "bugs", "argcheck",
+                     "writable", "instruments", "layer_split", "references", "moe",
+                     "moe_routing"],
+    "infrastructure": ["launcher", "comm", "gloo_cuda", "lab", "grid_layout", "grid"],
     "one package per strategy": ["data_parallel", "model_parallel", "tensor_parallel",
                                  "pipeline", "context_parallel", "expert_parallel",
                                  "precision"],
     "composition": ["hybrid", "hybrid_axes", "checkpoint", "checkpoint_folder",
                     "checkpoint_manifest", "shard_map", "reshard", "long_run"],
-    "faces": ["viz", "exercises", "bugzoo", "results"],
+    "faces": ["viz", "exercises", "bugzoo"],
 }
 # On the strategy floor the lessons come in the course's order, and a strategy builds only on
 # those taught before it (or beside it): the assembly line (lesson 03) before pipelines (04).
@@ -133,7 +131,7 @@ LESSONS = [["data_parallel"], ["model_parallel"], ["tensor_parallel", "pipeline"
            ["context_parallel", "expert_parallel"]]
 # Breaches known and not yet mended, each with what would mend it (none now: the assembly
 # line of lesson 03 cuts its model, draws its timeline and measures its stash with the ground
-# floor's ``layer_split``, ``spans`` and ``stash``, which lesson 04's pipelines build on too).
+# floor's ``layer_split`` and instruments, which lesson 04's pipelines build on too).
 KNOWN_BREACHES: set[str] = set()
 
 

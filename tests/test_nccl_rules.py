@@ -8,8 +8,8 @@ import pytest
 import lessonlib
 import nccl_workers as W
 from lessonlib import device
-from lessonlib.ledger import Event, TimedWork
-from lessonlib.nccl_rules import MODES, nccl_hazards
+from lessonlib.instruments.ledger import Event, TimedWork
+from lessonlib.instruments.nccl_rules import MODES, nccl_hazards
 
 
 def trace(*calls, waited_at_end: bool = True) -> list:
@@ -255,7 +255,7 @@ def test_the_placement_audit_names_compute_off_the_ranks_gpu(tmp_path, monkeypat
     import torch
     import torch.nn.functional as F
 
-    from lessonlib import placement
+    from lessonlib.instruments import placement
 
     monkeypatch.setattr(placement, "current_device", lambda: torch.device("cuda", 0))
     monkeypatch.setattr(placement.dist, "is_initialized", lambda: True)

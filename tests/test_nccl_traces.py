@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lessonlib.ledger import Event
-from lessonlib.nccl_rules import ENTRY_POINTS, MODES, nccl_hazards
-from lessonlib.nccl_trace import OPS
+from lessonlib.instruments.ledger import Event
+from lessonlib.instruments.nccl_rules import ENTRY_POINTS, MODES, nccl_hazards
+from lessonlib.instruments.nccl_trace import OPS
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIXES = ("hang:", "mismatch:", "order:", "race:", "trace:")

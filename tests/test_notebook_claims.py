@@ -4,7 +4,7 @@ A heuristic, honest about what it sees: a markdown cell that follows a measuring
 of its section (one marked ``# NBVAL_IGNORE_OUTPUT``, whose numbers change from run to run)
 and uses a comparison word or quotes a number printed above it is taken to state a
 measured result; a code cell of that section above it must then check a
-claim with ``lessonlib.claims``, which prints the sentence when it holds and raises when it
+claim with ``lessonlib.instruments.claims``, which prints the sentence when it holds and raises when it
 does not (the quoted numbers themselves are held to their outputs by
 tests/test_prose_numbers.py). A cell may instead say why it states no measured result, in
 an invisible HTML comment ``<!-- no measured claim: ... -->``. What it cannot see: a
@@ -138,7 +138,7 @@ def test_a_false_claim_stops_the_notebook():
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "from lessonlib.claims import claim\n"
+        "from lessonlib.instruments.claims import claim\n"
         "ring_ms, server_ms = 9.0, 3.0   # a re-run where the ring lost\n"
         "claim('the ring beats the server at 16 MiB', ring_ms < server_ms)")])
     with pytest.raises(CellExecutionError, match="ClaimFailed"):

@@ -22,7 +22,7 @@ import torch
 
 import lessonlib
 from lessonlib import comm
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.instruments.nccl_rules import nccl_hazards
 from lessonlib.tensor_parallel import async_tp_runs as runs
 
 STEPS, WARMUP = 6, 1

@@ -23,7 +23,7 @@ from lessonlib.pipeline.stages import device_chunks, stage_modules, stage_parame
 from lessonlib.pipeline.rounds import batched, check_batches, lockstep
 from lessonlib.pipeline.check import ScheduleError, check
 from lessonlib.pipeline.validate import simulate
-from lessonlib.stash import StashMeter
+from lessonlib.instruments.stash import StashMeter
 
 matplotlib.use("Agg")
 GRID = [(p, m) for p in (1, 2, 3, 4, 6) for m in (1, 2, 3, 4, 5, 8, 13)]

@@ -19,7 +19,7 @@ from torch import nn
 
 import lessonlib
 from lessonlib.costmodel import Layout, bubble_fraction, bubble_time, stashed_microbatches
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.instruments.nccl_rules import nccl_hazards
 from lessonlib.pipeline import runs
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline import zero_bubble

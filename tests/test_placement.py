@@ -1,6 +1,6 @@
 """No CPU tensor under NCCL: every launched entry point of the course (what the notebooks
 launch, the runs modules, the bug zoo's checks) runs on CPU ranks whose "GPU" is a stand-in
-(``lessonlib.placement.stand_in``), and the first tensor that stayed on the CPU (in the
+(``lessonlib.instruments.placement.stand_in``), and the first tensor that stayed on the CPU (in the
 model's compute, next to one on the device, or handed to a collective) fails the launch with
 its traceback. The labs' rank functions run the same way in tests/test_gpu_check.py."""
 import pytest
@@ -9,7 +9,8 @@ from torch import nn
 
 import lessonlib
 import placement_workers as W
-from lessonlib import device, placement
+from lessonlib import device
+from lessonlib.instruments import placement
 from lessonlib.launcher import RankError
 
 
@@ -59,7 +60,9 @@ def test_timed_steps_run_with_the_gpu_audit_paused_after_an_audited_pass(tmp_pat
     untimed steps (at least one) are the audited pass and the timed ones pay nothing."""
     import torch
 
-    from lessonlib import comm, labkit, placement
+    from lessonlib import comm
+    from lessonlib.instruments import placement
+    from lessonlib.lab import labkit
 
     seen = []
 
@@ -94,7 +97,8 @@ def test_every_timed_loop_pauses_the_audit_after_its_audited_pass(tmp_path, monk
 
     import torch
 
-    from lessonlib import hybrid, model_parallel, placement
+    from lessonlib import hybrid, model_parallel
+    from lessonlib.instruments import placement
     from lessonlib.hybrid_axes import runs as axes_runs
     from lessonlib.pipeline import runs as pipeline_runs
 

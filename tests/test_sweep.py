@@ -1,5 +1,5 @@
 """The lab kit's plumbing: labs/sweep.py (a grid of lab runs into one table, failures kept
-as rows), lessonlib.results (any results file as flat rows), and the SLURM templates, run
+as rows), lessonlib.lab.results (any results file as flat rows), and the SLURM templates, run
 on this machine through labs/slurm/dry_run.sh's stand-in srun and scontrol."""
 import json
 import shutil
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lessonlib import results
+from lessonlib.lab import results
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT / "labs"))   # after site-packages: labs/ holds scripts, not a package

@@ -33,6 +33,7 @@ import lessonlib
 from lessonlib.baseline import corpus_batches, flat
 from lessonlib.models import PARITY_CONFIG, TinyGPT, lm_loss, set_recompute
 from lessonlib.pipeline import runs
+from lessonlib.pipeline.runner import make_runner
 from lessonlib.pipeline.stages import stage_parameters
 from lessonlib.costmodel.memory import course_layer_activation_bytes
 from lessonlib.tensor_parallel import runs as tp_runs
@@ -49,7 +50,7 @@ def recompute_worker(modes=("selective", "full"), m: int = 2, micro: int = 2) ->
     out = {}
     for mode in modes:
         model = set_recompute(TinyGPT(cfg, 0), mode)
-        chunks, runner = runs.make_runner("lessonlib", "1f1b", model, p, m, 1, stage, lm_loss,
+        chunks, runner = make_runner("lessonlib", "1f1b", model, p, m, 1, stage, lm_loss,
                                           (micro, cfg.seq, cfg.hidden))
         x, y = corpus_batches(cfg, micro * m, 0)(0)
         runner.step(x, y)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lessonlib import comm, device, launcher
-from lessonlib.activations import saved_bytes
+from lessonlib.instruments.activations import saved_bytes
 from lessonlib.argcheck import positive_int
 from lessonlib.context_parallel.gpt import ContextParallelGPT, ContextParallelGrid, forward_backward
 from lessonlib.context_parallel.layout import (LAYOUTS, check_split_divides, check_split_name,

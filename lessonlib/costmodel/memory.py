@@ -16,7 +16,7 @@ for the backward pass, in 16-bit, for a micro-batch of b sequences:
     full recompute               2*s*b*h                    (only each layer's input)
 
 The course's own layer (``lessonlib.models.Block``) keeps less, and the exact count is
-``course_layer_activation_bytes``, measured to the byte by ``lessonlib.activations``; per
+``course_layer_activation_bytes``, measured to the byte by ``lessonlib.instruments.activations``; per
 rank, with s_r = s/t rows under SP (else s) and e bytes per element (CPU, float32/64):
 
     none       e * (4*b*s_r*h + 4*b*s_r + 12*b*s*h/t + b*a*s/t)

@@ -23,8 +23,9 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device, labkit
-from lessonlib.breadcrumbs import progress
+from lessonlib import comm, device
+from lessonlib.lab import labkit
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.data import corpus_tokens, lm_batch, shard, stored
 from lessonlib.data_parallel.collectives import torch_all_reduce
 from lessonlib.data_parallel.ring import ALGORITHMS

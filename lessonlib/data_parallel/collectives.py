@@ -128,7 +128,7 @@ def exchange(send_buf, dst: int, recv_buf, src: int, group=None) -> None:
     so every rank of a ring can do this at once. Posted as two calls, ``irecv`` then
     ``isend``, it works on gloo but hangs under NCCL: each rank's receive would wait, on
     the stream or the communicator it shares with its neighbour, for a send that rank only
-    posts after its own receive (``lessonlib.nccl_rules`` shows why). Empty buffers are
+    posts after its own receive (``lessonlib.instruments.nccl_rules`` shows why). Empty buffers are
     skipped (both sides know the sizes)."""
     for work in comm.batch_isend_irecv(pair_ops(send_buf, dst, recv_buf, src, group)):
         work.wait()
@@ -193,7 +193,7 @@ def parameter_server_all_reduce(tensor, group=None, average: bool = False, serve
 def _posted_and_waited(ops) -> None:
     """One batch on the group's communicator, every op waited on: the server's n-1 receives
     (or sends) are then never in flight on n-1 two-rank communicators at once, which NCCL
-    does not promise to progress (``lessonlib.nccl_inflight``)."""
+    does not promise to progress (``lessonlib.instruments.nccl_inflight``)."""
     for handle in comm.batch_isend_irecv(ops):
         handle.wait()
 

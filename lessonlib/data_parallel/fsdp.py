@@ -22,7 +22,7 @@ while a unit computes, the next unit's gather is already on its way (the forward
 the last step; backward walks it in reverse). ``overlap=False`` waits on every gather and
 reduce-scatter at once (no prefetch): for a module whose compute runs collectives of its own
 (TP, ring attention), so that no rank has NCCL work in flight on two communicators at once
-(``lessonlib.nccl_inflight``). ``compute_dtype=torch.bfloat16`` gathers,
+(``lessonlib.instruments.nccl_inflight``). ``compute_dtype=torch.bfloat16`` gathers,
 computes and reduces in bf16 (FSDP2's ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``).
 
 Why a gathered weight must be found again in backward (ZeRO-3): to compute the gradient of

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lessonlib import comm, device
-from lessonlib.breadcrumbs import progress
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.baseline import corpus_batches, train_one_process
 from lessonlib.data import shard
 from lessonlib.data_parallel.ddp import DataParallel

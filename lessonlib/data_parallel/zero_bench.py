@@ -19,7 +19,8 @@ import itertools
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device, labkit
+from lessonlib import comm, device
+from lessonlib.lab import labkit
 from lessonlib.data import corpus_tokens
 from lessonlib.data_parallel.zero_runs import (build_model, check_choices, held_bytes, setup,
                                                train_step)

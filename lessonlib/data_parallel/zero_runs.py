@@ -24,7 +24,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from lessonlib import comm, device
-from lessonlib.breadcrumbs import progress
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.data import corpus_tokens, lm_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.fsdp import FullyShardedDataParallel

@@ -35,7 +35,7 @@ several collectives in flight on (``nccl_rules.nccl_hazards`` checks the trace).
 
 Laptop:  ``python -c "import lessonlib.expert_parallel.overlap_runs as o; print(o.run_overlap())"``
 GPU box: the same call; under NCCL a wait orders the streams, and the exposed time is read
-from CUDA events (``lessonlib.ledger``).
+from CUDA events (``lessonlib.instruments.ledger``).
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from lessonlib import comm, device, launcher, moe
 from lessonlib.baseline import grads_as_model, rel_err
-from lessonlib.breadcrumbs import progress
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.baseline import corpus_batches
 from lessonlib.expert_parallel.groups import ExpertParallelContext, sync_gradients, update_biases
 from lessonlib.expert_parallel.layer import check_split, expert_parallel, expert_parallel_gpt

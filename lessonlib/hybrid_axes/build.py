@@ -182,7 +182,7 @@ def apply_dp(stage: nn.Module, ctx: ParallelContext, shard_on: str = "none") -> 
     if shard_on != "fsdp":
         return stage
     # with TP or CP collectives inside the stage's compute, FSDP's own wait at once:
-    # one communicator busy at a time (lessonlib.nccl_inflight)
+    # one communicator busy at a time (lessonlib.instruments.nccl_inflight)
     return FullyShardedDataParallel(stage, group=ctx.dp_cp_group,
                                     overlap=ctx.tp == 1 and ctx.cp == 1)
 

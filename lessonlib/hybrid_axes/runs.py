@@ -12,7 +12,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from lessonlib import comm, device, placement
+from lessonlib import comm, device
+from lessonlib.instruments import placement
 from lessonlib.baseline import corpus_batches, grads_as_model, max_abs_diff, train_one_process
 from lessonlib.data_parallel.ladder import allreduce_flat_gradients
 from lessonlib.data_parallel.sharded import row_shard

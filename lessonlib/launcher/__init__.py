@@ -32,7 +32,7 @@ The files, in the order a launch uses them:
 Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.launcher.demo_rank_sum, 4))"``
 GPU box: the same call uses NCCL when 4 GPUs are visible; under torchrun use ``run``.
 """
-from lessonlib.breadcrumbs import progress
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.launcher import starter
 from lessonlib.launcher.errors import LaunchTimeout, RankError
 from lessonlib.launcher.local import DEFAULT_TIMEOUT_S, launch

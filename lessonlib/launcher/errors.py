@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from lessonlib.breadcrumbs import read_steps
+from lessonlib.instruments.breadcrumbs import read_steps
 
 NEVER_STARTED_HINT = ("(nothing: it died while starting, before running any of lessonlib's "
                       "code. From a script, call launch under `if __name__ == '__main__':`, "

@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device, gloo_cuda, placement
-from lessonlib.breadcrumbs import PROGRESS_ENV, progress
+from lessonlib import comm, device, gloo_cuda
+from lessonlib.instruments import placement
+from lessonlib.instruments.breadcrumbs import PROGRESS_ENV, progress
 from lessonlib.launcher import checks, forkserver, reaper
 
 phase_times: dict[str, float] = {}  # this rank's wall-clock milestones (labs/launch_overhead.py)
@@ -114,7 +115,7 @@ def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, envir
         device.bind_device(backend)
         store = dist.FileStore(str(Path(workdir) / "store"), world_size)
         # lazy mode on purpose: no device_id, so NCCL makes each communicator at its first
-        # call (lessonlib.nccl_rules, rule 1); comm.barrier names the GPU instead
+        # call (lessonlib.instruments.nccl_rules, rule 1); comm.barrier names the GPU instead
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout))
         gloo_cuda.start_if_asked()      # before the audit, which then sees the rank's tensors

@@ -16,8 +16,9 @@ import sys
 
 import torch.distributed as dist
 
-from lessonlib import device, gloo_cuda, placement
-from lessonlib.breadcrumbs import PROGRESS_ENV
+from lessonlib import device, gloo_cuda
+from lessonlib.instruments import placement
+from lessonlib.instruments.breadcrumbs import PROGRESS_ENV
 from lessonlib.launcher import checks, local, rank
 
 
@@ -43,7 +44,7 @@ def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
     backend = device.resolve_backend(backend, sharing)
     device.bind_device(backend)
     # lazy mode on purpose: no device_id, so NCCL makes each communicator at its first
-    # call (lessonlib.nccl_rules, rule 1); comm.barrier names the GPU instead
+    # call (lessonlib.instruments.nccl_rules, rule 1); comm.barrier names the GPU instead
     dist.init_process_group(backend)
     gloo_cuda.start_if_asked()
     placement.start_if_asked()

@@ -16,10 +16,11 @@ One idea per module:
 * ``rounds``: the executor's transfers grouped in rounds of one ``batch_isend_irecv``
   each (``lockstep``), and ``check_batches``, which proves such blocking batches never hang;
 * ``stages``: the chunks each device holds, over ``lessonlib.layer_split``'s cut into p
-  (or p*v) balanced stages; ``lessonlib.stash`` measures what a stage keeps for backward;
+  (or p*v) balanced stages; ``lessonlib.instruments.stash`` measures what a stage keeps for backward;
 * ``executor``: ``PipelineExecutor`` runs a schedule on real ranks (gloo or NCCL) and
   records a timeline per rank;
 * ``torch_ref``: the same stages under ``torch.distributed.pipelining``;
+* ``runner``: one case's chunks and the engine that steps them (the executor or PyTorch's);
 * ``runs``: the lesson's measurements (what the notebook, the lab and the tests launch);
   ``dualpipe_runs``: DualPipeV's (simulated bubble against the formula, parity).
 

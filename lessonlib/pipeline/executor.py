@@ -26,7 +26,7 @@ user guide, "Using multiple NCCL communicators concurrently"; NVIDIA/nccl#783), 
 executor used to create it: each link its own two-rank communicator, receives posted ahead
 and left outstanding while the stage computed and ran its tensor-parallel all-reduces. A
 batch runs on the group's one communicator in either mode (lazy or ``device_id``), and
-nothing else is in flight while it does (``lessonlib.nccl_inflight``).
+nothing else is in flight while it does (``lessonlib.instruments.nccl_inflight``).
 
 What batching costs: a receive is no longer posted ahead of the compute it feeds, so the
 transfer is no longer hidden behind that compute, and a stage's batch waits until its
@@ -55,7 +55,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from lessonlib import bugs, comm, stash
+from lessonlib import bugs, comm
+from lessonlib.instruments import stash
 from lessonlib.argcheck import positive_int
 from lessonlib.device import current_device
 from lessonlib.pipeline.actions import Kind, place, placement_of, virtual_stage
@@ -63,7 +64,7 @@ from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_g
 from lessonlib.pipeline.timeline import untimed
 from lessonlib.pipeline.rounds import lockstep
 from lessonlib.pipeline.validate import message_of, validate
-from lessonlib.spans import Span
+from lessonlib.instruments.spans import Span
 
 
 @dataclass

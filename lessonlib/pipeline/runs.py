@@ -11,6 +11,9 @@ rank (stage s = rank s), plus the parent-side code that turns the ranks' results
   schedules taking turns; ``summarize`` reports the median step time, the bubble per stage
   (idle share of the step's wall time) and the peak stash per stage, next to the theory.
 
+Each case's runner (lessonlib's executor or PyTorch's schedule on the same chunks) comes from
+``runner.make_runner``.
+
 Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
          print(runs.summarize(L.launch(runs.measure, 2, ms=(4,), steps=2)))"``
 GPU box: the same with one GPU per stage (NCCL).
@@ -22,49 +25,20 @@ import statistics
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from lessonlib import comm, placement
+from lessonlib import comm
+from lessonlib.instruments import placement
 from lessonlib.baseline import corpus_batches, flat, train_one_process
 from lessonlib.costmodel import bubble_fraction, stashed_microbatches
 from lessonlib.data import regression_batch
-from lessonlib.device import current_device
 from lessonlib.models import PARITY_CONFIG, GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline.actions import COMPUTE, place, placement_of, virtual_stage
-from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.pipeline.timeline import StepTimeline
+from lessonlib.pipeline.runner import InputLeaf, make_runner, mse
 from lessonlib.pipeline.schedules import make
-from lessonlib.pipeline.stages import stage_modules, stage_parameters
-from lessonlib.pipeline.torch_ref import TorchPipeline, torch_can_run
+from lessonlib.pipeline.stages import stage_parameters
+from lessonlib.pipeline.torch_ref import torch_can_run
 from lessonlib.pipeline.validate import simulate
-
-
-class InputLeaf(nn.Module):
-    """Makes the first stage's input a leaf that needs its gradient, so the first stage's
-    backward computes an input gradient (thrown away) like every later stage's."""
-
-    def forward(self, x):
-        return x.detach().requires_grad_()
-
-
-def mse(out, target):
-    return F.mse_loss(out, target)
-
-
-def make_runner(engine, schedule, model, p, m, v, stage, loss_fn, shape):
-    """(this stage's chunks, a runner with ``.step(inputs, targets)``) for one case. The
-    chunks are moved to this rank's device (its GPU under NCCL); both runners move the
-    batches they are given there too."""
-    sched = make(schedule, p, m, v)
-    chunks = [c.to(current_device())
-              for c in stage_modules(model, p, v, stage, placement=placement_of(sched))]
-    if engine == "lessonlib":
-        return chunks, PipelineExecutor(sched, stage, chunks, loss_fn, shape,
-                                        recorder=StepTimeline())
-    if engine == "torch":
-        return chunks, TorchPipeline(chunks, stage, p, m, schedule, loss_fn)
-    raise ValueError(f"engine={engine!r} must be 'lessonlib' or 'torch'")
 
 
 # ---------------------------------------------------------------- parity

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from lessonlib import comm
-from lessonlib.breadcrumbs import progress
-from lessonlib.spans import Span, Timeline
+from lessonlib.instruments.breadcrumbs import progress
+from lessonlib.instruments.spans import Span, Timeline
 
 
 class _Untimed:

@@ -19,7 +19,7 @@ facts about torch 2.13 worth knowing:
   order, what a model's own overlapped forward-backward would exploit.
 
 To measure PyTorch's run the same way as lessonlib's, the stage module is wrapped in a
-``lessonlib.stash.Metered`` (saved activations, count and bytes) and the stage's
+``lessonlib.instruments.stash.Metered`` (saved activations, count and bytes) and the stage's
 ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk`` are timed
 into the same kind of timeline, with the same clock: marks (CUDA events on a GPU) read
 after one synchronize per step.
@@ -37,8 +37,8 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleD
 from lessonlib import comm
 from lessonlib.device import current_device, elapsed, mark, synchronize
 from lessonlib.pipeline.executor import StepResult
-from lessonlib.spans import Span
-from lessonlib.stash import Metered, StashMeter
+from lessonlib.instruments.spans import Span
+from lessonlib.instruments.stash import Metered, StashMeter
 
 TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
                    "zb-h1": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble,

@@ -22,7 +22,7 @@ travels, add, pass it on. t pieces, t-1 transfers, each hidden behind one piece'
 
 Every transfer is one ``comm.batch_isend_irecv`` (a send to the next rank and a receive from
 the previous one) on the tensor-parallel group: the pair is one NCCL group call, and only
-that group's communicator is ever busy (``lessonlib.nccl_inflight``, rule 8). The pieces add
+that group's communicator is ever busy (``lessonlib.instruments.nccl_inflight``, rule 8). The pieces add
 in the ring's order, so the sums differ from one reduce-scatter's only in rounding (at t = 2
 there is one addition: the same).
 

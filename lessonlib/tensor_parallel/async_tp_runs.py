@@ -23,7 +23,7 @@ ranks, where gloo runs asynchronous calls on its own threads, so they overlap wi
 Laptop:  ``python -c "from lessonlib.tensor_parallel import async_tp_runs as r;
          print(r.overlap_report())"``
 GPU box: the same functions under torchrun (NCCL; exposed time then read from CUDA events on
-         the compute stream, see ``lessonlib.ledger``).
+         the compute stream, see ``lessonlib.instruments.ledger``).
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ from torch import nn
 from lessonlib import comm, device, launcher
 from lessonlib.data_parallel.fsdp import FullyShardedDataParallel
 from lessonlib.models import MLP, Block, GPTConfig, init_weights_
-from lessonlib.nccl_rules import nccl_hazards
-from lessonlib.spans import Span
+from lessonlib.instruments.nccl_rules import nccl_hazards
+from lessonlib.instruments.spans import Span
 from lessonlib.tensor_parallel.async_tp import enable_async_tp
 from lessonlib.tensor_parallel.layers import TensorParallelMLP
 from lessonlib.tensor_parallel.ops import split_sequence

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from lessonlib import comm, device, launcher
 from lessonlib.argcheck import positive_int
 from lessonlib.baseline import grads_as_model, rel_err
-from lessonlib.breadcrumbs import progress
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.costmodel.comm import tp_elements_per_layer
 from lessonlib.grid import ParallelContext
 from lessonlib.models import MLP, Block, GPTConfig, TinyGPT, init_weights_, lm_loss

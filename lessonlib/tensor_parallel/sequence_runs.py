@@ -10,7 +10,7 @@ and differs only in what it keeps for backward and what it sends.
   steps), the ledger of one forward and backward each, and PyTorch's own sequence-parallel
   plan (``SequenceParallel`` + ``ColwiseParallel``/``RowwiseParallel``) on the same weights.
 * ``activation_report(t)``: the bytes one layer keeps for backward on this rank in every
-  mode, measured by ``lessonlib.activations.saved_bytes``, beside the exact formula
+  mode, measured by ``lessonlib.instruments.activations.saved_bytes``, beside the exact formula
   (``costmodel.memory.course_layer_activation_bytes``).
 
 Each returns a record of ``reports`` (``SequenceParity``, ``ActivationBytes``,
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lessonlib import comm, device, launcher
-from lessonlib.activations import saved_bytes
+from lessonlib.instruments.activations import saved_bytes
 from lessonlib.baseline import rel_err
 from lessonlib.costmodel.memory import course_layer_activation_bytes
 from lessonlib.models import Block, GPTConfig, TinyGPT, init_weights_, lm_loss, set_recompute

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from lessonlib import results
+from lessonlib.lab import results
 from lessonlib.costmodel import bubble_fraction
 
 BY_P = "results.lessonlib.by_p"

@@ -2,19 +2,24 @@
 
 What it teaches: one measurement is a dot; a sweep is a trend, and a trend is only
 convincing beside the cost model's line. ``plot_table`` takes a sweep's rows (one row per
-point and implementation, stable columns, see ``lessonlib.results``) and the table's notes
+point and implementation, stable columns, see ``lessonlib.lab.results``) and the table's notes
 (which settings were swept, each lab's headline metric and its predicted column, the
 machine), and draws one panel per lab: one line of measured points per implementation
 (schedule, layout, ...), the prediction dashed in the same colour, titled with the machine
 the sweep ran on. Settings that are not numbers (layouts) are spaced evenly in grid order.
 
 Laptop:  ``python labs/sweep.py --lab pp --grid microbatches=2,4,8 --plot``
-         (or, for a finished folder, ``python -m lessonlib.results FOLDER --plot``)
+         (or, for a finished folder, ``python -m lessonlib.viz.sweep FOLDER``)
 GPU box: the same with ``--launcher torchrun``, or ``--slurm`` then ``--collect FOLDER --plot``.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import matplotlib.pyplot as plt
+
+from lessonlib.lab import results
 
 
 def machine_title(machine: dict | None, rows: list[dict]) -> str:
@@ -91,3 +96,29 @@ def plot_table(rows: list[dict], meta: dict, x: str | None = None):
     fig.suptitle(machine_title(meta.get("machine"), ok), fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def plot_sweep(folder: str | Path, x: str | None = None, out: str | Path | None = None) -> Path:
+    """Draw a finished sweep folder (``labs/sweep.py``'s table): each lab's headline metric
+    against the swept setting (or ``x``), measured points over the cost model's prediction
+    where the lab has one; saved as ``plot.png`` beside the table (or at ``out``)."""
+    folder = Path(folder)
+    table = folder / results.TABLE_JSON
+    if not table.exists():
+        raise ValueError(f"{folder} has no {results.TABLE_JSON}: give the folder labs/sweep.py "
+                         "wrote")
+    meta = {k: v for k, v in json.loads(table.read_text()).items() if k != "rows"}
+    fig = plot_table(results.load(table), meta, x=x)
+    out = Path(out) if out else folder / results.PLOT_PNG
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m lessonlib.viz.sweep FOLDER   (a folder labs/sweep.py wrote)")
+    try:
+        print(f"plot: {plot_sweep(sys.argv[1])}")
+    except ValueError as exc:
+        sys.exit(str(exc))

@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib import baseline
-from lessonlib.claims import at_least, at_most
+from lessonlib.instruments.claims import at_least, at_most
 from lessonlib.viz import scale
 from lessonlib.viz.source import show
 

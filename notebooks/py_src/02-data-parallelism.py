@@ -33,7 +33,7 @@ import torch
 
 import lessonlib
 from lessonlib import costmodel as cm
-from lessonlib.claims import at_least, at_most, claim, every
+from lessonlib.instruments.claims import at_least, at_most, claim, every
 from lessonlib.data import stored
 from lessonlib.data_parallel import bench as dp_bench, runs as dp_runs
 from lessonlib.data_parallel.ddp import DataParallel

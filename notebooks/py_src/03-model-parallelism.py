@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib import model_parallel as mp
-from lessonlib.claims import every
+from lessonlib.instruments.claims import every
 from lessonlib.data import DATA_DIR
 from lessonlib.layer_split import split_summary
 from lessonlib.viz import mp as mpviz

@@ -29,7 +29,7 @@ from IPython.display import display
 
 import lessonlib
 from lessonlib import costmodel as cm
-from lessonlib.claims import at_least, at_most, claim, within
+from lessonlib.instruments.claims import at_least, at_most, claim, within
 from lessonlib.pipeline import runs
 from lessonlib.pipeline import actions, schedules
 from lessonlib.pipeline.check import ScheduleError

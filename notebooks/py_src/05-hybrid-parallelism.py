@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib import grid, grid_layout, hybrid
-from lessonlib.claims import at_least, at_most, claim, every, within
+from lessonlib.instruments.claims import at_least, at_most, claim, every, within
 from lessonlib.costmodel.throughput import USABLE_MEMORY_FRACTION
 from lessonlib.data import stored
 from lessonlib.exercises import hybrid as ex

@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import lessonlib
-from lessonlib.claims import claim
+from lessonlib.instruments.claims import claim
 from lessonlib.costmodel import alpha_beta
 from lessonlib.data import stored
 from lessonlib.data_parallel import bench as dp_bench

@@ -304,7 +304,7 @@ fig, axes = plt.subplots(2, 1, figsize=(10, 4.6), constrained_layout=True)
 vp.gantt_schedule("zb-h1", 4, 8, ax=axes[0])
 vp.gantt_schedule("zbv", 4, 8, ax=axes[1])
 plt.show()
-from lessonlib.claims import claim, every
+from lessonlib.instruments.claims import claim, every
 
 M_MAX = 8 * p                   # the largest m simulated below
 chunk = dict(forward=0.5, backward=0.5, weight=0.5)      # a chunk forward takes 0.5

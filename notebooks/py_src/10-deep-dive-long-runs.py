@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 import lessonlib
 from lessonlib import checkpoint, hybrid, long_run
 from lessonlib import costmodel as cm
-from lessonlib.claims import at_most
+from lessonlib.instruments.claims import at_most
 from lessonlib.models import GPTConfig
 from lessonlib.viz import long_run as lrviz
 from lessonlib.viz.source import show

@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import lessonlib
-from lessonlib.claims import every
+from lessonlib.instruments.claims import every
 from lessonlib.costmodel import alpha_beta
 from lessonlib.data import stored
 from lessonlib.data_parallel import bench as dp_bench
@@ -188,8 +188,8 @@ viz.allreduce_explorer(points, fits, fresh)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from lessonlib.ledger import Event
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.instruments.ledger import Event
+from lessonlib.instruments.nccl_rules import nccl_hazards
 
 
 def ring(n, batched):

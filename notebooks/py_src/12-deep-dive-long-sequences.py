@@ -38,14 +38,14 @@ from matplotlib.patches import Patch
 
 import lessonlib
 from lessonlib import costmodel as cm
-from lessonlib.claims import at_least, at_most, claim, every, within
+from lessonlib.instruments.claims import at_least, at_most, claim, every, within
 from lessonlib.context_parallel import chunks_of, ring, runs, torch_ref
 from lessonlib.costmodel import compute as cc
 from lessonlib.costmodel import get_cluster
 from lessonlib.costmodel import context as cx
 from lessonlib.costmodel.memory import activation_bytes_per_layer
 from lessonlib.models import GPTConfig
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.instruments.nccl_rules import nccl_hazards
 from lessonlib.viz.source import show
 
 # %% [markdown]
@@ -278,7 +278,7 @@ at_most("the zig-zag layout's largest CPU time per rank over its smallest",
 # ### Memory and messages
 #
 # What autograd saved for the backward of one ring attention, per rank (the activation
-# meter `lessonlib.activations.saved_bytes`), and of the whole tiny GPT on c = 2 ranks
+# meter `lessonlib.instruments.activations.saved_bytes`), and of the whole tiny GPT on c = 2 ranks
 # against one process on the same sequences; the key/value bytes each rank received
 # (the ledger) against the formula: c-1 blocks forward, and backward the c-1 blocks again
 # plus c hops of their gradients (`costmodel.context.ring_bytes_received_per_rank`); and

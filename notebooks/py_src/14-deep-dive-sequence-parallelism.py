@@ -35,7 +35,7 @@ from types import SimpleNamespace
 import matplotlib.pyplot as plt
 
 from lessonlib import costmodel as cm
-from lessonlib.claims import claim, every, within
+from lessonlib.instruments.claims import claim, every, within
 from lessonlib.costmodel import korthikanti2022 as k22
 from lessonlib.costmodel import memory as cm_memory
 from lessonlib.data import stored
@@ -116,7 +116,7 @@ for row in cm_memory.course_vs_table2():
 # %% [markdown]
 # ## 3. The real run: saved bytes measured, to the byte
 #
-# `lessonlib.activations.saved_bytes` counts what autograd keeps during one forward pass
+# `lessonlib.instruments.activations.saved_bytes` counts what autograd keeps during one forward pass
 # (each storage once, the weights left out; a checkpoint's kept input counted too). One
 # launch of 4 ranks measures a small layer in float64 (its shape printed below) in every
 # mode at t = 1, 2, 4, beside `course_layer_activation_bytes`, the formula in

@@ -31,10 +31,10 @@
 # %%
 from lessonlib import grid_layout, hybrid_axes
 from lessonlib import costmodel as cm
-from lessonlib.claims import at_most, claim, every
+from lessonlib.instruments.claims import at_most, claim, every
 from lessonlib.costmodel.model import PUBLISHED_PARAMS
 from lessonlib.exercises import frontier as ex
-from lessonlib.nccl_rules import nccl_hazards
+from lessonlib.instruments.nccl_rules import nccl_hazards
 from lessonlib.viz.source import show
 
 # %% [markdown]

@@ -39,7 +39,7 @@ import torch
 
 from lessonlib import costmodel as cm
 from lessonlib import precision
-from lessonlib.claims import at_most, claim, every
+from lessonlib.instruments.claims import at_most, claim, every
 from lessonlib.costmodel import published as pub
 from lessonlib.costmodel.gains import overlap_and_precision_gains
 from lessonlib.expert_parallel import overlap_runs as ep_overlap

@@ -12,7 +12,7 @@ inputs itself (to run the function again in backward) and saves nothing inside. 
 ``checkpoint`` tells every running meter about those inputs, so a checkpointed layer counts
 exactly what it keeps: its input, each storage once.
 
-Laptop:  ``python -c "import torch; from lessonlib.activations import saved_bytes; \\
+Laptop:  ``python -c "import torch; from lessonlib.instruments.activations import saved_bytes; \\
           x = torch.randn(4, 8, requires_grad=True); \\
           m = saved_bytes().__enter__(); (x.sin() * 2).sum(); print(m.bytes)"``
 GPU box: the same on a CUDA tensor; the meter only reads sizes, it moves nothing.

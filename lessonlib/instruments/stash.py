@@ -11,7 +11,7 @@ twice counts once, and a micro-batch that is a view of the batch counts its own 
 same meter wraps lessonlib's executor and PyTorch's ``PipelineStage``, so the two are
 measured the same way, on CPU and on GPU alike.
 
-Laptop:  ``python -m lessonlib.stash`` stashes three micro-batches of a Linear.
+Laptop:  ``python -m lessonlib.instruments.stash`` stashes three micro-batches of a Linear.
 GPU box: the same.
 """
 from __future__ import annotations

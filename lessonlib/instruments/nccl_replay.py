@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
-from lessonlib.nccl_trace import SIZED, Call
+from lessonlib.instruments.nccl_trace import SIZED, Call
 
 
 def _key(c: Call, mode: str, world: tuple) -> tuple:

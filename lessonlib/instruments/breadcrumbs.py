@@ -7,7 +7,7 @@ rank with the step and the time; the launcher reads them when a launch times out
 
 It sits on the ground floor: ``comm`` and the launcher both import it, it imports neither.
 
-Laptop:  ``python -c "from lessonlib.breadcrumbs import progress; progress('hello')"``
+Laptop:  ``python -c "from lessonlib.instruments.breadcrumbs import progress; progress('hello')"``
          (does nothing outside a launch)
 GPU box: the same.
 """

@@ -51,7 +51,7 @@ The rules modelled (PyTorch's and NCCL's, cited; "assumed" where the checker's a
 7. ``work.wait()`` makes the current stream wait for that call, so a call posted after the
    wait starts only when the waited call is done (torch.distributed docs, ``Work.wait``).
 
-8-10. What a rank leaves in flight (``lessonlib.nccl_inflight``): work outstanding on one
+8-10. What a rank leaves in flight (``lessonlib.instruments.nccl_inflight``): work outstanding on one
    communicator at a time (NCCL user guide, "Using multiple NCCL communicators
    concurrently"; NVIDIA/nccl issue 783), every receive waited on before it is read, every
    send waited on before its buffer is written.
@@ -61,14 +61,14 @@ the process groups are made (``launcher.rank``, ``launcher.torchrun``). The pipe
 its transfers as batches on its group's communicator, which is the same in both modes
 (tests/test_nccl_rules.py replays every scheme's trace in both).
 
-Laptop:  ``python -m lessonlib.nccl_rules`` (two rings of 3 ranks: irecv-first, batched)
+Laptop:  ``python -m lessonlib.instruments.nccl_rules`` (two rings of 3 ranks: irecv-first, batched)
 GPU box: nothing to run: the point is to find such hangs before a GPU is at hand.
 """
 from __future__ import annotations
 
-from lessonlib.nccl_inflight import in_flight
-from lessonlib.nccl_replay import creation, matching, streams, to_ops
-from lessonlib.nccl_trace import created_in_order, malformed, normalized
+from lessonlib.instruments.nccl_inflight import in_flight
+from lessonlib.instruments.nccl_replay import creation, matching, streams, to_ops
+from lessonlib.instruments.nccl_trace import created_in_order, malformed, normalized
 
 # where init_process_group is called, and the mode it gets (rule 1)
 ENTRY_POINTS = {"lessonlib/launcher/rank.py": "lazy", "lessonlib/launcher/torchrun.py": "lazy",

@@ -13,7 +13,7 @@ does not serialise what it measures). Where the spans of several ranks must line
 caller aligns them (a barrier, an agreed origin) and says where this rank's start falls.
 ``no_record`` is the recorder that records nothing, the default of every core.
 
-Laptop:  ``python -c "from lessonlib.spans import Timeline; t = Timeline(); t.start();
+Laptop:  ``python -c "from lessonlib.instruments.spans import Timeline; t = Timeline(); t.start();
          s = t.span('F'); s.__enter__(); s.__exit__(None, None, None); print(t.read())"``
 GPU box: the same (pure Python over ``device.mark``).
 """

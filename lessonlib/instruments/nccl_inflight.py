@@ -28,7 +28,7 @@ GPU box: the same.
 """
 from __future__ import annotations
 
-from lessonlib.nccl_replay import Op, describe
+from lessonlib.instruments.nccl_replay import Op, describe
 
 GUIDE = ("NCCL user guide, \"Using multiple NCCL communicators concurrently\"; NVIDIA/nccl "
          "issue 783: CUDA does not promise that two streams progress independently")

@@ -11,22 +11,21 @@ tagged with the run's lab, world size, backend, device and dtype:
 
 ``flat=True`` (and any record without ``rows``) gives the whole record flattened instead,
 nested keys joined with dots (``"results.lessonlib.step_time_s"``). ``points`` picks (x, y)
-pairs for a plot; ``plot_sweep`` draws a finished sweep folder. Pure Python (json, csv), no
-torch; matplotlib only when asked to plot.
+pairs for a plot (``lessonlib.viz.sweep.plot_sweep`` draws a finished sweep folder). Pure
+Python (json, csv), no torch, no matplotlib.
 
 Laptop and GPU box alike::
 
-    from lessonlib import results
+    from lessonlib.lab import results
     rows = results.load("results/sweeps/ddp-20250101-120000")     # a sweep folder
     rows = results.load("data/pp_cpu_results.json")               # a lab's record
     xs, ys = results.points(rows, "m", "bubble_measured", schedule="1f1b")
     flat = results.load("data/dp_cpu_results.json", flat=True)
     ring = results.explode(results.where(flat, name="allreduce_sweep"), "results.ring.points")
     print(results.format_table(rows, ["m", "schedule", "step_time_s"]))
-    results.plot_sweep("results/sweeps/pp-20250101-120000")     # -> plot.png beside the table
 
-From a shell: ``python -m lessonlib.results data/tp_cpu_results.json --match step_time_s``
-(``--plot`` on a sweep folder draws it).
+From a shell: ``python -m lessonlib.lab.results data/tp_cpu_results.json --match step_time_s``
+(``python -m lessonlib.viz.sweep FOLDER`` draws a sweep folder).
 """
 from __future__ import annotations
 
@@ -241,42 +240,20 @@ def format_table(rows: list[dict], cols: list[str] | None = None, digits: int = 
     return "\n".join(lines)
 
 
-def plot_sweep(folder: str | Path, x: str | None = None, out: str | Path | None = None) -> Path:
-    """Draw a finished sweep folder (``labs/sweep.py``'s table): each lab's headline metric
-    against the swept setting (or ``x``), measured points over the cost model's prediction
-    where the lab has one; saved as ``plot.png`` beside the table (or at ``out``)."""
-    folder = Path(folder)
-    table = folder / TABLE_JSON
-    if not table.exists():
-        raise ValueError(f"{folder} has no {TABLE_JSON}: give the folder labs/sweep.py wrote")
-    meta = {k: v for k, v in json.loads(table.read_text()).items() if k != "rows"}
-    # matplotlib is a heavy import that reading results never needs: only when drawing
-    from lessonlib.viz import sweep as draw
-    fig = draw.plot_table(load(table), meta, x=x)
-    out = Path(out) if out else folder / PLOT_PNG
-    fig.savefig(out, dpi=120, bbox_inches="tight")
-    return out
-
-
 def main(argv=None) -> None:
-    """``python -m lessonlib.results FILE_OR_FOLDER [--columns a,b] [--match text] [--plot]``"""
+    """``python -m lessonlib.lab.results FILE_OR_FOLDER [--columns a,b] [--match text]``"""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m lessonlib.results",
+    p = argparse.ArgumentParser(prog="python -m lessonlib.lab.results",
                                 description="Print a results file or sweep folder as a table.")
     p.add_argument("path", type=Path)
     p.add_argument("--columns", default=None, help="comma-separated columns to show")
     p.add_argument("--match", default=None,
                    help="show the columns whose name contains this text (e.g. step_time_s)")
     p.add_argument("--markdown", action="store_true")
-    p.add_argument("--plot", action="store_true",
-                   help=f"draw a sweep folder's headline metric into {PLOT_PNG} beside its table")
     args = p.parse_args(argv)
     try:
         rows = load(args.path)
-        if args.plot:
-            print(f"plot: {plot_sweep(args.path)}")
-            return
     except ValueError as exc:
         p.error(str(exc))
     cols = args.columns.split(",") if args.columns else None

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from lessonlib import device
-from lessonlib.spans import Span
+from lessonlib.instruments.spans import Span
 
 books: list["Ledger"] = []  # the ledgers open on this rank (nested ``with`` blocks allowed)
 calls = itertools.count()   # this rank's recorded calls, in the order they were made
@@ -114,7 +114,7 @@ class Ledger:
 
 def mode() -> str:
     """"eager" when ``init_process_group`` was given a ``device_id`` (communicators made at
-    once, point-to-point on the group's own), else "lazy" (``lessonlib.nccl_rules``)."""
+    once, point-to-point on the group's own), else "lazy" (``lessonlib.instruments.nccl_rules``)."""
     world = dist.group.WORLD if dist.is_initialized() else None
     return "eager" if getattr(world, "bound_device_id", None) is not None else "lazy"
 

@@ -43,9 +43,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device, launcher, placement
+from lessonlib import comm, device, launcher
+from lessonlib.instruments import placement
 # A lab's flags and their checks live in labargs: a lab imports them from there.
-from lessonlib.labargs import DTYPES, check_common, world_size
+from lessonlib.lab.labargs import DTYPES, check_common, world_size
 
 
 def parse(p: argparse.ArgumentParser, argv=None, fp32_only: str | None = None):

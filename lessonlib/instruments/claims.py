@@ -12,7 +12,7 @@ sentence from the same bound and values they test, so a changed bound changes th
 (and tests/test_prose_numbers.py finds a printed sentence that no longer matches its code),
 and they refuse a measurement that no bound can fail (not a finite number).
 
-Laptop:  ``python -c "from lessonlib.claims import at_least; at_least('the ratio', 1.8, 1.5)"``
+Laptop:  ``python -c "from lessonlib.instruments.claims import at_least; at_least('the ratio', 1.8, 1.5)"``
 GPU box: the same; pure Python.
 """
 from __future__ import annotations

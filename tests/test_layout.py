@@ -239,7 +239,7 @@ CORES = {
     "tensor_parallel/sequence.py": ["SequenceParallelLayerNorm.forward",
                                     "_LinearOnGatheredSequence.forward",
                                     "_LinearOnGatheredSequence.backward"],
-    "model_parallel.py": ["_step"],
+    "model_parallel/line.py": ["stage_step"],
     "context_parallel/ring.py": ["ring_forward", "ring_backward"],
     "expert_parallel/dispatch.py": ["_AllToAll.forward", "_AllToAll.backward",
                                     "post_all_to_all"],

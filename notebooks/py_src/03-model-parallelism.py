@@ -113,7 +113,7 @@ print(f"one process: {sum(s['params'] for s in plan):,} parameters")
 # keeps for backward); the step itself holds no clock.
 
 # %%
-show(mp._step)
+show(mp.stage_step)
 
 # %%
 # NBVAL_IGNORE_OUTPUT

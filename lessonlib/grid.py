@@ -42,49 +42,70 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import comm
-from lessonlib.grid_layout import (ALL_AXES, AXES, LESSON_ORDER, MEGATRON_ORDER, axis_groups,
-                                   check_grid, check_order, layout_table, placements)
+from lessonlib.grid_layout import (ALL_AXES, AXES, GROUP_AXES, LESSON_ORDER, MEGATRON_ORDER,
+                                   axis_groups, check_grid, check_order, layout_table)
 
 
 # ---------------------------------------------------------------- on the ranks: the context
-@dataclass(frozen=True, kw_only=True)      # built with keywords: 28 fields
+@dataclass(frozen=True, kw_only=True)
+class Axis:
+    """One axis of the grid as this rank sees it: ``size`` ranks along it, this rank's
+    coordinate ``rank`` on it, its process ``group`` (None where none was created: cp = 1,
+    ep = 1) and the global ``ranks`` of that group in axis order (``comm.send``/``recv``
+    take global ranks)."""
+    name: str
+    size: int
+    rank: int
+    group: object = field(repr=False)
+    ranks: tuple
+
+
+class _AxisPart:
+    """A flat name the parallel code reads: ``ctx.tp_group`` is ``ctx.axis("tp").group``."""
+
+    def __init__(self, axis: str, part: str):
+        self.axis, self.part = axis, part
+
+    def __get__(self, ctx, owner=None):
+        return self if ctx is None else getattr(ctx.axis(self.axis), self.part)
+
+
+def _parts(axis: str) -> tuple:
+    """The flat names of one axis: its size, this rank's coordinate, its group, its ranks."""
+    return tuple(_AxisPart(axis, part) for part in ("size", "rank", "group", "ranks"))
+
+
+@dataclass(frozen=True, kw_only=True)
 class ParallelContext:
     """This rank's place in the (dp, pp, cp, tp) grid and the process groups it talks through.
 
     Build it once per run with ``ParallelContext.build(dp, pp, tp)`` (lesson 05's grid), or
     ``build(dp, pp, tp, cp=c, ep=e, order=MEGATRON_ORDER)`` on every rank, and pass it to the
-    parallel code. ``*_ranks`` are the global ranks of this rank's group on each axis, in
-    axis order (what ``comm.send``/``recv``, which take global ranks, need). With cp = 1 the
-    cp group is None and ``dp_cp_group`` is the dp group; with ep = 1 the ep group is None
-    and ``edp_group`` (the ranks averaging an expert's copies) is the dp group."""
-    dp: int
-    pp: int
-    tp: int
+    parallel code. ``ctx.axis("tp")`` is the tp axis's record (``Axis``: size, rank, group,
+    ranks); ``ctx.tp``, ``ctx.tp_rank``, ``ctx.tp_group`` and ``ctx.tp_ranks`` read the same
+    four, and so for every name of ``GROUP_AXES``. With cp = 1 the cp group is None and the
+    dp_cp axis is the dp axis; with ep = 1 the ep group is None and the edp axis (the ranks
+    averaging an expert's copies) is the dp axis."""
     rank: int
-    dp_rank: int
-    pp_rank: int
-    tp_rank: int
-    dp_group: object = field(repr=False)
-    pp_group: object = field(repr=False)
-    tp_group: object = field(repr=False)
-    dp_ranks: tuple = ()
-    pp_ranks: tuple = ()
-    tp_ranks: tuple = ()
-    gpus_per_node: int | None = None
-    cp: int = 1
-    ep: int = 1
-    cp_rank: int = 0
-    ep_rank: int = 0
+    axes: tuple           # one ``Axis`` per name of ``GROUP_AXES``
     order: str = LESSON_ORDER
-    cp_group: object = field(default=None, repr=False)
-    dp_cp_group: object = field(default=None, repr=False)
-    ep_group: object = field(default=None, repr=False)
-    edp_group: object = field(default=None, repr=False)
-    cp_ranks: tuple = ()
-    dp_cp_ranks: tuple = ()
-    ep_ranks: tuple = ()
-    edp_ranks: tuple = ()
+    gpus_per_node: int | None = None
     made: tuple = field(default=(), repr=False)
+
+    dp, dp_rank, dp_group, dp_ranks = _parts("dp")
+    pp, pp_rank, pp_group, pp_ranks = _parts("pp")
+    tp, tp_rank, tp_group, tp_ranks = _parts("tp")
+    cp, cp_rank, cp_group, cp_ranks = _parts("cp")
+    ep, ep_rank, ep_group, ep_ranks = _parts("ep")
+    dp_cp, dp_cp_rank, dp_cp_group, dp_cp_ranks = _parts("dp_cp")
+    edp, edp_rank, edp_group, edp_ranks = _parts("edp")
+
+    def axis(self, name: str) -> Axis:
+        """This rank's record of the axis ``name`` (one of ``GROUP_AXES``)."""
+        for axis in self.axes:
+            if axis.name == name:
+                return axis
+        raise ValueError(f"no axis {name!r} in the grid: the axes are {GROUP_AXES}")
 
     @classmethod
     def build(cls, dp: int, pp: int, tp: int, gpus_per_node: int | None = None,
@@ -98,27 +119,20 @@ class ParallelContext:
                              "function run by lessonlib.launch (or under torchrun)")
         world, rank = dist.get_world_size(), dist.get_rank()
         check_grid(world, dp, pp, tp, gpus_per_node, cp, ep, order)
-        mine, ranks = {}, {}
+        made = {}
         for axis, groups in axis_groups(dp, pp, tp, cp, ep, order).items():  # same everywhere
             for group_ranks in groups:
                 group = comm.new_group(group_ranks)   # recorded: the NCCL check sees it
                 if rank in group_ranks:
-                    mine[axis], ranks[axis] = group, tuple(group_ranks)
-        made = tuple(mine.values())
-        mine.setdefault("dp_cp", mine["dp"])
-        ranks.setdefault("dp_cp", ranks["dp"])
-        mine.setdefault("edp", mine["dp"])
-        ranks.setdefault("edp", ranks["dp"])
-        pl = placements(dp, pp, tp, None, cp, ep, order)[rank]
-        return cls(dp=dp, pp=pp, tp=tp, cp=cp, ep=ep, rank=rank, order=order,
-                   gpus_per_node=gpus_per_node, made=made,
-                   dp_rank=pl.dp, pp_rank=pl.pp, tp_rank=pl.tp, cp_rank=pl.cp, ep_rank=pl.ep,
-                   dp_group=mine["dp"], pp_group=mine["pp"], tp_group=mine["tp"],
-                   cp_group=mine.get("cp"), dp_cp_group=mine["dp_cp"],
-                   ep_group=mine.get("ep"), edp_group=mine["edp"],
-                   dp_ranks=ranks["dp"], pp_ranks=ranks["pp"], tp_ranks=ranks["tp"],
-                   cp_ranks=ranks.get("cp", (rank,)), dp_cp_ranks=ranks["dp_cp"],
-                   ep_ranks=ranks.get("ep", (rank,)), edp_ranks=ranks["edp"])
+                    made[axis] = group
+        axes = []
+        for name, lines in axis_groups(dp, pp, tp, cp, ep, order, only=GROUP_AXES).items():
+            ranks = next(tuple(line) for line in lines if rank in line)
+            group = made.get(name, made.get("dp") if name in ("dp_cp", "edp") else None)
+            axes.append(Axis(name=name, size=len(ranks), rank=ranks.index(rank), group=group,
+                             ranks=ranks))
+        return cls(rank=rank, axes=tuple(axes), order=order, gpus_per_node=gpus_per_node,
+                   made=tuple(made.values()))
 
     def destroy(self) -> None:
         """Destroy every group this rank joined once the layout is done (every member calls

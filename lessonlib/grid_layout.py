@@ -41,6 +41,8 @@ AXES = ("dp", "pp", "tp")                    # lesson 05's three, outermost to i
 ALL_AXES = ("dp", "pp", "cp", "tp")          # how coordinates are written: (dp, pp, cp, tp)
 LESSON_ORDER = "tp-cp-pp-dp"                 # innermost first, as Megatron-Core writes it
 MEGATRON_ORDER = "tp-cp-dp-pp"
+# every axis with groups, in the order they are created; dp_cp and edp are read from the others
+GROUP_AXES = ("tp", "pp", "dp", "cp", "dp_cp", "ep", "edp")
 
 
 class GridWarning(UserWarning):
@@ -88,20 +90,25 @@ def _lines(mesh: torch.Tensor, axis: str) -> list[list[int]]:
 
 
 def axis_groups(dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1,
-                order: str = LESSON_ORDER) -> dict[str, list[list[int]]]:
+                order: str = LESSON_ORDER, only=None) -> dict[str, list[list[int]]]:
     """Every group of every axis as lists of global ranks, in the order they are created:
-    tp, pp, dp always; cp and dp_cp when cp > 1; ep and edp when ep > 1."""
+    tp, pp, dp always; cp and dp_cp when cp > 1; ep and edp when ep > 1. Given ``only``
+    (names of ``GROUP_AXES``), those axes alone, in the same order, whatever their sizes."""
     _check_sizes(dp, pp, tp, cp, ep)
+    unknown = set(only or ()) - set(GROUP_AXES)
+    if unknown:
+        raise ValueError(f"only={only!r}: no axis {sorted(unknown)}; the axes are {GROUP_AXES}")
     mesh = mesh4(dp, pp, tp, cp, order)
-    groups = {"tp": _lines(mesh, "tp"), "pp": _lines(mesh, "pp"), "dp": _lines(mesh, "dp")}
-    if cp > 1:
-        groups["cp"] = _lines(mesh, "cp")
-        groups["dp_cp"] = [mesh[:, j, :, k].reshape(-1).tolist()
-                           for j, k in product(range(pp), range(tp))]
-    if ep > 1:
-        groups["ep"] = [g[s:s + ep] for g in groups["dp"] for s in range(0, dp, ep)]
-        groups["edp"] = [g[r::ep] for g in groups["dp"] for r in range(ep)]
-    return groups
+    dp_lines = _lines(mesh, "dp")
+    groups = {"tp": _lines(mesh, "tp"), "pp": _lines(mesh, "pp"), "dp": dp_lines,
+              "cp": _lines(mesh, "cp"),
+              "dp_cp": [mesh[:, j, :, k].reshape(-1).tolist()
+                        for j, k in product(range(pp), range(tp))],
+              "ep": [g[s:s + ep] for g in dp_lines for s in range(0, dp, ep)],
+              "edp": [g[r::ep] for g in dp_lines for r in range(ep)]}
+    if only is None:
+        only = AXES + (("cp", "dp_cp") if cp > 1 else ()) + (("ep", "edp") if ep > 1 else ())
+    return {axis: lines for axis, lines in groups.items() if axis in only}
 
 
 @dataclass(frozen=True)

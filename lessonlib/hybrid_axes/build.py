@@ -129,7 +129,8 @@ def build_stage(model: TinyGPT, ctx: ParallelContext, sp: bool = False, shard_on
     with ``shard_on="none"`` sends nothing (so the same call cuts a dense model of gradients
     for the check). The stage's layers are copied out first, because a layer holding a
     process group cannot be deep-copied; the rooms are applied to those copies."""
-    cut = split_layers(model, ctx.pp, stage_counts(model.cfg.layers, ctx.pp))[ctx.pp_rank]
+    pp = ctx.axis("pp")
+    cut = split_layers(model, pp.size, stage_counts(model.cfg.layers, pp.size))[pp.rank]
     parts = []
     for part in cut:
         if isinstance(part, Block):

@@ -31,8 +31,8 @@ def my_share(model: TinyGPT, ctx: ParallelContext, shard_on: str, sp: bool) -> l
     tensors = list(build_stage(model, ctx, sp).parameters())
     if shard_on != "fsdp":
         return tensors
-    rank, n = ctx.dp_cp_ranks.index(ctx.rank), len(ctx.dp_cp_ranks)
-    return [row_shard(t.detach(), rank, n) for t in tensors]
+    dp_cp = ctx.axis("dp_cp")
+    return [row_shard(t.detach(), dp_cp.rank, dp_cp.size) for t in tensors]
 
 
 def reference(model: TinyGPT, global_batch: int = 8, steps: int = 3, lr: float = 0.1,
@@ -96,9 +96,9 @@ def averaged_copy(into: list):
     (its optimizer averages its range), so ``into`` gets a copy of them averaged over the
     dp_cp group (one flat all-reduce)."""
     def hook(trainer: HybridTrainer) -> None:
-        ctx = trainer.ctx
+        dp_cp = trainer.ctx.axis("dp_cp")
         into[:] = [p.grad.clone() for p in trainer.params]
-        allreduce_flat_gradients(into, ctx.dp_cp_group, ctx.dp * ctx.cp)
+        allreduce_flat_gradients(into, dp_cp.group, dp_cp.size)
     return hook
 
 

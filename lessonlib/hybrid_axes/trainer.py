@@ -50,17 +50,19 @@ class HybridTrainer:
         self.ctx, self.shard_on = ctx, shard_on
         self.stage = build_stage(model, ctx, sp, shard_on, device.current_device())
         self.params = list(self.stage.parameters())
-        self.timeline = StepTimeline(f"pipeline stage {ctx.pp_rank}", group=ctx.pp_group)
+        pp = ctx.axis("pp")
+        self.timeline = StepTimeline(f"pipeline stage {pp.rank}", group=pp.group)
         self.executor = PipelineExecutor(
-            make(schedule, ctx.pp, m), ctx.pp_rank, [self.stage], lm_loss,
+            make(schedule, pp.size, m), pp.rank, [self.stage], lm_loss,
             (self.b, cfg.seq // (ctx.cp * (ctx.tp if sp else 1)), cfg.hidden),  # (b, s/c[/t], h)
-            stage_ranks=ctx.pp_ranks, group=ctx.pp_group, recorder=self.timeline)
+            stage_ranks=pp.ranks, group=pp.group, recorder=self.timeline)
         self.opt = build_optimizer(self.params, ctx, self.OPTIMIZERS[optimizer], lr, shard_on)
 
     def my_tokens(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's rows (dp) and sequence shard (cp) of a global (B, s) batch."""
-        t = shard(t, self.ctx.dp_rank, self.ctx.dp)
-        return shard_sequence(t, self.ctx.cp_group, LAYOUT) if self.ctx.cp > 1 else t
+        dp, cp = self.ctx.axis("dp"), self.ctx.axis("cp")
+        t = shard(t, dp.rank, dp.size)
+        return shard_sequence(t, cp.group, LAYOUT) if cp.size > 1 else t
 
     def step(self, x, y, timeline: bool = False, before_sync=None) -> dict:
         """Forward and backward of this rank's tokens through the pipeline, the gradients

@@ -31,34 +31,67 @@ import torch.nn.functional as F
 
 from lessonlib import comm
 from lessonlib.baseline import rel_err
-from lessonlib.context_parallel import method_runs as cp_runs
 from lessonlib.bugs import BUGS, active, known, switched, switched_on
+from lessonlib.context_parallel import method_runs as cp_runs
 from lessonlib.data import regression_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.device import current_device
+from lessonlib.expert_parallel import measure as ep_measure
 from lessonlib.expert_parallel import runs as ep_runs
 from lessonlib.launcher import LaunchTimeout, RankError, launch
 from lessonlib.models import Block, GPTConfig, init_weights_, mlp_stack
-from lessonlib.moe import MoELayer
-from lessonlib.moe_routing import bias_update, route
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules, stage_parameters
 from lessonlib.tensor_parallel import runs as tp_runs
 from lessonlib.tensor_parallel import sequence_runs as sp_runs
-from lessonlib.tensor_parallel.parallelize import param_bytes, parallelize_block
+from lessonlib.tensor_parallel.parallelize import parallelize_block, param_bytes
+from lessonlib.tensor_parallel.reports import Parity
 
 __all__ = ["CHECKS", "Check", "check"]
 
 
 # ---------------------------------------------------------------- the rank side of the checks
-def rank_tp_gradient() -> dict:
+@dataclass(frozen=True)
+class Sharding:
+    """A split layer's weight bytes on a rank against 1/t, all-reduces per forward, output."""
+    param_bytes: int
+    expected: int
+    all_reduces: int
+    h: int
+    t: int
+    output: float
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """Accumulated gradients against one process (relative), all-reduces per micro-batch."""
+    grads: float
+    all_reduces_per_microbatch: list
+
+
+@dataclass(frozen=True)
+class PipelineGrads:
+    """Pipeline gradients vs one process: relative error, ratio of norms, micro-batches."""
+    grads: float
+    ratio: float
+    m: int
+
+
+@dataclass(frozen=True)
+class ExpertParity:
+    """Expert-parallel layer vs one process: output, worst gradient, bias after the steps."""
+    output: float
+    grads: float
+    bias: float
+
+
+def rank_tp_gradient() -> Parity:
     """A tensor-parallel MLP over the world (t=2) vs the dense MLP, one step."""
-    r = tp_runs.layer_report(2, b=2, s=4, h=16, heads=2, steps=1, kinds=("mlp",)).mlp
-    return {"input_grad": r.input_grad, "output": r.output}
+    return tp_runs.layer_report(2, b=2, s=4, h=16, heads=2, steps=1, kinds=("mlp",)).mlp
 
 
-def rank_tp_sharding() -> dict:
+def rank_tp_sharding() -> Sharding:
     """A transformer layer split by parallelize_block: bytes held, all-reduces, output."""
     h, t, dev = 16, 2, current_device()
     dense = init_weights_(Block(GPTConfig(seq=4, hidden=h, heads=2)), 0, std=0.02).to(dev)
@@ -66,12 +99,12 @@ def rank_tp_sharding() -> dict:
     x = torch.randn(2, 4, h, generator=torch.Generator().manual_seed(1)).to(dev)  # (b, s, h)
     with comm.ledger() as book:
         out = tp(x)
-    return {"param_bytes": param_bytes(tp), "expected": ((12 * h * h + 7 * h) // t + 6 * h) * 4,
-            "all_reduces": book.count("all_reduce"), "h": h, "t": t,
-            "output": rel_err(out.detach(), dense(x).detach())}
+    return Sharding(param_bytes=param_bytes(tp), expected=((12 * h * h + 7 * h) // t + 6 * h) * 4,
+                    all_reduces=book.count("all_reduce"), h=h, t=t,
+                    output=rel_err(out.detach(), dense(x).detach()))
 
 
-def rank_ddp_accumulation(micro: int = 2) -> dict:
+def rank_ddp_accumulation(micro: int = 2) -> Accumulation:
     """DataParallel with ``micro`` accumulated micro-batches (no_sync on all but the last)
     vs one process on the whole batch; the all-reduces each micro-batch sent."""
     rank, n, dev = dist.get_rank(), dist.get_world_size(), current_device()
@@ -85,11 +118,11 @@ def rank_ddp_accumulation(micro: int = 2) -> dict:
         sent.append(book.count("all_reduce"))
     ref = mlp_stack(8, 2, seed=0).double().to(dev)
     F.mse_loss(ref(x), y).backward()
-    return {"grads": max(rel_err(p.grad, q.grad) for p, q in zip(ddp.parameters(), ref.parameters())),
-            "all_reduces_per_microbatch": sent}
+    grads = max(rel_err(p.grad, q.grad) for p, q in zip(ddp.parameters(), ref.parameters()))
+    return Accumulation(grads=grads, all_reduces_per_microbatch=sent)
 
 
-def rank_pipeline(m: int = 4) -> dict:
+def rank_pipeline(m: int = 4) -> PipelineGrads:
     """One 1F1B step of a 2-stage pipeline (m micro-batches) vs one process."""
     p, stage, dev = dist.get_world_size(), dist.get_rank(), current_device()
     chunks = [c.to(dev) for c in stage_modules(mlp_stack(16, 4, seed=0), p, 1, stage)]
@@ -100,51 +133,27 @@ def rank_pipeline(m: int = 4) -> dict:
     got = torch.cat([q.grad.reshape(-1) for c in chunks for q in c.parameters()])
     want = torch.cat([q.grad.reshape(-1) for q in stage_parameters(ref, p, 1, stage)])
     ratio = (got.norm() / want.norm()).item()
-    return {"grads": rel_err(got, want), "ratio": ratio if math.isfinite(ratio) else math.inf, "m": m}
+    return PipelineGrads(grads=rel_err(got, want), m=m,
+                         ratio=ratio if math.isfinite(ratio) else math.inf)
 
 
-def rank_ep_gradient() -> dict:
+def rank_ep_gradient() -> ExpertParity:
     """4 experts over e = 2 ranks (top-2, drops), one step vs the one-process MoE layer."""
     r = ep_runs.parity(4, 2, 2, 1.0, steps=1)
-    return {"grads": r["grads"], "output": r["output"]}
-def rank_moe_bias_weights() -> dict:
-    """DeepSeek-V3's routing (sigmoid, bias, node limit, dropless) with a bias of 0 and of
-    0.25 for every expert: the same choices, so the output must not move."""
-    x = torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    outs = []
-    for shift in (0.0, 0.25):
-        layer = init_weights_(MoELayer(8, 8, 2, None, ffn_mult=2, balance="bias", gate="sigmoid",
-                                       max_nodes=2, experts_per_node=2), 0).double()
-        layer.expert_bias.fill_(shift)
-        outs.append(layer(x).detach())
-    return {"moved": rel_err(outs[1], outs[0])}
+    return ExpertParity(output=r["output"], grads=r["grads"], bias=r["bias_after_steps"])
 
 
-def rank_moe_bias_update() -> dict:
-    """50 bias updates (gamma 0.01) on a router that favours 2 of 8 experts (top-2,
-    sigmoid): busiest / mean load at the first step and its worst over the last 10."""
-    logits = torch.randn(64, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    logits[:, :2] += 1.5
-    bias, ratios = torch.zeros(8, dtype=torch.float64), []
-    for _ in range(50):
-        load = route(logits, 2, None, balance="bias", gate="sigmoid", bias=bias).routed_per_expert
-        ratios.append(load.max().item() * 8 / load.sum().item())
-        bias = bias_update(bias, load, 0.01)
-    return {"first": ratios[0], "last": max(ratios[-10:])}
-
-
-def rank_ep_bias() -> dict:
+def rank_ep_bias() -> ExpertParity:
     """4 experts over e = 2 ranks, dropless, sigmoid, the bias (0.05 a step), 2 steps vs the
     one-process layer trained on both ranks' batches."""
     r = ep_runs.parity(4, 2, 2, None, routing={"balance": "bias", "gate": "sigmoid",
                                                "bias_step": 0.05}, steps=2)
-    return {"bias": r["bias_after_steps"], "output": r["output"]}
+    return ExpertParity(output=r["output"], grads=r["grads"], bias=r["bias_after_steps"])
 
 
-def rank_sp_layernorm() -> dict:
+def rank_sp_layernorm() -> Parity:
     """A TP+SP transformer layer (t=2) vs the dense layer, one step."""
-    r = sp_runs.parity_report(2, steps=1, modes=("tp+sp",), models=()).vs_dense["tp+sp"]
-    return {"grads": r.grads, "worst": r.worst_grad, "forward": max(r.output, r.input_grad)}
+    return sp_runs.parity_report(2, steps=1, modes=("tp+sp",), models=()).vs_dense["tp+sp"]
 
 
 def rank_cp_method(method: str) -> dict:
@@ -157,15 +166,15 @@ def rank_cp_method(method: str) -> dict:
 
 # ---------------------------------------------------------------- the caller side
 def _tp_gradient(r):
-    err, out = max(x["input_grad"] for x in r), max(x["output"] for x in r)
+    err, out = max(x.input_grad for x in r), max(x.output for x in r)
     return "input gradient vs the dense MLP (relative)", err, 1e-5, (
         f"input gradient off by {err:.2g} of its largest value (tolerance 1e-05); the "
         f"output is off by only {out:.2g}: a check of the forward pass sees nothing")
 
 
 def _tp_sharding(r):
-    held, want = max(x["param_bytes"] for x in r), r[0]["expected"]
-    ar, out = max(x["all_reduces"] for x in r), max(x["output"] for x in r)
+    held, want = max(x.param_bytes for x in r), r[0].expected
+    ar, out = max(x.all_reduces for x in r), max(x.output for x in r)
     diff = max(abs(held - want) / want, abs(ar - 2) / 2)
     return "weight bytes per rank vs 1/t of the layer (relative)", diff, 0.0, (
         f"each rank holds {held} bytes of the layer, expected {want} (1/t of the split "
@@ -174,58 +183,58 @@ def _tp_sharding(r):
 
 
 def _ddp(r):
-    err, sent = max(x["grads"] for x in r), r[0]["all_reduces_per_microbatch"]
+    err, sent = max(x.grads for x in r), r[0].all_reduces_per_microbatch
     return "accumulated gradients vs one process (relative)", err, 1e-10, (
         f"gradients off by {err:.2g} (tolerance 1e-10); all-reduces per micro-batch: {sent} "
         f"(only the last micro-batch should send)")
 
 
 def _pipeline(r):
-    err, ratio = max(x["grads"] for x in r), max(x["ratio"] for x in r)
+    err, ratio = max(x.grads for x in r), max(x.ratio for x in r)
     return "pipeline gradients vs one process (relative)", err, 1e-5, (
         f"gradients off by {err:.2g} (tolerance 1e-05); their norm is {ratio:.3g} times "
-        f"the one-process norm (m = {r[0]['m']} micro-batches)")
+        f"the one-process norm (m = {r[0].m} micro-batches)")
 
 
 def _p2p(r):
-    err = max(x["grads"] for x in r)
+    err = max(x.grads for x in r)
     return "pipeline gradients vs one process (relative)", err, 1e-5, (
         f"gradients off by {err:.2g} (tolerance 1e-05): a buffer read before its receive "
         f"completes holds whatever the memory held (inf: huge values or NaN)")
 
 
 def _ep(r):
-    err, out = max(x["grads"] for x in r), max(x["output"] for x in r)
+    err, out = max(x.grads for x in r), max(x.output for x in r)
     return "expert-parallel gradients vs one process (relative)", err, 1e-10, (
         f"gradients off by {err:.2g} of their largest value (tolerance 1e-10); the output "
         f"is off by only {out:.2g}: each rank's experts got the other rank's gradients too")
 
 
 def _moe_bias_weights(r):
-    moved = max(x["moved"] for x in r)
+    moved = max(x.moved for x in r)
     return "output with a bias shared by all experts vs none (relative)", moved, 0.0, (
         f"a bias of 0.25 on every expert, which changes no choice, moved the output by "
         f"{moved:.2g} of its largest value: the bias is in the combine weights")
 
 
 def _moe_bias_update(r):
-    first, last = r[0]["first"], r[0]["last"]
+    first, last = r[0].first, r[0].last
     return "busiest / mean load after 50 bias updates, over the first step's", \
         last / first, 0.6, (f"busiest / mean load went from {first:.2f} to {last:.2f} in 50 "
                             f"bias updates (an even load is 1.00)")
 
 
 def _ep_bias(r):
-    err, out = max(x["bias"] for x in r), max(x["output"] for x in r)
+    err, out = max(x.bias for x in r), max(x.output for x in r)
     return "the balancing bias after 2 steps vs one process (absolute)", err, 1e-12, (
         f"the bias is off by {err:.2g} after 2 steps; the first step's output is off by only "
         f"{out:.2g}: each replica moved its bias by its own batch's load")
 
 
 def _sp_layernorm(r):
-    err, forward = max(x["grads"] for x in r), max(x["forward"] for x in r)
+    err, forward = max(x.grads for x in r), max(max(x.output, x.input_grad) for x in r)
     return "weight gradients of a TP+SP layer vs the dense layer (relative)", err, 1e-10, (
-        f"gradients off by {err:.2g}, the worst at {r[0]['worst']}; the output and the input "
+        f"gradients off by {err:.2g}, the worst at {r[0].worst_grad}; the output and the input "
         f"gradient are off by only {forward:.2g}")
 
 
@@ -251,8 +260,8 @@ CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance,
     "sp_layernorm_grad_not_summed": (rank_sp_layernorm, _sp_layernorm),
     "cp_allgather_grads_not_reduced": (partial(rank_cp_method, "allgather"), _cp("all-gather")),
     "ulysses_head_groups_swapped": (partial(rank_cp_method, "ulysses"), _cp("Ulysses")),
-    "moe_bias_in_combine_weights": (rank_moe_bias_weights, _moe_bias_weights),
-    "moe_bias_update_sign_flipped": (rank_moe_bias_update, _moe_bias_update),
+    "moe_bias_in_combine_weights": (ep_measure.shared_bias_shift, _moe_bias_weights),
+    "moe_bias_update_sign_flipped": (ep_measure.bias_load_ratios, _moe_bias_update),
     "ep_bias_load_not_all_reduced": (rank_ep_bias, _ep_bias),
 }
 

@@ -64,13 +64,13 @@ def check_wrong_microbatch_prediction(prediction, micro: int = 3) -> Verdict:
                               f"got {prediction!r}")
     with bugs.enabled("ddp_sync_on_wrong_microbatch"):
         ranks = launch(bugzoo.rank_ddp_accumulation, 2, micro=micro)
-    sent = ranks[0]["all_reduces_per_microbatch"]
+    sent = ranks[0].all_reduces_per_microbatch
     if prediction == sent:
         return Verdict(True, f"measured {sent}: the switched lines set the flag to sync inside "
                              f"no_sync and reset it to 'do not sync' on leaving, so every "
                              f"micro-batch but the last sends, and the last one, the one that "
                              f"should, sends nothing. The gradients that reach the optimizer "
-                             f"miss the last micro-batch (error {ranks[0]['grads']:.2f}).")
+                             f"miss the last micro-batch (error {ranks[0].grads:.2f}).")
     if prediction == [0] * (micro - 1) + [1]:
         return Verdict(False, f"{prediction} is what correct DDP sends (only the last "
                               f"micro-batch). With the bug on, reread the two switched lines in "

@@ -11,7 +11,10 @@ crosses a node boundary, and how many other nodes each token reaches (what a dis
 sends a token once per node, as DeepSeek-V3's does, §3.2.2, sends across). ``time_layer`` times the
 e-rank layer's step and the all-to-alls inside it (from the ledger: a batch of sends and
 receives is one all-to-all, as long as its slowest part). ``alltoall_sweep`` times bare
-all-to-alls of growing size, the points the alpha-beta model is fitted to.
+all-to-alls of growing size, the points the alpha-beta model is fitted to. Two properties of
+DeepSeek-V3's bias, in one process (the bug zoo checks them): a bias shared by every expert
+changes no choice, so ``shared_bias_shift`` must find the output unmoved; the bias update
+evens the load (``bias_load_ratios``).
 
 Laptop:  ``python labs/ep.py --world-size 4`` (``time_layer``); ``balance_study`` runs in
 one process.
@@ -20,18 +23,20 @@ GPU box: the same under NCCL; the ledger's times are CUDA events.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from lessonlib import comm, device, launcher, moe
-from lessonlib.baseline import corpus_batches
+from lessonlib.baseline import corpus_batches, rel_err
 from lessonlib.expert_parallel.groups import update_biases
 from lessonlib.expert_parallel.layer import expert_parallel
 from lessonlib.expert_parallel.runs import expected_bytes, sent_and_received
 from lessonlib.models import MOE_CONFIG, init_weights_, lm_loss, moe_gpt
 from lessonlib.moe import MoELayer, aux_loss
+from lessonlib.moe_routing import bias_update, route
 
 CAPACITY_FACTORS = (1.0, 1.25, 2.0)
 
@@ -84,6 +89,45 @@ def balance_study(balance="aux", n_experts: int = 8, top_k: int = 2, steps: int 
 def imbalance(load: list[list[int]]) -> float:
     """The busiest expert's load over the mean load, averaged over steps (1 = even)."""
     return statistics.mean(max(step) * len(step) / sum(step) for step in load)
+
+
+@dataclass(frozen=True)
+class OutputShift:
+    """How far a bias shared by every expert moved the layer's output (relative)."""
+    moved: float
+
+
+def shared_bias_shift() -> OutputShift:
+    """DeepSeek-V3's routing (sigmoid, bias, node limit, dropless) with a bias of 0 and of
+    0.25 for every expert: the same choices, so the output must not move."""
+    x = torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    outs = []
+    for shift in (0.0, 0.25):
+        layer = init_weights_(MoELayer(8, 8, 2, None, ffn_mult=2, balance="bias", gate="sigmoid",
+                                       max_nodes=2, experts_per_node=2), 0).double()
+        layer.expert_bias.fill_(shift)
+        outs.append(layer(x).detach())
+    return OutputShift(moved=rel_err(outs[1], outs[0]))
+
+
+@dataclass(frozen=True)
+class LoadRatios:
+    """Busiest / mean expert load at the first bias update and its worst over the last 10."""
+    first: float
+    last: float
+
+
+def bias_load_ratios() -> LoadRatios:
+    """50 bias updates (gamma 0.01) on a router that favours 2 of 8 experts (top-2,
+    sigmoid): busiest / mean load at the first step and its worst over the last 10."""
+    logits = torch.randn(64, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    logits[:, :2] += 1.5
+    bias, ratios = torch.zeros(8, dtype=torch.float64), []
+    for _ in range(50):
+        load = route(logits, 2, None, balance="bias", gate="sigmoid", bias=bias).routed_per_expert
+        ratios.append(load.max().item() * 8 / load.sum().item())
+        bias = bias_update(bias, load, 0.01)
+    return LoadRatios(first=ratios[0], last=max(ratios[-10:]))
 
 
 def node_traffic(limits, ranks_per_node: int, n_experts: int = 8, top_k: int = 2, b: int = 4,

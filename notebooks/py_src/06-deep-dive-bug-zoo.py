@@ -106,9 +106,9 @@ for name, pair in results.items():
 # %%
 # NBVAL_CHECK_OUTPUT
 for state in ("off", "on"):
-    held = results["tp_layer_left_unsharded"][state].ranks[0]["param_bytes"]
-    ratio = results["pipeline_loss_unscaled"][state].ranks[-1]["ratio"]
-    sends = results["ddp_sync_on_wrong_microbatch"][state].ranks[0]["all_reduces_per_microbatch"]
+    held = results["tp_layer_left_unsharded"][state].ranks[0].param_bytes
+    ratio = results["pipeline_loss_unscaled"][state].ranks[-1].ratio
+    sends = results["ddp_sync_on_wrong_microbatch"][state].ranks[0].all_reduces_per_microbatch
     print(f"bug {state:3s}: bytes {held} (predicted {predicted_bytes[state]}), "
           f"gradient ratio {ratio:.3f} (predicted {predicted_ratio[state]:.3f}), "
           f"all-reduces per micro-batch {sends} (predicted {predicted_sends[state]})")

@@ -47,11 +47,19 @@ from lessonlib.grid_layout import (ALL_AXES, AXES, GROUP_AXES, LESSON_ORDER, MEG
 
 
 # ---------------------------------------------------------------- on the ranks: the context
+def new_groups(lines: list[list[int]]) -> list:
+    """One process group per list of global ranks, in order, through ``comm.new_group``
+    (recorded: the NCCL check sees it). Every rank must call it with the same lists, members
+    or not (torch.distributed docs, ``new_group``); a rank's handle to a group it is not in
+    is torch's placeholder."""
+    return [comm.new_group(line) for line in lines]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Axis:
     """One axis of the grid as this rank sees it: ``size`` ranks along it, this rank's
     coordinate ``rank`` on it, its process ``group`` (None where none was created: cp = 1,
-    ep = 1) and the global ``ranks`` of that group in axis order (``comm.send``/``recv``
+    ep = 1, or an axis ``build``'s ``only`` left out) and the global ``ranks`` of that group in axis order (``comm.send``/``recv``
     take global ranks)."""
     name: str
     size: int
@@ -109,9 +117,12 @@ class ParallelContext:
 
     @classmethod
     def build(cls, dp: int, pp: int, tp: int, gpus_per_node: int | None = None,
-              cp: int = 1, ep: int = 1, order: str = LESSON_ORDER):
+              cp: int = 1, ep: int = 1, order: str = LESSON_ORDER, only=None):
         """Create every group of every axis (on every rank, same order: tp, pp, dp, then cp
-        and dp_cp, then ep and edp) and keep this rank's.
+        and dp_cp, then ep and edp) and keep this rank's. ``only``: the groups of the named
+        axes alone, whatever their sizes, in the same order (a lesson that needs one axis,
+        e.g. ``build(dp=d, pp=1, tp=1, cp=c, only=("cp",))``); the other axes' records keep
+        their size, rank and ranks, with group None.
 
         Checks the sizes against the world before any group is created."""
         if not dist.is_initialized():
@@ -120,10 +131,9 @@ class ParallelContext:
         world, rank = dist.get_world_size(), dist.get_rank()
         check_grid(world, dp, pp, tp, gpus_per_node, cp, ep, order)
         made = {}
-        for axis, groups in axis_groups(dp, pp, tp, cp, ep, order).items():  # same everywhere
-            for group_ranks in groups:
-                group = comm.new_group(group_ranks)   # recorded: the NCCL check sees it
-                if rank in group_ranks:
+        for axis, lines in axis_groups(dp, pp, tp, cp, ep, order, only).items():
+            for line, group in zip(lines, new_groups(lines)):
+                if rank in line:
                     made[axis] = group
         axes = []
         for name, lines in axis_groups(dp, pp, tp, cp, ep, order, only=GROUP_AXES).items():

@@ -36,12 +36,14 @@ from lessonlib.argcheck import positive_int
 from lessonlib.context_parallel.layout import positions_on
 from lessonlib.context_parallel.methods import check_method, context_attention
 from lessonlib.data_parallel.ladder import allreduce_flat_gradients, gradients
+from lessonlib.grid import ParallelContext
 from lessonlib.models import TinyGPT, lm_loss
 
 
 @dataclass(frozen=True)
 class ContextParallelGrid:
-    """This rank's place on the (d, c) grid: its context-parallel group and coordinates."""
+    """This rank's place on the (d, c) grid, a view of ``ParallelContext``'s dp and cp axes:
+    its context-parallel group and coordinates."""
     c: int
     d: int
     cp_rank: int
@@ -50,17 +52,14 @@ class ContextParallelGrid:
 
     @classmethod
     def build(cls, c: int) -> "ContextParallelGrid":
-        """Groups of c consecutive ranks; every rank must call it (new_group is collective)."""
+        """The grid's cp axis: groups of c consecutive ranks, made by ``ParallelContext``
+        (its cp groups alone); every rank must call it (new_group is collective)."""
         world = dist.get_world_size()
         c = positive_int("c", c, most=world, what="the ranks of a context-parallel group")
         if world % c:
             raise ValueError(f"c={c} must divide the world size {world} (d = world / c groups)")
-        rank, group = dist.get_rank(), None
-        for start in range(0, world, c):
-            made = comm.new_group(list(range(start, start + c)))
-            if start <= rank < start + c:
-                group = made
-        return cls(c, world // c, rank % c, rank // c, group)
+        ctx = ParallelContext.build(dp=world // c, pp=1, tp=1, cp=c, only=("cp",))
+        return cls(c, ctx.dp, ctx.cp_rank, ctx.dp_rank, ctx.cp_group)
 
     def destroy(self) -> None:
         dist.destroy_process_group(self.group)

@@ -33,20 +33,24 @@ from lessonlib.context_parallel.layout import (LAYOUTS, check_split_divides, che
 from lessonlib.context_parallel.recorder import StepLog
 from lessonlib.context_parallel.ring import ring_attention
 from lessonlib.costmodel.context import ring_bytes_received_per_rank
+from lessonlib.grid import ParallelContext, new_groups
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss
 
 
 def ring_groups(c: int):
-    """Groups of c consecutive ranks (the last ranks in none when c does not divide the
-    world); returns (this rank's group or None, the first group). Every rank must call it."""
+    """Groups of c consecutive ranks: the grid's cp axis (``ParallelContext``, its cp groups
+    alone) when c divides the world; otherwise over the first ranks, the last world mod c
+    in none (to check that those are refused). Returns (this rank's group or None, the first
+    group: None where c divides the world, as every rank has its own). Every rank must call
+    it."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    mine = first = None
-    for start in range(0, world - c + 1, c):
-        group = comm.new_group(list(range(start, start + c)))
-        first = first or group
-        if start <= rank < start + c:
-            mine = group
-    return mine, first
+    if world % c == 0:
+        ctx = ParallelContext.build(dp=world // c, pp=1, tp=1, cp=c, only=("cp",))
+        return ctx.cp_group, None
+    lines = [list(range(start, start + c)) for start in range(0, world - c + 1, c)]
+    groups = new_groups(lines)
+    mine = next((group for line, group in zip(lines, groups) if rank in line), None)
+    return mine, groups[0] if groups else None
 
 
 def qkv(b: int, heads: int, s: int, head_dim: int, seed: int = 0, dtype=torch.float64):

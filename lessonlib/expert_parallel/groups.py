@@ -29,7 +29,7 @@ from lessonlib import bugs, comm
 from lessonlib.argcheck import positive_int
 from lessonlib.data_parallel.ladder import (allreduce_flat_gradients, gradients,
                                             trainable_parameters)
-from lessonlib.grid_layout import axis_groups
+from lessonlib.grid import ParallelContext
 from lessonlib.moe import moe_layers
 
 
@@ -47,21 +47,16 @@ class ExpertParallelContext:
 
     @classmethod
     def build(cls, e: int) -> "ExpertParallelContext":
-        """Create every group (on every rank, same order) and keep this rank's."""
-        d, rank = dist.get_world_size(), dist.get_rank()
+        """The grid's ep and edp axes with all d ranks data-parallel, made by
+        ``ParallelContext`` (those groups alone, on every rank, same order)."""
+        d = dist.get_world_size()
         e = positive_int("e", e, most=d, what="ranks of an expert-parallel group")
         if d % e:
             raise ValueError(f"e={e!r} must divide the world size {d} (expert-parallel groups "
                              f"of e consecutive ranks inside the data-parallel ranks)")
-        mine = {}
-        grid = axis_groups(d // e, 1, e)          # "tp": e consecutive ranks, "dp": e apart
-        for axis in ("tp", "dp"):
-            for ranks in grid[axis]:
-                group = comm.new_group(ranks)
-                if rank in ranks:
-                    mine[axis] = (group, tuple(ranks))
-        (ep, ep_ranks), (edp, edp_ranks) = mine["tp"], mine["dp"]
-        return cls(e, d, rank % e, ep, edp, ep_ranks, edp_ranks)
+        ctx = ParallelContext.build(dp=d, pp=1, tp=1, ep=e, only=("ep", "edp"))
+        ep, edp = ctx.axis("ep"), ctx.axis("edp")
+        return cls(e, d, ep.rank, ep.group, edp.group, ep.ranks, edp.ranks)
 
     def destroy(self) -> None:
         for group in (self.ep_group, self.expert_dp_group):

@@ -1,14 +1,14 @@
 """The long run: train the tiny GPT for minutes on any (t, p, d) layout, kill it, resume it.
 
 Every ``--checkpoint-every`` steps each rank saves its shard (its stage's weights, split over
-its TP group, and the optimizer state of those weights) with ``lessonlib.checkpoint``. Kill
+its TP group, and the optimizer state of those weights) with ``lessonlib.long_run.checkpoint``. Kill
 the run at any moment (Ctrl-C, ``kill -9``, a preempted job) and run the same command again:
 it resumes from the newest complete checkpoint and continues the same loss curve, step for
 step, because the data of step k depends only on k and the RNG state travels with the
 weights (``lessonlib.long_run``). Each checkpoint's manifest holds every shard's size and
 SHA-256: a damaged newest checkpoint (a file truncated, emptied, missing or overwritten) is
 named and the run resumes from the newest intact one. A checkpoint saved on another layout
-or world size is resharded onto this one (``lessonlib.reshard``); one written with another
+or world size is resharded onto this one (``lessonlib.long_run.reshard``); one written with another
 model, batch, learning rate, optimizer or seed is refused before any process starts, with
 the settings that differ, as is a ``--checkpoint-dir`` that is a file. A loss that is not
 finite (``--lr`` too high) stops the run with one line, before that step is saved. A newer
@@ -37,7 +37,8 @@ import sys
 import torch
 
 import lessonlib
-from lessonlib import checkpoint, checkpoint_folder, long_run
+from lessonlib import long_run
+from lessonlib.long_run import checkpoint, checkpoint_folder
 from lessonlib.lab import labargs, labkit
 from lessonlib.hybrid_axes.build import SHARDS
 from lessonlib.hybrid_axes.trainer import HybridTrainer

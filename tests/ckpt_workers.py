@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import checkpoint, long_run, reshard, shard_map
+from lessonlib.long_run import checkpoint, reshard, shard_map, training
 from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import MEGATRON_ORDER
 from lessonlib.hybrid_axes.build import make_model
@@ -46,7 +46,7 @@ def agreed_steps(folder: str, cases: list) -> list:
     for steps in cases:
         mine = steps[dist.get_rank()]
         resume = None if mine is None else checkpoint.at_step(folder, mine)
-        got = long_run._agreed_resume({"checkpoint_dir": folder}, resume)
+        got = training._agreed_resume({"checkpoint_dir": folder}, resume)
         agreed.append(None if got is None else got["step"])
     return agreed
 
@@ -78,7 +78,7 @@ def axes_against_map(cfg: dict, cases: list) -> list[bool]:
         torch.manual_seed(0)
         x = torch.randint(0, cfg.vocab, (8, cfg.seq))
         trainer.step(x, x)
-        state = long_run._optimizer(trainer).state_dict()["state"]
+        state = training._optimizer(trainer).state_dict()["state"]
         shapes = [tuple(state[i]["exp_avg"].shape) for i in range(len(state))]
         out.append(same and shapes == [tuple(h.shape) for h in where["moments"]])
         ctx.destroy()

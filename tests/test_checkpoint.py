@@ -21,7 +21,7 @@ import psutil
 import pytest
 import torch
 
-from lessonlib import checkpoint, checkpoint_folder
+from lessonlib.long_run import checkpoint, checkpoint_folder
 
 LAB = labrun.LABS / "train.py"
 # Killed after the checkpoint of step 40 (the one of step 20 kept before it, for the damaged

@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 
-from lessonlib import checkpoint, checkpoint_folder, device, long_run
+from lessonlib import device, long_run
+from lessonlib.long_run import checkpoint, checkpoint_folder
 from lessonlib.launcher import RankError, launch
 
 import ckpt_workers

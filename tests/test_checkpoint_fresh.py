@@ -3,7 +3,7 @@ holds a user's files is refused with one line naming one of them, and nothing is
 import pytest
 import torch
 
-from lessonlib import checkpoint, checkpoint_folder
+from lessonlib.long_run import checkpoint, checkpoint_folder
 
 import labrun
 

@@ -13,7 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lessonlib import checkpoint, checkpoint_folder, long_run
+from lessonlib import long_run
+from lessonlib.long_run import checkpoint, checkpoint_folder
 
 import labrun
 

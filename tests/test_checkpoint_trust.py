@@ -8,7 +8,8 @@ import shutil
 import pytest
 import torch
 
-from lessonlib import checkpoint, checkpoint_folder, long_run
+from lessonlib import long_run
+from lessonlib.long_run import checkpoint, checkpoint_folder
 
 import labrun
 

@@ -15,9 +15,10 @@ import shutil
 import pytest
 import torch
 
-from lessonlib import checkpoint, checkpoint_folder, long_run, reshard, shard_map
+from lessonlib import long_run
+from lessonlib.long_run import checkpoint, checkpoint_folder, reshard, shard_map
 from lessonlib.launcher import launch
-from lessonlib.shard_map import Layout
+from lessonlib.long_run.shard_map import Layout
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss
 
 import ckpt_workers

@@ -43,10 +43,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import checkpoint_manifest, comm, device
+from lessonlib import comm, device
+from lessonlib.long_run import checkpoint_manifest
 # The folder's names, its check and its deletions live beside.
-from lessonlib.checkpoint_folder import (LATEST, MANIFEST, held_ahead, held_shards, remove_step,
-                                         remove_temporaries, shard_path, step_dir, steps)
+from lessonlib.long_run.checkpoint_folder import (LATEST, MANIFEST, held_ahead, held_shards,
+                                                  remove_step, remove_temporaries, shard_path,
+                                                  step_dir, steps)
 
 
 class CheckpointError(RuntimeError):

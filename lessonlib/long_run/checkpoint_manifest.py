@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lessonlib.checkpoint_folder import MANIFEST
+from lessonlib.long_run.checkpoint_folder import MANIFEST
 
 
 def _whole(value) -> bool:

@@ -32,7 +32,7 @@ file)? Its planner reshards tensors that are DTensors (or ShardedTensors) with o
 source each; our tensor-parallel layers hold plain tensors, and the fused QKV weight on a
 rank is three slices stacked, which is not one chunk of one tensor. We would have to write
 this table anyway, to build DTensors from it; the course keeps its own small files (one
-``torch.save`` per rank and a manifest with sizes and hashes, ``lessonlib.checkpoint``) and
+``torch.save`` per rank and a manifest with sizes and hashes, ``lessonlib.long_run.checkpoint``) and
 the table in ``shard_map``, where a student can read it.
 
 Laptop:  ``python labs/train.py --world-size 4 --cp 2 --layout t1p2d1 --shard zero1 --steps
@@ -47,13 +47,14 @@ from pathlib import Path
 
 import torch
 
-from lessonlib import checkpoint, device
-from lessonlib.checkpoint_folder import MANIFEST
+from lessonlib import device
+from lessonlib.long_run import checkpoint
+from lessonlib.long_run.checkpoint_folder import MANIFEST
 from lessonlib.grid_layout import placements
 from lessonlib.hybrid_axes.runs import step_losses
 from lessonlib.models import GPTConfig
 # The table of where each tensor sits lives beside.
-from lessonlib.shard_map import Held, Layout, box_view, held, overlaps
+from lessonlib.long_run.shard_map import Held, Layout, box_view, held, overlaps
 
 
 def cut(full: dict[str, torch.Tensor], pieces: list) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 What it teaches: a run of weeks on thousands of GPUs meets failed GPUs, lost nodes and
 preempted jobs; what saves it is a checkpoint every N steps and a restart that continues
-the *same* run. Here every rank saves its own shard (``lessonlib.checkpoint``) every
+the *same* run. Here every rank saves its own shard (``lessonlib.long_run.checkpoint``) every
 ``checkpoint_every`` steps; a new run in the same folder resumes from the newest complete
 checkpoint. The loss curve continues bit for bit, because
 
@@ -12,7 +12,7 @@ checkpoint. The loss curve continues bit for bit, because
 A step whose loss is not finite (a learning rate too high) stops the run on every rank
 with ``Diverged`` before that step is saved, so the good checkpoints stay the newest. A
 checkpoint saved on another (t, p, d) layout (or world size, or m) is resharded on load
-(``lessonlib.reshard``): the weights and AdamW's moments are the same, and the loss curve
+(``lessonlib.long_run.reshard``): the weights and AdamW's moments are the same, and the loss curve
 continues up to float rounding (the new layout sums in another order).
 
 Beyond (t, p, d): with ``cp``, ``ep`` (the MoE tiny GPT), ``sp`` or ``shard="zero1"|"fsdp"``
@@ -39,19 +39,20 @@ import time
 import torch
 import torch.distributed as dist
 
-from lessonlib import checkpoint, checkpoint_folder, comm, device, reshard
-from lessonlib.lab import labkit
+from lessonlib import comm, device
 from lessonlib.argcheck import positive_int
 from lessonlib.data import corpus_tokens, lm_batch
-from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import MEGATRON_ORDER, check_grid
 from lessonlib.grid_layout import layout_name, parse_layout
 from lessonlib.hybrid_axes.build import check_axes, check_3d_layout, make_model
 from lessonlib.hybrid_axes.runs import step_losses
 from lessonlib.hybrid_axes.trainer import HybridTrainer
+from lessonlib.instruments.breadcrumbs import progress
+from lessonlib.lab import labkit
+from lessonlib.long_run import checkpoint, checkpoint_folder, reshard
+from lessonlib.long_run.shard_map import Layout
 from lessonlib.models import LONG_RUN, GPTConfig, TinyGPT
-from lessonlib.shard_map import Layout
 
 SMALL = {k: getattr(LONG_RUN, k) for k in ("vocab", "seq", "hidden", "heads", "layers")}
 # How the work is split: a checkpoint saved with other values is resharded, not refused.

@@ -18,7 +18,7 @@
 # preempted. What saves it is a **checkpoint** every N steps and a restart that continues
 # the *same* run. Each rank saves only its own shard (its stage's weights, split
 # over its TP group, and the optimizer state of those weights), all in parallel, and a
-# checkpoint counts only once every shard is on disk (`lessonlib.checkpoint`). The resumed
+# checkpoint counts only once every shard is on disk (`lessonlib.long_run.checkpoint`). The resumed
 # run must continue the loss curve exactly: weights, AdamW's moments and the random state
 # are restored, and the data of step k depends only on k. About 13 minutes to read, code and
 # outputs included.
@@ -31,7 +31,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 import lessonlib
-from lessonlib import checkpoint, hybrid, long_run
+from lessonlib import hybrid, long_run
+from lessonlib.long_run import checkpoint, training
 from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_most
 from lessonlib.models import GPTConfig
@@ -134,7 +135,7 @@ for rank in range(2):
 # loading its own shard (or, on another layout, its slices of the old ones: section 5):
 
 # %%
-show(long_run._restore)
+show(training._restore)
 
 # %% [markdown]
 # The steps run since that checkpoint are done twice, and the curve must be the
@@ -164,7 +165,7 @@ plt.show()
 # An allocation changes: the job that ran as two pipeline stages (t1p2d1) comes back as one
 # stage split over a TP pair (t2p1d1). Its shards no longer match any rank's tensors. Every
 # tensor a rank holds is a piece of the full model at a place the layout decides
-# (`lessonlib.shard_map.placement`), so a new rank reads the old shards that hold its pieces,
+# (`lessonlib.long_run.shard_map.placement`), so a new rank reads the old shards that hold its pieces,
 # assembles those full tensors and cuts out its own: a copy, no arithmetic, so the weights
 # and AdamW's moments are the same bits (`tests/test_reshard.py` checks them). Here the crashed-and-resumed run goes on to step 50 on the new layout,
 # beside the uninterrupted run going on to step 50 on the old one:

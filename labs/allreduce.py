@@ -30,36 +30,37 @@ from lessonlib.lab import labargs, labkit
 from lessonlib.costmodel.alpha_beta import LINKS, fit_alpha_beta, predict_from_fit
 from lessonlib.costmodel.comm import (bus_bandwidth, parameter_server_bytes,
                                       ring_allreduce_bytes_per_rank)
-from lessonlib.data_parallel.bench import ALL_ALGORITHMS, allreduce_bench, slowest_rank_median
+from lessonlib.data_parallel.bench import (ALL_ALGORITHMS, BenchRun, allreduce_bench,
+                                           slowest_rank_median)
 
 GB = 1e9
 
 
-def summarize(ranks: list[dict], size: int, n: int) -> dict:
+def summarize(ranks: list[BenchRun], size: int, n: int) -> dict:
     """One size's per-algorithm record from every rank's ``allreduce_bench`` output."""
     out = {}
-    for name in ranks[0]["sizes"][size]:
-        rows = [r["sizes"][size][name] for r in ranks]
-        t = slowest_rank_median([row["times"] for row in rows])
+    for name in ranks[0].sizes[size]:
+        rows = [r.sizes[size][name] for r in ranks]
+        t = slowest_rank_median([row.times for row in rows])
         entry = {"time_s": t, "algbw_GBps": size / t / GB,
                  "busbw_GBps": bus_bandwidth("all_reduce", n, size, t) / GB,
-                 "max_error": max(row["max_error"] for row in rows),
-                 "timed_calls": len(rows[0]["times"])}
+                 "max_error": max(row.max_error for row in rows),
+                 "timed_calls": len(rows[0].times)}
         if name != "torch":            # the ledger sees lessonlib's messages, not gloo's own
-            sent = [row["bytes_sent"] for row in rows]
+            sent = [row.bytes_sent for row in rows]
             entry["bytes_sent_per_rank"] = sent
             if name == "ring":
                 entry["bytes_theory_per_rank"] = ring_allreduce_bytes_per_rank(n, size)
             if name == "naive_ring":
                 entry["bytes_theory_per_rank"] = (n - 1) * size
             if name == "parameter_server":
-                entry["server_link_bytes"] = rows[0]["bytes_sent"] + rows[0]["bytes_received"]
+                entry["server_link_bytes"] = rows[0].bytes_sent + rows[0].bytes_received
                 entry["server_link_bytes_theory"] = parameter_server_bytes(n, size)
         out[name] = entry
     return out
 
 
-def measure(n: int, sizes: list[int], args) -> list[dict]:
+def measure(n: int, sizes: list[int], args) -> list[BenchRun]:
     return lessonlib.run(allreduce_bench, n, sizes, args.algorithms, budget_s=args.budget_s,
                          min_iters=min(3, args.steps), max_iters=args.steps, timeout=args.timeout)
 
@@ -98,14 +99,14 @@ def measure_all(args, settings: dict) -> dict:
     """One launch at one message size, or (``--sweep``) every world size x size."""
     if not args.sweep:
         ranks = measure(args.world_size, [settings["size_bytes"]], args)
-        return {"info": ranks[0]["info"],
+        return {"info": ranks[0].info,
                 "results": summarize(ranks, settings["size_bytes"], len(ranks))}
     # under torchrun the world size is fixed: a sweep covers the message sizes only
     world_sizes = [None] if launcher.under_torchrun() else args.world_sizes
     points = {name: [] for name in args.algorithms}
     for w in world_sizes:
         ranks = measure(w or 1, args.sizes, args)
-        n, info = len(ranks), ranks[0]["info"]
+        n, info = len(ranks), ranks[0].info
         for size in args.sizes:
             for name, entry in summarize(ranks, size, n).items():
                 points[name].append({"world_size": n, "size_bytes": size, **entry})

@@ -77,10 +77,10 @@ def test_shipped_results_are_read_from_one_place():
 
 
 def test_allreduce_measurements_come_back_as_named_rows():
-    from lessonlib.data_parallel.bench import records
+    from lessonlib.data_parallel.bench import AlgorithmRun, BenchRun, records
 
-    one = {"rank": 1, "sizes": {1024: {"ring": {"times": [3.0, 1.0, 2.0], "max_error": 0.0,
-                                                  "bytes_sent": 768, "bytes_received": 768}}}}
+    ring = AlgorithmRun(times=[3.0, 1.0, 2.0], max_error=0.0, bytes_sent=768, bytes_received=768)
+    one = BenchRun(rank=1, sizes={1024: {"ring": ring}}, info={})
     (row,) = records({4: [one]})
     assert (row.n, row.rank, row.size_bytes, row.algorithm, row.bytes_sent) == (4, 1, 1024,
                                                                               "ring", 768)

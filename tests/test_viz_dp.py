@@ -4,6 +4,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 from lessonlib import costmodel as cm  # noqa: E402
+from lessonlib.data_parallel.bench import AlgorithmRun, BenchRun  # noqa: E402
 from lessonlib.viz import dp  # noqa: E402
 
 S = 1024
@@ -13,9 +14,12 @@ def _ranks(n):
     """Ledger totals as allreduce_bench reports them, from the theory, for n ranks."""
     ring = int(cm.ring_allreduce_bytes_per_rank(n, S))
     server = (n - 1) * S
-    return [{"sizes": {S: {"ring": {"bytes_sent": ring, "bytes_received": ring},
-                           "parameter_server": {"bytes_sent": server if r == 0 else S,
-                                                "bytes_received": server if r == 0 else S}}}}
+    def run(sent, received):
+        return AlgorithmRun(times=[], max_error=0.0, bytes_sent=sent, bytes_received=received)
+
+    return [BenchRun(rank=r, info={}, sizes={S: {
+                "ring": run(ring, ring),
+                "parameter_server": run(server if r == 0 else S, server if r == 0 else S)}})
             for r in range(n)]
 
 

@@ -43,7 +43,7 @@ def slowest_rank_median(per_rank_times) -> float:
 def call_time(ranks, size: int, algorithm: str) -> float:
     """One algorithm's time at one size from every rank's ``allreduce_bench`` result: the
     median over calls of the slowest rank's time."""
-    return slowest_rank_median([r["sizes"][size][algorithm]["times"] for r in ranks])
+    return slowest_rank_median([r.sizes[size][algorithm].times for r in ranks])
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,27 @@ def stored_sweep(name: str = "dp_cpu_results.json") -> StoredSweep:
 
 
 # ---------------------------------------------------------------- on the ranks
+@dataclass(frozen=True)
+class AlgorithmRun:
+    """One algorithm at one message size on one rank: the seconds of each timed call, the
+    largest difference from ``dist.all_reduce``, the bytes the ledger saw it send and receive."""
+    times: list[float]
+    max_error: float
+    bytes_sent: int
+    bytes_received: int
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One rank's ``allreduce_bench``: ``sizes[size_bytes][algorithm]`` an ``AlgorithmRun``,
+    and the rank's ``labkit.rank_info()``."""
+    rank: int
+    sizes: dict[int, dict[str, AlgorithmRun]]
+    info: dict
+
+
 def allreduce_bench(sizes_bytes, algorithms=ALL_ALGORITHMS, budget_s: float = 2.0,
-                    min_iters: int = 3, max_iters: int = 20) -> dict:
+                    min_iters: int = 3, max_iters: int = 20) -> BenchRun:
     """For each size: run every algorithm once against ``dist.all_reduce`` (ledger on),
     then time them in turns; the number of turns fits ``budget_s`` (at least ``min_iters``)."""
     everything = {**ALGORITHMS, "torch": torch_all_reduce}
@@ -89,27 +108,29 @@ def allreduce_bench(sizes_bytes, algorithms=ALL_ALGORITHMS, budget_s: float = 2.
         expected = data.clone()
         comm.all_reduce(expected)
         x = torch.empty_like(data)
-        row, start = {}, time.perf_counter()
+        checked, start = {}, time.perf_counter()
         for name in algorithms:
             x.copy_(data)
             with comm.ledger() as book:
                 everything[name](x)
             error = (x - expected).abs().max().item() if numel else 0.0
-            row[name] = {"times": [], "max_error": error, "bytes_sent": book.total_bytes("send"),
-                         "bytes_received": book.total_bytes("recv")}
+            checked[name] = {"max_error": error, "bytes_sent": book.total_bytes("send"),
+                             "bytes_received": book.total_bytes("recv")}
         once = torch.tensor([time.perf_counter() - start], device=dev)
         comm.all_reduce(once, op=dist.ReduceOp.MAX)       # every rank must pick the same count
         iters = int(min(max_iters, max(min_iters, budget_s // max(once.item(), 1e-9))))
+        times = {name: [] for name in algorithms}
         for i in range(iters):
             for name in algorithms:
                 x.copy_(data)
                 comm.barrier()
                 t0 = device.timer()
                 everything[name](x, check=False)          # shapes were checked above
-                row[name]["times"].append(device.timer() - t0)
+                times[name].append(device.timer() - t0)
             progress(f"{size} bytes, turn {i + 1} of {iters}")
-        out[int(size)] = row
-    return {"rank": rank, "sizes": out, "info": labkit.rank_info()}
+        out[int(size)] = {name: AlgorithmRun(times=times[name], **checked[name])
+                          for name in algorithms}
+    return BenchRun(rank=rank, sizes=out, info=labkit.rank_info())
 
 
 class AllReduceRecord(NamedTuple):
@@ -124,12 +145,12 @@ class AllReduceRecord(NamedTuple):
     median_s: float
 
 
-def records(runs_by_n: dict) -> list[AllReduceRecord]:
+def records(runs_by_n: dict[int, list[BenchRun]]) -> list[AllReduceRecord]:
     """``{n: allreduce_bench's per-rank results}`` as one flat list of named rows."""
-    return [AllReduceRecord(n, r["rank"], size, name, row["bytes_sent"], row["bytes_received"],
-                            row["max_error"], statistics.median(row["times"]))
+    return [AllReduceRecord(n, r.rank, size, name, run.bytes_sent, run.bytes_received,
+                            run.max_error, statistics.median(run.times))
             for n, ranks in runs_by_n.items() for r in ranks
-            for size, by_name in r["sizes"].items() for name, row in by_name.items()]
+            for size, by_name in r.sizes.items() for name, run in by_name.items()]
 
 
 def ddp_bench(rungs=("bucketed", "naive", "torch"), cfg: GPTConfig = TEN_M, batch: int = 4,

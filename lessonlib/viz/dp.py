@@ -118,14 +118,14 @@ def plot_allreduce(points: dict, fits: dict, world_size: int = 4, size_bytes: in
     return fig
 
 
-def busiest_link(ranks: list[dict], size_bytes: int, alg: str) -> int:
+def busiest_link(ranks: list, size_bytes: int, alg: str) -> int:
     """Bytes through the busiest rank's link in one direction (sent or received, whichever is
-    larger), from each rank's ledger totals in an ``allreduce_bench`` result."""
-    return max(max(r["sizes"][size_bytes][alg]["bytes_sent"],
-                   r["sizes"][size_bytes][alg]["bytes_received"]) for r in ranks)
+    larger), from each rank's ledger totals in an ``allreduce_bench`` result (``BenchRun``)."""
+    return max(max(run.bytes_sent, run.bytes_received)
+               for run in (r.sizes[size_bytes][alg] for r in ranks))
 
 
-def plot_busiest_link(runs: dict[int, list[dict]], size_bytes: int):
+def plot_busiest_link(runs: dict[int, list], size_bytes: int):
     """Per direction, the busiest link's bytes against n: ledger counts (markers, from
     ``runs[n]`` = each rank's ``allreduce_bench`` result) on the theory (lines): a parameter
     server's link carries (n-1)·S each way, a ring rank's 2(n-1)/n·S, so the ratio is n/2."""

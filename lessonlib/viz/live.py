@@ -149,9 +149,9 @@ def measure_allreduce(ranks: int, size_kib: int, budget_s: float = 0.3) -> dict:
     size = size_kib * KiB
     per_rank = launcher.launch(dp_bench.allreduce_bench, ranks, [size], ALLREDUCE_ALGORITHMS,
                                budget_s=budget_s, min_iters=3, max_iters=8)
-    rows = [r["sizes"][size] for r in per_rank]
-    return {alg: {"time_s": dp_bench.slowest_rank_median([r[alg]["times"] for r in rows]),
-                  "busiest_link_bytes": max(max(r[alg]["bytes_sent"], r[alg]["bytes_received"])
+    rows = [r.sizes[size] for r in per_rank]
+    return {alg: {"time_s": dp_bench.slowest_rank_median([r[alg].times for r in rows]),
+                  "busiest_link_bytes": max(max(r[alg].bytes_sent, r[alg].bytes_received)
                                             for r in rows)}
             for alg in ALLREDUCE_ALGORITHMS}
 

@@ -30,9 +30,9 @@ from IPython.display import display
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_least, at_most, claim, within
-from lessonlib.pipeline import runs
-from lessonlib.pipeline import actions, schedules
+from lessonlib.pipeline import actions, runs, schedules
 from lessonlib.pipeline.check import ScheduleError
+from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.validate import replay, simulate
 from lessonlib.tensor_parallel import ops as tp_ops, runs as tp_runs
 from lessonlib.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -264,10 +264,13 @@ ex.check_tp_traffic_ratio(ratio_solution, t_from=4, t_to=8)
 # all forwards, then all backwards; 1F1B (PipeDream-Flush, Narayanan et al. 2021) lets stage
 # `s` run `p - s - 1` warm-up forwards, then alternates one forward and one backward. As
 # data, a schedule is checked before any process starts (below: GPipe's order on stage 1
-# with 1F1B's elsewhere deadlocks). 1F1B's order in lessonlib:
+# with 1F1B's elsewhere deadlocks). 1F1B's order in lessonlib, then the executor's step,
+# which runs any such order on a real rank: each unit is one compute (F, B, or W once the
+# backward is split, section 2.5) or one batch of sends and receives, every message through
+# `comm`:
 
 # %%
-show(schedules.one_f_one_b_order)
+show(schedules.one_f_one_b_order, PipelineExecutor.step)
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -156,12 +156,11 @@ def rank_sp_layernorm() -> Parity:
     return sp_runs.parity_report(2, steps=1, modes=("tp+sp",), models=()).vs_dense["tp+sp"]
 
 
-def rank_cp_method(method: str) -> dict:
+def rank_cp_method(method: str) -> cp_runs.MethodReport:
     """One context-parallel method over the world (c = 2; 4 query heads, GQA and a document
     mask where it takes them) vs one-process attention: errors of the output and gradients."""
-    r = cp_runs.method_report(None, 2, method, gqa=method != "ring", docs=cp_runs.DOCS,
-                              heads=4)
-    return {what: r[what] for what in ("output", "dq", "dk", "dv")}
+    return cp_runs.method_report(None, 2, method, gqa=method != "ring", docs=cp_runs.DOCS,
+                                 heads=4)
 
 
 # ---------------------------------------------------------------- the caller side
@@ -240,7 +239,8 @@ def _sp_layernorm(r):
 
 def _cp(method):
     def summary(r):
-        worst = {w: max(x[w] for x in r) for w in ("output", "dq", "dk", "dv")}
+        worst = {"output": max(x.output for x in r), "dq": max(x.dq for x in r),
+                 "dk": max(x.dk for x in r), "dv": max(x.dv for x in r)}
         err, tol = max(worst.values()), 1e-12
         off = ", ".join(w for w, e in worst.items() if e > tol) or "nothing"
         right = ", ".join(w for w, e in worst.items() if e <= tol) or "nothing"

@@ -17,6 +17,7 @@ import pytest
 
 import lessonlib
 from lessonlib.context_parallel import method_runs, runs
+from lessonlib.context_parallel.method_runs import ForwardBackward
 from lessonlib.context_parallel.methods import METHODS
 from lessonlib.costmodel.context import cp_bytes_sent_per_rank, document_work
 from lessonlib.models import GPTConfig
@@ -58,9 +59,10 @@ def _assert_is_attention(reports, c, method):
     for case in _cases(method):
         for attention in reports:
             report = attention[(c, *case)]
-            for what in ("output", "gathered_output", "dq", "dk", "dv"):
-                assert report[what] < TOL, (f"rank {report['rank']} c={c} {case}: {what} "
-                                            f"off by {report[what]:.1e}")
+            errors = {"output": report.output, "gathered_output": report.gathered_output,
+                      "dq": report.dq, "dk": report.dk, "dv": report.dv}
+            for what, err in errors.items():
+                assert err < TOL, f"rank {report.rank} c={c} {case}: {what} off by {err:.1e}"
 
 
 @pytest.mark.timeout(150)
@@ -83,8 +85,8 @@ def test_bytes_sent_equal_the_formula_and_no_nccl_hazard(ranks, method):
         for case in _cases(method):
             members = [r["attention"][(c, *case)] for r in _members(ranks, c)]
             for report in members:
-                assert report["sent"] == report["predicted_sent"], (c, case)
-            assert nccl_hazards([m["events"] for m in members]) == [], (c, case)
+                assert report.sent == report.predicted_sent, (c, case)
+            assert nccl_hazards([m.events for m in members]) == [], (c, case)
 
 
 @pytest.mark.timeout(150)
@@ -92,15 +94,15 @@ def test_the_bytes_by_hand_and_what_gqa_saves(ranks):
     # c = 4: b = 2, s = 24 (s/c = 6), 8 query heads, head_dim 4, float64 (8 bytes)
     q = 2 * 8 * 6 * 4 * 8                                   # a q shard: 3072 bytes
     for gqa, docs, kv in ((False, None, 2 * q), (True, method_runs.DOCS, q)):  # 8 or 4 heads
-        sent = {m: ranks[0]["attention"][4, m, "zigzag", True, gqa, docs]["sent"]
+        sent = {m: ranks[0]["attention"][4, m, "zigzag", True, gqa, docs].sent
                 for m in METHODS}
-        assert sent["allgather"] == {"forward": 3 * kv, "backward": 3 * kv}
-        assert sent["ulysses"] == {"forward": 3 * (2 * q + kv) // 4,
-                                   "backward": 3 * (2 * q + kv) // 4}
+        assert sent["allgather"] == ForwardBackward(forward=3 * kv, backward=3 * kv)
+        assert sent["ulysses"] == ForwardBackward(forward=3 * (2 * q + kv) // 4,
+                                                  backward=3 * (2 * q + kv) // 4)
         # the ring repeats K and V to all 8 heads first: GQA saves it nothing
-        assert sent["ring"] == {"forward": 3 * 2 * q, "backward": 7 * 2 * q}
-    assert ranks[0]["attention"][4, "ulysses", "zigzag", True, True, method_runs.DOCS][
-        "kv_heads"] == 4
+        assert sent["ring"] == ForwardBackward(forward=3 * 2 * q, backward=7 * 2 * q)
+    assert ranks[0]["attention"][4, "ulysses", "zigzag", True, True,
+                                 method_runs.DOCS].kv_heads == 4
     assert cp_bytes_sent_per_rank("ulysses", 1, 2, 24, 8, 4, 4, 8) == (0, 0)
 
 

@@ -2,7 +2,7 @@
 notebook 12 and ``labs/cp.py --method`` launch.
 
 What it teaches: ring, all-gather and Ulysses are the same attention. ``method_report``
-runs one method on this rank's shards of q, k, v built from one seed (float64; k and v with
+(a ``MethodReport``) runs one method on this rank's shards of q, k, v built from one seed (float64; k and v with
 fewer heads under GQA; an optional document mask of uneven documents) and compares its
 output and its gradients of q, k and v with one-process attention on the whole tensors
 (``masks.attention``: PyTorch's ``scaled_dot_product_attention`` under the same mask). It
@@ -51,9 +51,41 @@ def doc_ids_of(lengths, b: int, s: int, device=None):
     return ids.expand(b, s).contiguous().to(device)
 
 
+@dataclass(frozen=True)
+class ForwardBackward:
+    """One quantity of the forward pass and of the backward pass."""
+    forward: object
+    backward: object
+
+
+@dataclass(frozen=True)
+class MethodReport:
+    """One method on one rank against one-process attention: the case (c, method, layout,
+    mask, heads, K/V heads, documents); the largest errors of this rank's output shard, of
+    the gathered output and of the gradients of q, k and v; the bytes it sent against the
+    formula's, the ledgers' summaries and every event, forward then backward."""
+    rank: int
+    c: int
+    method: str
+    layout: str
+    causal: bool
+    heads: int
+    kv_heads: int
+    docs: tuple | None
+    output: float
+    gathered_output: float
+    dq: float
+    dk: float
+    dv: float
+    sent: ForwardBackward
+    predicted_sent: ForwardBackward
+    calls: ForwardBackward
+    events: list
+
+
 def method_report(group, c: int, method: str, layout: str = "zigzag", causal: bool = True,
                   gqa: bool = False, docs=None, b=2, s=24, head_dim=4, heads=None,
-                  seed=0) -> dict:
+                  seed=0) -> MethodReport:
     """One method on this rank's shards against one process on the whole tensors."""
     heads = heads or heads_for(c)
     kv_heads = heads // 2 if gqa else heads
@@ -71,22 +103,23 @@ def method_report(group, c: int, method: str, layout: str = "zigzag", causal: bo
     with comm.ledger() as backward:
         out.backward(shard_sequence(grad, group, layout, dim=2))
     rank = dist.get_rank()
-    report = {
-        "rank": rank, "c": c, "method": method, "layout": layout, "causal": causal,
-        "heads": heads, "kv_heads": kv_heads, "docs": docs,
-        "output": _max_err(out.detach(), shard_sequence(reference.detach(), group, layout, 2)),
-        "gathered_output": _max_err(unshard_sequence(out.detach(), group, layout, 2),
-                                    reference.detach()),
-        "sent": {"forward": sent_bytes(forward.events, rank),
-                 "backward": sent_bytes(backward.events, rank)},
-        "predicted_sent": dict(zip(("forward", "backward"), cp_bytes_sent_per_rank(
-            method, c, b, s, heads, heads if method == "ring" else kv_heads, head_dim,
-            bytes_per_value=8))),                    # the ring's blocks carry every head
-        "calls": {"forward": forward.summary(), "backward": backward.summary()},
-        "events": forward.events + backward.events}
-    for name, shard, whole in zip("qkv", shards, full):
-        report[f"d{name}"] = _max_err(shard.grad, shard_sequence(whole.grad, group, layout, 2))
-    return report
+    dq, dk, dv = (_max_err(shard.grad, shard_sequence(whole.grad, group, layout, 2))
+                  for shard, whole in zip(shards, full))
+    predicted = cp_bytes_sent_per_rank(method, c, b, s, heads,
+                                       heads if method == "ring" else kv_heads, head_dim,
+                                       bytes_per_value=8)  # the ring's blocks carry every head
+    return MethodReport(
+        rank=rank, c=c, method=method, layout=layout, causal=causal, heads=heads,
+        kv_heads=kv_heads, docs=docs,
+        output=_max_err(out.detach(), shard_sequence(reference.detach(), group, layout, 2)),
+        gathered_output=_max_err(unshard_sequence(out.detach(), group, layout, 2),
+                                 reference.detach()),
+        dq=dq, dk=dk, dv=dv,
+        sent=ForwardBackward(forward=sent_bytes(forward.events, rank),
+                             backward=sent_bytes(backward.events, rank)),
+        predicted_sent=ForwardBackward(*predicted),
+        calls=ForwardBackward(forward=forward.summary(), backward=backward.summary()),
+        events=forward.events + backward.events)
 
 
 def cases(methods=METHODS, layouts=LAYOUTS, causals=(True, False)):
@@ -98,7 +131,7 @@ def cases(methods=METHODS, layouts=LAYOUTS, causals=(True, False)):
 
 
 def method_reports(cs=(1, 2, 3, 4), methods=METHODS, **shape) -> dict:
-    """``method_report`` for every c and case in one launch: {(c, *case): report}; ranks
+    """``method_report`` for every c and case in one launch: {(c, *case): MethodReport}; ranks
     in no group of c report nothing for it."""
     out = {}
     for c in cs:

@@ -19,12 +19,16 @@ lesson 05's, so every (dp, pp, tp) layout is what it was.
 
 Two halves:
 
-* pure (no processes, in ``grid_layout``): ``grid_mesh``, ``axis_groups``, ``placements``, ``layout_table`` and
-  ``check_grid`` draw and check any layout, e.g. (d, p, t) = (2, 2, 8) on 4 servers;
+* pure (no processes, in ``grid_layout``): ``grid_mesh``, ``axis_groups``, ``placements``,
+  ``layout_table`` and ``check_grid`` draw and check any layout, e.g. (d, p, t) = (2, 2, 8)
+  on 4 servers;
 * on the ranks: ``ParallelContext.build(dp, pp, tp)`` creates *every* group of every axis on
   every rank, in the same order (``dist.new_group`` is collective over the world, so a rank
-  that skipped one would hang the others), and freezes this rank's coordinates and groups in
-  a small dataclass that the parallel code receives as an argument (no global state).
+  that skipped one would hang the others), and freezes this rank's place in a small
+  dataclass that the parallel code receives as an argument (no global state): one record
+  per axis, ``ctx.axis("tp")`` (size, rank, group, ranks). The layouts' groups are all made
+  here (``new_groups``); the context-parallel and expert-parallel lessons' grids are views
+  built with ``only=`` the axes they need, so they create those groups alone.
 
 PyTorch offers the same arrangement as ``init_device_mesh(kind, (dp, pp, tp),
 mesh_dim_names=("dp", "pp", "tp"))``; ``device_mesh_view`` reads its groups so a test (and
@@ -59,8 +63,8 @@ def new_groups(lines: list[list[int]]) -> list:
 class Axis:
     """One axis of the grid as this rank sees it: ``size`` ranks along it, this rank's
     coordinate ``rank`` on it, its process ``group`` (None where none was created: cp = 1,
-    ep = 1, or an axis ``build``'s ``only`` left out) and the global ``ranks`` of that group in axis order (``comm.send``/``recv``
-    take global ranks)."""
+    ep = 1, or an axis ``build``'s ``only`` left out) and the global ``ranks`` of that group
+    in axis order (``comm.send``/``recv`` take global ranks)."""
     name: str
     size: int
     rank: int
@@ -211,7 +215,7 @@ def demo_axes(dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1,
     ctx = ParallelContext.build(dp, pp, tp, cp=cp, ep=ep, order=order)
     torch_view = device_mesh_view(dp, pp, tp, cp, order)
     ours = {"coords": ctx.coords4 if cp > 1 else ctx.coords,
-            **{f"{a}_ranks": getattr(ctx, f"{a}_ranks") for a in ALL_AXES if a != "cp" or cp > 1}}
+            **{f"{a}_ranks": ctx.axis(a).ranks for a in ALL_AXES if a != "cp" or cp > 1}}
     out = {"rank": ctx.rank, "ours": ours, "torch": torch_view, "ep_ranks": ctx.ep_ranks,
            "edp_ranks": ctx.edp_ranks, "dp_cp_ranks": ctx.dp_cp_ranks,
            "agrees_with_torch": ours == torch_view}
@@ -228,7 +232,7 @@ def demo_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> di
     sums = {}
     for axis in AXES:
         x = torch.tensor([float(ctx.rank)], device=device.current_device())
-        comm.all_reduce(x, group=getattr(ctx, f"{axis}_group"))
+        comm.all_reduce(x, group=ctx.axis(axis).group)
         sums[axis] = x.item()
     torch_view = device_mesh_view(dp, pp, tp)
     return {"rank": ctx.rank, "coords": ctx.coords, "tp_ranks": ctx.tp_ranks,

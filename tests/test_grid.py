@@ -4,12 +4,15 @@ import warnings
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import lessonlib
+from lessonlib.context_parallel.gpt import ContextParallelGrid
 from lessonlib.costmodel import group_spans_nodes
+from lessonlib.expert_parallel.groups import ExpertParallelContext
 from lessonlib.grid import ParallelContext, device_mesh_view
-from lessonlib.grid_layout import (GridWarning, axis_groups, check_grid, grid_mesh, layout_table,
-                                   placements)
+from lessonlib.grid_layout import (GROUP_AXES, MEGATRON_ORDER, GridWarning, axis_groups,
+                                   check_grid, grid_mesh, layout_table, placements)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,6 +115,7 @@ def build_many_layouts():
         out.append({"ctx": (ctx.coords, ctx.dp_ranks, ctx.pp_ranks, ctx.tp_ranks,
                             ctx.prev_stage_rank, ctx.next_stage_rank),
                     "sums": sums, "torch": device_mesh_view(dp, pp, tp)})
+    out.append(views_and_axes())
     try:
         ParallelContext.build(2, 2, 2)
         out.append("accepted")
@@ -120,8 +124,33 @@ def build_many_layouts():
     return out
 
 
-def test_context_on_four_ranks_matches_device_mesh_and_groups_talk(no_children_left):
-    results = lessonlib.launch(build_many_layouts, 4, timeout=90)
+def views_and_axes() -> dict:
+    """Every group the context-parallel and expert-parallel views create, in order, and what
+    they read; a (t, c) = (2, 2) context's axis records against its flat names."""
+    with lessonlib.comm.ledger() as book:
+        cp, ep = ContextParallelGrid.build(2), ExpertParallelContext.build(2)
+    ctx = ParallelContext.build(1, 1, 2, cp=2, order=MEGATRON_ORDER)
+    out = {"made": [e.ranks for e in book.events if e.op == "new_group"],
+           "cp": (cp.d, cp.cp_rank, cp.dp_rank, dist.get_process_group_ranks(cp.group)),
+           "ep": (ep.ep_rank, ep.ep_ranks, ep.expert_dp_ranks,
+                  dist.get_process_group_ranks(ep.ep_group),
+                  dist.get_process_group_ranks(ep.expert_dp_group)),
+           "axes": {a: (ctx.axis(a).size, ctx.axis(a).rank, ctx.axis(a).ranks) for a in GROUP_AXES},
+           "flat": {a: (getattr(ctx, a), getattr(ctx, f"{a}_rank"), getattr(ctx, f"{a}_ranks"))
+                    for a in GROUP_AXES},
+           "groups": {a: ctx.axis(a).group is getattr(ctx, f"{a}_group") for a in GROUP_AXES}}
+    for made in (cp, ep, ctx):
+        made.destroy()
+    return out
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    return lessonlib.launch(build_many_layouts, 4, timeout=90)
+
+
+def test_context_on_four_ranks_matches_device_mesh_and_groups_talk(four_ranks, no_children_left):
+    results = four_ranks
     for rank, per_layout in enumerate(results):
         assert "world_size=4" in per_layout[-1]
         for (dp, pp, tp), got in zip(LAYOUTS, per_layout):
@@ -133,3 +162,39 @@ def test_context_on_four_ranks_matches_device_mesh_and_groups_talk(no_children_l
             assert got["sums"] == [float(sum(g)) for g in (dp_ranks, pp_ranks, tp_ranks)]
             assert prev == (pp_ranks[pl.pp - 1] if pl.pp > 0 else None)
             assert nxt == (pp_ranks[pl.pp + 1] if pl.pp < pp - 1 else None)
+
+
+def test_the_cp_and_ep_views_make_their_groups_in_the_grids_order(four_ranks):
+    """The views create only their axes' groups, as the lessons did before they were views
+    (the NCCL traces depend on it): c = 2 consecutive ranks, then e = 2 consecutive ranks and
+    the ranks e apart holding the same experts."""
+    for rank, per_layout in enumerate(four_ranks):
+        views = per_layout[len(LAYOUTS)]
+        assert views["made"] == [(0, 1), (2, 3), (0, 1), (2, 3), (0, 2), (1, 3)]
+        pair, apart = (rank - rank % 2, rank - rank % 2 + 1), (rank % 2, rank % 2 + 2)
+        assert views["cp"] == (2, rank % 2, rank // 2, list(pair))
+        assert views["ep"] == (rank % 2, pair, apart, list(pair), list(apart))
+
+
+def test_axes_are_records_the_flat_names_read(four_ranks):
+    """(t, c) = (2, 2) in Megatron-Core's order on 4 ranks: tp pairs, cp ranks 2 apart."""
+    for rank, per_layout in enumerate(four_ranks):
+        views = per_layout[len(LAYOUTS)]
+        pair, apart = (rank - rank % 2, rank - rank % 2 + 1), (rank % 2, rank % 2 + 2)
+        assert views["axes"] == {"tp": (2, rank % 2, pair), "pp": (1, 0, (rank,)),
+                                 "dp": (1, 0, (rank,)), "cp": (2, rank // 2, apart),
+                                 "dp_cp": (2, rank // 2, apart), "ep": (1, 0, (rank,)),
+                                 "edp": (1, 0, (rank,))}
+        assert views["flat"] == views["axes"]
+        assert all(views["groups"].values())
+
+
+def test_only_gives_the_named_axes_whatever_their_sizes():
+    assert axis_groups(2, 1, 1, cp=2, only=("cp",)) == {"cp": [[0, 1], [2, 3]]}
+    assert axis_groups(4, 1, 1, only=("cp",)) == {"cp": [[0], [1], [2], [3]]}
+    assert axis_groups(4, 1, 1, ep=2, only=("ep", "edp")) == {"ep": [[0, 1], [2, 3]],
+                                                              "edp": [[0, 2], [1, 3]]}
+    everything = axis_groups(2, 2, 2, cp=2, ep=2, order=MEGATRON_ORDER)
+    assert axis_groups(2, 2, 2, cp=2, ep=2, order=MEGATRON_ORDER, only=GROUP_AXES) == everything
+    with pytest.raises(ValueError, match="no axis"):
+        axis_groups(2, 1, 1, only=("sp",))

@@ -36,7 +36,8 @@ from lessonlib.moe import moe_layers
 @dataclass(frozen=True)
 class ExpertParallelContext:
     """This rank's expert-parallel group (e consecutive ranks) and expert-data-parallel
-    group (the d/e ranks e apart that hold the same experts)."""
+    group (the d/e ranks e apart that hold the same experts): a view of ``ParallelContext``'s
+    ep and edp axes with all d ranks data-parallel."""
     e: int
     d: int
     ep_rank: int
@@ -47,8 +48,8 @@ class ExpertParallelContext:
 
     @classmethod
     def build(cls, e: int) -> "ExpertParallelContext":
-        """The grid's ep and edp axes with all d ranks data-parallel, made by
-        ``ParallelContext`` (those groups alone, on every rank, same order)."""
+        """Create the ep and edp groups alone (``ParallelContext.build``'s ``only``), on
+        every rank in the same order, and keep this rank's."""
         d = dist.get_world_size()
         e = positive_int("e", e, most=d, what="ranks of an expert-parallel group")
         if d % e:

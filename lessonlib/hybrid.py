@@ -28,7 +28,6 @@ GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --layouts t2p2d2`` (NCCL, 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 
 from lessonlib import comm, device
 from lessonlib.instruments import placement
@@ -37,7 +36,7 @@ from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import check_grid
 from lessonlib.hybrid_axes.build import build_stage, check_3d_layout, stage_counts
-from lessonlib.hybrid_axes.runs import largest, reference, step_losses
+from lessonlib.hybrid_axes.runs import StepTraffic, largest, reference, step_losses
 from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.launcher import launch
 from lessonlib.models import HYBRID_CONFIG, GPTConfig, TinyGPT
@@ -45,15 +44,6 @@ from lessonlib.tensor_parallel.parallelize import param_bytes
 
 
 # ---------------------------------------------------------------- the run and its proof
-@dataclass(frozen=True)
-class StepTraffic:
-    """One step's messages on one rank, as its two ledgers summed them (``Ledger.summary``:
-    {op: {"calls", "bytes", "seconds"}}): ``pipe`` the pipeline's (TP all-reduces inside the
-    stage, PP sends and receives between stages), ``dp`` the gradient averaging's."""
-    pipe: dict
-    dp: dict
-
-
 def train(dp: int, pp: int, tp: int, cfg: GPTConfig = HYBRID_CONFIG, m: int = 2,
           global_batch: int = 8, steps: int = 3, lr: float = 0.1, seed: int = 0,
           check: bool = True, warmup: int = 0) -> dict:

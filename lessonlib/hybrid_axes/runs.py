@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 from lessonlib import comm, device
 from lessonlib.instruments import placement
@@ -26,6 +27,15 @@ from lessonlib.models import HYBRID_CONFIG, GPTConfig, TinyGPT
 
 
 # ---------------------------------------------------------------- the run and its proof
+@dataclass(frozen=True)
+class StepTraffic:
+    """One step's messages on one rank, as its two ledgers summed them (``Ledger.summary``:
+    {op: {"calls", "bytes", "seconds"}}): ``pipe`` the pipeline's (TP all-reduces inside the
+    stage, PP sends and receives between stages), ``dp`` the gradient averaging's."""
+    pipe: dict
+    dp: dict
+
+
 def my_share(model: TinyGPT, ctx: ParallelContext, shard_on: str, sp: bool) -> list:
     """This rank's share of ``model``'s tensors: its shard's, or under FSDP their row shards."""
     tensors = list(build_stage(model, ctx, sp).parameters())
@@ -52,8 +62,9 @@ def train(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
           m: int = 2, global_batch: int = 8, steps: int = 3, lr: float = 0.1,
           seed: int = 0, sp: bool = False) -> dict:
     """Rank side: ``steps`` SGD steps on the grid, then this rank's shard of one process's
-    first-step gradients and final weights against its own; ``events``: every message of
-    the run, groups' creation included, for ``nccl_rules.nccl_hazards``."""
+    first-step gradients and final weights against its own; ``traffic``: one ``StepTraffic``
+    per step; ``events``: every message of the run, groups' creation included, for
+    ``nccl_rules.nccl_hazards``."""
     with comm.ledger() as book:
         result = _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, seed,
                         sp)
@@ -76,7 +87,7 @@ def _train(tp, cp, pp, dp, ep, shard_on, moe, cfg, m, global_batch, steps, lr, s
         if step == 0 and not copy_first:      # the gradients the optimizer used
             first_grads = [p.grad.detach().clone() for p in trainer.params]
         losses.append(out["losses"])
-        books.append({"pipe": out["pipe"], "dp": out["dp"]})
+        books.append(StepTraffic(pipe=out["pipe"], dp=out["dp"]))
     dense, dense_grads, dense_losses = reference(make_model(cfg, moe, seed), global_batch, steps,
                                                  lr, seed, device.current_device())
     result = {"rank": ctx.rank, "coords": ctx.coords, "coords4": ctx.coords4, "losses": losses,

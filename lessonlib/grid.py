@@ -120,7 +120,7 @@ class ParallelContext:
         raise ValueError(f"no axis {name!r} in the grid: the axes are {GROUP_AXES}")
 
     @classmethod
-    def build(cls, dp: int, pp: int, tp: int, gpus_per_node: int | None = None,
+    def build(cls, dp: int, pp: int, tp: int, *, gpus_per_node: int | None = None,
               cp: int = 1, ep: int = 1, order: str = LESSON_ORDER, only=None):
         """Create every group of every axis (on every rank, same order: tp, pp, dp, then cp
         and dp_cp, then ep and edp) and keep this rank's. ``only``: the groups of the named
@@ -228,7 +228,7 @@ def demo_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> di
     all-reduce per axis), and read PyTorch's DeviceMesh for comparison."""
     from lessonlib import device
 
-    ctx = ParallelContext.build(dp, pp, tp, gpus_per_node)
+    ctx = ParallelContext.build(dp, pp, tp, gpus_per_node=gpus_per_node)
     sums = {}
     for axis in AXES:
         x = torch.tensor([float(ctx.rank)], device=device.current_device())

@@ -264,10 +264,8 @@ ex.check_tp_traffic_ratio(ratio_solution, t_from=4, t_to=8)
 # all forwards, then all backwards; 1F1B (PipeDream-Flush, Narayanan et al. 2021) lets stage
 # `s` run `p - s - 1` warm-up forwards, then alternates one forward and one backward. As
 # data, a schedule is checked before any process starts (below: GPipe's order on stage 1
-# with 1F1B's elsewhere deadlocks). 1F1B's order in lessonlib, then the executor's step,
-# which runs any such order on a real rank: each unit is one compute (F, B, or W once the
-# backward is split, section 2.5) or one batch of sends and receives, every message through
-# `comm`:
+# with 1F1B's elsewhere deadlocks). 1F1B's order, and the executor's step that runs any
+# order (units: one F, B or W, or a batch of messages):
 
 # %%
 show(schedules.one_f_one_b_order, PipelineExecutor.step)
@@ -305,10 +303,9 @@ for p, m in ((2, 2), (2, 4), (2, 8), (4, 8)):
 # %% [markdown]
 # ### 2.3 The real run
 #
-# First the proof: a tiny GPT in 2 stages, 2 SGD steps with each schedule (and PyTorch's
-# `ScheduleGPipe` and `Schedule1F1B`), against one process. Then the timing run on 2 ranks,
-# two equal stages of Linear + GeLU layers; every rank records each F, B, send and wait,
-# and what autograd saved.
+# First the proof: a tiny GPT in 2 stages, 2 SGD steps with each schedule (and PyTorch's),
+# against one process. Then the timing run: 2 equal stages of Linear + GeLU, each
+# rank recording every F, B, send and wait, and what autograd saved.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -426,10 +423,9 @@ at_least(f"T_W's share of the backward on the stages with a B ({', '.join(split)
          min(split.values()), 0.3)
 
 # %% [markdown]
-# Table 2's third assumes equal times. This run's, printed above, differ: T_W is not T_B,
-# and stage 0 runs its whole backward as W while stage 1 splits its own, so the faster
-# stage waits for the slower on every micro-batch, which no order removes. Live: one step
-# of the schedule you choose on p real ranks (headless, once).
+# Table 2's third assumes equal times. This run's differ: T_W is not T_B, and stage 0 runs
+# its whole backward as W while stage 1 splits its own, so the faster stage waits for the
+# slower on every micro-batch. Live: one step of the schedule you choose on p real ranks.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -269,7 +269,7 @@ CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance,
 @dataclass(frozen=True)
 class Check:
     """One check of one bug: whether it passed, what it compared, its largest difference
-    against its tolerance, a sentence, and ``ranks``: what each rank measured."""
+    against its tolerance, a sentence, and ``ranks``: each rank's record of what it measured."""
     bug: str
     bug_on: bool
     passed: bool

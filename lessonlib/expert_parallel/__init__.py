@@ -23,7 +23,9 @@ Read in this order, each file one idea:
   (``run_overlap()`` -> ``OverlapReport``).
 * ``measure``: what the lesson measures: the load per expert and the dropped share with no
   balancing, the auxiliary loss or the bias, the node limit's traffic over pretend nodes,
-  the layer's step and its all-to-alls' time, bare all-to-alls for the alpha-beta fit.
+  the layer's step and its all-to-alls' time, bare all-to-alls for the alpha-beta fit, and
+  the bias's two properties the bug zoo checks (a bias shared by all experts moves no output;
+  its update evens the load).
 
     from lessonlib.expert_parallel import expert_parallel, ExpertParallelContext
 

@@ -23,7 +23,7 @@ from lessonlib.pipeline.stages import device_chunks, stage_modules, stage_parame
 from lessonlib.pipeline.rounds import batched, check_batches, lockstep
 from lessonlib.pipeline.check import ScheduleError, check
 from lessonlib.pipeline.validate import simulate
-from lessonlib.instruments.stash import StashMeter
+from lessonlib.instruments.activations import ActivationMeter
 
 matplotlib.use("Agg")
 GRID = [(p, m) for p in (1, 2, 3, 4, 6) for m in (1, 2, 3, 4, 5, 8, 13)]
@@ -284,15 +284,15 @@ def test_interleaved_chunks_and_their_parameters():
 # ---------------------------------------------------------------- stash meter and executor
 def test_stash_meter_counts_saved_activations_not_parameters():
     layer = torch.nn.Linear(16, 16)
-    meter = StashMeter(layer.parameters())
+    meter = ActivationMeter(layer.parameters())
     outs = []
     for _ in range(3):
         with meter.forward():
             outs.append(torch.relu(layer(torch.randn(4, 16))))
-    assert meter.live == 3 and meter.bytes == 3 * 2 * 4 * 16 * 4   # input + relu output
+    assert meter.live_groups == 3 and meter.live_bytes == 3 * 2 * 4 * 16 * 4   # input + relu output
     for out in outs:
         out.sum().backward()
-    assert meter.live == 0 and meter.bytes == 0 and meter.peak_groups == 3
+    assert meter.live_groups == 0 and meter.live_bytes == 0 and meter.peak_groups == 3
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])

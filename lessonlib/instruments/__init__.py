@@ -9,10 +9,10 @@ handed a recorder, or its messages are recorded by ``comm``. Each file one instr
   the raw material of every Gantt chart;
 * ``breadcrumbs``: where each rank is now, so a hang names the rank and the step
   (``progress``);
-* ``stash``: live and peak activations a pipeline stage holds for its backward
-  (``StashMeter``, ``Metered``);
-* ``activations``: the bytes autograd saves in one forward pass (``saved_bytes``) and the
-  recomputation that keeps only a layer's input (``checkpoint``);
+* ``activations``: what autograd saves for backward, weights left out (``ActivationMeter``):
+  the bytes of one forward pass (``saved_bytes``), and the live and peak bytes and
+  micro-batches a pipeline stage holds (``Metered`` wraps a stage); the recomputation that
+  keeps only a layer's input (``checkpoint``);
 * ``placement``: an audit that a GPU run really computes on the GPU (what ran on the CPU
   instead is named, ``LeftOnCpu``);
 * ``nccl_trace``, ``nccl_replay``, ``nccl_inflight``, ``nccl_rules``: the collectives each

@@ -16,7 +16,8 @@ One idea per module:
 * ``rounds``: the executor's transfers grouped in rounds of one ``batch_isend_irecv``
   each (``lockstep``), and ``check_batches``, which proves such blocking batches never hang;
 * ``stages``: the chunks each device holds, over ``lessonlib.layer_split``'s cut into p
-  (or p*v) balanced stages; ``lessonlib.instruments.stash`` measures what a stage keeps for backward;
+  (or p*v) balanced stages; ``lessonlib.instruments.activations`` measures what a stage
+  keeps for backward;
 * ``executor``: ``PipelineExecutor`` runs a schedule on real ranks (gloo or NCCL) and
   records a timeline per rank;
 * ``torch_ref``: the same stages under ``torch.distributed.pipelining``;

@@ -40,7 +40,7 @@ activation shape) on the group, which also checks that the stages agree.
 One method per kind of action (``actions.Kind``). Around the loop, not in it: the recorder
 the executor is handed (``timeline.untimed`` by default; a ``timeline.StepTimeline`` lines the
 ranks up with a barrier, times every unit and leaves a breadcrumb each) gives the loop its
-units; ``stash.StashMeter`` measures what is kept for backward (count, bytes; to W).
+units; ``activations.ActivationMeter`` measures what is kept for backward (count, bytes; to W).
 Inside a 3-D grid: ``stage_ranks`` (each stage's global rank), ``group`` and the chunks.
 
 Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import bugs, comm
-from lessonlib.instruments import stash
+from lessonlib.instruments import activations
 from lessonlib.argcheck import positive_int
 from lessonlib.device import current_device
 from lessonlib.pipeline.actions import Kind, place, placement_of, virtual_stage
@@ -165,7 +165,7 @@ class PipelineExecutor:
         self.ranks, self.group, self.recorder = ranks, group, recorder
         self.device = device or current_device()
         self.units = lockstep(schedule)[stage]       # computes, and the batches between them
-        self.meter = stash.StashMeter(q for c in chunks for q in c.parameters())
+        self.meter = activations.ActivationMeter(q for c in chunks for q in c.parameters())
         self.last, self.placement = self.p * self.v - 1, placement_of(schedule)
         self.split = {(a.microbatch, a.chunk) for a in self.actions if a.kind == Kind.W}
         self.layers = [LayerOutputs(c) for c in chunks] if self.split else None
@@ -295,5 +295,5 @@ class PipelineExecutor:
         losses = [float(st.losses[i]) for i in sorted(st.losses)]
         result = StepResult(self.stage, losses, spans, wall, st.peak,
                             self.meter.peak_groups, self.meter.peak_bytes)
-        self.meter.reset_peaks()
+        self.meter.reset()
         return result

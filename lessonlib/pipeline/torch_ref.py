@@ -19,7 +19,7 @@ facts about torch 2.13 worth knowing:
   order, what a model's own overlapped forward-backward would exploit.
 
 To measure PyTorch's run the same way as lessonlib's, the stage module is wrapped in a
-``lessonlib.instruments.stash.Metered`` (saved activations, count and bytes) and the stage's
+``lessonlib.instruments.activations.Metered`` (saved activations, count and bytes) and the stage's
 ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk`` are timed
 into the same kind of timeline, with the same clock: marks (CUDA events on a GPU) read
 after one synchronize per step.
@@ -38,7 +38,7 @@ from lessonlib import comm
 from lessonlib.device import current_device, elapsed, mark, synchronize
 from lessonlib.pipeline.executor import StepResult
 from lessonlib.instruments.spans import Span
-from lessonlib.instruments.stash import Metered, StashMeter
+from lessonlib.instruments.activations import ActivationMeter, Metered
 
 TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
                    "zb-h1": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble,
@@ -74,7 +74,7 @@ class TorchPipeline:
         self.stage, self.p, self.m = stage, p, m
         self.group = group
         modules = list(module) if isinstance(module, (list, tuple)) else [module]
-        self.meter = StashMeter(q for mod in modules for q in mod.parameters())
+        self.meter = ActivationMeter(q for mod in modules for q in mod.parameters())
         index = [stage] if schedule not in V_SHAPED else [stage, 2 * p - 1 - stage]
         self.stages = [PipelineStage(Metered(mod, self.meter), k, p * len(modules),
                                      device or current_device(), group=group)
@@ -109,7 +109,7 @@ class TorchPipeline:
         if align:
             comm.barrier(self.group)
         self._spans = []
-        self.meter.reset_peaks()
+        self.meter.reset()
         t0 = mark()
         self.schedule.step(*args, return_outputs=False, **kwargs)
         end = mark()

@@ -32,7 +32,7 @@ from lessonlib import device
 from lessonlib.lab import labargs, labkit
 from lessonlib.expert_parallel.dispatch import all_to_all_rows
 from lessonlib.expert_parallel.measure import imbalance, time_layer
-from lessonlib.moe_routing import BALANCES, BIAS_STEP, GATES
+from lessonlib.models.moe_routing import BALANCES, BIAS_STEP, GATES
 
 
 def _time_dispatch(settings: dict, send: list[int], recv: list[int]) -> dict:

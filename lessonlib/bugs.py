@@ -96,7 +96,7 @@ BUGS = {b.name: b for b in (
         "DeepSeek-V3's balancing bias, meant only to choose each token's k experts, is left "
         "in the scores the combine weights are taken from: the weights are s_i + b_i instead "
         "of the affinities s_i.",
-        "lessonlib.moe_routing.queue",
+        "lessonlib.models.moe_routing.queue",
         "training runs and balances; the outputs move whenever the bias does, even by a "
         "constant shared by all experts, which changes no choice",
         "the layer with a bias shared by all experts vs without, and the token-by-token "
@@ -105,7 +105,7 @@ BUGS = {b.name: b for b in (
     Bug("moe_bias_update_sign_flipped",
         "The auxiliary-loss-free update moves each expert's bias the wrong way: up for an "
         "expert above the mean load, down for one below.",
-        "lessonlib.moe_routing.bias_update",
+        "lessonlib.models.moe_routing.bias_update",
         "no error and no change in the first step; then the busiest expert gets busier and "
         "the load drifts away from even",
         "busiest / mean load over repeated bias updates on a skewed router",

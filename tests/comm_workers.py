@@ -39,7 +39,7 @@ def host_reads_in_an_expert_parallel_forward() -> dict:
     from torch.overrides import TorchFunctionMode
 
     from lessonlib.expert_parallel import expert_parallel
-    from lessonlib.moe import MoELayer
+    from lessonlib.models.moe import MoELayer
 
     reads = {"tolist", "item", "nonzero", "bincount", "__bool__", "__int__", "__float__",
              "unique", "masked_select"}

@@ -12,9 +12,9 @@ import torch
 
 from lessonlib.baseline import corpus_batches
 from lessonlib.models import MOE_CONFIG, init_weights_, lm_loss, moe_gpt
-from lessonlib.moe import MoELayer, aux_loss, update_biases
-from lessonlib.moe_routing import capacity, route
-from lessonlib.moe_routing import bias_update
+from lessonlib.models.moe import MoELayer, aux_loss, update_biases
+from lessonlib.models.moe_routing import capacity, route
+from lessonlib.models.moe_routing import bias_update
 
 
 def _layer(E=4, k=2, C=1.0, shared=False, h=8, **routing):

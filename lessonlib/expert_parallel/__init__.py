@@ -9,7 +9,7 @@ Read in this order, each file one idea:
 * ``layer``: ``expert_parallel(moe, group)``: the router replicated, E/e experts per rank
   (``expert_parallel_gpt`` does it to every MoE layer of the tiny MoE GPT);
   route -> dispatch -> local experts -> return -> combine, the one-process
-  ``lessonlib.moe.MoELayer`` with the exchange in the middle;
+  ``lessonlib.models.moe.MoELayer`` with the exchange in the middle;
 * ``groups``: expert parallelism inside data parallelism (Megatron-Core, DeepSeek-V3):
   dense weights averaged over all d ranks, each expert's over the ranks holding a copy;
   the balancing bias moved by the load all-reduced over the d ranks (``update_biases``);

@@ -30,7 +30,7 @@ from lessonlib.argcheck import positive_int
 from lessonlib.data_parallel.ladder import (allreduce_flat_gradients, gradients,
                                             trainable_parameters)
 from lessonlib.grid import ParallelContext
-from lessonlib.moe import moe_layers
+from lessonlib.models.moe import moe_layers
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 from lessonlib.expert_parallel.dispatch import Splits, all_to_all_rows, exchange_counts
-from lessonlib.moe import ROUTING, MoELayer, Routed, check_moe, combine, run_experts
-from lessonlib.moe_routing import cut, queue
+from lessonlib.models.moe import ROUTING, MoELayer, Routed, check_moe, combine, run_experts
+from lessonlib.models.moe_routing import cut, queue
 
 
 def check_split(n_experts: int, e: int, top_k: int = 1, capacity_factor=1.25,

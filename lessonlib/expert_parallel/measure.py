@@ -29,14 +29,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lessonlib import comm, device, launcher, moe
+from lessonlib import comm, device, launcher
+from lessonlib.models import moe
 from lessonlib.baseline import corpus_batches, rel_err
 from lessonlib.expert_parallel.groups import update_biases
 from lessonlib.expert_parallel.layer import expert_parallel
 from lessonlib.expert_parallel.runs import expected_bytes, sent_and_received
 from lessonlib.models import MOE_CONFIG, init_weights_, lm_loss, moe_gpt
-from lessonlib.moe import MoELayer, aux_loss
-from lessonlib.moe_routing import bias_update, route
+from lessonlib.models.moe import MoELayer, aux_loss
+from lessonlib.models.moe_routing import bias_update, route
 
 CAPACITY_FACTORS = (1.0, 1.25, 2.0)
 

@@ -47,8 +47,8 @@ import torch.nn.functional as F
 
 from lessonlib.expert_parallel.dispatch import Splits, exchange_counts, post_all_to_all
 from lessonlib.expert_parallel.layer import run_local_experts
-from lessonlib.moe import combine as gated_sum
-from lessonlib.moe_routing import Routing, cut, queue
+from lessonlib.models.moe import combine as gated_sum
+from lessonlib.models.moe_routing import Routing, cut, queue
 
 
 @dataclass

@@ -26,14 +26,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lessonlib import comm, device, launcher, moe
+from lessonlib import comm, device, launcher
+from lessonlib.models import moe
 from lessonlib.baseline import grads_as_model, rel_err
 from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.baseline import corpus_batches
 from lessonlib.expert_parallel.groups import ExpertParallelContext, sync_gradients, update_biases
 from lessonlib.expert_parallel.layer import check_split, expert_parallel, expert_parallel_gpt
 from lessonlib.models import corpus_config, init_weights_, lm_loss, moe_gpt
-from lessonlib.moe import MoELayer, aux_loss
+from lessonlib.models.moe import MoELayer, aux_loss
 
 # (E, e, k, C, shared): e = 1, 2, 4; E/e = 1 and 2; k = 1 and 2; C = 1.0 drops tokens
 CASES = ((4, 1, 1, 1.0, False), (4, 2, 2, 1.0, True), (4, 4, 2, 1.0, False),

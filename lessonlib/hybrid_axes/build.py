@@ -47,7 +47,7 @@ from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import LESSON_ORDER, MEGATRON_ORDER, check_grid
 from lessonlib.layer_split import split_layers
 from lessonlib.models import Block, Embed, GPTConfig, Head, TinyGPT, moe_gpt
-from lessonlib.moe import MoELayer
+from lessonlib.models.moe import MoELayer
 from lessonlib.tensor_parallel.layers import TensorParallelSelfAttention
 from lessonlib.tensor_parallel.parallelize import parallelize_block
 from lessonlib.tensor_parallel.sequence import (SequenceGather, SequenceParallelLayerNorm,

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from lessonlib.models import Head
-from lessonlib.moe import MoELayer
+from lessonlib.models.moe import MoELayer
 from lessonlib.precision.fp8 import Recipe, Scaled, quantize_operand, recipe
 from lessonlib.precision.gemm import scaled_mm
 

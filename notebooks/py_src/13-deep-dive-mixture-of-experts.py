@@ -54,7 +54,7 @@ from lessonlib.instruments.claims import at_least, at_most, claim, every
 from lessonlib.costmodel import moe as cmoe
 from lessonlib.costmodel.alpha_beta import fit_alpha_beta
 from lessonlib.expert_parallel import ExpertParallelMoE, exchange_counts, measure, runs
-from lessonlib.moe_routing import route
+from lessonlib.models.moe_routing import route
 from lessonlib.instruments.nccl_rules import nccl_hazards
 from lessonlib.viz.source import show
 

@@ -2,7 +2,7 @@
 
 What it teaches: an MoE layer holds E times the MLP's parameters but spends only k MLPs of
 compute per token. A linear router scores the E experts for each token and
-``lessonlib.moe_routing`` picks its k (GShard's and Switch's softmax, capacity and auxiliary
+``lessonlib.models.moe_routing`` picks its k (GShard's and Switch's softmax, capacity and auxiliary
 loss; or DeepSeek-V3's sigmoid affinities, bias balancing, node limit and no capacity).
 
 The layer is written as GShard's three steps so that the expert-parallel version
@@ -14,7 +14,7 @@ With ``balance="bias"`` the layer holds the per-expert bias as a buffer (not a p
 no gradient moves it); the trainer calls ``update_bias(load)`` after each optimizer step
 with that step's load per expert, summed over every replica's batch.
 
-Laptop:  ``python -m lessonlib.moe`` routes a random batch with each recipe, prints the stats.
+Laptop:  ``python -m lessonlib.models.moe`` routes a random batch with each recipe, prints the stats.
 GPU box: the same; the layer has no device logic of its own.
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from lessonlib.argcheck import positive_int
-from lessonlib.moe_routing import AUX_ALPHA, BIAS_STEP, Routing, bias_update, check_routing, route
+from lessonlib.models.moe_routing import (AUX_ALPHA, BIAS_STEP, Routing, bias_update, check_routing,
+                                          route)
 
 
 def check_moe(n_experts: int, top_k: int, capacity_factor, **routing) -> tuple:

@@ -23,7 +23,7 @@ token's place in an expert's queue is set by (its choice rank, its position in t
 first choices first, as GShard orders them. The same tokens on one process or on any split
 of the experts are routed, kept and dropped alike.
 
-Laptop:  ``python -m lessonlib.moe`` routes a random batch with each recipe.
+Laptop:  ``python -m lessonlib.models.moe`` routes a random batch with each recipe.
 GPU box: the same; routing has no device logic and reads nothing back to the host.
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ def check_routing(n_experts: int, top_k: int, capacity_factor, balance: str = "a
         raise ValueError(f"experts_per_node={per_node} must divide n_experts={n_experts}, "
                          f"e.g. {[d for d in range(1, n_experts + 1) if n_experts % d == 0]}")
     positive_int("max_nodes", max_nodes, most=n_experts // per_node,
-                 what=f"nodes a token's experts may come from, of E/experts_per_node")
+                 what="nodes a token's experts may come from, of E/experts_per_node")
     if max_nodes * per_node < top_k:
         raise ValueError(f"max_nodes={max_nodes} nodes of experts_per_node={per_node} hold "
                          f"fewer than top_k={top_k} experts; raise max_nodes")

@@ -1,4 +1,4 @@
-"""The course's two models: a tiny GPT and an MLP. Plain modules that know nothing about ranks.
+"""The course's tiny models: a GPT and an MLP. Plain modules that know nothing about ranks.
 
 What it teaches: the model is one thing and how it is split is another. Every parallel
 layout in lessonlib starts from these modules built from the same seed, then slices or
@@ -26,7 +26,6 @@ from torch import nn
 from lessonlib.instruments.activations import checkpoint
 from lessonlib.data import corpus_vocab
 from lessonlib.argcheck import positive_int
-from lessonlib.moe import MoELayer
 
 
 @dataclass(frozen=True)
@@ -257,13 +256,12 @@ def moe_gpt(cfg: GPTConfig = MOE_CONFIG, n_experts: int = 4, top_k: int = 2,
     its routing options, e.g. ``balance="bias", gate="sigmoid"``); train it on
     ``lm_loss(...) + aux_loss(model)``, and with ``balance="bias"`` call
     ``moe.update_biases(model)`` after each optimizer step."""
+    # imported here, not at the top, so that ``python -m lessonlib.models.moe`` runs that
+    # module once (the package imports this one)
+    from lessonlib.models.moe import MoELayer
     model = TinyGPT(cfg, seed)
     for block in model.blocks:
         block.mlp = MoELayer(cfg.hidden, n_experts, top_k, capacity_factor, cfg.ffn_mult,
                              **routing)
     return init_weights_(model, seed, std=0.02)
 
-
-if __name__ == "__main__":
-    print(f"TinyGPT{GPTConfig()}: {count_parameters(TinyGPT()):,} parameters")
-    print(f"mlp_stack(64, 4): {count_parameters(mlp_stack()):,} parameters")

@@ -26,12 +26,12 @@ import sys
 
 import lessonlib
 from lessonlib import launcher
-from lessonlib.lab import labargs, labkit
 from lessonlib.costmodel.alpha_beta import LINKS, fit_alpha_beta, predict_from_fit
 from lessonlib.costmodel.comm import (bus_bandwidth, parameter_server_bytes,
                                       ring_allreduce_bytes_per_rank)
 from lessonlib.data_parallel.bench import (ALL_ALGORITHMS, BenchRun, allreduce_bench,
                                            slowest_rank_median)
+from lessonlib.lab import labargs, labkit
 
 GB = 1e9
 

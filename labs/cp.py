@@ -27,7 +27,6 @@ import torch.nn.functional as F
 
 import lessonlib
 from lessonlib import comm
-from lessonlib.lab import labargs, labkit
 from lessonlib.context_parallel import context_attention, ring_attention, shard_sequence
 from lessonlib.context_parallel.layout import check_same_layout
 from lessonlib.context_parallel.masks import attention, repeat_kv
@@ -37,6 +36,7 @@ from lessonlib.context_parallel.runs import qkv
 from lessonlib.context_parallel.torch_ref import torch_ring_attention
 from lessonlib.costmodel.context import (causal_pairs_per_rank, cp_bytes_sent_per_rank,
                                          ring_bytes_received_per_rank)
+from lessonlib.lab import labargs, labkit
 
 LAYOUTS = ("zigzag", "contiguous")
 

@@ -24,10 +24,10 @@ import torch.distributed as dist
 
 import lessonlib
 from lessonlib import launcher
-from lessonlib.lab import labargs, labkit
 from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank
 from lessonlib.data_parallel.bench import ddp_bench, slowest_rank_median
 from lessonlib.data_parallel.runs import RUNGS, train_replicas, train_single
+from lessonlib.lab import labargs, labkit
 from lessonlib.models import TEN_M, TINY
 
 MODELS = {"10M": TEN_M, "tiny": TINY}

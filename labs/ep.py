@@ -29,9 +29,9 @@ import torch.distributed.nn.functional as dist_fn
 
 import lessonlib
 from lessonlib import device
-from lessonlib.lab import labargs, labkit
 from lessonlib.expert_parallel.dispatch import all_to_all_rows
 from lessonlib.expert_parallel.measure import imbalance, time_layer
+from lessonlib.lab import labargs, labkit
 from lessonlib.models.moe_routing import BALANCES, BIAS_STEP, GATES
 
 

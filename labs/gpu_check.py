@@ -54,9 +54,9 @@ from gpu_check_plan import listing, plan  # noqa: E402
 from gpu_check_report import Report, markdown  # noqa: E402
 
 from lessonlib import argcheck, device  # noqa: E402
-from lessonlib.instruments import placement
 from lessonlib.costmodel import throughput  # noqa: E402, F401 (its MATMUL_EFFICIENCY)
 from lessonlib.costmodel.calibration import calibrate  # noqa: E402
+from lessonlib.instruments import placement
 from lessonlib.lab.labkit import gemm_rates  # noqa: E402
 
 

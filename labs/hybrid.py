@@ -26,7 +26,6 @@ import sys
 import torch
 
 import lessonlib
-from lessonlib.lab import labargs, labkit
 from lessonlib.context_parallel.layout import check_split_divides
 from lessonlib.costmodel import bubble_fraction
 from lessonlib.grid_layout import check_grid
@@ -34,6 +33,7 @@ from lessonlib.grid_layout import layout_name, parse_layout
 from lessonlib.hybrid import expected_param_count, expected_traffic, measured_traffic, train
 from lessonlib.hybrid_axes.build import LAYOUT, N_EXPERTS, SHARDS, check_axes, check_3d_layout
 from lessonlib.hybrid_axes.runs import train as train_axes
+from lessonlib.lab import labargs, labkit
 from lessonlib.models import GPTConfig
 
 name = layout_name

@@ -26,9 +26,9 @@ from argparse import Namespace
 
 import torch
 
-from lessonlib.lab import labargs, labkit
 from lessonlib import model_parallel as mp
 from lessonlib.costmodel import bubble_fraction
+from lessonlib.lab import labargs, labkit
 from lessonlib.layer_split import layers_of, split_summary
 
 P_THEORY = 8                      # the notebook's plots run p = 1..8

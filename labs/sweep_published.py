@@ -21,9 +21,9 @@ from pathlib import Path
 
 from sweep_points import expand, parse_axis
 
-from lessonlib.lab import results as R
 from lessonlib.costmodel import CLUSTERS, estimate
 from lessonlib.costmodel.published import published_runs
+from lessonlib.lab import results as R
 
 def find_run(name: str):
     """The published run whose source starts with ``name``; ValueError listing them if none."""

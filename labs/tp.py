@@ -39,9 +39,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import lessonlib
 from lessonlib import comm, device
-from lessonlib.lab import labargs, labkit
-from lessonlib.instruments.activations import saved_bytes
 from lessonlib.grid import ParallelContext
+from lessonlib.instruments.activations import saved_bytes
+from lessonlib.lab import labargs, labkit
 from lessonlib.models import MLP, RECOMPUTE, Block, GPTConfig, init_weights_
 from lessonlib.tensor_parallel.async_tp import enable_async_tp
 from lessonlib.tensor_parallel.async_tp_runs import across_ranks, compare_overlap

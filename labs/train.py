@@ -38,10 +38,10 @@ import torch
 
 import lessonlib
 from lessonlib import long_run
-from lessonlib.long_run import checkpoint, checkpoint_folder
-from lessonlib.lab import labargs, labkit
 from lessonlib.hybrid_axes.build import SHARDS
 from lessonlib.hybrid_axes.trainer import HybridTrainer
+from lessonlib.lab import labargs, labkit
+from lessonlib.long_run import checkpoint, checkpoint_folder
 
 
 def check_settings(ap, args) -> dict:

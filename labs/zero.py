@@ -30,12 +30,12 @@ from dataclasses import asdict
 import torch.distributed as dist
 
 import lessonlib
-from lessonlib.lab import labargs, labkit
 from lessonlib.data_parallel.bench import slowest_rank_median
 from lessonlib.data_parallel.sharded import ring_bytes_per_rank
 from lessonlib.data_parallel.zero_bench import zero_bench
 from lessonlib.data_parallel.zero_runs import (OPTIMIZERS, ZERO_STAGE, predicted, train_single,
                                                train_stage)
+from lessonlib.lab import labargs, labkit
 from lessonlib.models import GPTConfig, corpus_config
 
 STAGES = {"0": "lessonlib_stage0", "1": "lessonlib_stage1", "2": "lessonlib_stage2",

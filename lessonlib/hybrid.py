@@ -30,14 +30,14 @@ from __future__ import annotations
 import statistics
 
 from lessonlib import comm, device
-from lessonlib.instruments import placement
 from lessonlib.baseline import corpus_batches, max_abs_diff
-from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import check_grid
 from lessonlib.hybrid_axes.build import build_stage, check_3d_layout, stage_counts
 from lessonlib.hybrid_axes.runs import StepTraffic, largest, reference, step_losses
 from lessonlib.hybrid_axes.trainer import HybridTrainer
+from lessonlib.instruments import placement
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.launcher import launch
 from lessonlib.models import HYBRID_CONFIG, GPTConfig, TinyGPT
 from lessonlib.tensor_parallel.parallelize import param_bytes

@@ -5,11 +5,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib.long_run import checkpoint, reshard, shard_map, training
 from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import MEGATRON_ORDER
 from lessonlib.hybrid_axes.build import make_model
 from lessonlib.hybrid_axes.trainer import HybridTrainer
+from lessonlib.long_run import checkpoint, reshard, shard_map, training
 from lessonlib.models import GPTConfig, TinyGPT
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lessonlib import device, long_run
-from lessonlib.long_run import checkpoint, checkpoint_folder
 from lessonlib.launcher import RankError, launch
+from lessonlib.long_run import checkpoint, checkpoint_folder
 
 import ckpt_workers
 import labrun

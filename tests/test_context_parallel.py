@@ -16,8 +16,8 @@ import pytest
 import lessonlib
 from lessonlib.context_parallel import runs
 from lessonlib.costmodel.context import causal_pairs_per_rank
-from lessonlib.models import GPTConfig
 from lessonlib.instruments.nccl_rules import nccl_hazards
+from lessonlib.models import GPTConfig
 
 CS = (1, 2, 3, 4)
 LAYOUTS = ("contiguous", "zigzag")

@@ -20,8 +20,8 @@ from lessonlib.context_parallel import method_runs, runs
 from lessonlib.context_parallel.method_runs import ForwardBackward
 from lessonlib.context_parallel.methods import METHODS
 from lessonlib.costmodel.context import cp_bytes_sent_per_rank, document_work
-from lessonlib.models import GPTConfig
 from lessonlib.instruments.nccl_rules import nccl_hazards
+from lessonlib.models import GPTConfig
 
 CS = (1, 2, 3, 4)
 CFG = GPTConfig(vocab=32, seq=16, hidden=16, heads=4, layers=2)

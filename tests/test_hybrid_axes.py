@@ -14,8 +14,8 @@ from lessonlib import hybrid_axes
 from lessonlib.grid import demo_axes
 from lessonlib.grid_layout import (LESSON_ORDER, MEGATRON_ORDER, axis_groups, check_grid,
                                    layout_table, placements)
-from lessonlib.models import corpus_config
 from lessonlib.instruments.nccl_rules import nccl_hazards
+from lessonlib.models import corpus_config
 
 TOL = 1e-12   # float64: summation order only
 

@@ -13,17 +13,17 @@ import torch
 
 from lessonlib.costmodel import bubble_fraction, in_flight_microbatches, stashed_microbatches
 from lessonlib.exercises import pipeline as ex
+from lessonlib.instruments.activations import ActivationMeter
 from lessonlib.layer_split import balanced_split, layers_of, split_layers
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline.actions import (COMPUTE, Action, B, F, add_communication, compute_only,
                                        describe, parse)
-from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.pipeline.stages import device_chunks, stage_modules, stage_parameters
-from lessonlib.pipeline.rounds import batched, check_batches, lockstep
 from lessonlib.pipeline.check import ScheduleError, check
+from lessonlib.pipeline.executor import PipelineExecutor
+from lessonlib.pipeline.rounds import batched, check_batches, lockstep
+from lessonlib.pipeline.stages import device_chunks, stage_modules, stage_parameters
 from lessonlib.pipeline.validate import simulate
-from lessonlib.instruments.activations import ActivationMeter
 
 matplotlib.use("Agg")
 GRID = [(p, m) for p in (1, 2, 3, 4, 6) for m in (1, 2, 3, 4, 5, 8, 13)]

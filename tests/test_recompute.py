@@ -4,8 +4,8 @@ by the meter, and a bad mode is refused naming the choices."""
 import pytest
 import torch
 
-from lessonlib.instruments.activations import checkpoint, saved_bytes
 from lessonlib.costmodel.memory import course_layer_activation_bytes
+from lessonlib.instruments.activations import checkpoint, saved_bytes
 from lessonlib.models import Block, GPTConfig, TinyGPT, init_weights_, set_recompute
 
 

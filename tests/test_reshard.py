@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from lessonlib import long_run
-from lessonlib.long_run import checkpoint, checkpoint_folder, reshard, shard_map
 from lessonlib.launcher import launch
+from lessonlib.long_run import checkpoint, checkpoint_folder, reshard, shard_map
 from lessonlib.long_run.shard_map import Layout
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss
 

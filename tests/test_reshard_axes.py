@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from lessonlib import long_run
-from lessonlib.long_run import checkpoint, reshard, shard_map
 from lessonlib.grid_layout import LESSON_ORDER, MEGATRON_ORDER, layout_name, parse_axes
 from lessonlib.launcher import RankError, launch
-from lessonlib.models import GPTConfig
+from lessonlib.long_run import checkpoint, reshard, shard_map
 from lessonlib.long_run.shard_map import Layout
+from lessonlib.models import GPTConfig
 
 import ckpt_workers
 import labrun

@@ -31,11 +31,11 @@ import torch.distributed as dist
 
 import lessonlib
 from lessonlib.baseline import corpus_batches, flat
+from lessonlib.costmodel.memory import course_layer_activation_bytes
 from lessonlib.models import PARITY_CONFIG, TinyGPT, lm_loss, set_recompute
 from lessonlib.pipeline import runs
 from lessonlib.pipeline.runner import make_runner
 from lessonlib.pipeline.stages import stage_parameters
-from lessonlib.costmodel.memory import course_layer_activation_bytes
 from lessonlib.tensor_parallel import runs as tp_runs
 from lessonlib.tensor_parallel import sequence_runs as sp
 

@@ -25,7 +25,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lessonlib import comm, device, launcher
-from lessonlib.instruments.activations import saved_bytes
 from lessonlib.argcheck import positive_int
 from lessonlib.context_parallel.gpt import ContextParallelGPT, ContextParallelGrid, forward_backward
 from lessonlib.context_parallel.layout import (LAYOUTS, check_split_divides, check_split_name,
@@ -34,6 +33,7 @@ from lessonlib.context_parallel.recorder import StepLog
 from lessonlib.context_parallel.ring import ring_attention
 from lessonlib.costmodel.context import ring_bytes_received_per_rank
 from lessonlib.grid import ParallelContext, new_groups
+from lessonlib.instruments.activations import saved_bytes
 from lessonlib.models import GPTConfig, TinyGPT, lm_loss
 
 

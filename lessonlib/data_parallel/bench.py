@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import comm, device
-from lessonlib.lab import labkit
-from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.data import corpus_tokens, lm_batch, shard, stored
 from lessonlib.data_parallel.collectives import torch_all_reduce
 from lessonlib.data_parallel.ring import ALGORITHMS
 from lessonlib.data_parallel.runs import check_rungs, replica_step, wrap
+from lessonlib.instruments.breadcrumbs import progress
+from lessonlib.lab import labkit
 from lessonlib.models import TEN_M, GPTConfig, TinyGPT
 
 ALL_ALGORITHMS = (*ALGORITHMS, "torch")   # the names ``costmodel.fits`` knows

@@ -24,12 +24,12 @@ import torch.distributed as dist
 from torch import nn
 
 from lessonlib import comm, device
-from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.baseline import corpus_batches, train_one_process
 from lessonlib.data import shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.ladder import (AsyncGradientHooks, allreduce_flat_gradients,
                                             allreduce_gradients, gradients, replicate)
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.models import TIMELINE_MODEL, TINY, GPTConfig, TinyGPT, lm_loss
 
 RUNGS = {"naive": "(a) one all-reduce per gradient, after backward",

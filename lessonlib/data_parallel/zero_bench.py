@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import comm, device
-from lessonlib.lab import labkit
 from lessonlib.data import corpus_tokens
 from lessonlib.data_parallel.zero_runs import (build_model, check_choices, held_bytes, setup,
                                                train_step)
+from lessonlib.lab import labkit
 from lessonlib.models import GPTConfig
 
 

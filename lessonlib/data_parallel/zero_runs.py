@@ -24,7 +24,6 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from lessonlib import comm, device
-from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.data import corpus_tokens, lm_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.fsdp import FullyShardedDataParallel
@@ -33,6 +32,8 @@ from lessonlib.data_parallel.ladder import replicate
 from lessonlib.data_parallel.runs import replica_step
 from lessonlib.data_parallel.sharded import padded_numel, tensor_bytes, zero_stage_bytes
 from lessonlib.data_parallel.zero import ShardedOptimizer
+from lessonlib.grid import new_groups
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.models import SHARDING_CONFIG, GPTConfig, TinyGPT, lm_loss
 
 # How each run shards: our stages 0-3, stage 1 after DDP-style all-reduce, and PyTorch's.
@@ -239,7 +240,7 @@ def train_cases(cases: list[dict]) -> list[StageRun]:
 
 def refusals_outside_group() -> dict:
     """On a rank outside a group, both sharded pieces refuse before sending anything."""
-    group = comm.new_group([0])                 # every rank must take part in creating it
+    group = new_groups([[0]])[0]                # every rank must take part in creating it
     out = {}
     if dist.get_rank() != 0:
         model = nn.Linear(3, 2)

@@ -30,11 +30,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lessonlib import comm, device, launcher
-from lessonlib.models import moe
 from lessonlib.baseline import corpus_batches, rel_err
 from lessonlib.expert_parallel.groups import update_biases
 from lessonlib.expert_parallel.layer import expert_parallel
 from lessonlib.expert_parallel.runs import expected_bytes, sent_and_received
+from lessonlib.models import moe
 from lessonlib.models import MOE_CONFIG, init_weights_, lm_loss, moe_gpt
 from lessonlib.models.moe import MoELayer, aux_loss
 from lessonlib.models.moe_routing import bias_update, route

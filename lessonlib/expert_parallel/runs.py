@@ -27,12 +27,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lessonlib import comm, device, launcher
-from lessonlib.models import moe
 from lessonlib.baseline import grads_as_model, rel_err
-from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.baseline import corpus_batches
 from lessonlib.expert_parallel.groups import ExpertParallelContext, sync_gradients, update_biases
 from lessonlib.expert_parallel.layer import check_split, expert_parallel, expert_parallel_gpt
+from lessonlib.instruments.breadcrumbs import progress
+from lessonlib.models import moe
 from lessonlib.models import corpus_config, init_weights_, lm_loss, moe_gpt
 from lessonlib.models.moe import MoELayer, aux_loss
 

@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 
 from lessonlib import comm, device
-from lessonlib.instruments import placement
 from lessonlib.baseline import corpus_batches, grads_as_model, max_abs_diff, train_one_process
 from lessonlib.data_parallel.ladder import allreduce_flat_gradients
 from lessonlib.data_parallel.sharded import row_shard
@@ -22,6 +21,7 @@ from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import AXES, MEGATRON_ORDER
 from lessonlib.hybrid_axes.build import build_stage, check_axes, make_model
 from lessonlib.hybrid_axes.trainer import HybridTrainer
+from lessonlib.instruments import placement
 from lessonlib.launcher import launch
 from lessonlib.models import HYBRID_CONFIG, GPTConfig, TinyGPT
 

@@ -48,10 +48,10 @@ from pathlib import Path
 import torch
 
 from lessonlib import device
-from lessonlib.long_run import checkpoint
-from lessonlib.long_run.checkpoint_folder import MANIFEST
 from lessonlib.grid_layout import placements
 from lessonlib.hybrid_axes.runs import step_losses
+from lessonlib.long_run import checkpoint
+from lessonlib.long_run.checkpoint_folder import MANIFEST
 from lessonlib.models import GPTConfig
 # The table of where each tensor sits lives beside.
 from lessonlib.long_run.shard_map import Held, Layout, box_view, held, overlaps

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib.instruments.activations import checkpoint
-from lessonlib.data import corpus_vocab
 from lessonlib.argcheck import positive_int
+from lessonlib.data import corpus_vocab
+from lessonlib.instruments.activations import checkpoint
 
 
 @dataclass(frozen=True)

@@ -56,15 +56,15 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import bugs, comm
-from lessonlib.instruments import activations
 from lessonlib.argcheck import positive_int
 from lessonlib.device import current_device
+from lessonlib.instruments import activations
+from lessonlib.instruments.spans import Span
 from lessonlib.pipeline.actions import Kind, place, placement_of, virtual_stage
+from lessonlib.pipeline.rounds import lockstep
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
 from lessonlib.pipeline.timeline import untimed
-from lessonlib.pipeline.rounds import lockstep
 from lessonlib.pipeline.validate import message_of, validate
-from lessonlib.instruments.spans import Span
 
 
 @dataclass

@@ -28,10 +28,10 @@ import torch.distributed as dist
 from torch import nn
 
 from lessonlib import comm
-from lessonlib.instruments import placement
 from lessonlib.baseline import corpus_batches, flat, train_one_process
 from lessonlib.costmodel import bubble_fraction, stashed_microbatches
 from lessonlib.data import regression_batch
+from lessonlib.instruments import placement
 from lessonlib.models import PARITY_CONFIG, GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline.actions import COMPUTE, place, placement_of, virtual_stage
 from lessonlib.pipeline.runner import InputLeaf, make_runner, mse

@@ -36,9 +36,9 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleD
 
 from lessonlib import comm
 from lessonlib.device import current_device, elapsed, mark, synchronize
-from lessonlib.pipeline.executor import StepResult
-from lessonlib.instruments.spans import Span
 from lessonlib.instruments.activations import ActivationMeter, Metered
+from lessonlib.instruments.spans import Span
+from lessonlib.pipeline.executor import StepResult
 
 TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
                    "zb-h1": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble,

@@ -29,10 +29,10 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from lessonlib.instruments.spans import Span
 from lessonlib.pipeline.actions import COMPUTE, Kind, placement_of, virtual_stage
 from lessonlib.pipeline.check import Message, ScheduleError, check, message_of, where
 from lessonlib.pipeline.rounds import check_batches, lockstep
-from lessonlib.instruments.spans import Span
 
 
 @dataclass

@@ -36,9 +36,9 @@ from torch import nn
 
 from lessonlib import comm, device, launcher
 from lessonlib.data_parallel.fsdp import FullyShardedDataParallel
-from lessonlib.models import MLP, Block, GPTConfig, init_weights_
 from lessonlib.instruments.nccl_rules import nccl_hazards
 from lessonlib.instruments.spans import Span
+from lessonlib.models import MLP, Block, GPTConfig, init_weights_
 from lessonlib.tensor_parallel.async_tp import enable_async_tp
 from lessonlib.tensor_parallel.layers import TensorParallelMLP
 from lessonlib.tensor_parallel.ops import split_sequence

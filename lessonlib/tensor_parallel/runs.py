@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from lessonlib import comm, device, launcher
 from lessonlib.argcheck import positive_int
 from lessonlib.baseline import grads_as_model, rel_err
-from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.costmodel.comm import tp_elements_per_layer
 from lessonlib.grid import ParallelContext
+from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.models import MLP, Block, GPTConfig, TinyGPT, init_weights_, lm_loss
 from lessonlib.tensor_parallel import ops
 from lessonlib.tensor_parallel.dtensor_ref import parallelize_with_dtensor, tp_mesh

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from lessonlib import comm, device, launcher
-from lessonlib.instruments.activations import saved_bytes
 from lessonlib.baseline import rel_err
 from lessonlib.costmodel.memory import course_layer_activation_bytes
+from lessonlib.instruments.activations import saved_bytes
 from lessonlib.models import Block, GPTConfig, TinyGPT, init_weights_, lm_loss, set_recompute
 from lessonlib.tensor_parallel.dtensor_ref import parallelize_with_dtensor, tp_mesh
 from lessonlib.tensor_parallel.ops import split_sequence

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from lessonlib.lab import results
 from lessonlib.costmodel import bubble_fraction
+from lessonlib.lab import results
 
 BY_P = "results.lessonlib.by_p"
 STORED = {"marker": "o", "color": "#4C72B0"}

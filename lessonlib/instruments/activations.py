@@ -86,6 +86,7 @@ class _Storage:
     freed: int = 0
 
     def reach(self) -> int:
+        """Each distinct view's bytes, never more than the span the views cover together."""
         views = [view for _, view in self.views.values()]
         return min(sum(v.bytes for v in views), _covered(v.span for v in views))
 

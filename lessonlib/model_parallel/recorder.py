@@ -5,7 +5,7 @@ each phase with a ``record(phase)`` it is handed, a no-op by default. ``LineReco
 one that measures: it lines the ranks up on one clock (a barrier, then the earliest rank's
 wall-clock reading is everyone's zero), records each phase of a step as one span of a
 contiguous ``Timeline`` (the spans tile the step, so idle time is what is not F, B or OPT),
-and counts what each forward saves for backward with a ``StashMeter``.
+and counts what each forward saves for backward with an ``ActivationMeter``.
 
 Laptop:  see ``lessonlib.model_parallel`` (``assembly_line`` builds one on every rank).
 GPU box: the same; the spans are ``device.mark``s (CUDA events), read with one synchronize
@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import comm, device
+from lessonlib.instruments.activations import ActivationMeter
 from lessonlib.instruments.spans import Timeline
-from lessonlib.instruments.stash import StashMeter
 
 
 class LineRecorder:
@@ -32,7 +32,7 @@ class LineRecorder:
     def __init__(self, dev, params=()):
         self.dev = dev
         self.timeline = Timeline(dev, contiguous=True)
-        self.meter = StashMeter(params)
+        self.meter = ActivationMeter(params)
 
     def start_aligned(self) -> None:
         """Start the timeline on a clock all ranks share: after a barrier, the earliest rank's

@@ -41,8 +41,14 @@ def test_one_rank_works_at_a_time(runs):
     work = [(s.start, s.end, r["stage"], s.kind, s.step)
             for r in runs["gpt"] for s in r["timeline"] if s.kind in ("F", "B")]
     work.sort()
+    # The ranks' clocks share a zero only as well as they left one barrier together: on 2
+    # loaded cores one rank may leave it microseconds late, so a span can seem to start a
+    # little before the one it waited for ended (16 us of 2.5 ms spans was seen once). Two
+    # ranks working at once would overlap by most of a span.
     for (s0, e0, *a), (s1, e1, *b) in zip(work, work[1:]):
-        assert e0 <= s1, f"{a} and {b} overlap: [{s0:.4f}, {e0:.4f}] and [{s1:.4f}, {e1:.4f}]"
+        slack = 0.25 * min(e0 - s0, e1 - s1)
+        assert e0 <= s1 + slack, \
+            f"{a} and {b} overlap: [{s0:.4f}, {e0:.4f}] and [{s1:.4f}, {e1:.4f}]"
     order = [(stage, kind) for _, _, stage, kind, step in work if step == SETTINGS["warmup"]]
     assert order == [(0, "F"), (1, "F"), (2, "F"), (3, "F"), (3, "B"), (2, "B"), (1, "B"), (0, "B")]
     rows = mp.summarize(runs["gpt"])

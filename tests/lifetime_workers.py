@@ -34,6 +34,7 @@ def start_escapees(pid_file: str, then: str = "return") -> list[int]:
                             capture_output=True, text=True, start_new_session=True)
     pids = [session.pid, group.pid, int(daemon.stdout)]
     Path(f"{pid_file}.{dist.get_rank()}").write_text(" ".join(map(str, pids)))
+    dist.barrier()          # every rank has written its pids before one of them leaves
     if then == "exit":
         os._exit(3)
     while then == "hang":

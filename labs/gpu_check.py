@@ -37,7 +37,6 @@ Laptop:  python labs/gpu_check.py --budget-s 420 --dry-run   (or --allow-cpu --q
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys

@@ -5,7 +5,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import types
 from pathlib import Path
 
 import psutil

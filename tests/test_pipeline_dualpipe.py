@@ -9,7 +9,6 @@ where it holds), the slot's rules. One launch: ``dualpipe_runs.parity`` (p=2, m=
 from types import SimpleNamespace
 
 import pytest
-import torch
 from torch.distributed.pipelining.schedules import ScheduleDualPipeV, _ComputationType
 
 from lessonlib.pipeline import dualpipe_runs, schedules as S

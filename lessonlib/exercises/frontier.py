@@ -76,8 +76,8 @@ def check_long_context_layout(t: int, c: int, p: int, d: int) -> Verdict:
                        f"128 heads, 2c the {q['seq']} tokens, d the {q['global_batch']} "
                        f"sequences, and p <= {plan.model.L} layers.")
     if not mine.fits:
-        hint = (f"with c=1 each GPU keeps the whole 128K-token sequence's activations: split "
-                f"it (c > 1)" if c == 1 else "split the model or the sequence further")
+        hint = ("with c=1 each GPU keeps the whole 128K-token sequence's activations: split "
+                "it (c > 1)" if c == 1 else "split the model or the sequence further")
         return not_yet(f"even at its best ({mine.layout.describe()}) this needs "
                        f"{mine.memory.total / GB:.0f} GB per GPU, over the "
                        f"{mine.memory_capacity_bytes / GB:.0f} GB usable: {hint}.")

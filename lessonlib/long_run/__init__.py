@@ -23,9 +23,6 @@ each file one idea:
 Laptop:  the two lines above, or ``python labs/train.py --world-size 2``
 GPU box: ``torchrun --nproc-per-node 8 --max-restarts 3 labs/train.py --layout t2p2d2``
 """
-from lessonlib.long_run.training import (PLAIN, RESHARDABLE, SMALL, Diverged, build_trainer,
-                                         default_layout, plan, resume_point, run, summary,
-                                         train)
+from lessonlib.long_run.training import SMALL, Diverged, plan, resume_point, run, summary, train
 
-__all__ = ["PLAIN", "RESHARDABLE", "SMALL", "Diverged", "build_trainer", "default_layout",
-           "plan", "resume_point", "run", "summary", "train"]
+__all__ = ["SMALL", "Diverged", "plan", "resume_point", "run", "summary", "train"]

@@ -77,10 +77,10 @@ def design_cell(model, cluster, t, p, n_gpus=None, global_batch=None, d=None, m=
     if n_gpus is not None:
         if n_gpus % (t * p):
             return Cell(t, p, None, None, None, "t*p > n" if t * p > n_gpus
-                        else f"n/(t*p)\nnot whole")
+                        else "n/(t*p)\nnot whole")
         d = n_gpus // (t * p)
         if global_batch % (b * d):
-            return Cell(t, p, d, None, None, f"B/(b*d)\nnot whole")
+            return Cell(t, p, d, None, None, "B/(b*d)\nnot whole")
         m = global_batch // (b * d)
     try:
         est = estimate(model, Layout(t=t, p=p, d=d, b=b, m=m, **options), cluster)

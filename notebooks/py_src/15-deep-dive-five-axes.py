@@ -169,8 +169,8 @@ claim("every row is within 15 % of its published figure, with one set of constan
 #   sequences per step.
 # - `v=8`: interleaved 1F1B with v = 8 model chunks per device (deep dive 09).
 # - `recompute=`: what the backward recomputes: `none`, `selective` (attention's s × s
-#   part), `full` (each layer's forward), or `norm-up`, DeepSeek-V3's: its RMSNorms and
-#   MLA up-projections (§3.2.3).
+#   part), `full` (each layer's forward), or `norm-up`, DeepSeek-V3's: its RMSNorms and the
+#   up-projections of its multi-head latent attention, MLA (§3.2.3).
 # - `SP`: sequence parallelism (14); `ZeRO-1`: the optimizer state sharded over the d
 #   replicas; FSDP would shard the weights too (08).
 # - `uneven stages`: one layer fewer on the first and last pipeline stages, as Llama 3 did
@@ -185,6 +185,9 @@ claim("every row is within 15 % of its published figure, with one set of constan
 #   SMs available in the H800 GPU for this purpose" (§3.5.1), 15 %.
 # - `(zbv)`, `(dualpipe)` after the planner's best: the schedule it picked; ZBV is deep
 #   dive 09's zero-bubble V schedule.
+# - The parts of a step the model prices: `compute`, `elementwise` (memory-bound kernels),
+#   `bubble` (the pipeline's idle time), and each axis's exposed communication: `tp_comm`,
+#   `cp_comm`, `pp_comm`, `ep_comm`, `dp_comm`.
 # <!-- numbers: 15 because it is 20/132 of the SMs, rounded, as the layouts print it -->
 #
 # **The planner against the published layouts.** For each setup (model, cluster, GPU

@@ -17,7 +17,8 @@
 # backward split into B and W, the ZBV schedule),
 # [13 · Mixture of experts](13-deep-dive-mixture-of-experts.ipynb) (the expert all-to-alls)
 # and [14 · Sequence parallelism](14-deep-dive-sequence-parallelism.ipynb) (SP's
-# all-gathers and reduce-scatters).
+# all-gathers and reduce-scatters); section 7 prints layouts as
+# [15](15-deep-dive-five-axes.ipynb), section 3, defines them.
 #
 # This deep dive adds the two techniques that separate today's runs from the 2022
 # picture. **FP8 GEMMs**: the linear layers
@@ -32,9 +33,9 @@
 # measured -> training in FP8 against BF16, and against torchao's Float8 -> FSDP's FP8
 # all-gather -> exposed communication, with and without overlap, on CPU ranks -> DualPipeV
 # -> what each buys on an H100, by the cost model against torchtitan's measurements -> a
-# takeaway. About 30 minutes to read, code and outputs included; Run All takes under a
-# minute on a 2-core laptop.
-# <!-- numbers: 30 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
+# takeaway -> an exercise. About 35 minutes to read, code and outputs included; Run All
+# takes under a minute on a 2-core laptop.
+# <!-- numbers: 35 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 
 # %%
 import math
@@ -88,7 +89,7 @@ for name, dtype in {**precision.FORMATS, "bf16": torch.bfloat16}.items():
 # channels); and (2) for weights, we group and scale elements on a 128x128 block basis
 # (i.e., per 128 input channels per 128 output channels)" (§3.3.2). The paper does not state
 # the activation gradients' tile; the course's blockwise recipe gives them the activations'
-# 1 x 128. Three recipes, one quantizer, one scale per block of the contraction dim:
+# 1x128. Three recipes, one quantizer, one scale per block of the contraction dim:
 
 # %%
 show(precision.fp8.quantize)
@@ -438,6 +439,7 @@ print(gains.table())
 # long does the most idle device stand still in one step? Section 6's formula holds for
 # these times (F = B - W = W); the checker plays the schedule (`validate.simulate`) and says
 # what a slot that hid nothing would have cost.
+# <!-- numbers: 2.8 and 0.2 because they are the exercise's own times, the checker's defaults -->
 
 # %%
 dualpipev_idle = None      # time units, the most idle device's

@@ -140,6 +140,15 @@ def test_lesson_12_ring_speedup_is_2c_minus_1_over_c_and_names_the_slip():
     assert "limit for many ranks" in context.check_ring_speedup(2)
 
 
+def test_lesson_16_dualpipev_bubble_is_the_played_schedule_and_names_the_slip():
+    from lessonlib.exercises import dualpipe
+    assert dualpipe.played_idle(4, 1.0, 2.0, 1.0, 2.5) == pytest.approx(4.5)   # section 6's row
+    assert dualpipe.check_dualpipev_bubble(9.0) and not dualpipe.check_dualpipev_bubble(7)
+    assert "hides nothing" in dualpipe.check_dualpipev_bubble(10.0)
+    assert "two per device" in dualpipe.check_dualpipev_bubble(3.6)
+    assert "1F1B" in dualpipe.check_dualpipev_bubble(33)
+
+
 @pytest.mark.timeout(120)
 def test_bug_zoo_prediction_is_checked_against_the_real_bug():
     from lessonlib.exercises import bugzoo

@@ -7,7 +7,8 @@ against published with the error, and, where the team's FLOP count differs from 
 the course's MFU beside the team's (never a TFLOP/s of one kind beside a figure of the
 other). ``versus_planner(run)`` and ``explain_versus_planner(run)`` set a published layout
 against the planner's best and say whether what separates them is real or a gap of the
-model; ``versus_table(comparisons)`` lines several of them up, three lines each. The rows, their sources and the readings each needed are in ``record.py``.
+model; ``versus_table(comparisons)`` lines several of them up, three lines each. The rows,
+their sources and the readings each needed are in ``record.py``.
 
 Run ``python -m lessonlib.costmodel --published``.
 """

@@ -7,9 +7,9 @@ different scales: each rank takes the amax of its shard, one all-reduce (MAX) pe
 agrees on the tensor's amax, and every rank casts its rows with the same tensorwise scale
 (as torchao's ``enable_fsdp_float8_all_gather``, tensorwise only, which all-reduces each
 weight's amax on its own, or every weight's in one call after the optimizer step with
-``precompute_float8_dynamic_scale_for_fsdp``). The gathered bytes
-*are* the weight the layer's GEMMs use: they reach the layer attached to the gathered weight
-(``weight.float8``), so nothing is cast twice. The weight the module holds during compute
+``precompute_float8_dynamic_scale_for_fsdp``). The gathered bytes *are* the weight the
+layer's GEMMs use: they reach the layer attached to the gathered weight (``weight.float8``),
+so nothing is cast twice. The weight the module holds during compute
 is the dequantized e4m3 weight in the compute dtype, the tensor autograd hands the weight's
 gradient back through, to be reduce-scattered in the compute dtype as before. The rest of a
 unit (LayerNorms, biases, the head) is gathered as before, in a second all-gather.

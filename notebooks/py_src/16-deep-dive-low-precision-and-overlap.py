@@ -17,8 +17,8 @@
 # backward split into B and W, the ZBV schedule),
 # [13 · Mixture of experts](13-deep-dive-mixture-of-experts.ipynb) (the expert all-to-alls)
 # and [14 · Sequence parallelism](14-deep-dive-sequence-parallelism.ipynb) (SP's
-# all-gathers and reduce-scatters); section 7 prints layouts as
-# [15](15-deep-dive-five-axes.ipynb), section 3, defines them.
+# all-gathers and reduce-scatters). Section 7 prints layouts in the notation of
+# [15](15-deep-dive-five-axes.ipynb)'s section 3.
 #
 # This deep dive adds the two techniques that separate today's runs from the 2022
 # picture. **FP8 GEMMs**: the linear layers
@@ -173,7 +173,8 @@ at_most("the largest gap of an FP8 recipe's final loss from BF16's", curves.band
 # agrees once ours is rounded to bfloat16, as torchao's rowwise GEMM rounds its products to
 # bfloat16, to "work around torch._scaled_mm not having float32 output type" (its
 # `addmm_float8_unwrapped`). Which output dtypes CUDA's rowwise kernels offer depends on the
-# GPU generation and the CUDA version. torchao's blockwise needs a Hopper GPU.
+# GPU generation and the CUDA version (PyTorch pull request 187569: cuBLAS's rowwise path
+# writes float32, its CUTLASS fallback did not). torchao's blockwise needs a Hopper GPU.
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -74,7 +74,9 @@ show(hybrid_axes.build_stage)
 # Each layout trains the tiny GPT 3 SGD steps in float64 and is compared with one process on
 # the whole batch: losses, every rank's shard of the first step's gradients and of the final
 # weights. The MoE run uses a capacity factor E/k (E experts, k per token), so no token is
-# dropped, and no auxiliary loss.
+# dropped, and no auxiliary loss. Every rank's messages are recorded and replayed against
+# NCCL's rules (`nccl_hazards`, deep dive 11): a *hazard* is an order of calls that would
+# hang, or mix up messages, on GPUs, though gloo on CPUs runs it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -238,8 +238,9 @@ show(async_tp.ring_all_gather)
 # Both compute exactly what their plain versions compute (float64, t = 2): the same outputs
 # and input gradients to the bit, weight gradients summed piece by piece within rounding,
 # FSDP's weights after two steps equal. Then a few timed steps of each, the four taking
-# turns step by step so that a burst of load hits them alike; each figure is the median
-# over steps of the slower rank:
+# turns step by step so that a burst of load hits them alike. Each figure is the median
+# over steps of the slower rank: the step; the time its transfers are *in flight*, from
+# posted to finished; and the part of that the rank stands still for, *exposed*:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -313,7 +314,8 @@ plt.show()
 # %% [markdown]
 # DeepSeek's repository gives DualPipeV's bubble as (PP/2 - 1)(F&B + B - 3W) for PP
 # stages on PP/2 devices, with B the *whole* backward and W its weight-gradient part, and
-# PP + 1 micro-batches of activations per device. The simulation plays the schedule's
+# PP + 1 micro-batches of activations per device (the *peak stash*: the most a device holds
+# at once). The simulation plays the schedule's
 # actions with those times; the formula holds where the chunk's forward, input gradient
 # and weight gradient take equal times and the slot lasts between max(F, B) and F + B, and
 # is an estimate elsewhere (the last row):

@@ -146,6 +146,9 @@ QUOTES: dict[str, Quote] = {
     "torchtitan_parallelize": _quote(
         "torchtitan, torchtitan/models/llama3/infra/parallelize.py, its opening comment",
         "the PT-D parallelisms (except pipeline parallelism)", "15"),
+    "torchtitan_mfu": _quote(
+        "torchtitan, benchmarks/llama3_h100_202412_torchtitan.md",
+        "33% to 39% MFU", "15"),
     "mixtral_megablocks": _quote(
         "Jiang et al. 2024 (Mixtral of Experts), §2.1", "MoE layers can be run efficiently on "
         "single GPUs with high performance specialized kernels", "13"),

@@ -148,8 +148,9 @@ claim("every row is within 15 % of its published figure, with one set of constan
 #   there. The course takes the row's own degrees (d = 4 on 8,192 GPUs); with d = 8 on
 #   16,384 each GPU's work is the same, half the micro-batches per replica.
 # - **torchtitan** (its `benchmarks/llama3_h100_202412_torchtitan.md`): tokens per second per
-#   GPU, eager and compiled, on H100s limited to 500 W; its own FLOP formula turns 5,762
-#   tokens/s into 33.7 % MFU. Its Float8 run and its async-TP benchmark
+#   GPU, eager and compiled, on H100s limited to 500 W. The file says its runs without
+#   Float8 achieve "33% to 39% MFU"; torchtitan's own FLOP formula, applied here, turns
+#   5,762 tokens/s into 33.7 %. Its Float8 run and its async-TP benchmark
 #   (`benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`) are ratios over the same run
 #   without them: tensorwise FP8 casts with the output head in BF16, and sequence
 #   parallelism's collectives split into pieces behind their GEMMs (`costmodel/overlap.py`).

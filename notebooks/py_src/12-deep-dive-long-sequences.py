@@ -332,8 +332,8 @@ print(measured[0].torch)
 
 # %% [markdown]
 # So on CPU ranks one-process SDPA stays the reference; on one GPU per rank the same call
-# runs PyTorch's ring, and `labs/cp.py` times it beside ours there (here it records the
-# error and times ours against one-process SDPA).
+# runs PyTorch's CP attention, and `labs/cp.py` times it beside ours there (here it records
+# the error and times ours against one-process SDPA).
 
 # %% [markdown]
 # ## 5. What c buys at the same GPUs and batch, and how Llama 3 passed keys and values

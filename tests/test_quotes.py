@@ -7,6 +7,7 @@ Pure: reads the committed notebooks and the installed files, imports neither tor
 torchao."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import sys
@@ -23,6 +24,7 @@ import notebooks  # noqa: E402  (tools/notebooks.py)
 BY_NUMBER = {ipynb.name[:2]: ipynb for _, ipynb in notebooks.pairs()}
 QUOTING = sorted({n for q in QUOTES.values() for n in q.notebooks})
 PASSAGE = re.compile(r'"([^"]+)"')      # a passage in quotation marks
+COMMENT = re.compile(r"<!--.*?-->", re.S)
 MARKUP = re.compile(r"<!--.*?-->|<[^>]*>", re.S)     # comments and HTML tags (attributes)
 
 
@@ -30,11 +32,11 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
+@functools.cache
 def printed(number: str) -> str:
     """What a student reads in a notebook: its markdown (comments aside) and its outputs."""
     nb = nbformat.read(BY_NUMBER[number], as_version=4)
-    parts = [re.sub(r"<!--.*?-->", "", c.source, flags=re.S)
-             for c in nb.cells if c.cell_type == "markdown"]
+    parts = [COMMENT.sub("", c.source) for c in nb.cells if c.cell_type == "markdown"]
     for c in nb.cells:
         for out in c.get("outputs", []):
             parts.append(out.get("text", "") + "".join(out.get("data", {}).get("text/plain", "")))

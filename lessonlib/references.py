@@ -58,8 +58,9 @@ PUBLISHED: dict[str, Source] = {
         "NVIDIA H100 SXM5 datasheet (dense, without 2:4 sparsity)", ("H100", "H200"),
         peak_tflops=989, fp8_tflops=1979, memory_gb=80, h200_memory_gb=141,
         nvlink_gb_s=900, infiniband_gbit_s=400),
-    # DeepSeek-V3's report gives no NVLink figure for the H800 (§3.1 names the GPU only;
-    # §3.2.2's "160 GB/s" is the bandwidth its kernels reach): 400 GB/s is NVIDIA's.
+    # DeepSeek-V3's report gives no H800 NVLink specification (§3.1 names the GPU only;
+    # §3.2.2, on its all-to-all kernels, says NVLink "offers a bandwidth of 160 GB/s"):
+    # 400 GB/s is NVIDIA's figure.
     "h800": _source("NVIDIA H800 SXM5 specification: NVLink 400 GB/s; the GPU of DeepSeek-V3 "
                     "(DeepSeek-AI 2024, §3.1)", ("H800",), nvlink_gb_s=400),
     "pytorch_ddp": _source(
@@ -98,8 +99,8 @@ PUBLISHED: dict[str, Source] = {
     "torchtitan": _source(
         "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (its Table 1; the text says "
         "\"33% to 39% MFU\"; 33.7 and 39.0 are the course's, by torchtitan's own FLOP count "
-        "per token) and asyncTP_llama3_h100_2025-06_torchtitan.md (its table and commands: BF16, "
-        "torch.compile, FSDP x TP 8)", ("torchtitan",),
+        "per token) and asyncTP_llama3_h100_2025-06_torchtitan.md (its table and commands: "
+        "BF16, torch.compile, FSDP x TP 8)", ("torchtitan",),
         eager_tokens_per_s=5762, compiled_tokens_per_s=6667, float8_tokens_per_s=8532,
         eager_mfu_by_its_formula=33.7, compiled_mfu_by_its_formula=39.0, mfu_low=33,
         power_limit_w=500, async_tp_70b=1.09,

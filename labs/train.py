@@ -44,6 +44,11 @@ from lessonlib.lab import labargs, labkit
 from lessonlib.long_run import checkpoint, checkpoint_folder
 
 
+# The flag that sets each recorded setting a resume must match (the model's are several)
+FLAGS = {"lr": "--lr", "optimizer": "--optimizer", "seed": "--seed", "moe": "--moe",
+         "global_batch": "--global-batch"}
+
+
 def check_settings(ap, args) -> dict:
     labargs.check_positive(ap, args, "world-size", "steps", "checkpoint-every", "keep")
     labargs.check_number(ap, args, "lr")
@@ -100,7 +105,7 @@ def check_run(ap, args) -> dict:
                 ap.error(str(exc))
     else:
         try:
-            args.resume = long_run.resume_point(settings)
+            args.resume = long_run.resume_point(settings, FLAGS)
         except ValueError as exc:
             ap.error(str(exc))
     return settings
@@ -156,7 +161,8 @@ def main(argv=None):
     ap = labargs.parser("train", __doc__.splitlines()[0])
     ap.set_defaults(steps=600, timeout=3600.0)
     ap.add_argument("--layout", default=None, help="t<t>p<p>d<d>, e.g. t1p2d1 (default: as "
-                    "many pipeline stages as the world and layers allow, then TP, then DP)")
+                    "many pipeline stages as the world and layers allow, then TP, then DP, "
+                    "d a multiple of --ep)")
     labargs.add_gpt_flags(ap, hidden=128, seq=64)
     ap.add_argument("--cp", type=int, default=1, help="context-parallel ranks (default 1)")
     ap.add_argument("--ep", type=int, default=1,

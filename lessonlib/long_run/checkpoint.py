@@ -224,12 +224,31 @@ def at_step(directory, step: int) -> dict:
     return {**manifest, "path": str(step_dir(directory, step)), "damaged": []}
 
 
+def _differences(saved: dict, wanted: dict, may_differ: tuple[str, ...], flags: dict) -> list:
+    """One line per setting that differs: both values ("not set" for one this run lacks), and
+    with ``flags`` ({setting: its flag}) the flag that would match the checkpoint."""
+    lines = []
+    for k in sorted(set(saved) | set(wanted)):
+        if saved.get(k) == wanted.get(k) or k in may_differ:
+            continue
+        mine = "not set" if k not in wanted else repr(wanted[k])
+        line = f"{k}: checkpoint {saved.get(k)!r}, this run {mine}"
+        if k in flags and k in saved:
+            value = saved[k]
+            line += (f" (pass {flags[k]})" if value is True else
+                     f" (leave out {flags[k]})" if value is False else
+                     f" (pass {flags[k]} {value})")
+        lines.append(line)
+    return lines
+
+
 def check_resume(directory, world_size: int, meta: dict, may_differ: tuple[str, ...] = (),
-                 check=None) -> dict | None:
+                 check=None, flags: dict | None = None) -> dict | None:
     """Caller side, before launching: the checkpoint a run with these settings would resume
     from, or None for a fresh start. Raise ValueError naming every setting that differs
     (except those in ``may_differ``), or if no checkpoint in the folder is verified (only
-    interrupted saves: a fresh start). ``check`` as for ``scan``. A newer step folder that
+    interrupted saves: a fresh start). ``check`` as for ``scan``; ``flags`` as for
+    ``_differences`` (a lab's names for the settings). A newer step folder that
     holds a whole world's shards without a manifest (``held_shards``) is refused too: the
     run would write that step again over shards that may be the only copy."""
     found, problems = scan(directory, check)
@@ -250,9 +269,7 @@ def check_resume(directory, world_size: int, meta: dict, may_differ: tuple[str, 
         return None
     wanted = {"world_size": world_size, **meta}
     saved = {"world_size": found["world_size"], **found["meta"]}
-    differ = [f"{k}: checkpoint {saved.get(k)!r}, this run {wanted.get(k)!r}"
-              for k in sorted(set(saved) | set(wanted))
-              if saved.get(k) != wanted.get(k) and k not in may_differ]
+    differ = _differences(saved, wanted, may_differ, flags or {})
     if differ:
         raise ValueError(
             f"the checkpoint in {found['path']} (step {found['step']}) was written by a run "

@@ -67,20 +67,26 @@ def test_a_folder_whose_every_checkpoint_is_damaged_is_refused_not_restarted(tmp
 def test_pruning_never_lets_a_damaged_checkpoint_push_out_a_good_one(tmp_path):
     _save(tmp_path, 5)
     _truncate(_save(tmp_path, 10) / "rank_00001.pt", 300)
-    _save(tmp_path, 7, keep=2)         # the run resumed from 5, saves 7: 10 is its past future
-    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000005", "step_00000007"]
+    _save(tmp_path, 7, keep=2)         # the run resumed from 5, saves 7: 10 is not its own
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000005", "step_00000007",
+                                                              "step_00000010"]
     with pytest.raises(checkpoint.CheckpointError, match="does not match its manifest"):
         checkpoint.commit(tmp_path, 7, 2, META, keep=1,
                           shards=[{"bytes": 1, "sha256": "00" * 32}] * 2)
     assert checkpoint.latest(tmp_path)["step"] == 5      # nothing pruned on a bad word
 
 
-def test_a_save_killed_mid_write_leaves_no_temporary_file_once_the_step_is_rewritten(tmp_path):
+def test_a_save_deletes_no_temporary_file_of_another_process(tmp_path):
+    """Two runs in one folder: the second died at its shard's rename, because the first's
+    cleanup deleted every ``.rank_*.tmp*``. A save deletes only its own temporaries (of a
+    write that failed); the next run sets aside a step folder left half-written."""
     folder = _save(tmp_path, 5)
-    (folder / ".rank_00001.pt.tmp4242").write_bytes(b"half a shard")
-    (tmp_path / f".{checkpoint_folder.LATEST}.tmp4242").write_bytes(b"step_")
+    others = [folder / ".rank_00001.pt.tmp4242", tmp_path / f".{checkpoint_folder.LATEST}.tmp4242"]
+    for path in others:
+        path.write_bytes(b"another process is writing this")
     _save(tmp_path, 5)
-    assert not list(tmp_path.rglob("*.tmp*"))
+    _save(tmp_path, 10, keep=1)
+    assert all(path.exists() for path in others)
 
 
 def test_load_maps_the_shard_onto_this_ranks_device(tmp_path, monkeypatch):

@@ -1,9 +1,9 @@
 """Shards without a manifest are never lost, and a manifest is trusted only field by field.
 
 A step folder that holds every rank's shard but no manifest (the manifest deleted, or the
-save killed between the last shard and the manifest) may be the only copy of good weights: a
-run that would write that step again refuses before any rank starts, naming the folder;
-``--set-aside`` (and ``--fresh``) rename it to ``step_*.unverified``, never delete it. A
+save killed between the last shard and the manifest) may be the only copy of good weights:
+``check_resume`` refuses to write that step again; a run first sets it aside
+(``checkpoint.recover``), as ``--fresh`` does: renamed to ``step_*.unverified``, never deleted. A
 manifest whose step or world size is of the wrong kind or out of range is named in one line
 and skipped like any damaged checkpoint."""
 import json
@@ -39,19 +39,20 @@ def _shards(folder):
     return {p.name: p.read_bytes() for p in folder.glob("rank_*.pt")}
 
 
-def test_shards_without_a_manifest_are_refused_not_overwritten(tmp_path):
-    """The reproduction: a run of 20 steps, its manifests deleted, the same run again."""
+def test_shards_without_a_manifest_are_set_aside_not_overwritten(tmp_path):
+    """A run of 20 steps, its manifests deleted: ``check_resume`` alone refuses to write
+    over them; ``recover`` (what a run does first) sets both aside, their shards intact."""
     for step in (10, 20):
         _lose_manifest(_save(tmp_path, step))
     before = {s: _shards(checkpoint_folder.step_dir(tmp_path, s)) for s in (10, 20)}
     with pytest.raises(ValueError, match=r"step_00000010 holds the shards of ranks 0-1 but no "
                                          r"manifest.json.*nothing was changed.*--set-aside"):
         checkpoint.check_resume(tmp_path, 2, META)
-    done = labrun.run("train", *TINY, "--keep", "1", "--checkpoint-dir", str(tmp_path))
-    assert done.returncode == 2, done.stderr[-800:]
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "step_00000010 holds the shards of ranks 0-1 but no manifest.json" in done.stderr
-    assert {s: _shards(checkpoint_folder.step_dir(tmp_path, s)) for s in (10, 20)} == before
+    notes = checkpoint.recover(tmp_path)
+    assert [n.split("set aside as ")[1] for n in notes] == [
+        "step_00000020.unverified (nothing deleted)", "step_00000010.unverified (nothing deleted)"]
+    assert {s: _shards(tmp_path / f"step_{s:08d}.unverified") for s in (10, 20)} == before
+    assert checkpoint.check_resume(tmp_path, 2, META) is None
 
 
 def test_a_held_folder_after_the_newest_verified_step_is_refused(tmp_path):
@@ -96,13 +97,13 @@ def test_fresh_and_set_aside_move_held_shards_and_delete_nothing_of_them(tmp_pat
 
 
 @pytest.mark.timeout(120)
-def test_the_lab_sets_held_shards_aside_and_resumes_from_the_verified_step(tmp_path):
+def test_the_lab_sets_held_shards_aside_by_itself_and_starts_afresh(tmp_path):
     _save(tmp_path / "other", 1)                      # keeps the lab's own resume path real
     for step in (10, 20):
         _lose_manifest(_save(tmp_path, step))
-    done = labrun.run("train", *TINY, "--checkpoint-dir", str(tmp_path), "--set-aside")
+    done = labrun.run("train", *TINY, "--checkpoint-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr[-1500:]
-    assert "as step_00000010.unverified (shards without a manifest; nothing deleted)" in done.stderr
+    assert "set aside as step_00000010.unverified (nothing deleted)" in done.stderr
     assert "starting at step 0 of 20" in done.stderr
     assert len(_shards(tmp_path / "step_00000020.unverified")) == 2
     assert checkpoint.latest(tmp_path)["step"] == 20

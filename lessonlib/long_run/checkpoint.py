@@ -47,12 +47,16 @@ from lessonlib import comm, device
 from lessonlib.long_run import checkpoint_manifest
 # The folder's names, its check and its deletions live beside.
 from lessonlib.long_run.checkpoint_folder import (LATEST, MANIFEST, held_ahead, held_shards,
-                                                  remove_step, remove_temporaries, shard_path,
-                                                  step_dir, steps)
+                                                  remove_step, set_aside, shard_path, step_dir,
+                                                  steps)
 
 
 class CheckpointError(RuntimeError):
     """A shard that is not the file its manifest describes."""
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint could not be written (a full disk, say); the earlier ones are intact."""
 
 
 def _record(data) -> dict:
@@ -68,13 +72,24 @@ def file_sha256(path: Path) -> str:
 
 
 def _atomic_write(path: Path, data) -> None:
-    """Write ``data`` to a temporary sibling, flush it to disk, rename it into place."""
+    """Write ``data`` to a temporary sibling, flush it to disk, rename it into place. A write
+    that fails removes its own temporary file (named by this process's id) and, if the file
+    system refused it (a full disk), raises ``SaveFailed`` in one line."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise SaveFailed(f"{path} could not be written ({exc.strerror or exc}); the "
+                             f"checkpoints saved before it are intact. Free space there (or "
+                             f"give the checkpoints another folder) and run the same command "
+                             f"again: it resumes from the newest") from None
+        raise
 
 
 # ---------------------------------------------------------------- writing (rank side)
@@ -125,25 +140,22 @@ def commit(directory, step: int, world_size: int, meta: dict, keep: int = 2,
 
 
 def _prune(directory, step: int, keep: int) -> None:
-    """Keep the newest ``keep`` verified checkpoints, ``step`` (just written) among them.
-    Only a folder with a manifest is ever removed: one without may hold the only copy of
-    good shards. Folders after ``step`` come from a run this one resumed before (it resumed
-    from an older one because they were damaged or unverified) and are being rewritten; an
-    older damaged or unverified one never counts, so it never pushes out a verified one."""
+    """Keep the newest ``keep`` verified checkpoints, ``step`` (just written) among them,
+    removing only older ones: the checkpoints this run continues. A newer folder was written
+    by another run (``recover`` sets those aside before a run starts), and a folder without
+    a manifest may hold the only copy of good shards: neither is ever removed. An older
+    damaged or unverified one never counts, so it never pushes out a verified one."""
     older = []
     for s in steps(directory):
         folder = step_dir(directory, s)
-        if s == step or not (folder / MANIFEST).exists():
+        if s >= step or not (folder / MANIFEST).exists():
             continue
-        if s > step or verify(folder, hashes=False)[0] is None:
+        if verify(folder, hashes=False)[0] is None:
             remove_step(folder)
         else:
             older.append(folder)
     for folder in older[:max(0, len(older) - (keep - 1))]:
         remove_step(folder)
-    # Every rank has renamed its shard into place (the all-gather came after): any temporary
-    # file left is from a save killed mid-write.
-    remove_temporaries(directory)
 
 
 def save(directory, step: int, state: dict, meta: dict, keep: int = 2) -> None:
@@ -158,13 +170,14 @@ def save(directory, step: int, state: dict, meta: dict, keep: int = 2) -> None:
 
 
 # ---------------------------------------------------------------- reading
-def verify(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
+def verify(folder, hashes: bool = True, path=None) -> tuple[dict | None, str | None]:
     """``(manifest, None)`` if the checkpoint in ``folder`` is intact and verified, else
     ``(None, what is wrong)``: no manifest ("incomplete"), an unreadable or damaged one (a
     field of the wrong kind: ``checkpoint_manifest``), a shard without a hash or not listed,
-    a shard not as listed. ``hashes=False``: sizes only. Pure."""
+    a shard not as listed. ``hashes=False``: sizes only; ``path``: verify against that
+    manifest file (a temporary one) instead. Pure."""
     folder = Path(folder)
-    path = folder / MANIFEST
+    path = folder / MANIFEST if path is None else Path(path)
     if not path.exists():
         held = held_shards(folder)
         if held:
@@ -173,7 +186,7 @@ def verify(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
                           f"(incomplete)")
         return None, f"{folder} has no {MANIFEST}: a save was interrupted (incomplete)"
     try:
-        manifest = checkpoint_manifest.parse(folder)
+        manifest = checkpoint_manifest.parse(folder, path)
     except ValueError as exc:
         return None, str(exc)
     shards, problem = checkpoint_manifest.records(manifest, path)
@@ -207,6 +220,46 @@ def scan(directory, check=None) -> tuple[dict | None, list[str]]:
                 return manifest, problems
         problems.append(problem)
     return None, problems
+
+
+def _complete(folder: Path) -> str | None:
+    """A save interrupted between its last shard and its manifest: rename its temporary
+    manifest into place if that one lists every shard with the size and hash it has; what
+    was done, or None."""
+    for tmp in sorted(folder.glob(f".{MANIFEST}.tmp*")):
+        if verify(folder, path=tmp)[0] is not None:
+            os.replace(tmp, folder / MANIFEST)
+            return (f"completed the interrupted save of {folder.name} (its temporary "
+                    f"manifest lists every shard, each with its size and SHA-256)")
+    return None
+
+
+def recover(directory, check=None) -> list[str]:
+    """Caller side, before a run starts, holding the folder (``folder_lock``): finish what an
+    interrupted run left, and say what was done (one line each). A save interrupted between
+    its last shard and its manifest is completed when its temporary manifest matches every
+    shard (``_complete``); then every step folder after the newest verified checkpoint (an
+    interrupted save, shards without a manifest, a damaged checkpoint) is set aside as
+    ``step_*.unverified``: renamed, never deleted, never an earlier step. If no checkpoint
+    is verified and one is damaged, nothing is set aside (``check_resume`` refuses, naming
+    it). ``check`` as for ``scan``."""
+    notes = []
+    for s in steps(directory):
+        folder = step_dir(directory, s)
+        if not (folder / MANIFEST).exists():
+            notes += [note for note in [_complete(folder)] if note]
+    found, problems = scan(directory, check)
+    if found is None and any("(incomplete)" not in p for p in problems):
+        return notes
+    after = found["step"] if found else -1
+    newer = [step_dir(directory, s) for s in reversed(steps(directory)) if s > after]
+    for folder, problem in zip(newer, problems):
+        moved = set_aside(folder)
+        notes.append(f"skipping a newer checkpoint: {problem}; its folder is set aside as "
+                     f"{moved.name} (nothing deleted)")
+    if found is not None and notes:
+        _atomic_write(Path(directory) / LATEST, Path(found["path"]).name.encode())
+    return notes
 
 
 def latest(directory) -> dict | None:

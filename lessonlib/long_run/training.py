@@ -50,7 +50,7 @@ from lessonlib.hybrid_axes.runs import step_losses
 from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.lab import labkit
-from lessonlib.long_run import checkpoint, checkpoint_folder, reshard
+from lessonlib.long_run import checkpoint, checkpoint_folder, folder_lock, reshard
 from lessonlib.long_run.shard_map import Layout
 from lessonlib.models import LONG_RUN, GPTConfig, TinyGPT
 
@@ -272,17 +272,28 @@ def resume_point(settings: dict, flags: dict | None = None) -> dict | None:
     return resume
 
 
+def recover(settings: dict) -> list[str]:
+    """Caller side, holding the folder (``folder_lock.hold``), before ``resume_point``: an
+    interrupted save completed, or set aside with every step folder after the newest
+    verified checkpoint (``checkpoint.recover``); one line per thing done."""
+    return checkpoint.recover(settings["checkpoint_dir"], check=reshard.mismatch)
+
+
 def run(settings: dict, timeout: float = 600, fail_at: tuple[int, int] | None = None,
         backend: str = "auto") -> dict:
-    """Caller side: resume from the newest complete checkpoint in the folder (refused with a
-    ValueError if it was written by other settings) or start at step 0; launch; summarize.
-    A failing rank raises ``RankError`` here; the checkpoints written so far stay."""
+    """Caller side, holding the folder for the run (a second run in it is refused, naming
+    this one's process): finish an interrupted save (``recover``), resume from the newest
+    complete checkpoint in the folder (refused with a ValueError if it was written by other
+    settings) or start at step 0; launch; summarize. A failing rank raises ``RankError``
+    here; the checkpoints written so far stay."""
     from lessonlib.launcher import launch
 
     if fail_at is not None and not 0 <= fail_at[0] < settings["world_size"]:
         raise ValueError(f"fail_at={fail_at}: rank {fail_at[0]} is not in a world of "
                          f"{settings['world_size']} ranks")
-    resume = resume_point(settings)
-    ranks = launch(train, settings["world_size"], settings, resume, fail_at=fail_at,
-                   backend=backend, timeout=timeout)
-    return summary(ranks, settings, resume)
+    with folder_lock.hold(settings["checkpoint_dir"]):
+        recovered = recover(settings)
+        resume = resume_point(settings)
+        ranks = launch(train, settings["world_size"], settings, resume, fail_at=fail_at,
+                       backend=backend, timeout=timeout)
+    return {**summary(ranks, settings, resume), "recovered": recovered}

@@ -10,7 +10,7 @@ import torch
 
 from lessonlib import device, long_run
 from lessonlib.launcher import RankError, launch
-from lessonlib.long_run import checkpoint, checkpoint_folder
+from lessonlib.long_run import checkpoint, checkpoint_folder, restart
 
 import ckpt_workers
 import labrun
@@ -47,7 +47,7 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_older_intact_one_resumed(t
     damage, words = PROBES[probe]
     _save(tmp_path, 5)
     damage(_save(tmp_path, 10))
-    found = checkpoint.check_resume(tmp_path, 2, META)
+    found = restart.check_resume(tmp_path, 2, META)
     assert found["step"] == 5 and len(found["damaged"]) == 1, found["damaged"]
     assert words in found["damaged"][0] and "step_00000010" in found["damaged"][0]
     assert checkpoint.load(found["path"], 1)["model"]["w"][0].item() == 105
@@ -59,9 +59,9 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_older_intact_one_resumed(t
 def test_a_folder_whose_every_checkpoint_is_damaged_is_refused_not_restarted(tmp_path):
     _truncate(_save(tmp_path, 5) / "rank_00000.pt", 0)
     with pytest.raises(ValueError, match="no intact checkpoint .*rank_00000.pt is damaged"):
-        checkpoint.check_resume(tmp_path, 2, META)
+        restart.check_resume(tmp_path, 2, META)
     checkpoint.write_shard(tmp_path / "killed", 5, 0, {})     # only a save interrupted:
-    assert checkpoint.check_resume(tmp_path / "killed", 2, META) is None   # a fresh start
+    assert restart.check_resume(tmp_path / "killed", 2, META) is None   # a fresh start
 
 
 def test_pruning_never_lets_a_damaged_checkpoint_push_out_a_good_one(tmp_path):

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lessonlib import long_run
-from lessonlib.long_run import checkpoint, checkpoint_folder
+from lessonlib.long_run import checkpoint, checkpoint_folder, restart
 
 import labrun
 
@@ -47,19 +47,19 @@ def test_shards_without_a_manifest_are_set_aside_not_overwritten(tmp_path):
     before = {s: _shards(checkpoint_folder.step_dir(tmp_path, s)) for s in (10, 20)}
     with pytest.raises(ValueError, match=r"step_00000010 holds the shards of ranks 0-1 but no "
                                          r"manifest.json.*nothing was changed.*--set-aside"):
-        checkpoint.check_resume(tmp_path, 2, META)
-    notes = checkpoint.recover(tmp_path)
+        restart.check_resume(tmp_path, 2, META)
+    notes = restart.recover(tmp_path)
     assert [n.split("set aside as ")[1] for n in notes] == [
         "step_00000020.unverified (nothing deleted)", "step_00000010.unverified (nothing deleted)"]
     assert {s: _shards(tmp_path / f"step_{s:08d}.unverified") for s in (10, 20)} == before
-    assert checkpoint.check_resume(tmp_path, 2, META) is None
+    assert restart.check_resume(tmp_path, 2, META) is None
 
 
 def test_a_held_folder_after_the_newest_verified_step_is_refused(tmp_path):
     _save(tmp_path, 10)
     _lose_manifest(_save(tmp_path, 20))
     with pytest.raises(ValueError, match="step_00000020 holds the shards"):
-        checkpoint.check_resume(tmp_path, 2, META)
+        restart.check_resume(tmp_path, 2, META)
     assert checkpoint.latest(tmp_path)["step"] == 10   # what the run would resume from
 
 
@@ -67,7 +67,7 @@ def test_a_held_folder_before_the_resume_point_is_kept_and_never_pruned(tmp_path
     _lose_manifest(_save(tmp_path, 5))
     for step in (10, 15, 20):
         _save(tmp_path, step, keep=1)
-    assert checkpoint.check_resume(tmp_path, 2, META)["step"] == 20
+    assert restart.check_resume(tmp_path, 2, META)["step"] == 20
     assert sorted(_shards(checkpoint_folder.step_dir(tmp_path, 5))) == ["rank_00000.pt",
                                                                        "rank_00001.pt"]
 
@@ -77,7 +77,7 @@ def test_an_interrupted_save_is_not_held(tmp_path):
     file. The next save of that step may overwrite it; a fresh start is allowed."""
     checkpoint.write_shard(tmp_path, 10, 0, {})
     assert checkpoint_folder.held_shards(checkpoint_folder.step_dir(tmp_path, 10), 2) == []
-    assert checkpoint.check_resume(tmp_path, 2, META) is None
+    assert restart.check_resume(tmp_path, 2, META) is None
     checkpoint.write_shard(tmp_path, 10, 1, {})
     (checkpoint_folder.step_dir(tmp_path, 10) / ".rank_00002.pt.tmp7").write_bytes(b"half")
     assert checkpoint_folder.held_shards(checkpoint_folder.step_dir(tmp_path, 10), 2) == []
@@ -129,7 +129,7 @@ def test_a_manifest_field_of_the_wrong_kind_is_named_and_the_step_skipped(tmp_pa
     _save(tmp_path, 5)
     path = _save(tmp_path, 10) / checkpoint_folder.MANIFEST
     path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
-    found = checkpoint.check_resume(tmp_path, 2, META)
+    found = restart.check_resume(tmp_path, 2, META)
     assert found["step"] == 5 and found["world_size"] == 2, found
     (problem,) = found["damaged"]
     assert words in problem and "step_00000010/manifest.json is damaged" in problem
@@ -139,7 +139,7 @@ def test_a_manifest_field_of_the_wrong_kind_is_named_and_the_step_skipped(tmp_pa
 def test_a_manifest_that_is_not_an_object_is_named(tmp_path):
     _save(tmp_path, 5)
     (_save(tmp_path, 10) / checkpoint_folder.MANIFEST).write_text("[1, 2]")
-    found = checkpoint.check_resume(tmp_path, 2, META)
+    found = restart.check_resume(tmp_path, 2, META)
     assert found["step"] == 5 and "holds a JSON list, not an object" in found["damaged"][0]
 
 
@@ -155,7 +155,7 @@ def test_the_resume_step_is_the_folders_never_the_manifests_word(tmp_path):
             checkpoint.commit(tmp_path, step, 2, settings["meta"], keep=3)
         path = checkpoint_folder.step_dir(tmp_path, 20) / checkpoint_folder.MANIFEST
         path.write_text(json.dumps({**json.loads(path.read_text()), "step": bad}))
-        found = checkpoint.check_resume(tmp_path, 2, settings["meta"])
+        found = restart.check_resume(tmp_path, 2, settings["meta"])
         assert found["step"] == 10 and "its step is" in found["damaged"][0]
 
 
@@ -177,7 +177,7 @@ def test_any_json_in_a_manifest_field_is_verified_or_named_in_one_line(tmp_path,
     path = _save(folder, 10) / checkpoint_folder.MANIFEST
     path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
     try:
-        found = checkpoint.check_resume(folder, 2, META)
+        found = restart.check_resume(folder, 2, META)
     except ValueError as exc:     # a verified manifest of other settings: refused, named
         assert "step 10) was written by a run with other settings" in str(exc)
         return

@@ -25,7 +25,7 @@ import torch
 
 import lessonlib
 from lessonlib import long_run
-from lessonlib.long_run import checkpoint, checkpoint_folder
+from lessonlib.long_run import checkpoint, checkpoint_folder, folder_lock
 from lessonlib.long_run.shard_map import Layout, held
 from lessonlib.models import GPTConfig
 
@@ -126,7 +126,6 @@ def test_a_second_run_is_refused_naming_the_first_and_a_killed_run_resumes(tmp_p
 
 
 def test_a_lock_names_its_holder_and_is_released(tmp_path):
-    from lessonlib.long_run import folder_lock
     with folder_lock.hold(tmp_path):
         with pytest.raises(ValueError, match=f"in use by another run .process {os.getpid()} on"):
             with folder_lock.hold(tmp_path):

@@ -14,6 +14,8 @@ each file one idea:
   course ever deletes (shards without a manifest are set aside, never deleted);
 * ``folder_lock``: one run per checkpoint folder (a second one is refused, naming the first);
 * ``checkpoint_manifest``: a manifest read as a validated record, each field's type and range;
+* ``restart``: what a run in a used folder does first: an interrupted save completed or set
+  aside, the checkpoint to resume from chosen and its settings compared;
 * ``shard_map``: where every number a rank holds sits in the full model, on any layout,
   ZeRO-1 and FSDP included;
 * ``reshard``: resume on another layout, one old shard and one slice at a time.

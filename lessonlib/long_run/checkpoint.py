@@ -23,9 +23,9 @@ torch.distributed.checkpoint save the same way as this module, on a smaller scal
 
 A folder holds ``step_00000040/rank_00001.pt``, ``step_00000040/manifest.json`` and
 ``latest`` (the newest complete step's name, for people; ``latest()`` trusts only the
-manifests). The manifest records what the shards only fit: world size,
-layout, model, batch, optimizer. ``check_resume`` compares it with the new run's settings
-before any process starts and names every setting that differs.
+manifests). The manifest records what the shards only fit: world size, layout, model, batch,
+optimizer. ``restart.check_resume`` compares it with the new run's settings before any
+process starts and names every setting that differs.
 
 Laptop:  ``python labs/train.py --world-size 2 --checkpoint-dir results/ckpt``; stop it
          (Ctrl-C or kill) and run the same command again: it resumes.
@@ -46,9 +46,8 @@ import torch.distributed as dist
 from lessonlib import comm, device
 from lessonlib.long_run import checkpoint_manifest
 # The folder's names, its check and its deletions live beside.
-from lessonlib.long_run.checkpoint_folder import (LATEST, MANIFEST, held_ahead, held_shards,
-                                                  remove_step, set_aside, shard_path, step_dir,
-                                                  steps)
+from lessonlib.long_run.checkpoint_folder import (LATEST, MANIFEST, held_shards, remove_step,
+                                                  shard_path, step_dir, steps)
 
 
 class CheckpointError(RuntimeError):
@@ -134,16 +133,21 @@ def commit(directory, step: int, world_size: int, meta: dict, keep: int = 2,
     problem = verify(folder, hashes=False)[1]
     if problem:                       # never prune on the word of a checkpoint that is not there
         raise CheckpointError(f"the checkpoint just written does not match its manifest: {problem}")
-    _atomic_write(Path(directory) / LATEST, folder.name.encode())
+    point_latest(directory, folder)
     _prune(directory, step, keep)
     return folder
+
+
+def point_latest(directory, folder) -> None:
+    """Write the step folder's name into ``latest`` (for people; ``latest()`` reads manifests)."""
+    _atomic_write(Path(directory) / LATEST, Path(folder).name.encode())
 
 
 def _prune(directory, step: int, keep: int) -> None:
     """Keep the newest ``keep`` verified checkpoints, ``step`` (just written) among them,
     removing only older ones: the checkpoints this run continues. A newer folder was written
-    by another run (``recover`` sets those aside before a run starts), and a folder without
-    a manifest may hold the only copy of good shards: neither is ever removed. An older
+    by another run (``restart.recover`` sets those aside before a run starts), and a folder
+    without a manifest may hold the only copy of good shards: neither is ever removed. An older
     damaged or unverified one never counts, so it never pushes out a verified one."""
     older = []
     for s in steps(directory):
@@ -222,46 +226,6 @@ def scan(directory, check=None) -> tuple[dict | None, list[str]]:
     return None, problems
 
 
-def _complete(folder: Path) -> str | None:
-    """A save interrupted between its last shard and its manifest: rename its temporary
-    manifest into place if that one lists every shard with the size and hash it has; what
-    was done, or None."""
-    for tmp in sorted(folder.glob(f".{MANIFEST}.tmp*")):
-        if verify(folder, path=tmp)[0] is not None:
-            os.replace(tmp, folder / MANIFEST)
-            return (f"completed the interrupted save of {folder.name} (its temporary "
-                    f"manifest lists every shard, each with its size and SHA-256)")
-    return None
-
-
-def recover(directory, check=None) -> list[str]:
-    """Caller side, before a run starts, holding the folder (``folder_lock``): finish what an
-    interrupted run left, and say what was done (one line each). A save interrupted between
-    its last shard and its manifest is completed when its temporary manifest matches every
-    shard (``_complete``); then every step folder after the newest verified checkpoint (an
-    interrupted save, shards without a manifest, a damaged checkpoint) is set aside as
-    ``step_*.unverified``: renamed, never deleted, never an earlier step. If no checkpoint
-    is verified and one is damaged, nothing is set aside (``check_resume`` refuses, naming
-    it). ``check`` as for ``scan``."""
-    notes = []
-    for s in steps(directory):
-        folder = step_dir(directory, s)
-        if not (folder / MANIFEST).exists():
-            notes += [note for note in [_complete(folder)] if note]
-    found, problems = scan(directory, check)
-    if found is None and any("(incomplete)" not in p for p in problems):
-        return notes
-    after = found["step"] if found else -1
-    newer = [step_dir(directory, s) for s in reversed(steps(directory)) if s > after]
-    for folder, problem in zip(newer, problems):
-        moved = set_aside(folder)
-        notes.append(f"skipping a newer checkpoint: {problem}; its folder is set aside as "
-                     f"{moved.name} (nothing deleted)")
-    if found is not None and notes:
-        _atomic_write(Path(directory) / LATEST, Path(found["path"]).name.encode())
-    return notes
-
-
 def latest(directory) -> dict | None:
     """The newest intact checkpoint's manifest (with its ``path`` and the ``damaged`` newer
     folders), or None. Pure, so the caller can decide before any process starts."""
@@ -275,61 +239,6 @@ def at_step(directory, step: int) -> dict:
     if manifest is None:
         raise CheckpointError(problem)
     return {**manifest, "path": str(step_dir(directory, step)), "damaged": []}
-
-
-def _differences(saved: dict, wanted: dict, may_differ: tuple[str, ...], flags: dict) -> list:
-    """One line per setting that differs: both values ("not set" for one this run lacks), and
-    with ``flags`` ({setting: its flag}) the flag that would match the checkpoint."""
-    lines = []
-    for k in sorted(set(saved) | set(wanted)):
-        if saved.get(k) == wanted.get(k) or k in may_differ:
-            continue
-        mine = "not set" if k not in wanted else repr(wanted[k])
-        line = f"{k}: checkpoint {saved.get(k)!r}, this run {mine}"
-        if k in flags and k in saved:
-            value = saved[k]
-            line += (f" (pass {flags[k]})" if value is True else
-                     f" (leave out {flags[k]})" if value is False else
-                     f" (pass {flags[k]} {value})")
-        lines.append(line)
-    return lines
-
-
-def check_resume(directory, world_size: int, meta: dict, may_differ: tuple[str, ...] = (),
-                 check=None, flags: dict | None = None) -> dict | None:
-    """Caller side, before launching: the checkpoint a run with these settings would resume
-    from, or None for a fresh start. Raise ValueError naming every setting that differs
-    (except those in ``may_differ``), or if no checkpoint in the folder is verified (only
-    interrupted saves: a fresh start). ``check`` as for ``scan``; ``flags`` as for
-    ``_differences`` (a lab's names for the settings). A newer step folder that
-    holds a whole world's shards without a manifest (``held_shards``) is refused too: the
-    run would write that step again over shards that may be the only copy."""
-    found, problems = scan(directory, check)
-    ahead = held_ahead(directory, world_size, found)
-    if ahead:
-        folder = ahead[0]
-        raise ValueError(
-            f"{folder} holds the shards of ranks 0-{held_shards(folder)[-1]} but no "
-            f"{MANIFEST}, so they cannot be verified, and this run would write that step "
-            f"over them; nothing was changed. Move that folder away, or set it aside "
-            f"(labs/train.py --set-aside renames it to {folder.name}.unverified; nothing "
-            f"is deleted)")
-    if found is None:
-        damaged = [p for p in problems if "(incomplete)" not in p]
-        if damaged:
-            raise ValueError(f"no intact checkpoint in {directory} to resume from: "
-                             + "; ".join(damaged) + "; move the folder away to start afresh")
-        return None
-    wanted = {"world_size": world_size, **meta}
-    saved = {"world_size": found["world_size"], **found["meta"]}
-    differ = _differences(saved, wanted, may_differ, flags or {})
-    if differ:
-        raise ValueError(
-            f"the checkpoint in {found['path']} (step {found['step']}) was written by a run "
-            f"with other settings; its shards only fit that run:\n  " + "\n  ".join(differ)
-            + f"\nresume with the checkpoint's settings, or start afresh in a new folder "
-              f"(or delete {directory})")
-    return {**found, "damaged": problems}
 
 
 def load(folder, rank: int, map_location=None, manifest: dict | None = None) -> dict:

@@ -22,7 +22,7 @@ whose manifest is not may hold the only copy of good weights: the manifest was l
 save was killed between the last shard and the manifest. Nothing proves those shards good,
 and nothing proves them bad, so they are never deleted, overwritten or pruned: ``set_aside``
 renames the folder to ``step_00000040.unverified`` (the next run does so by itself, see
-``checkpoint.recover``), and ``clear`` does the same instead of deleting it. A run deletes
+``restart.recover``), and ``clear`` does the same instead of deleting it. A run deletes
 only what it wrote: its own temporary file of a write that failed, and the checkpoints older
 than the one it just saved (``folder_lock`` makes it the folder's only writer).
 

@@ -50,7 +50,7 @@ from lessonlib.hybrid_axes.runs import step_losses
 from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.lab import labkit
-from lessonlib.long_run import checkpoint, checkpoint_folder, folder_lock, reshard
+from lessonlib.long_run import checkpoint, checkpoint_folder, folder_lock, reshard, restart
 from lessonlib.long_run.shard_map import Layout
 from lessonlib.models import LONG_RUN, GPTConfig, TinyGPT
 
@@ -263,7 +263,7 @@ def resume_point(settings: dict, flags: dict | None = None) -> dict | None:
     was written by other settings (another layout, world size or m is resharded, not
     refused; ``flags``, {setting: a lab's flag}, says what to pass), if every checkpoint is
     damaged, or if it is already past ``steps``."""
-    resume = checkpoint.check_resume(settings["checkpoint_dir"], settings["world_size"],
+    resume = restart.check_resume(settings["checkpoint_dir"], settings["world_size"],
                                      settings["meta"], may_differ=RESHARDABLE,
                                      check=reshard.mismatch, flags=flags)
     if resume and resume["step"] > settings["steps"]:
@@ -275,8 +275,8 @@ def resume_point(settings: dict, flags: dict | None = None) -> dict | None:
 def recover(settings: dict) -> list[str]:
     """Caller side, holding the folder (``folder_lock.hold``), before ``resume_point``: an
     interrupted save completed, or set aside with every step folder after the newest
-    verified checkpoint (``checkpoint.recover``); one line per thing done."""
-    return checkpoint.recover(settings["checkpoint_dir"], check=reshard.mismatch)
+    verified checkpoint (``restart.recover``); one line per thing done."""
+    return restart.recover(settings["checkpoint_dir"], check=reshard.mismatch)
 
 
 def run(settings: dict, timeout: float = 600, fail_at: tuple[int, int] | None = None,

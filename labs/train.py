@@ -116,8 +116,11 @@ def check_run(ap, args, held: contextlib.ExitStack) -> dict:
         except ValueError as exc:
             ap.error(str(exc))
         return settings
-    for note in long_run.recover(settings):
-        print(f"labs/train.py: {note}", file=sys.stderr)
+    try:
+        for note in long_run.recover(settings):
+            print(f"labs/train.py: {note}", file=sys.stderr)
+    except checkpoint.SaveFailed as exc:         # the disk is still full
+        sys.exit(f"labs/train.py: {exc}")
     try:
         args.resume = long_run.resume_point(settings, FLAGS)
     except ValueError as exc:

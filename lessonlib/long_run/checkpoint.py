@@ -84,11 +84,15 @@ def _atomic_write(path: Path, data) -> None:
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError):
-            raise SaveFailed(f"{path} could not be written ({exc.strerror or exc}); the "
-                             f"checkpoints saved before it are intact. Free space there (or "
-                             f"give the checkpoints another folder) and run the same command "
-                             f"again: it resumes from the newest") from None
+            raise _not_written(path, exc) from None
         raise
+
+
+def _not_written(path: Path, exc: OSError) -> SaveFailed:
+    return SaveFailed(f"{path} could not be written ({exc.strerror or exc}); the checkpoints "
+                      f"saved before it are intact. Free space there (or give the checkpoints "
+                      f"another folder) and run the same command again: it resumes from the "
+                      f"newest")
 
 
 # ---------------------------------------------------------------- writing (rank side)
@@ -96,7 +100,10 @@ def write_shard(directory, step: int, rank: int, state: dict) -> dict:
     """Write this rank's ``state`` (tensors, numbers, lists, dicts) for ``step``; return
     the file's size and SHA-256, hashed from the bytes written (not read back)."""
     path = shard_path(directory, step, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _not_written(path.parent, exc) from None
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getbuffer()

@@ -9,7 +9,7 @@ nothing else:
     step_00000040/manifest.json    the checkpoint's commit record
     step_00000040/.rank_00001.pt.tmp1234, .latest.tmp1234   a save killed mid-write
     latest                         the name of the newest complete step
-    lock                           the process id of the run that holds the folder
+    run.lock                       the process id of the run that holds the folder
     step_00000040.unverified/      shards without a manifest, set aside (never deleted)
 
 ``clear`` (what ``labs/train.py --fresh`` does) refuses a folder that holds anything else,
@@ -38,11 +38,11 @@ from pathlib import Path
 from lessonlib import writable
 
 LATEST = "latest"
-LOCK = "lock"
+LOCK = "run.lock"
 MANIFEST = "manifest.json"
 _STEP = re.compile(r"step_\d{8}")
 _IN_STEP = re.compile(r"rank_\d{5}\.pt|manifest\.json|\.(rank_\d{5}\.pt|manifest\.json)\.tmp\d+")
-_TOP = re.compile(r"latest|\.latest\.tmp\d+|lock")
+_TOP = re.compile(r"latest|\.latest\.tmp\d+|run\.lock")
 _SET_ASIDE = re.compile(r"step_\d{8}\.unverified\d*")
 _SHARD = re.compile(r"rank_(\d{5})\.pt")
 

@@ -7,7 +7,7 @@ one prunes the step folders and temporary files the other is writing, and both r
 lost. A lock file says "this folder is in use": the first run takes it, a second one is
 refused in one line that names the first's process, before it reads or moves anything.
 
-The lock is ``flock`` on ``<folder>/lock``, which holds the holder's process id for people
+The lock is ``flock`` on ``<folder>/run.lock``, which holds the holder's process id for people
 and for that line. The kernel releases an ``flock`` when its process dies, however it dies
 (``kill -9``, a preempted job), so the lock of a dead run is simply taken over: no stale lock
 to delete by hand, and no guess from a process id that another process may have reused.
@@ -48,19 +48,20 @@ def _alive_here(text: str) -> bool:
     if not pid.isdigit() or host != socket.gethostname() or int(pid) == os.getpid():
         return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(int(pid), 0)      # PermissionError: another user's process, alive
     except ProcessLookupError:
         return False
-    except PermissionError:       # another user's process: alive
-        return True
+    except PermissionError:
+        pass
     return True
 
 
 def _busy(directory, setting: str) -> ValueError:
+    who = holder(directory) or "a process"
     return ValueError(
-        f"{setting}={str(directory)!r} is in use by another run ({holder(directory) or 'a process'} "
-        f"holds {Path(directory) / LOCK}); two runs in one folder delete each other's "
-        f"checkpoints. Wait for that run to end (or stop it), or give this run its own folder")
+        f"{setting}={str(directory)!r} is in use by another run ({who} holds "
+        f"{Path(directory) / LOCK}); two runs in one folder delete each other's checkpoints. "
+        f"Wait for that run to end (or stop it), or give this run its own folder")
 
 
 def _take(path: Path, setting: str) -> int:

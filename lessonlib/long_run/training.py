@@ -264,8 +264,8 @@ def resume_point(settings: dict, flags: dict | None = None) -> dict | None:
     refused; ``flags``, {setting: a lab's flag}, says what to pass), if every checkpoint is
     damaged, or if it is already past ``steps``."""
     resume = restart.check_resume(settings["checkpoint_dir"], settings["world_size"],
-                                     settings["meta"], may_differ=RESHARDABLE,
-                                     check=reshard.mismatch, flags=flags)
+                                  settings["meta"], may_differ=RESHARDABLE,
+                                  check=reshard.mismatch, flags=flags)
     if resume and resume["step"] > settings["steps"]:
         raise ValueError(f"steps={settings['steps']}: the checkpoint in {resume['path']} is "
                          f"already at step {resume['step']}; use steps >= {resume['step']}")

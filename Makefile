@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: setup course test test-fast durations notebooks bench site clean
+.PHONY: setup course test test-cpus test-fast durations notebooks bench site clean
 
 setup: $(STAMP)
 
@@ -44,11 +44,24 @@ course: setup
 # measured (tests/durations.json, tests/scope_order.py; xdist's own order, the files with
 # the most tests first, left the slowest single tests to the end, one worker waiting).
 TEST_WORKERS ?= 2
-SUITE = PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest tests notebooks --nbval-lax \
-  --nbval-cell-timeout=600 -q -rs \
+PYTEST = PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest
+NBVAL = --nbval-lax --nbval-cell-timeout=600 -q -rs \
   $(if $(filter 1,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
+SUITE = $(PYTEST) tests notebooks $(NBVAL)
 test: setup
 	$(SUITE) --durations=15
+
+# Every notebook once more as another CPU computes. PyTorch picks its CPU kernels by the CPU's
+# capability (DEFAULT, AVX2, AVX512; ATEN_CPU_CAPABILITY forces one, never above what the CPU
+# has) and MKL its matrix code by the CPU's instructions (MKL_ENABLE_INSTRUCTIONS), and the
+# last bits of a float change with them: a checked output (# NBVAL_CHECK_OUTPUT) that depends
+# on them passes here and fails on a student's laptop. This runs the notebooks with the plain,
+# unvectorised kernels (AVX2's where this CPU's own are the plain ones) and MKL's SSE4.2 code,
+# so such an output fails here first; .ci/run calls it after make test.
+OTHER_CPU = ATEN_CPU_CAPABILITY=$(if $(filter default,$(shell $(PY) -c "import torch; \
+  print(torch.backends.cpu.get_cpu_capability().lower())")),avx2,default) MKL_ENABLE_INSTRUCTIONS=SSE4_2
+test-cpus: setup
+	$(OTHER_CPU) $(PYTEST) notebooks $(NBVAL)
 
 # The whole suite, writing each scope's seconds to tests/durations.json (the order of
 # the next runs); commit the file when it has changed much.

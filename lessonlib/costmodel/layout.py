@@ -181,10 +181,13 @@ class Layout:
                              f"of the t={self.t} ranks (heads={model.a}, kv_heads={kv_heads}): "
                              f"t*c must divide both; use a smaller c or cp_comm 'ring' or "
                              f"'allgather'")
-        if self.e > 1 and (model.moe is None or model.moe.E % self.e):
-            raise ValueError(f"e={self.e} needs an MoE model whose experts it divides "
-                             f"(model={model.name!r}: "
-                             f"{'E=' + str(model.moe.E) if model.moe else 'dense'}); use e=1")
+        if self.e > 1 and model.moe is None:
+            raise ValueError(f"e={self.e} needs an MoE model (model={model.name!r} is dense, "
+                             f"no experts to split); use e=1")
+        if self.e > 1 and model.moe.E % self.e:
+            ok = [e for e in divisors(model.moe.E) if self.d % e == 0]
+            raise ValueError(f"e={self.e} must divide the experts of model={model.name!r} "
+                             f"(E={model.moe.E}); use one of {ok} (each divides E and d={self.d})")
         if self.p > model.L:
             raise ValueError(f"p={self.p} exceeds layers={model.L}: every stage needs a "
                              f"layer; use p <= {model.L}")

@@ -27,13 +27,17 @@ import argparse
 import csv
 import glob
 import json
+import os
 import re
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+
+from lessonlib.launcher.checks import cores
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -161,32 +165,40 @@ def grade_notebook(submitted: Path, reference, out: Path, timeout: float) -> dic
     return verdicts(nb)
 
 
+def rows_of(student: Path, name: str, reference, autograded: Path, timeout: float) -> list[dict]:
+    """The CSV rows of one student's notebook ``name``: one per exercise of ``reference``."""
+    path = student / f"{name}.ipynb"
+    found = (grade_notebook(path, reference, autograded / student.name / path.name, timeout)
+             if path.exists() else {})
+    rows = []
+    for exercise in exercises(reference):
+        status, text = found.get(exercise["id"], ("missing", "no answer cell found"))
+        rows.append({"student": student.name, "notebook": name, "exercise": exercise["id"],
+                     "checker": exercise["check"].split("(")[0].removeprefix("ex."),
+                     "grade": int(status == "correct"), "status": status, "verdict": text})
+    return rows
+
+
 def autograde(submitted: Path = SUBMITTED, reference: Path = RELEASE, csv_path: Path = GRADES,
               notebooks: list[str] | None = None, timeout: float = 600,
-              autograded: Path = AUTOGRADED) -> list[dict]:
+              autograded: Path = AUTOGRADED, jobs: int = 1) -> list[dict]:
     """Grade every student under ``submitted`` on each released notebook with exercises
-    (or those named); write and return the rows."""
+    (or those named), ``jobs`` notebooks at a time; write and return the rows."""
     released = {path.stem: nbformat.read(path, as_version=4)
                 for path in sorted(reference.glob("*.ipynb"))
                 if notebooks is None or path.stem in notebooks}
     if not released:
         raise ValueError(f"no released notebook to grade in {reference} (run: python "
                          f"tools/grade.py release)")
-    rows = []
-    for student in sorted(p for p in submitted.iterdir() if p.is_dir()):
-        for name, ref in released.items():
-            if not exercises(ref):
-                continue
-            path = student / f"{name}.ipynb"
-            found = (grade_notebook(path, ref, autograded / student.name / path.name, timeout)
-                     if path.exists() else {})
-            for exercise in exercises(ref):
-                status, text = found.get(exercise["id"], ("missing", "no answer cell found"))
-                rows.append({"student": student.name, "notebook": name,
-                             "exercise": exercise["id"],
-                             "checker": exercise["check"].split("(")[0].removeprefix("ex."),
-                             "grade": int(status == "correct"), "status": status,
-                             "verdict": text})
+    # the kernels share the cores: torch's threads spinning against each other's slow all down
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores() // jobs))
+    students = sorted(p for p in submitted.iterdir() if p.is_dir())
+    work = [(student, name) for student in students for name, ref in released.items()
+            if exercises(ref)]
+
+    with ThreadPoolExecutor(jobs) as pool:       # each notebook runs in its own kernel
+        graded = pool.map(lambda job: rows_of(*job, released[job[1]], autograded, timeout), work)
+        rows = [row for student_rows in graded for row in student_rows]
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with open(csv_path, "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=COLUMNS)
@@ -208,8 +220,12 @@ def main(argv: list[str]) -> None:
     a.add_argument("--submitted", type=Path, default=SUBMITTED)
     a.add_argument("--release", type=Path, default=RELEASE)
     a.add_argument("--csv", type=Path, default=GRADES)
+    a.add_argument("--autograded", type=Path, default=AUTOGRADED,
+                   help="where the executed copies go")
     a.add_argument("--notebook", action="append", help="grade only this notebook (repeat)")
     a.add_argument("--timeout", type=float, default=600, help="seconds per cell")
+    a.add_argument("--jobs", type=int, default=1, help="notebooks graded at a time, each "
+                   "in its own kernel with an equal share of the cores as its threads")
     args = p.parse_args(argv)
     if args.command == "release":
         written = release(args.out)
@@ -220,7 +236,8 @@ def main(argv: list[str]) -> None:
             print(f"{username}: {len(copies)} notebooks")
         print(f"{len(collected)} students collected into {args.into}")
     else:
-        rows = autograde(args.submitted, args.release, args.csv, args.notebook, args.timeout)
+        rows = autograde(args.submitted, args.release, args.csv, args.notebook, args.timeout,
+                         args.autograded, args.jobs)
         right = sum(row["grade"] for row in rows)
         print(f"{right} of {len(rows)} exercises correct; one row each in {args.csv}")
 

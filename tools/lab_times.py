@@ -93,8 +93,8 @@ def predict() -> None:
     print("| lab | steps | 1 GPU: step, run | 8 GPUs: step, run |\n|---|---|---|---|")
     for lab, (_, _, steps, _) in RUNS.items():
         (one, run1), (eight, run8) = predicted_s(lab, 1), predicted_s(lab, 8)
-        print(f"| `{lab}.py` | {steps} | {one * 1e6:.2g} us, {run1 * 1e3:.2g} ms | "
-              f"{eight * 1e6:.2g} us, {run8 * 1e3:.2g} ms |")
+        print(f"| `{lab}.py` | {steps} | {one * 1e6:.3g} us, {run1 * 1e3:.2g} ms | "
+              f"{eight * 1e6:.3g} us, {run8 * 1e3:.2g} ms |")
 
 
 def main(labs: list[str]) -> None:

@@ -58,7 +58,7 @@ durations: setup
 
 # Library tests only (no notebooks), for quick iteration.
 test-fast: setup
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --ignore=tests/classroom
 
 # Rebuild every notebook from its paired .py file and execute it (for authors).
 notebooks: setup

@@ -145,6 +145,12 @@ def verdicts(executed) -> dict[str, tuple[str, str]]:
     return found
 
 
+def ran(executed) -> set[str]:
+    """The ids of the grading cells that executed."""
+    return {cell.metadata["course_grading"] for cell in executed.cells
+            if "course_grading" in cell.metadata and cell.get("execution_count")}
+
+
 def grade_notebook(submitted: Path, reference, out: Path, timeout: float) -> dict:
     """Run a student's notebook with a grading cell after each answer cell; return verdicts."""
     nb = nbformat.read(submitted, as_version=4)
@@ -159,10 +165,19 @@ def grade_notebook(submitted: Path, reference, out: Path, timeout: float) -> dic
             cells.append(grading_cell(wanted[exercise_id]))
     nb.cells = cells
     out.parent.mkdir(parents=True, exist_ok=True)
-    NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
-                   resources={"metadata": {"path": str(out.parent)}}).execute()
+    client = NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
+                            resources={"metadata": {"path": str(out.parent)}})
+    failure = None
+    try:
+        client.execute()
+    except Exception as exc:  # noqa: BLE001  (a cell past --timeout, a kernel that died)
+        failure = f"the notebook stopped: {type(exc).__name__}: {exc}".splitlines()[0]
     nbformat.write(nb, out)
-    return verdicts(nb)
+    found = verdicts(nb)
+    if failure:        # the checkers that never ran say why
+        found.update({key: ("error", failure) for key, (status, _) in found.items()
+                      if status == "error" and key not in ran(nb)})
+    return found
 
 
 def rows_of(student: Path, name: str, reference, autograded: Path, timeout: float) -> list[dict]:

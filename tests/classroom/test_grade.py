@@ -1,6 +1,7 @@
 """The instructor's grading path, end to end, with the commands of docs/instructor.md: student
 versions released without their solutions, two students' work collected from their Hub
-folders (one right, one wrong), autograded by the course's own checkers into a CSV."""
+folders (one right, one wrong), autograded by the course's own checkers into a CSV; a
+notebook that hangs, or one never handed in, is a row of its own, not the end of grading."""
 import csv
 import json
 import subprocess
@@ -11,6 +12,9 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import grade  # noqa: E402  (tools/grade.py)
+
 GRADE = [sys.executable, str(ROOT / "tools" / "grade.py")]
 NOTEBOOK = "01-why-scale"
 RIGHT = {
@@ -89,3 +93,23 @@ def test_collected_work_is_autograded_into_a_csv(release, tmp_path):
     assert all(r["verdict"] and r["verdict"] != "forged" for r in rows)
     # the students' own files are only read
     assert (homes / "ben" / "course" / f"{NOTEBOOK}.ipynb").read_text().count("forged") == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_notebook_that_hangs_or_is_missing_is_graded_not_fatal(tmp_path):
+    answer_cell = nbformat.v4.new_code_cell(
+        "from lessonlib.exercises import scale as ex\nmy_params = 1\nex.check_largest_model(my_params)",
+        metadata={grade.KEY: {"id": "quiz/1", "module": "scale",
+                              "check": "ex.check_largest_model(my_params)"}})
+    (tmp_path / "release").mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=[answer_cell]), tmp_path / "release" / "quiz.ipynb")
+    hangs = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(600)"),
+                                            answer_cell])
+    (tmp_path / "submitted" / "cat").mkdir(parents=True)
+    (tmp_path / "submitted" / "dan").mkdir()          # dan handed nothing in
+    nbformat.write(hangs, tmp_path / "submitted" / "cat" / "quiz.ipynb")
+    rows = grade.autograde(tmp_path / "submitted", tmp_path / "release", tmp_path / "grades.csv",
+                           timeout=5, autograded=tmp_path / "autograded")
+    assert [(r["student"], r["grade"], r["status"]) for r in rows] == [
+        ("cat", 0, "error"), ("dan", 0, "missing")]
+    assert "CellTimeoutError" in rows[0]["verdict"]

@@ -56,6 +56,13 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+class Stay(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: a login answers 302 and the test looks at it."""
+
+    def redirect_request(self, *args):
+        return None
+
+
 class Hub:
     """A JupyterHub process started from hub/jupyterhub_config.py, and its REST API."""
 
@@ -84,6 +91,7 @@ class Hub:
             f"'scopes': ['admin:users', 'admin:servers', 'tokens']}}]\n")
         env = {**os.environ, "COURSE_HUB_STATE": str(folder / "state"),
                "COURSE_NOTEBOOKS": str(self.release)}
+        self.seen = {}                   # pid: process, of every process the Hub started
         self.log = (folder / "hub.log").open("w")
         self.process = subprocess.Popen(
             [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(config)], cwd=folder,
@@ -116,11 +124,6 @@ class Hub:
     def log_in(self, name: str) -> CookieJar:
         """Log in through the login form, as a browser does."""
         jar = CookieJar()
-
-        class Stay(urllib.request.HTTPRedirectHandler):
-            def redirect_request(self, *args):
-                return None
-
         browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar), Stay)
         browser.open(self.url + "/hub/login", timeout=30).read()
         xsrf = next(cookie.value for cookie in jar if cookie.name == "_xsrf")
@@ -150,9 +153,14 @@ class Hub:
         return [hub, *hub.children(recursive=True)]
 
     def stop(self) -> None:
+        """SIGTERM, as Ctrl-C would; a Hub that does not end in 60 s is killed with its group."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=60)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
         self.log.close()
 
 
@@ -207,11 +215,9 @@ def test_kernel_threads_are_the_cores_or_the_students_share():
 @pytest.fixture
 def hub(tmp_path):
     started = Hub(tmp_path)
-    seen = {}
-    started.seen = seen
     yield started
     started.stop()
-    for process in seen.values():          # what outlived the Hub (the test fails on it)
+    for process in started.seen.values():   # what outlived the Hub (the test fails on it)
         if process.is_running():
             process.kill()
 

@@ -151,8 +151,9 @@ def ran(executed) -> set[str]:
             if "course_grading" in cell.metadata and cell.get("execution_count")}
 
 
-def grade_notebook(submitted: Path, reference, out: Path, timeout: float) -> dict:
-    """Run a student's notebook with a grading cell after each answer cell; return verdicts."""
+def grade_notebook(submitted: Path, reference, out: Path, timeout: float, threads: int) -> dict:
+    """Run a student's notebook, a grading cell after each answer cell, in a kernel of
+    ``threads`` compute threads; return the verdicts."""
     nb = nbformat.read(submitted, as_version=4)
     wanted = {exercise["id"]: exercise for exercise in exercises(reference)}
     cells = []
@@ -169,7 +170,7 @@ def grade_notebook(submitted: Path, reference, out: Path, timeout: float) -> dic
                             resources={"metadata": {"path": str(out.parent)}})
     failure = None
     try:
-        client.execute()
+        client.execute(env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     except Exception as exc:  # noqa: BLE001  (a cell past --timeout, a kernel that died)
         failure = f"the notebook stopped: {type(exc).__name__}: {exc}".splitlines()[0]
     nbformat.write(nb, out)
@@ -180,11 +181,12 @@ def grade_notebook(submitted: Path, reference, out: Path, timeout: float) -> dic
     return found
 
 
-def rows_of(student: Path, name: str, reference, autograded: Path, timeout: float) -> list[dict]:
+def rows_of(student: Path, name: str, reference, autograded: Path, timeout: float,
+            threads: int) -> list[dict]:
     """The CSV rows of one student's notebook ``name``: one per exercise of ``reference``."""
     path = student / f"{name}.ipynb"
-    found = (grade_notebook(path, reference, autograded / student.name / path.name, timeout)
-             if path.exists() else {})
+    found = (grade_notebook(path, reference, autograded / student.name / path.name, timeout,
+                            threads) if path.exists() else {})
     rows = []
     for exercise in exercises(reference):
         status, text = found.get(exercise["id"], ("missing", "no answer cell found"))
@@ -206,13 +208,14 @@ def autograde(submitted: Path = SUBMITTED, reference: Path = RELEASE, csv_path: 
         raise ValueError(f"no released notebook to grade in {reference} (run: python "
                          f"tools/grade.py release)")
     # the kernels share the cores: torch's threads spinning against each other's slow all down
-    os.environ["OMP_NUM_THREADS"] = str(max(1, cores() // jobs))
+    threads = max(1, cores() // jobs)
     students = sorted(p for p in submitted.iterdir() if p.is_dir())
     work = [(student, name) for student in students for name, ref in released.items()
             if exercises(ref)]
 
     with ThreadPoolExecutor(jobs) as pool:       # each notebook runs in its own kernel
-        graded = pool.map(lambda job: rows_of(*job, released[job[1]], autograded, timeout), work)
+        graded = pool.map(lambda job: rows_of(*job, released[job[1]], autograded, timeout,
+                                              threads), work)
         rows = [row for student_rows in graded for row in student_rows]
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with open(csv_path, "w", newline="") as file:

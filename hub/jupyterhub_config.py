@@ -2,11 +2,11 @@
 each student working in their own copy of the notebooks (docs/instructor.md).
 
     make hub                                   # http://127.0.0.1:8000, loopback only
-    make hub HUB_ARGS=--ip=0.0.0.0             # every interface: only if you mean it
+    make hub HUB_ARGS=--JupyterHub.bind_url=http://0.0.0.0:8000   # every interface: if you mean it
     .venv/bin/jupyterhub -f hub/jupyterhub_config.py [JUPYTERHUB OPTION ...]
 
-Everything it starts listens on 127.0.0.1 unless the instructor says otherwise (``--ip``
-moves only the public proxy): the proxy, the Hub's API, the proxy's API and every student's
+Everything it starts listens on 127.0.0.1 unless the instructor says otherwise (``bind_url``
+moves only the public side of the proxy): the proxy, the Hub's API, the proxy's API and every student's
 server. Students log in with their accounts on this machine (JupyterHub's default
 authenticator, PAM) and their servers run as them (JupyterHub's ``LocalProcessSpawner``),
 so the Hub runs as root; the accounts allowed are the lines of hub/students.txt. The
@@ -33,9 +33,8 @@ NOTEBOOKS = Path(os.environ.get("COURSE_NOTEBOOKS", HUB.parent / "build" / "clas
 STUDENTS = HUB / "students.txt"
 ENVIRONMENT = Path(sys.executable).parent       # the shared .venv's bin/
 
-# Loopback only, unless the instructor passes --ip (the public side of the proxy)
-c.JupyterHub.ip = "127.0.0.1"
-c.JupyterHub.port = 8000
+# Loopback only, unless the instructor gives another bind_url (the public side of the proxy)
+c.JupyterHub.bind_url = "http://127.0.0.1:8000"
 c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = 8081
 c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:8001"

@@ -81,7 +81,7 @@ class Hub:
             f"c.JupyterHub.spawner_class = 'simple'\n"
             f"c.SimpleLocalProcessSpawner.home_dir_template = {str(self.homes)!r} + '/{{username}}'\n"
             f"c.Spawner.cpu_limit = {CPUS}\n"
-            f"c.JupyterHub.port = {self.port}\n"
+            f"c.JupyterHub.bind_url = {self.url!r}\n"
             f"c.JupyterHub.hub_port = {hub_port}\n"
             f"c.ConfigurableHTTPProxy.api_url = 'http://127.0.0.1:{proxy_api}'\n"
             f"c.JupyterHub.services = [{{'name': 'class-test', 'api_token': {TOKEN!r}}}]\n"

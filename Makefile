@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: setup course test test-cpus test-fast durations notebooks bench site clean
+.PHONY: setup course test test-cpus test-fast durations notebooks bench site clean class-setup class-test hub
 
 setup: $(STAMP)
 
@@ -47,7 +47,7 @@ TEST_WORKERS ?= 2
 PYTEST = PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest
 NBVAL = --nbval-lax --nbval-cell-timeout=600 -q -rs \
   $(if $(filter 1,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
-SUITE = $(PYTEST) tests notebooks $(NBVAL)
+SUITE = $(PYTEST) tests notebooks --ignore=tests/classroom $(NBVAL)
 test: setup
 	$(SUITE) --durations=15
 
@@ -70,7 +70,7 @@ durations: setup
 
 # Library tests only (no notebooks), for quick iteration.
 test-fast: setup
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --ignore=tests/classroom
 
 # Rebuild every notebook from its paired .py file and execute it (for authors).
 notebooks: setup
@@ -79,6 +79,29 @@ notebooks: setup
 # A static HTML site of the executed course, in site/.
 site: setup
 	$(PY) tools/build_site.py --out site
+
+# The class (docs/instructor.md): JupyterHub and the grader's kernels (pyproject's [class]),
+# the Hub's proxy from npm into hub/node_modules, and lessonlib compiled once (the students'
+# kernels only read the shared copy).
+CLASS_STAMP = $(VENV)/.class-installed
+class-setup: $(CLASS_STAMP) hub/node_modules/.package-lock.json
+$(CLASS_STAMP): $(STAMP)
+	$(PY) -m uv pip install --quiet --python $(PY) -e ".[test,class]" \
+	  || $(PY) -m pip install --quiet --no-compile -e ".[test,class]"
+	$(PY) -m compileall -q lessonlib
+	touch $(CLASS_STAMP)
+hub/node_modules/.package-lock.json: hub/package.json hub/package-lock.json
+	npm ci --prefix hub --no-audit --no-fund
+
+# The class's tests: a real JupyterHub with two students, and the grading path
+class-test: class-setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests/classroom -q -rs --durations=5
+
+# The class's JupyterHub on http://127.0.0.1:8000 with the student versions of the notebooks;
+# JupyterHub's options go in HUB_ARGS, e.g. make hub HUB_ARGS="--Spawner.cpu_limit=2"
+hub: class-setup
+	$(PY) tools/grade.py release
+	$(VENV)/bin/jupyterhub -f hub/jupyterhub_config.py $(HUB_ARGS)
 
 bench: setup
 	$(PY) labs/launch_overhead.py

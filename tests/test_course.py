@@ -59,6 +59,8 @@ def test_command_opens_the_first_notebook_with_the_course_settings():
     assert "--LabApp.default_url=/lab/tree/01-why-scale.ipynb" in argv
     assert (ROOT / "notebooks" / "01-why-scale.ipynb").exists()
     assert f"--LabApp.user_settings_dir={course.STATE / 'user-settings'}" in argv
+    assert f"--LabApp.extra_labextensions_path={course.EXTENSIONS}" in argv
+    assert (course.EXTENSIONS / "course-solutions" / "static" / "remoteEntry.js").exists()
     assert "--allow-root" not in argv and notes == []
 
 

@@ -17,6 +17,10 @@ every host core in a container limited to a few CPUs and made in-kernel training
 slower). The ranks a notebook launches take their share of the cores this process may use,
 a container's CPU quota counted (``lessonlib.launcher.checks.cores``).
 
+Exercise solutions stay folded, source and output, when Run All runs them, until the student
+opens them: JupyterLab itself unfolds a cell's output whenever it runs, so the course adds
+one small extension (tools/jupyterlab/labextensions/course-solutions, plain JavaScript).
+
 The course's settings (tools/jupyterlab/user-settings: no news question, no update check)
 are copied into build/jupyterlab/ on first use, so what a student changes later stays
 there and the repository stays clean. As root (the usual user in a container) JupyterLab
@@ -36,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 FIRST = "01-why-scale.ipynb"
 SHIPPED = ROOT / "tools" / "jupyterlab" / "user-settings"
+EXTENSIONS = ROOT / "tools" / "jupyterlab" / "labextensions"   # course-solutions: see its file
 STATE = ROOT / "build" / "jupyterlab"          # ignored by git; `make clean` resets it
 WORK = ROOT / "my-notebooks"   # the student's copies: ignored by git, never deleted by make
 COPIED = ".copied-from.json"   # in WORK: each copy's name -> the course notebook's sha256 then
@@ -48,7 +53,8 @@ def command(uid: int, extra: list[str]) -> tuple[list[str], list[str]]:
             f"--LabApp.default_url=/lab/tree/{FIRST}",
             f"--LabApp.user_settings_dir={STATE / 'user-settings'}",
             f"--LabApp.workspaces_dir={STATE / 'workspaces'}",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            f"--LabApp.extra_labextensions_path={EXTENSIONS}"]
     notes = []
     if uid == 0 and "--allow-root" not in extra:
         argv.append("--allow-root")

@@ -200,8 +200,10 @@ def jupyterlab_server():
 
 
 def _git_status() -> str:
-    return subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
-                          text=True).stdout
+    """What `git status` says of the repository's own files (not of untracked ones, which
+    tests running beside this one may make and remove)."""
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                          capture_output=True, text=True).stdout
 
 
 @pytest.fixture(scope="module")
@@ -470,7 +472,7 @@ return {solutions: solutions.length,
 
 JS_SAVED = JS_PANEL + """
 const w = panelOf(arguments[0]);
-return w ? {dirty: w.context.model.dirty, saved: w.context.contentsModel.last_modified} : null;
+return w ? {dirty: w.context.model.dirty} : null;
 """
 
 JS_RESTART = JS_PANEL + """
@@ -556,7 +558,7 @@ def assert_folded(browser, where: str, when: str) -> dict:
     return folded
 
 
-def first_hour(browser, lab, path: Path, where: str) -> None:
+def first_hour(browser, lab, where: str) -> None:
     """After Run All of notebook 01: solutions folded, also in what autosave wrote (the
     folding check of tests/test_exercises.py), and the time plot on the prose's 288 years."""
     folded = assert_folded(browser, where, "after Run All")
@@ -652,7 +654,7 @@ def test_notebook_runs_and_its_widgets_respond(path, page, lab, git_status):
     print(f"  opened in {opened - start:.0f} s, ran in {time.monotonic() - opened:.0f} s")
     browser.save_screenshot(str(SCREENSHOTS / f"{path.stem}-ran.png"))
     if path.stem[:2] == RUN_ALL:
-        first_hour(browser, lab, path, where)
+        first_hour(browser, lab, where)
 
     interacts = browser.find_elements("css selector", ".widget-interact")
     assert interacts, f"{path.name} shows no interactive widget after running {why}"

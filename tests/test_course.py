@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import json5
+import nbformat
 from jupytext.paired_paths import paired_paths
 from jupyterlab.commands import get_app_dir
 
@@ -80,22 +81,33 @@ def test_make_course_runs_the_course_script_with_lab_args():
     assert dry.strip().splitlines()[-1] == ".venv/bin/python tools/course.py --x=1"
 
 
+def _notebook(path: Path, text: str) -> None:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(text)])
+    nb.metadata["jupytext"] = {"formats": notebooks.PAIRING}
+    nbformat.write(nb, path)
+
+
+def _text(path: Path) -> str:
+    return nbformat.read(path, as_version=4).cells[0].source
+
+
 def test_the_student_works_in_a_copy_that_is_never_overwritten(tmp_path):
     course_dir, mine = tmp_path / "notebooks", tmp_path / "my-notebooks"
     course_dir.mkdir()
-    (course_dir / "01-a.ipynb").write_text("course v1")
-    (course_dir / "02-b.ipynb").write_text("course v1")
+    _notebook(course_dir / "01-a.ipynb", "course v1")
+    _notebook(course_dir / "02-b.ipynb", "course v1")
     assert course.personal_copy(mine, course_dir) == (["01-a.ipynb", "02-b.ipynb"], [])
-    (mine / "01-a.ipynb").write_text("the student's answers")
+    assert "jupytext" not in nbformat.read(mine / "01-a.ipynb", as_version=4).metadata
+    _notebook(mine / "01-a.ipynb", "the student's answers")
     assert course.personal_copy(mine, course_dir) == ([], [])
-    (course_dir / "01-a.ipynb").write_text("course v2")        # a git pull changed it
-    (course_dir / "03-c.ipynb").write_text("course v1")        # and added one
+    _notebook(course_dir / "01-a.ipynb", "course v2")          # a git pull changed it
+    _notebook(course_dir / "03-c.ipynb", "course v1")          # and added one
     copied, notes = course.personal_copy(mine, course_dir)
     assert copied == ["03-c.ipynb"] and len(notes) == 1 and "01-a.ipynb has changed" in notes[0]
-    assert (mine / "01-a.ipynb").read_text() == "the student's answers"
+    assert _text(mine / "01-a.ipynb") == "the student's answers"
     (mine / "01-a.ipynb").rename(mine / "01-a-mine.ipynb")     # what the note suggests
     assert course.personal_copy(mine, course_dir) == (["01-a.ipynb"], [])
-    assert (mine / "01-a.ipynb").read_text() == "course v2"
+    assert _text(mine / "01-a.ipynb") == "course v2"
 
 
 def test_the_copies_are_ignored_by_git():

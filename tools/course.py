@@ -9,7 +9,8 @@ values, the kernel's name), and a student's `git pull` would then conflict with 
 course's next version. Each notebook is copied there once, the first time the course opens
 after it appears; a copy the student has is never overwritten or deleted, and when the
 course's own notebook has changed since it was copied, this says so and how to get the new
-one. JupyterLab starts in my-notebooks/ on 01-why-scale.ipynb.
+one. A copy is a plain notebook, not paired with a py:percent twin as the course's are.
+JupyterLab starts in my-notebooks/ on 01-why-scale.ipynb.
 
 The kernels get the thread settings of `make test` (OMP_NUM_THREADS=1: the README's Run All
 times are measured that way; torch's default, one thread per core it may run on, counts
@@ -35,6 +36,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -91,7 +94,10 @@ def personal_copy(into: Path = WORK, source: Path = NOTEBOOKS) -> tuple[list[str
     for notebook in sorted(source.glob("[0-9][0-9]-*.ipynb")):
         target = into / notebook.name
         if not target.exists():
-            shutil.copyfile(notebook, target)
+            copy = nbformat.read(notebook, as_version=4)
+            # no py:percent twin for a student's copy: pairing is for the course's authors
+            copy.metadata.pop("jupytext", None)
+            nbformat.write(copy, target)
             hashes[notebook.name] = _sha256(notebook)
             copied.append(notebook.name)
         elif hashes.get(notebook.name) not in (None, _sha256(notebook)):

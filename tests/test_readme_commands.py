@@ -40,11 +40,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "labs/README.md")
 PYTHON = ".venv/bin/python"
-STARTS = ("make ", PYTHON, ".venv/bin/torchrun", "torchrun ", "python", "sbatch ", "salloc ",
-          "bash ", "conda ", "py -", ".venv\\", "TORCH_")
+COMMAND = re.compile(r"([A-Z_]+=\S* )*(make |\.venv/bin/|torchrun |python|sbatch |salloc |bash |"
+                     r"conda |py -|\.venv\\)")
 PLACEHOLDERS = re.compile(r"\.\.\.|<|\bFILE\b|\bFOLDER\b|\bX\.py\b|\bW\b|\bNODE0\b|\bTEXT\b")
 WINDOWS = (".venv\\", "py -")
-NO_PARSER = (["tools/notebooks.py"], ["-m", "lessonlib.viz.sweep"])   # --help only: they act
+NO_PARSER = (["tools/notebooks.py"], ["-m", "lessonlib.viz.sweep"],   # --help only: they act,
+             ["-m", "pytest"])                                         # or are a test session
 
 
 def commands(text: str) -> list[str]:
@@ -57,7 +58,7 @@ def commands(text: str) -> list[str]:
                 found.append(" ".join(line.split()))
     prose = re.sub(r"```.*?```", "", text, flags=re.S)
     for code in re.findall(r"(?<!`)`([^`\n]+)`(?!`)", prose):
-        if code.startswith(STARTS) and " " in code and not PLACEHOLDERS.search(code):
+        if COMMAND.match(code) and " " in code and not PLACEHOLDERS.search(code):
             found += [part.strip() for part in code.split("&&")]
     return found
 

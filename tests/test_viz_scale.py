@@ -50,6 +50,7 @@ def test_time_widget_starts_exactly_on_the_values_it_is_given():
     sliders = {c.description: c for c in box.children[0].children}
     assert (sliders["params_billion"].value, sliders["tokens_billion"].value) == (175, 300)
     assert sliders["efficiency"].value == efficiency
+    assert 0.3 in [v for _, v in sliders["efficiency"].options]    # "move it to 30 %", says 01
     title = box.children[1].outputs[-1]["text"]
     assert title.startswith("175 B parameters, 300 B tokens, 34.7 TFLOP/s per GPU (27.7% of peak)")
     assert title.endswith(": 1 x V100-SXM2-32GB: 288 years\n")

@@ -16,7 +16,11 @@ setup: $(STAMP)
 # does not read pip's settings); then every module in .venv is compiled once, on all cores
 # (Python would otherwise compile what it imports in every process that does not find it
 # compiled). On the course's 2-core machine this takes 45 s; pip alone took 65 s.
+# First the Python is checked (tools/check_python.py, one line and a stop when it is not
+# 3.10-3.12): that of a .venv made earlier (one you made yourself, e.g. for another CUDA
+# build of torch, is kept), else PYTHON, before any .venv is made.
 $(STAMP): pyproject.toml
+	@$(if $(wildcard $(PY)),$(PY) tools/check_python.py $(VENV),$(PYTHON) tools/check_python.py $(PYTHON))
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
 	$(PY) -m pip install --quiet --no-compile "torch==2.13.0"

@@ -256,6 +256,7 @@ my_params = None
 ex.check_largest_model(my_params)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 solution_params = cm.USABLE_MEMORY_FRACTION * cm.GPUS["A100-80GB"].memory_bytes / 16
 ex.check_largest_model(solution_params)
@@ -269,6 +270,7 @@ my_gpus = None
 ex.check_min_gpus(my_gpus)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 import math
 
@@ -287,6 +289,7 @@ my_n = None
 ex.check_gpus_for_days(my_n)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 import math
 

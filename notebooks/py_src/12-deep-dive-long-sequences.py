@@ -511,6 +511,7 @@ my_speedup = None
 ex.check_ring_speedup(my_speedup, c=8)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 # contiguous: step 0 every rank's own triangle (1/2), then 7 steps with a full block on the
 # busiest rank (1); zig-zag: half a block on every rank at each of the 8 steps

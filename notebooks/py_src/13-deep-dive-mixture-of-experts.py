@@ -455,6 +455,7 @@ my_e = None
 ex.check_smallest_e(my_e)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 moe_1t = cmoe.MOE_MODELS["moe-1T"]
 usable = cm.USABLE_MEMORY_FRACTION * cluster.gpu.memory_bytes

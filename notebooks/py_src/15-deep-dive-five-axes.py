@@ -279,6 +279,7 @@ long_context = dict(t=None, c=None, p=None, d=None)
 ex.check_long_context_layout(**long_context)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 # t = 8 fills a server; c = 16 leaves 8K tokens per GPU, as at 8K; p = 16 splits the state;
 # d = 16384 / (8*16*16) = 8 replicas of 16 sequences: Llama 3's own answer.

@@ -118,7 +118,7 @@ def test_the_copies_are_ignored_by_git():
 
 def test_kernels_get_the_thread_settings_of_make_test():
     suite = next(line for line in (ROOT / "Makefile").read_text().splitlines()
-                 if line.startswith("SUITE ="))
+                 if line.startswith("PYTEST ="))
     for name, value in course.THREADS.items():
         assert f"{name}={value} " in suite
     assert course.kernel_environment({"OMP_NUM_THREADS": "16", "HOME": "/h"}) == \

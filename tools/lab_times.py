@@ -16,6 +16,7 @@ starting the ranks or of Python's time per operation.
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import subprocess
@@ -108,7 +109,15 @@ def main(labs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--predict"]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("labs", nargs="*", metavar="LAB",
+                        help=f"the labs to time (default: all of {', '.join(LABS)})")
+    parser.add_argument("--predict", action="store_true",
+                        help="print the cost model's GPU time for the same runs instead")
+    args = parser.parse_args()
+    if unknown := [lab for lab in args.labs if lab not in LABS]:
+        parser.error(f"LAB={unknown[0]!r} is not a lab this tool times; use one of {', '.join(LABS)}")
+    if args.predict:
         predict()
     else:
-        main(sys.argv[1:] or LABS)
+        main(args.labs or LABS)

@@ -456,6 +456,7 @@ dualpipev_idle = None      # time units, the most idle device's
 ex.check_dualpipev_bubble(dualpipev_idle)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 # PP = 2p = 12 stages: (PP/2 - 1)(F&B + B - 3W) = 5 x (2.8 + 2 - 3) = 9.0
 dualpipev_idle_solution = (12 / 2 - 1) * (2.8 + 2 - 3 * 1)

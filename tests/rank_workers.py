@@ -125,3 +125,12 @@ def misuse_messages() -> dict:
     except RuntimeError as exc:
         out["data_parallel"] = str(exc)
     return out
+
+
+def hang_in_torch_directly(bad_rank: int):
+    """Rank ``bad_rank`` never joins; the others wait in ``dist.all_reduce`` itself (no
+    ``comm``, so no breadcrumb says where)."""
+    if dist.get_rank() == bad_rank:
+        time.sleep(3600)
+    dist.all_reduce(torch.ones(3))
+    return dist.get_rank()

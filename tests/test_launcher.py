@@ -1,4 +1,5 @@
 """The launcher: results in rank order, clear errors, no leftover processes, no collisions."""
+import inspect
 import os
 import signal
 import subprocess
@@ -52,6 +53,30 @@ def test_hang_ends_at_timeout_with_each_ranks_last_step(no_children_left):
     assert "all_reduce" in steps[0]
     assert "deliberately skipping the all-reduce" in steps[1]
     assert "rank 0:" in str(info.value) and "rank 1:" in str(info.value)
+    # comm is a pass-through: the line named is the one that called it
+    fn = rank_workers.skip_collective_on
+    assert info.value.lines[0].startswith(
+        f"tests/rank_workers.py:{_line(fn, 'comm.all_reduce')} in skip_collective_on (waiting in ")
+    assert info.value.lines[1] == f"tests/rank_workers.py:{_line(fn, 'time.sleep(')} in skip_collective_on"
+
+
+def _line(fn, text: str) -> int:
+    """The line of ``fn``'s source holding ``text``."""
+    source, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(source) if text in line)
+
+
+def test_a_timeout_names_each_ranks_line_even_inside_torch_distributed(no_children_left):
+    """The ranks call torch.distributed directly (no breadcrumb): their stacks say where."""
+    with pytest.raises(LaunchTimeout) as info:
+        lessonlib.launch(rank_workers.hang_in_torch_directly, 2, 1, timeout=3)
+    fn = rank_workers.hang_in_torch_directly
+    waiting = f"tests/rank_workers.py:{_line(fn, 'dist.all_reduce(torch')} in hang_in_torch_directly"
+    sleeping = f"tests/rank_workers.py:{_line(fn, 'time.sleep(')} in hang_in_torch_directly"
+    assert info.value.lines[0].startswith(f"{waiting} (waiting in all_reduce, ")
+    assert info.value.lines[1] == sleeping
+    assert "rank 0: 'started'" in str(info.value) and f"; at {waiting}" in str(info.value)
+    assert "rank 1: 'started'" in str(info.value) and f"; at {sleeping}\n" in str(info.value)
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.5, "2", True, None])

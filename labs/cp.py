@@ -169,6 +169,10 @@ def check_settings(p, args) -> dict:
     labargs.check_fits(p, args, "each of q, k, v and the output (b a s h/a floats)",
                       [("--batch", args.batch), ("--heads", args.heads), ("--seq", args.seq),
                        ("--head-dim", args.head_dim)])
+    labargs.check_fits(p, args, "the one-process reference's attention scores under its s x s "
+                               "mask (b a s^2 floats)",
+                      [("--batch", args.batch), ("--heads", args.heads), ("--seq", args.seq),
+                       ("--seq", args.seq)])
     if args.seq % (2 * args.world_size):
         p.error(f"--seq {args.seq} must be a multiple of 2c = {2 * args.world_size} (the "
                 f"zig-zag layout cuts it into 2c equal chunks, c = the world size)")

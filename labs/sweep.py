@@ -47,6 +47,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -243,6 +244,15 @@ def build_jobs(opts) -> list[tuple[str, list[dict]]]:
             for lab, points in jobs]
     argcheck.positive_number("--point-timeout", opts.point_timeout, most=MAX_POINT_TIMEOUT_S,
                              example="1800")       # 0 kills every point at once; nan, never
+    if shutil.which(opts.python) is None:
+        raise ValueError(f"--python {opts.python}: no such program can be run here; give a "
+                         f"Python with torch, e.g. --python {sys.executable}")
+    if opts.launcher == "srun" and not opts.dry_run and (
+            "SLURM_JOB_ID" not in os.environ or shutil.which("srun") is None):
+        raise ValueError("--launcher srun runs inside a SLURM allocation (salloc or sbatch), "
+                         "and this is none (no SLURM_JOB_ID, or no srun); use --launcher local "
+                         "or torchrun here, --slurm to submit the grid, or --dry-run to see "
+                         "the commands")
     if opts.nproc_per_node is not None:
         argcheck.positive_int("--nproc-per-node", opts.nproc_per_node)
     if opts.launcher == "torchrun" and opts.nproc_per_node is None:

@@ -107,7 +107,11 @@ def test_a_rank_whose_peer_never_comes_ends_at_its_timeout_listening_on_loopback
 
 
 @pytest.mark.parametrize("env, message", [
+    ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2"}, "RANK is not set, though "
+                                                      "TORCHELASTIC_RUN_ID is"),
     ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' in the environment is not a whole number"),
+    ({"RANK": "0", "WORLD_SIZE": "9" * 20}, "WORLD_SIZE='9{20}' in the environment is not a "
+                                            "whole number below 2"),
     ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK must be in 0..WORLD_SIZE-1"),
     ({"RANK": "0", "WORLD_SIZE": "0"}, "RANK must be in 0..WORLD_SIZE-1"),
     ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000", "MASTER_ADDR": "h"},
@@ -126,8 +130,8 @@ def test_a_lab_under_torchrun_with_a_bad_rank_exits_in_one_line(clean_env):
     done = run("ddp", "--steps", "1")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1].endswith(
-        "RANK='-1' in the environment is not a whole number; start the ranks with torchrun, "
-        "or unset RANK to start local ranks")
+        "RANK='-1' in the environment is not a whole number below 2^31; start the ranks with "
+        "torchrun, or unset RANK to start local ranks")
 
 
 def test_minimal_ddp_outside_torchrun_says_so_in_one_line(clean_env):

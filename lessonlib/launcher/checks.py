@@ -55,15 +55,20 @@ def check_launcher_env(env=None) -> None:
     """Under torchrun or srun: the variables a rank joins by, as torch will read them, or a
     ValueError naming the variable, its value and what would work."""
     env = os.environ if env is None else env
+    for name in ("RANK", "WORLD_SIZE"):
+        if name not in env:
+            raise ValueError(f"{name} is not set, though TORCHELASTIC_RUN_ID is: torchrun "
+                             f"sets both for each rank; start the lab with torchrun, or unset "
+                             f"TORCHELASTIC_RUN_ID to start local ranks")
     numbers = {}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
         value = env.get(name)
         if value is None:
             continue
-        if not value.isdigit():      # digits only: no sign, no space, no fraction
-            raise ValueError(f"{name}={value!r} in the environment is not a whole number; "
-                             f"start the ranks with torchrun, or unset {name} to start "
-                             f"local ranks")
+        if not value.isdigit() or int(value) >= 2 ** 31:   # no sign, space or fraction
+            raise ValueError(f"{name}={value!r} in the environment is not a whole number "
+                             f"below 2^31; start the ranks with torchrun, or unset {name} "
+                             f"to start local ranks")
         numbers[name] = int(value)
     world = numbers.get("WORLD_SIZE", 1)
     if world < 1 or numbers.get("RANK", 0) >= world:

@@ -38,11 +38,12 @@ def under_torchrun() -> bool:
 
 
 def loopback_store(timeout: float):
-    """Rank 0's rendezvous store listening on loopback only, when ``MASTER_ADDR`` names a
-    loopback address and this rank hosts the store; else None (torch makes it from the
-    environment: a client, torchrun's agent's store, or a store other machines must reach)."""
+    """The rendezvous store when ``MASTER_ADDR`` is a loopback address and no torchrun agent
+    hosts one: rank 0 hosts it, listening on loopback only (torch's own would listen on
+    every interface), the other ranks connect to it. Else None: torch makes the store from
+    the environment (torchrun's agent's, or one that other machines must reach)."""
     env = os.environ
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or env.get("RANK") != "0":
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return None
     host, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
     try:
@@ -51,12 +52,15 @@ def loopback_store(timeout: float):
             return None
     except (OSError, ValueError):
         return None
+    world, wait = int(env["WORLD_SIZE"]), timedelta(seconds=timeout)
+    if env["RANK"] != "0":
+        return dist.TCPStore(address, int(port), world, False, timeout=wait)
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((address, int(port)))
     listener.listen()
-    return dist.TCPStore(address, int(port), int(env["WORLD_SIZE"]), True,
-                         timeout=timedelta(seconds=timeout), master_listen_fd=listener.detach())
+    return dist.TCPStore(address, int(port), world, True, timeout=wait,
+                         master_listen_fd=listener.detach())
 
 
 def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
@@ -80,9 +84,9 @@ def run(fn, world_size: int, *args, backend: str = "auto", **kwargs) -> list:
     # lazy mode on purpose: no device_id, so NCCL makes each communicator at its first
     # call (lessonlib.instruments.nccl_rules, rule 1); comm.barrier names the GPU instead
     store = loopback_store(timeout)
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout), store=store,
-                            **({"rank": 0, "world_size": int(os.environ["WORLD_SIZE"])}
-                               if store else {}))
+    joined = {"store": store, "rank": int(os.environ["RANK"]),
+              "world_size": int(os.environ["WORLD_SIZE"])} if store else {}
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout), **joined)
     gloo_cuda.start_if_asked()
     placement.start_if_asked()
     try:

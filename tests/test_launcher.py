@@ -17,6 +17,8 @@ import rank_workers
 from conftest import is_rank_process
 from lessonlib.launcher import LaunchTimeout, RankError
 
+WORKERS = os.path.relpath(rank_workers.__file__)   # as a timeout names it, from here
+
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,8 +58,9 @@ def test_hang_ends_at_timeout_with_each_ranks_last_step(no_children_left):
     # comm is a pass-through: the line named is the one that called it
     fn = rank_workers.skip_collective_on
     assert info.value.lines[0].startswith(
-        f"tests/rank_workers.py:{_line(fn, 'comm.all_reduce')} in skip_collective_on (waiting in ")
-    assert info.value.lines[1] == f"tests/rank_workers.py:{_line(fn, 'time.sleep(')} in skip_collective_on"
+        f"{WORKERS}:{_line(fn, 'comm.all_reduce')} in skip_collective_on (waiting in ")
+    sleeping = f"{WORKERS}:{_line(fn, 'time.sleep(')} in skip_collective_on"
+    assert info.value.lines[1] == sleeping
 
 
 def _line(fn, text: str) -> int:
@@ -71,8 +74,9 @@ def test_a_timeout_names_each_ranks_line_even_inside_torch_distributed(no_childr
     with pytest.raises(LaunchTimeout) as info:
         lessonlib.launch(rank_workers.hang_in_torch_directly, 2, 1, timeout=3)
     fn = rank_workers.hang_in_torch_directly
-    waiting = f"tests/rank_workers.py:{_line(fn, 'dist.all_reduce(torch')} in hang_in_torch_directly"
-    sleeping = f"tests/rank_workers.py:{_line(fn, 'time.sleep(')} in hang_in_torch_directly"
+    waiting = (f"{WORKERS}:{_line(fn, 'dist.all_reduce(torch')} "
+               f"in hang_in_torch_directly")
+    sleeping = f"{WORKERS}:{_line(fn, 'time.sleep(')} in hang_in_torch_directly"
     assert info.value.lines[0].startswith(f"{waiting} (waiting in all_reduce, ")
     assert info.value.lines[1] == sleeping
     assert "rank 0: 'started'" in str(info.value) and f"; at {waiting}" in str(info.value)

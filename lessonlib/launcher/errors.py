@@ -10,6 +10,7 @@ GPU box: the same.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -22,8 +23,8 @@ STACK_SIGNAL = signal.SIGUSR1
 _FRAME = re.compile(r'^  File "(.+)", line (\d+) in (.+)$')
 # Where a rank waits is not in these: Python's own library, torch, and comm (the one pass
 # through to torch.distributed); the line that called into them is the rank's.
-_NOT_THE_RANKS = (sysconfig.get_paths()["stdlib"], str(Path(signal.__file__).parent),
-                  f"{os.sep}site-packages{os.sep}torch{os.sep}",
+_NOT_THE_RANKS = (sysconfig.get_paths()["stdlib"],
+                  str(Path(importlib.util.find_spec("torch").origin).parent) + os.sep,
                   f"{os.sep}lessonlib{os.sep}comm.py")
 
 
@@ -46,7 +47,9 @@ def stuck_at(log_text: str) -> str | None:
             return None
         where = f"{_short(own[0])}:{own[1]} in {own[2]}"
         inner = frames[0]
-        return where if inner == own else f"{where} (waiting in {inner[2]}, {_short(inner[0])}:{inner[1]})"
+        if inner == own:
+            return where
+        return f"{where} (waiting in {inner[2]}, {_short(inner[0])}:{inner[1]})"
     return None
 
 

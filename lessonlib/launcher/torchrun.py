@@ -53,7 +53,7 @@ def loopback_store(timeout: float):
     except (OSError, ValueError):
         return None
     world, wait = int(env["WORLD_SIZE"]), timedelta(seconds=timeout)
-    if env["RANK"] != "0":
+    if int(env["RANK"]) != 0:
         return dist.TCPStore(address, int(port), world, False, timeout=wait)
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -304,18 +304,31 @@ def test_lab_command_lines_run_or_refuse_in_one_line(lab, data):
             argv += [flag, data.draw(st.sampled_from(PATHS if flag in PATH_FLAGS else VALUES))]
         else:
             argv.append(flag)
+    lines = _refusal(lab, argv)
+    assert lines is None or len(lines) == 1 or "unrecognized arguments" in lines[-1], \
+        (lab, argv, lines)
+
+
+def _refusal(lab: str, argv: list[str], env: dict | None = None) -> list[str] | None:
+    """``labs/<lab>.py argv`` with the launch stubbed, under ``env`` (the launcher variables
+    not in it unset; None: as they are): None if it would run, else its refusal's lines,
+    with exit status 2 and no traceback."""
     with pytest.MonkeyPatch.context() as mp:
+        for name in LAUNCH_ENV if env is not None else ():
+            if name in env:
+                mp.setenv(name, env[name])
+            else:
+                mp.delenv(name, raising=False)
         for name in ("run", "launch"):
             mp.setattr(launcher, name, _would_start_ranks)
         mp.setattr(sweep_points, "lab_flags", _flags_from_usage)
         done = labrun.run(lab, *argv)
     if done.returncode == RUN or (lab == "sweep" and done.returncode == 0):
         event("a run")
-        return
-    assert done.returncode == 2 and "Traceback" not in done.stderr, (lab, argv, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 or "unrecognized arguments" in lines[-1], (lab, argv, done.stderr)
+        return None
+    assert done.returncode == 2 and "Traceback" not in done.stderr, (lab, argv, env, done.stderr)
     event("refused in one line")
+    return done.stderr.strip().splitlines()
 
 
 # What a launcher (or a shell) may leave in the environment, each to any value: a lab is a
@@ -323,7 +336,7 @@ def test_lab_command_lines_run_or_refuse_in_one_line(lab, data):
 # read is refused in one line; RANK and WORLD_SIZE alone start local ranks ("a run" either way)
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-              "SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID")
+              "SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID", PROGRESS_ENV)
 ENV_VALUES = ("0", "1", "3", "-1", "", "x", "1.5", " 1", "99999999999999999999", "127.0.0.1",
               "10.0.0.1", "localhost", "True", "70000", "29500")
 
@@ -334,23 +347,9 @@ ENV_VALUES = ("0", "1", "3", "-1", "", "x", "1.5", " 1", "99999999999999999999",
 def test_lab_environment_runs_or_refuses_in_one_line(lab, data):
     env = data.draw(st.dictionaries(st.sampled_from(LAUNCH_ENV), st.sampled_from(ENV_VALUES),
                                     max_size=6))
-    argv = list(BASE.get(lab, []))
-    with pytest.MonkeyPatch.context() as mp:
-        for name in (*LAUNCH_ENV, PROGRESS_ENV):
-            mp.delenv(name, raising=False)
-        for name, value in env.items():
-            mp.setenv(name, value)
-        for name in ("run", "launch"):
-            mp.setattr(launcher, name, _would_start_ranks)
-        mp.setattr(sweep_points, "lab_flags", _flags_from_usage)
-        done = labrun.run(lab, *argv)
-    if done.returncode == RUN or (lab == "sweep" and done.returncode == 0):
-        event("a run")
-        return
-    assert done.returncode == 2 and "Traceback" not in done.stderr, (lab, env, done.stderr)
-    assert len(done.stderr.strip().splitlines()) == 1, (lab, env, done.stderr)
-    assert any(name in done.stderr for name in LAUNCH_ENV), (lab, env, done.stderr)
-    event("refused in one line")
+    lines = _refusal(lab, list(BASE.get(lab, [])), env)
+    assert lines is None or (len(lines) == 1 and any(name in lines[0] for name in LAUNCH_ENV)), \
+        (lab, env, lines)
 
 
 @fuzz(100)

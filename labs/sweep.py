@@ -338,15 +338,16 @@ def main(argv=None) -> int:
     try:
         stop_on_signals()
         return finish(sweep(jobs, out, opts), out, opts)
-    except Stopped as stop:
-        name = signal.Signals(stop.signum).name
+    except (Stopped, KeyboardInterrupt) as stop:
+        signum = getattr(stop, "signum", signal.SIGINT)
+        name = signal.Signals(signum).name
         try:                                       # a closed terminal cannot be written to
             print(f"\nlabs/sweep.py: stopped by {name}; the running point and every process "
                   f"it started were ended; the points done so far are in {out}",
                   file=sys.stderr)
         except OSError:
             pass
-        return 128 + stop.signum
+        return 128 + signum
 
 
 if __name__ == "__main__":

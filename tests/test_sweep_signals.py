@@ -1,6 +1,6 @@
-"""However labs/sweep.py ends, no process of its running point outlives it: SIGTERM (``kill``,
-``timeout``, a batch job's end), SIGHUP (a closed terminal) and the death of the process
-that started it each end the point's whole process group. Checked with the OS (psutil):
+"""However labs/sweep.py ends, no process of its running point outlives it: SIGINT (Ctrl-C),
+SIGTERM (``kill``, ``timeout``, a batch job's end), SIGHUP (a closed terminal) and the death
+of the process that started it each end the point's whole process group. Checked with the OS (psutil):
 every process below the sweep while the point ran is gone afterwards.
 
 The point runs a stand-in interpreter (``--python``): a small script that reads as a lab to
@@ -83,7 +83,7 @@ def _run_and_stop(argv, how: str, until_processes: int) -> tuple[int, str, list]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "parent"])
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGHUP", "parent"])
 def test_however_the_sweep_ends_no_process_of_its_point_is_left(tmp_path, how):
     argv = [sys.executable, "labs/sweep.py", "--lab", "ddp", "--set", "steps=1",
             "--python", _stand_in(tmp_path), "--out", str(tmp_path / "sweep")]

@@ -31,8 +31,7 @@ import torch.distributed as dist
 
 from lessonlib import device
 from lessonlib.instruments.breadcrumbs import progress
-from lessonlib.instruments.ledger import (Event, TimedWork, batches, books, calls, close, hold,
-                                          ledger, unrecorded)
+from lessonlib.instruments.ledger import Event, TimedWork, batches, books, calls, close, hold, ledger
 
 _groups: dict = {}           # process group -> (name, members): looked up once per group
 

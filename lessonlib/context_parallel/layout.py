@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from lessonlib import comm, device
 from lessonlib.argcheck import positive_int
+from lessonlib.instruments.ledger import unrecorded
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -135,7 +136,7 @@ def check_same_layout(group, layout: str, causal: bool, doc_ids=None) -> None:
     A check remembered after the first call would miss a later call where one rank changed
     its settings (only that rank would gather: a hang), and a check made only when a rank's
     settings change has the same flaw. The check's all-gather leaves a breadcrumb but no
-    ledger event (``comm.unrecorded``): a ledger counts the method's own messages, which the
+    ledger event (``ledger.unrecorded``): a ledger counts the method's own messages, which the
     cost model predicts."""
     c = dist.get_world_size(group)
     if c == 1:
@@ -143,7 +144,7 @@ def check_same_layout(group, layout: str, causal: bool, doc_ids=None) -> None:
     mine = torch.tensor([LAYOUTS.index(layout) * 2 + bool(causal), doc_digest(doc_ids)],
                         device=device.current_device())
     codes = torch.empty(2 * c, dtype=mine.dtype, device=mine.device)
-    with comm.unrecorded():
+    with unrecorded():
         comm.all_gather_into_tensor(codes, mine, group=group)
     codes = [tuple(pair) for pair in codes.view(c, 2).tolist()]
     if len(set(codes)) > 1:

@@ -28,7 +28,6 @@ import torch.nn.functional as F
 import lessonlib
 from lessonlib import comm
 from lessonlib.context_parallel import context_attention, ring_attention, shard_sequence
-from lessonlib.context_parallel.layout import check_same_layout
 from lessonlib.context_parallel.masks import attention, repeat_kv
 from lessonlib.context_parallel.methods import METHODS, sent_bytes
 from lessonlib.context_parallel.recorder import StepLog
@@ -77,7 +76,6 @@ def worker(settings: dict) -> dict:
         shards = [shard_sequence(t, None, layout, dim=2).requires_grad_() for t in (q, k, v)]
         mine = shard_sequence(grad, None, layout, dim=2)
         log = StepLog(s // (c * (2 if layout == "zigzag" else 1)))
-        check_same_layout(None, layout, causal)   # agreed first: the ledger holds the method
         with comm.ledger() as book:
             out = _ring_step(shards, mine, layout, causal, log if method == "ring" else None,
                              method)
@@ -171,6 +169,10 @@ def check_settings(p, args) -> dict:
     labargs.check_fits(p, args, "each of q, k, v and the output (b a s h/a floats)",
                       [("--batch", args.batch), ("--heads", args.heads), ("--seq", args.seq),
                        ("--head-dim", args.head_dim)])
+    labargs.check_fits(p, args, "the one-process reference's attention scores under its s x s "
+                               "mask (b a s^2 floats)",
+                      [("--batch", args.batch), ("--heads", args.heads), ("--seq", args.seq),
+                       ("--seq", args.seq)])
     if args.seq % (2 * args.world_size):
         p.error(f"--seq {args.seq} must be a multiple of 2c = {2 * args.world_size} (the "
                 f"zig-zag layout cuts it into 2c equal chunks, c = the world size)")

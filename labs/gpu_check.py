@@ -51,6 +51,7 @@ import sweep  # noqa: E402  (labs/sweep.py: runs one lab and turns its record in
 from gpu_check_labs import GENERIC, LABS, Lab, lab_summary, parity_of  # noqa: E402, F401
 from gpu_check_plan import listing, plan  # noqa: E402
 from gpu_check_report import POINT_MIN_S, Report, markdown  # noqa: E402
+from sweep_points import check_folder  # noqa: E402
 
 from lessonlib import argcheck, device  # noqa: E402
 from lessonlib.costmodel import throughput  # noqa: E402, F401 (its MATMUL_EFFICIENCY)
@@ -183,6 +184,9 @@ def main(argv=None) -> int:
         parser.error(f"--budget-s {opts.budget_s:g} is shorter than the {first} s the first "
                      f"checks (versions, a launch, the GEMMs) need at least; use --budget-s "
                      f"{first} or more (the default 420 s runs every lab point)")
+    out = opts.out or Path("results", f"gpu_check-{time.strftime('%Y%m%d-%H%M%S')}")
+    if not opts.dry_run:
+        check_folder(parser, out)          # a file, the kernel's, not writable: one line
     try:
         sizes = [int(s) for s in opts.sizes.split(",")] if opts.sizes else (
             ([256, 512] if opts.quick else [1024, 4096, 8192]) if gpus else
@@ -207,7 +211,6 @@ def main(argv=None) -> int:
               f"{'' if gpus else '; listed as on a one-GPU machine'})\n")
         print(listing(points, opts.budget_s, planned))
         return 0
-    out = opts.out or Path("results", f"gpu_check-{time.strftime('%Y%m%d-%H%M%S')}")
     gpu, backend = bool(gpus), "nccl" if gpus else "gloo"
     machine = {"device": device.describe(_first_device(gpu)), "gpus": gpus, "backend": backend,
                "settings": "tiny" if (opts.quick or not gpus) else "short",

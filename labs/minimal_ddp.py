@@ -11,6 +11,7 @@ Laptop:  torchrun --standalone --nproc-per-node 2 labs/minimal_ddp.py
 GPU box: torchrun --standalone --nproc-per-node 8 labs/minimal_ddp.py   (one GPU per rank)
 """
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -60,4 +61,7 @@ def main(epochs: int = 3) -> None:
 
 
 if __name__ == "__main__":
+    if "TORCHELASTIC_RUN_ID" not in os.environ:   # started by python: no peer would ever come
+        sys.exit("labs/minimal_ddp.py runs under torchrun: "
+                 "torchrun --standalone --nproc-per-node 2 labs/minimal_ddp.py")
     main()

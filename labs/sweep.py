@@ -36,6 +36,10 @@ GPU box: python labs/sweep.py --lab tp --launcher torchrun --grid world_size=1,2
 Cluster: python labs/sweep.py --lab pp --grid microbatches=4,8,16 --set world_size=8 --slurm
 Schedules: python labs/sweep.py --lab pp --grid schedules=1f1b,zb-h1,zbv --set world_size=2
 Predicted: python labs/sweep.py --published "Llama 3 Table 4, 128K" --grid c=1,2,4,8,16 --set v=1
+
+However the sweep ends (Ctrl-C, ``kill``/``timeout``'s SIGTERM, a closed terminal's SIGHUP,
+or the death of the process that started it, which Linux turns into a SIGHUP), the running
+point's whole process group ends with it: the lab, its fork server and ranks.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,12 +106,10 @@ def run_point(index: int, lab: str, point: dict, out: Path, opts) -> dict:
             rc = proc.wait(timeout=opts.point_timeout)
         except subprocess.TimeoutExpired:
             rc = None
-        except KeyboardInterrupt:             # its own session: Ctrl-C does not reach it
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-        if rc is None:
-            os.killpg(proc.pid, signal.SIGKILL)   # the launcher and every rank it started
-            proc.wait()
+        finally:       # also on Ctrl-C or a signal (``Stopped``): its own session hears neither
+            if proc.returncode is None:
+                os.killpg(proc.pid, signal.SIGKILL)   # the launcher and every rank it started
+                proc.wait()
     row["seconds"] = round(time.monotonic() - start, 3)
     text = log_path.read_text(errors="replace")
     if rc is None:
@@ -121,6 +124,34 @@ def run_point(index: int, lab: str, point: dict, out: Path, opts) -> dict:
     row["log"] = str(log_path.relative_to(out))
     row["command"] = shlex.join(cmd)
     return row
+
+
+class Stopped(BaseException):
+    """A signal ended the sweep (its number: ``signum``); raised where the sweep waits."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+PR_SET_PDEATHSIG = 1       # linux/prctl.h
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP raise ``Stopped`` (``run_point`` then ends the running point's
+    group, as on Ctrl-C), and on Linux the death of the sweep's parent sends it SIGHUP."""
+    parent = os.getppid()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGHUP))
+        if os.getppid() != parent:             # it died before it could be watched
+            raise Stopped(signal.SIGHUP)
 
 
 # ---------------------------------------------------------------- progress and the table
@@ -213,6 +244,15 @@ def build_jobs(opts) -> list[tuple[str, list[dict]]]:
             for lab, points in jobs]
     argcheck.positive_number("--point-timeout", opts.point_timeout, most=MAX_POINT_TIMEOUT_S,
                              example="1800")       # 0 kills every point at once; nan, never
+    if shutil.which(opts.python) is None:
+        raise ValueError(f"--python {opts.python}: no such program can be run here; give a "
+                         f"Python with torch, e.g. --python {sys.executable}")
+    if opts.launcher == "srun" and not opts.dry_run and (
+            "SLURM_JOB_ID" not in os.environ or shutil.which("srun") is None):
+        raise ValueError("--launcher srun runs inside a SLURM allocation (salloc or sbatch), "
+                         "and this is none (no SLURM_JOB_ID, or no srun); use --launcher local "
+                         "or torchrun here, --slurm to submit the grid, or --dry-run to see "
+                         "the commands")
     if opts.nproc_per_node is not None:
         argcheck.positive_int("--nproc-per-node", opts.nproc_per_node)
     if opts.launcher == "torchrun" and opts.nproc_per_node is None:
@@ -295,7 +335,19 @@ def main(argv=None) -> int:
         for i, (lab, point) in enumerate((lab, p) for lab, points in jobs for p in points):
             print(shlex.join(command(lab, point, out / "points" / f"{i:04d}-{lab}.json", opts)))
         return 0
-    return finish(sweep(jobs, out, opts), out, opts)
+    try:
+        stop_on_signals()
+        return finish(sweep(jobs, out, opts), out, opts)
+    except (Stopped, KeyboardInterrupt) as stop:
+        signum = getattr(stop, "signum", signal.SIGINT)
+        name = signal.Signals(signum).name
+        try:                                       # a closed terminal cannot be written to
+            print(f"\nlabs/sweep.py: stopped by {name}; the running point and every process "
+                  f"it started were ended; the points done so far are in {out}",
+                  file=sys.stderr)
+        except OSError:
+            pass
+        return 128 + signum
 
 
 if __name__ == "__main__":

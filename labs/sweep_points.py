@@ -14,6 +14,7 @@ GPU box: python labs/sweep.py --lab pp --launcher torchrun --grid microbatches=4
 """
 from __future__ import annotations
 
+import ast
 import configparser
 import hashlib
 import itertools
@@ -78,11 +79,39 @@ def read_grid_file(path: Path) -> list[tuple[str, list[dict]]]:
         raise ValueError(f"--grid-file {path} does not exist")
     ini = configparser.ConfigParser(interpolation=None, delimiters=("=",))  # ":" ties keys
     ini.optionxform = str
-    ini.read(path)
+    try:
+        ini.read(path)
+    except configparser.Error as exc:
+        raise ValueError(f"--grid-file {path}: {_ini_problem(exc)}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--grid-file {path} is not UTF-8 text; give an INI file of "
+                         f"[lab] sections") from None
     if not ini.sections():
         raise ValueError(f"--grid-file {path} has no [lab] section; start with e.g. [ddp]")
     return [(section.split()[0], expand([parse_axis(f"{k}={v}") for k, v in ini[section].items()]))
             for section in ini.sections()]
+
+
+def _ini_problem(exc: configparser.Error) -> str:
+    """What is wrong with a grid file, at which line, and what would work."""
+    if isinstance(exc, configparser.MissingSectionHeaderError):
+        return (f"line {exc.lineno} ({exc.line.strip()!r}) comes before any [lab] section; "
+                f"start with a section, e.g. [ddp]")
+    if isinstance(exc, configparser.DuplicateOptionError):
+        return (f"line {exc.lineno}: {exc.option} is given twice in [{exc.section}]; give it "
+                f"once, its values comma-separated (e.g. {exc.option} = 1, 2)")
+    if isinstance(exc, configparser.DuplicateSectionError):
+        return (f"line {exc.lineno}: [{exc.section}] is there twice; name a second grid of "
+                f"the same lab apart, e.g. [{exc.section} small]")
+    if isinstance(exc, configparser.ParsingError):
+        lineno, shown = exc.errors[0]          # configparser gives the line as its repr
+        try:
+            shown = repr(ast.literal_eval(shown).strip())
+        except (ValueError, SyntaxError):
+            pass
+        return (f"line {lineno} ({shown}) has no '='; write one axis a line, "
+                f"key = values (e.g. steps = 1, 2)")
+    return str(exc).splitlines()[0]
 
 
 def lab_flags(python: str, lab: str) -> set[str]:

@@ -39,6 +39,19 @@ def _value(text: str):
     return int(text) if text.lstrip("-").isdigit() else text
 
 
+def check_counts(run, points: list[dict]) -> None:
+    """Every whole-number field of the Layout a whole number, at least 1 (zero_stage, at
+    least 0): one ValueError naming the field and value, before any point is estimated."""
+    whole = {f.name for f in fields(run.layout) if f.type in (int, "int")}
+    for point in points:
+        for key, text in point.items():
+            least = 0 if key == "zero_stage" else 1
+            if key in whole and not (text.isdigit() and int(text) >= least):
+                example = max(least, getattr(run.layout, key) or 1)
+                raise ValueError(f"--grid/--set {key}={text}: {key} takes whole numbers of at "
+                                 f"least {least}, e.g. {key}={example}")
+
+
 def point_layout(run, point: dict):
     """The run's layout with ``point``'s fields; d takes the GPUs that t, c, p leave."""
     lay = run.layout
@@ -106,7 +119,9 @@ def sweep(name: str, grids: list[str], fixed: list[str], out: Path, draw: bool) 
         if key not in known:
             raise ValueError(f"--grid/--set {key}: not a field of the run's Layout; use one "
                              f"of {', '.join(sorted(known))}")
-    rows = rows_of(run, [{**p, **sets} for p in expand(axes)])
+    points = [{**p, **sets} for p in expand(axes)]
+    check_counts(run, points)
+    rows = rows_of(run, points)
     out.mkdir(parents=True, exist_ok=True)
     R.write_csv(rows, out / R.TABLE_CSV)
     R.write_json(rows, out / R.TABLE_JSON, published=run.source, swept=[axes[0][0][0]])

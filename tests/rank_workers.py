@@ -23,11 +23,16 @@ def fail_on(bad_rank: int):
     return dist.get_rank()
 
 
-def skip_collective_on(bad_rank: int):
+def skip_collective_on(bad_rank: int, direct_rank: int | None = None):
+    """Rank ``bad_rank`` never joins the all-reduce; ``direct_rank`` calls torch.distributed
+    itself (no ``comm``, so no breadcrumb says where it waits)."""
     if dist.get_rank() == bad_rank:
         progress("deliberately skipping the all-reduce")
         time.sleep(3600)
-    comm.all_reduce(torch.ones(3))
+    if dist.get_rank() == direct_rank:
+        dist.all_reduce(torch.ones(3))
+    else:
+        comm.all_reduce(torch.ones(3))
     return dist.get_rank()
 
 
@@ -125,3 +130,4 @@ def misuse_messages() -> dict:
     except RuntimeError as exc:
         out["data_parallel"] = str(exc)
     return out
+

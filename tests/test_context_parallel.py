@@ -6,8 +6,8 @@ one process after 3 SGD steps (losses, gradients, weights); under a causal mask 
 about 2c-1 times the first's work and the zig-zag layout is balanced; each rank saves about
 1/c of one process's activations; the ledger's key/value bytes equal the formula; the traces
 pass ``nccl_rules.nccl_hazards``; bad settings (q, k, v of different or integer dtypes among them)
-fail in one line before anything is sent; ranks passing different layouts are refused on
-every rank, checked by one all-gather on a group's first ring only.
+fail in one line before anything is sent; ranks passing different layouts, masks or
+documents are refused on every rank, on any call, by every method.
 
 One 4-rank launch checks everything: ranks form groups of c consecutive ranks (at c = 3 the
 fourth rank is in none, and is refused)."""
@@ -130,14 +130,24 @@ def test_bad_input_one_line_before_anything_is_sent(ranks):
 
 
 @pytest.mark.timeout(150)
-def test_ranks_that_disagree_on_the_layout_are_refused_checked_once(ranks):
-    said = ("rank 0 layout='zigzag' causal=True, rank 1 layout='contiguous' causal=True, "
-            "rank 2 layout='zigzag' causal=True, rank 3 layout='contiguous' causal=True")
+@pytest.mark.parametrize("what", ["layout", "causal", "doc_ids"])
+@pytest.mark.parametrize("method", ["ring", "allgather", "ulysses"])
+def test_ranks_that_disagree_on_a_later_call_are_refused(ranks, method, what):
+    """The ranks agreed on a first call; on a later one the odd ranks pass another setting:
+    every rank is refused, naming the ranks and what each passed (not a hang, not a wrong
+    answer)."""
+    said = {"layout": ("ranks 0, 2: layout='zigzag' causal=True doc_ids=None; "
+                       "ranks 1, 3: layout='contiguous' causal=True doc_ids=None"),
+            "causal": ("ranks 0, 2: layout='zigzag' causal=True doc_ids=None; "
+                       "ranks 1, 3: layout='zigzag' causal=False doc_ids=None"),
+            "doc_ids": "ranks 0, 2: layout='zigzag' causal=True doc_ids=#"}[what]
     for r in ranks:
-        assert r["disagree"]["refused"] == (
-            f"the ranks of the context-parallel group disagree on the ring ({said}); "
-            f"every rank must pass the same layout and causal")
-        assert r["disagree"]["all_gathers"] == [1, 0]      # the first ring of a group, once
+        message = r["disagree"][method, what]
+        assert message is not None, f"rank {ranks.index(r)} ran {method} with {what} disagreeing"
+        assert message.startswith(f"the ranks of the context-parallel group disagree ({said}")
+        assert message.endswith("every rank must pass the same layout, causal and doc_ids")
+        if what == "doc_ids":
+            assert "; ranks 1, 3: layout='zigzag' causal=True doc_ids=#" in message
 
 
 def test_settings_are_checked_before_any_launch():

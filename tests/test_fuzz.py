@@ -3,6 +3,9 @@ schedule functions, every lab's command line (the sweep's too) and ``launch``'s 
 driven by Hypothesis with arbitrary settings (zero, negatives, huge integers, NaN and
 infinities, strings, None, wrong types).
 
+The labs run under any environment a launcher or a shell may leave (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``, torchrun's and SLURM's variables, each set to anything).
+
 The property: every call either returns finite numbers or raises one ValueError (or, on the
 command line, exits with status 2) whose message is one line naming a setting. Never NaN,
 never another exception from deep inside. Deterministic (``derandomize``, no example
@@ -27,6 +30,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from lessonlib import launcher
+from lessonlib.instruments.breadcrumbs import PROGRESS_ENV
 from lessonlib.launcher import starter
 from lessonlib.costmodel import GPT, Layout, estimate, make_cluster
 from lessonlib.costmodel.__main__ import main
@@ -300,18 +304,52 @@ def test_lab_command_lines_run_or_refuse_in_one_line(lab, data):
             argv += [flag, data.draw(st.sampled_from(PATHS if flag in PATH_FLAGS else VALUES))]
         else:
             argv.append(flag)
+    lines = _refusal(lab, argv)
+    assert lines is None or len(lines) == 1 or "unrecognized arguments" in lines[-1], \
+        (lab, argv, lines)
+
+
+def _refusal(lab: str, argv: list[str], env: dict | None = None) -> list[str] | None:
+    """``labs/<lab>.py argv`` with the launch stubbed, under ``env`` (the launcher variables
+    not in it unset; None: as they are): None if it would run, else its refusal's lines,
+    with exit status 2 and no traceback."""
     with pytest.MonkeyPatch.context() as mp:
+        for name in LAUNCH_ENV if env is not None else ():
+            if name in env:
+                mp.setenv(name, env[name])
+            else:
+                mp.delenv(name, raising=False)
         for name in ("run", "launch"):
             mp.setattr(launcher, name, _would_start_ranks)
         mp.setattr(sweep_points, "lab_flags", _flags_from_usage)
         done = labrun.run(lab, *argv)
     if done.returncode == RUN or (lab == "sweep" and done.returncode == 0):
         event("a run")
-        return
-    assert done.returncode == 2 and "Traceback" not in done.stderr, (lab, argv, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 or "unrecognized arguments" in lines[-1], (lab, argv, done.stderr)
+        return None
+    assert done.returncode == 2 and "Traceback" not in done.stderr, (lab, argv, env, done.stderr)
     event("refused in one line")
+    return done.stderr.strip().splitlines()
+
+
+# What a launcher (or a shell) may leave in the environment, each to any value: a lab is a
+# rank of torchrun's or srun's launch only when they say so, and a value torch could not
+# read is refused in one line; RANK and WORLD_SIZE alone start local ranks ("a run" either way)
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+              "SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID", PROGRESS_ENV)
+ENV_VALUES = ("0", "1", "3", "-1", "", "x", "1.5", " 1", "99999999999999999999", "127.0.0.1",
+              "10.0.0.1", "localhost", "True", "70000", "29500")
+
+
+@pytest.mark.parametrize("lab", LABS)
+@fuzz(8)
+@given(data=st.data())
+def test_lab_environment_runs_or_refuses_in_one_line(lab, data):
+    env = data.draw(st.dictionaries(st.sampled_from(LAUNCH_ENV), st.sampled_from(ENV_VALUES),
+                                    max_size=6))
+    lines = _refusal(lab, list(BASE.get(lab, [])), env)
+    assert lines is None or (len(lines) == 1 and any(name in lines[0] for name in LAUNCH_ENV)), \
+        (lab, env, lines)
 
 
 @fuzz(100)

@@ -1,4 +1,5 @@
 """The launcher: results in rank order, clear errors, no leftover processes, no collisions."""
+import inspect
 import os
 import signal
 import subprocess
@@ -15,6 +16,8 @@ import lessonlib
 import rank_workers
 from conftest import is_rank_process
 from lessonlib.launcher import LaunchTimeout, RankError
+
+WORKERS = os.path.relpath(rank_workers.__file__)   # as a timeout names it, from here
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
@@ -43,15 +46,32 @@ def test_failing_rank_is_named_with_its_traceback_and_nothing_is_left(no_childre
     assert lessonlib.launch(rank_workers.rank_and_sum, 2)[0]["sum"] == 3.0  # launching again works
 
 
-def test_hang_ends_at_timeout_with_each_ranks_last_step(no_children_left):
+def test_hang_ends_at_timeout_with_each_ranks_last_step_and_line(no_children_left):
+    """Rank 1 never joins; rank 0 waits in comm's all-reduce (its breadcrumb says so), rank 2
+    in torch.distributed's own (no breadcrumb): each rank's stack names its line."""
     start = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
-        lessonlib.launch(rank_workers.skip_collective_on, 2, 1, timeout=8)
+        lessonlib.launch(rank_workers.skip_collective_on, 3, 1, 2, timeout=8)
     assert time.monotonic() - start < 30
     steps = info.value.last_steps
     assert "all_reduce" in steps[0]
     assert "deliberately skipping the all-reduce" in steps[1]
-    assert "rank 0:" in str(info.value) and "rank 1:" in str(info.value)
+    assert "'started'" in steps[2]
+    fn, where = rank_workers.skip_collective_on, f"{WORKERS}:{{}} in skip_collective_on"
+    waiting_in_comm = where.format(_line(fn, "comm.all_reduce("))   # comm: a pass-through
+    sleeping = where.format(_line(fn, "time.sleep("))
+    waiting_in_torch = where.format(_line(fn, "dist.all_reduce("))
+    assert info.value.lines[0].startswith(f"{waiting_in_comm} (waiting in all_reduce, ")
+    assert info.value.lines[1] == sleeping
+    assert info.value.lines[2].startswith(f"{waiting_in_torch} (waiting in all_reduce, ")
+    for rank, line in info.value.lines.items():
+        assert f"rank {rank}: " in str(info.value) and f"; at {line}\n" in str(info.value)
+
+
+def _line(fn, text: str) -> int:
+    """The line of ``fn``'s source holding ``text``."""
+    source, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(source) if text in line)
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.5, "2", True, None])

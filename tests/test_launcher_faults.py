@@ -180,6 +180,46 @@ def test_a_lock_that_is_not_a_regular_file_is_refused_not_waited_on(tmp_path, mo
     assert time.monotonic() - start < 2.0 and trap.exists()
 
 
+def _planted(base: Path) -> Path:
+    """A stale launch's folder (its pid is no live process, no lock) with a few files."""
+    folder = base / "lessonlib-999999999-planted"
+    (folder / "deep").mkdir(parents=True)
+    for i in range(3):
+        (folder / "deep" / str(i)).write_text("x")
+    return folder
+
+
+def test_a_folder_another_user_owns_is_never_walked(tmp_path, monkeypatch):
+    """On a shared /tmp another user may plant a stale-looking folder: not ours to delete,
+    and not walked (a planted folder of 100k files made every launch 17 times slower)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = _planted(tmp_path)
+    me = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: me + 1)     # every folder here: someone else's
+    walked = []
+    monkeypatch.setattr(shutil, "rmtree", lambda path, **kw: walked.append(path))
+    folders.sweep()
+    assert walked == [] and (planted / "deep" / "0").exists()
+
+
+def test_a_folder_a_sweep_could_not_delete_is_not_walked_again(tmp_path, monkeypatch):
+    """What a sweep failed to delete (its files are not ours, say) it remembers, so the next
+    launches do not walk it again; a new folder of the same name is looked at afresh."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = _planted(tmp_path)
+    walked = []
+    monkeypatch.setattr(shutil, "rmtree", lambda path, **kw: walked.append(path))   # it fails
+    for _ in range(3):
+        folders.sweep()
+    assert walked == [planted]
+    monkeypatch.undo()
+    shutil.rmtree(planted)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _planted(tmp_path)
+    folders.sweep()
+    assert not planted.exists()
+
+
 def test_a_socket_folder_goes_where_its_path_fits_and_is_swept_there(tmp_path, monkeypatch):
     """A temp folder too long for the fork server's socket (macOS's own is about 48
     characters): the caller's folder, which holds it, goes to a short system temp folder,

@@ -84,11 +84,11 @@ def allgather_attention(q, k, v, group=None, causal: bool = True, layout: str = 
     sequence, K and V all-gathered over ``group`` (k, v: (b, kv_heads, s/c, d), kv_heads
     dividing heads); returns this rank's output shard (b, heads, s/c, d). ``doc_ids``: an
     optional (b, s) document mask, the same on every rank. Every rank of the group must pass
-    the same ``layout`` and ``causal`` (checked on a group's first call)."""
+    the same ``layout``, ``causal`` and ``doc_ids`` (checked on every call)."""
     check_split_name(layout)
     check_heads(q, k, v)
     _, c = group_rank(group)
     check_split_divides(q.shape[2] * c, c, layout)
     check_doc_ids(doc_ids, q.shape[0], q.shape[2] * c)
-    check_same_layout(group, layout, bool(causal))
+    check_same_layout(group, layout, bool(causal), doc_ids)
     return allgather_forward(q, k, v, group, bool(causal), layout, doc_ids)

@@ -13,9 +13,10 @@ one, so every rank does the same work.
 ``chunks_of`` names the chunks a rank holds (pure), ``positions_of`` their tokens' places in
 the whole sequence (for the position embedding and the causal mask); ``shard_sequence`` takes
 this rank's shard of a full tensor and ``unshard_sequence`` gathers the shards back into it.
-Every rank of a group must use the same layout (and mask): one that does not would meet the
-others' chunks at the wrong places and return a wrong answer without any error, so
-``check_same_layout`` all-gathers a small code the first time a group meets a layout, once.
+Every rank of a group must use the same layout, mask and documents: one that does not would
+meet the others' chunks at the wrong places (or wait for a message nobody sends) and return a
+wrong answer without any error, or hang; so ``check_same_layout`` all-gathers a small code
+on every call.
 
 Laptop:  ``python -c "from lessonlib.context_parallel.layout import chunks_of; \\
           print([chunks_of(r, 4, 'zigzag') for r in range(4)])"``
@@ -24,16 +25,17 @@ GPU box: the same; ``unshard_sequence`` all-gathers over NCCL there.
 from __future__ import annotations
 
 import functools
-import weakref
+import hashlib
+from collections import defaultdict
 
 import torch
 import torch.distributed as dist
 
 from lessonlib import comm, device
 from lessonlib.argcheck import positive_int
+from lessonlib.instruments.ledger import unrecorded
 
 LAYOUTS = ("contiguous", "zigzag")
-_agreed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> {(layout, causal)}
 
 
 def check_split_name(layout: str) -> str:
@@ -110,23 +112,47 @@ def unshard_sequence(x: torch.Tensor, group=None, layout: str = "zigzag", dim: i
     return torch.cat([placed[i] for i in range(c * per)], dim=dim)
 
 
-def check_same_layout(group, layout: str, causal: bool) -> None:
-    """ValueError on every rank if the ranks of ``group`` pass different layouts or masks.
+def doc_digest(doc_ids) -> int:
+    """0 for no document mask, else a 56-bit digest of ``doc_ids``'s shape and values (+1)."""
+    if doc_ids is None:
+        return 0
+    ids = doc_ids.detach().to("cpu", torch.int64).contiguous()
+    data = str(tuple(ids.shape)).encode() + ids.numpy().tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=7).digest(), "little") + 1
 
-    The first time a group meets a (layout, causal) pair its ranks all-gather one small
-    code each (a few bytes, once; remembered afterwards), so every rank must make that first
-    call together, as it must make every call of the ring."""
-    key = dist.group.WORLD if group is None else group
-    seen = _agreed.setdefault(key, set())
+
+def _said(code: int, digest: int) -> str:
+    docs = f"#{digest - 1:014x}" if digest else "None"
+    return f"layout={LAYOUTS[code // 2]!r} causal={bool(code % 2)} doc_ids={docs}"
+
+
+def check_same_layout(group, layout: str, causal: bool, doc_ids=None) -> None:
+    """ValueError on every rank if the ranks of ``group`` pass different layouts, masks or
+    documents, naming the ranks and what each passed.
+
+    Checked on every call, not only a group's first: the ranks all-gather two int64 each
+    (the layout and mask as one code, a digest of ``doc_ids``), 16 bytes per rank per call,
+    so every rank must make the call together, as it must make every call of the method.
+    A check remembered after the first call would miss a later call where one rank changed
+    its settings (only that rank would gather: a hang), and a check made only when a rank's
+    settings change has the same flaw. The check's all-gather leaves a breadcrumb but no
+    ledger event (``ledger.unrecorded``): a ledger counts the method's own messages, which the
+    cost model predicts."""
     c = dist.get_world_size(group)
-    if (layout, causal) in seen or c == 1:
+    if c == 1:
         return
-    code = torch.tensor([LAYOUTS.index(layout) * 2 + bool(causal)], device=device.current_device())
-    codes = torch.empty(c, dtype=code.dtype, device=code.device)
-    comm.all_gather_into_tensor(codes, code, group=group)
-    if len(set(codes.tolist())) > 1:
-        said = ", ".join(f"rank {r} layout={LAYOUTS[x // 2]!r} causal={bool(x % 2)}"
-                         for r, x in enumerate(codes.tolist()))
-        raise ValueError(f"the ranks of the context-parallel group disagree on the ring ({said}); "
-                         f"every rank must pass the same layout and causal")
-    seen.add((layout, causal))
+    mine = torch.tensor([LAYOUTS.index(layout) * 2 + bool(causal), doc_digest(doc_ids)],
+                        device=device.current_device())
+    codes = torch.empty(2 * c, dtype=mine.dtype, device=mine.device)
+    with unrecorded():
+        comm.all_gather_into_tensor(codes, mine, group=group)
+    codes = [tuple(pair) for pair in codes.view(c, 2).tolist()]
+    if len(set(codes)) > 1:
+        members = dist.get_process_group_ranks(group) if group is not None else range(c)
+        ranks = defaultdict(list)
+        for member, code in zip(members, codes):
+            ranks[code].append(str(member))
+        said = "; ".join(f"rank{'s' * (len(who) > 1)} {', '.join(who)}: {_said(*code)}"
+                         for code, who in ranks.items())
+        raise ValueError(f"the ranks of the context-parallel group disagree ({said}); every "
+                         f"rank must pass the same layout, causal and doc_ids")

@@ -189,15 +189,15 @@ def ring_attention(q, k, v, group=None, causal: bool = True, layout: str = "zigz
     keys and values are sharded over ``group`` in ``layout``; returns this rank's output
     shard (b, heads, s/c, head_dim). ``record`` is an optional per-step hook; ``doc_ids``
     (b, s) an optional document mask, the whole sequence's, the same on every rank. Every
-    rank of the group must pass the same ``layout`` and ``causal`` (checked on a group's
-    first ring). k and v may have fewer heads than q (GQA, kv_heads dividing heads): they
-    are repeated to every query head first, so the ring's blocks carry all the heads
-    (``costmodel.context.cp_bytes_sent_per_rank`` counts them so), and autograd sums each
-    repeated head's gradient back into its key head."""
+    rank of the group must pass the same ``layout``, ``causal`` and ``doc_ids`` (checked
+    on every call: ``check_same_layout``). k and v may have fewer heads than q (GQA,
+    kv_heads dividing heads): they are repeated to every query head first, so the ring's
+    blocks carry all the heads (``costmodel.context.cp_bytes_sent_per_rank`` counts them
+    so), and autograd sums each repeated head's gradient back into its key head."""
     check_split_name(layout)
     groups = check_heads(q, k, v)
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)                 # (b, heads, s/c, d)
     ring = Ring.of(group, layout, bool(causal), q.shape[2])
     check_doc_ids(doc_ids, q.shape[0], q.shape[2] * ring.c)
-    check_same_layout(group, ring.layout, ring.causal)
+    check_same_layout(group, ring.layout, ring.causal, doc_ids)
     return RingAttention.apply(q, k, v, ring, record, doc_ids)

@@ -29,6 +29,7 @@ from lessonlib.argcheck import positive_int
 from lessonlib.context_parallel.gpt import ContextParallelGPT, ContextParallelGrid, forward_backward
 from lessonlib.context_parallel.layout import (LAYOUTS, check_split_divides, check_split_name,
                                                chunks_per_rank, shard_sequence, unshard_sequence)
+from lessonlib.context_parallel.methods import METHODS, context_attention
 from lessonlib.context_parallel.recorder import StepLog
 from lessonlib.context_parallel.ring import ring_attention
 from lessonlib.costmodel.context import ring_bytes_received_per_rank
@@ -121,8 +122,8 @@ def attention_report(group, c: int, layout: str, causal: bool, b=2, heads=2, s=2
                   "backward": backward.total_bytes("recv")},
         predicted_received=dict(zip(("forward", "backward"),
                                     ring_bytes_received_per_rank(c, block))),
-        # the ring's point-to-point batches (the first ring of a group also all-gathers
-        # each rank's layout code once: ``check_same_layout``)
+        # the ring's point-to-point batches (the agreement check's all-gather, one per
+        # call, is not recorded: ``check_same_layout``)
         batches={"forward": len({e.batch for e in forward.events if e.batch is not None}),
                  "backward": len({e.batch for e in backward.events if e.batch is not None})},
         events=forward.events + backward.events)
@@ -251,18 +252,22 @@ def bad_input_report() -> dict:
 
 
 def disagreement_report(s: int = 8) -> dict:
-    """Ranks of the world passing different layouts (even ranks zig-zag, odd contiguous),
-    then the same: the refusal each rank sees, and the all-gathers of the layout check in a
-    group's first ring and in the next one (1, then 0: remembered)."""
-    x = torch.zeros(1, 1, s // dist.get_world_size(), 2, dtype=torch.float64)
-    mine = LAYOUTS[1 - dist.get_rank() % 2]
-    refused = _refusal(lambda: ring_attention(x, x, x, layout=mine))
-    gathers = []
-    for _ in range(2):
-        with comm.ledger() as book:
-            ring_attention(x, x, x, layout="zigzag")
-        gathers.append(book.count("all_gather"))
-    return {"refused": refused, "all_gathers": gathers}
+    """Ranks of the world that agree on a first call of each method, then disagree on a
+    later one: the odd ranks pass the contiguous layout, or no causal mask, or other
+    documents. {(method, what): the refusal this rank sees (None: it ran)}."""
+    c, odd = dist.get_world_size(), dist.get_rank() % 2
+    x = torch.zeros(1, c, s // c, 2, dtype=torch.float64)       # (b, heads, s/c, d)
+    docs = torch.zeros(1, s, dtype=torch.long)
+    docs[0, s // 2 + odd:] = 1                                  # the odd ranks: one token later
+    later = {"layout": dict(layout=LAYOUTS[1 - odd]), "causal": dict(causal=not odd),
+             "doc_ids": dict(doc_ids=docs)}
+    refused = {}
+    for method in METHODS:
+        context_attention(method, x, x, x)                      # agreed: zig-zag, causal
+        for what, settings in later.items():
+            refused[method, what] = _refusal(lambda: context_attention(method, x, x, x,
+                                                                       **settings))
+    return refused
 
 
 def check_ring_runs(world_size: int, cs=(), s: int = 24, layouts=LAYOUTS) -> None:

@@ -87,7 +87,8 @@ def ulysses_attention(q, k, v, group=None, causal: bool = True, doc_ids=None,
     ``shard_sequence`` in ``layout``, over the whole sequence: all-to-all to heads/c heads of
     all s tokens, attention, all-to-all back; returns this rank's output shard (b, heads,
     s/c, d). k, v: (b, kv_heads, s/c, d); heads and kv_heads must divide by c. ``doc_ids``:
-    an optional (b, s) document mask, the same on every rank."""
+    an optional (b, s) document mask, the same on every rank (``layout``, ``causal`` and
+    ``doc_ids`` are checked to agree on every call)."""
     check_split_name(layout)
     groups = check_heads(q, k, v)
     _, c = group_rank(group)
@@ -95,7 +96,7 @@ def ulysses_attention(q, k, v, group=None, causal: bool = True, doc_ids=None,
     s = q.shape[2] * c
     check_split_divides(s, c, layout)
     check_doc_ids(doc_ids, q.shape[0], s)
-    check_same_layout(group, layout, bool(causal))
+    check_same_layout(group, layout, bool(causal), doc_ids)
     qh, kh, vh = (to_heads(t, group, c) for t in (q, k, v))   # (b, heads/c or kv/c, s, d)
     pos = key_positions(c, s, layout).to(q.device)
     docs = doc_ids[:, pos] if doc_ids is not None else None

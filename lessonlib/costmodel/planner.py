@@ -49,6 +49,10 @@ def candidate_layouts(model, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
                       interleave=(1, 2, 4), schedules=("1f1b",), **options):
     """Every Layout with t*p*d = n_gpus that ``model`` and the batch allow, for each
     pipeline schedule in ``schedules`` ("1f1b", "zb-h1", "zbv"; interleaving only 1F1B)."""
+    microbatches = check_choices("microbatches", microbatches, "the micro-batch sizes b to try",
+                                 (1, 2, 4, 8))
+    interleave = check_choices("interleave", interleave, "the model chunks per stage v to try",
+                               (1, 2, 4))
     out = []
     for t in divisors(n_gpus):
         if model.a % t or model.h % t:
@@ -113,6 +117,20 @@ def plan(model, cluster, n_gpus, global_batch, microbatches=(1, 2, 4, 8),
         raise ValueError(f"global_batch={global_batch} admits no layout on n_gpus={n_gpus}: "
                          f"use a multiple of {n_gpus}")
     return rank(model, cluster, n_gpus, global_batch, layouts)
+
+
+def check_choices(name: str, values, what: str, example: tuple) -> tuple[int, ...]:
+    """``values`` as a tuple of ints, or a ValueError naming ``name`` unless it is a
+    non-empty collection of positive whole numbers."""
+    try:
+        values = tuple(values)
+        checked = tuple(positive_int(name, value) for value in values)
+        if not checked:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={values!r}: give one or more positive whole numbers "
+                         f"({what}), e.g. {name}={example}") from None
+    return checked
 
 
 def check_plan_size(n_gpus, global_batch):

@@ -133,6 +133,19 @@ def ledger():
         book.settle()
 
 
+@contextmanager
+def unrecorded():
+    """No open ledger records the calls inside the block (they still leave breadcrumbs): for
+    a guard's message that is not the measured method's, e.g. the context-parallel ranks'
+    agreement check, which the cost model's byte counts leave out."""
+    held = books[:]
+    books.clear()
+    try:
+        yield
+    finally:
+        books[:] = held + books
+
+
 class TimedWork:
     """An async handle that closes its event's timing, and notes when it was waited on.
 

@@ -44,9 +44,16 @@ def parser(lab: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def world_size(args) -> int:
-    """The run's world size: torchrun's when under torchrun, else ``--world-size``."""
-    return int(os.environ["WORLD_SIZE"]) if launcher.under_torchrun() else args.world_size
+def world_size(p: argparse.ArgumentParser, args) -> int:
+    """The run's world size: torchrun's when under torchrun (its variables checked), else
+    ``--world-size``."""
+    if not launcher.under_torchrun():
+        return args.world_size
+    try:
+        checks.check_launcher_env()
+    except ValueError as exc:
+        p.error(str(exc))
+    return int(os.environ["WORLD_SIZE"])
 
 
 def check_common(p: argparse.ArgumentParser, args, fp32_only: str | None = None) -> None:

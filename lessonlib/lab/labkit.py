@@ -54,7 +54,7 @@ def parse(p: argparse.ArgumentParser, argv=None, fp32_only: str | None = None):
     ``--timeout``, ``--dtype``; ``fp32_only`` says why a lab refuses ``--dtype bf16``): a bad
     one stops the lab here with ``p.error``, before any process starts."""
     args = p.parse_args(argv)
-    args.world_size = world_size(args)
+    args.world_size = world_size(p, args)
     check_common(p, args, fp32_only)
     return args
 

@@ -14,7 +14,8 @@ the traps of Jupyter + multiprocessing away from the student:
 - an exception in a rank is raised here, naming the rank that failed first, with its
   traceback; the other ranks are stopped and no process (nor any a rank started) outlives
   the call or the kernel;
-- a hang ends at ``timeout`` with the last step each rank reported through ``progress``;
+- a hang ends at ``timeout`` with the last step each rank reported through ``progress``
+  and the line each rank's Python stack was at (``faulthandler``, into the rank's log);
 - each rank's prints go to a log, not the notebook; return values come back by value.
 
 The files, in the order a launch uses them:

@@ -82,6 +82,42 @@ def check_launch(world_size, timeout, backend: str, oversubscribe: bool,
     return world_size, timeout
 
 
+def check_launcher_env(env=None) -> None:
+    """Under torchrun or srun: the variables a rank joins by, as torch will read them, or a
+    ValueError naming the variable, its value and what would work."""
+    env = os.environ if env is None else env
+    for name in ("RANK", "WORLD_SIZE"):
+        if name not in env:
+            raise ValueError(f"{name} is not set, though TORCHELASTIC_RUN_ID is: torchrun "
+                             f"sets both for each rank; start the lab with torchrun, or unset "
+                             f"TORCHELASTIC_RUN_ID to start local ranks")
+    numbers = {}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        value = env.get(name)
+        if value is None:
+            continue
+        if not value.isdigit() or int(value) >= 2 ** 31:   # no sign, space or fraction
+            raise ValueError(f"{name}={value!r} in the environment is not a whole number "
+                             f"below 2^31; start the ranks with torchrun, or unset {name} "
+                             f"to start local ranks")
+        numbers[name] = int(value)
+    world = numbers.get("WORLD_SIZE", 1)
+    if world < 1 or numbers.get("RANK", 0) >= world:
+        raise ValueError(f"RANK={env.get('RANK')} and WORLD_SIZE={env.get('WORLD_SIZE')} in "
+                         f"the environment: RANK must be in 0..WORLD_SIZE-1; start the ranks "
+                         f"with torchrun, or unset both to start local ranks")
+    if not 0 < numbers.get("MASTER_PORT", 1) < 2 ** 16:
+        raise ValueError(f"MASTER_PORT={env['MASTER_PORT']} in the environment is not a port "
+                         f"(1..65535), e.g. 29500")
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if not env.get(name):
+                raise ValueError(f"{name} is not set, and rank {env.get('RANK')} of "
+                                 f"{env.get('WORLD_SIZE')} needs it to find rank 0; set it "
+                                 f"(e.g. MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 on one "
+                                 f"machine), or start the ranks with torchrun")
+
+
 def check_backend(backend: str) -> None:
     """NCCL without any GPU gets its own sentence (the general rule names a world size)."""
     if backend == "nccl" and device.gpu_count() == 0:

@@ -10,10 +10,48 @@ GPU box: the same.
 """
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
 import signal
+import sysconfig
 from pathlib import Path
 
 from lessonlib.instruments.breadcrumbs import read_steps
+
+STACK_SIGNAL = signal.SIGUSR1
+_FRAME = re.compile(r'^  File "(.+)", line (\d+) in (.+)$')
+# Where a rank waits is not in these: Python's own library, torch, and comm (the one pass
+# through to torch.distributed); the line that called into them is the rank's.
+_NOT_THE_RANKS = (sysconfig.get_paths()["stdlib"],
+                  str(Path(importlib.util.find_spec("torch").origin).parent) + os.sep,
+                  f"{os.sep}lessonlib{os.sep}comm.py")
+
+
+def _short(path: str) -> str:
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def stuck_at(log_text: str) -> str | None:
+    """Where the main thread of a rank's last stack dump was: its innermost line of the
+    rank's own code (or lessonlib's), and the library call it waits in, if any."""
+    dumps = log_text.split("(most recent call first):\n")
+    for block in reversed(dumps[1:]):          # the main thread runs rank.main at the bottom
+        frames = [m.groups() for line in block.splitlines() if (m := _FRAME.match(line))]
+        if not any(f.endswith(f"launcher{os.sep}rank.py") and fn == "main"
+                   for f, _, fn in frames):
+            continue
+        own = next((fr for fr in frames if not any(p in fr[0] for p in _NOT_THE_RANKS)), None)
+        if own is None:
+            return None
+        where = f"{_short(own[0])}:{own[1]} in {own[2]}"
+        inner = frames[0]
+        if inner == own:
+            return where
+        return f"{where} (waiting in {inner[2]}, {_short(inner[0])}:{inner[1]})"
+    return None
+
 
 NEVER_STARTED_HINT = ("(nothing: it died while starting, before running any of lessonlib's "
                       "code. From a script, call launch under `if __name__ == '__main__':`, "
@@ -29,11 +67,14 @@ class RankError(RuntimeError):
 
 
 class LaunchTimeout(TimeoutError):
-    """The ranks did not finish in time; ``last_steps`` maps rank -> last reported step."""
+    """The ranks did not finish in time; ``last_steps`` maps rank -> last reported step,
+    ``lines`` rank -> the line its stack was at (``stuck_at``; None: none was read)."""
 
-    def __init__(self, message: str, last_steps: dict[int, str]):
+    def __init__(self, message: str, last_steps: dict[int, str],
+                 lines: dict[int, str | None] | None = None):
         super().__init__(message)
         self.last_steps = last_steps
+        self.lines = lines or {}
 
 
 def log_tail(workdir: Path, rank: int, lines: int = 15) -> str:
@@ -43,13 +84,28 @@ def log_tail(workdir: Path, rank: int, lines: int = 15) -> str:
 
 
 def timed_out(workdir: Path, world_size: int, backend: str, timeout: float) -> LaunchTimeout:
+    """The timeout, each rank's last step and the line its stack dump was at (the dumps
+    were asked for by the caller: ``local._wait``)."""
     steps = read_steps(workdir, world_size)
-    listing = "\n".join(f"  rank {r}: {s}" for r, s in steps.items())
+    lines = {r: stuck_at(_log(workdir, r)) for r in range(world_size)}
+    listing = "\n".join(f"  rank {r}: {s}" + (f"; at {lines[r]}" if lines[r] else "")
+                        for r, s in steps.items())
     return LaunchTimeout(
         f"{world_size} {backend} ranks did not finish within timeout={timeout} s; "
-        f"all ranks were stopped. Last step each rank reported:\n{listing}\n"
+        f"all ranks were stopped. Last step each rank reported, and the line it was at:\n"
+        f"{listing}\n"
         f"A rank that never joins a collective leaves the others waiting; "
-        f"raise timeout= if the work is only slow.", steps)
+        f"raise timeout= if the work is only slow.", steps, lines)
+
+
+def _log(workdir: Path, rank: int) -> str:
+    path = workdir / f"rank{rank}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def dumped(workdir: Path, rank: int) -> bool:
+    """Whether rank ``rank``'s log holds a stack dump."""
+    return "(most recent call first):" in _log(workdir, rank)
 
 
 def _how(exitcode: int) -> str:

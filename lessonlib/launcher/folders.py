@@ -10,7 +10,10 @@ process ends, however it ends (``kill -9`` included), in whatever namespace it r
 whose lock can be taken is stale and removed by the next launch, by the launch's end, or by
 the fork server as it ends with its caller. A lock that is not a regular file (a FIFO that
 anyone on a shared ``/tmp`` can make, whose opening would block every later launch) is never
-opened blocking: its folder is left alone, with one line saying so.
+opened blocking: its folder is left alone, with one line saying so. A folder another user
+owns is never touched (anyone may plant one on a shared ``/tmp``, and it is not ours to
+delete), and one that could not be wholly deleted is remembered and not walked again by this
+process: a planted folder of many files would otherwise slow every launch.
 
 A folder that holds a Unix socket (the fork server's) is made where the socket's path fits
 (about 100 bytes): the temp folder, or, when that is too long (macOS's own is about 48
@@ -38,6 +41,7 @@ PREFIX = "lessonlib-"
 SOCKET_BASE_MAX = 100 - len("/lessonlib-4194304-server-12345678/listener-12345678")
 SHORT_TEMP_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
 _held: dict[str, int] = {}  # folder -> the open file descriptor holding its lock
+_failed: set[tuple[str, int, int]] = set()  # (folder, inode, ctime in ns) a sweep could not delete
 
 
 def socket_base() -> str | None:
@@ -115,6 +119,30 @@ def _stale(folder: Path) -> bool:
     return True
 
 
+def _identity(folder: Path, st: os.stat_result) -> tuple[str, int, int]:
+    return str(folder), st.st_ino, st.st_ctime_ns
+
+
+def _ours(folder: Path) -> bool:
+    """A real folder (not a link) this user owns, that no sweep of this process failed to
+    delete."""
+    try:
+        st = folder.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() \
+        and _identity(folder, st) not in _failed
+
+
+def _delete(folder: Path) -> None:
+    """Delete a stale folder; remember it if some of it stays (not ours, or in use)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        _failed.add(_identity(folder, folder.lstat()))
+    except FileNotFoundError:
+        pass
+
+
 def sweep(owner: int | None = None, within_s: float = 1.0) -> None:
     """Remove the folders whose owner is gone (killed before it could clean up). ``owner``:
     a pid that just ended, whose folders may stay locked a moment longer (the kernel
@@ -122,9 +150,8 @@ def sweep(owner: int | None = None, within_s: float = 1.0) -> None:
     deadline = time.monotonic() + within_s
     while True:
         for folder in (f for base in _bases() for f in Path(base).glob(f"{PREFIX}*-*")):
-            if str(folder) not in _held and folder.is_dir() and not folder.is_symlink() \
-                    and _stale(folder):
-                shutil.rmtree(folder, ignore_errors=True)
+            if str(folder) not in _held and _ours(folder) and _stale(folder):
+                _delete(folder)
         if owner is None or time.monotonic() > deadline or not any(
                 f for base in _bases() for f in Path(base).glob(f"{PREFIX}{owner}-*")):
             return

@@ -85,8 +85,26 @@ def _wait(processes, workdir: Path, backend: str, timeout: float) -> None:
         if all(c is not None for c in codes):
             return
         if time.monotonic() > deadline:
+            _ask_for_stacks(processes, workdir)
             raise errors.timed_out(workdir, world_size, backend, timeout)
         time.sleep(_POLL_S)
+
+
+def _ask_for_stacks(processes, workdir: Path, wait_s: float = 2.0) -> None:
+    """Each rank still running writes its Python stacks into its log (``rank.main``
+    registered ``faulthandler`` for ``errors.STACK_SIGNAL``); wait until all have, or
+    ``wait_s``."""
+    asked = []
+    for r, p in enumerate(processes):
+        if p.exitcode is None:
+            try:
+                os.kill(p.pid, errors.STACK_SIGNAL)
+                asked.append(r)
+            except ProcessLookupError:
+                pass
+    until = time.monotonic() + wait_s
+    while time.monotonic() < until and not all(errors.dumped(workdir, r) for r in asked):
+        time.sleep(0.02)
 
 
 def _stop_all(processes, workdir: Path) -> None:

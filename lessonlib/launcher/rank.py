@@ -11,6 +11,7 @@ GPU box: the same call uses NCCL when 4 GPUs are visible.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import shutil
@@ -30,6 +31,7 @@ from lessonlib import comm, device, gloo_cuda
 from lessonlib.instruments import placement
 from lessonlib.instruments.breadcrumbs import PROGRESS_ENV, progress
 from lessonlib.launcher import checks, forkserver, reaper
+from lessonlib.launcher.errors import STACK_SIGNAL
 
 phase_times: dict[str, float] = {}  # this rank's wall-clock milestones (labs/launch_overhead.py)
 
@@ -98,6 +100,8 @@ def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, envir
     log = os.open(Path(workdir) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    # a launch that times out asks each rank still running for its stacks (``local._wait``)
+    faulthandler.register(STACK_SIGNAL, file=2, all_threads=True)
     threading.Thread(target=_exit_with_caller, args=(caller_pid, workdir), daemon=True).start()
     # A forked rank carries the environment of the server's birth: take the caller's now.
     os.environ.clear()

@@ -37,6 +37,7 @@ GPU box: the same; the scales are computed where the tensor lives.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -123,7 +124,19 @@ class Scaled:
         return Scaled(self.data.t(), self.scale.t(), self.block[::-1])
 
 
+def _positive_whole(n) -> bool:
+    try:
+        return not isinstance(n, bool) and operator.index(n) > 0
+    except TypeError:
+        return False
+
+
 def check_block(shape, block: tuple[int, int]) -> None:
+    """ValueError naming the block unless it is two positive whole numbers dividing ``shape``."""
+    if len(block) != 2 or not all(_positive_whole(b) for b in block):
+        raise ValueError(f"FP8 block {block}: give two positive whole numbers (rows, columns) "
+                         f"that divide the tensor's shape {tuple(shape)}, e.g. "
+                         f"{tuple(shape)} for one scale, or None")
     for dim, (size, b) in enumerate(zip(shape, block)):
         if size % b:
             raise ValueError(f"FP8 block {block[0]}x{block[1]} does not divide the tensor's "

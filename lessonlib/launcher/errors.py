@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+from lessonlib.instruments import flight_recorder
 from lessonlib.instruments.breadcrumbs import read_steps
 
 NEVER_STARTED_HINT = ("(nothing: it died while starting, before running any of lessonlib's "
@@ -29,11 +30,13 @@ class RankError(RuntimeError):
 
 
 class LaunchTimeout(TimeoutError):
-    """The ranks did not finish in time; ``last_steps`` maps rank -> last reported step."""
+    """The ranks did not finish in time; ``last_steps`` maps rank -> last reported step,
+    ``flight`` rank -> its flight recorder's last calls (``lessonlib.faults.hang_analysis``)."""
 
-    def __init__(self, message: str, last_steps: dict[int, str]):
+    def __init__(self, message: str, last_steps: dict[int, str], flight=None):
         super().__init__(message)
         self.last_steps = last_steps
+        self.flight = flight or {}
 
 
 def log_tail(workdir: Path, rank: int, lines: int = 15) -> str:
@@ -49,7 +52,8 @@ def timed_out(workdir: Path, world_size: int, backend: str, timeout: float) -> L
         f"{world_size} {backend} ranks did not finish within timeout={timeout} s; "
         f"all ranks were stopped. Last step each rank reported:\n{listing}\n"
         f"A rank that never joins a collective leaves the others waiting; "
-        f"raise timeout= if the work is only slow.", steps)
+        f"raise timeout= if the work is only slow.", steps,
+        flight=flight_recorder.dump(workdir, world_size))
 
 
 def _how(exitcode: int) -> str:

@@ -9,7 +9,8 @@ questions are "which rank is stuck", "which rank is slow" and "how do we go on".
   Flight Recorder dumps read into the same records (``from_torch_dump``);
 - ``hangs``: three hangs planted in a synchronous step (a skipped collective, collectives
   in another order, a size that differs), each diagnosed from the launcher's dumps;
-- ``stragglers``: each rank's compute and wait per step, and the rank that sets the pace.
+- ``stragglers``: each rank's compute and wait per step, and the rank that sets the pace,
+  named by NVIDIA's Resiliency Extension's relative performance score.
 
 The ring each rank keeps is ``lessonlib.instruments.flight_recorder``; the launcher dumps
 every rank's ring when a launch times out (``LaunchTimeout.flight``).

@@ -14,13 +14,9 @@ The proof is the course's usual one: the survivors' weights equal one process th
 replays the same membership step by step, each step's gradient the mean over the replicas
 that took part in it (``replay``); the restarted replica ends with the same weights.
 
-What listens where (torchft 0.2.0): the Lighthouse is bound to 127.0.0.1 here (torchft's own
-tests bind ``[::]``); its ``Manager`` binds its ManagerServer to ``[::]`` with no option,
-so each rank swaps in one that binds 127.0.0.1 (``loopback_manager_server``); the state
-travels over the replicas' gloo group (``PGTransport``) instead of torchft's default HTTP
-server, which binds every interface. Each replica group's TCPStore (which torchft's
-process groups need) listens on every interface while the run lasts: torch's TCPStore has
-no bind address. Everything is closed, and every process gone, when ``run`` returns.
+What listens where: ``torchft_setup`` (the Lighthouse and every manager on 127.0.0.1; each
+replica group's TCPStore on every interface while the run lasts). Everything is closed,
+and every process gone, when ``run`` returns.
 
 Laptop:  ``python -c "from lessonlib.faults import replicas; print(replicas.run())"``
 GPU box: the same (the replicas stay on CPU ranks: this lesson is about their membership).
@@ -33,13 +29,13 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from lessonlib.data import corpus_tokens, lm_batch
-from lessonlib.launcher import RankError, launch
+from lessonlib.faults import torchft_setup
+from lessonlib.launcher import launch
 from lessonlib.models import GPTConfig, TinyGPT, init_weights_, lm_loss
 
 CONFIG = GPTConfig(vocab=64, seq=16, hidden=32, heads=2, layers=1)
@@ -69,18 +65,6 @@ class Step:
     at: float          # when it was committed (time.time())
 
 
-def loopback_manager_server(**kwargs):
-    """torchft's ManagerServer, bound to 127.0.0.1 instead of every interface."""
-    from torchft._torchft import ManagerServer
-    return ManagerServer(**{**kwargs, "bind": kwargs["bind"].replace("[::]", "127.0.0.1")})
-
-
-def _listening() -> list[tuple[str, int]]:
-    import psutil
-    return sorted((c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet")
-                  if c.status == psutil.CONN_LISTEN)
-
-
 def _all_ready(folder: str, replica: int, replicas: int, timeout: float) -> None:
     """Start together: every replica's manager is heartbeating before the first quorum
     (the Lighthouse would otherwise start with the first two and let the third heal in)."""
@@ -95,31 +79,19 @@ def rank_replica(replica: int, lighthouse: str, steps: int, replicas: int,
     """One replica group of one rank: train to update ``steps`` and then two full quorums
     after the loss; ``kill_at``: SIGKILL itself once that update is committed. A restarted
     replica starts from other weights (seed 1): only a live recovery can make it right."""
-    import torch.distributed as dist
-    import torchft.manager
-    from torchft.checkpointing.pg_transport import PGTransport
     from torchft.ddp import DistributedDataParallel
     from torchft.optim import OptimizerWrapper
-    from torchft.process_group import ProcessGroupGloo
 
-    torchft.manager.ManagerServer = loopback_manager_server
     model, optimizer = model_and_optimizer(seed=int(restarted))
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    timeout = timedelta(seconds=5)
-    pg = ProcessGroupGloo(timeout=timeout)
-    manager = torchft.manager.Manager(
-        pg=pg, min_replica_size=2, replica_id=f"replica{replica}", rank=0, world_size=1,
+    manager, store = torchft_setup.replica_manager(
+        replica, lighthouse,
         load_state_dict=lambda s: (model.load_state_dict(s["model"]),
                                    optimizer.load_state_dict(s["optim"])),
-        state_dict=lambda: {"model": model.state_dict(), "optim": optimizer.state_dict()},
-        store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=lighthouse,
-        hostname="127.0.0.1", use_async_quorum=False, timeout=timeout, quorum_timeout=timeout,
-        connect_timeout=timeout,
-        checkpoint_transport=PGTransport(pg, timeout=timeout, device=torch.device("cpu")))
+        state_dict=lambda: {"model": model.state_dict(), "optim": optimizer.state_dict()})
     ddp, opt = DistributedDataParallel(manager, model), OptimizerWrapper(manager, optimizer)
     if not restarted:
-        _all_ready(folder, replica, replicas, timeout.total_seconds())
-    lived, listening, dropped, done = [], _listening(), restarted, 0
+        _all_ready(folder, replica, replicas, torchft_setup.TIMEOUT.total_seconds())
+    lived, listening, dropped, done = [], torchft_setup.listening(), restarted, 0
     try:
         while True:
             opt.zero_grad()                       # this step's quorum; a replica behind heals
@@ -140,7 +112,7 @@ def rank_replica(replica: int, lighthouse: str, steps: int, replicas: int,
             time.sleep(0.05)      # one step's work, so a restarted replica finds the run going
     finally:
         manager.shutdown(wait=False)
-    return {"lived": lived, "listening": sorted(set(listening + _listening())),
+    return {"lived": lived, "listening": sorted(set(listening + torchft_setup.listening())),
             "store_port": store.port,
             "state": {k: v.clone() for k, v in model.state_dict().items()}}
 
@@ -182,24 +154,16 @@ def run(replicas: int = 3, steps: int = 6, kill: int = 2, kill_at: int = 2,
         raise ValueError(f"replicas={replicas}, kill={kill}, kill_at={kill_at}, steps={steps}: "
                          f"need replicas >= 3 (two survive a loss), 0 <= kill < replicas and "
                          f"0 < kill_at < steps")
-    os.environ.setdefault("RUST_LOG", "warn")     # torchft's servers log every quorum at info
-    from torchft._torchft import LighthouseServer
-
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=500,
-                              heartbeat_timeout_ms=1000)
-    port = int(server.address().rsplit(":", 1)[1].strip("/"))
-    address, out, ends = f"http://127.0.0.1:{port}", {}, {}
-    try:
-        with tempfile.TemporaryDirectory(prefix="lessonlib-replicas-") as folder:
-            lives = [threading.Thread(target=_life, args=(r, address, steps, replicas, kill,
-                                                          kill_at, folder, out, ends, timeout))
-                     for r in range(replicas)]
-            for t in lives:
-                t.start()
-            for t in lives:
-                t.join()
-    finally:
-        server.shutdown()
+    out, ends = {}, {}
+    with torchft_setup.lighthouse() as (address, port), \
+            tempfile.TemporaryDirectory(prefix="lessonlib-replicas-") as folder:
+        lives = [threading.Thread(target=_life, args=(r, address, steps, replicas, kill, kill_at,
+                                                      folder, out, ends, timeout))
+                 for r in range(replicas)]
+        for t in lives:
+            t.start()
+        for t in lives:
+            t.join()
     missing = [r for r in range(replicas) if r not in out]
     if missing:
         raise RuntimeError(f"replica(s) {missing} did not finish: {ends}")

@@ -40,3 +40,4 @@ def test_bad_settings_are_refused_before_any_rank_starts():
         stragglers.measure(slow_rank=4)
     with pytest.raises(ValueError, match="slowdown=0.5 must be at least 1"):
         stragglers.measure(slow_rank=1, slowdown=0.5)
+

@@ -42,7 +42,7 @@ without), ``calibration`` (a measured
 GEMM rate against a preset's peak), ``context`` (context parallelism: causal work per rank,
 the key/value ring, activations / c), ``moe`` (mixture-of-experts shapes: total vs active
 parameters, expert-parallel memory, the all-to-all), ``resilience`` (what a straggler costs a
-synchronous step), and ``__main__`` (the command line).
+synchronous step; DiLoCo's link between two datacenters), and ``__main__`` (the command line).
 
 Command line: ``python -m lessonlib.costmodel --help`` (examples in ``__main__``), e.g.
 ``python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048``.

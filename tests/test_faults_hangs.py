@@ -22,7 +22,7 @@ def test_the_ring_keeps_the_last_n_entries_in_order(tmp_path):
     ring = Recorder(tmp_path / "rank0.flight", size=4, rank=0)
     for _ in range(6):
         ring.done(ring.post("all_reduce", "0", WORLD, 16, (4,), "torch.float32", None), None, False)
-    last = ring.post("broadcast", "1", WORLD, 8, (2,), "torch.float32", None)
+    last, _ = ring.post("broadcast", "1", WORLD, 8, (2,), "torch.float32", None)
     entries = read(tmp_path / "rank0.flight")
     assert [e.record for e in entries] == [3, 4, 5, 6]
     assert [e.seq for e in entries] == [4, 5, 6, 1]        # counted per group

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch.distributed as dist
@@ -59,46 +59,54 @@ class Entry:
         return self.peer is not None
 
 
+FIELDS = [f.name for f in fields(Entry)]
+
+
 class Recorder:
-    """This rank's ring: ``post`` an entry, ``done`` when its call returns."""
+    """This rank's ring: ``post`` an entry, ``done`` when its call returns. An entry is
+    written as a JSON list in ``FIELDS`` order, its state last, so that marking it
+    completed rewrites one slot from the text already made."""
 
     def __init__(self, path: Path, size: int, rank: int):
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         self.size, self.rank, self.records = size, rank, 0
         self.seqs: Counter = Counter()
-        self.pending: list = []        # (entry, handle) of asynchronous calls not seen done
+        self.pending: list = []        # (entry, body, handle) of asynchronous calls not seen done
 
-    def post(self, op, group, ranks, nbytes, shape, dtype, peer) -> Entry:
+    def post(self, op, group, ranks, nbytes, shape, dtype, peer) -> tuple[Entry, str]:
+        """Write the entry of a call about to start: (the entry, its text less its state)."""
         self._poll()
         key = (group, peer)
         self.seqs[key] += 1
         entry = Entry(self.rank, self.records, op, group, tuple(ranks), self.seqs[key], nbytes,
                       tuple(shape), dtype, peer)
         self.records += 1
-        self._write(entry)
-        return entry
+        body = json.dumps([entry.rank, entry.record, op, group, entry.ranks, entry.seq, nbytes,
+                           entry.shape, dtype, peer])[:-1]
+        self._write(entry.record, body, "posted")
+        return entry, body
 
-    def done(self, entry: Entry, work, async_op: bool):
+    def done(self, posted: tuple[Entry, str], work, async_op: bool):
         if async_op and work is not None:
-            self.pending.append((entry, work))
+            self.pending.append((*posted, work))
         else:
-            self._write(replace(entry, state="completed"))
+            self._write(posted[0].record, posted[1], "completed")
         return work
 
     def _poll(self) -> None:
         """Mark the asynchronous calls whose handles say they finished (PyTorch's watchdog
         polls its work objects the same way)."""
         still = []
-        for entry, work in self.pending:
+        for entry, body, work in self.pending:
             if work.is_completed():
-                self._write(replace(entry, state="completed"))
+                self._write(entry.record, body, "completed")
             elif entry.record > self.records - self.size:   # not yet overwritten
-                still.append((entry, work))
+                still.append((entry, body, work))
         self.pending = still
 
-    def _write(self, entry: Entry) -> None:
-        line = json.dumps(asdict(entry), separators=(",", ":")).encode()
-        os.pwrite(self.fd, line[:SLOT].ljust(SLOT), (entry.record % self.size) * SLOT)
+    def _write(self, record: int, body: str, state: str) -> None:
+        line = f'{body},"{state}"]'.encode()
+        os.pwrite(self.fd, line[:SLOT].ljust(SLOT), (record % self.size) * SLOT)
 
 
 _recorders: dict[str, Recorder] = {}   # this process's ring, by the launch's folder
@@ -125,11 +133,11 @@ def read(path: Path) -> list[Entry]:
     entries = []
     for start in range(0, len(data), SLOT):
         try:
-            fields = json.loads(data[start:start + SLOT].rstrip(b" \x00"))
+            values = dict(zip(FIELDS, json.loads(data[start:start + SLOT].rstrip(b" \x00"))))
         except ValueError:
             continue
-        entries.append(Entry(**{**fields, "ranks": tuple(fields["ranks"]),
-                                "shape": tuple(fields["shape"])}))
+        entries.append(Entry(**{**values, "ranks": tuple(values["ranks"]),
+                                "shape": tuple(values["shape"])}))
     return sorted(entries, key=lambda e: e.record)
 
 

@@ -130,8 +130,9 @@ def batch_isend_irecv(ops: list) -> list:
     entries = [ring.post(_kind(op), *_group(op.group), _nbytes(op.tensor), _shape(op.tensor),
                          _dtype(op.tensor), op.peer) for op in ops] if ring else []
     works = _batch_counted(ops)
-    for entry, work in zip(entries, works * len(entries) if len(works) == 1 else works):
-        ring.done(entry, work, True)      # gloo: a handle per op; NCCL: one for the group
+    handles = works if len(works) == len(entries) else works[:1] * len(entries)
+    for entry, work in zip(entries, handles):  # gloo: a handle per op; NCCL: one for the group
+        ring.done(entry, work, True)
     return works
 
 

@@ -24,6 +24,6 @@ datacenter, "how do we talk less". The files:
 The ring each rank keeps is ``lessonlib.instruments.flight_recorder``; the launcher dumps
 every rank's ring when a launch times out (``LaunchTimeout.flight``).
 
-Laptop:  ``python -c "from lessonlib.faults import hangs; print(hangs.diagnose('skipped'))"``
+Laptop:  ``python -c "from lessonlib.faults import hangs; print(hangs.diagnose('skipped').finding)"``
 GPU box: the same.
 """

@@ -29,7 +29,8 @@ def fragments(model: nn.Module, count: int) -> list[nn.ModuleList]:
     fragments, as Streaming DiLoCo cuts a model by layers."""
     parts = model.parts()
     if not 1 <= count <= len(parts):
-        raise ValueError(f"fragments={count}: the model has {len(parts)} parts; choose 1..{len(parts)}")
+        raise ValueError(f"fragments={count}: the model has {len(parts)} parts; "
+                         f"choose 1..{len(parts)}")
     cuts = [round(i * len(parts) / count) for i in range(count + 1)]
     return [nn.ModuleList(parts[a:b]) for a, b in zip(cuts, cuts[1:])]
 

@@ -22,7 +22,7 @@ Pure: no torch, no process. ``from_torch_dump`` turns one rank's dump of PyTorch
 Flight Recorder (``torch._C._distributed_c10d._dump_fr_trace()``, the pickle the watchdog
 writes on NCCL) into the same entries, so the same analysis reads both.
 
-Laptop:  ``python -c "from lessonlib.faults import hangs; print(hangs.diagnose('reordered'))"``
+Laptop:  ``python -c "from lessonlib.faults import hangs; print(hangs.diagnose('reordered').finding)"``
 GPU box: the same; or read the NCCL dumps of ``TORCH_FR_DUMP_TEMP_FILE`` with ``from_torch_dump``.
 """
 from __future__ import annotations

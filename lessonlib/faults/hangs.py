@@ -18,7 +18,7 @@ group, and which ranks never came. ``HANGS`` records each in the bug zoo's terms
 (``lessonlib.bugs.Bug``): what it is, where it is planted, the symptom, the check and the
 test that names it.
 
-Laptop:  ``python -c "from lessonlib.faults import hangs; print(hangs.diagnose('skipped'))"``
+Laptop:  ``python -c "from lessonlib.faults import hangs; print(hangs.diagnose('skipped').finding)"``
 GPU box: the same (NCCL with 3 GPUs: a real NCCL hang, stopped by the launcher's timeout).
 """
 from __future__ import annotations

@@ -101,7 +101,8 @@ def rank_steps(steps: int, slow_rank: int | None, slowdown: float, device_s: flo
 
 
 def measure(world_size: int = 4, steps: int = 6, slow_rank: int | None = None,
-            slowdown: float = 3.0, device_s: float = 0.05, timeout: float = 60.0) -> list[StepTimes]:
+            slowdown: float = 3.0, device_s: float = 0.05,
+            timeout: float = 60.0) -> list[StepTimes]:
     """Every rank's step times, one launch; ``slow_rank`` None runs them evenly."""
     if slow_rank is not None and not 0 <= slow_rank < world_size:
         raise ValueError(f"slow_rank={slow_rank} is not a rank of {world_size}; "

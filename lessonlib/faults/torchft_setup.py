@@ -71,7 +71,7 @@ def replica_manager(replica: int, address: str, load_state_dict, state_dict,
         pg=pg, min_replica_size=min_replicas, replica_id=f"replica{replica}", rank=0,
         world_size=1, load_state_dict=load_state_dict, state_dict=state_dict,
         store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=address,
-        hostname="127.0.0.1", use_async_quorum=False, init_sync=init_sync, timeout=TIMEOUT, quorum_timeout=TIMEOUT,
-        connect_timeout=TIMEOUT,
+        hostname="127.0.0.1", use_async_quorum=False, init_sync=init_sync, timeout=TIMEOUT,
+        quorum_timeout=TIMEOUT, connect_timeout=TIMEOUT,
         checkpoint_transport=PGTransport(pg, timeout=TIMEOUT, device=torch.device("cpu")))
     return manager, store

@@ -18,7 +18,7 @@ a timeout (``dump``), from outside, whatever state the rank is in.
 It records only inside ``launch`` (which names the folder); ``LESSONLIB_FLIGHT_RECORDER``
 sets N (default 64; 0 turns it off). Each call costs two small writes.
 
-Laptop:  ``python -c "import lessonlib as L; from lessonlib.faults import hangs; print(hangs.diagnose('skipped'))"``
+Laptop:  ``python -c "from lessonlib.faults import hangs; print(hangs.diagnose('skipped').finding)"``
 GPU box: the same; under NCCL, read PyTorch's own dumps with ``hang_analysis.from_torch_dump``.
 """
 from __future__ import annotations
@@ -122,6 +122,8 @@ def recorder() -> Recorder | None:
         if size <= 0:
             return None
         rank = dist.get_rank()
+        for old in _recorders.values():      # a ring of an earlier launch in this process
+            os.close(old.fd)
         _recorders.clear()
         _recorders[folder] = Recorder(Path(folder) / f"rank{rank}.flight", size, rank)
     return _recorders[folder]

@@ -46,7 +46,8 @@ def test_a_missing_rank_that_waits_nowhere_skipped_the_call():
 # ---------------------------------------------------------------- the planted hangs, run
 @pytest.mark.parametrize("plant,kind,group", [("skipped", "skipped", "1"),
                                               ("reordered", "out_of_order", "0"),
-                                              ("size", "size_mismatch", "1")])
+                                              ("size", "size_mismatch", "1")],
+                         ids=list(hangs.HANGS))
 def test_each_planted_hang_is_named(plant, kind, group):
     d = hangs.diagnose(plant, timeout=2.0)
     f = d.finding
@@ -66,6 +67,12 @@ def test_pytorchs_own_flight_recorder_dumps_name_the_same_collective(tmp_path, m
     f = hangs.diagnose_torch("skipped", tmp_path, timeout=2.0)
     assert (f.op, f.group, f.seq, f.posted, f.missing) == ("all_reduce", "1", 3, (0, 1), (2,)), f
     assert f.kind == "out_of_order" and "barrier #4 on group 0" in f.detail, f
+
+
+def test_each_hang_of_the_zoo_names_its_test():
+    for name, bug in hangs.HANGS.items():
+        assert bug.test == f"tests/test_faults_hangs.py::test_each_planted_hang_is_named[{name}]"
+        assert name in hangs.PLANTS
 
 
 def test_pytorch_dump_format_is_read_with_its_group_members():

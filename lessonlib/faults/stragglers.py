@@ -11,8 +11,7 @@ detection usage guide: "Relative performance score: The best-performing rank in 
 workload is used as a reference"; "If the relative performance score is 0.5, it means
 that a rank is twice as slow as the fastest rank"), applied to each rank's median compute
 time per step: ``score_r = min_q(t_q) / t_r``. A rank whose score is below ``threshold``
-(0.7 here: 1.43 times slower than the fastest) is named. Megatron-Core's
-``StragglerDetector`` reports the same min/max spread of per-rank times.
+(0.7 here, our choice: 1.43 times slower than the fastest) is named.
 ``lessonlib.costmodel.resilience.straggler_step`` prices it.
 
 Laptop:  ``python -c "from lessonlib.faults import stragglers as s; print(s.detect(s.measure(slow_rank=2)))"``

@@ -65,6 +65,13 @@ def _lines(dumps: dict[int, list[Entry]]):
     return lines
 
 
+def describe(dumps: dict[int, list[Entry]], last: int = 3) -> str:
+    """Each rank's ``last`` entries, one line each: what a dump shows a person."""
+    return "\n".join(f"rank {rank}: " + "; ".join(
+        f"{e.op} #{e.seq} on group {e.group} {list(e.shape)} {e.state}" for e in entries[-last:])
+        for rank, entries in sorted(dumps.items()))
+
+
 def stuck_in(dumps: dict[int, list[Entry]]) -> dict[int, Entry]:
     """Each rank's last entry, where it never completed: the call the rank is waiting in."""
     return {rank: entries[-1] for rank, entries in dumps.items()

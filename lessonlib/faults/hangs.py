@@ -63,15 +63,17 @@ HANGS = {b.name: b for b in (
 )}
 
 
-def rank_steps(plant: str | None = None, steps: int = 3) -> float:
-    """The loop; ``plant`` names the hang the last rank brings in at the last step."""
+def rank_steps(plant: str | None = None, steps: int = 3, bad: int | None = None) -> float:
+    """The loop; ``plant`` names the hang rank ``bad`` (default: the last) brings in at the
+    last step."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    bad = world - 1 if bad is None else bad
     grads = comm.new_group(list(range(world)))     # the gradient group: "1" (the world is "0")
     dev = current_device()
     for step in range(steps):
         loss = torch.tensor([float(rank + step)], device=dev)
         grad = torch.full((4,), float(rank * step), device=dev)
-        planted = plant if (rank == world - 1 and step == steps - 1) else None
+        planted = plant if (rank == bad and step == steps - 1) else None
         if planted == "size":
             grad = grad[:3]                          # the hang: a row short
         if planted == "reordered":
@@ -92,12 +94,15 @@ class Diagnosis:
     dumps: dict
 
 
-def diagnose(plant: str | None, timeout: float = 3.0) -> Diagnosis:
-    """Run ``rank_steps`` with ``plant`` on 3 ranks; when it hangs, name the stuck collective."""
+def diagnose(plant: str | None, timeout: float = 3.0, bad: int | None = None) -> Diagnosis:
+    """Run ``rank_steps`` with ``plant`` on 3 ranks (rank ``bad`` plants it, default the
+    last); when it hangs, name the stuck collective."""
     if plant is not None and plant not in PLANTS:
         raise ValueError(f"plant={plant!r} is not a planted hang; choose one of {PLANTS} or None")
+    if bad is not None and bad not in range(WORLD):
+        raise ValueError(f"bad={bad} is not a rank of {WORLD}; choose 0..{WORLD - 1} or None")
     try:
-        launch(rank_steps, WORLD, plant, timeout=timeout)
+        launch(rank_steps, WORLD, plant, 3, bad, timeout=timeout)
     except LaunchTimeout as hung:
         return Diagnosis(plant, analyze(hung.flight), hung.last_steps, hung.flight)
     return Diagnosis(plant, None, {}, {})

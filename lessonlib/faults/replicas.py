@@ -167,7 +167,8 @@ def run(replicas: int = 3, steps: int = 6, kill: int = 2, kill_at: int = 2,
     missing = [r for r in range(replicas) if r not in out]
     if missing:
         raise RuntimeError(f"replica(s) {missing} did not finish: {ends}")
-    return ReplicaRun(out, ("127.0.0.1", port), kill, ends)
+    return ReplicaRun({r: out[r] for r in range(replicas)}, ("127.0.0.1", port), kill,
+                      {r: ends[r] for r in range(replicas)})
 
 
 def replay(run: ReplicaRun) -> dict:

@@ -85,3 +85,13 @@ def test_pytorch_dump_format_is_read_with_its_group_members():
     short = {**dump, "entries": dump["entries"][:1]}
     f = analyze_torch({0: dump, 1: short})
     assert (f.kind, f.group, f.ranks, f.seq, f.missing) == ("skipped", "0", (0, 1), 2, (1,))
+
+
+def test_the_exercise_checker_names_the_waiting_ranks_slip():
+    from lessonlib.exercises.faults import check_stuck_rank
+    done = [("0", 1, (1,), "completed"), ("1", 1, (4,), "completed")]
+    dumps = {0: _ring(0, done + [("1", 2, (4,), "posted")]), 1: _ring(1, done),
+             2: _ring(2, done + [("1", 2, (4,), "posted")])}
+    assert check_stuck_rank(1, dumps) and check_stuck_rank([1], dumps)
+    assert "they are the ones waiting" in check_stuck_rank(0, dumps)
+    assert not check_stuck_rank("two", dumps) and check_stuck_rank(None, dumps).ok is None

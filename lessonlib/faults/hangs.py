@@ -19,7 +19,8 @@ group, and which ranks never came. ``HANGS`` records each in the bug zoo's terms
 test that names it.
 
 Laptop:  ``python -c "from lessonlib.faults import hangs; print(hangs.diagnose('skipped').finding)"``
-GPU box: the same (NCCL with 3 GPUs: a real NCCL hang, stopped by the launcher's timeout).
+GPU box: the same call (not run on NCCL here: on a GPU a size mismatch may read garbage
+         instead of hanging); there, read PyTorch's own dumps with ``analyze_torch``.
 """
 from __future__ import annotations
 

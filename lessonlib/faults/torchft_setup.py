@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-TIMEOUT = timedelta(seconds=5)
+TIMEOUT = timedelta(seconds=15)   # quorums, collectives, recovery: generous on a loaded laptop
 
 
 def loopback_manager_server(**kwargs):
@@ -46,7 +46,7 @@ def lighthouse(min_replicas: int = 2):
     from torchft._torchft import LighthouseServer
 
     server = LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas, join_timeout_ms=500,
-                              heartbeat_timeout_ms=1000)
+                              heartbeat_timeout_ms=2000)
     try:
         port = int(server.address().rsplit(":", 1)[1].strip("/"))
         yield f"http://127.0.0.1:{port}", port

@@ -5,8 +5,8 @@ claims about communication ("one all-reduce per MLP forward", "a ring moves 2(n-
 the data per rank") can be checked by counting. Inside ``with ledger() as book:``
 (``lessonlib.instruments.ledger``) each call below appends an ``Event`` (operation, group size, payload
 bytes, peer, seconds, and the seconds it held the rank: ``exposed``) to every ledger open on
-this rank. Each call also leaves a breadcrumb (``breadcrumbs.progress``), so a hang names
-the collective a rank was stuck in.
+this rank. Each call also leaves a breadcrumb (``breadcrumbs.progress``) and, inside a launch,
+an entry in the flight recorder's ring (``flight_recorder``), so a hang names the collective.
 
 The ledger is also a trace that NCCL's rules can be checked on without a GPU: each event
 keeps its dtype, its group (by creation: torch numbers groups "0" for the world, then "1",
@@ -19,7 +19,7 @@ The wrappers take the same arguments as ``torch.distributed`` and return the sam
 inside a ledger asynchronous ones return a handle whose ``wait()`` also closes the event's
 timing. On a GPU the timing is a pair of CUDA events, read after one synchronize when the
 ledger closes (or ``summary()`` is asked), so counting never stalls the queue; on a CPU,
-wall clock. Outside a ledger a call costs a breadcrumb and nothing else.
+wall clock. Outside a ledger a call costs a breadcrumb and the recorder's two small writes.
 
 Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.comm.demo_ledger, 2))"``
 GPU box: the same; under NCCL the payload lives on each rank's GPU.
@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import device
+from lessonlib.instruments import flight_recorder
 from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.instruments.ledger import Event, TimedWork, batches, books, calls, close, hold, ledger
 
@@ -73,7 +74,25 @@ def _event(name: str, payload, group, peer, batch=None, root=None) -> Event:
     return event
 
 
+def _shape(payload) -> tuple[int, ...]:
+    return tuple(payload.shape) if isinstance(payload, torch.Tensor) else (_nbytes(payload),)
+
+
+def _flown(name: str, payload, group, peer, async_op: bool, counted):
+    """``counted()`` (the call, counted by every open ledger), posted to the flight recorder."""
+    ring = flight_recorder.recorder()
+    if ring is None:
+        return counted()
+    entry = ring.post(name, *_group(group), _nbytes(payload), _shape(payload), _dtype(payload), peer)
+    return ring.done(entry, counted(), async_op)
+
+
 def _call(name: str, payload, group, peer, async_op: bool, thunk, root=None):
+    return _flown(name, payload, group, peer, async_op,
+                  lambda: _counted(name, payload, group, peer, async_op, thunk, root))
+
+
+def _counted(name: str, payload, group, peer, async_op: bool, thunk, root=None):
     if not books:                     # nothing records: the call and its breadcrumb only
         _breadcrumb(name, _nbytes(payload), group, peer)
         return thunk()
@@ -107,6 +126,17 @@ def batch_isend_irecv(ops: list) -> list:
     ``lessonlib.instruments.nccl_rules`` explains why separate ``irecv`` + ``isend`` can hang."""
     if not ops:
         return []
+    ring = flight_recorder.recorder()
+    entries = [ring.post(_kind(op), *_group(op.group), _nbytes(op.tensor), _shape(op.tensor),
+                         _dtype(op.tensor), op.peer) for op in ops] if ring else []
+    works = _batch_counted(ops)
+    handles = works if len(works) == len(entries) else works[:1] * len(entries)
+    for entry, work in zip(entries, handles):  # gloo: a handle per op; NCCL: one for the group
+        ring.done(entry, work, True)
+    return works
+
+
+def _batch_counted(ops: list) -> list:
     if not books:                     # one breadcrumb (the last op's) for the batch
         _breadcrumb(_kind(ops[-1]), _nbytes(ops[-1].tensor), ops[-1].group, ops[-1].peer)
         return dist.batch_isend_irecv(list(ops))
@@ -177,22 +207,26 @@ def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes
     def thunk():
         return dist.all_to_all_single(output, tensor, output_split_sizes, input_split_sizes,
                                       group=group, async_op=async_op)
-    if not books:
-        _breadcrumb("all_to_all", _nbytes(tensor), group, None)
-        return thunk()
-    members, batch = _group(group)[1], next(batches)
-    events = [_event(kind, chunk, group, peer, batch)
-              for kind, rows, sizes in (("send", tensor, input_split_sizes),
-                                        ("recv", output, output_split_sizes))
-              for peer, chunk in zip(members, rows.split(
-                  list(sizes) if sizes else max(rows.shape[0] // len(members), 1)))]
-    work = thunk()
-    for book in books:
-        book.events.extend(events)
-    if async_op:
-        return TimedWork(work, *events) if work is not None else None
-    _close_blocking(events)
-    return work
+
+    def counted():
+        if not books:
+            _breadcrumb("all_to_all", _nbytes(tensor), group, None)
+            return thunk()
+        members, batch = _group(group)[1], next(batches)
+        events = [_event(kind, chunk, group, peer, batch)
+                  for kind, rows, sizes in (("send", tensor, input_split_sizes),
+                                            ("recv", output, output_split_sizes))
+                  for peer, chunk in zip(members, rows.split(
+                      list(sizes) if sizes else max(rows.shape[0] // len(members), 1)))]
+        work = thunk()
+        for book in books:
+            book.events.extend(events)
+        if async_op:
+            return TimedWork(work, *events) if work is not None else None
+        _close_blocking(events)
+        return work
+
+    return _flown("all_to_all", tensor, group, None, async_op, counted)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):

@@ -120,7 +120,7 @@ FLOORS = {
     "one package per strategy": ["data_parallel", "model_parallel", "tensor_parallel",
                                  "pipeline", "context_parallel", "expert_parallel",
                                  "precision"],
-    "composition": ["hybrid", "hybrid_axes", "long_run"],
+    "composition": ["hybrid", "hybrid_axes", "long_run", "faults"],
     "faces": ["viz", "exercises", "bugzoo"],
 }
 # On the strategy floor the lessons come in the course's order, and a strategy builds only on

@@ -41,7 +41,8 @@ the compute beside them), ``gains`` (what FP8 and each overlap buy a job, with a
 without), ``calibration`` (a measured
 GEMM rate against a preset's peak), ``context`` (context parallelism: causal work per rank,
 the key/value ring, activations / c), ``moe`` (mixture-of-experts shapes: total vs active
-parameters, expert-parallel memory, the all-to-all), and ``__main__`` (the command line).
+parameters, expert-parallel memory, the all-to-all), ``resilience`` (what a straggler costs a
+synchronous step; DiLoCo's link between two datacenters), and ``__main__`` (the command line).
 
 Command line: ``python -m lessonlib.costmodel --help`` (examples in ``__main__``), e.g.
 ``python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048``.

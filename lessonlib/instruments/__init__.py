@@ -9,6 +9,8 @@ handed a recorder, or its messages are recorded by ``comm``. Each file one instr
   the raw material of every Gantt chart;
 * ``breadcrumbs``: where each rank is now, so a hang names the rank and the step
   (``progress``);
+* ``flight_recorder``: each rank's last N calls (op, group, sequence number, sizes, posted
+  or completed) in a ring the launcher reads when a launch times out (``dump``);
 * ``activations``: what autograd saves for backward, weights left out (``ActivationMeter``):
   the bytes of one forward pass (``saved_bytes``), and the live and peak bytes and
   micro-batches a pipeline stage holds (``Metered`` wraps a stage); the recomputation that

@@ -17,6 +17,7 @@ import signal
 import sysconfig
 from pathlib import Path
 
+from lessonlib.instruments import flight_recorder
 from lessonlib.instruments.breadcrumbs import read_steps
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -68,13 +69,15 @@ class RankError(RuntimeError):
 
 class LaunchTimeout(TimeoutError):
     """The ranks did not finish in time; ``last_steps`` maps rank -> last reported step,
-    ``lines`` rank -> the line its stack was at (``stuck_at``; None: none was read)."""
+    ``lines`` rank -> the line its stack was at (``stuck_at``; None: none was read),
+    ``flight`` rank -> its flight recorder's last calls (``lessonlib.faults.hang_analysis``)."""
 
     def __init__(self, message: str, last_steps: dict[int, str],
-                 lines: dict[int, str | None] | None = None):
+                 lines: dict[int, str | None] | None = None, flight=None):
         super().__init__(message)
         self.last_steps = last_steps
         self.lines = lines or {}
+        self.flight = flight or {}
 
 
 def log_tail(workdir: Path, rank: int, lines: int = 15) -> str:
@@ -95,7 +98,8 @@ def timed_out(workdir: Path, world_size: int, backend: str, timeout: float) -> L
         f"all ranks were stopped. Last step each rank reported, and the line it was at:\n"
         f"{listing}\n"
         f"A rank that never joins a collective leaves the others waiting; "
-        f"raise timeout= if the work is only slow.", steps, lines)
+        f"raise timeout= if the work is only slow.", steps, lines,
+        flight=flight_recorder.dump(workdir, world_size))
 
 
 def _log(workdir: Path, rank: int) -> str:

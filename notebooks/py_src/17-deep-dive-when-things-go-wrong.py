@@ -192,6 +192,7 @@ stuck = None
 ex.check_stuck_rank(stuck, mystery)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 # ranks 0 and 2 posted all_reduce #3 on group 1 and wait; rank 1's last on group 1 is #2
 stuck_solution = 1

@@ -90,10 +90,15 @@ def mla_bytes(s, b, h, a, q_latent, kv_latent, qk_dim, v_dim, rope_dim, recomput
     return s * b * kept
 
 
-def moe_bytes(s, b, h, experts, k, ffn, shared, recompute="none", fused=True):
+def moe_bytes(s, b, h, experts, k, ffn, shared, recompute="none", fused=True, fp8=False):
     """Bytes a dropless MoE half (``MLAMoELayer.moe`` and its norm) keeps per micro-batch:
-    every token's k routed copies through SwiGLU experts of ``ffn``, ``shared`` shared ones."""
+    every token's k routed copies through SwiGLU experts of ``ffn``, ``shared`` shared ones.
+    ``fp8`` (DeepSeek-V3 §3.3.4, with ``norm-up``): the routed inputs and the SwiGLU inputs
+    cached in FP8, one byte each (derived, not measured)."""
     expert = 2 * ffn * (2 + (recompute != "norm-up") + (not fused))   # w1 x, w3 x, product, SiLU
+    if fp8 and recompute == "norm-up":
+        return s * b * (2 * h + STATS + STATS * experts + INDEX * k + STATS * (k + 1)
+                        + 3 * INDEX * k + 2 * k + k * (3 * h + 2 * ffn) + shared * 2 * ffn)
     norm = 2 * h + STATS + (0 if recompute == "norm-up" else 2 * h)
     router = STATS * experts + INDEX * k + STATS * (k + 1)      # scores, chosen, gates
     sort = 3 * INDEX * k + 2 * k                                # token_of, order, inverse; gate

@@ -61,6 +61,9 @@ class GPT:
     # MLA's latents (DeepSeek-V3 §2.1.1, §4.2): the query latent d_c' (1536), the key/value
     # latent d_c (512) and the shared rotary key d_h^R (64) that the up-projections read.
     mla_latents: tuple | None = None
+    # The MLP of a shape with ``ffn``: "swiglu" (three h x ffn matrices, Llama) or "relu2"
+    # (two, squared ReLU: Nemotron-4, arXiv 2402.16819 §2).
+    mlp: str = "swiglu"
 
     @property
     def legacy(self):
@@ -82,6 +85,8 @@ class GPT:
                              f"heads={self.a} (each key/value head serves a/kv_heads query heads)")
         if self.ffn is not None:
             positive_int("ffn", self.ffn, most=MAX)
+        if self.mlp not in ("swiglu", "relu2"):
+            raise ValueError(f"mlp={self.mlp!r} must be 'swiglu' or 'relu2'")
         if self.moe is not None and (self.moe.L, self.moe.h, self.moe.V) != (self.L, self.h,
                                                                               self.V):
             raise ValueError(f"moe={self.moe.name!r} has L={self.moe.L}, h={self.moe.h}, "
@@ -105,7 +110,8 @@ class GPT:
         if self.legacy:
             return 12 * self.h**2 + 13 * self.h
         if self.moe is None:
-            return self.attention_params() + 3 * self.h * self.ffn + 2 * self.h
+            matrices = 3 if self.mlp == "swiglu" else 2
+            return self.attention_params() + matrices * self.h * self.ffn + 2 * self.h
         return self.layer_dense_params() + self.moe.E * expert_params(self.moe) / e
 
     def layer_dense_params(self):

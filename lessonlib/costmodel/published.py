@@ -13,8 +13,9 @@ Run ``python -m lessonlib.costmodel --published``.
 """
 from .compute import team_flops_per_token
 from .hardware import CLUSTERS
-from .record import published_runs
-from .throughput import estimate
+from .hardware import GiB
+from .record import memory_runs, published_runs
+from .throughput import estimate, memory_estimate
 
 def _mfu(model, formula, tokens_per_gpu, peak):
     return team_flops_per_token(model, formula) * tokens_per_gpu / peak
@@ -74,6 +75,41 @@ def published_report(runs=None):
                  "included (hardware FLOPs). course: today's shapes' causal scores halved; "
                  "palm: every score counted. DeepSeek-V3's row is an average over its whole "
                  "pre-training, not a step.")
+    return "\n".join(lines)
+
+
+def memory_rows(runs=None):
+    """Per memory row: the row, the ``estimate`` (memory only), ``predicted`` GiB per GPU and
+    ``error`` against the published GiB (None for a layout that must only fit)."""
+    out = []
+    for row in runs or memory_runs():
+        est = memory_estimate(row.model, row.layout, CLUSTERS[row.cluster])
+        gib = est.memory.total / GiB
+        out.append({"row": row, "estimate": est, "predicted": gib,
+                    "error": None if row.gib is None else gib / row.gib - 1})
+    return out
+
+
+def memory_report(runs=None):
+    """A text table: peak memory per GPU predicted against published, by part, with the
+    error; layouts that must fit with the usable GiB and the verdict."""
+    lines = [f"{'memory row':44} {'published':>9} {'predicted':>9} {'error':>7}  "
+             f"{'state':>5} {'acts':>5} {'logit':>5} {'work':>5}  usable / verdict"]
+    for r in memory_rows(runs):
+        row, est = r["row"], r["estimate"]
+        mem = est.memory
+        parts = " ".join(f"{x / GiB:5.1f}" for x in (mem.model_state, mem.activations,
+                                                     mem.logits, mem.working))
+        published = "ran" if row.gib is None else f"{row.gib:.1f}"
+        error = "" if r["error"] is None else f"{r['error']:+.1%}"
+        verdict = f"{est.memory_capacity_bytes / GiB:.1f} GiB: " + (
+            "fits" if est.fits else "does NOT fit")
+        lines.append(f"{row.source[:44]:44} {published:>9} {r['predicted']:>9.1f} {error:>7}  "
+                     f"{parts}  {verdict}")
+    lines.append("GiB per GPU on the busiest GPU: model state, activations held, the loss's "
+                 "float32 peak, transient working set (a recomputed layer, FSDP's gathered "
+                 "weights and gradients, all-gathered K/V). torchtitan's figures are the "
+                 "allocator's reserved bytes.")
     return "\n".join(lines)
 
 

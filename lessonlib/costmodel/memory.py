@@ -55,9 +55,6 @@ CUDA_CONTEXT_BYTES = 512 * 2**20
 NCCL_BUFFSIZE = 4 * 2**20
 NCCL_CHANNELS = 32
 FRAGMENTATION_BYTES = 0
-# The older rule of thumb, one share of the memory usable, which the first lessons' exercises
-# and plots still use; ``estimate`` and the planner compare with ``usable_memory_bytes``.
-USABLE_MEMORY_FRACTION = 0.9
 
 
 def memory_reserves(communicators=1):

@@ -40,8 +40,8 @@ from .hardware import Cluster
 from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, norm_up_recompute_share,
                       op_recompute_share)
 from .layout import GRAD_DTYPES, Layout
-from .memory import (USABLE_MEMORY_FRACTION, WEIGHT_BYTES, MemoryBreakdown,  # noqa: F401
-                     activation_bytes_per_layer, memory_per_gpu, usable_memory_bytes)
+from .memory import (WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu,
+                     usable_memory_bytes)
 from .model import GPT
 from .overlap import tp_comm_s
 

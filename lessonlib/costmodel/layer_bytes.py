@@ -79,10 +79,14 @@ def llama_layer_bytes(s, b, h, a, kv_heads, ffn, t=1, sequence_parallel=False,
     return replicated + split
 
 
-def mla_bytes(s, b, h, a, q_latent, kv_latent, qk_dim, v_dim, rope_dim, recompute="none"):
-    """Bytes DeepSeek-V3's attention half (norm, MLA, flash kernel) keeps, no TP."""
+def mla_bytes(s, b, h, a, q_latent, kv_latent, qk_dim, v_dim, rope_dim, recompute="none",
+              fp8=False):
+    """Bytes DeepSeek-V3's attention half (norm, MLA, flash kernel) keeps, no TP. ``fp8``: the
+    attention output (the output projection's input) kept in E5M6, 12 bits (§3.3.4: "a
+    customized E5M6 data format exclusively for these activations")."""
+    output = (1.5 if fp8 else 2) * a * v_dim
     kept = 2 * h + STATS + 2 * q_latent + STATS + 2 * kv_latent + STATS \
-        + 2 * a * v_dim + LSE * a                     # input, latents, output, log-sum-exp
+        + output + LSE * a                            # input, latents, output, log-sum-exp
     if recompute != "norm-up":
         kept += 2 * h + 2 * q_latent + 2 * kv_latent + 2 * a * (2 * qk_dim + v_dim)
     else:

@@ -100,7 +100,8 @@ class MemoryBreakdown:
                 "logits": self.logits, "working": self.working, "total": self.total}
 
 
-def model_state_bytes(n_params, zero_stage=0, d=1, grad_bytes=GRAD_BYTES):
+def model_state_bytes(n_params, zero_stage=0, d=1, grad_bytes=GRAD_BYTES,
+                      optimizer_bytes=OPTIMIZER_BYTES):
     """(weights, gradients, optimizer) bytes per GPU for ``n_params`` parameters on it.
 
     ZeRO (Rajbhandari et al. 2020), Figure 1: stage 1 -> 4P + 12P/d, stage 2 -> 2P + 14P/d,
@@ -108,12 +109,14 @@ def model_state_bytes(n_params, zero_stage=0, d=1, grad_bytes=GRAD_BYTES):
     (BLOOM's "BF16 optimizer ... accumulates gradients in fp32"; Megatron's
     ``--accumulate-allreduce-grads-in-fp32``). Llama 3's FSDP (§3.3.2: optimizer state and
     gradients sharded, the weights not resharded after the forward) holds what stage 2 holds.
+    ``optimizer_bytes``: 12 (fp32 master, momentum, variance), 8 with the moments in bf16
+    (DeepSeek-V3 §3.3.4).
     """
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage={zero_stage!r} must be 0, 1, 2 or 3")
     weights = WEIGHT_BYTES * n_params / (d if zero_stage >= 3 else 1)
     grads = grad_bytes * n_params / (d if zero_stage >= 2 else 1)
-    optimizer = OPTIMIZER_BYTES * n_params / (d if zero_stage >= 1 else 1)
+    optimizer = optimizer_bytes * n_params / (d if zero_stage >= 1 else 1)
     return weights, grads, optimizer
 
 
@@ -176,7 +179,7 @@ def activation_bytes_per_layer(model, b, t=1, sequence_parallel=False, recompute
         qk, v = model.qk_v_head_dims()
         q_latent, kv_latent, rope = model.mla_latents
         moe = model.moe
-        return (lb.mla_bytes(s, b, h, a, q_latent, kv_latent, qk, v, rope, recompute)
+        return (lb.mla_bytes(s, b, h, a, q_latent, kv_latent, qk, v, rope, recompute, fp8)
                 + lb.moe_bytes(s, b, h, moe.E, moe.k, moe.expert_ffn, moe.shared, recompute,
                                fused, fp8)) / t
     ffn = model.ffn if model.moe is None else model.moe.k * model.moe.expert_ffn
@@ -288,7 +291,7 @@ def working_bytes(model, t=1, b=1, recompute="full", sequence_parallel=False, ze
 def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
                    sequence_parallel=False, zero_stage=0, schedule="1f1b", c=1, e=1,
                    shard=None, uneven=False, grad_bytes=GRAD_BYTES, fused=True,
-                   cp_comm="ring", fp8=False):
+                   cp_comm="ring", fp8=False, optimizer_bytes=OPTIMIZER_BYTES):
     """MemoryBreakdown of the busiest GPU for a (t, c, p, d, e) layout and micro-batching
     (b, m): the first pipeline stage (most micro-batches in flight) or the last (the
     output layer's loss, ``layer_bytes.loss_bytes``), whichever holds more; one GPU holds
@@ -304,9 +307,10 @@ def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
     shard = (d if shard is None else shard) * c
     experts = stage_expert_params(model, t, p, e, uneven, schedule)
     dense = model_state_bytes(stage_params(model, t, p, e, uneven, schedule) - experts,
-                              zero_stage, shard, grad_bytes)
+                              zero_stage, shard, grad_bytes, optimizer_bytes)
     if experts:
-        moe = model_state_bytes(experts, zero_stage, max(1, shard // e), grad_bytes)
+        moe = model_state_bytes(experts, zero_stage, max(1, shard // e), grad_bytes,
+                                optimizer_bytes)
         dense = tuple(x + y for x, y in zip(dense, moe))
     if zero_stage == 3 and p > 1 and m > 1:
         # FSDP under a pipeline (torchtitan): the stage's weights are not resharded after the

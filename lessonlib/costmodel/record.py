@@ -175,11 +175,13 @@ def _deepseek_row():
         "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours", MODELS["deepseek-v3"],
         "hgx-h800", Layout(p=16, d=128, e=64, b=1, global_batch=15360, schedule="dualpipe",
                            zero_stage=1, recompute="norm-up", precision="fp8", max_nodes=4,
-                           comm_sm_share=20 / 132),
+                           comm_sm_share=20 / 132, grad_dtype="fp32", moment_dtype="bf16"),
         "tokens", 14.8e12 / (2.664e6 * 3600), "",
         note="an average over the whole pre-training, not a step; batch 15,360 x 4K (§4.2); "
              "DualPipe, EP 64, ZeRO-1, FP8 linear GEMMs, tokens on at most 4 nodes; RMSNorm, "
-             "MLA up-projections (§3.2.3) and SwiGLU's output (§3.3.4) recomputed; the FP8 "
+             "MLA up-projections (§3.2.3) and SwiGLU's output (§3.3.4) recomputed; FP32 "
+             "gradients, BF16 Adam moments, the MoE inputs cached in FP8 and the attention "
+             "output in E5M6 (§3.3.4); the FP8 "
              "quantization kernels' traffic (§3.5.2: BF16 read, quantized, FP8 written back, "
              "read again by the MMA; §3.3.4: 128x1 tiles again in the backward) as memory-bound "
              "time (gemm.fp8_quantization_bytes); the output head in BF16 (§3.3.1) on the "

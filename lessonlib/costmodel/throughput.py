@@ -249,7 +249,8 @@ def memory_estimate(model, layout, cluster):
     mem = memory_per_gpu(model, lay.t, lay.p, lay.d, lay.b, lay.m, lay.v, lay.recompute,
                          lay.sequence_parallel, lay.zero_stage, lay.schedule, lay.c, lay.e,
                          lay.shard_group, lay.uneven_stages, GRAD_DTYPES[lay.grad_dtype],
-                         lay.kernels != "eager", lay.cp_comm, lay.precision == "fp8")
+                         lay.kernels != "eager", lay.cp_comm, lay.precision == "fp8",
+                         4 + 2 * GRAD_DTYPES[lay.moment_dtype])
     return Estimate(model=model, layout=lay, cluster=cluster, memory=mem,
                     memory_capacity_bytes=usable_memory_bytes(cluster.gpu, sum(
                         n > 1 for n in (lay.t, lay.c, lay.p, lay.d, lay.e))))

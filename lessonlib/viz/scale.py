@@ -16,9 +16,9 @@ from lessonlib.costmodel import (GPT, GPUS, MODELS, SECONDS_PER_DAY, usable_memo
                                  memory_per_gpu, training_flops, training_time_s)
 from lessonlib.viz.widgets import current_figure, explorer
 
-PARTS = ("weights", "gradients", "optimizer", "activations")
+PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "working")
 COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
-          "activations": "#c44e52"}
+          "activations": "#c44e52", "logits": "#8172b3", "working": "#937860"}
 MODEL_PRESETS = ("gpt2-small", "gpt2-xl", "megatron-7.5B", "megatron-39.1B", "gpt3-175B",
                  "megatron-1T")
 

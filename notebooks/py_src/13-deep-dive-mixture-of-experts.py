@@ -85,15 +85,15 @@ print(f"\nthe 1 T question again: the dense megatron-1T and moe-1T both hold "
 # fewer. A budget of FLOPs trains it on 27 times more tokens; in the same time only if it
 # ran at the same MFU as the dense model, which its all-to-alls make harder (section 5). Its
 # experts are split by expert parallelism, and the cost model picks the smallest e whose
-# share of the state fits in the usable share of a GPU's memory, the cost model's
-# `USABLE_MEMORY_FRACTION` (here for DeepSeek-V3 on 2048 H100, 16 pipeline stages, ZeRO-1):
+# share of the state fits in a GPU's usable memory, the cost model's
+# `usable_memory_bytes` (here for DeepSeek-V3 on 2048 H100, 16 pipeline stages, ZeRO-1):
 
 # %%
 # NBVAL_CHECK_OUTPUT
 deepseek, h100s = cmoe.MOE_MODELS["deepseek-v3"], cm.CLUSTERS["dgx-h100"]
 pick = cmoe.choose_e(deepseek, 2048, h100s, p=16)
-print(f"usable: {cm.USABLE_MEMORY_FRACTION:.0%} of {h100s.gpu.memory_bytes / 1e9:.0f} GB "
-      f"= {cm.USABLE_MEMORY_FRACTION * h100s.gpu.memory_bytes / 1e9:.0f} GB per GPU")
+print(f"usable: {cm.usable_memory_bytes(h100s.gpu) / 1e9:.0f} of "
+      f"{h100s.gpu.memory_bytes / 1e9:.0f} GB per GPU (less cm.memory_reserves())")
 print(f"e = {pick['e']}: {pick['memory_per_gpu'] / 1e9:.0f} GB of model state per GPU, "
       f"{'inside one server' if pick['inside_server'] else 'across servers'}")
 # a GPU receives about k T rows per micro-batch of T tokens whatever e is, over E/e experts
@@ -436,7 +436,7 @@ for model, n in ((mixtral, 2), (mixtral, 4), (mixtral, 8), (deepseek, 8), (deeps
 #
 # **1.** A 1 T MoE (`cmoe.MOE_MODELS["moe-1T"]`) on servers of 8 H100 80 GB, with 16
 # pipeline stages and ZeRO-1: what is the smallest expert-parallel size e that fits its
-# model state in the usable share of a GPU's memory (`cm.USABLE_MEMORY_FRACTION`, as in
+# model state in a GPU's usable memory (`cm.usable_memory_bytes`, as in
 # section 1), on 2048 GPUs? Use `cmoe.ep_memory_per_gpu(model, e, p=p, d=d, zero1=True)` with
 # d = 2048 / 16.
 
@@ -449,7 +449,7 @@ ex.check_smallest_e(my_e)
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # NBVAL_CHECK_OUTPUT
 moe_1t = cmoe.MOE_MODELS["moe-1T"]
-usable = cm.USABLE_MEMORY_FRACTION * cluster.gpu.memory_bytes
+usable = cm.usable_memory_bytes(cluster.gpu)
 e_solution = next(e_try for e_try in range(1, 129) if moe_1t.E % e_try == 0 and 128 % e_try == 0
                   and cmoe.ep_memory_per_gpu(moe_1t, e_try, p=16, d=128,
                                              zero1=True)["total"] <= usable)

@@ -201,6 +201,12 @@ MODELS = {
                       tied_embeddings=False),
     "llama3-405B": GPT(126, 16384, 128, 8192, 128256, "llama3-405B", kv_heads=8, ffn=53248,
                        tied_embeddings=False),
+    # Nemotron-4 15B (arXiv 2402.16819, Table 1): 32 layers, h 6144, 48 heads, 8 KV heads,
+    # 4K tokens, V 256,000, untied; its MLP two matrices of 24,576 with squared ReLU (NeMo's
+    # config); 12.5 B non-embedding + 3.1 B embedding parameters. Its LayerNorm keeps a mean
+    # beside 1/std, 4 bytes per token more than the RMSNorm the activation count assumes.
+    "nemotron-4-15B": GPT(32, 6144, 48, 4096, 256000, "nemotron-4-15B", kv_heads=8,
+                          ffn=24576, tied_embeddings=False, mlp="relu2"),
     # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437): 671 B total, 37 B active, 4K tokens,
     # 128 heads of multi-head latent attention; its experts as ``moe.py`` builds them.
     "deepseek-v3": GPT(61, 7168, 128, 4096, 129280, "deepseek-v3", tied_embeddings=False,

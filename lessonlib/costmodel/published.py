@@ -11,9 +11,10 @@ model. The rows, their sources and the readings each needed are in ``record.py``
 
 Run ``python -m lessonlib.costmodel --published``.
 """
+from dataclasses import replace
+
 from .compute import team_flops_per_token
-from .hardware import CLUSTERS
-from .hardware import GiB
+from .hardware import CLUSTERS, GiB
 from .record import memory_runs, published_runs
 from .throughput import estimate, memory_estimate
 
@@ -156,8 +157,8 @@ WHY = {
     "elementwise": "real: memory-bound kernels on each GPU's share of the activations",
 }
 MEMORY_GAP = ("a gap of the model: the run happened, so the layout fit; the model, which "
-              "counts what the measured layer of this family keeps (``layer_bytes``) for every "
-              "micro-batch in flight, misses a saving the team made")
+              "counts what the measured layer of this family keeps (costmodel/layer_bytes.py) "
+              "for every micro-batch in flight, misses a saving the team made")
 # What the model keeps that the team's report does not say how it avoided, per run.
 MEMORY_GAPS = {
     "DeepSeek-V3": "its largest term is the MoE's routed copies: each token's k = 8 expert "
@@ -166,6 +167,27 @@ MEMORY_GAPS = {
                    "FP8 caching of the inputs and recomputation of SwiGLU's output, not how "
                    "the outputs are held",
 }
+
+
+# What each memory saving of a team bought: its layout with that one saving undone.
+SAVINGS = {
+    "Llama 3 Table 4, 8,192 GPUs 8K": {
+        "gradients whole (FSDP as ZeRO-1)": {"zero_stage": 1},
+        "no sequence parallelism": {"sequence_parallel": False},
+        "SwiGLU unfused (eager)": {"kernels": "eager"}},
+    "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours": {
+        "no recompute (§3.2.3)": {"recompute": "none"},
+        "Adam moments in FP32 (§3.3.4: BF16)": {"moment_dtype": "fp32"},
+        "BF16, no FP8 caching (§3.3.4)": {"precision": "bf16"}},
+}
+
+
+def memory_savings(run):
+    """(what, memory-only ``Estimate``) for ``run`` as published and with each of its
+    ``SAVINGS`` undone in turn."""
+    rows = [("as the team ran it", run.layout)] + [
+        (what, replace(run.layout, **change)) for what, change in SAVINGS[run.source].items()]
+    return [(what, memory_estimate(run.model, lay, CLUSTERS[run.cluster])) for what, lay in rows]
 
 
 def explain_versus_planner(run):

@@ -75,7 +75,7 @@ for name, model in cmoe.MOE_MODELS.items():
 one_t = cmoe.one_trillion(cm.MODELS["megatron-1T"].params())
 print(f"\nthe 1 T question again: the dense megatron-1T and moe-1T both hold "
       f"~{one_t['moe_state_bytes'] / 1e12:.0f} TB of weights, gradients and Adam state "
-      f"(at least {one_t['min_gpus_80GB']} GPUs of 80 GB just for that), but moe-1T costs "
+      f"(at least {one_t['min_gpus_80GB']} H100 80 GB GPUs just for that), but moe-1T costs "
       f"{one_t['flops_ratio_dense_over_moe']:.0f} times fewer FLOPs per token: those of a "
       f"{one_t['moe_active'] / 1e9:.1f} B dense model")
 

@@ -64,9 +64,13 @@ def mlp_bytes(ffn, mlp="swiglu", fused=True):
 
 
 def llama_layer_bytes(s, b, h, a, kv_heads, ffn, t=1, sequence_parallel=False,
-                      recompute="none", mlp="swiglu", fused=True):
+                      recompute="none", mlp="swiglu", fused=True, gathered=False):
     """Bytes a Llama layer (``models.measured.LlamaLayer``) keeps on one of t ranks; ``mlp``
-    "relu2" for Nemotron-4's MLP; ``fused`` SwiGLU as one kernel."""
+    "relu2" for Nemotron-4's MLP; ``fused`` SwiGLU as one kernel. ``gathered``: under SP the
+    column layers keep their all-gathered input, the norms' outputs at all s rows (PyTorch's
+    plan, which torchtitan applies, as lesson 14 §7 measures on CPU ranks; Megatron keeps the
+    shard and gathers again in backward): derived from the measured list, not measured on
+    this layer."""
     rows = s * b / t if sequence_parallel else s * b
     if recompute == "full":
         return rows * 2 * h
@@ -74,7 +78,8 @@ def llama_layer_bytes(s, b, h, a, kv_heads, ffn, t=1, sequence_parallel=False,
     if recompute == "op":
         split = 2 * (h / t + kv_dim + h / t + ffn / t + h) + LSE * a / t
         return rows * 2 * h + s * b * split
-    replicated = rows * (8 * h + 2 * STATS)
+    norm_outputs = (s * b if gathered else rows) * 4 * h
+    replicated = rows * (4 * h + 2 * STATS) + norm_outputs
     split = s * b * ((4 * h) / t + 4 * kv_dim + LSE * a / t + mlp_bytes(ffn / t, mlp, fused))
     return replicated + split
 

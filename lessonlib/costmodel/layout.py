@@ -65,6 +65,7 @@ CP_COMM = ("ring", "allgather", "ulysses")
 # Bytes per gradient element: bf16, or fp32 accumulation (BLOOM's BF16 optimizer; Megatron's
 # --accumulate-allreduce-grads-in-fp32); the same for Adam's two moments (bf16: DeepSeek-V3).
 GRAD_DTYPES = {"bf16": 2, "fp32": 4}
+TP_PLANS = ("megatron", "pytorch")
 
 
 def _is_int(value):
@@ -105,6 +106,9 @@ class Layout:
     fp8_scaling: str = "blockwise"
     grad_dtype: str = "bf16"     # what gradients accumulate in: "bf16" or "fp32"
     moment_dtype: str = "fp32"   # Adam's momentum and variance: "fp32" or "bf16"
+    # Whose tensor-parallel plan: "megatron" (SP keeps the column layers' input shard and
+    # gathers it again in backward) or "pytorch" (torchtitan's: keeps the gathered input).
+    tp_plan: str = "megatron"
 
     def __post_init__(self):
         for name in ("t", "c", "p", "d", "e", "b", "v", "m", "global_batch"):
@@ -128,6 +132,7 @@ class Layout:
                              f"GPU's SMs from 0 to below 1, e.g. 20/132 (DeepSeek-V3)")
         for name, allowed in (("cp_comm", CP_COMM), ("precision", PRECISIONS),
                               ("grad_dtype", GRAD_DTYPES), ("moment_dtype", GRAD_DTYPES),
+                              ("tp_plan", TP_PLANS),
                               ("kernels", KERNELS), ("fp8_scaling", FP8_SCALINGS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of "

@@ -161,13 +161,14 @@ def stage_expert_params(model, t, p, e=1, uneven=False, schedule="1f1b"):
 
 
 def activation_bytes_per_layer(model, b, t=1, sequence_parallel=False, recompute="none",
-                               fused=True, fp8=False):
+                               fused=True, fp8=False, gathered=False):
     """Bytes one layer keeps for backward, per micro-batch, on one of t ranks: the formula
     measured on that family's layer (``layer_bytes``): Megatron-LM's GPT layer with its
     unfused softmax (Korthikanti et al. 2022's Table 2 plus the norms' statistics), a Llama
     or Nemotron layer (``model.mlp``), DeepSeek-V3's MLA + MoE (every layer counted as MoE).
     ``fused``: SwiGLU as one kernel (Megatron's; torch.compile's), else eager's four tensors;
-    ``fp8``: DeepSeek-V3's FP8 caching of the MoE's inputs (``layer_bytes.moe_bytes``)."""
+    ``fp8``: DeepSeek-V3's FP8 caching of the MoE's inputs (``layer_bytes.moe_bytes``);
+    ``gathered``: PyTorch's SP plan, the column layers' gathered inputs kept."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute={recompute!r} must be one of {', '.join(RECOMPUTE_MODES)}")
     s, h, a = model.s, model.h, model.a
@@ -185,7 +186,7 @@ def activation_bytes_per_layer(model, b, t=1, sequence_parallel=False, recompute
     ffn = model.ffn if model.moe is None else model.moe.k * model.moe.expert_ffn
     return lb.llama_layer_bytes(s, b, h, a, model.kv_heads or a, ffn, t, sequence_parallel,
                                 "none" if recompute in ("selective", "norm-up") else recompute,
-                                model.mlp, fused)
+                                model.mlp, fused, gathered and t > 1)
 
 
 def course_layer_activation_bytes(b, s, h, a, t=1, sequence_parallel=False,
@@ -248,12 +249,13 @@ def in_flight_microbatches(schedule, p, m, v=1, stage=0):
 
 
 def activation_bytes(model, t, p, b, m, v=1, recompute="full", sequence_parallel=False,
-                     schedule="1f1b", uneven=False, fused=True, stage=None, fp8=False):
+                     schedule="1f1b", uneven=False, fused=True, stage=None, fp8=False,
+                     gathered=False):
     """Activation bytes a GPU of ``stage`` keeps at its peak: by default the busiest, the first
     (ZBV: the last, the bottom of its V). What a recomputing layer rebuilds in its backward is
     working memory, counted by ``memory_per_gpu``."""
     per_layer = activation_bytes_per_layer(model, b, t, sequence_parallel, recompute, fused,
-                                           fp8)
+                                           fp8, gathered)
     if stage is None:
         stage = p - 1 if schedule == "zbv" else 0
     return per_layer * layers_per_stage(model.L, p, uneven) * in_flight_microbatches(
@@ -261,7 +263,7 @@ def activation_bytes(model, t, p, b, m, v=1, recompute="full", sequence_parallel
 
 
 def working_bytes(model, t=1, b=1, recompute="full", sequence_parallel=False, zero_stage=0,
-                  c=1, e=1, cp_comm="ring", fused=True):
+                  c=1, e=1, cp_comm="ring", fused=True, gathered=False):
     """Transient bytes on top of what is held, at the peak of the backward:
 
     * a recomputed layer's activations (``full``, ``op``), rebuilt one layer at a time;
@@ -275,7 +277,8 @@ def working_bytes(model, t=1, b=1, recompute="full", sequence_parallel=False, ze
     """
     work = 0.0
     if recompute in ("full", "op"):
-        work += activation_bytes_per_layer(model, b, t, sequence_parallel, "none", fused) / c
+        work += activation_bytes_per_layer(model, b, t, sequence_parallel, "none", fused,
+                                           gathered=gathered) / c
     layer = model.layer_params(e) / t
     head = model.V * model.h / t
     if zero_stage == 3:
@@ -291,7 +294,8 @@ def working_bytes(model, t=1, b=1, recompute="full", sequence_parallel=False, ze
 def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
                    sequence_parallel=False, zero_stage=0, schedule="1f1b", c=1, e=1,
                    shard=None, uneven=False, grad_bytes=GRAD_BYTES, fused=True,
-                   cp_comm="ring", fp8=False, optimizer_bytes=OPTIMIZER_BYTES):
+                   cp_comm="ring", fp8=False, optimizer_bytes=OPTIMIZER_BYTES,
+                   gathered=False):
     """MemoryBreakdown of the busiest GPU for a (t, c, p, d, e) layout and micro-batching
     (b, m): the first pipeline stage (most micro-batches in flight) or the last (the
     output layer's loss, ``layer_bytes.loss_bytes``), whichever holds more; one GPU holds
@@ -319,12 +323,12 @@ def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
         whole = stage_params(model, t, p, e, uneven, schedule)
         dense = (dense[0] + WEIGHT_BYTES * whole, dense[1] + 4 * whole, dense[2])
     work = working_bytes(model, t, b, recompute, sequence_parallel, zero_stage, c, e,
-                         cp_comm, fused)
+                         cp_comm, fused, gathered)
     loss = lb.loss_bytes(model.s / c, b, model.V, t)
 
     def stage_memory(stage, logits):
         acts = activation_bytes(model, t, p, b, m, v, recompute, sequence_parallel,
-                                schedule, uneven, fused, stage, fp8) / c
+                                schedule, uneven, fused, stage, fp8, gathered) / c
         return MemoryBreakdown(*dense, acts, logits, work)
 
     first = stage_memory(p - 1 if schedule == "zbv" else 0,

@@ -235,13 +235,13 @@ def _torchtitan_memory_rows():
                           cp_comm="allgather", precision="fp8", fp8_scaling="tensorwise"),
             gib, _TITAN_MEMORY + "local batch 1, full AC, compile + Float8"))
     tp70 = Layout(t=8, d=32, b=16, m=1, zero_stage=3, recompute="full", sequence_parallel=True,
-                  precision="fp8", fp8_scaling="tensorwise")
+                  precision="fp8", fp8_scaling="tensorwise", tp_plan="pytorch")
     rows += [PublishedMemory("torchtitan Table 4, 70B FSDP 32 x TP 8", m70, teton, tp70, 71.9,
                              _TITAN_MEMORY + "local batch 16, full AC, compile + Float8"),
              PublishedMemory("torchtitan Table 4, 70B, async TP", m70, teton,
                              replace(tp70, async_tp=True), 67.6, _TITAN_MEMORY)]
     pp = Layout(t=8, p=8, d=8, b=4, m=8, zero_stage=3, recompute="full", sequence_parallel=True,
-                precision="fp8", fp8_scaling="tensorwise", async_tp=True)
+                precision="fp8", fp8_scaling="tensorwise", async_tp=True, tp_plan="pytorch")
     rows += [PublishedMemory("torchtitan Table 5, 405B 3D, 1F1B", m405, teton, pp, 82.5,
                              _TITAN_MEMORY + "local batch 32 as 8 micro-batches of 4 (its "
                              "default: as many as stages), full AC"),

@@ -250,7 +250,7 @@ def memory_estimate(model, layout, cluster):
                          lay.sequence_parallel, lay.zero_stage, lay.schedule, lay.c, lay.e,
                          lay.shard_group, lay.uneven_stages, GRAD_DTYPES[lay.grad_dtype],
                          lay.kernels != "eager", lay.cp_comm, lay.precision == "fp8",
-                         4 + 2 * GRAD_DTYPES[lay.moment_dtype])
+                         4 + 2 * GRAD_DTYPES[lay.moment_dtype], lay.tp_plan == "pytorch")
     return Estimate(model=model, layout=lay, cluster=cluster, memory=mem,
                     memory_capacity_bytes=usable_memory_bytes(cluster.gpu, sum(
                         n > 1 for n in (lay.t, lay.c, lay.p, lay.d, lay.e))))

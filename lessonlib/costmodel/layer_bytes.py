@@ -104,14 +104,14 @@ def moe_bytes(s, b, h, experts, k, ffn, shared, recompute="none", fused=True, fp
     every token's k routed copies through SwiGLU experts of ``ffn``, ``shared`` shared ones.
     ``fp8`` (DeepSeek-V3 §3.3.4, with ``norm-up``): the routed inputs and the SwiGLU inputs
     cached in FP8, one byte each (derived, not measured)."""
-    expert = 2 * ffn * (2 + (recompute != "norm-up") + (not fused))   # w1 x, w3 x, product, SiLU
-    if fp8 and recompute == "norm-up":
-        return s * b * (2 * h + STATS + STATS * experts + INDEX * k + STATS * (k + 1)
-                        + 3 * INDEX * k + 2 * k + k * (3 * h + 2 * ffn) + shared * 2 * ffn)
+    cached = 1 if fp8 and recompute == "norm-up" else 2      # bytes of a cached MoE input
+    product, silu = recompute != "norm-up", not fused
+    expert = ffn * (2 * cached + 2 * product + 2 * silu)    # w1 x, w3 x, their product, SiLU
     norm = 2 * h + STATS + (0 if recompute == "norm-up" else 2 * h)
     router = STATS * experts + INDEX * k + STATS * (k + 1)      # scores, chosen, gates
     sort = 3 * INDEX * k + 2 * k                                # token_of, order, inverse; gate
-    return s * b * (norm + router + sort + k * (4 * h + expert) + shared * expert)
+    routed = k * (cached * h + 2 * h + expert)                  # in, out (kept for the gate)
+    return s * b * (norm + router + sort + routed + shared * expert)
 
 
 def loss_bytes(s, b, V, t=1):

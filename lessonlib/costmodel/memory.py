@@ -1,36 +1,30 @@
-"""Where a GPU's memory goes during training: weights, gradients, optimizer state, activations.
+"""Where a GPU's memory goes during training: everything resident on the busiest GPU, by part.
 
 Model state. Mixed-precision Adam keeps 16 bytes per parameter: 2 for the 16-bit weights,
 2 for the 16-bit gradients, 12 for the fp32 master weights, momentum and variance (ZeRO,
-Rajbhandari et al. 2020, §3.1). Tensor and pipeline parallelism split the parameters over
-t*p GPUs; ZeRO stage 1, 2, 3 additionally shards the optimizer state, then the gradients,
-then the weights over the d data-parallel replicas.
+Rajbhandari et al. 2020, §3.1); gradients may accumulate in fp32 and the moments be kept in
+bf16 (settings). Tensor and pipeline parallelism split the parameters over t*p GPUs; ZeRO
+stage 1, 2, 3 additionally shards the optimizer state, then the gradients, then the weights
+over the d data-parallel replicas (Llama 3's FSDP holds what stage 2 holds).
 
-Activations. Korthikanti et al. 2022 (Table 2) count the bytes one transformer layer keeps
-for the backward pass, in 16-bit, for a micro-batch of b sequences:
+Activations. What one layer keeps for its backward is a formula per layer family, measured
+to the byte on a real layer of that family (``layer_bytes``: GPT's is Korthikanti et al.
+2022's Table 2, s*b*h*(34 + 5*a*s/h), plus the norms' statistics; Llama's, Nemotron's and
+DeepSeek-V3's are their own), split by TP and SP, with the recompute modes none, selective,
+full (the layer's input, 1/t under SP), torchtitan's op-level and DeepSeek-V3's. Under 1F1B
+the first stage holds min(p, m) micro-batches of its L/p layers: about L layers' worth,
+whatever p is (Korthikanti et al. 2022, Eq. 5); interleaving with v chunks multiplies that
+by 1 + (p-1)/(p*v); GPipe holds all m, DualPipe PP + 1.
 
-    no parallelism               s*b*h*(34 + 5*a*s/h)
-    tensor parallel (TP)         s*b*h*(10 + 24/t + 5*a*s/(h*t))
-    TP + sequence parallel (SP)  s*b*h*(34 + 5*a*s/h) / t
-    TP + selective recompute     s*b*h*(10 + 24/t)          (SP: s*b*h*34/t)
-    full recompute               2*s*b*h                    (only each layer's input)
-
-The course's own layer (``lessonlib.models.Block``) keeps less, and the exact count is
-``course_layer_activation_bytes``, measured to the byte by ``lessonlib.instruments.activations``; per
-rank, with s_r = s/t rows under SP (else s) and e bytes per element (CPU, float32/64):
-
-    none       e * (4*b*s_r*h + 4*b*s_r + 12*b*s*h/t + b*a*s/t)
-    selective  e * (4*b*s_r*h + 4*b*s_r + 12*b*s*h/t)
-    full       e * b*s_r*h                  (the layer's input, kept by the checkpoint)
-
-``course_vs_table2`` lists the terms beside Korthikanti's, with why each differs.
-
-Under 1F1B the first stage holds min(p, m) micro-batches of its L/p layers: about L layers'
-worth, whatever p is (Korthikanti et al. 2022, Eq. 5); interleaving with v chunks multiplies
-that by 1 + (p-1)/(p*v). GPipe holds all m micro-batches.
+Then the loss's float32 peak on the stage with the output layer (``logits``), and the
+working set that comes and goes (``working``): a recomputed layer, FSDP's gathered weights
+and unsharded gradients, all-gather CP's K/V. What the job cannot use is named, not a share:
+``memory_reserves``. The course's own tiny layer (``lessonlib.models.Block``) has its exact
+count in ``course_layer_activation_bytes`` (float32/64 on CPU, lesson 14), and
+``course_vs_table2`` sets its terms beside Korthikanti's.
 
 Run ``python -m lessonlib.costmodel --model gpt3-175B --t 8 --p 12 --d 4 --microbatch 1
---global-batch 1536`` to see the split for one layout.
+--global-batch 1536`` to see the split for one layout, ``--published`` for the memory rows.
 """
 import math
 from dataclasses import dataclass
@@ -179,10 +173,11 @@ def activation_bytes_per_layer(model, b, t=1, sequence_parallel=False, recompute
     if model.mla_latents and model.moe is not None:
         qk, v = model.qk_v_head_dims()
         q_latent, kv_latent, rope = model.mla_latents
-        moe = model.moe
+        moe = model.moe       # measured without TP (DeepSeek-V3 ran none): t > 1 divides all
         return (lb.mla_bytes(s, b, h, a, q_latent, kv_latent, qk, v, rope, recompute, fp8)
                 + lb.moe_bytes(s, b, h, moe.E, moe.k, moe.expert_ffn, moe.shared, recompute,
                                fused, fp8)) / t
+    # an MoE without MLA: its k routed experts counted as one SwiGLU k times as wide
     ffn = model.ffn if model.moe is None else model.moe.k * model.moe.expert_ffn
     return lb.llama_layer_bytes(s, b, h, a, model.kv_heads or a, ffn, t, sequence_parallel,
                                 "none" if recompute in ("selective", "norm-up") else recompute,

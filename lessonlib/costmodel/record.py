@@ -27,6 +27,10 @@ async TP's pieces (``overlap.py``); Grand Teton's 96 GB at 2.4 TB/s. One reading
 row: its 500 W H100's Tensor Core rate, "between SXM and NVL" (989, 835) by its team, taken
 as the middle, 912 (torchtitan eager: +7 % at 835, +14 % at 912, +21 % at 989).
 
+Memory rows (``memory_runs``): torchtitan's peak GiB per GPU (its Tables 1-6, with their
+settings) and the layouts Meta (Llama 3 Table 4) and DeepSeek-V3 ran, which must fit; none
+sets a constant, every one is checked (``published.memory_report``).
+
 Run ``python -m lessonlib.costmodel --published``.
 """
 from dataclasses import dataclass, replace

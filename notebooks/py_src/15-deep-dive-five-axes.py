@@ -188,14 +188,6 @@ every(f"a gap over {ex.WITHIN - 1:.0%} is named", versus, lambda vs: vs["ratio"]
       or "What separates them" in pub.explain_versus_planner(vs["run"]))
 
 # %% [markdown]
-# So the planner agrees with Meta at 128K. At 8K it prefers other layouts, by the margins
-# printed above, and the costs it names say how far to trust that: where the model leaves
-# exposed what Meta's stack overlaps (tensor-parallel and pipeline traffic), the gap is the
-# model's; where the planner's pick runs a zero-bubble schedule Meta did not use, the gain
-# is real but was not Meta's to take in 2024. Memory: Meta's layouts fit as Meta ran them,
-# once the model counts what a Llama layer keeps (measured, lesson 14) and what Meta's FSDP
-# holds; DeepSeek-V3's does not, a saving the model is missing (named above).
-#
 # **What each memory saving bought.** Each team's layout with one of its savings undone
 # (the cost model's memory, GiB per GPU on the busiest GPU, against the usable):
 
@@ -210,6 +202,16 @@ for run_name in pub.SAVINGS:
               f"{'fits' if est.fits else 'does not fit'}")
     every("  undoing each saving costs memory", dict(rows[1:]),
           lambda est, ran=rows[0][1]: est.memory.total > ran.memory.total)
+
+# %% [markdown]
+# So the planner agrees with Meta at 128K. At 8K it prefers other layouts, by the margins
+# printed above, and the costs it names say how far to trust that: where the model leaves
+# exposed what Meta's stack overlaps (tensor-parallel and pipeline traffic), the gap is the
+# model's; where the planner's pick runs a zero-bubble schedule Meta did not use, the gain
+# is real but was not Meta's to take in 2024. Memory: Meta's layouts fit as Meta ran them,
+# once the model counts what a Llama layer keeps (measured, lesson 14) and what Meta's FSDP
+# holds; DeepSeek-V3's does not, a saving the model is missing (named above and in the
+# table).
 #
 # **Why DeepSeek-V3 has no TP.** Tensor parallelism would split every layer's GEMMs and
 # all-reduce its activations twice per layer; DeepSeek-V3 trained on H800s, whose NVLink is

@@ -20,8 +20,10 @@ mask, as CUDA's ``native_dropout``), attention (q, k, v, the output and a float3
 log-sum-exp per head and query, as FlashAttention-2 and PyTorch's SDPA flash backend; the
 scores are recomputed in backward), and with ``fused_mlp`` the activation function (its
 inputs kept, its output recomputed: Megatron's fused SwiGLU, and what torch.compile's
-partitioner does). ``costmodel/activations.py`` holds the formulas these layers are measured
-against, to the byte, in ``tests/test_measured_layers.py``.
+partitioner does). ``costmodel/layer_bytes.py`` holds the formulas these layers are measured
+against, to the byte, in ``tests/test_measured_layers.py``. Measured on CPU, where SDPA's
+flash kernel takes grouped-query K and V as they are; a GPU backend that repeats them to every
+query head keeps them a/kv times larger.
 
 Laptop:  ``python -m lessonlib.models.measured`` measures one layer of each family.
 GPU box: the same; the layers have no device logic of their own.

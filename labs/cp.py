@@ -95,7 +95,7 @@ def worker(settings: dict) -> dict:
     rows["torch", "one process"] = {"work": s * (s + 1) // 2 if causal else s * s,
                                     "max_abs_error": 0.0, "times": []}
     steps["torch", "one process"] = lambda: _sdpa_step(full, grad, causal)
-    groups = heads // settings["kv_heads"]                  # PyTorch's ring: K/V repeated
+    groups = heads // settings["kv_heads"]                  # PyTorch's CP: K/V repeated
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     theirs = torch_ring_attention(q, k, v, causal)
     rows["torch_context_parallel", "torch's"] = {

@@ -50,7 +50,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.g
 import sweep  # noqa: E402  (labs/sweep.py: runs one lab and turns its record into a row)
 from gpu_check_labs import GENERIC, LABS, Lab, lab_summary, parity_of  # noqa: E402, F401
 from gpu_check_plan import listing, plan  # noqa: E402
-from gpu_check_report import Report, markdown  # noqa: E402
+from gpu_check_report import POINT_MIN_S, Report, markdown  # noqa: E402
 
 from lessonlib import argcheck, device  # noqa: E402
 from lessonlib.costmodel import throughput  # noqa: E402, F401 (its MATMUL_EFFICIENCY)
@@ -178,6 +178,11 @@ def main(argv=None) -> int:
     for flag, value in (("--max-world-size", opts.max_world_size), ("--budget-s", opts.budget_s)):
         if value is not None and not value > 0:
             parser.error(f"{flag} must be positive; got {value}")
+    first = sum(POINT_MIN_S[kind] for kind in ("versions", "launch", "gemm"))
+    if opts.budget_s < first:
+        parser.error(f"--budget-s {opts.budget_s:g} is shorter than the {first} s the first "
+                     f"checks (versions, a launch, the GEMMs) need at least; use --budget-s "
+                     f"{first} or more (the default 420 s runs every lab point)")
     try:
         sizes = [int(s) for s in opts.sizes.split(",")] if opts.sizes else (
             ([256, 512] if opts.quick else [1024, 4096, 8192]) if gpus else

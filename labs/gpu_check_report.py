@@ -40,7 +40,7 @@ class Report:
         timeout = min(POINT_CAP_S[kind], self.left())
         if timeout < POINT_MIN_S[kind]:          # too little left to be worth starting
             row = {"lab": name, "point": name, "status": "skipped",
-                   "error": f"{max(self.left(), 0):.0f} s of --budget-s left, under the "
+                   "error": f"{max(self.left(), 0):.1f} s of --budget-s left, under the "
                             f"{POINT_MIN_S[kind]} s this point needs"}
         else:
             print(f"{name} (at most {timeout:.0f} s) ...", file=sys.stderr, flush=True)

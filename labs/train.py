@@ -11,9 +11,13 @@ named and the run resumes from the newest intact one. A checkpoint saved on anot
 or world size is resharded onto this one (``lessonlib.long_run.reshard``); one written with another
 model, batch, learning rate, optimizer or seed is refused before any process starts, with
 the settings that differ, as is a ``--checkpoint-dir`` that is a file. A loss that is not
-finite (``--lr`` too high) stops the run with one line, before that step is saved. A newer
-step folder that holds every shard but no manifest is never written over: the run refuses,
-naming it, and ``--set-aside`` renames it to ``step_*.unverified`` (nothing is deleted).
+finite (``--lr`` too high) stops the run with one line, before that step is saved, as does a
+full disk (the earlier checkpoints stay intact). One run holds the folder at a time: a second
+one is refused, naming the first's process (``lessonlib.long_run.folder_lock``). A save killed
+between its last shard and its manifest is completed when its temporary manifest matches
+every shard; otherwise that step folder, and any newer one, is set aside as
+``step_*.unverified`` (renamed, nothing deleted) and the run resumes from the newest verified
+checkpoint (``--set-aside`` does the same, and is kept for the scripts that pass it).
 ``--fail-at RANK:STEP`` makes one rank fail, to rehearse a crash.
 
 Beyond three axes, as ``labs/hybrid.py`` names them: ``--cp C`` (context parallelism),
@@ -31,6 +35,7 @@ GPU box: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 8 --max-
          (torchrun restarts failed workers and they resume; the variable keeps the restarted
          ranks from reading the failed ones' addresses, pytorch/pytorch issue 135712)
 """
+import contextlib
 import os
 import sys
 
@@ -41,7 +46,12 @@ from lessonlib import long_run
 from lessonlib.hybrid_axes.build import SHARDS
 from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.lab import labargs, labkit
-from lessonlib.long_run import checkpoint, checkpoint_folder
+from lessonlib.long_run import checkpoint, checkpoint_folder, folder_lock
+
+
+# The flag that sets each recorded setting a resume must match (the model's are several)
+FLAGS = {"lr": "--lr", "optimizer": "--optimizer", "seed": "--seed", "moe": "--moe",
+         "global_batch": "--global-batch"}
 
 
 def check_settings(ap, args) -> dict:
@@ -76,12 +86,20 @@ def fail_at(ap, text: str | None, world_size: int) -> tuple[int, int] | None:
     return int(rank), int(step)
 
 
-def check_run(ap, args) -> dict:
+def check_run(ap, args, held: contextlib.ExitStack) -> dict:
     """Every setting, the checkpoint folder and the checkpoint to resume from, checked (or
-    cleared with ``--fresh``) before any process starts."""
+    cleared with ``--fresh``) before any process starts. The folder is held for the run
+    (``held``, closed at its end): a second run in it stops here, naming this one's process;
+    then an interrupted save is completed or set aside (``long_run.recover``)."""
     settings = check_settings(ap, args)
     args.failure = fail_at(ap, args.fail_at, args.world_size)
     args.resume = None
+    if not lessonlib.launcher.is_main_process():
+        return settings    # under torchrun rank 0 alone reads the folder; the others follow it
+    try:
+        held.enter_context(folder_lock.hold(args.checkpoint_dir, "--checkpoint-dir"))
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.set_aside and lessonlib.launcher.under_torchrun():
         ap.error("--set-aside renames folders once, before a run: run it with python "
                  "labs/train.py (which then trains), not under torchrun, whose workers all "
@@ -93,16 +111,20 @@ def check_run(ap, args) -> dict:
             print(f"labs/train.py: set {folder} aside as {moved.name} (shards without a "
                   f"manifest; nothing deleted)", file=sys.stderr)
     if args.fresh:
-        if lessonlib.launcher.is_main_process():
-            try:    # only the course's own files; a folder holding anything else is refused
-                checkpoint_folder.clear(args.checkpoint_dir, "--checkpoint-dir")
-            except ValueError as exc:
-                ap.error(str(exc))
-    else:
-        try:
-            args.resume = long_run.resume_point(settings)
+        try:    # only the course's own files; a folder holding anything else is refused
+            checkpoint_folder.clear(args.checkpoint_dir, "--checkpoint-dir")
         except ValueError as exc:
             ap.error(str(exc))
+        return settings
+    try:
+        for note in long_run.recover(settings):
+            print(f"labs/train.py: {note}", file=sys.stderr)
+    except checkpoint.SaveFailed as exc:         # the disk is still full
+        sys.exit(f"labs/train.py: {exc}")
+    try:
+        args.resume = long_run.resume_point(settings, FLAGS)
+    except ValueError as exc:
+        ap.error(str(exc))
     return settings
 
 
@@ -126,11 +148,13 @@ def measure(args, settings: dict) -> dict:
         ranks = lessonlib.run(long_run.train, args.world_size, settings, resume,
                               fail_at=args.failure, backend=args.backend, timeout=args.timeout)
     except lessonlib.RankError as exc:
-        diverged = [line for line in str(exc).splitlines() if "Diverged: " in line]
-        if not diverged:
-            raise
-        # A result of the settings, not a crash: one line, without the rank's traceback
-        sys.exit(f"labs/train.py: {diverged[-1].split('Diverged: ', 1)[1]}")
+        # A result of the settings (Diverged) or of the disk (SaveFailed), not a crash: one
+        # line, without the rank's traceback
+        for kind in ("Diverged: ", "SaveFailed: "):
+            lines = [line for line in str(exc).splitlines() if kind in line]
+            if lines:
+                sys.exit(f"labs/train.py: {lines[-1].split(kind, 1)[1]}")
+        raise
     return {"ranks": ranks, "resume": resume}
 
 
@@ -156,7 +180,8 @@ def main(argv=None):
     ap = labargs.parser("train", __doc__.splitlines()[0])
     ap.set_defaults(steps=600, timeout=3600.0)
     ap.add_argument("--layout", default=None, help="t<t>p<p>d<d>, e.g. t1p2d1 (default: as "
-                    "many pipeline stages as the world and layers allow, then TP, then DP)")
+                    "many pipeline stages as the world and layers allow, then TP, then DP, "
+                    "d a multiple of --ep)")
     labargs.add_gpt_flags(ap, hidden=128, seq=64)
     ap.add_argument("--cp", type=int, default=1, help="context-parallel ranks (default 1)")
     ap.add_argument("--ep", type=int, default=1,
@@ -182,13 +207,14 @@ def main(argv=None):
     ap.add_argument("--set-aside", action="store_true",
                     help="rename the newer step folders that hold shards but no manifest to "
                          "step_*.unverified (never deleted), then resume from the newest "
-                         "verified checkpoint")
+                         "verified checkpoint (every run now does this by itself)")
     ap.add_argument("--fail-at", default=None, metavar="RANK:STEP",
                     help="make RANK raise at STEP, to rehearse a failure and the resume")
     args = labkit.parse(ap, argv,
                         fp32_only="its pipeline stages receive activations in fp32 buffers")
-    settings = check_run(ap, args) | {"dtype": args.dtype}
-    record = build_record(measure(args, settings), settings, args.world_size)
+    with contextlib.ExitStack() as held:        # the checkpoint folder, for the whole run
+        settings = check_run(ap, args, held) | {"dtype": args.dtype}
+        record = build_record(measure(args, settings), settings, args.world_size)
     return labkit.emit(record, args.json)
 
 

@@ -5,6 +5,11 @@ is from. A notebook's prose may quote a figure listed here when the same cell na
 source (tests/prose_numbers.py checks it), so a figure edited in the prose alone no longer
 matches the list and the suite fails; the list itself is read against the papers.
 
+``QUOTES`` holds the sentences the deep dives quote from a real system, word for word, with
+the section or file they are from: tests/test_quotes.py checks that each notebook prints
+them as listed (and that a passage those notebooks put in quotation marks is one of them),
+and reads the ones from an installed package (torch, torchao) against its file.
+
 Laptop:  ``python -c "from lessonlib.references import PUBLISHED; print(PUBLISHED['gpt3'])"``
 GPU box: the same; pure Python.
 """
@@ -53,8 +58,11 @@ PUBLISHED: dict[str, Source] = {
         "NVIDIA H100 SXM5 datasheet (dense, without 2:4 sparsity)", ("H100", "H200"),
         peak_tflops=989, fp8_tflops=1979, memory_gb=80, h200_memory_gb=141,
         nvlink_gb_s=900, infiniband_gbit_s=400),
-    "h800": _source("DeepSeek-AI 2024 (DeepSeek-V3) §3.1: the H800's NVLink", ("H800",),
-                    nvlink_gb_s=400),
+    # DeepSeek-V3's report gives no H800 NVLink specification (§3.1 names the GPU only;
+    # §3.2.2, on its all-to-all kernels, says NVLink "offers a bandwidth of 160 GB/s"):
+    # 400 GB/s is NVIDIA's figure.
+    "h800": _source("NVIDIA H800 SXM5 specification: NVLink 400 GB/s; the GPU of DeepSeek-V3 "
+                    "(DeepSeek-AI 2024, §3.1)", ("H800",), nvlink_gb_s=400),
     "pytorch_ddp": _source(
         "Li et al., VLDB 2020 (PyTorch Distributed), §3.2 and abstract",
         ("DDP", "Li et al.", "bucket_cap_mb"), default_bucket_mib=25, gpus=256),
@@ -74,25 +82,124 @@ PUBLISHED: dict[str, Source] = {
         million_tokens_per_step=16, tflops_8k=430, tflops_8k_16k_gpus=400, tflops_128k=380,
         mfu_8k=43, mfu_8k_16k_gpus=41, mfu_128k=38, tokens_k=128, point_release=3.1),
     "deepseek_v3": _source(
-        "DeepSeek-AI 2024 (DeepSeek-V3, arXiv 2412.19437): §2.1, §3.1-3.3, §4.2, Table 1",
+        "DeepSeek-AI 2024 (DeepSeek-V3, arXiv 2412.19437): §2.1, §3.1-3.3, §3.5.1, §4.2, "
+        "Table 1",
         ("DeepSeek-V3",), billion_parameters=671, billion_active=37, layers=61, hidden=7168,
         routed_experts=256, chosen_experts=8, gpus=2048, pipeline=16, expert_parallel=64,
         servers=8, nodes_per_token=4, trillion_tokens=14.8, million_gpu_hours=2.664,
-        bias_step=0.001, tile=128),
+        bias_step=0.001, tile=128, nvlink_gb_s=160, infiniband_gb_s=50, nvlink_over_ib=3.2,
+        sms_for_communication=20, h800_sms=132),
     "switch": _source("Fedus et al. 2021 (Switch Transformer), §2.2", ("Switch", "alpha"),
                       alpha=0.01),
-    "mixtral": _source("Jiang et al. 2024 (Mixtral of Experts), Table 1", ("Mixtral",),
-                       experts=8, chosen=2, billion_parameters=46.7, billion_active=12.9,
-                       hidden=4096),
+    # The abstract says 47B and 13B; Table 1 lists the architecture only (46.7 B and 12.9 B
+    # are what the course's count of that architecture gives, costmodel/moe.py).
+    "mixtral": _source("Jiang et al. 2024 (Mixtral of Experts), abstract and Table 1",
+                       ("Mixtral",), experts=8, chosen=2, billion_parameters=47,
+                       billion_active=13, hidden=4096),
     "torchtitan": _source(
-        "torchtitan benchmarks/llama3_h100_202412_torchtitan.md and "
-        "asyncTP_llama3_h100_2025-06_torchtitan.md (its table and commands: BF16, "
-        "torch.compile, FSDP x TP 8)", ("torchtitan",),
+        "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (its Table 1; the text says "
+        "\"33% to 39% MFU\"; 33.7 and 39.0 are the course's, by torchtitan's own FLOP count "
+        "per token) and asyncTP_llama3_h100_2025-06_torchtitan.md (its table and commands: "
+        "BF16, torch.compile, FSDP x TP 8)", ("torchtitan",),
         eager_tokens_per_s=5762, compiled_tokens_per_s=6667, float8_tokens_per_s=8532,
-        eager_mfu=33.7, compiled_mfu=39.0, power_limit_w=500, async_tp_70b=1.09,
+        eager_mfu_by_its_formula=33.7, compiled_mfu_by_its_formula=39.0, mfu_low=33,
+        power_limit_w=500, async_tp_70b=1.09,
         async_tp_8b=1.10, float8_over_compiled=1.28, async_tp_70b_gpus=256,
         async_tp_70b_fsdp=32, async_tp_8b_gpus=64, async_tp_tensor_parallel=8,
         async_tp_70b_local_batch=16, async_tp_8b_local_batch=12,
         async_tp_70b_tokens_per_s=597.3, async_tp_70b_async_tokens_per_s=652.4,
         async_tp_8b_tokens_per_s=4378, async_tp_8b_async_tokens_per_s=4809),
+}
+
+
+@dataclass(frozen=True)
+class Quote:
+    source: str                    # who says it, and where (section, or file and name)
+    text: str                      # word for word, as the notebooks print it
+    notebooks: tuple[str, ...]     # the notebooks (their two-digit numbers) that print it
+    installed: str = ""            # a module of an installed package whose file holds it
+
+
+def _quote(source: str, text: str, *notebooks: str, installed: str = "") -> Quote:
+    return Quote(source, " ".join(text.split()), notebooks, installed)
+
+
+LLAMA3 = "Dubey et al. 2024 (The Llama 3 Herd of Models), §3.3.2"
+DEEPSEEK_V3 = "DeepSeek-AI 2024 (DeepSeek-V3, arXiv 2412.19437)"
+
+QUOTES: dict[str, Quote] = {
+    "llama3_cp_exposed": _quote(
+        LLAMA3, "Although the all-gather communication latency is exposed in the critical "
+        "path, we still adopt this approach for two main reasons", "12"),
+    "llama3_cp_masks": _quote(
+        LLAMA3, "it is easier and more flexible to support different types of attention masks "
+        "in all-gather based CP attention, such as the document mask", "12"),
+    "llama3_cp_gqa": _quote(
+        LLAMA3, "the exposed all-gather latency is small as the communicated K and V tensors "
+        "are much smaller than Q tensor due to the use of GQA", "12"),
+    "torchtitan_cp_default": _quote(
+        "torchtitan, torchtitan/config/job_config.py, context_parallel_rotate_method",
+        "The default value is 'allgather'.", "12"),
+    "torch_cp_default": _quote(
+        "PyTorch, torch/distributed/tensor/experimental/_context_parallel/_attention.py, "
+        "_ContextParallelOptions", "rotate_method: _RotateMethod = _RotateMethod.ALL_GATHER",
+        "12", installed="torch.distributed.tensor.experimental._context_parallel._attention"),
+    "torchtitan_parallelize": _quote(
+        "torchtitan, torchtitan/models/llama3/infra/parallelize.py, its opening comment",
+        "the PT-D parallelisms (except pipeline parallelism)", "15"),
+    "torchtitan_mfu": _quote(
+        "torchtitan, benchmarks/llama3_h100_202412_torchtitan.md",
+        "33% to 39% MFU", "15"),
+    "mixtral_megablocks": _quote(
+        "Jiang et al. 2024 (Mixtral of Experts), §2.1", "MoE layers can be run efficiently on "
+        "single GPUs with high performance specialized kernels", "13"),
+    "deepseek_dropless": _quote(
+        f"{DEEPSEEK_V3}, §2.1.2", "does not drop any tokens during training", "13"),
+    "deepseek_cluster": _quote(
+        f"{DEEPSEEK_V3}, §3.1",
+        "DeepSeek-V3 is trained on a cluster equipped with 2048 NVIDIA H800 GPUs", "13"),
+    "deepseek_two_copies": _quote(
+        f"{DEEPSEEK_V3}, §3.2.1", "Although DualPipe requires keeping two copies of the model "
+        "parameters, this does not significantly increase the memory consumption since we use "
+        "a large EP size during training", "13"),
+    "deepseek_serving_ep": _quote(
+        f"{DEEPSEEK_V3}, §3.4.1 (serving, not training)", "For the MoE part, we use 32-way "
+        "Expert Parallelism (EP32), which ensures that each expert processes a sufficiently "
+        "large batch size, thereby enhancing computational efficiency", "13"),
+    "deepseek_no_tp": _quote(
+        f"{DEEPSEEK_V3}, §3.2", "we meticulously optimize the memory footprint during "
+        "training, thereby enabling us to train DeepSeek-V3 without using costly Tensor "
+        "Parallelism (TP)", "15"),
+    "deepseek_nvlink": _quote(
+        f"{DEEPSEEK_V3}, §3.2.2",
+        "NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)", "15"),
+    "deepseek_20_sms": _quote(
+        f"{DEEPSEEK_V3}, §3.5.1", "we allocate 20 out of the 132 SMs available in the H800 "
+        "GPU for this purpose", "15"),
+    "deepseek_e4m3": _quote(
+        f"{DEEPSEEK_V3}, §3.3.2", "we adopt the E4M3 format on all tensors for higher "
+        "precision", "16"),
+    "deepseek_tiles": _quote(
+        f"{DEEPSEEK_V3}, §3.3.2", "(1) for activations, we group and scale elements on a "
+        "1x128 tile basis (i.e., per token per 128 channels); and (2) for weights, we group and "
+        "scale elements on a 128x128 block basis (i.e., per 128 input channels per 128 output "
+        "channels)", "16"),
+    "deepseek_high_precision": _quote(
+        f"{DEEPSEEK_V3}, §3.3.1", "the embedding module, the output head, MoE gating modules, "
+        "normalization operators, and attention operators", "16"),
+    "deepseek_dualpipe_general": _quote(
+        f"{DEEPSEEK_V3}, §3.2.1", "even in more general scenarios without a heavy "
+        "communication burden, DualPipe still exhibits efficiency advantages", "16"),
+    "torchao_rowwise_bf16": _quote(
+        "torchao 0.18, torchao/float8/float8_ops.py, addmm_float8_unwrapped",
+        "work around torch._scaled_mm not having float32 output type", "16",
+        installed="torchao.float8.float8_ops"),
+    "torchao_one_all_reduce": _quote(
+        "torchao 0.18, torchao/float8/fsdp_utils.py, precompute_float8_dynamic_scale_for_fsdp",
+        "It performs a single all-reduce to compute the scales for all float8 weights.", "16",
+        installed="torchao.float8.fsdp_utils"),
+    "dualpipe_cut_in_half": _quote(
+        "deepseek-ai/DualPipe, README.md, DualPipeV", "DualPipeV is a concise V-shape schedule "
+        "derived from DualPipe using a \"cut-in-half\" procedure, introduced by Sea AI Lab",
+        "16"),
 }

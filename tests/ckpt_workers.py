@@ -1,5 +1,7 @@
 """What the checkpoint tests share: rank functions they spawn (which must live in an
 importable module) and the damage they do to a shard."""
+import errno
+import os
 from pathlib import Path
 
 import torch
@@ -83,3 +85,20 @@ def axes_against_map(cfg: dict, cases: list) -> list[bool]:
         out.append(same and shapes == [tuple(h.shape) for h in where["moments"]])
         ctx.destroy()
     return out
+
+
+def train_on_a_full_disk(settings: dict, resume, fail_at=None, full_at_call: int = 5):
+    """``long_run.train`` on a disk that fills up: from rank 0's ``full_at_call``-th
+    ``fsync`` on, every flush to disk fails with ENOSPC, as a full disk's does (rank 0 syncs
+    its shard, the manifest and ``latest`` per save: 5 is the second save's manifest)."""
+    if dist.get_rank() == 0:
+        calls, real = [0], os.fsync
+
+        def fsync(fd):
+            calls[0] += 1
+            if calls[0] >= full_at_call:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real(fd)
+
+        os.fsync = fsync
+    return training.train(settings, resume, fail_at)

@@ -3,13 +3,21 @@
 For each core notebook (notebooks/01-05; each shows a widget; the deep dives' widgets are
 moved in their nbval kernels by tests/widget_moves.py, and BROWSER_TEST_ALL_NOTEBOOKS=1
 brings them here too) this opens the notebook in JupyterLab on
-127.0.0.1 (a free port, a random token, a copy of the notebooks so nothing in the repository
-is touched; one server and one headless Chromium, driven by Selenium, with JupyterLab loaded
-once for all the notebooks, each closed and its kernel shut down after its test), clears the
-stored outputs and runs the cells the widgets need, checks that none of them raised, then
+127.0.0.1 (a free port, a random token; one server and one headless Chromium, driven by
+Selenium, with JupyterLab loaded once for all the notebooks, each closed and its kernel shut
+down after its test) as `make course` opens it: the student's copy of the notebooks (made by
+tools/course.py in a mirror of the repository, so nothing in the repository is touched), the
+course's extension and the kernels' thread settings. It clears the stored outputs and runs
+the cells the widgets need, checks that none of them raised, then
 moves controls of each interactive widget (dropdowns first, then sliders with the keyboard,
 as a student would) until its plot changes, comparing the widget's image before and after.
 Screenshots go to results/screenshots/.
+
+Notebook 01 is the student's first hour, so it gets Run All, as a student would press it:
+every solution stays folded (source and output, with its label) through Run All, JupyterLab's
+autosave and a kernel restart, and the saved notebook passes the folding check of
+tests/test_exercises.py; the time widget's first plot says what the prose says (288 years);
+and `git status` of the repository is what it was before.
 
 Cells run: only those the widgets need, in notebook order: the first code cell (imports and
 setup), each widget cell, and, transitively, the last earlier cell that defines each name
@@ -32,6 +40,7 @@ import contextlib
 import ast
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -47,9 +56,15 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from test_exercises import folding_problems
 from widget_moves import BROWSER_NOTEBOOKS, widget_cells
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import course  # noqa: E402  (tools/course.py)
+
+RUN_ALL = "01"                              # the first hour: Run All, as a student does
+AUTOSAVE_S = 2                              # JupyterLab's autosave interval here (default 120)
 SCREENSHOTS = ROOT / "results" / "screenshots"
 LIVE_NOTEBOOKS = ("02", "03", "04", "05")   # each has a widget that measures when moved
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -59,6 +74,8 @@ LAB_SETTINGS = {  # no windowing (every cell stays in the page), no news or upda
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
         {"checkForUpdates": False, "fetchNews": "false"},
+    "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings":
+        {"autosave": True, "autosaveInterval": AUTOSAVE_S},
 }
 
 
@@ -118,23 +135,16 @@ def _free_port() -> int:
 
 
 def _mirror_repository(into: Path) -> Path:
-    """The repository's layout with a copy of notebooks/ and links to everything else, so
-    notebooks find ../data while the browser's edits and autosaves stay out of the repo."""
+    """The student's copy of the notebooks, as `make course` makes it (``course.personal_copy``),
+    in a mirror of the repository (links to everything else), so that the browser's edits and
+    autosaves stay out of the repository and out of a student's own my-notebooks/."""
     repo = into / "repo"
     repo.mkdir()
     for entry in ROOT.iterdir():
-        if entry.name in {"notebooks", ".git", ".venv", "results", "site"}:
+        if entry.name in {".git", ".venv", "results", "site", course.WORK.name}:
             continue
         (repo / entry.name).symlink_to(entry)
-    shutil.copytree(ROOT / "notebooks", repo / "notebooks",
-                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    # As in a fresh clone, each .py twin is as recent as its .ipynb: JupyterLab's jupytext
-    # refuses to open a paired notebook whose .ipynb is newer than its .py.
-    for ipynb in (repo / "notebooks").rglob("*.ipynb"):
-        twin = ipynb.parent / "py_src" / f"{ipynb.stem}.py"
-        if twin.exists():
-            stamp = ipynb.stat().st_mtime
-            os.utime(twin, (stamp, stamp))
+    course.personal_copy(repo / course.WORK.name, ROOT / "notebooks")
     return repo
 
 
@@ -149,19 +159,21 @@ def jupyterlab_server():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
     port, token = _free_port(), uuid.uuid4().hex
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp / "config"),
-           "JUPYTER_RUNTIME_DIR": str(tmp / "runtime")}
+    env = {**course.kernel_environment(dict(os.environ)),
+           "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime")}
     log = open(tmp / "jupyterlab.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--ServerApp.token={token}", "--ServerApp.port_retries=0", "--allow-root",
-         f"--ServerApp.root_dir={repo}", "--LabApp.expose_app_in_browser=True",
+         f"--ServerApp.root_dir={repo / course.WORK.name}", "--LabApp.expose_app_in_browser=True",
          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         f"--LabApp.extra_labextensions_path={course.EXTENSIONS}",
          f"--LabApp.user_settings_dir={tmp / 'settings'}",
          f"--LabApp.workspaces_dir={tmp / 'workspaces'}"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    server = {"base": base, "token": token, "tmp": tmp, "stopping": {}}
+    server = {"base": base, "token": token, "tmp": tmp, "stopping": {},
+              "work": repo / course.WORK.name}
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -185,6 +197,19 @@ def jupyterlab_server():
             proc.wait()
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _git_status() -> str:
+    """What `git status` says of the repository's own files (not of untracked ones, which
+    tests running beside this one may make and remove)."""
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                          capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def git_status():
+    """The repository's `git status` before the browser opens anything."""
+    return _git_status()
 
 
 @pytest.fixture(scope="module")
@@ -399,6 +424,8 @@ def cells_to_run(path: Path) -> tuple[list[int], str]:
     """(indices of the code cells to run, in order; why), from the stored notebook."""
     code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     widget = _widget_cells(path)
+    if path.stem[:2] == RUN_ALL:
+        return list(range(len(code))), f"Run All ({len(code)} code cells)"
     if os.environ.get("BROWSER_TEST_ALL_CELLS") == "1" or not widget:
         return list(range(len(code))), f"every cell ({len(code)} code cells)"
     chosen = widget_slice([c.source for c in code], widget)
@@ -433,8 +460,24 @@ const w = panelOf(arguments[0]);
 if (!w) return null;
 const solutions = w.content.widgets.filter(c => (c.model.getMetadata('tags') || [])
     .includes('solution'));
+// what the page shows of each solution, and the lines of its outputs, which it must not show
+const lines = c => c.model.outputs.toJSON().flatMap(o => [].concat(o.text || [],
+    (o.data || {})['text/plain'] || [])).join('').split('\\n').filter(l => l.trim());
 return {solutions: solutions.length,
-        shown: solutions.filter(c => !c.inputHidden || !c.outputHidden).length};
+        shown: solutions.filter(c => !c.inputHidden || !c.outputHidden).length,
+        unlabelled: solutions.filter(c => !c.node.innerText.includes('Solution')).length,
+        given_away: solutions.flatMap(c => lines(c).filter(l => c.node.innerText.includes(l))),
+        ran: solutions.filter(c => c.model.executionCount !== null).length};
+"""
+
+JS_SAVED = JS_PANEL + """
+const w = panelOf(arguments[0]);
+return w ? {dirty: w.context.model.dirty} : null;
+"""
+
+JS_RESTART = JS_PANEL + """
+const [path, done] = [arguments[0], arguments[arguments.length - 1]];
+panelOf(path).sessionContext.restartKernel().then(() => done('ok'), e => done('error: ' + e));
 """
 
 JS_OPEN = """
@@ -508,6 +551,41 @@ def move(driver, control, steps: int = 3) -> str:
     return f"slider {before} -> {after} ({steps} x arrow right)"
 
 
+def assert_folded(browser, where: str, when: str) -> dict:
+    folded = browser.execute_script(JS_FOLDED, where)
+    assert folded and folded["shown"] == 0 and folded["unlabelled"] == 0 \
+        and folded["given_away"] == [], f"{where}: solutions not folded {when}: {folded}"
+    return folded
+
+
+def first_hour(browser, lab, where: str) -> None:
+    """After Run All of notebook 01: solutions folded, also in what autosave wrote (the
+    folding check of tests/test_exercises.py), and the time plot on the prose's 288 years."""
+    folded = assert_folded(browser, where, "after Run All")
+    assert folded["ran"] == folded["solutions"] >= 1
+    # the time widget's first plot (its title is printed below it) against the prose
+    prose = re.search(r"lands on (\d+) years", browser.find_element(
+        "css selector", ".jp-NotebookPanel").text)
+    assert prose, "01's prose no longer says where the time widget lands"
+    titles = [e.text for e in browser.find_elements("css selector", ".widget-interact")
+              if "TFLOP/s per GPU" in e.text]
+    assert len(titles) == 1 and titles[0].rstrip().endswith(f"{prose[1]} years"), \
+        f"01's prose says {prose[0]}, its time widget's first plot says {titles}"
+    # JupyterLab's own autosave (every AUTOSAVE_S here) writes what Run All left
+    saved = lab["work"] / where
+
+    def autosaved():
+        if browser.execute_script(JS_SAVED, where)["dirty"]:
+            return None
+        stored = nbformat.read(saved, as_version=4)
+        return stored if all(c.get("execution_count") for c in stored.cells
+                             if c.cell_type == "code") else None
+
+    stored = wait_for(browser, "JupyterLab to autosave what Run All left", 10 * AUTOSAVE_S + 10,
+                      autosaved)
+    assert folding_problems(stored, f"{where} as autosaved after Run All") == []
+
+
 def test_every_core_notebook_is_tested_in_the_browser():
     tested = {p.stem[:2] for p in NOTEBOOKS}
     assert {"01", "02", "03", "04", "05"} <= tested, tested
@@ -550,20 +628,18 @@ def test_widget_slice_runs_only_what_the_widgets_need():
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_and_its_widgets_respond(path, page):
+def test_notebook_runs_and_its_widgets_respond(path, page, lab, git_status):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     browser = page
     chosen, why = cells_to_run(path)
     start = time.monotonic()
     print(f"{path.name}: running {why}")
-    where = f"notebooks/{path.name}"
+    where = path.name                     # in the student's copy, the server's root
     browser.set_script_timeout(30)
     assert browser.execute_async_script(JS_OPEN, where) == "ok"
     wait_for(browser, "JupyterLab to open the notebook and start its kernel", 90,
              lambda: (browser.execute_script(JS_STATE, None, where) or {}).get("kernel") == "idle")
-    folded = browser.execute_script(JS_FOLDED, where)
-    assert folded and folded["shown"] == 0, \
-        f"{path.name}: {folded} solution cells open their source or output on opening"
+    assert_folded(browser, where, "on opening")
     assert browser.execute_async_script(JS_RUN, chosen, where) == "ok"
 
     def finished():
@@ -577,6 +653,8 @@ def test_notebook_runs_and_its_widgets_respond(path, page):
     wait_for(browser, f"{path.name} to run ({why})", 200, finished)
     print(f"  opened in {opened - start:.0f} s, ran in {time.monotonic() - opened:.0f} s")
     browser.save_screenshot(str(SCREENSHOTS / f"{path.stem}-ran.png"))
+    if path.stem[:2] == RUN_ALL:
+        first_hour(browser, lab, where)
 
     interacts = browser.find_elements("css selector", ".widget-interact")
     assert interacts, f"{path.name} shows no interactive widget after running {why}"
@@ -608,3 +686,8 @@ def test_notebook_runs_and_its_widgets_respond(path, page):
         interact.screenshot(str(SCREENSHOTS / f"{path.stem}-widget{number}-after.png"))
         print(f"  widget {number}{' (live)' if interact in live else ''}: {tried[-1]} "
               f"changed the plot")
+    if path.stem[:2] == RUN_ALL:      # last: a restart leaves the widgets without a kernel
+        browser.set_script_timeout(60)
+        assert browser.execute_async_script(JS_RESTART, where) == "ok"
+        assert_folded(browser, where, "after a kernel restart")
+    assert _git_status() == git_status, "opening, running and saving changed `git status`"

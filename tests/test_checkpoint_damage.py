@@ -10,7 +10,7 @@ import torch
 
 from lessonlib import device, long_run
 from lessonlib.launcher import RankError, launch
-from lessonlib.long_run import checkpoint, checkpoint_folder
+from lessonlib.long_run import checkpoint, checkpoint_folder, restart
 
 import ckpt_workers
 import labrun
@@ -47,7 +47,7 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_older_intact_one_resumed(t
     damage, words = PROBES[probe]
     _save(tmp_path, 5)
     damage(_save(tmp_path, 10))
-    found = checkpoint.check_resume(tmp_path, 2, META)
+    found = restart.check_resume(tmp_path, 2, META)
     assert found["step"] == 5 and len(found["damaged"]) == 1, found["damaged"]
     assert words in found["damaged"][0] and "step_00000010" in found["damaged"][0]
     assert checkpoint.load(found["path"], 1)["model"]["w"][0].item() == 105
@@ -59,28 +59,34 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_older_intact_one_resumed(t
 def test_a_folder_whose_every_checkpoint_is_damaged_is_refused_not_restarted(tmp_path):
     _truncate(_save(tmp_path, 5) / "rank_00000.pt", 0)
     with pytest.raises(ValueError, match="no intact checkpoint .*rank_00000.pt is damaged"):
-        checkpoint.check_resume(tmp_path, 2, META)
+        restart.check_resume(tmp_path, 2, META)
     checkpoint.write_shard(tmp_path / "killed", 5, 0, {})     # only a save interrupted:
-    assert checkpoint.check_resume(tmp_path / "killed", 2, META) is None   # a fresh start
+    assert restart.check_resume(tmp_path / "killed", 2, META) is None   # a fresh start
 
 
 def test_pruning_never_lets_a_damaged_checkpoint_push_out_a_good_one(tmp_path):
     _save(tmp_path, 5)
     _truncate(_save(tmp_path, 10) / "rank_00001.pt", 300)
-    _save(tmp_path, 7, keep=2)         # the run resumed from 5, saves 7: 10 is its past future
-    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000005", "step_00000007"]
+    _save(tmp_path, 7, keep=2)         # the run resumed from 5, saves 7: 10 is not its own
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000005", "step_00000007",
+                                                              "step_00000010"]
     with pytest.raises(checkpoint.CheckpointError, match="does not match its manifest"):
         checkpoint.commit(tmp_path, 7, 2, META, keep=1,
                           shards=[{"bytes": 1, "sha256": "00" * 32}] * 2)
     assert checkpoint.latest(tmp_path)["step"] == 5      # nothing pruned on a bad word
 
 
-def test_a_save_killed_mid_write_leaves_no_temporary_file_once_the_step_is_rewritten(tmp_path):
+def test_a_save_deletes_no_temporary_file_of_another_process(tmp_path):
+    """Two runs in one folder: the second died at its shard's rename, because the first's
+    cleanup deleted every ``.rank_*.tmp*``. A save deletes only its own temporaries (of a
+    write that failed); the next run sets aside a step folder left half-written."""
     folder = _save(tmp_path, 5)
-    (folder / ".rank_00001.pt.tmp4242").write_bytes(b"half a shard")
-    (tmp_path / f".{checkpoint_folder.LATEST}.tmp4242").write_bytes(b"step_")
+    others = [folder / ".rank_00001.pt.tmp4242", tmp_path / f".{checkpoint_folder.LATEST}.tmp4242"]
+    for path in others:
+        path.write_bytes(b"another process is writing this")
     _save(tmp_path, 5)
-    assert not list(tmp_path.rglob("*.tmp*"))
+    _save(tmp_path, 10, keep=1)
+    assert all(path.exists() for path in others)
 
 
 def test_load_maps_the_shard_onto_this_ranks_device(tmp_path, monkeypatch):

@@ -1,9 +1,9 @@
 """Shards without a manifest are never lost, and a manifest is trusted only field by field.
 
 A step folder that holds every rank's shard but no manifest (the manifest deleted, or the
-save killed between the last shard and the manifest) may be the only copy of good weights: a
-run that would write that step again refuses before any rank starts, naming the folder;
-``--set-aside`` (and ``--fresh``) rename it to ``step_*.unverified``, never delete it. A
+save killed between the last shard and the manifest) may be the only copy of good weights:
+``check_resume`` refuses to write that step again; a run first sets it aside
+(``checkpoint.recover``), as ``--fresh`` does: renamed to ``step_*.unverified``, never deleted. A
 manifest whose step or world size is of the wrong kind or out of range is named in one line
 and skipped like any damaged checkpoint."""
 import json
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lessonlib import long_run
-from lessonlib.long_run import checkpoint, checkpoint_folder
+from lessonlib.long_run import checkpoint, checkpoint_folder, restart
 
 import labrun
 
@@ -39,26 +39,27 @@ def _shards(folder):
     return {p.name: p.read_bytes() for p in folder.glob("rank_*.pt")}
 
 
-def test_shards_without_a_manifest_are_refused_not_overwritten(tmp_path):
-    """The reproduction: a run of 20 steps, its manifests deleted, the same run again."""
+def test_shards_without_a_manifest_are_set_aside_not_overwritten(tmp_path):
+    """A run of 20 steps, its manifests deleted: ``check_resume`` alone refuses to write
+    over them; ``recover`` (what a run does first) sets both aside, their shards intact."""
     for step in (10, 20):
         _lose_manifest(_save(tmp_path, step))
     before = {s: _shards(checkpoint_folder.step_dir(tmp_path, s)) for s in (10, 20)}
     with pytest.raises(ValueError, match=r"step_00000010 holds the shards of ranks 0-1 but no "
                                          r"manifest.json.*nothing was changed.*--set-aside"):
-        checkpoint.check_resume(tmp_path, 2, META)
-    done = labrun.run("train", *TINY, "--keep", "1", "--checkpoint-dir", str(tmp_path))
-    assert done.returncode == 2, done.stderr[-800:]
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "step_00000010 holds the shards of ranks 0-1 but no manifest.json" in done.stderr
-    assert {s: _shards(checkpoint_folder.step_dir(tmp_path, s)) for s in (10, 20)} == before
+        restart.check_resume(tmp_path, 2, META)
+    notes = restart.recover(tmp_path)
+    assert [n.split("set aside as ")[1] for n in notes] == [
+        "step_00000020.unverified (nothing deleted)", "step_00000010.unverified (nothing deleted)"]
+    assert {s: _shards(tmp_path / f"step_{s:08d}.unverified") for s in (10, 20)} == before
+    assert restart.check_resume(tmp_path, 2, META) is None
 
 
 def test_a_held_folder_after_the_newest_verified_step_is_refused(tmp_path):
     _save(tmp_path, 10)
     _lose_manifest(_save(tmp_path, 20))
     with pytest.raises(ValueError, match="step_00000020 holds the shards"):
-        checkpoint.check_resume(tmp_path, 2, META)
+        restart.check_resume(tmp_path, 2, META)
     assert checkpoint.latest(tmp_path)["step"] == 10   # what the run would resume from
 
 
@@ -66,7 +67,7 @@ def test_a_held_folder_before_the_resume_point_is_kept_and_never_pruned(tmp_path
     _lose_manifest(_save(tmp_path, 5))
     for step in (10, 15, 20):
         _save(tmp_path, step, keep=1)
-    assert checkpoint.check_resume(tmp_path, 2, META)["step"] == 20
+    assert restart.check_resume(tmp_path, 2, META)["step"] == 20
     assert sorted(_shards(checkpoint_folder.step_dir(tmp_path, 5))) == ["rank_00000.pt",
                                                                        "rank_00001.pt"]
 
@@ -76,7 +77,7 @@ def test_an_interrupted_save_is_not_held(tmp_path):
     file. The next save of that step may overwrite it; a fresh start is allowed."""
     checkpoint.write_shard(tmp_path, 10, 0, {})
     assert checkpoint_folder.held_shards(checkpoint_folder.step_dir(tmp_path, 10), 2) == []
-    assert checkpoint.check_resume(tmp_path, 2, META) is None
+    assert restart.check_resume(tmp_path, 2, META) is None
     checkpoint.write_shard(tmp_path, 10, 1, {})
     (checkpoint_folder.step_dir(tmp_path, 10) / ".rank_00002.pt.tmp7").write_bytes(b"half")
     assert checkpoint_folder.held_shards(checkpoint_folder.step_dir(tmp_path, 10), 2) == []
@@ -96,13 +97,13 @@ def test_fresh_and_set_aside_move_held_shards_and_delete_nothing_of_them(tmp_pat
 
 
 @pytest.mark.timeout(120)
-def test_the_lab_sets_held_shards_aside_and_resumes_from_the_verified_step(tmp_path):
+def test_the_lab_sets_held_shards_aside_by_itself_and_starts_afresh(tmp_path):
     _save(tmp_path / "other", 1)                      # keeps the lab's own resume path real
     for step in (10, 20):
         _lose_manifest(_save(tmp_path, step))
-    done = labrun.run("train", *TINY, "--checkpoint-dir", str(tmp_path), "--set-aside")
+    done = labrun.run("train", *TINY, "--checkpoint-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr[-1500:]
-    assert "as step_00000010.unverified (shards without a manifest; nothing deleted)" in done.stderr
+    assert "set aside as step_00000010.unverified (nothing deleted)" in done.stderr
     assert "starting at step 0 of 20" in done.stderr
     assert len(_shards(tmp_path / "step_00000020.unverified")) == 2
     assert checkpoint.latest(tmp_path)["step"] == 20
@@ -128,7 +129,7 @@ def test_a_manifest_field_of_the_wrong_kind_is_named_and_the_step_skipped(tmp_pa
     _save(tmp_path, 5)
     path = _save(tmp_path, 10) / checkpoint_folder.MANIFEST
     path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
-    found = checkpoint.check_resume(tmp_path, 2, META)
+    found = restart.check_resume(tmp_path, 2, META)
     assert found["step"] == 5 and found["world_size"] == 2, found
     (problem,) = found["damaged"]
     assert words in problem and "step_00000010/manifest.json is damaged" in problem
@@ -138,7 +139,7 @@ def test_a_manifest_field_of_the_wrong_kind_is_named_and_the_step_skipped(tmp_pa
 def test_a_manifest_that_is_not_an_object_is_named(tmp_path):
     _save(tmp_path, 5)
     (_save(tmp_path, 10) / checkpoint_folder.MANIFEST).write_text("[1, 2]")
-    found = checkpoint.check_resume(tmp_path, 2, META)
+    found = restart.check_resume(tmp_path, 2, META)
     assert found["step"] == 5 and "holds a JSON list, not an object" in found["damaged"][0]
 
 
@@ -154,7 +155,7 @@ def test_the_resume_step_is_the_folders_never_the_manifests_word(tmp_path):
             checkpoint.commit(tmp_path, step, 2, settings["meta"], keep=3)
         path = checkpoint_folder.step_dir(tmp_path, 20) / checkpoint_folder.MANIFEST
         path.write_text(json.dumps({**json.loads(path.read_text()), "step": bad}))
-        found = checkpoint.check_resume(tmp_path, 2, settings["meta"])
+        found = restart.check_resume(tmp_path, 2, settings["meta"])
         assert found["step"] == 10 and "its step is" in found["damaged"][0]
 
 
@@ -176,7 +177,7 @@ def test_any_json_in_a_manifest_field_is_verified_or_named_in_one_line(tmp_path,
     path = _save(folder, 10) / checkpoint_folder.MANIFEST
     path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
     try:
-        found = checkpoint.check_resume(folder, 2, META)
+        found = restart.check_resume(folder, 2, META)
     except ValueError as exc:     # a verified manifest of other settings: refused, named
         assert "step 10) was written by a run with other settings" in str(exc)
         return

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lessonlib import long_run
-from lessonlib.long_run import checkpoint, checkpoint_folder
+from lessonlib.long_run import checkpoint, checkpoint_folder, restart
 
 import labrun
 
@@ -52,7 +52,7 @@ def test_an_unverified_newest_checkpoint_is_named_and_skipped(tmp_path, probe):
     newest = _save(tmp_path, 10)
     _edit_manifest(newest, change)
     _flip_a_bit(newest / "rank_00001.pt")
-    found = checkpoint.check_resume(tmp_path, 2, META)
+    found = restart.check_resume(tmp_path, 2, META)
     assert found["step"] == 5 and len(found["damaged"]) == 1
     assert words in found["damaged"][0] and "\n" not in found["damaged"][0]
     with pytest.raises(checkpoint.CheckpointError):
@@ -65,7 +65,7 @@ def test_an_unverified_newest_checkpoint_is_named_and_skipped(tmp_path, probe):
 def test_only_unverified_checkpoints_are_refused_naming_the_file(tmp_path):
     _edit_manifest(_save(tmp_path, 5), lambda m: m.pop("shards"))
     with pytest.raises(ValueError, match="no intact checkpoint .*lists no SHA-256"):
-        checkpoint.check_resume(tmp_path, 2, META)
+        restart.check_resume(tmp_path, 2, META)
 
 
 def test_folders_without_a_manifest_are_never_pruned(tmp_path):

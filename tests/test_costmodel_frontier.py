@@ -112,3 +112,24 @@ def test_the_long_context_checker_takes_llamas_layout_and_names_the_bubble():
     assert not no_cp and "bubble" in str(no_cp)
     assert "inside NVLink" in str(frontier.check_long_context_layout(16, 16, 8, 8))
     assert "16384" in str(frontier.check_long_context_layout(8, 16, 16, 2))
+
+
+CLI_MESSAGES = {  # flags, what the one line says (each number beside its name)
+    "d against gpus": (["--model", "gpt2-small", "--gpus", "16", "--d", "8"],
+                       "t*c*p*d = 1*1*1*8 = 8 does not match gpus=16; use d=16"),
+    "gpus against t*c*p": (["--model", "gpt2-small", "--gpus", "9", "--t", "2", "--c", "2"],
+                           "gpus=9 is not divisible by t*c*p = 2*2*1 = 4"),
+    "e not dividing E": (["--model", "deepseek-v3", "--gpus", "24", "--e", "3"],
+                         "e=3 must divide the experts of model='deepseek-v3' (E=256); use one "
+                         "of [1, 2, 4, 8]"),
+    "e on a dense model": (["--model", "gpt2-small", "--gpus", "8", "--e", "2"],
+                           "e=2 needs an MoE model (model='gpt2-small' is dense"),
+}
+
+
+@pytest.mark.parametrize("case", list(CLI_MESSAGES))
+def test_cli_layout_messages_name_each_number_and_what_would_work(capsys, case):
+    flags, words = CLI_MESSAGES[case]
+    assert main([*flags, "--gpu", "H100", "--global-batch", "24"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert words in line, line

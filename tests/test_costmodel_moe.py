@@ -14,7 +14,7 @@ from lessonlib.costmodel.moe import (MOE_MODELS, PUBLISHED, MoEModel, active_par
 def test_presets_match_the_published_totals(name):
     total, active = PUBLISHED[name]
     m = MOE_MODELS[name]
-    assert total_params(m) == pytest.approx(total, rel=0.005)
+    assert abs(total_params(m) - total) <= 0.5e9                      # stated to the billion
     assert active_params(m) == pytest.approx(active, rel=0.02)       # 37.6 B vs "37 B"
     assert training_flops_per_token(m) == 6 * active_params(m)
 

@@ -140,6 +140,15 @@ def test_lesson_12_ring_speedup_is_2c_minus_1_over_c_and_names_the_slip():
     assert "limit for many ranks" in context.check_ring_speedup(2)
 
 
+def test_lesson_16_dualpipev_bubble_is_the_played_schedule_and_names_the_slip():
+    from lessonlib.exercises import dualpipe
+    assert dualpipe.played_idle(4, 1.0, 2.0, 1.0, 2.5) == pytest.approx(4.5)   # section 6's row
+    assert dualpipe.check_dualpipev_bubble(9.0) and not dualpipe.check_dualpipev_bubble(7)
+    assert "hides nothing" in dualpipe.check_dualpipev_bubble(10.0)
+    assert "two per device" in dualpipe.check_dualpipev_bubble(3.6)
+    assert "1F1B" in dualpipe.check_dualpipev_bubble(33)
+
+
 @pytest.mark.timeout(120)
 def test_bug_zoo_prediction_is_checked_against_the_real_bug():
     from lessonlib.exercises import bugzoo
@@ -148,16 +157,37 @@ def test_bug_zoo_prediction_is_checked_against_the_real_bug():
     assert not bugzoo.check_wrong_microbatch_prediction("soon")
 
 
+SOLUTION_LABEL = "# Solution (click to open)"   # the first line: what a folded solution shows
+
+
+def folding_problems(nb, where: str) -> list[str]:
+    """What gives a solution away in ``nb``: one not folded (source and output, the cell's
+    ``jupyter`` metadata), one without the label a folded cell shows, or one that comes
+    before the student's answer cell. Also run on what a real browser saved after Run All
+    (tests/test_browser.py)."""
+    problems = []
+    for at, cell in enumerate(nb.cells):
+        if "solution" not in cell.metadata.get("tags", []):
+            continue
+        folded = cell.metadata.get("jupyter", {})
+        if not (folded.get("source_hidden") and folded.get("outputs_hidden")):
+            problems.append(f"{where}, cell {at}: a solution must hide its source and its output")
+        if "hide-output" not in cell.metadata["tags"]:
+            problems.append(f"{where}, cell {at}: tag hide-output")
+        if cell.source.splitlines()[:1] != [SOLUTION_LABEL]:
+            problems.append(f"{where}, cell {at}: a solution's first line is {SOLUTION_LABEL!r}, "
+                            f"what JupyterLab shows while it is folded")
+        answer = next((c for c in reversed(nb.cells[:at]) if c.cell_type == "code"), None)
+        if answer is None or "solution" in answer.metadata.get("tags", []):
+            problems.append(f"{where}, cell {at}: the student's answer cell comes first")
+    return problems
+
+
 @pytest.mark.parametrize("py, ipynb", PAIRS, ids=[py.stem[:2] for py, _ in PAIRS])
 def test_every_solution_is_hidden_source_and_output_until_opened(py, ipynb):
     """A solution's code and its output ("Correct: 5.0 B") stay folded in JupyterLab (the
-    cell's ``jupyter`` metadata) and on the static site (``<details>``, by the tag) until
-    the student opens them: an answer printed under the empty cell would give it away."""
+    cell's ``jupyter`` metadata; tools/jupyterlab/labextensions/course-solutions keeps them
+    folded when the cell runs) and on the static site (``<details>``, by the tag) until the
+    student opens them: an answer printed under the empty cell would give it away."""
     for nb, where in ((_exercise_cells(py)[0], py.name), (nbformat.read(ipynb, 4), ipynb.name)):
-        for at, cell in enumerate(nb.cells):
-            if "solution" not in cell.metadata.get("tags", []):
-                continue
-            folded = cell.metadata.get("jupyter", {})
-            assert folded.get("source_hidden") and folded.get("outputs_hidden"), \
-                f"{where}, cell {at}: a solution must hide its source and its output"
-            assert "hide-output" in cell.metadata["tags"], f"{where}, cell {at}: tag hide-output"
+        assert folding_problems(nb, where) == []

@@ -190,3 +190,16 @@ def test_each_point_is_written_as_it_goes_and_one_that_does_not_fit_is_skipped(t
     text = (tmp_path / "report.md").read_text()
     assert "ZeroDivisionError" in rows[1]["error"] and "| ddp |" in text
     assert "Cut by --budget-s (1): ddp" in text
+
+
+@pytest.mark.parametrize("budget", ["1", "20"])
+def test_a_budget_too_short_for_the_first_checks_is_one_line_naming_what_would_work(
+        capsys, monkeypatch, tmp_path, budget):
+    """Not "1 s left, under the 1 s this point needs" for each point, nothing run."""
+    monkeypatch.setattr(gpu_check.device, "gpu_count", lambda: 0)
+    with pytest.raises(SystemExit) as stop:
+        gpu_check.main(["--budget-s", budget, "--allow-cpu", "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert f"--budget-s {budget} is shorter than the 21 s" in line and "use --budget-s 21" in line
+    assert not (tmp_path / "out").exists()

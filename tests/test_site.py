@@ -51,3 +51,21 @@ def test_a_widget_with_no_plot_anywhere_is_reported():
     warnings = build_site.freeze_widgets(nb)
     assert warnings == ["cell 0: the widget stored no plot, and no static plot stands before it"]
     assert "widgets" not in nb.metadata
+
+
+def test_lessons_link_to_each_others_pages_and_the_index_renders_markdown():
+    built = {"02-data-parallelism.html", "07-deep-dive-ddp-buckets.html"}
+    body = ('<a href="02-data-parallelism.ipynb">02</a> <a href="02-data-parallelism.ipynb#4-'
+            'Buckets">4</a> <a href="13-deep-dive-mixture-of-experts.ipynb">13</a>')
+    assert build_site.link_pages(body, built) == (
+        '<a href="02-data-parallelism.html">02</a> <a href="02-data-parallelism.html#4-Buckets">'
+        '4</a> <a href="13-deep-dive-mixture-of-experts.ipynb">13</a>')   # 13 is not built
+    nb = nbformat.read(ROOT / "notebooks" / "07-deep-dive-ddp-buckets.ipynb", as_version=4)
+    blurb = build_site.link_pages(build_site.markdown_inline(build_site.title_and_blurb(nb)[1]),
+                                  built)
+    assert '<a href="02-data-parallelism.html">02 · Data parallelism</a>' in blurb
+    assert "](" not in blurb and not blurb.startswith("<p>")
+    long = "x " * 140 + "[a link that would be cut](02-data-parallelism.ipynb) **bold words here**"
+    cell = nbformat.v4.new_markdown_cell("# Title\n\n" + long)
+    cut = build_site.title_and_blurb(nbformat.v4.new_notebook(cells=[cell]))[1]
+    assert cut.endswith(" ...") and "[" not in cut and "*" not in cut

@@ -27,16 +27,18 @@ launch checks every mode's parity again where the group of t = 2 is the whole wo
 small shapes (b=2, s=4, h=16, 2 heads): the smallest test that sees a LayerNorm gradient
 left unsummed (the bug zoo names it)."""
 import pytest
+import torch
 import torch.distributed as dist
 
 import lessonlib
 from lessonlib.baseline import corpus_batches, flat
 from lessonlib.costmodel.memory import course_layer_activation_bytes
-from lessonlib.models import PARITY_CONFIG, TinyGPT, lm_loss, set_recompute
+from lessonlib.models import PARITY_CONFIG, GPTConfig, TinyGPT, lm_loss, set_recompute
 from lessonlib.pipeline import runs
 from lessonlib.pipeline.runner import make_runner
 from lessonlib.pipeline.stages import stage_parameters
 from lessonlib.tensor_parallel import runs as tp_runs
+from lessonlib.tensor_parallel.parallelize import parallelize_gpt
 from lessonlib.tensor_parallel import sequence_runs as sp
 
 TOL = 1e-12                 # float64
@@ -226,8 +228,8 @@ def test_a_sequence_t_does_not_divide_fails_naming_s_and_t(four):
     for message in bad["messages"].values():
         assert message and "s=6" in message and "t=4" in message, bad
     assert bad["messages"]["whole sequence into an SP block"] == (
-        "a sequence-parallel layer takes this rank's s/t rows, but got 6 rows: 6 x t=4 is not "
-        "the model's sequence s=6 (the whole sequence? feed it split_sequence(x, group) or a "
+        "a sequence-parallel layer takes this rank's s/t rows, but got 6 rows: 6 x t=4 is more "
+        "than the model's sequence s=6 (the whole sequence? feed it split_sequence(x, group) or a "
         "SequenceScatter's output)")
 
 
@@ -236,3 +238,25 @@ def test_a_sequence_t_does_not_divide_fails_naming_s_and_t(four):
 def test_constructors_fill_the_slice_of_the_dense_layer(four, t):
     for r in four:
         assert r["constructors"][t] == {"column": 0.0, "row": 0.0}
+
+
+def shorter_sequence_worker(s: int = 6) -> dict:
+    """The TP+SP GPT (a model of s = 8) fed ``s`` tokens, as the dense and plain TP GPTs
+    accept: float64 parity with the dense GPT (a maximum length, not an exact one)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        ctx, cfg = tp_runs.tp_context(dist.get_world_size()), GPTConfig(vocab=16, seq=8,
+                                                                      hidden=16, heads=2)
+        batches = [(x[:, :s], y[:, :s]) for x, y in tp_runs.token_batches(2, cfg, 2, 1, "cpu")]
+        return tp_runs.compare_with_dense(TinyGPT(cfg, 0), lambda m: parallelize_gpt(
+            m, ctx.tp_group, sequence_parallel=True), batches, lm_loss)
+    finally:
+        torch.set_default_dtype(before)
+
+
+@pytest.mark.timeout(60)
+def test_the_sequence_parallel_gpt_takes_a_sequence_shorter_than_its_own():
+    for r in lessonlib.launch(shorter_sequence_worker, 2, timeout=60):
+        for what in ("output", "grads", "weights_after_steps"):
+            assert getattr(r, what) < TOL, r

@@ -41,6 +41,20 @@ def test_layer_and_hidden_sliders_follow_the_preset_and_unlock_for_custom():
     assert box.children[1].outputs[0]["data"]["image/png"] != before   # the slider redraws
 
 
-def test_time_widget_starts_at_the_efficiency_it_is_given():
-    sliders = {c.description: c for c in scale.time_widget(0.25).children[0].children}
-    assert sliders["efficiency"].value == 0.25
+def test_time_widget_starts_exactly_on_the_values_it_is_given():
+    """No slider step moves the start: 01's prose says 288 years, and so does the plot."""
+    v100 = cm.get_gpu("V100").peak_flops
+    efficiency = cm.rate_for_time(cm.training_flops(175e9, 300e9), 1,
+                                  288 * cm.SECONDS_PER_YEAR) / v100
+    box = scale.time_widget(efficiency)
+    sliders = {c.description: c for c in box.children[0].children}
+    assert (sliders["params_billion"].value, sliders["tokens_billion"].value) == (175, 300)
+    assert sliders["efficiency"].value == efficiency
+    assert 0.3 in [v for _, v in sliders["efficiency"].options]    # "move it to 30 %", says 01
+    title = box.children[1].outputs[-1]["text"]
+    assert title.startswith("175 B parameters, 300 B tokens, 34.7 TFLOP/s per GPU (27.7% of peak)")
+    assert title.endswith(": 1 x V100-SXM2-32GB: 288 years\n")
+    sliders["tokens_billion"].value = 2000
+    assert "2000 B tokens" in box.children[1].outputs[-1]["text"]
+    assert [v for _, v in scale.choices(175, 0.1, 2000, str)][8:14] == [50, 100, 175, 200, 500,
+                                                                       1000]

@@ -10,7 +10,9 @@ page through nbconvert's "lab" template. A page must read well without a kernel,
   JavaScript to load;
 - exercise solutions (cells tagged ``solution``) sit folded under a "Solution" element;
 - a widget with no static plot before it (since the previous widget) is reported: every
-  notebook should also draw each widget's default plot statically.
+  notebook should also draw each widget's default plot statically;
+- a link from one lesson to another (``[04](04-tensor-vs-pipeline.ipynb#...)``) points at
+  that lesson's page, and the index renders each lesson's first paragraph as markdown.
 
 The instructor guide (labs/README.md) becomes ``instructor-guide.html`` when it exists.
 """
@@ -90,9 +92,12 @@ def title_and_blurb(nb) -> tuple[str, str]:
         heading = re.search(r"^#{1,3}\s+(.+)$", cell.source, re.M)
         if heading:
             after = cell.source[heading.end():].strip().split("\n\n")[0]
-            blurb = re.sub(r"[*_`]", "", " ".join(after.split()))
-            if len(blurb) > 300:
-                blurb = blurb[:300].rsplit(" ", 1)[0] + " ..."
+            blurb = " ".join(after.split())
+            if len(blurb) > 300:    # cut between words, never inside a link or emphasis
+                cut = blurb[:300].rsplit(" ", 1)[0]
+                while cut.count("[") > cut.count("]") or cut.count("*") % 2 or cut.count("`") % 2:
+                    cut = cut.rsplit(" ", 1)[0]
+                blurb = cut + " ..."
             return heading.group(1).strip(), blurb
     return "", ""
 
@@ -174,6 +179,22 @@ def page_name(path: Path) -> str:
     return path.stem + ".html"
 
 
+LESSON_LINK = re.compile(r'href="(\d\d-[\w-]+)\.ipynb(#[^"]*)?"')
+
+
+def link_pages(body: str, built: set[str]) -> str:
+    """``href="NN-name.ipynb#part"`` -> ``href="NN-name.html#part"`` for each lesson built."""
+    return LESSON_LINK.sub(lambda m: f'href="{m[1]}.html{m[2] or ""}"'
+                           if f"{m[1]}.html" in built else m[0], body)
+
+
+def markdown_inline(text: str) -> str:
+    """A lesson's blurb as HTML: links, emphasis and code rendered, no paragraph around it."""
+    import mistune
+
+    return mistune.html(text).strip().removeprefix("<p>").removesuffix("</p>")
+
+
 def nav(pages: list[tuple[str, str]], guide: bool) -> str:
     """Links to every page, each named by its number (01, 04a, ...) with its title on hover."""
     links = ['<a href="index.html">Course</a>']
@@ -204,6 +225,7 @@ def build(out: Path, names: list[str] | None = None, readme: Path | None = None)
     out.mkdir(parents=True, exist_ok=True)
     books = [(p, nbformat.read(p, as_version=4)) for p in paths]
     titles = [(page_name(p), title_and_blurb(nb)[0] or p.stem) for p, nb in books]
+    built = {name for name, _ in titles}
     site_nav = nav(titles, readme.exists())
     warnings, items = [], []
     for path, nb in books:
@@ -212,10 +234,10 @@ def build(out: Path, names: list[str] | None = None, readme: Path | None = None)
         warnings += [f"{path.name}: {w}" for w in freeze_widgets(nb)]
         body, _ = exporter().from_notebook_node(
             nb, resources={"site_nav": site_nav, "metadata": {"name": path.stem}})
-        (out / page_name(path)).write_text(body)
+        (out / page_name(path)).write_text(link_pages(body, built))
         title, blurb = title_and_blurb(nb)
         items.append(f'<li><a href="{page_name(path)}">{html.escape(title or path.stem)}</a>'
-                     f'<div class="blurb">{html.escape(blurb)}</div></li>')
+                     f'<div class="blurb">{link_pages(markdown_inline(blurb), built)}</div></li>')
     extra = ""
     if readme.exists():
         (out / "instructor-guide.html").write_text(guide_page(readme))

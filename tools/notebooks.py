@@ -69,7 +69,9 @@ def build(names: list[str]) -> None:
 
 if __name__ == "__main__":
     command, *rest = sys.argv[1:] or ["check"]
-    if command == "build":
+    if command in ("-h", "--help"):
+        print(__doc__)
+    elif command == "build":
         build(rest)
     elif command == "check":
         problems = differences()

@@ -1,17 +1,20 @@
 """PyTorch's own context parallelism on the same inputs: the reference ours is measured against.
 
-What it teaches: PyTorch ships ring attention as
+What it teaches: PyTorch ships context parallelism as
 ``torch.distributed.tensor.experimental.context_parallel(mesh, buffers=..., buffer_seq_dims=...)``:
 inside the ``with`` block the buffers are sharded along the sequence (its own load-balanced
-split under a causal mask) and ``scaled_dot_product_attention`` is dispatched to a ring over
-the mesh. It implements the ring for the flash, memory-efficient and cuDNN attention kernels
-only. On CPU ranks SDPA picks the CPU flash kernel, for which no sharding rule is
-registered, so it stops with ``NotImplementedError`` (torch 2.13); ``torch_ring_attention``
-reports that error in words instead of raising, and the one-process SDPA stays the reference.
+split under a causal mask) and ``scaled_dot_product_attention`` is dispatched to its CP
+attention over the mesh, which all-gathers K and V by default (``_attention.py``:
+``rotate_method: _RotateMethod = _RotateMethod.ALL_GATHER``; ``set_rotate_method("alltoall")``
+rotates them rank to rank, as a ring does). It implements CP attention for the flash,
+memory-efficient and cuDNN attention kernels only. On CPU ranks SDPA picks the CPU flash
+kernel, for which no sharding rule is registered, so it stops with ``NotImplementedError``
+(torch 2.13); ``torch_ring_attention`` reports that error in words instead of raising, and
+the one-process SDPA stays the reference.
 
 Laptop:  ``python -c "import lessonlib as L; from lessonlib.context_parallel import torch_ref; \\
           print(L.launch(torch_ref.demo, 2)[0])"``
-GPU box: the same script on one GPU per rank runs PyTorch's ring (NCCL).
+GPU box: the same script on one GPU per rank runs PyTorch's CP attention (NCCL).
 """
 from __future__ import annotations
 

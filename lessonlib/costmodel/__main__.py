@@ -152,15 +152,15 @@ def _layout(args):
         if args.gpus is None:
             d = 1
         elif args.gpus % (t * p):
-            raise ValueError(f"gpus={args.gpus} is not divisible by t*p = {t}*{p} = {t * p}; "
-                             f"use a multiple of {t * p}, or change t or p")
+            raise ValueError(f"gpus={args.gpus} is not divisible by t*c*p = {args.t}*{args.c}*"
+                             f"{p} = {t * p}; use a multiple of {t * p}, or change t, c or p")
         else:
             d = args.gpus // (t * p)
     if args.gpus is not None and t * p * d != args.gpus:
         hint = (f"use d={args.gpus // (t * p)}" if args.gpus % (t * p) == 0
                 else f"use gpus={t * p * d}")
-        raise ValueError(f"t*c*p*d = {t}*{p}*{d} = {t * p * d} does not match gpus={args.gpus}; "
-                         f"{hint}")
+        raise ValueError(f"t*c*p*d = {args.t}*{args.c}*{p}*{d} = {t * p * d} does not match "
+                         f"gpus={args.gpus}; {hint}")
     if args.global_batch is None and args.m is None:
         raise ValueError("global-batch is not set: give --global-batch B (sequences per step) "
                          "or --m (micro-batches per step)")

@@ -12,8 +12,9 @@ toggles one technique at a time from the given layout:
 * async TP: SP's collectives exposed against split into t pieces (t > 1; SP turned on);
 * FSDP prefetch: ZeRO-3's weight all-gathers exposed against hidden behind the compute;
 * DualPipe: 1F1B with the expert all-to-alls exposed against DualPipe, whose two directions
-  hide them behind each other's compute (an MoE model with e > 1 and an even p); its bubble
-  differs too, and the row says so.
+  hide them behind each other's compute; its bubble differs too, and the row says so.
+  DualPipe needs only an even p; the row is priced for an MoE model with e > 1, since the
+  all-to-alls are the gain this model counts.
 
 A technique the job cannot use is left out and named in ``skipped`` with the reason.
 
@@ -78,12 +79,15 @@ def _pairs(model, lay, gpu, fp8_scaling):
                replace(lay, overlap_comm=False), replace(lay, overlap_comm=True))
     else:
         yield "FSDP prefetch", "no FSDP (zero_stage=3 over d > 1) in this layout"
-    if lay.e > 1 and lay.p % 2 == 0 and lay.v == 1:
+    if lay.p < 2 or lay.p % 2:
+        yield "DualPipe", f"p = {lay.p}: DualPipe schedules an even number of stages, p >= 2"
+    elif lay.e > 1 and lay.v == 1:
         yield ("DualPipe", "the expert all-to-alls behind the other direction's compute "
                "(and its own bubble)", replace(lay, schedule="1f1b", overlap_comm=False),
                replace(lay, schedule="dualpipe"))
-    else:
-        yield "DualPipe", "needs expert parallelism (e > 1) and an even p, v = 1"
+    else:      # DualPipe itself needs no expert parallelism (DeepSeek-V3 §3.2.1)
+        yield "DualPipe", "the cost model prices DualPipe's gain only as hidden expert " \
+                          "all-to-alls (e > 1, v = 1)"
 
 
 def overlap_and_precision_gains(model, layout, cluster, fp8_scaling="tensorwise"):

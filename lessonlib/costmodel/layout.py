@@ -31,7 +31,7 @@ experts on at most that many servers, 4 for DeepSeek-V3, §2.1.2). ``kernels``: 
 ``kernels.py``); ``recompute="op"``: torchtitan's op-level selective checkpointing;
 ``recompute="norm-up"``: DeepSeek-V3's (norms, MLA up-projections and SwiGLU's output
 rebuilt in the backward, §3.2.3, §3.3.4); ``comm_sm_share``: the share of SMs given to
-communication kernels, which compute nothing (DeepSeek-V3 §3.2.2: 20 of the H800's 132).
+communication kernels, which compute nothing (DeepSeek-V3 §3.5.1: "20 out of the 132 SMs").
 
 Rank order, innermost first: tp, cp, (ep), dp, pp, Megatron-Core's. The estimate places the
 CP ring inside a server when t*c <= GPUs per server and the EP all-to-all inside one when
@@ -57,10 +57,12 @@ from .model import MAX, divisors
 
 
 # How context parallelism brings each rank the keys and values of the other c-1: a ring of
-# blocks hidden behind attention (Liu et al. 2023; torchtitan, Megatron-Core's p2p), one
-# all-gather of the GQA-sized K and V, exposed (Llama 3 §3.3.2), or Ulysses' all-to-alls
-# from sequence shards to head shards and back, exposed, c dividing the (KV) heads of a
-# tensor-parallel rank (Jacobs et al. 2023; Megatron-Core's a2a).
+# blocks hidden behind attention (Liu et al. 2023; Megatron-Core's default, p2p), one
+# all-gather of the GQA-sized K and V, exposed (Llama 3 §3.3.2; PyTorch's context_parallel,
+# and so torchtitan, by default: "The default value is 'allgather'", torchtitan's
+# job_config.py), or Ulysses' all-to-alls from sequence shards to head shards and back,
+# exposed, c dividing the (KV) heads of a tensor-parallel rank (Jacobs et al. 2023;
+# Megatron-Core's a2a).
 CP_COMM = ("ring", "allgather", "ulysses")
 # Bytes per gradient element: bf16, or fp32 accumulation (BLOOM's BF16 optimizer; Megatron's
 # --accumulate-allreduce-grads-in-fp32); the same for Adam's two moments (bf16: DeepSeek-V3).
@@ -190,10 +192,13 @@ class Layout:
                              f"of the t={self.t} ranks (heads={model.a}, kv_heads={kv_heads}): "
                              f"t*c must divide both; use a smaller c or cp_comm 'ring' or "
                              f"'allgather'")
-        if self.e > 1 and (model.moe is None or model.moe.E % self.e):
-            raise ValueError(f"e={self.e} needs an MoE model whose experts it divides "
-                             f"(model={model.name!r}: "
-                             f"{'E=' + str(model.moe.E) if model.moe else 'dense'}); use e=1")
+        if self.e > 1 and model.moe is None:
+            raise ValueError(f"e={self.e} needs an MoE model (model={model.name!r} is dense, "
+                             f"no experts to split); use e=1")
+        if self.e > 1 and model.moe.E % self.e:
+            ok = [e for e in divisors(model.moe.E) if self.d % e == 0]
+            raise ValueError(f"e={self.e} must divide the experts of model={model.name!r} "
+                             f"(E={model.moe.E}); use one of {ok} (each divides E and d={self.d})")
         if self.p > model.L:
             raise ValueError(f"p={self.p} exceeds layers={model.L}: every stage needs a "
                              f"layer; use p <= {model.L}")

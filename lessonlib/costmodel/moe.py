@@ -10,7 +10,7 @@ all-to-alls per MoE layer and micro-batch (dispatch and return, forward and back
 rank sending the (e-1)/e of its b s k routed token vectors that live elsewhere.
 
 The presets are built from the published shapes and checked (tests) against the published
-totals: Mixtral 8x7B (Jiang et al. 2024: 46.7 B total, 12.9 B active) and DeepSeek-V3
+totals: Mixtral 8x7B (Jiang et al. 2024, abstract: 47B total, 13B active) and DeepSeek-V3
 (DeepSeek-AI 2024: 671 B total, 37 B active; 3 dense layers then 58 MoE layers of 256 routed
 experts and 1 shared, top-8, multi-head latent attention). ``moe-1T`` is DeepSeek-V3's shape
 with 384 routed experts: 1.0 T parameters, still 37 B active.
@@ -231,7 +231,8 @@ MOE_MODELS = {
     "moe-1T": _deepseek("moe-1T", 384),
 }
 
-PUBLISHED = {"mixtral-8x7B": (46.7e9, 12.9e9), "deepseek-v3": (671e9, 37e9)}
+# As the papers state them, to the billion (Mixtral's abstract; DeepSeek-V3's §1, Table 1).
+PUBLISHED = {"mixtral-8x7B": (47e9, 13e9), "deepseek-v3": (671e9, 37e9)}
 
 
 def describe(m: MoEModel) -> str:

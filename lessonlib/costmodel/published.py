@@ -7,7 +7,8 @@ against published with the error, and, where the team's FLOP count differs from 
 the course's MFU beside the team's (never a TFLOP/s of one kind beside a figure of the
 other). ``versus_planner(run)`` and ``explain_versus_planner(run)`` set a published layout
 against the planner's best and say whether what separates them is real or a gap of the
-model. The rows, their sources and the readings each needed are in ``record.py``.
+model; ``versus_table(comparisons)`` lines several of them up, three lines each. The rows,
+their sources and the readings each needed are in ``record.py``.
 
 Run ``python -m lessonlib.costmodel --published``.
 """
@@ -135,6 +136,23 @@ def versus_planner(run):
                     for k in set(mine.time) | set(best.time)), key=lambda kv: -abs(kv[1]))
     return {"run": run, "published": mine, "best": best,
             "ratio": mine.step_time_s / best.step_time_s, "parts": parts}
+
+
+def versus_table(comparisons) -> str:
+    """Several ``versus_planner`` results, three lines each: the ratio of the steps and the
+    largest part that separates them, then each layout with its step and memory."""
+    lines = []
+    for r in comparisons:
+        mine, best = r["published"], r["best"]
+        part, seconds = r["parts"][0]
+        lines.append(f"{r['run'].source}\n  published / best = {r['ratio']:.2f}; the largest "
+                     f"difference: {part} {seconds:+.2f} s")
+        for who, est, tail in (("published", mine, ""), ("best", best,
+                                                          f" ({best.layout.schedule})")):
+            memory = f"{est.memory.total / 1e9:.0f} GB" + ("" if est.fits else ", over memory")
+            lines.append(f"  {who:<9} {est.layout.describe()}{tail} -> "
+                         f"{est.step_time_s:.2f} s, {memory}")
+    return "\n".join(lines)
 
 
 # Whether a cost that separates a published layout from the planner's best is real, or a

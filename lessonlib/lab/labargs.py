@@ -91,12 +91,13 @@ def check_positive(p: argparse.ArgumentParser, args, *names: str) -> None:
 
 
 def check_threads(p: argparse.ArgumentParser, args) -> None:
-    """``--threads``: a positive count, at most this machine's cores (more only take turns)."""
+    """``--threads``: a positive count, at most the cores this process may use (a container's
+    quota counted; more only take turns)."""
     check_positive(p, args, "threads")
-    cores = os.cpu_count() or 1
+    cores = checks.cores()
     if args.threads > cores:
-        p.error(f"--threads {args.threads} is more than this machine's {cores} cores, where "
-                f"threads only take turns; give at most {cores}, e.g. 1")
+        p.error(f"--threads {args.threads} is more than the {cores} cores this process may "
+                f"use, where threads only take turns; give at most {cores}, e.g. 1")
 
 
 def check_number(p: argparse.ArgumentParser, args, *names: str, example: str = "0.001") -> None:

@@ -12,9 +12,11 @@ GPU box: the same.
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import sys
+from pathlib import Path
 
 import cloudpickle
 import torch
@@ -26,13 +28,42 @@ RANKS_PER_CORE = 8  # beyond this a CPU box only thrashes; each rank is an inter
 # gloo counts a timeout in nanoseconds in 64 bits (292 years); 10 million seconds (116 days)
 # is far beyond any lesson and far inside every limit.
 MAX_TIMEOUT_S = 1e7
+CGROUP = Path("/sys/fs/cgroup")   # where Linux mounts the cgroup hierarchy
 
 
-def cores() -> int:
-    """CPU cores this process may run on (a container or taskset may allow fewer than exist)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+def cores(cgroup: Path | None = None) -> int:
+    """CPU cores this process may use: those it may run on (a taskset or a container's cpuset
+    may allow fewer than exist), and no more than a container's CPU quota, rounded down, at
+    least 1. Docker's ``--cpus=2`` or a Kubernetes limit of 2 CPUs leaves every host core in
+    the affinity mask and sets a quota instead: without it, 2 CPUs of time would be shared by
+    as many threads as the host has cores."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    allowed = allowed or os.cpu_count() or 1
+    quota = cpu_quota(CGROUP if cgroup is None else cgroup)
+    return max(1, min(allowed, math.floor(quota))) if quota is not None else allowed
+
+
+def cpu_quota(cgroup: Path) -> float | None:
+    """CPUs of time a container's cgroup allows per period, or None when it sets no quota:
+    cgroup v2's ``cpu.max`` ("200000 100000" is 2 CPUs, "max 100000" none), or v1's
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` (-1: none). ``cgroup`` is where the
+    hierarchy is mounted (``CGROUP``); inside a container it is the container's own."""
+    v2 = cgroup / "cpu.max"
+    v1 = [cgroup / name for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu")]
+    try:
+        if v2.is_file():
+            quota, period = v2.read_text().split()[:2]
+        else:
+            folder = next((f for f in v1 if (f / "cpu.cfs_quota_us").is_file()), None)
+            if folder is None:
+                return None
+            quota = (folder / "cpu.cfs_quota_us").read_text().strip()
+            period = (folder / "cpu.cfs_period_us").read_text().strip()
+        if quota in ("max", "-1") or int(period) <= 0:
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError):      # unreadable or unexpected: no quota known
+        return None
 
 
 def check_launch(world_size, timeout, backend: str, oversubscribe: bool,

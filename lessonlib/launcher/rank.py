@@ -110,8 +110,7 @@ def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, envir
     try:
         fn, args, kwargs = pickle.loads(payload)  # imports the worker's module, fresh from disk
         if backend == "gloo":
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world_size)
-                                  if hasattr(os, "sched_getaffinity") else 1)
+            torch.set_num_threads(max(1, checks.cores() // world_size))
         device.bind_device(backend)
         store = dist.FileStore(str(Path(workdir) / "store"), world_size)
         # lazy mode on purpose: no device_id, so NCCL makes each communicator at its first

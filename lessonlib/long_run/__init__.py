@@ -12,7 +12,10 @@ each file one idea:
   each shard's size and SHA-256 commits them, and ``load`` proves each file is the one saved;
 * ``checkpoint_folder``: the files a checkpoint folder holds, by name: the only ones the
   course ever deletes (shards without a manifest are set aside, never deleted);
+* ``folder_lock``: one run per checkpoint folder (a second one is refused, naming the first);
 * ``checkpoint_manifest``: a manifest read as a validated record, each field's type and range;
+* ``restart``: what a run in a used folder does first: an interrupted save completed or set
+  aside, the checkpoint to resume from chosen and its settings compared;
 * ``shard_map``: where every number a rank holds sits in the full model, on any layout,
   ZeRO-1 and FSDP included;
 * ``reshard``: resume on another layout, one old shard and one slice at a time.
@@ -23,6 +26,7 @@ each file one idea:
 Laptop:  the two lines above, or ``python labs/train.py --world-size 2``
 GPU box: ``torchrun --nproc-per-node 8 --max-restarts 3 labs/train.py --layout t2p2d2``
 """
-from lessonlib.long_run.training import SMALL, Diverged, plan, resume_point, run, summary, train
+from lessonlib.long_run.training import (SMALL, Diverged, plan, recover, resume_point, run,
+                                        summary, train)
 
-__all__ = ["SMALL", "Diverged", "plan", "resume_point", "run", "summary", "train"]
+__all__ = ["SMALL", "Diverged", "plan", "recover", "resume_point", "run", "summary", "train"]

@@ -23,9 +23,9 @@ torch.distributed.checkpoint save the same way as this module, on a smaller scal
 
 A folder holds ``step_00000040/rank_00001.pt``, ``step_00000040/manifest.json`` and
 ``latest`` (the newest complete step's name, for people; ``latest()`` trusts only the
-manifests). The manifest records what the shards only fit: world size,
-layout, model, batch, optimizer. ``check_resume`` compares it with the new run's settings
-before any process starts and names every setting that differs.
+manifests). The manifest records what the shards only fit: world size, layout, model, batch,
+optimizer. ``restart.check_resume`` compares it with the new run's settings before any
+process starts and names every setting that differs.
 
 Laptop:  ``python labs/train.py --world-size 2 --checkpoint-dir results/ckpt``; stop it
          (Ctrl-C or kill) and run the same command again: it resumes.
@@ -46,13 +46,16 @@ import torch.distributed as dist
 from lessonlib import comm, device
 from lessonlib.long_run import checkpoint_manifest
 # The folder's names, its check and its deletions live beside.
-from lessonlib.long_run.checkpoint_folder import (LATEST, MANIFEST, held_ahead, held_shards,
-                                                  remove_step, remove_temporaries, shard_path,
-                                                  step_dir, steps)
+from lessonlib.long_run.checkpoint_folder import (LATEST, MANIFEST, held_shards, remove_step,
+                                                  shard_path, step_dir, steps)
 
 
 class CheckpointError(RuntimeError):
     """A shard that is not the file its manifest describes."""
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint could not be written (a full disk, say); the earlier ones are intact."""
 
 
 def _record(data) -> dict:
@@ -68,13 +71,28 @@ def file_sha256(path: Path) -> str:
 
 
 def _atomic_write(path: Path, data) -> None:
-    """Write ``data`` to a temporary sibling, flush it to disk, rename it into place."""
+    """Write ``data`` to a temporary sibling, flush it to disk, rename it into place. A write
+    that fails removes its own temporary file (named by this process's id) and, if the file
+    system refused it (a full disk), raises ``SaveFailed`` in one line."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _not_written(path, exc) from None
+        raise
+
+
+def _not_written(path: Path, exc: OSError) -> SaveFailed:
+    return SaveFailed(f"{path} could not be written ({exc.strerror or exc}); the checkpoints "
+                      f"saved before it are intact. Free space there (or give the checkpoints "
+                      f"another folder) and run the same command again: it resumes from the "
+                      f"newest")
 
 
 # ---------------------------------------------------------------- writing (rank side)
@@ -82,7 +100,10 @@ def write_shard(directory, step: int, rank: int, state: dict) -> dict:
     """Write this rank's ``state`` (tensors, numbers, lists, dicts) for ``step``; return
     the file's size and SHA-256, hashed from the bytes written (not read back)."""
     path = shard_path(directory, step, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _not_written(path.parent, exc) from None
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getbuffer()
@@ -119,31 +140,33 @@ def commit(directory, step: int, world_size: int, meta: dict, keep: int = 2,
     problem = verify(folder, hashes=False)[1]
     if problem:                       # never prune on the word of a checkpoint that is not there
         raise CheckpointError(f"the checkpoint just written does not match its manifest: {problem}")
-    _atomic_write(Path(directory) / LATEST, folder.name.encode())
+    point_latest(directory, folder)
     _prune(directory, step, keep)
     return folder
 
 
+def point_latest(directory, folder) -> None:
+    """Write the step folder's name into ``latest`` (for people; ``latest()`` reads manifests)."""
+    _atomic_write(Path(directory) / LATEST, Path(folder).name.encode())
+
+
 def _prune(directory, step: int, keep: int) -> None:
-    """Keep the newest ``keep`` verified checkpoints, ``step`` (just written) among them.
-    Only a folder with a manifest is ever removed: one without may hold the only copy of
-    good shards. Folders after ``step`` come from a run this one resumed before (it resumed
-    from an older one because they were damaged or unverified) and are being rewritten; an
-    older damaged or unverified one never counts, so it never pushes out a verified one."""
+    """Keep the newest ``keep`` verified checkpoints, ``step`` (just written) among them,
+    removing only older ones: the checkpoints this run continues. A newer folder was written
+    by another run (``restart.recover`` sets those aside before a run starts), and a folder
+    without a manifest may hold the only copy of good shards: neither is ever removed. An older
+    damaged or unverified one never counts, so it never pushes out a verified one."""
     older = []
     for s in steps(directory):
         folder = step_dir(directory, s)
-        if s == step or not (folder / MANIFEST).exists():
+        if s >= step or not (folder / MANIFEST).exists():
             continue
-        if s > step or verify(folder, hashes=False)[0] is None:
+        if verify(folder, hashes=False)[0] is None:
             remove_step(folder)
         else:
             older.append(folder)
     for folder in older[:max(0, len(older) - (keep - 1))]:
         remove_step(folder)
-    # Every rank has renamed its shard into place (the all-gather came after): any temporary
-    # file left is from a save killed mid-write.
-    remove_temporaries(directory)
 
 
 def save(directory, step: int, state: dict, meta: dict, keep: int = 2) -> None:
@@ -158,13 +181,14 @@ def save(directory, step: int, state: dict, meta: dict, keep: int = 2) -> None:
 
 
 # ---------------------------------------------------------------- reading
-def verify(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
+def verify(folder, hashes: bool = True, path=None) -> tuple[dict | None, str | None]:
     """``(manifest, None)`` if the checkpoint in ``folder`` is intact and verified, else
     ``(None, what is wrong)``: no manifest ("incomplete"), an unreadable or damaged one (a
     field of the wrong kind: ``checkpoint_manifest``), a shard without a hash or not listed,
-    a shard not as listed. ``hashes=False``: sizes only. Pure."""
+    a shard not as listed. ``hashes=False``: sizes only; ``path``: verify against that
+    manifest file (a temporary one) instead. Pure."""
     folder = Path(folder)
-    path = folder / MANIFEST
+    path = folder / MANIFEST if path is None else Path(path)
     if not path.exists():
         held = held_shards(folder)
         if held:
@@ -173,7 +197,7 @@ def verify(folder, hashes: bool = True) -> tuple[dict | None, str | None]:
                           f"(incomplete)")
         return None, f"{folder} has no {MANIFEST}: a save was interrupted (incomplete)"
     try:
-        manifest = checkpoint_manifest.parse(folder)
+        manifest = checkpoint_manifest.parse(folder, path)
     except ValueError as exc:
         return None, str(exc)
     shards, problem = checkpoint_manifest.records(manifest, path)
@@ -222,44 +246,6 @@ def at_step(directory, step: int) -> dict:
     if manifest is None:
         raise CheckpointError(problem)
     return {**manifest, "path": str(step_dir(directory, step)), "damaged": []}
-
-
-def check_resume(directory, world_size: int, meta: dict, may_differ: tuple[str, ...] = (),
-                 check=None) -> dict | None:
-    """Caller side, before launching: the checkpoint a run with these settings would resume
-    from, or None for a fresh start. Raise ValueError naming every setting that differs
-    (except those in ``may_differ``), or if no checkpoint in the folder is verified (only
-    interrupted saves: a fresh start). ``check`` as for ``scan``. A newer step folder that
-    holds a whole world's shards without a manifest (``held_shards``) is refused too: the
-    run would write that step again over shards that may be the only copy."""
-    found, problems = scan(directory, check)
-    ahead = held_ahead(directory, world_size, found)
-    if ahead:
-        folder = ahead[0]
-        raise ValueError(
-            f"{folder} holds the shards of ranks 0-{held_shards(folder)[-1]} but no "
-            f"{MANIFEST}, so they cannot be verified, and this run would write that step "
-            f"over them; nothing was changed. Move that folder away, or set it aside "
-            f"(labs/train.py --set-aside renames it to {folder.name}.unverified; nothing "
-            f"is deleted)")
-    if found is None:
-        damaged = [p for p in problems if "(incomplete)" not in p]
-        if damaged:
-            raise ValueError(f"no intact checkpoint in {directory} to resume from: "
-                             + "; ".join(damaged) + "; move the folder away to start afresh")
-        return None
-    wanted = {"world_size": world_size, **meta}
-    saved = {"world_size": found["world_size"], **found["meta"]}
-    differ = [f"{k}: checkpoint {saved.get(k)!r}, this run {wanted.get(k)!r}"
-              for k in sorted(set(saved) | set(wanted))
-              if saved.get(k) != wanted.get(k) and k not in may_differ]
-    if differ:
-        raise ValueError(
-            f"the checkpoint in {found['path']} (step {found['step']}) was written by a run "
-            f"with other settings; its shards only fit that run:\n  " + "\n  ".join(differ)
-            + f"\nresume with the checkpoint's settings, or start afresh in a new folder "
-              f"(or delete {directory})")
-    return {**found, "damaged": problems}
 
 
 def load(folder, rank: int, map_location=None, manifest: dict | None = None) -> dict:

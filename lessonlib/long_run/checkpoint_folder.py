@@ -9,6 +9,7 @@ nothing else:
     step_00000040/manifest.json    the checkpoint's commit record
     step_00000040/.rank_00001.pt.tmp1234, .latest.tmp1234   a save killed mid-write
     latest                         the name of the newest complete step
+    run.lock                       the process id of the run that holds the folder
     step_00000040.unverified/      shards without a manifest, set aside (never deleted)
 
 ``clear`` (what ``labs/train.py --fresh`` does) refuses a folder that holds anything else,
@@ -20,8 +21,10 @@ A step folder whose shards are all there (``rank_00000.pt`` on, no save in progr
 whose manifest is not may hold the only copy of good weights: the manifest was lost, or the
 save was killed between the last shard and the manifest. Nothing proves those shards good,
 and nothing proves them bad, so they are never deleted, overwritten or pruned: ``set_aside``
-renames the folder to ``step_00000040.unverified`` when a person asks for it, and ``clear``
-does the same instead of deleting it.
+renames the folder to ``step_00000040.unverified`` (the next run does so by itself, see
+``restart.recover``), and ``clear`` does the same instead of deleting it. A run deletes
+only what it wrote: its own temporary file of a write that failed, and the checkpoints older
+than the one it just saved (``folder_lock`` makes it the folder's only writer).
 
 Laptop:  ``python labs/train.py --world-size 2 --checkpoint-dir results/ckpt --fresh``
 GPU box: the same under torchrun; rank 0 alone deletes.
@@ -35,10 +38,11 @@ from pathlib import Path
 from lessonlib import writable
 
 LATEST = "latest"
+LOCK = "run.lock"
 MANIFEST = "manifest.json"
 _STEP = re.compile(r"step_\d{8}")
 _IN_STEP = re.compile(r"rank_\d{5}\.pt|manifest\.json|\.(rank_\d{5}\.pt|manifest\.json)\.tmp\d+")
-_TOP = re.compile(r"latest|\.latest\.tmp\d+")
+_TOP = re.compile(r"latest|\.latest\.tmp\d+|run\.lock")
 _SET_ASIDE = re.compile(r"step_\d{8}\.unverified\d*")
 _SHARD = re.compile(r"rank_(\d{5})\.pt")
 
@@ -145,26 +149,19 @@ def set_aside(folder) -> Path:
     raise ValueError(f"{folder}: 999 folders are already set aside beside it; move them away")
 
 
-def remove_step(folder) -> None:
-    """Delete a step folder's own files, and the folder once nothing else is left in it."""
+def remove_step(folder, temporaries: bool = False) -> None:
+    """Delete a step folder's shards and manifest (with ``temporaries``, its temporary files
+    too), and the folder once nothing else is left in it."""
     folder = Path(folder)
     if not folder.is_dir() or folder.is_symlink():
         return
     for path in folder.iterdir():
-        if _ours_in_step(path):
+        if _ours_in_step(path) and (temporaries or not path.name.startswith(".")):
             path.unlink(missing_ok=True)
     try:
         folder.rmdir()
     except OSError:         # a file the course did not write is still in it: keep both
         pass
-
-
-def remove_temporaries(directory) -> None:
-    """Delete the temporary files of saves killed mid-write (only the course's own names)."""
-    folder = Path(directory)
-    for path in [*folder.glob(".latest.tmp*"), *folder.glob("step_*/.*.tmp*")]:
-        if _TOP.fullmatch(path.name) or _ours_in_step(path):
-            path.unlink(missing_ok=True)
 
 
 def clear(directory, setting: str = "checkpoint_dir") -> None:
@@ -185,7 +182,7 @@ def clear(directory, setting: str = "checkpoint_dir") -> None:
         if held_shards(step_dir(folder, step)):
             set_aside(step_dir(folder, step))
         else:
-            remove_step(step_dir(folder, step))
+            remove_step(step_dir(folder, step), temporaries=True)
     for path in folder.iterdir():
-        if _TOP.fullmatch(path.name):
+        if _TOP.fullmatch(path.name) and path.name != LOCK:    # the lock stays its holder's
             path.unlink(missing_ok=True)

@@ -31,11 +31,12 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def parse(folder) -> dict:
-    """The manifest of the step folder ``folder``, every field checked; ValueError naming the
-    file and the field (one line) if it cannot be read or a field is of the wrong kind."""
+def parse(folder, path=None) -> dict:
+    """The manifest of the step folder ``folder`` (or the file ``path`` in it: a temporary
+    manifest), every field checked; ValueError naming the file and the field (one line) if
+    it cannot be read or a field is of the wrong kind."""
     folder = Path(folder)
-    path = folder / MANIFEST
+    path = folder / MANIFEST if path is None else Path(path)
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

@@ -50,7 +50,7 @@ from lessonlib.hybrid_axes.runs import step_losses
 from lessonlib.hybrid_axes.trainer import HybridTrainer
 from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.lab import labkit
-from lessonlib.long_run import checkpoint, checkpoint_folder, reshard
+from lessonlib.long_run import checkpoint, checkpoint_folder, folder_lock, reshard, restart
 from lessonlib.long_run.shard_map import Layout
 from lessonlib.models import LONG_RUN, GPTConfig, TinyGPT
 
@@ -64,11 +64,14 @@ class Diverged(RuntimeError):
     """The loss (or a weight) is no longer a finite number."""
 
 
-def default_layout(world: int, cfg: GPTConfig) -> tuple[int, int, int]:
-    """As many pipeline stages as the world and the layers allow, then TP, then DP."""
-    p = max(k for k in range(1, min(world, cfg.layers) + 1) if world % k == 0)
-    t = max(k for k in range(1, world // p + 1)
-            if (world // p) % k == 0 and cfg.heads % k == 0)
+def default_layout(world: int, cfg: GPTConfig, ep: int = 1) -> tuple[int, int, int]:
+    """As many pipeline stages as the world and the layers allow, then TP, then DP, keeping
+    d a multiple of ``ep`` (the expert-parallel groups lie inside d) when ``ep`` divides the
+    world: t*p then divides world/ep."""
+    room = world // ep if world % ep == 0 else world
+    p = max(k for k in range(1, min(room, cfg.layers) + 1) if room % k == 0)
+    t = max(k for k in range(1, room // p + 1)
+            if (room // p) % k == 0 and cfg.heads % k == 0)
     return t, p, world // (t * p)
 
 
@@ -96,7 +99,7 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
     if world_size % cp:
         raise ValueError(f"cp={cp} must divide world_size={world_size} (c ranks share each "
                          f"sequence)")
-    t, p, d = parse_layout(layout) if layout else default_layout(world_size // cp, cfg)
+    t, p, d = parse_layout(layout) if layout else default_layout(world_size // cp, cfg, ep)
     check_grid(world_size, d, p, t, cp=cp, ep=ep)
     check_3d_layout(cfg, d, p, t, global_batch, m)
     # What the shards depend on; the step count and checkpoint cadence may change on resume.
@@ -254,31 +257,43 @@ def summary(ranks: list[dict], settings: dict, resume: dict | None) -> dict:
             "param_count_per_rank": [r["param_count"] for r in ranks]}
 
 
-def resume_point(settings: dict) -> dict | None:
+def resume_point(settings: dict, flags: dict | None = None) -> dict | None:
     """Caller side, before any process: the manifest of the newest intact checkpoint to
     resume from (its ``damaged`` lists the newer ones skipped), or None. ValueError if it
     was written by other settings (another layout, world size or m is resharded, not
-    refused), if every checkpoint is damaged, or if it is already past ``steps``."""
-    resume = checkpoint.check_resume(settings["checkpoint_dir"], settings["world_size"],
-                                     settings["meta"], may_differ=RESHARDABLE,
-                                     check=reshard.mismatch)
+    refused; ``flags``, {setting: a lab's flag}, says what to pass), if every checkpoint is
+    damaged, or if it is already past ``steps``."""
+    resume = restart.check_resume(settings["checkpoint_dir"], settings["world_size"],
+                                  settings["meta"], may_differ=RESHARDABLE,
+                                  check=reshard.mismatch, flags=flags)
     if resume and resume["step"] > settings["steps"]:
         raise ValueError(f"steps={settings['steps']}: the checkpoint in {resume['path']} is "
                          f"already at step {resume['step']}; use steps >= {resume['step']}")
     return resume
 
 
+def recover(settings: dict) -> list[str]:
+    """Caller side, holding the folder (``folder_lock.hold``), before ``resume_point``: an
+    interrupted save completed, or set aside with every step folder after the newest
+    verified checkpoint (``restart.recover``); one line per thing done."""
+    return restart.recover(settings["checkpoint_dir"], check=reshard.mismatch)
+
+
 def run(settings: dict, timeout: float = 600, fail_at: tuple[int, int] | None = None,
         backend: str = "auto") -> dict:
-    """Caller side: resume from the newest complete checkpoint in the folder (refused with a
-    ValueError if it was written by other settings) or start at step 0; launch; summarize.
-    A failing rank raises ``RankError`` here; the checkpoints written so far stay."""
+    """Caller side, holding the folder for the run (a second run in it is refused, naming
+    this one's process): finish an interrupted save (``recover``), resume from the newest
+    complete checkpoint in the folder (refused with a ValueError if it was written by other
+    settings) or start at step 0; launch; summarize. A failing rank raises ``RankError``
+    here; the checkpoints written so far stay."""
     from lessonlib.launcher import launch
 
     if fail_at is not None and not 0 <= fail_at[0] < settings["world_size"]:
         raise ValueError(f"fail_at={fail_at}: rank {fail_at[0]} is not in a world of "
                          f"{settings['world_size']} ranks")
-    resume = resume_point(settings)
-    ranks = launch(train, settings["world_size"], settings, resume, fail_at=fail_at,
-                   backend=backend, timeout=timeout)
-    return summary(ranks, settings, resume)
+    with folder_lock.hold(settings["checkpoint_dir"]):
+        recovered = recover(settings)
+        resume = resume_point(settings)
+        ranks = launch(train, settings["world_size"], settings, resume, fail_at=fail_at,
+                       backend=backend, timeout=timeout)
+    return {**summary(ranks, settings, resume), "recovered": recovered}

@@ -16,10 +16,11 @@ of the block (the block's largest |value| lands on the format's largest):
 * **tensorwise**: one block, the whole matrix (torchao's default recipe);
 * **rowwise**: one scale per row of A and per column of B, i.e. per output row and column
   (torchao's rowwise recipe, e4m3 for all three GEMMs, scales rounded down to powers of 2);
-* **blockwise**: DeepSeek-V3 §3.3: 1 x 128 tiles for activations and gradients (one scale per
-  token per 128 channels), 128 x 128 blocks for weights; ``block`` is a parameter so that tiny
-  tensors can use 1 x 16 and 16 x 16. e4m3 everywhere (DeepSeek-V3 §3.3.2): the fine scales
-  give the gradients the range e5m2 would have bought.
+* **blockwise**: DeepSeek-V3 §3.3.2: 1 x 128 tiles for activations (one scale per token per
+  128 channels), 128 x 128 blocks for weights; the paper does not state the activation
+  gradients' tile, and they get the activations' 1 x 128 here. ``block`` is a parameter so
+  that tiny tensors can use 1 x 16 and 16 x 16. e4m3 everywhere (DeepSeek-V3 §3.3.2): the
+  fine scales give the gradients the range e5m2 would have bought.
 
 ``quantize(x, dtype, block)`` covers all three: ``block = (rows, cols)`` of one scale, the
 whole matrix for tensorwise, ``(1, K)`` for a row. ``Scaled`` keeps the FP8 data with its

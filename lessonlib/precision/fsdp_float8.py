@@ -5,9 +5,11 @@ so FSDP can cast each *shard* before the all-gather and move 1 byte per element 
 (bf16) or 4. The cast must be the same on every rank, or the gathered rows would carry
 different scales: each rank takes the amax of its shard, one all-reduce (MAX) per unit
 agrees on the tensor's amax, and every rank casts its rows with the same tensorwise scale
-(torchao's ``enable_fsdp_float8_all_gather``, tensorwise only, as here). The gathered bytes
-*are* the weight the layer's GEMMs use: they reach the layer attached to the gathered weight
-(``weight.float8``), so nothing is cast twice. The weight the module holds during compute
+(as torchao's ``enable_fsdp_float8_all_gather``, tensorwise only, which all-reduces each
+weight's amax on its own, or every weight's in one call after the optimizer step with
+``precompute_float8_dynamic_scale_for_fsdp``). The gathered bytes *are* the weight the
+layer's GEMMs use: they reach the layer attached to the gathered weight (``weight.float8``),
+so nothing is cast twice. The weight the module holds during compute
 is the dequantized e4m3 weight in the compute dtype, the tensor autograd hands the weight's
 gradient back through, to be reduce-scattered in the compute dtype as before. The rest of a
 unit (LayerNorms, biases, the head) is gathered as before, in a second all-gather.

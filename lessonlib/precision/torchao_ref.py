@@ -10,8 +10,9 @@ and why:
   ``gemm.scaled_mm`` runs the tensorwise case through the rowwise kernel (``gemm``'s
   docstring); the two gradients come out bit-equal.
 * **rowwise**: the same casts (scales rounded down to powers of 2 in both), but torchao
-  rounds each rowwise GEMM's float32 product to bfloat16 (CUDA's rowwise kernel has no
-  float32 output: the note in torchao's ``addmm_float8_unwrapped``) and scales it there;
+  rounds each rowwise GEMM's float32 product to bfloat16 (to "work around torch._scaled_mm
+  not having float32 output type", its ``addmm_float8_unwrapped`` says; which output dtypes
+  CUDA's rowwise kernels offer depends on the GPU and CUDA version) and scales it there;
   ours stays float32. Rounding ours to bfloat16 gives torchao's gradients bit for bit
   (``bf16_rounding_equal``); its output (the forward's fast-accumulating kernel writes
   bfloat16 directly) is within one bfloat16 ulp, 2^-8 of the product, the bias added after.

@@ -93,9 +93,9 @@ def parallelize_block(block: nn.Module, group=None, t: int | None = None,
     """A copy of a ``Block`` whose attention and MLP are split over the group's t ranks;
     the LayerNorms are copied whole (replicated), or with ``sequence_parallel`` run on this
     rank's s/t rows: the block then takes and returns (b, s/t, h), and refuses anything
-    whose length times t is not ``seq`` (default: its model's s, ``block.seq``; under
-    context parallelism the s/c tokens of the c-shard). ``recompute`` carries over from
-    ``block`` and can be set on the copy."""
+    whose length times t is more than ``seq``, a maximum as for the dense block (default:
+    its model's s, ``block.seq``; under context parallelism the s/c tokens of the c-shard).
+    ``recompute`` carries over from ``block`` and can be set on the copy."""
     seq = getattr(block, "seq", None) if seq is None else seq
     if sequence_parallel and seq is None:
         raise ValueError("sequence_parallel=True needs the sequence the t ranks split: pass "

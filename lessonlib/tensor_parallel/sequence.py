@@ -63,15 +63,16 @@ def linear_on_gathered_sequence(x, weight, bias=None, group=None):
 
 
 def check_shard(x, seq: int | None, group=None) -> None:
-    """A sequence-parallel layer takes this rank's s/t rows: fed anything else (the whole
-    sequence, say) it would compute a wrong answer of the right shape, so say so instead."""
+    """A sequence-parallel layer takes this rank's s/t rows, s at most ``seq`` (the model's
+    length is a maximum, as for the dense model): fed more (the whole sequence, say) it would
+    compute a wrong answer of the right shape, so say so instead."""
     t = dist.get_world_size(group)
-    if seq is None or x.dim() < 2 or x.shape[1] * t == seq:
+    if seq is None or x.dim() < 2 or x.shape[1] * t <= seq:
         return
     n = x.shape[1]
     whole = " (the whole sequence?" if n == seq else " ("
     raise ValueError(f"a sequence-parallel layer takes this rank's s/t rows, but got {n} rows: "
-                     f"{n} x t={t} is not the model's sequence s={seq}{whole} feed it "
+                     f"{n} x t={t} is more than the model's sequence s={seq}{whole} feed it "
                      f"split_sequence(x, group) or a SequenceScatter's output)")
 
 

@@ -72,7 +72,8 @@ def memory_wall(model: GPT | str = "gpt3-175B", b: int = 1, recompute: str = "no
 
 def time_wall(params: float = 175e9, tokens: float = 300e9, gpu: str = "V100-SXM2-32GB",
               efficiency: float = 0.3, n_gpus: int = 1, ax=None):
-    """Training days against GPU count (6PD FLOPs at ``efficiency`` x peak), one point marked."""
+    """Training days against GPU count (6PD FLOPs at ``efficiency`` x peak), one point marked;
+    the title states the inputs exactly as used and the marked point's time."""
     rate = GPUS[gpu].peak_flops * efficiency
     flops = training_flops(params, tokens)
     counts = np.logspace(0, 4.5, 60)
@@ -86,10 +87,51 @@ def time_wall(params: float = 175e9, tokens: float = 300e9, gpu: str = "V100-SXM
     ax.text(1.2, 33, "one month", fontsize=8, color="grey")
     ax.set_xlabel("GPUs (perfect scaling)")
     ax.set_ylabel("training days")
-    ax.set_title(f"{params / 1e9:.0f} B parameters, {tokens / 1e9:.0f} B tokens, "
-                 f"{rate / 1e12:.0f} TFLOP/s per GPU", fontsize=10)
+    ax.set_title(f"{params / 1e9:g} B parameters, {tokens / 1e9:g} B tokens, {rate / 1e12:.1f} "
+                 f"TFLOP/s per GPU ({efficiency:.1%} of peak)\n{n_gpus:,} x {gpu}: "
+                 f"{_duration(here)}", fontsize=10)
     ax.legend(fontsize=8)
     return ax
+
+
+def _duration(days: float) -> str:
+    return f"{days / 365.25:,.0f} years" if days >= 2 * 365.25 else f"{days:,.0f} days"
+
+
+def choices(start: float, low: float, high: float, label, steps=(1, 2, 5)) -> list:
+    """(label, value) options from ``low`` to ``high`` on a 1-2-5 grid (``steps`` per decade),
+    with ``start`` among them exactly: a slider over them starts on ``start`` itself, where a
+    log slider's step would move it (175 B on FloatLogSlider's 0.1 steps is 158.5 B)."""
+    decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
+    grid = {float(f"{m}e{k}") for k in decades for m in steps}
+    values = sorted({v for v in grid if low <= v <= high} | {start})
+    return [(label(v), v) for v in values]
+
+
+def time_widget(efficiency: float = 0.3, params_billion: float = 175,
+                tokens_billion: float = 300):
+    """Parameters, tokens, GPU type, GPU count and efficiency -> the time wall. It starts on
+    exactly the values it is given (by default 175 B parameters, 300 B tokens and 30 % of
+    peak, about what Megatron-LM 2019 measured on one V100, 39 TFLOP/s): each slider's
+    options contain its start. The plot's title, printed below it too, states the values
+    used and the time."""
+    import ipywidgets as w
+
+    def draw(params_billion, tokens_billion, gpu, n_gpus, efficiency):
+        ax = time_wall(params_billion * 1e9, tokens_billion * 1e9, gpu, efficiency, n_gpus)
+        return ax.figure, ax.get_title().replace("\n", ": ") + "\n"
+
+    percent = [(f"{v:.1%}", v) for v in sorted({k / 100 for k in range(5, 81)} | {efficiency})]
+    return explorer(draw,
+                    params_billion=w.SelectionSlider(
+                        options=choices(params_billion, 0.1, 2000, lambda v: f"{v:g} B"),
+                        value=params_billion),
+                    tokens_billion=w.SelectionSlider(
+                        options=choices(tokens_billion, 1, 20000, lambda v: f"{v:g} B"),
+                        value=tokens_billion),
+                    gpu=w.Dropdown(options=list(GPUS), value="V100-SXM2-32GB"),
+                    n_gpus=w.IntText(value=1),
+                    efficiency=w.SelectionSlider(options=percent, value=efficiency))
 
 
 def memory_widget():
@@ -117,20 +159,3 @@ def memory_widget():
     return explorer(current_figure(draw), preset=preset, layers=layers, hidden=hidden,
                     b=w.IntSlider(value=1, min=1, max=16),
                     recompute=w.Dropdown(options=["none", "selective", "full"]))
-
-
-def time_widget(efficiency: float = 0.3):
-    """Parameters, tokens, GPU type, GPU count and efficiency -> the time wall. It starts at
-    30 % of peak, about what Megatron-LM 2019 measured on one V100 (39 TFLOP/s)."""
-    import ipywidgets as w
-
-    def draw(params_billion, tokens_billion, gpu, n_gpus, efficiency):
-        return time_wall(params_billion * 1e9, tokens_billion * 1e9, gpu, efficiency, n_gpus)
-
-    return explorer(current_figure(draw),
-                    params_billion=w.FloatLogSlider(value=175, base=10, min=-1, max=3.2),
-                    tokens_billion=w.FloatLogSlider(value=300, base=10, min=0, max=4),
-                    gpu=w.Dropdown(options=list(GPUS), value="V100-SXM2-32GB"),
-                    n_gpus=w.IntText(value=1),
-                    efficiency=w.FloatSlider(value=efficiency, min=0.05, max=0.8, step=0.001,
-                                             readout_format=".1%"))

@@ -116,8 +116,11 @@ def plot_sweep(folder: str | Path, x: str | None = None, out: str | Path | None 
 
 if __name__ == "__main__":
     import sys
+    USAGE = "usage: python -m lessonlib.viz.sweep FOLDER   (a folder labs/sweep.py wrote)"
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        sys.exit(print(USAGE))
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m lessonlib.viz.sweep FOLDER   (a folder labs/sweep.py wrote)")
+        sys.exit(USAGE)
     try:
         print(f"plot: {plot_sweep(sys.argv[1])}")
     except ValueError as exc:

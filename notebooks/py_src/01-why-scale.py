@@ -259,6 +259,7 @@ my_params = None
 ex.check_largest_model(my_params)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 solution_params = cm.usable_memory_bytes(cm.GPUS["A100-80GB"]) / 16
 ex.check_largest_model(solution_params)
@@ -272,6 +273,7 @@ my_gpus = None
 ex.check_min_gpus(my_gpus)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 import math
 
@@ -290,6 +292,7 @@ my_n = None
 ex.check_gpus_for_days(my_n)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 import math
 

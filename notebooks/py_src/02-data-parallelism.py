@@ -340,6 +340,7 @@ def ring_reduce_scatter(chunks, rank, world_size, send_recv):
 ex.check_reduce_scatter(ring_reduce_scatter)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 def ring_reduce_scatter_solution(chunks, rank, world_size, send_recv):
     for step in range(world_size - 1):
@@ -366,6 +367,7 @@ def accumulate_step(ddp, optimizer, micro_batches, loss_fn):
 ex.check_accumulation(accumulate_step)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 def accumulate_step_solution(ddp, optimizer, micro_batches, loss_fn):
     k = len(micro_batches)
@@ -397,6 +399,7 @@ def sharded_server_bytes(n, k, size):
 ex.check_sharded_server(sharded_server_bytes)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 def sharded_server_bytes_solution(n, k, size):
     serving = (n - 1) * size / k          # the averages of its slice, back to n - 1 workers

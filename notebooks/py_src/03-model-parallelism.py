@@ -295,6 +295,7 @@ def my_split(n_layers, p):
 ex.check_stage_split(my_split)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 def split_solution(n_layers, p):
     base, extra = divmod(n_layers, p)
@@ -322,6 +323,7 @@ def my_idle_share(timeline, wall):
 ex.check_idle_share(my_idle_share, results)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 def idle_share_solution(timeline, wall):
     busy = sum(s.end - s.start for s in timeline if s.kind in ("F", "B", "OPT"))
@@ -344,6 +346,7 @@ my_idle = None      # a share between 0 and 1
 ex.check_unbalanced_idle(my_idle, stage_ms=(1, 1, 1, 3), stage=0)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 stage_ms_solution = (1, 1, 1, 3)        # one batch visits the stages one after another
 idle_solution = 1 - stage_ms_solution[0] / sum(stage_ms_solution)

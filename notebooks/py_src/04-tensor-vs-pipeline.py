@@ -218,6 +218,7 @@ def my_f_backward(grad, group):
 ex.check_f_operator(my_f_forward, my_f_backward)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 def f_forward_solution(x, group):
     return x.clone()
@@ -240,6 +241,7 @@ my_ratio = None     # bytes sent per rank at t = 8, divided by those at t = 4
 ex.check_tp_traffic_ratio(my_ratio, t_from=4, t_to=8)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 ratio_solution = (cm.tp_elements_per_layer(B, S, H, t=8)
                   / cm.tp_elements_per_layer(B, S, H, t=4))
@@ -453,6 +455,7 @@ my_order = None
 ex.check_1f1b_order(my_order, p=3, m=5, stage=0)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 order_solution = "F0 F1 F2 B0 F3 B1 F4 B2 B3 B4"    # p - 0 - 1 = 2 warm-up forwards first
 ex.check_1f1b_order(order_solution, p=3, m=5, stage=0)
@@ -466,6 +469,7 @@ my_m = None
 ex.check_min_microbatches(my_m, p=8, target=0.1)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 m_solution = next(m_try for m_try in range(1, 1000)
                   if cm.bubble_fraction(8, m_try, convention="wall") <= 0.1)

@@ -454,6 +454,7 @@ def coords(rank, dp, pp, tp):
 ex.check_coords(coords)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 def coords_solution(rank, dp, pp, tp):
     return (rank // (pp * tp), (rank // tp) % pp, rank % tp)
@@ -475,6 +476,7 @@ gpt3_design = dict(t=None, p=None, d=None, b=1, m=None, recompute="full")
 ex.check_gpt3_design(**gpt3_design)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 gpt3_state = cm.BYTES_PER_PARAM * gpt3.params()
 print(f"model state {gpt3_state / 1e12:.1f} TB over {usable / 1e9:.0f} GB usable: at least "
@@ -499,6 +501,7 @@ h100_best_t = None  # your prediction: 1, 2, 4, 8, 16, 32 or 64
 ex.check_h100_best_t(h100_best_t)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 h100_sweep = {t_h100: e_h100 for t_h100, p_h100, e_h100
               in cm.tp_sweep(sweep_model, h100, n, global_batch=ex.SWEEP["global_batch"])}

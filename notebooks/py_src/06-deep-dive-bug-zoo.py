@@ -213,6 +213,7 @@ def attention_dense_bytes(h, t):
 ex.check_attention_left_dense(attention_dense_bytes)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 def attention_dense_bytes_solution(h, t):
     mlp_split = 8 * h * h + 4 * h          # fc1 weight and bias, fc2 weight
@@ -233,6 +234,7 @@ my_prediction = None
 ex.check_wrong_microbatch_prediction(my_prediction)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 # Inside no_sync the flag is set to sync, and on leaving it is reset to "do not sync": the
 # first two micro-batches send, the last one (the one that should) does not.

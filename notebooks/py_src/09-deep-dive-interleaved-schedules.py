@@ -434,6 +434,7 @@ my_m_interleaved = None
 ex.check_interleaved_microbatches(my_m_interleaved, p=4, v=2, m_plain=16)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 plain_solution = cm.bubble_fraction(4, 16, convention="wall")
 m_interleaved_solution = next(k for k in range(4, 17, 4)     # multiples of p = 4

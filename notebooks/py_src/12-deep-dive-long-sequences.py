@@ -20,13 +20,14 @@
 # almost all the time. Its answer, and torchtitan's, Megatron-Core's and the Ultra-Scale
 # Playbook's, is **context parallelism**: split the sequence itself over c ranks, and bring
 # each rank the keys and values of the others while it computes its part of the attention.
-# torchtitan and Megatron-Core pass them around a ring (ring attention, Liu, Zaharia and
-# Abbeel 2023), which this notebook runs; Llama 3 all-gathered them (section 5).
+# Megatron-Core passes them around a ring by default (ring attention, Liu, Zaharia and
+# Abbeel 2023), which this notebook runs; Llama 3 all-gathered them, and so does PyTorch's
+# `context_parallel`, which torchtitan uses, unless told otherwise (sections 4 and 5).
 #
 # The plan: the idea -> a prediction -> a real run on 4 ranks -> measured against predicted
-# -> a takeaway -> an exercise. About 36 minutes to read (its words, code and printed
+# -> a takeaway -> an exercise. About 37 minutes to read (its words, code and printed
 # lines); Run All takes under half a minute on a 2-core laptop.
-# <!-- numbers: 36 because it is the reading time, counted as 2,476 words / 200 + 193 code lines / 10 + 92 printed lines / 20 -->
+# <!-- numbers: 37 because it is the reading time, counted as 2,592 words / 200 + 197 code lines / 10 + 92 printed lines / 20 -->
 
 # %%
 import dataclasses
@@ -314,11 +315,16 @@ within("the tiny GPT's activation bytes per rank at c = 2, against 1/c of one pr
 # %% [markdown]
 # ### PyTorch's own context parallelism
 #
-# PyTorch ships ring attention as
+# PyTorch ships context parallelism as
 # `torch.distributed.tensor.experimental.context_parallel(mesh, buffers=..., buffer_seq_dims=...)`:
 # inside its `with` block the buffers are sharded along the sequence and
-# `scaled_dot_product_attention` is dispatched to a ring. It implements the ring for the
-# flash, memory-efficient and cuDNN kernels of GPUs; on CPU ranks it stops, in its words:
+# `scaled_dot_product_attention` is dispatched to its CP attention. That attention
+# all-gathers K and V by default, after the first block's attention
+# (`_context_parallel/_attention.py`: `rotate_method: _RotateMethod = _RotateMethod.ALL_GATHER`);
+# `set_rotate_method('alltoall')` passes the blocks around a ring instead. torchtitan, which
+# uses it, keeps that default: "The default value is 'allgather'." (its `job_config.py`).
+# It implements CP attention for the flash, memory-efficient and cuDNN kernels of GPUs; on
+# CPU ranks it stops, in its words:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -326,8 +332,8 @@ print(measured[0].torch)
 
 # %% [markdown]
 # So on CPU ranks one-process SDPA stays the reference; on one GPU per rank the same call
-# runs PyTorch's ring, and `labs/cp.py` times it beside ours there (here it records the
-# error and times ours against one-process SDPA).
+# runs PyTorch's CP attention, and `labs/cp.py` times it beside ours there (here it records
+# the error and times ours against one-process SDPA).
 
 # %% [markdown]
 # ## 5. What c buys at the same GPUs and batch, and how Llama 3 passed keys and values
@@ -372,20 +378,24 @@ at_least("the step time at c = 1 over c = 16's", one.step_time_s / sixteen.step_
 # idle time.
 #
 # **How the keys and values travel.** The ring of sections 3-4 posts each block's transfer
-# before the compute it hides behind: torchtitan (PyTorch's `context_parallel`) and
-# Megatron-Core (`--cp-comm-type p2p`, its default) do this. Llama 3 did not. It
-# all-gathers K and V over the c ranks before attention, "the latency of which is
-# exposed", and chose it for two reasons (Dubey et al. 2024, §3.3.2): it handles the
-# document masks Llama 3 trains with (a token attends only inside its own document), which
-# make a ring's blocks uneven and hard to balance; and with grouped-query attention K and V
-# are small (8 key/value heads against 128 query heads), so gathering all of them costs
-# little. Its split is the zig-zag one, 2c chunks. The cost model prices both at c = 16:
+# before the compute it hides behind: Megatron-Core does this (`--cp-comm-type p2p`, its
+# default), and PyTorch's `context_parallel` when told to (section 4). Llama 3 did not: it
+# all-gathers K and V over the c ranks, then computes attention for its own queries.
+# "Although the all-gather communication latency is exposed in the critical path, we still
+# adopt this approach for two main reasons" (Dubey et al. 2024, §3.3.2): "it is easier and
+# more flexible to support different types of attention masks in all-gather based CP
+# attention, such as the document mask" (a token attends only inside its own document),
+# and "the exposed all-gather latency is small as the communicated K and V tensors are much
+# smaller than Q tensor due to the use of GQA" (8 key/value heads against 128 query heads).
+# Balance is not among Meta's reasons; it is this course's reading that a document mask
+# makes a ring's blocks uneven and its steps hard to balance. Its split is the zig-zag one,
+# 2c chunks. The cost model prices both at c = 16:
 
 # %%
 # NBVAL_CHECK_OUTPUT
 ring_run, gathered = llama_at_128k(16, "ring"), llama_at_128k(16, "allgather")
-for name, e in (("ring (torchtitan, Megatron-Core)", ring_run),
-                ("all-gather (Llama 3)", gathered)):
+for name, e in (("ring (Megatron-Core's default)", ring_run),
+                ("all-gather (Llama 3, PyTorch's)", gathered)):
     print(f"{name:<33} exposed CP traffic {e.time['cp_comm']:5.2f} s of a "
           f"{e.step_time_s:5.2f} s step")
 claim("the ring hides all its traffic", ring_run.time["cp_comm"] == 0,
@@ -475,8 +485,9 @@ claim("under the document mask the ring's steps last longer than the all-gather'
 # <div style="border: 2px solid #4c72b0; border-radius: 6px; padding: 10px 14px;">
 # <b>Takeaway.</b> Context parallelism splits the sequence over c ranks and brings each
 # rank the others' keys and values: around a ring, each transfer posted before the compute
-# it hides behind (torchtitan, Megatron-Core), or in one all-gather whose latency is
-# exposed (Llama 3, for document masks and because GQA makes K and V small). The
+# it hides behind (Megatron-Core's default), or in one all-gather whose latency is
+# exposed (Llama 3, which names its document masks and GQA's small K and V; PyTorch's
+# `context_parallel` by default). The
 # log-sum-exp rule merges the blocks exactly, so the result is the one-process attention.
 # Every activation becomes s/c tokens long. Under a causal mask a contiguous split leaves
 # the last rank about 2c-1 times the first's work; the zig-zag split (chunks i and 2c-1-i)
@@ -500,6 +511,7 @@ my_speedup = None
 ex.check_ring_speedup(my_speedup, c=8)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 # contiguous: step 0 every rank's own triangle (1/2), then 7 steps with a full block on the
 # busiest rank (1); zig-zag: half a block on every rank at each of the 8 steps

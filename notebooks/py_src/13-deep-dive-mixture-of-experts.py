@@ -36,12 +36,15 @@
 # each specialist a fixed number of patients a day (the *capacity*, ceil(C·k·T/E) of a batch
 # of T tokens, C the *capacity factor*), sent whoever came over it home untreated (a
 # *dropped* token: the block's residual carries it on unchanged), and added a loss that
-# teaches the nurse to spread patients evenly. Two recent MoEs drop no one: DeepSeek-V3
-# keeps the load even by nudging the nurse's scores instead of adding a loss, and "does not
-# drop any tokens during training" (DeepSeek-AI 2024, §2.1.2); Mixtral runs its experts on
-# MegaBlocks' block-sparse kernels (Gale et al. 2022), which take every token an expert is
-# given, and Megatron-Core's MoE is dropless by default. This notebook runs GShard's recipe,
-# which is where the ideas come from, and says at each step what the dropless runs do.
+# teaches the nurse to spread patients evenly. DeepSeek-V3 drops no one: it keeps the
+# load even by nudging the nurse's scores instead of adding a loss, and "does not drop any
+# tokens during training" (DeepSeek-AI 2024, §2.1.2). Dropless kernels exist: MegaBlocks'
+# block-sparse kernels (Gale et al. 2022) take every token an expert is given, and
+# Megatron-Core's MoE is dropless by default. Mixtral's paper names MegaBlocks as an example
+# ("MoE layers can be run efficiently on single GPUs with high performance specialized
+# kernels", §2.1) and for serving with vLLM; it does not say whether its training dropped
+# tokens. This notebook runs GShard's recipe, which is where the ideas come from, and says
+# at each step what the dropless runs do.
 
 # %%
 import matplotlib.pyplot as plt
@@ -69,7 +72,7 @@ from lessonlib.viz.source import show
 # NBVAL_CHECK_OUTPUT
 for name, model in cmoe.MOE_MODELS.items():
     published = cmoe.PUBLISHED.get(name)
-    said = f"   (published: {published[0] / 1e9:.1f} B / {published[1] / 1e9:.1f} B)" \
+    said = f"   (published: {published[0] / 1e9:g} B / {published[1] / 1e9:g} B)" \
         if published else ""
     print(cmoe.describe(model) + said)
 one_t = cmoe.one_trillion(cm.MODELS["megatron-1T"].params())
@@ -86,14 +89,15 @@ print(f"\nthe 1 T question again: the dense megatron-1T and moe-1T both hold "
 # ran at the same MFU as the dense model, which its all-to-alls make harder (section 5). Its
 # experts are split by expert parallelism, and the cost model picks the smallest e whose
 # share of the state fits in a GPU's usable memory, the cost model's
-# `usable_memory_bytes` (here for DeepSeek-V3 on 2048 H100, 16 pipeline stages, ZeRO-1):
+# `usable_memory_bytes` (here for DeepSeek-V3 as it trained, 16 pipeline stages and
+# ZeRO-1: "DeepSeek-V3 is trained on a cluster equipped with 2048 NVIDIA H800 GPUs", §3.1):
 
 # %%
 # NBVAL_CHECK_OUTPUT
-deepseek, h100s = cmoe.MOE_MODELS["deepseek-v3"], cm.CLUSTERS["dgx-h100"]
-pick = cmoe.choose_e(deepseek, 2048, h100s, p=16)
-print(f"usable: {cm.usable_memory_bytes(h100s.gpu) / 1e9:.0f} of "
-      f"{h100s.gpu.memory_bytes / 1e9:.0f} GB per GPU (less cm.memory_reserves())")
+deepseek, h800s = cmoe.MOE_MODELS["deepseek-v3"], cm.CLUSTERS["hgx-h800"]
+pick = cmoe.choose_e(deepseek, 2048, h800s, p=16)
+print(f"usable: {cm.usable_memory_bytes(h800s.gpu) / 1e9:.0f} of "
+      f"{h800s.gpu.memory_bytes / 1e9:.0f} GB per GPU (less cm.memory_reserves())")
 print(f"e = {pick['e']}: {pick['memory_per_gpu'] / 1e9:.0f} GB of model state per GPU, "
       f"{'inside one server' if pick['inside_server'] else 'across servers'}")
 # a GPU receives about k T rows per micro-batch of T tokens whatever e is, over E/e experts
@@ -105,14 +109,17 @@ print(f"each expert's GEMM is {rows[64] / rows[pick['e']]:.0f} times taller at e
 
 # %% [markdown]
 # Memory sets only the smallest e. DeepSeek-V3 trained with e = 64, across 8 servers
-# (§3.2), and its paper gives two reasons for a large e. Its DualPipe schedule keeps two
-# copies of the parameters, which "does not significantly increase the memory consumption
-# since we use a large EP size during training" (§3.2.1). And a larger e feeds each expert
-# from more ranks: a GPU receives about k·T rows per micro-batch of T tokens whatever e is,
-# but spreads them over E/e experts, so at e = 64 each expert's GEMM is 16 times taller
-# than at the smallest e that fits, closer to the GPU's peak. The paper says this of the
-# expert parallelism it serves the model with: it "ensures that each expert processes a
-# sufficiently large batch size, thereby enhancing computational efficiency" (§3.4.1).
+# (§3.2). Its paper gives no reason for that choice; it states two things that go with a
+# large e. One is a consequence, for memory: "Although DualPipe requires keeping two copies
+# of the model parameters, this does not significantly increase the memory consumption
+# since we use a large EP size during training" (§3.2.1). The other is said of serving, not
+# training: "For the MoE part, we use 32-way Expert Parallelism (EP32), which ensures that
+# each expert processes a sufficiently large batch size, thereby enhancing computational
+# efficiency" (§3.4.1). The same arithmetic holds in training (the course's reading, from
+# the cell above): a GPU receives about k·T rows per micro-batch of T tokens whatever e is,
+# but spreads them over E/e experts, so at e = 64 each expert's GEMM is 16 times taller than
+# at the smallest e that fits, closer to the GPU's peak.
+# <!-- numbers: 32 because it is the quoted sentence's own, the serving EP size -->
 #
 # ## 2. The router, on real tokens
 #
@@ -234,7 +241,8 @@ claim("the bias brings the busiest expert closer to the mean than no balancing, 
 # loss; at this tiny scale whether it also beats the auxiliary loss depends on the gate and
 # the capacity (`tests/test_moe_balance.py` checks only that it beats no balancing).
 # Which models use which: GShard and Switch, capacity with drops and an auxiliary loss;
-# Mixtral, dropless (MegaBlocks' kernels); DeepSeek-V3, dropless with the bias and a tiny
+# Mixtral, not stated (its paper names MegaBlocks' dropless kernels as an example, §2.1);
+# DeepSeek-V3, dropless with the bias and a tiny
 # sequence-wise loss (not modelled here: `balance="bias"` has none).
 # `python labs/ep.py --balance bias --dropless --gate sigmoid --max-nodes 1 --experts-per-node 4`
 # runs DeepSeek-V3's routing over e ranks (each token's experts on at most M pretend nodes).
@@ -425,7 +433,7 @@ for model, n in ((mixtral, 2), (mixtral, 4), (mixtral, 8), (deepseek, 8), (deeps
 # a dense model of its active size (section 1). A router sends each
 # token to its k experts and must keep their load even: GShard's recipe caps each expert
 # at ceil(C·k·T/E), lets the overflow ride the residual and adds a balancing loss so that C
-# can stay small; DeepSeek-V3 and Mixtral drop no token, and DeepSeek-V3 balances with a
+# can stay small; DeepSeek-V3 drops no token, and balances with a
 # per-expert bias on the routing scores instead of a loss. Expert parallelism splits the
 # experts over e ranks with two all-to-alls each way, whose bytes are the routing counts,
 # and equals one process to rounding; for the same parameters it moves n/k times less than
@@ -447,6 +455,7 @@ my_e = None
 ex.check_smallest_e(my_e)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 moe_1t = cmoe.MOE_MODELS["moe-1T"]
 usable = cm.usable_memory_bytes(cluster.gpu)

@@ -472,6 +472,7 @@ def my_gather_backward(grad, group):
 ex.check_gather_sequence(my_gather_forward, my_gather_backward)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 def gather_forward_solution(x, group):
     rows = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
@@ -499,6 +500,7 @@ my_sp_ratio = None     # activations per GPU with TP alone, divided by those wit
 ex.check_sp_activation_ratio(my_sp_ratio, "gpt3-175B", t=8)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 sp_ratio_solution = (cm.activation_bytes_per_layer(gpt3, 1, 8)
                      / cm.activation_bytes_per_layer(gpt3, 1, 8, sequence_parallel=True))
@@ -517,6 +519,7 @@ my_bubble = None
 ex.check_capped_bubble(my_bubble, p=4, capacity=4)
 
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 bubble_solution = cm.bubble_fraction(4, 4, convention="wall")   # GPipe holds all m: m <= 4
 ex.check_capped_bubble(bubble_solution, p=4, capacity=4)

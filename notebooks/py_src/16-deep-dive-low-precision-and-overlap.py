@@ -11,11 +11,17 @@
 # %% [markdown]
 # # 16 · Deep dive: low precision and overlap — FP8 GEMMs, and communication hidden behind compute
 #
-# This deep dive extends [08 · Sharding](08-deep-dive-sharding.ipynb),
-# [14 · Sequence parallelism](14-deep-dive-sequence-parallelism.ipynb),
-# [09 · Interleaved schedules](09-deep-dive-interleaved-schedules.ipynb) and
-# [13 · Mixture of experts](13-deep-dive-mixture-of-experts.ipynb) with the two techniques
-# that separate today's runs from the 2022 picture. **FP8 GEMMs**: the linear layers
+# **Prerequisites:** the core notebooks 01-05 and the deep dives
+# [08 · Sharding](08-deep-dive-sharding.ipynb) (FSDP's units, its all-gathers and
+# prefetch), [09 · Interleaved schedules](09-deep-dive-interleaved-schedules.ipynb) (the
+# backward split into B and W, the ZBV schedule),
+# [13 · Mixture of experts](13-deep-dive-mixture-of-experts.ipynb) (the expert all-to-alls)
+# and [14 · Sequence parallelism](14-deep-dive-sequence-parallelism.ipynb) (SP's
+# all-gathers and reduce-scatters). Section 7 prints layouts in the notation of
+# [15](15-deep-dive-five-axes.ipynb)'s section 3.
+#
+# This deep dive adds the two techniques that separate today's runs from the 2022
+# picture. **FP8 GEMMs**: the linear layers
 # multiply 8-bit floats at twice the BF16 rate of an H100's Tensor Cores (DeepSeek-V3
 # trained in FP8, §3.3; torchtitan's Float8 on Llama 3.1 8B). **Overlap**: a transfer
 # posted early and waited for late costs only what the compute beside it cannot hide:
@@ -27,9 +33,9 @@
 # measured -> training in FP8 against BF16, and against torchao's Float8 -> FSDP's FP8
 # all-gather -> exposed communication, with and without overlap, on CPU ranks -> DualPipeV
 # -> what each buys on an H100, by the cost model against torchtitan's measurements -> a
-# takeaway. About 30 minutes to read, code and outputs included; Run All takes under a
-# minute on a 2-core laptop.
-# <!-- numbers: 30 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
+# takeaway -> an exercise. About 35 minutes to read, code and outputs included; Run All
+# takes under a minute on a 2-core laptop.
+# <!-- numbers: 35 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 
 # %%
 import math
@@ -42,6 +48,7 @@ from lessonlib import precision
 from lessonlib.instruments.claims import at_most, claim, every
 from lessonlib.costmodel import published as pub
 from lessonlib.costmodel.gains import overlap_and_precision_gains
+from lessonlib.exercises import dualpipe as ex
 from lessonlib.expert_parallel import overlap_runs as ep_overlap
 from lessonlib.launcher import launch
 from lessonlib.pipeline import dualpipe, dualpipe_runs
@@ -76,10 +83,13 @@ for name, dtype in {**precision.FORMATS, "bf16": torch.bfloat16}.items():
 # GEMM's result by it. Which formats the GEMMs use is a recipe. The "hybrid" one of earlier
 # FP8 training (as DeepSeek-V3 §3.3.2 calls it), torchao's default, casts the forward GEMM's
 # activations and weights to e4m3 and the gradients, whose magnitudes spread wider, to e5m2.
-# DeepSeek-V3 uses "the E4M3 format on all tensors for higher precision" (§3.3.2) and buys
-# the range back with finer scales: one per token per 128 channels of activations and
-# gradients, one per 128 x 128 block of weights (§3.3.2, "fine-grained quantization"). Three
-# recipes, one quantizer, one scale per block of the contraction dim:
+# DeepSeek-V3 says "we adopt the E4M3 format on all tensors for higher precision" (§3.3.2)
+# and buys the range back with finer scales, its "fine-grained quantization": "(1) for
+# activations, we group and scale elements on a 1x128 tile basis (i.e., per token per 128
+# channels); and (2) for weights, we group and scale elements on a 128x128 block basis
+# (i.e., per 128 input channels per 128 output channels)" (§3.3.2). The paper does not state
+# the activation gradients' tile; the course's blockwise recipe gives them the activations'
+# 1x128. Three recipes, one quantizer, one scale per block of the contraction dim:
 
 # %%
 show(precision.fp8.quantize)
@@ -127,8 +137,11 @@ claim("at the largest outliers the finer the scale, the smaller the error",
 # `convert_to_float8` swaps the tiny GPT's linear layers for `Float8Linear`: all three of
 # its GEMMs in FP8 (the forward one, and the two of the backward with the output gradient
 # cast as the recipe says), master weights kept in the model's dtype. What stays in higher
-# precision is what the teams keep there: the embedding, the output head, the norms and an
-# MoE router (DeepSeek-V3 §3.3.1; torchtitan's float8 converter skips the output layer).
+# precision is what the teams keep there. DeepSeek-V3 keeps "the embedding module, the
+# output head, MoE gating modules, normalization operators, and attention operators" in
+# BF16 or FP32 (§3.3.1); torchtitan's float8 converter skips the output layer. Here only
+# the linear layers are swapped, the head and any router excepted, so the embedding, the
+# norms and attention's scores and softmax stay in the model's dtype too.
 
 # %%
 show(precision.linear.Float8Matmul)
@@ -157,11 +170,14 @@ at_most("the largest gap of an FP8 recipe's final loss from BF16's", curves.band
 # And the layer is torchao's: on the same layer, input and output gradient, ours and
 # torchao's `Float8Linear` cast x and W to the same FP8 bytes with the same scales in both
 # recipes torchao runs on a CPU. Tensorwise gives the same gradients bit for bit; rowwise
-# agrees once ours is rounded to bfloat16, as torchao's rowwise GEMM rounds its products
-# (CUDA's rowwise kernel has no float32 output). torchao's blockwise needs a Hopper GPU.
+# agrees once ours is rounded to bfloat16, as torchao's rowwise GEMM rounds its products to
+# bfloat16, to "work around torch._scaled_mm not having float32 output type" (its
+# `addmm_float8_unwrapped`). Which output dtypes CUDA's rowwise kernels offer depends on the
+# GPU generation and the CUDA version (PyTorch pull request 187569: cuBLAS's rowwise path
+# writes float32, its CUTLASS fallback did not). torchao's blockwise needs a Hopper GPU.
 
 # %%
-# NBVAL_CHECK_OUTPUT
+# NBVAL_IGNORE_OUTPUT
 for name in ("tensorwise", "rowwise"):
     diff = torchao_ref.compare(name)
     print(f"{name:>10}: same FP8 casts {diff.casts_equal}; gradients differ by at most "
@@ -176,9 +192,12 @@ for name in ("tensorwise", "rowwise"):
 #
 # A `Float8Linear` casts its weight to e4m3 before its GEMM anyway, so FSDP can cast each
 # *shard* before the all-gather and move 1 byte per element instead of bfloat16's 2. The
-# ranks must agree on the scale: one all-reduce of the shards' amax per unit (torchao's
-# `enable_fsdp_float8_all_gather`, tensorwise only). Two ranks, one step each, in the
-# ledger:
+# ranks must agree on each weight's scale, so they all-reduce (MAX) its shards' amax. The
+# course does that once per unit, for all the unit's weights at once; torchao's
+# `enable_fsdp_float8_all_gather` (tensorwise only) once per weight, and, when
+# `precompute_float8_dynamic_scale_for_fsdp` is called after the optimizer step, once for
+# the whole model: "It performs a single all-reduce to compute the scales for all float8
+# weights." (its docstring). Two ranks, one step each, in the ledger:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -191,6 +210,9 @@ print(f"bfloat16 gathers: {sum(bf16.values()):,} bytes a rank; FP8 gathers: {fp8
 claim("the Float8Linear weights travel in half of bfloat16's bytes",
       2 * fp8_bytes == sum(bf16.values()) - rest,
       numbers=f"2 x {fp8_bytes:,} = {sum(bf16.values()):,} - {rest:,}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
 at_most("FP8-gathering FSDP's weights after one step, against the same FP8 model in one "
         "process", gathered["max_weight_diff_vs_one_process"], 1e-6)
 
@@ -219,22 +241,23 @@ show(async_tp.ring_all_gather)
 # Both compute exactly what their plain versions compute (float64, t = 2): the same outputs
 # and input gradients to the bit, weight gradients summed piece by piece within rounding,
 # FSDP's weights after two steps equal. Then a few timed steps of each, the four taking
-# turns step by step so that a burst of load hits them alike; each figure is the median
-# over steps of the slower rank:
+# turns step by step so that a burst of load hits them alike. Each figure is the median
+# over steps of the slower rank: the step; the time its transfers are *in flight*, from
+# posted to finished; and the part of that the rank stands still for, *exposed*:
 
 # %%
 # NBVAL_CHECK_OUTPUT
 report = async_tp_runs.overlap_report()
 parity = report["parity"]
-at_most("async TP and FSDP prefetch against their plain versions, largest difference",
-        max(parity[k] for k in ("output", "input_grad", "grads", "block", "fsdp_weights")),
-        1e-12)
 claim("the async ring's trace breaks none of NCCL's rules", report["nccl_hazards"] == [],
       numbers=f"{parity['ring_calls']['send']} sends, {parity['ring_calls']['recv']} receives "
               f"a rank, no all-gather or reduce-scatter left")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+at_most("async TP and FSDP prefetch against their plain versions, largest difference",
+        max(parity[k] for k in ("output", "input_grad", "grads", "block", "fsdp_weights")),
+        1e-12)
 NAMES = {"sp": "plain SP", "async_tp": "async TP", "fsdp": "FSDP",
          "fsdp_prefetch": "FSDP + prefetch"}
 print(f"{'':>16} {'step ms':>8} {'in flight ms':>13} {'exposed ms':>11}")
@@ -271,8 +294,10 @@ print(f"exposed, overlapped over plain (median of step pairs): async TP "
 #
 # DeepSeek-V3's pipeline, DualPipe (§3.2.1), pairs the forward chunk of one micro-batch
 # with the backward chunk of another in one slot, F&B: while one waits on its expert
-# all-to-all, the other computes. DualPipeV is DualPipe cut in half (DeepSeek's DualPipe
-# repository): each of p devices holds two chunks in a V, as ZBV does in deep dive 09, and
+# all-to-all, the other computes. "DualPipeV is a concise V-shape schedule derived from
+# DualPipe using a "cut-in-half" procedure, introduced by Sea AI Lab" (DeepSeek's DualPipe
+# README, crediting Sea AI Lab's blog): each of p devices holds two chunks in a V, as ZBV
+# does in deep dive 09, and
 # PyTorch ships it as `ScheduleDualPipeV`. The course's schedule is data, like every other:
 # an overlapped slot is an F marked `overlap` followed at once by a B of another
 # micro-batch, both receives posted before it and both sends after.
@@ -292,7 +317,8 @@ plt.show()
 # %% [markdown]
 # DeepSeek's repository gives DualPipeV's bubble as (PP/2 - 1)(F&B + B - 3W) for PP
 # stages on PP/2 devices, with B the *whole* backward and W its weight-gradient part, and
-# PP + 1 micro-batches of activations per device. The simulation plays the schedule's
+# PP + 1 micro-batches of activations per device (the *peak stash*: the most a device holds
+# at once). The simulation plays the schedule's
 # actions with those times; the formula holds where the chunk's forward, input gradient
 # and weight gradient take equal times and the slot lasts between max(F, B) and F + B, and
 # is an estimate elsewhere (the last row):
@@ -328,6 +354,9 @@ for row in parity.rows:
     worst = max(row[k] for k in ("max_grads_diff", "max_weights_diff", "max_losses_diff"))
     print(f"{row['engine']:>9}'s DualPipeV, p = {parity.p}, m = {parity.m}: equal to one "
           f"process (gradients, weights, losses within 1e-12): {worst < 1e-12}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
 at_most("the course's executor against PyTorch's ScheduleDualPipeV", parity.max_engine_diff,
         1e-12)
 
@@ -343,12 +372,13 @@ at_most("the course's executor against PyTorch's ScheduleDualPipeV", parity.max_
 # NBVAL_CHECK_OUTPUT
 moe = ep_overlap.run_overlap()
 print(f"one slot sends {moe.sent_bytes / 1e6:.1f} MB a rank in all-to-alls")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
 at_most("the F&B slot against one process (float64, both orders), worst relative error",
         moe.parity_error, 1e-12)
 claim("the overlapped order computes the plain one's numbers to the bit",
       moe.overlap_vs_plain == 0.0, numbers=f"largest difference {moe.overlap_vs_plain}")
-
-# %%
 print(f"exposed communication in the slot: {moe.plain_exposed_s * 1e3:.1f} ms waited at "
       f"once, {moe.overlap_exposed_s * 1e3:.1f} ms overlapped; the slot "
       f"{moe.plain_slot_s * 1e3:.0f} ms and {moe.overlap_slot_s * 1e3:.0f} ms (medians of "
@@ -385,7 +415,11 @@ every("the cost model's Float8 and async-TP ratios are within 15 % of torchtitan
 # team disagree, the model is missing a cost.
 #
 # For one job, every technique at a time, the rest of the layout unchanged: Llama 3 70B on
-# 256 H100 as torchtitan's async-TP run had it.
+# 256 H100 as torchtitan's async-TP run had it. DualPipe needs no expert parallelism: "even
+# in more general scenarios without a heavy communication burden, DualPipe still exhibits
+# efficiency advantages" (DeepSeek-V3 §3.2.1). It needs a pipeline with an even number of
+# stages, which this job does not have; the cost model's DualPipe row is for MoE layouts
+# (e > 1), whose hidden all-to-alls are the gain it counts.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -405,3 +439,24 @@ print(gains.table())
 # tenth from async TP and about a quarter from Float8, and the cost model, which hides each
 # collective up to its GEMM, predicts more for async TP than was measured.
 # </div>
+#
+# ## Exercise
+#
+# **1. DualPipeV's bubble.** DualPipeV on p = 6 devices (PP = 12 stages, two chunks per
+# device) with 12 micro-batches. A chunk's forward takes F = 1 time unit and its whole
+# backward B = 2, of which the weight-gradient part W = 1; an F&B slot, one micro-batch's
+# forward beside another's backward, takes 2.8, because its overlap hides 0.2 of F + B. How
+# long does the most idle device stand still in one step? Section 6's formula holds for
+# these times (F = B - W = W); the checker plays the schedule (`validate.simulate`) and says
+# what a slot that hid nothing would have cost.
+# <!-- numbers: 2.8 and 0.2 because they are the exercise's own times, the checker's defaults -->
+
+# %%
+dualpipev_idle = None      # time units, the most idle device's
+ex.check_dualpipev_bubble(dualpipev_idle)
+
+# %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
+# NBVAL_CHECK_OUTPUT
+# PP = 2p = 12 stages: (PP/2 - 1)(F&B + B - 3W) = 5 x (2.8 + 2 - 3) = 9.0
+dualpipev_idle_solution = (12 / 2 - 1) * (2.8 + 2 - 3 * 1)
+ex.check_dualpipev_bubble(dualpipev_idle_solution)

@@ -59,11 +59,14 @@ def test_zero_stages_match_zero_paper_figure_1():
 
 
 def test_activation_bytes_korthikanti_table2_by_hand():
-    sbh = 1024 * 768  # gpt2-small, b=1; 5*a*s/h = 5*12*1024/768 = 80
-    assert activation_bytes_per_layer(GPT2, 1) == sbh * 114
-    assert activation_bytes_per_layer(GPT2, 1, t=2) == sbh * (10 + 12 + 40)
-    assert activation_bytes_per_layer(GPT2, 1, t=2, sequence_parallel=True) == sbh * 57
-    assert activation_bytes_per_layer(GPT2, 1, t=2, recompute="selective") == sbh * 22
+    # gpt2-small, b=1; 5*a*s/h = 5*12*1024/768 = 80; plus the measured layer's norm
+    # statistics, 16 bytes per token (s/t rows under SP), which Table 2 leaves out
+    sbh, stats = 1024 * 768, 16 * 1024
+    assert activation_bytes_per_layer(GPT2, 1) == sbh * 114 + stats
+    assert activation_bytes_per_layer(GPT2, 1, t=2) == sbh * (10 + 12 + 40) + stats
+    assert activation_bytes_per_layer(GPT2, 1, t=2, sequence_parallel=True) == \
+        sbh * 57 + stats / 2
+    assert activation_bytes_per_layer(GPT2, 1, t=2, recompute="selective") == sbh * 22 + stats
     assert activation_bytes_per_layer(GPT2, 2, t=2, recompute="full") == 2 * 2 * sbh
 
 
@@ -77,16 +80,18 @@ def test_in_flight_microbatches():
 
 def test_memory_per_gpu_by_hand():
     # gpt2-small on one GPU, b=1, m=4, no recompute: with p=1, 1F1B holds min(p, m) = 1
-    # micro-batch at a time, and each of the 12 layers keeps 114*s*h bytes of it.
+    # micro-batch at a time, and each of the 12 layers keeps 114*s*h bytes of it (+ 16 per
+    # token of norm statistics); the loss's float32 peak is 12 V bytes per token.
+    layer = 114 * 1024 * 768 + 16 * 1024
     mem = memory_per_gpu(GPT2, b=1, m=4, recompute="none")
     assert mem.weights == pytest.approx(2 * GPT2.params())
     assert mem.model_state == pytest.approx(16 * GPT2.params())
-    assert mem.activations == 12 * 114 * 1024 * 768
-    # Full recompute: 12 layer inputs (2*s*h each) + one layer rebuilt (114*s*h).
+    assert mem.activations == 12 * layer and mem.logits == 12 * 50257 * 1024
+    # Full recompute: 12 layer inputs (2*s*h each) + one layer rebuilt, working memory.
     full = memory_per_gpu(GPT2, b=1, m=4, recompute="full")
-    assert full.activations == (12 * 2 + 114) * 1024 * 768
+    assert full.activations == 12 * 2 * 1024 * 768 and full.working == layer
     gpipe = memory_per_gpu(GPT2, p=2, b=1, m=4, recompute="none", schedule="gpipe")
-    assert gpipe.activations == 6 * 4 * 114 * 1024 * 768
+    assert gpipe.activations == 6 * 4 * layer
 
 
 # --- bubble ----------------------------------------------------------------------------------

@@ -17,10 +17,12 @@ def test_table2_by_hand_for_gpt3():
     m, b, t = MODELS["gpt3-175B"], 1, 8
     sbh, attention = m.s * b * m.h, 5 * m.a * m.s / m.h                # 5as/h = 80
     assert attention == 80
-    assert activation_bytes_per_layer(m, b) == sbh * (34 + 80)
-    assert activation_bytes_per_layer(m, b, t) == sbh * (10 + 24 / t + 80 / t)
-    assert activation_bytes_per_layer(m, b, t, True) == pytest.approx(sbh * 114 / t)
-    assert activation_bytes_per_layer(m, b, t, True, "selective") == pytest.approx(sbh * 34 / t)
+    stats = 16 * m.s * b            # the measured layer's norm statistics, not in Table 2
+    assert activation_bytes_per_layer(m, b) == sbh * (34 + 80) + stats
+    assert activation_bytes_per_layer(m, b, t) == sbh * (10 + 24 / t + 80 / t) + stats
+    assert activation_bytes_per_layer(m, b, t, True) == pytest.approx((sbh * 114 + stats) / t)
+    assert activation_bytes_per_layer(m, b, t, True, "selective") == pytest.approx(
+        (sbh * 34 + stats) / t)
     # selective recompute saves 70 % of the activations of GPT-3 (Korthikanti §5)
     saved = 1 - activation_bytes_per_layer(m, b, t, True, "selective") / \
         activation_bytes_per_layer(m, b, t, True)

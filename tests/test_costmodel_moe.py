@@ -3,7 +3,7 @@ Pure: no process, no torch."""
 import pytest
 
 from lessonlib.costmodel import CLUSTERS, MODELS
-from lessonlib.costmodel.memory import USABLE_MEMORY_FRACTION
+from lessonlib.costmodel.memory import usable_memory_bytes
 from lessonlib.costmodel.moe import (MOE_MODELS, PUBLISHED, MoEModel, active_params,
                                      alltoall_terms, alltoall_time_s, choose_e, ep_memory_per_gpu,
                                      ep_vs_tp, expert_params, one_trillion, total_params,
@@ -57,7 +57,7 @@ def test_expert_parallelism_moves_n_over_k_times_less_than_tensor_parallelism():
 
 def test_choose_e_is_the_smallest_that_fits():
     c = CLUSTERS["dgx-h100"]
-    usable = USABLE_MEMORY_FRACTION * c.gpu.memory_bytes    # the cost model's one share
+    usable = usable_memory_bytes(c.gpu)           # the GPU's memory less the named reserves
     pick = choose_e(MOE_MODELS["deepseek-v3"], 2048, c, p=16)
     assert pick["fits"] and pick["memory_per_gpu"] <= usable
     smaller = ep_memory_per_gpu(MOE_MODELS["deepseek-v3"], pick["e"] // 2, 16, 128, True)

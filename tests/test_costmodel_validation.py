@@ -59,12 +59,12 @@ def test_planner_for_one_trillion_parameters(cluster):
     pure_dp = result.find(t=1, p=1)
     assert pure_dp in result.rejected and pure_dp.layout.d == 1024
     assert pure_dp.memory.model_state == pytest.approx(BYTES_PER_PARAM * model.params())
-    assert pure_dp.memory.model_state > 200 * servers.gpu.memory_bytes  # 16.1 TB vs 80 GB
+    assert pure_dp.memory.model_state > 180 * servers.gpu.memory_bytes  # 16.1 TB vs 80 GiB
     best = result.best
     lay = best.layout
     assert lay.t == servers.gpus_per_node == 8  # TP fills a server, no more
     assert lay.p > 1 and lay.d == 1024 // (lay.t * lay.p)  # PP across servers, DP the rest
     assert best.fits and 0 < best.memory.total < servers.gpu.memory_bytes
     text = result.explain()
-    assert "16.13 TB" in text and "80 GB" in text and f"t={lay.t}" in text
+    assert "16.13 TB" in text and "80 GiB" in text and f"t={lay.t}" in text
     assert f"{best.step_time_s:.1f} s per step" in text

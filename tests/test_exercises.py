@@ -119,12 +119,12 @@ def test_verdict_reads_the_same_everywhere():
 
 def test_lesson_01_checkers_name_the_slip():
     from lessonlib.exercises import scale
-    assert scale.check_largest_model(4.5e9) and not scale.check_largest_model(40e9)
-    assert "only the 16-bit weights" in scale.check_largest_model(40e9)
-    assert "only the 16-bit weights" in scale.check_largest_model(36e9)
+    usable = scale.usable_memory_bytes(scale.GPUS["A100-80GB"])       # 85.1 GB of 85.9
+    assert scale.check_largest_model(usable / 16) and not scale.check_largest_model(40e9)
+    assert "only the 16-bit weights" in scale.check_largest_model(usable / 2)
     assert "usable" in scale.check_largest_model(5e9) and not scale.check_largest_model(5e9)
-    assert scale.check_min_gpus(39) and "round up" in scale.check_min_gpus(38)
-    assert "90%" in scale.check_min_gpus(35) and not scale.check_min_gpus(35)
+    assert scale.check_min_gpus(33) and "round up" in scale.check_min_gpus(32)
+    assert not scale.check_min_gpus(35)
     assert scale.check_gpus_for_days(4961)
     assert "round up" in scale.check_gpus_for_days(4960.3)
     assert "6PD" in scale.check_gpus_for_days(3720)

@@ -207,7 +207,13 @@ def test_the_cost_model_prices_the_zero_bubble_schedules():
            for s in ("1f1b", "zb-h1", "zbv")}
     assert est["zbv"].time["bubble"] < est["zb-h1"].time["bubble"] < est["1f1b"].time["bubble"]
     assert est["zb-h1"].time["bubble"] == pytest.approx(est["1f1b"].time["bubble"] / 3)
-    assert est["zb-h1"].memory.total == est["1f1b"].memory.total
+    # Qi et al. 2024: ZB-H1 at 1F1B's activation memory on the first stage; its last stage
+    # also holds p micro-batches (until their W) beside the loss's peak, so the busiest GPU
+    # holds a little more
+    from lessonlib.costmodel.memory import activation_bytes
+    first = {s: activation_bytes(model, 1, 4, 1, 8, schedule=s, stage=0) for s in est}
+    assert first["zb-h1"] == first["1f1b"]
+    assert est["zb-h1"].memory.total >= est["1f1b"].memory.total
 
 
 # ---------------------------------------------------------------- real ranks

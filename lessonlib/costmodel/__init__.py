@@ -60,11 +60,11 @@ from .hardware import CLUSTERS, GPU, GPUS, Cluster, get_cluster, get_gpu, make_c
 from .megatron2021 import load_table1, table1_report, table1_rows
 from .memory import (BYTES_PER_PARAM, MemoryBreakdown, activation_bytes,
                      activation_bytes_per_layer, in_flight_microbatches, memory_per_gpu,
-                     model_state_bytes)
+                     memory_reserves, model_state_bytes, usable_memory_bytes)
 from .model import GPT, MODELS, get_model
 from .planner import Plan, candidate_layouts, explain, plan, tp_sweep
 from .search import explain_axes, plan_job
-from .throughput import USABLE_MEMORY_FRACTION, Estimate, Layout, estimate
+from .throughput import Estimate, Layout, estimate
 
 __all__ = [
     "bubble_fraction", "bubble_time", "stashed_microbatches",
@@ -79,8 +79,9 @@ __all__ = [
     "CLUSTERS", "GPU", "GPUS", "Cluster", "get_cluster", "get_gpu", "make_cluster",
     "load_table1", "table1_report", "table1_rows",
     "BYTES_PER_PARAM", "MemoryBreakdown", "activation_bytes", "activation_bytes_per_layer",
-    "in_flight_microbatches", "memory_per_gpu", "model_state_bytes",
+    "in_flight_microbatches", "memory_per_gpu", "memory_reserves", "model_state_bytes",
+    "usable_memory_bytes",
     "GPT", "MODELS", "get_model",
     "Plan", "candidate_layouts", "explain", "plan", "tp_sweep", "explain_axes", "plan_job",
-    "USABLE_MEMORY_FRACTION", "Estimate", "Layout", "estimate",
+    "Estimate", "Layout", "estimate",
 ]

@@ -30,7 +30,7 @@ from .hardware import (COLLECTIVE_ALGORITHMS, CLUSTERS, GPUS, check_network_gbit
 from .megatron2021 import table1_report
 from .model import GPT, MODELS, get_model
 from .planner import PLAN_SCHEDULES, plan
-from .published import published_report
+from .published import memory_report, published_report
 from .search import explain_axes, plan_job
 from .throughput import Layout, estimate
 
@@ -178,7 +178,7 @@ def _run(args):
     if args.table1:
         return table1_report()
     if args.published:
-        return published_report()
+        return published_report() + "\n\n" + memory_report()
     model, cluster = _model(args), _cluster(args)
     if args.plan5:
         if args.gpus is None or args.global_batch is None:

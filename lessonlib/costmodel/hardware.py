@@ -26,11 +26,14 @@ from lessonlib.argcheck import positive_int
 from .comm import members_per_node
 
 GB = 1e9  # datasheet gigabytes and GB/s are decimal
+MiB = 2**20
+GiB = 2**30  # what a GPU reports its memory in (nvidia-smi's MiB; torch's total_memory bytes)
 
 
 @dataclass(frozen=True)
 class GPU:
-    """One accelerator, as its datasheet states it."""
+    """One accelerator, as its datasheet states it; ``memory_bytes`` as the GPU reports it
+    (nvidia-smi's total: an "80 GB" H100 shows 81,559 MiB, 79.6 GiB, not 80e9 bytes)."""
 
     name: str
     peak_flops: float  # dense 16-bit Tensor Core FLOP/s (no 2:4 sparsity)
@@ -46,28 +49,31 @@ class GPU:
 
 GPUS = {
     "V100-SXM2-32GB": GPU(
-        "V100-SXM2-32GB", 125e12, 32 * GB, 900 * GB, 300 * GB,
+        "V100-SXM2-32GB", 125e12, 32 * GiB, 900 * GB, 300 * GB,
         "NVIDIA Tesla V100 datasheet (SXM2): 125 TFLOP/s Tensor, 32 GB HBM2 at 900 GB/s, "
-        "NVLink 300 GB/s"),
+        "NVLink 300 GB/s; 32 GiB as the GPU reports it"),
     "A100-80GB": GPU(
-        "A100-80GB", 312e12, 80 * GB, 2039 * GB, 600 * GB,
+        "A100-80GB", 312e12, 81920 * MiB, 2039 * GB, 600 * GB,
         "NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOP/s BF16 dense, 80 GB HBM2e at "
-        "2,039 GB/s, NVLink 600 GB/s; Megatron-LM 2021 (Narayanan et al.) uses 312 as peak"),
+        "2,039 GB/s, NVLink 600 GB/s; Megatron-LM 2021 (Narayanan et al.) uses 312 as peak; "
+        "nvidia-smi reports 81,920 MiB"),
     "H100-SXM5": GPU(
-        "H100-SXM5", 989e12, 80 * GB, 3350 * GB, 900 * GB,
+        "H100-SXM5", 989e12, 81559 * MiB, 3350 * GB, 900 * GB,
         "NVIDIA H100 datasheet (SXM5): 989 TFLOP/s BF16 dense (1,979 with sparsity), "
-        "80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; dense FP8 1,979 (3,958 with sparsity)",
+        "80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; dense FP8 1,979 (3,958 with sparsity); "
+        "nvidia-smi reports 81,559 MiB",
         1979e12),
     "H200": GPU(
-        "H200", 989e12, 141 * GB, 4800 * GB, 900 * GB,
+        "H200", 989e12, 143771 * MiB, 4800 * GB, 900 * GB,
         "NVIDIA H200 datasheet (SXM): 989 TFLOP/s BF16 dense (1,979 with sparsity), "
-        "141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; dense FP8 1,979 (3,958 with sparsity)",
+        "141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; dense FP8 1,979 (3,958 with sparsity); "
+        "nvidia-smi reports 143,771 MiB",
         1979e12),
 }
 
 # DeepSeek-V3's GPU, kept out of GPUS (the course's datasheet list) and used by "hgx-h800".
 H800 = GPU(
-    "H800", 989e12, 80 * GB, 3350 * GB, 400 * GB,
+    "H800", 989e12, 81559 * MiB, 3350 * GB, 400 * GB,
     "H100 SXM5's compute and memory with NVLink cut to 400 GB/s; DeepSeek-V3 (DeepSeek-AI "
     "2024, §3.1) trained on 2048 of them, 8 per node, 400 Gb/s InfiniBand per GPU; dense "
     "FP8 1,979 TFLOP/s as the H100", 1979e12)
@@ -87,7 +93,8 @@ H100_NVL_DENSE_BF16 = 835e12
 H100_96GB = GPU(
     "H100-96GB", 989e12, 96 * GB, 2400 * GB, 900 * GB,
     "torchtitan docs/performance.md: H100 with 96 GB HBM2e at 2.4 TB/s on Grand Teton, "
-    "500 W; BF16 peak as the SXM5 (989, torchtitan's MFU denominator); under 500 W between "
+    "500 W (96 GB taken as 96e9 bytes, 89.4 GiB: the MiB these parts report is not "
+    "published); BF16 peak as the SXM5 (989, torchtitan's MFU denominator); under 500 W between "
     "the NVL's 835 and the SXM's 989 (its team), taken as the middle", 1979e12,
     power_limited_flops=(989e12 + H100_NVL_DENSE_BF16) / 2)
 

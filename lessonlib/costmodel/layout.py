@@ -64,6 +64,10 @@ from .model import MAX, divisors
 # exposed, c dividing the (KV) heads of a tensor-parallel rank (Jacobs et al. 2023;
 # Megatron-Core's a2a).
 CP_COMM = ("ring", "allgather", "ulysses")
+# Bytes per gradient element: bf16, or fp32 accumulation (BLOOM's BF16 optimizer; Megatron's
+# --accumulate-allreduce-grads-in-fp32); the same for Adam's two moments (bf16: DeepSeek-V3).
+GRAD_DTYPES = {"bf16": 2, "fp32": 4}
+TP_PLANS = ("megatron", "pytorch")
 
 
 def _is_int(value):
@@ -102,6 +106,11 @@ class Layout:
     comm_sm_share: float = 0.0
     async_tp: bool = False
     fp8_scaling: str = "blockwise"
+    grad_dtype: str = "bf16"     # what gradients accumulate in: "bf16" or "fp32"
+    moment_dtype: str = "fp32"   # Adam's momentum and variance: "fp32" or "bf16"
+    # Whose tensor-parallel plan: "megatron" (SP keeps the column layers' input shard and
+    # gathers it again in backward) or "pytorch" (torchtitan's: keeps the gathered input).
+    tp_plan: str = "megatron"
 
     def __post_init__(self):
         for name in ("t", "c", "p", "d", "e", "b", "v", "m", "global_batch"):
@@ -124,6 +133,8 @@ class Layout:
             raise ValueError(f"comm_sm_share={self.comm_sm_share!r} must be a share of the "
                              f"GPU's SMs from 0 to below 1, e.g. 20/132 (DeepSeek-V3)")
         for name, allowed in (("cp_comm", CP_COMM), ("precision", PRECISIONS),
+                              ("grad_dtype", GRAD_DTYPES), ("moment_dtype", GRAD_DTYPES),
+                              ("tp_plan", TP_PLANS),
                               ("kernels", KERNELS), ("fp8_scaling", FP8_SCALINGS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of "
@@ -218,6 +229,8 @@ class Layout:
         extras += ["uneven stages"] if self.uneven_stages else []
         extras += [f"CP {self.cp_comm}"] if self.c > 1 and self.cp_comm != "ring" else []
         extras += ["async TP"] if self.async_tp else []
+        extras += ["fp32 grads"] if self.grad_dtype == "fp32" else []
+        extras += ["bf16 moments"] if self.moment_dtype == "bf16" else []
         if self.precision != "bf16":      # blockwise, DeepSeek-V3's, printed as plain "FP8"
             tensorwise = self.fp8_scaling != "blockwise"
             extras += [f"FP8 {self.fp8_scaling}" if tensorwise else "FP8"]

@@ -1,41 +1,36 @@
-"""Where a GPU's memory goes during training: weights, gradients, optimizer state, activations.
+"""Where a GPU's memory goes during training: everything resident on the busiest GPU, by part.
 
 Model state. Mixed-precision Adam keeps 16 bytes per parameter: 2 for the 16-bit weights,
 2 for the 16-bit gradients, 12 for the fp32 master weights, momentum and variance (ZeRO,
-Rajbhandari et al. 2020, §3.1). Tensor and pipeline parallelism split the parameters over
-t*p GPUs; ZeRO stage 1, 2, 3 additionally shards the optimizer state, then the gradients,
-then the weights over the d data-parallel replicas.
+Rajbhandari et al. 2020, §3.1); gradients may accumulate in fp32 and the moments be kept in
+bf16 (settings). Tensor and pipeline parallelism split the parameters over t*p GPUs; ZeRO
+stage 1, 2, 3 additionally shards the optimizer state, then the gradients, then the weights
+over the d data-parallel replicas (Llama 3's FSDP holds what stage 2 holds).
 
-Activations. Korthikanti et al. 2022 (Table 2) count the bytes one transformer layer keeps
-for the backward pass, in 16-bit, for a micro-batch of b sequences:
+Activations. What one layer keeps for its backward is a formula per layer family, measured
+to the byte on a real layer of that family (``layer_bytes``: GPT's is Korthikanti et al.
+2022's Table 2, s*b*h*(34 + 5*a*s/h), plus the norms' statistics; Llama's, Nemotron's and
+DeepSeek-V3's are their own), split by TP and SP, with the recompute modes none, selective,
+full (the layer's input, 1/t under SP), torchtitan's op-level and DeepSeek-V3's. Under 1F1B
+the first stage holds min(p, m) micro-batches of its L/p layers: about L layers' worth,
+whatever p is (Korthikanti et al. 2022, Eq. 5); interleaving with v chunks multiplies that
+by 1 + (p-1)/(p*v); GPipe holds all m, DualPipe PP + 1.
 
-    no parallelism               s*b*h*(34 + 5*a*s/h)
-    tensor parallel (TP)         s*b*h*(10 + 24/t + 5*a*s/(h*t))
-    TP + sequence parallel (SP)  s*b*h*(34 + 5*a*s/h) / t
-    TP + selective recompute     s*b*h*(10 + 24/t)          (SP: s*b*h*34/t)
-    full recompute               2*s*b*h                    (only each layer's input)
-
-The course's own layer (``lessonlib.models.Block``) keeps less, and the exact count is
-``course_layer_activation_bytes``, measured to the byte by ``lessonlib.instruments.activations``; per
-rank, with s_r = s/t rows under SP (else s) and e bytes per element (CPU, float32/64):
-
-    none       e * (4*b*s_r*h + 4*b*s_r + 12*b*s*h/t + b*a*s/t)
-    selective  e * (4*b*s_r*h + 4*b*s_r + 12*b*s*h/t)
-    full       e * b*s_r*h                  (the layer's input, kept by the checkpoint)
-
-``course_vs_table2`` lists the terms beside Korthikanti's, with why each differs.
-
-Under 1F1B the first stage holds min(p, m) micro-batches of its L/p layers: about L layers'
-worth, whatever p is (Korthikanti et al. 2022, Eq. 5); interleaving with v chunks multiplies
-that by 1 + (p-1)/(p*v). GPipe holds all m micro-batches.
+Then the loss's float32 peak on the stage with the output layer (``logits``), and the
+working set that comes and goes (``working``): a recomputed layer, FSDP's gathered weights
+and unsharded gradients, all-gather CP's K/V. What the job cannot use is named, not a share:
+``memory_reserves``. The course's own tiny layer (``lessonlib.models.Block``) has its exact
+count in ``course_layer_activation_bytes`` (float32/64 on CPU, lesson 14), and
+``course_vs_table2`` sets its terms beside Korthikanti's.
 
 Run ``python -m lessonlib.costmodel --model gpt3-175B --t 8 --p 12 --d 4 --microbatch 1
---global-batch 1536`` to see the split for one layout.
+--global-batch 1536`` to see the split for one layout, ``--published`` for the memory rows.
 """
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from . import layer_bytes as lb
 from .bubble import stashed_microbatches
 
 # ZeRO (Rajbhandari et al. 2020), §3.1: bytes per parameter of mixed-precision Adam.
@@ -43,9 +38,30 @@ WEIGHT_BYTES = 2  # 16-bit weights
 GRAD_BYTES = 2  # 16-bit gradients
 OPTIMIZER_BYTES = 12  # fp32 master weights + momentum + variance, 4 bytes each
 BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES  # 16
-# Share of a GPU's memory a training job can use; the CUDA context, NCCL buffers and
-# allocator fragmentation take the rest. Every "fits" of the cost model compares with it.
-USABLE_MEMORY_FRACTION = 0.9
+# What a job cannot use of a GPU's memory, by name (every "fits" compares with the rest):
+# the CUDA context with PyTorch's kernels loaded, an estimate here, not a measurement
+# (``labs/gpu_check.py`` can measure it where a GPU is present); NCCL's buffers, per
+# communicator NCCL_BUFFSIZE (4 MiB by default, NCCL's environment-variable documentation)
+# for each of 32 channels (NCCL_MAX_NCHANNELS) in each direction; allocator fragmentation, 0:
+# not modelled (torchtitan's published GiB are the caching allocator's reserved bytes, which
+# include it, so there the model's allocated bytes are compared with reserved ones).
+CUDA_CONTEXT_BYTES = 512 * 2**20
+NCCL_BUFFSIZE = 4 * 2**20
+NCCL_CHANNELS = 32
+FRAGMENTATION_BYTES = 0
+
+
+def memory_reserves(communicators=1):
+    """Named bytes a job cannot use, for ``communicators`` NCCL groups (one per parallel
+    axis in use)."""
+    return {"cuda_context": CUDA_CONTEXT_BYTES,
+            "nccl_buffers": communicators * NCCL_CHANNELS * 2 * NCCL_BUFFSIZE,
+            "fragmentation": FRAGMENTATION_BYTES}
+
+
+def usable_memory_bytes(gpu, communicators=1):
+    """A GPU's memory as it reports it, less ``memory_reserves``."""
+    return gpu.memory_bytes - sum(memory_reserves(communicators).values())
 
 # "op": torchtitan's op-level selective checkpointing (``kernels.op_recompute_share``);
 # "norm-up": DeepSeek-V3's, the norms, MLA's up-projections and SwiGLU's output recomputed
@@ -61,6 +77,8 @@ class MemoryBreakdown:
     gradients: float
     optimizer: float
     activations: float
+    logits: float = 0.0     # the loss's float32 peak on the stage with the output layer
+    working: float = 0.0    # transient: a recomputed layer, gathered weights and gradients, K/V
 
     @property
     def model_state(self):
@@ -68,25 +86,31 @@ class MemoryBreakdown:
 
     @property
     def total(self):
-        return self.model_state + self.activations
+        return self.model_state + self.activations + self.logits + self.working
 
     def as_dict(self):
         return {"weights": self.weights, "gradients": self.gradients,
                 "optimizer": self.optimizer, "activations": self.activations,
-                "total": self.total}
+                "logits": self.logits, "working": self.working, "total": self.total}
 
 
-def model_state_bytes(n_params, zero_stage=0, d=1):
+def model_state_bytes(n_params, zero_stage=0, d=1, grad_bytes=GRAD_BYTES,
+                      optimizer_bytes=OPTIMIZER_BYTES):
     """(weights, gradients, optimizer) bytes per GPU for ``n_params`` parameters on it.
 
     ZeRO (Rajbhandari et al. 2020), Figure 1: stage 1 -> 4P + 12P/d, stage 2 -> 2P + 14P/d,
-    stage 3 -> 16P/d.
+    stage 3 -> 16P/d. ``grad_bytes``: 2 for bf16 gradients, 4 where they accumulate in fp32
+    (BLOOM's "BF16 optimizer ... accumulates gradients in fp32"; Megatron's
+    ``--accumulate-allreduce-grads-in-fp32``). Llama 3's FSDP (§3.3.2: optimizer state and
+    gradients sharded, the weights not resharded after the forward) holds what stage 2 holds.
+    ``optimizer_bytes``: 12 (fp32 master, momentum, variance), 8 with the moments in bf16
+    (DeepSeek-V3 §3.3.4).
     """
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage={zero_stage!r} must be 0, 1, 2 or 3")
     weights = WEIGHT_BYTES * n_params / (d if zero_stage >= 3 else 1)
-    grads = GRAD_BYTES * n_params / (d if zero_stage >= 2 else 1)
-    optimizer = OPTIMIZER_BYTES * n_params / (d if zero_stage >= 1 else 1)
+    grads = grad_bytes * n_params / (d if zero_stage >= 2 else 1)
+    optimizer = optimizer_bytes * n_params / (d if zero_stage >= 1 else 1)
     return weights, grads, optimizer
 
 
@@ -130,61 +154,34 @@ def stage_expert_params(model, t, p, e=1, uneven=False, schedule="1f1b"):
     return layers * (model.layer_params(e) - model.layer_dense_params()) / t
 
 
-def activation_bytes_per_layer(model, b, t=1, sequence_parallel=False, recompute="none"):
-    """Bytes one layer keeps for backward, per micro-batch: Korthikanti et al. 2022, Table 2,
-    for Megatron-LM 2021's GPT layer; for today's layers (``model.legacy`` False) the same
-    count made tensor by tensor for their own layer (``swiglu_layer_activation_bytes``)."""
+def activation_bytes_per_layer(model, b, t=1, sequence_parallel=False, recompute="none",
+                               fused=True, fp8=False, gathered=False):
+    """Bytes one layer keeps for backward, per micro-batch, on one of t ranks: the formula
+    measured on that family's layer (``layer_bytes``): Megatron-LM's GPT layer with its
+    unfused softmax (Korthikanti et al. 2022's Table 2 plus the norms' statistics), a Llama
+    or Nemotron layer (``model.mlp``), DeepSeek-V3's MLA + MoE (every layer counted as MoE).
+    ``fused``: SwiGLU as one kernel (Megatron's; torch.compile's), else eager's four tensors;
+    ``fp8``: DeepSeek-V3's FP8 caching of the MoE's inputs (``layer_bytes.moe_bytes``);
+    ``gathered``: PyTorch's SP plan, the column layers' gathered inputs kept."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute={recompute!r} must be one of {', '.join(RECOMPUTE_MODES)}")
     s, h, a = model.s, model.h, model.a
-    sbh = s * b * h
+    if model.legacy:
+        return lb.gpt_layer_bytes(s, b, h, a, t, sequence_parallel, recompute)
     if recompute == "full":
-        return 2 * sbh
-    if not model.legacy:
-        return swiglu_layer_activation_bytes(model, b, t, sequence_parallel, recompute)
-    # softmax input/output and dropout mask: grows with s^2
-    attention = 5 * a * s / h
-    if sequence_parallel:
-        return sbh * 34 / t if recompute == "selective" else sbh * (34 + attention) / t
-    if recompute in ("selective", "op"):
-        return sbh * (10 + 24 / t)
-    return sbh * (10 + 24 / t + attention / t)
-
-
-def swiglu_layer_activation_bytes(model, b, t=1, sequence_parallel=False, recompute="none"):
-    """Korthikanti's method (Table 2: every tensor a layer's backward reads, 2 bytes per
-    element) applied to a pre-norm layer with RMSNorm, grouped-query attention in one fused
-    kernel, and a SwiGLU MLP (Llama 3; an MoE layer's average token is counted as a dense
-    SwiGLU of the model's ``ffn`` width, an approximation), per token in elements:
-
-        RMSNorm inputs and outputs (inputs of QKV and of w1, w3)      4 h   (split by SP)
-        Q, K, V as the attention kernel saves them                    q + 2 kv
-        the kernel's output (= the output projection's input)         h
-        w1 x (SiLU's input), SiLU(w1 x), w3 x, their product (w2's)   4 ffn
-
-    No dropout, and the fused kernel keeps no s x s scores (a log-sum-exp per head and
-    query, left out). Selective recompute saves nothing more here: the kernel already
-    recomputes its scores. ``recompute="op"`` (torchtitan): the layer's input and the saved
-    matmul and attention outputs: wq x, wv x, the kernel's output, w1 x and w2's output.
-    ``recompute="norm-up"`` (DeepSeek-V3): "We recompute all RMSNorm operations and MLA
-    up-projections during back-propagation, thereby eliminating the need to persistently
-    store their output activations" (§3.2.3), and "we cache the inputs of the SwiGLU operator
-    and recompute its output in the backward pass" (§3.3.4): the norms' inputs, MLA's latents
-    in place of Q, K and V (``mla_latents``; Q, K, V for a model without MLA), the kernel's
-    output, and w1 x and w3 x. Counted at 2 bytes, though §3.3.4 caches the SwiGLU inputs
-    and other linear inputs in FP8: an upper bound."""
-    qk_dim, v_dim = model.qk_v_head_dims()
-    h, q = model.h, model.a * qk_dim
-    kv = (model.kv_heads or model.a) * (qk_dim + v_dim) / 2
-    ffn = (model.ffn or 4 * h) if model.moe is None else model.moe.ffn
-    rows = b * model.s
-    norms = (rows * h / t) if sequence_parallel else rows * h
-    if recompute == "op":
-        return 2 * (norms + rows * (q + kv + h + ffn + h) / t)
-    if recompute == "norm-up":
-        latents = sum(model.mla_latents) if model.mla_latents else q + 2 * kv
-        return 2 * (2 * norms + rows * (latents + h + 2 * ffn) / t)
-    return 2 * (4 * norms + rows * (q + 2 * kv + h + 4 * ffn) / t)
+        return lb.gpt_layer_bytes(s, b, h, a, t, sequence_parallel, "full")
+    if model.mla_latents and model.moe is not None:
+        qk, v = model.qk_v_head_dims()
+        q_latent, kv_latent, rope = model.mla_latents
+        moe = model.moe       # measured without TP (DeepSeek-V3 ran none): t > 1 divides all
+        return (lb.mla_bytes(s, b, h, a, q_latent, kv_latent, qk, v, rope, recompute, fp8)
+                + lb.moe_bytes(s, b, h, moe.E, moe.k, moe.expert_ffn, moe.shared, recompute,
+                               fused, fp8)) / t
+    # an MoE without MLA: its k routed experts counted as one SwiGLU k times as wide
+    ffn = model.ffn if model.moe is None else model.moe.k * model.moe.expert_ffn
+    return lb.llama_layer_bytes(s, b, h, a, model.kv_heads or a, ffn, t, sequence_parallel,
+                                "none" if recompute in ("selective", "norm-up") else recompute,
+                                model.mlp, fused, gathered and t > 1)
 
 
 def course_layer_activation_bytes(b, s, h, a, t=1, sequence_parallel=False,
@@ -247,40 +244,91 @@ def in_flight_microbatches(schedule, p, m, v=1, stage=0):
 
 
 def activation_bytes(model, t, p, b, m, v=1, recompute="full", sequence_parallel=False,
-                     schedule="1f1b", uneven=False):
-    """Activation bytes on a GPU of the busiest stage (the first; ZBV: the last) at its peak.
+                     schedule="1f1b", uneven=False, fused=True, stage=None, fp8=False,
+                     gathered=False):
+    """Activation bytes a GPU of ``stage`` keeps at its peak: by default the busiest, the first
+    (ZBV: the last, the bottom of its V). What a recomputing layer rebuilds in its backward is
+    working memory, counted by ``memory_per_gpu``."""
+    per_layer = activation_bytes_per_layer(model, b, t, sequence_parallel, recompute, fused,
+                                           fp8, gathered)
+    if stage is None:
+        stage = p - 1 if schedule == "zbv" else 0
+    return per_layer * layers_per_stage(model.L, p, uneven) * in_flight_microbatches(
+        schedule, p, m, v, stage)
 
-    With full recompute the backward of one layer rebuilds that layer's activations, so one
-    layer's worth (without recompute) is added as working memory.
+
+def working_bytes(model, t=1, b=1, recompute="full", sequence_parallel=False, zero_stage=0,
+                  c=1, e=1, cp_comm="ring", fused=True, gathered=False):
+    """Transient bytes on top of what is held, at the peak of the backward:
+
+    * a recomputed layer's activations (``full``, ``op``), rebuilt one layer at a time;
+    * ZeRO-3 / FSDP: the embedding's or output layer's gathered weights (the root unit, kept
+      from forward to backward, as torchtitan's ``fully_shard(model)``) and two layers' (the
+      one computing and the one prefetched, FSDP's default forward prefetch), in bf16, plus one
+      unit's unsharded bf16 gradient and its float32 copy for the reduce-scatter (torchtitan's
+      ``mixed_precision_reduce = "float32"``); ZeRO-2 one layer's unsharded gradient;
+    * all-gather context parallelism (Llama 3 §3.3.2): one layer's K and V of the whole
+      sequence, gathered in the forward and again in the backward with their gradients.
     """
-    per_layer = activation_bytes_per_layer(model, b, t, sequence_parallel, recompute)
-    busiest = p - 1 if schedule == "zbv" else 0          # ZBV: the bottom of the V
-    stored = per_layer * layers_per_stage(model.L, p, uneven) * in_flight_microbatches(
-        schedule, p, m, v, busiest)
-    if recompute == "full":
-        stored += activation_bytes_per_layer(model, b, t, sequence_parallel, "none")
-    return stored
+    work = 0.0
+    if recompute in ("full", "op"):
+        work += activation_bytes_per_layer(model, b, t, sequence_parallel, "none", fused,
+                                           gathered=gathered) / c
+    layer = model.layer_params(e) / t
+    head = model.V * model.h / t
+    if zero_stage == 3:
+        work += WEIGHT_BYTES * (head + 2 * layer) + (WEIGHT_BYTES + 4) * max(head, layer)
+    elif zero_stage == 2:
+        work += GRAD_BYTES * layer
+    if c > 1 and cp_comm == "allgather":
+        kv_dim = max((model.kv_heads or model.a) // t, 1) * (model.h // model.a)
+        work += 4 * model.s * b * kv_dim * WEIGHT_BYTES
+    return work
 
 
 def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
                    sequence_parallel=False, zero_stage=0, schedule="1f1b", c=1, e=1,
-                   shard=None, uneven=False):
+                   shard=None, uneven=False, grad_bytes=GRAD_BYTES, fused=True,
+                   cp_comm="ring", fp8=False, optimizer_bytes=OPTIMIZER_BYTES,
+                   gathered=False):
     """MemoryBreakdown of the busiest GPU for a (t, c, p, d, e) layout and micro-batching
-    (b, m).
+    (b, m): the first pipeline stage (most micro-batches in flight) or the last (the
+    output layer's loss, ``layer_bytes.loss_bytes``), whichever holds more; one GPU holds
+    both when p = 1 and under DualPipe (its first and last stage share a rank, §3.2.3).
 
     Context parallelism divides the activations by c (each rank keeps s/c tokens); its c
     ranks hold the same weights, so ZeRO/FSDP shards the state over ``shard`` x c GPUs
     (``shard``: the shard group inside d, default d; HSDP replicates across the d/shard
     groups). An expert's weights have shard x c / e copies to shard over. ``uneven``: first
-    and last stage one layer lighter; DualPipe (``schedule``) holds two stages.
+    and last stage one layer lighter; DualPipe (``schedule``) holds two stages. The output
+    layer is vocabulary-parallel over t (Megatron-LM's; torchtitan's ``loss_parallel``).
     """
     shard = (d if shard is None else shard) * c
     experts = stage_expert_params(model, t, p, e, uneven, schedule)
     dense = model_state_bytes(stage_params(model, t, p, e, uneven, schedule) - experts,
-                              zero_stage, shard)
+                              zero_stage, shard, grad_bytes, optimizer_bytes)
     if experts:
-        moe = model_state_bytes(experts, zero_stage, max(1, shard // e))
+        moe = model_state_bytes(experts, zero_stage, max(1, shard // e), grad_bytes,
+                                optimizer_bytes)
         dense = tuple(x + y for x, y in zip(dense, moe))
-    acts = activation_bytes(model, t, p, b, m, v, recompute, sequence_parallel, schedule,
-                            uneven) / c
-    return MemoryBreakdown(*dense, acts)
+    if zero_stage == 3 and p > 1 and m > 1:
+        # FSDP under a pipeline (torchtitan): the stage's weights are not resharded after the
+        # forward (no all-gather per micro-batch) and its gradients accumulate unsharded, in
+        # the float32 of the reduce-scatter, until the last micro-batch's backward.
+        whole = stage_params(model, t, p, e, uneven, schedule)
+        dense = (dense[0] + WEIGHT_BYTES * whole, dense[1] + 4 * whole, dense[2])
+    work = working_bytes(model, t, b, recompute, sequence_parallel, zero_stage, c, e,
+                         cp_comm, fused, gathered)
+    loss = lb.loss_bytes(model.s / c, b, model.V, t)
+
+    def stage_memory(stage, logits):
+        acts = activation_bytes(model, t, p, b, m, v, recompute, sequence_parallel,
+                                schedule, uneven, fused, stage, fp8, gathered) / c
+        return MemoryBreakdown(*dense, acts, logits, work)
+
+    first = stage_memory(p - 1 if schedule == "zbv" else 0,
+                         loss if p == 1 or schedule == "dualpipe" else 0.0)
+    if p == 1 or schedule == "dualpipe":
+        return first
+    return max(first, stage_memory(0 if schedule == "zbv" else p - 1, loss),
+               key=lambda mem: mem.total)

@@ -61,6 +61,9 @@ class GPT:
     # MLA's latents (DeepSeek-V3 §2.1.1, §4.2): the query latent d_c' (1536), the key/value
     # latent d_c (512) and the shared rotary key d_h^R (64) that the up-projections read.
     mla_latents: tuple | None = None
+    # The MLP of a shape with ``ffn``: "swiglu" (three h x ffn matrices, Llama) or "relu2"
+    # (two, squared ReLU: Nemotron-4, arXiv 2402.16819 §2).
+    mlp: str = "swiglu"
 
     @property
     def legacy(self):
@@ -82,6 +85,8 @@ class GPT:
                              f"heads={self.a} (each key/value head serves a/kv_heads query heads)")
         if self.ffn is not None:
             positive_int("ffn", self.ffn, most=MAX)
+        if self.mlp not in ("swiglu", "relu2"):
+            raise ValueError(f"mlp={self.mlp!r} must be 'swiglu' or 'relu2'")
         if self.moe is not None and (self.moe.L, self.moe.h, self.moe.V) != (self.L, self.h,
                                                                               self.V):
             raise ValueError(f"moe={self.moe.name!r} has L={self.moe.L}, h={self.moe.h}, "
@@ -105,7 +110,8 @@ class GPT:
         if self.legacy:
             return 12 * self.h**2 + 13 * self.h
         if self.moe is None:
-            return self.attention_params() + 3 * self.h * self.ffn + 2 * self.h
+            matrices = 3 if self.mlp == "swiglu" else 2
+            return self.attention_params() + matrices * self.h * self.ffn + 2 * self.h
         return self.layer_dense_params() + self.moe.E * expert_params(self.moe) / e
 
     def layer_dense_params(self):
@@ -195,6 +201,12 @@ MODELS = {
                       tied_embeddings=False),
     "llama3-405B": GPT(126, 16384, 128, 8192, 128256, "llama3-405B", kv_heads=8, ffn=53248,
                        tied_embeddings=False),
+    # Nemotron-4 15B (arXiv 2402.16819, Table 1): 32 layers, h 6144, 48 heads, 8 KV heads,
+    # 4K tokens, V 256,000, untied; its MLP two matrices of 24,576 with squared ReLU (NeMo's
+    # config); 12.5 B non-embedding + 3.1 B embedding parameters. Its LayerNorm keeps a mean
+    # beside 1/std, 4 bytes per token more than the RMSNorm the activation count assumes.
+    "nemotron-4-15B": GPT(32, 6144, 48, 4096, 256000, "nemotron-4-15B", kv_heads=8,
+                          ffn=24576, tied_embeddings=False, mlp="relu2"),
     # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437): 671 B total, 37 B active, 4K tokens,
     # 128 heads of multi-head latent attention; its experts as ``moe.py`` builds them.
     "deepseek-v3": GPT(61, 7168, 128, 4096, 129280, "deepseek-v3", tied_embeddings=False,

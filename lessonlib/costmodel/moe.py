@@ -27,7 +27,8 @@ from lessonlib.argcheck import positive_int
 
 from .alpha_beta import allreduce_terms
 from .comm import ring_allreduce_time_s
-from .memory import BYTES_PER_PARAM, OPTIMIZER_BYTES, USABLE_MEMORY_FRACTION
+from .hardware import GPUS
+from .memory import BYTES_PER_PARAM, OPTIMIZER_BYTES, usable_memory_bytes
 
 
 def gqa_attention_params(h: int, heads: int, kv_heads: int) -> int:
@@ -198,14 +199,13 @@ def ep_vs_tp(m: MoEModel, n: int, b: int, s: int, cluster) -> dict:
             "ep_gemm_width": m.expert_ffn, "tp_gemm_width": m.expert_ffn / n}
 
 
-def choose_e(m: MoEModel, n_gpus: int, cluster, p: int = 1, zero1: bool = True,
-             memory_fraction: float = USABLE_MEMORY_FRACTION) -> dict:
+def choose_e(m: MoEModel, n_gpus: int, cluster, p: int = 1, zero1: bool = True) -> dict:
     """The smallest e (dividing E and the n_gpus/p data-parallel GPUs) whose model state
-    fits the usable ``memory_fraction`` of a GPU (activations left out), with p pipeline
+    fits a GPU's usable memory (``usable_memory_bytes``; activations left out), with p pipeline
     stages: the fewest GPUs an expert's tokens must travel to; {"e", "memory_per_gpu",
     "fits", "inside_server"}."""
     d = n_gpus // p
-    usable = memory_fraction * cluster.gpu.memory_bytes
+    usable = usable_memory_bytes(cluster.gpu)
     rows = [{"e": e, "memory_per_gpu": ep_memory_per_gpu(m, e, p, d, zero1)["total"],
              "inside_server": e <= cluster.gpus_per_node}
             for e in range(1, min(m.E, d) + 1) if m.E % e == 0 and d % e == 0]
@@ -250,4 +250,4 @@ def one_trillion(dense_params: float, moe: MoEModel = MOE_MODELS["moe-1T"]) -> d
             "dense_state_bytes": BYTES_PER_PARAM * dense_params,
             "flops_ratio_dense_over_moe": 6 * dense_params / training_flops_per_token(moe),
             "min_gpus_80GB": math.ceil(BYTES_PER_PARAM * total_params(moe)
-                                       / (USABLE_MEMORY_FRACTION * 80e9))}
+                                       / usable_memory_bytes(GPUS["H100-SXM5"]))}

@@ -173,7 +173,7 @@ def explain(plan):
         f"Pure data parallelism (t=1, p=1, d={plan.n_gpus}) puts the whole model on every "
         f"GPU: {model.params() / 1e9:,.1f} B parameters x {BYTES_PER_PARAM} bytes = "
         f"{state / 1e12:,.2f} TB of weights, gradients and Adam state, against "
-        f"{gpu.memory_bytes / GB:.0f} GB of HBM ({state / gpu.memory_bytes:,.0f}x too much)"
+        f"{gpu.memory_bytes / 2**30:.0f} GiB of HBM ({state / gpu.memory_bytes:,.0f}x too much)"
         + (f"; with activations it {_outcome(pure)}." if pure and not pure.fits else
            f"; it {_outcome(pure)}." if pure else "."))
     best = plan.best

@@ -12,10 +12,12 @@ their sources and the readings each needed are in ``record.py``.
 
 Run ``python -m lessonlib.costmodel --published``.
 """
+from dataclasses import replace
+
 from .compute import team_flops_per_token
-from .hardware import CLUSTERS
-from .record import published_runs
-from .throughput import estimate
+from .hardware import CLUSTERS, GiB
+from .record import memory_runs, published_runs
+from .throughput import estimate, memory_estimate
 
 def _mfu(model, formula, tokens_per_gpu, peak):
     return team_flops_per_token(model, formula) * tokens_per_gpu / peak
@@ -78,6 +80,41 @@ def published_report(runs=None):
     return "\n".join(lines)
 
 
+def memory_rows(runs=None):
+    """Per memory row: the row, the ``estimate`` (memory only), ``predicted`` GiB per GPU and
+    ``error`` against the published GiB (None for a layout that must only fit)."""
+    out = []
+    for row in runs or memory_runs():
+        est = memory_estimate(row.model, row.layout, CLUSTERS[row.cluster])
+        gib = est.memory.total / GiB
+        out.append({"row": row, "estimate": est, "predicted": gib,
+                    "error": None if row.gib is None else gib / row.gib - 1})
+    return out
+
+
+def memory_report(runs=None):
+    """A text table: peak memory per GPU predicted against published, by part, with the
+    error; layouts that must fit with the usable GiB and the verdict."""
+    lines = [f"{'memory row':44} {'published':>9} {'predicted':>9} {'error':>7}  "
+             f"{'state':>5} {'acts':>5} {'logit':>5} {'work':>5}  usable / verdict"]
+    for r in memory_rows(runs):
+        row, est = r["row"], r["estimate"]
+        mem = est.memory
+        parts = " ".join(f"{x / GiB:5.1f}" for x in (mem.model_state, mem.activations,
+                                                     mem.logits, mem.working))
+        published = "ran" if row.gib is None else f"{row.gib:.1f}"
+        error = "" if r["error"] is None else f"{r['error']:+.1%}"
+        verdict = f"{est.memory_capacity_bytes / GiB:.1f} GiB: " + (
+            "fits" if est.fits else "does NOT fit")
+        lines.append(f"{row.source[:44]:44} {published:>9} {r['predicted']:>9.1f} {error:>7}  "
+                     f"{parts}  {verdict}")
+    lines.append("GiB per GPU on the busiest GPU: model state, activations held, the loss's "
+                 "float32 peak, transient working set (a recomputed layer, FSDP's gathered "
+                 "weights and gradients, all-gathered K/V). torchtitan's figures are the "
+                 "allocator's reserved bytes.")
+    return "\n".join(lines)
+
+
 # The published setups the planner is asked about (item: the planner agrees with the teams).
 PLANNED = ("Llama 3 Table 4, 8,192 GPUs 8K", "Llama 3 Table 4, 16,384 GPUs 8K",
            "Llama 3 Table 4, 128K", "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours")
@@ -137,10 +174,38 @@ WHY = {
     "dp_comm": "real: the data-parallel exchange at the end of the step",
     "elementwise": "real: memory-bound kernels on each GPU's share of the activations",
 }
-MEMORY_GAP = ("a gap of the model: the run happened, so the layout fit; the model's "
-              "activation count (every tensor a SwiGLU/GQA layer keeps, each micro-batch in "
-              "flight at its peak) misses how the team saved memory (Llama 3 §3.3.2: memory "
-              "work that let 8K run without activation checkpointing)")
+MEMORY_GAP = ("a gap of the model: the run happened, so the layout fit; the model, which "
+              "counts what the measured layer of this family keeps (costmodel/layer_bytes.py) "
+              "for every micro-batch in flight, misses a saving the team made")
+# What the model keeps that the team's report does not say how it avoided, per run.
+MEMORY_GAPS = {
+    "DeepSeek-V3": "its largest term is the MoE's routed copies: each token's k = 8 expert "
+                   "inputs (FP8, §3.3.4) and outputs (BF16, kept for the gates' gradient), "
+                   "4 layers x (PP + 1) micro-batches of them under DualPipe; the report names "
+                   "FP8 caching of the inputs and recomputation of SwiGLU's output, not how "
+                   "the outputs are held",
+}
+
+
+# What each memory saving of a team bought: its layout with that one saving undone.
+SAVINGS = {
+    "Llama 3 Table 4, 8,192 GPUs 8K": {
+        "gradients whole (FSDP as ZeRO-1)": {"zero_stage": 1},
+        "no sequence parallelism": {"sequence_parallel": False},
+        "SwiGLU unfused (eager)": {"kernels": "eager"}},
+    "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours": {
+        "no recompute (§3.2.3)": {"recompute": "none"},
+        "Adam moments in FP32 (§3.3.4: BF16)": {"moment_dtype": "fp32"},
+        "BF16, no FP8 caching (§3.3.4)": {"precision": "bf16"}},
+}
+
+
+def memory_savings(run):
+    """(what, memory-only ``Estimate``) for ``run`` as published and with each of its
+    ``SAVINGS`` undone in turn."""
+    rows = [("as the team ran it", run.layout)] + [
+        (what, replace(run.layout, **change)) for what, change in SAVINGS[run.source].items()]
+    return [(what, memory_estimate(run.model, lay, CLUSTERS[run.cluster])) for what, lay in rows]
 
 
 def explain_versus_planner(run):
@@ -150,18 +215,19 @@ def explain_versus_planner(run):
     mine, best = r["published"], r["best"]
     lines = [f"{run.source}: published {mine.layout.describe()} -> {mine.step_time_s:.2f} s "
              f"per step ({'fits' if mine.fits else 'over memory'}, "
-             f"{mine.memory.total / 1e9:.0f} GB); planner's best {best.layout.describe()} "
+             f"{mine.memory.total / GiB:.0f} GiB); planner's best {best.layout.describe()} "
              f"({best.layout.schedule}) -> {best.step_time_s:.2f} s "
-             f"({best.memory.total / 1e9:.0f} GB): published / best = {r['ratio']:.2f}."]
+             f"({best.memory.total / GiB:.0f} GiB): published / best = {r['ratio']:.2f}."]
     if r["ratio"] > 1.10 or not mine.fits:
         named = ", ".join(f"{k} {v:+.2f} s" for k, v in r["parts"][:3])
         lines.append(f"What separates them (published minus best): {named}"
                      + ("" if mine.fits else f"; and the model counts the published layout "
-                        f"{mine.memory.total / 1e9:.0f} GB per GPU, over the "
-                        f"{mine.memory_capacity_bytes / 1e9:.0f} GB usable") + ".")
+                        f"{mine.memory.total / GiB:.0f} GiB per GPU, over the "
+                        f"{mine.memory_capacity_bytes / GiB:.0f} GiB usable") + ".")
         if r["ratio"] > 1.10:
             part = r["parts"][0][0]
             lines.append(f"The largest, {part}, is {WHY.get(part, 'not classified')}.")
         if not mine.fits:
-            lines.append(f"Memory: {MEMORY_GAP}.")
+            why = next((v for k, v in MEMORY_GAPS.items() if run.source.startswith(k)), "")
+            lines.append(f"Memory: {MEMORY_GAP}" + (f"; {why}" if why else "") + ".")
     return "\n".join(lines)

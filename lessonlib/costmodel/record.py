@@ -27,6 +27,10 @@ async TP's pieces (``overlap.py``); Grand Teton's 96 GB at 2.4 TB/s. One reading
 row: its 500 W H100's Tensor Core rate, "between SXM and NVL" (989, 835) by its team, taken
 as the middle, 912 (torchtitan eager: +7 % at 835, +14 % at 912, +21 % at 989).
 
+Memory rows (``memory_runs``): torchtitan's peak GiB per GPU (its Tables 1-6, with their
+settings) and the layouts Meta (Llama 3 Table 4) and DeepSeek-V3 ran, which must fit; none
+sets a constant, every one is checked (``published.memory_report``).
+
 Run ``python -m lessonlib.costmodel --published``.
 """
 from dataclasses import dataclass, replace
@@ -94,7 +98,9 @@ def _korthikanti_rows():
 # Llama 3 405B (Dubey et al. 2024, Table 4 and §3.3.2): 16M tokens per batch, TP 8, PP 16,
 # interleaved with the first and last stage one layer lighter, BF16 MFU of 989 TFLOP/s.
 _LLAMA_NOTE = ("v=8: 126 layers + embedding + output layer as 16 stages of 8 one-layer "
-               "chunks (the course's reading of §3.3.2; v is not printed); FSDP taken as ZeRO-1; "
+               "chunks (the course's reading of §3.3.2; v is not printed); FSDP as Meta ran it "
+               "(§3.3.2: optimizer state and gradients sharded, the weights not resharded after "
+               "the forward), which holds what ZeRO-2 holds; "
                "the paper states no FLOP count: the course reads its MFU as counting the scores "
                "a causal kernel computes (halved), and prints PaLM's count (not halved) beside")
 
@@ -102,7 +108,7 @@ _LLAMA_NOTE = ("v=8: 126 layers + embedding + output layer as 16 stages of 8 one
 def _llama_rows():
     base = MODELS["llama3-405B"]
     common = dict(t=8, p=16, b=1, v=8, uneven_stages=True, recompute="none",
-                  sequence_parallel=True, zero_stage=1)
+                  sequence_parallel=True, zero_stage=2)
     return [
         PublishedRun("Llama 3 Table 4, 8,192 GPUs 8K", base, "dgx-h100",
                      Layout(d=64, global_batch=2048, **common), "mfu", 0.43, "course", also="palm",
@@ -173,11 +179,13 @@ def _deepseek_row():
         "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours", MODELS["deepseek-v3"],
         "hgx-h800", Layout(p=16, d=128, e=64, b=1, global_batch=15360, schedule="dualpipe",
                            zero_stage=1, recompute="norm-up", precision="fp8", max_nodes=4,
-                           comm_sm_share=20 / 132),
+                           comm_sm_share=20 / 132, grad_dtype="fp32", moment_dtype="bf16"),
         "tokens", 14.8e12 / (2.664e6 * 3600), "",
         note="an average over the whole pre-training, not a step; batch 15,360 x 4K (§4.2); "
              "DualPipe, EP 64, ZeRO-1, FP8 linear GEMMs, tokens on at most 4 nodes; RMSNorm, "
-             "MLA up-projections (§3.2.3) and SwiGLU's output (§3.3.4) recomputed; the FP8 "
+             "MLA up-projections (§3.2.3) and SwiGLU's output (§3.3.4) recomputed; FP32 "
+             "gradients, BF16 Adam moments, the MoE inputs cached in FP8 and the attention "
+             "output in E5M6 (§3.3.4); the FP8 "
              "quantization kernels' traffic (§3.5.2: BF16 read, quantized, FP8 written back, "
              "read again by the MMA; §3.3.4: 128x1 tiles again in the backward) as memory-bound "
              "time (gemm.fp8_quantization_bytes); the output head in BF16 (§3.3.1) on the "
@@ -187,6 +195,78 @@ def _deepseek_row():
              "(3,072 -> 15,360 over 469B tokens, §4.2) costs 0.2 % here (m 24 -> 120: "
              "DualPipe's bubble, (PP/2 - 1)(F&B + B - 3W), weighs more at small m).")
 
+
+
+@dataclass(frozen=True)
+class PublishedMemory:
+    """One published peak memory per GPU, in GiB, and the layout that reached it; or, with
+    ``gib`` None, a layout its team ran, which must therefore fit."""
+
+    source: str
+    model: GPT
+    cluster: str
+    layout: Layout
+    gib: float = None
+    note: str = ""
+
+
+_TITAN_MEMORY = ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Memory(GiB): the "
+                 "caching allocator's peak reserved bytes (its metrics' max_reserved), which "
+                 "include fragmentation the model leaves out; ")
+
+
+def _torchtitan_memory_rows():
+    """torchtitan's Tables 1-6 as memory rows, with their settings: FSDP (ZeRO-3 as FSDP2
+    runs it), selective AC read as its op-level default, CP all-gather (its default rotate
+    method), PP with its default of as many micro-batches as stages."""
+    m8, m70, m405 = MODELS["llama3-8B"], MODELS["llama3-70B"], MODELS["llama3-405B"]
+    teton = "grand-teton-h100-96gb"
+    fsdp8 = Layout(d=8, b=2, m=1, zero_stage=3, recompute="op")
+    fsdp128 = replace(fsdp8, d=128, global_batch=256)
+    rows = []
+    for table, lay, gibs in (("Table 1, 8B on 8 GPUs", fsdp8, (82.4, 77.0, 76.8)),
+                             ("Table 3, 8B on 128 GPUs", fsdp128, (67.0, 62.0, 61.8))):
+        for what, kernels, precision, gib in zip(("eager", "compile", "compile + Float8"),
+                                                 ("eager", "fused", "fused"),
+                                                 ("bf16", "bf16", "fp8"), gibs):
+            rows.append(PublishedMemory(f"torchtitan {table}, {what}", m8, teton, replace(
+                lay, kernels=kernels, precision=precision, fp8_scaling="tensorwise"), gib,
+                _TITAN_MEMORY + "local batch 2, selective AC"))
+    for c, gib in zip((1, 2, 4, 8), (83.9, 84.2, 84.0, 84.5)):
+        rows.append(PublishedMemory(
+            f"torchtitan Table 2, 8B FSDP {8 // c} CP {c}, {32 * c}K", replace(m8, s=32768 * c),
+            teton, Layout(c=c, d=8 // c, b=1, m=1, zero_stage=3, recompute="full",
+                          cp_comm="allgather", precision="fp8", fp8_scaling="tensorwise"),
+            gib, _TITAN_MEMORY + "local batch 1, full AC, compile + Float8"))
+    tp70 = Layout(t=8, d=32, b=16, m=1, zero_stage=3, recompute="full", sequence_parallel=True,
+                  precision="fp8", fp8_scaling="tensorwise", tp_plan="pytorch")
+    rows += [PublishedMemory("torchtitan Table 4, 70B FSDP 32 x TP 8", m70, teton, tp70, 71.9,
+                             _TITAN_MEMORY + "local batch 16, full AC, compile + Float8"),
+             PublishedMemory("torchtitan Table 4, 70B, async TP", m70, teton,
+                             replace(tp70, async_tp=True), 67.6, _TITAN_MEMORY)]
+    pp = Layout(t=8, p=8, d=8, b=4, m=8, zero_stage=3, recompute="full", sequence_parallel=True,
+                precision="fp8", fp8_scaling="tensorwise", async_tp=True, tp_plan="pytorch")
+    rows += [PublishedMemory("torchtitan Table 5, 405B 3D, 1F1B", m405, teton, pp, 82.5,
+                             _TITAN_MEMORY + "local batch 32 as 8 micro-batches of 4 (its "
+                             "default: as many as stages), full AC"),
+             PublishedMemory("torchtitan Table 5, 405B 3D, interleaved", m405, teton,
+                             replace(pp, v=2, uneven_stages=True), 72.7,
+                             _TITAN_MEMORY + "v = 2 and the first and last stage a layer "
+                             "lighter read, not printed")]
+    for c, gib in zip((1, 2, 4, 8), (75.3, 75.9, 77.1, 84.9)):
+        rows.append(PublishedMemory(
+            f"torchtitan Table 6, 405B CP {c}, {32 * c}K", replace(m405, s=32768 * c), teton,
+            replace(pp, c=c, d=8 // c, b=1, m=8, global_batch=None, cp_comm="allgather"), gib,
+            _TITAN_MEMORY + "local batch 8, 1F1B, full AC"))
+    return rows
+
+
+def memory_runs():
+    """Every published peak memory the course holds the model to, and the layouts that must
+    fit because their teams ran them (Llama 3 Table 4, DeepSeek-V3)."""
+    fit = [PublishedMemory(r.source, r.model, r.cluster, r.layout, None, "ran, so it fits")
+           for r in _llama_rows() + [_deepseek_row()]]
+    return fit + _torchtitan_memory_rows()
 
 
 def published_runs():

@@ -39,9 +39,9 @@ from . import gemm
 from .hardware import Cluster
 from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, norm_up_recompute_share,
                       op_recompute_share)
-from .layout import Layout
-from .memory import (USABLE_MEMORY_FRACTION, WEIGHT_BYTES, MemoryBreakdown,
-                     activation_bytes_per_layer, memory_per_gpu)
+from .layout import GRAD_DTYPES, Layout
+from .memory import (WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu,
+                     usable_memory_bytes)
 from .model import GPT
 from .overlap import tp_comm_s
 
@@ -248,9 +248,12 @@ def memory_estimate(model, layout, cluster):
     lay.check(model)
     mem = memory_per_gpu(model, lay.t, lay.p, lay.d, lay.b, lay.m, lay.v, lay.recompute,
                          lay.sequence_parallel, lay.zero_stage, lay.schedule, lay.c, lay.e,
-                         lay.shard_group, lay.uneven_stages)
+                         lay.shard_group, lay.uneven_stages, GRAD_DTYPES[lay.grad_dtype],
+                         lay.kernels != "eager", lay.cp_comm, lay.precision == "fp8",
+                         4 + 2 * GRAD_DTYPES[lay.moment_dtype], lay.tp_plan == "pytorch")
     return Estimate(model=model, layout=lay, cluster=cluster, memory=mem,
-                    memory_capacity_bytes=cluster.gpu.memory_bytes * USABLE_MEMORY_FRACTION)
+                    memory_capacity_bytes=usable_memory_bytes(cluster.gpu, sum(
+                        n > 1 for n in (lay.t, lay.c, lay.p, lay.d, lay.e))))
 
 
 def timed(est):

@@ -7,7 +7,7 @@ size that fits a 1 T MoE. Each returns a ``Verdict``; ``None`` is "your turn".
 from __future__ import annotations
 
 from lessonlib.costmodel import CLUSTERS
-from lessonlib.costmodel.memory import USABLE_MEMORY_FRACTION
+from lessonlib.costmodel.memory import usable_memory_bytes
 from lessonlib.costmodel.moe import MOE_MODELS, choose_e, ep_memory_per_gpu
 from lessonlib.exercises.verdict import Verdict, correct, not_yet, number, unanswered
 
@@ -15,7 +15,7 @@ from lessonlib.exercises.verdict import Verdict, correct, not_yet, number, unans
 def check_smallest_e(answer, model: str = "moe-1T", n_gpus: int = 2048, p: int = 16,
                      cluster: str = "dgx-h100") -> Verdict:
     """Exercise 1: the smallest e that fits the model state in the usable share of a GPU
-    (``USABLE_MEMORY_FRACTION`` of its memory), with p stages and ZeRO-1 over the
+    (``usable_memory_bytes``: its memory less the named reserves), with p stages and ZeRO-1 over the
     d = n_gpus / p data-parallel GPUs."""
     if answer is None:
         return unanswered("my_e")
@@ -28,7 +28,7 @@ def check_smallest_e(answer, model: str = "moe-1T", n_gpus: int = 2048, p: int =
                        f"GPUs; got {answer!r}.")
     e = int(value)
     gb = ep_memory_per_gpu(spec, e, p, d, zero1=True)["total"] / 1e9
-    usable = USABLE_MEMORY_FRACTION * servers.gpu.memory_bytes / 1e9
+    usable = usable_memory_bytes(servers.gpu) / 1e9
     if e == best["e"]:
         return correct(f"e = {e}: {gb:.1f} GB per GPU of {usable:.0f} GB usable. Each GPU holds "
                        f"E/e = {spec.E // e} experts of every MoE layer in its stage; a smaller e "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from lessonlib.costmodel import (GPUS, MODELS, SECONDS_PER_DAY, USABLE_MEMORY_FRACTION,
+from lessonlib.costmodel import (GPUS, MODELS, SECONDS_PER_DAY, usable_memory_bytes,
                                  training_flops)
 from lessonlib.exercises.verdict import Verdict, correct, not_yet, number, unanswered
 
@@ -24,14 +24,15 @@ def _close(value: float, expected, rel: float = 0.02) -> bool:
 def check_largest_model(answer_params, gpu: str = "A100-80GB") -> Verdict:
     """Exercise 1: the most parameters whose weights, gradients and Adam state (mixed
     precision, 16 bytes per parameter) fit in the usable share of one ``gpu``
-    (``USABLE_MEMORY_FRACTION`` of its memory), before any activation."""
+    (``usable_memory_bytes``: its memory less the CUDA context and NCCL's buffers), before any
+    activation."""
     if answer_params is None:
         return unanswered("my_params")
     value = number(answer_params)
     if value is None:
         return not_yet(f"give a number of parameters, e.g. 1e9; got {answer_params!r}.")
     memory = GPUS[gpu].memory_bytes
-    usable = USABLE_MEMORY_FRACTION * memory
+    usable = usable_memory_bytes(GPUS[gpu])
     expected = usable / 16
     if _close(value, expected):
         gpt3 = 16 * MODELS["gpt3-175B"].params()
@@ -40,10 +41,9 @@ def check_largest_model(answer_params, gpu: str = "A100-80GB") -> Verdict:
                        f"model's already does not, and GPT-3's is {gpt3 / usable:.0f} times too "
                        f"big.")
     if _close(value, memory / 16):
-        return not_yet(f"your value fills all {memory / 1e9:.0f} GB; a training job can use "
-                       f"{USABLE_MEMORY_FRACTION:.0%} of it (the CUDA context, NCCL's buffers "
-                       f"and fragmentation take the rest): divide the {usable / 1e9:.0f} GB "
-                       f"usable.")
+        return not_yet(f"your value fills all {memory / 1e9:.0f} GB; the CUDA context and NCCL's "
+                       f"buffers take {(memory - usable) / 1e9:.1f} GB of it (memory_reserves): "
+                       f"divide the {usable / 1e9:.0f} GB usable.")
     slips = {2: "only the 16-bit weights", 4: "the 16-bit weights and gradients: Adam's fp32 "
              "master weights, momentum and variance add 12 more bytes",
              12: "only the optimizer state", 8: "fp32 weights and gradients, without Adam"}
@@ -58,12 +58,12 @@ def check_largest_model(answer_params, gpu: str = "A100-80GB") -> Verdict:
 
 
 def check_min_gpus(answer, model: str = "gpt3-175B", gpu: str = "A100-80GB") -> Verdict:
-    """Exercise 2: the fewest GPUs whose usable memory (``USABLE_MEMORY_FRACTION`` of it)
-    can hold the model state alone."""
+    """Exercise 2: the fewest GPUs whose usable memory (``usable_memory_bytes``) can hold the
+    model state alone."""
     if answer is None:
         return unanswered("my_gpus")
     need = 16 * MODELS[model].params()
-    usable = USABLE_MEMORY_FRACTION * GPUS[gpu].memory_bytes
+    usable = usable_memory_bytes(GPUS[gpu])
     expected = math.ceil(need / usable)
     if answer == expected:
         return correct(f"{need / 1e12:.2f} TB / {usable / 1e9:.0f} GB usable rounds up to "
@@ -71,8 +71,8 @@ def check_min_gpus(answer, model: str = "gpt3-175B", gpu: str = "A100-80GB") -> 
     if answer == expected - 1:
         return not_yet("round up: a fraction of a GPU still needs a whole GPU.")
     if answer == math.ceil(need / GPUS[gpu].memory_bytes):
-        return not_yet(f"that fills all {GPUS[gpu].memory_bytes / 1e9:.0f} GB of every GPU; a "
-                       f"training job can use {USABLE_MEMORY_FRACTION:.0%} of it.")
+        return not_yet(f"that fills all {GPUS[gpu].memory_bytes / 1e9:.0f} GB of every GPU; the "
+                       f"CUDA context and NCCL's buffers take part of it (memory_reserves).")
     return not_yet(f"divide the model state (16 bytes per parameter) by one GPU's usable memory "
                    f"and round up; you gave {answer}.")
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from lessonlib.costmodel import (GPT, GPUS, MODELS, SECONDS_PER_DAY, USABLE_MEMORY_FRACTION,
+from lessonlib.costmodel import (GPT, GPUS, MODELS, SECONDS_PER_DAY, usable_memory_bytes,
                                  memory_per_gpu, training_flops, training_time_s)
 from lessonlib.viz.widgets import current_figure, explorer
 
-PARTS = ("weights", "gradients", "optimizer", "activations")
+PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "working")
 COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
-          "activations": "#c44e52"}
+          "activations": "#c44e52", "logits": "#8172b3", "working": "#937860"}
 MODEL_PRESETS = ("gpt2-small", "gpt2-xl", "megatron-7.5B", "megatron-39.1B", "gpt3-175B",
                  "megatron-1T")
 
@@ -29,10 +29,11 @@ def one_gpu_memory(model: GPT, b: int = 1, recompute: str = "none") -> dict:
 
 
 def gpu_capacities() -> dict[float, str]:
-    """GB -> the GPUs with that memory, one entry per size (A100-80GB and H100 share 80 GB)."""
+    """GB -> the GPUs with that memory (to the GB), one entry per size (A100-80GB and H100
+    share 86 GB: 80 GiB, 81,920 and 81,559 MiB)."""
     sizes: dict[float, list[str]] = {}
     for gpu in GPUS.values():
-        sizes.setdefault(gpu.memory_bytes / 1e9, []).append(gpu.name)
+        sizes.setdefault(round(gpu.memory_bytes / 1e9), []).append(gpu.name)
     return {gb: " = ".join(names) for gb, names in sorted(sizes.items())}
 
 
@@ -40,7 +41,7 @@ def memory_wall(model: GPT | str = "gpt3-175B", b: int = 1, recompute: str = "no
     """Side-by-side bars on a linear axis: each part of one model's training memory, their
     total, and each GPU size. Lengths are true sizes (a log axis would make the 2.1 TB of Adam
     state look barely longer than the weights). A GPU's label gives the share a training job
-    can use (``USABLE_MEMORY_FRACTION`` of it), and the verdict compares the total with that
+    can use (``usable_memory_bytes``: less the CUDA context and NCCL's buffers), and the verdict compares the total with that
     share of the largest GPU."""
     model = MODELS[model] if isinstance(model, str) else model
     parts = one_gpu_memory(model, b, recompute)
@@ -54,14 +55,14 @@ def memory_wall(model: GPT | str = "gpt3-175B", b: int = 1, recompute: str = "no
     for row, (_, gb, _) in zip(y, rows):
         ax.text(gb, row, f" {gb:,.0f} GB" if gb >= 10 else f" {gb:.2g} GB", va="center",
                 fontsize=8)
+    usable_gb = {round(g.memory_bytes / 1e9): usable_memory_bytes(g) / 1e9 for g in GPUS.values()}
     for row, (_, gb, _) in zip(y[len(rows):], gpus):
-        ax.text(gb, row, f" {gb:,.0f} GB, {gb * USABLE_MEMORY_FRACTION:,.0f} usable",
-                va="center", fontsize=8)
+        ax.text(gb, row, f" {gb:,.0f} GB, {usable_gb[gb]:,.0f} usable", va="center", fontsize=8)
     ax.set_yticks(y, [label for label, *_ in rows + gpus], fontsize=8)
     ax.set_xlim(0, max(gb for _, gb, _ in rows + gpus) * 1.25)
     ax.set_xlabel("GB (linear scale: bar lengths are true sizes)")
     largest = max(GPUS.values(), key=lambda g: g.memory_bytes)
-    usable = USABLE_MEMORY_FRACTION * largest.memory_bytes
+    usable = usable_memory_bytes(largest)
     verdict = (f"total = {total / usable:,.1f}x the {usable / 1e9:,.0f} GB usable on the largest "
                f"GPU ({largest.name})" if total > usable else "fits on one GPU")
     ax.set_title(f"{model.name or 'model'}: {model.params() / 1e9:.2f} B parameters, b={b}, "

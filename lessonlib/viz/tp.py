@@ -199,18 +199,18 @@ def weight_split_widget(heads: int = 8):
 def plot_layer_split(model: str = "gpt3-175B", p: int = 48, gpu: str = "A100-80GB"):
     """Predicted memory per GPU and idle share when ``model``'s layers are cut over p GPUs
     with one batch in flight (the cost model; the idle share is (p-1)/p). The dashed line is
-    the memory a job can use, ``USABLE_MEMORY_FRACTION`` of the GPU's."""
+    the memory a job can use, the GPU's less the named reserves (``usable_memory_bytes``)."""
     from lessonlib import costmodel as cm
 
     spec = cm.MODELS[model]
-    capacity = cm.USABLE_MEMORY_FRACTION * cm.get_gpu(gpu).memory_bytes
+    capacity = cm.usable_memory_bytes(cm.get_gpu(gpu))
     ps = [q for q in range(1, spec.L + 1) if spec.L % q == 0]
     memory = [cm.memory_per_gpu(spec, p=q, b=1, m=1, recompute="full").total / 1e9 for q in ps]
     fig, (mem, idle) = plt.subplots(1, 2, figsize=(10, 3.2))
     mem.plot(ps, memory, "o-", color="#4C72B0", ms=3)
     mem.axhline(capacity / 1e9, color="k", ls="--", lw=0.8)
-    mem.text(ps[0], capacity / 1e9 * 1.1, f"{gpu}: {capacity / 1e9:.0f} GB usable "
-             f"({cm.USABLE_MEMORY_FRACTION:.0%})", fontsize=8)
+    mem.text(ps[0], capacity / 1e9 * 1.1, f"{gpu}: {capacity / 1e9:.0f} GB usable",
+             fontsize=8)
     idle.plot(ps, [cm.bubble_fraction(q, 1) for q in ps], "o-", color="#DD8452", ms=3)
     here = cm.memory_per_gpu(spec, p=p, b=1, m=1, recompute="full").total / 1e9
     mem.plot([p], [here], "o", color="#C44E52", ms=9, label=f"p = {p}: {here:,.0f} GB")

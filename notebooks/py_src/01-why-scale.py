@@ -50,17 +50,20 @@ from lessonlib.viz.source import show
 gpt3 = cm.MODELS["gpt3-175B"]
 gpt3_state = sum(cm.model_state_bytes(gpt3.params()))
 largest = max(cm.GPUS.values(), key=lambda gpu: gpu.memory_bytes)
-usable = cm.USABLE_MEMORY_FRACTION * largest.memory_bytes
+usable = cm.usable_memory_bytes(largest)
+reserved = largest.memory_bytes - usable
 print(f"GPT-3: {gpt3.params() / 1e9:.1f} B parameters (Megatron-LM 2021, Eq. 2)")
 print(f"model state: 16 bytes x {gpt3.params() / 1e9:.1f} B = {gpt3_state / 1e12:.2f} TB")
-print(f"the largest GPU in the presets, {largest.name}, holds {largest.memory_bytes / 1e9:.0f} "
-      f"GB; a training job can use {cm.USABLE_MEMORY_FRACTION:.0%} of it, {usable / 1e9:.0f} GB")
+print(f"the largest GPU in the presets, {largest.name}, reports {largest.memory_bytes / 2**30:.1f} "
+      f"GiB ({largest.memory_bytes / 1e9:.0f} GB); the CUDA context and NCCL's buffers take "
+      f"{reserved / 1e9:.1f} GB of it, leaving {usable / 1e9:.0f} GB")
 print(f"GPT-3's model state is {gpt3_state / usable:.0f}x that")
 
 # %% [markdown]
-# Throughout the course a model **fits** a GPU when it needs at most 90 % of the GPU's memory,
-# the cost model's `USABLE_MEMORY_FRACTION`: the CUDA context, NCCL's buffers and the
-# allocator's fragmentation take the rest.
+# Throughout the course a model **fits** a GPU when it needs at most the GPU's memory as the
+# GPU reports it (nvidia-smi's MiB) less named reserves, `cm.memory_reserves()`: the CUDA
+# context (an estimate), NCCL's buffers (its default 4 MiB per channel and direction, per
+# communicator) and the allocator's fragmentation (not modelled).
 #
 # Activations come on top: every layer keeps its intermediate tensors for the backward pass,
 # `s·b·h·(34 + 5·a·s/h)` bytes per layer in 16-bit without any parallelism (Korthikanti et
@@ -75,9 +78,8 @@ for name in scale.MODEL_PRESETS:
     state = parts["weights"] + parts["gradients"] + parts["optimizer"]
     print(f"{name:>16} {cm.MODELS[name].params() / 1e9:>8.2f}B {state / 1e9:>16,.0f} GB "
           f"{parts['activations'] / 1e9:>15,.0f} GB")
-share = cm.USABLE_MEMORY_FRACTION
 print("GPU memory (usable): " + ", ".join(
-    f"{g.name} {g.memory_bytes / 1e9:.0f} GB ({share * g.memory_bytes / 1e9:.0f})"
+    f"{g.name} {g.memory_bytes / 1e9:.0f} GB ({cm.usable_memory_bytes(g) / 1e9:.0f})"
     for g in cm.GPUS.values()))
 
 # %% [markdown]
@@ -233,7 +235,7 @@ print(f"its compute: {gpt3_flops:.3g} FLOPs = {one_v100:.0f} years of one V100 a
       f"{rate_288 / 1e12:.1f} TFLOP/s")
 
 # %% [markdown]
-# > **Takeaway.** GPT-3's model state alone (2.8 TB) is 22 times the usable memory of the
+# > **Takeaway.** GPT-3's model state alone (2.8 TB) is 19 times the usable memory of the
 # > largest GPU, and its compute (3.15e23 FLOPs) is centuries of one GPU. Both walls are
 # > broken the same way: split the work across many devices, and pay for it in
 # > communication. The rest of the course measures that price.
@@ -246,7 +248,8 @@ print(f"its compute: {gpt3_flops:.3g} FLOPs = {one_v100:.0f} years of one V100 a
 #
 # **1. The other way round.** The table above turns parameters into bytes. Turn it around:
 # what is the largest model (in parameters) whose weights, gradients and Adam state fit in
-# the usable memory of one A100-80GB (`cm.USABLE_MEMORY_FRACTION` of it), before any
+# the usable memory of one A100-80GB (`cm.usable_memory_bytes`: its memory less the named
+# reserves), before any
 # activation? Which of the table's models still train on one GPU?
 
 # %%
@@ -258,7 +261,7 @@ ex.check_largest_model(my_params)
 # %% tags=["solution", "hide-input", "hide-output"] jupyter={"outputs_hidden": true, "source_hidden": true}
 # Solution (click to open)
 # NBVAL_CHECK_OUTPUT
-solution_params = cm.USABLE_MEMORY_FRACTION * cm.GPUS["A100-80GB"].memory_bytes / 16
+solution_params = cm.usable_memory_bytes(cm.GPUS["A100-80GB"]) / 16
 ex.check_largest_model(solution_params)
 
 # %% [markdown]
@@ -274,7 +277,7 @@ ex.check_min_gpus(my_gpus)
 # NBVAL_CHECK_OUTPUT
 import math
 
-usable_a100 = cm.USABLE_MEMORY_FRACTION * cm.GPUS["A100-80GB"].memory_bytes
+usable_a100 = cm.usable_memory_bytes(cm.GPUS["A100-80GB"])
 solution_gpus = math.ceil(16 * cm.MODELS["gpt3-175B"].params() / usable_a100)
 ex.check_min_gpus(solution_gpus)
 

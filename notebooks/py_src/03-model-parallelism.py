@@ -58,8 +58,9 @@ from lessonlib.viz.source import show
 # %%
 # NBVAL_CHECK_OUTPUT
 gpt3, a100 = cm.MODELS["gpt3-175B"], cm.GPUS["A100-80GB"]
-usable = cm.USABLE_MEMORY_FRACTION * a100.memory_bytes
-print(f"usable per A100-80GB: {cm.USABLE_MEMORY_FRACTION:.0%} of it, {usable / 1e9:.0f} GB")
+usable = cm.usable_memory_bytes(a100)
+print(f"usable per A100-80GB: {usable / 1e9:.0f} GB of its {a100.memory_bytes / 1e9:.0f} GB "
+      f"(less the CUDA context and NCCL's buffers)")
 print(f"{'p':>3} {'GB per GPU':>11} {'fits':>6} {'idle share':>11}")
 fits = {}
 for p in (1, 8, 16, 32, 48, 96):

@@ -78,7 +78,7 @@ for name, model in cmoe.MOE_MODELS.items():
 one_t = cmoe.one_trillion(cm.MODELS["megatron-1T"].params())
 print(f"\nthe 1 T question again: the dense megatron-1T and moe-1T both hold "
       f"~{one_t['moe_state_bytes'] / 1e12:.0f} TB of weights, gradients and Adam state "
-      f"(at least {one_t['min_gpus_80GB']} GPUs of 80 GB just for that), but moe-1T costs "
+      f"(at least {one_t['min_gpus_80GB']} H100 80 GB GPUs just for that), but moe-1T costs "
       f"{one_t['flops_ratio_dense_over_moe']:.0f} times fewer FLOPs per token: those of a "
       f"{one_t['moe_active'] / 1e9:.1f} B dense model")
 
@@ -88,16 +88,16 @@ print(f"\nthe 1 T question again: the dense megatron-1T and moe-1T both hold "
 # fewer. A budget of FLOPs trains it on 27 times more tokens; in the same time only if it
 # ran at the same MFU as the dense model, which its all-to-alls make harder (section 5). Its
 # experts are split by expert parallelism, and the cost model picks the smallest e whose
-# share of the state fits in the usable share of a GPU's memory, the cost model's
-# `USABLE_MEMORY_FRACTION` (here for DeepSeek-V3 as it trained, 16 pipeline stages and
+# share of the state fits in a GPU's usable memory, the cost model's
+# `usable_memory_bytes` (here for DeepSeek-V3 as it trained, 16 pipeline stages and
 # ZeRO-1: "DeepSeek-V3 is trained on a cluster equipped with 2048 NVIDIA H800 GPUs", §3.1):
 
 # %%
 # NBVAL_CHECK_OUTPUT
 deepseek, h800s = cmoe.MOE_MODELS["deepseek-v3"], cm.CLUSTERS["hgx-h800"]
 pick = cmoe.choose_e(deepseek, 2048, h800s, p=16)
-print(f"usable: {cm.USABLE_MEMORY_FRACTION:.0%} of {h800s.gpu.memory_bytes / 1e9:.0f} GB "
-      f"= {cm.USABLE_MEMORY_FRACTION * h800s.gpu.memory_bytes / 1e9:.0f} GB per GPU")
+print(f"usable: {cm.usable_memory_bytes(h800s.gpu) / 1e9:.0f} of "
+      f"{h800s.gpu.memory_bytes / 1e9:.0f} GB per GPU (less cm.memory_reserves())")
 print(f"e = {pick['e']}: {pick['memory_per_gpu'] / 1e9:.0f} GB of model state per GPU, "
       f"{'inside one server' if pick['inside_server'] else 'across servers'}")
 # a GPU receives about k T rows per micro-batch of T tokens whatever e is, over E/e experts
@@ -444,7 +444,7 @@ for model, n in ((mixtral, 2), (mixtral, 4), (mixtral, 8), (deepseek, 8), (deeps
 #
 # **1.** A 1 T MoE (`cmoe.MOE_MODELS["moe-1T"]`) on servers of 8 H100 80 GB, with 16
 # pipeline stages and ZeRO-1: what is the smallest expert-parallel size e that fits its
-# model state in the usable share of a GPU's memory (`cm.USABLE_MEMORY_FRACTION`, as in
+# model state in a GPU's usable memory (`cm.usable_memory_bytes`, as in
 # section 1), on 2048 GPUs? Use `cmoe.ep_memory_per_gpu(model, e, p=p, d=d, zero1=True)` with
 # d = 2048 / 16.
 
@@ -458,7 +458,7 @@ ex.check_smallest_e(my_e)
 # Solution (click to open)
 # NBVAL_CHECK_OUTPUT
 moe_1t = cmoe.MOE_MODELS["moe-1T"]
-usable = cm.USABLE_MEMORY_FRACTION * cluster.gpu.memory_bytes
+usable = cm.usable_memory_bytes(cluster.gpu)
 e_solution = next(e_try for e_try in range(1, 129) if moe_1t.E % e_try == 0 and 128 % e_try == 0
                   and cmoe.ep_memory_per_gpu(moe_1t, e_try, p=16, d=128,
                                              zero1=True)["total"] <= usable)

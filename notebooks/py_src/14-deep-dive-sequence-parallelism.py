@@ -114,6 +114,64 @@ for row in cm_memory.course_vs_table2():
     print(f"{row['term']:<46} {row['table2']:>15}  {row['course']:>13}  {row['why']}")
 
 # %% [markdown]
+# Table 2 counts Megatron's GPT layer; today's layers keep other tensors. The cost model
+# counts each family by a formula read off a real layer of that family
+# (`lessonlib/models/measured.py`, bf16, the kernels a GPU run fuses: norms keeping their
+# input and float32 statistics, a flash attention kernel keeping q, k, v, its output and a
+# float32 log-sum-exp) with the meter of section 3: `costmodel/layer_bytes.py`. Here each
+# formula is checked against the meter on a small layer, then given per token for a real
+# shape (b = 1, t = 1, in units of h):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+import torch
+
+from lessonlib.costmodel import layer_bytes
+from lessonlib.instruments.activations import ActivationMeter
+from lessonlib.models import measured
+
+s, b, h, a = 32, 2, 64, 8
+small = {"GPT (Korthikanti's layer)": (measured.GPTLayer(h, a, s),
+                                       layer_bytes.gpt_layer_bytes(s, b, h, a)),
+         "Llama (GQA, RoPE, SwiGLU)": (measured.LlamaLayer(h, a, 2, 192, s),
+                                       layer_bytes.llama_layer_bytes(s, b, h, a, 2, 192)),
+         "Nemotron-4 (squared ReLU)": (measured.LlamaLayer(h, a, 2, 192, s, mlp="relu2"),
+                                       layer_bytes.llama_layer_bytes(s, b, h, a, 2, 192,
+                                                                     mlp="relu2")),
+         "DeepSeek-V3 (MLA + MoE)": (measured.MLAMoELayer(h, a, s, 32, 16, 16, 8, 16, 8, 2, 32),
+                                     layer_bytes.mla_bytes(s, b, h, a, 32, 16, 24, 16, 8)
+                                     + layer_bytes.moe_bytes(s, b, h, 8, 2, 32, 1))}
+torch.manual_seed(0)
+measured_bytes = {}
+for family, (layer, formula) in small.items():
+    layer = layer.to(torch.bfloat16)
+    meter = ActivationMeter([*layer.parameters(), *layer.buffers()])
+    with meter.forward():
+        layer(torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True))
+    measured_bytes[family] = meter.bytes
+    print(f"{family:<27} meter {meter.bytes:>7,} bytes, formula {formula:>9,.0f}")
+every("the formula equals the meter to the byte",
+      {family: (measured_bytes[family], formula) for family, (_, formula) in small.items()},
+      lambda pair: pair[0] == pair[1])
+print()
+per_h = {}
+for name in ("gpt3-175B", "llama3-8B", "llama3-405B", "nemotron-4-15B", "deepseek-v3"):
+    shape = cm.MODELS[name]
+    per_h[name] = cm.activation_bytes_per_layer(shape, 1) / shape.s / shape.h
+    print(f"{name:>15}: {per_h[name]:6.2f} h bytes per token per layer")
+claim("a Llama 3 layer keeps between a quarter and a third of GPT-3's bytes per token per h",
+      0.25 <= per_h["llama3-405B"] / per_h["gpt3-175B"] <= 1 / 3,
+      numbers=f"{per_h['llama3-405B'] / per_h['gpt3-175B']:.2f}")
+claim("of today's layers DeepSeek-V3's keeps the most per h",
+      per_h["deepseek-v3"] == max(v for k, v in per_h.items() if k != "gpt3-175B"))
+
+# %% [markdown]
+# GPT-3's 114 h is Table 2's 34 + 5as/h = 114 (plus the norms' 16 bytes per token, 0.001 h).
+# The Llama layers keep between a quarter and a third of it per h: no s × s scores, no
+# dropout masks; the SwiGLU MLP's three tensors (3.5 h wide for 8B, 3.25 h for 405B)
+# dominate. Of today's layers DeepSeek-V3's keeps the most: every token's eight routed
+# copies, in and out.
+#
 # ## 3. The real run: saved bytes measured, to the byte
 #
 # `lessonlib.instruments.activations.saved_bytes` counts what autograd keeps during one forward pass

@@ -18,9 +18,9 @@ import grade  # noqa: E402  (tools/grade.py)
 GRADE = [sys.executable, str(ROOT / "tools" / "grade.py")]
 NOTEBOOK = "01-why-scale"
 RIGHT = {
-    "my_params = None": 'my_params = cm.USABLE_MEMORY_FRACTION * cm.GPUS["A100-80GB"].memory_bytes / 16',
+    "my_params = None": 'my_params = cm.usable_memory_bytes(cm.GPUS["A100-80GB"]) / 16',
     "my_gpus = None": "import math\nmy_gpus = math.ceil(16 * cm.MODELS['gpt3-175B'].params() / "
-                      "(cm.USABLE_MEMORY_FRACTION * cm.GPUS['A100-80GB'].memory_bytes))",
+                      "cm.usable_memory_bytes(cm.GPUS['A100-80GB']))",
     "my_n = None": "my_n = math.ceil(8 * 300e9 * 175e9 / (140e12 * 7 * 86400))",
 }
 # the wrong student: a wrong number, a question left as it was, and a forged verdict

@@ -100,9 +100,13 @@ def test_the_core_reaches_the_bug_switches_not_the_zoo():
 
 
 def test_no_module_is_longer_than_one_sitting():
+    """A module past MAX_LINES says in its docstring the one job that makes it long
+    (``One job: ...``); a line count never chooses where a module is cut."""
     long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"modules over {MAX_LINES} lines: {long}"
+            if (n := len(p.read_text().splitlines())) > MAX_LINES
+            and "One job:" not in (ast.get_docstring(ast.parse(p.read_text())) or "")}
+    assert not long, (f"modules over {MAX_LINES} lines whose docstring names no one job "
+                      f"('One job: ...'): {long}")
 
 
 # ---------------------------------------------------------------- the floors

@@ -24,7 +24,8 @@ Megatron-LM 2021's Table 1.
 
 Modules, one idea each: ``hardware`` (GPU and cluster presets; collectives across servers),
 ``model`` (GPT shapes, Eq. 2, and today's: GQA, SwiGLU, untied embeddings, MoE; Llama 3 and
-DeepSeek-V3 presets), ``memory``, ``compute`` (FLOPs and training time; the teams' own FLOP counts), ``gemm``
+DeepSeek-V3 presets), ``memory``, ``layer_bytes`` (one layer's activation bytes per family, measured
+to the byte on ``lessonlib.models.measured``'s layers), ``compute`` (FLOPs and training time; the teams' own FLOP counts), ``gemm``
 (a GEMM's time from its shape: roofline, tile quantization, BF16 or FP8; the fused
 attention kernel's own rate), ``kernels`` (eager PyTorch's unfused elementwise kernels and
 torchtitan's op-level selective checkpointing), ``bubble``,

@@ -23,6 +23,9 @@ and unsharded gradients, all-gather CP's K/V. What the job cannot use is named, 
 count in ``course_layer_activation_bytes`` (float32/64 on CPU, lesson 14), and
 ``course_vs_table2`` sets its terms beside Korthikanti's.
 
+One job: the bytes of every part resident on a GPU for one layout; its length is the parts'
+number, each with its source.
+
 Run ``python -m lessonlib.costmodel --model gpt3-175B --t 8 --p 12 --d 4 --microbatch 1
 --global-batch 1536`` to see the split for one layout, ``--published`` for the memory rows.
 """

@@ -25,6 +25,9 @@ against, to the byte, in ``tests/test_measured_layers.py``. Measured on CPU, whe
 flash kernel takes grouped-query K and V as they are; a GPU backend that repeats them to every
 query head keeps them a/kv times larger.
 
+One job: the real layers of the families the cost model prices; its length is three families'
+forwards, each written out as its GPU kernels run it.
+
 Laptop:  ``python -m lessonlib.models.measured`` measures one layer of each family.
 GPU box: the same; the layers have no device logic of their own.
 """

@@ -358,11 +358,13 @@ lesson_zero1 = cm.estimate(one_t, cm.Layout(b=1, global_batch=Q["global_batch"],
 claim("the planner's best is t = 8, p = 16, d = 8 with ZeRO-1 and selective recompute",
       (best.layout.t, best.layout.p, best.layout.d, best.layout.zero_stage,
        best.layout.recompute) == (8, 16, 8, 1, "selective"), numbers=best.layout.describe())
+deeper_full, lesson_full = (cm.estimate(one_t, cm.Layout(b=1, global_batch=Q["global_batch"],
+                                                        **answers[name]), a100)
+                            for name in ("deeper: t=8 p=32 d=4", "lesson: t=8 p=16 d=8"))
 claim("with full recompute and no sharding p = 32 fits, p = 16 does not",
-      cm.estimate(one_t, cm.Layout(b=1, global_batch=Q["global_batch"],
-                                   **answers["deeper: t=8 p=32 d=4"]), a100).fits
-      and not cm.estimate(one_t, cm.Layout(b=1, global_batch=Q["global_batch"],
-                                           **answers["lesson: t=8 p=16 d=8"]), a100).fits)
+      deeper_full.fits and not lesson_full.fits,
+      numbers=f"{deeper_full.memory.total / 1e9:.1f} GB and {lesson_full.memory.total / 1e9:.1f} "
+              f"GB per GPU")
 at_least("the step time of the lesson's layout with ZeRO-1 and full recompute over the best's",
          lesson_zero1.step_time_s / best.step_time_s, 1.2)
 ex.check_design(t=8, p=16, d=8, b=1, m=256, zero_stage=1, recompute="selective")
@@ -417,15 +419,11 @@ at_most("  and that ratio", zero3.tflops_per_gpu / deep.tflops_per_gpu, 1)
 
 # %% [markdown]
 # So "guaranteed to fail" holds, though not for the reason given: ZeRO-3 shards the state
-# well under one GPU's memory, but each GPU must still gather whole layers (the one it
-# computes and the one prefetched) and hold a layer's gradients unsharded, and a 1 T model's
-# layer is 7.9 B parameters; with all 128 layers' activations it does not fit. Were it to
-# fit, it would run a little slower than t = 8, p = 64: each GPU moves terabytes per step
-# where TP and PP move activations, and the batch caps it at 2048 GPUs. Nor does d = 8 make "8
-# global batches": the 8 replicas take 256 sequences each of the *one* global batch and
-# average their gradients into one step. And a pipeline crosses servers not because it
-# "tolerates latency" (each message is on the critical path) but because it sends few bytes
-# (lesson 04).
+# well under one GPU's memory, but each GPU still gathers whole layers of 7.9 B parameters
+# and keeps all 128 layers' activations. Nor does d = 8 make "8 global batches": the 8
+# replicas take 256 sequences each of the *one* global batch and average their gradients.
+# And a pipeline crosses servers not because it "tolerates latency" (each message is on the
+# critical path) but because it sends few bytes (lesson 04).
 #
 # Further: deep dives [10](10-deep-dive-long-runs.ipynb) (long runs),
 # [12](12-deep-dive-long-sequences.ipynb) (long sequences),

@@ -131,16 +131,20 @@ from lessonlib.instruments.activations import ActivationMeter
 from lessonlib.models import measured
 
 s, b, h, a = 32, 2, 64, 8
+shape = dict(s=s, b=b, h=h, a=a)
+gqa = dict(kv_heads=2, ffn=192)                      # 2 key/value heads, the MLP 3h wide
+mla = dict(q_latent=32, kv_latent=16, rope_dim=8, v_dim=16)
+moe = dict(experts=8, k=2, ffn=32)
 small = {"GPT (Korthikanti's layer)": (measured.GPTLayer(h, a, s),
-                                       layer_bytes.gpt_layer_bytes(s, b, h, a)),
-         "Llama (GQA, RoPE, SwiGLU)": (measured.LlamaLayer(h, a, 2, 192, s),
-                                       layer_bytes.llama_layer_bytes(s, b, h, a, 2, 192)),
-         "Nemotron-4 (squared ReLU)": (measured.LlamaLayer(h, a, 2, 192, s, mlp="relu2"),
-                                       layer_bytes.llama_layer_bytes(s, b, h, a, 2, 192,
-                                                                     mlp="relu2")),
-         "DeepSeek-V3 (MLA + MoE)": (measured.MLAMoELayer(h, a, s, 32, 16, 16, 8, 16, 8, 2, 32),
-                                     layer_bytes.mla_bytes(s, b, h, a, 32, 16, 24, 16, 8)
-                                     + layer_bytes.moe_bytes(s, b, h, 8, 2, 32, 1))}
+                                       layer_bytes.gpt_layer_bytes(**shape)),
+         "Llama (GQA, RoPE, SwiGLU)": (measured.LlamaLayer(h, a, seq=s, **gqa),
+                                       layer_bytes.llama_layer_bytes(**shape, **gqa)),
+         "Nemotron-4 (squared ReLU)": (measured.LlamaLayer(h, a, seq=s, mlp="relu2", **gqa),
+                                       layer_bytes.llama_layer_bytes(**shape, mlp="relu2",
+                                                                     **gqa)),
+         "DeepSeek-V3 (MLA + MoE)": (measured.MLAMoELayer(h, a, s, nope=16, **mla, **moe),
+                                     layer_bytes.mla_bytes(**shape, qk_dim=16 + 8, **mla)
+                                     + layer_bytes.moe_bytes(s, b, h, shared=1, **moe))}
 torch.manual_seed(0)
 measured_bytes = {}
 for family, (layer, formula) in small.items():
@@ -163,7 +167,8 @@ claim("a Llama 3 layer keeps between a quarter and a third of GPT-3's bytes per 
       0.25 <= per_h["llama3-405B"] / per_h["gpt3-175B"] <= 1 / 3,
       numbers=f"{per_h['llama3-405B'] / per_h['gpt3-175B']:.2f}")
 claim("of today's layers DeepSeek-V3's keeps the most per h",
-      per_h["deepseek-v3"] == max(v for k, v in per_h.items() if k != "gpt3-175B"))
+      per_h["deepseek-v3"] == max(v for k, v in per_h.items() if k != "gpt3-175B"),
+      numbers=f"{per_h['deepseek-v3']:.1f} h")
 
 # %% [markdown]
 # GPT-3's 114 h is Table 2's 34 + 5as/h = 114 (plus the norms' 16 bytes per token, 0.001 h).
@@ -171,6 +176,7 @@ claim("of today's layers DeepSeek-V3's keeps the most per h",
 # dropout masks; the SwiGLU MLP's three tensors (3.5 h wide for 8B, 3.25 h for 405B)
 # dominate. Of today's layers DeepSeek-V3's keeps the most: every token's eight routed
 # copies, in and out.
+# <!-- numbers: 3.5 and 3.25 because they are the MLP's width over h, 14,336 / 4,096 and 53,248 / 16,384 (Llama 3's Table 3) -->
 #
 # ## 3. The real run: saved bytes measured, to the byte
 #

@@ -98,10 +98,10 @@ def _max_diff(state: dict, reference: dict) -> float:
     return max(float((state[k] - reference[k]).abs().max()) for k in reference)
 
 
-def run_replica(args) -> tuple[dict, list[dict], dict]:
+def run_replica(args, settings: dict) -> tuple[dict, list[dict], dict]:
     from lessonlib.faults import replicas       # torchft itself only inside its ranks
 
-    run = replicas.run(args.world_size, args.steps, args.kill, args.kill_at, args.timeout)
+    run = replicas.run(args.world_size, args.steps, settings["kill"], args.kill_at, args.timeout)
     reference = replicas.replay(run)
     rows = [{"replica": r, "killed": r == run.killed, "first_life": run.first_life[r],
              "first_update": res["lived"][0].step, "last_update": res["lived"][-1].step,
@@ -157,6 +157,9 @@ def check_settings(p, args) -> dict:
         p.error(f"--world-size {args.world_size}: --what {args.what} needs at least {least} "
                 f"ranks ({why}); e.g. {DEFAULTS[args.what]['world_size']}")
     settings = {"what": args.what, "steps": args.steps, "timeout": args.timeout}
+    if args.what == "hangs" and args.steps != DEFAULTS["hangs"]["steps"]:
+        p.error(f"--steps {args.steps}: the planted hangs run 3 steps (the hang in the "
+                f"last); leave --steps out")
     if args.what == "hangs":
         return settings | {"plant": args.plant}
     if args.what == "straggler":
@@ -178,7 +181,6 @@ def check_settings(p, args) -> dict:
         if not 0 < args.kill_at < args.steps:
             p.error(f"--kill-at {args.kill_at} must be between 1 and --steps {args.steps} - 1 "
                     f"(the replica dies mid-run), e.g. 2")
-        args.kill = kill
         return settings | {"kill": kill, "kill_at": args.kill_at}
     labargs.check_positive(p, args, "sync-every", "fragments")
     if args.sync_every % args.fragments:
@@ -228,7 +230,7 @@ def main(argv=None):
     elif what == "straggler":
         results, rows, head, info = run_straggler(args, settings)
     elif what == "replica":
-        results, rows, head = run_replica(args)
+        results, rows, head = run_replica(args, settings)
     else:
         results, rows, head = run_diloco(args)
     record = labkit.result("ft", args.world_size, settings, results, info,

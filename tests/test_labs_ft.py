@@ -35,6 +35,7 @@ def test_the_slowed_rank_is_named(tmp_path, no_children_left):
 
 @pytest.mark.parametrize("flags,words", [
     (("--what", "hangs", "--world-size", "1"), "--world-size 1: --what hangs needs at least 2"),
+    (("--what", "hangs", "--steps", "5"), "--steps 5: the planted hangs run 3 steps"),
     (("--what", "hangs", "--timeout", "0"), "--timeout must be a positive number of seconds"),
     (("--what", "straggler", "--slow-rank", "4"), "--slow-rank 4 is not a rank of --world-size 4"),
     (("--what", "straggler", "--slowdown", "0.5"), "--slowdown must be a finite number >= 1"),

@@ -103,7 +103,8 @@ def run_replica(args, settings: dict) -> tuple[dict, list[dict], dict]:
 
     run = replicas.run(args.world_size, args.steps, settings["kill"], args.kill_at, args.timeout)
     reference = replicas.replay(run)
-    rows = [{"replica": r, "killed": r == run.killed, "first_life": run.first_life[r],
+    rows = [{"replica": r, "killed": r == run.killed,
+             "first_life": run.first_life[r].splitlines()[0],
              "first_update": res["lived"][0].step, "last_update": res["lived"][-1].step,
              "participants": [s.participants for s in res["lived"]],
              "max_weight_diff_vs_replay": _max_diff(res["state"], reference),
@@ -121,12 +122,14 @@ def run_diloco(args) -> tuple[dict, list[dict], dict]:
     from lessonlib.faults import diloco_runs    # torchft itself only inside its ranks
 
     n, steps, H, F = args.world_size, args.steps, args.sync_every, args.fragments
-    runs = {"ddp": diloco_runs.ddp(n, steps), "lessonlib_diloco": diloco_runs.diloco(n, steps, H, F),
+    runs = {"ddp": diloco_runs.ddp(n, steps),
+            "lessonlib_diloco": diloco_runs.diloco(n, steps, H, F),
             "torchft_diloco": diloco_runs.torchft_diloco(n, steps, H, F, timeout=args.timeout)}
     ddp_per_token = runs["ddp"][0].bytes_sent / runs["ddp"][0].tokens
     rows = []
     for name, trained in runs.items():
-        per_token = trained[0].bytes_sent / trained[0].tokens if name != "torchft_diloco" else None
+        per_token = (trained[0].bytes_sent / trained[0].tokens   # torchft's: not in our ledger
+                     if name != "torchft_diloco" else None)
         rows.append({"method": name, "sync_every": 1 if name == "ddp" else H,
                      "fragments": 1 if name == "ddp" else F, "steps": steps,
                      "tokens_per_replica": trained[0].tokens, "bytes_per_token": per_token,

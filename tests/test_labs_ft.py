@@ -15,7 +15,7 @@ _run = partial(labrun.run, "ft")
 @pytest.mark.timeout(60)
 def test_a_skipped_collective_is_named_from_the_dumps(tmp_path, no_children_left):
     record = labrun.run_lab("ft", "--what", "hangs", "--plant", "skipped", "--world-size", "2",
-                            "--timeout", "3", tmp_path=tmp_path)
+                            "--timeout", "2", tmp_path=tmp_path)
     labrun.check_shape(record, "ft", 2)
     assert record["rows"] == [{"plant": "skipped", "hung": True, "kind": "skipped",
                                "op": "all_reduce", "group": "1", "missing": [1]}]
@@ -44,7 +44,8 @@ def test_the_slowed_rank_is_named(tmp_path, no_children_left):
     (("--what", "replica", "--kill", "3"), "--kill 3 is not a replica of --world-size 3"),
     (("--what", "replica", "--dtype", "bf16"), "--what replica computes in float64"),
     (("--what", "diloco", "--sync-every", "3"), "--steps 8 must be a multiple of --sync-every 3"),
-    (("--what", "diloco", "--fragments", "3"), "--sync-every 4 must be a multiple of --fragments 3"),
+    (("--what", "diloco", "--fragments", "3"),
+     "--sync-every 4 must be a multiple of --fragments 3"),
     (("--what", "diloco", "--json", "."), "--json . is a folder"),
 ])
 def test_bad_settings_get_one_line(flags, words):

@@ -81,7 +81,7 @@ def run_straggler(args, settings: dict) -> tuple[dict, list[dict], dict, dict]:
     healthy = [t for r, t in found.compute.items() if r != settings["slow_rank"]]
     price = straggler_step(labkit.median(healthy), min(found.wait.values()), settings["slowdown"])
     results = {"lessonlib": {"named": list(found.named), "threshold": found.threshold,
-                             "named_the_slowed_rank": list(found.named) ==
+                             "named_exactly_the_slowed": list(found.named) ==
                              ([settings["slow_rank"]] if settings["slowdown"] > 1 else []),
                              "measured_step_s": max(found.compute[r] + found.wait[r]
                                                     for r in found.compute),

@@ -27,7 +27,7 @@ def test_the_slowed_rank_is_named(tmp_path, no_children_left):
                             "--slow-rank", "0", "--device-s", "0.03", tmp_path=tmp_path)
     labrun.check_shape(record, "ft", 2)
     found = record["results"]["lessonlib"]
-    assert found["named"] == [0] and found["named_the_slowed_rank"]
+    assert found["named"] == [0] and found["named_exactly_the_slowed"]
     assert [(r["rank"], r["slowed"], r["named"]) for r in record["rows"]] == \
         [(0, True, True), (1, False, False)]
     assert found["predicted_throughput_lost"] > 0

@@ -168,7 +168,8 @@ LABS = {
                  "named exactly the slowed": "results.lessonlib.named_exactly_the_slowed",
                  "step s": "results.lessonlib.measured_step_s",
                  "predicted step s": "results.lessonlib.predicted_step_s"},
-        no_parity="none: it names the slowed rank (named exactly the slowed: True; none on an even run)", cpu_s=1.0),
+        no_parity="none: it names the slowed rank (named exactly the slowed: True)",
+        cpu_s=1.0),
 }
 GENERIC = Lab(tiny={"steps": "2", "warmup": "1"}, short={"steps": "3", "warmup": "1"},
               at_one="(a lab this script has no notes for: run with its defaults)",

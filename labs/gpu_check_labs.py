@@ -158,6 +158,18 @@ LABS = {
                  "blockwise step s": "results.blockwise.step_time_s"},
         no_parity="FP8 is not exact: the record holds each recipe's GEMM error instead",
         cpu_s=3.0),
+    "ft": Lab(
+        tiny={"what": "straggler", "steps": "3", "device-s": "0.02"},
+        short={"what": "straggler", "steps": "5"},
+        at_one="skipped: a straggler is told apart from 2 ranks on (the hangs, the torchft "
+               "replicas and DiLoCo run on CPU ranks: python labs/ft.py --what ...)",
+        largest=lambda n: n if n >= 2 else None,
+        metrics={"named": "results.lessonlib.named",
+                 "named exactly the slowed": "results.lessonlib.named_exactly_the_slowed",
+                 "step s": "results.lessonlib.measured_step_s",
+                 "predicted step s": "results.lessonlib.predicted_step_s"},
+        no_parity="none: it names the slowed rank (named exactly the slowed: True)",
+        cpu_s=1.0),
 }
 GENERIC = Lab(tiny={"steps": "2", "warmup": "1"}, short={"steps": "3", "warmup": "1"},
               at_one="(a lab this script has no notes for: run with its defaults)",

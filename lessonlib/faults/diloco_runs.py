@@ -143,11 +143,11 @@ def torchft_diloco(replicas: int = 2, steps: int = 8, sync_every: int = 4, count
 
 def diloco(replicas: int = 2, steps: int = 8, sync_every: int = 4, count: int = 1) -> list[Trained]:
     """The course's Streaming DiLoCo on ``replicas`` ranks."""
-    return launch(rank_diloco, replicas, steps, sync_every, count)
+    return launch(rank_diloco, replicas, steps, sync_every, count, backend="gloo")
 
 
 def ddp(replicas: int = 2, steps: int = 8) -> list[Trained]:
-    return launch(rank_ddp, replicas, steps)
+    return launch(rank_ddp, replicas, steps, backend="gloo")
 
 
 def held_out_loss(state: dict, batches: int = 4) -> float:

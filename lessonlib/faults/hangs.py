@@ -95,15 +95,16 @@ class Diagnosis:
     dumps: dict
 
 
-def diagnose(plant: str | None, timeout: float = 3.0, bad: int | None = None) -> Diagnosis:
-    """Run ``rank_steps`` with ``plant`` on 3 ranks (rank ``bad`` plants it, default the
-    last); when it hangs, name the stuck collective."""
+def diagnose(plant: str | None, timeout: float = 3.0, bad: int | None = None,
+             world: int = WORLD) -> Diagnosis:
+    """Run ``rank_steps`` with ``plant`` on ``world`` ranks over gloo (rank ``bad`` plants
+    it, default the last); when it hangs, name the stuck collective."""
     if plant is not None and plant not in PLANTS:
         raise ValueError(f"plant={plant!r} is not a planted hang; choose one of {PLANTS} or None")
-    if bad is not None and bad not in range(WORLD):
-        raise ValueError(f"bad={bad} is not a rank of {WORLD}; choose 0..{WORLD - 1} or None")
+    if bad is not None and bad not in range(world):
+        raise ValueError(f"bad={bad} is not a rank of {world}; choose 0..{world - 1} or None")
     try:
-        launch(rank_steps, WORLD, plant, 3, bad, timeout=timeout)
+        launch(rank_steps, world, plant, 3, bad, backend="gloo", timeout=timeout)
     except LaunchTimeout as hung:
         return Diagnosis(plant, analyze(hung.flight), hung.last_steps, hung.flight)
     return Diagnosis(plant, None, {}, {})

@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: setup course test test-cpus test-fast durations notebooks bench site clean class-setup class-test hub
+.PHONY: setup course test test-cpus test-alone test-fast durations notebooks bench site clean class-setup class-test hub
 
 setup: $(STAMP)
 
@@ -51,9 +51,17 @@ TEST_WORKERS ?= 2
 PYTEST = PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest
 NBVAL = --nbval-lax --nbval-cell-timeout=600 -q -rs \
   $(if $(filter 1,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
-SUITE = $(PYTEST) tests notebooks --ignore=tests/classroom $(NBVAL)
+# ALONE: tests that run by themselves after the suite (make test-alone, which .ci/run calls):
+# torchft's kill-and-recover run left its survivors waiting for the restarted replica in 3 of
+# 3 full suites beside the browser test and notebook 15, and passed every time alone, beside
+# busy loops and beside notebook 17's same run; the cause is not found yet.
+ALONE = tests/test_faults_replicas.py::test_a_killed_replica_is_survived_recovered_live_and_equals_the_replay
+SUITE = $(PYTEST) tests notebooks --ignore=tests/classroom --deselect $(ALONE) $(NBVAL)
 test: setup
 	$(SUITE) --durations=15
+
+test-alone: setup
+	$(PYTEST) -q -rs $(ALONE)
 
 # Every notebook once more as another CPU computes. PyTorch picks its CPU kernels by the CPU's
 # capability (DEFAULT, AVX2, AVX512; ATEN_CPU_CAPABILITY forces one, never above what the CPU

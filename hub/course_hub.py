@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from lessonlib.launcher.checks import cores
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-import course  # noqa: E402  (tools/course.py: the course's JupyterLab settings)
+import course  # noqa: E402  (tools/course.py: the student's copy, the JupyterLab settings)
 
 FOLDER = "course"                  # each student's copy: ~/course
 FIRST = course.FIRST               # the notebook a server opens on
@@ -35,18 +34,6 @@ def account(spawner):
     server runs as the Hub's own account (``SimpleLocalProcessSpawner``, which has a
     ``home_dir`` per user)."""
     return None if getattr(spawner, "home_dir", None) else pwd.getpwnam(spawner.user.name)
-
-
-def copy_missing(source: Path, into: Path) -> list[Path]:
-    """Copy each notebook of ``source`` that ``into`` does not hold; return the copies."""
-    into.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for notebook in sorted(source.glob("*.ipynb")):
-        target = into / notebook.name
-        if not target.exists():
-            shutil.copyfile(notebook, target)
-            copied.append(target)
-    return copied
 
 
 def hand_over(paths: list[Path], top: Path, owner) -> None:
@@ -67,10 +54,11 @@ def give_copy(spawner, source: Path) -> list[Path]:
                            f"release first (make hub does)")
     owner = account(spawner)
     user_home = Path(owner.pw_dir if owner else spawner.home_dir)
-    copied = copy_missing(source, user_home / FOLDER)
+    names, _ = course.personal_copy(user_home / FOLDER, source)   # never over their work
+    copied = [user_home / FOLDER / name for name in names]
     copied += course.install_settings(user_home / SETTINGS)
     if owner is not None and os.geteuid() == 0:
-        hand_over(copied, user_home, owner)
+        hand_over([*copied, user_home / FOLDER / course.COPIED], user_home, owner)
     spawner.log.info("%s: %d files copied into %s", spawner.user.name, len(copied), user_home)
     return copied
 

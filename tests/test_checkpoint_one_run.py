@@ -212,3 +212,11 @@ def test_a_full_disk_at_a_save_is_one_line_and_the_same_command_resumes(tmp_path
     assert json.loads((tmp_path / "again.json").read_text())["results"]["lessonlib"][
         "resumed_from_step"] == 10
     assert checkpoint.latest(folder)["step"] == 20
+
+
+def test_a_lock_file_the_course_did_not_write_is_refused_and_kept(tmp_path):
+    (tmp_path / checkpoint_folder.LOCK).write_text("my notes about this run\n")
+    with pytest.raises(ValueError, match="did not write"):
+        with folder_lock.hold(tmp_path):
+            pass
+    assert (tmp_path / checkpoint_folder.LOCK).read_text() == "my notes about this run\n"

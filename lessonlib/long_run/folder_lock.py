@@ -15,7 +15,8 @@ On a file system without ``flock`` the process id alone decides: a lock whose pr
 longer runs on this host is taken over.
 
 The run's launcher (the caller of ``launch``, or rank 0 under torchrun) holds it; the ranks
-only write what they are told. Releasing removes the file.
+only write what they are told. Releasing removes the file; a run.lock this module did not
+write (a user's file of that name) is refused, never overwritten or removed.
 
 Laptop:  ``python labs/train.py --world-size 2 --checkpoint-dir results/ckpt`` twice, at
          once: the second says which process holds the folder
@@ -86,9 +87,21 @@ def _take(path: Path, setting: str) -> int:
         except FileNotFoundError:
             pass
         os.close(fd)
+    if not _ours(os.pread(fd, 4096, 0).decode(errors="replace")):
+        os.close(fd)
+        raise ValueError(f"{setting}={str(path.parent)!r} holds a {LOCK} that this course did "
+                         f"not write (the run would overwrite it, then delete it); move that "
+                         f"file away, or give the run another folder")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
     return fd
+
+
+def _ours(text: str) -> bool:
+    """Whether a lock file's ``text`` is one this module writes ("pid host", or empty: just
+    made, or a holder killed between making and writing it)."""
+    pid, _, host = text.strip().partition(" ")
+    return not text.strip() or (pid.isdigit() and bool(host) and " " not in host)
 
 
 @contextlib.contextmanager

@@ -28,17 +28,27 @@ Recompute: ``selective`` drops the attention scores (Korthikanti's; a flash kern
 so nothing changes); ``full`` keeps the layer's input, 2h (s/t rows under SP: Megatron keeps the
 sharded input); ``op`` (torchtitan's op-level selective checkpointing: the layer's input and
 every second matmul's output, wq, wv, w1 and w2, with the attention kernel's output and
-log-sum-exp); ``norm-up`` (DeepSeek-V3 §3.2.3, §3.3.4: "recompute all RMSNorm operations and
+log-sum-exp); ``norm-up`` (DeepSeek-V3 §3.2.3, §3.3.3: "recompute all RMSNorm operations and
 MLA up-projections", and SwiGLU's output from its cached inputs): the measured list less the
 norms' outputs, Q, K, V and the SwiGLU products, plus the shared rotary key (2 rope dims) the
 recomputation reads. These two are derived from the measured list, not measured themselves.
 
-Counted at bf16 (2 bytes) for every 16-bit tensor: DeepSeek-V3 caches some inputs in FP8
-(§3.3.4), which this upper bound leaves out.
+Counted at bf16 (2 bytes) for every 16-bit tensor. DeepSeek-V3's own storage (``fp8`` with
+``norm-up``; DeepSeek-V3 §3.3.3, "Low-Precision Activation": "it is a natural choice to cache
+activations in FP8 format for the backward pass of the Linear operator"): the routed copies and
+SwiGLU's inputs in FP8, the attention output in E5M6, each with a float32 scale per 1x128 tile
+(§3.3.2); the gates applied to SwiGLU's recomputed output, so no expert's output is kept
+(``moe_bytes``). These are derived from the measured list, not measured themselves.
+
+The output layer (``output_layer_bytes``): the final norm's input, the head's input and the
+loss's float32 peak, on the stage that holds the head.
 """
 STATS = 4           # float32 statistics of a norm, per statistic per token
 LSE = 4             # float32 log-sum-exp per head per token
 INDEX = 8           # int64 indices
+# DeepSeek-V3 §3.3.2, "Fine-Grained Quantization": "for activations, we group and scale elements
+# on a 1x128 tile basis (i.e., per token per 128 channels)"; one float32 scale per tile.
+FP8_SCALE = 4 / 128
 
 
 def gpt_layer_bytes(s, b, h, a, t=1, sequence_parallel=False, recompute="none",
@@ -87,9 +97,14 @@ def llama_layer_bytes(s, b, h, a, kv_heads, ffn, t=1, sequence_parallel=False,
 def mla_bytes(s, b, h, a, q_latent, kv_latent, qk_dim, v_dim, rope_dim, recompute="none",
               fp8=False):
     """Bytes DeepSeek-V3's attention half (norm, MLA, flash kernel) keeps, no TP. ``fp8``: the
-    attention output (the output projection's input) kept in E5M6, 12 bits (§3.3.4: "a
-    customized E5M6 data format exclusively for these activations")."""
-    output = (1.5 if fp8 else 2) * a * v_dim
+    attention output (the output projection's input) kept in E5M6, 12 bits, with its 1x128
+    tiles' scales (§3.3.3: "a customized E5M6 data format exclusively for these
+    activations"). ``norm-up`` (§3.2.3: "We recompute all RMSNorm operations and MLA
+    up-projections during back-propagation, thereby eliminating the need to persistently store
+    their output activations"): the norms' outputs and Q, K, V are rebuilt from the norms'
+    inputs and the latents, which stay (the latents in BF16: they enter a norm, and §3.3.1
+    keeps "normalization operators" in their original precision)."""
+    output = (1.5 + FP8_SCALE if fp8 else 2) * a * v_dim
     kept = 2 * h + STATS + 2 * q_latent + STATS + 2 * kv_latent + STATS \
         + output + LSE * a                            # input, latents, output, log-sum-exp
     if recompute != "norm-up":
@@ -102,20 +117,60 @@ def mla_bytes(s, b, h, a, q_latent, kv_latent, qk_dim, v_dim, rope_dim, recomput
 def moe_bytes(s, b, h, experts, k, ffn, shared, recompute="none", fused=True, fp8=False):
     """Bytes a dropless MoE half (``MLAMoELayer.moe`` and its norm) keeps per micro-batch:
     every token's k routed copies through SwiGLU experts of ``ffn``, ``shared`` shared ones.
-    ``fp8`` (DeepSeek-V3 §3.3.4, with ``norm-up``): the routed inputs and the SwiGLU inputs
-    cached in FP8, one byte each (derived, not measured)."""
-    cached = 1 if fp8 and recompute == "norm-up" else 2      # bytes of a cached MoE input
+
+    Measured (``recompute`` "none"): each routed copy's input and its expert's output (kept
+    for the gate's gradient, the gate multiplying the output), w1 x, w3 x and their product.
+    ``norm-up``, as DeepSeek-V3 ran it (derived, not measured; FP8 only with ``fp8``):
+
+    * the norm recomputed (§3.2.3), its input kept;
+    * the routed copies in FP8 (§3.3.3: "we quantize the activation before MoE up-projections
+      into FP8 and then apply dispatch components"), the up-projections' cached input;
+    * SwiGLU's inputs in FP8 and its output recomputed (§3.3.3, "Inputs of the SwiGLU operator
+      in MoE. To further reduce the memory cost, we cache the inputs of the SwiGLU operator and
+      recompute its output in the backward pass. These activations are also stored in FP8");
+    * no expert output: the report lists no cached tensor of that size, and none is needed
+      where the gate scales SwiGLU's output before the down-projection (Megatron-Core's
+      ``GroupedMLP.forward``, ``activation_func_with_probs(fc1_output, permuted_probs)`` then
+      ``fc2``): the gate's gradient is then the product of the down-projection's input
+      gradient with SwiGLU's recomputed output, and the down-projection's input is rebuilt
+      with it. Each FP8 tensor carries its 1x128 tiles' float32 scales (``FP8_SCALE``)."""
+    cached = 1 + FP8_SCALE if fp8 and recompute == "norm-up" else 2   # a cached MoE input
     product, silu = recompute != "norm-up", not fused
     expert = ffn * (2 * cached + 2 * product + 2 * silu)    # w1 x, w3 x, their product, SiLU
     norm = 2 * h + STATS + (0 if recompute == "norm-up" else 2 * h)
     router = STATS * experts + INDEX * k + STATS * (k + 1)      # scores, chosen, gates
     sort = 3 * INDEX * k + 2 * k                                # token_of, order, inverse; gate
-    routed = k * (cached * h + 2 * h + expert)                  # in, out (kept for the gate)
+    output = 0 if recompute == "norm-up" else 2 * h             # kept for the gate's gradient
+    routed = k * (cached * h + output + expert)                 # in, out, the expert's own
     return s * b * (norm + router + sort + routed + shared * expert)
 
 
-def loss_bytes(s, b, V, t=1):
+def loss_bytes(s, b, V, t=1, heads=1, loss_parallel=False):
     """Bytes the output layer's loss peaks at, per micro-batch, one of t vocabulary-parallel
     ranks: the backward of a float32 cross-entropy holds the saved float32 log-probabilities
-    (4V per token), the gradient arriving at them (4V) and the one it returns (4V) at once."""
-    return s * b * 12 * V / t
+    (4V per token and head), the gradient arriving at them (4V) and the one it returns (4V) at
+    once. ``heads``: losses on this stage (DeepSeek-V3's multi-token prediction adds one per
+    depth, §2.2), each keeping its log-probabilities until the backward reaches it.
+
+    ``loss_parallel`` (PyTorch's, which torchtitan enables whenever TP > 1 unless
+    ``--training.disable_loss_parallel``): its fused backward,
+    ``torch/distributed/tensor/parallel/loss.py`` ``_nll_loss_and_log_softmax_backward``,
+    builds ``grad_input = torch.zeros_like(x)`` and returns ``(grad_input + torch.exp(x)) *
+    grad_output``: beside the saved log-probabilities x, the zeros, ``exp(x)`` and their sum
+    are alive at once, then the zeros, the sum and the product: 4V more than CUDA's fused
+    ``log_softmax_backward``."""
+    transient = 12 if loss_parallel and t > 1 else 8
+    return s * b * (4 * heads + transient) * V / t
+
+
+def output_layer_bytes(s, b, h, V, t=1, sequence_parallel=False, heads=1, gathered=False):
+    """Bytes on the stage with the output layer at the loss's peak, per micro-batch: the final
+    RMSNorm's input and 1/rms (s/t rows under SP), the head's input, which the matmul keeps
+    for its weight gradient (all s rows where the plan all-gathers the sequence into the
+    head: PyTorch's, torchtitan's ``"output": ColwiseParallel(input_layouts=Shard(1), ...)``;
+    Megatron keeps its shard and gathers again in backward), and ``loss_bytes`` (``gathered``
+    also means PyTorch's loss parallel). Outside every layer, so no recompute mode drops it."""
+    rows = s * b / t if sequence_parallel else s * b
+    head_rows = s * b if gathered or not sequence_parallel else rows
+    return (rows * (2 * h + STATS) + head_rows * 2 * h) * heads + loss_bytes(
+        s, b, V, t, heads, gathered)

@@ -14,9 +14,13 @@ DeepSeek-V3's are their own), split by TP and SP, with the recompute modes none,
 full (the layer's input, 1/t under SP), torchtitan's op-level and DeepSeek-V3's. Under 1F1B
 the first stage holds min(p, m) micro-batches of its L/p layers: about L layers' worth,
 whatever p is (Korthikanti et al. 2022, Eq. 5); interleaving with v chunks multiplies that
-by 1 + (p-1)/(p*v); GPipe holds all m, DualPipe PP + 1.
+by 1 + (p-1)/(p*v); GPipe holds all m, DualPipe PP + 1 (DeepSeek-V3 Table 2) of a stage's
+layers, on ranks that each hold two stages (``dualpipe_blocks``: the rank with both ends of the
+model also holds the embedding and the output head, §3.2.3). DeepSeek-V3's exponential moving
+average of the weights is not counted: "The EMA parameters are stored in CPU memory" (§3.2.3).
 
-Then the loss's float32 peak on the stage with the output layer (``logits``), and the
+Then the output layer on its stage (``logits``: the final norm's and the head's inputs and the
+loss's float32 peak, ``layer_bytes.output_layer_bytes``), and the
 working set that comes and goes (``working``): a recomputed layer, FSDP's gathered weights
 and unsharded gradients, all-gather CP's K/V. What the job cannot use is named, not a share:
 ``memory_reserves``. The course's own tiny layer (``lessonlib.models.Block``) has its exact
@@ -80,7 +84,7 @@ class MemoryBreakdown:
     gradients: float
     optimizer: float
     activations: float
-    logits: float = 0.0     # the loss's float32 peak on the stage with the output layer
+    logits: float = 0.0     # the output layer's inputs and the loss's float32 peak
     working: float = 0.0    # transient: a recomputed layer, gathered weights and gradients, K/V
 
     @property
@@ -107,7 +111,7 @@ def model_state_bytes(n_params, zero_stage=0, d=1, grad_bytes=GRAD_BYTES,
     ``--accumulate-allreduce-grads-in-fp32``). Llama 3's FSDP (§3.3.2: optimizer state and
     gradients sharded, the weights not resharded after the forward) holds what stage 2 holds.
     ``optimizer_bytes``: 12 (fp32 master, momentum, variance), 8 with the moments in bf16
-    (DeepSeek-V3 §3.3.4).
+    (DeepSeek-V3 §3.3.3).
     """
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage={zero_stage!r} must be 0, 1, 2 or 3")
@@ -289,6 +293,36 @@ def working_bytes(model, t=1, b=1, recompute="full", sequence_parallel=False, ze
     return work
 
 
+def dualpipe_blocks(model, p):
+    """Blocks (layers and multi-token-prediction modules) on two DualPipe ranks: (the rank with
+    both ends of the model, a middle rank). Rank i holds stages i and p-1-i (DeepSeek-V3
+    §3.2.1: "DualPipe requires keeping two copies of the model parameters"); the L + mtp
+    blocks fill p stages of ceil((L + mtp)/p), and the slots left over go to the two end
+    stages, which also hold the embedding and the output head (§3.2.3: "we deploy the
+    shallowest layers (including the embedding layer) and deepest layers (including the
+    output head) of the model on the same PP rank"). The report does not print its split;
+    this is the course's reading (DeepSeek-V3: 62 blocks in 64 slots, 6 and 8)."""
+    blocks = model.L + model.mtp
+    per = -(-blocks // p)
+    return 2 * per - min(per * p - blocks, 2), 2 * per
+
+
+def _dualpipe_params(model, t, p, e, end):
+    """(parameters, routed-expert parameters) on a DualPipe rank: its blocks, and on the end
+    rank the embedding, the output head (a second matrix when untied) and each MTP module's
+    projection (h x 2h, §2.2), which shares the embedding and the head with the main model
+    (§3.2.3: "This arrangement enables the physical sharing of parameters and gradients, of
+    the shared embedding and output head, between the MTP module and the main model")."""
+    blocks = dualpipe_blocks(model, p)[0 if end else 1]
+    experts = 0 if model.moe is None else blocks * (model.layer_params(e)
+                                                     - model.layer_dense_params())
+    ends = 0
+    if end:
+        ends = (1 if model.tied_embeddings else 2) * model.V * model.h \
+            + model.mtp * 2 * model.h * model.h
+    return (blocks * model.layer_params(e) + ends) / t, experts / t
+
+
 def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
                    sequence_parallel=False, zero_stage=0, schedule="1f1b", c=1, e=1,
                    shard=None, uneven=False, grad_bytes=GRAD_BYTES, fused=True,
@@ -296,42 +330,58 @@ def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
                    gathered=False):
     """MemoryBreakdown of the busiest GPU for a (t, c, p, d, e) layout and micro-batching
     (b, m): the first pipeline stage (most micro-batches in flight) or the last (the
-    output layer's loss, ``layer_bytes.loss_bytes``), whichever holds more; one GPU holds
-    both when p = 1 and under DualPipe (its first and last stage share a rank, §3.2.3).
+    output layer, ``layer_bytes.output_layer_bytes``), whichever holds more; one GPU holds
+    both when p = 1. Under DualPipe the busier of the rank with both ends of the model and
+    a middle one (``dualpipe_blocks``).
 
     Context parallelism divides the activations by c (each rank keeps s/c tokens); its c
     ranks hold the same weights, so ZeRO/FSDP shards the state over ``shard`` x c GPUs
     (``shard``: the shard group inside d, default d; HSDP replicates across the d/shard
     groups). An expert's weights have shard x c / e copies to shard over. ``uneven``: first
-    and last stage one layer lighter; DualPipe (``schedule``) holds two stages. The output
-    layer is vocabulary-parallel over t (Megatron-LM's; torchtitan's ``loss_parallel``).
+    and last stage one layer lighter. The output layer is vocabulary-parallel over t
+    (Megatron-LM's; torchtitan's ``loss_parallel``, ``gathered``).
     """
     shard = (d if shard is None else shard) * c
-    experts = stage_expert_params(model, t, p, e, uneven, schedule)
-    dense = model_state_bytes(stage_params(model, t, p, e, uneven, schedule) - experts,
-                              zero_stage, shard, grad_bytes, optimizer_bytes)
-    if experts:
-        moe = model_state_bytes(experts, zero_stage, max(1, shard // e), grad_bytes,
-                                optimizer_bytes)
-        dense = tuple(x + y for x, y in zip(dense, moe))
-    if zero_stage == 3 and p > 1 and m > 1:
-        # FSDP under a pipeline (torchtitan): the stage's weights are not resharded after the
-        # forward (no all-gather per micro-batch) and its gradients accumulate unsharded, in
-        # the float32 of the reduce-scatter, until the last micro-batch's backward.
-        whole = stage_params(model, t, p, e, uneven, schedule)
-        dense = (dense[0] + WEIGHT_BYTES * whole, dense[1] + 4 * whole, dense[2])
+
+    def state(params, experts):
+        dense = model_state_bytes(params - experts, zero_stage, shard, grad_bytes,
+                                  optimizer_bytes)
+        if experts:
+            moe = model_state_bytes(experts, zero_stage, max(1, shard // e), grad_bytes,
+                                    optimizer_bytes)
+            dense = tuple(x + y for x, y in zip(dense, moe))
+        if zero_stage == 3 and p > 1 and m > 1:
+            # FSDP under a pipeline (torchtitan): the stage's weights are not resharded after
+            # the forward (no all-gather per micro-batch) and its gradients accumulate
+            # unsharded, in the float32 of the reduce-scatter, until the last micro-batch's
+            # backward.
+            dense = (dense[0] + WEIGHT_BYTES * params, dense[1] + 4 * params, dense[2])
+        return dense
+
     work = working_bytes(model, t, b, recompute, sequence_parallel, zero_stage, c, e,
                          cp_comm, fused, gathered)
-    loss = lb.loss_bytes(model.s / c, b, model.V, t)
+    output = lb.output_layer_bytes(model.s / c, b, model.h, model.V, t, sequence_parallel,
+                                   1 + model.mtp, gathered)
+    if schedule == "dualpipe":
+        per_layer = activation_bytes_per_layer(model, b, t, sequence_parallel, recompute,
+                                               fused, fp8, gathered) / c
+        held = in_flight_microbatches(schedule, p, m)     # PP + 1 stage-micro-batches
+        ranks = []
+        for end, blocks in zip((True, False), dualpipe_blocks(model, p)):
+            ranks.append(MemoryBreakdown(*state(*_dualpipe_params(model, t, p, e, end)),
+                                         per_layer * blocks / 2 * held,
+                                         output if end else 0.0, work))
+        return max(ranks, key=lambda mem: mem.total)
+    experts = stage_expert_params(model, t, p, e, uneven, schedule)
+    dense = state(stage_params(model, t, p, e, uneven, schedule), experts)
 
     def stage_memory(stage, logits):
         acts = activation_bytes(model, t, p, b, m, v, recompute, sequence_parallel,
                                 schedule, uneven, fused, stage, fp8, gathered) / c
         return MemoryBreakdown(*dense, acts, logits, work)
 
-    first = stage_memory(p - 1 if schedule == "zbv" else 0,
-                         loss if p == 1 or schedule == "dualpipe" else 0.0)
-    if p == 1 or schedule == "dualpipe":
+    first = stage_memory(p - 1 if schedule == "zbv" else 0, output if p == 1 else 0.0)
+    if p == 1:
         return first
-    return max(first, stage_memory(0 if schedule == "zbv" else p - 1, loss),
+    return max(first, stage_memory(0 if schedule == "zbv" else p - 1, output),
                key=lambda mem: mem.total)

@@ -108,10 +108,10 @@ def memory_report(runs=None):
             "fits" if est.fits else "does NOT fit")
         lines.append(f"{row.source[:44]:44} {published:>9} {r['predicted']:>9.1f} {error:>7}  "
                      f"{parts}  {verdict}")
-    lines.append("GiB per GPU on the busiest GPU: model state, activations held, the loss's "
-                 "float32 peak, transient working set (a recomputed layer, FSDP's gathered "
-                 "weights and gradients, all-gathered K/V). torchtitan's figures are the "
-                 "allocator's reserved bytes.")
+    lines.append("GiB per GPU on the busiest GPU: model state, activations held, the output "
+                 "layer (final norm's and head's inputs, the loss's float32 peak), transient "
+                 "working set (a recomputed layer, FSDP's gathered weights and gradients, "
+                 "all-gathered K/V). torchtitan's figures are the allocator's reserved bytes.")
     return "\n".join(lines)
 
 
@@ -177,14 +177,9 @@ WHY = {
 MEMORY_GAP = ("a gap of the model: the run happened, so the layout fit; the model, which "
               "counts what the measured layer of this family keeps (costmodel/layer_bytes.py) "
               "for every micro-batch in flight, misses a saving the team made")
-# What the model keeps that the team's report does not say how it avoided, per run.
-MEMORY_GAPS = {
-    "DeepSeek-V3": "its largest term is the MoE's routed copies: each token's k = 8 expert "
-                   "inputs (FP8, §3.3.4) and outputs (BF16, kept for the gates' gradient), "
-                   "4 layers x (PP + 1) micro-batches of them under DualPipe; the report names "
-                   "FP8 caching of the inputs and recomputation of SwiGLU's output, not how "
-                   "the outputs are held",
-}
+# What the model keeps that a team's report does not say how it avoided, per run (none left:
+# DeepSeek-V3's layout fits once its MoE keeps what §3.3.3 lists, layer_bytes.moe_bytes).
+MEMORY_GAPS = {}
 
 
 # What each memory saving of a team bought: its layout with that one saving undone.
@@ -195,8 +190,8 @@ SAVINGS = {
         "SwiGLU unfused (eager)": {"kernels": "eager"}},
     "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours": {
         "no recompute (§3.2.3)": {"recompute": "none"},
-        "Adam moments in FP32 (§3.3.4: BF16)": {"moment_dtype": "fp32"},
-        "BF16, no FP8 caching (§3.3.4)": {"precision": "bf16"}},
+        "Adam moments in FP32 (§3.3.3: BF16)": {"moment_dtype": "fp32"},
+        "BF16, no FP8 caching (§3.3.3)": {"precision": "bf16"}},
 }
 
 

@@ -163,14 +163,17 @@ def loss_bytes(s, b, V, t=1, heads=1, loss_parallel=False):
     return s * b * (4 * heads + transient) * V / t
 
 
-def output_layer_bytes(s, b, h, V, t=1, sequence_parallel=False, heads=1, gathered=False):
+def output_layer_bytes(s, b, h, V, t=1, sequence_parallel=False, heads=1, gathered=False,
+                       layer_norm=False):
     """Bytes on the stage with the output layer at the loss's peak, per micro-batch: the final
-    RMSNorm's input and 1/rms (s/t rows under SP), the head's input, which the matmul keeps
+    RMSNorm's input and 1/rms (``layer_norm``: a LayerNorm's mean and 1/std; s/t rows under
+    SP), the head's input, which the matmul keeps
     for its weight gradient (all s rows where the plan all-gathers the sequence into the
     head: PyTorch's, torchtitan's ``"output": ColwiseParallel(input_layouts=Shard(1), ...)``;
     Megatron keeps its shard and gathers again in backward), and ``loss_bytes`` (``gathered``
     also means PyTorch's loss parallel). Outside every layer, so no recompute mode drops it."""
     rows = s * b / t if sequence_parallel else s * b
     head_rows = s * b if gathered or not sequence_parallel else rows
-    return (rows * (2 * h + STATS) + head_rows * 2 * h) * heads + loss_bytes(
+    stats = 2 * STATS if layer_norm else STATS
+    return (rows * (2 * h + stats) + head_rows * 2 * h) * heads + loss_bytes(
         s, b, V, t, heads, gathered)

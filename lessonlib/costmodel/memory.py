@@ -361,7 +361,7 @@ def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
     work = working_bytes(model, t, b, recompute, sequence_parallel, zero_stage, c, e,
                          cp_comm, fused, gathered)
     output = lb.output_layer_bytes(model.s / c, b, model.h, model.V, t, sequence_parallel,
-                                   1 + model.mtp, gathered)
+                                   1 + model.mtp, gathered, model.legacy)
     if schedule == "dualpipe":
         per_layer = activation_bytes_per_layer(model, b, t, sequence_parallel, recompute,
                                                fused, fp8, gathered) / c

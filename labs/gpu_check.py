@@ -11,6 +11,9 @@ still reports what it saw:
    process group starts, and the ledger's CUDA-event timing reads back;
 3. bf16 matrix products, against the GPU's dense peak from ``lessonlib.costmodel``: the
    ratio is what the cost model's ``MATMUL_EFFICIENCY`` assumes (0.6), now measured;
+   then the peak memory of the DDP lab's training step (``torch.cuda.max_memory_allocated``
+   and ``max_memory_reserved``) beside the cost model's count (``peak_memory``; without a GPU
+   it is predicted only, and the report says so);
 4. each lab at 2-4 ranks that share ``cuda:0`` over gloo with CUDA tensors (the shared-GPU
    mode of ``lessonlib.device``; send and receive go through the CPU, ``lessonlib.gloo_cuda``),
    the hybrid lab also on two five-axis layouts, with tiny settings: every multi-rank code
@@ -54,10 +57,15 @@ from gpu_check_report import POINT_MIN_S, Report, markdown  # noqa: E402
 from sweep_points import check_folder  # noqa: E402
 
 from lessonlib import argcheck, device  # noqa: E402
-from lessonlib.costmodel import throughput  # noqa: E402, F401 (its MATMUL_EFFICIENCY)
+from lessonlib.costmodel import layer_bytes, throughput  # noqa: E402, F401 (MATMUL_EFFICIENCY)
 from lessonlib.costmodel.calibration import calibrate  # noqa: E402
+from lessonlib.costmodel.memory import course_layer_activation_bytes  # noqa: E402
 from lessonlib.instruments import placement
 from lessonlib.lab.labkit import gemm_rates  # noqa: E402
+from lessonlib.models import TEN_M, TINY, TinyGPT, count_parameters, lm_loss  # noqa: E402
+
+GIB = 2**30
+FLOAT = 4                                  # bytes per float32 element
 
 
 # ---------------------------------------------------------------- the points
@@ -86,6 +94,59 @@ def gemm(gpu: bool, quick: bool, sizes) -> dict:
     name = device.describe(_first_device(gpu))
     rates = gemm_rates(sizes, "bfloat16" if gpu else "float32", 0.3 if quick else 1.0)
     return {"gemm": rates, "calibration": calibrate(rates, name)}
+
+
+# The memory point: the DDP lab's model (TEN_M on a GPU, TINY on CPU ranks) trains two float32
+# AdamW steps on one device at the lab's batch and at eight times it; on a GPU the allocator's
+# peaks are read after them (allocated: the tensors; reserved: what the caching allocator holds,
+# fragmentation included, torchtitan's published "Memory(GiB)"), beside what the cost model
+# counts at 4 bytes per element: 16 bytes per parameter (weights, gradients, Adam's moments),
+# each layer's activations (``course_layer_activation_bytes``, exact on CPU ranks; a GPU's
+# attention kernel keeps a little more), the output layer (final LayerNorm's input and
+# statistics, the head's input, the logits, the loss's float32 peak) and the input batch.
+def predicted_bytes(cfg, b: int, parameters: int) -> dict:
+    """What the cost model counts for one float32 AdamW step of ``cfg`` at batch ``b``."""
+    s, h, V = cfg.seq, cfg.hidden, cfg.vocab
+    layers = cfg.layers * course_layer_activation_bytes(b, s, h, cfg.heads, element_size=FLOAT)
+    output = b * s * FLOAT * (h + 2 + h) + b * s * FLOAT * V \
+        + layer_bytes.loss_bytes(s, b, V)           # LayerNorm in, stats; head in; logits; loss
+    parts = {"state": 16 * parameters, "activations": layers, "output": output,
+             "batch": 2 * 8 * b * s}                  # int64 inputs and targets
+    return {**parts, "total": sum(parts.values())}
+
+
+def step_peak(cfg, b: int, gpu) -> tuple[int, int]:
+    """(peak allocated, peak reserved) bytes over two AdamW steps on ``gpu`` (a CUDA device)."""
+    import torch
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(gpu)
+    model = TinyGPT(cfg).to(gpu)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randint(cfg.vocab, (b, cfg.seq), device=gpu)
+    for _ in range(2):                             # the second step holds Adam's moments
+        lm_loss(model(x), x).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize(gpu)
+    peaks = torch.cuda.max_memory_allocated(gpu), torch.cuda.max_memory_reserved(gpu)
+    del model, opt, x
+    return peaks
+
+
+def peak_memory(gpu: bool, batch: int) -> dict:
+    """The memory point's row: per batch, predicted GiB and, on a GPU, measured GiB."""
+    cfg = TEN_M if gpu else TINY
+    parameters = count_parameters(TinyGPT(cfg))
+    rows = []
+    for b in (batch, 8 * batch):
+        row = {"batch": b, "predicted_gib": predicted_bytes(cfg, b, parameters)["total"] / GIB}
+        if gpu:
+            allocated, reserved = step_peak(cfg, b, _first_device(gpu))
+            row.update(allocated_gib=allocated / GIB, reserved_gib=reserved / GIB,
+                       allocated_over_predicted=allocated / GIB / row["predicted_gib"])
+        rows.append(row)
+    return {"memory": rows, "measured": gpu, "parameters": parameters,
+            "model": "TEN_M" if gpu else "TINY"}
 
 
 def _first_device(gpu: bool):
@@ -224,6 +285,8 @@ def main(argv=None) -> int:
     row = report.run("gemm", "gemm", lambda t: gemm(gpu, opts.quick, sizes))
     if row["status"] == "ok":
         report.extra["calibration"] = row["calibration"]
+    ddp = LABS["ddp"].tiny if opts.quick or not gpus else LABS["ddp"].short
+    report.run("memory", "memory", lambda t: peak_memory(gpu, int(ddp["batch"])))
     for index, p in enumerate(points):
         meta = {"mode": p.mode, "world_size": p.ranks, "parity_check": p.parity}
         if p.ranks is None:

@@ -17,8 +17,10 @@ from gpu_check_plan import MODES
 
 from lessonlib import gloo_cuda
 
-POINT_CAP_S = {"versions": 30, "launch": 90, "gemm": 60, "lab": 120, "resume": 150}
-POINT_MIN_S = {"versions": 1, "launch": 10, "gemm": 10, "lab": 20, "resume": 40}  # else skip
+POINT_CAP_S = {"versions": 30, "launch": 90, "gemm": 60, "memory": 60, "lab": 120,
+               "resume": 150}
+POINT_MIN_S = {"versions": 1, "launch": 10, "gemm": 10, "memory": 5, "lab": 20,
+               "resume": 40}                                      # else skip
 
 
 class Report:
@@ -110,9 +112,24 @@ def point_summary(row: dict) -> str:
                 f"({row['timed_by']})")
     if row["lab"] == "gemm" and row["status"] == "ok":
         return ", ".join(f"n={g['n']}: {g['tflops']:.3g} TFLOP/s" for g in row["gemm"])
+    if row["lab"] == "memory" and row["status"] == "ok":
+        return memory_summary(row)
     if row.get("mfu") is not None:
         return f"{lab_summary(row)}; MFU {row['mfu']:.2f}"
     if row.get("point") == "train+resume" and row["status"] == "ok":
         return (f"{lab_summary(row)}; resumed from step "
                 f"{row['results.lessonlib.resumed_from_step']}")
     return lab_summary(row)
+
+
+def memory_summary(row: dict) -> str:
+    """The memory point's line in the report."""
+    if not row.get("measured"):
+        return ("no GPU: peak memory not measured; predicted "
+                + ", ".join(f"b={r['batch']}: {r['predicted_gib'] * 1024:.2f} MiB"
+                            for r in row["memory"]))
+    return "; ".join(f"b={r['batch']}: {r['allocated_gib'] * 1024:.0f} MiB allocated, "
+                     f"{r['reserved_gib'] * 1024:.0f} reserved, "
+                     f"{r['predicted_gib'] * 1024:.0f} predicted "
+                     f"(allocated/predicted {r['allocated_over_predicted']:.2f})"
+                     for r in row["memory"])

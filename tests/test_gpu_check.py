@@ -48,7 +48,7 @@ def test_cpu_mode_runs_labs_and_writes_the_report(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     rows = {r["point"]: r for r in report["points"]}
     # the most telling first: versions, a 1-rank launch, the products, then the labs
-    assert list(rows) == ["versions", "launch", "gemm", "allreduce x4"]
+    assert list(rows) == ["versions", "launch", "gemm", "memory", "allreduce x4"]
     row = rows["allreduce x4"]           # on CPU ranks, the multi-rank points only
     assert row["status"] == "ok" and row["seconds"] > 0 and row["mode"] == "cpu", row
     assert (tmp_path / row["log"]).exists() and row["parity"] < 1e-5     # vs the exact sum
@@ -58,7 +58,11 @@ def test_cpu_mode_runs_labs_and_writes_the_report(tmp_path):
     assert "| point | ranks | where | status |" in text and "Matrix products" in text
     assert "| allreduce x4 | 4 | CPU ranks (gloo) | ok |" in text and "ring busbw GB/s" in text
     assert "need a GPU" in text
+    memory = rows["memory"]           # the DDP lab's step: measured on a GPU, else predicted
+    assert memory["status"] == "ok" and memory["measured"] == (device.gpu_count() > 0)
+    assert all(r["predicted_gib"] > 0 for r in memory["memory"])
     if device.gpu_count() == 0:
+        assert "no GPU: peak memory not measured" in text
         assert report["machine"]["backend"] == "gloo"
         assert "No GPU visible" in out.stderr
 

@@ -1,7 +1,8 @@
 """labs/gpu_check.py on a bare box: a virtual environment that holds only torch, numpy,
 matplotlib and cloudpickle (and what they need), with the course not installed, runs it
-from the checkout (versions, a 1-rank launch, the products, the report) and imports every
-lab; and the course's code parses as Python 3.10 (the oldest a GPU box may bring)."""
+from the checkout (versions, a 1-rank launch, the products, the memory point, the report)
+and imports every lab; and the course's code parses as Python 3.10 (the oldest a GPU box may
+bring)."""
 import ast
 import importlib.metadata as md
 import json
@@ -73,7 +74,7 @@ def test_gpu_check_runs_from_a_plain_checkout_with_only_its_four_packages(bare):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     report = json.loads((tmp / "report" / "report.json").read_text())
     points = {p["point"]: p for p in report["points"]}
-    assert list(points) == ["versions", "launch", "gemm"]
+    assert list(points) == ["versions", "launch", "gemm", "memory"]
     assert all(p["status"] == "ok" for p in points.values()), points
     assert points["launch"]["sum"] == 1.0 and points["launch"]["all_reduce_s"] > 0
     assert "| launch |" in (tmp / "report" / "report.md").read_text()

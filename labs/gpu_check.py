@@ -103,13 +103,12 @@ def gemm(gpu: bool, quick: bool, sizes) -> dict:
 # counts at 4 bytes per element: 16 bytes per parameter (weights, gradients, Adam's moments),
 # each layer's activations (``course_layer_activation_bytes``, exact on CPU ranks; a GPU's
 # attention kernel keeps a little more), the output layer (final LayerNorm's input and
-# statistics, the head's input, the logits, the loss's float32 peak) and the input batch.
+# statistics, the head's input, the loss's float32 peak) and the input batch.
 def predicted_bytes(cfg, b: int, parameters: int) -> dict:
     """What the cost model counts for one float32 AdamW step of ``cfg`` at batch ``b``."""
     s, h, V = cfg.seq, cfg.hidden, cfg.vocab
     layers = cfg.layers * course_layer_activation_bytes(b, s, h, cfg.heads, element_size=FLOAT)
-    output = b * s * FLOAT * (h + 2 + h) + b * s * FLOAT * V \
-        + layer_bytes.loss_bytes(s, b, V)           # LayerNorm in, stats; head in; logits; loss
+    output = b * s * FLOAT * (h + 2 + h) + layer_bytes.loss_bytes(s, b, V)   # LN, head, loss
     parts = {"state": 16 * parameters, "activations": layers, "output": output,
              "batch": 2 * 8 * b * s}                  # int64 inputs and targets
     return {**parts, "total": sum(parts.values())}

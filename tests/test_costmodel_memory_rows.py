@@ -98,9 +98,6 @@ def test_dualpipe_puts_both_ends_and_the_spare_slots_on_one_rank():
                                                  + 2 * ds.h * ds.h))
 
 
-ROWS = memory_rows()
-
-
 def test_meta_and_deepseek_fit_as_they_ran():
     ran = {r["row"].source: r["estimate"] for r in ROWS if r["row"].gib is None}
     llama = [est for source, est in ran.items() if source.startswith("Llama 3")]

@@ -366,8 +366,8 @@ def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
         per_layer = activation_bytes_per_layer(model, b, t, sequence_parallel, recompute,
                                                fused, fp8, gathered) / c
         held = in_flight_microbatches(schedule, p, m)     # PP + 1 stage-micro-batches
-        ranks = []
-        for end, blocks in zip((True, False), dualpipe_blocks(model, p)):
+        ranks = []              # at p = 2 both ranks hold both ends: no middle rank
+        for end, blocks in list(zip((True, False), dualpipe_blocks(model, p)))[:1 + (p > 2)]:
             ranks.append(MemoryBreakdown(*state(*_dualpipe_params(model, t, p, e, end)),
                                          per_layer * blocks / 2 * held,
                                          output if end else 0.0, work))

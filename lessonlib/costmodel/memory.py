@@ -111,7 +111,10 @@ def model_state_bytes(n_params, zero_stage=0, d=1, grad_bytes=GRAD_BYTES,
     ``--accumulate-allreduce-grads-in-fp32``). Llama 3's FSDP (§3.3.2: optimizer state and
     gradients sharded, the weights not resharded after the forward) holds what stage 2 holds.
     ``optimizer_bytes``: 12 (fp32 master, momentum, variance), 8 with the moments in bf16
-    (DeepSeek-V3 §3.3.3).
+    (DeepSeek-V3 §3.3.3, "Low-Precision Optimizer States": "We adopt the BF16 data format
+    instead of FP32 to track the first and second moments in the AdamW optimizer", while "the
+    master weights (stored by the optimizer) and gradients (used for batch size accumulation)
+    are still retained in FP32").
     """
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage={zero_stage!r} must be 0, 1, 2 or 3")
@@ -312,7 +315,10 @@ def _dualpipe_params(model, t, p, e, end):
     rank the embedding, the output head (a second matrix when untied) and each MTP module's
     projection (h x 2h, §2.2), which shares the embedding and the head with the main model
     (§3.2.3: "This arrangement enables the physical sharing of parameters and gradients, of
-    the shared embedding and output head, between the MTP module and the main model")."""
+    the shared embedding and output head, between the MTP module and the main model").
+    Both stages' parameters count in full, as §3.2.1 says they are kept: "this does not
+    significantly increase the memory consumption since we use a large EP size during
+    training" (the routed experts, most of a layer, are split e ways)."""
     blocks = dualpipe_blocks(model, p)[0 if end else 1]
     experts = 0 if model.moe is None else blocks * (model.layer_params(e)
                                                      - model.layer_dense_params())

@@ -129,9 +129,10 @@ def moe_bytes(s, b, h, experts, k, ffn, shared, recompute="none", fused=True, fp
       in MoE. To further reduce the memory cost, we cache the inputs of the SwiGLU operator and
       recompute its output in the backward pass. These activations are also stored in FP8");
     * no expert output: the report lists no cached tensor of that size, and none is needed
-      where the gate scales SwiGLU's output before the down-projection (Megatron-Core's
-      ``GroupedMLP.forward``, ``activation_func_with_probs(fc1_output, permuted_probs)`` then
-      ``fc2``): the gate's gradient is then the product of the down-projection's input
+      where the gate scales SwiGLU's output before the down-projection (Megatron-Core,
+      ``megatron/core/transformer/moe/experts.py``, ``GroupedMLP.forward``:
+      ``self.activation_func_with_probs(fc1_output, permuted_probs.unsqueeze(-1))``, then the
+      fc2 grouped GEMM): the gate's gradient is then the product of the down-projection's input
       gradient with SwiGLU's recomputed output, and the down-projection's input is rebuilt
       with it. Each FP8 tensor carries its 1x128 tiles' float32 scales (``FP8_SCALE``)."""
     cached = 1 + FP8_SCALE if fp8 and recompute == "norm-up" else 2   # a cached MoE input

@@ -37,8 +37,9 @@ from lessonlib.viz.source import show
 # group, the call's number on that group, sizes, posted or completed
 # (`lessonlib.instruments.flight_recorder`). When a launch times out, the launcher reads
 # every rank's ring from outside (a rank stuck in a collective runs no Python). The step
-# below averages the loss over the world, then the gradient over its own group; one setting
-# plants a hang on the last rank at the last step:
+# below averages the loss over the world, then the gradient over its own group; three
+# switches of the bug zoo ([06](06-deep-dive-bug-zoo.ipynb), `hang_*`) plant a hang on the
+# last rank at the last step:
 
 # %%
 show(hangs.rank_steps)

@@ -29,7 +29,6 @@ def test_the_replicas_stop_by_one_rule_that_a_gap_or_a_smaller_quorum_does_not_m
 
 
 def test_a_killed_replica_is_survived_recovered_live_and_equals_the_replay(no_children_left):
-    # Run by itself (make test-alone, the Makefile's ALONE says why)
     run = replicas.run(replicas=3, steps=6, kill=2, kill_at=2)
     assert "killed by signal SIGKILL" in run.first_life[2], run.first_life
     assert run.first_life[0] == run.first_life[1] == "finished"

@@ -26,6 +26,7 @@
 # (outputs, input gradients, weight gradients) and **counting** what each rank holds and
 # sends (`comm.ledger`). One of the bugs passes every parity test.
 #
+# <!-- numbers: 17 because it is the number of a notebook -->
 # The last three cages (`hang_*`) hold the loud kind, from
 # [17](17-deep-dive-when-things-go-wrong.ipynb): ranks that stop agreeing on their sequence of
 # collectives, and the job hangs. Their trap is a third one, the **flight records** every rank

@@ -160,12 +160,13 @@ print(f"held-out loss after {ddp[0].tokens} tokens per replica: DDP "
 # %% [markdown]
 # Over a WAN the saving is time. The cost model's term (`wan_step`) for two datacenters,
 # with bandwidth and latency as parameters (set your own link's): a step of 1 s of compute
-# and a 10 GB model, over a typical link between datacenters: `WAN_BANDWIDTH`, 1 Gbit/s
-# (the link Streaming DiLoCo prices its runs on, its Table 1), and `WAN_LATENCY`, 20 ms one
-# way (two datacenters 2,000 miles apart); `costmodel/resilience.py` quotes the sources.
+# and a 10 GB model, over a typical link between datacenters (`WAN_BANDWIDTH`: the link
+# Streaming DiLoCo prices its runs on, its Table 1; `WAN_LATENCY`: one way across a
+# continent; `costmodel/resilience.py` quotes the sources):
 
 # %%
 # NBVAL_CHECK_OUTPUT
+print(f"the link: {WAN_BANDWIDTH * 8 / 1e9:g} Gbit/s, {WAN_LATENCY * 1e3:g} ms one way")
 link = {h: wan_step(t_compute=1.0, model_bytes=10e9, bandwidth=WAN_BANDWIDTH,
                     latency=WAN_LATENCY, H=h) for h in (1, 10, 100, 500)}
 for h, s in link.items():

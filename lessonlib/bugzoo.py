@@ -4,8 +4,10 @@ that catch them.
 What it teaches: every bug here is one that teams building data, tensor and pipeline
 parallelism have shipped at some point, and each is caught by one kind of check: parity
 with one process (outputs, input gradients, weight gradients), a property the routing must
-keep (a bias shared by all experts changes no output; the bias update evens the load), or
-counting what each rank holds and sends. One bug (a layer left unsharded) passes every
+keep (a bias shared by all experts changes no output; the bias update evens the load),
+counting what each rank holds and sends, or, for the three hangs (``hang_*``: ranks that
+stop agreeing on their sequence of collectives), the flight records, which name the stuck
+call, its group and the ranks missing from it. One bug (a layer left unsharded) passes every
 parity test: parity is not enough, the memory and the messages must be checked too.
 
 Each bug is one commented ``if bugs.active("<name>"):`` in the real code, off unless the
@@ -38,6 +40,8 @@ from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.device import current_device
 from lessonlib.expert_parallel import measure as ep_measure
 from lessonlib.expert_parallel import runs as ep_runs
+from lessonlib.faults import hangs
+from lessonlib.faults.hang_analysis import Finding, analyze
 from lessonlib.launcher import LaunchTimeout, RankError, launch
 from lessonlib.models import Block, GPTConfig, init_weights_, mlp_stack
 from lessonlib.pipeline.executor import PipelineExecutor
@@ -250,6 +254,11 @@ def _cp(method):
     return summary
 
 
+def _finished(r):
+    return "the loop finishes (a hang: the stuck call, named from the flight records)", 0.0, \
+        0.0, f"all {len(r)} ranks finished the loop; no collective left waiting"
+
+
 CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance, message))
     "tp_missing_backward_all_reduce": (rank_tp_gradient, _tp_gradient),
     "ddp_sync_on_wrong_microbatch": (rank_ddp_accumulation, _ddp),
@@ -263,13 +272,20 @@ CHECKS = {  # bug: (rank function, parent summary -> (what, max_diff, tolerance,
     "moe_bias_in_combine_weights": (ep_measure.shared_bias_shift, _moe_bias_weights),
     "moe_bias_update_sign_flipped": (ep_measure.bias_load_ratios, _moe_bias_update),
     "ep_bias_load_not_all_reduced": (rank_ep_bias, _ep_bias),
+    **{bug: (hangs.rank_steps, _finished) for bug in hangs.HANGS.values()},
 }
+# how each check launches, where not on 2 ranks for at most 60 s: a hang is seen only at the
+# timeout, so the hangs' loop (under a second) waits a few seconds, on gloo (on NCCL a size
+# mismatch may read garbage instead of hanging)
+LAUNCHES = {bug: {"world_size": hangs.WORLD, "timeout": hangs.TIMEOUT_S, "backend": "gloo"}
+            for bug in hangs.HANGS.values()}
 
 
 @dataclass(frozen=True)
 class Check:
     """One check of one bug: whether it passed, what it compared, its largest difference
-    against its tolerance, a sentence, and ``ranks``: each rank's record of what it measured."""
+    against its tolerance, a sentence, ``ranks``: each rank's record of what it measured, and
+    ``finding``: where the check hung, the stuck call named from the flight records."""
     bug: str
     bug_on: bool
     passed: bool
@@ -278,23 +294,31 @@ class Check:
     tolerance: float
     message: str
     ranks: list
+    finding: Finding | None = None
 
 
-def check(name: str, bug_on: bool | None = None, timeout: float = 60.0) -> Check:
-    """Run the check that catches bug ``name`` on 2 ranks (one launch), with the bug on or
-    off (default: as the switch is now). A hang ends at ``timeout`` and, like a crashed
-    rank, is reported as a failed check."""
+def check(name: str, bug_on: bool | None = None, timeout: float | None = None) -> Check:
+    """Run the check that catches bug ``name`` on 2 ranks (one launch; ``LAUNCHES`` says
+    where not), with the bug on or off (default: as the switch is now). A hang ends at
+    ``timeout`` (default 60 s, or the check's own) and, like a crashed rank, is reported as
+    a failed check; the message names the stuck call when the flight records show one."""
     known([name])
     on = active(name) if bug_on is None else bool(bug_on)
     names = [n for n in switched_on() if n != name] + ([name] if on else [])
     rank_fn, summary = CHECKS[name]
+    how = {"world_size": 2, "timeout": 60.0, "backend": "auto"} | LAUNCHES.get(name, {})
+    finding = None
     with switched(names):
         try:
-            ranks = launch(rank_fn, 2, timeout=timeout)
+            ranks = launch(rank_fn, how["world_size"], backend=how["backend"],
+                           timeout=timeout or how["timeout"])
             what, diff, tol, message = summary(ranks)
             message = f"{'passed' if diff <= tol else 'FAILED'}: {message}"
         except (LaunchTimeout, RankError) as exc:
             what, diff, tol, ranks = BUGS[name].check, math.inf, 0.0, []
-            message = f"FAILED: the check did not finish: {str(exc).splitlines()[0]}"
+            finding = analyze(exc.flight) if isinstance(exc, LaunchTimeout) else None
+            message = (f"FAILED: hung; the flight records name the stuck call: {finding}"
+                       if finding else
+                       f"FAILED: the check did not finish: {str(exc).splitlines()[0]}")
     return Check(bug=name, bug_on=on, passed=diff <= tol, what=what, max_diff=diff,
-                 tolerance=tol, message=message, ranks=ranks)
+                 tolerance=tol, message=message, ranks=ranks, finding=finding)

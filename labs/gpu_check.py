@@ -9,8 +9,9 @@ still reports what it saw:
 1. versions: Python, torch, CUDA, NCCL, each GPU;
 2. a 1-rank launch on NCCL (gloo on a CPU) that all-reduces through ``lessonlib.comm``: the
    process group starts, and the ledger's CUDA-event timing reads back;
-3. bf16 matrix products, against the GPU's dense peak from ``lessonlib.costmodel``: the
-   ratio is what the cost model's ``MATMUL_EFFICIENCY`` assumes (0.6), now measured;
+3. bf16 matrix products, against the GPU's dense peak from ``lessonlib.costmodel``: the best
+   rate is the GPU's Maximum Achievable Matmul FLOPS that the cost model takes from a
+   published sweep, now measured, and ``calibrate`` refits the model's GEMM curve with it;
 4. each lab at 2-4 ranks that share ``cuda:0`` over gloo with CUDA tensors (the shared-GPU
    mode of ``lessonlib.device``; send and receive go through the CPU, ``lessonlib.gloo_cuda``),
    the hybrid lab also on two five-axis layouts, with tiny settings: every multi-rank code
@@ -54,7 +55,6 @@ from gpu_check_report import POINT_MIN_S, Report, markdown  # noqa: E402
 from sweep_points import check_folder  # noqa: E402
 
 from lessonlib import argcheck, device  # noqa: E402
-from lessonlib.costmodel import throughput  # noqa: E402, F401 (its MATMUL_EFFICIENCY)
 from lessonlib.costmodel.calibration import calibrate  # noqa: E402
 from lessonlib.instruments import placement
 from lessonlib.lab.labkit import gemm_rates  # noqa: E402

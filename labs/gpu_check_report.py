@@ -85,16 +85,20 @@ def markdown(machine: dict, rows: list[dict], extra: dict) -> str:
                   "points need a GPU (python labs/gpu_check.py --dry-run lists them)."]
     calib = extra.get("calibration")
     if calib and calib.get("preset"):
-        lines += ["", f"Matrix products: median {calib['median_tflops']:.4g} TFLOP/s = "
+        lines += ["", f"Matrix products: best {calib['measured_mamf_tflops']:.4g} TFLOP/s = "
                   f"**{calib['measured_matmul_efficiency']:.2f}** of the {calib['preset']} dense "
-                  f"peak ({calib['peak_tflops']:.0f} TFLOP/s); the cost model assumes "
-                  f"MATMUL_EFFICIENCY = {calib['assumed_matmul_efficiency']}."]
+                  f"peak ({calib['peak_tflops']:.0f} TFLOP/s); the cost model's ceiling is the "
+                  f"published MAMF, {calib['assumed_mamf_tflops']:.4g} TFLOP/s. Per size, "
+                  "measured / predicted with the preset / with the refit: " + ", ".join(
+                      f"n={g['n']}: {g['measured_tflops']:.3g} / "
+                      f"{g['predicted_tflops_preset']:.3g} / {g['predicted_tflops_refit']:.3g}"
+                      for g in calib["gemm_curve"]) + "."]
         if "prediction_145.6B" in calib:
             p = calib["prediction_145.6B"]
             lines.append(f"Megatron-LM 2021's 145.6 B row ({p['layout']}, {p['cluster']}): "
-                         f"{p['tflops_per_gpu_assumed']:.0f} TFLOP/s per GPU predicted with the "
-                         f"assumption, {p['tflops_per_gpu_measured_efficiency']:.0f} with the "
-                         f"measured efficiency.")
+                         f"{p['tflops_per_gpu_preset']:.0f} TFLOP/s per GPU predicted with the "
+                         f"preset, {p['tflops_per_gpu_refit']:.0f} with what this machine "
+                         f"measured.")
     elif calib:
         lines += ["", f"Matrix products: median {calib['median_tflops']:.4g} TFLOP/s on "
                   f"{calib['device']} (no cost-model preset for it)."]

@@ -160,14 +160,17 @@ def test_the_budget_cuts_the_tail_and_says_so():
     assert fits[0].name.startswith("hybrid x4 five-axis")
 
 
-def test_the_calibration_compares_with_the_preset_peak():
+def test_the_calibration_refits_the_gemm_ceiling_and_the_prediction_moves():
     rates = [{"n": 1024, "dtype": "bfloat16", "seconds": 1.0, "samples": 5, "tflops": 400.0},
              {"n": 8192, "dtype": "bfloat16", "seconds": 1.0, "samples": 5, "tflops": 700.0}]
     calib = gpu_check.calibrate(rates, "NVIDIA H200")
-    assert calib["preset"] == "H200"
-    assert calib["measured_matmul_efficiency"] == pytest.approx(550 / 989)
+    assert calib["preset"] == "H200" and calib["assumed_mamf_tflops"] == pytest.approx(794.5)
+    assert calib["measured_matmul_efficiency"] == pytest.approx(700 / 989)
+    [small, large] = calib["gemm_curve"]
+    assert large["predicted_tflops_refit"] < large["predicted_tflops_preset"] <= 794.5
+    p = calib["prediction_145.6B"]        # a slower GEMM: a slower step, not a cached one
+    assert p["tflops_per_gpu_refit"] < 0.95 * p["tflops_per_gpu_preset"]
     assert gpu_check.calibrate(rates, "cpu")["preset"] is None
-    assert gpu_check.throughput.MATMUL_EFFICIENCY == calib["assumed_matmul_efficiency"]
 
 
 def test_mfu_is_six_n_flops_per_token_over_the_ranks_peak():

@@ -45,17 +45,13 @@ from .memory import (WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, 
 from .model import GPT
 from .overlap import tp_comm_s
 
-# --- The empirical constants: set once, for every model, layout and GPU. ------------------
-# How fast a GEMM runs is no longer one constant: ``gemm.py`` prices each GEMM of a layer by
-# its shape (a roofline under the measured 80 % of peak that large GEMMs reach on an H100, and
-# NVIDIA's tile quantization). Two constants were chosen together among round values on
-# Megatron-LM 2021's Table 1, the only rows that set any (every row within 15 %):
-# ``gemm.GEMM_PEAK_FRACTION`` (0.65) and ELEMENTWISE_PASSES (3). The others are round
-# figures for what hardware of this kind usually reaches; every other published row
-# (``published.py``: Korthikanti 2022, Llama 3, torchtitan, DeepSeek-V3) is only checked.
+# --- The constants: set once, for every model, layout and GPU. ---------------------------
+# How fast a GEMM runs is no constant: ``gemm.py`` prices each GEMM of a layer by its shape
+# under the GPU's measured Maximum Achievable Matmul FLOPS (``hardware.MAMF``), with
+# NVIDIA's tile and wave quantization. ELEMENTWISE_PASSES is the one constant chosen on a
+# table (Megatron-LM 2021's Table 1, a round value); the others are sourced below, and every
+# row of ``published.py`` but Table 1's is only checked.
 
-# The large-GEMM share of peak under its older name, as ``labs/gpu_check.py`` reports it.
-MATMUL_EFFICIENCY = gemm.GEMM_PEAK_FRACTION
 # Fraction of datasheet HBM bandwidth that streaming, elementwise kernels reach.
 HBM_EFFICIENCY = gemm.HBM_EFFICIENCY
 # Fraction of the per-direction link rate that NCCL collectives and p2p transfers of tens of

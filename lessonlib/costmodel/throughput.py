@@ -37,8 +37,8 @@ from .compute import (attention_core_forward_flops, layer_forward_flops,
                       megatron_flops_per_iteration, model_flops_per_iteration)
 from . import gemm
 from .hardware import Cluster
-from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, norm_up_recompute_share,
-                      op_recompute_share)
+from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, loss_bytes,
+                      norm_up_recompute_share, op_recompute_share)
 from .layout import GRAD_DTYPES, Layout
 from .memory import (WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu,
                      usable_memory_bytes)
@@ -61,6 +61,13 @@ COMM_EFFICIENCY = 0.8
 # dropout, bias): written in the forward, read and their gradients written in the backward
 # (3), written again by a full recompute (+1, added in the code).
 ELEMENTWISE_PASSES = 3
+# The optimizer step is memory-bound: Adam (Kingma & Ba 2015, Algorithm 1), fused into one
+# pass by Megatron's and PyTorch's multi-tensor kernels, reads each parameter's float32
+# master weight and its two moments and writes them back, reads its gradient twice (the
+# global norm that both Megatron-LM and torchtitan clip by, then the update) and writes the
+# 16-bit weight the next step computes with; only the shard of the state this GPU holds
+# under ZeRO/FSDP. Bytes per parameter beyond the state read and written: 2 x 4 + 2.
+OPTIMIZER_GRADIENT_READS = 2
 # Share of the data-parallel all-reduce hidden behind the backward pass. The Megatron-LM code
 # of 2021 all-reduced gradients after the pipeline flush, so nothing was hidden.
 DP_OVERLAP = 0.0
@@ -168,6 +175,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
             rewritten = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
                                                           lay.recompute)
         elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / c / hbm
+    elementwise += logits * loss_bytes(model, b, t, c) / hbm    # the loss over the logits
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(
             model, b, t, c, lay.e, lay.fp8_scaling, lay.recompute != "none") / hbm
@@ -213,6 +221,19 @@ def _hardware_flops(model, recompute, global_batch):
              "op": op_recompute_share(model) * linear,
              "norm-up": norm_up_recompute_share(model) * linear}[recompute]
     return _model_flops(model, global_batch) + global_batch * model.L * again
+
+
+def optimizer_step_s(est):
+    """Seconds of the optimizer step on the busiest GPU: its share of the optimizer state
+    (``est.memory.optimizer``: master weights and moments) read and written, and for each of
+    those parameters the gradient read ``OPTIMIZER_GRADIENT_READS`` times and the 16-bit
+    weight written."""
+    lay = est.layout
+    state_per_param = 4 + 2 * GRAD_DTYPES[lay.moment_dtype]
+    params = est.memory.optimizer / state_per_param
+    moved = 2 * est.memory.optimizer + params * (
+        OPTIMIZER_GRADIENT_READS * 4 + WEIGHT_BYTES)
+    return moved / (est.cluster.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
 
 
 def check_finite_times(time: dict) -> None:
@@ -282,6 +303,7 @@ def timed(est):
             "bubble": slot * m * _bubble_fraction(lay.p, m, lay.v, "ideal", lay.schedule),
             "dp_comm": dp_time_s(model, lay, cluster, m * per_mb[0], COMM_EFFICIENCY,
                                  DP_OVERLAP)}
+    time["optimizer"] = optimizer_step_s(est)
     # The new axes' traffic, only where they are used (c = e = 1 keeps the old keys).
     time.update({k: m * per_mb[i] for k, i, on in (("cp_comm", 4, lay.c > 1),
                                                    ("ep_comm", 5, lay.e > 1)) if on})

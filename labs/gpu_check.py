@@ -12,6 +12,8 @@ still reports what it saw:
 3. bf16 matrix products, against the GPU's dense peak from ``lessonlib.costmodel``: the best
    rate is the GPU's Maximum Achievable Matmul FLOPS that the cost model takes from a
    published sweep, now measured, and ``calibrate`` refits the model's GEMM curve with it;
+   with two GPUs or more, NCCL's all-reduce over all of them at a few message sizes
+   (``labs/allreduce.py --sweep``), to which ``calibrate`` fits the NVLink's alpha and beta;
 4. each lab at 2-4 ranks that share ``cuda:0`` over gloo with CUDA tensors (the shared-GPU
    mode of ``lessonlib.device``; send and receive go through the CPU, ``lessonlib.gloo_cuda``),
    the hybrid lab also on two five-axis layouts, with tiny settings: every multi-rank code
@@ -38,7 +40,9 @@ Laptop:  python labs/gpu_check.py --budget-s 420 --dry-run   (or --allow-cpu --q
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import platform
 import sys
 import time
@@ -86,6 +90,21 @@ def gemm(gpu: bool, quick: bool, sizes) -> dict:
     name = device.describe(_first_device(gpu))
     rates = gemm_rates(sizes, "bfloat16" if gpu else "float32", 0.3 if quick else 1.0)
     return {"gemm": rates, "calibration": calibrate(rates, name)}
+
+
+CURVE_SIZES_KB = (64, 1024, 16384, 262144)      # 64 kB to 256 MB: latency to bandwidth
+
+
+def allreduce_curve(gpus: int, out: Path, timeout: float) -> dict:
+    """NCCL's all-reduce over every visible GPU at ``CURVE_SIZES_KB``: (ranks, bytes,
+    seconds) points, timed by ``labs/allreduce.py --sweep`` in its own processes."""
+    record = out / "allreduce_curve.json"
+    subprocess.run([sys.executable, str(ROOT / "labs" / "allreduce.py"), "--sweep",
+                    "--algorithms", "torch", "--backend", "nccl", "--world-sizes", str(gpus),
+                    "--sizes-kb", ",".join(map(str, CURVE_SIZES_KB)), "--budget-s", "1",
+                    "--json", str(record)], check=True, timeout=timeout, capture_output=True)
+    points = json.loads(record.read_text())["results"]["torch"]["points"]
+    return {"allreduce": [(q["world_size"], q["size_bytes"], q["time_s"]) for q in points]}
 
 
 def _first_device(gpu: bool):
@@ -224,6 +243,12 @@ def main(argv=None) -> int:
     row = report.run("gemm", "gemm", lambda t: gemm(gpu, opts.quick, sizes))
     if row["status"] == "ok":
         report.extra["calibration"] = row["calibration"]
+    if gpus >= 2:                    # one GPU has no link to time
+        curve = report.run("allreduce curve", "curve",
+                           lambda t: allreduce_curve(gpus, out, t), {"world_size": gpus})
+        if curve["status"] == "ok" and row["status"] == "ok":
+            report.extra["calibration"] = calibrate(row["gemm"], machine["device"],
+                                                    curve["allreduce"])
     for index, p in enumerate(points):
         meta = {"mode": p.mode, "world_size": p.ranks, "parity_check": p.parity}
         if p.ranks is None:

@@ -17,8 +17,10 @@ from gpu_check_plan import MODES
 
 from lessonlib import gloo_cuda
 
-POINT_CAP_S = {"versions": 30, "launch": 90, "gemm": 60, "lab": 120, "resume": 150}
-POINT_MIN_S = {"versions": 1, "launch": 10, "gemm": 10, "lab": 20, "resume": 40}  # else skip
+POINT_CAP_S = {"versions": 30, "launch": 90, "gemm": 60, "curve": 90, "lab": 120,
+               "resume": 150}
+POINT_MIN_S = {"versions": 1, "launch": 10, "gemm": 10, "curve": 20, "lab": 20,
+               "resume": 40}  # else skip
 
 
 class Report:
@@ -93,6 +95,12 @@ def markdown(machine: dict, rows: list[dict], extra: dict) -> str:
                       f"n={g['n']}: {g['measured_tflops']:.3g} / "
                       f"{g['predicted_tflops_preset']:.3g} / {g['predicted_tflops_refit']:.3g}"
                       for g in calib["gemm_curve"]) + "."]
+        fit = calib.get("allreduce_fit")
+        if fit:
+            lines.append(f"All-reduce over {machine['gpus']} GPUs: alpha "
+                         f"{fit['alpha_s'] * 1e6:.3g} us per ring step, bus bandwidth "
+                         f"{fit['bandwidth_Bps'] / 1e9:.4g} GB/s (fit to {fit['points']} sizes, "
+                         f"{fit['rms_relative_error']:.0%} rms), the NVLink the refit uses.")
         if "prediction_145.6B" in calib:
             p = calib["prediction_145.6B"]
             lines.append(f"Megatron-LM 2021's 145.6 B row ({p['layout']}, {p['cluster']}): "
@@ -112,6 +120,9 @@ def point_summary(row: dict) -> str:
     if row["lab"] == "launch" and row["status"] == "ok":
         return (f"1 rank on {row['backend']}: all-reduce of 4 kB in {row['all_reduce_s']:.3g} s "
                 f"({row['timed_by']})")
+    if row["lab"] == "allreduce curve" and row["status"] == "ok":
+        return ", ".join(f"{size / 2**20:.3g} MiB: {seconds * 1e6:.4g} us"
+                         for _, size, seconds in row["allreduce"])
     if row["lab"] == "gemm" and row["status"] == "ok":
         return ", ".join(f"n={g['n']}: {g['tflops']:.3g} TFLOP/s" for g in row["gemm"])
     if row.get("mfu") is not None:

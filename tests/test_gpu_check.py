@@ -173,6 +173,22 @@ def test_the_calibration_refits_the_gemm_ceiling_and_the_prediction_moves():
     assert gpu_check.calibrate(rates, "cpu")["preset"] is None
 
 
+def test_the_calibration_fits_the_links_alpha_and_beta_to_the_all_reduce_curve():
+    from lessonlib.costmodel.comm import ring_allreduce_time_s
+    rates = [{"n": 8192, "tflops": 700.0}]
+    curve = [(8, size, ring_allreduce_time_s(8, size, 200e9, 8e-6))
+             for size in (2**16, 2**20, 2**24, 2**28)]
+    calib = gpu_check.calibrate(rates, "NVIDIA H100 80GB HBM3", curve)
+    fit = calib["allreduce_fit"]
+    assert fit["alpha_s"] == pytest.approx(8e-6) and fit["bandwidth_Bps"] == pytest.approx(200e9)
+    slower = calib["prediction_145.6B"]["tflops_per_gpu_refit"]
+    assert slower < gpu_check.calibrate(rates, "NVIDIA H100")["prediction_145.6B"][
+        "tflops_per_gpu_refit"]          # 200 GB/s of bus bandwidth: below the preset's 360
+    machine = {"device": "NVIDIA H100", "gpus": 8, "settings": "short", "budget_s": 420}
+    text = gpu_check.markdown(machine, [], {"calibration": calib})
+    assert "All-reduce over 8 GPUs: alpha 8 us per ring step, bus bandwidth 200 GB/s" in text
+
+
 def test_mfu_is_six_n_flops_per_token_over_the_ranks_peak():
     row = {"settings.parameters": 10 ** 7, "world_size": "2", "results.lessonlib.tokens_per_s": 1e6}
     assert gpu_check.mfu(row, 1000.0) == pytest.approx(6e13 / 2e15)

@@ -150,9 +150,11 @@ class Cluster:
 
     ``nvlink_bytes_per_s`` is per GPU and per direction; ``network_bytes_per_s`` is one
     network port's rate per direction, and a server has ``network_ports`` of them (None:
-    one per GPU, as in DGX servers). The latencies are the alpha of the alpha-beta model
-    (one message's fixed cost); they are orders of magnitude, not measurements of a
-    particular machine.
+    one per GPU, as in DGX servers). The latencies are the alpha of the alpha-beta model,
+    one ring step's fixed cost: on NVLink about 5 us (nccl-tests' smallest all-reduce on two
+    A100 SXM4s takes 10.1 us, two steps; NVIDIA/nccl issue 583), across servers taken as
+    twice that, an order of magnitude, not a measurement. ``calibration.refit_cluster`` fits
+    both to a machine's own all-reduce times.
 
     ``collectives`` says how a group that spans servers crosses the network:
 

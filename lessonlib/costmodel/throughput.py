@@ -54,8 +54,12 @@ from .overlap import tp_comm_s
 
 # Fraction of datasheet HBM bandwidth that streaming, elementwise kernels reach.
 HBM_EFFICIENCY = gemm.HBM_EFFICIENCY
-# Fraction of the per-direction link rate that NCCL collectives and p2p transfers of tens of
-# MB reach (what nccl-tests calls busbw, compared with the link's rate).
+# Fraction of the per-direction link rate that NCCL collectives and p2p transfers reach, what
+# nccl-tests calls busbw against the link's rate. On NVLink, NCCL's maintainer: "450GB/s is
+# the line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth
+# of 370GB/s" (H100, ring; NVIDIA/nccl-tests issue 212), 0.82; across servers, 84.8 GB/s on
+# average and 96 at best of 100 GB/s of HDR ports (A100 servers, nccl-tests issue 119). The
+# latency each ring step adds is the cluster's (``hardware.Cluster``).
 COMM_EFFICIENCY = 0.8
 # HBM passes over a layer's activations by memory-bound kernels (layer norm, GeLU, softmax,
 # dropout, bias): written in the forward, read and their gradients written in the backward

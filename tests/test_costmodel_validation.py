@@ -24,9 +24,9 @@ def test_eq2_gives_table1_parameter_counts(row):
 
 
 # Since a GEMM runs at the A100's measured MAMF (not a share of peak chosen on this table),
-# the t = 8 rows with a pipeline of 4 or more stages run slower than modelled by over 15 %: a
-# cost the model lacks, listed, strict (``test_costmodel_published.MISSES``).
-TABLE1_MISSES = {76.1, 145.6, 310.1, 529.6, 1008.0}
+# three of the rows with a pipeline of 4 or more stages run slower than modelled by over 15 %:
+# a cost the model lacks, listed, strict (``test_costmodel_published.MISSES``).
+TABLE1_MISSES = {76.1, 310.1, 529.6}
 
 
 @pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.xfail(
@@ -38,9 +38,9 @@ def test_estimate_reproduces_table1_within_15_percent(row):
     assert abs(row["error"]) < 0.15, (row["predicted"], row["tflops_per_gpu"])
 
 
-def test_table1_rows_are_within_25_percent_and_all_predicted_fast():
+def test_table1_rows_are_within_20_percent_and_all_predicted_fast():
     errors = [r["error"] for r in table1_rows(TABLE1)]
-    assert 0 < min(errors) and max(errors) < 0.25
+    assert 0 < min(errors) and max(errors) < 0.20
 
 
 def test_table1_report_lists_every_row():
@@ -61,9 +61,9 @@ def test_sweet_spot_is_one_server_of_tensor_parallelism():
     assert [t for t, _, _ in sweep] == [1, 2, 4, 8, 16, 32, 64]
     assert all(e is not None and e.fits for _, _, e in sweep)
     tflops = {t: e.tflops_per_gpu for t, _, e in sweep}
-    # t = 4 and t = 8 within a percent (the paper's Fig. 13 measured t = 8 best), then
+    # t = 4 and t = 8 within a few percent (the paper's Fig. 13 measured t = 8 best), then
     # falling on both sides
-    assert tflops[8] > 0.99 * max(tflops.values())
+    assert tflops[8] > 0.97 * max(tflops.values())
     assert tflops[1] < tflops[2] < tflops[4] and tflops[8] > tflops[16] > tflops[32] > tflops[64]
 
 

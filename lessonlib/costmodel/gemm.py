@@ -79,18 +79,19 @@ def _tile_share(n):
     return n / (TILE * math.ceil(n / TILE))
 
 
-def _wave_share(gpu, m, n):
-    """Busy share of the SMs over the waves that run the (m/TILE) x (n/TILE) tiles."""
-    tiles = math.ceil(m / TILE) * math.ceil(n / TILE)
+def _wave_share(gpu, m, n, batch=1):
+    """Busy share of the SMs over the waves that run the (m/TILE) x (n/TILE) tiles of each
+    of ``batch`` GEMMs launched together (a batched GEMM: attention's heads, MoE experts)."""
+    tiles = math.ceil(m / TILE) * math.ceil(n / TILE) * max(1, round(batch))
     return tiles / (gpu.sms * math.ceil(tiles / gpu.sms))
 
 
-def gemm_time_s(gpu, m, n, k, precision="bf16", writes_output=True):
+def gemm_time_s(gpu, m, n, k, precision="bf16", writes_output=True, batch=1):
     """Seconds of one (m x k) @ (k x n) GEMM on ``gpu``: the slower of its compute (the
-    MAMF over the shape's tile and wave quantization) and its memory traffic
-    (``writes_output`` False: a fused kernel that never stores C, as FlashAttention's score
-    product)."""
-    share = _tile_share(m) * _tile_share(n) * _wave_share(gpu, m, n)
+    MAMF over the shape's tile and wave quantization, its tiles in waves with those of the
+    ``batch`` GEMMs launched with it) and its memory traffic (``writes_output`` False: a
+    fused kernel that never stores C, as FlashAttention's score product)."""
+    share = _tile_share(m) * _tile_share(n) * _wave_share(gpu, m, n, batch)
     compute = 2 * m * n * k / (matmul_flops(gpu, precision) * share)
     elements = m * k + k * n + (m * n if writes_output else 0)
     memory = elements * PRECISIONS[precision] / (gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
@@ -198,5 +199,6 @@ def layer_gemm_time_s(model, b, gpu, t=1, c=1, e=1, precision="bf16", kinds=("li
         if kind == "attention" and not model.legacy:     # one fused kernel, its own rate
             total += count * 2 * m * n * k / (gpu.peak_flops * ATTENTION_PEAK_FRACTION)
         else:
-            total += count * gemm_time_s(gpu, m, n, k, precision if kind == "linear" else "bf16")
+            total += count * gemm_time_s(gpu, m, n, k, precision if kind == "linear" else "bf16",
+                                         batch=count)
     return total

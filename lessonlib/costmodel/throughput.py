@@ -48,9 +48,8 @@ from .overlap import tp_comm_s
 # --- The constants: set once, for every model, layout and GPU. ---------------------------
 # How fast a GEMM runs is no constant: ``gemm.py`` prices each GEMM of a layer by its shape
 # under the GPU's measured Maximum Achievable Matmul FLOPS (``hardware.MAMF``), with
-# NVIDIA's tile and wave quantization. ELEMENTWISE_PASSES is the one constant chosen on a
-# table (Megatron-LM 2021's Table 1, a round value); the others are sourced below, and every
-# row of ``published.py`` but Table 1's is only checked.
+# NVIDIA's tile and wave quantization. The others are counted or sourced below; none was
+# chosen on a published row, so every row of ``published.py`` is a check.
 
 # Fraction of datasheet HBM bandwidth that streaming, elementwise kernels reach.
 HBM_EFFICIENCY = gemm.HBM_EFFICIENCY
@@ -61,10 +60,14 @@ HBM_EFFICIENCY = gemm.HBM_EFFICIENCY
 # average and 96 at best of 100 GB/s of HDR ports (A100 servers, nccl-tests issue 119). The
 # latency each ring step adds is the cluster's (``hardware.Cluster``).
 COMM_EFFICIENCY = 0.8
-# HBM passes over a layer's activations by memory-bound kernels (layer norm, GeLU, softmax,
-# dropout, bias): written in the forward, read and their gradients written in the backward
-# (3), written again by a full recompute (+1, added in the code).
-ELEMENTWISE_PASSES = 3
+# HBM passes over the activations a layer keeps, by its memory-bound kernels (norms, GeLU or
+# SwiGLU, softmax, dropout, bias, residual adds): each reads its input and writes its output
+# in the forward (FORWARD_PASSES), moves BACKWARD_TRAFFIC times that in the backward (reads
+# the output's gradient and its saved input, writes the input's gradient: ``kernels.py``,
+# the same count as eager PyTorch's), and runs again, reading and writing, under a recompute.
+# Counted, not chosen: no row sets it.
+FORWARD_PASSES = 2
+ELEMENTWISE_PASSES = FORWARD_PASSES * (1 + BACKWARD_TRAFFIC)
 # The optimizer step is memory-bound: Adam (Kingma & Ba 2015, Algorithm 1), fused into one
 # pass by Megatron's and PyTorch's multi-tensor kernels, reads each parameter's float32
 # master weight and its two moments and writes them back, reads its gradient twice (the
@@ -178,7 +181,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
         if lay.recompute in ("selective", "norm-up"):    # what is rebuilt is written again
             rewritten = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
                                                           lay.recompute)
-        elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / c / hbm
+        elementwise = layers * (ELEMENTWISE_PASSES * acts + FORWARD_PASSES * rewritten) / c / hbm
     elementwise += logits * loss_bytes(model, b, t, c) / hbm    # the loss over the logits
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(

@@ -205,10 +205,10 @@ at_least("with t = 1 its smallest excess over the bubble",
 # ([deep dive 14](14-deep-dive-sequence-parallelism.ipynb)). Each matrix product is timed
 # from its shape (`costmodel.gemm`) under the fastest an A100 was measured to run one: 271 of
 # its 312 TFLOP/s, the best of a published sweep of shapes (the "maximum achievable matmul
-# FLOPS"), less what the shape wastes in tiles and in waves over the 108 SMs. One constant,
-# the memory-bound kernels' passes over the activations, was chosen on this table; the rest
-# come from their sources, so the table now checks the model more than it calibrates it
-# ([deep dive 15](15-deep-dive-five-axes.ipynb) holds it to today's runs).
+# FLOPS"), less what the shape wastes in tiles and in waves over the 108 SMs; the memory-bound
+# kernels are counted as passes over the activations (each reads its input and writes its
+# output, the backward moves twice that). No constant was chosen on this table, so it checks
+# the model ([deep dive 15](15-deep-dive-five-axes.ipynb) holds it to today's runs).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -216,27 +216,28 @@ print(cm.table1_report())
 table1 = cm.table1_rows()
 errors = sorted(r["error"] for r in table1)
 at_most("the largest error of a row, in either direction",
-        100 * max(abs(e) for e in errors), 25, unit=" %")
+        100 * max(abs(e) for e in errors), 20, unit=" %")
 claim("every row is predicted faster than it ran", errors[0] > 0,
       numbers=f"from {errors[0]:+.1%} to {errors[-1]:+.1%}, median "
               f"{(errors[4] + errors[5]) / 2:+.1%}")
-small, rest = table1[0], [r for r in table1 if r["t"] == 8]
-claim("the one-GPU-per-replica 1.7 B row is the closest, the t = 8 rows all miss by over 10 %",
-      abs(small["error"]) == min(abs(e) for e in errors) and min(r["error"] for r in rest) > 0.1,
-      numbers=f"1.7 B {small['error']:+.1%}; t = 8 from {min(r['error'] for r in rest):+.1%}")
+deep = [r["error"] for r in table1 if r["p"] >= 4]
+shallow = [r["error"] for r in table1 if r["p"] <= 2]
+claim("every row with a pipeline of 4 or more stages misses by more than any with 1 or 2",
+      min(deep) > max(shallow), numbers=f"p <= 2 up to {max(shallow):+.1%}; p >= 4 from "
+                                        f"{min(deep):+.1%}")
 
 # %%
 viz.table1_plot()
 plt.show()
 
 # %% [markdown]
-# Every row runs slower than modelled, and the miss grows with t and with the pipeline: the
-# 1.7 B model (t = 1) is close, every t = 8 row is fast. The matrix products alone are not
-# what is missing: the same model predicts the time of one layer of Korthikanti et al.
-# 2022's 22 B model on 8 A100 at t = 8 (their Table 4) closely
-# ([deep dive 14](14-deep-dive-sequence-parallelism.ipynb) checks it). What grows with t and p is
-# communication and the pipeline's stalls around it (a send waits for its receiver), a cost
-# the model does not yet have; it is reported here as an error, not hidden in a constant.
+# Every row runs slower than modelled, and the rows with a deep pipeline miss most. The
+# matrix products alone are not what is missing: the same model predicts the time of one
+# layer of Korthikanti et al. 2022's 22 B model on 8 A100 at t = 8 (their Table 4) closely
+# ([deep dive 14](14-deep-dive-sequence-parallelism.ipynb) checks it). What grows with the
+# pipeline is its communication and the stalls around it (a send waits for its receiver), a
+# cost the model does not yet have; it is reported here as an error, not hidden in a
+# constant.
 #
 # **Checked on what it was not fitted to:** Megatron-LM 2021's Fig. 13, the 162.2 B model on
 # 64 A100 at batch 32 and 128, t x p = 64: t = 8 best, "up to 2x" lower elsewhere; its shape

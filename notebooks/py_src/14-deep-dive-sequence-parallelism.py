@@ -317,12 +317,12 @@ actviz.activation_widget(measured)
 # %% [markdown]
 # ## 6. What recompute costs: the cost model against Korthikanti's Tables 4 and 5
 #
-# Nothing here is fitted to these tables: a GEMM runs at the rate its shape allows under the
-# A100's measured maximum achievable matmul rate (a published sweep), and the one chosen
-# constant, the memory-bound kernels' passes, was fixed on Megatron-LM 2021's Table 1, so
-# each row is a **check**. Table 4 times one layer of a
-# 22B model (t = 8, micro-batch 4) on A100s; the model's layer time is the difference of
-# two one-stage estimates (L = 2 minus L = 1). Table 5 times whole iterations.
+# Nothing here is fitted to these tables, nor to any other: a GEMM runs at the rate its
+# shape allows under the A100's measured maximum achievable matmul rate (a published sweep),
+# and the memory-bound kernels' passes are counted, so each row is a **check**. Table 4
+# times one layer of a 22B model (t = 8, micro-batch 4) on A100s; the model's layer time is
+# the difference of two one-stage estimates (L = 2 minus L = 1). Table 5 times whole
+# iterations.
 
 # %%
 # NBVAL_CHECK_OUTPUT

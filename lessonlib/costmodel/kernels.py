@@ -52,10 +52,10 @@ KERNELS = ("fused", "eager")
 # the float32 cast (read 2, write 4); log-softmax, reading its input for the maximum, for the
 # sum of exponentials and for the output it writes (12, 4); backward, the NLL gradient
 # written dense (4), log-softmax's backward reading it and the saved output and writing the
-# input's gradient (12), and the cast back to BF16 for the output layer's GEMMs (4, 2). Megatron's
-# vocab-parallel cross entropy (``_VocabParallelCrossEntropy``, float32 logits) moves more:
-# in-place subtract, exp and divide, each a read and a write. Not fused by either; counted
-# the same under torch.compile, which may fuse it (an over-count there).
+# input's gradient (12), and the cast back to BF16 for the output layer's GEMMs (4, 2).
+# Megatron's vocab-parallel cross entropy (``_VocabParallelCrossEntropy``, float32 logits)
+# moves more: in-place subtract, exp and divide, each a read and a write. Not fused by
+# either; counted the same under torch.compile, which may fuse it (an over-count there).
 LOSS_BYTES = 6 + 16 + 4 + 12 + 6
 
 

@@ -16,8 +16,9 @@ What was fitted and what is only checked: nothing in the estimate is fitted (a G
 comes from a published matmul sweep, ``gemm.py``; the memory-bound passes are counted,
 ``throughput.ELEMENTWISE_PASSES``); Megatron-LM 2021 Table 1
 (``megatron2021.table1_report``), Korthikanti et al. 2022 Table 5 (``korthikanti2022``) and
-Megatron-LM 2021 Fig. 13's 162 B model are checked, never fitted; nothing was fitted to Llama 3 or DeepSeek-V3, whose published
-layouts the lesson prints beside the planner's choice (``published.py``).
+Megatron-LM 2021 Fig. 13's 162 B model are checked, never fitted; nothing was fitted to
+Llama 3 or DeepSeek-V3, whose published layouts the lesson prints beside the planner's
+choice (``published.py``).
 
 Run ``python -m lessonlib.costmodel --plan5 --model llama3-405B --seq 131072 --gpus 16384
 --global-batch 128 --cluster dgx-h100``.

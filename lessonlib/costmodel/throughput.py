@@ -15,7 +15,8 @@ micro-batch and adds up:
 * CP comm and EP comm (``axes.py``): the K/V ring's exposed part, the MoE all-to-alls;
 
 then multiplies by m micro-batches, adds the pipeline bubble ((p-1)/v micro-batch slots,
-Megatron-LM 2021 §2.2) and the data-parallel gradient all-reduce at the end of the step.
+Megatron-LM 2021 §2.2), the data-parallel gradient all-reduce at the end of the step and
+the optimizer step (memory-bound: Adam's state read and written).
 Achieved TFLOP/s per GPU counts hardware FLOPs, what the GPUs execute, recompute included:
 under full recompute that is Megatron-LM 2021's Eq. 3, so it is comparable with that paper's
 Table 1; under selective recompute the model's FLOPs plus the attention core's forward again
@@ -181,8 +182,9 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
         if lay.recompute in ("selective", "norm-up"):    # what is rebuilt is written again
             rewritten = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
                                                           lay.recompute)
-        elementwise = layers * (ELEMENTWISE_PASSES * acts + FORWARD_PASSES * rewritten) / c / hbm
-    elementwise += logits * loss_bytes(model, b, t, c) / hbm    # the loss over the logits
+        passes = ELEMENTWISE_PASSES * acts + FORWARD_PASSES * rewritten
+        elementwise = layers * passes / c / hbm
+    elementwise += logits * loss_bytes(model, b, t, c) / hbm     # the loss over the logits
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(
             model, b, t, c, lay.e, lay.fp8_scaling, lay.recompute != "none") / hbm

@@ -121,9 +121,10 @@ for name, published in PUBLISHED_PARAMS.items():
 # **The published record.** Before it plans anything, the cost model is held to what teams
 # measured, with one set of constants, none chosen on a row: a GEMM runs at the rate its
 # shape allows under the GPU's measured maximum achievable matmul rate (a published sweep),
-# and the memory-bound kernels' passes are counted (lesson 05); every row below is a check. Each row prints its published figure as its team counts
-# it (TFLOP/s per GPU by Megatron's Eq. 3, MFU by the team's own FLOP count, or tokens per
-# second per GPU, which needs no count), the model's figure and the error
+# and the memory-bound kernels' passes are counted (lesson 05); every row below is a check.
+# Each row prints its published figure as its team counts it (TFLOP/s per GPU by Megatron's
+# Eq. 3, MFU by the team's own FLOP count, or tokens per second per GPU, which needs no
+# count), the model's figure and the error
 # (`python -m lessonlib.costmodel --published`):
 
 # %%

@@ -24,6 +24,10 @@ Table 1; under selective recompute the model's FLOPs plus the attention core's f
 ``table1_report()`` in ``megatron2021.py``: ``table1_report()`` in ``megatron2021.py``
 does the comparison.
 
+One job: one step's time, summed part by part over the slowest stage; it runs past 300
+lines because every part of the step is priced here, each from the module that owns its
+bytes or FLOPs.
+
 Run ``python -m lessonlib.costmodel --model megatron-1T --t 8 --p 64 --d 6 --microbatch 1
 --global-batch 3072 --gpu A100-80GB --json``.
 """

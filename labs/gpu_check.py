@@ -42,8 +42,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -95,13 +95,15 @@ def gemm(gpu: bool, quick: bool, sizes) -> dict:
 CURVE_SIZES_KB = (64, 1024, 16384, 262144)      # 64 kB to 256 MB: latency to bandwidth
 
 
-def allreduce_curve(gpus: int, out: Path, timeout: float) -> dict:
-    """NCCL's all-reduce over every visible GPU at ``CURVE_SIZES_KB``: (ranks, bytes,
-    seconds) points, timed by ``labs/allreduce.py --sweep`` in its own processes."""
+def allreduce_curve(ranks: int, out: Path, timeout: float, backend: str = "nccl",
+                    sizes_kb=CURVE_SIZES_KB) -> dict:
+    """The backend's all-reduce over ``ranks`` (every visible GPU, on NCCL) at ``sizes_kb``:
+    (ranks, bytes, seconds) points, timed by ``labs/allreduce.py --sweep`` in its own
+    processes."""
     record = out / "allreduce_curve.json"
     subprocess.run([sys.executable, str(ROOT / "labs" / "allreduce.py"), "--sweep",
-                    "--algorithms", "torch", "--backend", "nccl", "--world-sizes", str(gpus),
-                    "--sizes-kb", ",".join(map(str, CURVE_SIZES_KB)), "--budget-s", "1",
+                    "--algorithms", "torch", "--backend", backend, "--world-sizes", str(ranks),
+                    "--sizes-kb", ",".join(map(str, sizes_kb)), "--budget-s", "1",
                     "--json", str(record)], check=True, timeout=timeout, capture_output=True)
     points = json.loads(record.read_text())["results"]["torch"]["points"]
     return {"allreduce": [(q["world_size"], q["size_bytes"], q["time_s"]) for q in points]}

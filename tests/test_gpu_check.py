@@ -189,6 +189,14 @@ def test_the_calibration_fits_the_links_alpha_and_beta_to_the_all_reduce_curve()
     assert "All-reduce over 8 GPUs: alpha 8 us per ring step, bus bandwidth 200 GB/s" in text
 
 
+@pytest.mark.timeout(120)
+def test_the_all_reduce_curve_reads_back_the_labs_points(tmp_path):
+    # the GPU path times NCCL over every GPU; here two gloo ranks at two sizes
+    curve = gpu_check.allreduce_curve(2, tmp_path, 100, backend="gloo", sizes_kb=(4, 64))
+    assert [(n, size) for n, size, _ in curve["allreduce"]] == [(2, 4096), (2, 65536)]
+    assert all(seconds > 0 for _, _, seconds in curve["allreduce"])
+
+
 def test_mfu_is_six_n_flops_per_token_over_the_ranks_peak():
     row = {"settings.parameters": 10 ** 7, "world_size": "2", "results.lessonlib.tokens_per_s": 1e6}
     assert gpu_check.mfu(row, 1000.0) == pytest.approx(6e13 / 2e15)

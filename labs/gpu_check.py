@@ -9,8 +9,11 @@ still reports what it saw:
 1. versions: Python, torch, CUDA, NCCL, each GPU;
 2. a 1-rank launch on NCCL (gloo on a CPU) that all-reduces through ``lessonlib.comm``: the
    process group starts, and the ledger's CUDA-event timing reads back;
-3. bf16 matrix products, against the GPU's dense peak from ``lessonlib.costmodel``: the
-   ratio is what the cost model's ``MATMUL_EFFICIENCY`` assumes (0.6), now measured;
+3. bf16 matrix products, against the GPU's dense peak from ``lessonlib.costmodel``: the best
+   rate is the GPU's Maximum Achievable Matmul FLOPS that the cost model takes from a
+   published sweep, now measured, and ``calibrate`` refits the model's GEMM curve with it;
+   with two GPUs or more, NCCL's all-reduce over all of them at a few message sizes
+   (``labs/allreduce.py --sweep``), to which ``calibrate`` fits the NVLink's alpha and beta;
    then the peak memory of the DDP lab's training step (``torch.cuda.max_memory_allocated``
    and ``max_memory_reserved``) beside the cost model's count (``peak_memory``; without a GPU
    it is predicted only, and the report says so);
@@ -40,8 +43,10 @@ Laptop:  python labs/gpu_check.py --budget-s 420 --dry-run   (or --allow-cpu --q
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,7 +62,7 @@ from gpu_check_report import POINT_MIN_S, Report, markdown  # noqa: E402
 from sweep_points import check_folder  # noqa: E402
 
 from lessonlib import argcheck, device  # noqa: E402
-from lessonlib.costmodel import layer_bytes, throughput  # noqa: E402, F401 (MATMUL_EFFICIENCY)
+from lessonlib.costmodel import layer_bytes  # noqa: E402
 from lessonlib.costmodel.calibration import calibrate  # noqa: E402
 from lessonlib.costmodel.memory import course_layer_activation_bytes  # noqa: E402
 from lessonlib.instruments import placement
@@ -146,6 +151,23 @@ def peak_memory(gpu: bool, batch: int) -> dict:
         rows.append(row)
     return {"memory": rows, "measured": gpu, "parameters": parameters,
             "model": "TEN_M" if gpu else "TINY"}
+
+
+CURVE_SIZES_KB = (64, 1024, 16384, 262144)      # 64 kB to 256 MB: latency to bandwidth
+
+
+def allreduce_curve(ranks: int, out: Path, timeout: float, backend: str = "nccl",
+                    sizes_kb=CURVE_SIZES_KB) -> dict:
+    """The backend's all-reduce over ``ranks`` (every visible GPU, on NCCL) at ``sizes_kb``:
+    (ranks, bytes, seconds) points, timed by ``labs/allreduce.py --sweep`` in its own
+    processes."""
+    record = out / "allreduce_curve.json"
+    subprocess.run([sys.executable, str(ROOT / "labs" / "allreduce.py"), "--sweep",
+                    "--algorithms", "torch", "--backend", backend, "--world-sizes", str(ranks),
+                    "--sizes-kb", ",".join(map(str, sizes_kb)), "--budget-s", "1",
+                    "--json", str(record)], check=True, timeout=timeout, capture_output=True)
+    points = json.loads(record.read_text())["results"]["torch"]["points"]
+    return {"allreduce": [(q["world_size"], q["size_bytes"], q["time_s"]) for q in points]}
 
 
 def _first_device(gpu: bool):
@@ -286,6 +308,12 @@ def main(argv=None) -> int:
         report.extra["calibration"] = row["calibration"]
     ddp = LABS["ddp"].tiny if opts.quick or not gpus else LABS["ddp"].short
     report.run("memory", "memory", lambda t: peak_memory(gpu, int(ddp["batch"])))
+    if gpus >= 2:                    # one GPU has no link to time
+        curve = report.run("allreduce curve", "curve",
+                           lambda t: allreduce_curve(gpus, out, t), {"world_size": gpus})
+        if curve["status"] == "ok" and row["status"] == "ok":
+            report.extra["calibration"] = calibrate(row["gemm"], machine["device"],
+                                                    curve["allreduce"])
     for index, p in enumerate(points):
         meta = {"mode": p.mode, "world_size": p.ranks, "parity_check": p.parity}
         if p.ranks is None:

@@ -17,10 +17,10 @@ from gpu_check_plan import MODES
 
 from lessonlib import gloo_cuda
 
-POINT_CAP_S = {"versions": 30, "launch": 90, "gemm": 60, "memory": 60, "lab": 120,
-               "resume": 150}
-POINT_MIN_S = {"versions": 1, "launch": 10, "gemm": 10, "memory": 5, "lab": 20,
-               "resume": 40}                                      # else skip
+POINT_CAP_S = {"versions": 30, "launch": 90, "gemm": 60, "curve": 90, "memory": 60,
+               "lab": 120, "resume": 150}
+POINT_MIN_S = {"versions": 1, "launch": 10, "gemm": 10, "curve": 20, "memory": 5,
+               "lab": 20, "resume": 40}                           # else skip
 
 
 class Report:
@@ -87,16 +87,26 @@ def markdown(machine: dict, rows: list[dict], extra: dict) -> str:
                   "points need a GPU (python labs/gpu_check.py --dry-run lists them)."]
     calib = extra.get("calibration")
     if calib and calib.get("preset"):
-        lines += ["", f"Matrix products: median {calib['median_tflops']:.4g} TFLOP/s = "
+        lines += ["", f"Matrix products: best {calib['measured_mamf_tflops']:.4g} TFLOP/s = "
                   f"**{calib['measured_matmul_efficiency']:.2f}** of the {calib['preset']} dense "
-                  f"peak ({calib['peak_tflops']:.0f} TFLOP/s); the cost model assumes "
-                  f"MATMUL_EFFICIENCY = {calib['assumed_matmul_efficiency']}."]
+                  f"peak ({calib['peak_tflops']:.0f} TFLOP/s); the cost model's ceiling is the "
+                  f"published MAMF, {calib['assumed_mamf_tflops']:.4g} TFLOP/s. Per size, "
+                  "measured / predicted with the preset / with the refit: " + ", ".join(
+                      f"n={g['n']}: {g['measured_tflops']:.3g} / "
+                      f"{g['predicted_tflops_preset']:.3g} / {g['predicted_tflops_refit']:.3g}"
+                      for g in calib["gemm_curve"]) + "."]
+        fit = calib.get("allreduce_fit")
+        if fit:
+            lines.append(f"All-reduce over {machine['gpus']} GPUs: alpha "
+                         f"{fit['alpha_s'] * 1e6:.3g} us per ring step, bus bandwidth "
+                         f"{fit['bandwidth_Bps'] / 1e9:.4g} GB/s (fit to {fit['points']} sizes, "
+                         f"{fit['rms_relative_error']:.0%} rms), the NVLink the refit uses.")
         if "prediction_145.6B" in calib:
             p = calib["prediction_145.6B"]
             lines.append(f"Megatron-LM 2021's 145.6 B row ({p['layout']}, {p['cluster']}): "
-                         f"{p['tflops_per_gpu_assumed']:.0f} TFLOP/s per GPU predicted with the "
-                         f"assumption, {p['tflops_per_gpu_measured_efficiency']:.0f} with the "
-                         f"measured efficiency.")
+                         f"{p['tflops_per_gpu_preset']:.0f} TFLOP/s per GPU predicted with the "
+                         f"preset, {p['tflops_per_gpu_refit']:.0f} with what this machine "
+                         f"measured.")
     elif calib:
         lines += ["", f"Matrix products: median {calib['median_tflops']:.4g} TFLOP/s on "
                   f"{calib['device']} (no cost-model preset for it)."]
@@ -110,6 +120,9 @@ def point_summary(row: dict) -> str:
     if row["lab"] == "launch" and row["status"] == "ok":
         return (f"1 rank on {row['backend']}: all-reduce of 4 kB in {row['all_reduce_s']:.3g} s "
                 f"({row['timed_by']})")
+    if row["lab"] == "allreduce curve" and row["status"] == "ok":
+        return ", ".join(f"{size / 2**20:.3g} MiB: {seconds * 1e6:.4g} us"
+                         for _, size, seconds in row["allreduce"])
     if row["lab"] == "gemm" and row["status"] == "ok":
         return ", ".join(f"n={g['n']}: {g['tflops']:.3g} TFLOP/s" for g in row["gemm"])
     if row["lab"] == "memory" and row["status"] == "ok":

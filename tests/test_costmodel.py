@@ -151,9 +151,10 @@ def test_estimate_parts_add_up_and_vanish_when_unused():
     for part in ("tp_comm", "pp_comm", "bubble", "dp_comm"):
         assert est.time[part] == 0
     est = estimate(GPT2, Layout(t=2, p=4, d=1, b=1, m=8), CLUSTERS["dgx-a100"])
-    busy = est.step_time_s - est.time["bubble"]
+    busy = est.step_time_s - est.time["bubble"] - est.time["optimizer"]   # after the flush
+    assert 0 < est.time["optimizer"] < 0.05 * busy
     assert est.time["bubble"] / busy == pytest.approx(bubble_fraction(4, 8, convention="ideal"))
-    assert est.bubble_fraction == pytest.approx(bubble_fraction(4, 8))
+    assert est.bubble_fraction == pytest.approx(bubble_fraction(4, 8), rel=0.05)
 
 
 def test_tp_across_servers_pays_the_network():

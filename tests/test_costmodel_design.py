@@ -26,7 +26,10 @@ def test_the_lessons_answer_needs_sharding_or_a_longer_pipeline():
     # ZeRO-1: the 12 bytes of Adam state per parameter are split 8 ways, nothing else
     assert zero1.memory.optimizer == pytest.approx(plain.memory.optimizer / 8)
     assert zero1.memory.weights == plain.memory.weights
-    assert zero1.time == plain.time  # same bytes as the all-reduce it replaces
+    # same bytes as the all-reduce it replaces; the optimizer step runs on 1/8 of the state
+    assert {k: v for k, v in zero1.time.items() if k != "optimizer"} == {
+        k: v for k, v in plain.time.items() if k != "optimizer"}
+    assert zero1.time["optimizer"] == pytest.approx(plain.time["optimizer"] / 8)
     assert longer.fits and longer.step_time_s > zero1.step_time_s  # a little slower
 
 
@@ -97,7 +100,7 @@ def test_h100_moves_the_sweet_spot_to_smaller_t():
     verdict = check_h100_best_t(4)
     text = str(verdict)
     assert verdict and "compute 3.2x, NVLink 1.5x" in text
-    assert "12% of the step on A100 and 21% on H100" in text and "from t=8 to t=4" in text
+    assert "13% of the step on A100 and 20% on H100" in text and "from t=8 to t=4" in text
     tie = check_h100_best_t(8)        # 6 % behind t = 4: inside the model's own error
     assert tie.ok and "cannot tell the two apart" in str(tie)
     assert "more or less?" in str(check_h100_best_t(16))

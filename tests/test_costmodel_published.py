@@ -11,11 +11,25 @@ from lessonlib.costmodel.gemm import gemm_efficiency
 from lessonlib.costmodel.published import published_report, published_rows
 
 ROWS = published_rows()
+# Rows the model misses by more than 15 % since a GEMM runs at its measured MAMF instead of a
+# share of peak chosen on Megatron-LM's Table 1: each is a cost the model lacks (growing with
+# t and the pipeline; torchtitan's 500 W limit, which no source prices), not a constant to
+# choose. Strict: a row that comes within 15 % fails here until it is taken off the list.
+MISSES = {"Megatron-LM 2021 Table 1, 76.1 B", "Megatron-LM 2021 Table 1, 310.1 B",
+          "Megatron-LM 2021 Table 1, 529.6 B", "Llama 3 Table 4, 8,192 GPUs 8K",
+          "torchtitan Llama 3.1 8B on 8 H100, eager"}
+MISSED = pytest.mark.xfail(strict=True, reason="over 15 %: a cost the model lacks")
 
 
-@pytest.mark.parametrize("row", ROWS, ids=lambda r: r["run"].source[:40])
+@pytest.mark.parametrize("row", [pytest.param(r, marks=MISSED) if r["run"].source in MISSES
+                                 else r for r in ROWS], ids=lambda r: r["run"].source[:40])
 def test_published_rows_within_15_percent(row):
     assert abs(row["error"]) < 0.15, (row["predicted"], row["run"].published)
+
+
+def test_every_row_within_30_percent_and_every_miss_listed_is_one():
+    assert {r["run"].source for r in ROWS} >= MISSES
+    assert max(abs(r["error"]) for r in ROWS) < 0.30
 
 
 def test_fp8_pays_its_quantization_kernels():
@@ -29,9 +43,8 @@ def test_fp8_pays_its_quantization_kernels():
     assert fp8.time["compute"] < bf16.time["compute"]
 
 
-def test_only_table1_sets_the_constants_and_the_report_has_every_row():
-    setters = {r["run"].source.split(",")[0] for r in ROWS if r["run"].role != "checked"}
-    assert setters == {"Megatron-LM 2021 Table 1"}
+def test_no_row_sets_a_constant_and_the_report_has_every_row():
+    assert all(r["run"].role == "checked" for r in ROWS)
     text = published_report()
     assert len(text.splitlines()) == len(ROWS) + 2 and "8,192" in text
 
@@ -48,12 +61,18 @@ def test_torchtitan_count_gives_its_published_mfu_from_its_tokens():
     assert per_token * 5762 / 989e12 == pytest.approx(0.337, abs=0.002)
 
 
-def test_thin_gemms_run_below_square_ones_and_fp8_doubles_the_peak():
-    h100 = GPUS["H100-SXM5"]
-    assert gemm_efficiency(h100, 8192, 8192, 8192) == pytest.approx(0.65)
+def test_a_gemm_runs_at_the_measured_mamf_less_its_tiles_and_waves():
+    h100, a100 = GPUS["H100-SXM5"], GPUS["A100-80GB"]
+    # 64 x 64 tiles of 128 x 128 on 132 SMs: 32 waves, the last 4,096 - 31 x 132 = 4 short
+    waves = 4096 / (32 * 132)
+    assert gemm_efficiency(h100, 8192, 8192, 8192) == pytest.approx(794.5 / 989 * waves)
+    # 108 tiles fill the A100's 108 SMs once; 109 take a second wave
+    assert gemm_efficiency(a100, 12 * 128, 9 * 128, 8192) == pytest.approx(271.2 / 312)
+    late = gemm_efficiency(a100, 12 * 128 + 1, 9 * 128, 8192)   # 13 x 9 = 117 tiles
+    assert late == pytest.approx(271.2 / 312 * (12 * 128 + 1) / (13 * 128) * 117 / 216)
     assert gemm_efficiency(h100, 8192, 64, 8192) < 0.5 * gemm_efficiency(h100, 8192, 8192, 8192)
-    big = gemm_efficiency(h100, 8192, 8192, 8192, "fp8")
-    assert big == pytest.approx(0.65) and 2 * 8192**3 / big / 1979e12 < 2 * 8192**3 / 0.65 / 989e12
+    fp8 = gemm_efficiency(h100, 8192, 8192, 8192, "fp8")      # a share of the FP8 peak
+    assert fp8 == pytest.approx(1402.6 / 1979 * waves)
     with pytest.raises(ValueError, match="precision='fp8'"):
         gemm_efficiency(GPUS["A100-80GB"], 64, 64, 64, "fp8")
 
@@ -138,16 +157,15 @@ def test_explain_says_whether_the_separating_cost_is_real_or_a_gap():
     assert "(fits," in text and "Memory: a gap of the model" not in text   # as Meta ran it
 
 
-def test_torchtitans_500_w_h100_runs_its_tensor_cores_between_the_nvl_and_the_sxm():
-    from lessonlib.costmodel.gemm import tensor_core_flops
+def test_torchtitans_500_w_h100_is_read_as_no_rate_the_model_was_not_given():
+    from lessonlib.costmodel.gemm import matmul_flops
     teton, sxm = CLUSTERS["grand-teton-h100-96gb"].gpu, GPUS["H100-SXM5"]
-    assert tensor_core_flops(teton) == pytest.approx((989e12 + 835e12) / 2)
-    assert tensor_core_flops(teton, "fp8") == pytest.approx(1979e12 * 912 / 989, rel=1e-3)
-    assert tensor_core_flops(sxm) == sxm.peak_flops == teton.peak_flops     # MFU's denominator
+    # no published figure for the part at 500 W: the SXM's MAMF, not a rate chosen in between
+    assert matmul_flops(teton) == matmul_flops(sxm) == pytest.approx(794.5e12)
+    assert matmul_flops(teton, "fp8") == pytest.approx(1402.6e12)
+    assert sxm.peak_flops == teton.peak_flops == 989e12                   # MFU's denominator
     big = 8192
-    assert gemm_efficiency(teton, big, big, big) == pytest.approx(0.65 * 912 / 989, rel=1e-3)
-    eager = next(r for r in ROWS if r["run"].source.endswith("eager"))
-    assert 0.05 < eager["error"] < 0.15                                  # +14 %, was +21 %
+    assert gemm_efficiency(teton, big, big, big) == gemm_efficiency(sxm, big, big, big)
 
 
 def test_deepseeks_recompute_trades_activations_for_its_up_projections():

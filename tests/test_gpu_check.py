@@ -164,14 +164,41 @@ def test_the_budget_cuts_the_tail_and_says_so():
     assert fits[0].name.startswith("hybrid x4 five-axis")
 
 
-def test_the_calibration_compares_with_the_preset_peak():
+def test_the_calibration_refits_the_gemm_ceiling_and_the_prediction_moves():
     rates = [{"n": 1024, "dtype": "bfloat16", "seconds": 1.0, "samples": 5, "tflops": 400.0},
              {"n": 8192, "dtype": "bfloat16", "seconds": 1.0, "samples": 5, "tflops": 700.0}]
     calib = gpu_check.calibrate(rates, "NVIDIA H200")
-    assert calib["preset"] == "H200"
-    assert calib["measured_matmul_efficiency"] == pytest.approx(550 / 989)
+    assert calib["preset"] == "H200" and calib["assumed_mamf_tflops"] == pytest.approx(794.5)
+    assert calib["measured_matmul_efficiency"] == pytest.approx(700 / 989)
+    [small, large] = calib["gemm_curve"]
+    assert large["predicted_tflops_refit"] < large["predicted_tflops_preset"] <= 794.5
+    p = calib["prediction_145.6B"]        # a slower GEMM: a slower step, not a cached one
+    assert p["tflops_per_gpu_refit"] < 0.95 * p["tflops_per_gpu_preset"]
     assert gpu_check.calibrate(rates, "cpu")["preset"] is None
-    assert gpu_check.throughput.MATMUL_EFFICIENCY == calib["assumed_matmul_efficiency"]
+
+
+def test_the_calibration_fits_the_links_alpha_and_beta_to_the_all_reduce_curve():
+    from lessonlib.costmodel.comm import ring_allreduce_time_s
+    rates = [{"n": 8192, "tflops": 700.0}]
+    curve = [(8, size, ring_allreduce_time_s(8, size, 200e9, 8e-6))
+             for size in (2**16, 2**20, 2**24, 2**28)]
+    calib = gpu_check.calibrate(rates, "NVIDIA H100 80GB HBM3", curve)
+    fit = calib["allreduce_fit"]
+    assert fit["alpha_s"] == pytest.approx(8e-6) and fit["bandwidth_Bps"] == pytest.approx(200e9)
+    slower = calib["prediction_145.6B"]["tflops_per_gpu_refit"]
+    assert slower < gpu_check.calibrate(rates, "NVIDIA H100")["prediction_145.6B"][
+        "tflops_per_gpu_refit"]          # 200 GB/s of bus bandwidth: below the preset's 360
+    machine = {"device": "NVIDIA H100", "gpus": 8, "settings": "short", "budget_s": 420}
+    text = gpu_check.markdown(machine, [], {"calibration": calib})
+    assert "All-reduce over 8 GPUs: alpha 8 us per ring step, bus bandwidth 200 GB/s" in text
+
+
+@pytest.mark.timeout(120)
+def test_the_all_reduce_curve_reads_back_the_labs_points(tmp_path):
+    # the GPU path times NCCL over every GPU; here two gloo ranks at two sizes
+    curve = gpu_check.allreduce_curve(2, tmp_path, 100, backend="gloo", sizes_kb=(4, 64))
+    assert [(n, size) for n, size, _ in curve["allreduce"]] == [(2, 4096), (2, 65536)]
+    assert all(seconds > 0 for _, _, seconds in curve["allreduce"])
 
 
 def test_mfu_is_six_n_flops_per_token_over_the_ranks_peak():

@@ -1,26 +1,24 @@
-"""How fast one GEMM runs: a roofline over the GEMM's own shape, instead of one constant.
+"""How fast one GEMM runs: a curve over the GEMM's own shape under the GPU's measured ceiling.
 
 What it teaches: a matrix product C (M x N) = A (M x K) B (K x N) does 2MNK FLOPs and, at
 best, reads A and B and writes C once: (MK + KN + MN) elements. Its arithmetic intensity,
 FLOPs per byte, decides which of two ceilings holds (the roofline; NVIDIA, "Matrix
 Multiplication Background User's Guide", "Math and memory bounds"):
 
-    time = max(2MNK / (peak x GEMM_PEAK_FRACTION), bytes / (HBM bandwidth x HBM_EFFICIENCY))
+    time = max(2MNK / (MAMF x shape share), bytes / (HBM bandwidth x HBM_EFFICIENCY))
 
-A large square GEMM is compute-bound; a thin one (a tensor-parallel shard with few columns,
-an attention score product with K = the head dim of 64-192 and its s x s output written to
-memory) is memory-bound and runs far below peak, the more so on an H100, whose peak grew
-3.2x over the A100's while its HBM grew 1.6x (989 / 3.35 = 295 FLOPs per byte against
-312 / 2.0 = 153; ``hardware.py``). The guide's tile quantization adds the rest of the shape's
-effect: a GPU computes C in tiles of ``TILE`` x ``TILE``, so M or N of 129 costs as much as
-256.
-
-``GEMM_PEAK_FRACTION`` is the share of peak a large GEMM sustains inside a training step, the
-same for every GPU and for FP8. An isolated large BF16 GEMM on an H100 measures about 795
-of 989 TFLOP/s (80 %), its ceiling; inside a step (clocks under a whole job's power draw,
-launch gaps, the GEMMs' own epilogues) less. It is one of the two constants chosen on
-Megatron-LM 2021's Table 1 (with ``throughput.ELEMENTWISE_PASSES``), among round values;
-``published.py`` checks it against every other published run.
+The compute ceiling is measured, not chosen: the GPU's Maximum Achievable Matmul FLOPS
+(``GPU.matmul_flops``, ``hardware.MAMF``), the best rate a sweep of shapes found one large
+product to run at (A100 271 of 312 TFLOP/s, H100 795 of 989; FP8 1,403 of 1,979). A shape
+reaches it only when its tiles fill the GPU, and the guide names the two ways they do not
+("Dimension quantization effects"): tile quantization, C is computed in tiles of ``TILE`` x
+``TILE``, so M or N of 129 costs as much as 256; and wave quantization, the tiles run on the
+GPU's SMs in waves, so 109 tiles on an A100's 108 SMs take two waves' time. Thin GEMMs (a
+tensor-parallel shard with few columns, an attention score product with K = the head dim of
+64-192 and its s x s output written to memory) are memory-bound and run far below it, the
+more so on an H100, whose peak grew 3.2x over the A100's while its HBM grew 1.6x (989 / 3.35
+= 295 FLOPs per byte against 312 / 2.0 = 153; ``hardware.py``). ``calibration.py`` swaps in
+a GPU's own measured MAMF (``labs/gpu_check.py`` measures it).
 
 A fused attention kernel (today's shapes) is not a GEMM library call: it runs QK^T, the
 softmax and PV in one kernel whose softmax and data movement stall the Tensor Cores, so it
@@ -30,8 +28,8 @@ on A100, Dao 2023, FlashAttention-2, abstract). Its backward recomputes the scor
 K instead of reading them (Dao et al. 2022 §3.1; FlashAttention-2 §3.1.2): five s x s
 products against the forward's two, 2.5x the forward, which ``throughput.py`` charges.
 
-FP8 (``precision="fp8"``) uses the GPU's dense FP8 peak (1,979 TFLOP/s on H100/H200/H800,
-twice BF16) and one byte per element for the linear layers' GEMMs only: DeepSeek-V3 (§3.3)
+FP8 (``precision="fp8"``) uses the GPU's FP8 MAMF and one byte per element for the linear
+layers' GEMMs only: DeepSeek-V3 (§3.3)
 and torchao's ``Float8Linear`` (which converts ``nn.Linear``; torchtitan's float8 converter
 skips the one named "output") both keep attention's score products and the output head in
 BF16. Its inputs are made by cast kernels, memory-bound, whose bytes depend on the scaling
@@ -44,9 +42,6 @@ from lessonlib.costmodel import GPUS; print(gemm_efficiency(GPUS['H100-SXM5'], 8
 import math
 from functools import lru_cache
 
-# Chosen on Megatron-LM 2021 Table 1 (0.6, 0.65, 0.7 tried); under the 80 % an isolated
-# large GEMM measures on an H100 (795 of 989 TFLOP/s).
-GEMM_PEAK_FRACTION = 0.65
 # Fraction of datasheet HBM bandwidth that streaming kernels reach (``throughput.py``).
 HBM_EFFICIENCY = 0.8
 # FlashAttention-2's share of H100 peak, forward (Shah et al. 2024, abstract); taken from
@@ -55,7 +50,8 @@ ATTENTION_PEAK_FRACTION = 0.35
 # The fused kernel's backward against its forward: dV, dP, dQ, dK and the recomputed QK^T
 # (Dao et al. 2022, Algorithm 4), 5 products of s x s against 2.
 FUSED_BACKWARD_RATIO = 2.5
-# Output tile of one thread block (NVIDIA's guide: 128 x 128 and 256 x 128 tiles).
+# Output tile of one thread block (NVIDIA's guide: 128 x 128 and 256 x 128 tiles); the
+# tiles of one GEMM run on the SMs in waves.
 TILE = 128
 PRECISIONS = {"bf16": 2, "fp8": 1}   # bytes per element
 
@@ -70,12 +66,12 @@ def peak_flops(gpu, precision="bf16"):
                      f"{' or '.join(p for p in PRECISIONS if p == 'bf16' or gpu.fp8_peak_flops)}")
 
 
-def tensor_core_flops(gpu, precision="bf16"):
-    """The rate the Tensor Cores run at for ``precision``: the dense peak, lowered in
-    proportion where the part runs under a power limit below its datasheet's
-    (``GPU.power_limited_flops``: torchtitan's 500 W H100s)."""
-    clocks = (gpu.power_limited_flops or gpu.peak_flops) / gpu.peak_flops
-    return peak_flops(gpu, precision) * clocks
+def matmul_flops(gpu, precision="bf16"):
+    """The fastest ``gpu`` was measured to run one large GEMM in ``precision`` (its MAMF,
+    ``GPU.matmul_flops``); the dense peak where no measurement is recorded."""
+    peak = peak_flops(gpu, precision)
+    measured = gpu.matmul_flops if precision == "bf16" else gpu.fp8_matmul_flops
+    return measured or peak
 
 
 def _tile_share(n):
@@ -83,12 +79,20 @@ def _tile_share(n):
     return n / (TILE * math.ceil(n / TILE))
 
 
-def gemm_time_s(gpu, m, n, k, precision="bf16", writes_output=True):
-    """Seconds of one (m x k) @ (k x n) GEMM on ``gpu``: the slower of its compute and its
-    memory traffic (``writes_output`` False: a fused kernel that never stores C, as
-    FlashAttention's score product)."""
-    flops = 2 * m * n * k / (_tile_share(m) * _tile_share(n))
-    compute = flops / (tensor_core_flops(gpu, precision) * GEMM_PEAK_FRACTION)
+def _wave_share(gpu, m, n, batch=1):
+    """Busy share of the SMs over the waves that run the (m/TILE) x (n/TILE) tiles of each
+    of ``batch`` GEMMs launched together (a batched GEMM: attention's heads, MoE experts)."""
+    tiles = math.ceil(m / TILE) * math.ceil(n / TILE) * max(1, round(batch))
+    return tiles / (gpu.sms * math.ceil(tiles / gpu.sms))
+
+
+def gemm_time_s(gpu, m, n, k, precision="bf16", writes_output=True, batch=1):
+    """Seconds of one (m x k) @ (k x n) GEMM on ``gpu``: the slower of its compute (the
+    MAMF over the shape's tile and wave quantization, its tiles in waves with those of the
+    ``batch`` GEMMs launched with it) and its memory traffic (``writes_output`` False: a
+    fused kernel that never stores C, as FlashAttention's score product)."""
+    share = _tile_share(m) * _tile_share(n) * _wave_share(gpu, m, n, batch)
+    compute = 2 * m * n * k / (matmul_flops(gpu, precision) * share)
     elements = m * k + k * n + (m * n if writes_output else 0)
     memory = elements * PRECISIONS[precision] / (gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
     return max(compute, memory)
@@ -193,7 +197,8 @@ def layer_gemm_time_s(model, b, gpu, t=1, c=1, e=1, precision="bf16", kinds=("li
         if kind not in kinds:
             continue
         if kind == "attention" and not model.legacy:     # one fused kernel, its own rate
-            total += count * 2 * m * n * k / (tensor_core_flops(gpu) * ATTENTION_PEAK_FRACTION)
+            total += count * 2 * m * n * k / (gpu.peak_flops * ATTENTION_PEAK_FRACTION)
         else:
-            total += count * gemm_time_s(gpu, m, n, k, precision if kind == "linear" else "bf16")
+            total += count * gemm_time_s(gpu, m, n, k, precision if kind == "linear" else "bf16",
+                                         batch=count)
     return total

@@ -33,7 +33,13 @@ GiB = 2**30  # what a GPU reports its memory in (nvidia-smi's MiB; torch's total
 @dataclass(frozen=True)
 class GPU:
     """One accelerator, as its datasheet states it; ``memory_bytes`` as the GPU reports it
-    (nvidia-smi's total: an "80 GB" H100 shows 81,559 MiB, 79.6 GiB, not 80e9 bytes)."""
+    (nvidia-smi's total: an "80 GB" H100 shows 81,559 MiB, 79.6 GiB, not 80e9 bytes).
+
+    ``matmul_flops`` (and ``fp8_matmul_flops``) is the fastest a single large matrix product
+    was measured to run on the part: its Maximum Achievable Matmul FLOPS (MAMF), the ceiling
+    of ``gemm.py``'s curve; ``sms`` its streaming multiprocessors, over which a GEMM's tiles
+    run in waves. ``peak_flops`` stays the datasheet's: MFU's denominator.
+    """
 
     name: str
     peak_flops: float  # dense 16-bit Tensor Core FLOP/s (no 2:4 sparsity)
@@ -42,41 +48,65 @@ class GPU:
     nvlink_bytes_per_s: float  # bidirectional total per GPU, as datasheets quote it
     source: str
     fp8_peak_flops: float = None  # dense FP8 FLOP/s; None before Hopper (no FP8 Tensor Cores)
-    # Dense 16-bit FLOP/s the Tensor Cores reach under a power limit below the datasheet's
-    # (lower clocks); None: the datasheet peak. MFU stays a share of ``peak_flops``.
-    power_limited_flops: float = None
+    matmul_flops: float = None    # measured BF16 MAMF; None: the datasheet peak
+    fp8_matmul_flops: float = None    # measured FP8 MAMF; None: fp8_peak_flops
+    sms: int = 108
+
+
+# Maximum Achievable Matmul FLOPS, dense BF16 and FP8 (no sparsity), measured as the best
+# mean TFLOP/s of 100 iterations over a brute-force sweep of shapes with mamf-finder.py (S.
+# Bekman, "Machine Learning Engineering", compute/accelerator, "Maximum Achievable Matmul
+# FLOPS comparison table"): A100 SXM 271.2 of 312 (86.9 %); H100 SXM 794.5 of 989 (80.3 %),
+# "H200 is the same"; FP8 H100 SXM 1,402.6 of 1,979 (70.9 %), H200 SXM 1,453.4 (73.4 %). The
+# table has no V100 row: the V100 keeps the A100's share of its peak, a reading, not a
+# measurement.
+MAMF = {"V100-SXM2-32GB": (125e12 * 271.2 / 312, None), "A100-80GB": (271.2e12, None),
+        "H100-SXM5": (794.5e12, 1402.6e12), "H200": (794.5e12, 1453.4e12)}
+# Streaming multiprocessors (NVIDIA's V100, A100 and H100 architecture whitepapers; the
+# H200 and H800 are the H100 SXM's GH100 with 132).
+SMS = {"V100-SXM2-32GB": 80, "A100-80GB": 108, "H100-SXM5": 132, "H200": 132}
+
+
+def _gpu(name, *datasheet, fp8=None, like=None):
+    """A GPU with the MAMF and SM count of ``like`` (default: its own name's)."""
+    like = like or name
+    bf16, fp8_mamf = MAMF[like]
+    return GPU(name, *datasheet, fp8, matmul_flops=bf16, fp8_matmul_flops=fp8_mamf,
+               sms=SMS[like])
 
 
 GPUS = {
-    "V100-SXM2-32GB": GPU(
+    "V100-SXM2-32GB": _gpu(
         "V100-SXM2-32GB", 125e12, 32 * GiB, 900 * GB, 300 * GB,
         "NVIDIA Tesla V100 datasheet (SXM2): 125 TFLOP/s Tensor, 32 GB HBM2 at 900 GB/s, "
         "NVLink 300 GB/s; 32 GiB as the GPU reports it"),
-    "A100-80GB": GPU(
+    "A100-80GB": _gpu(
         "A100-80GB", 312e12, 81920 * MiB, 2039 * GB, 600 * GB,
         "NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOP/s BF16 dense, 80 GB HBM2e at "
         "2,039 GB/s, NVLink 600 GB/s; Megatron-LM 2021 (Narayanan et al.) uses 312 as peak; "
-        "nvidia-smi reports 81,920 MiB"),
-    "H100-SXM5": GPU(
+        "nvidia-smi reports 81,920 MiB; MAMF 271.2 TFLOP/s"),
+    "H100-SXM5": _gpu(
         "H100-SXM5", 989e12, 81559 * MiB, 3350 * GB, 900 * GB,
         "NVIDIA H100 datasheet (SXM5): 989 TFLOP/s BF16 dense (1,979 with sparsity), "
         "80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; dense FP8 1,979 (3,958 with sparsity); "
-        "nvidia-smi reports 81,559 MiB",
-        1979e12),
-    "H200": GPU(
+        "nvidia-smi reports 81,559 MiB; MAMF 794.5 (BF16), 1,402.6 (FP8) TFLOP/s",
+        fp8=1979e12),
+    "H200": _gpu(
         "H200", 989e12, 143771 * MiB, 4800 * GB, 900 * GB,
         "NVIDIA H200 datasheet (SXM): 989 TFLOP/s BF16 dense (1,979 with sparsity), "
         "141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; dense FP8 1,979 (3,958 with sparsity); "
-        "nvidia-smi reports 143,771 MiB",
-        1979e12),
+        "nvidia-smi reports 143,771 MiB; MAMF 794.5 (BF16), 1,453.4 (FP8) TFLOP/s",
+        fp8=1979e12),
 }
 
 # DeepSeek-V3's GPU, kept out of GPUS (the course's datasheet list) and used by "hgx-h800".
-H800 = GPU(
+# NVIDIA publishes no H800 SXM datasheet beside the H100's; its compute and memory are the
+# H100 SXM5's (so its MAMF is taken as the H100's) and its NVLink 400 GB/s.
+H800 = _gpu(
     "H800", 989e12, 81559 * MiB, 3350 * GB, 400 * GB,
     "H100 SXM5's compute and memory with NVLink cut to 400 GB/s; DeepSeek-V3 (DeepSeek-AI "
     "2024, §3.1) trained on 2048 of them, 8 per node, 400 Gb/s InfiniBand per GPU; dense "
-    "FP8 1,979 TFLOP/s as the H100", 1979e12)
+    "FP8 1,979 TFLOP/s as the H100", fp8=1979e12, like="H100-SXM5")
 
 # torchtitan's H100 benchmarks ran on Meta's Grand Teton hosts: "96GB HBM2e with 2.4 TB/sec
 # peak memory bandwidth", "the default 500W power limit, although tuning it up to 700W TDP can
@@ -84,19 +114,17 @@ H800 = GPU(
 # What 500 W costs, its team says in a footnote: these H100s "are non-standard. They have
 # HBM2e and are limited to a lower TDP. The actual peak TFLOPs should be between SXM and NVL,
 # and we don't know the exact value" (PyTorch forum, "[Distributed w/ TorchTitan] Introducing
-# Async Tensor Parallelism in PyTorch", benchmark configuration). torchtitan's own
-# ``get_peak_flops`` gives the two ends, 989 (SXM) and 835 (NVL) TFLOP/s dense BF16. The course
-# takes the middle of that range, 912, as the rate its Tensor Cores reach: a reading of a
-# stated range, not a measurement, and it decides the torchtitan eager row (835: +7 %,
-# 912: +14 %, 989: +21 %; ``published.py``). MFU stays a share of 989, as torchtitan counts it.
-H100_NVL_DENSE_BF16 = 835e12
-H100_96GB = GPU(
+# Async Tensor Parallelism in PyTorch", benchmark configuration). No datasheet and no
+# measured matmul rate exist for this part, so the course takes none: the H100 SXM's peak
+# (989, torchtitan's MFU denominator) and its MAMF, with the 96 GB at 2.4 TB/s that are
+# published. What the 500 W limit costs is left out of the model and shows in torchtitan's
+# rows as an error (``published.py``), not hidden in a chosen rate.
+H100_96GB = _gpu(
     "H100-96GB", 989e12, 96 * GB, 2400 * GB, 900 * GB,
     "torchtitan docs/performance.md: H100 with 96 GB HBM2e at 2.4 TB/s on Grand Teton, "
     "500 W (96 GB taken as 96e9 bytes, 89.4 GiB: the MiB these parts report is not "
-    "published); BF16 peak as the SXM5 (989, torchtitan's MFU denominator); under 500 W between "
-    "the NVL's 835 and the SXM's 989 (its team), taken as the middle", 1979e12,
-    power_limited_flops=(989e12 + H100_NVL_DENSE_BF16) / 2)
+    "published); BF16 peak and MAMF as the SXM5's (no figure is published for the part at "
+    "500 W; its team: between the NVL's and the SXM's)", fp8=1979e12, like="H100-SXM5")
 
 _ALIASES = {"V100": "V100-SXM2-32GB", "A100": "A100-80GB", "H100": "H100-SXM5",
             "H200-SXM": "H200"}
@@ -122,9 +150,11 @@ class Cluster:
 
     ``nvlink_bytes_per_s`` is per GPU and per direction; ``network_bytes_per_s`` is one
     network port's rate per direction, and a server has ``network_ports`` of them (None:
-    one per GPU, as in DGX servers). The latencies are the alpha of the alpha-beta model
-    (one message's fixed cost); they are orders of magnitude, not measurements of a
-    particular machine.
+    one per GPU, as in DGX servers). The latencies are the alpha of the alpha-beta model,
+    one ring step's fixed cost: on NVLink about 5 us (nccl-tests' smallest all-reduce on two
+    A100 SXM4s takes 10.1 us, two steps; NVIDIA/nccl issue 583), across servers taken as
+    twice that, an order of magnitude, not a measurement. ``calibration.refit_cluster`` fits
+    both to a machine's own all-reduce times.
 
     ``collectives`` says how a group that spans servers crosses the network:
 

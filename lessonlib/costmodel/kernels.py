@@ -47,6 +47,22 @@ SWIGLU_BYTES = 4 + 6        # per ffn element: silu, then the product
 # the input's gradient.
 BACKWARD_TRAFFIC = 2
 KERNELS = ("fused", "eager")
+# The loss over the logits, per logit element on the GPU (the vocabulary split t ways), as
+# torchtitan's ``cross_entropy_loss`` runs it, ``F.cross_entropy(pred.float(), labels)``:
+# the float32 cast (read 2, write 4); log-softmax, reading its input for the maximum, for the
+# sum of exponentials and for the output it writes (12, 4); backward, the NLL gradient
+# written dense (4), log-softmax's backward reading it and the saved output and writing the
+# input's gradient (12), and the cast back to BF16 for the output layer's GEMMs (4, 2).
+# Megatron's vocab-parallel cross entropy (``_VocabParallelCrossEntropy``, float32 logits)
+# moves more: in-place subtract, exp and divide, each a read and a write. Not fused by
+# either; counted the same under torch.compile, which may fuse it (an over-count there).
+LOSS_BYTES = 6 + 16 + 4 + 12 + 6
+
+
+def loss_bytes(model, b=1, t=1, c=1):
+    """HBM bytes the cross entropy over one micro-batch's logits moves on one GPU, forward
+    and backward: b s/c tokens, V/t logits each."""
+    return LOSS_BYTES * b * model.s / c * model.V / t
 
 
 def eager_layer_forward_bytes(model, b=1, t=1, c=1):

@@ -3,9 +3,9 @@
 "Reducing Activation Recomputation in Large Transformer Models" timed one layer of a 22 B GPT
 (Table 4) under each way of keeping its activations, and whole training iterations of four
 models with full recompute and with selective recompute + sequence parallelism (Table 5), on
-A100 GPUs. Both are *checks*, not calibrations: nothing here is fitted to them; the cost
-model's constants are the ones fixed once against Megatron-LM 2021's Table 1
-(``throughput.py``).
+A100 GPUs. Both are *checks*, not calibrations: nothing here is fitted to them, nor to any
+other table (``throughput.py``: a GEMM's rate from a published matmul sweep, the
+memory-bound passes counted).
 
 * ``table4_rows()``: one layer's forward + backward time, as the difference of two
   one-stage estimates (L = 2 minus L = 1), which cancels the embedding, the logits and every

@@ -15,17 +15,18 @@ figure and what kind it is:
 
 One module per record, the rows of each team in one function, with the readings each
 needed in its note; ``published.py`` predicts them and prints the report. Which rows set
-constants: Megatron-LM 2021 Table 1 sets ``gemm.GEMM_PEAK_FRACTION`` and
-``throughput.ELEMENTWISE_PASSES``, chosen together among round values; every other row is
-only checked. Today's terms take their numbers from their sources, none fitted to a row:
+constants: none; every row is checked. A GEMM runs under the GPU's measured maximum
+achievable matmul rate (``hardware.MAMF``, a published sweep) and the memory-bound passes
+are counted (``throughput.ELEMENTWISE_PASSES``). The other terms take their numbers from
+their sources, none fitted to a row:
 ``gemm.ATTENTION_PEAK_FRACTION`` (FlashAttention-2's 35 % of H100 peak, Shah et al. 2024)
 and its 2.5x backward (Dao et al. 2022, Alg. 4); ``kernels.py``'s eager bytes and "op"
 recompute (torchtitan's code); the SwiGLU/GQA activations (Korthikanti's method); DeepSeek-V3's
 20 of 132 SMs (§3.2.2), MLA dims (§2.1.1), MTP (§2.2), FP8 dispatch (§3.3.4), recompute
 (§3.2.3, §3.3.4); torchao's tensorwise casts (``gemm.TENSORWISE_CAST_BYTES``, from its code);
-async TP's pieces (``overlap.py``); Grand Teton's 96 GB at 2.4 TB/s. One reading decides a
-row: its 500 W H100's Tensor Core rate, "between SXM and NVL" (989, 835) by its team, taken
-as the middle, 912 (torchtitan eager: +7 % at 835, +14 % at 912, +21 % at 989).
+async TP's pieces (``overlap.py``); Grand Teton's 96 GB at 2.4 TB/s. Its 500 W limit is
+priced by no source ("between SXM and NVL" by its team): the model runs those H100s at the
+SXM's measured rate, and torchtitan's rows show what that leaves out.
 
 Memory rows (``memory_runs``): torchtitan's peak GiB per GPU (its Tables 1-6, with their
 settings) and the layouts Meta (Llama 3 Table 4) and DeepSeek-V3 ran, which must fit; none
@@ -39,7 +40,6 @@ from .layout import Layout
 from .megatron2021 import load_table1, table1_layout, table1_model
 from .model import GPT, MODELS
 
-SETS = "sets the constants"
 CHECKED = "checked"
 
 
@@ -69,7 +69,7 @@ class PublishedRun:
 def _megatron_rows():
     return [PublishedRun(f"Megatron-LM 2021 Table 1, {r['params_billion']} B",
                          table1_model(r), "dgx-a100", table1_layout(r), "tflops",
-                         r["tflops_per_gpu"], "megatron-eq3", SETS,
+                         r["tflops_per_gpu"], "megatron-eq3", CHECKED,
                          "b and v from the authors' run scripts")
             for r in load_table1()]
 
@@ -133,8 +133,8 @@ def _torchtitan_rows():
     casts, the head in BF16); and its async-TP benchmark, each ratio over the same layout
     with async TP off."""
     note = ("benchmarks/llama3_h100_202412_torchtitan.md; 8 H100 of Meta's Grand Teton (96 GB "
-            "HBM2e at 2.4 TB/s, 500 W: docs/performance.md; Tensor Cores at 912 TFLOP/s, the "
-            "middle of its team's 'between SXM and NVL'), FSDP, local batch 2, 8K tokens, "
+            "HBM2e at 2.4 TB/s, 500 W: docs/performance.md; the 500 W limit unpriced, the "
+            "SXM's matmul rate taken), FSDP, local batch 2, 8K tokens, "
             "recompute 'op' (torchtitan's default: every second matmul); MFU by torchtitan's "
             "count (6 x non-embedding params + 12Lhs per token, causal not halved)")
     lay = Layout(d=8, b=2, m=1, zero_stage=3, recompute="op", overlap_comm=True)

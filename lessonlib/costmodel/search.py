@@ -12,12 +12,13 @@ Two priors keep the search to a few thousand estimates (well under a second on 1
 GPUs): t stays inside a server (Megatron-LM 2021's takeaway #1; a layout with t beyond it
 is never close), and SP goes with every t > 1 (Korthikanti et al. 2022).
 
-What was fitted and what is only checked: the estimate's two empirical constants
-(``gemm.GEMM_PEAK_FRACTION``, ``throughput.ELEMENTWISE_PASSES``) were chosen once against
-Megatron-LM 2021 Table 1 (``megatron2021.table1_report``, every row within 15 %); Korthikanti
-et al. 2022 Table 5 (``korthikanti2022``) and Megatron-LM 2021 Fig. 13's 162 B model are held
-out, checked, never fitted; nothing was fitted to Llama 3 or DeepSeek-V3, whose published
-layouts the lesson prints beside the planner's choice (``published.py``).
+What was fitted and what is only checked: nothing in the estimate is fitted (a GEMM's rate
+comes from a published matmul sweep, ``gemm.py``; the memory-bound passes are counted,
+``throughput.ELEMENTWISE_PASSES``); Megatron-LM 2021 Table 1
+(``megatron2021.table1_report``), Korthikanti et al. 2022 Table 5 (``korthikanti2022``) and
+Megatron-LM 2021 Fig. 13's 162 B model are checked, never fitted; nothing was fitted to
+Llama 3 or DeepSeek-V3, whose published layouts the lesson prints beside the planner's
+choice (``published.py``).
 
 Run ``python -m lessonlib.costmodel --plan5 --model llama3-405B --seq 131072 --gpus 16384
 --global-batch 128 --cluster dgx-h100``.

@@ -15,13 +15,18 @@ micro-batch and adds up:
 * CP comm and EP comm (``axes.py``): the K/V ring's exposed part, the MoE all-to-alls;
 
 then multiplies by m micro-batches, adds the pipeline bubble ((p-1)/v micro-batch slots,
-Megatron-LM 2021 §2.2) and the data-parallel gradient all-reduce at the end of the step.
+Megatron-LM 2021 §2.2), the data-parallel gradient all-reduce at the end of the step and
+the optimizer step (memory-bound: Adam's state read and written).
 Achieved TFLOP/s per GPU counts hardware FLOPs, what the GPUs execute, recompute included:
 under full recompute that is Megatron-LM 2021's Eq. 3, so it is comparable with that paper's
 Table 1; under selective recompute the model's FLOPs plus the attention core's forward again
 (Korthikanti et al. 2022, App. A); MFU counts the model's FLOPs alone. See
 ``table1_report()`` in ``megatron2021.py``: ``table1_report()`` in ``megatron2021.py``
 does the comparison.
+
+One job: one step's time, summed part by part over the slowest stage; it runs past 300
+lines because every part of the step is priced here, each from the module that owns its
+bytes or FLOPs.
 
 Run ``python -m lessonlib.costmodel --model megatron-1T --t 8 --p 64 --d 6 --microbatch 1
 --global-batch 3072 --gpu A100-80GB --json``.
@@ -37,34 +42,44 @@ from .compute import (attention_core_forward_flops, layer_forward_flops,
                       megatron_flops_per_iteration, model_flops_per_iteration)
 from . import gemm
 from .hardware import Cluster
-from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, norm_up_recompute_share,
-                      op_recompute_share)
+from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, loss_bytes,
+                      norm_up_recompute_share, op_recompute_share)
 from .layout import GRAD_DTYPES, Layout
 from .memory import (WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu,
                      usable_memory_bytes)
 from .model import GPT
 from .overlap import tp_comm_s
 
-# --- The empirical constants: set once, for every model, layout and GPU. ------------------
-# How fast a GEMM runs is no longer one constant: ``gemm.py`` prices each GEMM of a layer by
-# its shape (a roofline under the measured 80 % of peak that large GEMMs reach on an H100, and
-# NVIDIA's tile quantization). Two constants were chosen together among round values on
-# Megatron-LM 2021's Table 1, the only rows that set any (every row within 15 %):
-# ``gemm.GEMM_PEAK_FRACTION`` (0.65) and ELEMENTWISE_PASSES (3). The others are round
-# figures for what hardware of this kind usually reaches; every other published row
-# (``published.py``: Korthikanti 2022, Llama 3, torchtitan, DeepSeek-V3) is only checked.
+# --- The constants: set once, for every model, layout and GPU. ---------------------------
+# How fast a GEMM runs is no constant: ``gemm.py`` prices each GEMM of a layer by its shape
+# under the GPU's measured Maximum Achievable Matmul FLOPS (``hardware.MAMF``), with
+# NVIDIA's tile and wave quantization. The others are counted or sourced below; none was
+# chosen on a published row, so every row of ``published.py`` is a check.
 
-# The large-GEMM share of peak under its older name, as ``labs/gpu_check.py`` reports it.
-MATMUL_EFFICIENCY = gemm.GEMM_PEAK_FRACTION
 # Fraction of datasheet HBM bandwidth that streaming, elementwise kernels reach.
 HBM_EFFICIENCY = gemm.HBM_EFFICIENCY
-# Fraction of the per-direction link rate that NCCL collectives and p2p transfers of tens of
-# MB reach (what nccl-tests calls busbw, compared with the link's rate).
+# Fraction of the per-direction link rate that NCCL collectives and p2p transfers reach, what
+# nccl-tests calls busbw against the link's rate. On NVLink, NCCL's maintainer: "450GB/s is
+# the line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth
+# of 370GB/s" (H100, ring; NVIDIA/nccl-tests issue 212), 0.82; across servers, 84.8 GB/s on
+# average and 96 at best of 100 GB/s of HDR ports (A100 servers, nccl-tests issue 119). The
+# latency each ring step adds is the cluster's (``hardware.Cluster``).
 COMM_EFFICIENCY = 0.8
-# HBM passes over a layer's activations by memory-bound kernels (layer norm, GeLU, softmax,
-# dropout, bias): written in the forward, read and their gradients written in the backward
-# (3), written again by a full recompute (+1, added in the code).
-ELEMENTWISE_PASSES = 3
+# HBM passes over the activations a layer keeps, by its memory-bound kernels (norms, GeLU or
+# SwiGLU, softmax, dropout, bias, residual adds): each reads its input and writes its output
+# in the forward (FORWARD_PASSES), moves BACKWARD_TRAFFIC times that in the backward (reads
+# the output's gradient and its saved input, writes the input's gradient: ``kernels.py``,
+# the same count as eager PyTorch's), and runs again, reading and writing, under a recompute.
+# Counted, not chosen: no row sets it.
+FORWARD_PASSES = 2
+ELEMENTWISE_PASSES = FORWARD_PASSES * (1 + BACKWARD_TRAFFIC)
+# The optimizer step is memory-bound: Adam (Kingma & Ba 2015, Algorithm 1), fused into one
+# pass by Megatron's and PyTorch's multi-tensor kernels, reads each parameter's float32
+# master weight and its two moments and writes them back, reads its gradient twice (the
+# global norm that both Megatron-LM and torchtitan clip by, then the update) and writes the
+# 16-bit weight the next step computes with; only the shard of the state this GPU holds
+# under ZeRO/FSDP. Bytes per parameter beyond the state read and written: 2 x 4 + 2.
+OPTIMIZER_GRADIENT_READS = 2
 # Share of the data-parallel all-reduce hidden behind the backward pass. The Megatron-LM code
 # of 2021 all-reduced gradients after the pipeline flush, so nothing was hidden.
 DP_OVERLAP = 0.0
@@ -171,7 +186,9 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
         if lay.recompute in ("selective", "norm-up"):    # what is rebuilt is written again
             rewritten = acts - activation_bytes_per_layer(model, b, t, lay.sequence_parallel,
                                                           lay.recompute)
-        elementwise = layers * (ELEMENTWISE_PASSES * acts + rewritten) / c / hbm
+        passes = ELEMENTWISE_PASSES * acts + FORWARD_PASSES * rewritten
+        elementwise = layers * passes / c / hbm
+    elementwise += logits * loss_bytes(model, b, t, c) / hbm     # the loss over the logits
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(
             model, b, t, c, lay.e, lay.fp8_scaling, lay.recompute != "none") / hbm
@@ -217,6 +234,19 @@ def _hardware_flops(model, recompute, global_batch):
              "op": op_recompute_share(model) * linear,
              "norm-up": norm_up_recompute_share(model) * linear}[recompute]
     return _model_flops(model, global_batch) + global_batch * model.L * again
+
+
+def optimizer_step_s(est):
+    """Seconds of the optimizer step on the busiest GPU: its share of the optimizer state
+    (``est.memory.optimizer``: master weights and moments) read and written, and for each of
+    those parameters the gradient read ``OPTIMIZER_GRADIENT_READS`` times and the 16-bit
+    weight written."""
+    lay = est.layout
+    state_per_param = 4 + 2 * GRAD_DTYPES[lay.moment_dtype]
+    params = est.memory.optimizer / state_per_param
+    moved = 2 * est.memory.optimizer + params * (
+        OPTIMIZER_GRADIENT_READS * 4 + WEIGHT_BYTES)
+    return moved / (est.cluster.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
 
 
 def check_finite_times(time: dict) -> None:
@@ -286,6 +316,7 @@ def timed(est):
             "bubble": slot * m * _bubble_fraction(lay.p, m, lay.v, "ideal", lay.schedule),
             "dp_comm": dp_time_s(model, lay, cluster, m * per_mb[0], COMM_EFFICIENCY,
                                  DP_OVERLAP)}
+    time["optimizer"] = optimizer_step_s(est)
     # The new axes' traffic, only where they are used (c = e = 1 keeps the old keys).
     time.update({k: m * per_mb[i] for k, i, on in (("cp_comm", 4, lay.c > 1),
                                                    ("ep_comm", 5, lay.e > 1)) if on})

@@ -203,37 +203,47 @@ at_least("with t = 1 its smallest excess over the bubble",
 # the step into matrix products, memory-bound kernels, TP, PP and DP communication and
 # bubble; `recompute` is "full" (the default) or "selective"
 # ([deep dive 14](14-deep-dive-sequence-parallelism.ipynb)). Each matrix product is timed
-# from its shape (`costmodel.gemm`). Its two constants, the share of peak that large GEMMs
-# reach and the memory-bound kernels' passes, were chosen **on this table**: calibration,
-# not validation; [deep dive 15](15-deep-dive-five-axes.ipynb) holds them to today's runs.
+# from its shape (`costmodel.gemm`) under the fastest an A100 was measured to run one: 271 of
+# its 312 TFLOP/s, the best of a published sweep of shapes (the "maximum achievable matmul
+# FLOPS"), less what the shape wastes in tiles and in waves over the 108 SMs; the memory-bound
+# kernels are counted as passes over the activations (each reads its input and writes its
+# output, the backward moves twice that). No constant was chosen on this table, so it checks
+# the model ([deep dive 15](15-deep-dive-five-axes.ipynb) holds it to today's runs).
 
 # %%
 # NBVAL_CHECK_OUTPUT
 print(cm.table1_report())
 table1 = cm.table1_rows()
-over, under = max(table1, key=lambda r: r["error"]), min(table1, key=lambda r: r["error"])
+errors = sorted(r["error"] for r in table1)
 at_most("the largest error of a row, in either direction",
-        100 * max(abs(r["error"]) for r in table1), 15, unit=" %")
-claim("the largest over-prediction is the smallest model, the largest under-prediction "
-      "the 1 T model", (over["params_billion"], under["params_billion"]) == (1.7, 1008.0),
-      numbers=f"over: {over['params_billion']:g}B at {over['error']:+.1%}, "
-              f"under: {under['params_billion']:g}B at {under['error']:+.1%}")
+        100 * max(abs(e) for e in errors), 20, unit=" %")
+claim("every row is predicted faster than it ran", errors[0] > 0,
+      numbers=f"from {errors[0]:+.1%} to {errors[-1]:+.1%}, median "
+              f"{(errors[4] + errors[5]) / 2:+.1%}")
+deep = [r["error"] for r in table1 if r["p"] >= 4]
+shallow = [r["error"] for r in table1 if r["p"] <= 2]
+claim("every row with a pipeline of 4 or more stages misses by more than any with 1 or 2",
+      min(deep) > max(shallow), numbers=f"p <= 2 up to {max(shallow):+.1%}; p >= 4 from "
+                                        f"{min(deep):+.1%}")
 
 # %%
 viz.table1_plot()
 plt.show()
 
 # %% [markdown]
-# The misses are largest at the ends of Megatron-LM 2021's Table 1. The smallest model
-# (h = 2304, one GPU per replica) runs slower than modelled: its GEMMs are the smallest, and
-# launch gaps and the optimizer's step are not modelled. The 1 T model runs faster: its
-# 64-stage pipeline's bubble is charged in full
-# ([deep dive 09](09-deep-dive-interleaved-schedules.ipynb)).
+# Every row runs slower than modelled, and the rows with a deep pipeline miss most. The
+# matrix products alone are not what is missing: the same model predicts the time of one
+# layer of Korthikanti et al. 2022's 22 B model on 8 A100 at t = 8 (their Table 4) closely
+# ([deep dive 14](14-deep-dive-sequence-parallelism.ipynb) checks it). What grows with the
+# pipeline is its communication and the stalls around it (a send waits for its receiver), a
+# cost the model does not yet have; it is reported here as an error, not hidden in a
+# constant.
 #
 # **Checked on what it was not fitted to:** Megatron-LM 2021's Fig. 13, the 162.2 B model on
 # 64 A100 at batch 32 and 128, t x p = 64: t = 8 best, "up to 2x" lower elsewhere; its shape
-# from the paper's run script (`examples/sc21/run_figure_13.sh`: 32 layers, h = 20480, 128
-# heads). With every GPU's InfiniBand port, then one per server:
+# and its layouts from the paper's run script (`examples/sc21/run_figure_13.sh`: 32 layers,
+# h = 20480, 128 heads, p of 2, 4, 8, 16 or 32, t = 64/p). With every GPU's InfiniBand port,
+# then one per server:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -243,7 +253,7 @@ clusters = {"8 ports per server": cm.CLUSTERS["dgx-a100"],
                                                  collectives="flat-ring")}
 for (name, cluster), batch in ((c, b) for c in clusters.items() for b in (32, 128)):
     sweep = {t: e for t, p, e in cm.tp_sweep(cm.MODELS["megatron-162.2B-fig13"], cluster,
-                                              n_gpus=64, global_batch=batch) if e}
+                                              n_gpus=64, global_batch=batch) if e and p >= 2}
     fig13[name, batch] = {t: e.tflops_per_gpu / sweep[8].tflops_per_gpu for t, e in sweep.items()}
     print(f"{name}, batch {batch:>3}: relative to t=8 " + ", ".join(
         f"t={t} {r:.2f}x" for t, r in fig13[name, batch].items()))
@@ -252,7 +262,7 @@ every("with every port in use t = 8 is best", {k: max(r, key=r.get) for k, r in 
       lambda best_t: best_t == 8)
 for k, r in dgx.items():
     within(f"{k}: the worst layout's speed over t = 8's, against the paper's 'up to 2x' (0.5)",
-           min(r.values()), expected=0.5, tolerance=0.2)
+           min(r.values()), expected=0.5, tolerance=0.25)
 at_most("with one port per server, t = 16's speed over t = 8's at either batch",
         max(fig13["1 port per server", b][16] for b in (32, 128)), 0.5)
 

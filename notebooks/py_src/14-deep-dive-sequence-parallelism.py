@@ -317,10 +317,12 @@ actviz.activation_widget(measured)
 # %% [markdown]
 # ## 6. What recompute costs: the cost model against Korthikanti's Tables 4 and 5
 #
-# Nothing here is fitted to these tables: the cost model's constants were fixed once on
-# Megatron-LM 2021's Table 1, so each row is a **check**. Table 4 times one layer of a
-# 22B model (t = 8, micro-batch 4) on A100s; the model's layer time is the difference of
-# two one-stage estimates (L = 2 minus L = 1). Table 5 times whole iterations.
+# Nothing here is fitted to these tables, nor to any other: a GEMM runs at the rate its
+# shape allows under the A100's measured maximum achievable matmul rate (a published sweep),
+# and the memory-bound kernels' passes are counted, so each row is a **check**. Table 4
+# times one layer of a 22B model (t = 8, micro-batch 4) on A100s; the model's layer time is
+# the difference of two one-stage estimates (L = 2 minus L = 1). Table 5 times whole
+# iterations.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -333,9 +335,8 @@ for r in k22.table4_rows():
 rows4 = {r["mode"]: r for r in k22.table4_rows()}
 share = (rows4["selective recompute"]["predicted_overhead"]
          / rows4["selective recompute"]["published_overhead"])
-claim("the model gives selective recompute about half the paper's overhead: it counts the "
-      "attention core's FLOPs and bytes, not how poorly its small kernels run",
-      0.3 < share < 0.7, numbers=f"{share:.2f} of it")
+claim("the model gives selective recompute about the paper's overhead, counting the "
+      "attention core's FLOPs and bytes again", 0.7 < share < 1.4, numbers=f"{share:.2f} of it")
 print()
 for r in k22.table5_rows():
     print(f"Table 5 {r['model']:>5} {r['mode']:<15} published {r['published_s']:6.2f} s, "
@@ -343,11 +344,10 @@ for r in k22.table5_rows():
 for r in k22.table5_rows()[:4]:
     within(f"{r['model']} {r['mode']}: the published iteration", r["published_s"],
            expected=r["predicted_s"], tolerance=0.15)
-slow = [r["error"] for r in k22.table5_rows()[4:]]
-claim("530B and 1T come out 5-20 % slow: their large GEMMs run closer to peak than the "
-      "model's one cap on a large GEMM's share allows (Megatron-LM 2021's Table 1 under-"
-      "predicts its 1 T row too)",
-      all(0.05 < err < 0.20 for err in slow), numbers=", ".join(f"{x:+.1%}" for x in slow))
+fast = [r["error"] for r in k22.table5_rows()]
+claim("every iteration of Table 5 comes out faster than published, by under 15 %: a cost "
+      "the model lacks, as on Megatron-LM 2021's Table 1",
+      all(-0.15 < err < 0 for err in fast), numbers=", ".join(f"{x:+.1%}" for x in fast))
 for r in k22.table5_speedups():
     within(f"{r['model']}: full recompute / selective+SP, published", r["published"],
            expected=r["predicted"], tolerance=0.15)

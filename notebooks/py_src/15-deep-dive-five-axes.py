@@ -119,11 +119,12 @@ for name, published in PUBLISHED_PARAMS.items():
 
 # %% [markdown]
 # **The published record.** Before it plans anything, the cost model is held to what teams
-# measured, with one set of constants: the share of peak that large GEMMs reach and the
-# memory-bound kernels' passes were chosen on Megatron-LM 2021's Table 1 (lesson 05); every
-# other row below is only checked. Each row prints its published figure as its team counts
-# it (TFLOP/s per GPU by Megatron's Eq. 3, MFU by the team's own FLOP count, or tokens per
-# second per GPU, which needs no count), the model's figure and the error
+# measured, with one set of constants, none chosen on a row: a GEMM runs at the rate its
+# shape allows under the GPU's measured maximum achievable matmul rate (a published sweep),
+# and the memory-bound kernels' passes are counted (lesson 05); every row below is a check.
+# Each row prints its published figure as its team counts it (TFLOP/s per GPU by Megatron's
+# Eq. 3, MFU by the team's own FLOP count, or tokens per second per GPU, which needs no
+# count), the model's figure and the error
 # (`python -m lessonlib.costmodel --published`):
 
 # %%
@@ -133,9 +134,11 @@ from lessonlib.costmodel import published as pub
 print(pub.published_report())
 record = pub.published_rows()
 worst = max(record, key=lambda r: abs(r["error"]))
-claim("every row is within 15 % of its published figure, with one set of constants",
-      all(abs(r["error"]) <= 0.15 for r in record),
-      numbers=f"the largest miss: {worst['run'].source}, {worst['error']:+.1%}")
+misses = sorted(abs(r["error"]) for r in record)
+at_most("the largest miss of a row, with one set of constants", 100 * misses[-1], 30,
+        unit=" %")
+print(f"median miss {100 * misses[len(misses) // 2]:.0f} %; the largest: "
+      f"{worst['run'].source}, {worst['error']:+.0%}")
 
 # %% [markdown]
 # How each row is read, from its note in `costmodel/published.py`:
@@ -159,12 +162,13 @@ claim("every row is within 15 % of its published figure, with one set of constan
 #   measurement; FP8 GEMMs, DualPipe, EP 64, each token on at most 4 nodes.
 #
 # Where the model and a team disagree, the model is assumed to be missing a cost until
-# shown otherwise. The last two rows it reached needed costs their own sources state:
-# torchtitan's GPUs are held to 500 W, below the datasheet's rate (its `docs/performance.md`;
-# its team puts their peak between the H100 NVL's and the SXM's, and the model takes the
-# middle, a reading that decides that row and is said in `hardware.py`); DeepSeek-V3
-# recomputes its norms and MLA up-projections (§3.2.3), and quantizes every FP8 GEMM's
-# input in a separate kernel that reads BF16 from memory and writes FP8 back (§3.5.2).
+# shown otherwise, and the miss is printed, not closed with a chosen constant. torchtitan's
+# GPUs are held to 500 W, below the datasheet's power (its `docs/performance.md`; its team
+# puts their peak "between SXM and NVL" and does not know it): no source prices that, so the
+# model runs them at the H100 SXM's measured rate and its eager row shows the error.
+# DeepSeek-V3 recomputes its norms and MLA up-projections (§3.2.3), and quantizes every FP8
+# GEMM's input in a separate kernel that reads BF16 from memory and writes FP8 back
+# (§3.5.2).
 #
 # **How a layout prints** (`Layout.describe()`), before the planner prints some:
 # - `t c p d e`: the tensor, context, pipeline, data and expert degrees (e inside d); `b`

@@ -395,8 +395,8 @@ at_most("the slot's exposed communication with overlap over without", moe.expose
 # The cost model holds the techniques to torchtitan's measurements on H100s: Float8 (its
 # Llama 3.1 8B run, 6,667 -> 8,532 tokens/s per GPU with torch.compile, 1.28x) and async TP
 # (Llama 3 70B on 256 H100, 1.09x; Llama 3 8B on 64 H100, 1.10x). Each is a ratio over the
-# same run without the technique, with the model's constants fixed on Megatron-LM 2021's
-# Table 1 long before:
+# same run without the technique, with no constant of the model chosen on any published
+# row:
 
 # %%
 # NBVAL_CHECK_OUTPUT

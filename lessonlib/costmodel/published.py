@@ -19,6 +19,7 @@ from statistics import median
 
 from .compute import team_flops_per_token
 from .hardware import CLUSTERS, GiB
+from .planner import separating_terms
 from .record import memory_runs, published_runs
 from .throughput import estimate, memory_estimate
 
@@ -194,8 +195,7 @@ def versus_planner(run):
                     overlap_comm=lay.overlap_comm, **fixed)
     mine = estimate(run.model, lay, cluster_of(run))
     best = plan.best
-    parts = sorted(((k, mine.time.get(k, 0.0) - best.time.get(k, 0.0))
-                    for k in set(mine.time) | set(best.time)), key=lambda kv: -abs(kv[1]))
+    parts = separating_terms(mine, best)
     return {"run": run, "published": mine, "best": best,
             "ratio": mine.step_time_s / best.step_time_s, "parts": parts}
 
@@ -288,7 +288,9 @@ def explain_versus_planner(run):
                         f"{mine.memory_capacity_bytes / GiB:.0f} GiB usable") + ".")
         if r["ratio"] > 1.10:
             part = r["parts"][0][0]
-            lines.append(f"The largest, {part}, is {WHY.get(part, 'not classified')}.")
+            lines.append(f"The largest, {part}, is {WHY[part]}." if part in WHY else
+                         f"No verdict on the team's choice: the largest, {part}, has no "
+                         f"published source in the course's record.")
         if not mine.fits:
             why = next((v for k, v in MEMORY_GAPS.items() if run.source.startswith(k)), "")
             lines.append(f"Memory: {MEMORY_GAP}" + (f"; {why}" if why else "") + ".")

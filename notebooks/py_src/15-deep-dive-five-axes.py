@@ -121,9 +121,11 @@ for name, published in PUBLISHED_PARAMS.items():
 # **The published record.** Before it plans anything, the cost model is held to what teams
 # measured, with one set of constants: the share of peak that large GEMMs reach and the
 # memory-bound kernels' passes were chosen on Megatron-LM 2021's Table 1 (lesson 05); every
-# other row below is only checked. Each row prints its published figure as its team counts
-# it (TFLOP/s per GPU by Megatron's Eq. 3, MFU by the team's own FLOP count, or tokens per
-# second per GPU, which needs no count), the model's figure and the error
+# other row below is only checked. Each row is compared on what its team published (step
+# time, TFLOP/s per GPU by the team's own FLOP count, or tokens per second per GPU, which
+# needs no count), with the model's figure and the error; the row's other published
+# figures and, for a run measured against another, the ratio of the two are printed beside,
+# never instead. The last lines give the error as a distribution, its median and its worst
 # (`python -m lessonlib.costmodel --published`):
 
 # %%
@@ -131,29 +133,35 @@ for name, published in PUBLISHED_PARAMS.items():
 from lessonlib.costmodel import published as pub
 
 print(pub.published_report())
-record = pub.published_rows()
-worst = max(record, key=lambda r: abs(r["error"]))
-claim("every row is within 15 % of its published figure, with one set of constants",
-      all(abs(r["error"]) <= 0.15 for r in record),
-      numbers=f"the largest miss: {worst['run'].source}, {worst['error']:+.1%}")
+record = [r for r in pub.published_rows() if r["run"].role == "checked"]
+middle, worst = pub.error_summary([r["error"] for r in record])
+missed = [r for r in record if abs(r["error"]) > 0.15]
+claim("the model does not yet predict every held-out row within 15 %", len(missed) > 0,
+      numbers=f"{len(missed)} of {len(record)} checked rows miss by more than 15 %; median "
+              f"|error| {middle:.0%}, worst {worst:+.0%}")
 
 # %% [markdown]
-# How each row is read, from its note in `costmodel/published.py`:
+# How each row is read, from its note in `costmodel/record.py`. No row is read on its own:
+# its settings follow its table's columns (a test fails if they contradict them), and what
+# no table prints takes one default for every row (`record.SILENT`: one sequence per
+# micro-batch, two model chunks per stage for an interleaved schedule, no recompute).
 # - **Llama 3** (Dubey et al. 2024, Table 4 and §3.3.2): interleaved 1F1B with the first
-#   and last stages one layer lighter, no activation checkpointing at 8K, FSDP (taken as
-#   ZeRO-1 here); the paper gives no FLOP count, so the course reads its MFU as counting
-#   the attention scores a causal kernel computes (half of them) and prints PaLM's count
-#   (every score) beside it. Table 4's 128K row prints DP 4, which with TP 8, CP 16 and
-#   PP 16 makes 8,192 GPUs, while its GPU column says 16,384: the table contradicts itself
-#   there. The course takes the row's own degrees (d = 4 on 8,192 GPUs); with d = 8 on
-#   16,384 each GPU's work is the same, half the micro-batches per replica.
+#   and last stages one layer lighter, no activation checkpointing at 8K, FSDP; the paper
+#   prints no chunk count v, so the default v = 2 holds. TFLOP/s per GPU by PaLM's count
+#   (every attention score counted), the course's count (causal: half of them) beside.
+#   Table 4's 128K row prints DP 4, which with TP 8, CP 16 and PP 16 makes 8,192 GPUs,
+#   while its GPU column says 16,384: the table contradicts itself there, and both
+#   readings are rows.
+# - **Nemotron-4 15B** (arXiv 2402.16819, Table 2) and **BLOOM-176B** (the BigScience
+#   repository's `train/tr11-176B-ml`): step times, with Nemotron-4's MFU by Megatron-LM's
+#   count and BLOOM's TFLOP/s by Eq. 3 beside.
 # - **torchtitan** (its `benchmarks/llama3_h100_202412_torchtitan.md`): tokens per second per
-#   GPU, eager and compiled, on H100s limited to 500 W. The file says its runs without
-#   Float8 achieve "33% to 39% MFU"; torchtitan's own FLOP formula, applied here, turns
-#   5,762 tokens/s into 33.7 %. Its Float8 run and its async-TP benchmark
-#   (`benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`) are ratios over the same run
-#   without them: tensorwise FP8 casts with the output head in BF16, and sequence
-#   parallelism's collectives split into pieces behind their GEMMs (`costmodel/overlap.py`).
+#   GPU on H100s limited to 500 W, every table in absolute figures: FSDP eager, compiled and
+#   with Float8 on 8 and 128 GPUs, the 8B context-parallel sweep, 70B in 2D with and
+#   without async TP, 405B in 3D with 1F1B and interleaved, the 405B context-parallel sweep;
+#   and its async-TP benchmark (`benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`). The
+#   file says its runs without Float8 achieve "33% to 39% MFU"; torchtitan's own FLOP
+#   formula, applied here, turns 5,762 tokens/s into 33.7 %.
 # - **DeepSeek-V3** (DeepSeek-AI 2024, Table 1): 14.8T tokens in 2.664M H800 GPU hours is an
 #   average over the whole pre-training (its batch ramp-up included), not a step's
 #   measurement; FP8 GEMMs, DualPipe, EP 64, each token on at most 4 nodes.
@@ -170,7 +178,7 @@ claim("every row is within 15 % of its published figure, with one set of constan
 # - `t c p d e`: the tensor, context, pipeline, data and expert degrees (e inside d); `b`
 #   sequences per micro-batch, `m` micro-batches per step and replica, `B` = b·m·d
 #   sequences per step.
-# - `v=8`: interleaved 1F1B with v = 8 model chunks per device (deep dive 09).
+# - `v=2`: interleaved 1F1B with v = 2 model chunks per device (deep dive 09).
 # - `recompute=`: what the backward recomputes: `none`, `selective` (attention's s × s
 #   part), `full` (each layer's forward), or `norm-up`, DeepSeek-V3's: its RMSNorms and the
 #   up-projections of its multi-head latent attention, MLA (§3.2.3).
@@ -208,13 +216,14 @@ versus = {run.source: pub.versus_planner(run) for run in pub.published_runs()
           if run.source in pub.PLANNED}
 print(pub.versus_table(versus.values()), end="\n\n")
 llama_128k, llama_8k = versus["Llama 3 Table 4, 128K"], versus["Llama 3 Table 4, 16,384 GPUs 8K"]
-at_most("at 128K, Meta's step over the planner's best", llama_128k["ratio"], ex.WITHIN)
+every("a verdict on Meta's layout names the term and its source", versus,
+      lambda vs: vs["ratio"] <= ex.WITHIN or vs["parts"][0][0] in pub.WHY)
 claim("c grows with the sequence", llama_128k["best"].layout.c > llama_8k["best"].layout.c,
       numbers=f"the planner's c = {llama_8k['best'].layout.c} at 8K, "
               f"{llama_128k['best'].layout.c} at 128K")
-claim("Meta's three layouts fit as Meta ran them, without recompute; DeepSeek-V3's does not",
-      all(vs["published"].fits for name, vs in versus.items() if name.startswith("Llama"))
-      and not versus[pub.PLANNED[-1]]["published"].fits,
+claim("at the default v = 2 the model counts every layout above over memory, though each "
+      "team ran it: a saving the model misses",
+      not any(vs["published"].fits for vs in versus.values()),
       numbers="GiB per GPU against the usable, in the order above: " + ", ".join(
           f"{est.memory.total / 2**30:.0f} of {est.memory_capacity_bytes / 2**30:.0f}"
           for est in (vs["published"] for vs in versus.values())))
@@ -250,13 +259,14 @@ for run_name in pub.SAVINGS:
 print(f"DeepSeek-V3 over the model's memory: {pub.MEMORY_GAPS['DeepSeek-V3']}")
 
 # %% [markdown]
-# So the planner agrees with Meta at 128K. At 8K it prefers other layouts, by the margins
-# printed above, and the costs it names say how far to trust that: where the model leaves
-# exposed what Meta's stack overlaps (tensor-parallel and pipeline traffic), the gap is the
-# model's; where the planner's pick runs a zero-bubble schedule Meta did not use, the gain
-# is real but was not Meta's to take in 2024. Memory: Meta's layouts fit as Meta ran them,
-# once the model counts what a Llama layer keeps (measured, lesson 14) and what Meta's FSDP
-# holds; DeepSeek-V3's does not, a saving the model is missing (named above).
+# The planner prefers other layouts than Meta's, by the margins printed above, and the
+# costs it names say how far to trust that: where the model leaves exposed what Meta's
+# stack overlaps (tensor-parallel and pipeline traffic), the gap is the model's; where the
+# planner's pick runs a zero-bubble schedule Meta did not use, the gain is real but was not
+# Meta's to take in 2024. A verdict that a team chose badly needs both: the term, and a
+# source that says the term is real. Memory: with the paper silent on v, the default of two
+# chunks per stage keeps more micro-batches in flight than the model allows in 80 GB; the
+# runs happened, so that is a saving the model misses, as for DeepSeek-V3 (named above).
 #
 # **Why DeepSeek-V3 has no TP.** Its report gives memory as the reason: "we meticulously
 # optimize the memory footprint during training, thereby enabling us to train DeepSeek-V3

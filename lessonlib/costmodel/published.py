@@ -49,10 +49,9 @@ def _figure(run, est, metric, flops):
 
 
 def _mfus(run, est):
-    """Predicted MFU by the team's count, by ``also``'s and by the course's (a dict by
-    count; Eq. 3 counts recompute, so it is never a team's MFU)."""
-    counts = {"course", run.also or "course"} | ({run.flops} if run.flops not in (
-        "", "megatron-eq3") else set())
+    """Predicted MFU by the team's count and by the course's (a dict by count; Eq. 3
+    counts recompute, so it is never a team's MFU)."""
+    counts = {"course"} | ({run.flops} if run.flops not in ("", "megatron-eq3") else set())
     tokens = est.tokens_per_s / run.layout.n_gpus
     return {f: _mfu(run.model, f, tokens, est.cluster.gpu.peak_flops) for f in counts}
 
@@ -85,7 +84,7 @@ _UNITS = {"tflops": ("TFLOP/s", 1, 1), "mfu": ("MFU %", 100, 1), "tokens": ("tok
 
 
 def _value(metric, value):
-    unit, scale, digits = _UNITS[metric]
+    _, scale, digits = _UNITS[metric]
     return f"{value * scale:.{digits}f}"
 
 
@@ -97,11 +96,15 @@ def error_summary(errors):
     return median(abs(e) for e in errors), max(errors, key=abs)
 
 
-def _summary_line(what, rows, key="error"):
-    errors = [r[key] for r in rows if r[key] is not None]
+def _summary_line(what, rows):
+    """One line: how many rows, the median and the worst error (with its row), how many
+    within 15 %; ``rows`` from ``published_rows`` or ``memory_rows``."""
+    errors = [r["error"] for r in rows]
+    if not errors:
+        return f"{what}: no rows."
     mid, worst = error_summary(errors)
-    name = next(r for r in rows if r[key] == worst)
-    source = (name.get("run") or name.get("row")).source
+    missed = next(r for r in rows if r["error"] == worst)
+    source = (missed.get("run") or missed.get("row")).source
     return (f"{what}: {len(errors)} rows, median |error| {mid:.1%}, worst {worst:+.1%} "
             f"({source}); {sum(abs(e) <= 0.15 for e in errors)} within 15 %.")
 
@@ -116,8 +119,6 @@ def published_report(runs=None):
     for r in rows:
         run, mfu = r["run"], r["mfu"]
         team = f"{mfu[run.flops]:.1%}" if run.flops in mfu else "-"
-        if run.also:
-            team = f"{mfu[run.also]:.1%}"   # the team's count is printed beside instead
         extra = [f"{_UNITS[m][0]} {_value(m, p)} -> {_value(m, q)} ({e:+.1%})"
                  for m, p, q, e in r["beside"]]
         if r["ratio"]:
@@ -132,9 +133,8 @@ def published_report(runs=None):
                                [r for r in rows if r["run"].role == "checked"])
                  + " Table 1, which sets the constants, is left out.")
     lines.append("MFU: the team's own FLOP count (Korthikanti 2022 App. A; Megatron-LM's for "
-                 "Nemotron-4; torchtitan's; for Llama 3 the course's causal-halved count "
-                 "beside PaLM's, which its TFLOP/s use) / the course's (today's shapes' causal "
-                 "scores halved). TFLOP/s: by the team's count (Megatron-LM 2021 Eq. 3 "
+                 "Nemotron-4; PaLM's for Llama 3, which its TFLOP/s use; torchtitan's) / the "
+                 "course's (today's shapes' causal scores halved). TFLOP/s: by the team's count (Megatron-LM 2021 Eq. 3 "
                  "counts recompute: hardware FLOPs). DeepSeek-V3's row is an average over its "
                  "whole pre-training, not a step.")
     return "\n".join(lines)

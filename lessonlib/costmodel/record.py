@@ -76,7 +76,6 @@ class PublishedRun:
     flops: str = ""
     role: str = CHECKED
     note: str = ""
-    also: str = ""     # another FLOP count whose MFU is printed beside (a reading not taken)
     versus: str = ""   # the row (source) whose tokens/s this one's are printed over
     columns: dict = field(default_factory=dict)
     contradicts: tuple = ()
@@ -208,7 +207,7 @@ def _llama_rows():
 
     def row(source, model, lay, tflops, mfu, columns, note, contradicts=()):
         return PublishedRun(source, model, "dgx-h100", lay, "tflops", tflops, "palm",
-                            also="course", note=note + _LLAMA_NOTE, columns=columns,
+                            note=note + _LLAMA_NOTE, columns=columns,
                             contradicts=contradicts, beside=(("mfu", mfu, "palm"),))
 
     cols8k = {"t": 8, "c": 1, "p": 16, "tokens_per_batch": tokens, "seq": 8192}

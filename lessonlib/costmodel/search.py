@@ -10,7 +10,9 @@ layout that differs on that axis alone.
 
 Two priors keep the search to a few thousand estimates (well under a second on 16,384
 GPUs): t stays inside a server (Megatron-LM 2021's takeaway #1; a layout with t beyond it
-is never close), and SP goes with every t > 1 (Korthikanti et al. 2022).
+is never close), and SP goes with every t > 1 (Korthikanti et al. 2022). A third ranks the
+result: a sequence is split (c > 1) only where it does not fit whole or the split gains
+more than ``CP_MIN_GAIN`` (GPT-3 175B at 2K and 4K tokens: c = 1, as every team ran it).
 
 What was fitted and what is only checked: the estimate's two empirical constants
 (``gemm.GEMM_PEAK_FRACTION``, ``throughput.ELEMENTWISE_PASSES``) were chosen once against

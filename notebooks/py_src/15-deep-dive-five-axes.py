@@ -125,14 +125,16 @@ for name, published in PUBLISHED_PARAMS.items():
 # time, TFLOP/s per GPU by the team's own FLOP count, or tokens per second per GPU, which
 # needs no count), with the model's figure and the error; the row's other published
 # figures and, for a run measured against another, the ratio of the two are printed beside,
-# never instead. The last lines give the error as a distribution, its median and its worst
+# never instead. Below the time rows, the memory rows: peak GiB per GPU where a team
+# published it, and the layouts teams ran, which must therefore fit. Each table ends with
+# its error as a distribution, its median and its worst
 # (`python -m lessonlib.costmodel --published`):
 
 # %%
 # NBVAL_CHECK_OUTPUT
 from lessonlib.costmodel import published as pub
 
-print(pub.published_report())
+print(pub.published_report(), pub.memory_report(), sep="\n\n")
 record = [r for r in pub.published_rows() if r["run"].role == "checked"]
 middle, worst = pub.error_summary([r["error"] for r in record])
 missed = [r for r in record if abs(r["error"]) > 0.15]
@@ -216,7 +218,7 @@ versus = {run.source: pub.versus_planner(run) for run in pub.published_runs()
           if run.source in pub.PLANNED}
 print(pub.versus_table(versus.values()), end="\n\n")
 llama_128k, llama_8k = versus["Llama 3 Table 4, 128K"], versus["Llama 3 Table 4, 16,384 GPUs 8K"]
-every("a verdict on Meta's layout names the term and its source", versus,
+every("a verdict on a team's layout names the term and its source", versus,
       lambda vs: vs["ratio"] <= ex.WITHIN or vs["parts"][0][0] in pub.WHY)
 claim("c grows with the sequence", llama_128k["best"].layout.c > llama_8k["best"].layout.c,
       numbers=f"the planner's c = {llama_8k['best'].layout.c} at 8K, "

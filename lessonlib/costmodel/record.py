@@ -191,8 +191,9 @@ _LLAMA_NOTE = ("v not printed: the course's default for every interleaved row, v
                "(SILENT; 126 layers + embedding + output as 16 stages of 2 chunks of 4); FSDP "
                "as Meta ran it (§3.3.2: optimizer state and gradients sharded, the weights not "
                "resharded after the forward), which holds what ZeRO-2 holds; TFLOP/s per GPU "
-               "and MFU by PaLM's count (Chowdhery et al. 2022, App. B: 6N + 12LHQT per "
-               "token, every score counted), the course's causal-halved count beside")
+               "and MFU (430 / 989 = 43 %: one count) by PaLM's count (Chowdhery et al. 2022, "
+               "App. B: 6N + 12LHQT per token, every score counted; torchtitan, Meta's "
+               "PyTorch trainer, counts the same), the course's causal-halved count beside")
 _LLAMA_128K = ("All-gather CP (§3.3.2); no recompute named: the default for every row "
                "(SILENT), as at 8K. The table's columns contradict each other: 16,384 GPUs, "
                "while TP 8 x CP 16 x PP 16 x DP 4 = 8,192; both readings are rows. ")
@@ -238,6 +239,12 @@ _ASYNC = ("torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, its 
           "torchtitan's TP plan shards the norms' sequence); 8K tokens; ")
 
 
+_FLOAT8 = ("torch.compile and torchao's Float8Linear with tensorwise scaling on every nn.Linear "
+           "but the output head (torchtitan's float8 converter skips 'output'); FSDP's float8 "
+           "all-gather taken as off (the file names no option; torchtitan's default and its "
+           "8B config leave it off), so the weights travel in BF16")
+
+
 def _titan(source, model, lay, tokens, columns, note, versus=""):
     return PublishedRun(source, model, "grand-teton-h100-96gb", lay, "tokens", tokens,
                         "torchtitan", note=note, versus=versus, columns=columns)
@@ -261,9 +268,11 @@ def _torchtitan_rows():
                     replace(lay, precision="fp8", fp8_scaling="tensorwise"))
         cols = {"gpus": gpus, "d": gpus, "local_batch": 2, "global_batch": 2 * gpus,
                 "seq": 8192}
+        notes = ("eager: every elementwise kernel its own pass", "torch.compile fuses the "
+                 "elementwise kernels", _FLOAT8)
         for i, (name, variant, tokens) in enumerate(zip(names, variants, tps)):
-            rows.append(_titan(name, m8, variant, tokens, cols,
-                               _TITAN + "local batch 2, selective AC", names[i - 1] if i else ""))
+            rows.append(_titan(name, m8, variant, tokens, cols, _TITAN + notes[i] + "; local "
+                               "batch 2, selective AC", names[i - 1] if i else ""))
     for c, tokens in zip((1, 2, 4, 8), (3890, 2540, 1071, 548)):
         lay = Layout(c=c, d=8 // c, b=1, m=1, zero_stage=3, recompute="full",
                      cp_comm="allgather", precision="fp8", fp8_scaling="tensorwise",

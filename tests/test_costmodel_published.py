@@ -18,7 +18,8 @@ ROWS = published_rows()
 MISSED_TODAY = {
     "Korthikanti 2022 Table 5, 1T selective + SP", "Nemotron-4 15B Table 2, DP 96",
     "Nemotron-4 15B Table 2, DP 192", "Nemotron-4 15B Table 2, DP 288",
-    "torchtitan Table 1, 8B FSDP on 8, compile", "torchtitan Table 1, 8B FSDP on 8, compile + Float8",
+    "torchtitan Table 1, 8B FSDP on 8, compile",
+    "torchtitan Table 1, 8B FSDP on 8, compile + Float8",
     "torchtitan Table 3, 8B FSDP on 128, eager", "torchtitan Table 3, 8B FSDP on 128, compile",
     "torchtitan Table 3, 8B FSDP on 128, compile + Float8",
     "torchtitan Table 4, 70B 2D + async TP", "torchtitan Table 5, 405B 3D, 1F1B",

@@ -134,9 +134,9 @@ def published_report(runs=None):
                  + " Table 1, which sets the constants, is left out.")
     lines.append("MFU: the team's own FLOP count (Korthikanti 2022 App. A; Megatron-LM's for "
                  "Nemotron-4; PaLM's for Llama 3, which its TFLOP/s use; torchtitan's) / the "
-                 "course's (today's shapes' causal scores halved). TFLOP/s: by the team's count (Megatron-LM 2021 Eq. 3 "
-                 "counts recompute: hardware FLOPs). DeepSeek-V3's row is an average over its "
-                 "whole pre-training, not a step.")
+                 "course's (today's shapes' causal scores halved). TFLOP/s: by the team's "
+                 "count (Megatron-LM 2021 Eq. 3 counts recompute: hardware FLOPs). "
+                 "DeepSeek-V3's row is an average over its whole pre-training, not a step.")
     return "\n".join(lines)
 
 

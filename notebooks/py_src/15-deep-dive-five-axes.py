@@ -301,7 +301,8 @@ print(f"DeepSeek-V3 over the model's memory: {pub.MEMORY_GAPS['DeepSeek-V3']}")
 # sequences per step: which (t, c, p, d), and why each axis? The checker answers axis by
 # axis, and accepts a layout only within the planner's tolerance of section 3
 # (`ex.WITHIN`): its step at most that many times the planner's best, and one that fits in
-# memory (Meta's own layout is judged as Meta ran it).
+# memory. Meta's own layout is an answer, since it ran: the checker estimates it as Meta
+# ran it and names the term that separates it from the planner's best.
 
 # %%
 long_context = dict(t=None, c=None, p=None, d=None)

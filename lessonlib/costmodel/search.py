@@ -37,7 +37,7 @@ GB = 1e9
 
 # Context parallelism is taken only where the sequence does not fit without it, or where it
 # gains more than this over the best layout without it. Megatron-LM 2021 and MegaScale ran
-# GPT-3 175B at 2K tokens with none, Llama 3 turned it on only for its 128K stage (§3.3.2);
+# GPT-3 175B at 2K tokens with none; Llama 3 ran it only at 128K tokens (Table 4: CP 1 at 8K);
 # the model prices CP's K/V exchange as hidden behind attention, which blocks of s/c tokens
 # too short to hide it are not, and a gain of a few per cent is inside the model's own error
 # (``--published`` prints its median): not a reason to split a sequence that fits whole.
@@ -134,8 +134,10 @@ def prefer_whole_sequences(plan):
     a layout with c > 1 leads only if it beats the best with c = 1 by more than that."""
     if not any(e.layout.c == 1 for e in plan.ranked):
         return plan
-    penalty = lambda e: e.step_time_s * (1 + CP_MIN_GAIN if e.layout.c > 1 else 1)  # noqa: E731
-    return replace(plan, ranked=sorted(plan.ranked, key=penalty))
+
+    def weighed(e):
+        return e.step_time_s * (1 + CP_MIN_GAIN if e.layout.c > 1 else 1)
+    return replace(plan, ranked=sorted(plan.ranked, key=weighed))
 
 
 # A lesson asks for the same job more than once (deep dive 15 prints the planner beside each

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from sweep_points import expand, parse_axis
 
-from lessonlib.costmodel import CLUSTERS, estimate
-from lessonlib.costmodel.published import published_runs
+from lessonlib.costmodel import estimate
+from lessonlib.costmodel.published import cluster_of, published_runs
 from lessonlib.lab import results as R
 
 def find_run(name: str):
@@ -68,7 +68,7 @@ def rows_of(run, points: list[dict]) -> list[dict]:
         row = {"point": i, "run": run.source, **point}
         try:
             lay = point_layout(run, point)
-            est = estimate(run.model, lay, CLUSTERS[run.cluster])
+            est = estimate(run.model, lay, cluster_of(run))
         except ValueError as exc:
             rows.append({**row, "status": "invalid", "error": str(exc)})
             continue

@@ -5,7 +5,8 @@
         --gpu A100-80GB --gpus-per-node 8 --json
     python -m lessonlib.costmodel --model megatron-1T --plan --gpus 1024 --global-batch 2048
     python -m lessonlib.costmodel --table1
-    python -m lessonlib.costmodel --published    # every published run, predicted vs measured
+    python -m lessonlib.costmodel --published    # every published run, predicted vs measured,
+                                                 # the error's median and worst
     python -m lessonlib.costmodel --model llama3-405B --seq 131072 --t 8 --c 16 --p 16 \
         --gpus 16384 --global-batch 128 --cluster dgx-h100 --zero 1 --recompute full
     python -m lessonlib.costmodel --model deepseek-v3 --p 16 --e 64 --gpus 2048 \

@@ -93,7 +93,7 @@ def megatron_training_days(n_params, n_tokens, n_gpus, flops_per_gpu):
     return megatron_training_time_s(n_params, n_tokens, n_gpus, flops_per_gpu) / SECONDS_PER_DAY
 
 
-FLOP_COUNTS = ("course", "megatron-eq3", "korthikanti", "palm", "torchtitan")
+FLOP_COUNTS = ("course", "megatron-eq3", "korthikanti", "palm", "torchtitan", "megatron-lm")
 
 
 def team_flops_per_token(model, formula="course"):
@@ -101,12 +101,19 @@ def team_flops_per_token(model, formula="course"):
 
     * "course": ``model_flops_per_iteration`` (today's shapes: causal scores halved, as a
       fused kernel computes them);
-    * "megatron-eq3": Eq. 3 over B s, recompute included (hardware FLOPs, Megatron-LM 2021);
+    * "megatron-eq3": Eq. 3 over B s, recompute included (hardware FLOPs, Megatron-LM 2021;
+      BLOOM's logger counts the same, its "4*2 co-efficient");
     * "korthikanti": 72 L s h^2 (1 + s/(6h) + V/(12hL)) per sequence (Korthikanti et al.
       2022, App. A: model FLOPs, every score counted);
-    * "palm" and "torchtitan": 6 x (parameters less the token embedding) + 12 L h s
-      (6 L a (qk + v head dims) s with both head dims h/a; causal scores not halved),
-      torchtitan's own count, which the Llama 3 paper is read to use as well.
+    * "palm": 6 N + 12 L H Q T (Chowdhery et al. 2022, App. B: N the parameters less the
+      token embedding, H heads of dim Q, T tokens; every score counted), which the Llama 3
+      rows use;
+    * "torchtitan": the same, as torchtitan's ``get_num_flop_per_token`` writes it ("we
+      follow the convention and do not account for sparsity in causal attention");
+    * "megatron-lm": Megatron-LM's ``num_floating_point_operations`` (megatron/training/
+      training.py), the count NeMo's model TFLOP/s and Nemotron-4's MFU use: 12 s L h^2
+      (1 + kv/a + s/h + ffn/h (x 3/2 if gated) + V/(2 L h)) per sequence; every score
+      counted, no norms, the output layer once.
     """
     s, L, h, V = model.s, model.L, model.h, model.V
     if formula == "course":
@@ -117,4 +124,11 @@ def team_flops_per_token(model, formula="course"):
         return 72 * L * s * h**2 * (1 + s / (6 * h) + V / (12 * h * L)) / s
     if formula in ("palm", "torchtitan"):
         return 6 * (model.params() - V * h) + 12 * L * h * s
+    if formula == "megatron-lm":
+        if model.moe is not None or model.head_dims is not None:
+            raise ValueError(f"formula='megatron-lm' is written here for dense models with "
+                             f"h/a head dims; {model.name or 'this model'} is not one")
+        kv = (model.kv_heads or model.a) / model.a
+        ffn = (model.ffn or 4 * h) / h * (1.5 if model.ffn and model.mlp == "swiglu" else 1)
+        return 12 * L * h**2 * (1 + kv + s / h + ffn + V / (2 * L * h))
     raise ValueError(f"formula={formula!r} must be one of {', '.join(FLOP_COUNTS)}")

@@ -152,11 +152,27 @@ def rank(model, cluster, n_gpus, global_batch, layouts):
     return Plan(model, cluster, n_gpus, global_batch, ranked, rejected)
 
 
-def _outcome(e):
+def separating_terms(a, b):
+    """[(term, seconds)]: each part of the step (compute, tp_comm, bubble, ...) of estimate
+    ``a`` less that of ``b``, largest difference first; what separates two layouts."""
+    terms = set(a.time) | set(b.time)
+    return sorted(((k, a.time.get(k, 0.0) - b.time.get(k, 0.0)) for k in terms),
+                  key=lambda kv: -abs(kv[1]))
+
+
+def name_separating_term(a, b):
+    """'bubble +0.27 s': the term that separates estimate ``a`` from ``b`` the most."""
+    term, seconds = separating_terms(a, b)[0]
+    return f"{term} {seconds:+.2f} s"
+
+
+def _outcome(e, best=None):
     if e is None:
         return "is not a valid layout"
     if e.fits:
-        return f"runs at {e.tflops_per_gpu:.0f} TFLOP/s per GPU ({e.step_time_s:.1f} s per step)"
+        return (f"runs at {e.tflops_per_gpu:.0f} TFLOP/s per GPU ({e.step_time_s:.1f} s per "
+                f"step" + (f"; most of the difference: {name_separating_term(e, best)}"
+                           if best is not None and e.time else "") + ")")
     return (f"needs {e.memory.total / GB:,.0f} GB per GPU, "
             f"{(e.memory.total - e.memory_capacity_bytes) / GB:,.0f} GB over the "
             f"{e.memory_capacity_bytes / GB:.0f} GB usable")
@@ -200,13 +216,14 @@ def explain(plan):
                  f"micro-batch) stay {link} "
                  f"({cluster.nvlink_bytes_per_s / GB:.0f} GB/s per GPU vs "
                  f"{across_bw / GB:.0f} GB/s for a group spanning two servers). "
-                 + (f"The best with t={lay.t * 2} {_outcome(wider)}. " if wider else "")
-                 + (f"The best with t={lay.t // 2} {_outcome(narrower)}." if narrower else ""))
+                 + (f"The best with t={lay.t * 2} {_outcome(wider, best)}. " if wider else "")
+                 + (f"The best with t={lay.t // 2} {_outcome(narrower, best)}." if narrower
+                    else ""))
     shallower = plan.find(t=lay.t, p=lay.p // 2) if lay.p > 1 else None
     lines.append(f"Why p={lay.p}: {model.L} layers in {lay.p} stages of "
                  f"{-(-model.L // lay.p)}; the pipeline costs a bubble of "
                  f"{best.bubble_fraction:.1%} of the step"
-                 + (f". With p={lay.p // 2} the best layout {_outcome(shallower)}."
+                 + (f". With p={lay.p // 2} the best layout {_outcome(shallower, best)}."
                     if shallower else "."))
     lines.append(f"Why d={lay.d}: the remaining GPUs hold replicas of the {lay.t * lay.p}-GPU "
                  f"model; their gradient all-reduce takes {best.time['dp_comm']:.2f} s per step.")

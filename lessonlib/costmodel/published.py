@@ -1,82 +1,142 @@
 """The published record, predicted: each run of ``record.py`` against what its team measured,
 with one set of constants, and the planner's best layout beside each team's.
 
-``published_rows()`` predicts each run in its metric (TFLOP/s, MFU by the team's FLOP count,
-tokens/s per GPU, or a ratio of two runs' tokens/s); ``published_report()`` prints predicted
-against published with the error, and, where the team's FLOP count differs from the course's,
-the course's MFU beside the team's (never a TFLOP/s of one kind beside a figure of the
-other). ``versus_planner(run)`` and ``explain_versus_planner(run)`` set a published layout
-against the planner's best and say whether what separates them is real or a gap of the
-model; ``versus_table(comparisons)`` lines several of them up, three lines each. The rows,
-their sources and the readings each needed are in ``record.py``.
+``published_rows()`` predicts each run in the kind of figure its team published (step time,
+TFLOP/s per GPU or MFU by the team's own FLOP count, tokens/s per GPU) and every other figure
+its table prints for the row (``beside``); ``published_report()`` prints predicted against
+published with the error, the course's MFU beside the team's where the counts differ, the
+ratio over another row beside a row measured against it (never instead), and the error as a
+distribution: the median and the worst, for time here and for memory in
+``memory_report()``. ``versus_planner(run)`` and ``explain_versus_planner(run)`` set a
+published layout against the planner's best and say whether what separates them is real or
+a gap of the model; ``versus_table(comparisons)`` lines several of them up, three lines
+each. The rows, their sources and their columns are in ``record.py``.
 
 Run ``python -m lessonlib.costmodel --published``.
 """
 from dataclasses import replace
+from statistics import median
 
 from .compute import team_flops_per_token
 from .hardware import CLUSTERS, GiB
+from .planner import separating_terms
 from .record import memory_runs, published_runs
 from .throughput import estimate, memory_estimate
+
+
+def cluster_of(run):
+    """The run's cluster: a preset's name or the cluster itself (BLOOM's Jean Zay)."""
+    return CLUSTERS[run.cluster] if isinstance(run.cluster, str) else run.cluster
+
 
 def _mfu(model, formula, tokens_per_gpu, peak):
     return team_flops_per_token(model, formula) * tokens_per_gpu / peak
 
 
-def _predicted(run, est):
-    """The estimate in the run's metric; MFU by the team's count, another, and the course's."""
+def _figure(run, est, metric, flops):
+    """The estimate as a figure of this kind: seconds, TFLOP/s or MFU by ``flops``'s count
+    (Eq. 3's TFLOP/s is the estimate's own hardware count), or tokens/s per GPU."""
     tokens = est.tokens_per_s / run.layout.n_gpus
-    peak = est.cluster.gpu.peak_flops
-    counts = {run.also or "course", "course"} | ({run.flops} if run.flops not in (
-        "", "megatron-eq3") else set())
-    mfu = {f: _mfu(run.model, f, tokens, peak) for f in counts}
-    value = {"tflops": est.tflops_per_gpu, "mfu": mfu.get(run.flops), "tokens": tokens,
-             "ratio": None}
-    return value[run.metric], mfu
+    if metric == "seconds":
+        return est.step_time_s
+    if metric == "tokens":
+        return tokens
+    if metric == "tflops":
+        if flops == "megatron-eq3":
+            return est.tflops_per_gpu
+        return team_flops_per_token(run.model, flops) * tokens / 1e12
+    return _mfu(run.model, flops, tokens, est.cluster.gpu.peak_flops)
+
+
+def _mfus(run, est):
+    """Predicted MFU by the team's count and by the course's (a dict by count; Eq. 3
+    counts recompute, so it is never a team's MFU)."""
+    counts = {"course"} | ({run.flops} if run.flops not in ("", "megatron-eq3") else set())
+    tokens = est.tokens_per_s / run.layout.n_gpus
+    return {f: _mfu(run.model, f, tokens, est.cluster.gpu.peak_flops) for f in counts}
 
 
 def published_rows(runs=None):
-    """Per run: the run, ``predicted`` (its metric), ``error``, ``mfu`` (predicted MFU by the
-    team's count, ``also``'s and the course's: a dict by count) and the ``estimate``."""
+    """Per run: the run, ``predicted`` (in its metric), ``error`` (predicted / published
+    - 1), ``beside`` ([(metric, published, predicted, error)] for its other figures),
+    ``ratio`` ((published, predicted) over its ``versus`` row, or None), ``mfu`` (a dict by
+    count) and the ``estimate``."""
+    runs = runs or published_runs()
     out, tokens = [], {}
-    for run in runs or published_runs():
-        est = estimate(run.model, run.layout, CLUSTERS[run.cluster])
-        value, mfu = _predicted(run, est)
-        tokens[run.source] = est.tokens_per_s
-        if run.metric == "ratio":
-            base = tokens[run.versus] if run.versus else estimate(
-                run.model, run.versus_layout, CLUSTERS[run.cluster]).tokens_per_s
-            value = est.tokens_per_s / base
+    for run in runs:
+        est = estimate(run.model, run.layout, cluster_of(run))
+        value = _figure(run, est, run.metric, run.flops)
+        tokens[run.source] = (run.published, est.tokens_per_s / run.n_gpus)
+        beside = [(metric, published, _figure(run, est, metric, flops))
+                  for metric, published, flops in run.beside]
+        ratio = None
+        if run.versus:
+            (base_pub, base_pred), mine = tokens[run.versus], est.tokens_per_s / run.n_gpus
+            ratio = (run.published / base_pub, mine / base_pred)
         out.append({"run": run, "predicted": value, "error": value / run.published - 1,
-                    "mfu": mfu, "estimate": est})
+                    "beside": [(m, p, q, q / p - 1) for m, p, q in beside], "ratio": ratio,
+                    "mfu": _mfus(run, est), "estimate": est})
     return out
 
 
-_UNITS = {"tflops": ("TFLOP/s", 1), "mfu": ("MFU %", 100), "tokens": ("tok/s/GPU", 1),
-          "ratio": ("ratio", 1)}
+_UNITS = {"tflops": ("TFLOP/s", 1, 1), "mfu": ("MFU %", 100, 1), "tokens": ("tok/s/GPU", 1, 1),
+          "seconds": ("s/step", 1, 2)}
+
+
+def _value(metric, value):
+    _, scale, digits = _UNITS[metric]
+    return f"{value * scale:.{digits}f}"
+
+
+def error_summary(errors):
+    """(median of the absolute errors, the worst error with its sign) of a list of
+    relative errors; (None, None) when there are none."""
+    if not errors:
+        return None, None
+    return median(abs(e) for e in errors), max(errors, key=abs)
+
+
+def _summary_line(what, rows):
+    """One line: how many rows, the median and the worst error (with its row), how many
+    within 15 %; ``rows`` from ``published_rows`` or ``memory_rows``."""
+    errors = [r["error"] for r in rows]
+    if not errors:
+        return f"{what}: no rows."
+    mid, worst = error_summary(errors)
+    missed = next(r for r in rows if r["error"] == worst)
+    source = (missed.get("run") or missed.get("row")).source
+    return (f"{what}: {len(errors)} rows, median |error| {mid:.1%}, worst {worst:+.1%} "
+            f"({source}); {sum(abs(e) <= 0.15 for e in errors)} within 15 %.")
 
 
 def published_report(runs=None):
-    """A text table: published against predicted with the error; then the predicted MFU by
-    the team's FLOP count and by the course's, and by another count where one is read."""
+    """A text table: published against predicted in what each team published, with the
+    error; the MFU by the team's count and the course's; the row's other figures and any
+    ratio beside; then the error's median and worst."""
+    rows = published_rows(runs)
     lines = [f"{'run':50} {'GPUs':>6} {'metric':>9} {'published':>9} {'predicted':>9} "
-             f"{'error':>7}  {'MFU: team / course / other':26} role"]
-    for r in published_rows(runs):
+             f"{'error':>7}  {'MFU: team / course':18} beside"]
+    for r in rows:
         run, mfu = r["run"], r["mfu"]
-        unit, scale = _UNITS[run.metric]
-        # Eq. 3 counts recompute: hardware FLOPs, never printed as a team's MFU
-        team = f"{mfu[run.flops]:.1%}" if run.flops in mfu and run.metric != "tflops" else "-"
-        other = f"{mfu[run.also]:.1%} ({run.also})" if run.also else ""
-        lines.append(f"{run.source[:50]:50} {run.n_gpus:>6} {unit:>9} "
-                     f"{run.published * scale:>9.{3 if run.metric == 'ratio' else 1}f} "
-                     f"{r['predicted'] * scale:>9.{3 if run.metric == 'ratio' else 1}f} "
-                     f"{r['error']:>+7.1%}  {team:>6} / {mfu['course']:>6.1%} / {other:9} "
-                     f"{run.role}")
-    lines.append("MFU % by the team's own FLOP count (Korthikanti 2022 App. A; torchtitan's; "
-                 "Llama 3 read as causal-halved); TFLOP/s by Megatron-LM 2021 Eq. 3, recompute "
-                 "included (hardware FLOPs). course: today's shapes' causal scores halved; "
-                 "palm: every score counted. DeepSeek-V3's row is an average over its whole "
-                 "pre-training, not a step.")
+        team = f"{mfu[run.flops]:.1%}" if run.flops in mfu else "-"
+        extra = [f"{_UNITS[m][0]} {_value(m, p)} -> {_value(m, q)} ({e:+.1%})"
+                 for m, p, q, e in r["beside"]]
+        if r["ratio"]:
+            pub, pred = r["ratio"]
+            extra.append(f"over {run.versus.split(', ')[-1]}: {pub:.3f} -> {pred:.3f}")
+        lines.append(f"{run.source[:50]:50} {run.n_gpus:>6} {_UNITS[run.metric][0]:>9} "
+                     f"{_value(run.metric, run.published):>9} "
+                     f"{_value(run.metric, r['predicted']):>9} {r['error']:>+7.1%}  "
+                     f"{team:>6} / {mfu['course']:>6.1%}   {'; '.join(extra)}"
+                     + (" [sets the constants]" if run.role != "checked" else ""))
+    lines.append(_summary_line("Time (each row in what its team published)",
+                               [r for r in rows if r["run"].role == "checked"])
+                 + " No row sets a constant: every row is a check.")
+    lines.append("MFU: the team's own FLOP count (Korthikanti 2022 App. A; Megatron-LM's for "
+                 "Nemotron-4; PaLM's for Llama 3, which its TFLOP/s use; torchtitan's) / the "
+                 "course's (today's shapes' causal scores halved). TFLOP/s: by the team's "
+                 "count (Megatron-LM 2021 Eq. 3 counts recompute: hardware FLOPs). "
+                 "DeepSeek-V3's row is an average over its whole pre-training, not a step.")
     return "\n".join(lines)
 
 
@@ -85,7 +145,7 @@ def memory_rows(runs=None):
     ``error`` against the published GiB (None for a layout that must only fit)."""
     out = []
     for row in runs or memory_runs():
-        est = memory_estimate(row.model, row.layout, CLUSTERS[row.cluster])
+        est = memory_estimate(row.model, row.layout, cluster_of(row))
         gib = est.memory.total / GiB
         out.append({"row": row, "estimate": est, "predicted": gib,
                     "error": None if row.gib is None else gib / row.gib - 1})
@@ -97,7 +157,8 @@ def memory_report(runs=None):
     error; layouts that must fit with the usable GiB and the verdict."""
     lines = [f"{'memory row':44} {'published':>9} {'predicted':>9} {'error':>7}  "
              f"{'state':>5} {'acts':>5} {'logit':>5} {'work':>5}  usable / verdict"]
-    for r in memory_rows(runs):
+    rows = memory_rows(runs)
+    for r in rows:
         row, est = r["row"], r["estimate"]
         mem = est.memory
         parts = " ".join(f"{x / GiB:5.1f}" for x in (mem.model_state, mem.activations,
@@ -108,6 +169,8 @@ def memory_report(runs=None):
             "fits" if est.fits else "does NOT fit")
         lines.append(f"{row.source[:44]:44} {published:>9} {r['predicted']:>9.1f} {error:>7}  "
                      f"{parts}  {verdict}")
+    lines.append(_summary_line("Memory (GiB per GPU, rows with a published figure)",
+                               [r for r in rows if r["error"] is not None]))
     lines.append("GiB per GPU on the busiest GPU: model state, activations held, the output "
                  "layer (final norm's and head's inputs, the loss's float32 peak), transient "
                  "working set (a recomputed layer, FSDP's gathered weights and gradients, "
@@ -128,12 +191,11 @@ def versus_planner(run):
     lay = run.layout
     fixed = {"precision": lay.precision, "max_nodes": lay.max_nodes, "cp_comm": lay.cp_comm,
              "kernels": lay.kernels, "comm_sm_share": lay.comm_sm_share}
-    plan = plan_job(run.model, CLUSTERS[run.cluster], lay.n_gpus, lay.global_batch,
+    plan = plan_job(run.model, cluster_of(run), lay.n_gpus, lay.global_batch,
                     overlap_comm=lay.overlap_comm, **fixed)
-    mine = estimate(run.model, lay, CLUSTERS[run.cluster])
+    mine = estimate(run.model, lay, cluster_of(run))
     best = plan.best
-    parts = sorted(((k, mine.time.get(k, 0.0) - best.time.get(k, 0.0))
-                    for k in set(mine.time) | set(best.time)), key=lambda kv: -abs(kv[1]))
+    parts = separating_terms(mine, best)
     return {"run": run, "published": mine, "best": best,
             "ratio": mine.step_time_s / best.step_time_s, "parts": parts}
 
@@ -200,7 +262,7 @@ def memory_savings(run):
     ``SAVINGS`` undone in turn."""
     rows = [("as the team ran it", run.layout)] + [
         (what, replace(run.layout, **change)) for what, change in SAVINGS[run.source].items()]
-    return [(what, memory_estimate(run.model, lay, CLUSTERS[run.cluster])) for what, lay in rows]
+    return [(what, memory_estimate(run.model, lay, cluster_of(run))) for what, lay in rows]
 
 
 def explain_versus_planner(run):
@@ -221,7 +283,9 @@ def explain_versus_planner(run):
                         f"{mine.memory_capacity_bytes / GiB:.0f} GiB usable") + ".")
         if r["ratio"] > 1.10:
             part = r["parts"][0][0]
-            lines.append(f"The largest, {part}, is {WHY.get(part, 'not classified')}.")
+            lines.append(f"The largest, {part}, is {WHY[part]}." if part in WHY else
+                         f"No verdict on the team's choice: the largest, {part}, has no "
+                         f"published source in the course's record.")
         if not mine.fits:
             why = next((v for k, v in MEMORY_GAPS.items() if run.source.startswith(k)), "")
             lines.append(f"Memory: {MEMORY_GAP}" + (f"; {why}" if why else "") + ".")

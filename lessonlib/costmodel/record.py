@@ -1,22 +1,30 @@
 """The published record as data: every run the course quotes, with the layout its team ran.
 
 Each ``PublishedRun`` names its source (paper, table, row), the model, the cluster, the
-layout the team ran (schedule, recompute, precision, overlap in ``Layout``), the published
-figure and what kind it is:
+layout the team ran (schedule, recompute, precision, overlap in ``Layout``), the table's own
+columns for that row (``columns``: GPUs, degrees, batch, tokens, as printed), the published
+figure and what kind it is, the kind the team published:
 
-* ``"tflops"``: TFLOP/s per GPU counted as the team counts it (Megatron-LM 2021 Eq. 3,
-  recompute included: hardware FLOPs);
+* ``"seconds"``: the step (iteration) time;
+* ``"tflops"``: TFLOP/s per GPU counted as the team counts it (``flops``: Megatron-LM 2021
+  Eq. 3 with recompute, hardware FLOPs; PaLM's count for Llama 3);
 * ``"mfu"``: model FLOPs utilization of the BF16 peak, model FLOPs counted by the team's own
   formula (``compute.team_flops_per_token``);
-* ``"tokens"``: tokens per second per GPU, which needs no FLOP count at all;
-* ``"ratio"``: tokens/s over another row's (``versus``) or over the same run with one setting
-  changed back (``versus_layout``): torch.compile over eager, Float8 over BF16, async TP
-  over vanilla TP.
+* ``"tokens"``: tokens per second per GPU, which needs no FLOP count at all.
 
-One module per record, the rows of each team in one function, with the readings each
-needed in its note; ``published.py`` predicts them and prints the report. Which rows set
-constants: none; every row is checked. A GEMM runs under the GPU's measured maximum
-achievable matmul rate (``hardware.MAMF``, a published sweep) and the memory-bound passes
+Every other column a table publishes for the row is kept in ``beside`` and predicted too
+(BLOOM's TFLOP/s beside its step; Nemotron-4's MFU beside its step); a row measured against
+another (``versus``: torch.compile over eager, Float8 over BF16, async TP over vanilla TP)
+prints the ratio of the two beside its absolute figure, never instead.
+
+No readings per row. A row's settings follow its table's columns (``columns``, checked by
+tests/test_costmodel_record.py); what a table does not print takes one default for every
+row (``SILENT``), never a value chosen for a row. Where a table contradicts itself (Llama 3's
+128K row), each reading is a row of its own, naming the column it departs from
+(``contradicts``), and both are printed.
+
+Which rows set constants: none; every row is checked. A GEMM runs under the GPU's measured
+maximum achievable matmul rate (``hardware.MAMF``, a published sweep) and the memory-bound passes
 are counted (``throughput.ELEMENTWISE_PASSES``). The other terms take their numbers from
 their sources, none fitted to a row:
 ``gemm.ATTENTION_PEAK_FRACTION`` (FlashAttention-2's 35 % of H100 peak, Shah et al. 2024)
@@ -34,44 +42,103 @@ sets a constant, every one is checked (``published.memory_report``).
 
 Run ``python -m lessonlib.costmodel --published``.
 """
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from .hardware import get_cluster, make_cluster
 from .layout import Layout
 from .megatron2021 import load_table1, table1_layout, table1_model
 from .model import GPT, MODELS
 
 CHECKED = "checked"
 
+# What a team does not print, the same for every row (never a value per row):
+# b = 1 where no micro-batch is printed and no local batch gives it; v = 2 model chunks per
+# stage for an interleaved schedule whose chunks are not printed (torchtitan's default at its
+# benchmarks' commit, torchtitan/parallelisms/pipelining_utils.py: "Multi-stage schedules
+# support more than 2 stages per rank, but this is the default"), raised to the fewest that
+# fit where 2 does not (``fewest_chunks_that_fit``: the run happened, so it fit); no
+# recompute where none is named (Megatron-LM runs none unless --recompute-granularity is
+# given); SP with every t > 1.
+SILENT = {"b": 1, "v": 2, "recompute": "none"}
+
+
+def fewest_chunks_that_fit(model, lay, cluster):
+    """``lay`` with SILENT's v, or the fewest chunks per stage above it with which the run
+    fits in memory: the rule for every interleaved row whose team prints no v (each further
+    chunk buys memory with more point-to-point messages, so a team stops where it fits)."""
+    from .throughput import estimate        # the record is data; only this rule needs a model
+    cluster = get_cluster(cluster) if isinstance(cluster, str) else cluster
+    for v in range(SILENT["v"], 17):
+        try:
+            candidate = replace(lay, v=v)
+            if estimate(model, candidate, cluster).fits:
+                return candidate
+        except ValueError:                  # v does not divide the stage's layers
+            continue
+    return replace(lay, v=SILENT["v"])
+
+# BLOOM's cluster, Jean Zay (bigscience train/tr11-176B-ml/README.md, Hardware): 8 A100 80GB
+# per node "Using NVLink 4 inter-gpu connects, 4 OmniPath links" (Omni-Path: 100 Gb/s each).
+JEAN_ZAY = make_cluster("A100-80GB", 8, 100, name="jean-zay-a100", network_ports=4)
+
 
 @dataclass(frozen=True)
 class PublishedRun:
     """One published training run and its figure; ``flops``: whose FLOP count the figure
-    uses ("megatron-eq3", "korthikanti", "palm", "torchtitan"; "" for tokens/s)."""
+    uses ("megatron-eq3", "korthikanti", "palm", "torchtitan", "megatron-lm"; "" for
+    tokens/s or seconds). ``columns``: the row as its table prints it (``gpus``, ``t``,
+    ``c``, ``p``, ``d``, ``e``, ``micro_batch``, ``local_batch``, ``global_batch``
+    sequences, ``tokens_per_batch``, ``seq``); ``contradicts``: the columns this reading of
+    a self-contradicting table departs from; ``beside``: the row's other published figures,
+    ((metric, value, flops), ...)."""
 
     source: str
     model: GPT
-    cluster: str
+    cluster: object   # a key of hardware.CLUSTERS or a Cluster
     layout: Layout
     metric: str
     published: float
     flops: str = ""
     role: str = CHECKED
     note: str = ""
-    also: str = ""     # another FLOP count whose MFU is printed beside (a reading not taken)
-    versus: str = ""   # metric "ratio": tokens/s over those of the run of this source,
-    versus_layout: Layout = None    # or over the same model and cluster with this layout
+    versus: str = ""   # the row (source) whose tokens/s this one's are printed over
+    columns: dict = field(default_factory=dict)
+    contradicts: tuple = ()
+    beside: tuple = ()
 
     @property
     def n_gpus(self):
         return self.layout.n_gpus
 
 
+def layout_columns(run):
+    """The row's settings as its table's columns would print them: GPUs, each degree,
+    micro-batch, local batch (sequences per data-parallel rank per step), global batch and
+    tokens per batch, sequence length."""
+    lay = run.layout
+    batch = lay.global_batch if lay.global_batch is not None else lay.b * lay.m * lay.d
+    return {"gpus": lay.n_gpus, "t": lay.t, "c": lay.c, "p": lay.p, "d": lay.d, "e": lay.e,
+            "micro_batch": lay.b, "local_batch": batch // lay.d, "global_batch": batch,
+            "tokens_per_batch": batch * run.model.s, "seq": run.model.s}
+
+
+def contradictions(run):
+    """{column: (the table's value, the row's)} for every column of the row's table that its
+    settings contradict."""
+    mine = layout_columns(run)
+    return {k: (v, mine[k]) for k, v in run.columns.items() if mine[k] != v}
+
+
 def _megatron_rows():
-    return [PublishedRun(f"Megatron-LM 2021 Table 1, {r['params_billion']} B",
-                         table1_model(r), "dgx-a100", table1_layout(r), "tflops",
-                         r["tflops_per_gpu"], "megatron-eq3", CHECKED,
-                         "b and v from the authors' run scripts")
-            for r in load_table1()]
+    rows = []
+    for r in load_table1():
+        columns = {"gpus": r["gpus"], "t": r["t"], "p": r["p"], "global_batch": r["batch"],
+                   "seq": 2048}
+        rows.append(PublishedRun(f"Megatron-LM 2021 Table 1, {r['params_billion']} B",
+                                 table1_model(r), "dgx-a100", table1_layout(r), "tflops",
+                                 r["tflops_per_gpu"], "megatron-eq3", CHECKED,
+                                 "b and v from the authors' run scripts", columns=columns))
+    return rows
 
 
 # Korthikanti et al. 2022, Table 3 runs and Table 5's iteration time under selective
@@ -90,88 +157,207 @@ def _korthikanti_rows():
                      recompute="selective", sequence_parallel=True)
         rows.append(PublishedRun(
             f"Korthikanti 2022 Table 5, {name} selective + SP", GPT(L, h, a, 2048, 51200, name),
-            "dgx-a100", lay, "mfu", mfu / 100, "korthikanti",
-            note=f"iteration {seconds} s; MFU by App. A's model FLOPs"))
+            "dgx-a100", lay, "seconds", seconds, "korthikanti",
+            note="iteration time of Table 5; MFU by App. A's model FLOPs beside",
+            columns={"gpus": gpus, "t": 8, "p": p, "global_batch": batch, "seq": 2048,
+                     "micro_batch": mb},
+            beside=(("mfu", mfu / 100, "korthikanti"),)))
+    return rows
+
+
+def _bloom_row():
+    """BLOOM-176B at iteration 85,376 (bigscience train/tr11-176B-ml/README.md): its log line
+    and its replica setup."""
+    bloom = GPT(70, 14336, 112, 2048, 250880, "bloom-176B")
+    lay = Layout(t=4, p=12, d=8, b=2, global_batch=2048, zero_stage=1, recompute="full")
+    return PublishedRun(
+        "BLOOM-176B, 384 A100, iteration 85,376", bloom, JEAN_ZAY, lay, "seconds", 104.70,
+        "megatron-eq3",
+        note="'elapsed time per iteration (s): 104.70 ... global batch size: 2048 ... TFLOPs: "
+             "149.77' (the log at the end of the first epoch); 'TP=4 PP=12 DP=8 MBS=2', "
+             "SEQ_LEN=2048, ZeRO-1 in DeepSpeed's BF16 optimizer, activation checkpointing "
+             "('it's the hardware TFLOPs that we calculate - using the 4*2 co-efficient', "
+             "Megatron-LM 2021 Eq. 3: 149.76 from the step); 70 layers, h 14336, 112 heads, "
+             "the 250,680-token vocabulary padded to 250,880 (a multiple of 128 x TP), "
+             "GeLU MLP, tied embeddings (ALiBi: no position table, counted here as s x h)",
+        columns={"gpus": 384, "t": 4, "p": 12, "d": 8, "micro_batch": 2, "global_batch": 2048,
+                 "seq": 2048},
+        beside=(("tflops", 149.77, "megatron-eq3"),))
+
+
+# Nemotron-4 15B (arXiv 2402.16819, Table 2 and §2): 8-way TP and data parallelism with a
+# distributed optimizer on DGX H100; DP, batch (sequences of 4,096), iteration s, MFU %.
+NEMOTRON = [(96, 384, 0.57, 34.3), (192, 768, 0.58, 33.3), (288, 1152, 0.64, 30.5)]
+
+
+def _nemotron_rows():
+    rows = []
+    for d, batch, seconds, mfu in NEMOTRON:
+        lay = Layout(t=8, d=d, b=SILENT["b"], global_batch=batch, zero_stage=1,
+                     recompute=SILENT["recompute"], sequence_parallel=True)
+        rows.append(PublishedRun(
+            f"Nemotron-4 15B Table 2, DP {d}", MODELS["nemotron-4-15B"], "dgx-h100", lay,
+            "seconds", seconds, "megatron-lm",
+            note="8-way TP and data parallelism, 'a distributed optimizer to shard the "
+                 "optimizer state over the data-parallel replicas' (§2): ZeRO-1; micro-batch "
+                 "and recompute not printed: the course's defaults for every row (SILENT); "
+                 "MFU by Megatron-LM's count (megatron/training/training.py, "
+                 "num_floating_point_operations), which gives 34.1 / 33.6 / 30.4 % from the "
+                 "table's own times",
+            columns={"gpus": 8 * d, "t": 8, "d": d, "global_batch": batch,
+                     "tokens_per_batch": batch * 4096, "seq": 4096},
+            beside=(("mfu", mfu / 100, "megatron-lm"),)))
     return rows
 
 
 # Llama 3 405B (Dubey et al. 2024, Table 4 and §3.3.2): 16M tokens per batch, TP 8, PP 16,
-# interleaved with the first and last stage one layer lighter, BF16 MFU of 989 TFLOP/s.
-_LLAMA_NOTE = ("v=8: 126 layers + embedding + output layer as 16 stages of 8 one-layer "
-               "chunks (the course's reading of §3.3.2; v is not printed); FSDP as Meta ran it "
-               "(§3.3.2: optimizer state and gradients sharded, the weights not resharded after "
-               "the forward), which holds what ZeRO-2 holds; "
-               "the paper states no FLOP count: the course reads its MFU as counting the scores "
-               "a causal kernel computes (halved), and prints PaLM's count (not halved) beside")
+# interleaved with the first and last stage one layer lighter; TFLOP/s per GPU and BF16 MFU.
+_LLAMA_NOTE = ("v not printed (Figure 6 illustrates 2): the rule for every interleaved row, "
+               "v = 2 or the fewest chunks that fit (SILENT; 126 layers + embedding + output "
+               "as 16 stages of 8 layers); FSDP "
+               "as Meta ran it (§3.3.2: optimizer state and gradients sharded, the weights not "
+               "resharded after the forward), which holds what ZeRO-2 holds; TFLOP/s per GPU "
+               "and MFU (430 / 989 = 43 %: one count) by PaLM's count (Chowdhery et al. 2022, "
+               "App. B: 6N + 12LHQT per token, every score counted; torchtitan, Meta's "
+               "PyTorch trainer, counts the same), the course's causal-halved count beside")
+_LLAMA_128K = ("All-gather CP (§3.3.2); no recompute named: the default for every row "
+               "(SILENT), as at 8K. The table's columns contradict each other: 16,384 GPUs, "
+               "while TP 8 x CP 16 x PP 16 x DP 4 = 8,192; both readings are rows. ")
 
 
 def _llama_rows():
     base = MODELS["llama3-405B"]
-    common = dict(t=8, p=16, b=1, v=8, uneven_stages=True, recompute="none",
-                  sequence_parallel=True, zero_stage=2)
+    common = dict(t=8, p=16, b=SILENT["b"], v=SILENT["v"], uneven_stages=True,
+                  recompute=SILENT["recompute"], sequence_parallel=True, zero_stage=2)
+    tokens = 16 * 2**20
+    long = replace(base, s=131072)
+
+    def row(source, model, lay, tflops, mfu, columns, note, contradicts=()):
+        return PublishedRun(source, model, "dgx-h100", lay, "tflops", tflops, "palm",
+                            note=note + _LLAMA_NOTE, columns=columns,
+                            contradicts=contradicts, beside=(("mfu", mfu, "palm"),))
+
+    cols8k = {"t": 8, "c": 1, "p": 16, "tokens_per_batch": tokens, "seq": 8192}
+    cols128k = {"gpus": 16384, "t": 8, "c": 16, "p": 16, "d": 4, "tokens_per_batch": tokens,
+                "seq": 131072}
+    def fit(model, lay):
+        return fewest_chunks_that_fit(model, lay, "dgx-h100")
+
     return [
-        PublishedRun("Llama 3 Table 4, 8,192 GPUs 8K", base, "dgx-h100",
-                     Layout(d=64, global_batch=2048, **common), "mfu", 0.43, "course", also="palm",
-                     note="8K tokens 'without activation checkpointing' (§3.3.2); " + _LLAMA_NOTE),
-        PublishedRun("Llama 3 Table 4, 16,384 GPUs 8K", base, "dgx-h100",
-                     Layout(d=128, global_batch=2048, **common), "mfu", 0.41, "course", also="palm",
-                     note=_LLAMA_NOTE),
-        PublishedRun("Llama 3 Table 4, 128K", replace(base, s=131072), "dgx-h100",
-                     Layout(c=16, d=4, global_batch=128, cp_comm="allgather", **common),
-                     "mfu", 0.38, "course", also="palm",
-                     note="the row prints DP 4: 8*16*16*4 = 8,192 GPUs, while the text says "
-                          "16,384; the course takes the table's own degrees (d=4, 8,192 "
-                          "GPUs); per-GPU figures barely move with d=8 (m 32 -> 16). "
-                          "All-gather CP (§3.3.2); no recompute, as at 8K: with c=16 each "
-                          "GPU holds 8K tokens' activations. " + _LLAMA_NOTE),
+        row("Llama 3 Table 4, 8,192 GPUs 8K", base,
+            fit(base, Layout(d=64, global_batch=2048, **common)),
+            430, 0.43, dict(cols8k, gpus=8192, d=64),
+            "8K tokens 'without activation checkpointing' (§3.3.2); "),
+        row("Llama 3 Table 4, 16,384 GPUs 8K", base,
+            fit(base, Layout(d=128, global_batch=2048, **common)),
+            400, 0.41, dict(cols8k, gpus=16384, d=128), ""),
+        row("Llama 3 Table 4, 128K", long,
+            fit(long, Layout(c=16, d=4, global_batch=128, cp_comm="allgather", **common)),
+            380, 0.38, cols128k, "Reading 1, the table's degrees (DP 4, 8,192 GPUs). " + _LLAMA_128K,
+            contradicts=("gpus",)),
+        row("Llama 3 Table 4, 128K, 16,384 GPUs", long,
+            fit(long, Layout(c=16, d=8, global_batch=128, cp_comm="allgather", **common)),
+            380, 0.38, cols128k, "Reading 2, the table's GPUs (DP 8). " + _LLAMA_128K,
+            contradicts=("d",)),
     ]
 
 
+_TITAN = ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md, TPS/GPU; Grand Teton H100s "
+          "(96 GB HBM2e at 2.4 TB/s, the default 500 W power limit); ")
+_ASYNC = ("torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, its table and "
+          "commands: BF16, torch.compile, the same Grand Teton H100s; "
+          "--parallelism.enable_async_tensor_parallel against vanilla TP (SP on, as "
+          "torchtitan's TP plan shards the norms' sequence); 8K tokens; ")
+
+
+_FLOAT8 = ("torch.compile and torchao's Float8Linear with tensorwise scaling on every nn.Linear "
+           "but the output head (torchtitan's float8 converter skips 'output'); FSDP's float8 "
+           "all-gather taken as off (the file names no option; torchtitan's default and its "
+           "8B config leave it off), so the weights travel in BF16")
+
+
+def _titan(source, model, lay, tokens, columns, note, versus=""):
+    return PublishedRun(source, model, "grand-teton-h100-96gb", lay, "tokens", tokens,
+                        "torchtitan", note=note, versus=versus, columns=columns)
+
+
 def _torchtitan_rows():
-    """Its Table 1 eager, with torch.compile and with Float8: the same run but for one thing
-    each, so the ratios check ``kernels.py``'s eager count and the FP8 terms (tensorwise
-    casts, the head in BF16); and its async-TP benchmark, each ratio over the same layout
-    with async TP off."""
-    note = ("benchmarks/llama3_h100_202412_torchtitan.md; 8 H100 of Meta's Grand Teton (96 GB "
-            "HBM2e at 2.4 TB/s, 500 W: docs/performance.md; the 500 W limit unpriced, the "
-            "SXM's matmul rate taken), FSDP, local batch 2, 8K tokens, "
-            "recompute 'op' (torchtitan's default: every second matmul); MFU by torchtitan's "
-            "count (6 x non-embedding params + 12Lhs per token, causal not halved)")
-    lay = Layout(d=8, b=2, m=1, zero_stage=3, recompute="op", overlap_comm=True)
-    m8, teton = MODELS["llama3-8B"], "grand-teton-h100-96gb"
-    source, compiled = ("torchtitan Llama 3.1 8B on 8 H100, eager",
-                        "torchtitan Llama 3.1 8B, torch.compile / eager")
-    async_note = ("benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, its table and "
-                  "commands: BF16, torch.compile, the same Grand Teton H100s; "
-                  "--parallelism.enable_async_tensor_parallel against vanilla TP (SP on, as "
-                  "torchtitan's TP plan shards the norms' sequence); 8K tokens; ")
-    tp70 = Layout(t=8, d=32, b=16, m=1, zero_stage=3, recompute="full",
-                  sequence_parallel=True, overlap_comm=True, async_tp=True)
-    tp8 = Layout(t=8, d=8, b=12, m=1, zero_stage=3, recompute="op", sequence_parallel=True,
-                 overlap_comm=True, async_tp=True)
-    return [PublishedRun(source, m8, teton, replace(lay, kernels="eager"), "tokens", 5762,
-                         "torchtitan", note="eager, 33.7 % MFU; " + note),
-            PublishedRun(compiled, m8, teton, lay, "ratio", 6667 / 5762, "torchtitan",
-                         versus=source, note="6,667 tokens/s with torch.compile, which fuses "
-                         "the elementwise kernels (39.0 % MFU), over 5,762 eager; " + note),
-            PublishedRun("torchtitan Llama 3.1 8B, Float8 / compile", m8, teton,
-                         replace(lay, precision="fp8", fp8_scaling="tensorwise"), "ratio",
-                         8532 / 6667, "torchtitan", versus=compiled,
-                         note="8,532 tokens/s with torch.compile and Float8 over 6,667 with "
-                         "compile alone; torchao's Float8Linear with tensorwise scaling on "
-                         "every nn.Linear but the output head (torchtitan's float8 converter "
-                         "skips 'output'); FSDP's float8 all-gather taken as off (the file "
-                         "names no option; torchtitan's default and its 8B config leave it "
-                         "off), so the weights travel in BF16; " + note),
-            PublishedRun("torchtitan async TP, Llama 3 70B, 256 H100", MODELS["llama3-70B"],
-                         teton, tp70, "ratio", 652.4 / 597.3, versus_layout=replace(
-                             tp70, async_tp=False),
-                         note=async_note + "FSDP 32 x TP 8, local batch 16, full recompute; "
-                         "597.3 -> 652.4 tokens/s per GPU"),
-            PublishedRun("torchtitan async TP, Llama 3 8B, 64 H100", m8, teton, tp8, "ratio",
-                         4809 / 4378, versus_layout=replace(tp8, async_tp=False),
-                         note=async_note + "FSDP 8 x TP 8, local batch 12, recompute 'op'; "
-                         "4,378 -> 4,809 tokens/s per GPU")]
+    """torchtitan's benchmark tables in absolute tokens/s per GPU, each with its settings:
+    FSDP (ZeRO-3 with prefetch), its default selective AC read as per-op ('op'), compile as
+    fused kernels, Float8 as torchao's tensorwise scaling on every nn.Linear but the output
+    head, all-gather CP (its default rotate method), PP with as many micro-batches as
+    stages (its default); and the async-TP benchmark. A run measured against another prints
+    the ratio beside."""
+    m8, m70, m405 = MODELS["llama3-8B"], MODELS["llama3-70B"], MODELS["llama3-405B"]
+    rows = []
+    for table, gpus, tps in (("Table 1", 8, (5762, 6667, 8532)),
+                             ("Table 3", 128, (5605, 6514, 8380))):
+        lay = Layout(d=gpus, b=2, m=1, zero_stage=3, recompute="op", overlap_comm=True)
+        names = [f"torchtitan {table}, 8B FSDP on {gpus}, {what}"
+                 for what in ("eager", "compile", "compile + Float8")]
+        variants = (replace(lay, kernels="eager"), lay,
+                    replace(lay, precision="fp8", fp8_scaling="tensorwise"))
+        cols = {"gpus": gpus, "d": gpus, "local_batch": 2, "global_batch": 2 * gpus,
+                "seq": 8192}
+        notes = ("eager: every elementwise kernel its own pass", "torch.compile fuses the "
+                 "elementwise kernels", _FLOAT8)
+        for i, (name, variant, tokens) in enumerate(zip(names, variants, tps)):
+            rows.append(_titan(name, m8, variant, tokens, cols, _TITAN + notes[i] + "; local "
+                               "batch 2, selective AC", names[i - 1] if i else ""))
+    for c, tokens in zip((1, 2, 4, 8), (3890, 2540, 1071, 548)):
+        lay = Layout(c=c, d=8 // c, b=1, m=1, zero_stage=3, recompute="full",
+                     cp_comm="allgather", precision="fp8", fp8_scaling="tensorwise",
+                     overlap_comm=True)
+        rows.append(_titan(f"torchtitan Table 2, 8B FSDP {8 // c} CP {c}, {32 * c}K",
+                           replace(m8, s=32768 * c), lay, tokens,
+                           {"gpus": 8, "c": c, "d": 8 // c, "local_batch": 1,
+                            "seq": 32768 * c},
+                           _TITAN + "compile + Float8, local batch 1, full AC"))
+    tp70 = Layout(t=8, d=32, b=16, m=1, zero_stage=3, recompute="full", sequence_parallel=True,
+                  precision="fp8", fp8_scaling="tensorwise", overlap_comm=True)
+    cols = {"gpus": 256, "t": 8, "d": 32, "local_batch": 16, "global_batch": 512, "seq": 8192}
+    rows += [_titan("torchtitan Table 4, 70B 2D", m70, tp70, 829, cols,
+                    _TITAN + "FSDP 32 x TP 8, compile + Float8, full AC"),
+             _titan("torchtitan Table 4, 70B 2D + async TP", m70, replace(tp70, async_tp=True),
+                    876, cols, _TITAN + "the same with async TP", "torchtitan Table 4, 70B 2D")]
+    pp = Layout(t=8, p=8, d=8, b=4, m=8, zero_stage=3, recompute="full", sequence_parallel=True,
+                precision="fp8", fp8_scaling="tensorwise", async_tp=True, overlap_comm=True)
+    cols = {"gpus": 512, "t": 8, "p": 8, "d": 8, "local_batch": 32, "global_batch": 256,
+            "seq": 8192}
+    rows += [_titan("torchtitan Table 5, 405B 3D, 1F1B", m405, pp, 100, cols,
+                    _TITAN + "compile + Float8 + async TP, local batch 32 as 8 micro-batches "
+                    "of 4 (its default: as many as stages), full AC"),
+             _titan("torchtitan Table 5, 405B 3D, interleaved", m405,
+                    replace(pp, v=SILENT["v"], uneven_stages=True), 128, cols,
+                    _TITAN + "interleaved 1F1B: v = 2, its default (SILENT), the first and "
+                    "last stage a layer lighter, as its split puts them",
+                    "torchtitan Table 5, 405B 3D, 1F1B")]
+    for c, tokens in zip((1, 2, 4, 8), (76, 47, 31, 16)):
+        rows.append(_titan(f"torchtitan Table 6, 405B CP {c}, {32 * c}K",
+                           replace(m405, s=32768 * c),
+                           replace(pp, c=c, d=8 // c, b=1, m=8, global_batch=None,
+                                   cp_comm="allgather"), tokens,
+                           {"gpus": 512, "t": 8, "p": 8, "c": c, "d": 8 // c,
+                            "local_batch": 8, "seq": 32768 * c},
+                           _TITAN + "4D, compile + Float8 + async TP + 1F1B, local batch 8 "
+                           "as 8 micro-batches of 1, full AC"))
+    a70 = replace(tp70, precision="bf16", async_tp=False)
+    a8 = Layout(t=8, d=8, b=12, m=1, zero_stage=3, recompute="op", sequence_parallel=True,
+                overlap_comm=True)
+    c70 = {"gpus": 256, "t": 8, "d": 32, "local_batch": 16, "seq": 8192}
+    c8 = {"gpus": 64, "t": 8, "d": 8, "local_batch": 12, "seq": 8192}
+    vanilla70, vanilla8 = ("torchtitan async-TP benchmark, 70B on 256, vanilla TP",
+                           "torchtitan async-TP benchmark, 8B on 64, vanilla TP")
+    rows += [_titan(vanilla70, m70, a70, 597.3, c70, _ASYNC + "FSDP 32 x TP 8, local batch "
+                    "16, full AC"),
+             _titan("torchtitan async-TP benchmark, 70B on 256, async TP", m70,
+                    replace(a70, async_tp=True), 652.4, c70, _ASYNC + "the same, async",
+                    vanilla70),
+             _titan(vanilla8, m8, a8, 4378, c8, _ASYNC + "FSDP 8 x TP 8, local batch 12, "
+                    "recompute 'op'"),
+             _titan("torchtitan async-TP benchmark, 8B on 64, async TP", m8,
+                    replace(a8, async_tp=True), 4809, c8, _ASYNC + "the same, async", vanilla8)]
+    return rows
 
 
 def _deepseek_row():
@@ -181,6 +367,7 @@ def _deepseek_row():
                            zero_stage=1, recompute="norm-up", precision="fp8", max_nodes=4,
                            comm_sm_share=20 / 132, grad_dtype="fp32", moment_dtype="bf16"),
         "tokens", 14.8e12 / (2.664e6 * 3600), "",
+        columns={"gpus": 2048, "p": 16, "e": 64, "global_batch": 15360, "seq": 4096},
         note="an average over the whole pre-training, not a step; batch 15,360 x 4K (§4.2); "
              "DualPipe, EP 64, ZeRO-1, FP8 linear GEMMs, tokens on at most 4 nodes; RMSNorm, "
              "MLA up-projections (§3.2.3) and SwiGLU's output (§3.3.4) recomputed; FP32 "
@@ -271,5 +458,5 @@ def memory_runs():
 
 def published_runs():
     """Every published run the course holds the cost model to."""
-    return (_megatron_rows() + _korthikanti_rows() + _llama_rows() + _torchtitan_rows()
-            + [_deepseek_row()])
+    return (_megatron_rows() + _korthikanti_rows() + [_bloom_row()] + _nemotron_rows()
+            + _llama_rows() + _torchtitan_rows() + [_deepseek_row()])

@@ -10,7 +10,9 @@ layout that differs on that axis alone.
 
 Two priors keep the search to a few thousand estimates (well under a second on 16,384
 GPUs): t stays inside a server (Megatron-LM 2021's takeaway #1; a layout with t beyond it
-is never close), and SP goes with every t > 1 (Korthikanti et al. 2022).
+is never close), and SP goes with every t > 1 (Korthikanti et al. 2022). A third ranks the
+result: a sequence is split (c > 1) only where it does not fit whole or the split gains
+more than ``CP_MIN_GAIN`` (GPT-3 175B at 2K and 4K tokens: c = 1, as every team ran it).
 
 What was fitted and what is only checked: nothing in the estimate is fitted (a GEMM's rate
 comes from a published matmul sweep, ``gemm.py``; the memory-bound passes are counted,
@@ -29,10 +31,18 @@ from functools import lru_cache
 from lessonlib.argcheck import positive_int
 
 from .model import divisors
-from .planner import check_plan_size, rank
+from .planner import check_plan_size, name_separating_term, rank
 from .throughput import Layout
 
 GB = 1e9
+
+# Context parallelism is taken only where the sequence does not fit without it, or where it
+# gains more than this over the best layout without it. Megatron-LM 2021 and MegaScale ran
+# GPT-3 175B at 2K tokens with none; Llama 3 ran it only at 128K tokens (Table 4: CP 1 at 8K);
+# the model prices CP's K/V exchange as hidden behind attention, which blocks of s/c tokens
+# too short to hide it are not, and a gain of a few per cent is inside the model's own error
+# (``--published`` prints its median): not a reason to split a sequence that fits whole.
+CP_MIN_GAIN = 0.10
 
 # What the search tries on each layout (see the module docstring).
 MICROBATCHES = (1, 2)
@@ -117,7 +127,18 @@ def _plan(model, cluster, n_gpus, global_batch, overlap_comm, **fixed):
     if not layouts:
         raise ValueError(f"global_batch={global_batch} admits no layout on n_gpus={n_gpus}: "
                          f"use a multiple of the data-parallel sizes, e.g. {n_gpus}")
-    return rank(model, cluster, n_gpus, global_batch, layouts)
+    return prefer_whole_sequences(rank(model, cluster, n_gpus, global_batch, layouts))
+
+
+def prefer_whole_sequences(plan):
+    """The plan with CP's layouts ranked CP_MIN_GAIN slower while a layout without CP fits:
+    a layout with c > 1 leads only if it beats the best with c = 1 by more than that."""
+    if not any(e.layout.c == 1 for e in plan.ranked):
+        return plan
+
+    def weighed(e):
+        return e.step_time_s * (1 + CP_MIN_GAIN if e.layout.c > 1 else 1)
+    return replace(plan, ranked=sorted(plan.ranked, key=weighed))
 
 
 # A lesson asks for the same job more than once (deep dive 15 prints the planner beside each
@@ -151,7 +172,8 @@ def _versus(plan, best, axis, value):
     if rival.fits:
         return (f" The best with {axis}={value} ({rival.layout.describe()}) takes "
                 f"{rival.step_time_s:.1f} s per step, "
-                f"{rival.step_time_s / best.step_time_s - 1:+.0%}.")
+                f"{rival.step_time_s / best.step_time_s - 1:+.1%}; what separates them most: "
+                f"{name_separating_term(rival, best)}.")
     return (f" With {axis}={value}: {rival.memory.total / GB:.0f} GB per GPU, "
             f"over the {rival.memory_capacity_bytes / GB:.0f} GB usable.")
 
@@ -179,7 +201,9 @@ def explain_axes(plan):
     lines.append(f"c={lay.c}: " + (
         f"each sequence of {model.s} tokens is split over {lay.c} GPUs ({model.s // lay.c} "
         f"each), dividing activations by {lay.c}; the K/V ring leaves {ring:.2f} s exposed."
-        if lay.c > 1 else f"each GPU keeps its sequences of {model.s} tokens whole.")
+        if lay.c > 1 else f"each GPU keeps its sequences of {model.s} tokens whole (CP is "
+        f"taken only where a sequence does not fit whole or it gains over "
+        f"{CP_MIN_GAIN:.0%}).")
         + _versus(plan, best, "c", half("c")))
     lines.append(f"p={lay.p}: {model.L} layers in stages of {-(-model.L // lay.p)}, "
                  f"splitting the model state; the bubble takes {best.bubble_fraction:.1%} of "

@@ -122,41 +122,50 @@ for name, published in PUBLISHED_PARAMS.items():
 # measured, with one set of constants, none chosen on a row: a GEMM runs at the rate its
 # shape allows under the GPU's measured maximum achievable matmul rate (a published sweep),
 # and the memory-bound kernels' passes are counted (lesson 05); every row below is a check.
-# Each row prints its published figure as its team counts it (TFLOP/s per GPU by Megatron's
-# Eq. 3, MFU by the team's own FLOP count, or tokens per second per GPU, which needs no
-# count), the model's figure and the error
+# Each row is compared on what its team published (step time, TFLOP/s per GPU by the team's
+# own FLOP count, or tokens per second per GPU, which needs no count), with the model's
+# figure and the error; the row's other published figures and, for a run measured against
+# another, the ratio of the two are printed beside, never instead. Below the time rows, the
+# memory rows: peak GiB per GPU where a team published it, and the layouts teams ran, which
+# must therefore fit. Each table ends with its error as a distribution, its median and its
+# worst
 # (`python -m lessonlib.costmodel --published`):
 
 # %%
 # NBVAL_CHECK_OUTPUT
 from lessonlib.costmodel import published as pub
 
-print(pub.published_report())
-record = pub.published_rows()
-worst = max(record, key=lambda r: abs(r["error"]))
-misses = sorted(abs(r["error"]) for r in record)
-at_most("the largest miss of a row, with one set of constants", 100 * misses[-1], 30,
-        unit=" %")
-print(f"median miss {100 * misses[len(misses) // 2]:.0f} %; the largest: "
-      f"{worst['run'].source}, {worst['error']:+.0%}")
+print(pub.published_report(), pub.memory_report(), sep="\n\n")
+record = [r for r in pub.published_rows() if r["run"].role == "checked"]
+middle, worst = pub.error_summary([r["error"] for r in record])
+missed = [r for r in record if abs(r["error"]) > 0.15]
+claim("the model does not yet predict every held-out row within 15 %", len(missed) > 0,
+      numbers=f"{len(missed)} of {len(record)} checked rows miss by more than 15 %; median "
+              f"|error| {middle:.0%}, worst {worst:+.0%}")
 
 # %% [markdown]
-# How each row is read, from its note in `costmodel/published.py`:
+# How each row is read, from its note in `costmodel/record.py`. No row is read on its own:
+# its settings follow its table's columns (a test fails if they contradict them), and what
+# no table prints takes one default for every row (`record.SILENT`: one sequence per
+# micro-batch, two model chunks per stage for an interleaved schedule, no recompute).
 # - **Llama 3** (Dubey et al. 2024, Table 4 and §3.3.2): interleaved 1F1B with the first
-#   and last stages one layer lighter, no activation checkpointing at 8K, FSDP (taken as
-#   ZeRO-1 here); the paper gives no FLOP count, so the course reads its MFU as counting
-#   the attention scores a causal kernel computes (half of them) and prints PaLM's count
-#   (every score) beside it. Table 4's 128K row prints DP 4, which with TP 8, CP 16 and
-#   PP 16 makes 8,192 GPUs, while its GPU column says 16,384: the table contradicts itself
-#   there. The course takes the row's own degrees (d = 4 on 8,192 GPUs); with d = 8 on
-#   16,384 each GPU's work is the same, half the micro-batches per replica.
+#   and last stages one layer lighter, no activation checkpointing at 8K, FSDP; the paper
+#   prints no chunk count v (its Figure 6 illustrates two), so the rule for every such row
+#   holds: the fewest chunks, from two up, with which the run fits, since it ran. TFLOP/s per GPU by PaLM's count
+#   (every attention score counted), the course's count (causal: half of them) beside.
+#   Table 4's 128K row prints DP 4, which with TP 8, CP 16 and PP 16 makes 8,192 GPUs,
+#   while its GPU column says 16,384: the table contradicts itself there, and both
+#   readings are rows.
+# - **Nemotron-4 15B** (arXiv 2402.16819, Table 2) and **BLOOM-176B** (the BigScience
+#   repository's `train/tr11-176B-ml`): step times, with Nemotron-4's MFU by Megatron-LM's
+#   count and BLOOM's TFLOP/s by Eq. 3 beside.
 # - **torchtitan** (its `benchmarks/llama3_h100_202412_torchtitan.md`): tokens per second per
-#   GPU, eager and compiled, on H100s limited to 500 W. The file says its runs without
-#   Float8 achieve "33% to 39% MFU"; torchtitan's own FLOP formula, applied here, turns
-#   5,762 tokens/s into 33.7 %. Its Float8 run and its async-TP benchmark
-#   (`benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`) are ratios over the same run
-#   without them: tensorwise FP8 casts with the output head in BF16, and sequence
-#   parallelism's collectives split into pieces behind their GEMMs (`costmodel/overlap.py`).
+#   GPU on H100s limited to 500 W, every table in absolute figures: FSDP eager, compiled and
+#   with Float8 on 8 and 128 GPUs, the 8B context-parallel sweep, 70B in 2D with and
+#   without async TP, 405B in 3D with 1F1B and interleaved, the 405B context-parallel sweep;
+#   and its async-TP benchmark (`benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`). The
+#   file says its runs without Float8 achieve "33% to 39% MFU"; torchtitan's own FLOP
+#   formula, applied here, turns 5,762 tokens/s into 33.7 %.
 # - **DeepSeek-V3** (DeepSeek-AI 2024, Table 1): 14.8T tokens in 2.664M H800 GPU hours is an
 #   average over the whole pre-training (its batch ramp-up included), not a step's
 #   measurement; FP8 GEMMs, DualPipe, EP 64, each token on at most 4 nodes.
@@ -174,7 +183,7 @@ print(f"median miss {100 * misses[len(misses) // 2]:.0f} %; the largest: "
 # - `t c p d e`: the tensor, context, pipeline, data and expert degrees (e inside d); `b`
 #   sequences per micro-batch, `m` micro-batches per step and replica, `B` = b·m·d
 #   sequences per step.
-# - `v=8`: interleaved 1F1B with v = 8 model chunks per device (deep dive 09).
+# - `v=2`: interleaved 1F1B with v = 2 model chunks per device (deep dive 09).
 # - `recompute=`: what the backward recomputes: `none`, `selective` (attention's s × s
 #   part), `full` (each layer's forward), or `norm-up`, DeepSeek-V3's: its RMSNorms and the
 #   up-projections of its multi-head latent attention, MLA (§3.2.3).
@@ -212,7 +221,8 @@ versus = {run.source: pub.versus_planner(run) for run in pub.published_runs()
           if run.source in pub.PLANNED}
 print(pub.versus_table(versus.values()), end="\n\n")
 llama_128k, llama_8k = versus["Llama 3 Table 4, 128K"], versus["Llama 3 Table 4, 16,384 GPUs 8K"]
-at_most("at 128K, Meta's step over the planner's best", llama_128k["ratio"], ex.WITHIN)
+every("a verdict on a team's layout names the term and its source", versus,
+      lambda vs: vs["ratio"] <= ex.WITHIN or vs["parts"][0][0] in pub.WHY)
 claim("c grows with the sequence", llama_128k["best"].layout.c > llama_8k["best"].layout.c,
       numbers=f"the planner's c = {llama_8k['best'].layout.c} at 8K, "
               f"{llama_128k['best'].layout.c} at 128K")
@@ -262,7 +272,8 @@ print("DeepSeek-V3's busiest GPU (DualPipe's rank with both ends of the model), 
 # printed above, and the costs it names say how far to trust that: where the model leaves
 # exposed what Meta's stack overlaps (tensor-parallel and pipeline traffic), the gap is the
 # model's; where the planner's pick runs a zero-bubble schedule Meta did not use, the gain
-# is real but was not Meta's to take in 2024. Memory: Meta's layouts fit as Meta ran them,
+# is real but was not Meta's to take in 2024. A verdict that a team chose badly needs
+# both: the term, and a source that says the term is real. Memory: Meta's layouts fit as Meta ran them,
 # once the model counts what a Llama layer keeps (measured, lesson 14) and what Meta's FSDP
 # holds. DeepSeek-V3's fits once the model keeps what its report says it kept: the norms'
 # and MLA's inputs with RMSNorm and the up-projections recomputed (§3.2.3), the MoE's routed
@@ -305,7 +316,8 @@ print("DeepSeek-V3's busiest GPU (DualPipe's rank with both ends of the model), 
 # sequences per step: which (t, c, p, d), and why each axis? The checker answers axis by
 # axis, and accepts a layout only within the planner's tolerance of section 3
 # (`ex.WITHIN`): its step at most that many times the planner's best, and one that fits in
-# memory (Meta's own layout is judged as Meta ran it).
+# memory. Meta's own layout is an answer, since it ran: the checker estimates it as Meta
+# ran it and names the term that separates it from the planner's best.
 
 # %%
 long_context = dict(t=None, c=None, p=None, d=None)

@@ -392,27 +392,36 @@ at_most("the slot's exposed communication with overlap over without", moe.expose
 #
 # ## 7. What each buys on an H100
 #
-# The cost model holds the techniques to torchtitan's measurements on H100s: Float8 (its
-# Llama 3.1 8B run, 6,667 -> 8,532 tokens/s per GPU with torch.compile, 1.28x) and async TP
-# (Llama 3 70B on 256 H100, 1.09x; Llama 3 8B on 64 H100, 1.10x). Each is a ratio over the
-# same run without the technique, with no constant of the model chosen on any published
-# row:
+# The cost model holds the techniques to torchtitan's measurements on H100s, in what
+# torchtitan published: tokens per second per GPU. Float8 (its Llama 3.1 8B runs with
+# torch.compile, 6,667 -> 8,532 on 8 GPUs and 6,514 -> 8,380 on 128) and async TP (Llama 3
+# 70B on 256 H100, 597.3 -> 652.4 in its async-TP benchmark and 829 -> 876 with Float8 in
+# its Table 4; Llama 3 8B on 64 H100, 4,378 -> 4,809). Each row's error is absolute; the
+# ratio over the same run without the technique is printed beside, with no constant of
+# the model chosen on any published row:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-rows = [r for r in pub.published_rows() if r["run"].metric == "ratio"
+rows = [r for r in pub.published_rows() if r["ratio"]
         and ("Float8" in r["run"].source or "async TP" in r["run"].source)]
+print(f"{'run':<52} {'tokens/s per GPU':>17} {'error':>7}   ratio: published -> model")
 for r in rows:
-    print(f"{r['run'].source:<44} published {r['run'].published:.3f}x  "
-          f"model {r['predicted']:.3f}x  {r['error']:+.1%}")
-every("the cost model's Float8 and async-TP ratios are within 15 % of torchtitan's",
-      {r["run"].source: r for r in rows}, lambda r: abs(r["error"]) <= 0.15)
+    (measured, predicted), run = r["ratio"], r["run"]
+    print(f"{run.source:<52} {run.published:>7.0f} -> {r['predicted']:>6.0f} "
+          f"{r['error']:>+7.1%}   {measured:.3f}x -> {predicted:.3f}x")
+async_rows = [r for r in rows if "async TP" in r["run"].source]
+claim("the model predicts more tokens per second than torchtitan measured on every Float8 "
+      "and async-TP row, and more than twice the gain from async TP that was measured",
+      all(r["error"] > 0 for r in rows) and all(r["ratio"][1] - 1 > 2 * (r["ratio"][0] - 1)
+                                                for r in async_rows),
+      numbers="absolute errors " + ", ".join(f"{r['error']:+.0%}" for r in rows))
 
 # %% [markdown]
-# The model over-predicts async TP by about a tenth on both rows: it hides each collective
-# up to the GEMM beside it, and leaves out what a real GPU pays for that, the GEMM slowed
-# by a transfer sharing its memory and the cost of each piece. Where the model and the
-# team disagree, the model is missing a cost.
+# In absolute tokens per second the model is too high on every one of these rows, by the
+# errors printed above, and it predicts more than twice the gain torchtitan measured from
+# async TP: it hides each collective up to the GEMM beside it, and leaves out what a real GPU
+# pays for that, the GEMM slowed by a transfer sharing its memory and the cost of each
+# piece. Where the model and the team disagree, the model is missing a cost.
 #
 # For one job, every technique at a time, the rest of the layout unchanged: Llama 3 70B on
 # 256 H100 as torchtitan's async-TP run had it. DualPipe needs no expert parallelism: "even
@@ -423,7 +432,7 @@ every("the cost model's Float8 and async-TP ratios are within 15 % of torchtitan
 
 # %%
 # NBVAL_CHECK_OUTPUT
-job = next(r["run"] for r in rows if "70B" in r["run"].source)
+job = next(r["run"] for r in async_rows if "benchmark, 70B" in r["run"].source)
 gains = overlap_and_precision_gains(job.model, job.layout, cm.CLUSTERS[job.cluster])
 print(gains.table())
 
@@ -437,7 +446,8 @@ print(gains.table())
 # the sequence, the other micro-batch's all-to-all. Each computes exactly what its plain
 # version computes, and each gains only up to the compute beside it: torchtitan measured a
 # tenth from async TP and about a quarter from Float8, and the cost model, which hides each
-# collective up to its GEMM, predicts more for async TP than was measured.
+# collective up to its GEMM, predicts more tokens per second than was measured on every
+# such row, and more than twice the gain from async TP.
 # </div>
 #
 # ## Exercise

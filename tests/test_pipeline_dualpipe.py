@@ -15,9 +15,7 @@ from lessonlib.pipeline import dualpipe_runs, schedules as S
 from lessonlib.pipeline.actions import (Action, B, F, Kind, W, add_communication, compute_only,
                                        describe, parse)
 from lessonlib.pipeline.dualpipe import bubble_formula, dualpipev, dualpipev_order, readme_times
-from lessonlib.pipeline.rounds import lockstep
-from lessonlib.pipeline.check import ScheduleError, check
-from lessonlib.pipeline.validate import simulate, validate
+from lessonlib.pipeline.validate import ScheduleError, check, lockstep, simulate, validate
 
 KIND = {_ComputationType.FORWARD: "F", _ComputationType.FULL_BACKWARD: "B",
         _ComputationType.BACKWARD_INPUT: "B", _ComputationType.BACKWARD_WEIGHT: "W"}

@@ -19,11 +19,10 @@ from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline.actions import (COMPUTE, Action, B, F, add_communication, compute_only,
                                        describe, parse)
-from lessonlib.pipeline.check import ScheduleError, check
 from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.pipeline.rounds import batched, check_batches, lockstep
 from lessonlib.pipeline.stages import device_chunks, stage_modules, stage_parameters
-from lessonlib.pipeline.validate import simulate
+from lessonlib.pipeline.validate import (ScheduleError, batched, check, check_batches, lockstep,
+                                        simulate)
 
 matplotlib.use("Agg")
 GRID = [(p, m) for p in (1, 2, 3, 4, 6) for m in (1, 2, 3, 4, 5, 8, 13)]

@@ -24,10 +24,9 @@ from lessonlib.pipeline import runs
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline import zero_bubble
 from lessonlib.pipeline.actions import Action, B, Kind, Schedule, W
-from lessonlib.pipeline.check import ScheduleError, check
 from lessonlib.pipeline.executor import StepResult
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
-from lessonlib.pipeline.validate import replay, simulate
+from lessonlib.pipeline.validate import ScheduleError, check, replay, simulate
 
 TIMES = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.7), (1.0, 1.2, 1.0), (2.0, 1.0, 0.5)]
 

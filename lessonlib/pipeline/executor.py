@@ -15,10 +15,10 @@ pipeline stage (device) and walks its own action list:
 * SEND_* / RECV_*: posted in batches, one ``comm.batch_isend_irecv`` on the pipeline's group
   between two computes, every request waited on before the next compute.
 
-The batches are grouped in rounds (``rounds.lockstep``), as PyTorch's pipelining
+The batches are grouped in rounds (``validate.lockstep``), as PyTorch's pipelining
 schedules do: in each round every stage runs its next compute, then posts the sends of
 what it computed with the receives of what its neighbours computed in the same round. What
-is guaranteed, on gloo and on NCCL: no deadlock among the batches (``rounds.check_batches``
+is guaranteed, on gloo and on NCCL: no deadlock among the batches (``validate.check_batches``
 plays them for every schedule, run by ``validate``), every send and receive meets its
 partner in order (NCCL pairs point-to-point messages by order), and this rank never has
 NCCL work in flight on two communicators at once. NCCL promises nothing for that case (its
@@ -61,7 +61,6 @@ from lessonlib.device import current_device
 from lessonlib.instruments import activations
 from lessonlib.instruments.spans import Span
 from lessonlib.pipeline.actions import Kind, place, placement_of, virtual_stage
-from lessonlib.pipeline.rounds import lockstep
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
 from lessonlib.pipeline.timeline import untimed
 from lessonlib.pipeline.validate import message_of, validate
@@ -164,7 +163,7 @@ class PipelineExecutor:
         self.loss_fn, self.shape = loss_fn, tuple(activation_shape)
         self.ranks, self.group, self.recorder = ranks, group, recorder
         self.device = device or current_device()
-        self.units = lockstep(schedule)[stage]       # computes, and the batches between them
+        self.units = sim.rounds[stage]       # computes, and the batches between them
         self.meter = activations.ActivationMeter(q for c in chunks for q in c.parameters())
         self.last, self.placement = self.p * self.v - 1, placement_of(schedule)
         self.split = {(a.microbatch, a.chunk) for a in self.actions if a.kind == Kind.W}

@@ -31,9 +31,8 @@ import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_least, at_most, claim, within
 from lessonlib.pipeline import actions, runs, schedules
-from lessonlib.pipeline.check import ScheduleError
 from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.pipeline.validate import replay, simulate
+from lessonlib.pipeline.validate import ScheduleError, replay, simulate
 from lessonlib.tensor_parallel import ops as tp_ops, runs as tp_runs
 from lessonlib.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from lessonlib.viz import live

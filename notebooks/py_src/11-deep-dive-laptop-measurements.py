@@ -233,10 +233,10 @@ print("each waited before the next:", nccl_hazards(cycle(True)) or "no hazard")
 # sends and receives go out in rounds, one `batch_isend_irecv` on the pipeline group each,
 # and all of a round is waited on before the stage computes again, so no transfer is left
 # in flight on one communicator while a tensor-parallel collective starts on another
-# (`pipeline.rounds`, which also proves, without processes, that no schedule's rounds can
-# hang). What it costs: a receive is no longer posted long before the compute that needs it,
-# so less of the transfer hides behind compute, and a stage waits at each round for its
-# neighbour's compute of that round. The frameworks pay that for a run that cannot hang on
+# (`pipeline.validate.lockstep`; `check_batches` there also proves, without processes, that
+# no schedule's rounds can hang). What it costs: a receive is no longer posted long before
+# the compute that needs it, so less of the transfer hides behind compute, and a stage waits
+# at each round for its neighbour's compute of that round. The frameworks pay that for a run that cannot hang on
 # its first cluster.
 
 # %% [markdown]

@@ -1,5 +1,8 @@
 """Run a pipeline schedule on real ranks with point-to-point messages, and time every step.
 
+One job: one stage of a validated schedule, run on its rank; its length is one method per
+kind of action and the checks that the stages agree before the first message.
+
 What it teaches: once a schedule is data, running it is a small loop. Each rank is one
 pipeline stage (device) and walks its own action list:
 
@@ -248,8 +251,13 @@ class PipelineExecutor:
         k = virtual_stage(self.stage, chunk, self.p, self.placement)
         x, out, layers = st.stash[mb, chunk]
         grad_out = None if k == self.last else st.inbox.pop(("B", mb, chunk))
-        if (mb, chunk) in self.split:         # k = 0: W runs the whole backward from grad_out
-            dx, st.kept[mb, chunk] = input_grad(out, grad_out, x, layers) if k else (None, grad_out)
+        if (mb, chunk) in self.split and k == 0:
+            # The first virtual stage sends no input gradient: nobody waits for its B, so
+            # B computes nothing and W runs the whole backward in one pass (as PyTorch's
+            # stage does), instead of one pass for B and one per layer for W.
+            dx, st.kept[mb, chunk] = None, grad_out
+        elif (mb, chunk) in self.split:
+            dx, st.kept[mb, chunk] = input_grad(out, grad_out, x, layers)
         else:
             del st.stash[mb, chunk]
             torch.autograd.backward(out, grad_out)
@@ -261,10 +269,12 @@ class PipelineExecutor:
 
     def _weight(self, st: _Step, a) -> None:
         key = (a.microbatch, a.chunk)
-        kept, (_, out, _) = st.kept.pop(key), st.stash.pop(key)
+        kept = st.kept.pop(key)
+        _, out, _ = st.stash.pop(key)
         if virtual_stage(self.stage, a.chunk, self.p, self.placement) == 0:
-            return torch.autograd.backward(out, kept)      # B left it the output gradient
-        weight_grad(kept)
+            torch.autograd.backward(out, kept)             # B left it the output gradient
+        else:
+            weight_grad(kept)
 
     def _microbatches(self, inputs, targets) -> tuple[list | None, list | None]:
         xs, ys = (t.to(self.device) if t is not None else None for t in (inputs, targets))

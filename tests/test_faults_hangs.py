@@ -5,7 +5,7 @@ import pytest
 
 from lessonlib.faults import hangs
 from lessonlib.faults.hang_analysis import analyze, analyze_torch
-from lessonlib.instruments.flight_recorder import Entry, Recorder, read
+from lessonlib.instruments.flight_recorder import Entry, FlightRecorder, read
 
 pytestmark = pytest.mark.timeout(60)
 WORLD = (0, 1, 2)
@@ -19,7 +19,7 @@ def _ring(rank, calls):
 
 # ---------------------------------------------------------------- pure
 def test_the_ring_keeps_the_last_n_entries_in_order(tmp_path):
-    ring = Recorder(tmp_path / "rank0.flight", size=4, rank=0)
+    ring = FlightRecorder(tmp_path / "rank0.flight", size=4, rank=0)
     for _ in range(6):
         ring.done(ring.post("all_reduce", "0", WORLD, 16, (4,), "torch.float32", None), None, False)
     last, _ = ring.post("broadcast", "1", WORLD, 8, (2,), "torch.float32", None)

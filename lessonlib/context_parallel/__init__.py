@@ -16,7 +16,7 @@ Read in this order, each file one idea:
   head shards, attention over the whole sequence on heads/c heads, all-to-all back;
 * ``methods``: the three behind one call, ``context_attention(method, ...)``, and the bytes a
   rank sent to the others by its ledger (``sent_bytes``);
-* ``recorder``: ``StepLog``, the hook handed to the ring: which block each rank held at each
+* ``recorder``: ``RingRecorder``, the hook handed to the ring: which block each rank held at each
   step, the work it did and the seconds it took (the Gantt chart of the ring);
 * ``gpt``: the tiny GPT on c ranks (positions offset per shard, the loss over all tokens),
   combined with data parallelism over a (d, c) grid;

@@ -25,7 +25,7 @@ from lessonlib.context_parallel.blocks import useful_pairs
 from lessonlib.device import mark, on_clock
 
 
-class StepLog:
+class RingRecorder:
     """``record`` for ``ring_attention``: one row per step, times relative to ``origin``."""
 
     def __init__(self, n: int, origin: float | None = None):

@@ -5,7 +5,7 @@ What it teaches: ring attention is right when it is attention. ``attention_repor
 ``ring_attention`` on this rank's shards of q, k, v built from one seed and compares its
 output and its gradients of q, k and v with one-process ``scaled_dot_product_attention`` on
 the whole tensors (each rank computes that reference itself: the shapes are tiny); it also
-returns what the ring did at each step (``StepLog``), the ledger of every message (bytes
+returns what the ring did at each step (``RingRecorder``), the ledger of every message (bytes
 received, against ``costmodel.context``'s formula, and the events for ``nccl_rules.nccl_hazards``)
 and the bytes autograd saved, as one ``RingParity`` record. ``gpt_report`` trains the c-rank GPT (with data parallelism on
 a (d, c) grid) and one process side by side for a few steps.
@@ -30,7 +30,7 @@ from lessonlib.context_parallel.gpt import ContextParallelGPT, ContextParallelGr
 from lessonlib.context_parallel.layout import (LAYOUTS, check_split_divides, check_split_name,
                                                chunks_per_rank, shard_sequence, unshard_sequence)
 from lessonlib.context_parallel.methods import METHODS, context_attention
-from lessonlib.context_parallel.recorder import StepLog
+from lessonlib.context_parallel.recorder import RingRecorder
 from lessonlib.context_parallel.ring import ring_attention
 from lessonlib.costmodel.context import ring_bytes_received_per_rank
 from lessonlib.grid import ParallelContext, new_groups
@@ -70,7 +70,7 @@ def _max_err(a, b) -> float:
 class RingParity:
     """One rank's ring attention at one c, layout and mask against one-process SDPA: the
     largest errors of its output shard, of the gathered output and of its dq, dk, dv; the
-    ring's ``steps`` (``StepLog`` rows); the bytes autograd saved; the K/V bytes received,
+    ring's ``steps`` (``RingRecorder`` rows); the bytes autograd saved; the K/V bytes received,
     forward and backward, against the formula; the point-to-point batches; the ledger's
     events, forward then backward (for ``nccl_rules.nccl_hazards``)."""
     rank: int
@@ -104,7 +104,7 @@ def attention_report(group, c: int, layout: str, causal: bool, b=2, heads=2, s=2
     reference = F.scaled_dot_product_attention(*full, is_causal=causal)
     reference.backward(grad)
     shards = [shard_sequence(t, group, layout, dim=2).requires_grad_() for t in (q, k, v)]
-    log = StepLog(s // (c * chunks_per_rank(layout)))
+    log = RingRecorder(s // (c * chunks_per_rank(layout)))
     with comm.ledger() as forward, saved_bytes() as saved:
         out = ring_attention(*shards, group=group, causal=causal, layout=layout, record=log)
     with comm.ledger() as backward:
@@ -168,7 +168,7 @@ def balance_report(s: int = 256, b: int = 1, heads: int = 2, head_dim: int = 16,
         logs = []
         for _ in range(repeats):
             dist.barrier()                        # the ranks start each ring together
-            log = StepLog(s // (c * chunks_per_rank(layout)), origin=0.0)   # one clock
+            log = RingRecorder(s // (c * chunks_per_rank(layout)), origin=0.0)   # one clock
             with torch.no_grad():
                 ring_attention(*shards, causal=True, layout=layout, record=log)
             logs.append(log)

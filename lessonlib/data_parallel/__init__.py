@@ -10,8 +10,10 @@ Read in this order, each file one idea:
 * ``ladder``: data parallelism written four times, each rung fixing what the last one wasted
   (all-reduce per gradient, one flat buffer, hooks that overlap backward);
 * ``ddp``: ``DataParallel``, the top rung: gradient buckets launched during backward,
-  ``no_sync`` for accumulation, ``BucketTimeline`` (the recorder that stamps the lesson's
-  timeline), and ``sharded_loader`` (PyTorch's DistributedSampler);
+  ``no_sync`` for accumulation, and ``sharded_loader`` (PyTorch's DistributedSampler);
+* ``recorder``: what the lesson measures of DDP's step, handed to it from outside:
+  ``BucketRecorder`` stamps each bucket's launch and finish (``no_record``, the default,
+  stamps nothing);
 * ``runs``: what the notebook and the tests launch (training replicas, the ladder's
   messages, a step's timeline, the bucket sweep);
 * ``bench``: the lab's measurements (all-reduce bandwidth, DDP step times), with the

@@ -7,7 +7,8 @@ or PyTorch's own DDP, behind one interface; ``train_replicas`` starts every rank
 own random weights and trains on its shard, ``train_single`` trains one process on the full
 batch, and the two must agree. ``step_timeline`` records one step on each rank: when
 backward computed and when each all-reduce ran, to see overlap (or its absence): the
-bucketed rung's stamps are taken by ``BucketTimeline``, the recorder ``DataParallel`` is handed.
+bucketed rung's stamps are taken by ``recorder.BucketRecorder``, the recorder ``DataParallel``
+is handed.
 
 Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.data_parallel.runs.demo, 2))"``
 GPU box: the labs run these under torchrun: ``torchrun --nproc-per-node 8 labs/ddp.py``
@@ -15,7 +16,6 @@ GPU box: the labs run these under torchrun: ``torchrun --nproc-per-node 8 labs/d
 from __future__ import annotations
 
 import statistics
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -29,6 +29,7 @@ from lessonlib.data import shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.ladder import (AsyncGradientHooks, allreduce_flat_gradients,
                                             allreduce_gradients, gradients, replicate)
+from lessonlib.data_parallel.recorder import BucketRecorder
 from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.models import TIMELINE_MODEL, TINY, GPTConfig, TinyGPT, lm_loss
 
@@ -71,76 +72,6 @@ def check_rungs(rungs) -> list[str]:
     return rungs
 
 
-class _Stamped:
-    """An all-reduce's handle that tells the timeline when it is waited on."""
-
-    def __init__(self, handle, done):
-        self.handle, self.done = handle, done
-
-    def is_completed(self) -> bool:
-        return self.handle.is_completed()
-
-    def wait(self):
-        self.handle.wait()
-        self.done()
-
-
-class BucketTimeline:
-    """The lesson's instrument, handed to ``DataParallel``: when backward finished computing
-    and, per bucket, when its all-reduce was launched and when it was first seen finished
-    (at the next gradient hook, or when waited on at the end of backward). ``device.mark``
-    stamps: seconds on CPU, CUDA events on a GPU (turned into seconds, one synchronize, by
-    ``read``)."""
-
-    def __init__(self):
-        self.last: dict = {}
-        self._start()
-
-    def _start(self) -> None:
-        self.computed_at, self.launched_at, self.done_at = None, {}, {}
-
-    @contextmanager
-    def launching(self, i: int, bucket):
-        self.launched_at[i] = device.mark()
-        yield
-        bucket.handle = _Stamped(bucket.handle, lambda: self._done(i))
-
-    def poll(self, buckets) -> None:
-        """Stamp buckets seen finished (they finish in launch order: check the oldest)."""
-        i = len(self.done_at)
-        while i < len(self.launched_at) and buckets[i].handle.is_completed():
-            self.done_at[i] = device.mark()
-            i += 1
-
-    def _done(self, i: int) -> None:
-        if i not in self.done_at:
-            self.done_at[i] = device.mark()
-
-    @contextmanager
-    def finishing(self, buckets):
-        """The end of backward: stamped on entry; on exit this backward's timeline is kept
-        as ``last`` and the next one starts afresh."""
-        self.computed_at = device.mark()
-        yield
-        self.last = {"backward_computed_at": self.computed_at, "buckets": [
-            {"bucket": i, "bytes": b.nbytes, "params": len(b.params),
-             "launched_at": self.launched_at.get(i), "done_at": self.done_at.get(i)}
-            for i, b in enumerate(buckets)]}
-        self._start()
-
-    def read(self) -> dict:
-        """The last synced backward's timeline, in ``time.perf_counter`` seconds."""
-        line = self.last
-        if line and not isinstance(line["backward_computed_at"], float):   # CUDA events
-            buckets = line["buckets"]
-            marks = device.on_clock([line["backward_computed_at"]] + [
-                m for b in buckets for m in (b["launched_at"], b["done_at"])])
-            line = self.last = {"backward_computed_at": marks[0], "buckets": [
-                {**b, "launched_at": a, "done_at": d}
-                for b, a, d in zip(buckets, marks[1::2], marks[2::2])]}
-        return line
-
-
 def wrap(rung: str, model: nn.Module, group=None, bucket_cap_mb: float = 25.0):
     """(the model to call, what to call after ``loss.backward()``) for one rung."""
     check_rungs([rung])
@@ -153,7 +84,7 @@ def wrap(rung: str, model: nn.Module, group=None, bucket_cap_mb: float = 25.0):
         return AsyncGradientHooks(model, group).module, nothing
     if rung == "bucketed":
         return DataParallel(model, bucket_cap_mb=bucket_cap_mb, group=group,
-                            recorder=BucketTimeline()), nothing
+                            recorder=BucketRecorder()), nothing
     dev = device.current_device()
     ids = [dev] if dev.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group,
@@ -272,7 +203,7 @@ def bucket_sweep(caps_mb=(0.25, 1.0, 4.0, 16.0), cfg: GPTConfig = TIMELINE_MODEL
     out = {}
     for cap in caps_mb:
         model = TinyGPT(cfg, 0).to(dev)
-        ddp = DataParallel(model, bucket_cap_mb=cap, recorder=BucketTimeline())
+        ddp = DataParallel(model, bucket_cap_mb=cap, recorder=BucketRecorder())
         computed, exposed, batch_of = [], [], corpus_batches(cfg, batch * n)
         for step in range(steps + 1):                       # the first step warms up
             x, y = (shard(t, rank, n).to(dev) for t in batch_of(step))

@@ -27,7 +27,7 @@ from lessonlib.hybrid_axes.build import LAYOUT, build_optimizer, build_stage, ch
 from lessonlib.models import TinyGPT, lm_loss
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
-from lessonlib.pipeline.timeline import StepTimeline
+from lessonlib.pipeline.recorder import StageRecorder
 
 
 class HybridTrainer:
@@ -51,7 +51,7 @@ class HybridTrainer:
         self.stage = build_stage(model, ctx, sp, shard_on, device.current_device())
         self.params = list(self.stage.parameters())
         pp = ctx.axis("pp")
-        self.timeline = StepTimeline(f"pipeline stage {pp.rank}", group=pp.group)
+        self.timeline = StageRecorder(f"pipeline stage {pp.rank}", group=pp.group)
         self.executor = PipelineExecutor(
             make(schedule, pp.size, m), pp.rank, [self.stage], lm_loss,
             (self.b, cfg.seq // (ctx.cp * (ctx.tp if sp else 1)), cfg.hidden),  # (b, s/c[/t], h)

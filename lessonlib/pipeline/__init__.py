@@ -14,7 +14,7 @@ One idea per module:
   times), the executor's transfers grouped in rounds of one ``batch_isend_irecv`` each
   (``lockstep``) and ``check_batches``, which proves such blocking batches never hang;
   ``validate``, the one call before running;
-* ``split_backward`` (B and W on autograd); ``timeline``: the executor's recorder;
+* ``split_backward`` (B and W on autograd); ``recorder``: the executor's recorder (``StageRecorder``; ``no_record``, the default);
 * ``stages``: the chunks each device holds, over ``lessonlib.layer_split``'s cut into p
   (or p*v) balanced stages; ``lessonlib.instruments.activations`` measures what a stage
   keeps for backward;

@@ -41,7 +41,7 @@ is made once, when the executor is built, by one all-gather of every stage's (dt
 activation shape) on the group, which also checks that the stages agree.
 
 One method per kind of action (``actions.Kind``). Around the loop, not in it: the recorder
-the executor is handed (``timeline.untimed`` by default; a ``timeline.StepTimeline`` lines the
+the executor is handed (``recorder.no_record`` by default; a ``recorder.StageRecorder`` lines the
 ranks up with a barrier, times every unit and leaves a breadcrumb each) gives the loop its
 units; ``activations.ActivationMeter`` measures what is kept for backward (count, bytes; to W).
 Inside a 3-D grid: ``stage_ranks`` (each stage's global rank), ``group`` and the chunks.
@@ -65,7 +65,7 @@ from lessonlib.instruments import activations
 from lessonlib.instruments.spans import Span
 from lessonlib.pipeline.actions import Kind, place, placement_of, virtual_stage
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
-from lessonlib.pipeline.timeline import untimed
+from lessonlib.pipeline.recorder import no_record
 from lessonlib.pipeline.validate import message_of, validate
 
 
@@ -136,11 +136,11 @@ class PipelineExecutor:
                        dtype of this stage's first floating-point parameter)
     recorder:          units -> the units to run, in order, recording what it measures;
                        ``read()`` -> (spans, wall seconds) of the last step (default
-                       ``timeline.untimed``: no barrier, no spans, wall time 0)
+                       ``recorder.no_record``: no barrier, no spans, wall time 0)
     """
 
     def __init__(self, schedule, stage: int, chunks, loss_fn, activation_shape, *,
-                 stage_ranks=None, group=None, dtype=None, device=None, recorder=untimed):
+                 stage_ranks=None, group=None, dtype=None, device=None, recorder=no_record):
         sim = validate(schedule)
         self.p, self.m, self.v = sim.p, sim.m, sim.v
         if not (isinstance(stage, int) and 0 <= stage < self.p):

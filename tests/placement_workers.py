@@ -2,7 +2,7 @@
 (``lessonlib.instruments.placement.stand_in``): tests/test_placement.py launches ``drive``."""
 import torch.distributed as dist
 
-from lessonlib import bugzoo, comm, grid, hybrid, model_parallel
+from lessonlib import bug_checks, comm, grid, hybrid, model_parallel
 from lessonlib.data_parallel import bench as dp_bench
 from lessonlib.data_parallel import runs as dp_runs
 from lessonlib.data_parallel import zero_runs
@@ -45,9 +45,9 @@ ENTRY_POINTS = {
     "model_parallel.assembly_line": (model_parallel.assembly_line, (),
                                      {"model": "mlp", "steps": 1, "warmup": 0, "batch": 4}),
     "hybrid.train": (hybrid.train, (1, 2, 1), {"steps": 1, "warmup": 0, "check": True}),
-    **{f"bugzoo.{fn.__name__}": (fn, (), {}) for fn in (
-        bugzoo.rank_tp_gradient, bugzoo.rank_tp_sharding, bugzoo.rank_ddp_accumulation,
-        bugzoo.rank_pipeline)},
+    **{f"bug_checks.{fn.__name__}": (fn, (), {}) for fn in (
+        bug_checks.rank_tp_gradient, bug_checks.rank_tp_sharding, bug_checks.rank_ddp_accumulation,
+        bug_checks.rank_pipeline)},
 }
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lessonlib import bugs, comm
+from lessonlib import bug_switches, comm
 from lessonlib.expert_parallel import check_split, runs
 from lessonlib.instruments.nccl_rules import nccl_hazards
 
@@ -95,7 +95,7 @@ def test_all_to_all_bytes_equal_the_routing_counts_and_no_nccl_hazard(reports):
 
 @pytest.mark.timeout(60)
 def test_averaging_expert_gradients_over_the_wrong_group_is_caught():
-    with bugs.enabled("ep_expert_grads_wrong_group"):
+    with bug_switches.enabled("ep_expert_grads_wrong_group"):
         ranks = runs.run_parity(2, cases=[(4, 2, 2, 1.0, False)])
     r = [x[0] for x in ranks]
     assert max(x["output"] for x in r) < TIGHT          # the forward cannot see it

@@ -94,7 +94,7 @@ def test_each_strategy_is_a_package_with_a_map(package):
 
 def test_the_core_reaches_the_bug_switches_not_the_zoo():
     edges = import_edges()
-    below = [m for m, targets in edges.items() if "lessonlib.bugzoo" in targets]
+    below = [m for m, targets in edges.items() if "lessonlib.bug_checks" in targets]
     assert set(below) <= {"lessonlib.viz.bugzoo", "lessonlib.exercises.bugzoo"}, below
     assert "lessonlib.launcher" not in edges["lessonlib.comm"]
 
@@ -150,14 +150,14 @@ README = ROOT.parent / "README.md"
 # modules. A new module is one more name here and in that bullet; a name that does not
 # exist (yet) is skipped.
 FLOORS = {
-    "ground floor": ["costmodel", "models", "data", "device", "baseline", "bugs", "argcheck",
-                     "writable", "instruments", "layer_split", "references"],
+    "ground floor": ["costmodel", "models", "data", "device", "baseline", "bug_switches",
+                     "argcheck", "writable", "instruments", "layer_split", "references"],
     "infrastructure": ["launcher", "comm", "gloo_cuda", "lab", "grid_layout", "grid"],
     "one package per strategy": ["data_parallel", "model_parallel", "tensor_parallel",
                                  "pipeline", "context_parallel", "expert_parallel",
                                  "precision"],
     "composition": ["hybrid", "hybrid_axes", "long_run", "faults"],
-    "faces": ["viz", "exercises", "bugzoo"],
+    "faces": ["viz", "exercises", "bug_checks"],
 }
 # On the strategy floor the lessons come in the course's order, and a strategy builds only on
 # those taught before it (or beside it): the assembly line (lesson 03) before pipelines (04).

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lessonlib import bugs, comm
+from lessonlib import bug_switches, comm
 from lessonlib.argcheck import positive_int
 from lessonlib.data_parallel.collectives import group_ranks
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate, trainable_parameters
@@ -162,7 +162,7 @@ class DataParallel(nn.Module):
         backward after it averages everything accumulated so far."""
         before, self._sync = self._sync, False
         # Bug zoo: the two values swapped, so gradients sync inside no_sync and not after it
-        if bugs.active("ddp_sync_on_wrong_microbatch"):
+        if bug_switches.active("ddp_sync_on_wrong_microbatch"):
             before, self._sync = False, True
         try:
             yield

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from lessonlib import bugs, comm
+from lessonlib import bug_switches, comm
 from lessonlib.argcheck import positive_int
 from lessonlib.data_parallel.ladder import (allreduce_flat_gradients, gradients,
                                             trainable_parameters)
@@ -81,7 +81,7 @@ def sync_gradients(module, group=None, expert_group=None, d: int | None = None) 
     params = trainable_parameters(module)
     allreduce_flat_gradients(gradients(p for p in params if id(p) not in experts), group)
     if experts:
-        if bugs.active("ep_expert_grads_wrong_group"):
+        if bug_switches.active("ep_expert_grads_wrong_group"):
             expert_group = group   # the bug: experts averaged like dense weights, over all d
         allreduce_flat_gradients(gradients(p for p in params if id(p) in experts),
                                  expert_group, d)
@@ -97,7 +97,7 @@ def update_biases(module, group=None) -> None:
     dev = layers[0].expert_bias.device
     load = torch.tensor([m.stats["routed_per_expert"] for m in layers], device=dev)  # (L, E)
     # the bug skips the all-reduce: each replica moves its bias by its own batch's load
-    if not bugs.active("ep_bias_load_not_all_reduced"):
+    if not bug_switches.active("ep_bias_load_not_all_reduced"):
         comm.all_reduce(load, group=group)
     for layer, layer_load in zip(layers, load):
         layer.update_bias(layer_load)

@@ -15,7 +15,7 @@ Recorder analyzer is built to name:
 ``diagnose`` launches the loop with a short timeout, takes every rank's ring from the
 ``LaunchTimeout`` and asks ``hang_analysis.analyze`` which collective is stuck, on which
 group, and which ranks never came. ``HANGS`` records each in the bug zoo's terms
-(``lessonlib.bugs.Bug``): what it is, where it is planted, the symptom, the check and the
+(``lessonlib.bug_switches.Bug``): what it is, where it is planted, the symptom, the check and the
 test that names it.
 
 Laptop:  ``python -c "from lessonlib.faults import hangs; print(hangs.diagnose('skipped').finding)"``
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import comm
-from lessonlib.bugs import Bug
+from lessonlib.bug_switches import Bug
 from lessonlib.device import current_device
 from lessonlib.faults.hang_analysis import Finding, analyze, analyze_torch
 from lessonlib.launcher import LaunchTimeout, launch

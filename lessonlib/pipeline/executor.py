@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from lessonlib import bugs, comm
+from lessonlib import bug_switches, comm
 from lessonlib.argcheck import positive_int
 from lessonlib.device import current_device
 from lessonlib.instruments import activations
@@ -219,7 +219,10 @@ class PipelineExecutor:
         per_op = len(works) == len(ops)          # gloo: one handle per op; NCCL: one in all
         for work, op in zip(works, ops):
             receive = per_op and op.op is dist.irecv
-            st.late.append(work) if receive and bugs.active("p2p_dropped_request") else work.wait()
+            if receive and bug_switches.active("p2p_dropped_request"):
+                st.late.append(work)
+            else:
+                work.wait()
         for a, buf in arrivals:
             st.inbox[a.kind.direction, a.microbatch, a.chunk] = buf
 
@@ -240,7 +243,7 @@ class PipelineExecutor:
             loss = self.loss_fn(out, st.ys[mb])
             st.losses[mb] = loss.detach()
             # sum of m scaled losses = the batch's mean loss
-            out = loss if bugs.active("pipeline_loss_unscaled") else loss / self.m
+            out = loss if bug_switches.active("pipeline_loss_unscaled") else loss / self.m
         elif self._neighbour(k + 1) is not None:
             st.inbox["F", mb, self._neighbour(k + 1)] = out.detach()
         st.stash[mb, chunk] = (x, out, outputs)

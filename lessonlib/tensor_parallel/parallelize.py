@@ -41,7 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib import bugs, comm, device
+from lessonlib import bug_switches, comm, device
 from lessonlib.models import MLP, init_weights_
 from lessonlib.tensor_parallel.layers import (ColumnParallelLinear, TensorParallelMLP,
                                  TensorParallelSelfAttention, check_divisible, tp_size)
@@ -103,7 +103,7 @@ def parallelize_block(block: nn.Module, group=None, t: int | None = None,
     tp = _copy_except(block, [block.attn, block.mlp])
     tp.attn = TensorParallelSelfAttention.from_attention(block.attn, group, t, sequence_parallel)
     tp.mlp = TensorParallelMLP.from_mlp(block.mlp, group, t, sequence_parallel=sequence_parallel)
-    if bugs.active("tp_layer_left_unsharded"):                        # the MLP left dense
+    if bug_switches.active("tp_layer_left_unsharded"):                # the MLP left dense
         tp.mlp = copy.deepcopy(block.mlp)
     if sequence_parallel:
         tp.ln1, tp.ln2 = (SequenceParallelLayerNorm.from_layernorm(ln, group, seq)

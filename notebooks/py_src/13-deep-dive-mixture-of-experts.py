@@ -51,7 +51,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import lessonlib
-from lessonlib import bugs
+from lessonlib import bug_switches
 from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_least, at_most, claim, every
 from lessonlib.costmodel import moe as cmoe
@@ -305,7 +305,7 @@ every("every rank drops the same tokens as one process does on its batch",
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-with bugs.enabled("ep_expert_grads_wrong_group"):
+with bug_switches.enabled("ep_expert_grads_wrong_group"):
     buggy = [r[0] for r in runs.run_parity(2, cases=[(4, 2, 2, 1.0, False)], steps=1)]
 at_most("with the wrong group, the output's largest relative difference, in float64 "
         "rounding units,", max(r["output"] for r in buggy) / EPS, 1000)

@@ -8,12 +8,12 @@ keep (a bias shared by all experts changes no output; the bias update evens the 
 counting what each rank holds and sends. One bug (a layer left unsharded) passes every
 parity test: parity is not enough, the memory and the messages must be checked too.
 
-Each bug is one commented ``if bugs.active("<name>"):`` in the real code, off unless the
+Each bug is one commented ``if bug_switches.active("<name>"):`` in the real code, off unless the
 environment variable ``LESSONLIB_BUGS`` names it (comma-separated). The switches live on the
-ground floor (``lessonlib.bugs``: ``BUGS``, ``active``, ``enabled``); this module, on the top
-floor, holds the checks that catch each bug, and imports the real code they exercise.
+ground floor (``lessonlib.bug_switches``: ``BUGS``, ``active``, ``enabled``); this module, on
+the top floor, holds the checks that catch each bug, and imports the real code they exercise.
 
-Laptop:  ``python -c "from lessonlib import bugzoo as z;
+Laptop:  ``python -c "from lessonlib import bug_checks as z;
          print(z.check('pipeline_loss_unscaled', True))"``
          or ``LESSONLIB_BUGS=pipeline_loss_unscaled python -m pytest tests/test_pipeline_parity.py``
 GPU box: the same; ``check`` launches on NCCL when 2 GPUs are visible.
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from lessonlib import comm
 from lessonlib.baseline import rel_err
-from lessonlib.bugs import BUGS, active, known, switched, switched_on
+from lessonlib.bug_switches import BUGS, active, known, switched, switched_on
 from lessonlib.context_parallel import method_runs as cp_runs
 from lessonlib.data import regression_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel

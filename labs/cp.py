@@ -31,7 +31,7 @@ from lessonlib.context_parallel import context_attention, ring_attention, shard_
 from lessonlib.context_parallel.masks import attention, repeat_kv
 from lessonlib.context_parallel.methods import METHODS, sent_bytes
 from lessonlib.context_parallel.recorder import RingRecorder
-from lessonlib.context_parallel.runs import qkv
+from lessonlib.context_parallel.ring_runs import qkv
 from lessonlib.context_parallel.torch_ref import torch_ring_attention
 from lessonlib.costmodel.context import (causal_pairs_per_rank, cp_bytes_sent_per_rank,
                                          ring_bytes_received_per_rank)

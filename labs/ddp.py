@@ -26,7 +26,7 @@ import lessonlib
 from lessonlib import launcher
 from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank
 from lessonlib.data_parallel.bench import ddp_bench, slowest_rank_median
-from lessonlib.data_parallel.runs import RUNGS, train_replicas, train_single
+from lessonlib.data_parallel.ladder_runs import RUNGS, train_replicas, train_single
 from lessonlib.lab import labargs, labkit
 from lessonlib.models import TEN_M, TINY
 

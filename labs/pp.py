@@ -29,7 +29,7 @@ import sys
 import torch.distributed as dist
 
 from lessonlib.lab import labargs, labkit
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
 
@@ -38,10 +38,10 @@ def worker(settings: dict) -> dict:
     """One rank: the measurements (StepResults per case) and where it ran."""
     keys = ("width", "layers_per_stage", "micro", "v", "steps", "warmup", "threads", "pin",
             "input_grad")
-    results = runs.measure(ms=settings["microbatches"], schedules=settings["schedules"],
+    results = schedule_runs.measure(ms=settings["microbatches"], schedules=settings["schedules"],
                            **{k: settings[k] for k in keys})
     # parity with one process: the tiny GPT, 2 SGD steps of 1F1B with m = p, in float32
-    checked = runs.parity([parity_case(dist.get_world_size())])
+    checked = schedule_runs.parity([parity_case(dist.get_world_size())])
     return {"cases": results, "parity": checked, **labkit.rank_info()}
 
 
@@ -51,8 +51,8 @@ def parity_case(p: int) -> tuple:
 
 
 def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
-    rows = runs.summarize([r["cases"] for r in ranks])
-    (parity,) = runs.parity_report([r["parity"] for r in ranks])   # raises if it differs
+    rows = schedule_runs.summarize([r["cases"] for r in ranks])
+    (parity,) = schedule_runs.parity_report([r["parity"] for r in ranks])   # raises if it differs
     results = {"lessonlib": {"schedules": {}}, "torch": {"schedules": {}}}
     for row in rows:
         case = {k: row[k] for k in ("step_time_s", "bubble_per_stage", "bubble_mean",

@@ -37,13 +37,13 @@ from lessonlib.data import regression_batch, shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.device import current_device
 from lessonlib.expert_parallel import measure as ep_measure
-from lessonlib.expert_parallel import runs as ep_runs
+from lessonlib.expert_parallel import layer_runs as ep_runs
 from lessonlib.launcher import LaunchTimeout, RankError, launch
 from lessonlib.models import Block, GPTConfig, init_weights_, mlp_stack
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules, stage_parameters
-from lessonlib.tensor_parallel import runs as tp_runs
+from lessonlib.tensor_parallel import layer_runs as tp_runs
 from lessonlib.tensor_parallel import sequence_runs as sp_runs
 from lessonlib.tensor_parallel.parallelize import parallelize_block, param_bytes
 from lessonlib.tensor_parallel.reports import Parity

@@ -7,12 +7,12 @@ import torch.nn.functional as F
 
 from lessonlib import comm, hybrid, model_parallel
 from lessonlib.data_parallel import collectives, ring
-from lessonlib.data_parallel import runs as dp_runs
+from lessonlib.data_parallel import ladder_runs as dp_runs
 from lessonlib.exercises.dp import reference_reduce_scatter
 from lessonlib.models import mlp_stack
 from lessonlib.pipeline import runner as pp_runner
 from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.tensor_parallel import runs as tp_runs
+from lessonlib.tensor_parallel import layer_runs as tp_runs
 
 
 def _traced(fn, *args, **kwargs) -> list:

@@ -9,21 +9,21 @@ is received (ledger counts equal the schedule's)."""
 import pytest
 
 import lessonlib
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 from lessonlib.pipeline.schedules import make
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4])
 def run(request):
     p = request.param
-    cases = runs.parity_cases(p)
-    return p, cases, lessonlib.launch(runs.parity, p, cases, timeout=240)
+    cases = schedule_runs.parity_cases(p)
+    return p, cases, lessonlib.launch(schedule_runs.parity, p, cases, timeout=240)
 
 
 @pytest.mark.timeout(300)
 def test_every_schedule_matches_one_process(run, no_children_left):
     p, cases, per_rank = run
-    rows = runs.parity_report(per_rank)          # raises, naming the case, on a mismatch
+    rows = schedule_runs.parity_report(per_rank)          # raises, naming the case, on a mismatch
     assert {(r["engine"], r["schedule"], r["m"], r["v"]) for r in rows} == set(cases)
     for row in rows:
         assert row["max_grads_diff"] < 1e-5 and row["max_weights_diff"] < 1e-5

@@ -20,7 +20,7 @@ from torch import nn
 import lessonlib
 from lessonlib.costmodel import Layout, bubble_fraction, bubble_time, stashed_microbatches
 from lessonlib.instruments.nccl_rules import nccl_hazards
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline import zero_bubble
 from lessonlib.pipeline.actions import Action, B, Kind, Schedule, W
@@ -137,7 +137,7 @@ def test_explain_bubble_reads_each_virtual_stages_times_and_replays_them():
     case = ("lessonlib", "zbv", 4, 2)
     per_rank = [{case: [StepResult(d, [], sim.timelines[d], sim.makespan, 0, 0, 0)]}
                 for d in range(2)]
-    why = runs.explain_bubble(per_rank, case)
+    why = schedule_runs.explain_bubble(per_rank, case)
     assert (why["forward_ms"], why["backward_ms"], why["weight_ms"]) == (
         [1e3 * t for t in f], [1e3 * t for t in b], [1e3 * t for t in w])
     assert why["simulated_with_measured_compute"] == pytest.approx(sim.bubble)
@@ -226,7 +226,8 @@ def run(request):
 @pytest.mark.timeout(300)
 def test_zb_h1_and_zbv_match_one_process_after_3_steps(run, no_children_left):
     p, per_rank = run
-    rows = runs.parity_report([r["parity"] for r in per_rank], steps=3, dtype=torch.float64)
+    rows = schedule_runs.parity_report([r["parity"] for r in per_rank], steps=3,
+                                       dtype=torch.float64)
     assert {(r["engine"], r["schedule"], r["m"]) for r in rows} == {
         ("lessonlib", s, m) for s in ("zb-h1", "zbv") for m in {1, p, 2 * p + 1}} | (
         {("torch", "zb-h1", 2), ("torch", "zbv", 5)} if p == 2 else set())

@@ -100,7 +100,7 @@ def test_every_timed_loop_pauses_the_audit_after_its_audited_pass(tmp_path, monk
     from lessonlib import hybrid, model_parallel
     from lessonlib.instruments import placement
     from lessonlib.hybrid_axes import runs as axes_runs
-    from lessonlib.pipeline import runs as pipeline_runs
+    from lessonlib.pipeline import schedule_runs as pipeline_runs
 
     seen = []
 

@@ -18,7 +18,7 @@ from lessonlib.models import TinyGPT, moe_gpt, TINY
 from lessonlib.precision import (E4M3, E5M2, RECIPES, Float8Linear, convert_to_float8,
                                  float8_layers, gemm_errors, loss_curves, quantize,
                                  quantize_operand, recipe, relative_step, scaled_mm)
-from lessonlib.precision import fsdp_float8, runs, torchao_ref
+from lessonlib.precision import fp8_runs, fsdp_float8, torchao_ref
 from lessonlib.precision.fp8 import operand_block
 
 HALF_SUBNORMAL = {E4M3: 2.0 ** -10, E5M2: 2.0 ** -17}
@@ -108,7 +108,7 @@ def test_convert_keeps_the_head_router_norms_and_embeddings():
 def test_fp8_trains_within_the_band_of_bf16():
     curves = loss_curves(steps=25)
     assert all(curves.losses[n][-1] < curves.losses[n][0] - 0.3 for n in curves.losses)
-    assert curves.band < runs.LOSS_BAND, curves.gap
+    assert curves.band < fp8_runs.LOSS_BAND, curves.gap
 
 
 @pytest.mark.parametrize("name", ["tensorwise", "rowwise"])

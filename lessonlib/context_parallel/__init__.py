@@ -21,7 +21,7 @@ Read in this order, each file one idea:
 * ``gpt``: the tiny GPT on c ranks (positions offset per shard, the loss over all tokens),
   combined with data parallelism over a (d, c) grid;
 * ``torch_ref``: PyTorch's own ``context_parallel`` on the same inputs, where it runs;
-* ``runs``: what the tests, notebook 12 and ``labs/cp.py`` launch (parity with one process,
+* ``ring_runs``: what the tests, notebook 12 and ``labs/cp.py`` launch (parity with one process,
   the work per rank, the ledger's bytes against the formula, the ring's timeline);
 * ``method_runs``: the same for the three methods side by side (parity with GQA and
   document masks, bytes sent against ``costmodel.context``, each method's time).

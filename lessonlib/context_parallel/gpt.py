@@ -19,8 +19,8 @@ The model is built around the plain ``TinyGPT``'s own parts (``lessonlib.models`
 nothing about ranks); its parameters keep their names, so the comparison with one process
 is name by name.
 
-Laptop:  ``python -c "from lessonlib.context_parallel import runs; \\
-          print(runs.run_gpt_parity(4, 2))"``
+Laptop:  ``python -c "from lessonlib.context_parallel import ring_runs; \\
+          print(ring_runs.run_gpt_parity(4, 2))"``
 GPU box: the same; one GPU per rank.
 """
 from __future__ import annotations

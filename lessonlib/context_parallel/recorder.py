@@ -13,7 +13,8 @@ On a GPU each step is timed by a pair of CUDA events on the compute stream (``de
 read when the rows are asked for, after one synchronize: the kernels' time, not the time to
 queue them, and no synchronize inside the ring to stall the transfer it overlaps.
 
-Laptop:  ``python -c "from lessonlib.context_parallel import runs; print(runs.run_parity(2))"``
+Laptop:  ``python -c "from lessonlib.context_parallel import ring_runs;
+         print(ring_runs.run_parity(2))"``
 GPU box: the same.
 """
 from __future__ import annotations

@@ -21,7 +21,8 @@ them and ``nccl_rules.nccl_hazards`` can replay them. The step functions are the
 ``record(phase, step, source, pairs)`` hook (a context manager, none by default) is how a
 caller times the steps or draws the ring, from outside.
 
-Laptop:  ``python -c "from lessonlib.context_parallel import runs; print(runs.run_parity(2))"``
+Laptop:  ``python -c "from lessonlib.context_parallel import ring_runs;
+         print(ring_runs.run_parity(2))"``
 GPU box: the same; on GPUs the blocks travel over NCCL.
 """
 from __future__ import annotations

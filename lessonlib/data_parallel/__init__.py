@@ -14,7 +14,7 @@ Read in this order, each file one idea:
 * ``recorder``: what the lesson measures of DDP's step, handed to it from outside:
   ``BucketRecorder`` stamps each bucket's launch and finish (``no_record``, the default,
   stamps nothing);
-* ``runs``: what the notebook and the tests launch (training replicas, the ladder's
+* ``ladder_runs``: what the notebook and the tests launch (training replicas, the ladder's
   messages, a step's timeline, the bucket sweep);
 * ``bench``: the lab's measurements (all-reduce bandwidth, DDP step times), with the
   alpha-beta model of ``lessonlib.costmodel.alpha_beta``;

@@ -5,9 +5,9 @@ all-reduces; it tells the recorder it is handed when a gradient arrives (``poll`
 each bucket's launch (``launching``) and the end of backward (``finishing``), and records
 nothing when it is handed none. ``BucketRecorder`` is the one that measures: ``device.mark``
 stamps of when backward finished computing and, per bucket, when its all-reduce was launched
-and first seen finished; ``runs.step_timeline`` turns them into the lesson's bars.
+and first seen finished; ``ladder_runs.step_timeline`` turns them into the lesson's bars.
 
-Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.data_parallel.runs.demo, 2))"``
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.data_parallel.ladder_runs.demo, 2))"``
 GPU box: the same; the stamps are CUDA events, read with one synchronize.
 """
 from __future__ import annotations

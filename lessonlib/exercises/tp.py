@@ -22,7 +22,7 @@ from lessonlib.costmodel import tp_elements_per_layer
 from lessonlib.exercises.verdict import (Verdict, correct, not_yet, number, still_a_stub,
                                          unanswered, unwritten)
 from lessonlib.launcher import LaunchTimeout, RankError, launch
-from lessonlib.model_parallel.runs import idle_fraction
+from lessonlib.model_parallel.line_runs import idle_fraction
 
 
 # ---------------------------------------------------------------- notebook 03, in process

@@ -13,7 +13,7 @@ Read in this order, each file one idea:
 * ``groups``: expert parallelism inside data parallelism (Megatron-Core, DeepSeek-V3):
   dense weights averaged over all d ranks, each expert's over the ranks holding a copy;
   the balancing bias moved by the load all-reduced over the d ranks (``update_biases``);
-* ``runs``: what the notebook, the lab and the tests launch (parity with one process in
+* ``layer_runs``: what the notebook, the lab and the tests launch (parity with one process in
   float64 for GShard's and DeepSeek-V3's routing options, the bytes the all-to-alls move
   against the routing counts).
 * ``overlap``: DualPipe's F&B slot on one MoE block (DeepSeek-V3 §3.2.1): the forward of

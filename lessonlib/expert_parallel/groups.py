@@ -15,7 +15,7 @@ the mean over all d ranks' batches, so
   replica moves it by the load of the whole batch, each rank's load per expert all-reduced
   over the d ranks (one all-reduce for every MoE layer), so the replicas stay identical.
 
-Laptop:  see ``lessonlib.expert_parallel.runs``.
+Laptop:  see ``lessonlib.expert_parallel.layer_runs``.
 GPU box: the same groups under NCCL; keep each expert-parallel group inside a server.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ reads the device once, at that exchange.
 so e = 1, 2, 4 are the same model and its ``forward(x)`` on this rank's tokens returns what
 ``moe(x)`` returns for them, with the same ``stats``.
 
-Laptop:  see ``lessonlib.expert_parallel.runs`` (``python labs/ep.py --world-size 4``).
+Laptop:  see ``lessonlib.expert_parallel.layer_runs`` (``python labs/ep.py --world-size 4``).
 GPU box: ``torchrun --nproc-per-node 8 labs/ep.py`` (NCCL; e up to the GPUs).
 """
 from __future__ import annotations

@@ -33,7 +33,7 @@ from lessonlib import comm, device, launcher
 from lessonlib.baseline import corpus_batches, rel_err
 from lessonlib.expert_parallel.groups import update_biases
 from lessonlib.expert_parallel.layer import expert_parallel
-from lessonlib.expert_parallel.runs import expected_bytes, sent_and_received
+from lessonlib.expert_parallel.layer_runs import expected_bytes, sent_and_received
 from lessonlib.models import moe
 from lessonlib.models import MOE_CONFIG, init_weights_, lm_loss, moe_gpt
 from lessonlib.models.moe import MoELayer, aux_loss

@@ -39,8 +39,8 @@ from lessonlib.launcher import folders, forkserver
 BASE = ["torch", "torch.distributed", "torch.nn", "torch.nn.functional", "cloudpickle",
         "lessonlib.launcher"]
 ROOMS = ["lessonlib.data_parallel.bench", "lessonlib.model_parallel",
-         "lessonlib.tensor_parallel.runs", "lessonlib.pipeline.runs", "lessonlib.hybrid_axes",
-         "lessonlib.hybrid"]
+         "lessonlib.tensor_parallel.layer_runs", "lessonlib.pipeline.schedule_runs",
+         "lessonlib.hybrid_axes", "lessonlib.hybrid"]
 # torch.optim imports torch._dynamo when a process builds its first optimizer (about 2 s of
 # CPU): preloaded for a caller that trains (it imported a room, or built an optimizer), so
 # that its ranks do not each pay it on every launch; a bare launch does not wait for it.

@@ -32,7 +32,7 @@ Read in this order, each file one idea:
 * ``recorder``: ``LineRecorder``, what the line measures, handed to ``stage_step`` from
   outside: each phase one span on a clock all ranks share, and the activations the forward
   keeps for backward;
-* ``runs``: the same training in one process, ``parity`` against it, and the line's idle
+* ``line_runs``: the same training in one process, ``parity`` against it, and the line's idle
   share, step time and bytes per stage (``summarize``, ``line_record``).
 
 Laptop:  ``python -c "from lessonlib import model_parallel as mp;
@@ -43,7 +43,7 @@ from lessonlib.model_parallel.line import (MODEL_KINDS, assembly_line, boundary_
                                           check_line, loss_of, make_batch, make_model,
                                           run_assembly_line, stage_step)
 from lessonlib.model_parallel.recorder import LineRecorder
-from lessonlib.model_parallel.runs import (idle_fraction, line_record, parity, single_process,
+from lessonlib.model_parallel.line_runs import (idle_fraction, line_record, parity, single_process,
                                           summarize)
 
 __all__ = ["MODEL_KINDS", "assembly_line", "boundary_shape", "check_line", "loss_of",

@@ -22,7 +22,7 @@ One idea per module:
   records a timeline per rank;
 * ``torch_ref``: the same stages under ``torch.distributed.pipelining``;
 * ``runner``: one case's chunks and the engine that steps them (the executor or PyTorch's);
-* ``runs``: the lesson's measurements (what the notebook, the lab and the tests launch);
+* ``schedule_runs``: the lesson's measurements (what the notebook, the lab and the tests launch);
   ``dualpipe_runs``: DualPipeV's (simulated bubble against the formula, parity).
 
 The pure names are importable from here without torch; the others load on first use.

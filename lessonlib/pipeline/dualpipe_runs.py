@@ -8,8 +8,8 @@ What it teaches: the two claims a lesson makes about DualPipeV, each one call.
   at its peak beside the README's PP + 1 = 2p + 1. Pure Python, no process.
 * ``parity``: one launch on p CPU ranks (float64) trains the tiny GPT ``steps`` SGD steps
   under lessonlib's executor running ``dualpipev(p, m)`` and under PyTorch's
-  ``ScheduleDualPipeV`` on the same stages (``runs.parity``); the record it returns holds
-  each engine's largest difference from one process (``runs.parity_report``) and from the
+  ``ScheduleDualPipeV`` on the same stages (``schedule_runs.parity``); the record it returns holds
+  each engine's largest difference from one process (``schedule_runs.parity_report``) and from the
   other engine. Both run each F&B slot's forward and backward one after the other in one
   thread: on a CPU the slot's overlap is in its order, not in two computes at once.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from lessonlib.launcher import launch
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 from lessonlib.pipeline.dualpipe import bubble_formula, dualpipev, readme_times
 from lessonlib.pipeline.validate import simulate
 
@@ -54,7 +54,7 @@ class DualPipeParity:
     p: int
     m: int
     steps: int
-    rows: list                 # runs.parity_report's rows: one per engine
+    rows: list                 # schedule_runs.parity_report's rows: one per engine
     max_engine_diff: float     # lessonlib's executor against ScheduleDualPipeV: grads, weights
     peak_stash: list           # (micro-batch, chunk) activations per device, lessonlib's run
 
@@ -71,8 +71,8 @@ def parity(p: int = 2, m: int = 4, steps: int = 2, backend: str = "auto",
     """Parent side: one launch of p ranks, both engines, float64 (raises AssertionError,
     naming the case, if either differs from one process beyond float64 rounding)."""
     ours, theirs = ("lessonlib", "dualpipev", m, 2), ("torch", "dualpipev", m, 2)
-    per_rank = launch(runs.parity, p, [ours, theirs], steps=steps, dtype=torch.float64,
+    per_rank = launch(schedule_runs.parity, p, [ours, theirs], steps=steps, dtype=torch.float64,
                       backend=backend, timeout=timeout)
-    rows = runs.parity_report(per_rank, steps=steps, dtype=torch.float64)
+    rows = schedule_runs.parity_report(per_rank, steps=steps, dtype=torch.float64)
     return DualPipeParity(p, m, steps, rows, engine_diff(per_rank, ours, theirs),
                           [r[ours]["stash"] for r in per_rank])

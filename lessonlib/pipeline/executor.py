@@ -46,8 +46,8 @@ ranks up with a barrier, times every unit and leaves a breadcrumb each) gives th
 units; ``activations.ActivationMeter`` measures what is kept for backward (count, bytes; to W).
 Inside a 3-D grid: ``stage_ranks`` (each stage's global rank), ``group`` and the chunks.
 
-Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
-         print(L.launch(runs.demo, 2))"``
+Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import schedule_runs;
+         print(L.launch(schedule_runs.demo, 2))"``
 GPU box: the same call runs on NCCL with one GPU per stage.
 """
 from __future__ import annotations

@@ -370,7 +370,7 @@ def replay(schedule, stage_ms: dict) -> Simulation:
     """``schedule`` played on one run's measured times, so that schedules compare on the
     same times, without the noise of separate runs. ``stage_ms``: "forward_ms",
     "backward_ms" and "weight_ms", lists by the measured run's virtual stage, in the
-    model's order (as ``runs.explain_bubble`` reports them; one per stage for a run with
+    model's order (as ``schedule_runs.explain_bubble`` reports them; one per stage for a run with
     one chunk per device).
 
     Each virtual stage of ``schedule`` takes the times of the measured virtual stage that

@@ -18,7 +18,7 @@ Read in this order, each file one idea:
   weights, the reference ours is measured against;
 * ``reports``: what the runs return, as records with named fields (``Parity``: a copy
   against the dense module; ``Traffic``: what a ledger saw; ``LabRun``: a lab record's rows);
-* ``runs``: what the notebook, the lab and the tests launch (parity with the dense model,
+* ``layer_runs``: what the notebook, the lab and the tests launch (parity with the dense model,
   messages counted, bad input refused);
 * ``sequence_runs``: the same for sequence parallelism and recomputation, with the bytes
   each layer keeps for backward measured beside the exact formula;

@@ -38,7 +38,7 @@ from lessonlib.tensor_parallel.parallelize import parallelize_block, parallelize
 from lessonlib.tensor_parallel.reports import (ActivationBytes, Kept, LedgerReport, Sent,
                                                SequenceLesson, SequenceParity,
                                                SequencePlanParity, traffic)
-from lessonlib.tensor_parallel.runs import (compare_with_dense, float_batches, refusals,
+from lessonlib.tensor_parallel.layer_runs import (compare_with_dense, float_batches, refusals,
                                             token_batches, tp_context, worst_error)
 from lessonlib.tensor_parallel.sequence import SequenceGather, SequenceScatter
 

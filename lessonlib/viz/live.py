@@ -231,7 +231,7 @@ def measure_pipeline(schedule: str, p: int, m: int) -> dict:
     """One timed step (after one warm-up) of ``schedule`` on p ranks with m micro-batches."""
     # Imported here: the pipeline room pulls in torch's pipelining and DTensor (about 2.5 s),
     # which notebooks 02, 03 and 05 and the fork servers they start need not pay for.
-    from lessonlib.pipeline import runs as pipeline_runs
+    from lessonlib.pipeline import schedule_runs as pipeline_runs
 
     # Stages heavy enough (4 layers of width 1024, 32-row micro-batches) that each action's
     # compute outweighs its fixed costs on CPU ranks, so the bubble lands near the theory.

@@ -137,7 +137,7 @@ def predicted_stash(name: str, p: int, m: int, v: int = 1) -> list[float]:
 
 def bubble_plot(p: int = 4, m: int = 8, v: int = 2, measured=(), ax=None, m_max: int = 32):
     """Bubble vs m for p stages, in both conventions, with measured points (rows of
-    ``runs.summarize``, same p) on top and the chosen m marked."""
+    ``schedule_runs.summarize``, same p) on top and the chosen m marked."""
     ax = ax or plt.subplots(figsize=(5.5, 3.6))[1]
     ms = np.arange(1, m_max + 1)
     for vv, style in ((1, "-"), (v, "--")) if v > 1 else ((1, "-"),):
@@ -165,7 +165,7 @@ def bubble_plot(p: int = 4, m: int = 8, v: int = 2, measured=(), ax=None, m_max:
 
 def stash_plot(p: int = 4, m: int = 8, v: int = 2, measured=(), ax=None):
     """Activations held per stage at the peak: GPipe, 1F1B and interleaved, with measured
-    points (rows of ``runs.summarize`` with the same p and m) on top."""
+    points (rows of ``schedule_runs.summarize`` with the same p and m) on top."""
     ax = ax or plt.subplots(figsize=(5.5, 3.6))[1]
     names = ["gpipe", "1f1b"] + (["interleaved"] if v > 1 and m % p == 0 else [])
     width = 0.8 / len(names)

@@ -35,7 +35,7 @@ import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_least, at_most, claim, every
 from lessonlib.data import stored
-from lessonlib.data_parallel import bench as dp_bench, runs as dp_runs
+from lessonlib.data_parallel import bench as dp_bench, ladder_runs as dp_runs
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.ring import ring_all_reduce
 from lessonlib.models import TEN_M, TIMELINE_MODEL, TinyGPT, count_parameters

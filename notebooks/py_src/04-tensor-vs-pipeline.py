@@ -30,10 +30,10 @@ from IPython.display import display
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_least, at_most, claim, within
-from lessonlib.pipeline import actions, runs, schedules
+from lessonlib.pipeline import actions, schedule_runs, schedules
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.validate import ScheduleError, replay, simulate
-from lessonlib.tensor_parallel import ops as tp_ops, runs as tp_runs
+from lessonlib.tensor_parallel import layer_runs as tp_runs, ops as tp_ops
 from lessonlib.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from lessonlib.viz import live
 from lessonlib.viz import pipeline as vp
@@ -310,8 +310,8 @@ for p, m in ((2, 2), (2, 4), (2, 8), (4, 8)):
 
 # %%
 # NBVAL_CHECK_OUTPUT
-cases = [c for c in runs.parity_cases(2) if c[1] != "interleaved"]
-report = runs.parity_report(lessonlib.launch(runs.parity, 2, cases))
+cases = [c for c in schedule_runs.parity_cases(2) if c[1] != "interleaved"]
+report = schedule_runs.parity_report(lessonlib.launch(schedule_runs.parity, 2, cases))
 for r in report:
     same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
     print(f"{r['engine']:>9} {r['schedule']:>5} m={r['m']}: gradients, weights and losses "
@@ -320,10 +320,10 @@ for r in report:
 # %%
 # NBVAL_IGNORE_OUTPUT
 SIZES = dict(width=1024, layers_per_stage=8, micro=32)   # micro: rows per micro-batch
-measured = lessonlib.launch(runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
+measured = lessonlib.launch(schedule_runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
                             schedules=("gpipe", "1f1b"), steps=3, warmup=1, timeout=300,
                             **SIZES)
-rows = runs.summarize(measured)
+rows = schedule_runs.summarize(measured)
 print(f"{len(rows)} cases measured, median step times from "
       f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "
       f"{max(r['step_time_s'] for r in rows) * 1e3:.0f} ms")
@@ -337,7 +337,7 @@ print(f"{len(rows)} cases measured, median step times from "
 # %%
 for name in ("gpipe", "1f1b"):
     case = ("lessonlib", name, 4, 1)
-    step = runs.median_step(measured, case)
+    step = schedule_runs.median_step(measured, case)
     row = next(r for r in rows if (r["engine"], r["schedule"], r["m"], r["v"]) == case)
     vp.gantt_pair(name, [r.spans for r in step], p=2, m=4, bubble=row["bubble_per_stage"])
     plt.show()
@@ -389,12 +389,13 @@ for r in rows:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-zb = lessonlib.launch(runs.measure, 2, ms=(4,), engines=("lessonlib",),
+zb = lessonlib.launch(schedule_runs.measure, 2, ms=(4,), engines=("lessonlib",),
                       schedules=("1f1b", "zb-h1"), steps=2, warmup=1, timeout=300, **SIZES)
-why = {name: runs.explain_bubble(zb, ("lessonlib", name, 4, 1)) for name in ("1f1b", "zb-h1")}
+why = {name: schedule_runs.explain_bubble(zb, ("lessonlib", name, 4, 1))
+       for name in ("1f1b", "zb-h1")}
 fig, axes = plt.subplots(2, 1, figsize=(10, 3.8), constrained_layout=True)
 for ax, name in zip(axes, why):
-    spans = [r.spans for r in runs.median_step(zb, ("lessonlib", name, 4, 1))]
+    spans = [r.spans for r in schedule_runs.median_step(zb, ("lessonlib", name, 4, 1))]
     vp.gantt(spans, ax=ax, title=f"{vp.NAMES[name]}, p=2, m=4, measured: bubble "
              f"{statistics.fmean(why[name]['measured']):.1%} of wall time")
 plt.show()

@@ -28,7 +28,7 @@ from lessonlib.costmodel import alpha_beta
 from lessonlib.data import stored
 from lessonlib.data_parallel import bench as dp_bench
 from lessonlib.data_parallel import ddp
-from lessonlib.data_parallel import runs as dp_runs
+from lessonlib.data_parallel import ladder_runs as dp_runs
 from lessonlib.models import TINY, TinyGPT
 from lessonlib.viz import dp as viz
 from lessonlib.viz.source import show

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 
 import lessonlib
 from lessonlib import costmodel as cm
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline.actions import describe
 from lessonlib.pipeline.validate import replay, simulate
@@ -117,8 +117,8 @@ plt.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-cases = [c for c in runs.parity_cases(2) if c[1] == "interleaved"]
-report = runs.parity_report(lessonlib.launch(runs.parity, 2, cases))
+cases = [c for c in schedule_runs.parity_cases(2) if c[1] == "interleaved"]
+report = schedule_runs.parity_report(lessonlib.launch(schedule_runs.parity, 2, cases))
 for r in report:
     same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
     print(f"{r['engine']:>9} {r['schedule']:>11} m={r['m']} v={r['v']}: gradients, weights "
@@ -133,11 +133,11 @@ for r in report:
 # %%
 # NBVAL_IGNORE_OUTPUT
 WIDTH, LAYERS_PER_STAGE, MICRO = 1024, 8, 32     # the stages' layers; rows per micro-batch
-measured = lessonlib.launch(runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
+measured = lessonlib.launch(schedule_runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
                             schedules=("1f1b", "interleaved"), width=WIDTH,
                             layers_per_stage=LAYERS_PER_STAGE, micro=MICRO, steps=3, warmup=1,
                             timeout=300)
-rows = runs.summarize(measured)
+rows = schedule_runs.summarize(measured)
 print(f"{2 * LAYERS_PER_STAGE} layers of width {WIDTH}, micro-batches of {MICRO} rows: "
       f"{len(rows)} cases measured, median step times from "
       f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "
@@ -149,7 +149,7 @@ print(f"{2 * LAYERS_PER_STAGE} layers of width {WIDTH}, micro-batches of {MICRO}
 # The median interleaved step with m = 4 under its theoretical chart:
 
 # %%
-step = runs.median_step(measured, ("lessonlib", "interleaved", 4, 2))
+step = schedule_runs.median_step(measured, ("lessonlib", "interleaved", 4, 2))
 row = next(r for r in rows if (r["schedule"], r["m"]) == ("interleaved", 4))
 vp.gantt_pair("interleaved", [r.spans for r in step], p=2, m=4, v=2,
               bubble=row["bubble_per_stage"])
@@ -293,7 +293,7 @@ for name, v, times in (("1f1b", 1, dict(forward=1, backward=2)),
                        ("zb-h1", 1, dict(forward=1, backward=1, weight=1)),
                        ("zbv", 2, dict(forward=0.5, backward=0.5, weight=0.5))):
     sim = simulate(S.make(name, p=p, m=m, v=v), **times)
-    model = runs.theory(name, p=p, m=m, v=v, convention="ideal")
+    model = schedule_runs.theory(name, p=p, m=m, v=v, convention="ideal")
     print(f"{vp.NAMES[name]:>17} {sim.idle[0]:>15.2f} {sim.bubble_ideal[0]:>15.1%} "
           f"{model:>11.1%} {max(sim.peak_stash) / v:>21.1f}")
 print(f"ZB-H1 formula (p-1)(T_F + T_B - T_W) = {(p - 1) * (1 + 1 - 1)}; ZBV's start-up, "
@@ -335,8 +335,9 @@ every(f"from m = 2p-1 on, that is the start-up alone, p-1 = {p - 1} chunk forwar
 
 # %%
 # NBVAL_CHECK_OUTPUT
-cases = [c for c in runs.zero_bubble_cases(2, torch=True) if c[2] > 1]
-report = runs.parity_report(lessonlib.launch(runs.parity, 2, cases, steps=3), steps=3)
+cases = [c for c in schedule_runs.zero_bubble_cases(2, torch=True) if c[2] > 1]
+report = schedule_runs.parity_report(lessonlib.launch(schedule_runs.parity, 2, cases, steps=3),
+                                     steps=3)
 for r in report:
     same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
     print(f"{r['engine']:>9} {r['schedule']:>5} m={r['m']}: gradients, weights (3 steps) and "
@@ -359,17 +360,17 @@ for r in report:
 # NBVAL_IGNORE_OUTPUT
 import statistics
 
-zb = lessonlib.launch(runs.measure, 2, ms=(4,), engines=("lessonlib", "torch"), width=WIDTH,
-                      layers_per_stage=LAYERS_PER_STAGE, micro=MICRO,
+zb = lessonlib.launch(schedule_runs.measure, 2, ms=(4,), engines=("lessonlib", "torch"),
+                      width=WIDTH, layers_per_stage=LAYERS_PER_STAGE, micro=MICRO,
                       schedules=("1f1b", "interleaved", "zb-h1", "zbv"), steps=3, warmup=1,
                       timeout=300)
-zb_rows = {(r["engine"], r["schedule"]): r for r in runs.summarize(zb)}
+zb_rows = {(r["engine"], r["schedule"]): r for r in schedule_runs.summarize(zb)}
 ours = {case[1]: case for case in zb[0] if case[0] == "lessonlib"}
 ours = {name: ours[name] for name in ("1f1b", "interleaved", "zb-h1", "zbv")}
-why = {name: runs.explain_bubble(zb, case) for name, case in ours.items()}
+why = {name: schedule_runs.explain_bubble(zb, case) for name, case in ours.items()}
 fig, axes = plt.subplots(4, 1, figsize=(10, 8), constrained_layout=True)
 for ax, (name, case) in zip(axes, ours.items()):
-    vp.gantt([r.spans for r in runs.median_step(zb, case)], ax=ax,
+    vp.gantt([r.spans for r in schedule_runs.median_step(zb, case)], ax=ax,
              title=f"{vp.NAMES[name]}, p=2, m=4, measured: bubble "
                    f"{statistics.fmean(why[name]['measured']):.1%} of wall time")
 plt.show()

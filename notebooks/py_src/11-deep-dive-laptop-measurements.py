@@ -253,12 +253,12 @@ print("each waited before the next:", nccl_hazards(cycle(True)) or "no hazard")
 
 # %%
 import lessonlib
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 WIDTH, MICRO = 1024, 32               # the layers' width, rows per micro-batch
-measured = lessonlib.launch(runs.measure, 2, ms=(8,), engines=("lessonlib",),
+measured = lessonlib.launch(schedule_runs.measure, 2, ms=(8,), engines=("lessonlib",),
                             schedules=("gpipe", "1f1b", "interleaved"), width=WIDTH,
                             micro=MICRO, steps=3, warmup=1, timeout=300)
 print(f"layers of width {WIDTH}, micro-batches of {MICRO} rows: {len(measured[0])} schedules "
@@ -293,7 +293,7 @@ def percent(values):
 spread = []
 for name, m in (("gpipe", 8), ("1f1b", 8), ("interleaved", 8)):
     v = 2 if name == "interleaved" else 1
-    why = runs.explain_bubble(measured, ("lessonlib", name, m, v))
+    why = schedule_runs.explain_bubble(measured, ("lessonlib", name, m, v))
     print(f"{name} m={m}: per {'virtual stage' if v > 1 else 'stage'} "
           f"F {[round(x, 1) for x in why['forward_ms']]} ms, "
           f"B {[round(x, 1) for x in why['backward_ms']]} ms; per stage "

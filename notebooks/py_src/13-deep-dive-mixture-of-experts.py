@@ -56,7 +56,7 @@ from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_least, at_most, claim, every
 from lessonlib.costmodel import moe as cmoe
 from lessonlib.costmodel.alpha_beta import fit_alpha_beta
-from lessonlib.expert_parallel import ExpertParallelMoE, exchange_counts, measure, runs
+from lessonlib.expert_parallel import ExpertParallelMoE, exchange_counts, layer_runs, measure
 from lessonlib.models.moe_routing import route
 from lessonlib.instruments.nccl_rules import nccl_hazards
 from lessonlib.viz.source import show
@@ -273,10 +273,10 @@ show(exchange_counts)
 # of it (`expert_parallel.sync_gradients`). Errors are relative to the largest value:
 
 # %%
-reports = runs.run_parity(4)
+reports = layer_runs.run_parity(4)
 print(f"{'E':>2} {'e':>2} {'k':>2} {'dropped':>8} {'output':>9} {'input grad':>11} "
       f"{'grads':>9} {'weights, 3 steps':>17}")
-for i, (E, e, k, C, shared) in enumerate(runs.CASES):
+for i, (E, e, k, C, shared) in enumerate(layer_runs.CASES):
     case = [r[i] for r in reports]
     worst = {w: max(c[w] for c in case)
              for w in ("output", "input_grad", "grads", "weights_after_steps")}
@@ -293,7 +293,7 @@ at_most("at e = 1, 2 and 4, the expert-parallel layer's largest relative differe
         "one-process layer, in float64 rounding units,", worst / EPS, 1000)
 every("every rank drops the same tokens as one process does on its batch",
       {f"E={E} e={e} k={k}": [reports[rank][i] for rank in range(len(reports))]
-       for i, (E, e, k, C, shared) in enumerate(runs.CASES)},
+       for i, (E, e, k, C, shared) in enumerate(layer_runs.CASES)},
       lambda case: all(r["dropped"][0] == r["dropped"][1]
                        and r["tokens_per_expert"][0] == r["tokens_per_expert"][1] for r in case))
 
@@ -306,7 +306,7 @@ every("every rank drops the same tokens as one process does on its batch",
 # %%
 # NBVAL_IGNORE_OUTPUT
 with bug_switches.enabled("ep_expert_grads_wrong_group"):
-    buggy = [r[0] for r in runs.run_parity(2, cases=[(4, 2, 2, 1.0, False)], steps=1)]
+    buggy = [r[0] for r in layer_runs.run_parity(2, cases=[(4, 2, 2, 1.0, False)], steps=1)]
 at_most("with the wrong group, the output's largest relative difference, in float64 "
         "rounding units,", max(r["output"] for r in buggy) / EPS, 1000)
 at_least("but the gradients' relative difference, on the least affected rank,",
@@ -323,10 +323,10 @@ at_least("but the gradients' relative difference, on the least affected rank,",
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for i, (E, e, k, C, _) in enumerate(runs.CASES):
+for i, (E, e, k, C, _) in enumerate(layer_runs.CASES):
     case = [r[i] for r in reports]
-    measured = [runs.sent_and_received(c["events"], c["rank"]) for c in case]
-    expected = [runs.expected_bytes(c["stats"], E, c["h"]) for c in case]
+    measured = [layer_runs.sent_and_received(c["events"], c["rank"]) for c in case]
+    expected = [layer_runs.expected_bytes(c["stats"], E, c["h"]) for c in case]
     print(f"E={E} e={e} k={k}: sent {[m['sent'] for m in measured]}, of which to other ranks "
           f"{[m['sent_off_rank'] for m in measured]}")
     every(f"E={E}, e={e}: a rank sent and received what its routing counts say",

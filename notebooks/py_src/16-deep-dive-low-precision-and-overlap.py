@@ -106,7 +106,7 @@ show(precision.fp8.quantize)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-block = precision.runs.TINY_BLOCK
+block = precision.fp8_runs.TINY_BLOCK
 x, w = precision.real_gemm()
 print(f"fc1: x {tuple(x.shape)} @ W^T {tuple(w.t().shape)}; blockwise tiles 1 x {block}, "
       f"weight blocks {block} x {block}\n")
@@ -164,7 +164,7 @@ for name, final in curves.final.items():
     print(f"{name:>10}: final loss {final:.3f}" + (
         f" ({curves.gap[name]:+.2%} against BF16)" if name in curves.gap else ""))
 at_most("the largest gap of an FP8 recipe's final loss from BF16's", curves.band,
-        precision.runs.LOSS_BAND)
+        precision.fp8_runs.LOSS_BAND)
 
 # %% [markdown]
 # And the layer is torchao's: on the same layer, input and output gradient, ours and

@@ -12,7 +12,8 @@ ring turns into 8*b*s*h*(t-1)/t elements per rank (Megatron-LM 2021, §3.2).
 ``layer_report(t, ...)`` runs on any world size that t divides: ranks form groups of t
 consecutive ranks, so one 4-rank launch can check t = 1, 2 and 4.
 
-Laptop:  ``python -c "from lessonlib.tensor_parallel import runs; print(runs.run_layer_reports(2, (1, 2)))"``
+Laptop:  ``python -c "from lessonlib.tensor_parallel import layer_runs;
+         print(layer_runs.run_layer_reports(2, (1, 2)))"``
 GPU box: the same call uses NCCL when 2 GPUs are visible.
 """
 from __future__ import annotations

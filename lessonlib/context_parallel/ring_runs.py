@@ -13,7 +13,8 @@ a (d, c) grid) and one process side by side for a few steps.
 One 4-rank launch checks c = 1, 2, 3 and 4: ranks form groups of c consecutive ranks; at
 c = 3 the fourth rank is in no group, and checks that it is refused.
 
-Laptop:  ``python -c "from lessonlib.context_parallel import runs; print(runs.run_parity(2))"``
+Laptop:  ``python -c "from lessonlib.context_parallel import ring_runs;
+         print(ring_runs.run_parity(2))"``
 GPU box: the same call uses NCCL when the GPUs are visible.
 """
 from __future__ import annotations

@@ -14,8 +14,8 @@ rank (stage s = rank s), plus the parent-side code that turns the ranks' results
 Each case's runner (lessonlib's executor or PyTorch's schedule on the same chunks) comes from
 ``runner.make_runner``.
 
-Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
-         print(runs.summarize(L.launch(runs.measure, 2, ms=(4,), steps=2)))"``
+Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import schedule_runs;
+         print(schedule_runs.summarize(L.launch(schedule_runs.measure, 2, ms=(4,), steps=2)))"``
 GPU box: the same with one GPU per stage (NCCL).
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ backward computed and when each all-reduce ran, to see overlap (or its absence):
 bucketed rung's stamps are taken by ``recorder.BucketRecorder``, the recorder ``DataParallel``
 is handed.
 
-Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.data_parallel.runs.demo, 2))"``
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.data_parallel.ladder_runs.demo, 2))"``
 GPU box: the labs run these under torchrun: ``torchrun --nproc-per-node 8 labs/ddp.py``
 """
 from __future__ import annotations

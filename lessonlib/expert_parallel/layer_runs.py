@@ -17,7 +17,8 @@ cases a 2-rank launch runs.
 The ledger of the first step shows what the all-to-alls moved: per rank, 8E bytes of counts
 plus, in the forward, the rows it dispatched and the rows it returned, each h elements.
 
-Laptop:  ``python -c "from lessonlib.expert_parallel import runs; print(runs.run_parity(4))"``
+Laptop:  ``python -c "from lessonlib.expert_parallel import layer_runs;
+         print(layer_runs.run_parity(4))"``
 GPU box: the same call uses NCCL when 4 GPUs are visible.
 """
 from __future__ import annotations

@@ -49,7 +49,7 @@ def worker(rungs, cfg, dtype: str, **timing) -> dict:
     return out
 
 
-def parity(ranks: list[dict]) -> dict[str, float]:
+def compare_parity(ranks: list[dict]) -> dict[str, float]:
     """Each rung's largest weight difference from one process on the whole batch, over the
     ranks; raises, naming the rung and the rank, beyond float32's rounding."""
     want = train_single(global_batch=2 * len(ranks), **PARITY)["weights"]
@@ -67,7 +67,7 @@ def parity(ranks: list[dict]) -> dict[str, float]:
 
 def summarize(ranks: list[dict], batch: int, seq: int) -> dict:
     n = len(ranks)
-    out, diffs = {}, parity(ranks)
+    out, diffs = {}, compare_parity(ranks)
     for rung in ranks[0]["runs"]:
         t = slowest_rank_median([r["runs"][rung]["times"] for r in ranks])
         ledger = ranks[0]["runs"][rung]["ledger"].get("all_reduce", {})

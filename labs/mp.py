@@ -57,7 +57,7 @@ def line_over_rounds(rounds: list[list[dict]], reference: dict) -> dict:
     row["step_times_s"] = [t for r in rows for t in r["step_times_s"]]
     row["step_time_s"] = labkit.median(row["step_times_s"])
     row["stash_bytes_per_rank"] = [max(b) for b in zip(*(r["stash_bytes_per_rank"] for r in rows))]
-    diffs = [mp.parity(run, reference) for run in rounds]
+    diffs = [mp.compare_parity(run, reference) for run in rounds]
     row["parity"] = {k: max(d[k] for d in diffs) for k in diffs[0]}
     return row
 

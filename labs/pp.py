@@ -41,7 +41,7 @@ def worker(settings: dict) -> dict:
     results = schedule_runs.measure(ms=settings["microbatches"], schedules=settings["schedules"],
                            **{k: settings[k] for k in keys})
     # parity with one process: the tiny GPT, 2 SGD steps of 1F1B with m = p, in float32
-    checked = schedule_runs.parity([parity_case(dist.get_world_size())])
+    checked = schedule_runs.rank_parity([parity_case(dist.get_world_size())])
     return {"cases": results, "parity": checked, **labkit.rank_info()}
 
 
@@ -52,7 +52,7 @@ def parity_case(p: int) -> tuple:
 
 def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     rows = schedule_runs.summarize([r["cases"] for r in ranks])
-    (parity,) = schedule_runs.parity_report([r["parity"] for r in ranks])   # raises if it differs
+    (parity,) = schedule_runs.compare_parity([r["parity"] for r in ranks])   # raises if it differs
     results = {"lessonlib": {"schedules": {}}, "torch": {"schedules": {}}}
     for row in rows:
         case = {k: row[k] for k in ("step_time_s", "bubble_per_stage", "bubble_mean",

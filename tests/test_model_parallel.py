@@ -30,7 +30,7 @@ def runs():
 def test_same_losses_and_weights_as_one_process(runs, kind, settings, lines):
     reference = mp.single_process(**settings, **SETTINGS)
     for first_rank in lines:
-        diff = mp.parity(runs[kind][first_rank:], reference)
+        diff = mp.compare_parity(runs[kind][first_rank:], reference)
         assert diff["loss_max_abs_diff"] < 1e-5, diff
         assert diff["weights_max_abs_diff"] < 1e-6, diff
     assert len(runs[kind][-1]["losses"]) == SETTINGS["steps"] + SETTINGS["warmup"]

@@ -4,7 +4,7 @@ DualPipe README states, and parity (float64) with one process and with PyTorch's
 
 Without processes: the schedule against ``ScheduleDualPipeV``'s own order (p = 1..4), the
 validator and simulation (every F/B/W once, PP + 1 activations per device, the formula
-where it holds), the slot's rules. One launch: ``dualpipe_runs.parity`` (p=2, m=4, 2 steps).
+where it holds), the slot's rules. One launch: ``dualpipe_runs.run_parity`` (p=2, m=4, 2 steps).
 """
 from types import SimpleNamespace
 
@@ -115,7 +115,7 @@ def test_bad_dualpipev_settings_are_refused():
 
 @pytest.mark.timeout(120)
 def test_dualpipev_equals_one_process_and_pytorchs_schedule(no_children_left):
-    run = dualpipe_runs.parity(p=2, m=4, steps=2)
+    run = dualpipe_runs.run_parity(p=2, m=4, steps=2)
     assert [r["engine"] for r in run.rows] == ["lessonlib", "torch"]
     for row in run.rows:
         assert max(row["max_grads_diff"], row["max_weights_diff"], row["max_losses_diff"]) < 1e-12

@@ -17,13 +17,13 @@ from lessonlib.pipeline.schedules import make
 def run(request):
     p = request.param
     cases = schedule_runs.parity_cases(p)
-    return p, cases, lessonlib.launch(schedule_runs.parity, p, cases, timeout=240)
+    return p, cases, lessonlib.launch(schedule_runs.rank_parity, p, cases, timeout=240)
 
 
 @pytest.mark.timeout(300)
 def test_every_schedule_matches_one_process(run, no_children_left):
     p, cases, per_rank = run
-    rows = schedule_runs.parity_report(per_rank)          # raises, naming the case, on a mismatch
+    rows = schedule_runs.compare_parity(per_rank)          # raises, naming the case, on a mismatch
     assert {(r["engine"], r["schedule"], r["m"], r["v"]) for r in rows} == set(cases)
     for row in rows:
         assert row["max_grads_diff"] < 1e-5 and row["max_weights_diff"] < 1e-5

@@ -226,7 +226,7 @@ def run(request):
 @pytest.mark.timeout(300)
 def test_zb_h1_and_zbv_match_one_process_after_3_steps(run, no_children_left):
     p, per_rank = run
-    rows = schedule_runs.parity_report([r["parity"] for r in per_rank], steps=3,
+    rows = schedule_runs.compare_parity([r["parity"] for r in per_rank], steps=3,
                                        dtype=torch.float64)
     assert {(r["engine"], r["schedule"], r["m"]) for r in rows} == {
         ("lessonlib", s, m) for s in ("zb-h1", "zbv") for m in {1, p, 2 * p + 1}} | (

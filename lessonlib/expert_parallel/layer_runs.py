@@ -1,7 +1,7 @@
 """Expert parallelism checked for real: the rank functions the tests, notebook 13 and
 ``labs/ep.py`` launch.
 
-What it teaches: the e-rank layer is right when it is the one-process layer. ``parity``
+What it teaches: the e-rank layer is right when it is the one-process layer. ``rank_parity``
 trains the full ``MoELayer`` on every rank's batch in one process (the loss is the mean of
 the d ranks' losses, each with its auxiliary loss, capacity counted per rank's batch) next
 to the expert-parallel copy (each rank its own batch, gradients averaged by
@@ -94,7 +94,7 @@ def _worst(module, reference, attr=None) -> float:
     return max((g - want[n]).abs().max().item() for n, g in got.items()) / scale
 
 
-def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None = None,
+def rank_parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None = None,
            h: int = 8, b: int = 2, s: int = 8, steps: int = 3, seed: int = 0) -> dict:
     """On each rank: the expert-parallel layer against the one-process layer, ``steps``
     SGD steps on every rank's batch (see the module docstring); ``routing``: the layer's
@@ -202,8 +202,8 @@ def gpt_parity_reports(e: int, recipes=({}, DEEPSEEK_V3), **kwargs) -> list[dict
 
 
 def parity_reports(cases=CASES, **kwargs) -> list[dict]:
-    """``parity`` for each (E, e, k, C, shared[, routing]) of ``cases`` in one launch."""
-    return [parity(*case, **kwargs) for case in cases]
+    """``rank_parity`` for each (E, e, k, C, shared[, routing]) of ``cases`` in one launch."""
+    return [rank_parity(*case, **kwargs) for case in cases]
 
 
 def check_cases(world_size: int, cases=CASES) -> None:

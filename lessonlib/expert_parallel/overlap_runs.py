@@ -1,7 +1,7 @@
 """DualPipe's overlap checked and measured: what the tests and the notebook launch.
 
 What it teaches: hiding the all-to-alls changes when a rank waits, not what it computes.
-``parity`` runs two micro-batches through one expert-parallel MoE block the DualPipe way
+``rank_parity`` runs two micro-batches through one expert-parallel MoE block the DualPipe way
 (B's forward alone, then the F&B slot: A's forward beside B's backward, then A's backward
 alone), with and without overlap, in float64, against the one-process block on every
 rank's micro-batches: outputs, input gradients and weight gradients, and the two runs
@@ -70,7 +70,7 @@ def _slot(block, mbs, overlap: bool):
     return [a, b]
 
 
-def parity(s=8, h=16, heads=2, ffn_mult=2, E=4, k=2, b=2, seed=0) -> dict:
+def rank_parity(s=8, h=16, heads=2, ffn_mult=2, E=4, k=2, b=2, seed=0) -> dict:
     """On each rank: both ways against the one-process block, float64 (module docstring)."""
     ctx, dev = ExpertParallelContext.build(dist.get_world_size()), device.current_device()
     rank, d = dist.get_rank(), dist.get_world_size()
@@ -139,8 +139,8 @@ def timing(reps: int = 8, warmup: int = 1, seed: int = 0, shape: dict | None = N
 
 
 def report(reps: int = 8, warmup: int = 1, shape: dict | None = None) -> dict:
-    """One launch's worth: ``parity`` and ``timing``."""
-    return {"parity": parity(), "timing": timing(reps, warmup, shape=shape)}
+    """One launch's worth: ``rank_parity`` and ``timing``."""
+    return {"parity": rank_parity(), "timing": timing(reps, warmup, shape=shape)}
 
 
 @dataclass

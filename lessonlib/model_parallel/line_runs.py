@@ -1,13 +1,14 @@
 """Lesson 03's checks: the same training in one process, and the line's numbers.
 
 What it teaches: the assembly line is only right if it trains exactly as one process does
-(``single_process``, ``parity``: losses and every weight after the last step), and only
+(``single_process``, ``compare_parity``: losses and every weight after the last step), and only
 slow in the way the lesson says: ``summarize`` gives each stage's busy seconds and idle share
 of the wall time next to the predicted (p-1)/p, ``line_record`` the numbers ``labs/mp.py``
 stores.
 
 Laptop:  ``python -c "from lessonlib import model_parallel as mp;
-         r = mp.run_assembly_line(2, model='mlp'); print(mp.parity(r, mp.single_process('mlp')))"``
+         r = mp.run_assembly_line(2, model='mlp');
+         print(mp.compare_parity(r, mp.single_process('mlp')))"``
 GPU box: the same.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ BUSY = ("F", "B", "OPT")
 # ---------------------------------------------------------------- one process, and the checks
 def single_process(model: str = "gpt", steps: int = 3, warmup: int = 1, batch: int = 8,
                    lr: float = 0.05, seed: int = 0, **shape) -> dict:
-    """The same training on one process: the reference for ``parity``."""
+    """The same training on one process: the reference for ``compare_parity``."""
     net = nn.Sequential(*layers_of(make_model(model, seed, **shape)))
     run = train_one_process(net, lambda step: make_batch(model, step, batch, seed, **shape),
                             warmup + steps, lambda out, y: loss_of(model, out, y), lr=lr)
@@ -36,7 +37,7 @@ def single_process(model: str = "gpt", steps: int = 3, warmup: int = 1, batch: i
             "param_bytes": sum(t.numel() * t.element_size() for t in net.parameters())}
 
 
-def parity(results: list[dict], reference: dict) -> dict:
+def compare_parity(results: list[dict], reference: dict) -> dict:
     """Largest differences between one assembly line (``results[0]``'s) and one process:
     the losses, and every weight after the last step."""
     line = _line(results)

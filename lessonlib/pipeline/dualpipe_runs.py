@@ -6,14 +6,15 @@ What it teaches: the two claims a lesson makes about DualPipeV, each one call.
   ``validate.simulate`` plays ``dualpipev(p, m)``, beside the DualPipe README's
   (p-1)(F&B + B - 3W) (``dualpipe.bubble_formula``), and the activations each device holds
   at its peak beside the README's PP + 1 = 2p + 1. Pure Python, no process.
-* ``parity``: one launch on p CPU ranks (float64) trains the tiny GPT ``steps`` SGD steps
-  under lessonlib's executor running ``dualpipev(p, m)`` and under PyTorch's
-  ``ScheduleDualPipeV`` on the same stages (``schedule_runs.parity``); the record it returns holds
-  each engine's largest difference from one process (``schedule_runs.parity_report``) and from the
-  other engine. Both run each F&B slot's forward and backward one after the other in one
-  thread: on a CPU the slot's overlap is in its order, not in two computes at once.
+* ``run_parity``: one launch on p CPU ranks (float64) trains the tiny GPT ``steps`` SGD
+  steps under lessonlib's executor running ``dualpipev(p, m)`` and under PyTorch's
+  ``ScheduleDualPipeV`` on the same stages (``schedule_runs.rank_parity``); the record it
+  returns holds each engine's largest difference from one process
+  (``schedule_runs.compare_parity``) and from the other engine. Both run each F&B slot's
+  forward and backward one after the other in one thread: on a CPU the slot's overlap is
+  in its order, not in two computes at once.
 
-Laptop:  ``python -c "from lessonlib.pipeline import dualpipe_runs as d; print(d.parity())"``
+Laptop:  ``python -c "from lessonlib.pipeline import dualpipe_runs as d; print(d.run_parity())"``
 GPU box: the same call (``backend="auto"`` picks NCCL with one GPU per rank).
 """
 from __future__ import annotations
@@ -54,7 +55,7 @@ class DualPipeParity:
     p: int
     m: int
     steps: int
-    rows: list                 # schedule_runs.parity_report's rows: one per engine
+    rows: list                 # schedule_runs.compare_parity's rows: one per engine
     max_engine_diff: float     # lessonlib's executor against ScheduleDualPipeV: grads, weights
     peak_stash: list           # (micro-batch, chunk) activations per device, lessonlib's run
 
@@ -66,13 +67,13 @@ def engine_diff(per_rank: list[dict], a, b) -> float:
                for x, y in zip(result[a][what], result[b][what]))
 
 
-def parity(p: int = 2, m: int = 4, steps: int = 2, backend: str = "auto",
+def run_parity(p: int = 2, m: int = 4, steps: int = 2, backend: str = "auto",
            timeout: float = 120) -> DualPipeParity:
     """Parent side: one launch of p ranks, both engines, float64 (raises AssertionError,
     naming the case, if either differs from one process beyond float64 rounding)."""
     ours, theirs = ("lessonlib", "dualpipev", m, 2), ("torch", "dualpipev", m, 2)
-    per_rank = launch(schedule_runs.parity, p, [ours, theirs], steps=steps, dtype=torch.float64,
-                      backend=backend, timeout=timeout)
-    rows = schedule_runs.parity_report(per_rank, steps=steps, dtype=torch.float64)
+    per_rank = launch(schedule_runs.rank_parity, p, [ours, theirs], steps=steps,
+                      dtype=torch.float64, backend=backend, timeout=timeout)
+    rows = schedule_runs.compare_parity(per_rank, steps=steps, dtype=torch.float64)
     return DualPipeParity(p, m, steps, rows, engine_diff(per_rank, ours, theirs),
                           [r[ours]["stash"] for r in per_rank])

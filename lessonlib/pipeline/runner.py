@@ -6,7 +6,7 @@ schedule, timed step by step with a ``StageRecorder``) or under PyTorch's own sc
 lesson, the lab and the tests builds its runner here, so the two engines are compared on
 exactly the same chunks.
 
-Laptop:  see ``lessonlib.pipeline.schedule_runs`` (``measure`` and ``parity`` build their
+Laptop:  see ``lessonlib.pipeline.schedule_runs`` (``measure`` and ``rank_parity`` build their
          runners here).
 GPU box: the same; the chunks move to this rank's GPU.
 """

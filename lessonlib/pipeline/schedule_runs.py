@@ -3,9 +3,9 @@
 What it teaches: the measurements behind the lesson's claims, each one function that runs on every
 rank (stage s = rank s), plus the parent-side code that turns the ranks' results into one table:
 
-* ``parity``: a tiny GPT trained a few steps with GPipe, 1F1B, interleaved 1F1B (lessonlib)
-  and ScheduleGPipe / Schedule1F1B (PyTorch); ``parity_report`` compares every case with
-  the same model in one process (losses, gradients, weights after the steps);
+* ``rank_parity`` (on every rank): a tiny GPT trained a few steps with GPipe, 1F1B,
+  interleaved 1F1B (lessonlib) and ScheduleGPipe / Schedule1F1B (PyTorch);
+  ``compare_parity`` (in the caller) compares every case with the same model in one process (losses, gradients, weights after the steps);
 * ``measure``: balanced stages that do a fixed amount of matmul work (an ``mlp_stack``, equal
   Linear layers per stage), timed step by step with lessonlib's executor and with PyTorch's
   schedules taking turns; ``summarize`` reports the median step time, the bubble per stage
@@ -62,7 +62,7 @@ def zero_bubble_cases(p: int, torch: bool = False) -> list[tuple]:
     return cases + ([("torch", "zb-h1", p, 1), ("torch", "zbv", 2 * p + 1, 2)] if torch else [])
 
 
-def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
+def rank_parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
            cfg: GPTConfig = PARITY_CONFIG, dtype: torch.dtype = torch.float32) -> dict:
     """Rank side: train each case ``steps`` SGD steps (the model in ``dtype``); return this
     stage's losses, the first step's gradients, the final weights, the peak stash and the
@@ -107,7 +107,7 @@ def reference(m: int, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int
     return model, run["first_grads"], losses
 
 
-def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: float = 0.1,
+def compare_parity(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: float = 0.1,
                   seed: int = 0, cfg: GPTConfig = PARITY_CONFIG,
                   dtype: torch.dtype = torch.float32) -> list[dict]:
     """Parent side: each case's largest difference from one process (raises

@@ -129,7 +129,7 @@ print("losses, 1 process: ", [round(x, 4) for x in reference["losses"]])
 
 # %%
 # NBVAL_CHECK_OUTPUT
-diff = mp.parity(results, reference)
+diff = mp.compare_parity(results, reference)
 print(f"same losses as one process (to 1e-5):  {diff['loss_max_abs_diff'] < 1e-5}")
 print(f"same weights after 4 steps (to 1e-6):  {diff['weights_max_abs_diff'] < 1e-6}")
 

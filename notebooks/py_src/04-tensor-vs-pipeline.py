@@ -311,7 +311,7 @@ for p, m in ((2, 2), (2, 4), (2, 8), (4, 8)):
 # %%
 # NBVAL_CHECK_OUTPUT
 cases = [c for c in schedule_runs.parity_cases(2) if c[1] != "interleaved"]
-report = schedule_runs.parity_report(lessonlib.launch(schedule_runs.parity, 2, cases))
+report = schedule_runs.compare_parity(lessonlib.launch(schedule_runs.rank_parity, 2, cases))
 for r in report:
     same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
     print(f"{r['engine']:>9} {r['schedule']:>5} m={r['m']}: gradients, weights and losses "

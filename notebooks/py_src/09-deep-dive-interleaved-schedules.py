@@ -118,7 +118,7 @@ plt.show()
 # %%
 # NBVAL_CHECK_OUTPUT
 cases = [c for c in schedule_runs.parity_cases(2) if c[1] == "interleaved"]
-report = schedule_runs.parity_report(lessonlib.launch(schedule_runs.parity, 2, cases))
+report = schedule_runs.compare_parity(lessonlib.launch(schedule_runs.rank_parity, 2, cases))
 for r in report:
     same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
     print(f"{r['engine']:>9} {r['schedule']:>11} m={r['m']} v={r['v']}: gradients, weights "
@@ -336,8 +336,8 @@ every(f"from m = 2p-1 on, that is the start-up alone, p-1 = {p - 1} chunk forwar
 # %%
 # NBVAL_CHECK_OUTPUT
 cases = [c for c in schedule_runs.zero_bubble_cases(2, torch=True) if c[2] > 1]
-report = schedule_runs.parity_report(lessonlib.launch(schedule_runs.parity, 2, cases, steps=3),
-                                     steps=3)
+per_rank = lessonlib.launch(schedule_runs.rank_parity, 2, cases, steps=3)
+report = schedule_runs.compare_parity(per_rank, steps=3)
 for r in report:
     same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
     print(f"{r['engine']:>9} {r['schedule']:>5} m={r['m']}: gradients, weights (3 steps) and "

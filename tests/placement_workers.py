@@ -44,7 +44,8 @@ ENTRY_POINTS = {
                                                     "micro": 2, "steps": 1, "warmup": 0}),
     "model_parallel.assembly_line": (model_parallel.assembly_line, (),
                                      {"model": "mlp", "steps": 1, "warmup": 0, "batch": 4}),
-    "hybrid.train": (hybrid.train, (1, 2, 1), {"steps": 1, "warmup": 0, "check": True}),
+    "hybrid.train_layout": (hybrid.train_layout, (), {"pp": 2, "steps": 1, "warmup": 0,
+                                                      "check": True, "timeline": True}),
     **{f"bugzoo.{fn.__name__}": (fn, (), {}) for fn in (
         bugzoo.rank_tp_gradient, bugzoo.rank_tp_sharding, bugzoo.rank_ddp_accumulation,
         bugzoo.rank_pipeline)},

@@ -87,7 +87,7 @@ BUGS = {b.name: b for b in (
         "Expert parallelism inside data parallelism averages the experts' gradients over all "
         "d ranks, as for the dense weights, instead of over the d/e ranks that hold a copy "
         "of the same experts: rank r's experts get the sum of every rank's different experts.",
-        "lessonlib.expert_parallel.groups.sync_gradients",
+        "lessonlib.data_parallel.ladder.sync_gradients",
         "outputs, drops and the router's gradient still match one process; every expert's "
         "gradient is mixed with other experts' (no error: the shapes agree)",
         "expert gradients vs the one-process MoE layer",

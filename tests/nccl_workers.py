@@ -83,7 +83,8 @@ def others() -> dict:
 
 
 def hybrids(layouts) -> dict:
-    return {f"hybrid dp={d} pp={p} tp={t}": _traced(hybrid.train, d, p, t, steps=1, check=False)
+    return {f"hybrid dp={d} pp={p} tp={t}": _traced(hybrid.train_layout, dp=d, pp=p, tp=t,
+                                                    steps=1, check=False, timeline=True)
             for d, p, t in layouts}
 
 

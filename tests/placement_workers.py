@@ -48,7 +48,8 @@ ENTRY_POINTS = {
                                                              "steps": 1, "warmup": 0}),
     "model_parallel.assembly_line": (model_parallel.assembly_line, (),
                                      {"model": "mlp", "steps": 1, "warmup": 0, "batch": 4}),
-    "hybrid.train": (hybrid.train, (1, 2, 1), {"steps": 1, "warmup": 0, "check": True}),
+    "hybrid.train_layout": (hybrid.train_layout, (), {"pp": 2, "steps": 1, "warmup": 0,
+                                                      "check": True, "timeline": True}),
     **{f"bug_checks.{fn.__name__}": (fn, (), {}) for fn in (
         bug_checks.rank_tp_gradient, bug_checks.rank_tp_sharding,
         bug_checks.rank_ddp_accumulation, bug_checks.rank_pipeline)},

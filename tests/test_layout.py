@@ -156,7 +156,7 @@ FLOORS = {
     "one package per strategy": ["data_parallel", "model_parallel", "tensor_parallel",
                                  "pipeline", "context_parallel", "expert_parallel",
                                  "precision"],
-    "composition": ["hybrid", "hybrid_axes", "long_run", "faults"],
+    "composition": ["hybrid", "long_run", "faults"],
     "faces": ["viz", "exercises", "bug_checks"],
 }
 # On the strategy floor the lessons come in the course's order, and a strategy builds only on
@@ -278,7 +278,12 @@ CORES = {
     "expert_parallel/dispatch.py": ["_AllToAll.forward", "_AllToAll.backward",
                                     "post_all_to_all"],
     "expert_parallel/layer.py": ["ExpertParallelMoE.forward", "run_local_experts"],
-    "hybrid_axes/build.py": ["build_stage", "apply_tp", "apply_cp", "apply_ep", "apply_dp"],
+    "hybrid/build.py": ["build_stage"],
+    "hybrid/trainer.py": ["HybridTrainer.step"],
+    "tensor_parallel/parallelize.py": ["apply_tp"],
+    "context_parallel/gpt.py": ["apply_cp"],
+    "expert_parallel/layer.py": ["apply_ep"],
+    "data_parallel/parallelize.py": ["apply_dp"],
 }
 CORE_LINES = 30
 # The instrument modules, by the names a core would call them through (``device.mark``,

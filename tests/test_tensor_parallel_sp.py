@@ -250,7 +250,7 @@ def shorter_sequence_worker(s: int = 6) -> dict:
                                                                       hidden=16, heads=2)
         batches = [(x[:, :s], y[:, :s]) for x, y in tp_runs.token_batches(2, cfg, 2, 1, "cpu")]
         return tp_runs.compare_with_dense(TinyGPT(cfg, 0), lambda m: parallelize_gpt(
-            m, ctx.tp_group, sequence_parallel=True), batches, lm_loss)
+            m, ctx.axis("tp").group, sequence_parallel=True), batches, lm_loss)
     finally:
         torch.set_default_dtype(before)
 

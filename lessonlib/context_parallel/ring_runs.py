@@ -48,7 +48,7 @@ def ring_groups(c: int):
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % c == 0:
         ctx = ParallelContext.build(dp=world // c, pp=1, tp=1, cp=c, only=("cp",))
-        return ctx.cp_group, None
+        return ctx.axis("cp").group, None
     lines = [list(range(start, start + c)) for start in range(0, world - c + 1, c)]
     groups = new_groups(lines)
     mine = next((group for line, group in zip(lines, groups) if rank in line), None)
@@ -191,15 +191,16 @@ def gpt_report(c: int, cfg: GPTConfig, b: int = 2, steps: int = 3, layout: str =
     on its b."""
     grid, dev = ContextParallelGrid.build(c), device.current_device()
     reference = TinyGPT(cfg, seed).double().to(dev)
-    model = ContextParallelGPT(reference, grid.group, layout, method)
+    model = ContextParallelGPT(reference, grid.cp.group, layout, method)
     opts = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for m in (reference, model)]
     gen = torch.Generator().manual_seed(seed + 1)
-    report = {"rank": dist.get_rank(), "c": c, "d": grid.d, "method": method, "losses": [],
+    report = {"rank": dist.get_rank(), "c": c, "d": grid.dp.size, "method": method, "losses": [],
               "reference_losses": []}
+    rows = grid.dp.size * b
     for step in range(steps):
-        idx, targets = (torch.randint(0, cfg.vocab, (grid.d * b, cfg.seq), generator=gen).to(dev)
+        idx, targets = (torch.randint(0, cfg.vocab, (rows, cfg.seq), generator=gen).to(dev)
                         for _ in "xy")                                 # (d b, s)
-        mine = [shard_sequence(t[grid.dp_rank * b:(grid.dp_rank + 1) * b], grid.group, layout)
+        mine = [shard_sequence(t[grid.dp.rank * b:(grid.dp.rank + 1) * b], grid.cp.group, layout)
                 for t in (idx, targets)]                               # (b, s/c)
         loss = lm_loss(reference(idx), targets)
         loss.backward()
@@ -216,7 +217,7 @@ def gpt_report(c: int, cfg: GPTConfig, b: int = 2, steps: int = 3, layout: str =
                                dict(reference.named_parameters()))
     with saved_bytes(exclude=model.parameters()) as ours:
         model(mine[0])
-    whole = idx[grid.dp_rank * b:(grid.dp_rank + 1) * b]
+    whole = idx[grid.dp.rank * b:(grid.dp.rank + 1) * b]
     with saved_bytes(exclude=reference.parameters()) as theirs:
         reference(whole)
     report["activation_bytes"], report["one_process_activation_bytes"] = ours.bytes, theirs.bytes

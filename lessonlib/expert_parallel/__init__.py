@@ -35,10 +35,11 @@ GPU box: ``torchrun --nproc-per-node 8 labs/ep.py`` (NCCL, e up to the GPUs of o
 from lessonlib.expert_parallel.dispatch import (Splits, all_to_all_rows, exchange_counts,
                                                 post_all_to_all)
 from lessonlib.expert_parallel.groups import (ExpertParallelContext, expert_parameters,
-                                              sync_gradients, update_biases)
-from lessonlib.expert_parallel.layer import (ExpertParallelMoE, check_split, expert_parallel,
-                                             expert_parallel_gpt, run_local_experts)
+                                              update_biases)
+from lessonlib.expert_parallel.layer import (ExpertParallelMoE, apply_ep, check_split,
+                                             expert_parallel, expert_parallel_gpt,
+                                             run_local_experts)
 
 __all__ = ["Splits", "all_to_all_rows", "exchange_counts", "post_all_to_all",
-           "ExpertParallelContext", "expert_parameters", "sync_gradients", "update_biases", "ExpertParallelMoE",
-           "check_split", "expert_parallel", "expert_parallel_gpt", "run_local_experts"]
+           "ExpertParallelContext", "expert_parameters", "update_biases", "ExpertParallelMoE",
+           "apply_ep", "check_split", "expert_parallel", "expert_parallel_gpt", "run_local_experts"]

@@ -110,6 +110,15 @@ def expert_parallel(moe: MoELayer, group=None) -> ExpertParallelMoE:
     return ExpertParallelMoE(moe, group)
 
 
+def apply_ep(block: nn.Module, ctx) -> nn.Module:
+    """The hybrid builder's EP room: a ``Block``'s MoE layer made expert-parallel over the
+    grid's ep axis (``ctx.axis("ep")``), its E experts E/e a rank; any other part as it is."""
+    ep = ctx.axis("ep")
+    if ep.size > 1 and isinstance(getattr(block, "mlp", None), MoELayer):
+        block.mlp = expert_parallel(block.mlp, ep.group)
+    return block
+
+
 def expert_parallel_gpt(model: nn.Module, group=None) -> nn.Module:
     """A copy of an MoE GPT (``lessonlib.models.moe_gpt``) whose every block's MoE layer is
     expert-parallel over ``group``; attention, embeddings and the head stay replicated."""

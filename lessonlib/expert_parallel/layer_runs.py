@@ -30,7 +30,9 @@ import torch.nn.functional as F
 from lessonlib import comm, device, launcher
 from lessonlib.baseline import grads_as_model, rel_err
 from lessonlib.baseline import corpus_batches
-from lessonlib.expert_parallel.groups import ExpertParallelContext, sync_gradients, update_biases
+from lessonlib.data_parallel.ladder import sync_gradients
+from lessonlib.expert_parallel.groups import (ExpertParallelContext, expert_parameters,
+                                              update_biases)
 from lessonlib.expert_parallel.layer import check_split, expert_parallel, expert_parallel_gpt
 from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.models import moe
@@ -104,7 +106,7 @@ def rank_parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict |
     full = init_weights_(MoELayer(h, E, k, C, ffn_mult=2, shared_expert=shared,
                                   **(routing or {})), seed)
     full = full.double().to(dev)
-    ep = expert_parallel(full, ctx.ep_group)
+    ep = expert_parallel(full, ctx.ep.group)
     opt_full = torch.optim.SGD(full.parameters(), lr=0.1, momentum=0.9)
     opt_ep = torch.optim.SGD(ep.parameters(), lr=0.1, momentum=0.9)
     out = {"rank": rank, "E": E, "e": e, "k": k, "C": C, "shared": shared, "d": d, "h": h,
@@ -124,7 +126,7 @@ def rank_parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict |
             loss = F.mse_loss(got, y) + ep.aux_loss
             loss.backward()
         with comm.ledger() as sync:
-            sync_gradients(ep, None, ctx.expert_dp_group, ctx.d)
+            sync_gradients(ep, None, expert_parameters(ep), ctx.edp.group, ctx.d)
         if step == 0:
             out.update(output=rel_err(got.detach(), mine_out),
                        # this rank's loss is L_r; the one-process loss the mean of d of them
@@ -133,7 +135,7 @@ def rank_parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict |
                        dropped=(ep.stats["dropped"], mine_stats["dropped"]),
                        tokens_per_expert=(ep.stats["tokens_per_expert"],
                                           mine_stats["tokens_per_expert"]),
-                       grads=_worst(ep, expert_parallel(grads_as_model(full), ctx.ep_group),
+                       grads=_worst(ep, expert_parallel(grads_as_model(full), ctx.ep.group),
                                     "grad"),
                        stats=ep.stats,
                        events=book.events, sync_all_reduces=sync.count("all_reduce"))
@@ -142,7 +144,7 @@ def rank_parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict |
             opt.zero_grad(set_to_none=True)
         full.update_bias([sum(col) for col in zip(*loads)])   # the whole batch's load
         update_biases(ep)
-    out["weights_after_steps"] = _worst(ep, expert_parallel(full, ctx.ep_group))
+    out["weights_after_steps"] = _worst(ep, expert_parallel(full, ctx.ep.group))
     out["bias_after_steps"] = (0.0 if full.expert_bias is None else
                                (ep.expert_bias - full.expert_bias).abs().max().item())
     out["bias_moved"] = 0.0 if full.expert_bias is None else full.expert_bias.abs().max().item()
@@ -165,7 +167,7 @@ def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
     rank, d = dist.get_rank(), dist.get_world_size()
     cfg = corpus_config(seq=8, hidden=16, heads=2, layers=2)
     full = moe_gpt(cfg, n_experts, top_k, capacity_factor, seed, **routing).double().to(dev)
-    ep = expert_parallel_gpt(full, ctx.ep_group)
+    ep = expert_parallel_gpt(full, ctx.ep.group)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (full, ep)]
     batches, out = corpus_batches(cfg, b * d, seed), {"rank": rank, "e": e, "d": d, "loss": []}
     for step in range(steps):
@@ -177,10 +179,10 @@ def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
         (sum(losses) / d).backward()
         loss = lm_loss(ep(xs[rank]), ys[rank]) + aux_loss(ep)
         loss.backward()
-        sync_gradients(ep, None, ctx.expert_dp_group, ctx.d)
+        sync_gradients(ep, None, expert_parameters(ep), ctx.edp.group, ctx.d)
         out["loss"].append(abs(loss.item() - losses[rank].item()))
         if step == 0:
-            out["grads"] = _worst(ep, expert_parallel_gpt(grads_as_model(full), ctx.ep_group),
+            out["grads"] = _worst(ep, expert_parallel_gpt(grads_as_model(full), ctx.ep.group),
                                   "grad")
         for opt in opts:
             opt.step()
@@ -188,7 +190,7 @@ def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
         # the whole batch's load per layer: the sum over the d ranks' sequences
         moe.update_biases(full, [[sum(c) for c in zip(*layer)] for layer in zip(*loads)])
         update_biases(ep)
-    out["weights_after_steps"] = _worst(ep, expert_parallel_gpt(full, ctx.ep_group))
+    out["weights_after_steps"] = _worst(ep, expert_parallel_gpt(full, ctx.ep.group))
     out["bias_after_steps"] = max((abs(a.expert_bias - b.expert_bias).max().item()
                                    for a, b in zip(moe.moe_layers(ep), moe.moe_layers(full))
                                    if a.expert_bias is not None), default=0.0)

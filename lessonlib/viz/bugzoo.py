@@ -6,9 +6,9 @@ Each plot draws results that ``lessonlib.bug_checks.check`` already returned (``
 nothing here launches processes, so the widget answers at once.
 
 Laptop and GPU box alike:
-``from lessonlib import bugzoo; from lessonlib.viz import bugzoo as viz``
-``viz.plot_checks({"pipeline_loss_unscaled": {"off": bugzoo.check("pipeline_loss_unscaled", False),
-"on": bugzoo.check("pipeline_loss_unscaled", True)}})``
+``from lessonlib import bug_checks; from lessonlib.viz import bugzoo as viz``
+``viz.plot_checks({"pipeline_loss_unscaled": {"off": bug_checks.check("pipeline_loss_unscaled", False),
+"on": bug_checks.check("pipeline_loss_unscaled", True)}})``
 """
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ from lessonlib import model_parallel as mp
 from lessonlib.costmodel import parameter_server_bytes, ring_allreduce_bytes_per_rank
 from lessonlib.costmodel.alpha_beta import predict_from_fit
 from lessonlib.data_parallel import bench as dp_bench
-from lessonlib.hybrid import expected_traffic, measured_traffic, run as run_layout
+from lessonlib.hybrid.runs import run as run_layout
+from lessonlib.hybrid.traffic import expected_traffic, measured_traffic
 from lessonlib.models import HYBRID_CONFIG
 from lessonlib.viz.pipeline import gantt
 
@@ -268,11 +269,11 @@ LAYOUTS = ["t1p1d2", "t2p1d1", "t1p2d1", "t2p2d1", "t1p2d2", "t2p1d2", "t1p1d4",
 def measure_layout(layout: str, m: int = 2) -> dict:
     """Train the tiny GPT 3 steps on ``layout``: the median step and one step's traffic."""
     t, p, d = (int(x) for x in layout[1:].replace("p", " ").replace("d", " ").split())
-    per_rank = run_layout(d, p, t, m=m, steps=3, warmup=1, check=False)
-    return {"step_time_s": max(r["step_time_s"] for r in per_rank),
-            "measured": measured_traffic(per_rank[0]["traffic"][-1]),
+    per_rank = run_layout(dp=d, pp=p, tp=t, m=m, steps=3, warmup=1, check=False, timeline=True)
+    return {"step_time_s": max(r.step_time_s for r in per_rank),
+            "measured": measured_traffic(per_rank[0].traffic[-1]),
             "predicted": expected_traffic(HYBRID_CONFIG, d, p, t, 8, m, 0,
-                                          per_rank[0]["param_count"]),
+                                          per_rank[0].param_count),
             "t": t, "p": p, "d": d}
 
 

@@ -270,7 +270,7 @@ show(exchange_counts)
 # E/e = 1 and 2, k = 1 and 2, with C = 1.0 so that tokens are dropped, and a shared expert
 # in one case. Inside data parallelism (Megatron-Core, DeepSeek-V3) the dense weights'
 # gradients are averaged over all 4 ranks and each expert's over the ranks holding a copy
-# of it (`expert_parallel.sync_gradients`). Errors are relative to the largest value:
+# of it (`data_parallel.ladder.sync_gradients`). Errors are relative to the largest value:
 
 # %%
 reports = layer_runs.run_parity(4)

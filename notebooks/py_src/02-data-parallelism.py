@@ -267,11 +267,12 @@ plt.show()
 #
 # **Your own DDP script.** The snippet often shown calls `.to(rank)` and
 # `device_ids=[rank]` with the gloo backend: CPU ranks have no device `rank`, and on several
-# nodes the global rank is not the local GPU. The corrected minimal script, `main` of
+# nodes the global rank is not the local GPU. The corrected minimal script,
 # `labs/minimal_ddp.py`, runs unchanged on CPU ranks (gloo) and one GPU per rank (NCCL):
+# `join` picks the backend and the device, `main` trains:
 
 # %%
-show(lab("minimal_ddp").main)
+show(lab("minimal_ddp").join, lab("minimal_ddp").main)
 
 # %% [markdown]
 # Run it with `torchrun --standalone --nproc-per-node 2 labs/minimal_ddp.py` (a test does).

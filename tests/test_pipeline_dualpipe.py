@@ -118,9 +118,9 @@ def test_bad_dualpipev_settings_are_refused():
 @pytest.mark.timeout(120)
 def test_dualpipev_equals_one_process_and_pytorchs_schedule(no_children_left):
     run = dualpipe_runs.parity(p=2, m=4, steps=2)
-    assert [r["engine"] for r in run.rows] == ["lessonlib", "torch"]
+    assert [r.engine for r in run.rows] == ["lessonlib", "torch"]
     for row in run.rows:
-        assert max(row["max_grads_diff"], row["max_weights_diff"], row["max_losses_diff"]) < 1e-12
+        assert max(row.max_grads_diff, row.max_weights_diff, row.max_losses_diff) < 1e-12
     assert run.max_engine_diff < 1e-12
     assert run.peak_stash == [5, 5]
 

@@ -63,7 +63,7 @@ def engine_diff(per_rank: list[dict], a, b) -> float:
     """Largest difference between two cases' first-step gradients and final weights."""
     return max((x - y).abs().max().item() for result in per_rank
                for what in ("grads", "params")
-               for x, y in zip(result[a][what], result[b][what]))
+               for x, y in zip(getattr(result[a], what), getattr(result[b], what)))
 
 
 def parity(p: int = 2, m: int = 4, steps: int = 2, backend: str = "auto",
@@ -75,4 +75,4 @@ def parity(p: int = 2, m: int = 4, steps: int = 2, backend: str = "auto",
                       backend=backend, timeout=timeout)
     rows = runs.parity_report(per_rank, steps=steps, dtype=torch.float64)
     return DualPipeParity(p, m, steps, rows, engine_diff(per_rank, ours, theirs),
-                          [r[ours]["stash"] for r in per_rank])
+                          [r[ours].stash for r in per_rank])

@@ -247,8 +247,8 @@ def draw_pipeline(result: dict, schedule: str, p: int, m: int):
     row = result["row"]
     fig, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * p), constrained_layout=True)
     gantt(result["spans"], ax=ax, title=f"{schedule}, p = {p}, m = {m}, measured")
-    return fig, (f"bubble (share of the step's wall time): measured {row['bubble_mean']:.1%} "
-                 f"(mean over stages), theory {row['bubble_theory_wall']:.1%} "
+    return fig, (f"bubble (share of the step's wall time): measured {row.bubble_mean:.1%} "
+                 f"(mean over stages), theory {row.bubble_theory_wall:.1%} "
                  f"({'(p-1)/(m+p-1)' if schedule in ('gpipe', '1f1b') else 'at T_F = T_B = T_W'})\n")
 
 

@@ -1,0 +1,190 @@
+"""Results come back as records: no notebook reads a lessonlib result by a string key.
+
+Static, so it costs no run: each notebook's source (``notebooks/py_src``) is read in order,
+statement by statement. A name is tied to the lessonlib function whose call it was bound
+from (``rows = runs.summarize(...)``; ``lessonlib.launch(runs.parity, ...)`` ties it to
+``runs.parity``, what each rank returned), and the tie passes on to what is taken out of it
+(``rows[0]``, ``for r in rows``, ``next(r for r in rows ...)``, ``(a,) = ...``) until the name
+is bound to something else. A string subscript of a tied name (``r["step_time_s"]``) means the
+function handed back a dict where a caller wanted a field: a renamed key would then fail only
+when the notebook runs. Each function so read is a failure unless ``KEYED`` says why its
+result is keyed by design (a file format read back, a table keyed by data)."""
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+from test_layout import NOTEBOOK_SOURCES, _import_targets
+
+# Results whose string keys are data or a file format, not field names; and the areas that
+# other work of this round rewrites (they follow when it lands).
+KEYED = {
+    "lessonlib.data.stored": "a lab's JSON record read back from data/: the file's format",
+    "lessonlib.viz.mp.load_table": "a stored JSON table: the file's format",
+}
+KEYED_AREAS = {
+    "lessonlib.costmodel.": "the cost model's modules are rewritten by their own work",
+    "lessonlib.hybrid.": "the hybrid package refactor converts its results",
+    "lessonlib.hybrid_axes.": "the hybrid package refactor converts its results",
+    "lessonlib.long_run.": "the hybrid package refactor converts the long run's loop",
+}
+SEQUENCE_CALLS = {"next", "max", "min", "sorted", "list", "reversed", "iter"}
+
+
+class _Reader(ast.NodeVisitor):
+    """Walks one notebook in order; ``found`` collects (line, function, key)."""
+
+    def __init__(self, bound: dict):
+        self.bound, self.tied, self.found = bound, {}, []
+
+    def _function(self, node) -> str | None:
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.insert(0, node.attr)
+            node = node.value
+        if isinstance(node, ast.Name) and node.id in self.bound:
+            module, under = self.bound[node.id]
+            if module.split(".")[0] == "lessonlib":
+                return ".".join([module, *under, *parts])
+        return None
+
+    def origin(self, expr) -> str | None:
+        """The lessonlib function whose result ``expr`` is, or a part of; None if none."""
+        if isinstance(expr, ast.Name):
+            return self.tied.get(expr.id)
+        if isinstance(expr, ast.Subscript):
+            return self.origin(expr.value)
+        if isinstance(expr, (ast.GeneratorExp, ast.ListComp)):
+            first = expr.generators[0]       # (r for r in rows ...): items of rows
+            if isinstance(expr.elt, ast.Name) and expr.elt.id in _targets(first.target):
+                return self.origin(first.iter)
+            return None
+        if not isinstance(expr, ast.Call):
+            return None
+        if isinstance(expr.func, ast.Name) and expr.func.id in SEQUENCE_CALLS and expr.args:
+            return self.origin(expr.args[0])
+        function = self._function(expr.func)
+        if function and function.rsplit(".", 1)[-1] == "launch" and expr.args:
+            return self._function(expr.args[0])     # what each rank's function returned
+        return function
+
+    def bind(self, target, origin):
+        for name in _targets(target):
+            if origin:
+                self.tied[name] = origin
+            else:
+                self.tied.pop(name, None)
+
+    def visit_Assign(self, node):
+        self.visit(node.value)
+        for target in node.targets:
+            self.bind(target, self.origin(node.value))
+
+    def visit_AnnAssign(self, node):
+        if node.value is not None:
+            self.visit(node.value)
+            self.bind(node.target, self.origin(node.value))
+
+    def visit_For(self, node):
+        self.visit(node.iter)
+        self.bind(node.target, self.origin(node.iter))
+        for statement in node.body + node.orelse:
+            self.visit(statement)
+
+    def _comprehension(self, node, parts):
+        saved = dict(self.tied)
+        for generator in node.generators:
+            self.visit(generator.iter)
+            self.bind(generator.target, self.origin(generator.iter))
+            for condition in generator.ifs:
+                self.visit(condition)
+        for part in parts:
+            self.visit(part)
+        self.tied = saved
+
+    def visit_ListComp(self, node):
+        self._comprehension(node, [node.elt])
+
+    visit_SetComp = visit_GeneratorExp = visit_ListComp
+
+    def visit_DictComp(self, node):
+        self._comprehension(node, [node.key, node.value])
+
+    def visit_FunctionDef(self, node):
+        saved = dict(self.tied)        # a function's names are its own
+        self.generic_visit(node)
+        self.tied = saved
+
+    def visit_Lambda(self, node):
+        saved = dict(self.tied)
+        for name in [a.arg for a in node.args.args]:
+            self.tied.pop(name, None)
+        self.generic_visit(node)
+        self.tied = saved
+
+    def visit_Subscript(self, node):
+        key = node.slice
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            origin = self.origin(node.value)
+            if origin:
+                self.found.append((node.lineno, origin, key.value))
+        self.generic_visit(node)
+
+
+def _targets(target) -> list[str]:
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+
+def keyed_reads(source: Path) -> list[tuple[int, str, str]]:
+    """(line, lessonlib function, key) for each string key a notebook reads from a result."""
+    tree = ast.parse(source.read_text())
+    reader = _Reader(_import_targets("", source, tree))
+    for statement in tree.body:
+        reader.visit(statement)
+    return reader.found
+
+
+def _excused(function: str) -> bool:
+    return function in KEYED or any(function.startswith(a) for a in KEYED_AREAS)
+
+
+@functools.cache
+def _reads() -> dict[str, list[str]]:
+    """lessonlib function -> "notebook:line ['key']" for each read not excused."""
+    reads = {}
+    for source in sorted(NOTEBOOK_SOURCES.glob("[0-9][0-9]-*.py")):
+        for line, function, key in keyed_reads(source):
+            if not _excused(function):
+                reads.setdefault(function, []).append(f"{source.stem}:{line} [{key!r}]")
+    return reads
+
+
+def test_the_reader_follows_a_result_into_rows_loops_and_launches(tmp_path):
+    source = tmp_path / "nb.py"
+    source.write_text(
+        "import lessonlib\nfrom lessonlib.pipeline import runs\n"
+        "rows = runs.summarize(lessonlib.launch(runs.measure, 2))\n"
+        "best = next(r for r in rows if r['m'] == 4)\n"
+        "for r in rows:\n    print(r['bubble_mean'])\n"
+        "per_rank = lessonlib.launch(runs.parity, 2, [])\n"
+        "x = per_rank[0]['stash']\n"
+        "rows = {'mine': 1}\nrows['mine']\n"
+        "print(best.step_time_s, [r.m for r in runs.summarize([])])\n")
+    assert keyed_reads(source) == [
+        (4, "lessonlib.pipeline.runs.summarize", "m"),
+        (6, "lessonlib.pipeline.runs.summarize", "bubble_mean"),
+        (8, "lessonlib.pipeline.runs.parity", "stash")]
+
+
+@pytest.mark.parametrize("area", sorted(KEYED_AREAS) + sorted(KEYED))
+def test_each_excuse_names_something_that_exists(area):
+    from test_layout import _module_file
+    dotted = area.rstrip(".")
+    assert _module_file(dotted) or _module_file(dotted.rpartition(".")[0]), area
+
+
+def test_no_notebook_reads_a_lessonlib_result_by_a_string_key():
+    reads = _reads()
+    assert not reads, "lessonlib results read by key (return a dataclass instead): " + \
+        "; ".join(f"{f}: {', '.join(sites[:3])}" for f, sites in sorted(reads.items()))

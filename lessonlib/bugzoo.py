@@ -144,7 +144,7 @@ def rank_pipeline(m: int = 4) -> PipelineGrads:
 def rank_ep_gradient() -> ExpertParity:
     """4 experts over e = 2 ranks (top-2, drops), one step vs the one-process MoE layer."""
     r = ep_runs.parity(4, 2, 2, 1.0, steps=1)
-    return ExpertParity(output=r["output"], grads=r["grads"], bias=r["bias_after_steps"])
+    return ExpertParity(output=r.output, grads=r.grads, bias=r.bias_after_steps)
 
 
 def rank_ep_bias() -> ExpertParity:
@@ -152,7 +152,7 @@ def rank_ep_bias() -> ExpertParity:
     one-process layer trained on both ranks' batches."""
     r = ep_runs.parity(4, 2, 2, None, routing={"balance": "bias", "gate": "sigmoid",
                                                "bias_step": 0.05}, steps=2)
-    return ExpertParity(output=r["output"], grads=r["grads"], bias=r["bias_after_steps"])
+    return ExpertParity(output=r.output, grads=r.grads, bias=r.bias_after_steps)
 
 
 def rank_sp_layernorm() -> Parity:

@@ -22,6 +22,8 @@ GPU box: the same call uses NCCL when 4 GPUs are visible.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -93,8 +95,40 @@ def _worst(module, reference, attr=None) -> float:
     return max((g - want[n]).abs().max().item() for n, g in got.items()) / scale
 
 
+@dataclass
+class LayerParity:
+    """One rank's ``parity``: the case (E, e, k, C, shared, d, h, routing), the experts this
+    rank holds; the first step's errors against one process (output, input gradient,
+    auxiliary loss, every gradient), drops and tokens per expert (expert-parallel, one
+    process), the layer's routing stats, the all-to-alls' ledger events and the gradient
+    sync's all-reduces; after the last step the weights' and the bias's errors and how far
+    the bias moved."""
+    rank: int
+    E: int
+    e: int
+    k: int
+    C: float | None
+    shared: bool
+    d: int
+    h: int
+    routing: dict
+    expert_ids: list
+    output: float
+    input_grad: float
+    aux_loss: float
+    dropped: tuple
+    tokens_per_expert: tuple
+    grads: float
+    stats: dict
+    events: list
+    sync_all_reduces: int
+    weights_after_steps: float
+    bias_after_steps: float
+    bias_moved: float
+
+
 def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None = None,
-           h: int = 8, b: int = 2, s: int = 8, steps: int = 3, seed: int = 0) -> dict:
+           h: int = 8, b: int = 2, s: int = 8, steps: int = 3, seed: int = 0) -> LayerParity:
     """On each rank: the expert-parallel layer against the one-process layer, ``steps``
     SGD steps on every rank's batch (see the module docstring); ``routing``: the layer's
     routing options (``MoELayer``'s keywords)."""
@@ -106,8 +140,7 @@ def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None
     ep = expert_parallel(full, ctx.ep_group)
     opt_full = torch.optim.SGD(full.parameters(), lr=0.1, momentum=0.9)
     opt_ep = torch.optim.SGD(ep.parameters(), lr=0.1, momentum=0.9)
-    out = {"rank": rank, "E": E, "e": e, "k": k, "C": C, "shared": shared, "d": d, "h": h,
-           "routing": routing or {}, "expert_ids": ep.expert_ids}
+    first = {}
     for step, batch in enumerate(_batches(d, b, s, h, steps, seed + 1, dev)):
         progress(f"expert-parallel parity E={E} e={e} step {step}")
         losses, loads = [], []
@@ -125,7 +158,7 @@ def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None
         with comm.ledger() as sync:
             sync_gradients(ep, None, ctx.expert_dp_group, ctx.d)
         if step == 0:
-            out.update(output=rel_err(got.detach(), mine_out),
+            first.update(output=rel_err(got.detach(), mine_out),
                        # this rank's loss is L_r; the one-process loss the mean of d of them
                        input_grad=rel_err(x.grad, d * batch[rank][0].grad),
                        aux_loss=abs(ep.aux_loss.item() - mine_aux.item()),
@@ -141,20 +174,36 @@ def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None
             opt.zero_grad(set_to_none=True)
         full.update_bias([sum(col) for col in zip(*loads)])   # the whole batch's load
         update_biases(ep)
-    out["weights_after_steps"] = _worst(ep, expert_parallel(full, ctx.ep_group))
-    out["bias_after_steps"] = (0.0 if full.expert_bias is None else
-                               (ep.expert_bias - full.expert_bias).abs().max().item())
-    out["bias_moved"] = 0.0 if full.expert_bias is None else full.expert_bias.abs().max().item()
+    biased = full.expert_bias is not None
+    report = LayerParity(
+        rank, E, e, k, C, shared, d, h, routing or {}, ep.expert_ids, **first,
+        weights_after_steps=_worst(ep, expert_parallel(full, ctx.ep_group)),
+        bias_after_steps=(ep.expert_bias - full.expert_bias).abs().max().item() if biased
+        else 0.0,
+        bias_moved=full.expert_bias.abs().max().item() if biased else 0.0)
     ctx.destroy()
-    return out
+    return report
 
 
 DEEPSEEK_V3 = {"capacity_factor": None, "balance": "bias", "gate": "sigmoid",
                "bias_step": 0.05, "max_nodes": 1, "experts_per_node": 2}   # E = 4: 2 nodes
 
 
+@dataclass
+class GPTParity:
+    """One rank's ``gpt_parity``: the loss error of each step, the first step's worst
+    gradient error, the weights' and the balancing biases' worst errors after the last."""
+    rank: int
+    e: int
+    d: int
+    loss: list
+    grads: float
+    weights_after_steps: float
+    bias_after_steps: float
+
+
 def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
-               b: int = 2, steps: int = 3, seed: int = 0, **routing) -> dict:
+               b: int = 2, steps: int = 3, seed: int = 0, **routing) -> GPTParity:
     """On each rank: the tiny MoE GPT, its MoE layers expert-parallel over groups of e inside
     the d data-parallel ranks, trained on the corpus (each rank b sequences) against the
     one-process model on all d ranks' sequences, in float64: the loss of each step, every
@@ -166,7 +215,7 @@ def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
     full = moe_gpt(cfg, n_experts, top_k, capacity_factor, seed, **routing).double().to(dev)
     ep = expert_parallel_gpt(full, ctx.ep_group)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (full, ep)]
-    batches, out = corpus_batches(cfg, b * d, seed), {"rank": rank, "e": e, "d": d, "loss": []}
+    batches, loss_errors, grads = corpus_batches(cfg, b * d, seed), [], None
     for step in range(steps):
         xs, ys = (t.to(dev).chunk(d) for t in batches(step))                    # (b, s) each
         losses, loads = [], []
@@ -177,30 +226,31 @@ def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
         loss = lm_loss(ep(xs[rank]), ys[rank]) + aux_loss(ep)
         loss.backward()
         sync_gradients(ep, None, ctx.expert_dp_group, ctx.d)
-        out["loss"].append(abs(loss.item() - losses[rank].item()))
+        loss_errors.append(abs(loss.item() - losses[rank].item()))
         if step == 0:
-            out["grads"] = _worst(ep, expert_parallel_gpt(grads_as_model(full), ctx.ep_group),
-                                  "grad")
+            grads = _worst(ep, expert_parallel_gpt(grads_as_model(full), ctx.ep_group), "grad")
         for opt in opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
         # the whole batch's load per layer: the sum over the d ranks' sequences
         moe.update_biases(full, [[sum(c) for c in zip(*layer)] for layer in zip(*loads)])
         update_biases(ep)
-    out["weights_after_steps"] = _worst(ep, expert_parallel_gpt(full, ctx.ep_group))
-    out["bias_after_steps"] = max((abs(a.expert_bias - b.expert_bias).max().item()
-                                   for a, b in zip(moe.moe_layers(ep), moe.moe_layers(full))
-                                   if a.expert_bias is not None), default=0.0)
+    report = GPTParity(
+        rank, e, d, loss_errors, grads,
+        weights_after_steps=_worst(ep, expert_parallel_gpt(full, ctx.ep_group)),
+        bias_after_steps=max((abs(a.expert_bias - b.expert_bias).max().item()
+                              for a, b in zip(moe.moe_layers(ep), moe.moe_layers(full))
+                              if a.expert_bias is not None), default=0.0))
     ctx.destroy()
-    return out
+    return report
 
 
-def gpt_parity_reports(e: int, recipes=({}, DEEPSEEK_V3), **kwargs) -> list[dict]:
+def gpt_parity_reports(e: int, recipes=({}, DEEPSEEK_V3), **kwargs) -> list[GPTParity]:
     """``gpt_parity`` for each routing recipe of ``recipes`` in one launch."""
     return [gpt_parity(e, **kwargs, **recipe) for recipe in recipes]
 
 
-def parity_reports(cases=CASES, **kwargs) -> list[dict]:
+def parity_reports(cases=CASES, **kwargs) -> list[LayerParity]:
     """``parity`` for each (E, e, k, C, shared[, routing]) of ``cases`` in one launch."""
     return [parity(*case, **kwargs) for case in cases]
 

@@ -278,15 +278,15 @@ print(f"{'E':>2} {'e':>2} {'k':>2} {'dropped':>8} {'output':>9} {'input grad':>1
       f"{'grads':>9} {'weights, 3 steps':>17}")
 for i, (E, e, k, C, shared) in enumerate(runs.CASES):
     case = [r[i] for r in reports]
-    worst = {w: max(c[w] for c in case)
+    worst = {w: max(getattr(c, w) for c in case)
              for w in ("output", "input_grad", "grads", "weights_after_steps")}
-    print(f"{E:>2} {e:>2} {k:>2} {sum(c['dropped'][0] for c in case):>8} "
+    print(f"{E:>2} {e:>2} {k:>2} {sum(c.dropped[0] for c in case):>8} "
           f"{worst['output']:>9.1e} {worst['input_grad']:>11.1e} {worst['grads']:>9.1e} "
           f"{worst['weights_after_steps']:>17.1e}" + ("  (+ a shared expert)" if shared else ""))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-worst = max(r[w] for rank in reports for r in rank
+worst = max(getattr(r, w) for rank in reports for r in rank
             for w in ("output", "input_grad", "grads", "weights_after_steps", "aux_loss"))
 EPS = np.finfo(np.float64).eps                   # float64's rounding unit, 2.2e-16
 at_most("at e = 1, 2 and 4, the expert-parallel layer's largest relative difference from the "
@@ -294,8 +294,8 @@ at_most("at e = 1, 2 and 4, the expert-parallel layer's largest relative differe
 every("every rank drops the same tokens as one process does on its batch",
       {f"E={E} e={e} k={k}": [reports[rank][i] for rank in range(len(reports))]
        for i, (E, e, k, C, shared) in enumerate(runs.CASES)},
-      lambda case: all(r["dropped"][0] == r["dropped"][1]
-                       and r["tokens_per_expert"][0] == r["tokens_per_expert"][1] for r in case))
+      lambda case: all(r.dropped[0] == r.dropped[1]
+                       and r.tokens_per_expert[0] == r.tokens_per_expert[1] for r in case))
 
 # %% [markdown]
 # The bug zoo's `ep_expert_grads_wrong_group` averages the experts' gradients over all
@@ -308,9 +308,9 @@ every("every rank drops the same tokens as one process does on its batch",
 with bugs.enabled("ep_expert_grads_wrong_group"):
     buggy = [r[0] for r in runs.run_parity(2, cases=[(4, 2, 2, 1.0, False)], steps=1)]
 at_most("with the wrong group, the output's largest relative difference, in float64 "
-        "rounding units,", max(r["output"] for r in buggy) / EPS, 1000)
+        "rounding units,", max(r.output for r in buggy) / EPS, 1000)
 at_least("but the gradients' relative difference, on the least affected rank,",
-         min(r["grads"] for r in buggy), 1e-3)
+         min(r.grads for r in buggy), 1e-3)
 
 # %% [markdown]
 #
@@ -325,16 +325,16 @@ at_least("but the gradients' relative difference, on the least affected rank,",
 # NBVAL_CHECK_OUTPUT
 for i, (E, e, k, C, _) in enumerate(runs.CASES):
     case = [r[i] for r in reports]
-    measured = [runs.sent_and_received(c["events"], c["rank"]) for c in case]
-    expected = [runs.expected_bytes(c["stats"], E, c["h"]) for c in case]
+    measured = [runs.sent_and_received(c.events, c.rank) for c in case]
+    expected = [runs.expected_bytes(c.stats, E, c.h) for c in case]
     print(f"E={E} e={e} k={k}: sent {[m['sent'] for m in measured]}, of which to other ranks "
           f"{[m['sent_off_rank'] for m in measured]}")
     every(f"E={E}, e={e}: a rank sent and received what its routing counts say",
-          {f"rank {c['rank']}": (m, x) for c, m, x in zip(case, measured, expected)},
+          {f"rank {c.rank}": (m, x) for c, m, x in zip(case, measured, expected)},
           lambda pair: all(pair[0][w] == pair[1][w] for w in ("sent", "received")))
-    hazards = nccl_hazards([c["events"] for c in case])
+    hazards = nccl_hazards([c.events for c in case])
     claim(f"E={E}, e={e}: NCCL's rules find no hazard in the trace", hazards == [],
-          numbers=f"{sum(len(c['events']) for c in case)} calls replayed: "
+          numbers=f"{sum(len(c.events) for c in case)} calls replayed: "
                   f"{'; '.join(hazards) or 'no hazard'}")
 
 # %% [markdown]

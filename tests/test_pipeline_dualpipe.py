@@ -85,12 +85,12 @@ def test_the_simulated_bubble_is_the_readme_formula_where_its_times_hold():
     rows = dualpipe_runs.bubble_rows()
     assert len(rows) == 3 * 2 * 5
     for row in rows:
-        if row["W"] != 0.8:
-            assert row["idle_simulated"] == pytest.approx(row["idle_formula"]), row
+        if row.W != 0.8:
+            assert row.idle_simulated == pytest.approx(row.idle_formula), row
         else:
-            gap = row["idle_formula"] - row["idle_simulated"]
-            assert gap == pytest.approx(0.2 * (row["p"] - 1)), row
-        assert row["peak_stash"] == [row["peak_stash_readme"]] * row["p"]
+            gap = row.idle_formula - row.idle_simulated
+            assert gap == pytest.approx(0.2 * (row.p - 1)), row
+        assert row.peak_stash == [row.peak_stash_readme] * row.p
     default = simulate(dualpipev(3, 7), **readme_times(1, 2, 1))
     assert max(default.idle) == pytest.approx(bubble_formula(3, 1, 2, 1, 3)) == 4
 

@@ -22,12 +22,16 @@ from test_layout import NOTEBOOK_SOURCES, _import_targets
 KEYED = {
     "lessonlib.data.stored": "a lab's JSON record read back from data/: the file's format",
     "lessonlib.viz.mp.load_table": "a stored JSON table: the file's format",
+    "lessonlib.data_parallel.runs.step_timeline": "keyed by the rungs the caller names",
+    "lessonlib.viz.scale.one_gpu_memory": "bytes by part, the parts the plots iterate over "
+                                          "(the memory model's record, as its as_dict)",
 }
 KEYED_AREAS = {
     "lessonlib.costmodel.": "the cost model's modules are rewritten by their own work",
     "lessonlib.hybrid.": "the hybrid package refactor converts its results",
     "lessonlib.hybrid_axes.": "the hybrid package refactor converts its results",
     "lessonlib.long_run.": "the hybrid package refactor converts the long run's loop",
+    "lessonlib.grid.": "the one-grid refactor (with the hybrid package) reshapes the grid",
 }
 SEQUENCE_CALLS = {"next", "max", "min", "sorted", "list", "reversed", "iter"}
 

@@ -194,8 +194,25 @@ def alltoall_seconds(events) -> float:
     return sum(batches.values())
 
 
+@dataclass
+class LayerTiming:
+    """One rank's ``time_layer``: each timed step's seconds and all-to-all seconds, the first
+    step's output error, routing stats, this rank's load per expert each step, the first
+    step's all-to-all bytes (sent, received, off-rank) against the routing's, and events."""
+    rank: int
+    e: int
+    step_s: list
+    alltoall_s: list
+    output_max_abs_error: float
+    stats: dict
+    load: list
+    bytes: dict
+    expected_bytes: dict
+    events: list
+
+
 def time_layer(n_experts: int, top_k: int, capacity_factor, b: int, s: int, h: int,
-               steps: int, warmup: int, seed: int = 0, **routing) -> dict:
+               steps: int, warmup: int, seed: int = 0, **routing) -> LayerTiming:
     """On each rank of the world (e = world size): the expert-parallel layer's forward and
     backward, ``warmup`` + ``steps`` times, each step's time and all-to-all time and this
     rank's load per expert (the bias, with ``balance="bias"``, moved after each step by
@@ -229,12 +246,11 @@ def time_layer(n_experts: int, top_k: int, capacity_factor, b: int, s: int, h: i
         ep.zero_grad(set_to_none=True)
         x.grad = None
     stats = first["stats"]
-    return {"rank": rank, "e": dist.get_world_size(), "step_s": step_s, "alltoall_s": a2a_s,
-            "output_max_abs_error": error, "stats": stats, "load": load,
-            "bytes": sent_and_received(first["events"], rank),
-            "expected_bytes": expected_bytes(stats, n_experts, h, x.element_size(),
-                                             return_element_size=_compute_size(x)),
-            "events": first["events"]}
+    return LayerTiming(rank, dist.get_world_size(), step_s, a2a_s, error, stats, load,
+                       sent_and_received(first["events"], rank),
+                       expected_bytes(stats, n_experts, h, x.element_size(),
+                                      return_element_size=_compute_size(x)),
+                       first["events"])
 
 
 def _compute_size(x: torch.Tensor) -> int:

@@ -353,9 +353,9 @@ E, K, C, B, S, H, STEPS_TIMED, WARMUP = 8, 2, 1.25, 4, 64, 128, 8, 2     # per r
 print(f"4 ranks, each a layer of E = {E}, k = {K}, C = {C}, b = {B}, s = {S}, h = {H}")
 layer = lessonlib.launch(measure.time_layer, 4, n_experts=E, top_k=K, capacity_factor=C,
                          b=B, s=S, h=H, steps=STEPS_TIMED, warmup=WARMUP)
-step = np.array([max(s) for s in zip(*(r["step_s"] for r in layer))])
-a2a = np.array([max(s) for s in zip(*(r["alltoall_s"] for r in layer))])
-dispatch_bytes = max(sum(r["stats"]["sent_rows"]) for r in layer) * H * 4      # float32
+step = np.array([max(s) for s in zip(*(r.step_s for r in layer))])
+a2a = np.array([max(s) for s in zip(*(r.alltoall_s for r in layer))])
+dispatch_bytes = max(sum(r.stats["sent_rows"]) for r in layer) * H * 4      # float32
 sizes = tuple(2**i for i in range(10, 23))                    # 1 KiB to 4 MiB per rank
 *points, held_out = lessonlib.launch(measure.alltoall_sweep, 4, sizes + (dispatch_bytes,))[0]
 fit = fit_alpha_beta([(e, size / e, t) for e, size, t in points], "naive_ring", links="shared")

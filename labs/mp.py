@@ -58,7 +58,8 @@ def line_over_rounds(rounds: list[list[dict]], reference: dict) -> dict:
     row["step_time_s"] = labkit.median(row["step_times_s"])
     row["stash_bytes_per_rank"] = [max(b) for b in zip(*(r["stash_bytes_per_rank"] for r in rows))]
     diffs = [mp.parity(run, reference) for run in rounds]
-    row["parity"] = {k: max(d[k] for d in diffs) for k in diffs[0]}
+    row["parity"] = {k: max(getattr(d, k) for d in diffs)
+                     for k in ("loss_max_abs_diff", "weights_max_abs_diff")}
     return row
 
 
@@ -68,13 +69,13 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     full = mp.make_model(settings["model"], settings["seed"], settings["layers"],
                          settings["hidden"], settings["width"])
     n_params = sum(q.numel() for q in full.parameters())
-    per_param = reference["param_bytes"] // n_params          # 4 bytes: fp32
+    per_param = reference.param_bytes // n_params          # 4 bytes: fp32
     by_p = {}
     for i, p in enumerate(settings["p"]):
         row = line_over_rounds([[r["runs"][k][i] for r in ranks]
                                 for k in range(settings["rounds"])], reference)
-        row["param_bytes_split"] = [per_param * s["params"] for s in split_summary(full, p)]
-        row["param_bytes_even"] = reference["param_bytes"] / p
+        row["param_bytes_split"] = [per_param * s.params for s in split_summary(full, p)]
+        row["param_bytes_even"] = reference.param_bytes / p
         by_p[str(p)] = row
     largest = max(settings["p"])
     results = {"lessonlib": {"step_time_s": by_p[str(largest)]["step_time_s"], "by_p": by_p}}
@@ -87,9 +88,9 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
                         "param_bytes_split": "the balanced split's stages (layer_split)",
                         "step_time": "the same as p = 1: the stages run one after another"},
         "idle_share": {str(p): bubble_fraction(p, 1) for p in range(1, P_THEORY + 1)},
-        "param_bytes_split": {str(p): [per_param * s["params"] for s in split_summary(full, p)]
+        "param_bytes_split": {str(p): [per_param * s.params for s in split_summary(full, p)]
                               for p in range(1, min(P_THEORY, n_layers) + 1)},
-        "param_bytes_model": reference["param_bytes"]}
+        "param_bytes_model": reference.param_bytes}
     if "1" in by_p:
         one = by_p["1"]["step_time_s"]
         record["step_time_over_p1"] = {k: row["step_time_s"] / one for k, row in by_p.items()}

@@ -200,7 +200,7 @@ def measure_assembly_line(p: int) -> dict:
     results = mp.run_assembly_line(p, p=p, model="mlp", steps=2, warmup=1, batch=8,
                                    layers=2 * p, width=128)
     return {"record": mp.line_record(results),
-            "timelines": [r["timeline"] for r in sorted(results, key=lambda r: r["stage"])]}
+            "timelines": [r.timeline for r in sorted(results, key=lambda r: r.stage)]}
 
 
 def draw_assembly_line(result: dict, p: int):

@@ -55,8 +55,8 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     (parity,) = runs.parity_report([r["parity"] for r in ranks])   # raises if it differs
     results = {"lessonlib": {"schedules": {}}, "torch": {"schedules": {}}}
     for row in rows:
-        case = {k: row[k] for k in ("step_time_s", "bubble_per_stage", "bubble_mean",
-                                    "peak_stash_per_stage", "peak_stash_bytes_per_stage")}
+        case = {k: getattr(row, k) for k in ("step_time_s", "bubble_per_stage", "bubble_mean",
+                                             "peak_stash_per_stage", "peak_stash_bytes_per_stage")}
         results[row.engine]["schedules"].setdefault(row.schedule, {})[f"m={row.m}"] = case
     for engine in results:
         # headline: 1F1B at the largest m run (the shared shape's step_time_s)

@@ -84,13 +84,13 @@ def test_all_to_all_bytes_equal_the_routing_counts_and_no_nccl_hazard(reports):
         for r in ranks:
             measured = runs.sent_and_received(r.events, r.rank)
             expected = runs.expected_bytes(r.stats, E, r.h)
-            assert (measured["sent"], measured["received"]) == \
-                (expected["sent"], expected["received"]), (E, e, r.rank)
+            assert (measured.sent, measured.received) == \
+                (expected.sent, expected.received), (E, e, r.rank)
             if e == 1:
-                assert measured["sent_off_rank"] == 0
+                assert measured.sent_off_rank == 0
         # what all ranks send off-rank, all ranks receive
-        assert sum(runs.sent_and_received(r.events, r.rank)["sent_off_rank"] for r in ranks) \
-            == sum(runs.sent_and_received(r.events, r.rank)["received_off_rank"] for r in ranks)
+        assert sum(runs.sent_and_received(r.events, r.rank).sent_off_rank for r in ranks) \
+            == sum(runs.sent_and_received(r.events, r.rank).received_off_rank for r in ranks)
         assert nccl_hazards([r.events for r in ranks]) == []
 
 

@@ -33,6 +33,7 @@ KEYED_AREAS = {
     "lessonlib.long_run.": "the hybrid package refactor converts the long run's loop",
     "lessonlib.grid.": "the one-grid refactor (with the hybrid package) reshapes the grid",
 }
+KEYED_BY_DATA = "{data}:"
 SEQUENCE_CALLS = {"next", "max", "min", "sorted", "list", "reversed", "iter"}
 
 
@@ -54,16 +55,28 @@ class _Reader(ast.NodeVisitor):
         return None
 
     def origin(self, expr) -> str | None:
-        """The lessonlib function whose result ``expr`` is, or a part of; None if none."""
+        """The lessonlib function whose result ``expr`` is, or a part of; None if none. A
+        dict the notebook builds of results (``{name: f(name) for ...}``) is tied as
+        ``KEYED_BY_DATA + function``: its own keys are data, its values the results."""
         if isinstance(expr, ast.Name):
             return self.tied.get(expr.id)
         if isinstance(expr, ast.Subscript):
-            return self.origin(expr.value)
+            origin = self.origin(expr.value)
+            return origin.removeprefix(KEYED_BY_DATA) if origin else None
         if isinstance(expr, (ast.GeneratorExp, ast.ListComp)):
             first = expr.generators[0]       # (r for r in rows ...): items of rows
             if isinstance(expr.elt, ast.Name) and expr.elt.id in _targets(first.target):
                 return self.origin(first.iter)
-            return None
+            return self._call(expr.elt)      # [f(x) for x in ...]: a list of f's results
+        if isinstance(expr, ast.DictComp):
+            value = self._call(expr.value)
+            return KEYED_BY_DATA + value if value else None
+        if isinstance(expr, (ast.List, ast.Tuple)):
+            found = {self._call(e) for e in expr.elts}
+            return found.pop() if len(found) == 1 else None
+        return self._call(expr)
+
+    def _call(self, expr) -> str | None:
         if not isinstance(expr, ast.Call):
             return None
         if isinstance(expr.func, ast.Name) and expr.func.id in SEQUENCE_CALLS and expr.args:
@@ -131,7 +144,7 @@ class _Reader(ast.NodeVisitor):
         key = node.slice
         if isinstance(key, ast.Constant) and isinstance(key.value, str):
             origin = self.origin(node.value)
-            if origin:
+            if origin and not origin.startswith(KEYED_BY_DATA):
                 self.found.append((node.lineno, origin, key.value))
         self.generic_visit(node)
 

@@ -97,12 +97,9 @@ def _worst(module, reference, attr=None) -> float:
 
 @dataclass
 class LayerParity:
-    """One rank's ``parity``: the case (E, e, k, C, shared, d, h, routing), the experts this
-    rank holds; the first step's errors against one process (output, input gradient,
-    auxiliary loss, every gradient), drops and tokens per expert (expert-parallel, one
-    process), the layer's routing stats, the all-to-alls' ledger events and the gradient
-    sync's all-reduces; after the last step the weights' and the bias's errors and how far
-    the bias moved."""
+    """One rank's ``parity``: the case, the experts this rank holds; the first step's errors
+    against one process, drops and tokens per expert (ours, one process's), routing stats,
+    ledger events and sync all-reduces; the last step's weight and bias errors, bias moved."""
     rank: int
     E: int
     e: int
@@ -271,17 +268,26 @@ def run_parity(world_size: int, cases=CASES, timeout: float = 120, **kwargs) -> 
     return launcher.launch(parity_reports, world_size, cases, timeout=timeout, **kwargs)
 
 
-def sent_and_received(events, rank: int) -> dict:
+@dataclass
+class Traffic:
+    """Bytes a rank's all-to-alls sent and received, and of those to or from other ranks."""
+    sent: int
+    received: int
+    sent_off_rank: int | None = None
+    received_off_rank: int | None = None
+
+
+def sent_and_received(events, rank: int) -> Traffic:
     """Bytes this rank's all-to-alls sent and received, in all and to or from other ranks."""
     sends = [ev for ev in events if ev.op == "send"]
     recvs = [ev for ev in events if ev.op == "recv"]
-    return {"sent": sum(ev.bytes for ev in sends), "received": sum(ev.bytes for ev in recvs),
-            "sent_off_rank": sum(ev.bytes for ev in sends if ev.peer != rank),
-            "received_off_rank": sum(ev.bytes for ev in recvs if ev.peer != rank)}
+    return Traffic(sum(ev.bytes for ev in sends), sum(ev.bytes for ev in recvs),
+                   sum(ev.bytes for ev in sends if ev.peer != rank),
+                   sum(ev.bytes for ev in recvs if ev.peer != rank))
 
 
 def expected_bytes(stats: dict, E: int, h: int, element_size: int = 8, count_size: int = 8,
-                   return_element_size: int | None = None, backward: bool = True) -> dict:
+                   return_element_size: int | None = None, backward: bool = True) -> Traffic:
     """What the routing counts say one step's all-to-alls move for this rank, sent and
     received alike: the counts (E integers), the rows it dispatches (sum of ``sent_rows``,
     in the input's ``element_size``) and the results it returns (sum of ``received_rows``,
@@ -290,4 +296,4 @@ def expected_bytes(stats: dict, E: int, h: int, element_size: int = 8, count_siz
     rows_out, rows_in = sum(stats["sent_rows"]), sum(stats["received_rows"])
     d, r = element_size, return_element_size or element_size
     rows = rows_out * d + rows_in * r + ((rows_out * r + rows_in * d) if backward else 0)
-    return {"sent": E * count_size + rows * h, "received": E * count_size + rows * h}
+    return Traffic(sent=E * count_size + rows * h, received=E * count_size + rows * h)

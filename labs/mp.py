@@ -21,6 +21,7 @@ Laptop:  python labs/mp.py --world-size 4 --json data/mp_cpu_results.json
 GPU box: torchrun --nproc-per-node 8 labs/mp.py --hidden 1024 --layers 16 --batch 32 \\
              --json results/mp.json
 """
+import dataclasses
 import sys
 from argparse import Namespace
 
@@ -49,14 +50,14 @@ def line_over_rounds(rounds: list[list[dict]], reference: dict) -> dict:
     """One p's runs (one list of rank results per round) as one row: each rank's idle share
     averaged over the rounds, the median of every step's time, the worst parity."""
     rows = [mp.line_record(run) for run in rounds]
-    row = dict(rows[0])
-    row["idle_per_rank"] = [sum(r["idle_per_rank"][s] for r in rows) / len(rows)
+    row = dataclasses.asdict(rows[0])                  # the JSON row the lab stores
+    row["idle_per_rank"] = [sum(r.idle_per_rank[s] for r in rows) / len(rows)
                             for s in range(row["p"])]
     row["idle_mean"] = sum(row["idle_per_rank"]) / row["p"]
-    row["busy_s_per_rank"] = [sum(r["busy_s_per_rank"][s] for r in rows) for s in range(row["p"])]
-    row["step_times_s"] = [t for r in rows for t in r["step_times_s"]]
+    row["busy_s_per_rank"] = [sum(r.busy_s_per_rank[s] for r in rows) for s in range(row["p"])]
+    row["step_times_s"] = [t for r in rows for t in r.step_times_s]
     row["step_time_s"] = labkit.median(row["step_times_s"])
-    row["stash_bytes_per_rank"] = [max(b) for b in zip(*(r["stash_bytes_per_rank"] for r in rows))]
+    row["stash_bytes_per_rank"] = [max(b) for b in zip(*(r.stash_bytes_per_rank for r in rows))]
     diffs = [mp.parity(run, reference) for run in rounds]
     row["parity"] = {k: max(getattr(d, k) for d in diffs)
                      for k in ("loss_max_abs_diff", "weights_max_abs_diff")}

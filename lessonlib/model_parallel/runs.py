@@ -101,7 +101,23 @@ def summarize(results: list[LineResult]) -> list[StageRow]:
             for r in line]
 
 
-def line_record(results: list[LineResult]) -> dict:
+@dataclass
+class LineRecord:
+    """``line_record``: one line as the numbers ``labs/mp.py`` stores (``dataclasses.asdict``
+    is its JSON row): idle share per rank and its mean beside (p-1)/p, the median and every
+    step time, and busy seconds, parameter and stashed activation bytes per rank."""
+    p: int
+    idle_per_rank: list
+    idle_mean: float
+    idle_predicted: float
+    step_time_s: float
+    step_times_s: list
+    busy_s_per_rank: list
+    param_bytes_per_rank: list
+    stash_bytes_per_rank: list
+
+
+def line_record(results: list[LineResult]) -> LineRecord:
     """``results[0]``'s line as one row: idle share per rank and its mean next to the
     predicted (p-1)/p, the median step time (first span of a step to its last, over the
     line), and parameter, activation and busy figures per rank in stage order."""
@@ -110,8 +126,6 @@ def line_record(results: list[LineResult]) -> dict:
     spans = [[s for r in line for s in r.timeline if s.step == k] for k in steps]
     times = [max(s.end for s in x) - min(s.start for s in x) for x in spans]
     idle = [r.idle_measured for r in rows]
-    return {"p": p, "idle_per_rank": idle, "idle_mean": sum(idle) / p,
-            "idle_predicted": bubble_fraction(p, 1), "step_time_s": statistics.median(times),
-            "step_times_s": times, "busy_s_per_rank": [r.busy_s for r in rows],
-            "param_bytes_per_rank": [r.param_bytes for r in rows],
-            "stash_bytes_per_rank": [r.stash_bytes for r in rows]}
+    return LineRecord(p, idle, sum(idle) / p, bubble_fraction(p, 1), statistics.median(times),
+                      times, [r.busy_s for r in rows], [r.param_bytes for r in rows],
+                      [r.stash_bytes for r in rows])

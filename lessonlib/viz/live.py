@@ -207,17 +207,17 @@ def draw_assembly_line(result: dict, p: int):
     record = result["record"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3), constrained_layout=True,
                                       gridspec_kw={"width_ratios": [1, 2]})
-    left.bar(range(p), record["idle_per_rank"], color="#4c72b0", label="measured")
-    left.axhline(record["idle_predicted"], color="black", ls="--",
-                 label=f"predicted (p-1)/p = {record['idle_predicted']:.2f}")
+    left.bar(range(p), record.idle_per_rank, color="#4c72b0", label="measured")
+    left.axhline(record.idle_predicted, color="black", ls="--",
+                 label=f"predicted (p-1)/p = {record.idle_predicted:.2f}")
     left.set_xticks(range(p), [f"rank {r}" for r in range(p)])
     left.set_ylim(0, 1)
     left.set_ylabel("idle share of the step")
     left.legend(fontsize=8, loc="lower right")
     gantt([[s for s in line if s.kind in ("F", "B") or s.kind.startswith("RECV")]
            for line in result["timelines"]], ax=right, title=f"p = {p}: one rank works at a time")
-    return fig, (f"idle share, mean over ranks: measured {record['idle_mean']:.2f}, "
-                 f"predicted {record['idle_predicted']:.2f}\n")
+    return fig, (f"idle share, mean over ranks: measured {record.idle_mean:.2f}, "
+                 f"predicted {record.idle_predicted:.2f}\n")
 
 
 def assembly_line_widget(p: int = 3):

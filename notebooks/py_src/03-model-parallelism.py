@@ -201,8 +201,8 @@ results_2 = mp.run_assembly_line(2, p=2, **SETTINGS)
 this_run = [mp.line_record(results_2), mp.line_record(results)]
 print(f"{'p':>2} {'idle predicted':>15} {'idle measured (mean)':>21} {'ms per step':>12}")
 for rec in this_run:
-    print(f"{rec['p']:>2} {rec['idle_predicted']:>15.0%} {rec['idle_mean']:>21.0%} "
-          f"{rec['step_time_s'] * 1e3:>12.1f}")
+    print(f"{rec.p:>2} {rec.idle_predicted:>15.0%} {rec.idle_mean:>21.0%} "
+          f"{rec.step_time_s * 1e3:>12.1f}")
 
 # %%
 tpviz.plot_assembly_line(results_2, title="the same castle on 2 stages")

@@ -61,7 +61,7 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     for engine in results:
         # headline: 1F1B at the largest m run (the shared shape's step_time_s)
         one = [r for r in rows if (r.engine, r.schedule) == (engine, "1f1b")]
-        results[engine]["step_time_s"] = (max(one, key=lambda r: r.m)["step_time_s"]
+        results[engine]["step_time_s"] = (max(one, key=lambda r: r.m).step_time_s
                                           if one else None)
     results["lessonlib"]["max_weight_diff_vs_one_process"] = parity.max_weights_diff
     results["lessonlib"]["max_grad_diff_vs_one_process"] = parity.max_grads_diff

@@ -1,6 +1,7 @@
-"""Results come back as records: no notebook reads a lessonlib result by a string key.
+"""Results come back as records: no notebook or lab reads a lessonlib result by a string key.
 
-Static, so it costs no run: each notebook's source (``notebooks/py_src``) is read in order,
+Static, so it costs no run: each notebook's source (``notebooks/py_src``) and each lab
+(``labs/*.py``) is read in order,
 statement by statement. A name is tied to the lessonlib function whose call it was bound
 from (``rows = runs.summarize(...)``; ``lessonlib.launch(runs.parity, ...)`` ties it to
 ``runs.parity``, what each rank returned), and the tie passes on to what is taken out of it
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from test_layout import NOTEBOOK_SOURCES, _import_targets
+from test_layout import LABS, NOTEBOOK_SOURCES, _import_targets
 
 # Results whose string keys are data or a file format, not field names; and the areas that
 # other work of this round rewrites (they follow when it lands).
@@ -168,9 +169,9 @@ def _excused(function: str) -> bool:
 
 @functools.cache
 def _reads() -> dict[str, list[str]]:
-    """lessonlib function -> "notebook:line ['key']" for each read not excused."""
+    """lessonlib function -> "notebook or lab:line ['key']" for each read not excused."""
     reads = {}
-    for source in sorted(NOTEBOOK_SOURCES.glob("[0-9][0-9]-*.py")):
+    for source in sorted(NOTEBOOK_SOURCES.glob("[0-9][0-9]-*.py")) + sorted(LABS.glob("*.py")):
         for line, function, key in keyed_reads(source):
             if not _excused(function):
                 reads.setdefault(function, []).append(f"{source.stem}:{line} [{key!r}]")
@@ -187,11 +188,15 @@ def test_the_reader_follows_a_result_into_rows_loops_and_launches(tmp_path):
         "per_rank = lessonlib.launch(runs.parity, 2, [])\n"
         "x = per_rank[0]['stash']\n"
         "rows = {'mine': 1}\nrows['mine']\n"
-        "print(best.step_time_s, [r.m for r in runs.summarize([])])\n")
+        "print(best.step_time_s, [r.m for r in runs.summarize([])])\n"
+        "why = {n: runs.explain_bubble([], n) for n in 'ab'}\nwhy['a']['theory']\n"
+        "pair = [runs.theory('gpipe', 2, 4, 1, 'wall') for _ in 'ab']\npair[0]['x']\n")
     assert keyed_reads(source) == [
         (4, "lessonlib.pipeline.runs.summarize", "m"),
         (6, "lessonlib.pipeline.runs.summarize", "bubble_mean"),
-        (8, "lessonlib.pipeline.runs.parity", "stash")]
+        (8, "lessonlib.pipeline.runs.parity", "stash"),
+        (13, "lessonlib.pipeline.runs.explain_bubble", "theory"),
+        (15, "lessonlib.pipeline.runs.theory", "x")]
 
 
 @pytest.mark.parametrize("area", sorted(KEYED_AREAS) + sorted(KEYED))
@@ -201,7 +206,7 @@ def test_each_excuse_names_something_that_exists(area):
     assert _module_file(dotted) or _module_file(dotted.rpartition(".")[0]), area
 
 
-def test_no_notebook_reads_a_lessonlib_result_by_a_string_key():
+def test_no_notebook_or_lab_reads_a_lessonlib_result_by_a_string_key():
     reads = _reads()
     assert not reads, "lessonlib results read by key (return a dataclass instead): " + \
         "; ".join(f"{f}: {', '.join(sites[:3])}" for f, sites in sorted(reads.items()))

@@ -33,7 +33,7 @@ def test_same_losses_and_weights_as_one_process(runs, kind, settings, lines):
         diff = mp.parity(runs[kind][first_rank:], reference)
         assert diff.loss_max_abs_diff < 1e-5, diff
         assert diff.weights_max_abs_diff < 1e-6, diff
-    assert len(runs[kind][-1]["losses"]) == SETTINGS["steps"] + SETTINGS["warmup"]
+    assert len(runs[kind][-1].losses) == SETTINGS["steps"] + SETTINGS["warmup"]
 
 
 @pytest.mark.timeout(300)

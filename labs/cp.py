@@ -97,10 +97,10 @@ def worker(settings: dict) -> dict:
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     theirs = torch_ring_attention(q, k, v, causal)
     rows["torch_context_parallel", "torch's"] = {
-        "error": theirs.get("error"), "times": [],
-        "max_abs_error": (theirs["output"] - reference).abs().max().item()
-        if "output" in theirs else None}
-    if "output" in theirs:
+        "error": theirs.error, "times": [],
+        "max_abs_error": (theirs.output - reference).abs().max().item()
+        if theirs.output is not None else None}
+    if theirs.output is not None:
         steps["torch_context_parallel", "torch's"] = lambda: torch_ring_attention(q, k, v, causal)
     order = list(steps)
     for i in range(settings["warmup"] + settings["steps"]):

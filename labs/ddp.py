@@ -45,14 +45,14 @@ def worker(rungs, cfg, dtype: str, **timing) -> dict:
     out = labkit.in_dtype(ddp_bench, dtype)(rungs, cfg, **timing)
     n = dist.get_world_size()
     out["parity_weights"] = {rung: train_replicas(rung, global_batch=2 * n, **PARITY)
-                             ["weights"].cpu() for rung in rungs}
+                             .weights.cpu() for rung in rungs}
     return out
 
 
 def compare_parity(ranks: list[dict]) -> dict[str, float]:
     """Each rung's largest weight difference from one process on the whole batch, over the
     ranks; raises, naming the rung and the rank, beyond float32's rounding."""
-    want = train_single(global_batch=2 * len(ranks), **PARITY)["weights"]
+    want = train_single(global_batch=2 * len(ranks), **PARITY).weights
     diffs = {}
     for rung in ranks[0]["parity_weights"]:
         per_rank = [(r["parity_weights"][rung] - want).abs().max().item() for r in ranks]

@@ -87,7 +87,7 @@ def test_activations_per_rank_are_one_cth(ranks):
             assert report.saved_bytes * c == one          # q, k, v, out, lse: s/c tokens
     for c, reports in ((c, [r["gpt"][c] for r in ranks]) for c in (2, 4)):
         for report in reports:
-            ratio = report["activation_bytes"] / report["one_process_activation_bytes"]
+            ratio = report.activation_bytes / report.one_process_activation_bytes
             assert ratio == pytest.approx(1 / c, rel=0.1)
 
 
@@ -108,10 +108,10 @@ def test_causal_work_contiguous_unbalanced_zigzag_balanced(ranks):
 def test_gpt_equals_one_process_after_3_steps(ranks, c):
     for r in ranks:
         report = r["gpt"][c]
-        assert report["d"] == (4 // c if c != "contiguous" else 1)
-        assert report["losses"] == pytest.approx(report["reference_losses"], abs=1e-12)
-        assert report["grads"][0] < TOL, report["grads"]
-        assert report["weights"][0] < TOL, report["weights"]
+        assert report.d == (4 // c if c != "contiguous" else 1)
+        assert report.losses == pytest.approx(report.reference_losses, abs=1e-12)
+        assert report.grads[0] < TOL, report.grads
+        assert report.weights[0] < TOL, report.weights
 
 
 @pytest.mark.timeout(150)

@@ -111,10 +111,10 @@ def test_the_bytes_by_hand_and_what_gqa_saves(ranks):
 def test_gpt_equals_one_process_after_3_steps(ranks, method, c):
     for r in ranks:
         report = r["gpt"][method, c]
-        assert report["d"] == 4 // c and report["method"] == method
-        assert report["losses"] == pytest.approx(report["reference_losses"], abs=1e-12)
-        assert report["grads"][0] < TOL, report["grads"]
-        assert report["weights"][0] < TOL, report["weights"]
+        assert report.d == 4 // c and report.method == method
+        assert report.losses == pytest.approx(report.reference_losses, abs=1e-12)
+        assert report.grads[0] < TOL, report.grads
+        assert report.weights[0] < TOL, report.weights
 
 
 @pytest.mark.timeout(150)

@@ -49,15 +49,16 @@ def test_expert_parallel_equals_one_process(world_size, request):
         for r in ranks:
             for what in ("output", "input_grad", "grads", "weights_after_steps", "aux_loss",
                          "bias_after_steps"):
-                assert r[what] < TIGHT, (E, e, k, C, routing, r["rank"], what, r[what])
-            assert r["dropped"][0] == r["dropped"][1] and r["tokens_per_expert"][0] == \
-                r["tokens_per_expert"][1], (E, e, k, C, routing)
-            assert len(r["expert_ids"]) == E // e
-        assert sorted(x for r in ranks[:e] for x in r["expert_ids"]) == list(range(E))
-        dropped = sum(r["dropped"][0] for r in ranks)
+                got = getattr(r, what)
+                assert got < TIGHT, (E, e, k, C, routing, r.rank, what, got)
+            assert r.dropped[0] == r.dropped[1] and r.tokens_per_expert[0] == \
+                r.tokens_per_expert[1], (E, e, k, C, routing)
+            assert len(r.expert_ids) == E // e
+        assert sorted(x for r in ranks[:e] for x in r.expert_ids) == list(range(E))
+        dropped = sum(r.dropped[0] for r in ranks)
         assert dropped == 0 if C is None else dropped > 0, (E, e, k, C, routing, dropped)
         # the bias moved (by 0.05 a step), the same on every replica
-        assert (min(r["bias_moved"] for r in ranks) > 0) == (routing.get("balance") == "bias")
+        assert (min(r.bias_moved for r in ranks) > 0) == (routing.get("balance") == "bias")
 
 
 def test_the_routing_cases_hold_every_pair_of_options_at_each_e():
@@ -81,16 +82,16 @@ def test_all_to_all_bytes_equal_the_routing_counts_and_no_nccl_hazard(reports):
     for i, (E, e, *_rest) in enumerate(ALL_CASES):
         ranks = [r[i] for r in reports]
         for r in ranks:
-            measured = layer_runs.sent_and_received(r["events"], r["rank"])
-            expected = layer_runs.expected_bytes(r["stats"], E, r["h"])
-            assert (measured["sent"], measured["received"]) == \
-                (expected["sent"], expected["received"]), (E, e, r["rank"])
+            measured = layer_runs.sent_and_received(r.events, r.rank)
+            expected = layer_runs.expected_bytes(r.stats, E, r.h)
+            assert (measured.sent, measured.received) == \
+                (expected.sent, expected.received), (E, e, r.rank)
             if e == 1:
-                assert measured["sent_off_rank"] == 0
+                assert measured.sent_off_rank == 0
         # what all ranks send off-rank, all ranks receive
-        moved = [layer_runs.sent_and_received(r["events"], r["rank"]) for r in ranks]
-        assert sum(m["sent_off_rank"] for m in moved) == sum(m["received_off_rank"] for m in moved)
-        assert nccl_hazards([r["events"] for r in ranks]) == []
+        moved = [layer_runs.sent_and_received(r.events, r.rank) for r in ranks]
+        assert sum(m.sent_off_rank for m in moved) == sum(m.received_off_rank for m in moved)
+        assert nccl_hazards([r.events for r in ranks]) == []
 
 
 @pytest.mark.timeout(60)
@@ -98,8 +99,8 @@ def test_averaging_expert_gradients_over_the_wrong_group_is_caught():
     with bug_switches.enabled("ep_expert_grads_wrong_group"):
         ranks = layer_runs.run_parity(2, cases=[(4, 2, 2, 1.0, False)])
     r = [x[0] for x in ranks]
-    assert max(x["output"] for x in r) < TIGHT          # the forward cannot see it
-    assert min(x["grads"] for x in r) > 1e-3            # the expert gradients can
+    assert max(x.output for x in r) < TIGHT             # the forward cannot see it
+    assert min(x.grads for x in r) > 1e-3               # the expert gradients can
 
 
 def test_bad_settings_get_one_line_before_any_process_starts(monkeypatch):
@@ -155,7 +156,7 @@ def test_the_package_has_a_map():
 
 def test_nccl_hazards_sees_an_all_to_all_whose_splits_disagree(reports):
     import copy
-    ranks = [copy.deepcopy(r[1]["events"]) for r in reports]      # E=4, e=2
+    ranks = [copy.deepcopy(r[1].events) for r in reports]         # E=4, e=2
     recv = next(ev for ev in ranks[0] if ev.op == "recv" and ev.peer == 1 and ev.bytes)
     recv.bytes += 8                          # rank 0 expects one more element from rank 1
     hazards = nccl_hazards(ranks)
@@ -171,8 +172,8 @@ def test_an_expert_parallel_moe_gpt_trains_like_one_process():
     import lessonlib
     for rank in lessonlib.launch(layer_runs.gpt_parity_reports, 4, 2):
         for r in rank:
-            assert max(r["loss"]) < TIGHT and r["grads"] < TIGHT, r
-            assert r["weights_after_steps"] < TIGHT and r["bias_after_steps"] < TIGHT, r
+            assert max(r.loss) < TIGHT and r.grads < TIGHT, r
+            assert r.weights_after_steps < TIGHT and r.bias_after_steps < TIGHT, r
 
 
 @pytest.mark.timeout(120)

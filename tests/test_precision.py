@@ -125,13 +125,13 @@ def test_equal_to_torchao_where_it_runs_on_the_cpu(name):
 def test_fsdp_gathers_float8_weights_in_half_the_bytes_and_steps_as_one_process():
     ranks = lessonlib.launch(fsdp_float8.gather_bytes, 2, timeout=120)
     for out in ranks:
-        n = out["fp8_shard_elements"]
-        assert out["fp8_gathers"]["torch.uint8"] == n                    # 1 byte each
-        assert out["bf16_gathers"]["torch.bfloat16"] == \
-            2 * n + out["fp8_gathers"]["torch.bfloat16"]                 # 2 bytes each
-        assert out["fp8_amax_all_reduces"] == 2 and out["bf16_amax_all_reduces"] == 0
-        assert out["max_weight_step"] > 1e-3
-        assert out["max_weight_diff_vs_one_process"] < 1e-6
+        n = out.fp8_shard_elements
+        assert out.fp8_gathers["torch.uint8"] == n                    # 1 byte each
+        assert out.bf16_gathers["torch.bfloat16"] == \
+            2 * n + out.fp8_gathers["torch.bfloat16"]                 # 2 bytes each
+        assert out.fp8_amax_all_reduces == 2 and out.bf16_amax_all_reduces == 0
+        assert out.max_weight_step > 1e-3
+        assert out.max_weight_diff_vs_one_process < 1e-6
 
 
 def test_bad_input_is_refused_with_one_clear_line():

@@ -7,8 +7,11 @@ output and its gradients of q, k and v with one-process ``scaled_dot_product_att
 the whole tensors (each rank computes that reference itself: the shapes are tiny); it also
 returns what the ring did at each step (``RingRecorder``), the ledger of every message (bytes
 received, against ``costmodel.context``'s formula, and the events for ``nccl_rules.nccl_hazards``)
-and the bytes autograd saved, as one ``RingParity`` record. ``gpt_report`` trains the c-rank GPT (with data parallelism on
-a (d, c) grid) and one process side by side for a few steps.
+and the bytes autograd saved, as one ``RingParity`` record. ``gpt_report`` trains the c-rank
+GPT (with data parallelism on a (d, c) grid) and one process side by side for a few steps,
+as one ``GPTReport`` record.
+
+One job: the rank side of the context-parallel checks; its length is their records.
 
 One 4-rank launch checks c = 1, 2, 3 and 4: ranks form groups of c consecutive ranks; at
 c = 3 the fourth rank is in no group, and checks that it is refused.
@@ -183,8 +186,25 @@ def balance_report(s: int = 256, b: int = 1, heads: int = 2, head_dim: int = 16,
     return out
 
 
+@dataclass
+class GPTReport:
+    """One rank's ``gpt_report``: each step's loss beside one process's, the worst first-step
+    gradient and final weight errors (relative, with the parameter's name), and the bytes
+    one forward saved for the backward here and in one process on this rank's b."""
+    rank: int
+    c: int
+    d: int
+    method: str
+    losses: list
+    reference_losses: list
+    grads: tuple
+    weights: tuple
+    activation_bytes: int
+    one_process_activation_bytes: int
+
+
 def gpt_report(c: int, cfg: GPTConfig, b: int = 2, steps: int = 3, layout: str = "zigzag",
-               seed: int = 0, lr: float = 0.1, method: str = "ring") -> dict:
+               seed: int = 0, lr: float = 0.1, method: str = "ring") -> GPTReport:
     """The c-rank GPT (d = world / c; attention by ``method``) against one process on the
     whole batch of d*b sequences, float64, SGD with momentum: losses, first-step gradients,
     final weights; and the activation bytes of one forward on this rank against one process
@@ -194,8 +214,7 @@ def gpt_report(c: int, cfg: GPTConfig, b: int = 2, steps: int = 3, layout: str =
     model = ContextParallelGPT(reference, grid.cp.group, layout, method)
     opts = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for m in (reference, model)]
     gen = torch.Generator().manual_seed(seed + 1)
-    report = {"rank": dist.get_rank(), "c": c, "d": grid.dp.size, "method": method, "losses": [],
-              "reference_losses": []}
+    losses, reference_losses, grads = [], [], None
     rows = grid.dp.size * b
     for step in range(steps):
         idx, targets = (torch.randint(0, cfg.vocab, (rows, cfg.seq), generator=gen).to(dev)
@@ -204,25 +223,24 @@ def gpt_report(c: int, cfg: GPTConfig, b: int = 2, steps: int = 3, layout: str =
                 for t in (idx, targets)]                               # (b, s/c)
         loss = lm_loss(reference(idx), targets)
         loss.backward()
-        report["reference_losses"].append(loss.item())
-        report["losses"].append(forward_backward(model, *mine))
+        reference_losses.append(loss.item())
+        losses.append(forward_backward(model, *mine))
         if step == 0:
             ref = dict(reference.named_parameters())
-            report["grads"] = _worst({n: p.grad for n, p in model.gpt.named_parameters()},
-                                     {n: p.grad for n, p in ref.items()})
+            grads = _worst({n: p.grad for n, p in model.gpt.named_parameters()},
+                           {n: p.grad for n, p in ref.items()})
         for opt in opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
-    report["weights"] = _worst(dict(model.gpt.named_parameters()),
-                               dict(reference.named_parameters()))
+    weights = _worst(dict(model.gpt.named_parameters()), dict(reference.named_parameters()))
     with saved_bytes(exclude=model.parameters()) as ours:
         model(mine[0])
     whole = idx[grid.dp.rank * b:(grid.dp.rank + 1) * b]
     with saved_bytes(exclude=reference.parameters()) as theirs:
         reference(whole)
-    report["activation_bytes"], report["one_process_activation_bytes"] = ours.bytes, theirs.bytes
     grid.destroy()
-    return report
+    return GPTReport(dist.get_rank(), c, grid.dp.size, method, losses, reference_losses, grads,
+                     weights, ours.bytes, theirs.bytes)
 
 
 def _worst(tensors: dict, reference: dict) -> tuple[float, str]:

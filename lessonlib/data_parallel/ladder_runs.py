@@ -8,7 +8,9 @@ own random weights and trains on its shard, ``train_single`` trains one process 
 batch, and the two must agree. ``step_timeline`` records one step on each rank: when
 backward computed and when each all-reduce ran, to see overlap (or its absence): the
 bucketed rung's stamps are taken by ``recorder.BucketRecorder``, the recorder ``DataParallel``
-is handed.
+is handed. Results come back as records (``SingleRun``, ``ReplicaRun``, ``BucketSweep``).
+
+One job: the rank side of the data-parallel lesson's runs; its length is their records.
 
 Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.data_parallel.ladder_runs.demo, 2))"``
 GPU box: the labs run these under torchrun: ``torchrun --nproc-per-node 8 labs/ddp.py``
@@ -104,21 +106,40 @@ def replica_step(ddp, after_backward, opt, x, y):
     return loss, book
 
 
+@dataclass
+class SingleRun:
+    """``train_single``: each step's loss and the weights after the last, as one vector."""
+    losses: list
+    weights: torch.Tensor
+
+
+@dataclass
+class ReplicaRun:
+    """One rank's ``train_replicas``: each step's shard loss, the weights it started from and
+    ended with (vectors), its buckets (None outside lessonlib's bucketed rungs) and each
+    step's ledger summary ({op: {"calls", "bytes"}})."""
+    rank: int
+    losses: list
+    start: torch.Tensor
+    buckets: int | None
+    weights: torch.Tensor
+    comm: list
+
+
 def train_single(cfg: GPTConfig = TINY, steps: int = 20, global_batch: int = 16,
-                 lr: float = 3e-3, seed: int = 0) -> dict:
+                 lr: float = 3e-3, seed: int = 0) -> SingleRun:
     """One process on the full batch: the run every data-parallel run must reproduce."""
     model = TinyGPT(cfg, seed)
     run = train_one_process(model, corpus_batches(cfg, global_batch, seed), steps,
                             optimizer="adamw", lr=lr)
-    return {"losses": run["losses"],
-            "weights": nn.utils.parameters_to_vector(model.parameters())}
+    return SingleRun(run["losses"], nn.utils.parameters_to_vector(model.parameters()))
 
 
 def train_replicas(rung: str = "bucketed", cfg: GPTConfig = TINY, steps: int = 20,
                    global_batch: int = 16, lr: float = 3e-3, seed: int = 0,
-                   bucket_cap_mb: float = 0.01) -> dict:
+                   bucket_cap_mb: float = 0.01) -> ReplicaRun:
     """On each rank: start from *its own* random weights, wrap, train on its shard of each
-    global batch. Returns its shard losses, final weights and per-step communication."""
+    global batch."""
     rank, n = dist.get_rank(), dist.get_world_size()
     dev = device.current_device()
     model = TinyGPT(cfg, seed + 7919 * rank).to(dev)       # different on every rank
@@ -133,9 +154,8 @@ def train_replicas(rung: str = "bucketed", cfg: GPTConfig = TINY, steps: int = 2
         comm_per_step.append(book.summary())
         progress(f"{rung} step {step + 1} of {steps}")
     buckets = len(ddp.buckets) if isinstance(ddp, DataParallel) else None
-    return {"rank": rank, "losses": losses, "start": start, "buckets": buckets,
-            "weights": nn.utils.parameters_to_vector(model.parameters()),
-            "comm": comm_per_step}
+    return ReplicaRun(rank, losses, start, buckets,
+                      nn.utils.parameters_to_vector(model.parameters()), comm_per_step)
 
 
 def ladder_messages(rungs=("naive", "flat", "async", "bucketed"), cfg: GPTConfig = TINY,
@@ -226,5 +246,5 @@ def bucket_sweep(caps_mb=(0.25, 1.0, 4.0, 16.0), cfg: GPTConfig = TIMELINE_MODEL
 def demo() -> dict:
     """Two tiny steps of rung (d): this rank's losses and how many all-reduces each took."""
     result = train_replicas("bucketed", steps=2)
-    return {"losses": result["losses"], "buckets": result["buckets"],
-            "all_reduces": [s["all_reduce"]["calls"] for s in result["comm"]]}
+    return {"losses": result.losses, "buckets": result.buckets,
+            "all_reduces": [s["all_reduce"]["calls"] for s in result.comm]}

@@ -34,18 +34,33 @@ TIMES = ((1.0, 2.0, 1.0, 2.0), (1.0, 2.0, 1.0, 2.5), (1.0, 2.0, 1.0, 3.0),
          (2.0, 4.0, 2.0, 5.0), (1.0, 2.0, 0.8, 3.0))
 
 
-def bubble_rows(ps=(2, 3, 4), extra_microbatches=(0, 3), times=TIMES) -> list[dict]:
-    """One row per (p, m = 2p + extra, times): simulated idle per device and its most idle
+@dataclass
+class BubbleRow:
+    """DualPipeV at p devices and m micro-batches, with the README's times per chunk (F, B the
+    full backward, W, FB the F&B slot): simulated idle per device and its most idle
     device's, the README's formula, the simulated peak stash and the README's 2p + 1."""
+    p: int
+    m: int
+    F: float
+    B: float
+    W: float
+    FB: float
+    idle_per_device: list
+    idle_simulated: float
+    idle_formula: float
+    peak_stash: list
+    peak_stash_readme: int
+
+
+def bubble_rows(ps=(2, 3, 4), extra_microbatches=(0, 3), times=TIMES) -> list[BubbleRow]:
+    """One ``BubbleRow`` per (p, m = 2p + extra, times)."""
     rows = []
     for p in ps:
         for m in (2 * p + e for e in extra_microbatches):
             for f, b, w, fb in times:
                 sim = simulate(dualpipev(p, m), **readme_times(f, b, w, fb))
-                rows.append({"p": p, "m": m, "F": f, "B": b, "W": w, "F&B": fb,
-                             "idle_per_device": sim.idle, "idle_simulated": max(sim.idle),
-                             "idle_formula": bubble_formula(p, f, b, w, fb),
-                             "peak_stash": sim.peak_stash, "peak_stash_readme": 2 * p + 1})
+                rows.append(BubbleRow(p, m, f, b, w, fb, sim.idle, max(sim.idle),
+                                      bubble_formula(p, f, b, w, fb), sim.peak_stash, 2 * p + 1))
     return rows
 
 
@@ -64,7 +79,7 @@ def engine_diff(per_rank: list[dict], a, b) -> float:
     """Largest difference between two cases' first-step gradients and final weights."""
     return max((x - y).abs().max().item() for result in per_rank
                for what in ("grads", "params")
-               for x, y in zip(result[a][what], result[b][what]))
+               for x, y in zip(getattr(result[a], what), getattr(result[b], what)))
 
 
 def run_parity(p: int = 2, m: int = 4, steps: int = 2, backend: str = "auto",
@@ -76,4 +91,4 @@ def run_parity(p: int = 2, m: int = 4, steps: int = 2, backend: str = "auto",
                       dtype=torch.float64, backend=backend, timeout=timeout)
     rows = schedule_runs.compare_parity(per_rank, steps=steps, dtype=torch.float64)
     return DualPipeParity(p, m, steps, rows, engine_diff(per_rank, ours, theirs),
-                          [r[ours]["stash"] for r in per_rank])
+                          [r[ours].stash for r in per_rank])

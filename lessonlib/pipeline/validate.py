@@ -366,19 +366,28 @@ def busy_time(line: list[Span]) -> float:
     return total
 
 
-def replay(schedule, stage_ms: dict) -> Simulation:
+@dataclass(frozen=True)
+class StageTimes:
+    """Measured ms per virtual stage, in the model's order, of F, B and W (what ``replay``
+    plays; ``schedule_runs.explain_bubble``'s record carries the same three fields)."""
+    forward_ms: list
+    backward_ms: list
+    weight_ms: list
+
+
+def replay(schedule, stage_ms: StageTimes) -> Simulation:
     """``schedule`` played on one run's measured times, so that schedules compare on the
-    same times, without the noise of separate runs. ``stage_ms``: "forward_ms",
-    "backward_ms" and "weight_ms", lists by the measured run's virtual stage, in the
-    model's order (as ``schedule_runs.explain_bubble`` reports them; one per stage for a run with
-    one chunk per device).
+    same times, without the noise of separate runs. ``stage_ms``: a record with
+    ``forward_ms``, ``backward_ms`` and ``weight_ms``, lists by the measured run's virtual
+    stage, in the model's order (``StageTimes``, or ``schedule_runs.explain_bubble``'s
+    record; one per stage for a run with one chunk per device).
 
     Each virtual stage of ``schedule`` takes the times of the measured virtual stage that
     holds its layers, shared evenly among the virtual stages cut from it: on a ZB-H1 run's
     two stages, ZBV's virtual stages 0 and 3, both on device 0, take half of stage 0's and
     half of stage 1's times. A schedule without W runs B + W as one backward."""
     p, _, v = check(schedule)
-    f, b, w = (list(stage_ms[k]) for k in ("forward_ms", "backward_ms", "weight_ms"))
+    f, b, w = (list(t) for t in (stage_ms.forward_ms, stage_ms.backward_ms, stage_ms.weight_ms))
     if (p * v) % len(f):
         raise ScheduleError(f"a run measured on {len(f)} virtual stages cannot be cut evenly "
                             f"into this schedule's p*v = {p * v}; replay it on a run whose "

@@ -201,24 +201,24 @@ def measure_assembly_line(p: int) -> dict:
     results = mp.run_assembly_line(p, p=p, model="mlp", steps=2, warmup=1, batch=8,
                                    layers=2 * p, width=128)
     return {"record": mp.line_record(results),
-            "timelines": [r["timeline"] for r in sorted(results, key=lambda r: r["stage"])]}
+            "timelines": [r.timeline for r in sorted(results, key=lambda r: r.stage)]}
 
 
 def draw_assembly_line(result: dict, p: int):
     record = result["record"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3), constrained_layout=True,
                                       gridspec_kw={"width_ratios": [1, 2]})
-    left.bar(range(p), record["idle_per_rank"], color="#4c72b0", label="measured")
-    left.axhline(record["idle_predicted"], color="black", ls="--",
-                 label=f"predicted (p-1)/p = {record['idle_predicted']:.2f}")
+    left.bar(range(p), record.idle_per_rank, color="#4c72b0", label="measured")
+    left.axhline(record.idle_predicted, color="black", ls="--",
+                 label=f"predicted (p-1)/p = {record.idle_predicted:.2f}")
     left.set_xticks(range(p), [f"rank {r}" for r in range(p)])
     left.set_ylim(0, 1)
     left.set_ylabel("idle share of the step")
     left.legend(fontsize=8, loc="lower right")
     gantt([[s for s in line if s.kind in ("F", "B") or s.kind.startswith("RECV")]
            for line in result["timelines"]], ax=right, title=f"p = {p}: one rank works at a time")
-    return fig, (f"idle share, mean over ranks: measured {record['idle_mean']:.2f}, "
-                 f"predicted {record['idle_predicted']:.2f}\n")
+    return fig, (f"idle share, mean over ranks: measured {record.idle_mean:.2f}, "
+                 f"predicted {record.idle_predicted:.2f}\n")
 
 
 def assembly_line_widget(p: int = 3):
@@ -248,8 +248,8 @@ def draw_pipeline(result: dict, schedule: str, p: int, m: int):
     row = result["row"]
     fig, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * p), constrained_layout=True)
     gantt(result["spans"], ax=ax, title=f"{schedule}, p = {p}, m = {m}, measured")
-    return fig, (f"bubble (share of the step's wall time): measured {row['bubble_mean']:.1%} "
-                 f"(mean over stages), theory {row['bubble_theory_wall']:.1%} "
+    return fig, (f"bubble (share of the step's wall time): measured {row.bubble_mean:.1%} "
+                 f"(mean over stages), theory {row.bubble_theory_wall:.1%} "
                  f"({'(p-1)/(m+p-1)' if schedule in ('gpipe', '1f1b') else 'at T_F = T_B = T_W'})\n")
 
 

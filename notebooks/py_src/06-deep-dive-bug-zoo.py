@@ -40,7 +40,7 @@ from lessonlib.viz import bugzoo as viz
 # %% [markdown]
 # ## 1. The cages
 #
-# The registry, `bugs.BUGS`, is the documentation: for each bug, the line its switch
+# The registry, `bug_switches.BUGS`, is the documentation: for each bug, the line its switch
 # changes (read from the source now, so it is never stale), and the existing test in
 # `tests/` that fails when it is on.
 

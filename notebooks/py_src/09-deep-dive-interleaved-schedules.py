@@ -120,8 +120,8 @@ plt.show()
 cases = [c for c in schedule_runs.parity_cases(2) if c[1] == "interleaved"]
 report = schedule_runs.compare_parity(lessonlib.launch(schedule_runs.rank_parity, 2, cases))
 for r in report:
-    same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
-    print(f"{r['engine']:>9} {r['schedule']:>11} m={r['m']} v={r['v']}: gradients, weights "
+    same = max(r.max_grads_diff, r.max_weights_diff, r.max_losses_diff) < 1e-5
+    print(f"{r.engine:>9} {r.schedule:>11} m={r.m} v={r.v}: gradients, weights "
           f"and losses equal one process: {same}")
 
 # %% [markdown]
@@ -140,8 +140,8 @@ measured = lessonlib.launch(schedule_runs.measure, 2, ms=(2, 4, 8), engines=("le
 rows = schedule_runs.summarize(measured)
 print(f"{2 * LAYERS_PER_STAGE} layers of width {WIDTH}, micro-batches of {MICRO} rows: "
       f"{len(rows)} cases measured, median step times from "
-      f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "
-      f"{max(r['step_time_s'] for r in rows) * 1e3:.0f} ms")
+      f"{min(r.step_time_s for r in rows) * 1e3:.0f} to "
+      f"{max(r.step_time_s for r in rows) * 1e3:.0f} ms")
 
 # %% [markdown]
 # ## 4. Measured against predicted
@@ -150,9 +150,9 @@ print(f"{2 * LAYERS_PER_STAGE} layers of width {WIDTH}, micro-batches of {MICRO}
 
 # %%
 step = schedule_runs.median_step(measured, ("lessonlib", "interleaved", 4, 2))
-row = next(r for r in rows if (r["schedule"], r["m"]) == ("interleaved", 4))
+row = next(r for r in rows if (r.schedule, r.m) == ("interleaved", 4))
 vp.gantt_pair("interleaved", [r.spans for r in step], p=2, m=4, v=2,
-              bubble=row["bubble_per_stage"])
+              bubble=row.bubble_per_stage)
 plt.show()
 
 # %% [markdown]
@@ -166,11 +166,11 @@ plt.show()
 print(f"{'schedule':>11} {'m':>2} {'v':>2} {'step ms':>8} {'bubble (wall)':>14} "
       f"{'theory (wall)':>14} {'difference':>11} {'theory (ideal)':>15}")
 for r in rows:
-    print(f"{r['schedule']:>11} {r['m']:>2} {r['v']:>2} {r['step_time_s'] * 1e3:>8.1f} "
-          f"{r['bubble_mean']:>14.1%} {r['bubble_theory_wall']:>14.1%} "
-          f"{r['bubble_mean'] - r['bubble_theory_wall']:>+11.1%} "
-          f"{r['bubble_theory_ideal']:>15.1%}")
-step_ms = {(r["schedule"], r["m"]): r["step_time_s"] for r in rows}
+    print(f"{r.schedule:>11} {r.m:>2} {r.v:>2} {r.step_time_s * 1e3:>8.1f} "
+          f"{r.bubble_mean:>14.1%} {r.bubble_theory_wall:>14.1%} "
+          f"{r.bubble_mean - r.bubble_theory_wall:>+11.1%} "
+          f"{r.bubble_theory_ideal:>15.1%}")
+step_ms = {(r.schedule, r.m): r.step_time_s for r in rows}
 ratio = {m: step_ms["interleaved", m] / step_ms["1f1b", m] for m in (2, 4, 8)}
 slower = [m for m, x in ratio.items() if x > 1]
 print("interleaved step / 1F1B step: " + ", ".join(f"m={m} {x:.2f}" for m, x in ratio.items())
@@ -194,9 +194,9 @@ print("interleaved step / 1F1B step: " + ", ".join(f"m={m} {x:.2f}" for m, x in 
 # %%
 # NBVAL_IGNORE_OUTPUT
 for r in rows:
-    print(f"{r['schedule']:>11} m={r['m']}: held per stage {r['peak_stash_per_stage']} "
-          f"(predicted {r['peak_stash_theory']}), MiB saved for backward per stage "
-          f"{[round(b / 2 ** 20, 1) for b in r['peak_stash_bytes_per_stage']]}")
+    print(f"{r.schedule:>11} m={r.m}: held per stage {r.peak_stash_per_stage} "
+          f"(predicted {r.peak_stash_theory}), MiB saved for backward per stage "
+          f"{[round(b / 2 ** 20, 1) for b in r.peak_stash_bytes_per_stage]}")
 
 # %% [markdown]
 # <!-- no measured claim: "below" points at the stored default view of the widget -->
@@ -339,8 +339,8 @@ cases = [c for c in schedule_runs.zero_bubble_cases(2, torch=True) if c[2] > 1]
 per_rank = lessonlib.launch(schedule_runs.rank_parity, 2, cases, steps=3)
 report = schedule_runs.compare_parity(per_rank, steps=3)
 for r in report:
-    same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
-    print(f"{r['engine']:>9} {r['schedule']:>5} m={r['m']}: gradients, weights (3 steps) and "
+    same = max(r.max_grads_diff, r.max_weights_diff, r.max_losses_diff) < 1e-5
+    print(f"{r.engine:>9} {r.schedule:>5} m={r.m}: gradients, weights (3 steps) and "
           f"losses equal one process: {same}")
 
 # %% [markdown]
@@ -364,7 +364,7 @@ zb = lessonlib.launch(schedule_runs.measure, 2, ms=(4,), engines=("lessonlib", "
                       width=WIDTH, layers_per_stage=LAYERS_PER_STAGE, micro=MICRO,
                       schedules=("1f1b", "interleaved", "zb-h1", "zbv"), steps=3, warmup=1,
                       timeout=300)
-zb_rows = {(r["engine"], r["schedule"]): r for r in schedule_runs.summarize(zb)}
+zb_rows = {(r.engine, r.schedule): r for r in schedule_runs.summarize(zb)}
 ours = {case[1]: case for case in zb[0] if case[0] == "lessonlib"}
 ours = {name: ours[name] for name in ("1f1b", "interleaved", "zb-h1", "zbv")}
 why = {name: schedule_runs.explain_bubble(zb, case) for name, case in ours.items()}
@@ -372,18 +372,18 @@ fig, axes = plt.subplots(4, 1, figsize=(10, 8), constrained_layout=True)
 for ax, (name, case) in zip(axes, ours.items()):
     vp.gantt([r.spans for r in schedule_runs.median_step(zb, case)], ax=ax,
              title=f"{vp.NAMES[name]}, p=2, m=4, measured: bubble "
-                   f"{statistics.fmean(why[name]['measured']):.1%} of wall time")
+                   f"{statistics.fmean(why[name].measured):.1%} of wall time")
 plt.show()
 print(f"p = 2, m = 4, layers of width {WIDTH}, micro-batches of {MICRO} rows")
 print(f"{'schedule':>17} {'step ms':>8} {'bubble measured':>16} {'replayed':>9} "
       f"{'T_F, T_B, T_W ms (last virtual stage)':>39}")
 for name, w in why.items():
-    print(f"{vp.NAMES[name]:>17} {w['step_ms']:>8.1f} {statistics.fmean(w['measured']):>16.1%} "
-          f"{statistics.fmean(w['simulated_with_measured_compute']):>9.1%} "
-          f"{w['forward_ms'][-1]:>25.2f} {w['backward_ms'][-1]:>6.2f} {w['weight_ms'][-1]:>6.2f}")
+    print(f"{vp.NAMES[name]:>17} {w.step_ms:>8.1f} {statistics.fmean(w.measured):>16.1%} "
+          f"{statistics.fmean(w.simulated_with_measured_compute):>9.1%} "
+          f"{w.forward_ms[-1]:>25.2f} {w.backward_ms[-1]:>6.2f} {w.weight_ms[-1]:>6.2f}")
 for name, torch_name in (("zb-h1", "ScheduleInterleavedZeroBubble"),
                          ("zbv", "ScheduleZBVZeroBubble")):
-    mine, theirs = zb_rows["lessonlib", name]["step_time_s"], zb_rows["torch", name]["step_time_s"]
+    mine, theirs = zb_rows["lessonlib", name].step_time_s, zb_rows["torch", name].step_time_s
     print(f"lessonlib {vp.NAMES[name]} step / PyTorch's {torch_name}: {mine / theirs:.2f}")
 # every schedule replayed on the times this ZB-H1 run measured, per virtual stage
 same = {name: statistics.fmean(replay(S.make(name, p=2, m=4, v=case[3]), why["zb-h1"]).bubble)

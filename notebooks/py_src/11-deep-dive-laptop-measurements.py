@@ -295,14 +295,14 @@ for name, m in (("gpipe", 8), ("1f1b", 8), ("interleaved", 8)):
     v = 2 if name == "interleaved" else 1
     why = schedule_runs.explain_bubble(measured, ("lessonlib", name, m, v))
     print(f"{name} m={m}: per {'virtual stage' if v > 1 else 'stage'} "
-          f"F {[round(x, 1) for x in why['forward_ms']]} ms, "
-          f"B {[round(x, 1) for x in why['backward_ms']]} ms; per stage "
-          f"send {[round(x, 1) for x in why['send_ms']]} ms (medians)")
-    spread.append((name, why["theory"], why["measured"]))
-    print(f"   bubble of wall time: theory {why['theory']:.1%} | simulated with measured F, B "
-          f"{percent(why['simulated_with_measured_compute'])} | with the sends too "
-          f"{percent(why['simulated_with_measured_compute_and_sends'])} | measured "
-          f"{percent(why['measured'])}")
+          f"F {[round(x, 1) for x in why.forward_ms]} ms, "
+          f"B {[round(x, 1) for x in why.backward_ms]} ms; per stage "
+          f"send {[round(x, 1) for x in why.send_ms]} ms (medians)")
+    spread.append((name, why.theory, why.measured))
+    print(f"   bubble of wall time: theory {why.theory:.1%} | simulated with measured F, B "
+          f"{percent(why.simulated_with_measured_compute)} | with the sends too "
+          f"{percent(why.simulated_with_measured_compute_and_sends)} | measured "
+          f"{percent(why.measured)}")
 offs = [x - theory for _, theory, measured in spread for x in measured]
 print(f"this run: {sum(o > 0 for o in offs)} of {len(offs)} stages' bubbles above the theory, "
       f"off by {min(offs):+.1%} to {max(offs):+.1%} of the step")

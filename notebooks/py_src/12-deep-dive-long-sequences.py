@@ -193,8 +193,8 @@ gpt = [r.gpt for r in measured]
 at_least("the decimal places to which ring attention agrees with one-process SDPA (float64), "
          "-log10 of the largest difference in the output and dq, dk, dv over every rank at "
          "c = 1, 2, 3, 4, both layouts, causal and not,", -math.log10(worst), 12)
-gpt_worst = max([abs(mine - ref) for g in gpt for mine, ref in zip(g["losses"], g["reference_losses"])]
-                + [g["grads"][0] for g in gpt] + [g["weights"][0] for g in gpt])
+gpt_worst = max([abs(mine - ref) for g in gpt for mine, ref in zip(g.losses, g.reference_losses)]
+                + [g.grads[0] for g in gpt] + [g.weights[0] for g in gpt])
 at_least("the decimal places to which the tiny GPT on c = 2 ranks x d = 2 replicas agrees with "
          "one process in the losses, gradients and weights of 3 SGD steps", -math.log10(gpt_worst),
          12)
@@ -310,7 +310,7 @@ for c in (2, 3, 4):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-ratio = gpt[0]["activation_bytes"] / gpt[0]["one_process_activation_bytes"]
+ratio = gpt[0].activation_bytes / gpt[0].one_process_activation_bytes
 within("the tiny GPT's activation bytes per rank at c = 2, against 1/c of one process's,",
        ratio, expected=0.5, tolerance=0.10)
 

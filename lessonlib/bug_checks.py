@@ -42,6 +42,8 @@ from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.device import current_device
 from lessonlib.expert_parallel import measure as ep_measure
 from lessonlib.expert_parallel import layer_runs as ep_runs
+from lessonlib.faults import hangs
+from lessonlib.faults.hang_analysis import Finding, analyze
 from lessonlib.launcher import LaunchTimeout, RankError, launch
 from lessonlib.models import Block, GPTConfig, init_weights_, mlp_stack
 from lessonlib.pipeline.executor import PipelineExecutor
@@ -265,10 +267,16 @@ def _cp(method):
     return summary
 
 
+def _finished(r):
+    return Verdict("the loop finishes (a hang: the stuck call, named from the flight records)",
+                   0.0, 0.0, f"all {len(r)} ranks finished the loop; no collective left waiting")
+
+
 @dataclass(frozen=True)
 class CheckPlan:
-    """How one bug is checked: ``rank`` runs on each of 2 ranks; ``verdict`` reads their
-    records in the caller and returns a ``Verdict``."""
+    """How one bug is checked: ``rank`` runs on each rank of the launch (2 unless
+    ``LAUNCHES`` says otherwise); ``verdict`` reads their records in the caller and returns a
+    ``Verdict``."""
     rank: Callable
     verdict: Callable[[list], Verdict]
 
@@ -287,13 +295,20 @@ CHECKS = {
     "moe_bias_in_combine_weights": CheckPlan(ep_measure.shared_bias_shift, _moe_bias_weights),
     "moe_bias_update_sign_flipped": CheckPlan(ep_measure.bias_load_ratios, _moe_bias_update),
     "ep_bias_load_not_all_reduced": CheckPlan(rank_ep_bias, _ep_bias),
+    **{bug: CheckPlan(hangs.rank_steps, _finished) for bug in hangs.HANGS.values()},
 }
+# how each check launches, where not on 2 ranks for at most 60 s: a hang is seen only at the
+# timeout, so the hangs' loop (under a second) waits a few seconds, on gloo (on NCCL a size
+# mismatch may read garbage instead of hanging)
+LAUNCHES = {bug: {"world_size": hangs.WORLD, "timeout": hangs.TIMEOUT_S, "backend": "gloo"}
+            for bug in hangs.HANGS.values()}
 
 
 @dataclass(frozen=True)
 class Check:
     """One check of one bug: whether it passed, what it compared, its largest difference
-    against its tolerance, a sentence, and ``ranks``: each rank's record of what it measured."""
+    against its tolerance, a sentence, ``ranks``: each rank's record of what it measured, and
+    ``finding``: where the check hung, the stuck call named from the flight records."""
     bug: str
     bug_on: bool
     passed: bool
@@ -302,25 +317,34 @@ class Check:
     tolerance: float
     message: str
     ranks: list
+    finding: Finding | None = None
 
 
-def check(name: str, bug_on: bool | None = None, timeout: float = 60.0) -> Check:
-    """Run the check that catches bug ``name`` on 2 ranks (one launch), with the bug on or
-    off (default: as the switch is now). A hang ends at ``timeout`` and, like a crashed
-    rank, is reported as a failed check."""
+def check(name: str, bug_on: bool | None = None, timeout: float | None = None) -> Check:
+    """Run the check that catches bug ``name`` on 2 ranks (one launch; ``LAUNCHES`` says
+    where not), with the bug on or off (default: as the switch is now). A hang ends at
+    ``timeout`` (default 60 s, or the check's own) and, like a crashed rank, is reported as
+    a failed check; the message names the stuck call when the flight records show one."""
     known([name])
     on = active(name) if bug_on is None else bool(bug_on)
     names = [n for n in switched_on() if n != name] + ([name] if on else [])
+    plan = CHECKS[name]
+    how = {"world_size": 2, "timeout": 60.0, "backend": "auto"} | LAUNCHES.get(name, {})
+    finding = None
     with switched(names):
         try:
-            ranks = launch(CHECKS[name].rank, 2, timeout=timeout)
-            verdict = CHECKS[name].verdict(ranks)
+            ranks = launch(plan.rank, how["world_size"], backend=how["backend"],
+                           timeout=timeout or how["timeout"])
+            verdict = plan.verdict(ranks)
             passed = verdict.max_diff <= verdict.tolerance
             message = f"{'passed' if passed else 'FAILED'}: {verdict.message}"
         except (LaunchTimeout, RankError) as exc:
             ranks = []
             verdict = Verdict(BUGS[name].check, math.inf, 0.0, "")
-            message = f"FAILED: the check did not finish: {str(exc).splitlines()[0]}"
+            finding = analyze(exc.flight) if isinstance(exc, LaunchTimeout) else None
+            message = (f"FAILED: hung; the flight records name the stuck call: {finding}"
+                       if finding else
+                       f"FAILED: the check did not finish: {str(exc).splitlines()[0]}")
     return Check(bug=name, bug_on=on, passed=verdict.max_diff <= verdict.tolerance,
                  what=verdict.what, max_diff=verdict.max_diff, tolerance=verdict.tolerance,
-                 message=message, ranks=ranks)
+                 message=message, ranks=ranks, finding=finding)

@@ -149,6 +149,31 @@ BUGS = {b.name: b for b in (
         "output of Ulysses attention vs one-process attention",
         "tests/test_context_parallel_methods.py::"
         "test_on_two_ranks_each_method_is_one_process_attention[ulysses]"),
+    Bug("hang_skipped_collective",
+        "A collective inside a rank-dependent branch: one rank goes past the gradient "
+        "all-reduce that the others wait in.",
+        "lessonlib.faults.hangs.rank_steps",
+        "the job stops making progress; no error on any rank until the timeout",
+        "the loop finishes, or the flight records lined up by group and sequence number name "
+        "the stuck call: the missing rank's last number on the group is lower and it waits "
+        "in nothing",
+        "tests/test_faults_hangs.py::test_the_loop_finishes_with_records_that_agree[3]"),
+    Bug("hang_reordered_collectives",
+        "Two collectives posted in different orders on different ranks: one rank averages "
+        "the gradient (its own group) before the loss (the world).",
+        "lessonlib.faults.hangs.rank_steps",
+        "the job stops making progress; each side waits in a different group for the other",
+        "the loop finishes, or the flight records name the stuck call: the missing rank "
+        "waits in a collective of another group that the waiting ranks have not posted",
+        "tests/test_faults_hangs.py::test_the_loop_finishes_with_records_that_agree[3]"),
+    Bug("hang_mismatched_size",
+        "One rank posts the gradient all-reduce with a shorter tensor than the others.",
+        "lessonlib.faults.hangs.rank_steps",
+        "on gloo the short rank may finish the call while the others wait for bytes that "
+        "never come (on NCCL it may read garbage instead)",
+        "the loop finishes, or the flight records name the stuck call: every member posted "
+        "it, with different shapes",
+        "tests/test_faults_hangs.py::test_the_loop_finishes_with_records_that_agree[3]"),
 )}
 
 

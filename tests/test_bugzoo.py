@@ -80,8 +80,16 @@ def test_the_check_passes_with_the_bug_off_and_fails_with_it_on(name, monkeypatc
         "moe_bias_in_combine_weights": "the bias is in the combine weights",
         "moe_bias_update_sign_flipped": "busiest / mean load went from",
         "ep_bias_load_not_all_reduced": "each replica moved its bias by its own batch's load",
+        "hang_skipped_collective": "skipped: all_reduce #3 on group 1 [0, 1, 2]; posted by "
+                                   "[0, 1], missing [2]",
+        "hang_reordered_collectives": "out_of_order: all_reduce #3 on group 0 [0, 1, 2]; posted "
+                                      "by [0, 1], missing [2]. The ranks disagree on the order",
+        "hang_mismatched_size": "size_mismatch: all_reduce #3 on group 1 [0, 1, 2]; posted by "
+                                "[0, 1, 2], missing []. The members posted different sizes "
+                                "(rank 0: [4], rank 1: [4], rank 2: [3])",
     }[name]
     assert expected in on.message, on.message
+    assert (on.finding is not None) == name.startswith("hang_") and off.finding is None
 
 
 class _Outcomes:

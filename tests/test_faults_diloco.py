@@ -4,7 +4,7 @@ the ledger's bytes per token are 1/H of data parallelism's; the cost model's WAN
 import pytest
 import torch
 
-from lessonlib.costmodel.resilience import wan_step
+from lessonlib.costmodel.resilience import WAN_BANDWIDTH, WAN_LATENCY, wan_step
 from lessonlib.faults import diloco_runs
 from lessonlib.faults.diloco import fragments
 from lessonlib.faults.replicas import model_and_optimizer
@@ -59,3 +59,10 @@ def test_diloco_pays_the_wan_once_per_h_steps():
     assert wan_step(1.0, 10e9, 1e9, 0.05, H=1).diloco_s == pytest.approx(11.05)   # H=1: DDP
     with pytest.raises(ValueError, match="multiple of fragments"):
         wan_step(1.0, 1e9, 1e9, 0.0, H=10, fragments=4)
+
+
+def test_the_typical_link_between_datacenters_prices_a_10_gb_exchange_at_80_s():
+    # 1 Gbit/s (Streaming DiLoCo's Table 1) and 20 ms one way: 80.02 s per exchange of 10 GB
+    assert WAN_BANDWIDTH * 8 == 1e9 and WAN_LATENCY == 0.02
+    step = wan_step(1.0, 10e9, WAN_BANDWIDTH, WAN_LATENCY, H=500)
+    assert step.ddp_s == pytest.approx(81.02) and step.diloco_s == pytest.approx(1 + 80.02 / 500)

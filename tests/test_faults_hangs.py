@@ -3,6 +3,7 @@
 3 ranks, a 2 s timeout per planted hang."""
 import pytest
 
+from lessonlib import bug_switches
 from lessonlib.faults import hangs
 from lessonlib.faults.hang_analysis import analyze, analyze_torch
 from lessonlib.instruments.flight_recorder import Entry, FlightRecorder, read
@@ -69,10 +70,21 @@ def test_pytorchs_own_flight_recorder_dumps_name_the_same_collective(tmp_path, m
     assert f.kind == "out_of_order" and "barrier #4 on group 0" in f.detail, f
 
 
-def test_each_hang_of_the_zoo_names_its_test():
-    for name, bug in hangs.HANGS.items():
-        assert bug.test == f"tests/test_faults_hangs.py::test_each_planted_hang_is_named[{name}]"
-        assert name in hangs.PLANTS
+@pytest.mark.parametrize("world", [3])
+def test_the_loop_finishes_with_records_that_agree(world):
+    """The bug zoo's test of its three hangs: with no switch on, the loop ends well inside
+    the timeout and nothing is stuck (each hang's switch makes it fail)."""
+    d = hangs.diagnose(None, world=world)
+    assert d.finding is None and d.dumps == {}, d.finding
+
+
+def test_each_hang_is_a_bug_of_the_zoo_switched_in_the_loop():
+    for plant, name in hangs.HANGS.items():
+        bug = bug_switches.BUGS[name]
+        assert bug.where == "lessonlib.faults.hangs.rank_steps" and plant in hangs.PLANTS
+        assert bug.test == ("tests/test_faults_hangs.py::"
+                            "test_the_loop_finishes_with_records_that_agree[3]")
+        assert bug_switches.hook_line(name)[0].startswith("lessonlib/faults/hangs.py:")
 
 
 def test_pytorch_dump_format_is_read_with_its_group_members():

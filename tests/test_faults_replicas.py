@@ -18,8 +18,17 @@ def test_bad_settings_are_refused_before_anything_starts():
         replicas.run(kill_at=9, steps=6)
 
 
+def test_the_replicas_stop_by_one_rule_that_a_gap_or_a_smaller_quorum_does_not_meet():
+    def lived(*updates):
+        return [replicas.Step(0, k, n, True, 0.0, 0.0) for k, n in updates]
+    assert replicas.finished(lived((5, 3), (6, 3)), replicas=3, steps=6)
+    assert not replicas.finished(lived((6, 3)), replicas=3, steps=6)
+    assert not replicas.finished(lived((4, 3), (6, 3)), replicas=3, steps=6)   # a gap
+    assert not replicas.finished(lived((5, 2), (6, 3)), replicas=3, steps=6)
+    assert not replicas.finished(lived((4, 3), (5, 3)), replicas=3, steps=6)
+
+
 def test_a_killed_replica_is_survived_recovered_live_and_equals_the_replay(no_children_left):
-    # Run by itself (make test-alone, the Makefile's ALONE says why)
     run = replicas.run(replicas=3, steps=6, kill=2, kill_at=2)
     assert "killed by signal SIGKILL" in run.first_life[2], run.first_life
     assert run.first_life[0] == run.first_life[1] == "finished"

@@ -8,7 +8,15 @@ that dies drops out of the next quorum and the others go on; when it is restarte
 a quorum, sees that it is behind, and recovers the model and optimizer live from a peer
 (no checkpoint file is read). Here each replica is one rank of its own ``launch``
 (``rank_replica``); replica ``kill`` kills itself with SIGKILL after step ``kill_at`` and is
-launched again at once.
+launched again at once; the new one waits until the survivors have committed an update
+without it before it meets the Lighthouse (a restart quicker than the Lighthouse's join
+timeout would otherwise take the dead replica's place in the very next quorum, and nobody
+would have gone on without it).
+
+Every replica stops by the same rule (``finished``): at update ``steps`` or later, after
+two consecutive updates of the full quorum. Every member of a full quorum lives its update,
+so all of them stop at the same one; a replica that sees a peer stop without having met the
+rule itself stops with an error instead of going on without it.
 
 The proof is the course's usual one: the survivors' weights equal one process that
 replays the same membership step by step, each step's gradient the mean over the replicas
@@ -65,23 +73,57 @@ class Step:
     at: float          # when it was committed (time.time())
 
 
+def _wait_until(ready, timeout: float) -> bool:
+    """Poll ``ready()`` every 10 ms for up to ``timeout`` seconds: whether it came true."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _all_ready(folder: str, replica: int, replicas: int, timeout: float) -> None:
     """Start together: every replica's manager is heartbeating before the first quorum
     (the Lighthouse would otherwise start with the first two and let the third heal in)."""
     Path(folder, f"ready{replica}").touch()
-    deadline = time.monotonic() + timeout
-    while len(list(Path(folder).glob("ready*"))) < replicas and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_until(lambda: len(list(Path(folder).glob("ready*"))) >= replicas, timeout)
+
+
+def finished(lived: list[Step], replicas: int, steps: int) -> bool:
+    """The rule every replica applies after each update: stop once the last two updates it
+    lived are consecutive updates of the full quorum, the second one ``steps`` or later.
+    Every member of a full quorum lives its update, so the replicas stop together; it
+    counts only after the loss because ``run`` kills a replica before update ``steps`` and
+    restarts it only once the survivors have gone on without it."""
+    if len(lived) < 2:
+        return False
+    before, last = lived[-2:]
+    return (last.step >= steps and last.step == before.step + 1
+            and before.participants == last.participants == replicas)
+
+
+def _stopped_peers(folder: str, replica: int) -> dict[int, int]:
+    """{peer: the update it stopped at} for the peers that have stopped (each touches
+    ``stopped<replica>-at<update>``: a name is created at once, never half-written)."""
+    found = (p.name.removeprefix("stopped").split("-at") for p in Path(folder).glob("stopped*"))
+    return {int(r): int(at) for r, at in found if int(r) != replica}
 
 
 def rank_replica(replica: int, lighthouse: str, steps: int, replicas: int,
                  kill_at: int | None, restarted: bool, folder: str) -> dict:
-    """One replica group of one rank: train to update ``steps`` and then two full quorums
-    after the loss; ``kill_at``: SIGKILL itself once that update is committed. A restarted
-    replica starts from other weights (seed 1): only a live recovery can make it right."""
+    """One replica group of one rank: train until ``finished`` (update ``steps`` and two
+    full quorums after the loss); ``kill_at``: SIGKILL itself once that update is committed.
+    A restarted replica waits until the survivors have gone on without it, and starts from
+    other weights (seed 1): only a live recovery can make it right."""
     from torchft.ddp import DistributedDataParallel
     from torchft.optim import OptimizerWrapper
 
+    wait = torchft_setup.TIMEOUT.total_seconds()
+    lost = Path(folder, "lost")              # touched by the first update without every replica
+    if restarted and not _wait_until(lost.exists, wait):
+        raise RuntimeError(f"replica {replica} was restarted, but for {wait:.0f} s no survivor "
+                           f"committed an update without it")
     model, optimizer = model_and_optimizer(seed=int(restarted))
     manager, store = torchft_setup.replica_manager(
         replica, lighthouse,
@@ -90,10 +132,14 @@ def rank_replica(replica: int, lighthouse: str, steps: int, replicas: int,
         state_dict=lambda: {"model": model.state_dict(), "optim": optimizer.state_dict()})
     ddp, opt = DistributedDataParallel(manager, model), OptimizerWrapper(manager, optimizer)
     if not restarted:
-        _all_ready(folder, replica, replicas, torchft_setup.TIMEOUT.total_seconds())
-    lived, listening, dropped, done = [], torchft_setup.listening(), restarted, 0
+        _all_ready(folder, replica, replicas, wait)
+    lived, listening, done = [], torchft_setup.listening(), 0
     try:
         while True:
+            if stopped := _stopped_peers(folder, replica):   # never go on without them
+                raise RuntimeError(f"replica {replica} is at update {done} and has not met the "
+                                   f"rule to stop, but its peers stopped (replica: update) "
+                                   f"{stopped}")
             opt.zero_grad()                       # this step's quorum; a replica behind heals
             x, y = batch(replica, manager.current_step())
             loss = lm_loss(ddp(x), y)
@@ -103,9 +149,10 @@ def rank_replica(replica: int, lighthouse: str, steps: int, replicas: int,
                 done = manager.current_step()
                 lived.append(Step(replica, done, manager.num_participants(),
                                   manager.is_participating(), loss.item(), time.time()))
-            dropped = dropped or manager.num_participants() < replicas
-            full = [s.participants == replicas for s in lived[-2:]]
-            if done >= steps and dropped and len(full) == 2 and all(full):
+            if lived and lived[-1].participants < replicas:
+                lost.touch()
+            if finished(lived, replicas, steps):
+                Path(folder, f"stopped{replica}-at{done}").touch()
                 break
             if kill_at is not None and done >= kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)   # the lost replica: no goodbye

@@ -26,6 +26,12 @@
 # (outputs, input gradients, weight gradients) and **counting** what each rank holds and
 # sends (`comm.ledger`). One of the bugs passes every parity test.
 #
+# <!-- numbers: 17 because it is the number of a notebook -->
+# The last three cages (`hang_*`) hold the loud kind, from
+# [17](17-deep-dive-when-things-go-wrong.ipynb): ranks that stop agreeing on their sequence of
+# collectives, and the job hangs. Their trap is a third one, the **flight records** every rank
+# keeps: when the launch times out, they name the stuck call, its group and who never came.
+#
 # Switch a bug on with `with bug_switches.enabled("name"):` or `LESSONLIB_BUGS=name` in the
 # environment; ranks started by `lessonlib.launch` inherit it.
 
@@ -81,8 +87,9 @@ print(f"all-reduces per micro-batch:  {predicted_sends}")
 # %% [markdown]
 # ## 3. Every trap, with the bug off and on
 #
-# Two launches per bug, of 2 ranks each (a few seconds apiece): each check with its bug off,
-# which must pass, and on, which must fail.
+# Two launches per bug, of 2 ranks each (a few seconds apiece; the hangs' loop runs on 3 and
+# is given 2 seconds before its flight records are read): each check with its bug off, which
+# must pass, and on, which must fail.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -155,6 +162,9 @@ viz.bug_widget(results)
 # * `sp_layernorm_grad_not_summed`: under sequence parallelism each rank's LayerNorm sees
 #   s/t rows; without the sum over the group its weight and bias gradients are each rank's
 #   part, so outputs and input gradients stay right while the replicas drift apart.
+# * `hang_*`: these do not hide, they stop the job; what hides is *where*. Every rank waits
+#   in a collective and none says why, until the flight records are lined up by group and
+#   call number: the first call that not every member posted, or posted with other sizes.
 
 # %% [markdown]
 # ## 5. Try it

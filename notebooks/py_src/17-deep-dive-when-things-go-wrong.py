@@ -24,7 +24,7 @@
 # takeaway and an exercise. About 13 minutes to read, code and outputs included.
 
 # %%
-from lessonlib.costmodel.resilience import straggler_step, wan_step
+from lessonlib.costmodel.resilience import WAN_BANDWIDTH, WAN_LATENCY, straggler_step, wan_step
 from lessonlib.exercises import faults as ex
 from lessonlib.faults import diloco, diloco_runs, hang_analysis, hangs, replicas, stragglers
 from lessonlib.instruments.claims import claim, every, within
@@ -37,8 +37,9 @@ from lessonlib.viz.source import show
 # group, the call's number on that group, sizes, posted or completed
 # (`lessonlib.instruments.flight_recorder`). When a launch times out, the launcher reads
 # every rank's ring from outside (a rank stuck in a collective runs no Python). The step
-# below averages the loss over the world, then the gradient over its own group; one setting
-# plants a hang on the last rank at the last step:
+# below averages the loss over the world, then the gradient over its own group; three
+# switches of the bug zoo ([06](06-deep-dive-bug-zoo.ipynb), `hang_*`) plant a hang on the
+# last rank at the last step:
 
 # %%
 show(hangs.rank_steps)
@@ -105,7 +106,9 @@ within("a healthy rank's wait in the all-reduce",
 #
 # torchft runs replica groups that agree on a quorum every step through a Lighthouse
 # (here on 127.0.0.1 only). Three replicas of the tiny GPT; replica 2 kills itself with
-# SIGKILL after update 2 and is launched again at once, from other weights. It rejoins a
+# SIGKILL after update 2 and is launched again at once, from other weights; it waits until
+# the survivors have committed an update without it (a restart quicker than the Lighthouse's
+# join timeout would take the dead replica's place in the very next quorum). It rejoins a
 # quorum, sees it is behind, and takes the model and AdamW's state live from a peer.
 
 # %%
@@ -156,14 +159,21 @@ print(f"held-out loss after {ddp[0].tokens} tokens per replica: DDP "
 
 # %% [markdown]
 # Over a WAN the saving is time. The cost model's term (`wan_step`) for two datacenters,
-# with bandwidth and latency as parameters (set your own link's): a step of 1 s of compute,
-# a 10 GB model, a 1 GB/s link with `latency=0.05` s:
+# with bandwidth and latency as parameters (set your own link's): a step of 1 s of compute
+# and a 10 GB model, over a typical link between datacenters (`WAN_BANDWIDTH`: the link
+# Streaming DiLoCo prices its runs on, its Table 1; `WAN_LATENCY`: one way across a
+# continent; `costmodel/resilience.py` quotes the sources):
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for h in (1, 10, 100, 500):
-    s = wan_step(t_compute=1.0, model_bytes=10e9, bandwidth=1e9, latency=0.05, H=h)
+print(f"the link: {WAN_BANDWIDTH * 8 / 1e9:g} Gbit/s, {WAN_LATENCY * 1e3:g} ms one way")
+link = {h: wan_step(t_compute=1.0, model_bytes=10e9, bandwidth=WAN_BANDWIDTH,
+                    latency=WAN_LATENCY, H=h) for h in (1, 10, 100, 500)}
+for h, s in link.items():
     print(f"H = {h:3d}: {s.diloco_s:6.2f} s per step, the link {s.diloco_link_share:5.1%} of it")
+claim("data parallelism spends most of each step on the link, DiLoCo at H = 500 little of it",
+      link[1].diloco_link_share > 0.9 and link[500].diloco_link_share < 0.2,
+      numbers=f"{link[1].diloco_link_share:.0%} and {link[500].diloco_link_share:.0%}")
 
 # %% [markdown]
 # Data parallelism is the H = 1 row. As H grows the link's share falls as 1/H; what it costs

@@ -31,7 +31,7 @@ from lessonlib.costmodel import bubble_fraction
 from lessonlib.data_parallel.parallelize import SHARDS
 from lessonlib.grid_layout import layout_name, parse_layout
 from lessonlib.hybrid.checks import LAYOUT, N_EXPERTS, check_layout
-from lessonlib.hybrid.runs import train_layout
+from lessonlib.hybrid.layout_runs import train_layout
 from lessonlib.hybrid.traffic import expected_param_count, expected_traffic, measured_traffic
 from lessonlib.lab import labargs, labkit
 from lessonlib.models import GPTConfig

@@ -91,7 +91,7 @@ SENT = {"t2c2p1d2 sp fsdp": [lambda e, r: e.op == "send" and e.ranks == r.cp_ran
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_eight_ranks_on_the_new_axes_equal_one_process(name, no_children_left):
     per_rank = hybrid.run(**LAYOUTS[name], dtype="float64", timeout=100)
-    summary = hybrid.parity(per_rank)
+    summary = hybrid.compare_parity(per_rank)
     assert len(per_rank) == 8
     assert summary.max_loss_diff < TOL, summary
     assert summary.max_grad_diff < TOL and summary.max_weight_diff < TOL, summary

@@ -9,7 +9,7 @@ it, each unit's weights held as 1/(d c) row shards, gathered for its forward and
 its gradients reduce-scattered (``fsdp``). ``apply_dp`` and ``build_optimizer`` are those two
 choices, as the hybrid builder (``lessonlib.hybrid.build``) applies them last.
 
-Laptop:  ``python -c "from lessonlib import hybrid as H; print(H.parity(H.run(tp=2, pp=2,
+Laptop:  ``python -c "from lessonlib import hybrid as H; print(H.compare_parity(H.run(tp=2, pp=2,
          dp=2, shard_on='fsdp', dtype='float64')))"``  (8 CPU ranks)
 GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --shard fsdp --layouts t2p2d2`` (NCCL).
 """

@@ -20,7 +20,7 @@ Lesson 05's (dp, pp, tp) grid is the case c = e = 1. Every rank builds its shard
 same full model (cut, then split), so the run equals one process training the model on the
 whole batch (``runs``).
 
-Laptop:  ``python -c "from lessonlib import hybrid as H; print(H.parity(H.run(tp=2, cp=2,
+Laptop:  ``python -c "from lessonlib import hybrid as H; print(H.compare_parity(H.run(tp=2, cp=2,
          pp=2, dtype='float64')))"``
 GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --cp 2 --layouts t2p2d1`` (NCCL).
 """

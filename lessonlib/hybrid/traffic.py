@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from lessonlib.hybrid.build import stage_counts
 from lessonlib.hybrid.checks import check_layout
-from lessonlib.hybrid.trainer import StepTraffic
+from lessonlib.hybrid.recorder import StepTraffic
 from lessonlib.models import GPTConfig
 
 

@@ -10,23 +10,21 @@ stage; nothing here knows which rooms it holds. ``train`` is the one loop around
 
 What the course measures of a step is recorded from outside, as the executor's timeline is:
 the trainer is handed a ``recorder`` that scopes its two phases (``"pipe"`` and ``"dp"``) and
-is silent by default; ``StepBooks`` is the one the runs hand it (the ranks lined up, the
-step timed, one ledger per phase).
+is silent by default (``no_record``); ``recorder.StepRecorder`` is the one the runs hand it
+(the ranks lined up, the step timed, one ledger per phase).
 
-Laptop:  ``python -c "from lessonlib import hybrid as H; print(H.parity(H.run(dp=2, pp=2,
+Laptop:  ``python -c "from lessonlib import hybrid as H; print(H.compare_parity(H.run(dp=2, pp=2,
          tp=2)))"``  (8 CPU ranks train with it)
 GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --layouts t2p2d2`` (NCCL).
 """
 from __future__ import annotations
 
-import contextlib
-import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from lessonlib import comm, device
+from lessonlib import device
 from lessonlib.context_parallel.layout import shard_sequence
 from lessonlib.data import shard
 from lessonlib.data_parallel.ladder import sync_gradients
@@ -37,11 +35,12 @@ from lessonlib.hybrid.build import build_stage
 from lessonlib.hybrid.checks import LAYOUT, check_layout
 from lessonlib.instruments import placement
 from lessonlib.instruments.breadcrumbs import progress
+from lessonlib.instruments.spans import no_record
 from lessonlib.models import TinyGPT, lm_loss
 from lessonlib.models.moe import MoELayer
 from lessonlib.pipeline.executor import PipelineExecutor
+from lessonlib.pipeline.recorder import StageRecorder
 from lessonlib.pipeline.schedules import make
-from lessonlib.pipeline.recorder import StageRecorder, no_record
 
 
 @dataclass(frozen=True)
@@ -62,49 +61,13 @@ class StepResult:
         return 1 - sum(s.end - s.start for s in self.spans if s.kind in ("F", "B")) / self.wall_s
 
 
-@dataclass(frozen=True)
-class StepTraffic:
-    """One step's messages on one rank, as its two ledgers summed them (``Ledger.summary``:
-    {op: {"calls", "bytes", "seconds"}}): ``pipe`` the pipeline's (TP all-reduces inside the
-    stage, PP sends and receives between stages), ``dp`` the gradient averaging's."""
-    pipe: dict
-    dp: dict
-
-
-def unrecorded(phase: str):
-    """The trainer's default recorder: records nothing."""
-    return contextlib.nullcontext()
-
-
-class StepBooks:
-    """A recorder for ``HybridTrainer``: before the ``"pipe"`` phase, every rank lined up
-    (``align``: one barrier, so the ranks' times compare) and the clock started; one ledger
-    per phase. ``read()`` after the step: (its ``StepTraffic``, its seconds by ``timer``)."""
-
-    def __init__(self, timer=time.perf_counter, align: bool = True):
-        self.timer, self.align, self.books, self.start = timer, align, {}, 0.0
-
-    @contextlib.contextmanager
-    def __call__(self, phase: str):
-        if phase == "pipe":
-            if self.align:
-                comm.barrier()
-            self.start = self.timer()
-        with comm.ledger() as book:
-            yield
-        self.books[phase] = book.summary()
-
-    def read(self) -> tuple[StepTraffic, float]:
-        return StepTraffic(pipe=self.books["pipe"], dp=self.books["dp"]), self.timer() - self.start
-
-
 class HybridTrainer:
     """One rank of a (dp, pp, cp, tp, ep) run (lesson 05's (dp, pp, tp) at c = e = 1): its
     stage, an executor of ``schedule`` on its pipeline, and an optimizer over the stage
     (``"sgd"`` or ``"adamw"``; with ``shard_on``, ZeRO-1 or FSDP on the dp_cp axis).
     ``step(x, y)`` takes the *global* batch (every rank builds the same one). Activations
     travel in the model's dtype. Instruments are handed in: ``recorder`` scopes the step's
-    phases (``StepBooks``; silent by default), ``timeline`` times every action of the
+    phases (``recorder.StepRecorder``; silent by default), ``timeline`` times every action of the
     pipeline (for the idle share); ``before_sync(trainer)``, if set, runs between backward
     and the averaging (a check's hook)."""
 
@@ -112,7 +75,7 @@ class HybridTrainer:
 
     def __init__(self, model: TinyGPT, ctx: ParallelContext, m: int, global_batch: int,
                  lr: float = 0.1, shard_on: str = "none", sp: bool = False,
-                 optimizer: str = "sgd", schedule: str = "1f1b", *, recorder=unrecorded,
+                 optimizer: str = "sgd", schedule: str = "1f1b", *, recorder=no_record,
                  timeline: bool = False):
         if optimizer not in self.OPTIMIZERS:
             raise ValueError(f"optimizer={optimizer!r}; use one of {sorted(self.OPTIMIZERS)}")
@@ -127,7 +90,7 @@ class HybridTrainer:
         self.params, self.experts = list(self.stage.parameters()), expert_parameters(self.stage)
         self.first, self.last = pp.rank == 0, pp.rank == pp.size - 1
         self.record, self.before_sync = recorder, None
-        clock = StageRecorder(f"pipeline stage {pp.rank}", group=pp.group) if timeline else no_record
+        clock = StageRecorder(f"pipeline stage {pp.rank}", group=pp.group, on=timeline)
         self.executor = PipelineExecutor(
             make(schedule, pp.size, m), pp.rank, [self.stage], lm_loss,
             (self.b, cfg.seq // (cp.size * (tp.size if sp else 1)), cfg.hidden),  # (b, s/c[/t], h)

@@ -49,7 +49,7 @@ import torch
 
 from lessonlib import device
 from lessonlib.grid_layout import placements
-from lessonlib.hybrid.runs import step_losses
+from lessonlib.hybrid.layout_runs import step_losses
 from lessonlib.long_run import checkpoint
 from lessonlib.long_run.checkpoint_folder import MANIFEST
 from lessonlib.models import GPTConfig

@@ -47,9 +47,11 @@ from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import layout_name, parse_layout
 from lessonlib.hybrid.build import make_model
 from lessonlib.hybrid.checks import check_layout
-from lessonlib.hybrid.runs import step_losses
-from lessonlib.hybrid.trainer import HybridTrainer, StepBooks, unrecorded
+from lessonlib.hybrid.layout_runs import step_losses
+from lessonlib.hybrid.recorder import StepRecorder
+from lessonlib.hybrid.trainer import HybridTrainer
 from lessonlib.hybrid.trainer import train as train_steps
+from lessonlib.instruments.spans import no_record
 from lessonlib.lab import labkit
 from lessonlib.long_run import checkpoint, checkpoint_folder, folder_lock, reshard, restart
 from lessonlib.long_run.shard_map import Layout
@@ -113,7 +115,7 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
             "checkpoint_every": checkpoint_every, "keep": keep, "meta": meta}
 
 
-def build_trainer(settings: dict, recorder=unrecorded):
+def build_trainer(settings: dict, recorder=no_record):
     """Rank side: (context, trainer): ``HybridTrainer`` on the grid, float32, its step's
     phases scoped by ``recorder``."""
     cfg, (t, p, d) = GPTConfig(**settings["model"]), settings["layout"]
@@ -187,7 +189,7 @@ def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None =
     it was saved on another layout), train to the last step, saving every
     ``checkpoint_every`` steps and at the end; stop with ``Diverged`` at a non-finite loss."""
     cfg = GPTConfig(**settings["model"])
-    books = StepBooks(align=False)       # no barrier, no per-action timing: the step's seconds
+    books = StepRecorder(align=False)       # no barrier, no per-action timing: the step's seconds
     ctx, trainer = build_trainer(settings, books)
     start, history = 0, []
     torch.manual_seed(settings["seed"] + ctx.rank)  # reproducible, and restored on resume

@@ -38,7 +38,7 @@ from lessonlib import model_parallel as mp
 from lessonlib.costmodel import parameter_server_bytes, ring_allreduce_bytes_per_rank
 from lessonlib.costmodel.alpha_beta import predict_from_fit
 from lessonlib.data_parallel import bench as dp_bench
-from lessonlib.hybrid.runs import run as run_layout
+from lessonlib.hybrid.layout_runs import run as run_layout
 from lessonlib.hybrid.traffic import expected_traffic, measured_traffic
 from lessonlib.models import HYBRID_CONFIG
 from lessonlib.viz.pipeline import gantt

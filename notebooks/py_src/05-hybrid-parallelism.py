@@ -120,7 +120,7 @@ for r in per_rank:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-summary = hybrid.parity(per_rank)
+summary = hybrid.compare_parity(per_rank)
 print("loss per step, 3-D run:   ", [round(x, 4) for x in summary.losses])
 print("loss per step, one process:", [round(x, 4) for x in summary.dense_losses])
 for key in ("max_loss_diff", "max_grad_diff", "max_weight_diff"):

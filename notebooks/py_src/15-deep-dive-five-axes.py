@@ -86,7 +86,7 @@ beyond = {"t=2 c=2 p=2 d=1, SP": dict(tp=2, cp=2, pp=2, sp=True),
           "MoE t=2 p=2 d=2, e=2 inside d": dict(tp=2, pp=2, dp=2, ep=2, moe=True)}
 for name, axes in beyond.items():
     ranks = hybrid.run(**axes, dtype="float64")
-    s = hybrid.parity(ranks)
+    s = hybrid.compare_parity(ranks)
     worst = max(s.max_loss_diff, s.max_grad_diff, s.max_weight_diff)
     claim(f"{name} on 8 ranks equals one process", worst < 1e-12,
           numbers=f"loss {s.max_loss_diff:.0e}, gradients {s.max_grad_diff:.0e}, "

@@ -4,11 +4,11 @@
 ``trainer.train``, then this rank's share of one process's first gradients and final weights
 against its own, the messages of each step, and every message of the run for
 ``nccl_rules.nccl_hazards``), ``run`` (caller side: the checks, then the launch),
-``reference`` (one process, whole batch) and ``parity`` (the run against it). Lesson 05's
+``reference`` (one process, whole batch) and ``compare_parity`` (the run against it). Lesson 05's
 (dp, pp, tp) run is the case c = e = 1 in float32; the five-axis runs prove themselves in
 float64.
 
-Laptop:  ``python -c "from lessonlib import hybrid as H; print(H.parity(H.run(tp=2, pp=2,
+Laptop:  ``python -c "from lessonlib import hybrid as H; print(H.compare_parity(H.run(tp=2, pp=2,
          dp=2, shard_on='fsdp', dtype='float64')))"``  (8 CPU ranks)
 GPU box: ``torchrun --nproc-per-node 8 labs/hybrid.py --shard fsdp --layouts t2p2d2`` (NCCL).
 """
@@ -27,7 +27,8 @@ from lessonlib.grid import ParallelContext
 from lessonlib.grid_layout import AXES
 from lessonlib.hybrid.build import build_stage, make_model
 from lessonlib.hybrid.checks import check_layout
-from lessonlib.hybrid.trainer import HybridTrainer, StepBooks, train
+from lessonlib.hybrid.recorder import StepRecorder
+from lessonlib.hybrid.trainer import HybridTrainer, train
 from lessonlib.launcher import launch
 from lessonlib.models import HYBRID_CONFIG, GPTConfig, TinyGPT
 from lessonlib.tensor_parallel.parallelize import param_bytes
@@ -125,7 +126,7 @@ def train_layout(*, dp: int = 1, pp: int = 1, cp: int = 1, tp: int = 1, ep: int 
 def _train(dp, pp, cp, tp, ep, shard_on, moe, sp, cfg, m, global_batch, steps, lr, seed, dtype,
            check, warmup, timeline) -> RankRun:
     ctx = ParallelContext.build(dp, pp, tp, cp=cp, ep=ep)
-    books = StepBooks(device.timer if timeline else time.perf_counter)
+    books = StepRecorder(device.timer if timeline else time.perf_counter)
     trainer = HybridTrainer(make_model(cfg, moe, seed, dtype), ctx, m, global_batch, lr,
                             shard_on, sp, recorder=books, timeline=timeline)
     first_grads, kept = [], []
@@ -179,7 +180,7 @@ def run(*, dp: int = 1, pp: int = 1, cp: int = 1, tp: int = 1, ep: int = 1,
                   timeout=timeout, **settings)
 
 
-def parity(per_rank: list[RankRun]) -> Parity:
+def compare_parity(per_rank: list[RankRun]) -> Parity:
     """Caller side: the run's losses (the last stages' micro-batch means) against one
     process's, and the ranks' largest gradient and weight differences from their shard."""
     grads, weights = largest(per_rank, "max_grad_diff"), largest(per_rank, "max_weight_diff")

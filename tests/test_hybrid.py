@@ -4,8 +4,8 @@ sends, and bad input rejected before any process."""
 import pytest
 
 import lessonlib
-from lessonlib.hybrid import (check_layout, expected_param_count, expected_traffic,
-                              measured_traffic, parity, run, stage_counts, train_layout,
+from lessonlib.hybrid import (check_layout, compare_parity, expected_param_count,
+                              expected_traffic, measured_traffic, run, stage_counts, train_layout,
                               train_layouts)
 from lessonlib.models import HYBRID_CONFIG
 from lessonlib.grid import demo_grid
@@ -15,7 +15,7 @@ TOL = 1e-5  # float32 rounding of a different summation order
 
 
 def assert_equals_one_process(per_rank, cfg=HYBRID_CONFIG, global_batch=8, m=2):
-    summary = parity(per_rank)
+    summary = compare_parity(per_rank)
     assert summary.max_loss_diff < TOL, summary
     assert summary.max_grad_diff < TOL and summary.max_weight_diff < TOL, summary
     for r in per_rank:

@@ -14,7 +14,7 @@ ground floor (``lessonlib.bug_switches``: ``BUGS``, ``active``, ``enabled``); th
 the top floor, holds the checks that catch each bug, and imports the real code they exercise.
 
 One job: check each bug of the zoo, a rank side that measures and a ``Verdict`` that judges
-in the caller (``CHECKS``); its length is twelve bugs' checks.
+in the caller (``CHECKS``); its length is the zoo's fifteen checks.
 
 Laptop:  ``python -c "from lessonlib import bug_checks as z;
          print(z.check('pipeline_loss_unscaled', True))"``

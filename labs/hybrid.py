@@ -36,7 +36,10 @@ from lessonlib.hybrid.traffic import expected_param_count, expected_traffic, mea
 from lessonlib.lab import labargs, labkit
 from lessonlib.models import GPTConfig
 
-name = layout_name
+
+def name(t: int, p: int, d: int) -> str:
+    """A (t, p, d) layout's name, ``t2p2d2``."""
+    return layout_name(dp=d, pp=p, tp=t)
 
 
 def all_layouts(world: int, cfg: GPTConfig, global_batch: int, m: int, cp: int = 1,

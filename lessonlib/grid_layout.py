@@ -162,8 +162,9 @@ def check_grid(world_size: int, dp: int, pp: int, tp: int, gpus_per_node: int | 
             f"{gpus_per_node}).", GridWarning, stacklevel=2)
 
 
-def layout_name(tp: int, pp: int, dp: int, cp: int = 1, ep: int = 1) -> str:
-    """A layout as the labs write it: ``t2p2d2``, with ``c2`` / ``e2`` where they are not 1."""
+def layout_name(*, dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1) -> str:
+    """A layout as the labs write it, innermost axis first: ``t2p2d2``, with ``c2`` / ``e2``
+    where they are not 1 (the sizes by name, as every hybrid function takes them)."""
     return f"t{tp}" + (f"c{cp}" if cp > 1 else "") + f"p{pp}d{dp}" + (f"e{ep}" if ep > 1 else "")
 
 

@@ -39,7 +39,8 @@ def _full(moe: bool, seed: int = 1) -> dict:
 
 
 def _meta(layout: Layout) -> dict:
-    meta = {"layout": layout_name(layout.t, layout.p, layout.d, layout.c, layout.e),
+    meta = {"layout": layout_name(dp=layout.d, pp=layout.p, tp=layout.t, cp=layout.c,
+                                  ep=layout.e),
             "model": long_run.SMALL}
     if (layout.c, layout.e, layout.shard, layout.moe) != (1, 1, "none", False):
         meta |= {"shard": layout.shard} | (

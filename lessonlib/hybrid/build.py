@@ -1,4 +1,4 @@
-"""One builder for every layout: the tiny GPT (or its MoE variant) on PP, TP, EP, CP and DP/ZeRO/FSDP.
+"""One builder for every layout: the tiny GPT (or its MoE variant) on PP, TP, EP, CP, DP/ZeRO/FSDP.
 
 What it teaches: the strategies compose, each on its own axis of the grid (Megatron-LM 2021,
 Narayanan et al., §2-3), each one room's idea applied in one place. ``build_stage`` only

@@ -56,7 +56,8 @@ def check_layout(cfg: GPTConfig, *, dp: int = 1, pp: int = 1, cp: int = 1, tp: i
         raise ValueError(f"sequence parallelism needs s/c = {cfg.seq}/{cp} tokens divisible "
                          f"by tp={tp} (each TP rank's LayerNorms take s/(c t) of them)")
     if shard_on not in SHARDS:
-        raise ValueError(f"shard={shard_on!r} is not a sharding of the dp axis; use one of {SHARDS}")
+        raise ValueError(f"shard={shard_on!r} is not a sharding of the dp axis; use one of "
+                         f"{SHARDS}")
     if ep > 1:
         check_split(N_EXPERTS, ep, TOP_K)
         if cp > 1 or shard_on != "none":

@@ -1,4 +1,4 @@
-"""The one trainer of every layout and its one step loop: one rank's stage, pipeline, gradient sync, step.
+"""The one trainer of every layout and its one loop: a rank's stage, pipeline, gradient sync, step.
 
 What it teaches: a training step on a hybrid layout is lesson 05's four lines, whatever the
 axes: this rank's rows (and, under context parallelism, its shard of each sequence) through

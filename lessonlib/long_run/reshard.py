@@ -180,4 +180,5 @@ def load(found: dict, cfg: GPTConfig, layout: Layout, rank: int, names: list[str
                  **{key: tensors[i] for key, tensors in moments.items()}}
              for i in range(len(new["moments"])) if moments or scalars}
     return {"model": dict(zip(names, params)), "optimizer": {"state": state},
-            "step": found["step"], "losses": [[loss] for loss in step_losses(last_coords, last_losses)]}
+            "step": found["step"],
+            "losses": [[loss] for loss in step_losses(last_coords, last_losses)]}

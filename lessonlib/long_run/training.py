@@ -105,8 +105,8 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
     check_layout(cfg, dp=d, pp=p, cp=cp, tp=t, ep=ep, global_batch=global_batch, m=m,
                  shard_on=shard, sp=sp, moe=axes["moe"], world_size=world_size)
     # What the shards depend on; the step count and checkpoint cadence may change on resume.
-    meta = {"layout": layout_name(t, p, d, cp, ep), "model": model, "global_batch": global_batch,
-            "m": m, "lr": lr, "optimizer": optimizer, "seed": seed}
+    meta = {"layout": layout_name(dp=d, pp=p, tp=t, cp=cp, ep=ep), "model": model,
+            "global_batch": global_batch, "m": m, "lr": lr, "optimizer": optimizer, "seed": seed}
     if axes != PLAIN:
         meta |= {"shard": shard, "sp": sp} | (
             {"moe": True} if axes["moe"] else {})

@@ -52,9 +52,10 @@ from lessonlib.viz.source import show
 # sequence parallelism (SP, [deep dive 14](14-deep-dive-sequence-parallelism.ipynb)), then
 # context, then activation checkpointing and compile, then data parallelism. `build_stage`
 # below, lesson 05's builder too, does the same: it cuts the stage first, then on each part
-# applies each room's own `apply_*`, kept in that room's package: tensor with SP (`apply_tp`), expert (`apply_ep`: an MoE layer's experts spread over
-# the e group), then context (`apply_cp`: ring attention over the c group, each token's
-# position read from the whole sequence), then data parallelism (`apply_dp`): the gradients
+# applies each room's own `apply_*`, kept in that room's package: tensor with SP
+# (`apply_tp`), expert (`apply_ep`: an MoE layer's experts spread over the e group), then
+# context (`apply_cp`: ring attention over the c group, each token's position read from the
+# whole sequence), then data parallelism (`apply_dp`): the gradients
 # averaged after backward over the d·c ranks that hold the same weights (plain, ZeRO-1 or
 # FSDP), an expert's over the ranks holding its copies. The grid gains a c axis between
 # p and t, and expert groups carved from the d ranks, in the grid's one rank order,

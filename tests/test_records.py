@@ -43,6 +43,7 @@ class _Reader(ast.NodeVisitor):
 
     def __init__(self, bound: dict):
         self.bound, self.tied, self.found = bound, {}, []
+        self.keys = {}       # a loop's name over string constants -> the first of them
 
     def _function(self, node) -> str | None:
         parts = []
@@ -87,7 +88,11 @@ class _Reader(ast.NodeVisitor):
             return self._function(expr.args[0])     # what each rank's function returned
         return function
 
-    def bind(self, target, origin):
+    def bind(self, target, origin, over=None):
+        names = (over.elts if isinstance(over, (ast.Tuple, ast.List)) else [])
+        if isinstance(target, ast.Name) and names and all(
+                isinstance(n, ast.Constant) and isinstance(n.value, str) for n in names):
+            self.keys[target.id] = names[0].value          # for k in ("a", "b"): r[k]
         for name in _targets(target):
             if origin:
                 self.tied[name] = origin
@@ -106,7 +111,7 @@ class _Reader(ast.NodeVisitor):
 
     def visit_For(self, node):
         self.visit(node.iter)
-        self.bind(node.target, self.origin(node.iter))
+        self.bind(node.target, self.origin(node.iter), node.iter)
         for statement in node.body + node.orelse:
             self.visit(statement)
 
@@ -114,7 +119,7 @@ class _Reader(ast.NodeVisitor):
         saved = dict(self.tied)
         for generator in node.generators:
             self.visit(generator.iter)
-            self.bind(generator.target, self.origin(generator.iter))
+            self.bind(generator.target, self.origin(generator.iter), generator.iter)
             for condition in generator.ifs:
                 self.visit(condition)
         for part in parts:
@@ -143,6 +148,8 @@ class _Reader(ast.NodeVisitor):
 
     def visit_Subscript(self, node):
         key = node.slice
+        if isinstance(key, ast.Name) and key.id in self.keys:
+            key = ast.Constant(self.keys[key.id])
         if isinstance(key, ast.Constant) and isinstance(key.value, str):
             origin = self.origin(node.value)
             if origin and not origin.startswith(KEYED_BY_DATA):
@@ -190,13 +197,15 @@ def test_the_reader_follows_a_result_into_rows_loops_and_launches(tmp_path):
         "rows = {'mine': 1}\nrows['mine']\n"
         "print(best.step_time_s, [r.m for r in schedule_runs.summarize([])])\n"
         "why = {n: schedule_runs.explain_bubble([], n) for n in 'ab'}\nwhy['a']['theory']\n"
-        "pair = [schedule_runs.theory('gpipe', 2, 4, 1, 'wall') for _ in 'ab']\npair[0]['x']\n")
+        "pair = [schedule_runs.theory('gpipe', 2, 4, 1, 'wall') for _ in 'ab']\npair[0]['x']\n"
+        "print(max(r[k] for r in schedule_runs.summarize([]) for k in ('m', 'v')))\n")
     assert keyed_reads(source) == [
         (4, "lessonlib.pipeline.schedule_runs.summarize", "m"),
         (6, "lessonlib.pipeline.schedule_runs.summarize", "bubble_mean"),
         (8, "lessonlib.pipeline.schedule_runs.rank_parity", "stash"),
         (13, "lessonlib.pipeline.schedule_runs.explain_bubble", "theory"),
-        (15, "lessonlib.pipeline.schedule_runs.theory", "x")]
+        (15, "lessonlib.pipeline.schedule_runs.theory", "x"),
+        (16, "lessonlib.pipeline.schedule_runs.summarize", "m")]
 
 
 @pytest.mark.parametrize("area", sorted(KEYED_AREAS) + sorted(KEYED))

@@ -21,6 +21,9 @@ one before its run starts is dropped, not queued, and a result that arrives afte
 value was asked for is not drawn. A run that fails shows its error in the widget; the
 notebook goes on.
 
+One job: the live widgets, each a measure (a record) and a drawing of it; its length is four
+lessons' widgets.
+
 Laptop:  in a notebook, ``from lessonlib.viz import live; live.pipeline_widget()``
 GPU box: the same; the runs use one GPU per rank when there are enough.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import io
 import threading
+from dataclasses import dataclass
 
 import ipywidgets as w
 import matplotlib.pyplot as plt
@@ -196,16 +200,23 @@ def allreduce_widget(fits: dict | None = None, ranks: int = 4, size_kib: int = 1
 
 
 # ---------------------------------------------------------------- 03: the assembly line
-def measure_assembly_line(p: int) -> dict:
-    """The MLP assembly line on p ranks (2 timed steps): its record and the timelines."""
+@dataclass
+class AssemblyLineRun:
+    """``measure_assembly_line``: the line's ``LineRecord`` and each stage's timeline."""
+    record: mp.runs.LineRecord
+    timelines: list
+
+
+def measure_assembly_line(p: int) -> AssemblyLineRun:
+    """The MLP assembly line on p ranks (2 timed steps)."""
     results = mp.run_assembly_line(p, p=p, model="mlp", steps=2, warmup=1, batch=8,
                                    layers=2 * p, width=128)
-    return {"record": mp.line_record(results),
-            "timelines": [r.timeline for r in sorted(results, key=lambda r: r.stage)]}
+    return AssemblyLineRun(mp.line_record(results),
+                           [r.timeline for r in sorted(results, key=lambda r: r.stage)])
 
 
-def draw_assembly_line(result: dict, p: int):
-    record = result["record"]
+def draw_assembly_line(result: AssemblyLineRun, p: int):
+    record = result.record
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3), constrained_layout=True,
                                       gridspec_kw={"width_ratios": [1, 2]})
     left.bar(range(p), record.idle_per_rank, color="#4c72b0", label="measured")
@@ -216,7 +227,7 @@ def draw_assembly_line(result: dict, p: int):
     left.set_ylabel("idle share of the step")
     left.legend(fontsize=8, loc="lower right")
     gantt([[s for s in line if s.kind in ("F", "B") or s.kind.startswith("RECV")]
-           for line in result["timelines"]], ax=right, title=f"p = {p}: one rank works at a time")
+           for line in result.timelines], ax=right, title=f"p = {p}: one rank works at a time")
     return fig, (f"idle share, mean over ranks: measured {record.idle_mean:.2f}, "
                  f"predicted {record.idle_predicted:.2f}\n")
 
@@ -228,7 +239,14 @@ def assembly_line_widget(p: int = 3):
 
 
 # ---------------------------------------------------------------- 04: the pipeline
-def measure_pipeline(schedule: str, p: int, m: int) -> dict:
+@dataclass
+class PipelineRun:
+    """``measure_pipeline``: the step's ``runs.ScheduleRow`` and each stage's spans."""
+    row: object
+    spans: list
+
+
+def measure_pipeline(schedule: str, p: int, m: int) -> PipelineRun:
     """One timed step (after one warm-up) of ``schedule`` on p ranks with m micro-batches."""
     # Imported here: the pipeline room pulls in torch's pipelining and DTensor (about 2.5 s),
     # which notebooks 02, 03 and 05 and the fork servers they start need not pay for.
@@ -241,13 +259,13 @@ def measure_pipeline(schedule: str, p: int, m: int) -> dict:
                                micro=32, steps=1, warmup=1)
     rows = pipeline_runs.summarize(per_rank)
     case = next(iter(per_rank[0]))
-    return {"row": rows[0], "spans": [r.spans for r in pipeline_runs.median_step(per_rank, case)]}
+    return PipelineRun(rows[0], [r.spans for r in pipeline_runs.median_step(per_rank, case)])
 
 
-def draw_pipeline(result: dict, schedule: str, p: int, m: int):
-    row = result["row"]
+def draw_pipeline(result: PipelineRun, schedule: str, p: int, m: int):
+    row = result.row
     fig, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * p), constrained_layout=True)
-    gantt(result["spans"], ax=ax, title=f"{schedule}, p = {p}, m = {m}, measured")
+    gantt(result.spans, ax=ax, title=f"{schedule}, p = {p}, m = {m}, measured")
     return fig, (f"bubble (share of the step's wall time): measured {row.bubble_mean:.1%} "
                  f"(mean over stages), theory {row.bubble_theory_wall:.1%} "
                  f"({'(p-1)/(m+p-1)' if schedule in ('gpipe', '1f1b') else 'at T_F = T_B = T_W'})\n")

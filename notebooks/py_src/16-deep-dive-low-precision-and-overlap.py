@@ -351,7 +351,7 @@ every("every device holds at most PP + 1 micro-batches of activations",
 # NBVAL_CHECK_OUTPUT
 parity = dualpipe_runs.run_parity(p=2, m=4, steps=2)
 for row in parity.rows:
-    worst = max(row[k] for k in ("max_grads_diff", "max_weights_diff", "max_losses_diff"))
+    worst = max(row.max_grads_diff, row.max_weights_diff, row.max_losses_diff)
     print(f"{row.engine:>9}'s DualPipeV, p = {parity.p}, m = {parity.m}: equal to one "
           f"process (gradients, weights, losses within 1e-12): {worst < 1e-12}")
 

@@ -4,8 +4,10 @@ that catch them.
 What it teaches: every bug here is one that teams building data, tensor and pipeline
 parallelism have shipped at some point, and each is caught by one kind of check: parity
 with one process (outputs, input gradients, weight gradients), a property the routing must
-keep (a bias shared by all experts changes no output; the bias update evens the load), or
-counting what each rank holds and sends. One bug (a layer left unsharded) passes every
+keep (a bias shared by all experts changes no output; the bias update evens the load),
+counting what each rank holds and sends, or, for the three hangs (``hang_*``: ranks that
+stop agreeing on their sequence of collectives), the flight records, which name the stuck
+call, its group and the ranks missing from it. One bug (a layer left unsharded) passes every
 parity test: parity is not enough, the memory and the messages must be checked too.
 
 Each bug is one commented ``if bug_switches.active("<name>"):`` in the real code, off unless the

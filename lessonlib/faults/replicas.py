@@ -120,7 +120,7 @@ def rank_replica(replica: int, lighthouse: str, steps: int, replicas: int,
     from torchft.optim import OptimizerWrapper
 
     wait = torchft_setup.TIMEOUT.total_seconds()
-    lost = Path(folder, "lost")              # touched by the first update without every replica
+    lost = Path(folder, "lost")              # touched once an update is committed without all
     if restarted and not _wait_until(lost.exists, wait):
         raise RuntimeError(f"replica {replica} was restarted, but for {wait:.0f} s no survivor "
                            f"committed an update without it")

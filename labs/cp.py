@@ -8,7 +8,7 @@ ranks it stops with NotImplementedError: the record keeps the error).
 Per implementation and layout it reports the median forward+backward time (the slowest
 rank's; the implementations alternate step by step so machine noise hits all of them),
 its ratio to one-process SDPA, the per-rank causal attention work (the (query, key) scores
-each rank computed) and forward compute seconds (``StepLog``, the ring's), the key/value bytes
+each rank computed) and forward compute seconds (``RingRecorder``, the ring's), the key/value bytes
 each rank received (the ring's) and the bytes each rank sent to the others (every method's,
 ``methods.sent_bytes``) against the formulas (``costmodel.context``), and the output's and
 gradients' largest error against SDPA. Every setting is checked before any rank starts
@@ -30,8 +30,8 @@ from lessonlib import comm
 from lessonlib.context_parallel import context_attention, ring_attention, shard_sequence
 from lessonlib.context_parallel.masks import attention, repeat_kv
 from lessonlib.context_parallel.methods import METHODS, sent_bytes
-from lessonlib.context_parallel.recorder import StepLog
-from lessonlib.context_parallel.runs import qkv
+from lessonlib.context_parallel.recorder import RingRecorder
+from lessonlib.context_parallel.ring_runs import qkv
 from lessonlib.context_parallel.torch_ref import torch_ring_attention
 from lessonlib.costmodel.context import (causal_pairs_per_rank, cp_bytes_sent_per_rank,
                                          ring_bytes_received_per_rank)
@@ -75,7 +75,7 @@ def worker(settings: dict) -> dict:
     for layout in LAYOUTS:
         shards = [shard_sequence(t, None, layout, dim=2).requires_grad_() for t in (q, k, v)]
         mine = shard_sequence(grad, None, layout, dim=2)
-        log = StepLog(s // (c * (2 if layout == "zigzag" else 1)))
+        log = RingRecorder(s // (c * (2 if layout == "zigzag" else 1)))
         with comm.ledger() as book:
             out = _ring_step(shards, mine, layout, causal, log if method == "ring" else None,
                              method)
@@ -97,10 +97,10 @@ def worker(settings: dict) -> dict:
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     theirs = torch_ring_attention(q, k, v, causal)
     rows["torch_context_parallel", "torch's"] = {
-        "error": theirs.get("error"), "times": [],
-        "max_abs_error": (theirs["output"] - reference).abs().max().item()
-        if "output" in theirs else None}
-    if "output" in theirs:
+        "error": theirs.error, "times": [],
+        "max_abs_error": (theirs.output - reference).abs().max().item()
+        if theirs.output is not None else None}
+    if theirs.output is not None:
         steps["torch_context_parallel", "torch's"] = lambda: torch_ring_attention(q, k, v, causal)
     order = list(steps)
     for i in range(settings["warmup"] + settings["steps"]):

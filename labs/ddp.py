@@ -26,7 +26,7 @@ import lessonlib
 from lessonlib import launcher
 from lessonlib.costmodel.comm import ring_allreduce_bytes_per_rank
 from lessonlib.data_parallel.bench import ddp_bench, slowest_rank_median
-from lessonlib.data_parallel.runs import RUNGS, train_replicas, train_single
+from lessonlib.data_parallel.ladder_runs import RUNGS, train_replicas, train_single
 from lessonlib.lab import labargs, labkit
 from lessonlib.models import TEN_M, TINY
 
@@ -45,14 +45,14 @@ def worker(rungs, cfg, dtype: str, **timing) -> dict:
     out = labkit.in_dtype(ddp_bench, dtype)(rungs, cfg, **timing)
     n = dist.get_world_size()
     out["parity_weights"] = {rung: train_replicas(rung, global_batch=2 * n, **PARITY)
-                             ["weights"].cpu() for rung in rungs}
+                             .weights.cpu() for rung in rungs}
     return out
 
 
-def parity(ranks: list[dict]) -> dict[str, float]:
+def compare_parity(ranks: list[dict]) -> dict[str, float]:
     """Each rung's largest weight difference from one process on the whole batch, over the
     ranks; raises, naming the rung and the rank, beyond float32's rounding."""
-    want = train_single(global_batch=2 * len(ranks), **PARITY)["weights"]
+    want = train_single(global_batch=2 * len(ranks), **PARITY).weights
     diffs = {}
     for rung in ranks[0]["parity_weights"]:
         per_rank = [(r["parity_weights"][rung] - want).abs().max().item() for r in ranks]
@@ -67,7 +67,7 @@ def parity(ranks: list[dict]) -> dict[str, float]:
 
 def summarize(ranks: list[dict], batch: int, seq: int) -> dict:
     n = len(ranks)
-    out, diffs = {}, parity(ranks)
+    out, diffs = {}, compare_parity(ranks)
     for rung in ranks[0]["runs"]:
         t = slowest_rank_median([r["runs"][rung]["times"] for r in ranks])
         ledger = ranks[0]["runs"][rung]["ledger"].get("all_reduce", {})

@@ -21,6 +21,7 @@ Laptop:  python labs/ep.py --world-size 4 [--json results/ep.json]
          python labs/ep.py --world-size 4 --gate sigmoid --balance bias --dropless --max-nodes 2
 GPU box: torchrun --nproc-per-node 8 labs/ep.py --json results/ep.json
 """
+import dataclasses
 import sys
 
 import torch
@@ -61,12 +62,14 @@ def _off_node(events, rank: int, ranks_per_node: int) -> int:
 
 
 def worker(settings: dict) -> dict:
-    layer = time_layer(settings["experts"], settings["top_k"], settings["capacity_factor"],
+    timed = time_layer(settings["experts"], settings["top_k"], settings["capacity_factor"],
                        settings["batch"], settings["seq"], settings["hidden"],
                        settings["steps"], settings["warmup"], **settings["routing"])
     ranks_per_node = settings["ranks_per_node"]
-    layer["bytes"]["sent_off_node"] = _off_node(layer.pop("events"), layer["rank"],
-                                                ranks_per_node)
+    # the record as the lab's JSON has always held it: every field but the events
+    layer = {k: v for k, v in dataclasses.asdict(dataclasses.replace(timed, events=[])).items()
+             if k != "events"}
+    layer["bytes"]["sent_off_node"] = _off_node(timed.events, timed.rank, ranks_per_node)
     dispatch = _time_dispatch(settings, layer["stats"]["sent_rows"],
                               layer["stats"]["received_rows"])
     return {**labkit.rank_info(), "layer": layer, "dispatch": dispatch}

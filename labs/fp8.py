@@ -2,7 +2,7 @@
 
 For each recipe (tensorwise, rowwise, blockwise) it reports the relative error of the tiny
 GPT's first ``fc1`` GEMM against float64 on its real activations, as they are and with 3
-channels times ``--outlier-factor`` (``lessonlib.precision.runs.gemm_errors``), and the
+channels times ``--outlier-factor`` (``lessonlib.precision.fp8_runs.gemm_errors``), and the
 median training-step time of the tiny GPT with its linear layers in FP8 against the same
 model without them (``none``). Then the FP8 GEMM rate: ``torch._scaled_mm`` in e4m3 against
 a bf16 ``n x n @ n x n`` product, ``--gemm-size`` n. On a GPU (H100 or newer) this is the
@@ -24,7 +24,7 @@ from lessonlib.lab import labargs, labkit
 from lessonlib.models import TINY, TinyGPT
 from lessonlib.precision import RECIPES, E4M3, convert_to_float8, gemm_errors, quantize
 from lessonlib.precision.gemm import scaled_mm
-from lessonlib.precision.runs import TINY_BLOCK, train
+from lessonlib.precision.fp8_runs import TINY_BLOCK, train
 
 
 def _gemm_rate(n: int, fp8: bool, calls: int = 3) -> float:

@@ -11,9 +11,9 @@ t, p, d, b and m as columns (tokens per second is the headline a sweep plots).
 
 Beyond three axes: ``--cp C`` (context parallelism), ``--ep E`` (expert parallelism inside
 d, on the MoE tiny GPT), ``--sp`` (sequence parallelism with TP) and ``--shard zero1|fsdp``
-(ZeRO-1 or FSDP on the dp axis) apply to every layout and run it through
-``lessonlib.hybrid_axes`` (float64, Megatron-Core's rank order); the rows keep their columns, with c, e, shard and sp added, and the columns that run
-does not measure (idle share, predicted bytes) left empty.
+(ZeRO-1 or FSDP on the dp axis) apply to every layout and run it through the same
+``lessonlib.hybrid`` run in float64; the rows keep their columns, with c, e, shard and sp
+added, and the columns that run does not measure (idle share, predicted bytes) left empty.
 
 Laptop:  python labs/hybrid.py --world-size 8 [--json results/hybrid.json]
 GPU box: torchrun --nproc-per-node 8 labs/hybrid.py --json results/hybrid.json
@@ -28,15 +28,18 @@ import torch
 import lessonlib
 from lessonlib.context_parallel.layout import check_split_divides
 from lessonlib.costmodel import bubble_fraction
-from lessonlib.grid_layout import check_grid
+from lessonlib.data_parallel.parallelize import SHARDS
 from lessonlib.grid_layout import layout_name, parse_layout
-from lessonlib.hybrid import expected_param_count, expected_traffic, measured_traffic, train
-from lessonlib.hybrid_axes.build import LAYOUT, N_EXPERTS, SHARDS, check_axes, check_3d_layout
-from lessonlib.hybrid_axes.runs import train as train_axes
+from lessonlib.hybrid.checks import LAYOUT, N_EXPERTS, check_layout
+from lessonlib.hybrid.layout_runs import train_layout
+from lessonlib.hybrid.traffic import expected_param_count, expected_traffic, measured_traffic
 from lessonlib.lab import labargs, labkit
 from lessonlib.models import GPTConfig
 
-name = layout_name
+
+def name(t: int, p: int, d: int) -> str:
+    """A (t, p, d) layout's name, ``t2p2d2``."""
+    return layout_name(dp=d, pp=p, tp=t)
 
 
 def all_layouts(world: int, cfg: GPTConfig, global_batch: int, m: int, cp: int = 1,
@@ -46,7 +49,8 @@ def all_layouts(world: int, cfg: GPTConfig, global_batch: int, m: int, cp: int =
     for t in (k for k in range(1, world + 1) if world % k == 0):
         for p in (k for k in range(1, world // t + 1) if (world // t) % k == 0):
             try:
-                check_axes(cfg, t, cp, p, world // (t * p), ep, shard, global_batch, m, None, sp)
+                check_layout(cfg, dp=world // (t * p), pp=p, cp=cp, tp=t, ep=ep,
+                             global_batch=global_batch, m=m, shard_on=shard, sp=sp, moe=ep > 1)
                 out.append((t, p, world // (t * p)))
             except ValueError:
                 continue
@@ -67,13 +71,13 @@ def worker(settings: dict) -> dict:
     for t, p, d in layouts:
         lessonlib.progress(f"layout {name(t, p, d)}")
         steps = settings["warmup"] + settings["steps"]
+        common = dict(dp=d, pp=p, tp=t, cfg=cfg, m=settings["m"],
+                      global_batch=settings["global_batch"], steps=steps, lr=settings["lr"],
+                      warmup=settings["warmup"])
         out[name(t, p, d)] = (
-            train_axes(t, axes["cp"], p, d, axes["ep"], axes["shard_on"], axes["ep"] > 1, cfg,
-                       settings["m"], settings["global_batch"], steps, settings["lr"],
-                       sp=axes["sp"])
-            if axes else
-            train(d, p, t, cfg, settings["m"], settings["global_batch"], steps,
-                  settings["lr"], check=True, warmup=settings["warmup"]))
+            train_layout(**common, cp=axes["cp"], ep=axes["ep"], shard_on=axes["shard_on"],
+                         moe=axes["ep"] > 1, sp=axes["sp"], dtype="float64")
+            if axes else train_layout(**common, timeline=True))
     return out
 
 
@@ -83,22 +87,22 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     results, axes = {}, new_axes(settings)
     for t, p, d in layouts:
         per_rank = [r[name(t, p, d)] for r in ranks]
-        step = max(r["step_time_s"] for r in per_rank)
+        step = max(r.step_time_s for r in per_rank)
         if axes:
             results[name(t, p, d)] = axes_row(per_rank, t, p, d, axes, batch, m, cfg, step)
             continue
         results[name(t, p, d)] = {
             "t": t, "p": p, "d": d, "b": batch // (d * m), "m": m,
             "step_time_s": step, "tokens_per_s": batch * cfg.seq / step,
-            "param_bytes_per_rank": [r["param_bytes"] for r in per_rank],
+            "param_bytes_per_rank": [r.param_bytes for r in per_rank],
             "expected_param_bytes_per_rank": [
-                4 * expected_param_count(cfg, p, t, r["coords"][1]) for r in per_rank],
-            "traffic_per_step_rank0": measured_traffic(per_rank[0]["traffic"][-1]),
+                4 * expected_param_count(cfg, p, t, r.coords[1]) for r in per_rank],
+            "traffic_per_step_rank0": measured_traffic(per_rank[0].traffic[-1]),
             "expected_traffic_rank0": expected_traffic(cfg, d, p, t, batch, m, 0,
-                                                       per_rank[0]["param_count"]),
-            "idle_share_median": statistics.median(r["idle_share"] for r in per_rank),
+                                                       per_rank[0].param_count),
+            "idle_share_median": statistics.median(r.idle_share for r in per_rank),
             "predicted_bubble": bubble_fraction(p, m),
-            "max_weight_diff_vs_one_process": max(r["max_weight_diff"] for r in per_rank),
+            "max_weight_diff_vs_one_process": max(r.max_weight_diff for r in per_rank),
         }
     record = labkit.result("hybrid", world_size, settings, results, ranks[0]["info"])
     starter = (f"torchrun --nproc-per-node {world_size}" if lessonlib.launcher.under_torchrun()
@@ -115,11 +119,11 @@ def axes_row(per_rank, t, p, d, axes, batch, m, cfg, step) -> dict:
             "sp": axes["sp"],
             "b": batch // (d * m), "m": m, "step_time_s": step,
             "tokens_per_s": batch * cfg.seq / step,
-            "param_bytes_per_rank": [8 * r["param_count"] for r in per_rank],
+            "param_bytes_per_rank": [8 * r.param_count for r in per_rank],
             "expected_param_bytes_per_rank": None, "traffic_per_step_rank0": None,
             "expected_traffic_rank0": None, "idle_share_median": None,
             "predicted_bubble": bubble_fraction(p, m),
-            "max_weight_diff_vs_one_process": max(r["max_weight_diff"] for r in per_rank)}
+            "max_weight_diff_vs_one_process": max(r.max_weight_diff for r in per_rank)}
 
 
 HEADLINE = labkit.headline("tokens_per_s", x="layout", series=["implementation"])
@@ -184,10 +188,10 @@ def check_settings(ap, args) -> dict:
         for text in args.layouts.split(","):
             try:
                 t, p, d = parse_layout(text)
-                check_grid(args.world_size, d, p, t, cp=args.cp, ep=args.ep)
-                check_3d_layout(cfg, d, p, t, args.global_batch, args.microbatches)
-                check_axes(cfg, t, args.cp, p, d, args.ep, args.shard, args.global_batch,
-                           args.microbatches, args.world_size, args.sp)
+                check_layout(cfg, dp=d, pp=p, cp=args.cp, tp=t, ep=args.ep,
+                             global_batch=args.global_batch, m=args.microbatches,
+                             shard_on=args.shard, sp=args.sp, moe=args.ep > 1,
+                             world_size=args.world_size)
             except ValueError as exc:
                 ap.error(f"--layouts {text}: {exc}")
             layouts.append((t, p, d))

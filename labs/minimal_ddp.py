@@ -21,15 +21,29 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 
-def main(epochs: int = 3) -> None:
-    use_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    dist.init_process_group(backend="nccl" if use_gpu else "gloo")
-    rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0))
-    if use_gpu:
+def join(local_rank: int) -> torch.device:
+    """Join the process group and return this rank's device: NCCL and the GPU ``LOCAL_RANK``
+    names where there are GPUs, gloo and the CPU where there are none."""
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        dist.init_process_group(backend="nccl")
         torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
+        return torch.device("cuda", local_rank)
+    dist.init_process_group(backend="gloo")
+    return torch.device("cpu")
+
+
+def replicas_identical(model: nn.Module) -> bool:
+    """Whether every rank holds the same weights (all-gathered, compared here)."""
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = [torch.empty_like(weights) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, weights)
+    return all(torch.equal(w, weights) for w in everyone)
+
+
+def main(epochs: int = 3) -> None:
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = join(local_rank)
+    rank = dist.get_rank()
 
     torch.manual_seed(0)                      # the same data on every rank
     x = torch.randn(256, 16)
@@ -38,7 +52,8 @@ def main(epochs: int = 3) -> None:
     loader = DataLoader(data, batch_size=16, sampler=sampler)
 
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 1)).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_gpu else None)
+    ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda"
+                                  else None)     # gloo's CPU ranks have no device ids
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)              # a new shuffle each epoch, the same on every rank
@@ -50,11 +65,8 @@ def main(epochs: int = 3) -> None:
             opt.step()
         if rank == 0:
             print(f"epoch {epoch}: loss {loss.item():.4f} on rank 0's last batch")
-    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    everyone = [torch.empty_like(weights) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, weights)
+    same = replicas_identical(model)
     if rank == 0:
-        same = all(torch.equal(w, weights) for w in everyone)
         print(f"{dist.get_world_size()} ranks on {device.type}; replicas identical: {same}")
     del ddp, opt                              # DDP's reducer holds the group: free it first
     dist.destroy_process_group()

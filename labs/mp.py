@@ -21,6 +21,7 @@ Laptop:  python labs/mp.py --world-size 4 --json data/mp_cpu_results.json
 GPU box: torchrun --nproc-per-node 8 labs/mp.py --hidden 1024 --layers 16 --batch 32 \\
              --json results/mp.json
 """
+import dataclasses
 import sys
 from argparse import Namespace
 
@@ -49,16 +50,17 @@ def line_over_rounds(rounds: list[list[dict]], reference: dict) -> dict:
     """One p's runs (one list of rank results per round) as one row: each rank's idle share
     averaged over the rounds, the median of every step's time, the worst parity."""
     rows = [mp.line_record(run) for run in rounds]
-    row = dict(rows[0])
-    row["idle_per_rank"] = [sum(r["idle_per_rank"][s] for r in rows) / len(rows)
+    row = dataclasses.asdict(rows[0])                  # the JSON row the lab stores
+    row["idle_per_rank"] = [sum(r.idle_per_rank[s] for r in rows) / len(rows)
                             for s in range(row["p"])]
     row["idle_mean"] = sum(row["idle_per_rank"]) / row["p"]
-    row["busy_s_per_rank"] = [sum(r["busy_s_per_rank"][s] for r in rows) for s in range(row["p"])]
-    row["step_times_s"] = [t for r in rows for t in r["step_times_s"]]
+    row["busy_s_per_rank"] = [sum(r.busy_s_per_rank[s] for r in rows) for s in range(row["p"])]
+    row["step_times_s"] = [t for r in rows for t in r.step_times_s]
     row["step_time_s"] = labkit.median(row["step_times_s"])
-    row["stash_bytes_per_rank"] = [max(b) for b in zip(*(r["stash_bytes_per_rank"] for r in rows))]
-    diffs = [mp.parity(run, reference) for run in rounds]
-    row["parity"] = {k: max(d[k] for d in diffs) for k in diffs[0]}
+    row["stash_bytes_per_rank"] = [max(b) for b in zip(*(r.stash_bytes_per_rank for r in rows))]
+    diffs = [mp.compare_parity(run, reference) for run in rounds]
+    row["parity"] = {k: max(getattr(d, k) for d in diffs)
+                     for k in ("loss_max_abs_diff", "weights_max_abs_diff")}
     return row
 
 
@@ -68,13 +70,13 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
     full = mp.make_model(settings["model"], settings["seed"], settings["layers"],
                          settings["hidden"], settings["width"])
     n_params = sum(q.numel() for q in full.parameters())
-    per_param = reference["param_bytes"] // n_params          # 4 bytes: fp32
+    per_param = reference.param_bytes // n_params          # 4 bytes: fp32
     by_p = {}
     for i, p in enumerate(settings["p"]):
         row = line_over_rounds([[r["runs"][k][i] for r in ranks]
                                 for k in range(settings["rounds"])], reference)
-        row["param_bytes_split"] = [per_param * s["params"] for s in split_summary(full, p)]
-        row["param_bytes_even"] = reference["param_bytes"] / p
+        row["param_bytes_split"] = [per_param * s.params for s in split_summary(full, p)]
+        row["param_bytes_even"] = reference.param_bytes / p
         by_p[str(p)] = row
     largest = max(settings["p"])
     results = {"lessonlib": {"step_time_s": by_p[str(largest)]["step_time_s"], "by_p": by_p}}
@@ -87,9 +89,9 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
                         "param_bytes_split": "the balanced split's stages (layer_split)",
                         "step_time": "the same as p = 1: the stages run one after another"},
         "idle_share": {str(p): bubble_fraction(p, 1) for p in range(1, P_THEORY + 1)},
-        "param_bytes_split": {str(p): [per_param * s["params"] for s in split_summary(full, p)]
+        "param_bytes_split": {str(p): [per_param * s.params for s in split_summary(full, p)]
                               for p in range(1, min(P_THEORY, n_layers) + 1)},
-        "param_bytes_model": reference["param_bytes"]}
+        "param_bytes_model": reference.param_bytes}
     if "1" in by_p:
         one = by_p["1"]["step_time_s"]
         record["step_time_over_p1"] = {k: row["step_time_s"] / one for k, row in by_p.items()}

@@ -29,7 +29,7 @@ import sys
 import torch.distributed as dist
 
 from lessonlib.lab import labargs, labkit
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
 
@@ -38,10 +38,10 @@ def worker(settings: dict) -> dict:
     """One rank: the measurements (StepResults per case) and where it ran."""
     keys = ("width", "layers_per_stage", "micro", "v", "steps", "warmup", "threads", "pin",
             "input_grad")
-    results = runs.measure(ms=settings["microbatches"], schedules=settings["schedules"],
+    results = schedule_runs.measure(ms=settings["microbatches"], schedules=settings["schedules"],
                            **{k: settings[k] for k in keys})
     # parity with one process: the tiny GPT, 2 SGD steps of 1F1B with m = p, in float32
-    checked = runs.parity([parity_case(dist.get_world_size())])
+    checked = schedule_runs.rank_parity([parity_case(dist.get_world_size())])
     return {"cases": results, "parity": checked, **labkit.rank_info()}
 
 
@@ -51,20 +51,20 @@ def parity_case(p: int) -> tuple:
 
 
 def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
-    rows = runs.summarize([r["cases"] for r in ranks])
-    (parity,) = runs.parity_report([r["parity"] for r in ranks])   # raises if it differs
+    rows = schedule_runs.summarize([r["cases"] for r in ranks])
+    (parity,) = schedule_runs.compare_parity([r["parity"] for r in ranks])   # raises if it differs
     results = {"lessonlib": {"schedules": {}}, "torch": {"schedules": {}}}
     for row in rows:
-        case = {k: row[k] for k in ("step_time_s", "bubble_per_stage", "bubble_mean",
-                                    "peak_stash_per_stage", "peak_stash_bytes_per_stage")}
-        results[row["engine"]]["schedules"].setdefault(row["schedule"], {})[f"m={row['m']}"] = case
+        case = {k: getattr(row, k) for k in ("step_time_s", "bubble_per_stage", "bubble_mean",
+                                             "peak_stash_per_stage", "peak_stash_bytes_per_stage")}
+        results[row.engine]["schedules"].setdefault(row.schedule, {})[f"m={row.m}"] = case
     for engine in results:
         # headline: 1F1B at the largest m run (the shared shape's step_time_s)
-        one = [r for r in rows if (r["engine"], r["schedule"]) == (engine, "1f1b")]
-        results[engine]["step_time_s"] = (max(one, key=lambda r: r["m"])["step_time_s"]
+        one = [r for r in rows if (r.engine, r.schedule) == (engine, "1f1b")]
+        results[engine]["step_time_s"] = (max(one, key=lambda r: r.m).step_time_s
                                           if one else None)
-    results["lessonlib"]["max_weight_diff_vs_one_process"] = parity["max_weights_diff"]
-    results["lessonlib"]["max_grad_diff_vs_one_process"] = parity["max_grads_diff"]
+    results["lessonlib"]["max_weight_diff_vs_one_process"] = parity.max_weights_diff
+    results["lessonlib"]["max_grad_diff_vs_one_process"] = parity.max_grads_diff
     record = labkit.result("pp", world_size, settings, results, ranks[0])
     record["command"] = "python labs/pp.py " + " ".join(sys.argv[1:])
     theory = {"conventions": {"bubble_wall": "(p-1)/(v m+p-1) of wall time, GPipe §2.3; "
@@ -76,14 +76,14 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
                                             "simulated schedule, in (micro-batch, chunk) units"},
               "bubble_wall": {}, "bubble_ideal": {}, "peak_stash": {}}
     for r in rows:
-        if r["engine"] == "lessonlib":
-            key = f"m={r['m']}"
-            theory["bubble_wall"][f"{r['schedule']} {key}"] = r["bubble_theory_wall"]
-            theory["bubble_ideal"][f"{r['schedule']} {key}"] = r["bubble_theory_ideal"]
-            theory["peak_stash"].setdefault(r["schedule"], {})[key] = r["peak_stash_theory"]
+        if r.engine == "lessonlib":
+            key = f"m={r.m}"
+            theory["bubble_wall"][f"{r.schedule} {key}"] = r.bubble_theory_wall
+            theory["bubble_ideal"][f"{r.schedule} {key}"] = r.bubble_theory_ideal
+            theory["peak_stash"].setdefault(r.schedule, {})[key] = r.peak_stash_theory
     record["theory"] = theory
-    torch_time = {(r["schedule"], r["m"]): r["step_time_s"] for r in rows if r["engine"] == "torch"}
-    ours = {(r["schedule"], r["m"]): r["step_time_s"] for r in rows if r["engine"] == "lessonlib"}
+    torch_time = {(r.schedule, r.m): r.step_time_s for r in rows if r.engine == "torch"}
+    ours = {(r.schedule, r.m): r.step_time_s for r in rows if r.engine == "lessonlib"}
     record["ratio_lessonlib_over_torch"] = {}
     for (schedule, m), t in torch_time.items():
         record["ratio_lessonlib_over_torch"].setdefault(schedule, {})[f"m={m}"] = \
@@ -92,14 +92,14 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
                                        for (s, m), t in ours.items()
                                        if s == "zb-h1" and ("1f1b", m) in ours}
     record["bubble_minus_theory"] = {
-        f"{r['engine']} {r['schedule']} m={r['m']}": r["bubble_mean"] - r["bubble_theory_wall"]
+        f"{r.engine} {r.schedule} m={r.m}": r.bubble_mean - r.bubble_theory_wall
         for r in rows}
     record["rows"], record["headline"] = table(rows, record), HEADLINE
     for m, ratio in record["ratio_zb_h1_over_1f1b"].items():
         print(f"p={world_size} {m}: lessonlib ZB-H1 step / lessonlib 1F1B step = {ratio:.3f}")
     for schedule, torch_name in (("zb-h1", "ScheduleInterleavedZeroBubble"),
                                  ("zbv", "ScheduleZBVZeroBubble")):
-        for m in sorted({r["m"] for r in rows if r["schedule"] == schedule}):
+        for m in sorted({r.m for r in rows if r.schedule == schedule}):
             ratio = record["ratio_lessonlib_over_torch"].get(schedule, {}).get(f"m={m}")
             print(f"p={world_size} m={m}: lessonlib {schedule} step / PyTorch's {torch_name} "
                   f"step = " + (f"{ratio:.3f}" if ratio else "(PyTorch's cannot run this m)"))
@@ -113,17 +113,17 @@ HEADLINE = labkit.headline("bubble_measured", x="m", series=["implementation", "
 def table(rows: list[dict], record: dict) -> list[dict]:
     """The measured rows with stable columns: one per implementation, schedule and m."""
     ratios = record["ratio_lessonlib_over_torch"]
-    return [{"implementation": r["engine"], "schedule": r["schedule"], "p": r["p"], "m": r["m"],
-             "step_time_s": r["step_time_s"],
-             "step_time_over_torch": (ratios.get(r["schedule"], {}).get(f"m={r['m']}")
-                                      if r["engine"] == "lessonlib" else None),
-             "bubble_measured": r["bubble_mean"],
-             "bubble_predicted": r["bubble_theory_wall"],
-             "bubble_predicted_ideal": r["bubble_theory_ideal"],
-             "bubble_per_stage": r["bubble_per_stage"],
-             "peak_stash_per_stage": r["peak_stash_per_stage"],
-             "peak_stash_predicted": r["peak_stash_theory"],
-             "peak_stash_bytes_per_stage": r["peak_stash_bytes_per_stage"]} for r in rows]
+    return [{"implementation": r.engine, "schedule": r.schedule, "p": r.p, "m": r.m,
+             "step_time_s": r.step_time_s,
+             "step_time_over_torch": (ratios.get(r.schedule, {}).get(f"m={r.m}")
+                                      if r.engine == "lessonlib" else None),
+             "bubble_measured": r.bubble_mean,
+             "bubble_predicted": r.bubble_theory_wall,
+             "bubble_predicted_ideal": r.bubble_theory_ideal,
+             "bubble_per_stage": r.bubble_per_stage,
+             "peak_stash_per_stage": r.peak_stash_per_stage,
+             "peak_stash_predicted": r.peak_stash_theory,
+             "peak_stash_bytes_per_stage": r.peak_stash_bytes_per_stage} for r in rows]
 
 
 def check_settings(p, args) -> dict:

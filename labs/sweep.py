@@ -219,7 +219,8 @@ def parse_args(argv=None):
                    help="submit the grid as one SLURM job array and return (run it again, or "
                         "--collect FOLDER, to gather the finished points)")
     p.add_argument("--sbatch-args", default="", help="extra sbatch flags for --slurm, quoted")
-    p.add_argument("--published", metavar="RUN", help="the cost model around a published run")
+    p.add_argument("--published", metavar="RUN", help="no lab: the cost model around a "
+                   "published run's layout (labs/sweep_published.py)")
     p.add_argument("--collect", type=Path, default=None, metavar="FOLDER",
                    help="gather a --slurm sweep's finished points into its table")
     return p, p.parse_args(argv)

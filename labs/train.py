@@ -24,7 +24,7 @@ Beyond three axes, as ``labs/hybrid.py`` names them: ``--cp C`` (context paralle
 ``--ep E`` (expert parallelism inside d, on the MoE tiny GPT; ``--moe`` alone trains it at
 e = 1), ``--sp`` (sequence parallelism with TP) and ``--shard zero1|fsdp`` (the optimizer
 state, or the weights too, sharded over the d*c ranks of a stage) train on
-``lessonlib.hybrid_axes``; the checkpoint records the five axes (``t1c2p2d1``) and the
+``lessonlib.hybrid``'s trainer; the checkpoint records the five axes (``t1c2p2d1``) and the
 sharding, each rank saves what it holds, and a resume on any other such layout is resharded.
 
 Laptop:  python labs/train.py --world-size 2 --checkpoint-dir results/ckpt --json results/t.json
@@ -43,8 +43,8 @@ import torch
 
 import lessonlib
 from lessonlib import long_run
-from lessonlib.hybrid_axes.build import SHARDS
-from lessonlib.hybrid_axes.trainer import HybridTrainer
+from lessonlib.data_parallel.parallelize import SHARDS
+from lessonlib.hybrid.trainer import HybridTrainer
 from lessonlib.lab import labargs, labkit
 from lessonlib.long_run import checkpoint, checkpoint_folder, folder_lock
 

@@ -61,7 +61,7 @@ def worker(stages, cfg: GPTConfig, optimizer: str, **timing) -> dict:
     return out
 
 
-def parity(ranks: list[dict], optimizer: str) -> dict[str, float]:
+def compare_parity(ranks: list[dict], optimizer: str) -> dict[str, float]:
     """Each stage's largest weight difference from one process on the whole batch, over the
     ranks and the weights; raises, naming the stage, rank and weight, beyond float32's
     rounding."""
@@ -88,7 +88,7 @@ def parity(ranks: list[dict], optimizer: str) -> dict[str, float]:
 
 def summarize(ranks: list[dict], settings: dict, cfg: GPTConfig) -> dict:
     n, out = len(ranks), {}
-    diffs = parity(ranks, settings["optimizer"])
+    diffs = compare_parity(ranks, settings["optimizer"])
     for stage in settings["stages"]:
         runs = [r["runs"][stage] for r in ranks]
         t = slowest_rank_median([run["times"] for run in runs])

@@ -18,6 +18,7 @@ import copy
 import math
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -100,14 +101,22 @@ def grads_as_model(module: nn.Module, grads: dict | None = None) -> nn.Module:
 
 
 # ---------------------------------------------------------------- the course's first run
+@dataclass
+class TinyGPTRun:
+    """``train_tiny_gpt``'s run: each step's loss and seconds, the model's shape, the batch."""
+    losses: list
+    step_times_s: list
+    cfg: GPTConfig
+    batch: int
+
+
 def train_tiny_gpt(cfg: GPTConfig | None = None, steps: int = 200, batch: int = 16,
-                   lr: float = 3e-3, seed: int = 0) -> dict:
-    """Adam on the castle corpus; returns {"losses": [...], "step_times_s": [...], "cfg": cfg}."""
+                   lr: float = 3e-3, seed: int = 0) -> TinyGPTRun:
+    """Adam on the castle corpus, in one process."""
     cfg = cfg or corpus_config()
     run = train_one_process(TinyGPT(cfg, seed=seed), corpus_batches(cfg, batch, seed), steps,
                             optimizer="adam", lr=lr)
-    return {"losses": run["losses"], "step_times_s": run["step_times_s"], "cfg": cfg,
-            "batch": batch}
+    return TinyGPTRun(run["losses"], run["step_times_s"], cfg, batch)
 
 
 def flops_per_step(cfg: GPTConfig, batch: int) -> float:
@@ -117,12 +126,12 @@ def flops_per_step(cfg: GPTConfig, batch: int) -> float:
     return model_flops_per_iteration(shape, batch)
 
 
-def measured_flops(run: dict, skip: int = 5) -> float:
+def measured_flops(run: TinyGPTRun, skip: int = 5) -> float:
     """Sustained FLOP/s of a ``train_tiny_gpt`` run: FLOPs per step / median step time."""
-    return flops_per_step(run["cfg"], run["batch"]) / statistics.median(run["step_times_s"][skip:])
+    return flops_per_step(run.cfg, run.batch) / statistics.median(run.step_times_s[skip:])
 
 
 if __name__ == "__main__":
     result = train_tiny_gpt()
     print(f"loss {result['losses'][0]:.2f} -> {result['losses'][-1]:.2f} in "
-          f"{len(result['losses'])} steps; {measured_flops(result) / 1e9:.2f} GFLOP/s")
+          f"{len(result.losses)} steps; {measured_flops(result) / 1e9:.2f} GFLOP/s")

@@ -11,11 +11,9 @@ the groups of that axis:
 
     tp groups: mesh[i, j, :]     pp groups: mesh[i, :, k]     dp groups: mesh[:, j, k]
 
-Beyond three axes (``lessonlib.grid_layout``, the pure half, states the rank orders): a
-context-parallel axis c between pp and tp, and expert parallelism carved from the dp ranks;
-``build(dp, pp, tp, cp=c, ep=e, order=MEGATRON_ORDER)`` lays them out as Megatron-Core's
-``tp-cp-ep-dp-pp`` does (tp innermost, then cp, then dp, pp outermost); the default order is
-lesson 05's, so every (dp, pp, tp) layout is what it was.
+Beyond three axes (``lessonlib.grid_layout``, the pure half, states the one rank order): a
+context-parallel axis c between pp and tp, ``view(dp, pp, cp, tp)``, and expert parallelism
+carved from the dp ranks; ``build(dp, pp, tp, cp=c, ep=e)`` lays them out.
 
 Two halves:
 
@@ -26,7 +24,8 @@ Two halves:
   every rank, in the same order (``dist.new_group`` is collective over the world, so a rank
   that skipped one would hang the others), and freezes this rank's place in a small
   dataclass that the parallel code receives as an argument (no global state): one record
-  per axis, ``ctx.axis("tp")`` (size, rank, group, ranks). The layouts' groups are all made
+  per axis, ``ctx.axis("tp")`` (size, rank, group, ranks), the only way to read an axis.
+  The layouts' groups are all made
   here (``new_groups``); the context-parallel and expert-parallel lessons' grids are views
   built with ``only=`` the axes they need, so they create those groups alone.
 
@@ -46,8 +45,7 @@ import torch
 import torch.distributed as dist
 
 from lessonlib import comm
-from lessonlib.grid_layout import (ALL_AXES, AXES, GROUP_AXES, LESSON_ORDER, MEGATRON_ORDER,
-                                   axis_groups, check_grid, check_order, layout_table)
+from lessonlib.grid_layout import ALL_AXES, AXES, GROUP_AXES, axis_groups, check_grid, layout_table
 
 
 # ---------------------------------------------------------------- on the ranks: the context
@@ -72,45 +70,20 @@ class Axis:
     ranks: tuple
 
 
-class _AxisPart:
-    """A flat name the parallel code reads: ``ctx.tp_group`` is ``ctx.axis("tp").group``."""
-
-    def __init__(self, axis: str, part: str):
-        self.axis, self.part = axis, part
-
-    def __get__(self, ctx, owner=None):
-        return self if ctx is None else getattr(ctx.axis(self.axis), self.part)
-
-
-def _parts(axis: str) -> tuple:
-    """The flat names of one axis: its size, this rank's coordinate, its group, its ranks."""
-    return tuple(_AxisPart(axis, part) for part in ("size", "rank", "group", "ranks"))
-
-
 @dataclass(frozen=True, kw_only=True)
 class ParallelContext:
     """This rank's place in the (dp, pp, cp, tp) grid and the process groups it talks through.
 
     Build it once per run with ``ParallelContext.build(dp, pp, tp)`` (lesson 05's grid), or
-    ``build(dp, pp, tp, cp=c, ep=e, order=MEGATRON_ORDER)`` on every rank, and pass it to the
-    parallel code. ``ctx.axis("tp")`` is the tp axis's record (``Axis``: size, rank, group,
-    ranks); ``ctx.tp``, ``ctx.tp_rank``, ``ctx.tp_group`` and ``ctx.tp_ranks`` read the same
-    four, and so for every name of ``GROUP_AXES``. With cp = 1 the cp group is None and the
-    dp_cp axis is the dp axis; with ep = 1 the ep group is None and the edp axis (the ranks
-    averaging an expert's copies) is the dp axis."""
+    ``build(dp, pp, tp, cp=c, ep=e)`` on every rank, and pass it to the parallel code.
+    ``ctx.axis("tp")`` is the tp axis's record (``Axis``: size, rank, group, ranks), and so
+    for every name of ``GROUP_AXES``. With cp = 1 the cp group is None and the dp_cp axis is
+    the dp axis; with ep = 1 the ep group is None and the edp axis (the ranks averaging an
+    expert's copies) is the dp axis."""
     rank: int
     axes: tuple           # one ``Axis`` per name of ``GROUP_AXES``
-    order: str = LESSON_ORDER
     gpus_per_node: int | None = None
     made: tuple = field(default=(), repr=False)
-
-    dp, dp_rank, dp_group, dp_ranks = _parts("dp")
-    pp, pp_rank, pp_group, pp_ranks = _parts("pp")
-    tp, tp_rank, tp_group, tp_ranks = _parts("tp")
-    cp, cp_rank, cp_group, cp_ranks = _parts("cp")
-    ep, ep_rank, ep_group, ep_ranks = _parts("ep")
-    dp_cp, dp_cp_rank, dp_cp_group, dp_cp_ranks = _parts("dp_cp")
-    edp, edp_rank, edp_group, edp_ranks = _parts("edp")
 
     def axis(self, name: str) -> Axis:
         """This rank's record of the axis ``name`` (one of ``GROUP_AXES``)."""
@@ -121,7 +94,7 @@ class ParallelContext:
 
     @classmethod
     def build(cls, dp: int, pp: int, tp: int, *, gpus_per_node: int | None = None,
-              cp: int = 1, ep: int = 1, order: str = LESSON_ORDER, only=None):
+              cp: int = 1, ep: int = 1, only=None):
         """Create every group of every axis (on every rank, same order: tp, pp, dp, then cp
         and dp_cp, then ep and edp) and keep this rank's. ``only``: the groups of the named
         axes alone, whatever their sizes, in the same order (a lesson that needs one axis,
@@ -133,64 +106,69 @@ class ParallelContext:
             raise ValueError("ParallelContext.build needs a process group: call it inside a "
                              "function run by lessonlib.launch (or under torchrun)")
         world, rank = dist.get_world_size(), dist.get_rank()
-        check_grid(world, dp, pp, tp, gpus_per_node, cp, ep, order)
+        check_grid(world, dp, pp, tp, gpus_per_node, cp, ep)
         made = {}
-        for axis, lines in axis_groups(dp, pp, tp, cp, ep, order, only).items():
+        for axis, lines in axis_groups(dp, pp, tp, cp, ep, only).items():
             for line, group in zip(lines, new_groups(lines)):
                 if rank in line:
                     made[axis] = group
         axes = []
-        for name, lines in axis_groups(dp, pp, tp, cp, ep, order, only=GROUP_AXES).items():
+        for name, lines in axis_groups(dp, pp, tp, cp, ep, only=GROUP_AXES).items():
             ranks = next(tuple(line) for line in lines if rank in line)
             group = made.get(name, made.get("dp") if name in ("dp_cp", "edp") else None)
             axes.append(Axis(name=name, size=len(ranks), rank=ranks.index(rank), group=group,
                              ranks=ranks))
-        return cls(rank=rank, axes=tuple(axes), order=order, gpus_per_node=gpus_per_node,
+        return cls(rank=rank, axes=tuple(axes), gpus_per_node=gpus_per_node,
                    made=tuple(made.values()))
 
     def destroy(self) -> None:
         """Destroy every group this rank joined once the layout is done (every member calls
         it). Under NCCL each group holds communicators and GPU buffers until destroyed, so a
         run that tries layout after layout would otherwise pile them up."""
-        for group in self.made or (self.tp_group, self.pp_group, self.dp_group):
+        for group in self.made or (self.axis(a).group for a in ("tp", "pp", "dp")):
             dist.destroy_process_group(group)
 
     @property
     def coords(self) -> tuple[int, int, int]:
-        return (self.dp_rank, self.pp_rank, self.tp_rank)
-
-    @property
-    def is_first_stage(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
-    def is_last_stage(self) -> bool:
-        return self.pp_rank == self.pp - 1
-
-    @property
-    def prev_stage_rank(self) -> int | None:
-        """Global rank of the previous pipeline stage (same dp and tp coordinates)."""
-        return None if self.is_first_stage else self.pp_ranks[self.pp_rank - 1]
-
-    @property
-    def next_stage_rank(self) -> int | None:
-        return None if self.is_last_stage else self.pp_ranks[self.pp_rank + 1]
+        """(dp, pp, tp) coordinates."""
+        return tuple(self.axis(a).rank for a in AXES)
 
     @property
     def coords4(self) -> tuple[int, int, int, int]:
         """(dp, pp, cp, tp) coordinates."""
-        return (self.dp_rank, self.pp_rank, self.cp_rank, self.tp_rank)
+        return tuple(self.axis(a).rank for a in ALL_AXES)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.axis("pp").rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        pp = self.axis("pp")
+        return pp.rank == pp.size - 1
+
+    @property
+    def prev_stage_rank(self) -> int | None:
+        """Global rank of the previous pipeline stage (same dp and tp coordinates)."""
+        pp = self.axis("pp")
+        return None if self.is_first_stage else pp.ranks[pp.rank - 1]
+
+    @property
+    def next_stage_rank(self) -> int | None:
+        pp = self.axis("pp")
+        return None if self.is_last_stage else pp.ranks[pp.rank + 1]
 
     def describe(self) -> str:
-        text = (f"rank {self.rank}: (dp, pp, tp) = {self.coords}; tp group {list(self.tp_ranks)}, "
-                f"pp group {list(self.pp_ranks)}, dp group {list(self.dp_ranks)}")
-        extra = ([f"cp group {list(self.cp_ranks)}"] if self.cp > 1 else []) + (
-            [f"ep group {list(self.ep_ranks)}, edp group {list(self.edp_ranks)}"]
-            if self.ep > 1 else [])
+        groups = {a: list(self.axis(a).ranks) for a in GROUP_AXES}
+        text = (f"rank {self.rank}: (dp, pp, tp) = {self.coords}; tp group {groups['tp']}, "
+                f"pp group {groups['pp']}, dp group {groups['dp']}")
+        extra = ([f"cp group {groups['cp']}"] if self.axis("cp").size > 1 else []) + (
+            [f"ep group {groups['ep']}, edp group {groups['edp']}"]
+            if self.axis("ep").size > 1 else [])
         return "; ".join([text, *extra])
 
 
-def device_mesh_view(dp: int, pp: int, tp: int, cp: int = 1, order: str = LESSON_ORDER) -> dict:
+def device_mesh_view(dp: int, pp: int, tp: int, cp: int = 1) -> dict:
     """PyTorch's reading of the same grid on this rank: coordinates, in (dp, pp, [cp,] tp)
     order, and group ranks from ``init_device_mesh`` over the axes outermost first, e.g.
     ``init_device_mesh(kind, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))``."""
@@ -198,26 +176,25 @@ def device_mesh_view(dp: int, pp: int, tp: int, cp: int = 1, order: str = LESSON
 
     from lessonlib import device
 
-    dims = [a for a in check_order(order) if a != "cp" or cp > 1]
+    dims = [a for a in ALL_AXES if a != "cp" or cp > 1]
     size = {"dp": dp, "pp": pp, "cp": cp, "tp": tp}
     mesh = init_device_mesh(device.current_device().type, tuple(size[a] for a in dims),
                             mesh_dim_names=tuple(dims))
     coord = dict(zip(dims, mesh.get_coordinate()))
-    return {"coords": tuple(coord[a] for a in ALL_AXES if a in coord),
+    return {"coords": tuple(coord[a] for a in dims),
             **{f"{axis}_ranks": tuple(dist.get_process_group_ranks(mesh.get_group(axis)))
-               for axis in ALL_AXES if axis in coord}}
+               for axis in dims}}
 
 
-def demo_axes(dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1,
-              order: str = MEGATRON_ORDER) -> dict:
+def demo_axes(dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1) -> dict:
     """Build the context beyond three axes and compare it with PyTorch's DeviceMesh over
     the same dims (which has no expert axis: the ep and edp groups are returned as built)."""
-    ctx = ParallelContext.build(dp, pp, tp, cp=cp, ep=ep, order=order)
-    torch_view = device_mesh_view(dp, pp, tp, cp, order)
+    ctx = ParallelContext.build(dp, pp, tp, cp=cp, ep=ep)
+    torch_view = device_mesh_view(dp, pp, tp, cp)
     ours = {"coords": ctx.coords4 if cp > 1 else ctx.coords,
             **{f"{a}_ranks": ctx.axis(a).ranks for a in ALL_AXES if a != "cp" or cp > 1}}
-    out = {"rank": ctx.rank, "ours": ours, "torch": torch_view, "ep_ranks": ctx.ep_ranks,
-           "edp_ranks": ctx.edp_ranks, "dp_cp_ranks": ctx.dp_cp_ranks,
+    out = {"rank": ctx.rank, "ours": ours, "torch": torch_view,
+           **{f"{a}_ranks": ctx.axis(a).ranks for a in ("ep", "edp", "dp_cp")},
            "agrees_with_torch": ours == torch_view}
     ctx.destroy()
     return out
@@ -234,13 +211,10 @@ def demo_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> di
         x = torch.tensor([float(ctx.rank)], device=device.current_device())
         comm.all_reduce(x, group=ctx.axis(axis).group)
         sums[axis] = x.item()
+    ranks = {f"{axis}_ranks": ctx.axis(axis).ranks for axis in AXES}
     torch_view = device_mesh_view(dp, pp, tp)
-    return {"rank": ctx.rank, "coords": ctx.coords, "tp_ranks": ctx.tp_ranks,
-            "pp_ranks": ctx.pp_ranks, "dp_ranks": ctx.dp_ranks, "sums": sums,
-            "torch": torch_view,
-            "agrees_with_torch": torch_view == {"coords": ctx.coords, "dp_ranks": ctx.dp_ranks,
-                                               "pp_ranks": ctx.pp_ranks,
-                                               "tp_ranks": ctx.tp_ranks}}
+    return {"rank": ctx.rank, "coords": ctx.coords, **ranks, "sums": sums, "torch": torch_view,
+            "agrees_with_torch": torch_view == {"coords": ctx.coords, **ranks}}
 
 
 if __name__ == "__main__":
@@ -254,9 +228,8 @@ if __name__ == "__main__":
     ap.add_argument("--gpus-per-node", type=int, default=None)
     ap.add_argument("--cp", type=int, default=1)
     ap.add_argument("--ep", type=int, default=1)
-    ap.add_argument("--order", default=LESSON_ORDER)
     args = ap.parse_args()
-    sizes = dict(cp=args.cp, ep=args.ep, order=args.order)
+    sizes = dict(cp=args.cp, ep=args.ep)
     try:
         check_grid(args.dp * args.pp * args.cp * args.tp, args.dp, args.pp, args.tp,
                    args.gpus_per_node, **sizes)

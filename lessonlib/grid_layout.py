@@ -1,14 +1,12 @@
 """The layout of the process grid, pure: which rank sits where on (dp, pp, cp, tp) and whom it joins.
 
 What it teaches: a hybrid layout is the world's ranks arranged in a box, built once as
-``torch.arange(world).view(...)`` with the axes in a fixed *rank order*, innermost first.
-The innermost axis gets consecutive ranks, so it sits inside one server; each axis further
-out strides by the product of the ones inside it. Two orders are named here:
-
-* ``LESSON_ORDER = "tp-cp-pp-dp"``: lesson 05's grid, ``view(dp, pp, tp)`` (cp = 1 there),
-  rank = ((i*p + j)*c + l)*t + k: the default, so every (dp, pp, tp) layout reads as before;
-* ``MEGATRON_ORDER = "tp-cp-dp-pp"``: Megatron-Core's ``tp-cp-ep-dp-pp``: tensor innermost,
-  then context, then data, pipeline outermost: rank = ((j*d + i)*c + l)*t + k.
+``torch.arange(world).view(dp, pp, cp, tp)``: one rank order, ``ORDER = "tp-cp-pp-dp"``
+written innermost first as Megatron-Core writes its orders, so rank = ((i*p + j)*c + l)*t + k
+at (dp=i, pp=j, cp=l, tp=k). The innermost axis gets consecutive ranks, so it sits inside one
+server; each axis further out strides by the product of the ones inside it (with c = 1 this is
+lesson 05's ``view(dp, pp, tp)``). Megatron-Core's default, ``tp-cp-ep-dp-pp``, puts the
+pipeline outermost instead; with d = 1 or p = 1 the two agree.
 
 Reading the box along one axis with the others fixed gives that axis's groups (tp, cp, pp,
 dp). Two more are read from them, as Megatron-Core builds them:
@@ -21,9 +19,10 @@ dp). Two more are read from them, as Megatron-Core builds them:
   the same experts (e apart), over which those experts' gradients are averaged.
 
 Sharded data parallelism (ZeRO-1, FSDP) is a choice on the dp axis, not a new axis: it uses
-the dp (or dp_cp) group.
+the dp (or dp_cp) group. Every function takes the axis sizes in the grid's order, (dp, pp,
+tp), then ``cp`` and ``ep`` by name.
 
-Laptop:  ``python -m lessonlib.grid 2 2 2 --cp 2 --order tp-cp-dp-pp`` prints a table.
+Laptop:  ``python -m lessonlib.grid 2 2 2 --cp 2`` prints a table.
 GPU box: the same (pure); keep tp (and tp*cp where it fits) inside a server.
 """
 from __future__ import annotations
@@ -39,23 +38,13 @@ from lessonlib.argcheck import positive_int
 
 AXES = ("dp", "pp", "tp")                    # lesson 05's three, outermost to innermost
 ALL_AXES = ("dp", "pp", "cp", "tp")          # how coordinates are written: (dp, pp, cp, tp)
-LESSON_ORDER = "tp-cp-pp-dp"                 # innermost first, as Megatron-Core writes it
-MEGATRON_ORDER = "tp-cp-dp-pp"
+ORDER = "tp-cp-pp-dp"                        # the one rank order, innermost first
 # every axis with groups, in the order they are created; dp_cp and edp are read from the others
 GROUP_AXES = ("tp", "pp", "dp", "cp", "dp_cp", "ep", "edp")
 
 
 class GridWarning(UserWarning):
     """A layout that runs, but slower than it needs to."""
-
-
-def check_order(order: str) -> tuple[str, ...]:
-    """The axes of ``order`` outermost first; ValueError unless it names tp, cp, pp, dp once."""
-    names = tuple(order.split("-")) if isinstance(order, str) else ()
-    if sorted(names) != sorted(ALL_AXES):
-        raise ValueError(f"order={order!r} must name tp, cp, pp and dp once each, innermost "
-                         f"first, e.g. {MEGATRON_ORDER!r} (Megatron-Core) or {LESSON_ORDER!r}")
-    return names[::-1]
 
 
 def _check_sizes(dp, pp, tp, cp=1, ep=1) -> None:
@@ -67,19 +56,16 @@ def _check_sizes(dp, pp, tp, cp=1, ep=1) -> None:
                          f"consecutive data-parallel ranks; use ep in {ok}")
 
 
-def mesh4(dp: int, pp: int, tp: int, cp: int = 1, order: str = LESSON_ORDER) -> torch.Tensor:
-    """``mesh[i, j, l, k]``: the global rank at (dp=i, pp=j, cp=l, tp=k) for ``order``."""
+def mesh4(dp: int, pp: int, tp: int, cp: int = 1) -> torch.Tensor:
+    """``mesh[i, j, l, k]``: the global rank at (dp=i, pp=j, cp=l, tp=k)."""
     _check_sizes(dp, pp, tp, cp)
-    outer = check_order(order)
-    size = {"dp": dp, "pp": pp, "cp": cp, "tp": tp}
-    box = torch.arange(dp * pp * cp * tp).view(*(size[a] for a in outer))
-    return box.permute(*(outer.index(a) for a in ALL_AXES))
+    return torch.arange(dp * pp * cp * tp).view(dp, pp, cp, tp)
 
 
-def grid_mesh(dp: int, pp: int, tp: int, cp: int = 1, order: str = LESSON_ORDER) -> torch.Tensor:
+def grid_mesh(dp: int, pp: int, tp: int, cp: int = 1) -> torch.Tensor:
     """The grid itself: ``mesh[i, j, k]`` is the rank at (dp=i, pp=j, tp=k) when cp = 1,
     ``mesh[i, j, l, k]`` with l the cp coordinate otherwise."""
-    mesh = mesh4(dp, pp, tp, cp, order)
+    mesh = mesh4(dp, pp, tp, cp)
     return mesh[:, :, 0, :] if cp == 1 else mesh
 
 
@@ -90,7 +76,7 @@ def _lines(mesh: torch.Tensor, axis: str) -> list[list[int]]:
 
 
 def axis_groups(dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1,
-                order: str = LESSON_ORDER, only=None) -> dict[str, list[list[int]]]:
+                only=None) -> dict[str, list[list[int]]]:
     """Every group of every axis as lists of global ranks, in the order they are created:
     tp, pp, dp always; cp and dp_cp when cp > 1; ep and edp when ep > 1. Given ``only``
     (names of ``GROUP_AXES``), those axes alone, in the same order, whatever their sizes."""
@@ -98,7 +84,7 @@ def axis_groups(dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1,
     unknown = set(only or ()) - set(GROUP_AXES)
     if unknown:
         raise ValueError(f"only={only!r}: no axis {sorted(unknown)}; the axes are {GROUP_AXES}")
-    mesh = mesh4(dp, pp, tp, cp, order)
+    mesh = mesh4(dp, pp, tp, cp)
     dp_lines = _lines(mesh, "dp")
     groups = {"tp": _lines(mesh, "tp"), "pp": _lines(mesh, "pp"), "dp": dp_lines,
               "cp": _lines(mesh, "cp"),
@@ -125,11 +111,11 @@ class Placement:
 
 
 def placements(dp: int, pp: int, tp: int, gpus_per_node: int | None = None, cp: int = 1,
-               ep: int = 1, order: str = LESSON_ORDER) -> list[Placement]:
+               ep: int = 1) -> list[Placement]:
     """One ``Placement`` per rank, in rank order. Servers hold consecutive ranks (torchrun's
     numbering: rank = node * gpus_per_node + local rank)."""
     _check_sizes(dp, pp, tp, cp, ep)
-    mesh, out = mesh4(dp, pp, tp, cp, order), {}
+    mesh, out = mesh4(dp, pp, tp, cp), {}
     for i, j, l, k in product(range(dp), range(pp), range(cp), range(tp)):
         rank = int(mesh[i, j, l, k])
         node, gpu = divmod(rank, gpus_per_node) if gpus_per_node else (None, None)
@@ -142,11 +128,10 @@ def _nodes_of(ranks, gpus_per_node) -> int:
 
 
 def check_grid(world_size: int, dp: int, pp: int, tp: int, gpus_per_node: int | None = None,
-               cp: int = 1, ep: int = 1, order: str = LESSON_ORDER) -> None:
+               cp: int = 1, ep: int = 1) -> None:
     """Raise ValueError unless t*c*p*d ranks fill the world (and e divides d); warn if a TP
     group needlessly spans servers. Pure: call it before any process starts."""
     _check_sizes(dp, pp, tp, cp, ep)
-    check_order(order)
     positive_int("world_size", world_size)
     if dp * pp * cp * tp != world_size:
         if cp == 1:
@@ -162,7 +147,7 @@ def check_grid(world_size: int, dp: int, pp: int, tp: int, gpus_per_node: int | 
     if gpus_per_node is None:
         return
     positive_int("gpus_per_node", gpus_per_node)
-    spanning = [g for g in axis_groups(dp, pp, tp, cp, 1, order)["tp"]
+    spanning = [g for g in axis_groups(dp, pp, tp, cp, 1)["tp"]
                 if _nodes_of(g, gpus_per_node) > -(-tp // gpus_per_node)]
     if spanning:
         fits = [k for k in range(1, gpus_per_node + 1) if gpus_per_node % k == 0]
@@ -177,8 +162,9 @@ def check_grid(world_size: int, dp: int, pp: int, tp: int, gpus_per_node: int | 
             f"{gpus_per_node}).", GridWarning, stacklevel=2)
 
 
-def layout_name(tp: int, pp: int, dp: int, cp: int = 1, ep: int = 1) -> str:
-    """A layout as the labs write it: ``t2p2d2``, with ``c2`` / ``e2`` where they are not 1."""
+def layout_name(*, dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1) -> str:
+    """A layout as the labs write it, innermost axis first: ``t2p2d2``, with ``c2`` / ``e2``
+    where they are not 1 (the sizes by name, as every hybrid function takes them)."""
     return f"t{tp}" + (f"c{cp}" if cp > 1 else "") + f"p{pp}d{dp}" + (f"e{ep}" if ep > 1 else "")
 
 
@@ -202,10 +188,10 @@ def parse_axes(text: str) -> tuple[int, int, int, int, int]:
 
 
 def layout_table(dp: int, pp: int, tp: int, gpus_per_node: int | None = None, cp: int = 1,
-                 ep: int = 1, order: str = LESSON_ORDER) -> str:
+                 ep: int = 1) -> str:
     """A printable table: rank -> coordinates -> server and GPU, and the groups it belongs
     to (cp and ep columns only where those axes are used)."""
-    groups = axis_groups(dp, pp, tp, cp, ep, order)
+    groups = axis_groups(dp, pp, tp, cp, ep)
     shown = [a for a in ("tp", "cp", "pp", "dp", "ep", "edp") if a in groups]
     member = {axis: {r: g for g in groups[axis] for r in g} for axis in shown}
     width = {a: max(9, *(len(str(g)) for g in groups[a])) for a in shown}
@@ -214,10 +200,10 @@ def layout_table(dp: int, pp: int, tp: int, gpus_per_node: int | None = None, cp
     head = f"{'rank':>4}  " + " ".join(f"{a:>2}" for a in coords) + ("  server gpu" if where else "")
     sizes = ", ".join(str({"dp": dp, "pp": pp, "cp": cp, "tp": tp, "ep": ep}[a]) for a in coords)
     title = f"grid ({', '.join(coords)}) = ({sizes})" + (
-        f", rank order {order}" if (cp > 1 or ep > 1 or order != LESSON_ORDER) else "")
+        f", rank order {ORDER}" if (cp > 1 or ep > 1) else "")
     lines = [title + (f" on servers of {gpus_per_node} GPUs" if where else ""),
              (head + "".join(f"   {a + ' group':<{width[a]}}" for a in shown)).rstrip()]
-    for pl in placements(dp, pp, tp, gpus_per_node, cp, ep, order):
+    for pl in placements(dp, pp, tp, gpus_per_node, cp, ep):
         spot = f"  {pl.node:>6} {pl.gpu:>3}" if where else ""
         text = "".join(f"   {str(member[a][pl.rank]):<{width[a]}}" for a in shown)
         lines.append((f"{pl.rank:>4}  " + " ".join(f"{getattr(pl, a):>2}" for a in coords)

@@ -16,6 +16,7 @@ GPU box: the same; moving a stage to its GPU is the caller's ``.to(device)``.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -100,8 +101,16 @@ def split_layers(model, n_stages: int, counts=None) -> list[nn.Sequential]:
     return stages
 
 
-def split_summary(model, n_stages: int, counts=None) -> list[dict]:
-    """Per stage: which layers (indices into ``layers_of``) and how many parameters."""
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage of a split: its index, its layers (indices into ``layers_of``), parameters."""
+    stage: int
+    layers: list
+    params: int
+
+
+def split_summary(model, n_stages: int, counts=None) -> list[StagePlan]:
+    """Per stage: which layers and how many parameters."""
     layers = layers_of(model)
     if counts is None:
         counts = balanced_split([count_parameters(x) for x in layers], n_stages)
@@ -109,7 +118,7 @@ def split_summary(model, n_stages: int, counts=None) -> list[dict]:
     out, start = [], 0
     for s, c in enumerate(counts):
         params = sum(count_parameters(x) for x in layers[start:start + c])
-        out.append({"stage": s, "layers": list(range(start, start + c)), "params": params})
+        out.append(StagePlan(s, list(range(start, start + c)), params))
         start += c
     return out
 

@@ -8,9 +8,8 @@ import torch
 import torch.distributed as dist
 
 from lessonlib.grid import ParallelContext
-from lessonlib.grid_layout import MEGATRON_ORDER
-from lessonlib.hybrid_axes.build import make_model
-from lessonlib.hybrid_axes.trainer import HybridTrainer
+from lessonlib.hybrid.build import make_model
+from lessonlib.hybrid.trainer import HybridTrainer
 from lessonlib.long_run import checkpoint, reshard, shard_map, training
 from lessonlib.models import GPTConfig, TinyGPT
 
@@ -23,7 +22,7 @@ def stage_against_placement(cfg: dict, dp: int, pp: int, tp: int) -> dict:
     model = TinyGPT(cfg, seed=3)
     stage = HybridTrainer(model, ctx, m=1, global_batch=dp).stage.state_dict()
     full = dict(model.named_parameters())
-    wanted = shard_map.placement(cfg, tp, pp, ctx.pp_rank, ctx.tp_rank)
+    wanted = shard_map.placement(cfg, tp, pp, ctx.axis("pp").rank, ctx.axis("tp").rank)
     return {"rank": dist.get_rank(), "same_names": list(stage) == list(wanted),   # in order
             "equal": all(torch.equal(stage[name], reshard.cut(full, pieces).detach())
                          for name, pieces in wanted.items() if name in stage)}
@@ -69,11 +68,11 @@ def axes_against_map(cfg: dict, cases: list) -> list[bool]:
     state of the shapes it says (under ZeRO-1, this rank's range only)?"""
     cfg, out = GPTConfig(**cfg), []
     for t, c, p, d, e, shard, sp, moe in cases:
-        ctx = ParallelContext.build(d, p, t, cp=c, ep=e, order=MEGATRON_ORDER)
-        model = make_model(cfg, moe, seed=3).float()
+        ctx = ParallelContext.build(d, p, t, cp=c, ep=e)
+        model = make_model(cfg, moe, seed=3)
         full = {name: q.detach().clone() for name, q in model.named_parameters()}
         trainer = HybridTrainer(model, ctx, 2, 8, 1e-3, shard, sp, "adamw")
-        where = shard_map.held(shard_map.Layout(t, c, p, d, e, shard, MEGATRON_ORDER, moe), cfg,
+        where = shard_map.held(shard_map.Layout(t, c, p, d, e, shard, moe), cfg,
                                ctx.rank)
         same = all(torch.equal(q.detach(), held_from_full(full, h))
                    for q, h in zip(trainer.params, where["model"], strict=True))

@@ -24,7 +24,7 @@ def every_new_call() -> dict:
         ctx = ParallelContext.build(1, 1, n)           # tp group: the world's members again
         x = torch.ones(3)
         comm.all_reduce(x)
-        comm.all_reduce(x, group=ctx.tp_group)
+        comm.all_reduce(x, group=ctx.axis("tp").group)
         comm.barrier()
     return {"a2a": out.tolist(), "a2a_list": [t.item() for t in outs], "gathered": gathered,
             "everyone": everyone, "box": box, "x": x.tolist(), "events": book.events,

@@ -7,12 +7,12 @@ import torch.nn.functional as F
 
 from lessonlib import comm, hybrid, model_parallel
 from lessonlib.data_parallel import collectives, ring
-from lessonlib.data_parallel import runs as dp_runs
+from lessonlib.data_parallel import ladder_runs as dp_runs
 from lessonlib.exercises.dp import reference_reduce_scatter
 from lessonlib.models import mlp_stack
 from lessonlib.pipeline import runner as pp_runner
 from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.tensor_parallel import runs as tp_runs
+from lessonlib.tensor_parallel import layer_runs as tp_runs
 
 
 def _traced(fn, *args, **kwargs) -> list:
@@ -83,7 +83,8 @@ def others() -> dict:
 
 
 def hybrids(layouts) -> dict:
-    return {f"hybrid dp={d} pp={p} tp={t}": _traced(hybrid.train, d, p, t, steps=1, check=False)
+    return {f"hybrid dp={d} pp={p} tp={t}": _traced(hybrid.train_layout, dp=d, pp=p, tp=t,
+                                                    steps=1, check=False, timeline=True)
             for d, p, t in layouts}
 
 

@@ -2,16 +2,16 @@
 (``lessonlib.instruments.placement.stand_in``): tests/test_placement.py launches ``drive``."""
 import torch.distributed as dist
 
-from lessonlib import bugzoo, comm, grid, hybrid, model_parallel
+from lessonlib import bug_checks, comm, grid, hybrid, model_parallel
 from lessonlib.data_parallel import bench as dp_bench
-from lessonlib.data_parallel import runs as dp_runs
+from lessonlib.data_parallel import ladder_runs as dp_runs
 from lessonlib.data_parallel import zero_runs
 from lessonlib.launcher import rank as launcher_rank
 from lessonlib.models import corpus_config
-from lessonlib.pipeline import runs as pp_runs
+from lessonlib.pipeline import schedule_runs as pp_runs
 from lessonlib.tensor_parallel import ops as tp_ops
 from lessonlib.tensor_parallel import parallelize
-from lessonlib.tensor_parallel import runs as tp_runs
+from lessonlib.tensor_parallel import layer_runs as tp_runs
 
 SMALL = corpus_config(seq=16, hidden=32, heads=2, layers=2)
 
@@ -23,31 +23,36 @@ ENTRY_POINTS = {
     "grid.demo_grid": (grid.demo_grid, (1, 1, 2), {}),
     "tensor_parallel.ops.demo_f_and_g": (tp_ops.demo_f_and_g, (), {}),
     "tensor_parallel.parallelize.demo_mlp": (parallelize.demo_mlp, (), {}),
-    "data_parallel.runs.demo": (dp_runs.demo, (), {}),
-    "data_parallel.runs.train_replicas": (dp_runs.train_replicas, ("bucketed",),
+    "data_parallel.ladder_runs.demo": (dp_runs.demo, (), {}),
+    "data_parallel.ladder_runs.train_replicas": (dp_runs.train_replicas, ("bucketed",),
                                           {"steps": 2, "global_batch": 4}),
-    "data_parallel.runs.ladder_messages": (dp_runs.ladder_messages, (), {"bucket_cap_mb": 0.01}),
-    "data_parallel.runs.step_timeline": (dp_runs.step_timeline, (SMALL,), {"warmup": 0}),
-    "data_parallel.runs.bucket_sweep": (dp_runs.bucket_sweep, ((0.01,), SMALL), {"steps": 1}),
+    "data_parallel.ladder_runs.ladder_messages": (dp_runs.ladder_messages, (),
+                                                  {"bucket_cap_mb": 0.01}),
+    "data_parallel.ladder_runs.step_timeline": (dp_runs.step_timeline, (SMALL,), {"warmup": 0}),
+    "data_parallel.ladder_runs.bucket_sweep": (dp_runs.bucket_sweep, ((0.01,), SMALL),
+                                               {"steps": 1}),
     "data_parallel.bench.allreduce_bench": (dp_bench.allreduce_bench, ([64],),
                                             {"budget_s": 0.01, "min_iters": 1, "max_iters": 1}),
     "zero_runs.demo": (zero_runs.demo, (), {}),
     "zero_runs.train_cases": (zero_runs.train_cases, ([{"stage": s, "steps": 1} for s in
                                                        ("1", "2", "3")],), {}),
-    "tensor_parallel.runs.layer_report": (tp_runs.layer_report, (2,),
+    "tensor_parallel.layer_runs.layer_report": (tp_runs.layer_report, (2,),
                                           {"b": 2, "s": 4, "h": 16, "heads": 2, "steps": 1}),
-    "tensor_parallel.runs.ops_report": (tp_runs.ops_report, (2,), {}),
-    "tensor_parallel.runs.gathered_mlp_report": (tp_runs.gathered_mlp_report, (2,), {}),
-    "pipeline.runs.demo": (pp_runs.demo, (), {}),
-    "pipeline.runs.parity": (pp_runs.parity, (pp_runs.parity_cases(2),), {"steps": 1}),
-    "pipeline.runs.measure": (pp_runs.measure, (), {"ms": (2,), "width": 16, "layers_per_stage": 1,
-                                                    "micro": 2, "steps": 1, "warmup": 0}),
+    "tensor_parallel.layer_runs.ops_report": (tp_runs.ops_report, (2,), {}),
+    "tensor_parallel.layer_runs.gathered_mlp_report": (tp_runs.gathered_mlp_report, (2,), {}),
+    "pipeline.schedule_runs.demo": (pp_runs.demo, (), {}),
+    "pipeline.schedule_runs.rank_parity": (pp_runs.rank_parity, (pp_runs.parity_cases(2),),
+                                           {"steps": 1}),
+    "pipeline.schedule_runs.measure": (pp_runs.measure, (), {"ms": (2,), "width": 16,
+                                                             "layers_per_stage": 1, "micro": 2,
+                                                             "steps": 1, "warmup": 0}),
     "model_parallel.assembly_line": (model_parallel.assembly_line, (),
                                      {"model": "mlp", "steps": 1, "warmup": 0, "batch": 4}),
-    "hybrid.train": (hybrid.train, (1, 2, 1), {"steps": 1, "warmup": 0, "check": True}),
-    **{f"bugzoo.{fn.__name__}": (fn, (), {}) for fn in (
-        bugzoo.rank_tp_gradient, bugzoo.rank_tp_sharding, bugzoo.rank_ddp_accumulation,
-        bugzoo.rank_pipeline)},
+    "hybrid.train_layout": (hybrid.train_layout, (), {"pp": 2, "steps": 1, "warmup": 0,
+                                                      "check": True, "timeline": True}),
+    **{f"bug_checks.{fn.__name__}": (fn, (), {}) for fn in (
+        bug_checks.rank_tp_gradient, bug_checks.rank_tp_sharding,
+        bug_checks.rank_ddp_accumulation, bug_checks.rank_pipeline)},
 }
 
 

@@ -11,22 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from lessonlib import bugs, bugzoo
+from lessonlib import bug_checks, bug_switches
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = list(bugs.BUGS)
+NAMES = list(bug_switches.BUGS)
 
 
 def test_every_switch_is_off_by_default(monkeypatch):
-    monkeypatch.delenv(bugs.ENV, raising=False)
-    assert not any(bugs.active(n) for n in NAMES)
-    with bugs.enabled("pipeline_loss_unscaled"):
-        assert bugs.active("pipeline_loss_unscaled")
-        assert not bugs.active("p2p_dropped_request")
-        with bugs.enabled("p2p_dropped_request"):
-            assert os.environ[bugs.ENV] == "pipeline_loss_unscaled,p2p_dropped_request"
-        assert os.environ[bugs.ENV] == "pipeline_loss_unscaled"
-    assert bugs.ENV not in os.environ
+    monkeypatch.delenv(bug_switches.ENV, raising=False)
+    assert not any(bug_switches.active(n) for n in NAMES)
+    with bug_switches.enabled("pipeline_loss_unscaled"):
+        assert bug_switches.active("pipeline_loss_unscaled")
+        assert not bug_switches.active("p2p_dropped_request")
+        with bug_switches.enabled("p2p_dropped_request"):
+            assert os.environ[bug_switches.ENV] == "pipeline_loss_unscaled,p2p_dropped_request"
+        assert os.environ[bug_switches.ENV] == "pipeline_loss_unscaled"
+    assert bug_switches.ENV not in os.environ
 
 
 def test_an_unknown_name_fails_before_any_process_starts(monkeypatch):
@@ -36,35 +36,37 @@ def test_an_unknown_name_fails_before_any_process_starts(monkeypatch):
         raise AssertionError("a process was started")
 
     monkeypatch.setattr(lessonlib.launcher, "launch", no_launch)
-    for call in (lambda: bugs.active("tp_bug"), lambda: bugs.enabled("tp_bug").__enter__(),
-                 lambda: bugzoo.check("tp_bug", True), lambda: bugs.hook_line("tp_bug")):
+    for call in (lambda: bug_switches.active("tp_bug"),
+                 lambda: bug_switches.enabled("tp_bug").__enter__(),
+                 lambda: bug_checks.check("tp_bug", True),
+                 lambda: bug_switches.hook_line("tp_bug")):
         with pytest.raises(ValueError, match=r"unknown bug name\(s\) \['tp_bug'\].*"
                                              r"tp_missing_backward_all_reduce, .*tp_layer_left"):
             call()
-    monkeypatch.setenv(bugs.ENV, "pipeline_loss_unscaled,typo")
+    monkeypatch.setenv(bug_switches.ENV, "pipeline_loss_unscaled,typo")
     with pytest.raises(ValueError, match=r"\['typo'\] \(in LESSONLIB_BUGS"):
-        bugs.active("pipeline_loss_unscaled")
+        bug_switches.active("pipeline_loss_unscaled")
 
 
 def test_each_switch_is_one_line_in_the_module_the_registry_names():
-    for name, bug in bugs.BUGS.items():
-        where, line = bugs.hook_line(name)
+    for name, bug in bug_switches.BUGS.items():
+        where, line = bug_switches.hook_line(name)
         module = bug.where.split(".")[1]
         assert f"/{module}.py:" in where or where.startswith(f"lessonlib/{module}"), where
-        assert line.count(f'bugs.active("{name}")') == 1, line
+        assert line.count(f'bug_switches.active("{name}")') == 1, line
         assert bug.test.startswith("tests/") and "::" in bug.test and bug.test.endswith("]")
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("name", NAMES)
 def test_the_check_passes_with_the_bug_off_and_fails_with_it_on(name, monkeypatch):
-    monkeypatch.delenv(bugs.ENV, raising=False)
-    off, on = bugzoo.check(name, bug_on=False), bugzoo.check(name, bug_on=True)
+    monkeypatch.delenv(bug_switches.ENV, raising=False)
+    off, on = bug_checks.check(name, bug_on=False), bug_checks.check(name, bug_on=True)
     assert off.passed and off.max_diff <= off.tolerance, off
     assert off.message.startswith("passed: ")
     assert not on.passed and not on.max_diff <= on.tolerance, on
     assert on.message.startswith("FAILED: ") and "did not finish" not in on.message, on
-    assert bugs.ENV not in os.environ                    # the caller's switch is restored
+    assert bug_switches.ENV not in os.environ                    # the caller's switch is restored
     expected = {  # the words that say why, in the failing check's message
         "tp_missing_backward_all_reduce": "a check of the forward pass sees nothing",
         "ddp_sync_on_wrong_microbatch": "all-reduces per micro-batch: [1, 0]",
@@ -107,7 +109,7 @@ def _pytest(name, *nodes, monkeypatch) -> tuple[int, dict]:
     """Run the named tests with bug ``name`` switched on: (pytest's exit code, outcomes).
     Their modules are imported afresh (results cached by an earlier run of the same module
     in this process, with the bug off, must not answer for the bug on)."""
-    monkeypatch.setenv(bugs.ENV, name)
+    monkeypatch.setenv(bug_switches.ENV, name)
     monkeypatch.chdir(ROOT)
     for module in {Path(node.split("::")[0]).stem for node in nodes}:
         if module in sys.modules:
@@ -121,7 +123,7 @@ def _pytest(name, *nodes, monkeypatch) -> tuple[int, dict]:
 @pytest.mark.timeout(170)
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "tp_layer_left_unsharded"])
 def test_the_named_existing_test_fails_with_the_switch_on(name, monkeypatch):
-    node = bugs.BUGS[name].test
+    node = bug_switches.BUGS[name].test
     code, outcomes = _pytest(name, node, monkeypatch=monkeypatch)
     assert code == 1 and outcomes == {node: "failed"}, outcomes
 
@@ -129,6 +131,6 @@ def test_the_named_existing_test_fails_with_the_switch_on(name, monkeypatch):
 @pytest.mark.timeout(170)
 def test_a_layer_left_unsharded_passes_parity_and_fails_the_memory_check(monkeypatch):
     parity = "tests/test_tensor_parallel.py::test_on_two_ranks_parity_with_the_dense_model[block]"
-    memory = bugs.BUGS["tp_layer_left_unsharded"].test
+    memory = bug_switches.BUGS["tp_layer_left_unsharded"].test
     code, outcomes = _pytest("tp_layer_left_unsharded", parity, memory, monkeypatch=monkeypatch)
     assert code == 1 and outcomes == {parity: "passed", memory: "failed"}, outcomes

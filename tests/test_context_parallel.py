@@ -14,7 +14,7 @@ fourth rank is in none, and is refused)."""
 import pytest
 
 import lessonlib
-from lessonlib.context_parallel import runs
+from lessonlib.context_parallel import ring_runs
 from lessonlib.costmodel.context import causal_pairs_per_rank
 from lessonlib.instruments.nccl_rules import nccl_hazards
 from lessonlib.models import GPTConfig
@@ -27,12 +27,12 @@ TOL = 1e-12                                        # float64
 
 
 def everything_worker():
-    return {"attention": runs.attention_reports(CS, LAYOUTS, (True, False), **SHAPE),
-            "gpt": {c: runs.gpt_report(c, CFG, b=2, steps=3) for c in (2, 4)}
-            | {"contiguous": runs.gpt_report(4, CFG, b=2, steps=3, layout="contiguous")},
-            "disagree": runs.disagreement_report(),
-            "balance": runs.balance_report(s=64, repeats=1),
-            "bad": runs.bad_input_report()}
+    return {"attention": ring_runs.attention_reports(CS, LAYOUTS, (True, False), **SHAPE),
+            "gpt": {c: ring_runs.gpt_report(c, CFG, b=2, steps=3) for c in (2, 4)}
+            | {"contiguous": ring_runs.gpt_report(4, CFG, b=2, steps=3, layout="contiguous")},
+            "disagree": ring_runs.disagreement_report(),
+            "balance": ring_runs.balance_report(s=64, repeats=1),
+            "bad": ring_runs.bad_input_report()}
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_activations_per_rank_are_one_cth(ranks):
             assert report.saved_bytes * c == one          # q, k, v, out, lse: s/c tokens
     for c, reports in ((c, [r["gpt"][c] for r in ranks]) for c in (2, 4)):
         for report in reports:
-            ratio = report["activation_bytes"] / report["one_process_activation_bytes"]
+            ratio = report.activation_bytes / report.one_process_activation_bytes
             assert ratio == pytest.approx(1 / c, rel=0.1)
 
 
@@ -108,10 +108,10 @@ def test_causal_work_contiguous_unbalanced_zigzag_balanced(ranks):
 def test_gpt_equals_one_process_after_3_steps(ranks, c):
     for r in ranks:
         report = r["gpt"][c]
-        assert report["d"] == (4 // c if c != "contiguous" else 1)
-        assert report["losses"] == pytest.approx(report["reference_losses"], abs=1e-12)
-        assert report["grads"][0] < TOL, report["grads"]
-        assert report["weights"][0] < TOL, report["weights"]
+        assert report.d == (4 // c if c != "contiguous" else 1)
+        assert report.losses == pytest.approx(report.reference_losses, abs=1e-12)
+        assert report.grads[0] < TOL, report.grads
+        assert report.weights[0] < TOL, report.weights
 
 
 @pytest.mark.timeout(150)
@@ -152,9 +152,9 @@ def test_ranks_that_disagree_on_a_later_call_are_refused(ranks, method, what):
 
 def test_settings_are_checked_before_any_launch():
     with pytest.raises(ValueError, match="s=24 tokens do not split into 5 equal chunks"):
-        runs.run_parity(5, cs=(5,))
+        ring_runs.run_parity(5, cs=(5,))
     with pytest.raises(ValueError, match="c=3 must divide world_size=4"):
-        runs.run_gpt_parity(4, 3, GPTConfig(vocab=32, seq=24, hidden=16, heads=2, layers=1))
+        ring_runs.run_gpt_parity(4, 3, GPTConfig(vocab=32, seq=24, hidden=16, heads=2, layers=1))
 
 
 def test_the_package_maps_its_modules():

@@ -16,7 +16,7 @@ unreduced or head groups put back in the wrong order (the bug zoo names it)."""
 import pytest
 
 import lessonlib
-from lessonlib.context_parallel import method_runs, runs
+from lessonlib.context_parallel import method_runs, ring_runs
 from lessonlib.context_parallel.method_runs import ForwardBackward
 from lessonlib.context_parallel.methods import METHODS
 from lessonlib.costmodel.context import cp_bytes_sent_per_rank, document_work
@@ -32,7 +32,7 @@ GPTS = [(m, 2) for m in METHODS] + [("ulysses", 4)]
 
 def everything_worker():
     return {"attention": method_runs.method_reports(CS),
-            "gpt": {(m, c): runs.gpt_report(c, CFG, b=2, steps=3, method=m) for m, c in GPTS},
+            "gpt": {(m, c): ring_runs.gpt_report(c, CFG, b=2, steps=3, method=m) for m, c in GPTS},
             "bad": method_runs.bad_input_report()}
 
 
@@ -111,10 +111,10 @@ def test_the_bytes_by_hand_and_what_gqa_saves(ranks):
 def test_gpt_equals_one_process_after_3_steps(ranks, method, c):
     for r in ranks:
         report = r["gpt"][method, c]
-        assert report["d"] == 4 // c and report["method"] == method
-        assert report["losses"] == pytest.approx(report["reference_losses"], abs=1e-12)
-        assert report["grads"][0] < TOL, report["grads"]
-        assert report["weights"][0] < TOL, report["weights"]
+        assert report.d == 4 // c and report.method == method
+        assert report.losses == pytest.approx(report.reference_losses, abs=1e-12)
+        assert report.grads[0] < TOL, report.grads
+        assert report.weights[0] < TOL, report.weights
 
 
 @pytest.mark.timeout(150)

@@ -16,7 +16,7 @@ from torch.utils.data import TensorDataset
 
 import lessonlib
 from lessonlib import comm
-from lessonlib.data_parallel import runs as dp_runs
+from lessonlib.data_parallel import ladder_runs as dp_runs
 from lessonlib.data import corpus_tokens, lm_batch, shard
 from lessonlib.data_parallel import DataParallel, plan_buckets, sharded_loader
 from lessonlib.data_parallel.ladder import replicate, trainable_parameters

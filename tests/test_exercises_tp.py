@@ -11,6 +11,7 @@ import torch
 from lessonlib import comm
 from lessonlib.exercises import sp, tp as ex
 from lessonlib.instruments.spans import Span
+from lessonlib.model_parallel.line import LineResult
 
 
 def test_stage_split_accepts_a_balanced_split_and_names_an_unbalanced_one():
@@ -34,7 +35,7 @@ def test_stage_split_accepts_a_balanced_split_and_names_an_unbalanced_one():
 def test_idle_share_checker_runs_the_function_on_timelines():
     timeline = [Span("F", 0, 0, 0.0, 1.0), Span("RECV_B", 0, 0, 1.0, 3.0),
                 Span("B", 0, 0, 3.0, 4.0)]
-    results = [{"rank": 0, "p": 1, "timeline": timeline}]
+    results = [LineResult(rank=0, stage=0, p=1, timeline=timeline)]
     assert ex.check_idle_share(lambda tl, wall: 1 - sum(
         s.end - s.start for s in tl if s.kind in ("F", "B", "OPT")) / wall, results)
     verdict = ex.check_idle_share(lambda tl, wall: 0.0, results)

@@ -3,10 +3,10 @@
 3 ranks, a 2 s timeout per planted hang."""
 import pytest
 
-from lessonlib import bugs
+from lessonlib import bug_switches
 from lessonlib.faults import hangs
 from lessonlib.faults.hang_analysis import analyze, analyze_torch
-from lessonlib.instruments.flight_recorder import Entry, Recorder, read
+from lessonlib.instruments.flight_recorder import Entry, FlightRecorder, read
 
 pytestmark = pytest.mark.timeout(60)
 WORLD = (0, 1, 2)
@@ -20,7 +20,7 @@ def _ring(rank, calls):
 
 # ---------------------------------------------------------------- pure
 def test_the_ring_keeps_the_last_n_entries_in_order(tmp_path):
-    ring = Recorder(tmp_path / "rank0.flight", size=4, rank=0)
+    ring = FlightRecorder(tmp_path / "rank0.flight", size=4, rank=0)
     for _ in range(6):
         ring.done(ring.post("all_reduce", "0", WORLD, 16, (4,), "torch.float32", None), None, False)
     last, _ = ring.post("broadcast", "1", WORLD, 8, (2,), "torch.float32", None)
@@ -80,11 +80,11 @@ def test_the_loop_finishes_with_records_that_agree(world):
 
 def test_each_hang_is_a_bug_of_the_zoo_switched_in_the_loop():
     for plant, name in hangs.HANGS.items():
-        bug = bugs.BUGS[name]
+        bug = bug_switches.BUGS[name]
         assert bug.where == "lessonlib.faults.hangs.rank_steps" and plant in hangs.PLANTS
         assert bug.test == ("tests/test_faults_hangs.py::"
                             "test_the_loop_finishes_with_records_that_agree[3]")
-        assert bugs.hook_line(name)[0].startswith("lessonlib/faults/hangs.py:")
+        assert bug_switches.hook_line(name)[0].startswith("lessonlib/faults/hangs.py:")
 
 
 def test_pytorch_dump_format_is_read_with_its_group_members():

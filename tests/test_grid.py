@@ -11,8 +11,8 @@ from lessonlib.context_parallel.gpt import ContextParallelGrid
 from lessonlib.costmodel import group_spans_nodes
 from lessonlib.expert_parallel.groups import ExpertParallelContext
 from lessonlib.grid import ParallelContext, device_mesh_view
-from lessonlib.grid_layout import (GROUP_AXES, MEGATRON_ORDER, GridWarning, axis_groups,
-                                   check_grid, grid_mesh, layout_table, placements)
+from lessonlib.grid_layout import (GROUP_AXES, GridWarning, axis_groups, check_grid, grid_mesh,
+                                   layout_table, placements)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,11 +108,11 @@ def build_many_layouts():
     for dp, pp, tp in LAYOUTS:
         ctx = ParallelContext.build(dp, pp, tp)
         sums = []
-        for group in (ctx.dp_group, ctx.pp_group, ctx.tp_group):
+        for axis in ("dp", "pp", "tp"):
             x = torch.tensor([float(ctx.rank)])
-            lessonlib.comm.all_reduce(x, group=group)
+            lessonlib.comm.all_reduce(x, group=ctx.axis(axis).group)
             sums.append(x.item())
-        out.append({"ctx": (ctx.coords, ctx.dp_ranks, ctx.pp_ranks, ctx.tp_ranks,
+        out.append({"ctx": (ctx.coords, *(ctx.axis(a).ranks for a in ("dp", "pp", "tp")),
                             ctx.prev_stage_rank, ctx.next_stage_rank),
                     "sums": sums, "torch": device_mesh_view(dp, pp, tp)})
     out.append(views_and_axes())
@@ -126,19 +126,18 @@ def build_many_layouts():
 
 def views_and_axes() -> dict:
     """Every group the context-parallel and expert-parallel views create, in order, and what
-    they read; a (t, c) = (2, 2) context's axis records against its flat names."""
+    they read; a (t, c) = (2, 2) context's axis records, and no other name for them."""
     with lessonlib.comm.ledger() as book:
         cp, ep = ContextParallelGrid.build(2), ExpertParallelContext.build(2)
-    ctx = ParallelContext.build(1, 1, 2, cp=2, order=MEGATRON_ORDER)
+    ctx = ParallelContext.build(1, 1, 2, cp=2)
     out = {"made": [e.ranks for e in book.events if e.op == "new_group"],
-           "cp": (cp.d, cp.cp_rank, cp.dp_rank, dist.get_process_group_ranks(cp.group)),
-           "ep": (ep.ep_rank, ep.ep_ranks, ep.expert_dp_ranks,
-                  dist.get_process_group_ranks(ep.ep_group),
-                  dist.get_process_group_ranks(ep.expert_dp_group)),
+           "cp": (cp.dp.size, cp.cp.rank, cp.dp.rank, dist.get_process_group_ranks(cp.cp.group)),
+           "ep": (ep.ep.rank, ep.ep.ranks, ep.edp.ranks,
+                  dist.get_process_group_ranks(ep.ep.group),
+                  dist.get_process_group_ranks(ep.edp.group)),
            "axes": {a: (ctx.axis(a).size, ctx.axis(a).rank, ctx.axis(a).ranks) for a in GROUP_AXES},
-           "flat": {a: (getattr(ctx, a), getattr(ctx, f"{a}_rank"), getattr(ctx, f"{a}_ranks"))
-                    for a in GROUP_AXES},
-           "groups": {a: ctx.axis(a).group is getattr(ctx, f"{a}_group") for a in GROUP_AXES}}
+           "flat": [name for a in GROUP_AXES for name in (a, f"{a}_rank", f"{a}_group", f"{a}_ranks")
+                    if hasattr(ctx, name)]}
     for made in (cp, ep, ctx):
         made.destroy()
     return out
@@ -176,8 +175,9 @@ def test_the_cp_and_ep_views_make_their_groups_in_the_grids_order(four_ranks):
         assert views["ep"] == (rank % 2, pair, apart, list(pair), list(apart))
 
 
-def test_axes_are_records_the_flat_names_read(four_ranks):
-    """(t, c) = (2, 2) in Megatron-Core's order on 4 ranks: tp pairs, cp ranks 2 apart."""
+def test_axes_are_records_read_by_name_only(four_ranks):
+    """(t, c) = (2, 2) on 4 ranks: tp pairs, cp ranks 2 apart; ``ctx.axis(name)`` is the only
+    way to read an axis (no flat ``ctx.tp_group`` beside it)."""
     for rank, per_layout in enumerate(four_ranks):
         views = per_layout[len(LAYOUTS)]
         pair, apart = (rank - rank % 2, rank - rank % 2 + 1), (rank % 2, rank % 2 + 2)
@@ -185,8 +185,7 @@ def test_axes_are_records_the_flat_names_read(four_ranks):
                                  "dp": (1, 0, (rank,)), "cp": (2, rank // 2, apart),
                                  "dp_cp": (2, rank // 2, apart), "ep": (1, 0, (rank,)),
                                  "edp": (1, 0, (rank,))}
-        assert views["flat"] == views["axes"]
-        assert all(views["groups"].values())
+        assert views["flat"] == []
 
 
 def test_only_gives_the_named_axes_whatever_their_sizes():
@@ -194,7 +193,7 @@ def test_only_gives_the_named_axes_whatever_their_sizes():
     assert axis_groups(4, 1, 1, only=("cp",)) == {"cp": [[0], [1], [2], [3]]}
     assert axis_groups(4, 1, 1, ep=2, only=("ep", "edp")) == {"ep": [[0, 1], [2, 3]],
                                                               "edp": [[0, 2], [1, 3]]}
-    everything = axis_groups(2, 2, 2, cp=2, ep=2, order=MEGATRON_ORDER)
-    assert axis_groups(2, 2, 2, cp=2, ep=2, order=MEGATRON_ORDER, only=GROUP_AXES) == everything
+    everything = axis_groups(2, 2, 2, cp=2, ep=2)
+    assert axis_groups(2, 2, 2, cp=2, ep=2, only=GROUP_AXES) == everything
     with pytest.raises(ValueError, match="no axis"):
         axis_groups(2, 1, 1, only=("sp",))

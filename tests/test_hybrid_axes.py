@@ -10,34 +10,34 @@ import labrun
 import pytest
 
 import lessonlib
-from lessonlib import hybrid_axes
+from lessonlib import hybrid
 from lessonlib.grid import demo_axes
-from lessonlib.grid_layout import (LESSON_ORDER, MEGATRON_ORDER, axis_groups, check_grid,
-                                   layout_table, placements)
+from lessonlib.grid_layout import axis_groups, check_grid, layout_table, placements
 from lessonlib.instruments.nccl_rules import nccl_hazards
 from lessonlib.models import corpus_config
 
 TOL = 1e-12   # float64: summation order only
 
 
-def test_megatron_order_puts_tp_then_cp_then_dp_inside_and_pp_outermost():
-    groups = axis_groups(2, 2, 2, cp=2, order=MEGATRON_ORDER)              # 16 ranks
+def test_the_one_order_puts_tp_then_cp_then_pp_inside_and_dp_outermost():
+    groups = axis_groups(2, 2, 2, cp=2)                                    # 16 ranks
     assert groups["tp"][:2] == [[0, 1], [2, 3]]
     assert groups["cp"][:2] == [[0, 2], [1, 3]]
-    assert groups["dp"][:2] == [[0, 4], [1, 5]]
-    assert groups["pp"][0] == [0, 8]
-    assert groups["dp_cp"][0] == [0, 2, 4, 6]
-    for pl in placements(2, 2, 2, cp=2, order=MEGATRON_ORDER):        # ((j d + i) c + l) t + k
-        assert pl.rank == ((pl.pp * 2 + pl.dp) * 2 + pl.cp) * 2 + pl.tp
+    assert groups["pp"][:2] == [[0, 4], [1, 5]]
+    assert groups["dp"][0] == [0, 8]
+    assert groups["dp_cp"][0] == [0, 2, 8, 10]
+    for pl in placements(2, 2, 2, cp=2):                              # ((i p + j) c + l) t + k
+        assert pl.rank == ((pl.dp * 2 + pl.pp) * 2 + pl.cp) * 2 + pl.tp
 
 
-def test_the_default_order_is_lesson_05s_grid():
-    assert axis_groups(2, 2, 2) == {k: v for k, v in axis_groups(2, 2, 2, order=LESSON_ORDER).items()}
-    assert set(axis_groups(2, 2, 2)) == {"tp", "pp", "dp"}           # no extra group at cp = ep = 1
+def test_at_c_e_1_the_grid_is_lesson_05s():
+    assert axis_groups(2, 2, 2) == {"tp": [[0, 1], [2, 3], [4, 5], [6, 7]],
+                                    "pp": [[0, 2], [1, 3], [4, 6], [5, 7]],
+                                    "dp": [[0, 4], [1, 5], [2, 6], [3, 7]]}   # no extra group
 
 
 def test_expert_groups_are_carved_from_the_dp_ranks():
-    groups = axis_groups(4, 1, 2, ep=2, order=MEGATRON_ORDER)          # dp groups [0,2,4,6], [1,3,5,7]
+    groups = axis_groups(4, 1, 2, ep=2)                                # dp groups [0,2,4,6], [1,3,5,7]
     assert groups["ep"] == [[0, 2], [4, 6], [1, 3], [5, 7]]
     assert groups["edp"] == [[0, 4], [2, 6], [1, 5], [3, 7]]
     for axis in ("ep", "edp"):
@@ -45,8 +45,8 @@ def test_expert_groups_are_carved_from_the_dp_ranks():
 
 
 def test_layout_table_draws_the_new_axes():
-    lines = layout_table(1, 2, 2, cp=2, order=MEGATRON_ORDER).splitlines()
-    assert "rank order tp-cp-dp-pp" in lines[0] and "cp group" in lines[1]
+    lines = layout_table(1, 2, 2, cp=2).splitlines()
+    assert "rank order tp-cp-pp-dp" in lines[0] and "cp group" in lines[1]
     assert lines[2 + 3].split()[:5] == ["3", "0", "0", "1", "1"]            # rank 3: cp 1, tp 1
     assert "ep group" in layout_table(2, 1, 1, ep=2).splitlines()[1]
 
@@ -54,15 +54,14 @@ def test_layout_table_draws_the_new_axes():
 @pytest.mark.parametrize("call, match", [
     (lambda: check_grid(8, 2, 2, 2, cp=2), r"dp\*pp\*cp\*tp = 2\*2\*2\*2 = 16 ranks.*world_size=8"),
     (lambda: check_grid(6, 3, 1, 2, ep=2), r"ep=2 must divide dp=3.*use ep in \[1, 3\]"),
-    (lambda: check_grid(8, 2, 2, 2, order="tp-dp-pp"), r"order='tp-dp-pp' must name"),
-    (lambda: hybrid_axes.run(tp=2, cp=3, pp=1), r"s=16 tokens do not split into 6"),
-    (lambda: hybrid_axes.run(dp=2, shard_on="zero3"), r"shard='zero3'.*'fsdp'"),
-    (lambda: hybrid_axes.run(dp=2, ep=2), r"ep=2 needs experts"),
-    (lambda: hybrid_axes.run(dp=2, cp=2, ep=2, moe=True), r"ep=2 with cp=2"),
-    (lambda: hybrid_axes.run(tp=4, cp=2, sp=True, cfg=corpus_config(seq=20, hidden=32, heads=4,
+    (lambda: hybrid.run(tp=2, cp=3, pp=1), r"s=16 tokens do not split into 6"),
+    (lambda: hybrid.run(dp=2, shard_on="zero3"), r"shard='zero3'.*'fsdp'"),
+    (lambda: hybrid.run(dp=2, ep=2), r"ep=2 needs experts"),
+    (lambda: hybrid.run(dp=2, cp=2, ep=2, moe=True), r"ep=2 with cp=2"),
+    (lambda: hybrid.run(tp=4, cp=2, sp=True, cfg=corpus_config(seq=20, hidden=32, heads=4,
                                                                      layers=4)),
      r"s/c = 20/2 tokens divisible by tp=4"),
-    (lambda: hybrid_axes.run(tp=2, dp=2, ep=2, moe=True, sp=True), r"sp=True with moe=True"),
+    (lambda: hybrid.run(tp=2, dp=2, ep=2, moe=True, sp=True), r"sp=True with moe=True"),
 ])
 def test_bad_settings_fail_in_one_line_before_any_process(call, match):
     with pytest.raises(ValueError, match=match):
@@ -80,25 +79,25 @@ LAYOUTS = {
 # what each layout's new axes must have sent: ring attention's sends inside the cp group and
 # FSDP's all-gathers over the d*c ranks, ZeRO-1's reduce-scatter, the all-to-all's sends
 # inside the ep group and the experts' all-reduce over their edp group
-SENT = {"t2c2p1d2 sp fsdp": [lambda e, r: e.op == "send" and e.ranks == r["cp_ranks"],
+SENT = {"t2c2p1d2 sp fsdp": [lambda e, r: e.op == "send" and e.ranks == r.cp_ranks,
                              lambda e, r: e.op == "all_gather" and len(e.ranks) == 4],
         "t2p2d2 zero1": [lambda e, r: e.op == "reduce_scatter"],
-        "moe p2d4e2": [lambda e, r: e.op == "send" and e.ranks == r["ep_ranks"],
-                       lambda e, r: e.op == "all_reduce" and e.ranks == r["edp_ranks"]
+        "moe p2d4e2": [lambda e, r: e.op == "send" and e.ranks == r.ep_ranks,
+                       lambda e, r: e.op == "all_reduce" and e.ranks == r.edp_ranks
                        and len(e.ranks) == 2]}
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_eight_ranks_on_the_new_axes_equal_one_process(name, no_children_left):
-    per_rank = hybrid_axes.run(**LAYOUTS[name], timeout=100)
-    summary = hybrid_axes.parity(per_rank)
+    per_rank = hybrid.run(**LAYOUTS[name], dtype="float64", timeout=100)
+    summary = hybrid.compare_parity(per_rank)
     assert len(per_rank) == 8
-    assert summary["max_loss_diff"] < TOL, summary
-    assert summary["max_grad_diff"] < TOL and summary["max_weight_diff"] < TOL, summary
+    assert summary.max_loss_diff < TOL, summary
+    assert summary.max_grad_diff < TOL and summary.max_weight_diff < TOL, summary
     for sent in SENT[name]:
-        assert all(any(sent(e, r) for e in r["events"]) for r in per_rank), name
-    assert nccl_hazards([r["events"] for r in per_rank]) == []
+        assert all(any(sent(e, r) for e in r.events) for r in per_rank), name
+    assert nccl_hazards([r.events for r in per_rank]) == []
 
 
 # ---------------------------------------------------------------- the lab takes the new axes
@@ -135,6 +134,6 @@ def test_the_five_axis_context_agrees_with_torch_device_mesh(no_children_left):
 
     results = lessonlib.launch(both, 8, timeout=100)
     assert all(a["agrees_with_torch"] and b["agrees_with_torch"] for a, b in results)
-    cp_run, ep_run = results[5]                       # rank 5: pp 1, cp 0, tp 1 / dp 0 ... tp 1
+    cp_run, ep_run = results[5]                       # rank 5: pp 1, cp 0, tp 1 / dp 1, pp 0, tp 1
     assert cp_run["ours"]["coords"] == (0, 1, 0, 1) and cp_run["dp_cp_ranks"] == (5, 7)
-    assert ep_run["ep_ranks"] == (5, 7) and ep_run["edp_ranks"] == (5,)
+    assert ep_run["ep_ranks"] == (1, 5) and ep_run["edp_ranks"] == (5,)

@@ -68,12 +68,12 @@ def test_ddp_sweep_reports_scaling_efficiency(tmp_path):
 
 def test_ddp_parity_names_the_rung_and_rank_that_differ_from_one_process():
     ddp = load_lab("ddp")
-    want = ddp.train_single(global_batch=4, **ddp.PARITY)["weights"]
+    want = ddp.train_single(global_batch=4, **ddp.PARITY).weights
     ranks = [{"parity_weights": {"bucketed": want.clone()}} for _ in range(2)]
-    assert ddp.parity(ranks) == {"bucketed": 0.0}
+    assert ddp.compare_parity(ranks) == {"bucketed": 0.0}
     ranks[1]["parity_weights"]["bucketed"][5] += 3e-3          # one AdamW step, missed
     with pytest.raises(AssertionError, match="rung bucketed, rank 1: weights differ"):
-        ddp.parity(ranks)
+        ddp.compare_parity(ranks)
 
 
 @pytest.mark.parametrize("lab, flags, message", [

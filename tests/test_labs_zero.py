@@ -39,10 +39,10 @@ def test_zero_parity_names_the_stage_rank_and_weight_that_differ_from_one_proces
     want, _ = zero.train_single("sgd", steps=zero.PARITY_STEPS, global_batch=4, dtype="float32")
     ranks = [{"parity_weights": {"3": {k: v.double() for k, v in want.items()}}}
              for _ in range(2)]
-    assert zero.parity(ranks, "sgd") == {"3": 0.0}
+    assert zero.compare_parity(ranks, "sgd") == {"3": 0.0}
     ranks[1]["parity_weights"]["3"]["head.out.weight"][0, 0] += 0.05    # one SGD step, missed
     with pytest.raises(AssertionError, match="stage 3, rank 1: head.out.weight differs"):
-        zero.parity(ranks, "sgd")
+        zero.compare_parity(ranks, "sgd")
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -14,7 +14,7 @@ from nbclient import NotebookClient
 CELLS = [
     "import lessonlib\n"
     "results = lessonlib.launch(lessonlib.launcher.demo_rank_sum, 4)\n"
-    "print([r['sum'] for r in results])",
+    "print([r.sum for r in results])",
     # A function written in a cell, with a global of the notebook, on 4 ranks.
     "import torch, torch.distributed as dist\n"
     "from lessonlib import comm\n"

@@ -128,7 +128,7 @@ def test_a_launch_in_another_pid_namespace_leaves_a_live_launch_alone(tmp_path, 
         while not list(shared.glob("lessonlib-*/rank1.log")) and time.monotonic() < deadline:
             time.sleep(0.1)
         script = ("import lessonlib; print(lessonlib.launch(lessonlib.launcher.demo_rank_sum, "
-                  "2)[1]['sum'])")
+                  "2)[1].sum)")
         other = subprocess.run(["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c",
                                 script], capture_output=True, text=True, timeout=100,
                                env=dict(os.environ, TMPDIR=str(shared), PYTHONPATH=str(ROOT)))

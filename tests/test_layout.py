@@ -1,14 +1,15 @@
-"""The house reads as the lesson: one package per strategy, no import circle, small modules.
+"""The house reads as the lesson: one package per strategy, no import circle, one job a module.
 
 Pure: parses every module's source (imports made inside functions count too), starts no
 process and imports nothing of lessonlib."""
 import ast
+import functools
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "lessonlib"
-MAX_LINES = 300
+LONG = 300        # lines past which a module names its one job in its docstring
 
 
 def _modules() -> dict[str, Path]:
@@ -94,19 +95,51 @@ def test_each_strategy_is_a_package_with_a_map(package):
 
 def test_the_core_reaches_the_bug_switches_not_the_zoo():
     edges = import_edges()
-    below = [m for m, targets in edges.items() if "lessonlib.bugzoo" in targets]
+    below = [m for m, targets in edges.items() if "lessonlib.bug_checks" in targets]
     assert set(below) <= {"lessonlib.viz.bugzoo", "lessonlib.exercises.bugzoo"}, below
     assert "lessonlib.launcher" not in edges["lessonlib.comm"]
 
 
-def test_no_module_is_longer_than_one_sitting():
-    """A module past MAX_LINES says in its docstring the one job that makes it long
-    (``One job: ...``); a line count never chooses where a module is cut."""
+def test_each_module_says_its_one_job():
+    """One job per module, and size follows the job: every module's docstring says what it
+    teaches, and one that runs past LONG lines names the one job that makes it long
+    (``One job: ...``), so that a reader knows why before reading it. A line count only asks
+    for that sentence; it never chooses where a module is cut (the pipeline's validator was
+    cut in three to fit a count once, and passed one schedule back and forth between them)."""
+    quiet = [str(p.relative_to(ROOT.parent)) for p in ROOT.rglob("*.py")
+             if p.name != "__init__.py" and not ast.get_docstring(ast.parse(p.read_text()))]
+    assert not quiet, f"modules whose docstring does not say what they teach: {quiet}"
     long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES
+            if (n := len(p.read_text().splitlines())) > LONG
             and "One job:" not in (ast.get_docstring(ast.parse(p.read_text())) or "")}
-    assert not long, (f"modules over {MAX_LINES} lines whose docstring names no one job "
+    assert not long, (f"modules over {LONG} lines whose docstring names no one job "
                       f"('One job: ...'): {long}")
+
+
+def packed_lines(source: str) -> list[int]:
+    """Lines that hold two statements (``a = 1; b = 2``) or a compound statement with its
+    body (``if x: return y``): a module packed to look shorter."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            body = getattr(node, name, None)
+            if isinstance(body, list):
+                out += [b.lineno for a, b in zip(body, body[1:]) if a.end_lineno == b.lineno]
+        if isinstance(node, (ast.If, ast.For, ast.While, ast.With, ast.Try)) \
+                and node.body[0].lineno == node.lineno:
+            out.append(node.lineno)
+    return sorted(out)
+
+
+def test_the_packing_finder_finds_two_statements_on_a_line():
+    assert packed_lines("a = 1; b = 2\nif a:\n    c = 3\nif b: d = 4\n") == [1, 4]
+    assert packed_lines("x = [i for i in range(3)]\ndef f():\n    return 1\n") == []
+
+
+def test_no_module_is_packed_into_fewer_lines():
+    packed = {str(p.relative_to(ROOT.parent)): lines for p in ROOT.rglob("*.py")
+              if (lines := packed_lines(p.read_text()))}
+    assert not packed, f"statements packed into one line: {packed}"
 
 
 # ---------------------------------------------------------------- the floors
@@ -118,14 +151,14 @@ README = ROOT.parent / "README.md"
 # modules. A new module is one more name here and in that bullet; a name that does not
 # exist (yet) is skipped.
 FLOORS = {
-    "ground floor": ["costmodel", "models", "data", "device", "baseline", "bugs", "argcheck",
-                     "writable", "instruments", "layer_split", "references"],
+    "ground floor": ["costmodel", "models", "data", "device", "baseline", "bug_switches",
+                     "argcheck", "writable", "instruments", "layer_split", "references"],
     "infrastructure": ["launcher", "comm", "gloo_cuda", "lab", "grid_layout", "grid"],
     "one package per strategy": ["data_parallel", "model_parallel", "tensor_parallel",
                                  "pipeline", "context_parallel", "expert_parallel",
                                  "precision"],
-    "composition": ["hybrid", "hybrid_axes", "long_run", "faults"],
-    "faces": ["viz", "exercises", "bugzoo"],
+    "composition": ["hybrid", "long_run", "faults"],
+    "faces": ["viz", "exercises", "bug_checks"],
 }
 # On the strategy floor the lessons come in the course's order, and a strategy builds only on
 # those taught before it (or beside it): the assembly line (lesson 03) before pipelines (04).
@@ -225,38 +258,37 @@ def test_the_readme_map_or_the_package_map_names_every_file_of_a_package():
 # ---------------------------------------------------------------- the cores
 # The functions a student reads as the paper's algorithm: about 30 lines at most, and no
 # instrument inline (timers, breadcrumbs, the ledger, device marks); what the course measures
-# is recorded by ``comm`` or by a recorder the core is handed, a no-op by default. One more
-# core is one more line.
+# is recorded by ``comm`` or by a recorder the core is handed, a no-op by default. The cores
+# are every function a notebook shows with ``show()`` (found in the notebooks' sources, each
+# method of a shown class included) and these, which no notebook shows whole.
 CORES = {
-    "data_parallel/ddp.py": ["DataParallel._on_grad", "DataParallel._launch_ready_buckets",
-                             "DataParallel._finish"],
     "data_parallel/fsdp.py": ["GatherUnit.forward", "GatherUnit.backward",
-                              "FullyShardedDataParallel._gather_for_forward",
-                              "FullyShardedDataParallel._free_after_forward",
-                              "FullyShardedDataParallel._gather_for_backward",
                               "FullyShardedDataParallel.reduce_scatter"],
-    "pipeline/executor.py": ["PipelineExecutor.step"],
-    "pipeline/split_backward.py": ["input_grad", "weight_grad"],
-    "tensor_parallel/layers.py": ["ColumnParallelLinear.forward", "RowParallelLinear.forward"],
-    "tensor_parallel/sequence.py": ["SequenceParallelLayerNorm.forward",
-                                    "_LinearOnGatheredSequence.forward",
+    "tensor_parallel/sequence.py": ["_LinearOnGatheredSequence.forward",
                                     "_LinearOnGatheredSequence.backward"],
-    "model_parallel/line.py": ["stage_step"],
-    "context_parallel/ring.py": ["ring_forward", "ring_backward"],
+    "context_parallel/ring.py": ["ring_backward"],
     "expert_parallel/dispatch.py": ["_AllToAll.forward", "_AllToAll.backward",
                                     "post_all_to_all"],
-    "expert_parallel/layer.py": ["ExpertParallelMoE.forward", "run_local_experts"],
-    "hybrid_axes/build.py": ["build_stage", "apply_tp", "apply_cp", "apply_ep", "apply_dp"],
+    "expert_parallel/layer.py": ["run_local_experts", "apply_ep"],
+    "hybrid/build.py": ["build_stage"],
+    "hybrid/trainer.py": ["HybridTrainer.step"],
+    "tensor_parallel/parallelize.py": ["apply_tp"],
+    "context_parallel/gpt.py": ["apply_cp"],
+    "data_parallel/parallelize.py": ["apply_dp"],
 }
 CORE_LINES = 30
 # The instrument modules, by the names a core would call them through (``device.mark``,
-# ``time.perf_counter``), and the instrument calls under any name. An attribute or an
-# argument that only shares a module's name (a stage's ``self.device``, a ``device=``
-# parameter) is not an instrument.
+# ``time.perf_counter``), and the instrument calls under any name. An attribute, an argument
+# or a local variable that only shares a module's name (a stage's ``self.device``, a
+# ``device=`` parameter, ``device = torch.device("cpu")``) is not an instrument, and neither
+# is asking the device helper where tensors go (``device.current_device()``).
 INSTRUMENT_MODULES = {"device", "progress", "breadcrumbs", "ledger", "time"}
 INSTRUMENT_CALLS = {"Ledger", "timer", "mark", "perf_counter"}
+PLACEMENT = {"current_device"}
 # A recorder call: a call of the recorder a core was handed, or of one of its methods.
 RECORDERS = {"record", "recorder", "timeline", "clock"}
+NOTEBOOK_SOURCES = ROOT.parent / "notebooks" / "py_src"
+LABS = ROOT.parent / "labs"
 
 
 def _function(path: Path, dotted: str):
@@ -264,6 +296,92 @@ def _function(path: Path, dotted: str):
     for name in dotted.split("."):
         scope = next(n for n in scope.body if getattr(n, "name", None) == name)
     return scope
+
+
+def _module_file(dotted: str) -> Path | None:
+    base = ROOT.parent.joinpath(*dotted.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _import_targets(module: str, path: Path, tree) -> dict[str, tuple[str, list[str]]]:
+    """name bound by a top-level import of ``tree`` -> (module, attributes under it)."""
+    bound = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    bound[alias.asname] = (alias.name, [])
+                else:
+                    top = alias.name.partition(".")[0]
+                    bound[top] = (top, [])
+        elif isinstance(node, ast.ImportFrom):
+            base = _imported(module, path, node)[0] if module else node.module
+            for alias in node.names:
+                bound[alias.asname or alias.name] = (base, [alias.name])
+    return bound
+
+
+def _resolve(module: str, attributes: list[str]) -> tuple[Path, str]:
+    """Where ``module.attributes`` is defined: (file, dotted name in it), following
+    submodules and re-exports (``from .ddp import DataParallel`` in a package's map)."""
+    path = _module_file(module)
+    if path is None or not attributes:
+        raise LookupError(f"{module}.{'.'.join(attributes)} is not a function of lessonlib")
+    first, rest = attributes[0], attributes[1:]
+    if _module_file(f"{module}.{first}") and path.name == "__init__.py":
+        return _resolve(f"{module}.{first}", rest)
+    tree = ast.parse(path.read_text())
+    if any(getattr(n, "name", None) == first for n in tree.body):
+        return path, ".".join(attributes)
+    bound = _import_targets(module, path, tree)
+    if first not in bound:
+        raise LookupError(f"{module} does not define {first}")
+    target, under = bound[first]
+    return _resolve(target, under + rest)
+
+
+def shown_in(source: Path) -> list[tuple[Path, str]]:
+    """(file, dotted name) of each function or class the notebook shows with ``show()``:
+    its arguments read through the notebook's imports (``lab("x").f`` is labs/x.py's f)."""
+    tree = ast.parse(source.read_text())
+    bound = _import_targets("", source, tree)
+    shown = []
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "show"):
+            continue
+        for arg in call.args:
+            parts = []
+            while isinstance(arg, ast.Attribute):
+                parts.insert(0, arg.attr)
+                arg = arg.value
+            if isinstance(arg, ast.Call) and getattr(arg.func, "id", None) == "lab":
+                shown.append((LABS / f"{arg.args[0].value}.py", ".".join(parts)))
+            elif isinstance(arg, ast.Name) and arg.id in bound:
+                module, under = bound[arg.id]
+                shown.append(_resolve(module, under + parts))
+            else:
+                raise LookupError(f"{source.name}: cannot read show({ast.unparse(arg)})")
+    return shown
+
+
+@functools.cache
+def cores() -> dict[str, tuple[Path, str]]:
+    """Every core as "file: dotted name" -> (file, dotted name); a shown class's methods
+    each count as one."""
+    found = [(ROOT / module, dotted) for module, names in CORES.items() for dotted in names]
+    for source in sorted(NOTEBOOK_SOURCES.glob("[0-9][0-9]-*.py")):
+        for path, dotted in shown_in(source):
+            node = _function(path, dotted)
+            if isinstance(node, ast.ClassDef):
+                found += [(path, f"{dotted}.{n.name}") for n in node.body
+                          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            else:
+                found.append((path, dotted))
+    return {f"{path.relative_to(ROOT.parent)}: {dotted}": (path, dotted)
+            for path, dotted in found}
 
 
 def _calls_recorder(call: ast.Call) -> bool:
@@ -286,6 +404,29 @@ def recorder_calls(fn) -> tuple[int, int]:
     return phases, calls - phases + 2 * len(crowded)
 
 
+def core_problems(fn) -> list[str]:
+    """What keeps the function ``fn`` (an ast node) from being a core; [] if nothing."""
+    problems = []
+    first = min([d.lineno for d in fn.decorator_list] + [fn.lineno])
+    if fn.end_lineno - first + 1 > CORE_LINES:
+        problems.append(f"is {fn.end_lineno - first + 1} lines long (at most {CORE_LINES})")
+    local = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+    local |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
+              and isinstance(n.ctx, ast.Store)}
+    placed = {id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Attribute)
+              and n.attr in PLACEMENT and isinstance(n.value, ast.Name)}
+    names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and id(n) not in placed}
+    attributes = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
+    used = (names - local) & (INSTRUMENT_MODULES | INSTRUMENT_CALLS)
+    used |= attributes & INSTRUMENT_CALLS
+    if used:
+        problems.append(f"calls {sorted(used)}")
+    phases, others = recorder_calls(fn)
+    if others + (phases > 0) > 1:
+        problems.append(f"makes {others} recorder call(s) beside {phases} phase(s)")
+    return problems
+
+
 def test_the_recorder_count_reads_phases_and_other_calls():
     fn = ast.parse("def f(x, record):\n    with record('F'):\n        y = x + 1\n"
                    "    with record('B'):\n        y.backward()\n").body[0]
@@ -295,17 +436,39 @@ def test_the_recorder_count_reads_phases_and_other_calls():
     assert recorder_calls(fn) == (1, 1)
 
 
-@pytest.mark.parametrize("module", sorted(CORES))
-def test_each_core_is_short_and_free_of_instruments(module):
-    for dotted in CORES[module]:
-        fn = _function(ROOT / module, dotted)
-        first = min([d.lineno for d in fn.decorator_list] + [fn.lineno])
-        assert fn.end_lineno - first + 1 <= CORE_LINES, f"{module}: {dotted} is long"
-        arguments = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
-        names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} - arguments
-        attributes = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
-        used = names & (INSTRUMENT_MODULES | INSTRUMENT_CALLS) | attributes & INSTRUMENT_CALLS
-        assert not used, f"{module}: {dotted} calls {used}"
-        phases, others = recorder_calls(fn)
-        assert others + (phases > 0) <= 1, \
-            f"{module}: {dotted} makes {others} recorder call(s) beside {phases} phase(s)"
+def test_the_core_rule_tells_an_instrument_from_a_name_it_shares():
+    fn = ast.parse("def f(x):\n    device = torch.device('cpu')\n"
+                   "    return x.to(device)\n").body[0]
+    assert core_problems(fn) == []
+    fn = ast.parse("def f(x):\n    return x.to(device.current_device())\n").body[0]
+    assert core_problems(fn) == []
+    fn = ast.parse("def f(x):\n    t = time.perf_counter()\n    device.mark()\n").body[0]
+    assert core_problems(fn) == ["calls ['device', 'mark', 'perf_counter', 'time']"]
+
+
+def test_the_shown_functions_are_found_through_imports_and_re_exports(tmp_path):
+    source = tmp_path / "nb.py"
+    source.write_text("from lessonlib.data_parallel import DataParallel\n"
+                      "from lessonlib.pipeline import schedules as s\nimport lessonlib\n"
+                      "show(DataParallel._finish, s.one_f_one_b_order)\n"
+                      "show(lab('minimal_ddp').main)\n")
+    assert [(p.relative_to(ROOT.parent).as_posix(), d) for p, d in shown_in(source)] == [
+        ("lessonlib/data_parallel/ddp.py", "DataParallel._finish"),
+        ("lessonlib/pipeline/schedules.py", "one_f_one_b_order"),
+        ("labs/minimal_ddp.py", "main")]
+
+
+# HybridTrainer.step still times its phases inline; the hybrid package's refactor hands its
+# instruments in, as the pipeline executor's are.
+WAITING_FOR_THE_HYBRID_REFACTOR = {"lessonlib/hybrid_axes/trainer.py: HybridTrainer.step"}
+
+
+@pytest.mark.parametrize("core", [
+    pytest.param(name, marks=pytest.mark.xfail(
+        reason="HybridTrainer.step: instruments move out in the hybrid package refactor",
+        strict=True)) if name in WAITING_FOR_THE_HYBRID_REFACTOR else name
+    for name in sorted(cores())])
+def test_each_core_is_short_and_free_of_instruments(core):
+    path, dotted = cores()[core]
+    problems = core_problems(_function(path, dotted))
+    assert not problems, f"{core} " + "; ".join(problems)

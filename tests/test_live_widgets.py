@@ -70,10 +70,10 @@ def test_every_live_measurement_runs_and_draws_at_its_smallest_setting():
     assert ring["parameter_server"]["busiest_link_bytes"] == 16 * 1024   # n = 2: S each way
     live.draw_allreduce(ring, 2, 16)
     line = live.measure_assembly_line(2)
-    assert len(line["record"]["idle_per_rank"]) == 2 and line["record"]["idle_predicted"] == 0.5
+    assert len(line.record.idle_per_rank) == 2 and line.record.idle_predicted == 0.5
     live.draw_assembly_line(line, 2)
     pipe = live.measure_pipeline("1f1b", 2, 2)
-    assert len(pipe["spans"]) == 2 and 0 < pipe["row"]["bubble_mean"] < 1
+    assert len(pipe.spans) == 2 and 0 < pipe.row.bubble_mean < 1
     live.draw_pipeline(pipe, "1f1b", 2, 2)
     lay = live.measure_layout("t1p1d2")
     assert lay["measured"]["dp_all_reduce"] == lay["predicted"]["dp_all_reduce"]

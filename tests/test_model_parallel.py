@@ -30,16 +30,16 @@ def runs():
 def test_same_losses_and_weights_as_one_process(runs, kind, settings, lines):
     reference = mp.single_process(**settings, **SETTINGS)
     for first_rank in lines:
-        diff = mp.parity(runs[kind][first_rank:], reference)
-        assert diff["loss_max_abs_diff"] < 1e-5, diff
-        assert diff["weights_max_abs_diff"] < 1e-6, diff
-    assert len(runs[kind][-1]["losses"]) == SETTINGS["steps"] + SETTINGS["warmup"]
+        diff = mp.compare_parity(runs[kind][first_rank:], reference)
+        assert diff.loss_max_abs_diff < 1e-5, diff
+        assert diff.weights_max_abs_diff < 1e-6, diff
+    assert len(runs[kind][-1].losses) == SETTINGS["steps"] + SETTINGS["warmup"]
 
 
 @pytest.mark.timeout(300)
 def test_one_rank_works_at_a_time(runs):
-    work = [(s.start, s.end, r["stage"], s.kind, s.step)
-            for r in runs["gpt"] for s in r["timeline"] if s.kind in ("F", "B")]
+    work = [(s.start, s.end, r.stage, s.kind, s.step)
+            for r in runs["gpt"] for s in r.timeline if s.kind in ("F", "B")]
     work.sort()
     # The ranks' clocks share a zero only as well as they left one barrier together: on 2
     # loaded cores one rank may leave it microseconds late, so a span can seem to start a
@@ -52,7 +52,7 @@ def test_one_rank_works_at_a_time(runs):
     order = [(stage, kind) for _, _, stage, kind, step in work if step == SETTINGS["warmup"]]
     assert order == [(0, "F"), (1, "F"), (2, "F"), (3, "F"), (3, "B"), (2, "B"), (1, "B"), (0, "B")]
     rows = mp.summarize(runs["gpt"])
-    assert all(0 < row["idle_measured"] < 1 for row in rows)
+    assert all(0 < row.idle_measured < 1 for row in rows)
 
 
 @pytest.mark.timeout(300)
@@ -60,19 +60,19 @@ def test_each_rank_holds_its_stage_and_sends_one_message_each_way(runs):
     model = mp.make_model(**GPT)
     dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     gpt = runs["gpt"]
-    assert sum(r["param_bytes"] for r in gpt) == dense_bytes
-    assert [r["layers"] for r in gpt] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert sum(r.param_bytes for r in gpt) == dense_bytes
+    assert [r.layers for r in gpt] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     mlp = runs["mlp"]
-    assert {r["param_bytes"] for r in mlp} == {sum(p.numel() * 4 for p in mp.make_model(**MLP)
+    assert {r.param_bytes for r in mlp} == {sum(p.numel() * 4 for p in mp.make_model(**MLP)
                                                     .parameters()) // 2}
     activation = 8 * 32 * 64 * 4                                  # (b, s, h) fp32
     steps = SETTINGS["steps"]
     for r in gpt:
-        sends = r["messages"].get("send", {"calls": 0, "bytes": 0})
-        expected = (r["stage"] < 3) + (r["stage"] > 0)           # activation on, gradient back
+        sends = r.messages.get("send", {"calls": 0, "bytes": 0})
+        expected = (r.stage < 3) + (r.stage > 0)                 # activation on, gradient back
         assert sends["calls"] == expected * steps
         assert sends["bytes"] == expected * steps * activation
-        assert r["stash_bytes"] > 0
+        assert r.stash_bytes > 0
 
 
 def test_bad_settings_fail_before_any_process_starts():

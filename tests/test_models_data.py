@@ -64,7 +64,7 @@ def test_batches_are_reproducible_and_shards_partition_the_batch():
 
 def test_a_hundred_cpu_steps_visibly_lower_the_loss():
     run = train.train_tiny_gpt(steps=100, batch=8)
-    first, last = sum(run["losses"][:10]) / 10, sum(run["losses"][-10:]) / 10
+    first, last = sum(run.losses[:10]) / 10, sum(run.losses[-10:]) / 10
     assert last < first - 1.0, (first, last)
     assert train.measured_flops(run) > 0
 

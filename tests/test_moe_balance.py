@@ -24,17 +24,17 @@ def test_the_bias_brings_the_busiest_expert_closer_to_the_mean_than_no_balancing
     without balancing, and over steps 30-59 by a wide margin (not a lucky step)."""
     none = measure.balance_study("none", gate=gate, capacity_factor=None)
     bias = measure.balance_study("bias", gate=gate, capacity_factor=None)
-    assert all(a == 0 for a in bias["aux_losses"])              # no auxiliary loss at all
-    assert bias["train_dropped_share"] == none["train_dropped_share"] == 0   # dropless
-    assert all(b < n for b, n in zip(_windows(bias["load"]), _windows(none["load"]))), \
-        (_windows(bias["load"]), _windows(none["load"]))
-    assert bias["imbalance"] < 0.9 * none["imbalance"], (bias["imbalance"], none["imbalance"])
+    assert all(a == 0 for a in bias.aux_losses)                 # no auxiliary loss at all
+    assert bias.train_dropped_share == none.train_dropped_share == 0    # dropless
+    assert all(b < n for b, n in zip(_windows(bias.load), _windows(none.load))), \
+        (_windows(bias.load), _windows(none.load))
+    assert bias.imbalance < 0.9 * none.imbalance, (bias.imbalance, none.imbalance)
 
 
 def test_a_capacity_drops_in_training_and_the_auxiliary_loss_is_in_the_objective():
     aux = measure.balance_study("aux", steps=20, factors=())
-    assert aux["train_dropped_share"] > 0 and all(a > 0 for a in aux["aux_losses"])
-    assert measure.balance_study(True, steps=2, factors=())["aux_losses"][0] > 0  # True: aux
+    assert aux.train_dropped_share > 0 and all(a > 0 for a in aux.aux_losses)
+    assert measure.balance_study(True, steps=2, factors=()).aux_losses[0] > 0  # True: aux
 
 
 @pytest.mark.timeout(120)

@@ -62,11 +62,11 @@ def test_exposed_is_the_whole_blocking_call_and_only_the_wait_of_an_async_one(ra
 def test_async_tp_and_prefetch_compute_what_the_plain_versions_do(ranks):
     for r in ranks:
         p = r["parity"]
-        assert p["output"] == 0.0 and p["input_grad"] == 0.0
-        assert p["grads"] < 1e-12 and p["block"] < 1e-12
-        assert p["fsdp_weights"] == 0.0
-        assert p["ring_calls"] == {"send": 5, "recv": 5, "all_gather": 0, "reduce_scatter": 0}
-    assert nccl_hazards([r["parity"]["events"] for r in ranks]) == []
+        assert p.output == 0.0 and p.input_grad == 0.0
+        assert p.grads < 1e-12 and p.block < 1e-12
+        assert p.fsdp_weights == 0.0
+        assert p.ring_calls == {"send": 5, "recv": 5, "all_gather": 0, "reduce_scatter": 0}
+    assert nccl_hazards([r["parity"].events for r in ranks]) == []
 
 
 def test_overlap_leaves_less_communication_exposed(ranks):

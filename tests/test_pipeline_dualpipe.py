@@ -4,7 +4,7 @@ DualPipe README states, and parity (float64) with one process and with PyTorch's
 
 Without processes: the schedule against ``ScheduleDualPipeV``'s own order (p = 1..4), the
 validator and simulation (every F/B/W once, PP + 1 activations per device, the formula
-where it holds), the slot's rules. One launch: ``dualpipe_runs.parity`` (p=2, m=4, 2 steps).
+where it holds), the slot's rules. One launch: ``dualpipe_runs.run_parity`` (p=2, m=4, 2 steps).
 """
 from types import SimpleNamespace
 
@@ -15,9 +15,7 @@ from lessonlib.pipeline import dualpipe_runs, schedules as S
 from lessonlib.pipeline.actions import (Action, B, F, Kind, W, add_communication, compute_only,
                                        describe, parse)
 from lessonlib.pipeline.dualpipe import bubble_formula, dualpipev, dualpipev_order, readme_times
-from lessonlib.pipeline.rounds import lockstep
-from lessonlib.pipeline.check import ScheduleError, check
-from lessonlib.pipeline.validate import simulate, validate
+from lessonlib.pipeline.validate import ScheduleError, check, lockstep, simulate, validate
 
 KIND = {_ComputationType.FORWARD: "F", _ComputationType.FULL_BACKWARD: "B",
         _ComputationType.BACKWARD_INPUT: "B", _ComputationType.BACKWARD_WEIGHT: "W"}
@@ -85,12 +83,12 @@ def test_the_simulated_bubble_is_the_readme_formula_where_its_times_hold():
     rows = dualpipe_runs.bubble_rows()
     assert len(rows) == 3 * 2 * 5
     for row in rows:
-        if row["W"] != 0.8:
-            assert row["idle_simulated"] == pytest.approx(row["idle_formula"]), row
+        if row.W != 0.8:
+            assert row.idle_simulated == pytest.approx(row.idle_formula), row
         else:
-            gap = row["idle_formula"] - row["idle_simulated"]
-            assert gap == pytest.approx(0.2 * (row["p"] - 1)), row
-        assert row["peak_stash"] == [row["peak_stash_readme"]] * row["p"]
+            gap = row.idle_formula - row.idle_simulated
+            assert gap == pytest.approx(0.2 * (row.p - 1)), row
+        assert row.peak_stash == [row.peak_stash_readme] * row.p
     default = simulate(dualpipev(3, 7), **readme_times(1, 2, 1))
     assert max(default.idle) == pytest.approx(bubble_formula(3, 1, 2, 1, 3)) == 4
 
@@ -117,10 +115,10 @@ def test_bad_dualpipev_settings_are_refused():
 
 @pytest.mark.timeout(120)
 def test_dualpipev_equals_one_process_and_pytorchs_schedule(no_children_left):
-    run = dualpipe_runs.parity(p=2, m=4, steps=2)
-    assert [r["engine"] for r in run.rows] == ["lessonlib", "torch"]
+    run = dualpipe_runs.run_parity(p=2, m=4, steps=2)
+    assert [r.engine for r in run.rows] == ["lessonlib", "torch"]
     for row in run.rows:
-        assert max(row["max_grads_diff"], row["max_weights_diff"], row["max_losses_diff"]) < 1e-12
+        assert max(row.max_grads_diff, row.max_weights_diff, row.max_losses_diff) < 1e-12
     assert run.max_engine_diff < 1e-12
     assert run.peak_stash == [5, 5]
 

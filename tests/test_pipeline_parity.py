@@ -9,24 +9,24 @@ is received (ledger counts equal the schedule's)."""
 import pytest
 
 import lessonlib
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 from lessonlib.pipeline.schedules import make
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4])
 def run(request):
     p = request.param
-    cases = runs.parity_cases(p)
-    return p, cases, lessonlib.launch(runs.parity, p, cases, timeout=240)
+    cases = schedule_runs.parity_cases(p)
+    return p, cases, lessonlib.launch(schedule_runs.rank_parity, p, cases, timeout=240)
 
 
 @pytest.mark.timeout(300)
 def test_every_schedule_matches_one_process(run, no_children_left):
     p, cases, per_rank = run
-    rows = runs.parity_report(per_rank)          # raises, naming the case, on a mismatch
-    assert {(r["engine"], r["schedule"], r["m"], r["v"]) for r in rows} == set(cases)
+    rows = schedule_runs.compare_parity(per_rank)          # raises, naming the case, on a mismatch
+    assert {(r.engine, r.schedule, r.m, r.v) for r in rows} == set(cases)
     for row in rows:
-        assert row["max_grads_diff"] < 1e-5 and row["max_weights_diff"] < 1e-5
+        assert row.max_grads_diff < 1e-5 and row.max_weights_diff < 1e-5
 
 
 @pytest.mark.timeout(300)
@@ -36,7 +36,7 @@ def test_the_peak_stash_is_min_p_minus_stage_m_for_1f1b_and_m_for_gpipe(run):
         engine, schedule, m, v = case
         if engine != "lessonlib" or schedule == "interleaved":
             continue
-        got = [r[case]["stash"] for r in per_rank]
+        got = [r[case].stash for r in per_rank]
         want = [min(p - s, m) for s in range(p)] if schedule == "1f1b" else [m] * p
         assert got == want, case
 
@@ -50,8 +50,6 @@ def test_every_message_is_sent_and_received_through_the_ledger(run):
             continue
         actions = make(schedule, p, m, v)
         for s, result in enumerate(per_rank):
-            counts = result[case]["messages"]
-            assert counts["send"] == sum(a.kind.startswith("SEND") for a in actions[s])
-            assert counts["recv"] == sum(a.kind.startswith("RECV") for a in actions[s])
-        assert sum(r[case]["messages"]["send"] for r in per_rank) == \
-            sum(r[case]["messages"]["recv"] for r in per_rank)
+            assert result[case].sends == sum(a.kind.startswith("SEND") for a in actions[s])
+            assert result[case].recvs == sum(a.kind.startswith("RECV") for a in actions[s])
+        assert sum(r[case].sends for r in per_rank) == sum(r[case].recvs for r in per_rank)

@@ -19,11 +19,11 @@ from lessonlib.models import GPTConfig, TinyGPT, lm_loss, mlp_stack
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline.actions import (COMPUTE, Action, B, F, add_communication, compute_only,
                                        describe, parse)
-from lessonlib.pipeline.check import ScheduleError, check
 from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.pipeline.rounds import batched, check_batches, lockstep
+from lessonlib.pipeline.schedule_runs import ScheduleRow
 from lessonlib.pipeline.stages import device_chunks, stage_modules, stage_parameters
-from lessonlib.pipeline.validate import simulate
+from lessonlib.pipeline.validate import (ScheduleError, batched, check, check_batches, lockstep,
+                                        simulate)
 
 matplotlib.use("Agg")
 GRID = [(p, m) for p in (1, 2, 3, 4, 6) for m in (1, 2, 3, 4, 5, 8, 13)]
@@ -369,8 +369,10 @@ def test_plots_draw_theory_and_measured_points():
     from lessonlib.viz import pipeline as vp
 
     vp.gantt_schedule("interleaved", 2, 4, 2)
-    row = {"engine": "lessonlib", "schedule": "1f1b", "p": 2, "m": 4, "v": 1,
-           "bubble_mean": 0.22, "peak_stash_per_stage": [2, 1]}
+    row = ScheduleRow("lessonlib", "1f1b", p=2, m=4, v=1, step_time_s=0.1,
+                      bubble_per_stage=[0.22, 0.22], bubble_mean=0.22, bubble_theory_wall=0.2,
+                      bubble_theory_ideal=0.25, peak_stash_per_stage=[2, 1],
+                      peak_stash_theory=[2, 1], peak_stash_bytes_per_stage=[0, 0])
     fig = vp.explore(2, 4, 2, measured=[row])
     assert len(fig.axes) == 2
     box = vp.widget(measured=[row])

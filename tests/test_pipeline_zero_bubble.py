@@ -20,14 +20,13 @@ from torch import nn
 import lessonlib
 from lessonlib.costmodel import Layout, bubble_fraction, bubble_time, stashed_microbatches
 from lessonlib.instruments.nccl_rules import nccl_hazards
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline import zero_bubble
 from lessonlib.pipeline.actions import Action, B, Kind, Schedule, W
-from lessonlib.pipeline.check import ScheduleError, check
 from lessonlib.pipeline.executor import StepResult
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
-from lessonlib.pipeline.validate import replay, simulate
+from lessonlib.pipeline.validate import ScheduleError, StageTimes, check, replay, simulate
 
 TIMES = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.7), (1.0, 1.2, 1.0), (2.0, 1.0, 0.5)]
 
@@ -95,11 +94,11 @@ def test_a_replay_gives_each_virtual_stage_the_times_of_the_stage_holding_its_la
     """1F1B fuses B and W into its backward; a virtual stage of half a stage's layers takes
     half of that stage's times, whichever device runs it: ZBV's device 0 runs virtual stages
     0 and 3, so its chunk 1 takes half of the last stage's times, not of its own device's."""
-    ms = {"forward_ms": [1.0, 1.5, 0.5, 2.0], "backward_ms": [0.0, 1.0, 2.5, 1.2],
-          "weight_ms": [3.0, 0.5, 1.0, 0.8]}
+    ms = StageTimes(forward_ms=[1.0, 1.5, 0.5, 2.0], backward_ms=[0.0, 1.0, 2.5, 1.2],
+                    weight_ms=[3.0, 0.5, 1.0, 0.8])
 
     def times(*keys, holder=lambda s, a: s, share=1.0):
-        return lambda s, a: share * sum(ms[k][holder(s, a)] for k in keys)
+        return lambda s, a: share * sum(getattr(ms, k)[holder(s, a)] for k in keys)
 
     zb_h1 = S.make("zb-h1", 4, 8)
     assert replay(zb_h1, ms).bubble == simulate(
@@ -138,11 +137,11 @@ def test_explain_bubble_reads_each_virtual_stages_times_and_replays_them():
     case = ("lessonlib", "zbv", 4, 2)
     per_rank = [{case: [StepResult(d, [], sim.timelines[d], sim.makespan, 0, 0, 0)]}
                 for d in range(2)]
-    why = runs.explain_bubble(per_rank, case)
-    assert (why["forward_ms"], why["backward_ms"], why["weight_ms"]) == (
+    why = schedule_runs.explain_bubble(per_rank, case)
+    assert (why.forward_ms, why.backward_ms, why.weight_ms) == (
         [1e3 * t for t in f], [1e3 * t for t in b], [1e3 * t for t in w])
-    assert why["simulated_with_measured_compute"] == pytest.approx(sim.bubble)
-    assert why["measured"] == pytest.approx(sim.bubble)
+    assert why.simulated_with_measured_compute == pytest.approx(sim.bubble)
+    assert why.measured == pytest.approx(sim.bubble)
     assert replay(sched, why).bubble == pytest.approx(sim.bubble)
 
 
@@ -227,18 +226,19 @@ def run(request):
 @pytest.mark.timeout(300)
 def test_zb_h1_and_zbv_match_one_process_after_3_steps(run, no_children_left):
     p, per_rank = run
-    rows = runs.parity_report([r["parity"] for r in per_rank], steps=3, dtype=torch.float64)
-    assert {(r["engine"], r["schedule"], r["m"]) for r in rows} == {
+    rows = schedule_runs.compare_parity([r["parity"] for r in per_rank], steps=3,
+                                        dtype=torch.float64)
+    assert {(r.engine, r.schedule, r.m) for r in rows} == {
         ("lessonlib", s, m) for s in ("zb-h1", "zbv") for m in {1, p, 2 * p + 1}} | (
         {("torch", "zb-h1", 2), ("torch", "zbv", 5)} if p == 2 else set())
     for row in rows:
-        assert max(row["max_grads_diff"], row["max_weights_diff"], row["max_losses_diff"]) < 1e-9
-        if row["engine"] == "torch":
+        assert max(row.max_grads_diff, row.max_weights_diff, row.max_losses_diff) < 1e-9
+        if row.engine == "torch":
             continue
-        m = row["m"]
-        want = ([min(2 * p, m + s + 1, 2 * m) for s in range(p)] if row["schedule"] == "zbv"
+        m = row.m
+        want = ([min(2 * p, m + s + 1, 2 * m) for s in range(p)] if row.schedule == "zbv"
                 else [min(p, m)] * p)
-        assert row["peak_stash"] == want, row
+        assert row.peak_stash == want, row
 
 
 @pytest.mark.timeout(300)

@@ -97,10 +97,10 @@ def test_every_timed_loop_pauses_the_audit_after_its_audited_pass(tmp_path, monk
 
     import torch
 
-    from lessonlib import hybrid, model_parallel
+    from lessonlib import model_parallel
+    from lessonlib.hybrid import trainer
     from lessonlib.instruments import placement
-    from lessonlib.hybrid_axes import runs as axes_runs
-    from lessonlib.pipeline import runs as pipeline_runs
+    from lessonlib.pipeline import schedule_runs as pipeline_runs
 
     seen = []
 
@@ -123,6 +123,5 @@ def test_every_timed_loop_pauses_the_audit_after_its_audited_pass(tmp_path, monk
             assert [c > 0 for c in counts] == audited, (warmup, counts)
     finally:
         spy.__exit__(None, None, None)
-    for loop in (pipeline_runs.measure, hybrid.train, axes_runs._train,
-                 model_parallel.assembly_line):
+    for loop in (pipeline_runs.measure, trainer.train, model_parallel.assembly_line):
         assert "placement.timed(" in inspect.getsource(loop), loop.__qualname__

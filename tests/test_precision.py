@@ -18,7 +18,7 @@ from lessonlib.models import TinyGPT, moe_gpt, TINY
 from lessonlib.precision import (E4M3, E5M2, RECIPES, Float8Linear, convert_to_float8,
                                  float8_layers, gemm_errors, loss_curves, quantize,
                                  quantize_operand, recipe, relative_step, scaled_mm)
-from lessonlib.precision import fsdp_float8, runs, torchao_ref
+from lessonlib.precision import fp8_runs, fsdp_float8, torchao_ref
 from lessonlib.precision.fp8 import operand_block
 
 HALF_SUBNORMAL = {E4M3: 2.0 ** -10, E5M2: 2.0 ** -17}
@@ -108,7 +108,7 @@ def test_convert_keeps_the_head_router_norms_and_embeddings():
 def test_fp8_trains_within_the_band_of_bf16():
     curves = loss_curves(steps=25)
     assert all(curves.losses[n][-1] < curves.losses[n][0] - 0.3 for n in curves.losses)
-    assert curves.band < runs.LOSS_BAND, curves.gap
+    assert curves.band < fp8_runs.LOSS_BAND, curves.gap
 
 
 @pytest.mark.parametrize("name", ["tensorwise", "rowwise"])
@@ -125,13 +125,13 @@ def test_equal_to_torchao_where_it_runs_on_the_cpu(name):
 def test_fsdp_gathers_float8_weights_in_half_the_bytes_and_steps_as_one_process():
     ranks = lessonlib.launch(fsdp_float8.gather_bytes, 2, timeout=120)
     for out in ranks:
-        n = out["fp8_shard_elements"]
-        assert out["fp8_gathers"]["torch.uint8"] == n                    # 1 byte each
-        assert out["bf16_gathers"]["torch.bfloat16"] == \
-            2 * n + out["fp8_gathers"]["torch.bfloat16"]                 # 2 bytes each
-        assert out["fp8_amax_all_reduces"] == 2 and out["bf16_amax_all_reduces"] == 0
-        assert out["max_weight_step"] > 1e-3
-        assert out["max_weight_diff_vs_one_process"] < 1e-6
+        n = out.fp8_shard_elements
+        assert out.fp8_gathers["torch.uint8"] == n                    # 1 byte each
+        assert out.bf16_gathers["torch.bfloat16"] == \
+            2 * n + out.fp8_gathers["torch.bfloat16"]                 # 2 bytes each
+        assert out.fp8_amax_all_reduces == 2 and out.bf16_amax_all_reduces == 0
+        assert out.max_weight_step > 1e-3
+        assert out.max_weight_diff_vs_one_process < 1e-6
 
 
 def test_bad_input_is_refused_with_one_clear_line():

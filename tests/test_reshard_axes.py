@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lessonlib import long_run
-from lessonlib.grid_layout import LESSON_ORDER, MEGATRON_ORDER, layout_name, parse_axes
+from lessonlib.grid_layout import layout_name, parse_axes
 from lessonlib.launcher import RankError, launch
 from lessonlib.long_run import checkpoint, reshard, shard_map
 from lessonlib.long_run.shard_map import Layout
@@ -25,10 +25,9 @@ import labrun
 
 CFG = GPTConfig(**long_run.SMALL)
 LOSS_TOLERANCE = {"rtol": 1e-6, "atol": 0.0}
-M = MEGATRON_ORDER
-LAYOUTS = [Layout(2, 1, 2, 1), Layout(1, 2, 2, 1, 1, "zero1", M), Layout(1, 1, 2, 2, 1, "fsdp", M),
-           Layout(2, 2, 1, 1, 1, "fsdp", M), Layout(4, 1, 1, 1, 1, "zero1", M),
-           Layout(2, 1, 1, 2, 2, "none", M, True), Layout(1, 1, 1, 1, 1, "zero1", M, True)]
+LAYOUTS = [Layout(2, 1, 2, 1), Layout(1, 2, 2, 1, 1, "zero1"), Layout(1, 1, 2, 2, 1, "fsdp"),
+           Layout(2, 2, 1, 1, 1, "fsdp"), Layout(4, 1, 1, 1, 1, "zero1"),
+           Layout(2, 1, 1, 2, 2, "none", True), Layout(1, 1, 1, 1, 1, "zero1", True)]
 
 
 def _full(moe: bool, seed: int = 1) -> dict:
@@ -40,10 +39,11 @@ def _full(moe: bool, seed: int = 1) -> dict:
 
 
 def _meta(layout: Layout) -> dict:
-    meta = {"layout": layout_name(layout.t, layout.p, layout.d, layout.c, layout.e),
+    meta = {"layout": layout_name(dp=layout.d, pp=layout.p, tp=layout.t, cp=layout.c,
+                                  ep=layout.e),
             "model": long_run.SMALL}
-    if layout.order != LESSON_ORDER:
-        meta |= {"shard": layout.shard, "order": layout.order} | (
+    if (layout.c, layout.e, layout.shard, layout.moe) != (1, 1, "none", False):
+        meta |= {"shard": layout.shard} | (
             {"moe": True} if layout.moe else {})
     return meta
 
@@ -70,8 +70,9 @@ def test_five_axis_names_read_back_and_a_three_axis_manifest_is_c_e_1():
     with pytest.raises(ValueError, match=r"write t<t>\[c<c>\]p<p>d<d>\[e<e>\]"):
         parse_axes("t2x2")
     old = Layout.of({"layout": "t2p2d1"})
-    assert (old.c, old.e, old.shard, old.order, old.moe, old.fused) == (1, 1, "none", LESSON_ORDER,
-                                                                        False, True)
+    assert (old.c, old.e, old.shard, old.moe) == (1, 1, "none", False)
+    with pytest.raises(ValueError, match=r"order 'tp-cp-dp-pp', which this course no longer"):
+        Layout.of({"layout": "t1c2p2d1", "shard": "zero1", "order": "tp-cp-dp-pp"})
 
 
 def test_a_flat_range_is_at_most_three_row_major_boxes():
@@ -99,10 +100,10 @@ def test_every_five_axis_layout_holds_the_whole_model(layout):
 
 
 @pytest.mark.parametrize("saved,loaded", [
-    (Layout(2, 1, 2, 1), Layout(1, 2, 2, 1, 1, "zero1", M)),            # (t, p, d) -> c, ZeRO-1
-    (Layout(1, 2, 2, 1, 1, "zero1", M), Layout(1, 1, 2, 2, 1, "fsdp", M)),
-    (Layout(2, 2, 1, 1, 1, "fsdp", M), Layout(1, 1, 1, 1)),             # -> lesson 05's run
-    (Layout(2, 1, 1, 2, 2, "none", M, True), Layout(1, 1, 1, 1, 1, "zero1", M, True))],
+    (Layout(2, 1, 2, 1), Layout(1, 2, 2, 1, 1, "zero1")),            # (t, p, d) -> c, ZeRO-1
+    (Layout(1, 2, 2, 1, 1, "zero1"), Layout(1, 1, 2, 2, 1, "fsdp")),
+    (Layout(2, 2, 1, 1, 1, "fsdp"), Layout(1, 1, 1, 1)),             # -> lesson 05's run
+    (Layout(2, 1, 1, 2, 2, "none", True), Layout(1, 1, 1, 1, 1, "zero1", True))],
     ids=str)
 def test_resharding_gives_every_rank_exactly_what_its_layout_holds(tmp_path, saved, loaded):
     full = _full(saved.moe)
@@ -135,7 +136,7 @@ def test_a_replica_is_opened_only_for_what_is_still_lacking(tmp_path, monkeypatc
 
 
 def test_a_manifest_whose_axes_do_not_fit_its_shards_is_named(tmp_path):
-    found = _save_as(tmp_path, _full(False), Layout(1, 2, 2, 1, 1, "zero1", M))
+    found = _save_as(tmp_path, _full(False), Layout(1, 2, 2, 1, 1, "zero1"))
     wrong_world = {**found, "meta": {**found["meta"], "layout": "t1c2p2d2"}}
     assert "has 8 ranks, its world_size says 4" in reshard.mismatch(wrong_world)
     wrong_shard = {**found, "meta": {**found["meta"], "shard": "fsdp"}}
@@ -148,7 +149,7 @@ def test_a_five_axis_plan_refuses_before_any_process(tmp_path):
     with pytest.raises(ValueError, match="cp=3 must divide world_size=4"):
         long_run.plan(4, "t1p1d1", cp=3, checkpoint_dir=str(tmp_path))
     meta = long_run.plan(4, "t1p2d1", cp=2, shard="zero1", checkpoint_dir=str(tmp_path))["meta"]
-    assert (meta["layout"], meta["shard"], meta["order"]) == ("t1c2p2d1", "zero1", M)
+    assert (meta["layout"], meta["shard"], "order" in meta) == ("t1c2p2d1", "zero1", False)
     assert "shard" not in long_run.plan(2, "t1p2d1", checkpoint_dir=str(tmp_path))["meta"]
 
 

@@ -14,7 +14,7 @@ that see a missing all-reduce or a layer left unsharded (the bug zoo names them)
 import pytest
 
 import lessonlib
-from lessonlib.tensor_parallel import runs as tp_runs
+from lessonlib.tensor_parallel import layer_runs as tp_runs
 from lessonlib.costmodel import tp_elements_per_layer
 from lessonlib.tensor_parallel.layers import check_divisible, check_pair, tp_size
 

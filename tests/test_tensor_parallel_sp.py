@@ -34,10 +34,10 @@ import lessonlib
 from lessonlib.baseline import corpus_batches, flat
 from lessonlib.costmodel.memory import course_layer_activation_bytes
 from lessonlib.models import PARITY_CONFIG, GPTConfig, TinyGPT, lm_loss, set_recompute
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 from lessonlib.pipeline.runner import make_runner
 from lessonlib.pipeline.stages import stage_parameters
-from lessonlib.tensor_parallel import runs as tp_runs
+from lessonlib.tensor_parallel import layer_runs as tp_runs
 from lessonlib.tensor_parallel.parallelize import parallelize_gpt
 from lessonlib.tensor_parallel import sequence_runs as sp
 
@@ -47,7 +47,7 @@ MODES = list(sp.MODES)
 
 def recompute_worker(modes=("selective", "full"), m: int = 2, micro: int = 2) -> dict:
     p, stage, cfg = dist.get_world_size(), dist.get_rank(), PARITY_CONFIG
-    ref_model, first_grads, _ = runs.reference(m, steps=1, micro=micro)
+    ref_model, first_grads, _ = schedule_runs.reference(m, steps=1, micro=micro)
     want = flat(first_grads[q] for q in stage_parameters(ref_model, p, 1, stage))
     out = {}
     for mode in modes:
@@ -250,7 +250,7 @@ def shorter_sequence_worker(s: int = 6) -> dict:
                                                                       hidden=16, heads=2)
         batches = [(x[:, :s], y[:, :s]) for x, y in tp_runs.token_batches(2, cfg, 2, 1, "cpu")]
         return tp_runs.compare_with_dense(TinyGPT(cfg, 0), lambda m: parallelize_gpt(
-            m, ctx.tp_group, sequence_parallel=True), batches, lm_loss)
+            m, ctx.axis("tp").group, sequence_parallel=True), batches, lm_loss)
     finally:
         torch.set_default_dtype(before)
 

@@ -16,12 +16,13 @@ Read in this order, each file one idea:
   head shards, attention over the whole sequence on heads/c heads, all-to-all back;
 * ``methods``: the three behind one call, ``context_attention(method, ...)``, and the bytes a
   rank sent to the others by its ledger (``sent_bytes``);
-* ``recorder``: ``StepLog``, the hook handed to the ring: which block each rank held at each
+* ``recorder``: ``RingRecorder``, the hook handed to the ring: which block each rank held at each
   step, the work it did and the seconds it took (the Gantt chart of the ring);
 * ``gpt``: the tiny GPT on c ranks (positions offset per shard, the loss over all tokens),
-  combined with data parallelism over a (d, c) grid;
+  combined with data parallelism over a (d, c) grid; its attention and embedding, as
+  modules, are the hybrid builder's context room (``apply_cp``);
 * ``torch_ref``: PyTorch's own ``context_parallel`` on the same inputs, where it runs;
-* ``runs``: what the tests, notebook 12 and ``labs/cp.py`` launch (parity with one process,
+* ``ring_runs``: what the tests, notebook 12 and ``labs/cp.py`` launch (parity with one process,
   the work per rank, the ledger's bytes against the formula, the ring's timeline);
 * ``method_runs``: the same for the three methods side by side (parity with GQA and
   document masks, bytes sent against ``costmodel.context``, each method's time).

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lessonlib import bugs, comm
+from lessonlib import bug_switches, comm
 from lessonlib.context_parallel.layout import (check_split_divides, check_split_name, check_same_layout,
                                                group_rank, positions_of)
 from lessonlib.context_parallel.masks import (check_doc_ids, check_heads, keep, masked_attention,
@@ -52,7 +52,7 @@ class GatherKV(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         mine = grad.new_empty(grad.shape[1:])                  # (2, b, kv_heads, s/c, d)
-        if bugs.active("cp_allgather_grads_not_reduced"):  # BUG: keeps its own queries' share
+        if bug_switches.active("cp_allgather_grads_not_reduced"):  # BUG: keeps its queries' share
             return grad[dist.get_rank(ctx.group)].clone(), None
         comm.reduce_scatter_tensor(mine, grad.flatten(0, 1).contiguous(), group=ctx.group)
         return mine, None

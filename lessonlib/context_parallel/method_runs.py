@@ -32,7 +32,7 @@ from lessonlib.context_parallel.layout import LAYOUTS, check_split_divides
 from lessonlib.context_parallel.layout import shard_sequence, unshard_sequence
 from lessonlib.context_parallel.masks import attention
 from lessonlib.context_parallel.methods import METHODS, check_method, context_attention, sent_bytes
-from lessonlib.context_parallel.runs import _max_err, _refusal, qkv, ring_groups
+from lessonlib.context_parallel.ring_runs import _max_err, _refusal, qkv, ring_groups
 from lessonlib.context_parallel.ulysses import check_divides_heads
 from lessonlib.costmodel.context import cp_bytes_sent_per_rank
 

@@ -13,7 +13,8 @@ On a GPU each step is timed by a pair of CUDA events on the compute stream (``de
 read when the rows are asked for, after one synchronize: the kernels' time, not the time to
 queue them, and no synchronize inside the ring to stall the transfer it overlaps.
 
-Laptop:  ``python -c "from lessonlib.context_parallel import runs; print(runs.run_parity(2))"``
+Laptop:  ``python -c "from lessonlib.context_parallel import ring_runs;
+         print(ring_runs.run_parity(2))"``
 GPU box: the same.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from lessonlib.context_parallel.blocks import useful_pairs
 from lessonlib.device import mark, on_clock
 
 
-class StepLog:
+class RingRecorder:
     """``record`` for ``ring_attention``: one row per step, times relative to ``origin``."""
 
     def __init__(self, n: int, origin: float | None = None):

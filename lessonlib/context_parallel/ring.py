@@ -21,12 +21,12 @@ them and ``nccl_rules.nccl_hazards`` can replay them. The step functions are the
 ``record(phase, step, source, pairs)`` hook (a context manager, none by default) is how a
 caller times the steps or draws the ring, from outside.
 
-Laptop:  ``python -c "from lessonlib.context_parallel import runs; print(runs.run_parity(2))"``
+Laptop:  ``python -c "from lessonlib.context_parallel import ring_runs;
+         print(ring_runs.run_parity(2))"``
 GPU box: the same; on GPUs the blocks travel over NCCL.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -37,10 +37,7 @@ from lessonlib.context_parallel.blocks import attend, attend_backward, chunk_pai
 from lessonlib.context_parallel.layout import (check_split_divides, check_split_name, check_same_layout,
                                                chunks_of, group_rank, positions_of)
 from lessonlib.context_parallel.masks import check_doc_ids, check_heads, keep, repeat_kv
-
-
-def no_record(phase, step, source, pairs):
-    return nullcontext()
+from lessonlib.instruments.spans import no_record
 
 
 @dataclass(frozen=True)

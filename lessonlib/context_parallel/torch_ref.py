@@ -18,6 +18,8 @@ GPU box: the same script on one GPU per rank runs PyTorch's CP attention (NCCL).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -25,9 +27,16 @@ import torch.nn.functional as F
 from lessonlib import device
 
 
-def torch_ring_attention(q, k, v, causal: bool = True) -> dict:
+@dataclass
+class TorchRingAttention:
+    """PyTorch's context-parallel attention: the full output, or, where it refused, why."""
+    output: torch.Tensor | None = None
+    error: str | None = None
+
+
+def torch_ring_attention(q, k, v, causal: bool = True) -> TorchRingAttention:
     """Full (b, heads, s, head_dim) q, k, v, the same on every rank, attended with PyTorch's
-    context parallelism over the whole world: {"output": full tensor} or {"error": words}."""
+    context parallelism over the whole world: the full output, or the error in words."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard
@@ -38,16 +47,16 @@ def torch_ring_attention(q, k, v, causal: bool = True) -> dict:
         with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2]):
             out = F.scaled_dot_product_attention(*buffers, is_causal=causal)
             (full,) = context_parallel_unshard(mesh, [out], [2])
-        return {"output": full.detach()}
+        return TorchRingAttention(output=full.detach())
     except (NotImplementedError, RuntimeError) as exc:
-        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+        return TorchRingAttention(error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
 
 
 def demo() -> dict:
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 8, 4, generator=gen).to(device.current_device()) for _ in "qkv")
     result = torch_ring_attention(q, k, v)
-    if "output" in result:
+    if result.output is not None:
         reference = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return {"max_abs_error": (result["output"] - reference).abs().max().item()}
-    return result
+        return {"max_abs_error": (result.output - reference).abs().max().item()}
+    return {"error": result.error}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from lessonlib import bugs, comm
+from lessonlib import bug_switches, comm
 from lessonlib.context_parallel.allgather import key_positions
 from lessonlib.context_parallel.layout import (check_split_divides, check_split_name, check_same_layout,
                                                group_rank)
@@ -67,7 +67,7 @@ def to_sequence(y, group, c: int):
     b, per, s, d = y.shape
     rows = y.view(b, per, c, s // c, d).permute(2, 0, 1, 3, 4)  # (c, b, heads/c, s/c, d)
     got = AllToAll.apply(rows, group)                          # from rank j: head group j
-    if bugs.active("ulysses_head_groups_swapped"):  # BUG: read as head h = j + c * i
+    if bug_switches.active("ulysses_head_groups_swapped"):  # BUG: read as head h = j + c * i
         return got.permute(1, 2, 0, 3, 4).reshape(b, c * per, s // c, d)
     return got.permute(1, 0, 2, 3, 4).reshape(b, c * per, s // c, d)
 

@@ -8,11 +8,14 @@ Read in this order, each file one idea:
   carries 2(n-1) x S) and the naive ring (every rank sends (n-1) x S);
 * ``ring``: the bandwidth-optimal ring, reduce-scatter then all-gather (2(n-1)/n x S);
 * ``ladder``: data parallelism written four times, each rung fixing what the last one wasted
-  (all-reduce per gradient, one flat buffer, hooks that overlap backward);
+  (all-reduce per gradient, one flat buffer, hooks that overlap backward); the flat rung is
+  the one gradient average of every layout (``sync_gradients``, experts handed in);
 * ``ddp``: ``DataParallel``, the top rung: gradient buckets launched during backward,
-  ``no_sync`` for accumulation, ``BucketTimeline`` (the recorder that stamps the lesson's
-  timeline), and ``sharded_loader`` (PyTorch's DistributedSampler);
-* ``runs``: what the notebook and the tests launch (training replicas, the ladder's
+  ``no_sync`` for accumulation, and ``sharded_loader`` (PyTorch's DistributedSampler);
+* ``recorder``: what the lesson measures of DDP's step, handed to it from outside:
+  ``BucketRecorder`` stamps each bucket's launch and finish (``no_record``, the default,
+  stamps nothing);
+* ``ladder_runs``: what the notebook and the tests launch (training replicas, the ladder's
   messages, a step's timeline, the bucket sweep);
 * ``bench``: the lab's measurements (all-reduce bandwidth, DDP step times), with the
   alpha-beta model of ``lessonlib.costmodel.alpha_beta``;
@@ -22,6 +25,8 @@ Read in this order, each file one idea:
 * ``fsdp``: ``FullyShardedDataParallel``, ZeRO stages 2 and 3 (FSDP2's ``fully_shard``):
   one unit's gather, compute, free and reduce-scatter, in one file; over ``fsdp_units``
   (the module cut into units at wrap time, and where each parameter lives);
+* ``parallelize``: ``apply_dp``, the hybrid layouts' data room (plain, ZeRO-1 or FSDP on
+  the d*c ranks holding the same weights) and their optimizer;
 * ``zero_runs``: stages 0-3 and PyTorch's own trained on the ranks, for the tests; and
   ``zero_bench``: the same timed against ``fully_shard`` for ``labs/zero.py``.
 

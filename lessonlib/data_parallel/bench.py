@@ -27,7 +27,7 @@ from lessonlib import comm, device
 from lessonlib.data import corpus_tokens, lm_batch, shard, stored
 from lessonlib.data_parallel.collectives import torch_all_reduce
 from lessonlib.data_parallel.ring import ALGORITHMS
-from lessonlib.data_parallel.runs import check_rungs, replica_step, wrap
+from lessonlib.data_parallel.ladder_runs import check_rungs, replica_step, wrap
 from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.lab import labkit
 from lessonlib.models import TEN_M, GPTConfig, TinyGPT

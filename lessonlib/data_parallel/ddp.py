@@ -8,8 +8,9 @@ asynchronous all-reduce starts while backward keeps computing earlier layers: fe
 (unlike rung (c)) and overlap with compute (unlike rungs (a) and (b), see
 ``lessonlib.data_parallel.ladder``). A callback at the end of backward waits for the buckets, so the
 gradients are averaged by the time ``loss.backward()`` returns, as with PyTorch's DDP.
-The lesson's timeline is stamped by a recorder the wrapper is handed (none by default;
-``runs.BucketTimeline`` stamps each bucket's launch and finish).
+The lesson's timeline is stamped by a recorder the wrapper is handed
+(``recorder.no_record`` by default; ``recorder.BucketRecorder`` stamps each bucket's launch
+and finish).
 
 Also as in PyTorch's DDP: rank 0's weights are copied to every rank at wrap time; frozen
 parameters are skipped and a tied weight is reduced once; ``no_sync()`` lets gradients
@@ -23,7 +24,7 @@ GPU box: ``torchrun --nproc-per-node 8 labs/ddp.py`` (NCCL, one GPU per rank)
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -31,10 +32,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lessonlib import bugs, comm
+from lessonlib import bug_switches, comm
 from lessonlib.argcheck import positive_int
 from lessonlib.data_parallel.collectives import group_ranks
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate, trainable_parameters
+from lessonlib.data_parallel.recorder import no_record
 
 MiB = 2 ** 20
 
@@ -113,22 +115,6 @@ class Bucket:
         self.arrived, self.handle = set(), None
 
 
-class _Unrecorded:
-    """The recorder that records nothing: ``DataParallel``'s default."""
-
-    def poll(self, buckets) -> None:
-        pass
-
-    def launching(self, i: int, bucket):
-        return nullcontext()
-
-    def finishing(self, buckets):
-        return nullcontext()
-
-    def read(self) -> dict:
-        return {}
-
-
 def _check_cap(value, name: str = "bucket_cap_mb") -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok or not value > 0 or math.isinf(value):
@@ -143,13 +129,13 @@ class DataParallel(nn.Module):
     Buckets hold about ``bucket_cap_mb`` MiB, the first one ``first_bucket_mb`` (both as in
     PyTorch's DDP: 25 and 1), so the first all-reduce starts early in backward.
 
-    ``buckets`` lists the buckets (reverse parameter order). ``recorder`` (none by default;
-    the lesson's ``runs.BucketTimeline``) is told when a gradient arrives (``poll``), scopes
+    ``buckets`` lists the buckets (reverse parameter order). ``recorder`` (``no_record`` by
+    default; the lesson's ``BucketRecorder``) is told when a gradient arrives (``poll``), scopes
     each bucket's launch (``launching``) and the end of backward (``finishing``); after each
     synced backward ``timeline`` is what it read (``{}`` with none)."""
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, group=None,
-                 first_bucket_mb: float = 1.0, recorder=None):
+                 first_bucket_mb: float = 1.0, recorder=no_record):
         _check_cap(bucket_cap_mb)
         _check_cap(first_bucket_mb, "first_bucket_mb")
         super().__init__()
@@ -164,7 +150,7 @@ class DataParallel(nn.Module):
         self._sync = True              # False inside no_sync(): gradients stay local
         self._finish_queued = False    # this backward's end-of-backward callback is queued
         self._launched = 0             # buckets launched so far in this backward, in order
-        self.recorder = recorder or _Unrecorded()
+        self.recorder = recorder
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def forward(self, *args, **kwargs):
@@ -176,7 +162,7 @@ class DataParallel(nn.Module):
         backward after it averages everything accumulated so far."""
         before, self._sync = self._sync, False
         # Bug zoo: the two values swapped, so gradients sync inside no_sync and not after it
-        if bugs.active("ddp_sync_on_wrong_microbatch"):
+        if bug_switches.active("ddp_sync_on_wrong_microbatch"):
             before, self._sync = False, True
         try:
             yield

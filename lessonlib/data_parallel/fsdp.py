@@ -1,5 +1,8 @@
 """ZeRO stages 2 and 3 as FSDP does them: weights held as shards, gathered one unit at a time.
 
+One job: one unit's life in a step (gather, compute, free, gather again, reduce-scatter) and
+the wrapper that drives it; how the module is cut into units is ``fsdp_units``.
+
 What it teaches: with the weights sharded too, a rank holds 1/d of everything at rest and
 borrows one unit's full weights at a time. ``FullyShardedDataParallel`` has the semantics of
 FSDP2's ``fully_shard`` (Zhao et al., VLDB 2023). Every parameter is cut along dim 0 into d
@@ -51,11 +54,44 @@ from torch import nn
 
 from lessonlib import comm
 from lessonlib.data_parallel.collectives import group_ranks
-from lessonlib.data_parallel.fsdp_units import (Unit, check_arguments, held_bytes, post_gather,
-                                                shard_units, tensors_in)
+from lessonlib.data_parallel.fsdp_units import Unit, held_bytes, post_gather, shard_units
 from lessonlib.data_parallel.ladder import queue_end_of_backward, replicate
 
 __all__ = ["FullyShardedDataParallel", "GatherUnit", "SavedWeight"]
+
+
+COMPUTE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_arguments(module, reshard_after_forward, compute_dtype) -> list[nn.Parameter]:
+    """Refuse what cannot be sharded, before any message; the module's parameters."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"FullyShardedDataParallel wraps an nn.Module; got {type(module)}")
+    params = list(module.parameters())
+    if not params:
+        raise ValueError(f"FullyShardedDataParallel: the {type(module).__name__} to wrap "
+                         f"has no parameters, so there is nothing to shard")
+    if not isinstance(reshard_after_forward, bool):
+        raise ValueError(f"reshard_after_forward must be True (ZeRO-3) or False (ZeRO-2); "
+                         f"got {reshard_after_forward!r}")
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype={compute_dtype!r}: use one of {COMPUTE_DTYPES}")
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) > 1 or not params[0].is_floating_point():
+        raise ValueError(f"FullyShardedDataParallel needs one floating dtype for all "
+                         f"parameters (a unit is gathered as one buffer); got {dtypes}")
+    return params
+
+
+def tensors_in(output) -> list[torch.Tensor]:
+    """The tensors in a unit's output (a tensor, or a tuple, list or dict of them)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for o in output for t in tensors_in(o)]
+    if isinstance(output, dict):
+        return [t for o in output.values() for t in tensors_in(o)]
+    return []
 
 
 class GatherUnit(torch.autograd.Function):

@@ -98,29 +98,6 @@ class Unit:
                 s.shard.grad.add_(g)
 
 
-COMPUTE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
-
-
-def check_arguments(module, reshard_after_forward, compute_dtype) -> list[nn.Parameter]:
-    """Refuse what cannot be sharded, before any message; the module's parameters."""
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"FullyShardedDataParallel wraps an nn.Module; got {type(module)}")
-    params = list(module.parameters())
-    if not params:
-        raise ValueError(f"FullyShardedDataParallel: the {type(module).__name__} to wrap "
-                         f"has no parameters, so there is nothing to shard")
-    if not isinstance(reshard_after_forward, bool):
-        raise ValueError(f"reshard_after_forward must be True (ZeRO-3) or False (ZeRO-2); "
-                         f"got {reshard_after_forward!r}")
-    if compute_dtype not in COMPUTE_DTYPES:
-        raise ValueError(f"compute_dtype={compute_dtype!r}: use one of {COMPUTE_DTYPES}")
-    dtypes = {p.dtype for p in params}
-    if len(dtypes) > 1 or not params[0].is_floating_point():
-        raise ValueError(f"FullyShardedDataParallel needs one floating dtype for all "
-                         f"parameters (a unit is gathered as one buffer); got {dtypes}")
-    return params
-
-
 def unit_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """The units: direct children, a ModuleList's or ModuleDict's children standing in for
     the container (it is never called, so it has no forward to hook)."""
@@ -143,17 +120,6 @@ def places_of(module: nn.Module) -> dict[int, list[tuple[nn.Module, str, str]]]:
                 if all(pm is not m or pa != attr for pm, pa, _ in places.get(id(p), [])):
                     places.setdefault(id(p), []).append((m, attr, name))
     return places
-
-
-def tensors_in(output) -> list[torch.Tensor]:
-    """The tensors in a unit's output (a tensor, or a tuple, list or dict of them)."""
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, (tuple, list)):
-        return [t for o in output for t in tensors_in(o)]
-    if isinstance(output, dict):
-        return [t for o in output.values() for t in tensors_in(o)]
-    return []
 
 
 @torch.no_grad()

@@ -8,7 +8,8 @@ gradients are all-reduced. Each rung keeps the numbers identical and spends less
     Simple, and slow: many small messages, each paying the latency, none overlapping compute.
 (b) ``allreduce_flat_gradients``: after backward, copy every gradient into one flat buffer
     and all-reduce it once. One latency instead of hundreds, still no overlap. The hybrid
-    layouts, context and expert parallelism average their gradients with this same rung.
+    layouts, context and expert parallelism average their gradients with this same rung
+    (``sync_gradients``: the dense weights over their group, the experts' over theirs).
 (c) ``AsyncGradientHooks``: during backward, as soon as a parameter's gradient is final
     (``register_post_accumulate_grad_hook``), launch its all-reduce asynchronously; a
     callback at the end of backward waits for them all. Overlap, but many small messages.
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lessonlib import comm
+from lessonlib import bug_switches, comm
 from lessonlib.data_parallel.collectives import group_ranks
 
 
@@ -156,6 +157,24 @@ def allreduce_flat_gradients(grads: list[torch.Tensor], group=None,
     flat.div_(dist.get_world_size(group) if divisor is None else divisor)
     for grad, piece in zip(grads, flat.split([g.numel() for g in grads])):
         grad.copy_(piece.view_as(grad))
+
+
+def sync_gradients(module: nn.Module, group=None, experts=(), expert_group=None,
+                   d: int | None = None) -> None:
+    """Rung (b) for a model whose weights are not all held by the same ranks: average
+    ``module``'s gradients in place, one flat all-reduce each. The dense weights over
+    ``group`` (divided by its ranks); the ``experts`` (the expert-parallel layers' own
+    parameters, ``expert_parallel.expert_parameters``), if any, over ``expert_group`` (the
+    ranks holding a copy of them), divided by the d data-parallel ranks. The hybrid layouts
+    call it with their dp (or dp*cp) and edp groups, the expert-parallel lesson with the
+    world and its edp group."""
+    mine = {id(p) for p in experts}
+    params = trainable_parameters(module)
+    allreduce_flat_gradients(gradients(p for p in params if id(p) not in mine), group)
+    if mine:
+        if bug_switches.active("ep_expert_grads_wrong_group"):
+            expert_group = group   # the bug: experts averaged like dense weights, over all d
+        allreduce_flat_gradients(gradients(p for p in params if id(p) in mine), expert_group, d)
 
 
 # ---------------------------------------------------------------- rung (c)

@@ -29,7 +29,7 @@ from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.fsdp import FullyShardedDataParallel
 from lessonlib.data_parallel.fsdp_units import unit_modules
 from lessonlib.data_parallel.ladder import replicate
-from lessonlib.data_parallel.runs import replica_step
+from lessonlib.data_parallel.ladder_runs import replica_step
 from lessonlib.data_parallel.sharded import padded_numel, tensor_bytes, zero_stage_bytes
 from lessonlib.data_parallel.zero import ShardedOptimizer
 from lessonlib.grid import new_groups

@@ -8,7 +8,7 @@ GPU box: the same (exercise 2 runs 2 ranks, on CPU or one GPU each).
 """
 from __future__ import annotations
 
-from lessonlib import bugs, bugzoo
+from lessonlib import bug_checks, bug_switches
 from lessonlib.exercises.verdict import Verdict, unanswered, unwritten
 from lessonlib.launcher import launch
 from lessonlib.models import Block, GPTConfig
@@ -62,8 +62,8 @@ def check_wrong_microbatch_prediction(prediction, micro: int = 3) -> Verdict:
     except (TypeError, ValueError):
         return Verdict(False, f"give one count per micro-batch, e.g. {[0] * (micro - 1) + [1]}; "
                               f"got {prediction!r}")
-    with bugs.enabled("ddp_sync_on_wrong_microbatch"):
-        ranks = launch(bugzoo.rank_ddp_accumulation, 2, micro=micro)
+    with bug_switches.enabled("ddp_sync_on_wrong_microbatch"):
+        ranks = launch(bug_checks.rank_ddp_accumulation, 2, micro=micro)
     sent = ranks[0].all_reduces_per_microbatch
     if prediction == sent:
         return Verdict(True, f"measured {sent}: the switched lines set the flag to sync inside "

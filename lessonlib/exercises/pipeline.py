@@ -16,9 +16,8 @@ import math
 from lessonlib.costmodel import bubble_fraction, stashed_microbatches
 from lessonlib.exercises.verdict import Verdict, correct, not_yet, number, unanswered
 from lessonlib.pipeline.actions import add_communication, compute_only, parse
-from lessonlib.pipeline.check import ScheduleError
 from lessonlib.pipeline.schedules import gpipe, one_f_one_b, one_f_one_b_order
-from lessonlib.pipeline.validate import simulate
+from lessonlib.pipeline.validate import ScheduleError, simulate
 
 
 def _whole(answer) -> int | None:

@@ -22,7 +22,7 @@ from lessonlib.costmodel import tp_elements_per_layer
 from lessonlib.exercises.verdict import (Verdict, correct, not_yet, number, still_a_stub,
                                          unanswered, unwritten)
 from lessonlib.launcher import LaunchTimeout, RankError, launch
-from lessonlib.model_parallel.runs import idle_fraction
+from lessonlib.model_parallel.line_runs import idle_fraction
 
 
 # ---------------------------------------------------------------- notebook 03, in process
@@ -53,16 +53,16 @@ def check_idle_share(fn, results: list[dict]) -> Verdict:
     """``fn(timeline, wall)`` -> idle share of one rank, on the notebook's real timelines."""
     if fn is None or results is None:
         return unanswered("my_idle_share")
-    line = [r for r in results if r["rank"] < results[0]["p"]]      # the first line
-    wall = max(x.end for r in line for x in r["timeline"])
+    line = [r for r in results if r.rank < results[0].p]            # the first line
+    wall = max(x.end for r in line for x in r.timeline)
     for r in line:
         try:
-            got = fn(r["timeline"], wall)
+            got = fn(r.timeline, wall)
         except NotImplementedError:
             return unwritten(fn.__name__)
-        want = idle_fraction(r["timeline"], wall)
+        want = idle_fraction(r.timeline, wall)
         if abs(got - want) > 1e-9:
-            return not_yet(f"rank {r['rank']}: you got {got:.3f}, but the rank worked "
+            return not_yet(f"rank {r.rank}: you got {got:.3f}, but the rank worked "
                            f"(F, B and OPT spans) {1 - want:.3f} of the wall time, so it "
                            f"idled {want:.3f}. Waiting and sending count as idle.")
     return correct("idle share right for every rank")

@@ -13,7 +13,7 @@ Read in this order, each file one idea:
 * ``groups``: expert parallelism inside data parallelism (Megatron-Core, DeepSeek-V3):
   dense weights averaged over all d ranks, each expert's over the ranks holding a copy;
   the balancing bias moved by the load all-reduced over the d ranks (``update_biases``);
-* ``runs``: what the notebook, the lab and the tests launch (parity with one process in
+* ``layer_runs``: what the notebook, the lab and the tests launch (parity with one process in
   float64 for GShard's and DeepSeek-V3's routing options, the bytes the all-to-alls move
   against the routing counts).
 * ``overlap``: DualPipe's F&B slot on one MoE block (DeepSeek-V3 §3.2.1): the forward of
@@ -35,10 +35,11 @@ GPU box: ``torchrun --nproc-per-node 8 labs/ep.py`` (NCCL, e up to the GPUs of o
 from lessonlib.expert_parallel.dispatch import (Splits, all_to_all_rows, exchange_counts,
                                                 post_all_to_all)
 from lessonlib.expert_parallel.groups import (ExpertParallelContext, expert_parameters,
-                                              sync_gradients, update_biases)
-from lessonlib.expert_parallel.layer import (ExpertParallelMoE, check_split, expert_parallel,
-                                             expert_parallel_gpt, run_local_experts)
+                                              update_biases)
+from lessonlib.expert_parallel.layer import (ExpertParallelMoE, apply_ep, check_split,
+                                             expert_parallel, expert_parallel_gpt,
+                                             run_local_experts)
 
 __all__ = ["Splits", "all_to_all_rows", "exchange_counts", "post_all_to_all",
-           "ExpertParallelContext", "expert_parameters", "sync_gradients", "update_biases", "ExpertParallelMoE",
-           "check_split", "expert_parallel", "expert_parallel_gpt", "run_local_experts"]
+           "ExpertParallelContext", "expert_parameters", "update_biases", "ExpertParallelMoE",
+           "apply_ep", "check_split", "expert_parallel", "expert_parallel_gpt", "run_local_experts"]

@@ -9,7 +9,7 @@ of an all-to-all is the all-to-all with the splits swapped: gradients retrace th
 path (GShard, Lepikhin et al. 2020, §2.2; Megatron-Core's and DeepSpeed's token
 dispatchers exchange the counts the same way).
 
-Laptop:  run through ``lessonlib.expert_parallel.runs`` (``python labs/ep.py``).
+Laptop:  run through ``lessonlib.expert_parallel.layer_runs`` (``python labs/ep.py``).
 GPU box: the same calls under NCCL; the counts live on the GPU and are read once per layer.
 """
 from __future__ import annotations

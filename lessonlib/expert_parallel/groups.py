@@ -15,36 +15,34 @@ the mean over all d ranks' batches, so
   replica moves it by the load of the whole batch, each rank's load per expert all-reduced
   over the d ranks (one all-reduce for every MoE layer), so the replicas stay identical.
 
-Laptop:  see ``lessonlib.expert_parallel.runs``.
+The averaging itself is the data-parallel ladder's flat rung, handed the experts
+(``data_parallel.ladder.sync_gradients``).
+
+Laptop:  see ``lessonlib.expert_parallel.layer_runs``.
 GPU box: the same groups under NCCL; keep each expert-parallel group inside a server.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from lessonlib import bugs, comm
+from lessonlib import bug_switches, comm
 from lessonlib.argcheck import positive_int
-from lessonlib.data_parallel.ladder import (allreduce_flat_gradients, gradients,
-                                            trainable_parameters)
-from lessonlib.grid import ParallelContext
+from lessonlib.grid import Axis, ParallelContext
 from lessonlib.models.moe import moe_layers
 
 
 @dataclass(frozen=True)
 class ExpertParallelContext:
-    """This rank's expert-parallel group (e consecutive ranks) and expert-data-parallel
-    group (the d/e ranks e apart that hold the same experts): a view of ``ParallelContext``'s
-    ep and edp axes with all d ranks data-parallel."""
-    e: int
+    """A view of ``ParallelContext``'s ep and edp axes with all d ranks data-parallel, under
+    the grid's names: ``ep`` (this rank's expert-parallel group, e consecutive ranks) and
+    ``edp`` (the d/e ranks e apart that hold the same experts), each an ``Axis`` (size,
+    rank, group, ranks)."""
     d: int
-    ep_rank: int
-    ep_group: object = field(repr=False)
-    expert_dp_group: object = field(repr=False)
-    ep_ranks: tuple = ()
-    expert_dp_ranks: tuple = ()
+    ep: Axis
+    edp: Axis
 
     @classmethod
     def build(cls, e: int) -> "ExpertParallelContext":
@@ -56,35 +54,17 @@ class ExpertParallelContext:
             raise ValueError(f"e={e!r} must divide the world size {d} (expert-parallel groups "
                              f"of e consecutive ranks inside the data-parallel ranks)")
         ctx = ParallelContext.build(dp=d, pp=1, tp=1, ep=e, only=("ep", "edp"))
-        ep, edp = ctx.axis("ep"), ctx.axis("edp")
-        return cls(e, d, ep.rank, ep.group, edp.group, ep.ranks, edp.ranks)
+        return cls(d, ctx.axis("ep"), ctx.axis("edp"))
 
     def destroy(self) -> None:
-        for group in (self.ep_group, self.expert_dp_group):
-            dist.destroy_process_group(group)
+        for axis in (self.ep, self.edp):
+            dist.destroy_process_group(axis.group)
 
 
 def expert_parameters(module) -> list:
     """The parameters of ``module``'s expert-parallel MoE layers' own experts."""
     return [p for m in module.modules() if hasattr(m, "expert_ids")
             for p in m.experts.parameters()]
-
-
-def sync_gradients(module, group=None, expert_group=None, d: int | None = None) -> None:
-    """Average ``module``'s gradients over the ranks holding the same weights, in place, one
-    flat all-reduce each (``allreduce_flat_gradients``): the dense weights over ``group``
-    (divided by its ranks); an expert's, if any, over ``expert_group`` (the ranks holding a
-    copy of it), divided by the d data-parallel ranks. The hybrid layouts call it with
-    their dp (or dp*cp) and edp groups, the expert-parallel lesson with the world and
-    ``ExpertParallelContext.expert_dp_group``."""
-    experts = {id(p) for p in expert_parameters(module)}
-    params = trainable_parameters(module)
-    allreduce_flat_gradients(gradients(p for p in params if id(p) not in experts), group)
-    if experts:
-        if bugs.active("ep_expert_grads_wrong_group"):
-            expert_group = group   # the bug: experts averaged like dense weights, over all d
-        allreduce_flat_gradients(gradients(p for p in params if id(p) in experts),
-                                 expert_group, d)
 
 
 def update_biases(module, group=None) -> None:
@@ -97,7 +77,7 @@ def update_biases(module, group=None) -> None:
     dev = layers[0].expert_bias.device
     load = torch.tensor([m.stats["routed_per_expert"] for m in layers], device=dev)  # (L, E)
     # the bug skips the all-reduce: each replica moves its bias by its own batch's load
-    if not bugs.active("ep_bias_load_not_all_reduced"):
+    if not bug_switches.active("ep_bias_load_not_all_reduced"):
         comm.all_reduce(load, group=group)
     for layer, layer_load in zip(layers, load):
         layer.update_bias(layer_load)

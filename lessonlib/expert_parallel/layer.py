@@ -16,7 +16,7 @@ reads the device once, at that exchange.
 so e = 1, 2, 4 are the same model and its ``forward(x)`` on this rank's tokens returns what
 ``moe(x)`` returns for them, with the same ``stats``.
 
-Laptop:  see ``lessonlib.expert_parallel.runs`` (``python labs/ep.py --world-size 4``).
+Laptop:  see ``lessonlib.expert_parallel.layer_runs`` (``python labs/ep.py --world-size 4``).
 GPU box: ``torchrun --nproc-per-node 8 labs/ep.py`` (NCCL; e up to the GPUs).
 """
 from __future__ import annotations
@@ -108,6 +108,15 @@ class ExpertParallelMoE(Routed):
 def expert_parallel(moe: MoELayer, group=None) -> ExpertParallelMoE:
     """This rank's expert-parallel copy of ``moe`` over ``group`` (None: the world)."""
     return ExpertParallelMoE(moe, group)
+
+
+def apply_ep(block: nn.Module, ctx) -> nn.Module:
+    """The hybrid builder's EP room: a ``Block``'s MoE layer made expert-parallel over the
+    grid's ep axis (``ctx.axis("ep")``), its E experts E/e a rank; any other part as it is."""
+    ep = ctx.axis("ep")
+    if ep.size > 1 and isinstance(getattr(block, "mlp", None), MoELayer):
+        block.mlp = expert_parallel(block.mlp, ep.group)
+    return block
 
 
 def expert_parallel_gpt(model: nn.Module, group=None) -> nn.Module:

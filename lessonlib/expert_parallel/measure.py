@@ -33,7 +33,7 @@ from lessonlib import comm, device, launcher
 from lessonlib.baseline import corpus_batches, rel_err
 from lessonlib.expert_parallel.groups import update_biases
 from lessonlib.expert_parallel.layer import expert_parallel
-from lessonlib.expert_parallel.runs import expected_bytes, sent_and_received
+from lessonlib.expert_parallel.layer_runs import Traffic, expected_bytes, sent_and_received
 from lessonlib.models import moe
 from lessonlib.models import MOE_CONFIG, init_weights_, lm_loss, moe_gpt
 from lessonlib.models.moe import MoELayer, aux_loss
@@ -42,10 +42,28 @@ from lessonlib.models.moe_routing import bias_update, route
 CAPACITY_FACTORS = (1.0, 1.25, 2.0)
 
 
+@dataclass
+class BalanceStudy:
+    """``balance_study``'s run: the recipe, E and k; the choices each expert of the first
+    layer was sent at every step, the language-model and auxiliary losses, the share of
+    choices dropped in training, the held-out batch's dropped share by capacity factor, and
+    the busiest expert over the mean (second half of the steps)."""
+    balance: object
+    gate: str
+    E: int
+    k: int
+    load: list
+    losses: list
+    aux_losses: list
+    train_dropped_share: float
+    dropped_share: dict
+    imbalance: float
+
+
 def balance_study(balance="aux", n_experts: int = 8, top_k: int = 2, steps: int = 60,
                   batch: int = 16, seed: int = 0, factors=CAPACITY_FACTORS,
                   gate: str = "softmax", capacity_factor=1.25,
-                  bias_step: float = moe.BIAS_STEP) -> dict:
+                  bias_step: float = moe.BIAS_STEP) -> BalanceStudy:
     """Train ``moe_gpt`` (AdamW) on the corpus with ``balance`` "aux" (the auxiliary loss in
     the objective; ``True`` says the same), "bias" (no auxiliary loss; every MoE layer's
     bias moved after each optimizer step) or "none" (``False``); return the choices each
@@ -81,10 +99,8 @@ def balance_study(balance="aux", n_experts: int = 8, top_k: int = 2, steps: int 
             model(x)
             choices = top_k * x.numel()
             dropped[factor] = sum(m.stats["dropped"] for m in layers) / (choices * len(layers))
-    return {"balance": balance, "gate": gate, "E": n_experts, "k": top_k, "load": load,
-            "losses": losses, "aux_losses": aux,
-            "train_dropped_share": dropped_in_training / train_choices,
-            "dropped_share": dropped, "imbalance": imbalance(load[steps // 2:])}
+    return BalanceStudy(balance, gate, n_experts, top_k, load, losses, aux,
+                        dropped_in_training / train_choices, dropped, imbalance(load[steps // 2:]))
 
 
 def imbalance(load: list[list[int]]) -> float:
@@ -194,8 +210,25 @@ def alltoall_seconds(events) -> float:
     return sum(batches.values())
 
 
+@dataclass
+class LayerTiming:
+    """One rank's ``time_layer``: each timed step's seconds and all-to-all seconds, the first
+    step's output error, routing stats, this rank's load per expert each step, the first
+    step's all-to-all bytes (sent, received, off-rank) against the routing's, and events."""
+    rank: int
+    e: int
+    step_s: list
+    alltoall_s: list
+    output_max_abs_error: float
+    stats: dict
+    load: list
+    bytes: Traffic
+    expected_bytes: Traffic
+    events: list
+
+
 def time_layer(n_experts: int, top_k: int, capacity_factor, b: int, s: int, h: int,
-               steps: int, warmup: int, seed: int = 0, **routing) -> dict:
+               steps: int, warmup: int, seed: int = 0, **routing) -> LayerTiming:
     """On each rank of the world (e = world size): the expert-parallel layer's forward and
     backward, ``warmup`` + ``steps`` times, each step's time and all-to-all time and this
     rank's load per expert (the bias, with ``balance="bias"``, moved after each step by
@@ -229,12 +262,11 @@ def time_layer(n_experts: int, top_k: int, capacity_factor, b: int, s: int, h: i
         ep.zero_grad(set_to_none=True)
         x.grad = None
     stats = first["stats"]
-    return {"rank": rank, "e": dist.get_world_size(), "step_s": step_s, "alltoall_s": a2a_s,
-            "output_max_abs_error": error, "stats": stats, "load": load,
-            "bytes": sent_and_received(first["events"], rank),
-            "expected_bytes": expected_bytes(stats, n_experts, h, x.element_size(),
-                                             return_element_size=_compute_size(x)),
-            "events": first["events"]}
+    return LayerTiming(rank, dist.get_world_size(), step_s, a2a_s, error, stats, load,
+                       sent_and_received(first["events"], rank),
+                       expected_bytes(stats, n_experts, h, x.element_size(),
+                                      return_element_size=_compute_size(x)),
+                       first["events"])
 
 
 def _compute_size(x: torch.Tensor) -> int:

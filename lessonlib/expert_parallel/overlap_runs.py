@@ -1,7 +1,7 @@
 """DualPipe's overlap checked and measured: what the tests and the notebook launch.
 
 What it teaches: hiding the all-to-alls changes when a rank waits, not what it computes.
-``parity`` runs two micro-batches through one expert-parallel MoE block the DualPipe way
+``rank_parity`` runs two micro-batches through one expert-parallel MoE block the DualPipe way
 (B's forward alone, then the F&B slot: A's forward beside B's backward, then A's backward
 alone), with and without overlap, in float64, against the one-process block on every
 rank's micro-batches: outputs, input gradients and weight gradients, and the two runs
@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from lessonlib import comm, device, launcher
 from lessonlib.baseline import grads_as_model, rel_err
-from lessonlib.expert_parallel.groups import ExpertParallelContext, sync_gradients
+from lessonlib.data_parallel.ladder import sync_gradients
+from lessonlib.expert_parallel.groups import ExpertParallelContext, expert_parameters
 from lessonlib.expert_parallel.layer import expert_parallel
 from lessonlib.expert_parallel.overlap import backward, forward, forward_backward
 from lessonlib.models import corpus_config, moe_gpt
@@ -70,7 +71,7 @@ def _slot(block, mbs, overlap: bool):
     return [a, b]
 
 
-def parity(s=8, h=16, heads=2, ffn_mult=2, E=4, k=2, b=2, seed=0) -> dict:
+def rank_parity(s=8, h=16, heads=2, ffn_mult=2, E=4, k=2, b=2, seed=0) -> dict:
     """On each rank: both ways against the one-process block, float64 (module docstring)."""
     ctx, dev = ExpertParallelContext.build(dist.get_world_size()), device.current_device()
     rank, d = dist.get_rank(), dist.get_world_size()
@@ -90,16 +91,16 @@ def parity(s=8, h=16, heads=2, ffn_mult=2, E=4, k=2, b=2, seed=0) -> dict:
                 xgrads.append(d * x.grad)
     report, runs = {"rank": rank}, {}
     for overlap in (False, True):
-        ep = ep_block(full, ctx.ep_group)
+        ep = ep_block(full, ctx.ep.group)
         with comm.ledger() as book:
             trips = _slot(ep, data[rank], overlap)
-        sync_gradients(ep, None, ctx.expert_dp_group, ctx.d)
+        sync_gradients(ep, None, expert_parameters(ep), ctx.edp.group, ctx.d)
         runs[overlap] = [t.out.detach() for t in trips] + [t.x.grad for t in trips] + [
             p.grad for p in ep.parameters()]
         report[overlap] = {
             "output": max(rel_err(t.out, o) for t, o in zip(trips, outs)),
             "input_grad": max(rel_err(t.x.grad, g) for t, g in zip(trips, xgrads)),
-            "grads": _worst(ep, ep_block(grads_as_model(full), ctx.ep_group), "grad"),
+            "grads": _worst(ep, ep_block(grads_as_model(full), ctx.ep.group), "grad"),
             "events": book.events}
     report["overlap_vs_plain"] = max((p - q).abs().max().item()
                                      for p, q in zip(runs[True], runs[False]))
@@ -114,7 +115,7 @@ def timing(reps: int = 8, warmup: int = 1, seed: int = 0, shape: dict | None = N
     ctx, dev = ExpertParallelContext.build(dist.get_world_size()), device.current_device()
     shape = {**TIMING_SHAPE, **(shape or {})}
     b, s, h = shape.pop("b"), shape["s"], shape["h"]
-    block = ep_block(moe_block(**shape, seed=seed, capacity_factor=1.0).to(dev), ctx.ep_group)
+    block = ep_block(moe_block(**shape, seed=seed, capacity_factor=1.0).to(dev), ctx.ep.group)
     gen = torch.Generator().manual_seed(seed + 1 + dist.get_rank())
     # every slot the same micro-batch, so that both ways do the same work: two different
     # ones would route differently and load the ranks unevenly in a different way
@@ -123,7 +124,7 @@ def timing(reps: int = 8, warmup: int = 1, seed: int = 0, shape: dict | None = N
     trip = forward(block, *mb)
     for slot in range(2 * (warmup + reps)):
         overlap = slot % 2 == 1
-        comm.barrier(ctx.ep_group)             # both ranks start the slot together
+        comm.barrier(ctx.ep.group)             # both ranks start the slot together
         with comm.ledger() as book:
             start = time.perf_counter()
             trip = forward_backward(block, *mb, trip, overlap)
@@ -139,8 +140,8 @@ def timing(reps: int = 8, warmup: int = 1, seed: int = 0, shape: dict | None = N
 
 
 def report(reps: int = 8, warmup: int = 1, shape: dict | None = None) -> dict:
-    """One launch's worth: ``parity`` and ``timing``."""
-    return {"parity": parity(), "timing": timing(reps, warmup, shape=shape)}
+    """One launch's worth: ``rank_parity`` and ``timing``."""
+    return {"parity": rank_parity(), "timing": timing(reps, warmup, shape=shape)}
 
 
 @dataclass

@@ -3,7 +3,7 @@
 What it teaches: a distributed job hangs when its ranks stop agreeing on the sequence of
 collectives. ``rank_steps`` is a data-parallel loop on 3 ranks: each step averages the loss
 over the world (for the log), then the gradient over the gradient group. Three switches of
-the bug zoo (``lessonlib.bugs``) plant, on the last rank in the last step, one of the three
+the bug zoo (``lessonlib.bug_switches``) plant, on the last rank in the last step, one of the three
 hangs that PyTorch's Flight Recorder analyzer is built to name:
 
 - ``skipped`` (``hang_skipped_collective``): the gradient all-reduce sits inside a
@@ -16,8 +16,8 @@ hangs that PyTorch's Flight Recorder analyzer is built to name:
 ``diagnose`` switches one on, launches the loop with a short timeout, takes every rank's
 ring from the ``LaunchTimeout`` and asks ``hang_analysis.analyze`` which collective is
 stuck, on which group, and which ranks never came. ``HANGS`` maps each plant to its bug in
-``lessonlib.bugs.BUGS`` (what it is, the symptom, the check and the test that names it);
-``lessonlib.bugzoo.check`` runs the same loop as the zoo's check of each.
+``lessonlib.bug_switches.BUGS`` (what it is, the symptom, the check and the test that names
+it); ``lessonlib.bug_checks.check`` runs the same loop as the zoo's check of each.
 
 Laptop:  ``python -c "from lessonlib.faults import hangs; print(hangs.diagnose('skipped').finding)"``
 GPU box: the same call (not run on NCCL here: on a GPU a size mismatch may read garbage
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lessonlib import bugs, comm
+from lessonlib import bug_switches, comm
 from lessonlib.device import current_device
 from lessonlib.faults.hang_analysis import Finding, analyze, analyze_torch
 from lessonlib.launcher import LaunchTimeout, launch
@@ -50,7 +50,7 @@ PLANTS = tuple(HANGS)
 
 
 def rank_steps(steps: int = 3, bad: int | None = None) -> float:
-    """The loop; a hang switched on in the bug zoo (``lessonlib.bugs``) strikes on rank
+    """The loop; a hang switched on in the bug zoo (``lessonlib.bug_switches``) strikes on rank
     ``bad`` (default: the last) at the last step."""
     rank, world = dist.get_rank(), dist.get_world_size()
     bad = world - 1 if bad is None else bad
@@ -60,14 +60,14 @@ def rank_steps(steps: int = 3, bad: int | None = None) -> float:
         loss = torch.tensor([float(rank + step)], device=dev)
         grad = torch.full((4,), float(rank * step), device=dev)
         strikes = rank == bad and step == steps - 1
-        if strikes and bugs.active("hang_mismatched_size"):
+        if strikes and bug_switches.active("hang_mismatched_size"):
             grad = grad[:3]                          # BUG: a row short (a bucket cut elsewhere)
-        if strikes and bugs.active("hang_reordered_collectives"):
+        if strikes and bug_switches.active("hang_reordered_collectives"):
             comm.all_reduce(grad, group=grads)       # BUG: the gradient before the loss
             comm.all_reduce(loss)
             continue
         comm.all_reduce(loss)
-        if not (strikes and bugs.active("hang_skipped_collective")):  # BUG: goes past it
+        if not (strikes and bug_switches.active("hang_skipped_collective")):  # BUG: goes past it
             comm.all_reduce(grad, group=grads)
     return loss.item()
 
@@ -84,7 +84,7 @@ class Diagnosis:
 
 def planted(plant: str | None):
     """A block in which hang ``plant``'s switch is on (None: as the switches are now)."""
-    return bugs.enabled(HANGS[plant]) if plant is not None else nullcontext()
+    return bug_switches.enabled(HANGS[plant]) if plant is not None else nullcontext()
 
 
 def diagnose(plant: str | None, timeout: float = TIMEOUT_S, bad: int | None = None,

@@ -62,7 +62,7 @@ class Entry:
 FIELDS = [f.name for f in fields(Entry)]
 
 
-class Recorder:
+class FlightRecorder:
     """This rank's ring: ``post`` an entry, ``done`` when its call returns. An entry is
     written as a JSON list in ``FIELDS`` order, its state last, so that marking it
     completed rewrites one slot from the text already made."""
@@ -125,7 +125,7 @@ def recorder() -> Recorder | None:
         for old in _recorders.values():      # a ring of an earlier launch in this process
             os.close(old.fd)
         _recorders.clear()
-        _recorders[folder] = Recorder(Path(folder) / f"rank{rank}.flight", size, rank)
+        _recorders[folder] = FlightRecorder(Path(folder) / f"rank{rank}.flight", size, rank)
     return _recorders[folder]
 
 

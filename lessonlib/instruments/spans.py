@@ -13,6 +13,14 @@ does not serialise what it measures). Where the spans of several ranks must line
 caller aligns them (a barrier, an agreed origin) and says where this rank's start falls.
 ``no_record`` is the recorder that records nothing, the default of every core.
 
+One pattern for every recorder of the course: a core takes ``record`` (a phase scoped by one
+``with``) or ``recorder`` (an object the core tells what it does), ``no_record`` by default;
+the one that measures is ``<What>Recorder`` in its strategy package's ``recorder.py``
+(``model_parallel.recorder.LineRecorder``, ``pipeline.recorder.StageRecorder``,
+``data_parallel.recorder.BucketRecorder``, ``context_parallel.recorder.RingRecorder``,
+``hybrid.recorder.StepRecorder``), built by the caller, handed in, and read after the work
+with ``read()`` or its rows.
+
 Laptop:  ``python -c "from lessonlib.instruments.spans import Timeline; t = Timeline(); t.start();
          s = t.span('F'); s.__enter__(); s.__exit__(None, None, None); print(t.read())"``
 GPU box: the same (pure Python over ``device.mark``).

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -147,8 +148,16 @@ def main(rank, payload, world_size, backend, workdir, timeout, caller_pid, envir
     os._exit(code)
 
 
-def demo_rank_sum() -> dict:
+@dataclass(frozen=True)
+class RankSum:
+    """What ``demo_rank_sum`` returns on one rank: who it is, of how many, the sum it got."""
+    rank: int
+    world_size: int
+    sum: float
+
+
+def demo_rank_sum() -> RankSum:
     """The smallest distributed program: every rank adds its rank into one all-reduce."""
     x = torch.tensor([float(dist.get_rank())], device=device.current_device())
     comm.all_reduce(x)
-    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "sum": x.item()}
+    return RankSum(dist.get_rank(), dist.get_world_size(), x.item())

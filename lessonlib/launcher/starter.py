@@ -34,12 +34,12 @@ from lessonlib.launcher import folders, forkserver
 # What every rank would otherwise import again: torch, and the lessons' own rooms (their
 # imports pull in DTensor and torch's pipelining too, about 2 s together). Safe to preload:
 # the server restarts whenever a lessonlib file changes. A caller that imports only the
-# one builder (hybrid_axes, as notebook 15 does) trains too: without it there, each of its
+# one builder (hybrid, as notebook 15 does) trains too: without it there, each of its
 # 8 ranks imported torch._dynamo for its first optimizer (5 s a launch on 2 cores).
 BASE = ["torch", "torch.distributed", "torch.nn", "torch.nn.functional", "cloudpickle",
         "lessonlib.launcher"]
 ROOMS = ["lessonlib.data_parallel.bench", "lessonlib.model_parallel",
-         "lessonlib.tensor_parallel.runs", "lessonlib.pipeline.runs", "lessonlib.hybrid_axes",
+         "lessonlib.tensor_parallel.layer_runs", "lessonlib.pipeline.schedule_runs",
          "lessonlib.hybrid"]
 # torch.optim imports torch._dynamo when a process builds its first optimizer (about 2 s of
 # CPU): preloaded for a caller that trains (it imported a room, or built an optimizer), so

@@ -49,7 +49,7 @@ import torch
 
 from lessonlib import device
 from lessonlib.grid_layout import placements
-from lessonlib.hybrid_axes.runs import step_losses
+from lessonlib.hybrid.layout_runs import step_losses
 from lessonlib.long_run import checkpoint
 from lessonlib.long_run.checkpoint_folder import MANIFEST
 from lessonlib.models import GPTConfig
@@ -144,8 +144,8 @@ def load(found: dict, cfg: GPTConfig, layout: Layout, rank: int, names: list[str
     stateful = found["meta"].get("optimizer", "adamw") != "sgd"     # SGD keeps no state
     params, param_masks = _empty(new["model"], dtype, where), _masks(new["model"], where)
     moment_masks = _masks(new["moments"], where) if stateful else []
-    moments, scalars, last = {}, {}, []
-    for old_rank, pl in enumerate(placements(old.d, old.p, old.t, None, old.c, old.e, old.order)):
+    moments, scalars, last_coords, last_losses = {}, {}, [], []
+    for old_rank, pl in enumerate(placements(old.d, old.p, old.t, None, old.c, old.e)):
         had = held(old, cfg, old_rank)
         todo = _lacking(new["model"], param_masks, had["model"])
         todo_moments = _lacking(new["moments"], moment_masks, had["moments"]) if stateful else []
@@ -154,7 +154,8 @@ def load(found: dict, cfg: GPTConfig, layout: Layout, rank: int, names: list[str
             continue
         shard = open_mapped(found, old_rank)                  # one old shard at a time
         if keeps_losses:                                      # the last stage keeps the losses
-            last.append({"coords": shard["coords"], "losses": shard["losses"]})
+            last_coords.append(shard["coords"])
+            last_losses.append(shard["losses"])
         tensors, states = list(shard["model"].values()), shard["optimizer"]["state"]
         for i, j, (mine, theirs, box) in todo:
             box_view(params[i], mine, box).copy_(box_view(tensors[j], theirs, box))
@@ -179,4 +180,5 @@ def load(found: dict, cfg: GPTConfig, layout: Layout, rank: int, names: list[str
                  **{key: tensors[i] for key, tensors in moments.items()}}
              for i in range(len(new["moments"])) if moments or scalars}
     return {"model": dict(zip(names, params)), "optimizer": {"state": state},
-            "step": found["step"], "losses": [[loss] for loss in step_losses(last)]}
+            "step": found["step"],
+            "losses": [[loss] for loss in step_losses(last_coords, last_losses)]}

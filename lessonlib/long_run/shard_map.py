@@ -23,10 +23,10 @@ Copying between two layouts is then box against box (``copy_overlap``): where a 
 new rank stores meets a box an old shard stores, the intersection is one slice of each, and
 nothing else is read or written. A rank never builds a full tensor.
 
-The rank order of the layout (``grid_layout``: lesson 05's ``view(d, p, t)`` or
-Megatron-Core's, which the five-axis trainer uses) says which coordinates a rank has; lesson
-05's trainer fuses q, k and v into one qkv tensor at every t, the five-axis one only when it
-splits them (t > 1), as a plain block keeps them apart.
+The grid's one rank order (``grid_layout.ORDER``: ``view(d, p, c, t)``) says which
+coordinates a rank has; the hybrid trainer splits every block, even over t = 1, so q, k and v
+are one qkv tensor at every t. A checkpoint whose manifest names another rank order (saved
+before the grid had one) cannot be mapped, and ``Layout.of`` says so in one line.
 
 Laptop:  ``python -c "from lessonlib import shard_map as S; from lessonlib.models import
          LONG_RUN; print(S.held(S.Layout(1, 2, 2, 1, 1, 'zero1'), LONG_RUN, 1)['moments'][0])"``
@@ -42,8 +42,9 @@ from typing import NamedTuple
 import torch
 
 from lessonlib.data_parallel.sharded import flat_ranges, shard_rows
-from lessonlib.grid_layout import LESSON_ORDER, axis_groups, parse_axes, placements
-from lessonlib.hybrid_axes.build import N_EXPERTS, make_model, stage_counts
+from lessonlib.grid_layout import ORDER, axis_groups, parse_axes, placements
+from lessonlib.hybrid.build import make_model, stage_counts
+from lessonlib.hybrid.checks import N_EXPERTS
 from lessonlib.models import GPTConfig
 
 # How ``tensor_parallel.parallelize_block`` splits a transformer layer over t ranks: each
@@ -64,31 +65,29 @@ _LOCAL = {source: (local, sources, dim)
 @dataclass(frozen=True)
 class Layout:
     """A run's layout as its checkpoint records it: the five axes, the data-parallel
-    sharding, the rank order and whether the model is the MoE tiny GPT."""
+    sharding and whether the model is the MoE tiny GPT."""
     t: int
     c: int
     p: int
     d: int
     e: int = 1
     shard: str = "none"
-    order: str = LESSON_ORDER
     moe: bool = False
 
     @classmethod
     def of(cls, meta: dict) -> "Layout":
-        """From a manifest's ``meta``: a (t, p, d) run's has no shard, order nor moe."""
+        """From a manifest's ``meta``: a (t, p, d) run's has no shard nor moe. ValueError
+        for a checkpoint saved in another rank order than the grid's."""
+        if meta.get("order", ORDER) != ORDER:
+            raise ValueError(f"it was saved with the ranks in the order {meta['order']!r}, "
+                             f"which this course no longer lays out (its one order is "
+                             f"{ORDER!r}); start a new run in a new checkpoint folder")
         t, c, p, d, e = parse_axes(meta["layout"])
-        return cls(t, c, p, d, e, meta.get("shard", "none"), meta.get("order", LESSON_ORDER),
-                   bool(meta.get("moe", False)))
+        return cls(t, c, p, d, e, meta.get("shard", "none"), bool(meta.get("moe", False)))
 
     @property
     def world(self) -> int:
         return self.t * self.c * self.p * self.d
-
-    @property
-    def fused(self) -> bool:
-        """Whether a block holds q, k and v as one qkv tensor (see the module docstring)."""
-        return self.order == LESSON_ORDER or self.t > 1
 
 
 class Segment(NamedTuple):
@@ -108,8 +107,8 @@ def dense_shapes(cfg: GPTConfig, moe: bool = False) -> dict[str, torch.Size]:
     return {name: q.shape for name, q in model.named_parameters()}
 
 
-def placement(cfg: GPTConfig, t: int, p: int, pp_rank: int, tp_rank: int, fused: bool = True,
-              moe: bool = False, e: int = 1, ep_rank: int = 0) -> dict[str, list]:
+def placement(cfg: GPTConfig, t: int, p: int, pp_rank: int, tp_rank: int, moe: bool = False,
+              e: int = 1, ep_rank: int = 0) -> dict[str, list]:
     """Each tensor of the stage at (pp_rank, tp_rank, ep_rank) -> its pieces ``(full name,
     dim, start, stop)``, in the stage's parameter order (lesson 05's local names)."""
     shapes, counts = dense_shapes(cfg, moe), stage_counts(cfg.layers, p)
@@ -125,7 +124,7 @@ def placement(cfg: GPTConfig, t: int, p: int, pp_rank: int, tp_rank: int, fused:
                 _, _, g, rest = inner.split(".", 3)
                 if int(g) // local_experts == ep_rank:
                     out[f"{i}.mlp.experts.{int(g) % local_experts}.{rest}"] = [(name, 0, 0, shape[0])]
-            elif inner in _LOCAL and (fused or len(_LOCAL[inner][1]) == 1):
+            elif inner in _LOCAL:
                 local, sources, dim = _LOCAL[inner]
                 if f"{i}.{local}" not in out:                          # q, k, v: once, at q
                     n = shape[dim] // t
@@ -191,7 +190,7 @@ class Held(NamedTuple):
 
 def data_parallel_place(layout: Layout, rank: int) -> tuple[int, int]:
     """(this rank's index, the size) of its dp_cp group: the d*c ranks holding one stage."""
-    groups = axis_groups(layout.d, layout.p, layout.t, layout.c, layout.e, layout.order)
+    groups = axis_groups(layout.d, layout.p, layout.t, layout.c, layout.e)
     group = next(sorted(g) for g in groups.get("dp_cp", groups["dp"]) if rank in g)
     return group.index(rank), len(group)
 
@@ -199,9 +198,9 @@ def data_parallel_place(layout: Layout, rank: int) -> tuple[int, int]:
 def held(layout: Layout, cfg: GPTConfig, rank: int) -> dict[str, list[Held]]:
     """What ``rank`` of ``layout`` stores: ``model`` (its parameters, in order) and
     ``moments`` (each optimizer state tensor shaped like a parameter, by state index)."""
-    pl = placements(layout.d, layout.p, layout.t, None, layout.c, layout.e, layout.order)[rank]
+    pl = placements(layout.d, layout.p, layout.t, None, layout.c, layout.e)[rank]
     shapes = dense_shapes(cfg, layout.moe)
-    stage = list(placement(cfg, layout.t, layout.p, pl.pp, pl.tp, layout.fused, layout.moe,
+    stage = list(placement(cfg, layout.t, layout.p, pl.pp, pl.tp, layout.moe,
                            layout.e, pl.ep).values())
     sizes = [local_shape(shapes, pieces) for pieces in stage]
     whole = [Held(size, segments(pieces, size, 0, math.prod(size)))

@@ -16,11 +16,12 @@ checkpoint saved on another (t, p, d) layout (or world size, or m) is resharded 
 continues up to float rounding (the new layout sums in another order).
 
 Beyond (t, p, d): with ``cp``, ``ep`` (the MoE tiny GPT), ``sp`` or ``shard="zero1"|"fsdp"``
-the same ``hybrid_axes.HybridTrainer`` trains (float32, AdamW or SGD, Megatron-Core's
-rank order); each rank saves what it holds (under FSDP its weights' row shards, under
+the same ``hybrid.HybridTrainer`` trains (float32, AdamW or SGD), through the same step
+loop (``hybrid.train``) with this module's per-step hook (the finite check, the loss history,
+the saves); each rank saves what it holds (under FSDP its weights' row shards, under
 ZeRO-1 the optimizer state of its range), the manifest records the five axes
-(``t1c2p2d1``), the sharding and the order, and a resume on any other layout, five-axis or
-not, is resharded the same way. A (t, p, d) run, and its checkpoints, are what they were.
+(``t1c2p2d1``) and the sharding, and a resume on any other layout, five-axis or not, is
+resharded the same way. Every layout lays its ranks out in the grid's one rank order.
 
 ``fail_at=(rank, step)`` makes that rank raise at that step, to watch the failure (the
 launcher names the rank and stops the others) and the resume.
@@ -43,16 +44,18 @@ from lessonlib import comm, device
 from lessonlib.argcheck import positive_int
 from lessonlib.data import corpus_tokens, lm_batch
 from lessonlib.grid import ParallelContext
-from lessonlib.grid_layout import MEGATRON_ORDER, check_grid
 from lessonlib.grid_layout import layout_name, parse_layout
-from lessonlib.hybrid_axes.build import check_axes, check_3d_layout, make_model
-from lessonlib.hybrid_axes.runs import step_losses
-from lessonlib.hybrid_axes.trainer import HybridTrainer
-from lessonlib.instruments.breadcrumbs import progress
+from lessonlib.hybrid.build import make_model
+from lessonlib.hybrid.checks import check_layout
+from lessonlib.hybrid.layout_runs import step_losses
+from lessonlib.hybrid.recorder import StepRecorder
+from lessonlib.hybrid.trainer import HybridTrainer
+from lessonlib.hybrid.trainer import train as train_steps
+from lessonlib.instruments.spans import no_record
 from lessonlib.lab import labkit
 from lessonlib.long_run import checkpoint, checkpoint_folder, folder_lock, reshard, restart
 from lessonlib.long_run.shard_map import Layout
-from lessonlib.models import LONG_RUN, GPTConfig, TinyGPT
+from lessonlib.models import LONG_RUN, GPTConfig
 
 SMALL = {k: getattr(LONG_RUN, k) for k in ("vocab", "seq", "hidden", "heads", "layers")}
 # How the work is split: a checkpoint saved with other values is resharded, not refused.
@@ -83,8 +86,7 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
     """The run's settings, checked (ValueError naming the setting) before any process.
     ``layout`` is ``"t<t>p<p>d<d>"`` (default: ``default_layout``) on the world's t*p*d
     ranks, or on t*c*p*d with ``cp``, ``ep`` (the MoE tiny GPT: ``moe``, implied by ep > 1),
-    ``shard`` (``"zero1"``, ``"fsdp"``) or ``sp``: then ``HybridTrainer`` trains
-    it, in Megatron-Core's rank order, and its manifest records those axes."""
+    ``shard`` (``"zero1"``, ``"fsdp"``) or ``sp``: then its manifest records those axes."""
     for name, value in (("steps", steps), ("checkpoint_every", checkpoint_every),
                         ("keep", keep)):
         positive_int(name, value)
@@ -100,50 +102,29 @@ def plan(world_size: int, layout: str | None = None, model: dict | None = None,
         raise ValueError(f"cp={cp} must divide world_size={world_size} (c ranks share each "
                          f"sequence)")
     t, p, d = parse_layout(layout) if layout else default_layout(world_size // cp, cfg, ep)
-    check_grid(world_size, d, p, t, cp=cp, ep=ep)
-    check_3d_layout(cfg, d, p, t, global_batch, m)
+    check_layout(cfg, dp=d, pp=p, cp=cp, tp=t, ep=ep, global_batch=global_batch, m=m,
+                 shard_on=shard, sp=sp, moe=axes["moe"], world_size=world_size)
     # What the shards depend on; the step count and checkpoint cadence may change on resume.
-    meta = {"layout": layout_name(t, p, d, cp, ep), "model": model, "global_batch": global_batch,
-            "m": m, "lr": lr, "optimizer": optimizer, "seed": seed}
+    meta = {"layout": layout_name(dp=d, pp=p, tp=t, cp=cp, ep=ep), "model": model,
+            "global_batch": global_batch, "m": m, "lr": lr, "optimizer": optimizer, "seed": seed}
     if axes != PLAIN:
-        _check_axes(cfg, t, p, d, axes, global_batch, m, world_size)
-        meta |= {"shard": shard, "sp": sp, "order": MEGATRON_ORDER} | (
+        meta |= {"shard": shard, "sp": sp} | (
             {"moe": True} if axes["moe"] else {})
     return {**meta, "layout": (t, p, d), "axes": axes, "world_size": world_size,
             "steps": steps, "checkpoint_dir": str(checkpoint_dir),
             "checkpoint_every": checkpoint_every, "keep": keep, "meta": meta}
 
 
-def _check_axes(cfg: GPTConfig, t: int, p: int, d: int, axes: dict, global_batch: int,
-                m: int, world_size: int) -> None:
-    check_axes(cfg, t, axes["cp"], p, d, axes["ep"], axes["shard"], global_batch, m,
-               world_size, axes["sp"])
-    if axes["ep"] > 1 and not axes["moe"]:
-        raise ValueError(f"ep={axes['ep']} needs experts: use moe=True (the MoE tiny GPT)")
-    if axes["sp"] and axes["moe"]:
-        raise ValueError("sp=True with moe=True: sequence parallelism is not combined with "
-                         "MoE blocks here; use sp=False")
-
-
-def build_trainer(settings: dict):
-    """Rank side: (context, trainer): ``HybridTrainer`` on lesson 05's grid for a (t, p, d)
-    run, on Megatron-Core's order for any other (same model, float32)."""
+def build_trainer(settings: dict, recorder=no_record):
+    """Rank side: (context, trainer): ``HybridTrainer`` on the grid, float32, its step's
+    phases scoped by ``recorder``."""
     cfg, (t, p, d) = GPTConfig(**settings["model"]), settings["layout"]
     axes = settings.get("axes", PLAIN)
-    if axes == PLAIN:
-        ctx = ParallelContext.build(d, p, t)
-        return ctx, HybridTrainer(TinyGPT(cfg, settings["seed"]), ctx, settings["m"],
-                                  settings["global_batch"], settings["lr"],
-                                  optimizer=settings["optimizer"])
-    ctx = ParallelContext.build(d, p, t, cp=axes["cp"], ep=axes["ep"], order=MEGATRON_ORDER)
-    model = make_model(cfg, axes["moe"], settings["seed"]).float()
-    return ctx, HybridTrainer(model, ctx, settings["m"], settings["global_batch"],
-                              settings["lr"], axes["shard"], axes["sp"], settings["optimizer"])
-
-
-def _step(trainer, x, y) -> dict:
-    """One training step, timed (no barrier, no per-action timing: one host sync at the end)."""
-    return trainer.step(x, y)
+    ctx = ParallelContext.build(d, p, t, cp=axes["cp"], ep=axes["ep"])
+    return ctx, HybridTrainer(make_model(cfg, axes["moe"], settings["seed"]), ctx,
+                              settings["m"], settings["global_batch"], settings["lr"],
+                              axes["shard"], axes["sp"], settings["optimizer"],
+                              recorder=recorder)
 
 
 def _optimizer(trainer):
@@ -164,9 +145,9 @@ def _agreed_resume(settings: dict, resume: dict | None) -> dict | None:
 
 def _restore(trainer, ctx: ParallelContext, settings: dict, resume: dict):
     """Load this rank's share of ``resume``: its own shard on the same layout (the five
-    axes, the sharding and the rank order), else the pieces of the old shards it needs
+    axes and the sharding), else the pieces of the old shards it needs
     (``reshard``). Returns (step, loss history)."""
-    same = ("layout", "shard", "order")
+    same = ("layout", "shard")
     optimizer = _optimizer(trainer)
     if all(resume["meta"].get(k) == settings["meta"].get(k) for k in same):
         state = checkpoint.load(resume["path"], ctx.rank, manifest=resume)
@@ -208,7 +189,8 @@ def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None =
     it was saved on another layout), train to the last step, saving every
     ``checkpoint_every`` steps and at the end; stop with ``Diverged`` at a non-finite loss."""
     cfg = GPTConfig(**settings["model"])
-    ctx, trainer = build_trainer(settings)
+    books = StepRecorder(align=False)       # no barrier, no per-action timing: the step's seconds
+    ctx, trainer = build_trainer(settings, books)
     start, history = 0, []
     torch.manual_seed(settings["seed"] + ctx.rank)  # reproducible, and restored on resume
     resume = _agreed_resume(settings, resume)
@@ -216,16 +198,17 @@ def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None =
         start, history = _restore(trainer, ctx, settings, resume)
     tokens, _ = corpus_tokens()
     seconds, saves, every = [], [], settings["checkpoint_every"]
-    for step in range(start, settings["steps"]):
-        progress(f"step {step + 1} of {settings['steps']}")
+
+    def batches(step: int):
         if fail_at == (ctx.rank, step + 1):
             raise RuntimeError(f"a simulated failure of rank {ctx.rank} at step {step + 1}")
-        x, y = lm_batch(tokens, settings["global_batch"], cfg.seq, step, settings["seed"])
-        out = _step(trainer, x, y)
+        return lm_batch(tokens, settings["global_batch"], cfg.seq, step, settings["seed"])
+
+    def on_step(step: int, out) -> None:
         saving = (step + 1) % every == 0 or step + 1 == settings["steps"]
-        _check_finite(out["losses"], trainer, step + 1, saving, settings)
-        history.append(out["losses"])
-        seconds.append(out["seconds"])
+        _check_finite(out.losses, trainer, step + 1, saving, settings)
+        history.append(out.losses)
+        seconds.append(books.read()[1])
         if saving:
             state = {"model": trainer.stage.state_dict(),
                      "optimizer": _optimizer(trainer).state_dict(),
@@ -235,6 +218,8 @@ def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None =
             checkpoint.save(settings["checkpoint_dir"], step + 1, state, settings["meta"],
                             settings["keep"])
             saves.append(time.perf_counter() - began)
+
+    train_steps(trainer, batches, settings["steps"], on_step, start=start)
     return {"rank": ctx.rank, "coords": ctx.coords, "losses": history, "seconds": seconds,
             "saves": saves, "param_count": sum(q.numel() for q in trainer.params),
             "info": labkit.rank_info()}
@@ -243,7 +228,7 @@ def train(settings: dict, resume: dict | None, fail_at: tuple[int, int] | None =
 def summary(ranks: list[dict], settings: dict, resume: dict | None) -> dict:
     """Caller side: the whole loss curve (the global batch's mean loss per step, from the
     first step, including the steps before a resume), times, and where the checkpoint is."""
-    losses = step_losses(ranks)
+    losses = step_losses([r["coords"] for r in ranks], [r["losses"] for r in ranks])
     seconds = [max(r["seconds"][i] for r in ranks) for i in range(len(ranks[0]["seconds"]))]
     found = checkpoint.latest(settings["checkpoint_dir"])
     return {"losses": losses, "first_loss": losses[0], "last_loss": losses[-1],

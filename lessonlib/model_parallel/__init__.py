@@ -15,8 +15,8 @@ in seconds from a barrier that lines the ranks up, the bytes of parameters it ho
 bytes of activations autograd kept for its backward pass. All ranks measure from one origin
 on the wall clock (the earliest rank's time after the barrier), so on one machine their
 timelines line up exactly; across machines, as well as their clocks agree.
-``single_process`` trains the same model on the same batches in one process; ``parity``
-compares the two.
+``single_process`` trains the same model on the same batches in one process;
+``compare_parity`` compares the two.
 
 Every message goes through ``lessonlib.comm`` (p2p ``dst``/``src`` are global ranks). With a
 world of n ranks and p dividing n, ranks form n/p independent lines of p consecutive ranks;
@@ -32,8 +32,8 @@ Read in this order, each file one idea:
 * ``recorder``: ``LineRecorder``, what the line measures, handed to ``stage_step`` from
   outside: each phase one span on a clock all ranks share, and the activations the forward
   keeps for backward;
-* ``runs``: the same training in one process, ``parity`` against it, and the line's idle
-  share, step time and bytes per stage (``summarize``, ``line_record``).
+* ``line_runs``: the same training in one process, ``compare_parity`` against it, and the
+  line's idle share, step time and bytes per stage (``summarize``, ``line_record``).
 
 Laptop:  ``python -c "from lessonlib import model_parallel as mp;
          print(mp.summarize(mp.run_assembly_line(4, model='mlp')))"``
@@ -43,9 +43,10 @@ from lessonlib.model_parallel.line import (MODEL_KINDS, assembly_line, boundary_
                                           check_line, loss_of, make_batch, make_model,
                                           run_assembly_line, stage_step)
 from lessonlib.model_parallel.recorder import LineRecorder
-from lessonlib.model_parallel.runs import (idle_fraction, line_record, parity, single_process,
-                                          summarize)
+from lessonlib.model_parallel.line_runs import (compare_parity, idle_fraction, line_record,
+                                                single_process, summarize)
 
 __all__ = ["MODEL_KINDS", "assembly_line", "boundary_shape", "check_line", "loss_of",
            "make_batch", "make_model", "run_assembly_line", "stage_step", "LineRecorder",
-           "idle_fraction", "line_record", "parity", "single_process", "summarize"]
+           "idle_fraction", "line_record", "compare_parity", "single_process",
+           "summarize"]

@@ -13,6 +13,8 @@ GPU box: the same call runs one stage per GPU over NCCL; under torchrun use ``le
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -100,9 +102,27 @@ def run_assembly_line(world_size: int, p: int | None = None, timeout: float = 12
     return launch(assembly_line, world_size, p=p, timeout=timeout, **settings)
 
 
+@dataclass
+class LineResult:
+    """One rank's ``assembly_line``: its stage (None: a rank outside every line) of p, its
+    layers, the timeline and per-op message summary of the timed steps, the losses (the
+    last stage's), its parameter and stashed activation bytes, and its final weights by the
+    one-process model's names."""
+    rank: int
+    stage: int | None
+    p: int
+    layers: list = field(default_factory=list)
+    timeline: list = field(default_factory=list)
+    losses: list = field(default_factory=list)
+    messages: dict = field(default_factory=dict)
+    param_bytes: int = 0
+    stash_bytes: int = 0
+    state: dict = field(default_factory=dict, repr=False)
+
+
 def assembly_line(model: str = "gpt", p: int | None = None, steps: int = 3, warmup: int = 1,
                   batch: int = 8, lr: float = 0.05, seed: int = 0, lines: int | None = None,
-                  **shape) -> dict:
+                  **shape) -> LineResult:
     """Train ``make_model(model, seed, **shape)`` split over p ranks for warmup + steps SGD
     steps; return this rank's stage, timeline and messages of the timed steps, memory and
     final weights. Ranks outside the first ``lines`` lines return ``stage`` None."""
@@ -111,9 +131,9 @@ def assembly_line(model: str = "gpt", p: int | None = None, steps: int = 3, warm
     stage, dev = rank % p, device.current_device()
     if lines is not None and rank >= lines * p:   # sit out, but join the clock's collectives
         LineRecorder(dev).start_aligned()
-        return {"rank": rank, "stage": None, "p": p}
+        return LineResult(rank, None, p)
     full = make_model(model, seed, **shape)
-    layer_ids = split_summary(full, p)[stage]["layers"]
+    layer_ids = split_summary(full, p)[stage].layers
     part = split_layers(full, p)[stage].to(dev)   # keep this stage's layers ...
     del full                                      # ... and let the rest go
     opt = torch.optim.SGD(part.parameters(), lr=lr)
@@ -142,10 +162,9 @@ def assembly_line(model: str = "gpt", p: int | None = None, steps: int = 3, warm
     spans, stash_bytes = recorder.read()
     names = {f"{layer_ids[int(n.split('.', 1)[0])]}.{n.split('.', 1)[1]}": t.detach()
              for n, t in part.state_dict().items()}
-    return {"rank": rank, "stage": stage, "p": p, "layers": layer_ids,
-            "timeline": spans, "losses": losses, "messages": book.summary(),
-            "param_bytes": sum(t.numel() * t.element_size() for t in part.parameters()),
-            "stash_bytes": stash_bytes, "state": names}
+    return LineResult(rank, stage, p, layer_ids, spans, losses, book.summary(),
+                      sum(t.numel() * t.element_size() for t in part.parameters()),
+                      stash_bytes, names)
 
 
 def stage_step(part, batch, act, where, model, record=no_record):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lessonlib import bugs
+from lessonlib import bug_switches
 from lessonlib.argcheck import positive_int, positive_number
 
 AUX_ALPHA = 0.01     # Switch Transformer's alpha
@@ -150,7 +150,7 @@ def queue(logits: torch.Tensor, top_k: int, capacity_factor, aux_alpha: float = 
     # a stable sort breaks ties toward the lower expert index: the same on every process
     top_e = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :top_k]
     top_p = affinity.gather(1, top_e)                  # (T, k) weights: no bias in them
-    if bugs.active("moe_bias_in_combine_weights"):
+    if bug_switches.active("moe_bias_in_combine_weights"):
         top_p = scores.gather(1, top_e)                # the bug: the bias leaks into them
     normalise = top_k > 1 or gate == "sigmoid"
     gates = top_p / top_p.sum(-1, keepdim=True) if normalise else top_p
@@ -203,6 +203,6 @@ def bias_update(bias: torch.Tensor, load: torch.Tensor, bias_step: float) -> tor
     mean load, down if above, not at all if equal: b_i + gamma sign(mean - load_i)."""
     load = torch.as_tensor(load, device=bias.device).to(bias.dtype)           # (E,)
     direction = torch.sign(load.mean() - load)
-    if bugs.active("moe_bias_update_sign_flipped"):
+    if bug_switches.active("moe_bias_update_sign_flipped"):
         direction = -direction          # the bug: the busiest expert is made busier
     return bias + bias_step * direction

@@ -9,12 +9,12 @@ One idea per module:
   and ``make(name, p, m, v)`` return, per stage, the ordered actions; ``zero_bubble``:
   ``zero_bubble_h1(p, m)`` and ``zbv(p, m)``, B and W split; ``dualpipe``: ``dualpipev(p, m)``,
   DeepSeek's V with F&B slots, and its README's ``bubble_formula``; all pure Python;
-* ``check`` (static) and ``split_backward`` (B and W on autograd); ``timeline``: the
-  executor's recorder;
-* ``validate``: ``check`` / ``simulate`` a schedule without processes (deadlocks, bubble,
-  peak stash per stage); pure Python;
-* ``rounds``: the executor's transfers grouped in rounds of one ``batch_isend_irecv``
-  each (``lockstep``), and ``check_batches``, which proves such blocking batches never hang;
+* ``validate``: the validator, pure Python, one schedule read once: ``check`` (the static
+  rules), ``simulate`` (deadlocks, bubble, peak stash per stage; ``replay`` on measured
+  times), the executor's transfers grouped in rounds of one ``batch_isend_irecv`` each
+  (``lockstep``) and ``check_batches``, which proves such blocking batches never hang;
+  ``validate``, the one call before running;
+* ``split_backward`` (B and W on autograd); ``recorder``: the executor's recorder (``StageRecorder``; ``no_record``, the default);
 * ``stages``: the chunks each device holds, over ``lessonlib.layer_split``'s cut into p
   (or p*v) balanced stages; ``lessonlib.instruments.activations`` measures what a stage
   keeps for backward;
@@ -22,7 +22,7 @@ One idea per module:
   records a timeline per rank;
 * ``torch_ref``: the same stages under ``torch.distributed.pipelining``;
 * ``runner``: one case's chunks and the engine that steps them (the executor or PyTorch's);
-* ``runs``: the lesson's measurements (what the notebook, the lab and the tests launch);
+* ``schedule_runs``: the lesson's measurements (what the notebook, the lab and the tests launch);
   ``dualpipe_runs``: DualPipeV's (simulated bubble against the formula, parity).
 
 The pure names are importable from here without torch; the others load on first use.
@@ -33,10 +33,9 @@ GPU box: the same; ``labs/pp.py`` under torchrun runs the executor on GPUs.
 import importlib
 
 from lessonlib.pipeline.actions import Action
-from lessonlib.pipeline.check import ScheduleError, check
 from lessonlib.pipeline.dualpipe import dualpipev
 from lessonlib.pipeline.schedules import gpipe, interleaved_one_f_one_b, make, one_f_one_b
-from lessonlib.pipeline.validate import simulate, validate
+from lessonlib.pipeline.validate import ScheduleError, check, simulate, validate
 from lessonlib.pipeline.zero_bubble import zbv, zero_bubble_h1
 
 _LAZY = {"PipelineExecutor": "executor", "StepResult": "executor", "TorchPipeline": "torch_ref",

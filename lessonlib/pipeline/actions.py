@@ -111,6 +111,32 @@ def W(mb: int, chunk: int = 0) -> Action:
     return Action(Kind.W, mb, chunk)
 
 
+class MicrobatchCursor:
+    """The next micro-batch of each kind and chunk, for orders that count per chunk (ZBV,
+    DualPipeV): ``take("F0", "B1")`` is [F(i, 0), B(j, 1)], i and j the first micro-batches
+    not yet taken; ``split("B1")`` takes a B whose W waits in ``held`` until ``held_w()``
+    takes the oldest; ``taken["W1"]`` counts what was taken."""
+
+    def __init__(self):
+        self.taken = {f"{kind}{chunk}": 0 for kind in "FBW" for chunk in (0, 1)}
+        self.held: list[Action] = []
+
+    def take(self, *names: str) -> list[Action]:
+        actions = []
+        for name in names:
+            actions.append(Action(Kind(name[0]), self.taken[name], int(name[1:])))
+            self.taken[name] += 1
+        return actions
+
+    def split(self, name: str) -> list[Action]:
+        b = self.take(name)
+        self.held.append(W(b[0].microbatch, b[0].chunk))
+        return b
+
+    def held_w(self) -> list[Action]:
+        return [self.held.pop(0)] if self.held else []
+
+
 def overlapped(forward: Action, backward: Action) -> list[Action]:
     """One F&B slot: ``forward`` (an F) marked to run beside ``backward`` (a B)."""
     if forward.kind != Kind.F or backward.kind != Kind.B:

@@ -31,51 +31,35 @@ GPU box: the same; a schedule does not depend on the hardware it runs on.
 """
 from __future__ import annotations
 
-from lessonlib.pipeline.actions import (B, F, Schedule, W, add_communication, check_schedule_args,
-                                        describe, overlapped)
+from lessonlib.pipeline.actions import (MicrobatchCursor, Schedule, add_communication,
+                                        check_schedule_args, describe, overlapped)
 
 
 def dualpipev_order(p: int, m: int, stage: int) -> list:
     """Device ``stage``'s compute order under DualPipeV (steps 1-8 of the module docstring,
     as PyTorch 2.13's ``ScheduleDualPipeV._calculate_single_rank_operations``)."""
     check_schedule_args(p, m, 2, stage=stage)
-    d, order, queue = stage, [], []              # queue: split B's whose W is still to run
-    nxt = {(kind, c): 0 for kind in "FB" for c in (0, 1)}
-
-    def take(kind, chunk):                       # the next micro-batch's F or B of a chunk
-        nxt[kind, chunk] += 1
-        return (F if kind == "F" else B)(nxt[kind, chunk] - 1, chunk)
-
-    def split(chunk):                            # a B whose W is held back
-        b = take("B", chunk)
-        queue.append(W(b.microbatch, chunk))
-        return b
-
-    def fb(f_chunk, b_chunk):                    # one F&B slot
-        return overlapped(take("F", f_chunk), take("B", b_chunk))
-
-    order += [take("F", 0) for _ in range(2 * (p - 1 - d))]
+    d, nxt = stage, MicrobatchCursor()
+    order = nxt.take(*["F0"] * (2 * (p - 1 - d)))
     for _ in range(d + 1):
-        order += [take("F", 0), take("F", 1)]
-    def weight():                                # the oldest held-back W, if any
-        return [queue.pop(0)] if queue else []
-
+        order += nxt.take("F0", "F1")
     for _ in range(p - 1 - d):
-        order += [split(1), *weight(), take("F", 1)]
+        order += nxt.split("B1") + nxt.held_w() + nxt.take("F1")
     for i in range(m - 2 * p + d + 1):
-        first = [take("F", 0), take("B", 1)] if i == 0 and d == p - 1 else fb(0, 1)
-        order += first + fb(1, 0)
+        first = nxt.take("F0", "B1")
+        order += (first if i == 0 and d == p - 1 else overlapped(*first))
+        order += overlapped(*nxt.take("F1", "B0"))
     for _ in range(p - 1 - d):
-        order += [take("B", 1), *fb(1, 0)]
+        order += nxt.take("B1") + overlapped(*nxt.take("F1", "B0"))
     zb = False                                   # from the middle on, W split off
     for i in range(d + 1):
         zb = zb or (i == (d + 1) // 2 and d % 2 == 1)
-        order.append(split(1) if zb else take("B", 1))
+        order += nxt.split("B1") if zb else nxt.take("B1")
         zb = zb or (i == (d + 1) // 2 and d % 2 == 0)
-        order.append(split(0) if zb else take("B", 0))
+        order += nxt.split("B0") if zb else nxt.take("B0")
     for _ in range(p - 1 - d):
-        order += [*weight(), split(0)]
-    return order + queue
+        order += nxt.held_w() + nxt.split("B0")
+    return order + nxt.held
 
 
 def dualpipev(p: int, m: int) -> Schedule:

@@ -1,5 +1,8 @@
 """Run a pipeline schedule on real ranks with point-to-point messages, and time every step.
 
+One job: one stage of a validated schedule, run on its rank; its length is one method per
+kind of action and the checks that the stages agree before the first message.
+
 What it teaches: once a schedule is data, running it is a small loop. Each rank is one
 pipeline stage (device) and walks its own action list:
 
@@ -15,10 +18,10 @@ pipeline stage (device) and walks its own action list:
 * SEND_* / RECV_*: posted in batches, one ``comm.batch_isend_irecv`` on the pipeline's group
   between two computes, every request waited on before the next compute.
 
-The batches are grouped in rounds (``rounds.lockstep``), as PyTorch's pipelining
+The batches are grouped in rounds (``validate.lockstep``), as PyTorch's pipelining
 schedules do: in each round every stage runs its next compute, then posts the sends of
 what it computed with the receives of what its neighbours computed in the same round. What
-is guaranteed, on gloo and on NCCL: no deadlock among the batches (``rounds.check_batches``
+is guaranteed, on gloo and on NCCL: no deadlock among the batches (``validate.check_batches``
 plays them for every schedule, run by ``validate``), every send and receive meets its
 partner in order (NCCL pairs point-to-point messages by order), and this rank never has
 NCCL work in flight on two communicators at once. NCCL promises nothing for that case (its
@@ -38,13 +41,13 @@ is made once, when the executor is built, by one all-gather of every stage's (dt
 activation shape) on the group, which also checks that the stages agree.
 
 One method per kind of action (``actions.Kind``). Around the loop, not in it: the recorder
-the executor is handed (``timeline.untimed`` by default; a ``timeline.StepTimeline`` lines the
+the executor is handed (``recorder.no_record`` by default; a ``recorder.StageRecorder`` lines the
 ranks up with a barrier, times every unit and leaves a breadcrumb each) gives the loop its
 units; ``activations.ActivationMeter`` measures what is kept for backward (count, bytes; to W).
 Inside a 3-D grid: ``stage_ranks`` (each stage's global rank), ``group`` and the chunks.
 
-Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
-         print(L.launch(runs.demo, 2))"``
+Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import schedule_runs;
+         print(L.launch(schedule_runs.demo, 2))"``
 GPU box: the same call runs on NCCL with one GPU per stage.
 """
 from __future__ import annotations
@@ -55,15 +58,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from lessonlib import bugs, comm
+from lessonlib import bug_switches, comm
 from lessonlib.argcheck import positive_int
 from lessonlib.device import current_device
 from lessonlib.instruments import activations
 from lessonlib.instruments.spans import Span
 from lessonlib.pipeline.actions import Kind, place, placement_of, virtual_stage
-from lessonlib.pipeline.rounds import lockstep
 from lessonlib.pipeline.split_backward import LayerOutputs, input_grad, weight_grad
-from lessonlib.pipeline.timeline import untimed
+from lessonlib.pipeline.recorder import no_record
 from lessonlib.pipeline.validate import message_of, validate
 
 
@@ -134,11 +136,11 @@ class PipelineExecutor:
                        dtype of this stage's first floating-point parameter)
     recorder:          units -> the units to run, in order, recording what it measures;
                        ``read()`` -> (spans, wall seconds) of the last step (default
-                       ``timeline.untimed``: no barrier, no spans, wall time 0)
+                       ``recorder.no_record``: no barrier, no spans, wall time 0)
     """
 
     def __init__(self, schedule, stage: int, chunks, loss_fn, activation_shape, *,
-                 stage_ranks=None, group=None, dtype=None, device=None, recorder=untimed):
+                 stage_ranks=None, group=None, dtype=None, device=None, recorder=no_record):
         sim = validate(schedule)
         self.p, self.m, self.v = sim.p, sim.m, sim.v
         if not (isinstance(stage, int) and 0 <= stage < self.p):
@@ -164,7 +166,7 @@ class PipelineExecutor:
         self.loss_fn, self.shape = loss_fn, tuple(activation_shape)
         self.ranks, self.group, self.recorder = ranks, group, recorder
         self.device = device or current_device()
-        self.units = lockstep(schedule)[stage]       # computes, and the batches between them
+        self.units = sim.rounds[stage]       # computes, and the batches between them
         self.meter = activations.ActivationMeter(q for c in chunks for q in c.parameters())
         self.last, self.placement = self.p * self.v - 1, placement_of(schedule)
         self.split = {(a.microbatch, a.chunk) for a in self.actions if a.kind == Kind.W}
@@ -217,7 +219,10 @@ class PipelineExecutor:
         per_op = len(works) == len(ops)          # gloo: one handle per op; NCCL: one in all
         for work, op in zip(works, ops):
             receive = per_op and op.op is dist.irecv
-            st.late.append(work) if receive and bugs.active("p2p_dropped_request") else work.wait()
+            if receive and bug_switches.active("p2p_dropped_request"):
+                st.late.append(work)
+            else:
+                work.wait()
         for a, buf in arrivals:
             st.inbox[a.kind.direction, a.microbatch, a.chunk] = buf
 
@@ -238,7 +243,7 @@ class PipelineExecutor:
             loss = self.loss_fn(out, st.ys[mb])
             st.losses[mb] = loss.detach()
             # sum of m scaled losses = the batch's mean loss
-            out = loss if bugs.active("pipeline_loss_unscaled") else loss / self.m
+            out = loss if bug_switches.active("pipeline_loss_unscaled") else loss / self.m
         elif self._neighbour(k + 1) is not None:
             st.inbox["F", mb, self._neighbour(k + 1)] = out.detach()
         st.stash[mb, chunk] = (x, out, outputs)
@@ -249,8 +254,13 @@ class PipelineExecutor:
         k = virtual_stage(self.stage, chunk, self.p, self.placement)
         x, out, layers = st.stash[mb, chunk]
         grad_out = None if k == self.last else st.inbox.pop(("B", mb, chunk))
-        if (mb, chunk) in self.split:         # k = 0: W runs the whole backward from grad_out
-            dx, st.kept[mb, chunk] = input_grad(out, grad_out, x, layers) if k else (None, grad_out)
+        if (mb, chunk) in self.split and k == 0:
+            # The first virtual stage sends no input gradient: nobody waits for its B, so
+            # B computes nothing and W runs the whole backward in one pass (as PyTorch's
+            # stage does), instead of one pass for B and one per layer for W.
+            dx, st.kept[mb, chunk] = None, grad_out
+        elif (mb, chunk) in self.split:
+            dx, st.kept[mb, chunk] = input_grad(out, grad_out, x, layers)
         else:
             del st.stash[mb, chunk]
             torch.autograd.backward(out, grad_out)
@@ -262,10 +272,12 @@ class PipelineExecutor:
 
     def _weight(self, st: _Step, a) -> None:
         key = (a.microbatch, a.chunk)
-        kept, (_, out, _) = st.kept.pop(key), st.stash.pop(key)
+        kept = st.kept.pop(key)
+        _, out, _ = st.stash.pop(key)
         if virtual_stage(self.stage, a.chunk, self.p, self.placement) == 0:
-            return torch.autograd.backward(out, kept)      # B left it the output gradient
-        weight_grad(kept)
+            torch.autograd.backward(out, kept)             # B left it the output gradient
+        else:
+            weight_grad(kept)
 
     def _microbatches(self, inputs, targets) -> tuple[list | None, list | None]:
         xs, ys = (t.to(self.device) if t is not None else None for t in (inputs, targets))

@@ -1,12 +1,13 @@
 """One pipeline case's runner: this stage's chunks and the engine that steps them.
 
 What it teaches: the same cut of the same model runs under lessonlib's executor (its own
-schedule, timed step by step with a ``StepTimeline``) or under PyTorch's own schedules
+schedule, timed step by step with a ``StageRecorder``) or under PyTorch's own schedules
 (``torch.distributed.pipelining``), behind one ``.step(inputs, targets)``; every run of the
 lesson, the lab and the tests builds its runner here, so the two engines are compared on
 exactly the same chunks.
 
-Laptop:  see ``lessonlib.pipeline.runs`` (``measure`` and ``parity`` build their runners here).
+Laptop:  see ``lessonlib.pipeline.schedule_runs`` (``measure`` and ``rank_parity`` build their
+         runners here).
 GPU box: the same; the chunks move to this rank's GPU.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from lessonlib.pipeline.actions import placement_of
 from lessonlib.pipeline.executor import PipelineExecutor
 from lessonlib.pipeline.schedules import make
 from lessonlib.pipeline.stages import stage_modules
-from lessonlib.pipeline.timeline import StepTimeline
+from lessonlib.pipeline.recorder import StageRecorder
 from lessonlib.pipeline.torch_ref import TorchPipeline
 
 
@@ -44,7 +45,7 @@ def make_runner(engine, schedule, model, p, m, v, stage, loss_fn, shape):
               for c in stage_modules(model, p, v, stage, placement=placement_of(sched))]
     if engine == "lessonlib":
         return chunks, PipelineExecutor(sched, stage, chunks, loss_fn, shape,
-                                        recorder=StepTimeline())
+                                        recorder=StageRecorder())
     if engine == "torch":
         return chunks, TorchPipeline(chunks, stage, p, m, schedule, loss_fn)
     raise ValueError(f"engine={engine!r} must be 'lessonlib' or 'torch'")

@@ -24,8 +24,8 @@ To measure PyTorch's run the same way as lessonlib's, the stage module is wrappe
 into the same kind of timeline, with the same clock: marks (CUDA events on a GPU) read
 after one synchronize per step.
 
-Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
-         print(L.launch(runs.demo, 2, engine='torch'))"``
+Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import schedule_runs;
+         print(L.launch(schedule_runs.demo, 2, engine='torch'))"``
 GPU box: the same call runs on NCCL with one GPU per stage.
 """
 from __future__ import annotations

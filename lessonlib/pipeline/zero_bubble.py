@@ -21,6 +21,14 @@ sit idle (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024).
   which no schedule starting from an empty pipeline avoids: a sixth of 1F1B's bubble,
   whatever m (at unequal times more, but still not growing with m). It holds at most 2p
   half-size chunk activations per device: p micro-batches, 1F1B's peak on its first stage.
+  Device d's order, step by step:
+
+  1. warm-up: 2(p - d) - 1 forwards of chunk 0; then d pairs F(chunk 1), F(chunk 0); then
+     p - d rounds F, B, W of chunk 1 (the gradient turns round);
+  2. steady state, until every forward is out: F(chunk 0), B W (chunk 0), F B W (chunk 1):
+     one micro-batch through both chunks, each B followed by its W;
+  3. cool-down: d pairs B(chunk 0), B(chunk 1) with their W's held back, then p - d rounds
+     B, W of chunk 0, and the held-back W's fill the wait at the end.
 
 Both are pure functions like ``one_f_one_b``; ``make("zb-h1", p, m)`` and
 ``make("zbv", p, m, v=2)`` reach them too.
@@ -30,8 +38,8 @@ GPU box: the same; a schedule does not depend on the hardware it runs on.
 """
 from __future__ import annotations
 
-from lessonlib.pipeline.actions import (B, F, Schedule, W, add_communication, check_schedule_args,
-                                        describe)
+from lessonlib.pipeline.actions import (B, F, MicrobatchCursor, Schedule, W, add_communication,
+                                        check_schedule_args, describe)
 
 
 def zero_bubble_h1_order(p: int, m: int, stage: int) -> list:
@@ -61,42 +69,26 @@ def zero_bubble_h1(p: int, m: int) -> Schedule:
 
 
 def zbv_order(p: int, m: int, stage: int) -> list:
-    """Device ``stage``'s compute order under ZB-V (Qi et al. 2024, §6; the order PyTorch's
-    ``ScheduleZBVZeroBubble`` builds). Chunk 0 is virtual stage ``stage``, chunk 1 virtual
-    stage 2p-1-``stage``; n = max(m, 2p-1) micro-batches are laid out, then those >= m dropped.
-
-    1. warm-up: 2(p - stage) - 1 forwards of chunk 0; then ``stage`` pairs F(chunk 1),
-       F(chunk 0); then p - stage rounds F, B, W of chunk 1 (the gradient turns round);
-    2. steady state, until every forward is out: F(chunk 0), B W (chunk 0), F B W (chunk 1):
-       one micro-batch through both chunks, each B followed by its W;
-    3. cool-down: ``stage`` pairs B(chunk 0), B(chunk 1) with their W's held back, then
-       p - stage rounds B, W of chunk 0, and the held-back W's fill the wait at the end."""
+    """Device ``stage``'s compute order under ZB-V (steps 1-3 of the module docstring; the
+    order PyTorch's ``ScheduleZBVZeroBubble`` builds). Chunk 0 is virtual stage ``stage``,
+    chunk 1 virtual stage 2p-1-``stage``; n = max(m, 2p-1) micro-batches are laid out, then
+    those >= m dropped."""
     check_schedule_args(p, m, 2, stage=stage)
-    n = max(m, 2 * p - 1)
-    order = []
-    done = {(kind, c): 0 for kind in "FBW" for c in (0, 1)}     # next micro-batch of each
-
-    def run(kind, chunk, times=1):
-        for _ in range(times):
-            order.append({"F": F, "B": B, "W": W}[kind](done[kind, chunk], chunk))
-            done[kind, chunk] += 1
-
-    run("F", 0, 2 * (p - stage) - 1)
+    n, nxt = max(m, 2 * p - 1), MicrobatchCursor()
+    order = nxt.take(*["F0"] * (2 * (p - stage) - 1))
     for _ in range(stage):
-        run("F", 1), run("F", 0)
+        order += nxt.take("F1", "F0")
     for _ in range(p - stage):
-        run("F", 1), run("B", 1), run("W", 1)
-    while done["F", 1] < done["F", 0] or done["F", 0] < n:
-        if done["F", 0] < n:
-            run("F", 0)
-        run("B", 0), run("W", 0)
-        run("F", 1), run("B", 1), run("W", 1)
+        order += nxt.take("F1", "B1", "W1")
+    while nxt.taken["F1"] < nxt.taken["F0"] or nxt.taken["F0"] < n:
+        if nxt.taken["F0"] < n:
+            order += nxt.take("F0")
+        order += nxt.take("B0", "W0", "F1", "B1", "W1")
     for _ in range(stage):
-        run("B", 0), run("B", 1)
+        order += nxt.take("B0", "B1")
     for _ in range(p - stage):
-        run("B", 0), run("W", 0)
-    run("W", 1, n - done["W", 1])
-    run("W", 0, n - done["W", 0])
+        order += nxt.take("B0", "W0")
+    order += nxt.take(*["W1"] * (n - nxt.taken["W1"]), *["W0"] * (n - nxt.taken["W0"]))
     return [a for a in order if a.microbatch < m]
 
 

@@ -12,7 +12,7 @@ Read in this order, each file one idea:
 * ``linear``: ``Float8Linear`` (forward GEMM in e4m3, both backward GEMMs with the gradient
   in e5m2 or e4m3 as the recipe says, master weights in the module's dtype) and
   ``convert_to_float8``, which keeps the head and routers in high precision;
-* ``runs``: what the lesson measures in one process: each recipe's GEMM error on the tiny
+* ``fp8_runs``: what the lesson measures in one process: each recipe's GEMM error on the tiny
   GPT's activations with and without outlier channels, and loss curves against BF16;
 * ``torchao_ref``: ours against torchao's ``Float8Linear`` (tensorwise, rowwise; its
   blockwise needs a Hopper GPU);
@@ -26,10 +26,10 @@ GPU box: ``python labs/fp8.py`` on an H100: also the FP8 GEMM rate against BF16'
 """
 from lessonlib.precision.fp8 import (E4M3, E5M2, FORMATS, RECIPES, Recipe, Scaled, largest,
                                      quantize, quantize_operand, recipe, relative_step)
+from lessonlib.precision.fp8_runs import (GemmError, LossCurves, fp8_gemm, gemm_errors,
+                                          loss_curves, real_gemm, with_outliers)
 from lessonlib.precision.gemm import scaled_mm
 from lessonlib.precision.linear import Float8Linear, convert_to_float8, float8_layers
-from lessonlib.precision.runs import (GemmError, LossCurves, fp8_gemm, gemm_errors,
-                                      loss_curves, real_gemm, with_outliers)
 
 __all__ = ["E4M3", "E5M2", "FORMATS", "RECIPES", "Recipe", "Scaled", "largest", "quantize",
            "quantize_operand", "recipe", "relative_step", "scaled_mm", "Float8Linear",

@@ -135,7 +135,23 @@ def _step(model, idx, targets, lr: float = 0.1) -> None:
             p.grad = None
 
 
-def gather_bytes(cfg: GPTConfig = TINY, batch: int = 8, seed: int = 0) -> dict:
+@dataclasses.dataclass
+class GatherBytes:
+    """One rank's ``gather_bytes``: the all-gathers' bytes by dtype (``{"torch.bfloat16":
+    n, ...}``) and the amax all-reduces, with bf16 gathers and with FP8 gathers; the
+    elements of this rank's FP8 weight shards; after one SGD step, the largest weight step
+    and the largest difference from one process."""
+    rank: int
+    bf16_gathers: dict
+    bf16_amax_all_reduces: int
+    fp8_gathers: dict
+    fp8_amax_all_reduces: int
+    fp8_shard_elements: int
+    max_weight_step: float
+    max_weight_diff_vs_one_process: float
+
+
+def gather_bytes(cfg: GPTConfig = TINY, batch: int = 8, seed: int = 0) -> GatherBytes:
     """On each rank: the tiny GPT's tensorwise FP8 model under ZeRO-2 with bf16 compute,
     all-gathering its Float8Linear weights in bf16 and as e4m3 (one step each, ledgers by
     dtype: ``bf16_gathers``, ``fp8_gathers``; a rank's payload, its shard), the elements of
@@ -148,7 +164,7 @@ def gather_bytes(cfg: GPTConfig = TINY, batch: int = 8, seed: int = 0) -> dict:
     idx, targets = lm_batch(tokens, batch, cfg.seq, 0, seed)
     mine = shard(idx, rank, n), shard(targets, rank, n)
     model = convert_to_float8(TinyGPT(cfg, seed), "tensorwise")
-    out = {"rank": rank}
+    out = {}
     for key, cls in (("bf16_gathers", FullyShardedDataParallel),
                      ("fp8_gathers", Float8AllGatherFSDP)):
         fsdp = cls(copy.deepcopy(model), reshard_after_forward=False,
@@ -170,7 +186,7 @@ def gather_bytes(cfg: GPTConfig = TINY, batch: int = 8, seed: int = 0) -> dict:
         for p in alone.parameters():
             p -= 0.1 * p.grad
     want, start = alone.state_dict(), model.state_dict()
-    out["max_weight_step"] = max((got[k] - start[k]).abs().max().item() for k in got)
-    out["max_weight_diff_vs_one_process"] = max((got[k] - want[k]).abs().max().item()
-                                                for k in got)
-    return out
+    return GatherBytes(rank, **out,
+                       max_weight_step=max((got[k] - start[k]).abs().max().item() for k in got),
+                       max_weight_diff_vs_one_process=max((got[k] - want[k]).abs().max().item()
+                                                          for k in got))

@@ -13,12 +13,13 @@ Read in this order, each file one idea:
 * ``parallelize``: ``parallelize_block`` / ``parallelize_gpt`` split a dense model's layers
   (LayerNorms, embeddings and the head replicated, or split along the sequence with
   ``sequence_parallel=True``; a vocabulary-parallel option); recomputation is the block's
-  own ``recompute`` ("none", "selective", "full"), kept by the split copy;
+  own ``recompute`` ("none", "selective", "full"), kept by the split copy; ``apply_tp`` is
+  the same split as the hybrid builder's tensor room, one part of a stage at a time;
 * ``dtensor_ref``: PyTorch's own ``ColwiseParallel`` / ``RowwiseParallel`` on the same
   weights, the reference ours is measured against;
 * ``reports``: what the runs return, as records with named fields (``Parity``: a copy
   against the dense module; ``Traffic``: what a ledger saw; ``LabRun``: a lab record's rows);
-* ``runs``: what the notebook, the lab and the tests launch (parity with the dense model,
+* ``layer_runs``: what the notebook, the lab and the tests launch (parity with the dense model,
   messages counted, bad input refused);
 * ``sequence_runs``: the same for sequence parallelism and recomputation, with the bytes
   each layer keeps for backward measured beside the exact formula;
@@ -39,8 +40,9 @@ from lessonlib.tensor_parallel.layers import (ColumnParallelLinear, RowParallelL
 from lessonlib.tensor_parallel.ops import (copy_to_tp, gather_last_dim, gather_sequence,
                                            reduce_from_tp, reduce_scatter_sequence,
                                            scatter_last_dim, scatter_sequence)
-from lessonlib.tensor_parallel.parallelize import (VocabParallelEmbedding, param_bytes,
-                                                   parallelize_block, parallelize_gpt)
+from lessonlib.tensor_parallel.parallelize import (VocabParallelEmbedding, apply_tp,
+                                                   param_bytes, parallelize_block,
+                                                   parallelize_gpt)
 from lessonlib.tensor_parallel.sequence import (SequenceParallelLayerNorm,
                                                 linear_on_gathered_sequence)
 
@@ -49,4 +51,5 @@ __all__ = ["copy_to_tp", "reduce_from_tp", "gather_last_dim", "scatter_last_dim"
            "SequenceParallelLayerNorm", "linear_on_gathered_sequence",
            "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP",
            "TensorParallelSelfAttention", "tp_size", "check_divisible", "check_pair",
-           "VocabParallelEmbedding", "param_bytes", "parallelize_block", "parallelize_gpt"]
+           "VocabParallelEmbedding", "apply_tp", "param_bytes", "parallelize_block",
+           "parallelize_gpt"]

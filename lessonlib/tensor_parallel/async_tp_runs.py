@@ -160,7 +160,32 @@ def summarize(ranks: list[dict]) -> dict[str, Variant]:
     return out
 
 
-def parity_report(b: int = 2, s: int = 8, h: int = 8, seed: int = 0) -> dict:
+@dataclass
+class OverlapParity:
+    """Each overlap against its plain version (float64, largest absolute differences): the
+    async SP MLP's output, input and weight gradients, a transformer layer's (``block``), and
+    FSDP's weights after two steps with prefetch; the async MLP's calls by op and its ledger
+    events (for ``nccl_hazards``)."""
+    output: float
+    input_grad: float
+    grads: float
+    block: float
+    fsdp_weights: float
+    ring_calls: dict
+    events: list = field(repr=False)
+
+
+@dataclass
+class OverlapReport:
+    """``overlap_report``'s answer: rank 0's ``OverlapParity``, every variant's ``Variant``,
+    each overlap's exposed ratio, and NCCL's rules over the ranks' async rings."""
+    parity: OverlapParity
+    variants: dict
+    exposed_ratio: dict
+    nccl_hazards: list
+
+
+def parity_report(b: int = 2, s: int = 8, h: int = 8, seed: int = 0) -> OverlapParity:
     """On each rank, float64: async TP against plain SP (the MLP and, through
     ``enable_async_tp``, nothing else changed), and FSDP with prefetch against without:
     the largest absolute differences, and the async MLP's ledger events."""
@@ -176,21 +201,21 @@ def parity_report(b: int = 2, s: int = 8, h: int = 8, seed: int = 0) -> dict:
             results[overlap] = (y.detach(), x.grad, {n: p.grad for n, p in
                                                      layer.named_parameters()}, book)
         (y0, gx0, g0, _), (y1, gx1, g1, book) = results[False], results[True]
-        out = {"output": (y1 - y0).abs().max().item(),
-               "input_grad": (gx1 - gx0).abs().max().item(),
-               "grads": max((g1[n] - g0[n]).abs().max().item() for n in g0),
-               "events": [replace(e, marks=None, span=None, stalls=[]) for e in book.events],
-               "ring_calls": {op: book.count(op) for op in ("send", "recv", "all_gather",
-                                                            "reduce_scatter")}}
-        out["block"] = _block_parity(b, s, h, seed)
+        block = _block_parity(b, s, h, seed)
         weights = {}
         for prefetch in (False, True):
             fsdp, step = _fsdp({"units": 3, "h": h, "tokens": 4}, prefetch, seed)
             step(), step()
             weights[prefetch] = fsdp.full_state_dict()
-        out["fsdp_weights"] = max((weights[True][k] - weights[False][k]).abs().max().item()
-                                  for k in weights[False])
-        return out
+        return OverlapParity(
+            output=(y1 - y0).abs().max().item(), input_grad=(gx1 - gx0).abs().max().item(),
+            grads=max((g1[n] - g0[n]).abs().max().item() for n in g0),
+            block=block,
+            fsdp_weights=max((weights[True][k] - weights[False][k]).abs().max().item()
+                             for k in weights[False]),
+            ring_calls={op: book.count(op) for op in ("send", "recv", "all_gather",
+                                                      "reduce_scatter")},
+            events=[replace(e, marks=None, span=None, stalls=[]) for e in book.events])
     finally:
         torch.set_default_dtype(before)
 
@@ -258,13 +283,12 @@ def _both(steps, warmup, tp_shape, fsdp_shape) -> dict:
 
 
 def overlap_report(world_size: int = 2, steps: int = 8, warmup: int = 2, tp_shape=None,
-                   fsdp_shape=None, timeout: float = 120) -> dict:
+                   fsdp_shape=None, timeout: float = 120) -> OverlapReport:
     """What the notebook calls: on ``world_size`` CPU ranks (GPUs when visible), the float64
     parity of both overlaps (rank 0's) and every variant's ``Variant`` (medians)."""
     ranks = launcher.launch(_both, world_size, steps, warmup, tp_shape, fsdp_shape,
                             timeout=timeout)
-    parity = {k: v for k, v in ranks[0]["parity"].items() if k != "events"}
-    return {"parity": parity, "variants": summarize(ranks),
-            "exposed_ratio": exposed_ratios(ranks),
-            "nccl_hazards": nccl_hazards([r["parity"]["events"] for r in ranks])}
+    hazards = nccl_hazards([r["parity"].events for r in ranks])
+    return OverlapReport(replace(ranks[0]["parity"], events=[]), summarize(ranks),
+                         exposed_ratios(ranks), hazards)
 

@@ -46,8 +46,8 @@ STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel,
 
 
 def tp_mesh(ctx: ParallelContext) -> DeviceMesh:
-    """A one-axis DeviceMesh over this rank's tensor-parallel group (``ctx.tp_group``)."""
-    return DeviceMesh.from_group(ctx.tp_group, device.current_device().type,
+    """A one-axis DeviceMesh over this rank's tensor-parallel group (``ctx.axis("tp").group``)."""
+    return DeviceMesh.from_group(ctx.axis("tp").group, device.current_device().type,
                                  mesh_dim_names=("tp",))
 
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lessonlib import bugs, comm, device
+from lessonlib import bug_switches, comm, device
 
 
 def _size_and_rank(group) -> tuple[int, int]:
@@ -113,7 +113,7 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # Bug zoo: f's all-reduce left out, each rank keeps its partial input gradient
-        if bugs.active("tp_missing_backward_all_reduce"):
+        if bug_switches.active("tp_missing_backward_all_reduce"):
             return grad, None
         grad = grad.contiguous().clone()   # never write into a gradient autograd still owns
         comm.all_reduce(grad, group=ctx.group)

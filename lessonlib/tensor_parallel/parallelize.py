@@ -41,8 +41,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib import bugs, comm, device
-from lessonlib.models import MLP, init_weights_
+from lessonlib import bug_switches, comm, device
+from lessonlib.models import MLP, Block, Head, init_weights_
+from lessonlib.models.moe import MoELayer
 from lessonlib.tensor_parallel.layers import (ColumnParallelLinear, TensorParallelMLP,
                                  TensorParallelSelfAttention, check_divisible, tp_size)
 from lessonlib.tensor_parallel.ops import reduce_from_tp
@@ -103,7 +104,7 @@ def parallelize_block(block: nn.Module, group=None, t: int | None = None,
     tp = _copy_except(block, [block.attn, block.mlp])
     tp.attn = TensorParallelSelfAttention.from_attention(block.attn, group, t, sequence_parallel)
     tp.mlp = TensorParallelMLP.from_mlp(block.mlp, group, t, sequence_parallel=sequence_parallel)
-    if bugs.active("tp_layer_left_unsharded"):                        # the MLP left dense
+    if bug_switches.active("tp_layer_left_unsharded"):                # the MLP left dense
         tp.mlp = copy.deepcopy(block.mlp)
     if sequence_parallel:
         tp.ln1, tp.ln2 = (SequenceParallelLayerNorm.from_layernorm(ln, group, seq)
@@ -134,11 +135,39 @@ def parallelize_gpt(model: nn.Module, group=None, t: int | None = None,
         tp.head.out = ColumnParallelLinear.from_linear(model.head.out, group, True, t,
                                                        sequence_parallel)
     if sequence_parallel:
-        tp.embed = nn.Sequential(tp.embed, SequenceScatter(group))    # (b, s/t, h)
-        tp.head.ln = SequenceParallelLayerNorm.from_layernorm(model.head.ln, group)
-        if not vocab_parallel:                                         # a replicated head
-            tp.head.out = nn.Sequential(SequenceGather(group), tp.head.out)
+        tp.embed = sequence_parallel_ends(tp.embed, group)             # (b, s/t, h)
+        tp.head = sequence_parallel_ends(tp.head, group, gather=not vocab_parallel)
     return tp
+
+
+def sequence_parallel_ends(part: nn.Module, group=None, gather: bool = True) -> nn.Module:
+    """SP's two ends: the embedding's output scattered to this rank's s/t rows; the head's
+    LayerNorm on them and, with ``gather`` (a replicated head), the rows gathered before
+    ``out`` (a vocabulary-parallel head gathers them itself)."""
+    if isinstance(part, Head):
+        part.ln = SequenceParallelLayerNorm.from_layernorm(part.ln, group)
+        if gather:
+            part.out = nn.Sequential(SequenceGather(group), part.out)
+        return part
+    return nn.Sequential(part, SequenceScatter(group))                 # the embedding
+
+
+def apply_tp(part: nn.Module, ctx, sp: bool = False) -> nn.Module:
+    """The hybrid builder's TP room, on one part of a pipeline stage (``part`` is already
+    this stage's copy): a block's attention and MLP split over the grid's tp axis, with
+    ``sp`` its LayerNorms on s/(c t) rows (c the context-parallel shards); an MoE block's
+    attention only; with ``sp`` the ends' scatter and gather. Every block is split, even over
+    t = 1, so its q, k and v are one qkv tensor at every t (as checkpoints hold them:
+    ``long_run.shard_map``)."""
+    tp, cp = ctx.axis("tp"), ctx.axis("cp")
+    if not isinstance(part, Block):
+        return sequence_parallel_ends(part, tp.group) if sp and tp.size > 1 else part
+    if isinstance(part.mlp, MoELayer):
+        if sp:
+            raise ValueError("sequence parallelism is not combined with MoE blocks here")
+        part.attn = TensorParallelSelfAttention.from_attention(part.attn, tp.group)
+        return part
+    return parallelize_block(part, tp.group, sequence_parallel=sp, seq=part.seq // cp.size)
 
 
 def demo_mlp(b: int = 2, s: int = 8, h: int = 32) -> dict:

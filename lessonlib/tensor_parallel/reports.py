@@ -4,11 +4,11 @@ What it teaches: a parallel layer is checked by a few numbers with names. ``Pari
 parallel copy against the dense module (the errors of the output, the input gradient, the
 gradients and the weights after a few steps, with what the ledger saw), so a test states
 ``report.block.output < tol`` and a notebook reads ``reports[t].mlp.forward.all_reduce``.
-``runs`` and ``sequence_runs`` return these; ``LabRun`` reads a ``labs/tp.py`` record's
+``layer_runs`` and ``sequence_runs`` return these; ``LabRun`` reads a ``labs/tp.py`` record's
 rows the same way. Pure Python: nothing here sends a message.
 
-Laptop:  ``python -c "from lessonlib.tensor_parallel import runs;
-          print(runs.run_layer_reports(2, (1, 2))[0][2].mlp.errors())"``
+Laptop:  ``python -c "from lessonlib.tensor_parallel import layer_runs;
+          print(layer_runs.run_layer_reports(2, (1, 2))[0][2].mlp.errors())"``
 GPU box: the same call uses NCCL when 2 GPUs are visible.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ class PlanParity:
 
 @dataclass(frozen=True)
 class Parity:
-    """A parallel copy against the dense module (``runs.compare_with_dense``): relative errors
+    """A parallel copy against the dense module (``layer_runs.compare_with_dense``): relative errors
     of the first step's output, input gradient (None for token input) and worst gradient
     (and its name), of the weights after the last step (and the worst one's name); the
     ledgers of the first step's forward and backward; every step's loss; parameter bytes,
@@ -90,7 +90,7 @@ class Parity:
 
 @dataclass(frozen=True)
 class LayerReport:
-    """One rank's ``runs.layer_report``: its group's t, the shapes, the elements a layer
+    """One rank's ``layer_runs.layer_report``: its group's t, the shapes, the elements a layer
     sends per rank by Megatron's count, and the ``Parity`` of each kind run (None if not)."""
     rank: int
     t: int

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lessonlib import bugs
+from lessonlib import bug_switches
 from lessonlib.tensor_parallel.ops import (all_gather_along_sequence, copy_to_tp,
                                            gather_sequence, reduce_scatter_along_sequence,
                                            scatter_sequence)
@@ -98,7 +98,7 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
     def forward(self, x):                                               # (b, s/t, h)
         check_shard(x, self.seq, self.group)
         weight, bias = self.weight, self.bias
-        if not bugs.active("sp_layernorm_grad_not_summed"):            # the zoo drops the sum
+        if not bug_switches.active("sp_layernorm_grad_not_summed"):    # the zoo drops the sum
             weight, bias = copy_to_tp(weight, self.group), copy_to_tp(bias, self.group)
         return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 

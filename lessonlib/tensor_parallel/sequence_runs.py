@@ -38,7 +38,7 @@ from lessonlib.tensor_parallel.parallelize import parallelize_block, parallelize
 from lessonlib.tensor_parallel.reports import (ActivationBytes, Kept, LedgerReport, Sent,
                                                SequenceLesson, SequenceParity,
                                                SequencePlanParity, traffic)
-from lessonlib.tensor_parallel.runs import (compare_with_dense, float_batches, refusals,
+from lessonlib.tensor_parallel.layer_runs import (compare_with_dense, float_batches, refusals,
                                             token_batches, tp_context, worst_error)
 from lessonlib.tensor_parallel.sequence import SequenceGather, SequenceScatter
 
@@ -81,7 +81,7 @@ def parity_report(t: int, b: int = 2, s: int = 12, h: int = 48, heads: int = 12,
     torch.set_default_dtype(torch.float64)
     try:
         ctx, dev = tp_context(t), device.current_device()
-        group, cfg = ctx.tp_group, _config(s, h, heads)
+        group, cfg = ctx.axis("tp").group, _config(s, h, heads)
         dense = lambda: init_weights_(Block(cfg), seed, std=0.02).to(dev)   # noqa: E731
         floats = float_batches(b, s, h, steps, seed + 1, dev)
         vs_dense = {mode: compare_with_dense(dense(), lambda m, mode=mode: whole_sequence(
@@ -106,7 +106,7 @@ def torch_sequence_parallel_errors(dense: Block, ctx, batch) -> SequencePlanPari
     """PyTorch's plan (``SequenceParallel`` + Colwise/Rowwise) and ours on the same weights
     and this rank's s/t rows: theirs against the dense layer (output, input gradient, every
     gradient), and ours against theirs (output, input gradient)."""
-    group = ctx.tp_group
+    group = ctx.axis("tp").group
     x, y = batch
     x_d = x.clone().requires_grad_()
     out_d = dense(x_d)
@@ -135,7 +135,7 @@ def activation_report(t: int, b: int = 2, s: int = 16, h: int = 32, heads: int =
     """On each rank: the bytes one layer keeps for backward in every mode (``MODES``), each
     with the formula's bytes; "dense" is the plain ``Block`` in one process."""
     ctx, dev = tp_context(t), device.current_device()
-    group, cfg = ctx.tp_group, _config(s, h, heads)
+    group, cfg = ctx.axis("tp").group, _config(s, h, heads)
     dense = init_weights_(Block(cfg), seed, std=0.02).to(dev, dtype)
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(b, s, h, generator=gen, dtype=dtype).to(dev)                 # (b, s, h)
@@ -166,8 +166,8 @@ def ledger_report(t: int, b: int = 2, s: int = 16, h: int = 32, heads: int = 4,
     x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(seed + 1)).to(dev)
     sent = {}
     for mode in modes:
-        layer = layer_for(mode, dense, ctx.tp_group)
-        rows = (split_sequence(x, ctx.tp_group) if MODES[mode][0] else x).requires_grad_()
+        layer = layer_for(mode, dense, ctx.axis("tp").group)
+        rows = (split_sequence(x, ctx.axis("tp").group) if MODES[mode][0] else x).requires_grad_()
         with comm.ledger() as forward:
             y = layer(rows)                                              # (b, s_r, h)
         with comm.ledger() as backward:

@@ -2,13 +2,13 @@
 on, against the check's tolerance; a dropdown that shows one bug, its line of code and
 its bars.
 
-Each plot draws results that ``lessonlib.bugzoo.check`` already returned (``Check`` records);
+Each plot draws results that ``lessonlib.bug_checks.check`` already returned (``Check`` records);
 nothing here launches processes, so the widget answers at once.
 
 Laptop and GPU box alike:
-``from lessonlib import bugzoo; from lessonlib.viz import bugzoo as viz``
-``viz.plot_checks({"pipeline_loss_unscaled": {"off": bugzoo.check("pipeline_loss_unscaled", False),
-"on": bugzoo.check("pipeline_loss_unscaled", True)}})``
+``from lessonlib import bug_checks; from lessonlib.viz import bugzoo as viz``
+``viz.plot_checks({"pipeline_loss_unscaled": {"off": bug_checks.check("pipeline_loss_unscaled", False),
+"on": bug_checks.check("pipeline_loss_unscaled", True)}})``
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import textwrap
 
 import matplotlib.pyplot as plt
 
-from lessonlib import bugs
-from lessonlib.bugzoo import Check
+from lessonlib import bug_switches
+from lessonlib.bug_checks import Check
 from lessonlib.viz.widgets import explorer
 
 FLOOR, CEILING = 1e-18, 1e3   # log axis: 0 is drawn at the floor, inf (or NaN) at the ceiling
@@ -73,7 +73,7 @@ def plot_checks(results: dict):
 def describe(name: str, pair: dict | None = None) -> str:
     """One bug in words: what, where (and its switched line), symptom, check, test, and the
     messages of the checks already run."""
-    bug, (where, code) = bugs.BUGS[name], bugs.hook_line(name)
+    bug, (where, code) = bug_switches.BUGS[name], bug_switches.hook_line(name)
     rows = [("what", bug.what), ("where", f"{bug.where} ({where})"),
             ("symptom", bug.symptom), ("check", bug.check), ("test", bug.test)]
     rows += [(f"bug {state}", pair[state].message) for state in ("off", "on") if pair]

@@ -21,6 +21,9 @@ one before its run starts is dropped, not queued, and a result that arrives afte
 value was asked for is not drawn. A run that fails shows its error in the widget; the
 notebook goes on.
 
+One job: the live widgets, each a measure (a record) and a drawing of it; its length is four
+lessons' widgets.
+
 Laptop:  in a notebook, ``from lessonlib.viz import live; live.pipeline_widget()``
 GPU box: the same; the runs use one GPU per rank when there are enough.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import io
 import threading
+from dataclasses import dataclass
 
 import ipywidgets as w
 import matplotlib.pyplot as plt
@@ -38,7 +42,8 @@ from lessonlib import model_parallel as mp
 from lessonlib.costmodel import parameter_server_bytes, ring_allreduce_bytes_per_rank
 from lessonlib.costmodel.alpha_beta import predict_from_fit
 from lessonlib.data_parallel import bench as dp_bench
-from lessonlib.hybrid import expected_traffic, measured_traffic, run as run_layout
+from lessonlib.hybrid.layout_runs import run as run_layout
+from lessonlib.hybrid.traffic import expected_traffic, measured_traffic
 from lessonlib.models import HYBRID_CONFIG
 from lessonlib.viz.pipeline import gantt
 
@@ -195,29 +200,36 @@ def allreduce_widget(fits: dict | None = None, ranks: int = 4, size_kib: int = 1
 
 
 # ---------------------------------------------------------------- 03: the assembly line
-def measure_assembly_line(p: int) -> dict:
-    """The MLP assembly line on p ranks (2 timed steps): its record and the timelines."""
+@dataclass
+class AssemblyLineRun:
+    """``measure_assembly_line``: the line's ``LineRecord`` and each stage's timeline."""
+    record: mp.runs.LineRecord
+    timelines: list
+
+
+def measure_assembly_line(p: int) -> AssemblyLineRun:
+    """The MLP assembly line on p ranks (2 timed steps)."""
     results = mp.run_assembly_line(p, p=p, model="mlp", steps=2, warmup=1, batch=8,
                                    layers=2 * p, width=128)
-    return {"record": mp.line_record(results),
-            "timelines": [r["timeline"] for r in sorted(results, key=lambda r: r["stage"])]}
+    return AssemblyLineRun(mp.line_record(results),
+                           [r.timeline for r in sorted(results, key=lambda r: r.stage)])
 
 
-def draw_assembly_line(result: dict, p: int):
-    record = result["record"]
+def draw_assembly_line(result: AssemblyLineRun, p: int):
+    record = result.record
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3), constrained_layout=True,
                                       gridspec_kw={"width_ratios": [1, 2]})
-    left.bar(range(p), record["idle_per_rank"], color="#4c72b0", label="measured")
-    left.axhline(record["idle_predicted"], color="black", ls="--",
-                 label=f"predicted (p-1)/p = {record['idle_predicted']:.2f}")
+    left.bar(range(p), record.idle_per_rank, color="#4c72b0", label="measured")
+    left.axhline(record.idle_predicted, color="black", ls="--",
+                 label=f"predicted (p-1)/p = {record.idle_predicted:.2f}")
     left.set_xticks(range(p), [f"rank {r}" for r in range(p)])
     left.set_ylim(0, 1)
     left.set_ylabel("idle share of the step")
     left.legend(fontsize=8, loc="lower right")
     gantt([[s for s in line if s.kind in ("F", "B") or s.kind.startswith("RECV")]
-           for line in result["timelines"]], ax=right, title=f"p = {p}: one rank works at a time")
-    return fig, (f"idle share, mean over ranks: measured {record['idle_mean']:.2f}, "
-                 f"predicted {record['idle_predicted']:.2f}\n")
+           for line in result.timelines], ax=right, title=f"p = {p}: one rank works at a time")
+    return fig, (f"idle share, mean over ranks: measured {record.idle_mean:.2f}, "
+                 f"predicted {record.idle_predicted:.2f}\n")
 
 
 def assembly_line_widget(p: int = 3):
@@ -227,11 +239,18 @@ def assembly_line_widget(p: int = 3):
 
 
 # ---------------------------------------------------------------- 04: the pipeline
-def measure_pipeline(schedule: str, p: int, m: int) -> dict:
+@dataclass
+class PipelineRun:
+    """``measure_pipeline``: the step's ``runs.ScheduleRow`` and each stage's spans."""
+    row: object
+    spans: list
+
+
+def measure_pipeline(schedule: str, p: int, m: int) -> PipelineRun:
     """One timed step (after one warm-up) of ``schedule`` on p ranks with m micro-batches."""
     # Imported here: the pipeline room pulls in torch's pipelining and DTensor (about 2.5 s),
     # which notebooks 02, 03 and 05 and the fork servers they start need not pay for.
-    from lessonlib.pipeline import runs as pipeline_runs
+    from lessonlib.pipeline import schedule_runs as pipeline_runs
 
     # Stages heavy enough (4 layers of width 1024, 32-row micro-batches) that each action's
     # compute outweighs its fixed costs on CPU ranks, so the bubble lands near the theory.
@@ -240,15 +259,15 @@ def measure_pipeline(schedule: str, p: int, m: int) -> dict:
                                micro=32, steps=1, warmup=1)
     rows = pipeline_runs.summarize(per_rank)
     case = next(iter(per_rank[0]))
-    return {"row": rows[0], "spans": [r.spans for r in pipeline_runs.median_step(per_rank, case)]}
+    return PipelineRun(rows[0], [r.spans for r in pipeline_runs.median_step(per_rank, case)])
 
 
-def draw_pipeline(result: dict, schedule: str, p: int, m: int):
-    row = result["row"]
+def draw_pipeline(result: PipelineRun, schedule: str, p: int, m: int):
+    row = result.row
     fig, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * p), constrained_layout=True)
-    gantt(result["spans"], ax=ax, title=f"{schedule}, p = {p}, m = {m}, measured")
-    return fig, (f"bubble (share of the step's wall time): measured {row['bubble_mean']:.1%} "
-                 f"(mean over stages), theory {row['bubble_theory_wall']:.1%} "
+    gantt(result.spans, ax=ax, title=f"{schedule}, p = {p}, m = {m}, measured")
+    return fig, (f"bubble (share of the step's wall time): measured {row.bubble_mean:.1%} "
+                 f"(mean over stages), theory {row.bubble_theory_wall:.1%} "
                  f"({'(p-1)/(m+p-1)' if schedule in ('gpipe', '1f1b') else 'at T_F = T_B = T_W'})\n")
 
 
@@ -268,11 +287,11 @@ LAYOUTS = ["t1p1d2", "t2p1d1", "t1p2d1", "t2p2d1", "t1p2d2", "t2p1d2", "t1p1d4",
 def measure_layout(layout: str, m: int = 2) -> dict:
     """Train the tiny GPT 3 steps on ``layout``: the median step and one step's traffic."""
     t, p, d = (int(x) for x in layout[1:].replace("p", " ").replace("d", " ").split())
-    per_rank = run_layout(d, p, t, m=m, steps=3, warmup=1, check=False)
-    return {"step_time_s": max(r["step_time_s"] for r in per_rank),
-            "measured": measured_traffic(per_rank[0]["traffic"][-1]),
+    per_rank = run_layout(dp=d, pp=p, tp=t, m=m, steps=3, warmup=1, check=False, timeline=True)
+    return {"step_time_s": max(r.step_time_s for r in per_rank),
+            "measured": measured_traffic(per_rank[0].traffic[-1]),
             "predicted": expected_traffic(HYBRID_CONFIG, d, p, t, 8, m, 0,
-                                          per_rank[0]["param_count"]),
+                                          per_rank[0].param_count),
             "t": t, "p": p, "d": d}
 
 

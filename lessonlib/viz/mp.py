@@ -18,6 +18,7 @@ GPU box: ``torchrun --nproc-per-node 8 labs/mp.py --json results/mp.json``, then
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -33,13 +34,14 @@ THIS_RUN = {"marker": "D", "color": "#C44E52"}
 def load_table(source) -> list[dict]:
     """Rows with ``p``, ``idle_mean``, ``idle_per_rank``, ``step_time_s`` and
     ``param_bytes_per_rank``, one per p and run, from a ``labs/mp.py`` JSON file or a sweep
-    folder of them (a path), one record (a dict), or rows that already have ``p``."""
+    folder of them (a path), one record (a dict), or rows that already have ``p`` (dicts, or
+    ``line_record``'s records, read as the lab stores them)."""
     if isinstance(source, (str, Path)):
         rows = results.load(source, flat=True)     # the record's by-p detail, not its rows
     elif isinstance(source, dict):
         rows = [results.flatten(source)]
     else:
-        rows = list(source)
+        rows = [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else r for r in source]
     ready = [r for r in rows if "lab" not in r and "p" in r]
     records = [r for r in rows if r.get("lab") == "mp"]
     if len(ready) + len(records) < len(rows):

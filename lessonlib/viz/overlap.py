@@ -8,7 +8,7 @@ buys is the red that is gone; the grey may grow (a transfer cut in pieces is in 
 longer), and that costs nothing while the rank computes beside it.
 
 Laptop and GPU box alike:
-``from lessonlib.viz import overlap as ov; ov.exposed_timelines(report["variants"])``
+``from lessonlib.viz import overlap as ov; ov.exposed_timelines(report.variants)``
 """
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ def predicted_stash(name: str, p: int, m: int, v: int = 1) -> list[float]:
 
 def bubble_plot(p: int = 4, m: int = 8, v: int = 2, measured=(), ax=None, m_max: int = 32):
     """Bubble vs m for p stages, in both conventions, with measured points (rows of
-    ``runs.summarize``, same p) on top and the chosen m marked."""
+    ``schedule_runs.summarize``, same p) on top and the chosen m marked."""
     ax = ax or plt.subplots(figsize=(5.5, 3.6))[1]
     ms = np.arange(1, m_max + 1)
     for vv, style in ((1, "-"), (v, "--")) if v > 1 else ((1, "-"),):
@@ -148,10 +148,10 @@ def bubble_plot(p: int = 4, m: int = 8, v: int = 2, measured=(), ax=None, m_max:
                 label=f"{label}: (p-1)/(v m) of ideal time", alpha=0.7)
     ax.axvline(m, color="grey", lw=0.8, ls=":")
     for row in measured:
-        if row["p"] == p:
-            marker = {"gpipe": "o", "1f1b": "s", "interleaved": "^"}[row["schedule"]]
-            ax.plot(row["m"], row["bubble_mean"], marker, color="black", mfc="none",
-                    label=f"measured {NAMES[row['schedule']]} ({row['engine']}, wall)")
+        if row.p == p:
+            marker = {"gpipe": "o", "1f1b": "s", "interleaved": "^"}[row.schedule]
+            ax.plot(row.m, row.bubble_mean, marker, color="black", mfc="none",
+                    label=f"measured {NAMES[row.schedule]} ({row.engine}, wall)")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), fontsize=7)
@@ -165,7 +165,7 @@ def bubble_plot(p: int = 4, m: int = 8, v: int = 2, measured=(), ax=None, m_max:
 
 def stash_plot(p: int = 4, m: int = 8, v: int = 2, measured=(), ax=None):
     """Activations held per stage at the peak: GPipe, 1F1B and interleaved, with measured
-    points (rows of ``runs.summarize`` with the same p and m) on top."""
+    points (rows of ``schedule_runs.summarize`` with the same p and m) on top."""
     ax = ax or plt.subplots(figsize=(5.5, 3.6))[1]
     names = ["gpipe", "1f1b"] + (["interleaved"] if v > 1 and m % p == 0 else [])
     width = 0.8 / len(names)
@@ -175,8 +175,8 @@ def stash_plot(p: int = 4, m: int = 8, v: int = 2, measured=(), ax=None):
         ax.bar(xs, predicted_stash(name, p, m, v), width, color=colors[name], alpha=0.75,
                label=f"{NAMES[name]} (predicted)")
         for row in measured:
-            if (row["p"], row["m"], row["schedule"]) == (p, m, name) and row["v"] in (1, v):
-                got = [n / row["v"] for n in row["peak_stash_per_stage"]]
+            if (row.p, row.m, row.schedule) == (p, m, name) and row.v in (1, v):
+                got = [n / row.v for n in row.peak_stash_per_stage]
                 ax.plot(xs, got, "k_", markersize=14, mew=2)
     ax.plot([], [], "k_", markersize=10, mew=2, label="measured")
     ax.set_xticks(range(p), [f"stage {s}" for s in range(p)])
@@ -190,20 +190,20 @@ def bubble_and_memory(rows, engine: str = "lessonlib"):
     """The lesson's finding, measured: per m, GPipe's and 1F1B's bubble (left, with the
     theory (p-1)/(m+p-1) of wall time) and stage 0's peak stashed activations (right)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
-    ms = sorted({r["m"] for r in rows if r["engine"] == engine and r["v"] == 1})
-    p = rows[0]["p"]
+    ms = sorted({r.m for r in rows if r.engine == engine and r.v == 1})
+    p = rows[0].p
     xs = np.arange(len(ms))
     for i, name in enumerate(("gpipe", "1f1b")):
-        got = {r["m"]: r for r in rows if (r["engine"], r["schedule"]) == (engine, name)}
+        got = {r.m: r for r in rows if (r.engine, r.schedule) == (engine, name)}
         color = {"gpipe": "#dd8452", "1f1b": "#4c72b0"}[name]
-        axes[0].bar(xs + (i - 0.5) * 0.38, [got[m]["bubble_mean"] for m in ms], 0.38,
+        axes[0].bar(xs + (i - 0.5) * 0.38, [got[m].bubble_mean for m in ms], 0.38,
                     color=color, label=f"{NAMES[name]} measured")
-        axes[1].bar(xs + (i - 0.5) * 0.38, [got[m]["peak_stash_bytes_per_stage"][0] / 2 ** 20
+        axes[1].bar(xs + (i - 0.5) * 0.38, [got[m].peak_stash_bytes_per_stage[0] / 2 ** 20
                                             for m in ms], 0.38, color=color, label=NAMES[name])
     axes[0].plot(xs, [bubble_fraction(p, m) for m in ms], "k_", markersize=30, mew=2,
                  label="theory (p-1)/(m+p-1) of wall time")
     top = max([bubble_fraction(p, m) for m in ms] +
-              [r["bubble_mean"] for r in rows if r["engine"] == engine])
+              [r.bubble_mean for r in rows if r.engine == engine])
     axes[0].set_ylim(0, top * 1.45)
     axes[0].set_ylabel("bubble (share of wall time)")
     axes[1].set_ylabel("MiB saved for backward, stage 0")

@@ -124,18 +124,18 @@ def plot_link_times(rows: list[dict]):
 
 def plot_assembly_line(results: list[dict], title: str = ""):
     """Each rank's timeline (from ``model_parallel.assembly_line``), one row per stage."""
-    line = [r for r in results if r["rank"] < results[0]["p"]]
+    line = [r for r in results if r.rank < results[0].p]
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.5 * len(line)))
     seen = set()
     for r in line:
-        y = len(line) - 1 - r["stage"]
-        for s in r["timeline"]:
+        y = len(line) - 1 - r.stage
+        for s in r.timeline:
             color, label = SPAN_STYLE[s.kind]
             label = label if label and label not in seen else None
             seen.add(label)
             ax.barh(y, (s.end - s.start) * 1e3, left=s.start * 1e3, height=0.7, color=color,
                     edgecolor="none", label=label)
-    ax.set_yticks(range(len(line)), [f"rank {r['rank']} (stage {r['stage']})"
+    ax.set_yticks(range(len(line)), [f"rank {r.rank} (stage {r.stage})"
                                      for r in reversed(line)])
     ax.set_xlabel("ms since the ranks lined up")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -148,14 +148,14 @@ def plot_stage_memory(rows: list[dict], predicted_param_bytes: list[float] | Non
     """rows from ``model_parallel.summarize``: parameter and activation bytes per stage."""
     xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(9, 3.2))
-    ax.bar([x - 0.2 for x in xs], [r["param_bytes"] / 1024 for r in rows], 0.4,
+    ax.bar([x - 0.2 for x in xs], [r.param_bytes / 1024 for r in rows], 0.4,
            label="parameters (measured)", color="#4C72B0")
-    ax.bar([x + 0.2 for x in xs], [r["stash_bytes"] / 1024 for r in rows], 0.4,
+    ax.bar([x + 0.2 for x in xs], [r.stash_bytes / 1024 for r in rows], 0.4,
            label="activations kept for backward (measured)", color="#DD8452")
     if predicted_param_bytes is not None:
         ax.plot([x - 0.2 for x in xs], [b / 1024 for b in predicted_param_bytes], "k_",
                 markersize=22, mew=2, label="parameters (predicted)")
-    ax.set_xticks(list(xs), [f"stage {r['stage']}" for r in rows])
+    ax.set_xticks(list(xs), [f"stage {r.stage}" for r in rows])
     ax.set_ylabel("KiB per rank")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("what each room of the castle holds", fontsize=10)

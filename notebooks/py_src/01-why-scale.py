@@ -179,7 +179,7 @@ scale.time_widget(efficiency=rate_288 / v100)
 # %%
 run = baseline.train_tiny_gpt(steps=100)
 fig, ax = plt.subplots(figsize=(6, 3))
-ax.plot(run["losses"])
+ax.plot(run.losses)
 ax.set_xlabel("step")
 ax.set_ylabel("cross-entropy")
 ax.set_title("tiny GPT on this machine")
@@ -187,9 +187,9 @@ plt.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-cfg = run["cfg"]
-print(f"tiny GPT: {cfg.layers} layers, hidden size {cfg.hidden}, {len(run['losses'])} steps")
-first, last = sum(run["losses"][:10]) / 10, sum(run["losses"][-10:]) / 10
+cfg = run.cfg
+print(f"tiny GPT: {cfg.layers} layers, hidden size {cfg.hidden}, {len(run.losses)} steps")
+first, last = sum(run.losses[:10]) / 10, sum(run.losses[-10:]) / 10
 at_most(f"the mean loss of the last 10 steps (the first 10: {first:.1f})", last,
         round(first - 1, 1), digits=2)
 
@@ -223,7 +223,7 @@ show(lessonlib.launcher.demo_rank_sum)
 # NBVAL_CHECK_OUTPUT
 results = lessonlib.launch(lessonlib.launcher.demo_rank_sum, 4)
 for r in results:
-    print(f"rank {r['rank']} of {r['world_size']}: sum of all ranks = {r['sum']:.0f}")
+    print(f"rank {r.rank} of {r.world_size}: sum of all ranks = {r.sum:.0f}")
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -35,7 +35,7 @@ import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_least, at_most, claim, every
 from lessonlib.data import stored
-from lessonlib.data_parallel import bench as dp_bench, runs as dp_runs
+from lessonlib.data_parallel import bench as dp_bench, ladder_runs as dp_runs
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.ring import ring_all_reduce
 from lessonlib.models import TEN_M, TIMELINE_MODEL, TinyGPT, count_parameters
@@ -97,26 +97,26 @@ at_most(f"at n = {n} the server's time over the ring's", ratio, n)
 # %%
 single = dp_runs.train_single(steps=20, global_batch=16)
 runs = lessonlib.launch(dp_runs.train_replicas, 4, "bucketed", steps=20, global_batch=16)
-mean_losses = torch.tensor([r["losses"] for r in runs]).mean(0)
-viz.plot_replicas(single["losses"], mean_losses, n=4)
+mean_losses = torch.tensor([r.losses for r in runs]).mean(0)
+viz.plot_replicas(single.losses, mean_losses, n=4)
 plt.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-TOL, steps = 1e-4, len(single["losses"])
-ranks = {f"rank {r['rank']}": r for r in runs}
+TOL, steps = 1e-4, len(single.losses)
+ranks = {f"rank {r.rank}": r for r in runs}
 others = {label: r for label, r in ranks.items() if r is not runs[0]}
 every("a rank started from weights more than 0.01 away from rank 0's", others,
-      lambda r: (r["start"] - runs[0]["start"]).abs().max().item() > 0.01)
+      lambda r: (r.start - runs[0].start).abs().max().item() > 0.01)
 every(f"after {steps} steps a rank's weights are bit-identical to rank 0's", others,
-      lambda r: torch.equal(r["weights"], runs[0]["weights"]))
+      lambda r: torch.equal(r.weights, runs[0].weights))
 every(f"a rank's weights equal the one-process weights to {TOL:g}", ranks,
-      lambda r: (r["weights"] - single["weights"]).abs().max().item() <= TOL)
-gaps = (mean_losses - torch.tensor(single["losses"])).abs().tolist()
+      lambda r: (r.weights - single.weights).abs().max().item() <= TOL)
+gaps = (mean_losses - torch.tensor(single.losses)).abs().tolist()
 every(f"the mean shard loss equals the full-batch loss to {TOL:g}",
       {f"step {i}": gap for i, gap in enumerate(gaps)}, lambda gap: gap <= TOL)
-calls = [step["all_reduce"]["calls"] for step in runs[0]["comm"]]
-print(f"buckets: {runs[0]['buckets']}; all-reduces per step: {sorted(set(calls))}")
+calls = [step["all_reduce"]["calls"] for step in runs[0].comm]
+print(f"buckets: {runs[0].buckets}; all-reduces per step: {sorted(set(calls))}")
 
 # %% [markdown]
 # Bit-identical, not merely close: every rank adds the same averaged gradient to the same
@@ -267,11 +267,12 @@ plt.show()
 #
 # **Your own DDP script.** The snippet often shown calls `.to(rank)` and
 # `device_ids=[rank]` with the gloo backend: CPU ranks have no device `rank`, and on several
-# nodes the global rank is not the local GPU. The corrected minimal script, `main` of
+# nodes the global rank is not the local GPU. The corrected minimal script,
 # `labs/minimal_ddp.py`, runs unchanged on CPU ranks (gloo) and one GPU per rank (NCCL):
+# `join` picks the backend and the device, `main` trains:
 
 # %%
-show(lab("minimal_ddp").main)
+show(lab("minimal_ddp").join, lab("minimal_ddp").main)
 
 # %% [markdown]
 # Run it with `torchrun --standalone --nproc-per-node 2 labs/minimal_ddp.py` (a test does).

@@ -95,9 +95,9 @@ model = mp.make_model("gpt", layers=8, hidden=64)
 names = ["embed", *(f"block {i}" for i in range(8)), "head"]
 plan = split_summary(model, 4)
 for stage in plan:
-    print(f"stage {stage['stage']}: {', '.join(names[i] for i in stage['layers']):<24} "
-          f"{stage['params']:>7,} parameters = {4 * stage['params']:>9,} bytes (fp32)")
-print(f"one process: {sum(s['params'] for s in plan):,} parameters")
+    print(f"stage {stage.stage}: {', '.join(names[i] for i in stage.layers):<24} "
+          f"{stage.params:>7,} parameters = {4 * stage.params:>9,} bytes (fp32)")
+print(f"one process: {sum(s.params for s in plan):,} parameters")
 
 # %% [markdown]
 # ## 2. The assembly line, for real
@@ -120,8 +120,8 @@ show(mp.stage_step)
 # NBVAL_IGNORE_OUTPUT
 results = mp.run_assembly_line(4, p=4, **SETTINGS)
 reference = mp.single_process(**SETTINGS)
-print("losses, 4 ranks:   ", [round(x, 4) for x in results[-1]["losses"]])
-print("losses, 1 process: ", [round(x, 4) for x in reference["losses"]])
+print("losses, 4 ranks:   ", [round(x, 4) for x in results[-1].losses])
+print("losses, 1 process: ", [round(x, 4) for x in reference.losses])
 
 # %% [markdown]
 # Splitting the model must not change what it computes. The parity check compares the
@@ -129,9 +129,9 @@ print("losses, 1 process: ", [round(x, 4) for x in reference["losses"]])
 
 # %%
 # NBVAL_CHECK_OUTPUT
-diff = mp.parity(results, reference)
-print(f"same losses as one process (to 1e-5):  {diff['loss_max_abs_diff'] < 1e-5}")
-print(f"same weights after 4 steps (to 1e-6):  {diff['weights_max_abs_diff'] < 1e-6}")
+diff = mp.compare_parity(results, reference)
+print(f"same losses as one process (to 1e-5):  {diff.loss_max_abs_diff < 1e-5}")
+print(f"same weights after 4 steps (to 1e-6):  {diff.weights_max_abs_diff < 1e-6}")
 
 # %% [markdown]
 # Now the timeline of the 3 timed steps, one row per rank. Blue is forward, orange
@@ -150,8 +150,8 @@ plt.show()
 # NBVAL_IGNORE_OUTPUT
 rows = mp.summarize(results)
 for r in rows:
-    print(f"stage {r['stage']}: worked {r['busy_s'] * 1e3:6.1f} ms, idle {r['idle_measured']:.0%} "
-          f"(predicted {r['idle_predicted']:.0%} for balanced stages)")
+    print(f"stage {r.stage}: worked {r.busy_s * 1e3:6.1f} ms, idle {r.idle_measured:.0%} "
+          f"(predicted {r.idle_predicted:.0%} for balanced stages)")
 
 # %% [markdown]
 # Timings on a laptop are noisy (here 4 ranks share 2 cores), so single ranks scatter,
@@ -161,13 +161,13 @@ for r in rows:
 # %%
 # NBVAL_CHECK_OUTPUT
 for r, stage in zip(rows, plan):
-    print(f"stage {r['stage']}: parameters {r['param_bytes']:>9,} bytes (planned "
-          f"{4 * stage['params']:>9,}), activations kept {r['stash_bytes']:>9,} bytes")
-print(f"all stages together: {sum(r['param_bytes'] for r in rows):,} bytes = "
-      f"one process's {reference['param_bytes']:,}")
+    print(f"stage {r.stage}: parameters {r.param_bytes:>9,} bytes (planned "
+          f"{4 * stage.params:>9,}), activations kept {r.stash_bytes:>9,} bytes")
+print(f"all stages together: {sum(r.param_bytes for r in rows):,} bytes = "
+      f"one process's {reference.param_bytes:,}")
 
 # %%
-tpviz.plot_stage_memory(rows, [4 * s["params"] for s in plan])
+tpviz.plot_stage_memory(rows, [4 * s.params for s in plan])
 plt.show()
 
 # %% [markdown]
@@ -180,12 +180,12 @@ shape = mp.boundary_shape("gpt", SETTINGS["batch"], SETTINGS["hidden"])     # (b
 message = 4 * shape[0] * shape[1] * shape[2]
 print(f"one message: {' x '.join(map(str, shape))} fp32 values = {message:,} bytes")
 for r in results:
-    sent = r["messages"].get("send", {"calls": 0, "bytes": 0})
-    print(f"stage {r['stage']}: {sent['calls']} sends, {sent['bytes']:,} bytes in "
+    sent = r.messages.get("send", {"calls": 0, "bytes": 0})
+    print(f"stage {r.stage}: {sent['calls']} sends, {sent['bytes']:,} bytes in "
           f"{SETTINGS['steps']} steps")
-every("a stage's sends are whole messages", {f"stage {r['stage']}": r for r in results},
-      lambda r: r["messages"].get("send", {"bytes": 0})["bytes"]
-      == message * r["messages"].get("send", {"calls": 0})["calls"])
+every("a stage's sends are whole messages", {f"stage {r.stage}": r for r in results},
+      lambda r: r.messages.get("send", {"bytes": 0})["bytes"]
+      == message * r.messages.get("send", {"calls": 0})["calls"])
 
 # %% [markdown]
 # ## 3. Measured against predicted: more rooms, same time
@@ -201,8 +201,8 @@ results_2 = mp.run_assembly_line(2, p=2, **SETTINGS)
 this_run = [mp.line_record(results_2), mp.line_record(results)]
 print(f"{'p':>2} {'idle predicted':>15} {'idle measured (mean)':>21} {'ms per step':>12}")
 for rec in this_run:
-    print(f"{rec['p']:>2} {rec['idle_predicted']:>15.0%} {rec['idle_mean']:>21.0%} "
-          f"{rec['step_time_s'] * 1e3:>12.1f}")
+    print(f"{rec.p:>2} {rec.idle_predicted:>15.0%} {rec.idle_mean:>21.0%} "
+          f"{rec.step_time_s * 1e3:>12.1f}")
 
 # %%
 tpviz.plot_assembly_line(results_2, title="the same castle on 2 stages")

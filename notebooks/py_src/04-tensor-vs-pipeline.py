@@ -30,11 +30,10 @@ from IPython.display import display
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_least, at_most, claim, within
-from lessonlib.pipeline import actions, runs, schedules
-from lessonlib.pipeline.check import ScheduleError
+from lessonlib.pipeline import actions, schedule_runs, schedules
 from lessonlib.pipeline.executor import PipelineExecutor
-from lessonlib.pipeline.validate import replay, simulate
-from lessonlib.tensor_parallel import ops as tp_ops, runs as tp_runs
+from lessonlib.pipeline.validate import ScheduleError, StageTimes, replay, simulate
+from lessonlib.tensor_parallel import layer_runs as tp_runs, ops as tp_ops
 from lessonlib.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from lessonlib.viz import live
 from lessonlib.viz import pipeline as vp
@@ -311,23 +310,23 @@ for p, m in ((2, 2), (2, 4), (2, 8), (4, 8)):
 
 # %%
 # NBVAL_CHECK_OUTPUT
-cases = [c for c in runs.parity_cases(2) if c[1] != "interleaved"]
-report = runs.parity_report(lessonlib.launch(runs.parity, 2, cases))
+cases = [c for c in schedule_runs.parity_cases(2) if c[1] != "interleaved"]
+report = schedule_runs.compare_parity(lessonlib.launch(schedule_runs.rank_parity, 2, cases))
 for r in report:
-    same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
-    print(f"{r['engine']:>9} {r['schedule']:>5} m={r['m']}: gradients, weights and losses "
+    same = max(r.max_grads_diff, r.max_weights_diff, r.max_losses_diff) < 1e-5
+    print(f"{r.engine:>9} {r.schedule:>5} m={r.m}: gradients, weights and losses "
           f"equal one process: {same}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 SIZES = dict(width=1024, layers_per_stage=8, micro=32)   # micro: rows per micro-batch
-measured = lessonlib.launch(runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
+measured = lessonlib.launch(schedule_runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
                             schedules=("gpipe", "1f1b"), steps=3, warmup=1, timeout=300,
                             **SIZES)
-rows = runs.summarize(measured)
+rows = schedule_runs.summarize(measured)
 print(f"{len(rows)} cases measured, median step times from "
-      f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "
-      f"{max(r['step_time_s'] for r in rows) * 1e3:.0f} ms")
+      f"{min(r.step_time_s for r in rows) * 1e3:.0f} to "
+      f"{max(r.step_time_s for r in rows) * 1e3:.0f} ms")
 
 # %% [markdown]
 # ### 2.4 Measured against predicted
@@ -338,9 +337,9 @@ print(f"{len(rows)} cases measured, median step times from "
 # %%
 for name in ("gpipe", "1f1b"):
     case = ("lessonlib", name, 4, 1)
-    step = runs.median_step(measured, case)
-    row = next(r for r in rows if (r["engine"], r["schedule"], r["m"], r["v"]) == case)
-    vp.gantt_pair(name, [r.spans for r in step], p=2, m=4, bubble=row["bubble_per_stage"])
+    step = schedule_runs.median_step(measured, case)
+    row = next(r for r in rows if (r.engine, r.schedule, r.m, r.v) == case)
+    vp.gantt_pair(name, [r.spans for r in step], p=2, m=4, bubble=row.bubble_per_stage)
     plt.show()
 
 # %% [markdown]
@@ -354,10 +353,10 @@ for name in ("gpipe", "1f1b"):
 print(f"{'schedule':>8} {'m':>2} {'step ms':>8} {'bubble (wall)':>14} {'theory (wall)':>14} "
       f"{'difference':>11}")
 for r in rows:
-    print(f"{r['schedule']:>8} {r['m']:>2} {r['step_time_s'] * 1e3:>8.1f} "
-          f"{r['bubble_mean']:>14.1%} {r['bubble_theory_wall']:>14.1%} "
-          f"{r['bubble_mean'] - r['bubble_theory_wall']:>+11.1%}")
-gaps = [r["bubble_mean"] - r["bubble_theory_wall"] for r in rows]
+    print(f"{r.schedule:>8} {r.m:>2} {r.step_time_s * 1e3:>8.1f} "
+          f"{r.bubble_mean:>14.1%} {r.bubble_theory_wall:>14.1%} "
+          f"{r.bubble_mean - r.bubble_theory_wall:>+11.1%}")
+gaps = [r.bubble_mean - r.bubble_theory_wall for r in rows]
 print(f"this run: {sum(g > 0 for g in gaps)} of {len(gaps)} bubbles above the theory, "
       f"{sum(g < 0 for g in gaps)} below; the measurement is off by {min(gaps):+.1%} to "
       f"{max(gaps):+.1%} of the step")
@@ -367,9 +366,9 @@ plt.show()
 # %%
 # NBVAL_CHECK_OUTPUT
 for r in rows:
-    print(f"{r['schedule']:>5} m={r['m']}: held per stage {r['peak_stash_per_stage']}, "
-          f"predicted {r['peak_stash_theory']}: "
-          f"{r['peak_stash_per_stage'] == r['peak_stash_theory']}")
+    print(f"{r.schedule:>5} m={r.m}: held per stage {r.peak_stash_per_stage}, "
+          f"predicted {r.peak_stash_theory}: "
+          f"{r.peak_stash_per_stage == r.peak_stash_theory}")
 
 # %% [markdown]
 # 1F1B's first stage held 2 micro-batches whatever m was, GPipe's all m.
@@ -390,20 +389,21 @@ for r in rows:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-zb = lessonlib.launch(runs.measure, 2, ms=(4,), engines=("lessonlib",),
+zb = lessonlib.launch(schedule_runs.measure, 2, ms=(4,), engines=("lessonlib",),
                       schedules=("1f1b", "zb-h1"), steps=2, warmup=1, timeout=300, **SIZES)
-why = {name: runs.explain_bubble(zb, ("lessonlib", name, 4, 1)) for name in ("1f1b", "zb-h1")}
+why = {name: schedule_runs.explain_bubble(zb, ("lessonlib", name, 4, 1))
+       for name in ("1f1b", "zb-h1")}
 fig, axes = plt.subplots(2, 1, figsize=(10, 3.8), constrained_layout=True)
 for ax, name in zip(axes, why):
-    spans = [r.spans for r in runs.median_step(zb, ("lessonlib", name, 4, 1))]
+    spans = [r.spans for r in schedule_runs.median_step(zb, ("lessonlib", name, 4, 1))]
     vp.gantt(spans, ax=ax, title=f"{vp.NAMES[name]}, p=2, m=4, measured: bubble "
-             f"{statistics.fmean(why[name]['measured']):.1%} of wall time")
+             f"{statistics.fmean(why[name].measured):.1%} of wall time")
 plt.show()
 times = why["zb-h1"]    # per stage; stage 0's W runs its whole backward (its B has no input)
 for stage in (0, 1):
-    print(f"stage {stage}: T_F {times['forward_ms'][stage]:.1f} ms, T_B "
-          f"{times['backward_ms'][stage]:.1f} ms, T_W {times['weight_ms'][stage]:.1f} ms")
-equal = {k: [1.0, 1.0] for k in ("forward_ms", "backward_ms", "weight_ms")}
+    print(f"stage {stage}: T_F {times.forward_ms[stage]:.1f} ms, T_B "
+          f"{times.backward_ms[stage]:.1f} ms, T_W {times.weight_ms[stage]:.1f} ms")
+equal = StageTimes(forward_ms=[1.0, 1.0], backward_ms=[1.0, 1.0], weight_ms=[1.0, 1.0])
 
 
 def idle_ms(name, stage_ms):
@@ -420,7 +420,7 @@ within("replayed at T_F = T_B = T_W, ZB-H1's idle time over 1F1B's (Table 2's th
        left["equal"], expected=1 / 3, tolerance=0.01)
 at_most("replayed on the measured times, ZB-H1's idle time over 1F1B's", left["measured"], 1)
 split = {f"stage {s}": w / (b + w) for s, (b, w)   # stage 0's B computes nothing
-         in enumerate(zip(times["backward_ms"], times["weight_ms"])) if s > 0}
+         in enumerate(zip(times.backward_ms, times.weight_ms)) if s > 0}
 at_least(f"T_W's share of the backward on the stages with a B ({', '.join(split)})",
          min(split.values()), 0.3)
 

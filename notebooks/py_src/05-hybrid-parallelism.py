@@ -33,8 +33,8 @@ from lessonlib import grid, grid_layout, hybrid
 from lessonlib.instruments.claims import at_least, at_most, claim, every, within
 from lessonlib.data import stored
 from lessonlib.exercises import hybrid as ex
-from lessonlib.hybrid_axes.build import build_stage
-from lessonlib.hybrid_axes.trainer import HybridTrainer
+from lessonlib.hybrid import HybridTrainer, build_stage
+from lessonlib.models import HYBRID_CONFIG
 from lessonlib.viz import hybrid as viz
 from lessonlib.viz import live
 from lessonlib.viz.source import show
@@ -92,7 +92,7 @@ for r in ranks:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-cfg = hybrid.HYBRID_CONFIG
+cfg = HYBRID_CONFIG
 GRID, STEP = dict(dp=2, pp=2, tp=2), dict(global_batch=8, m=2)
 print(cfg)
 for stage in (0, 1):
@@ -113,18 +113,18 @@ show(build_stage, HybridTrainer.step)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-per_rank = hybrid.run(**GRID, **STEP, steps=3)
+per_rank = hybrid.run(**GRID, **STEP, steps=3, timeline=True)
 for r in per_rank:
-    print(f"rank {r['rank']} {r['coords']}: median step {r['step_time_s'] * 1e3:.0f} ms, "
-          f"outside F/B {r['idle_share']:.0%} of the pipeline's time")
+    print(f"rank {r.rank} {r.coords}: median step {r.step_time_s * 1e3:.0f} ms, "
+          f"outside F/B {r.idle_share:.0%} of the pipeline's time")
 
 # %%
 # NBVAL_CHECK_OUTPUT
-summary = hybrid.parity_summary(per_rank)
-print("loss per step, 3-D run:   ", [round(x, 4) for x in summary["losses"]])
-print("loss per step, one process:", [round(x, 4) for x in summary["dense_losses"]])
+summary = hybrid.compare_parity(per_rank)
+print("loss per step, 3-D run:   ", [round(x, 4) for x in summary.losses])
+print("loss per step, one process:", [round(x, 4) for x in summary.dense_losses])
 for key in ("max_loss_diff", "max_grad_diff", "max_weight_diff"):
-    print(f"{key}: below 1e-5: {summary[key] < 1e-5}")
+    print(f"{key}: below 1e-5: {getattr(summary, key) < 1e-5}")
 
 # %% [markdown]
 # ## 4. Measured against predicted
@@ -138,20 +138,20 @@ print(f"{'rank':>4} {'(d,p,t)':>9} {'params':>7} {'expected':>8}   traffic per s
       f"(measured == expected)")
 exact = {}   # rank: (messages as predicted, parameters as predicted)
 for r in per_rank:
-    stage = r["coords"][1]
+    stage = r.coords[1]
     count = hybrid.expected_param_count(cfg, pp=2, tp=2, stage=stage)
     want = hybrid.expected_traffic(cfg, **GRID, **STEP, stage=stage, param_count=count)
-    got = hybrid.measured_traffic(r["traffic"][-1])
-    exact[f"rank {r['rank']}"] = (got == want, r["param_count"] == count)
-    print(f"{r['rank']:>4} {str(r['coords']):>9} {r['param_count']:>7,} {count:>8,}   "
+    got = hybrid.measured_traffic(r.traffic[-1])
+    exact[f"rank {r.rank}"] = (got == want, r.param_count == count)
+    print(f"{r.rank:>4} {str(r.coords):>9} {r.param_count:>7,} {count:>8,}   "
           + ", ".join(f"{k} {got[k]['calls']}" for k in got) + f"  ({got == want})")
 every("a rank sent the predicted messages and holds the predicted parameters", exact, all)
-idle = sorted(r["idle_share"] for r in per_rank)
+idle = sorted(r.idle_share for r in per_rank)
 print(f"time outside F and B, median over ranks: {idle[len(idle) // 2]:.0%}; "
       f"bubble formula: {cm.bubble_fraction(2, 2):.0%}")
 at_most("the median rank's idle share's distance from the bubble formula",
         100 * abs(idle[len(idle) // 2] - cm.bubble_fraction(2, 2)), 20, unit=" points")
-tp_calls = [r["traffic"][-1].pipe["all_reduce"] for r in per_rank]
+tp_calls = [r.traffic[-1].pipe["all_reduce"] for r in per_rank]
 per_call = sum(c["seconds"] for c in tp_calls) / sum(c["calls"] for c in tp_calls)
 print(f"one TP all-reduce of {tp_calls[0]['bytes'] // tp_calls[0]['calls']:,} bytes took "
       f"{per_call * 1e3:.2f} ms on average (from the ledger)")

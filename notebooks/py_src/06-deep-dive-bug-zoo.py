@@ -32,7 +32,7 @@
 # collectives, and the job hangs. Their trap is a third one, the **flight records** every rank
 # keeps: when the launch times out, they name the stuck call, its group and who never came.
 #
-# Switch a bug on with `with bugs.enabled("name"):` or `LESSONLIB_BUGS=name` in the
+# Switch a bug on with `with bug_switches.enabled("name"):` or `LESSONLIB_BUGS=name` in the
 # environment; ranks started by `lessonlib.launch` inherit it.
 
 # %%
@@ -40,19 +40,19 @@ import textwrap
 
 import matplotlib.pyplot as plt
 
-from lessonlib import bugs, bugzoo
+from lessonlib import bug_checks, bug_switches
 from lessonlib.viz import bugzoo as viz
 
 # %% [markdown]
 # ## 1. The cages
 #
-# The registry, `bugs.BUGS`, is the documentation: for each bug, the line its switch
+# The registry, `bug_switches.BUGS`, is the documentation: for each bug, the line its switch
 # changes (read from the source now, so it is never stale), and the existing test in
 # `tests/` that fails when it is on.
 
 # %%
-for name, bug in bugs.BUGS.items():
-    where, code = bugs.hook_line(name)
+for name, bug in bug_switches.BUGS.items():
+    where, code = bug_switches.hook_line(name)
     print(f"{name}  ({where})\n{textwrap.indent(code, ' ' * 8)}\n"
           f"    caught by: {bug.check}\n    test: {bug.test}\n")
 
@@ -93,8 +93,9 @@ print(f"all-reduces per micro-batch:  {predicted_sends}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-results = {name: {"off": bugzoo.check(name, bug_on=False), "on": bugzoo.check(name, bug_on=True)}
-           for name in bugs.BUGS}
+results = {name: {"off": bug_checks.check(name, bug_on=False),
+                  "on": bug_checks.check(name, bug_on=True)}
+           for name in bug_switches.BUGS}
 for name, pair in results.items():
     print(f"{name}\n    off: {pair['off'].message}\n    on:  {pair['on'].message}")
 
@@ -173,14 +174,14 @@ viz.bug_widget(results)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-with bugs.enabled("pipeline_loss_unscaled"):
-    tried = bugzoo.check("pipeline_loss_unscaled")
+with bug_switches.enabled("pipeline_loss_unscaled"):
+    tried = bug_checks.check("pipeline_loss_unscaled")
 print(tried.message)
 
 # %%
 # NBVAL_CHECK_OUTPUT
 print(f"bug on inside the block: {tried.bug_on}, check passed: {tried.passed}; "
-      f"switched on now: {bugs.active('pipeline_loss_unscaled')}")
+      f"switched on now: {bug_switches.active('pipeline_loss_unscaled')}")
 
 # %% [markdown]
 # From a terminal, the named test in `tests/` fails the same way:

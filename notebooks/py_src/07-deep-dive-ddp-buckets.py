@@ -28,7 +28,7 @@ from lessonlib.costmodel import alpha_beta
 from lessonlib.data import stored
 from lessonlib.data_parallel import bench as dp_bench
 from lessonlib.data_parallel import ddp
-from lessonlib.data_parallel import runs as dp_runs
+from lessonlib.data_parallel import ladder_runs as dp_runs
 from lessonlib.models import TINY, TinyGPT
 from lessonlib.viz import dp as viz
 from lessonlib.viz.source import show
@@ -59,8 +59,8 @@ print(STORED["about"])
 single = dp_runs.train_single(steps=5, global_batch=8)
 for rung in ("naive", "flat", "async", "bucketed", "torch"):
     ranks = lessonlib.launch(dp_runs.train_replicas, 2, rung, steps=5, global_batch=8)
-    same = all(torch.equal(r["weights"], ranks[0]["weights"]) for r in ranks)
-    close = (ranks[0]["weights"] - single["weights"]).abs().max().item() < 1e-4
+    same = all(torch.equal(r.weights, ranks[0].weights) for r in ranks)
+    close = (ranks[0].weights - single.weights).abs().max().item() < 1e-4
     print(f"{dp_runs.RUNGS[rung]:<68} replicas identical: {same}, "
           f"= one process (1e-4): {close}")
 

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 
 import lessonlib
 from lessonlib import costmodel as cm
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 from lessonlib.pipeline import schedules as S
 from lessonlib.pipeline.actions import describe
 from lessonlib.pipeline.validate import replay, simulate
@@ -117,11 +117,11 @@ plt.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-cases = [c for c in runs.parity_cases(2) if c[1] == "interleaved"]
-report = runs.parity_report(lessonlib.launch(runs.parity, 2, cases))
+cases = [c for c in schedule_runs.parity_cases(2) if c[1] == "interleaved"]
+report = schedule_runs.compare_parity(lessonlib.launch(schedule_runs.rank_parity, 2, cases))
 for r in report:
-    same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
-    print(f"{r['engine']:>9} {r['schedule']:>11} m={r['m']} v={r['v']}: gradients, weights "
+    same = max(r.max_grads_diff, r.max_weights_diff, r.max_losses_diff) < 1e-5
+    print(f"{r.engine:>9} {r.schedule:>11} m={r.m} v={r.v}: gradients, weights "
           f"and losses equal one process: {same}")
 
 # %% [markdown]
@@ -133,15 +133,15 @@ for r in report:
 # %%
 # NBVAL_IGNORE_OUTPUT
 WIDTH, LAYERS_PER_STAGE, MICRO = 1024, 8, 32     # the stages' layers; rows per micro-batch
-measured = lessonlib.launch(runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
+measured = lessonlib.launch(schedule_runs.measure, 2, ms=(2, 4, 8), engines=("lessonlib",),
                             schedules=("1f1b", "interleaved"), width=WIDTH,
                             layers_per_stage=LAYERS_PER_STAGE, micro=MICRO, steps=3, warmup=1,
                             timeout=300)
-rows = runs.summarize(measured)
+rows = schedule_runs.summarize(measured)
 print(f"{2 * LAYERS_PER_STAGE} layers of width {WIDTH}, micro-batches of {MICRO} rows: "
       f"{len(rows)} cases measured, median step times from "
-      f"{min(r['step_time_s'] for r in rows) * 1e3:.0f} to "
-      f"{max(r['step_time_s'] for r in rows) * 1e3:.0f} ms")
+      f"{min(r.step_time_s for r in rows) * 1e3:.0f} to "
+      f"{max(r.step_time_s for r in rows) * 1e3:.0f} ms")
 
 # %% [markdown]
 # ## 4. Measured against predicted
@@ -149,10 +149,10 @@ print(f"{2 * LAYERS_PER_STAGE} layers of width {WIDTH}, micro-batches of {MICRO}
 # The median interleaved step with m = 4 under its theoretical chart:
 
 # %%
-step = runs.median_step(measured, ("lessonlib", "interleaved", 4, 2))
-row = next(r for r in rows if (r["schedule"], r["m"]) == ("interleaved", 4))
+step = schedule_runs.median_step(measured, ("lessonlib", "interleaved", 4, 2))
+row = next(r for r in rows if (r.schedule, r.m) == ("interleaved", 4))
 vp.gantt_pair("interleaved", [r.spans for r in step], p=2, m=4, v=2,
-              bubble=row["bubble_per_stage"])
+              bubble=row.bubble_per_stage)
 plt.show()
 
 # %% [markdown]
@@ -166,11 +166,11 @@ plt.show()
 print(f"{'schedule':>11} {'m':>2} {'v':>2} {'step ms':>8} {'bubble (wall)':>14} "
       f"{'theory (wall)':>14} {'difference':>11} {'theory (ideal)':>15}")
 for r in rows:
-    print(f"{r['schedule']:>11} {r['m']:>2} {r['v']:>2} {r['step_time_s'] * 1e3:>8.1f} "
-          f"{r['bubble_mean']:>14.1%} {r['bubble_theory_wall']:>14.1%} "
-          f"{r['bubble_mean'] - r['bubble_theory_wall']:>+11.1%} "
-          f"{r['bubble_theory_ideal']:>15.1%}")
-step_ms = {(r["schedule"], r["m"]): r["step_time_s"] for r in rows}
+    print(f"{r.schedule:>11} {r.m:>2} {r.v:>2} {r.step_time_s * 1e3:>8.1f} "
+          f"{r.bubble_mean:>14.1%} {r.bubble_theory_wall:>14.1%} "
+          f"{r.bubble_mean - r.bubble_theory_wall:>+11.1%} "
+          f"{r.bubble_theory_ideal:>15.1%}")
+step_ms = {(r.schedule, r.m): r.step_time_s for r in rows}
 ratio = {m: step_ms["interleaved", m] / step_ms["1f1b", m] for m in (2, 4, 8)}
 slower = [m for m, x in ratio.items() if x > 1]
 print("interleaved step / 1F1B step: " + ", ".join(f"m={m} {x:.2f}" for m, x in ratio.items())
@@ -194,9 +194,9 @@ print("interleaved step / 1F1B step: " + ", ".join(f"m={m} {x:.2f}" for m, x in 
 # %%
 # NBVAL_IGNORE_OUTPUT
 for r in rows:
-    print(f"{r['schedule']:>11} m={r['m']}: held per stage {r['peak_stash_per_stage']} "
-          f"(predicted {r['peak_stash_theory']}), MiB saved for backward per stage "
-          f"{[round(b / 2 ** 20, 1) for b in r['peak_stash_bytes_per_stage']]}")
+    print(f"{r.schedule:>11} m={r.m}: held per stage {r.peak_stash_per_stage} "
+          f"(predicted {r.peak_stash_theory}), MiB saved for backward per stage "
+          f"{[round(b / 2 ** 20, 1) for b in r.peak_stash_bytes_per_stage]}")
 
 # %% [markdown]
 # <!-- no measured claim: "below" points at the stored default view of the widget -->
@@ -293,7 +293,7 @@ for name, v, times in (("1f1b", 1, dict(forward=1, backward=2)),
                        ("zb-h1", 1, dict(forward=1, backward=1, weight=1)),
                        ("zbv", 2, dict(forward=0.5, backward=0.5, weight=0.5))):
     sim = simulate(S.make(name, p=p, m=m, v=v), **times)
-    model = runs.theory(name, p=p, m=m, v=v, convention="ideal")
+    model = schedule_runs.theory(name, p=p, m=m, v=v, convention="ideal")
     print(f"{vp.NAMES[name]:>17} {sim.idle[0]:>15.2f} {sim.bubble_ideal[0]:>15.1%} "
           f"{model:>11.1%} {max(sim.peak_stash) / v:>21.1f}")
 print(f"ZB-H1 formula (p-1)(T_F + T_B - T_W) = {(p - 1) * (1 + 1 - 1)}; ZBV's start-up, "
@@ -335,11 +335,12 @@ every(f"from m = 2p-1 on, that is the start-up alone, p-1 = {p - 1} chunk forwar
 
 # %%
 # NBVAL_CHECK_OUTPUT
-cases = [c for c in runs.zero_bubble_cases(2, torch=True) if c[2] > 1]
-report = runs.parity_report(lessonlib.launch(runs.parity, 2, cases, steps=3), steps=3)
+cases = [c for c in schedule_runs.zero_bubble_cases(2, torch=True) if c[2] > 1]
+per_rank = lessonlib.launch(schedule_runs.rank_parity, 2, cases, steps=3)
+report = schedule_runs.compare_parity(per_rank, steps=3)
 for r in report:
-    same = max(r["max_grads_diff"], r["max_weights_diff"], r["max_losses_diff"]) < 1e-5
-    print(f"{r['engine']:>9} {r['schedule']:>5} m={r['m']}: gradients, weights (3 steps) and "
+    same = max(r.max_grads_diff, r.max_weights_diff, r.max_losses_diff) < 1e-5
+    print(f"{r.engine:>9} {r.schedule:>5} m={r.m}: gradients, weights (3 steps) and "
           f"losses equal one process: {same}")
 
 # %% [markdown]
@@ -359,30 +360,30 @@ for r in report:
 # NBVAL_IGNORE_OUTPUT
 import statistics
 
-zb = lessonlib.launch(runs.measure, 2, ms=(4,), engines=("lessonlib", "torch"), width=WIDTH,
-                      layers_per_stage=LAYERS_PER_STAGE, micro=MICRO,
+zb = lessonlib.launch(schedule_runs.measure, 2, ms=(4,), engines=("lessonlib", "torch"),
+                      width=WIDTH, layers_per_stage=LAYERS_PER_STAGE, micro=MICRO,
                       schedules=("1f1b", "interleaved", "zb-h1", "zbv"), steps=3, warmup=1,
                       timeout=300)
-zb_rows = {(r["engine"], r["schedule"]): r for r in runs.summarize(zb)}
+zb_rows = {(r.engine, r.schedule): r for r in schedule_runs.summarize(zb)}
 ours = {case[1]: case for case in zb[0] if case[0] == "lessonlib"}
 ours = {name: ours[name] for name in ("1f1b", "interleaved", "zb-h1", "zbv")}
-why = {name: runs.explain_bubble(zb, case) for name, case in ours.items()}
+why = {name: schedule_runs.explain_bubble(zb, case) for name, case in ours.items()}
 fig, axes = plt.subplots(4, 1, figsize=(10, 8), constrained_layout=True)
 for ax, (name, case) in zip(axes, ours.items()):
-    vp.gantt([r.spans for r in runs.median_step(zb, case)], ax=ax,
+    vp.gantt([r.spans for r in schedule_runs.median_step(zb, case)], ax=ax,
              title=f"{vp.NAMES[name]}, p=2, m=4, measured: bubble "
-                   f"{statistics.fmean(why[name]['measured']):.1%} of wall time")
+                   f"{statistics.fmean(why[name].measured):.1%} of wall time")
 plt.show()
 print(f"p = 2, m = 4, layers of width {WIDTH}, micro-batches of {MICRO} rows")
 print(f"{'schedule':>17} {'step ms':>8} {'bubble measured':>16} {'replayed':>9} "
       f"{'T_F, T_B, T_W ms (last virtual stage)':>39}")
 for name, w in why.items():
-    print(f"{vp.NAMES[name]:>17} {w['step_ms']:>8.1f} {statistics.fmean(w['measured']):>16.1%} "
-          f"{statistics.fmean(w['simulated_with_measured_compute']):>9.1%} "
-          f"{w['forward_ms'][-1]:>25.2f} {w['backward_ms'][-1]:>6.2f} {w['weight_ms'][-1]:>6.2f}")
+    print(f"{vp.NAMES[name]:>17} {w.step_ms:>8.1f} {statistics.fmean(w.measured):>16.1%} "
+          f"{statistics.fmean(w.simulated_with_measured_compute):>9.1%} "
+          f"{w.forward_ms[-1]:>25.2f} {w.backward_ms[-1]:>6.2f} {w.weight_ms[-1]:>6.2f}")
 for name, torch_name in (("zb-h1", "ScheduleInterleavedZeroBubble"),
                          ("zbv", "ScheduleZBVZeroBubble")):
-    mine, theirs = zb_rows["lessonlib", name]["step_time_s"], zb_rows["torch", name]["step_time_s"]
+    mine, theirs = zb_rows["lessonlib", name].step_time_s, zb_rows["torch", name].step_time_s
     print(f"lessonlib {vp.NAMES[name]} step / PyTorch's {torch_name}: {mine / theirs:.2f}")
 # every schedule replayed on the times this ZB-H1 run measured, per virtual stage
 same = {name: statistics.fmean(replay(S.make(name, p=2, m=4, v=case[3]), why["zb-h1"]).bubble)

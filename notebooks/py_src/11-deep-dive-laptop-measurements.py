@@ -233,10 +233,10 @@ print("each waited before the next:", nccl_hazards(cycle(True)) or "no hazard")
 # sends and receives go out in rounds, one `batch_isend_irecv` on the pipeline group each,
 # and all of a round is waited on before the stage computes again, so no transfer is left
 # in flight on one communicator while a tensor-parallel collective starts on another
-# (`pipeline.rounds`, which also proves, without processes, that no schedule's rounds can
-# hang). What it costs: a receive is no longer posted long before the compute that needs it,
-# so less of the transfer hides behind compute, and a stage waits at each round for its
-# neighbour's compute of that round. The frameworks pay that for a run that cannot hang on
+# (`pipeline.validate.lockstep`; `check_batches` there also proves, without processes, that
+# no schedule's rounds can hang). What it costs: a receive is no longer posted long before
+# the compute that needs it, so less of the transfer hides behind compute, and a stage waits
+# at each round for its neighbour's compute of that round. The frameworks pay that for a run that cannot hang on
 # its first cluster.
 
 # %% [markdown]
@@ -253,12 +253,12 @@ print("each waited before the next:", nccl_hazards(cycle(True)) or "no hazard")
 
 # %%
 import lessonlib
-from lessonlib.pipeline import runs
+from lessonlib.pipeline import schedule_runs
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 WIDTH, MICRO = 1024, 32               # the layers' width, rows per micro-batch
-measured = lessonlib.launch(runs.measure, 2, ms=(8,), engines=("lessonlib",),
+measured = lessonlib.launch(schedule_runs.measure, 2, ms=(8,), engines=("lessonlib",),
                             schedules=("gpipe", "1f1b", "interleaved"), width=WIDTH,
                             micro=MICRO, steps=3, warmup=1, timeout=300)
 print(f"layers of width {WIDTH}, micro-batches of {MICRO} rows: {len(measured[0])} schedules "
@@ -293,16 +293,16 @@ def percent(values):
 spread = []
 for name, m in (("gpipe", 8), ("1f1b", 8), ("interleaved", 8)):
     v = 2 if name == "interleaved" else 1
-    why = runs.explain_bubble(measured, ("lessonlib", name, m, v))
+    why = schedule_runs.explain_bubble(measured, ("lessonlib", name, m, v))
     print(f"{name} m={m}: per {'virtual stage' if v > 1 else 'stage'} "
-          f"F {[round(x, 1) for x in why['forward_ms']]} ms, "
-          f"B {[round(x, 1) for x in why['backward_ms']]} ms; per stage "
-          f"send {[round(x, 1) for x in why['send_ms']]} ms (medians)")
-    spread.append((name, why["theory"], why["measured"]))
-    print(f"   bubble of wall time: theory {why['theory']:.1%} | simulated with measured F, B "
-          f"{percent(why['simulated_with_measured_compute'])} | with the sends too "
-          f"{percent(why['simulated_with_measured_compute_and_sends'])} | measured "
-          f"{percent(why['measured'])}")
+          f"F {[round(x, 1) for x in why.forward_ms]} ms, "
+          f"B {[round(x, 1) for x in why.backward_ms]} ms; per stage "
+          f"send {[round(x, 1) for x in why.send_ms]} ms (medians)")
+    spread.append((name, why.theory, why.measured))
+    print(f"   bubble of wall time: theory {why.theory:.1%} | simulated with measured F, B "
+          f"{percent(why.simulated_with_measured_compute)} | with the sends too "
+          f"{percent(why.simulated_with_measured_compute_and_sends)} | measured "
+          f"{percent(why.measured)}")
 offs = [x - theory for _, theory, measured in spread for x in measured]
 print(f"this run: {sum(o > 0 for o in offs)} of {len(offs)} stages' bubbles above the theory, "
       f"off by {min(offs):+.1%} to {max(offs):+.1%} of the step")

@@ -40,7 +40,7 @@ from matplotlib.patches import Patch
 import lessonlib
 from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_least, at_most, claim, every, within
-from lessonlib.context_parallel import chunks_of, ring, runs, torch_ref
+from lessonlib.context_parallel import chunks_of, ring, ring_runs, torch_ref
 from lessonlib.costmodel import compute as cc
 from lessonlib.costmodel import get_cluster
 from lessonlib.costmodel import context as cx
@@ -168,9 +168,10 @@ GPT = GPTConfig(vocab=32, seq=16, hidden=16, heads=2, layers=2)
 
 
 def the_run():
-    return SimpleNamespace(parity=runs.attention_reports((1, 2, 3, 4)),
-                           gpt=runs.gpt_report(2, GPT, b=2, steps=3),
-                           balance=runs.balance_report(s=2048, heads=4, head_dim=64, repeats=5),
+    return SimpleNamespace(parity=ring_runs.attention_reports((1, 2, 3, 4)),
+                           gpt=ring_runs.gpt_report(2, GPT, b=2, steps=3),
+                           balance=ring_runs.balance_report(s=2048, heads=4, head_dim=64,
+                                                            repeats=5),
                            torch=torch_ref.demo())
 
 
@@ -186,14 +187,14 @@ print(f"{len(measured)} ranks reported")
 # %%
 # NBVAL_IGNORE_OUTPUT
 reports = [rep for r in measured for rep in r.parity.values()
-           if isinstance(rep, runs.RingParity)]          # a rank in no group of c: Refused
+           if isinstance(rep, ring_runs.RingParity)]          # a rank in no group of c: Refused
 worst = max(max(rep.output, rep.dq, rep.dk, rep.dv) for rep in reports)
 gpt = [r.gpt for r in measured]
 at_least("the decimal places to which ring attention agrees with one-process SDPA (float64), "
          "-log10 of the largest difference in the output and dq, dk, dv over every rank at "
          "c = 1, 2, 3, 4, both layouts, causal and not,", -math.log10(worst), 12)
-gpt_worst = max([abs(mine - ref) for g in gpt for mine, ref in zip(g["losses"], g["reference_losses"])]
-                + [g["grads"][0] for g in gpt] + [g["weights"][0] for g in gpt])
+gpt_worst = max([abs(mine - ref) for g in gpt for mine, ref in zip(g.losses, g.reference_losses)]
+                + [g.grads[0] for g in gpt] + [g.weights[0] for g in gpt])
 at_least("the decimal places to which the tiny GPT on c = 2 ranks x d = 2 replicas agrees with "
          "one process in the losses, gradients and weights of 3 SGD steps", -math.log10(gpt_worst),
          12)
@@ -298,7 +299,8 @@ every("each rank's ring attention saves exactly 1/c of one process's bytes (c ti
       lambda c_times_saved: c_times_saved == one)
 every("the ledger's key/value bytes per rank equal the formula, both layouts, causal and not",
       {f"c = {c}": [rep for r in measured for key, rep in r.parity.items()
-                    if key[0] == c and isinstance(rep, runs.RingParity)] for c in (1, 2, 3, 4)},
+                    if key[0] == c and isinstance(rep, ring_runs.RingParity)]
+       for c in (1, 2, 3, 4)},
       lambda reps: all(rep.received == rep.predicted_received for rep in reps))
 for c in (2, 3, 4):
     traces = [r.parity[c, "zigzag", True].events for r in measured[:c * (4 // c)]]
@@ -308,7 +310,7 @@ for c in (2, 3, 4):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-ratio = gpt[0]["activation_bytes"] / gpt[0]["one_process_activation_bytes"]
+ratio = gpt[0].activation_bytes / gpt[0].one_process_activation_bytes
 within("the tiny GPT's activation bytes per rank at c = 2, against 1/c of one process's,",
        ratio, expected=0.5, tolerance=0.10)
 

@@ -51,12 +51,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import lessonlib
-from lessonlib import bugs
+from lessonlib import bug_switches
 from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_least, at_most, claim, every
 from lessonlib.costmodel import moe as cmoe
 from lessonlib.costmodel.alpha_beta import fit_alpha_beta
-from lessonlib.expert_parallel import ExpertParallelMoE, exchange_counts, measure, runs
+from lessonlib.expert_parallel import ExpertParallelMoE, exchange_counts, layer_runs, measure
 from lessonlib.models.moe_routing import route
 from lessonlib.instruments.nccl_rules import nccl_hazards
 from lessonlib.viz.source import show
@@ -144,7 +144,7 @@ show(route)
 STEPS = 60
 studies = {balance: measure.balance_study(balance, steps=STEPS) for balance in (True, False)}
 print(f"{STEPS} steps; capacity factors tried at the end: {measure.CAPACITY_FACTORS}")
-{("with" if b else "without") + " the balancing loss": round(s["losses"][-1], 3)
+{("with" if b else "without") + " the balancing loss": round(s.losses[-1], 3)
  for b, s in studies.items()}
 
 # %% [markdown]
@@ -155,11 +155,11 @@ print(f"{STEPS} steps; capacity factors tried at the end: {measure.CAPACITY_FACT
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
 for ax, (balance, study) in zip(axes, studies.items()):
-    load = np.sort(study["load"][STEPS // 2:], axis=1)[:, ::-1]    # (steps, E), busiest first
-    even = load.sum(1).mean() / study["E"]            # every step routes the same k·T choices
+    load = np.sort(study.load[STEPS // 2:], axis=1)[:, ::-1]    # (steps, E), busiest first
+    even = load.sum(1).mean() / study.E            # every step routes the same k·T choices
     busiest = load[:, 0].mean() / even
-    assert np.isclose(busiest, study["imbalance"])    # the statistic the tables print
-    rank = np.arange(1, study["E"] + 1)
+    assert np.isclose(busiest, study.imbalance)    # the statistic the tables print
+    rank = np.arange(1, study.E + 1)
     ax.bar(rank, load.mean(0), color="#4c72b0", label="mean over the steps")
     ax.errorbar(rank, load.mean(0), yerr=load.std(0), fmt="none", ecolor="k", capsize=3,
                 label="± 1 standard deviation over the steps")
@@ -178,16 +178,16 @@ plt.show()
 print(f"{'capacity factor':>16} " + " ".join(f"{c:>7}" for c in measure.CAPACITY_FACTORS))
 for balance, study in studies.items():
     print(f"{'with' if balance else 'without':>8} balance " + " ".join(
-        f"{study['dropped_share'][c]:>7.1%}" for c in measure.CAPACITY_FACTORS))
+        f"{study.dropped_share[c]:>7.1%}" for c in measure.CAPACITY_FACTORS))
 with_, without = studies[True], studies[False]
 claim("without the balancing loss the load is more uneven",
-      without["imbalance"] > with_["imbalance"],
-      numbers=f"busiest/mean {without['imbalance']:.2f} vs {with_['imbalance']:.2f}")
+      without.imbalance > with_.imbalance,
+      numbers=f"busiest/mean {without.imbalance:.2f} vs {with_.imbalance:.2f}")
 every("the balancing loss drops no more tokens than no balancing",
-      {f"C = {c}": (with_["dropped_share"][c], without["dropped_share"][c])
+      {f"C = {c}": (with_.dropped_share[c], without.dropped_share[c])
        for c in measure.CAPACITY_FACTORS}, lambda pair: pair[0] <= pair[1])
 every("a larger capacity factor never drops more",
-      {("with" if b else "without") + " balance": [s["dropped_share"][c]
+      {("with" if b else "without") + " balance": [s.dropped_share[c]
                                                    for c in measure.CAPACITY_FACTORS]
        for b, s in studies.items()}, lambda shares: shares == sorted(shares, reverse=True))
 
@@ -225,15 +225,15 @@ frontier = {b: measure.balance_study(b, capacity_factor=None, steps=STEPS)
             for b in ("none", "aux", "bias")}
 print(f"{'balancing':>10} {'busiest / mean':>15} {'dropped':>8} {'largest aux loss':>17}")
 for b, study in frontier.items():
-    print(f"{b:>10} {study['imbalance']:>15.2f} {study['train_dropped_share']:>8.1%} "
-          f"{max(study['aux_losses'], default=0.0):>17.4f}")
+    print(f"{b:>10} {study.imbalance:>15.2f} {study.train_dropped_share:>8.1%} "
+          f"{max(study.aux_losses, default=0.0):>17.4f}")
 every("dropless routing drops no token",
-      {b: s["train_dropped_share"] for b, s in frontier.items()}, lambda share: share == 0)
+      {b: s.train_dropped_share for b, s in frontier.items()}, lambda share: share == 0)
 claim("the bias brings the busiest expert closer to the mean than no balancing, with no "
-      "auxiliary loss", frontier["bias"]["imbalance"] < frontier["none"]["imbalance"]
-      and max(frontier["bias"]["aux_losses"], default=0.0) == 0,
-      numbers=f"busiest / mean {frontier['bias']['imbalance']:.2f} against "
-              f"{frontier['none']['imbalance']:.2f}")
+      "auxiliary loss", frontier["bias"].imbalance < frontier["none"].imbalance
+      and max(frontier["bias"].aux_losses, default=0.0) == 0,
+      numbers=f"busiest / mean {frontier['bias'].imbalance:.2f} against "
+              f"{frontier['none'].imbalance:.2f}")
 
 # %% [markdown]
 # Dropless, every token reaches its experts and the load shows only in the busiest
@@ -270,32 +270,32 @@ show(exchange_counts)
 # E/e = 1 and 2, k = 1 and 2, with C = 1.0 so that tokens are dropped, and a shared expert
 # in one case. Inside data parallelism (Megatron-Core, DeepSeek-V3) the dense weights'
 # gradients are averaged over all 4 ranks and each expert's over the ranks holding a copy
-# of it (`expert_parallel.sync_gradients`). Errors are relative to the largest value:
+# of it (`data_parallel.ladder.sync_gradients`). Errors are relative to the largest value:
 
 # %%
-reports = runs.run_parity(4)
+reports = layer_runs.run_parity(4)
 print(f"{'E':>2} {'e':>2} {'k':>2} {'dropped':>8} {'output':>9} {'input grad':>11} "
       f"{'grads':>9} {'weights, 3 steps':>17}")
-for i, (E, e, k, C, shared) in enumerate(runs.CASES):
+for i, (E, e, k, C, shared) in enumerate(layer_runs.CASES):
     case = [r[i] for r in reports]
-    worst = {w: max(c[w] for c in case)
+    worst = {w: max(getattr(c, w) for c in case)
              for w in ("output", "input_grad", "grads", "weights_after_steps")}
-    print(f"{E:>2} {e:>2} {k:>2} {sum(c['dropped'][0] for c in case):>8} "
+    print(f"{E:>2} {e:>2} {k:>2} {sum(c.dropped[0] for c in case):>8} "
           f"{worst['output']:>9.1e} {worst['input_grad']:>11.1e} {worst['grads']:>9.1e} "
           f"{worst['weights_after_steps']:>17.1e}" + ("  (+ a shared expert)" if shared else ""))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-worst = max(r[w] for rank in reports for r in rank
+worst = max(getattr(r, w) for rank in reports for r in rank
             for w in ("output", "input_grad", "grads", "weights_after_steps", "aux_loss"))
 EPS = np.finfo(np.float64).eps                   # float64's rounding unit, 2.2e-16
 at_most("at e = 1, 2 and 4, the expert-parallel layer's largest relative difference from the "
         "one-process layer, in float64 rounding units,", worst / EPS, 1000)
 every("every rank drops the same tokens as one process does on its batch",
       {f"E={E} e={e} k={k}": [reports[rank][i] for rank in range(len(reports))]
-       for i, (E, e, k, C, shared) in enumerate(runs.CASES)},
-      lambda case: all(r["dropped"][0] == r["dropped"][1]
-                       and r["tokens_per_expert"][0] == r["tokens_per_expert"][1] for r in case))
+       for i, (E, e, k, C, shared) in enumerate(layer_runs.CASES)},
+      lambda case: all(r.dropped[0] == r.dropped[1]
+                       and r.tokens_per_expert[0] == r.tokens_per_expert[1] for r in case))
 
 # %% [markdown]
 # The bug zoo's `ep_expert_grads_wrong_group` averages the experts' gradients over all
@@ -305,12 +305,12 @@ every("every rank drops the same tokens as one process does on its batch",
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-with bugs.enabled("ep_expert_grads_wrong_group"):
-    buggy = [r[0] for r in runs.run_parity(2, cases=[(4, 2, 2, 1.0, False)], steps=1)]
+with bug_switches.enabled("ep_expert_grads_wrong_group"):
+    buggy = [r[0] for r in layer_runs.run_parity(2, cases=[(4, 2, 2, 1.0, False)], steps=1)]
 at_most("with the wrong group, the output's largest relative difference, in float64 "
-        "rounding units,", max(r["output"] for r in buggy) / EPS, 1000)
+        "rounding units,", max(r.output for r in buggy) / EPS, 1000)
 at_least("but the gradients' relative difference, on the least affected rank,",
-         min(r["grads"] for r in buggy), 1e-3)
+         min(r.grads for r in buggy), 1e-3)
 
 # %% [markdown]
 #
@@ -323,18 +323,18 @@ at_least("but the gradients' relative difference, on the least affected rank,",
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for i, (E, e, k, C, _) in enumerate(runs.CASES):
+for i, (E, e, k, C, _) in enumerate(layer_runs.CASES):
     case = [r[i] for r in reports]
-    measured = [runs.sent_and_received(c["events"], c["rank"]) for c in case]
-    expected = [runs.expected_bytes(c["stats"], E, c["h"]) for c in case]
-    print(f"E={E} e={e} k={k}: sent {[m['sent'] for m in measured]}, of which to other ranks "
-          f"{[m['sent_off_rank'] for m in measured]}")
+    measured = [layer_runs.sent_and_received(c.events, c.rank) for c in case]
+    expected = [layer_runs.expected_bytes(c.stats, E, c.h) for c in case]
+    print(f"E={E} e={e} k={k}: sent {[m.sent for m in measured]}, of which to other ranks "
+          f"{[m.sent_off_rank for m in measured]}")
     every(f"E={E}, e={e}: a rank sent and received what its routing counts say",
-          {f"rank {c['rank']}": (m, x) for c, m, x in zip(case, measured, expected)},
-          lambda pair: all(pair[0][w] == pair[1][w] for w in ("sent", "received")))
-    hazards = nccl_hazards([c["events"] for c in case])
+          {f"rank {c.rank}": (m, x) for c, m, x in zip(case, measured, expected)},
+          lambda pair: (pair[0].sent, pair[0].received) == (pair[1].sent, pair[1].received))
+    hazards = nccl_hazards([c.events for c in case])
     claim(f"E={E}, e={e}: NCCL's rules find no hazard in the trace", hazards == [],
-          numbers=f"{sum(len(c['events']) for c in case)} calls replayed: "
+          numbers=f"{sum(len(c.events) for c in case)} calls replayed: "
                   f"{'; '.join(hazards) or 'no hazard'}")
 
 # %% [markdown]
@@ -353,9 +353,9 @@ E, K, C, B, S, H, STEPS_TIMED, WARMUP = 8, 2, 1.25, 4, 64, 128, 8, 2     # per r
 print(f"4 ranks, each a layer of E = {E}, k = {K}, C = {C}, b = {B}, s = {S}, h = {H}")
 layer = lessonlib.launch(measure.time_layer, 4, n_experts=E, top_k=K, capacity_factor=C,
                          b=B, s=S, h=H, steps=STEPS_TIMED, warmup=WARMUP)
-step = np.array([max(s) for s in zip(*(r["step_s"] for r in layer))])
-a2a = np.array([max(s) for s in zip(*(r["alltoall_s"] for r in layer))])
-dispatch_bytes = max(sum(r["stats"]["sent_rows"]) for r in layer) * H * 4      # float32
+step = np.array([max(s) for s in zip(*(r.step_s for r in layer))])
+a2a = np.array([max(s) for s in zip(*(r.alltoall_s for r in layer))])
+dispatch_bytes = max(sum(r.stats["sent_rows"]) for r in layer) * H * 4      # float32
 sizes = tuple(2**i for i in range(10, 23))                    # 1 KiB to 4 MiB per rank
 *points, held_out = lessonlib.launch(measure.alltoall_sweep, 4, sizes + (dispatch_bytes,))[0]
 fit = fit_alpha_beta([(e, size / e, t) for e, size, t in points], "naive_ring", links="shared")

@@ -34,7 +34,7 @@
 # <!-- numbers: 20 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 
 # %%
-from lessonlib import grid_layout, hybrid_axes
+from lessonlib import grid_layout, hybrid
 from lessonlib import costmodel as cm
 from lessonlib.instruments.claims import at_most, claim, every
 from lessonlib.costmodel.model import PUBLISHED_PARAMS
@@ -52,21 +52,23 @@ from lessonlib.viz.source import show
 # sequence parallelism (SP, [deep dive 14](14-deep-dive-sequence-parallelism.ipynb)), then
 # context, then activation checkpointing and compile, then data parallelism. `build_stage`
 # below, lesson 05's builder too, does the same: it cuts the stage first, then on each part
-# applies tensor with SP (`apply_tp`), expert (`apply_ep`: an MoE layer's experts spread over
-# the e group), then context (`apply_cp`: ring attention over the c group, each token's
-# position read from the whole sequence), then data parallelism (`apply_dp`): the gradients
+# applies each room's own `apply_*`, kept in that room's package: tensor with SP
+# (`apply_tp`), expert (`apply_ep`: an MoE layer's experts spread over the e group), then
+# context (`apply_cp`: ring attention over the c group, each token's position read from the
+# whole sequence), then data parallelism (`apply_dp`): the gradients
 # averaged after backward over the d·c ranks that hold the same weights (plain, ZeRO-1 or
-# FSDP), an expert's over the ranks holding its copies. The grid gains a c axis,
-# and expert groups carved from the d ranks, in Megatron-Core's rank order tp-cp-dp-pp:
-# tensor innermost, pipeline outermost. Here is t = 2, c = 2, p = 2 on 8 ranks, then the
-# builder itself:
+# FSDP), an expert's over the ranks holding its copies. The grid gains a c axis between
+# p and t, and expert groups carved from the d ranks, in the grid's one rank order,
+# tp-cp-pp-dp: tensor innermost, data outermost (lesson 05's grid when c = 1). Megatron-Core's
+# default, tp-cp-ep-dp-pp, puts the pipeline outermost instead; with d = 1 the two agree.
+# Here is t = 2, c = 2, p = 2 on 8 ranks, then the builder itself:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(grid_layout.layout_table(1, 2, 2, gpus_per_node=4, cp=2, order=grid_layout.MEGATRON_ORDER))
+print(grid_layout.layout_table(1, 2, 2, gpus_per_node=4, cp=2))
 
 # %%
-show(hybrid_axes.build_stage)
+show(hybrid.build_stage)
 
 # %% [markdown]
 # ## 2. Three layouts on 8 ranks, each equal to one process
@@ -84,15 +86,15 @@ beyond = {"t=2 c=2 p=2 d=1, SP": dict(tp=2, cp=2, pp=2, sp=True),
           "t=2 p=2 d=2, FSDP on d": dict(tp=2, pp=2, dp=2, shard_on="fsdp"),
           "MoE t=2 p=2 d=2, e=2 inside d": dict(tp=2, pp=2, dp=2, ep=2, moe=True)}
 for name, axes in beyond.items():
-    ranks = hybrid_axes.run(**axes)
-    s = hybrid_axes.parity(ranks)
-    worst = max(s["max_loss_diff"], s["max_grad_diff"], s["max_weight_diff"])
+    ranks = hybrid.run(**axes, dtype="float64")
+    s = hybrid.compare_parity(ranks)
+    worst = max(s.max_loss_diff, s.max_grad_diff, s.max_weight_diff)
     claim(f"{name} on 8 ranks equals one process", worst < 1e-12,
-          numbers=f"loss {s['max_loss_diff']:.0e}, gradients {s['max_grad_diff']:.0e}, "
-                  f"weights {s['max_weight_diff']:.0e}")
-    hazards = nccl_hazards([r["events"] for r in ranks])
+          numbers=f"loss {s.max_loss_diff:.0e}, gradients {s.max_grad_diff:.0e}, "
+                  f"weights {s.max_weight_diff:.0e}")
+    hazards = nccl_hazards([r.events for r in ranks])
     claim("  and its recorded trace has no NCCL hazard", hazards == [],
-          numbers=f"{sum(len(r['events']) for r in ranks)} calls replayed: "
+          numbers=f"{sum(len(r.events) for r in ranks)} calls replayed: "
                   f"{'; '.join(hazards) or 'no hazard'}")
 
 # %% [markdown]

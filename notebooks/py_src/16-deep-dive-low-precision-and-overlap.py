@@ -106,7 +106,7 @@ show(precision.fp8.quantize)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-block = precision.runs.TINY_BLOCK
+block = precision.fp8_runs.TINY_BLOCK
 x, w = precision.real_gemm()
 print(f"fc1: x {tuple(x.shape)} @ W^T {tuple(w.t().shape)}; blockwise tiles 1 x {block}, "
       f"weight blocks {block} x {block}\n")
@@ -164,7 +164,7 @@ for name, final in curves.final.items():
     print(f"{name:>10}: final loss {final:.3f}" + (
         f" ({curves.gap[name]:+.2%} against BF16)" if name in curves.gap else ""))
 at_most("the largest gap of an FP8 recipe's final loss from BF16's", curves.band,
-        precision.runs.LOSS_BAND)
+        precision.fp8_runs.LOSS_BAND)
 
 # %% [markdown]
 # And the layer is torchao's: on the same layer, input and output gradient, ours and
@@ -202,11 +202,11 @@ for name in ("tensorwise", "rowwise"):
 # %%
 # NBVAL_CHECK_OUTPUT
 gathered = launch(fsdp_float8.gather_bytes, 2)[0]
-bf16, fp8 = gathered["bf16_gathers"], gathered["fp8_gathers"]
+bf16, fp8 = gathered.bf16_gathers, gathered.fp8_gathers
 fp8_bytes, rest = fp8["torch.uint8"], fp8["torch.bfloat16"]
 print(f"bfloat16 gathers: {sum(bf16.values()):,} bytes a rank; FP8 gathers: {fp8_bytes:,} "
       f"bytes of e4m3 + {rest:,} of bfloat16 (norms, biases, head), "
-      f"{gathered['fp8_amax_all_reduces']} amax all-reduces")
+      f"{gathered.fp8_amax_all_reduces} amax all-reduces")
 claim("the Float8Linear weights travel in half of bfloat16's bytes",
       2 * fp8_bytes == sum(bf16.values()) - rest,
       numbers=f"2 x {fp8_bytes:,} = {sum(bf16.values()):,} - {rest:,}")
@@ -214,7 +214,7 @@ claim("the Float8Linear weights travel in half of bfloat16's bytes",
 # %%
 # NBVAL_IGNORE_OUTPUT
 at_most("FP8-gathering FSDP's weights after one step, against the same FP8 model in one "
-        "process", gathered["max_weight_diff_vs_one_process"], 1e-6)
+        "process", gathered.max_weight_diff_vs_one_process, 1e-6)
 
 # %% [markdown]
 # ## 5. Exposed communication: what overlap hides
@@ -248,34 +248,34 @@ show(async_tp.ring_all_gather)
 # %%
 # NBVAL_CHECK_OUTPUT
 report = async_tp_runs.overlap_report()
-parity = report["parity"]
-claim("the async ring's trace breaks none of NCCL's rules", report["nccl_hazards"] == [],
-      numbers=f"{parity['ring_calls']['send']} sends, {parity['ring_calls']['recv']} receives "
+parity = report.parity
+claim("the async ring's trace breaks none of NCCL's rules", report.nccl_hazards == [],
+      numbers=f"{parity.ring_calls['send']} sends, {parity.ring_calls['recv']} receives "
               f"a rank, no all-gather or reduce-scatter left")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 at_most("async TP and FSDP prefetch against their plain versions, largest difference",
-        max(parity[k] for k in ("output", "input_grad", "grads", "block", "fsdp_weights")),
+        max(parity.output, parity.input_grad, parity.grads, parity.block, parity.fsdp_weights),
         1e-12)
 NAMES = {"sp": "plain SP", "async_tp": "async TP", "fsdp": "FSDP",
          "fsdp_prefetch": "FSDP + prefetch"}
 print(f"{'':>16} {'step ms':>8} {'in flight ms':>13} {'exposed ms':>11}")
-for name, v in report["variants"].items():
+for name, v in report.variants.items():
     print(f"{NAMES[name]:>16} {v.step_s * 1e3:>8.1f} {v.comm_s * 1e3:>13.1f} "
           f"{v.exposed_s * 1e3:>11.1f}")
-overlap_viz.exposed_timelines(report["variants"], names=NAMES)
+overlap_viz.exposed_timelines(report.variants, names=NAMES)
 plt.show()
 
 # %%
-v = report["variants"]
+v = report.variants
 claim("plain SP stands still for all of its communication", abs(v["sp"].exposed_s
       - v["sp"].comm_s) <= 1e-3 * v["sp"].comm_s,
       numbers=f"{v['sp'].exposed_s * 1e3:.1f} of {v['sp'].comm_s * 1e3:.1f} ms")
 every("each overlapped version stands still for less than its time in flight",
       {NAMES[n]: v[n] for n in ("async_tp", "fsdp_prefetch")},
       lambda x: x.exposed_s < x.comm_s)
-ratio = report["exposed_ratio"]
+ratio = report.exposed_ratio
 print(f"exposed, overlapped over plain (median of step pairs): async TP "
       f"{ratio['async_tp']:.2f}, FSDP prefetch {ratio['fsdp_prefetch']:.2f}")
 
@@ -329,16 +329,16 @@ rows = dualpipe_runs.bubble_rows(ps=(2, 4), extra_microbatches=(0,))
 print(f"{'p':>2} {'m':>3} {'F':>4} {'B':>4} {'W':>4} {'F&B':>4}  {'simulated':>9} "
       f"{'formula':>8}  {'peak stash':>10} {'PP + 1':>6}")
 for r in rows:
-    print(f"{r['p']:>2} {r['m']:>3} {r['F']:>4} {r['B']:>4} {r['W']:>4} {r['F&B']:>4}  "
-          f"{r['idle_simulated']:>9.2f} {r['idle_formula']:>8.2f}  "
-          f"{max(r['peak_stash']):>10} {r['peak_stash_readme']:>6}")
-exact = [r for r in rows if r["F"] == r["B"] - r["W"] == r["W"]]
+    print(f"{r.p:>2} {r.m:>3} {r.F:>4} {r.B:>4} {r.W:>4} {r.FB:>4}  "
+          f"{r.idle_simulated:>9.2f} {r.idle_formula:>8.2f}  "
+          f"{max(r.peak_stash):>10} {r.peak_stash_readme:>6}")
+exact = [r for r in rows if r.F == r.B - r.W == r.W]
 every("where F = B - W = W, the simulated bubble equals the formula",
-      {f"p={r['p']} F&B={r['F&B']}": r for r in exact},
-      lambda r: abs(r["idle_simulated"] - r["idle_formula"]) < 1e-9)
+      {f"p={r.p} F&B={r.FB}": r for r in exact},
+      lambda r: abs(r.idle_simulated - r.idle_formula) < 1e-9)
 every("every device holds at most PP + 1 micro-batches of activations",
-      {f"p={r['p']} F&B={r['F&B']}": r for r in rows},
-      lambda r: max(r["peak_stash"]) <= r["peak_stash_readme"])
+      {f"p={r.p} F&B={r.FB}": r for r in rows},
+      lambda r: max(r.peak_stash) <= r.peak_stash_readme)
 
 # %% [markdown]
 # And it trains the same model: one launch on 2 CPU ranks runs the tiny GPT for two SGD
@@ -349,10 +349,10 @@ every("every device holds at most PP + 1 micro-batches of activations",
 
 # %%
 # NBVAL_CHECK_OUTPUT
-parity = dualpipe_runs.parity(p=2, m=4, steps=2)
+parity = dualpipe_runs.run_parity(p=2, m=4, steps=2)
 for row in parity.rows:
-    worst = max(row[k] for k in ("max_grads_diff", "max_weights_diff", "max_losses_diff"))
-    print(f"{row['engine']:>9}'s DualPipeV, p = {parity.p}, m = {parity.m}: equal to one "
+    worst = max(row.max_grads_diff, row.max_weights_diff, row.max_losses_diff)
+    print(f"{row.engine:>9}'s DualPipeV, p = {parity.p}, m = {parity.m}: equal to one "
           f"process (gradients, weights, losses within 1e-12): {worst < 1e-12}")
 
 # %%

@@ -1,14 +1,14 @@
-"""The pipeline executor's recorders: what the course measures of a step, from outside it.
+"""The pipeline executor's recorder: what the course measures of a step, from outside it.
 
 What it teaches: the course draws a pipeline's Gantt chart and measures its bubble without a
 single timer in the executor's loop. The executor hands its recorder the step's units (its
 computes, and the batches of sends and receives between them) and runs them in the order the
-recorder gives them back: ``untimed`` gives them back as they are (the default); a
-``StepTimeline`` first lines the stages up (a barrier of the pipeline's group), then spans
+recorder gives them back: ``no_record`` gives them back as they are (the default); a
+``StageRecorder`` first lines the stages up (a barrier of the pipeline's group), then spans
 each unit (``spans.Timeline``) and leaves a breadcrumb before it (what this rank is doing
 now, shown if a launch times out). ``read()`` gives the step's spans and wall time.
 
-Laptop:  ``python -c "from lessonlib.pipeline.timeline import StepTimeline; t = StepTimeline('x',
+Laptop:  ``python -c "from lessonlib.pipeline.recorder import StageRecorder; t = StageRecorder('x',
          align=False); print(list(t([])), t.read())"``
 GPU box: the same.
 """
@@ -21,7 +21,7 @@ from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.instruments.spans import Span, Timeline
 
 
-class _Untimed:
+class _NoRecord:
     """The recorder that records nothing: the units as they are, no spans, wall time 0."""
 
     def __call__(self, units):
@@ -31,7 +31,7 @@ class _Untimed:
         return [], 0.0
 
 
-untimed = _Untimed()
+no_record = _NoRecord()
 
 
 def _label(unit):
@@ -43,12 +43,12 @@ def _label(unit):
     return kind, unit[0].microbatch, unit[0].chunk
 
 
-class StepTimeline:
+class StageRecorder:
     """Spans of one step of one stage, in seconds since the stages were lined up.
 
     ``label`` names the rank in breadcrumbs (default: "pipeline stage r", r its global
     rank, the stage of a pipeline over the whole world); ``group`` is the pipeline's (its barrier lines
-    the stages up when ``align``); ``on=False`` neither aligns nor times (as ``untimed``)."""
+    the stages up when ``align``); ``on=False`` neither aligns nor times (as ``no_record``)."""
 
     def __init__(self, label: str | None = None, device=None, group=None, align: bool = True,
                  on: bool = True):

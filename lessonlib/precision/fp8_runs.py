@@ -15,7 +15,7 @@
   model in bfloat16), from the same weights on the same batches; ``LossCurves.band`` is the
   largest relative gap of an FP8 run's final loss (mean of the last 10 steps) from BF16's.
 
-Laptop:  ``python -c "from lessonlib.precision import runs; print(runs.gemm_errors())"``
+Laptop:  ``python -c "from lessonlib.precision import fp8_runs; print(fp8_runs.gemm_errors())"``
 GPU box: the same, in one process.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Expert parallelism checked for real: the rank functions the tests, notebook 13 and
 ``labs/ep.py`` launch.
 
-What it teaches: the e-rank layer is right when it is the one-process layer. ``parity``
+What it teaches: the e-rank layer is right when it is the one-process layer. ``rank_parity``
 trains the full ``MoELayer`` on every rank's batch in one process (the loss is the mean of
 the d ranks' losses, each with its auxiliary loss, capacity counted per rank's batch) next
 to the expert-parallel copy (each rank its own batch, gradients averaged by
@@ -17,10 +17,16 @@ cases a 2-rank launch runs.
 The ledger of the first step shows what the all-to-alls moved: per rank, 8E bytes of counts
 plus, in the forward, the rows it dispatched and the rows it returned, each h elements.
 
-Laptop:  ``python -c "from lessonlib.expert_parallel import runs; print(runs.run_parity(4))"``
+One job: the expert-parallel layer's and GPT's parity with one process and the bytes their
+all-to-alls move; its length is the cases and the records they return.
+
+Laptop:  ``python -c "from lessonlib.expert_parallel import layer_runs;
+         print(layer_runs.run_parity(4))"``
 GPU box: the same call uses NCCL when 4 GPUs are visible.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -29,7 +35,9 @@ import torch.nn.functional as F
 from lessonlib import comm, device, launcher
 from lessonlib.baseline import grads_as_model, rel_err
 from lessonlib.baseline import corpus_batches
-from lessonlib.expert_parallel.groups import ExpertParallelContext, sync_gradients, update_biases
+from lessonlib.data_parallel.ladder import sync_gradients
+from lessonlib.expert_parallel.groups import (ExpertParallelContext, expert_parameters,
+                                              update_biases)
 from lessonlib.expert_parallel.layer import check_split, expert_parallel, expert_parallel_gpt
 from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.models import moe
@@ -93,8 +101,37 @@ def _worst(module, reference, attr=None) -> float:
     return max((g - want[n]).abs().max().item() for n, g in got.items()) / scale
 
 
-def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None = None,
-           h: int = 8, b: int = 2, s: int = 8, steps: int = 3, seed: int = 0) -> dict:
+@dataclass
+class LayerParity:
+    """One rank's ``rank_parity``: the case, the experts this rank holds; the first step's errors
+    against one process, drops and tokens per expert (ours, one process's), routing stats,
+    ledger events and sync all-reduces; the last step's weight and bias errors, bias moved."""
+    rank: int
+    E: int
+    e: int
+    k: int
+    C: float | None
+    shared: bool
+    d: int
+    h: int
+    routing: dict
+    expert_ids: list
+    output: float
+    input_grad: float
+    aux_loss: float
+    dropped: tuple
+    tokens_per_expert: tuple
+    grads: float
+    stats: dict
+    events: list
+    sync_all_reduces: int
+    weights_after_steps: float
+    bias_after_steps: float
+    bias_moved: float
+
+
+def rank_parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None = None,
+                h: int = 8, b: int = 2, s: int = 8, steps: int = 3, seed: int = 0) -> LayerParity:
     """On each rank: the expert-parallel layer against the one-process layer, ``steps``
     SGD steps on every rank's batch (see the module docstring); ``routing``: the layer's
     routing options (``MoELayer``'s keywords)."""
@@ -103,11 +140,10 @@ def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None
     full = init_weights_(MoELayer(h, E, k, C, ffn_mult=2, shared_expert=shared,
                                   **(routing or {})), seed)
     full = full.double().to(dev)
-    ep = expert_parallel(full, ctx.ep_group)
+    ep = expert_parallel(full, ctx.ep.group)
     opt_full = torch.optim.SGD(full.parameters(), lr=0.1, momentum=0.9)
     opt_ep = torch.optim.SGD(ep.parameters(), lr=0.1, momentum=0.9)
-    out = {"rank": rank, "E": E, "e": e, "k": k, "C": C, "shared": shared, "d": d, "h": h,
-           "routing": routing or {}, "expert_ids": ep.expert_ids}
+    first = {}
     for step, batch in enumerate(_batches(d, b, s, h, steps, seed + 1, dev)):
         progress(f"expert-parallel parity E={E} e={e} step {step}")
         losses, loads = [], []
@@ -123,16 +159,16 @@ def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None
             loss = F.mse_loss(got, y) + ep.aux_loss
             loss.backward()
         with comm.ledger() as sync:
-            sync_gradients(ep, None, ctx.expert_dp_group, ctx.d)
+            sync_gradients(ep, None, expert_parameters(ep), ctx.edp.group, ctx.d)
         if step == 0:
-            out.update(output=rel_err(got.detach(), mine_out),
+            first.update(output=rel_err(got.detach(), mine_out),
                        # this rank's loss is L_r; the one-process loss the mean of d of them
                        input_grad=rel_err(x.grad, d * batch[rank][0].grad),
                        aux_loss=abs(ep.aux_loss.item() - mine_aux.item()),
                        dropped=(ep.stats["dropped"], mine_stats["dropped"]),
                        tokens_per_expert=(ep.stats["tokens_per_expert"],
                                           mine_stats["tokens_per_expert"]),
-                       grads=_worst(ep, expert_parallel(grads_as_model(full), ctx.ep_group),
+                       grads=_worst(ep, expert_parallel(grads_as_model(full), ctx.ep.group),
                                     "grad"),
                        stats=ep.stats,
                        events=book.events, sync_all_reduces=sync.count("all_reduce"))
@@ -141,20 +177,36 @@ def parity(E: int, e: int, k: int, C, shared: bool = False, routing: dict | None
             opt.zero_grad(set_to_none=True)
         full.update_bias([sum(col) for col in zip(*loads)])   # the whole batch's load
         update_biases(ep)
-    out["weights_after_steps"] = _worst(ep, expert_parallel(full, ctx.ep_group))
-    out["bias_after_steps"] = (0.0 if full.expert_bias is None else
-                               (ep.expert_bias - full.expert_bias).abs().max().item())
-    out["bias_moved"] = 0.0 if full.expert_bias is None else full.expert_bias.abs().max().item()
+    biased = full.expert_bias is not None
+    report = LayerParity(
+        rank, E, e, k, C, shared, d, h, routing or {}, ep.expert_ids, **first,
+        weights_after_steps=_worst(ep, expert_parallel(full, ctx.ep.group)),
+        bias_after_steps=(ep.expert_bias - full.expert_bias).abs().max().item() if biased
+        else 0.0,
+        bias_moved=full.expert_bias.abs().max().item() if biased else 0.0)
     ctx.destroy()
-    return out
+    return report
 
 
 DEEPSEEK_V3 = {"capacity_factor": None, "balance": "bias", "gate": "sigmoid",
                "bias_step": 0.05, "max_nodes": 1, "experts_per_node": 2}   # E = 4: 2 nodes
 
 
+@dataclass
+class GPTParity:
+    """One rank's ``gpt_parity``: the loss error of each step, the first step's worst
+    gradient error, the weights' and the balancing biases' worst errors after the last."""
+    rank: int
+    e: int
+    d: int
+    loss: list
+    grads: float
+    weights_after_steps: float
+    bias_after_steps: float
+
+
 def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
-               b: int = 2, steps: int = 3, seed: int = 0, **routing) -> dict:
+               b: int = 2, steps: int = 3, seed: int = 0, **routing) -> GPTParity:
     """On each rank: the tiny MoE GPT, its MoE layers expert-parallel over groups of e inside
     the d data-parallel ranks, trained on the corpus (each rank b sequences) against the
     one-process model on all d ranks' sequences, in float64: the loss of each step, every
@@ -164,9 +216,9 @@ def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
     rank, d = dist.get_rank(), dist.get_world_size()
     cfg = corpus_config(seq=8, hidden=16, heads=2, layers=2)
     full = moe_gpt(cfg, n_experts, top_k, capacity_factor, seed, **routing).double().to(dev)
-    ep = expert_parallel_gpt(full, ctx.ep_group)
+    ep = expert_parallel_gpt(full, ctx.ep.group)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (full, ep)]
-    batches, out = corpus_batches(cfg, b * d, seed), {"rank": rank, "e": e, "d": d, "loss": []}
+    batches, loss_errors, grads = corpus_batches(cfg, b * d, seed), [], None
     for step in range(steps):
         xs, ys = (t.to(dev).chunk(d) for t in batches(step))                    # (b, s) each
         losses, loads = [], []
@@ -176,33 +228,34 @@ def gpt_parity(e: int, n_experts: int = 4, top_k: int = 2, capacity_factor=1.0,
         (sum(losses) / d).backward()
         loss = lm_loss(ep(xs[rank]), ys[rank]) + aux_loss(ep)
         loss.backward()
-        sync_gradients(ep, None, ctx.expert_dp_group, ctx.d)
-        out["loss"].append(abs(loss.item() - losses[rank].item()))
+        sync_gradients(ep, None, expert_parameters(ep), ctx.edp.group, ctx.d)
+        loss_errors.append(abs(loss.item() - losses[rank].item()))
         if step == 0:
-            out["grads"] = _worst(ep, expert_parallel_gpt(grads_as_model(full), ctx.ep_group),
-                                  "grad")
+            grads = _worst(ep, expert_parallel_gpt(grads_as_model(full), ctx.ep.group), "grad")
         for opt in opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
         # the whole batch's load per layer: the sum over the d ranks' sequences
         moe.update_biases(full, [[sum(c) for c in zip(*layer)] for layer in zip(*loads)])
         update_biases(ep)
-    out["weights_after_steps"] = _worst(ep, expert_parallel_gpt(full, ctx.ep_group))
-    out["bias_after_steps"] = max((abs(a.expert_bias - b.expert_bias).max().item()
-                                   for a, b in zip(moe.moe_layers(ep), moe.moe_layers(full))
-                                   if a.expert_bias is not None), default=0.0)
+    report = GPTParity(
+        rank, e, d, loss_errors, grads,
+        weights_after_steps=_worst(ep, expert_parallel_gpt(full, ctx.ep.group)),
+        bias_after_steps=max((abs(a.expert_bias - b.expert_bias).max().item()
+                              for a, b in zip(moe.moe_layers(ep), moe.moe_layers(full))
+                              if a.expert_bias is not None), default=0.0))
     ctx.destroy()
-    return out
+    return report
 
 
-def gpt_parity_reports(e: int, recipes=({}, DEEPSEEK_V3), **kwargs) -> list[dict]:
+def gpt_parity_reports(e: int, recipes=({}, DEEPSEEK_V3), **kwargs) -> list[GPTParity]:
     """``gpt_parity`` for each routing recipe of ``recipes`` in one launch."""
     return [gpt_parity(e, **kwargs, **recipe) for recipe in recipes]
 
 
-def parity_reports(cases=CASES, **kwargs) -> list[dict]:
-    """``parity`` for each (E, e, k, C, shared[, routing]) of ``cases`` in one launch."""
-    return [parity(*case, **kwargs) for case in cases]
+def parity_reports(cases=CASES, **kwargs) -> list[LayerParity]:
+    """``rank_parity`` for each (E, e, k, C, shared[, routing]) of ``cases`` in one launch."""
+    return [rank_parity(*case, **kwargs) for case in cases]
 
 
 def check_cases(world_size: int, cases=CASES) -> None:
@@ -221,17 +274,26 @@ def run_parity(world_size: int, cases=CASES, timeout: float = 120, **kwargs) -> 
     return launcher.launch(parity_reports, world_size, cases, timeout=timeout, **kwargs)
 
 
-def sent_and_received(events, rank: int) -> dict:
+@dataclass
+class Traffic:
+    """Bytes a rank's all-to-alls sent and received, and of those to or from other ranks."""
+    sent: int
+    received: int
+    sent_off_rank: int | None = None
+    received_off_rank: int | None = None
+
+
+def sent_and_received(events, rank: int) -> Traffic:
     """Bytes this rank's all-to-alls sent and received, in all and to or from other ranks."""
     sends = [ev for ev in events if ev.op == "send"]
     recvs = [ev for ev in events if ev.op == "recv"]
-    return {"sent": sum(ev.bytes for ev in sends), "received": sum(ev.bytes for ev in recvs),
-            "sent_off_rank": sum(ev.bytes for ev in sends if ev.peer != rank),
-            "received_off_rank": sum(ev.bytes for ev in recvs if ev.peer != rank)}
+    return Traffic(sum(ev.bytes for ev in sends), sum(ev.bytes for ev in recvs),
+                   sum(ev.bytes for ev in sends if ev.peer != rank),
+                   sum(ev.bytes for ev in recvs if ev.peer != rank))
 
 
 def expected_bytes(stats: dict, E: int, h: int, element_size: int = 8, count_size: int = 8,
-                   return_element_size: int | None = None, backward: bool = True) -> dict:
+                   return_element_size: int | None = None, backward: bool = True) -> Traffic:
     """What the routing counts say one step's all-to-alls move for this rank, sent and
     received alike: the counts (E integers), the rows it dispatches (sum of ``sent_rows``,
     in the input's ``element_size``) and the results it returns (sum of ``received_rows``,
@@ -240,4 +302,4 @@ def expected_bytes(stats: dict, E: int, h: int, element_size: int = 8, count_siz
     rows_out, rows_in = sum(stats["sent_rows"]), sum(stats["received_rows"])
     d, r = element_size, return_element_size or element_size
     rows = rows_out * d + rows_in * r + ((rows_out * r + rows_in * d) if backward else 0)
-    return {"sent": E * count_size + rows * h, "received": E * count_size + rows * h}
+    return Traffic(sent=E * count_size + rows * h, received=E * count_size + rows * h)

@@ -12,7 +12,8 @@ ring turns into 8*b*s*h*(t-1)/t elements per rank (Megatron-LM 2021, §3.2).
 ``layer_report(t, ...)`` runs on any world size that t divides: ranks form groups of t
 consecutive ranks, so one 4-rank launch can check t = 1, 2 and 4.
 
-Laptop:  ``python -c "from lessonlib.tensor_parallel import runs; print(runs.run_layer_reports(2, (1, 2)))"``
+Laptop:  ``python -c "from lessonlib.tensor_parallel import layer_runs;
+         print(layer_runs.run_layer_reports(2, (1, 2)))"``
 GPU box: the same call uses NCCL when 2 GPUs are visible.
 """
 from __future__ import annotations
@@ -112,7 +113,7 @@ def layer_report(t: int, b: int = 2, s: int = 16, h: int = 64, heads: int = 4, s
     """On each rank: ``compare_with_dense`` for each of ``kinds`` ("mlp", "block", "gpt") split
     over this rank's group of t; with ``with_torch``, DTensor's split of the same weights too."""
     ctx, dev = tp_context(t), device.current_device()
-    group = ctx.tp_group
+    group = ctx.axis("tp").group
     cfg = GPTConfig(vocab=64, seq=s, hidden=h, heads=heads, layers=2)
     floats = float_batches(b, s, h, steps, seed + 1, dev)
     builders = {  # kind: (dense module, its tensor-parallel copy, batches, loss)
@@ -165,7 +166,7 @@ def gathered_mlp_report(t: int, b: int = 2, s: int = 16, h: int = 64,
     """The other consistent pairing, gather_output=True with input_is_parallel=False: still
     the dense MLP, but an all-gather (forward) and its transpose (backward) are added."""
     ctx, dev = tp_context(t), device.current_device()
-    group = ctx.tp_group
+    group = ctx.axis("tp").group
     report = compare_with_dense(
         init_weights_(MLP(h), seed).to(dev),
         lambda m: TensorParallelMLP.from_mlp(m, group, gather_output=True,
@@ -179,7 +180,7 @@ def ops_report(t: int) -> dict:
     """f, g, gather and scatter on this rank's group of t, against what each must compute:
     the largest absolute error of each forward result and input gradient."""
     ctx, dev = tp_context(t), device.current_device()
-    group = ctx.tp_group
+    group = ctx.axis("tp").group
     shards = [torch.arange(6.0, device=dev).reshape(2, 3) * (r + 1) for r in range(t)]
     mine, full, total = shards[dist.get_rank(group)], torch.cat(shards, dim=-1), sum(shards)
     cases = (  # name, operator, input, upstream gradient, expected output, expected input grad
@@ -203,11 +204,11 @@ def constructor_report(t: int, n_in: int = 8, n_out: int = 12, seed: int = 3) ->
     ``init_weights_`` fills from the same seed: the largest difference of each (0.0)."""
     ctx = tp_context(t)
     dense = init_weights_(torch.nn.Linear(n_in, n_out), seed)
-    built = {"column": (ColumnParallelLinear(n_in, n_out, group=ctx.tp_group, seed=seed),
-                        ColumnParallelLinear.from_linear(dense, ctx.tp_group)),
-             "row": (RowParallelLinear(n_out, n_in, group=ctx.tp_group, seed=seed),
+    built = {"column": (ColumnParallelLinear(n_in, n_out, group=ctx.axis("tp").group, seed=seed),
+                        ColumnParallelLinear.from_linear(dense, ctx.axis("tp").group)),
+             "row": (RowParallelLinear(n_out, n_in, group=ctx.axis("tp").group, seed=seed),
                      RowParallelLinear.from_linear(init_weights_(torch.nn.Linear(n_out, n_in),
-                                                                 seed), ctx.tp_group))}
+                                                                 seed), ctx.axis("tp").group))}
     out = {name: max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
            for name, (a, b) in built.items()}
     ctx.destroy()

@@ -7,15 +7,17 @@ or PyTorch's own DDP, behind one interface; ``train_replicas`` starts every rank
 own random weights and trains on its shard, ``train_single`` trains one process on the full
 batch, and the two must agree. ``step_timeline`` records one step on each rank: when
 backward computed and when each all-reduce ran, to see overlap (or its absence): the
-bucketed rung's stamps are taken by ``BucketTimeline``, the recorder ``DataParallel`` is handed.
+bucketed rung's stamps are taken by ``recorder.BucketRecorder``, the recorder ``DataParallel``
+is handed. Results come back as records (``SingleRun``, ``ReplicaRun``, ``BucketSweep``).
 
-Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.data_parallel.runs.demo, 2))"``
+One job: the rank side of the data-parallel lesson's runs; its length is their records.
+
+Laptop:  ``python -c "import lessonlib as L; print(L.launch(L.data_parallel.ladder_runs.demo, 2))"``
 GPU box: the labs run these under torchrun: ``torchrun --nproc-per-node 8 labs/ddp.py``
 """
 from __future__ import annotations
 
 import statistics
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -29,6 +31,7 @@ from lessonlib.data import shard
 from lessonlib.data_parallel.ddp import DataParallel
 from lessonlib.data_parallel.ladder import (AsyncGradientHooks, allreduce_flat_gradients,
                                             allreduce_gradients, gradients, replicate)
+from lessonlib.data_parallel.recorder import BucketRecorder
 from lessonlib.instruments.breadcrumbs import progress
 from lessonlib.models import TIMELINE_MODEL, TINY, GPTConfig, TinyGPT, lm_loss
 
@@ -71,76 +74,6 @@ def check_rungs(rungs) -> list[str]:
     return rungs
 
 
-class _Stamped:
-    """An all-reduce's handle that tells the timeline when it is waited on."""
-
-    def __init__(self, handle, done):
-        self.handle, self.done = handle, done
-
-    def is_completed(self) -> bool:
-        return self.handle.is_completed()
-
-    def wait(self):
-        self.handle.wait()
-        self.done()
-
-
-class BucketTimeline:
-    """The lesson's instrument, handed to ``DataParallel``: when backward finished computing
-    and, per bucket, when its all-reduce was launched and when it was first seen finished
-    (at the next gradient hook, or when waited on at the end of backward). ``device.mark``
-    stamps: seconds on CPU, CUDA events on a GPU (turned into seconds, one synchronize, by
-    ``read``)."""
-
-    def __init__(self):
-        self.last: dict = {}
-        self._start()
-
-    def _start(self) -> None:
-        self.computed_at, self.launched_at, self.done_at = None, {}, {}
-
-    @contextmanager
-    def launching(self, i: int, bucket):
-        self.launched_at[i] = device.mark()
-        yield
-        bucket.handle = _Stamped(bucket.handle, lambda: self._done(i))
-
-    def poll(self, buckets) -> None:
-        """Stamp buckets seen finished (they finish in launch order: check the oldest)."""
-        i = len(self.done_at)
-        while i < len(self.launched_at) and buckets[i].handle.is_completed():
-            self.done_at[i] = device.mark()
-            i += 1
-
-    def _done(self, i: int) -> None:
-        if i not in self.done_at:
-            self.done_at[i] = device.mark()
-
-    @contextmanager
-    def finishing(self, buckets):
-        """The end of backward: stamped on entry; on exit this backward's timeline is kept
-        as ``last`` and the next one starts afresh."""
-        self.computed_at = device.mark()
-        yield
-        self.last = {"backward_computed_at": self.computed_at, "buckets": [
-            {"bucket": i, "bytes": b.nbytes, "params": len(b.params),
-             "launched_at": self.launched_at.get(i), "done_at": self.done_at.get(i)}
-            for i, b in enumerate(buckets)]}
-        self._start()
-
-    def read(self) -> dict:
-        """The last synced backward's timeline, in ``time.perf_counter`` seconds."""
-        line = self.last
-        if line and not isinstance(line["backward_computed_at"], float):   # CUDA events
-            buckets = line["buckets"]
-            marks = device.on_clock([line["backward_computed_at"]] + [
-                m for b in buckets for m in (b["launched_at"], b["done_at"])])
-            line = self.last = {"backward_computed_at": marks[0], "buckets": [
-                {**b, "launched_at": a, "done_at": d}
-                for b, a, d in zip(buckets, marks[1::2], marks[2::2])]}
-        return line
-
-
 def wrap(rung: str, model: nn.Module, group=None, bucket_cap_mb: float = 25.0):
     """(the model to call, what to call after ``loss.backward()``) for one rung."""
     check_rungs([rung])
@@ -153,7 +86,7 @@ def wrap(rung: str, model: nn.Module, group=None, bucket_cap_mb: float = 25.0):
         return AsyncGradientHooks(model, group).module, nothing
     if rung == "bucketed":
         return DataParallel(model, bucket_cap_mb=bucket_cap_mb, group=group,
-                            recorder=BucketTimeline()), nothing
+                            recorder=BucketRecorder()), nothing
     dev = device.current_device()
     ids = [dev] if dev.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group,
@@ -173,21 +106,40 @@ def replica_step(ddp, after_backward, opt, x, y):
     return loss, book
 
 
+@dataclass
+class SingleRun:
+    """``train_single``: each step's loss and the weights after the last, as one vector."""
+    losses: list
+    weights: torch.Tensor
+
+
+@dataclass
+class ReplicaRun:
+    """One rank's ``train_replicas``: each step's shard loss, the weights it started from and
+    ended with (vectors), its buckets (None outside lessonlib's bucketed rungs) and each
+    step's ledger summary ({op: {"calls", "bytes"}})."""
+    rank: int
+    losses: list
+    start: torch.Tensor
+    buckets: int | None
+    weights: torch.Tensor
+    comm: list
+
+
 def train_single(cfg: GPTConfig = TINY, steps: int = 20, global_batch: int = 16,
-                 lr: float = 3e-3, seed: int = 0) -> dict:
+                 lr: float = 3e-3, seed: int = 0) -> SingleRun:
     """One process on the full batch: the run every data-parallel run must reproduce."""
     model = TinyGPT(cfg, seed)
     run = train_one_process(model, corpus_batches(cfg, global_batch, seed), steps,
                             optimizer="adamw", lr=lr)
-    return {"losses": run["losses"],
-            "weights": nn.utils.parameters_to_vector(model.parameters())}
+    return SingleRun(run["losses"], nn.utils.parameters_to_vector(model.parameters()))
 
 
 def train_replicas(rung: str = "bucketed", cfg: GPTConfig = TINY, steps: int = 20,
                    global_batch: int = 16, lr: float = 3e-3, seed: int = 0,
-                   bucket_cap_mb: float = 0.01) -> dict:
+                   bucket_cap_mb: float = 0.01) -> ReplicaRun:
     """On each rank: start from *its own* random weights, wrap, train on its shard of each
-    global batch. Returns its shard losses, final weights and per-step communication."""
+    global batch."""
     rank, n = dist.get_rank(), dist.get_world_size()
     dev = device.current_device()
     model = TinyGPT(cfg, seed + 7919 * rank).to(dev)       # different on every rank
@@ -202,9 +154,8 @@ def train_replicas(rung: str = "bucketed", cfg: GPTConfig = TINY, steps: int = 2
         comm_per_step.append(book.summary())
         progress(f"{rung} step {step + 1} of {steps}")
     buckets = len(ddp.buckets) if isinstance(ddp, DataParallel) else None
-    return {"rank": rank, "losses": losses, "start": start, "buckets": buckets,
-            "weights": nn.utils.parameters_to_vector(model.parameters()),
-            "comm": comm_per_step}
+    return ReplicaRun(rank, losses, start, buckets,
+                      nn.utils.parameters_to_vector(model.parameters()), comm_per_step)
 
 
 def ladder_messages(rungs=("naive", "flat", "async", "bucketed"), cfg: GPTConfig = TINY,
@@ -272,7 +223,7 @@ def bucket_sweep(caps_mb=(0.25, 1.0, 4.0, 16.0), cfg: GPTConfig = TIMELINE_MODEL
     out = {}
     for cap in caps_mb:
         model = TinyGPT(cfg, 0).to(dev)
-        ddp = DataParallel(model, bucket_cap_mb=cap, recorder=BucketTimeline())
+        ddp = DataParallel(model, bucket_cap_mb=cap, recorder=BucketRecorder())
         computed, exposed, batch_of = [], [], corpus_batches(cfg, batch * n)
         for step in range(steps + 1):                       # the first step warms up
             x, y = (shard(t, rank, n).to(dev) for t in batch_of(step))
@@ -295,5 +246,5 @@ def bucket_sweep(caps_mb=(0.25, 1.0, 4.0, 16.0), cfg: GPTConfig = TIMELINE_MODEL
 def demo() -> dict:
     """Two tiny steps of rung (d): this rank's losses and how many all-reduces each took."""
     result = train_replicas("bucketed", steps=2)
-    return {"losses": result["losses"], "buckets": result["buckets"],
-            "all_reduces": [s["all_reduce"]["calls"] for s in result["comm"]]}
+    return {"losses": result.losses, "buckets": result.buckets,
+            "all_reduces": [s["all_reduce"]["calls"] for s in result.comm]}

@@ -1,16 +1,16 @@
 """The bug zoo's switches: which real bugs are on, read where the code runs.
 
-What it teaches: each bug of the zoo is one commented ``if bugs.active("<name>"):`` in the
-real code (the line that goes wrong is the lesson). This registry is on the ground floor so
+What it teaches: each bug of the zoo is one commented ``if bug_switches.active("<name>"):``
+in the real code (the line that goes wrong is the lesson). This registry is on the ground floor so
 that the core (data parallel, tensor parallel, the pipeline executor) can ask it without
-importing the zoo's checks, which live on the top floor (``lessonlib.bugzoo``).
+importing the zoo's checks, which live on the top floor (``lessonlib.bug_checks``).
 
 A bug is off unless the environment variable ``LESSONLIB_BUGS`` names it (comma-separated).
 ``active`` reads the variable when the code runs, so ranks started by ``lessonlib.launch``
 (which copy the caller's environment) see the switch their caller set. ``BUGS`` says, per
 bug, what it is, where its line lives, the symptom, the check and the test that catches it.
 
-Laptop:  ``python -c "from lessonlib import bugs; print(list(bugs.BUGS))"``
+Laptop:  ``python -c "from lessonlib import bug_switches; print(list(bug_switches.BUGS))"``
 GPU box: the same.
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ BUGS = {b.name: b for b in (
         "Expert parallelism inside data parallelism averages the experts' gradients over all "
         "d ranks, as for the dense weights, instead of over the d/e ranks that hold a copy "
         "of the same experts: rank r's experts get the sum of every rank's different experts.",
-        "lessonlib.expert_parallel.groups.sync_gradients",
+        "lessonlib.data_parallel.ladder.sync_gradients",
         "outputs, drops and the router's gradient still match one process; every expert's "
         "gradient is mixed with other experts' (no error: the shapes agree)",
         "expert gradients vs the one-process MoE layer",
@@ -211,7 +211,7 @@ def hook_line(name: str) -> tuple[str, str]:
         obj = getattr(obj, attr, None) or importlib.import_module(".".join(parts[:i]))
     obj = inspect.unwrap(obj)                   # no_sync is wrapped by @contextmanager
     lines, start = inspect.getsourcelines(obj)
-    i = next(i for i, line in enumerate(lines) if f'bugs.active("{name}")' in line)
+    i = next(i for i, line in enumerate(lines) if f'bug_switches.active("{name}")' in line)
     indent = len(lines[i]) - len(lines[i].lstrip())
     block = [lines[i]]
     for line in lines[i + 1:]:

@@ -5,15 +5,19 @@ What it teaches: ring attention is right when it is attention. ``attention_repor
 ``ring_attention`` on this rank's shards of q, k, v built from one seed and compares its
 output and its gradients of q, k and v with one-process ``scaled_dot_product_attention`` on
 the whole tensors (each rank computes that reference itself: the shapes are tiny); it also
-returns what the ring did at each step (``StepLog``), the ledger of every message (bytes
+returns what the ring did at each step (``RingRecorder``), the ledger of every message (bytes
 received, against ``costmodel.context``'s formula, and the events for ``nccl_rules.nccl_hazards``)
-and the bytes autograd saved, as one ``RingParity`` record. ``gpt_report`` trains the c-rank GPT (with data parallelism on
-a (d, c) grid) and one process side by side for a few steps.
+and the bytes autograd saved, as one ``RingParity`` record. ``gpt_report`` trains the c-rank
+GPT (with data parallelism on a (d, c) grid) and one process side by side for a few steps,
+as one ``GPTReport`` record.
+
+One job: the rank side of the context-parallel checks; its length is their records.
 
 One 4-rank launch checks c = 1, 2, 3 and 4: ranks form groups of c consecutive ranks; at
 c = 3 the fourth rank is in no group, and checks that it is refused.
 
-Laptop:  ``python -c "from lessonlib.context_parallel import runs; print(runs.run_parity(2))"``
+Laptop:  ``python -c "from lessonlib.context_parallel import ring_runs;
+         print(ring_runs.run_parity(2))"``
 GPU box: the same call uses NCCL when the GPUs are visible.
 """
 from __future__ import annotations
@@ -30,7 +34,7 @@ from lessonlib.context_parallel.gpt import ContextParallelGPT, ContextParallelGr
 from lessonlib.context_parallel.layout import (LAYOUTS, check_split_divides, check_split_name,
                                                chunks_per_rank, shard_sequence, unshard_sequence)
 from lessonlib.context_parallel.methods import METHODS, context_attention
-from lessonlib.context_parallel.recorder import StepLog
+from lessonlib.context_parallel.recorder import RingRecorder
 from lessonlib.context_parallel.ring import ring_attention
 from lessonlib.costmodel.context import ring_bytes_received_per_rank
 from lessonlib.grid import ParallelContext, new_groups
@@ -47,7 +51,7 @@ def ring_groups(c: int):
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % c == 0:
         ctx = ParallelContext.build(dp=world // c, pp=1, tp=1, cp=c, only=("cp",))
-        return ctx.cp_group, None
+        return ctx.axis("cp").group, None
     lines = [list(range(start, start + c)) for start in range(0, world - c + 1, c)]
     groups = new_groups(lines)
     mine = next((group for line, group in zip(lines, groups) if rank in line), None)
@@ -70,7 +74,7 @@ def _max_err(a, b) -> float:
 class RingParity:
     """One rank's ring attention at one c, layout and mask against one-process SDPA: the
     largest errors of its output shard, of the gathered output and of its dq, dk, dv; the
-    ring's ``steps`` (``StepLog`` rows); the bytes autograd saved; the K/V bytes received,
+    ring's ``steps`` (``RingRecorder`` rows); the bytes autograd saved; the K/V bytes received,
     forward and backward, against the formula; the point-to-point batches; the ledger's
     events, forward then backward (for ``nccl_rules.nccl_hazards``)."""
     rank: int
@@ -104,7 +108,7 @@ def attention_report(group, c: int, layout: str, causal: bool, b=2, heads=2, s=2
     reference = F.scaled_dot_product_attention(*full, is_causal=causal)
     reference.backward(grad)
     shards = [shard_sequence(t, group, layout, dim=2).requires_grad_() for t in (q, k, v)]
-    log = StepLog(s // (c * chunks_per_rank(layout)))
+    log = RingRecorder(s // (c * chunks_per_rank(layout)))
     with comm.ledger() as forward, saved_bytes() as saved:
         out = ring_attention(*shards, group=group, causal=causal, layout=layout, record=log)
     with comm.ledger() as backward:
@@ -168,7 +172,7 @@ def balance_report(s: int = 256, b: int = 1, heads: int = 2, head_dim: int = 16,
         logs = []
         for _ in range(repeats):
             dist.barrier()                        # the ranks start each ring together
-            log = StepLog(s // (c * chunks_per_rank(layout)), origin=0.0)   # one clock
+            log = RingRecorder(s // (c * chunks_per_rank(layout)), origin=0.0)   # one clock
             with torch.no_grad():
                 ring_attention(*shards, causal=True, layout=layout, record=log)
             logs.append(log)
@@ -182,45 +186,61 @@ def balance_report(s: int = 256, b: int = 1, heads: int = 2, head_dim: int = 16,
     return out
 
 
+@dataclass
+class GPTReport:
+    """One rank's ``gpt_report``: each step's loss beside one process's, the worst first-step
+    gradient and final weight errors (relative, with the parameter's name), and the bytes
+    one forward saved for the backward here and in one process on this rank's b."""
+    rank: int
+    c: int
+    d: int
+    method: str
+    losses: list
+    reference_losses: list
+    grads: tuple
+    weights: tuple
+    activation_bytes: int
+    one_process_activation_bytes: int
+
+
 def gpt_report(c: int, cfg: GPTConfig, b: int = 2, steps: int = 3, layout: str = "zigzag",
-               seed: int = 0, lr: float = 0.1, method: str = "ring") -> dict:
+               seed: int = 0, lr: float = 0.1, method: str = "ring") -> GPTReport:
     """The c-rank GPT (d = world / c; attention by ``method``) against one process on the
     whole batch of d*b sequences, float64, SGD with momentum: losses, first-step gradients,
     final weights; and the activation bytes of one forward on this rank against one process
     on its b."""
     grid, dev = ContextParallelGrid.build(c), device.current_device()
     reference = TinyGPT(cfg, seed).double().to(dev)
-    model = ContextParallelGPT(reference, grid.group, layout, method)
+    model = ContextParallelGPT(reference, grid.cp.group, layout, method)
     opts = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for m in (reference, model)]
     gen = torch.Generator().manual_seed(seed + 1)
-    report = {"rank": dist.get_rank(), "c": c, "d": grid.d, "method": method, "losses": [],
-              "reference_losses": []}
+    losses, reference_losses, grads = [], [], None
+    rows = grid.dp.size * b
     for step in range(steps):
-        idx, targets = (torch.randint(0, cfg.vocab, (grid.d * b, cfg.seq), generator=gen).to(dev)
+        idx, targets = (torch.randint(0, cfg.vocab, (rows, cfg.seq), generator=gen).to(dev)
                         for _ in "xy")                                 # (d b, s)
-        mine = [shard_sequence(t[grid.dp_rank * b:(grid.dp_rank + 1) * b], grid.group, layout)
+        mine = [shard_sequence(t[grid.dp.rank * b:(grid.dp.rank + 1) * b], grid.cp.group, layout)
                 for t in (idx, targets)]                               # (b, s/c)
         loss = lm_loss(reference(idx), targets)
         loss.backward()
-        report["reference_losses"].append(loss.item())
-        report["losses"].append(forward_backward(model, *mine))
+        reference_losses.append(loss.item())
+        losses.append(forward_backward(model, *mine))
         if step == 0:
             ref = dict(reference.named_parameters())
-            report["grads"] = _worst({n: p.grad for n, p in model.gpt.named_parameters()},
-                                     {n: p.grad for n, p in ref.items()})
+            grads = _worst({n: p.grad for n, p in model.gpt.named_parameters()},
+                           {n: p.grad for n, p in ref.items()})
         for opt in opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
-    report["weights"] = _worst(dict(model.gpt.named_parameters()),
-                               dict(reference.named_parameters()))
+    weights = _worst(dict(model.gpt.named_parameters()), dict(reference.named_parameters()))
     with saved_bytes(exclude=model.parameters()) as ours:
         model(mine[0])
-    whole = idx[grid.dp_rank * b:(grid.dp_rank + 1) * b]
+    whole = idx[grid.dp.rank * b:(grid.dp.rank + 1) * b]
     with saved_bytes(exclude=reference.parameters()) as theirs:
         reference(whole)
-    report["activation_bytes"], report["one_process_activation_bytes"] = ours.bytes, theirs.bytes
     grid.destroy()
-    return report
+    return GPTReport(dist.get_rank(), c, grid.dp.size, method, losses, reference_losses, grads,
+                     weights, ours.bytes, theirs.bytes)
 
 
 def _worst(tensors: dict, reference: dict) -> tuple[float, str]:

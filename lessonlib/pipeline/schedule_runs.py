@@ -3,25 +3,29 @@
 What it teaches: the measurements behind the lesson's claims, each one function that runs on every
 rank (stage s = rank s), plus the parent-side code that turns the ranks' results into one table:
 
-* ``parity``: a tiny GPT trained a few steps with GPipe, 1F1B, interleaved 1F1B (lessonlib)
-  and ScheduleGPipe / Schedule1F1B (PyTorch); ``parity_report`` compares every case with
-  the same model in one process (losses, gradients, weights after the steps);
+* ``rank_parity`` (on every rank): a tiny GPT trained a few steps with GPipe, 1F1B,
+  interleaved 1F1B (lessonlib) and ScheduleGPipe / Schedule1F1B (PyTorch);
+  ``compare_parity`` (in the caller) compares every case with the same model in one process (losses, gradients, weights after the steps);
 * ``measure``: balanced stages that do a fixed amount of matmul work (an ``mlp_stack``, equal
   Linear layers per stage), timed step by step with lessonlib's executor and with PyTorch's
   schedules taking turns; ``summarize`` reports the median step time, the bubble per stage
   (idle share of the step's wall time) and the peak stash per stage, next to the theory.
 
 Each case's runner (lessonlib's executor or PyTorch's schedule on the same chunks) comes from
-``runner.make_runner``.
+``runner.make_runner``. Each result is a record with named fields (``StageRun``,
+``ParityRow``, ``ScheduleRow``, ``BubbleExplanation``).
 
-Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import runs;
-         print(runs.summarize(L.launch(runs.measure, 2, ms=(4,), steps=2)))"``
+One job: the pipeline lesson's runs and the tables made of them; its length is their records.
+
+Laptop:  ``python -c "import lessonlib as L; from lessonlib.pipeline import schedule_runs;
+         print(schedule_runs.summarize(L.launch(schedule_runs.measure, 2, ms=(4,), steps=2)))"``
 GPU box: the same with one GPU per stage (NCCL).
 """
 from __future__ import annotations
 
 import os
 import statistics
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -42,6 +46,34 @@ from lessonlib.pipeline.validate import simulate
 
 
 # ---------------------------------------------------------------- parity
+@dataclass
+class StageRun:
+    """One case on one stage (``parity``, rank side): each step's per-micro-batch losses
+    (the last virtual stage's are the model's), the first step's gradients, the weights
+    after the steps, the peak stash, and the first step's sends and receives (as counted by
+    ``comm.ledger``; PyTorch's schedules go around it: 0)."""
+    losses: list
+    grads: list
+    params: list
+    stash: int
+    sends: int
+    recvs: int
+
+
+@dataclass
+class ParityRow:
+    """One case against one process (``parity_report``): its largest differences and the
+    peak stash per stage."""
+    engine: str
+    schedule: str
+    m: int
+    v: int
+    max_grads_diff: float
+    max_weights_diff: float
+    max_losses_diff: float
+    peak_stash: list
+
+
 def parity_cases(p: int) -> list[tuple]:
     """(engine, schedule, m, v): m in {1, p, 2p+1}; interleaved (v=2) needs m a multiple of
     p, so it runs m = p and 2p; PyTorch's schedules run m = 2p+1 (warm-up, steady state and
@@ -62,11 +94,10 @@ def zero_bubble_cases(p: int, torch: bool = False) -> list[tuple]:
     return cases + ([("torch", "zb-h1", p, 1), ("torch", "zbv", 2 * p + 1, 2)] if torch else [])
 
 
-def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
+def rank_parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0,
            cfg: GPTConfig = PARITY_CONFIG, dtype: torch.dtype = torch.float32) -> dict:
-    """Rank side: train each case ``steps`` SGD steps (the model in ``dtype``); return this
-    stage's losses, the first step's gradients, the final weights, the peak stash and the
-    messages of the first step (as counted by ``comm.ledger``; PyTorch's go around it)."""
+    """Rank side: train each case ``steps`` SGD steps (the model in ``dtype``); return
+    {case: StageRun} for this stage."""
     p, stage = dist.get_world_size(), dist.get_rank()
     out = {}
     for case in cases:
@@ -81,13 +112,13 @@ def parity(cases, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int = 0
             opt.zero_grad()
             with comm.ledger() as book:
                 result = runner.step(x, y)
-            counts = counts or {op: book.count(op) for op in ("send", "recv")}
+            counts = counts or (book.count("send"), book.count("recv"))
             grads = grads or [q.grad.detach().clone() for q in params]
             losses.append(result.losses)
             stash = max(stash, result.peak_stash)
             opt.step()
-        out[case] = {"losses": losses, "grads": grads, "stash": stash, "messages": counts,
-                     "params": [q.detach().clone() for q in params]}
+        out[case] = StageRun(losses, grads, [q.detach().clone() for q in params], stash,
+                             *counts)
     return out
 
 
@@ -107,9 +138,9 @@ def reference(m: int, steps: int = 2, micro: int = 2, lr: float = 0.1, seed: int
     return model, run["first_grads"], losses
 
 
-def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: float = 0.1,
+def compare_parity(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: float = 0.1,
                   seed: int = 0, cfg: GPTConfig = PARITY_CONFIG,
-                  dtype: torch.dtype = torch.float32) -> list[dict]:
+                  dtype: torch.dtype = torch.float32) -> list[ParityRow]:
     """Parent side: each case's largest difference from one process (raises
     AssertionError, naming the case, if any tensor differs beyond ``dtype``'s rounding)."""
     tol = dict(rtol=1e-4, atol=1e-5) if dtype != torch.float64 else dict(rtol=1e-9, atol=1e-11)
@@ -124,8 +155,8 @@ def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: floa
         for d, result in enumerate(per_rank):
             names = stage_parameters(model, p, v, d, placement=placement)
             for what, got, want in (
-                    ("grads", result[case]["grads"], [grads[q] for q in names]),
-                    ("weights", result[case]["params"], [q.detach() for q in names])):
+                    ("grads", result[case].grads, [grads[q] for q in names]),
+                    ("weights", result[case].params, [q.detach() for q in names])):
                 if len(got) != len(want):
                     raise AssertionError(f"{case}, stage {d}: {len(got)} {what}, "
                                          f"expected {len(want)}")
@@ -133,14 +164,13 @@ def parity_report(per_rank: list[dict], steps: int = 2, micro: int = 2, lr: floa
                 torch.testing.assert_close(a, b, **tol,
                                            msg=lambda s: f"{case}, stage {d}, {what}: {s}")
                 diff[what] = max(diff[what], (a - b).abs().max().item())
-        got = torch.tensor(per_rank[place(p * v - 1, p, placement)[0]][case]["losses"],
+        got = torch.tensor(per_rank[place(p * v - 1, p, placement)[0]][case].losses,
                            dtype=torch.float64)
         want = torch.tensor(losses, dtype=torch.float64)
         torch.testing.assert_close(got, want, **tol, msg=lambda s: f"{case}, losses: {s}")
         diff["losses"] = (got - want).abs().max().item()
-        rows.append({"engine": engine, "schedule": schedule, "m": m, "v": v,
-                     **{f"max_{k}_diff": x for k, x in diff.items()},
-                     "peak_stash": [r[case]["stash"] for r in per_rank]})
+        rows.append(ParityRow(engine, schedule, m, v, diff["grads"], diff["weights"],
+                              diff["losses"], [r[case].stash for r in per_rank]))
     return rows
 
 
@@ -185,7 +215,27 @@ def measure(ms=(2, 4, 8), schedules=("gpipe", "1f1b"), engines=("lessonlib", "to
     return out
 
 
-def summarize(per_rank: list[dict]) -> list[dict]:
+@dataclass
+class ScheduleRow:
+    """One measured case (``summarize``): the median step time; the bubble per stage and its
+    mean beside the theory's two conventions; the peak stash per stage (micro-batches,
+    bytes) beside the formula's."""
+    engine: str
+    schedule: str
+    p: int
+    m: int
+    v: int
+    step_time_s: float
+    bubble_per_stage: list
+    bubble_mean: float
+    bubble_theory_wall: float
+    bubble_theory_ideal: float
+    peak_stash_per_stage: list
+    peak_stash_theory: list
+    peak_stash_bytes_per_stage: list
+
+
+def summarize(per_rank: list[dict]) -> list[ScheduleRow]:
     """Parent side: one row per case with the median step time, the bubble per stage
     (median over steps of 1 - busy / wall, wall = the slowest rank's step) and the peak
     stash per stage, beside the theory (bubble: "wall" convention, GPipe §2.3, and
@@ -200,20 +250,17 @@ def summarize(per_rank: list[dict]) -> list[dict]:
         sim = simulate(make(schedule, p, m, v))
         formula = ([stashed_microbatches(schedule, p, m, s) for s in range(p)]
                    if schedule in ("gpipe", "1f1b") else sim.peak_stash)
-        rows.append({
-            "engine": engine, "schedule": schedule, "p": p, "m": m, "v": v,
-            "step_time_s": statistics.median(walls),
-            "bubble_per_stage": [statistics.median(b[s] for b in bubbles) for s in range(p)],
-            "bubble_theory_wall": theory(schedule, p, m, v, "wall"),
-            "bubble_theory_ideal": theory(schedule, p, m, v, "ideal"),
-            "peak_stash_per_stage": [max(r.peak_stash_measured for r in col)
-                                     for col in zip(*steps)],
-            "peak_stash_theory": formula,
-            "peak_stash_bytes_per_stage": [max(r.peak_stash_bytes for r in col)
-                                           for col in zip(*steps)],
-        })
-    for row in rows:
-        row["bubble_mean"] = statistics.fmean(row["bubble_per_stage"])
+        bubble = [statistics.median(b[s] for b in bubbles) for s in range(p)]
+        rows.append(ScheduleRow(
+            engine, schedule, p, m, v, step_time_s=statistics.median(walls),
+            bubble_per_stage=bubble, bubble_mean=statistics.fmean(bubble),
+            bubble_theory_wall=theory(schedule, p, m, v, "wall"),
+            bubble_theory_ideal=theory(schedule, p, m, v, "ideal"),
+            peak_stash_per_stage=[max(r.peak_stash_measured for r in col)
+                                  for col in zip(*steps)],
+            peak_stash_theory=formula,
+            peak_stash_bytes_per_stage=[max(r.peak_stash_bytes for r in col)
+                                        for col in zip(*steps)]))
     return rows
 
 
@@ -231,7 +278,24 @@ def median_step(per_rank: list[dict], case) -> list:
     return list(steps[sorted(range(len(steps)), key=walls.__getitem__)[len(steps) // 2]])
 
 
-def explain_bubble(per_rank: list[dict], case) -> dict:
+@dataclass
+class BubbleExplanation:
+    """``explain_bubble``'s answer: the median step's F, B and W ms by virtual stage, send ms
+    by stage; the bubble by the theory, by the simulation with the measured compute (then
+    with the sends too) and as measured per stage; the measured and simulated step ms."""
+    forward_ms: list
+    backward_ms: list
+    weight_ms: list
+    send_ms: list
+    theory: float
+    simulated_with_measured_compute: list
+    simulated_with_measured_compute_and_sends: list
+    measured: list
+    step_ms: float
+    simulated_step_ms: float
+
+
+def explain_bubble(per_rank: list[dict], case) -> BubbleExplanation:
     """Why a measured bubble differs from (p-1)/(m+p-1): the median step's F, B and W times
     per virtual stage (ZBV's device 0 runs the first and the last) and send times per stage,
     replayed by the schedule simulation with compute only (stages of different speeds), then
@@ -254,13 +318,13 @@ def explain_bubble(per_rank: list[dict], case) -> dict:
     with_sends = simulate(sched, **times, send=lambda s, a: sends[s])
     wall = max(r.wall_s for r in step)
     busy = [sum(x.end - x.start for x in r.spans if x.kind in COMPUTE) for r in step]
-    return {"forward_ms": [1e3 * t for t in cost["F"]], "backward_ms": [1e3 * t for t in cost["B"]],
-            "weight_ms": [1e3 * t for t in cost["W"]], "send_ms": [1e3 * t for t in sends],
-            "theory": theory(schedule, p, m, v, "wall"),
-            "simulated_with_measured_compute": compute_only.bubble,
-            "simulated_with_measured_compute_and_sends": with_sends.bubble,
-            "measured": [1 - bz / wall for bz in busy],
-            "step_ms": 1e3 * wall, "simulated_step_ms": 1e3 * with_sends.makespan}
+    return BubbleExplanation(
+        *([1e3 * t for t in cost[k]] for k in "FBW"), [1e3 * t for t in sends],
+        theory=theory(schedule, p, m, v, "wall"),
+        simulated_with_measured_compute=compute_only.bubble,
+        simulated_with_measured_compute_and_sends=with_sends.bubble,
+        measured=[1 - bz / wall for bz in busy],
+        step_ms=1e3 * wall, simulated_step_ms=1e3 * with_sends.makespan)
 
 
 def demo(schedule: str = "1f1b", m: int = 4, engine: str = "lessonlib") -> dict:

@@ -1,5 +1,8 @@
 """The published record as data: every run the course quotes, with the layout its team ran.
 
+One job: the published rows, each with its source, its table's columns and the layout read
+from them; its length is the rows.
+
 Each ``PublishedRun`` names its source (paper, table, row), the model, the cluster, the
 layout the team ran (schedule, recompute, precision, overlap in ``Layout``), the table's own
 columns for that row (``columns``: GPUs, degrees, batch, tokens, as printed), the published

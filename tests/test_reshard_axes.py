@@ -213,3 +213,11 @@ def test_a_three_axis_checkpoint_of_the_lab_resumes_on_a_five_axis_layout(tmp_pa
     row = record["rows"][0]
     assert (row["layout"], row["shard"], row["resumed_from_step"]) == ("t1c2p2d1", "zero1", 2)
     assert checkpoint.latest(tmp_path / "ckpt")["meta"]["shard"] == "zero1"
+
+
+def test_a_checkpoint_in_a_retired_rank_order_is_named_so_not_called_damaged(tmp_path):
+    from lessonlib.long_run.reshard import mismatch
+    found = {"path": str(tmp_path), "world_size": 4,
+             "meta": {"layout": "t1c2p2d1", "model": {}, "order": "tp-cp-dp-pp"}}
+    line = mismatch(found)
+    assert "cannot be resumed" in line and "'tp-cp-dp-pp'" in line and "damaged" not in line

@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from lessonlib import device
-from lessonlib.grid_layout import placements
+from lessonlib.grid_layout import ORDER, placements
 from lessonlib.hybrid.layout_runs import step_losses
 from lessonlib.long_run import checkpoint
 from lessonlib.long_run.checkpoint_folder import MANIFEST
@@ -89,6 +89,10 @@ def mismatch(found: dict) -> str | None:
     manifest = Path(found["path"]) / MANIFEST
     if not {"layout", "model"} <= set(found["meta"]):
         return None                 # another run's settings: check_resume names the difference
+    order = found["meta"].get("order", ORDER)
+    if order != ORDER:              # intact, but laid out in an order this course retired
+        return (f"{manifest} cannot be resumed: it was saved with the ranks in the order "
+                f"{order!r}, not the course's one order {ORDER!r}; nothing in it was changed")
     try:
         layout = Layout.of(found["meta"])
         cfg = GPTConfig(**found["meta"]["model"])

@@ -27,13 +27,7 @@ KEYED = {
     "lessonlib.viz.scale.one_gpu_memory": "bytes by part, the parts the plots iterate over "
                                           "(the memory model's record, as its as_dict)",
 }
-KEYED_AREAS = {
-    "lessonlib.costmodel.": "the cost model's modules are rewritten by their own work",
-    "lessonlib.hybrid.": "the hybrid package refactor converts its results",
-    "lessonlib.hybrid_axes.": "the hybrid package refactor converts its results",
-    "lessonlib.long_run.": "the hybrid package refactor converts the long run's loop",
-    "lessonlib.grid.": "the one-grid refactor (with the hybrid package) reshapes the grid",
-}
+KEYED_AREAS = {}
 KEYED_BY_DATA = "{data}:"
 SEQUENCE_CALLS = {"next", "max", "min", "sorted", "list", "reversed", "iter"}
 

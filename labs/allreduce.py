@@ -23,6 +23,7 @@ GPU box: ``torchrun --nproc-per-node 8 labs/allreduce.py --size-mb 256`` (NCCL; 
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 
 import lessonlib
 from lessonlib import launcher
@@ -125,7 +126,7 @@ def build_record(measured: dict, settings: dict, world_size: int) -> dict:
         for name, pts in measured["points"].items():
             usable = [(q["world_size"], q["size_bytes"], q["time_s"])
                       for q in pts if q["world_size"] > 1]
-            fits = {links: fit_alpha_beta(usable, name, links) if len(usable) >= 2 else None
+            fits = {links: asdict(fit_alpha_beta(usable, name, links)) if len(usable) >= 2 else None
                     for links in LINKS}
             results[name] = {"points": pts, "fit": fits["dedicated"],
                              "fit_shared": fits["shared"]}

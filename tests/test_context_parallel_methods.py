@@ -139,12 +139,12 @@ def test_bad_settings_one_line_before_anything_is_sent(ranks):
 def test_document_mask_work_ring_waits_for_its_busiest_rank_each_step():
     # the 24 tokens of 5, 11 and 8 in the zig-zag layout over c = 4 (chunks of 3)
     work = document_work(method_runs.DOCS, 4)
-    assert sum(work["per_rank"]) == sum(n * (n + 1) // 2 for n in method_runs.DOCS)
-    assert work["per_step"][0] == [12, 0, 6, 9]               # rank 0's steps, by hand below
-    assert (work["ring"], work["allgather"], work["even"]) == (54, 45, 29.25)
+    assert sum(work.per_rank) == sum(n * (n + 1) // 2 for n in method_runs.DOCS)
+    assert work.per_step[0] == [12, 0, 6, 9]               # rank 0's steps, by hand below
+    assert (work.ring, work.allgather, work.even) == (54, 45, 29.25)
     # one document (causal only): the zig-zag split evens out every step of the ring too
     plain = document_work([24], 4)
-    assert plain["ring"] == plain["allgather"] == plain["even"] == 24 * 25 / 2 / 4
+    assert plain.ring == plain.allgather == plain.even == 24 * 25 / 2 / 4
 
 
 def test_settings_are_checked_before_any_launch():

@@ -41,8 +41,8 @@ def test_ring_hidden_behind_compute_when_shards_are_long():
     n = cx.shortest_hidden_shard(llama, 989e12, 450e9)
     assert n == pytest.approx(8 * 2 * 989e12 / (128 * 450e9))
     short = GPT(1, 16384, 128, 16 * 64, 128256, kv_heads=8)      # 64 tokens per rank
-    assert not cx.ring_step(short, 1, 16, 989e12, 450e9, layout="contiguous")["hidden"]
-    assert cx.ring_step(llama, 1, 16, 989e12, 450e9)["hidden"]
+    assert not cx.ring_step(short, 1, 16, 989e12, 450e9, layout="contiguous").hidden
+    assert cx.ring_step(llama, 1, 16, 989e12, 450e9).hidden
 
 
 def test_ring_step_per_gpu_and_break_even_share_one_accounting():
@@ -51,10 +51,10 @@ def test_ring_step_per_gpu_and_break_even_share_one_accounting():
     whole, per_gpu = (cx.ring_step(llama, 1, 16, peak, port, t=t) for t in (1, 8))
     # per GPU: a step's causal average, 4 h (s/c)^2 / 2 FLOPs (plus the diagonal's n/2c), / t
     n = 131072 // 16
-    assert per_gpu["compute_s"] == pytest.approx(4 * 16384 * n * n / 2 / 8 / peak, rel=1e-4)
-    assert per_gpu["transfer_s"] == pytest.approx(2 * n * 8 * 128 * 2 / 8 / port)   # 4 MiB
-    assert per_gpu["compute_s"] == pytest.approx(whole["compute_s"] / 8)
-    assert per_gpu["transfer_s"] == pytest.approx(whole["transfer_s"] / 8)
+    assert per_gpu.compute_s == pytest.approx(4 * 16384 * n * n / 2 / 8 / peak, rel=1e-4)
+    assert per_gpu.transfer_s == pytest.approx(2 * n * 8 * 128 * 2 / 8 / port)   # 4 MiB
+    assert per_gpu.compute_s == pytest.approx(whole.compute_s / 8)
+    assert per_gpu.transfer_s == pytest.approx(whole.transfer_s / 8)
     # the break-even shard: 8 KV heads * 2 bytes * F / (128 heads * B) = 2,472 tokens
     shortest = cx.shortest_hidden_shard(llama, peak, port)
     assert shortest == pytest.approx(8 * 2 * peak / (128 * port)) == pytest.approx(2472.5)
@@ -64,7 +64,7 @@ def test_ring_step_per_gpu_and_break_even_share_one_accounting():
         for factor, hidden in ((0.93, False), (1.07, True)):
             n = 2 * round(shortest * factor / 2)
             model = GPT(1, 16384, 128, 4 * n, 128256, kv_heads=8)
-            assert cx.ring_step(model, 1, 4, peak, port, t=t)["hidden"] is hidden, (t, n)
+            assert cx.ring_step(model, 1, 4, peak, port, t=t).hidden is hidden, (t, n)
     with pytest.raises(ValueError, match="t=3 must divide the K/V heads"):
         cx.ring_step(llama, 1, 16, peak, port, t=3)
 
@@ -114,8 +114,8 @@ def test_document_mask_work_per_ring_step():
     # score 2+3+4+5 minus the one key (3) in rank 0's block: 10; from rank 0's block: 4
     assert steps == [[7, 0], [10, 4]]
     work = cx.document_work([3, 5], 2, "contiguous")
-    assert (work["ring"], work["allgather"], work["even"]) == (10 + 4, 14, 10.5)
-    assert work["per_rank"] == [7, 14]
+    assert (work.ring, work.allgather, work.even) == (10 + 4, 14, 10.5)
+    assert work.per_rank == [7, 14]
     with pytest.raises(ValueError, match="the documents' 7 tokens must split into 4"):
         cx.document_pairs_per_step([3, 4], 2)
     with pytest.raises(ValueError, match="document length"):

@@ -13,6 +13,7 @@ Try ``python -c "from lessonlib.costmodel.alpha_beta import predict_s; print(pre
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,13 +53,28 @@ def predict_s(algorithm: str, n: int, size_bytes: float, alpha_s: float, bandwid
     return latencies * alpha_s + nbytes / bandwidth
 
 
-def predict_from_fit(algorithm: str, n: int, size_bytes: float, fit: dict) -> float:
-    """``predict_s`` with the alpha, B and link model of a ``fit_alpha_beta`` result."""
-    return predict_s(algorithm, n, size_bytes, fit["alpha_s"], fit["bandwidth_Bps"],
-                     fit.get("links", "dedicated"))
+@dataclass(frozen=True)
+class AlphaBetaFit:
+    """What ``fit_alpha_beta`` found: latency (s), bandwidth (bytes/s), the link model it
+    assumed, its rms relative error and how many points it used."""
+    alpha_s: float
+    bandwidth_Bps: float
+    links: str
+    rms_relative_error: float
+    points: int
 
 
-def fit_alpha_beta(points, algorithm: str, links: str = "dedicated") -> dict:
+def predict_from_fit(algorithm: str, n: int, size_bytes: float,
+                     fit: AlphaBetaFit | dict) -> float:
+    """``predict_s`` with the alpha, B and link model of a ``fit_alpha_beta`` result, or of
+    one a lab stored in its JSON record (a dict: the file's format)."""
+    if isinstance(fit, dict):
+        return predict_s(algorithm, n, size_bytes, fit["alpha_s"], fit["bandwidth_Bps"],
+                         fit.get("links", "dedicated"))
+    return predict_s(algorithm, n, size_bytes, fit.alpha_s, fit.bandwidth_Bps, fit.links)
+
+
+def fit_alpha_beta(points, algorithm: str, links: str = "dedicated") -> AlphaBetaFit:
     """Least-squares alpha (s) and B (bytes/s) from ``points`` = [(n, size_bytes, time_s)],
     on relative error so that 1 KB and 64 MB messages count alike."""
     rows, used = [], []
@@ -76,13 +92,23 @@ def fit_alpha_beta(points, algorithm: str, links: str = "dedicated") -> dict:
         alpha, inv_bw = 0.0, float(np.linalg.lstsq(a[:, 1:], np.ones(len(rows)), rcond=None)[0][0])
     inv_bw = max(inv_bw, 1e-15)
     errors = [predict_s(algorithm, n, s, alpha, 1 / inv_bw, links) / t - 1 for n, s, t in used]
-    return {"alpha_s": float(alpha), "bandwidth_Bps": float(1 / inv_bw), "links": links,
-            "rms_relative_error": float(math.sqrt(sum(e * e for e in errors) / len(errors))),
-            "points": len(used)}
+    return AlphaBetaFit(alpha_s=float(alpha), bandwidth_Bps=float(1 / inv_bw), links=links,
+                        rms_relative_error=float(math.sqrt(sum(e * e for e in errors)
+                                                           / len(errors))),
+                        points=len(used))
+
+
+@dataclass(frozen=True)
+class BucketedStep:
+    """``bucketed_step``'s plan: each bucket's (ready, start, end) in seconds from the start
+    of backward, when the last one ends, and the communication left after backward."""
+    buckets: list
+    end_s: float
+    exposed_s: float
 
 
 def bucketed_step(grad_bytes: float, n: int, bucket_bytes: float, backward_s: float,
-                  fit: dict, overlap: bool = True) -> dict:
+                  fit: AlphaBetaFit | dict, overlap: bool = True) -> BucketedStep:
     """Predicted end of a DDP step's communication, measured from the start of backward.
 
     Gradients become ready at a steady rate during ``backward_s``; bucket j's ring
@@ -102,5 +128,5 @@ def bucketed_step(grad_bytes: float, n: int, bucket_bytes: float, backward_s: fl
         start = max(ready if overlap else backward_s, done)
         done = start + (predict_from_fit("ring", n, size, fit) if n > 1 else 0.0)
         buckets.append((ready, start, done))
-    return {"buckets": buckets, "end_s": max(done, backward_s),
-            "exposed_s": max(0.0, done - backward_s)}
+    return BucketedStep(buckets=buckets, end_s=max(done, backward_s),
+                        exposed_s=max(0.0, done - backward_s))

@@ -18,7 +18,7 @@ GPU box: ``python labs/gpu_check.py`` measures the curves and calls this.
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from . import gemm, throughput
 from .alpha_beta import fit_alpha_beta
@@ -45,8 +45,8 @@ def refit_cluster(cluster, allreduce: list[tuple]):
     the bus bandwidth NCCL reaches, so the link's rate is that over ``COMM_EFFICIENCY``
     (the share the model applies to every link)."""
     fit = fit_alpha_beta(allreduce, "ring")
-    link = fit["bandwidth_Bps"] / throughput.COMM_EFFICIENCY
-    return replace(cluster, nvlink_bytes_per_s=link, nvlink_latency_s=fit["alpha_s"]), fit
+    link = fit.bandwidth_Bps / throughput.COMM_EFFICIENCY
+    return replace(cluster, nvlink_bytes_per_s=link, nvlink_latency_s=fit.alpha_s), fit
 
 
 def calibrate(rates: list[dict], gpu_name: str, allreduce: list[tuple] | None = None) -> dict:
@@ -55,7 +55,7 @@ def calibrate(rates: list[dict], gpu_name: str, allreduce: list[tuple] | None = 
     out = {"device": gpu_name, "median_tflops": statistics.median(r["tflops"] for r in rates),
            "largest_gemm_tflops": rates[-1]["tflops"], "preset": None}
     if allreduce:
-        out["allreduce_fit"] = fit_alpha_beta(allreduce, "ring")
+        out["allreduce_fit"] = asdict(fit_alpha_beta(allreduce, "ring"))
     preset = peak_preset(gpu_name)
     if preset is None:
         return out

@@ -21,6 +21,8 @@ GPU box: the same; nothing here runs on a device.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from lessonlib.argcheck import positive_int
 from lessonlib.costmodel.comm import tp_elements_per_layer
 from lessonlib.costmodel.memory import activation_bytes, activation_bytes_per_layer
@@ -92,8 +94,18 @@ def ring_bytes_received_per_rank(c, block_bytes):
     return (c - 1) * block_bytes, (c - 1) * block_bytes + c * block_bytes
 
 
+@dataclass(frozen=True)
+class RingStep:
+    """One ring step on one GPU (``ring_step``): compute and transfer in seconds, whether the
+    compute hides the transfer, and the transfer left exposed."""
+    compute_s: float
+    transfer_s: float
+    hidden: bool
+    exposed_s: float
+
+
 def ring_step(model, b, c, flops_per_s, link_bytes_per_s, bytes_per_value=2, layout="zigzag",
-              t=1):
+              t=1) -> RingStep:
     """One forward step of the ring on one GPU of the busiest rank: its compute (the rank's
     causal work over its c steps, on average) against one block's transfer, and whether the
     compute hides the transfer (the transfer is posted first). With tensor parallelism over
@@ -103,8 +115,8 @@ def ring_step(model, b, c, flops_per_s, link_bytes_per_s, bytes_per_value=2, lay
     flops = max(attention_flops_per_rank(model, b, c, layout)) / c / t
     compute = flops / flops_per_s
     transfer = kv_block_bytes(model, b, c, bytes_per_value) / t / link_bytes_per_s
-    return {"compute_s": compute, "transfer_s": transfer, "hidden": compute >= transfer,
-            "exposed_s": max(0.0, transfer - compute)}
+    return RingStep(compute_s=compute, transfer_s=transfer, hidden=compute >= transfer,
+                    exposed_s=max(0.0, transfer - compute))
 
 
 def shortest_hidden_shard(model, flops_per_s, link_bytes_per_s, bytes_per_value=2):
@@ -209,16 +221,27 @@ def document_pairs_per_step(doc_lengths, c, layout="zigzag"):
     return [[kept(spans[r], spans[(r - i) % c]) for i in range(c)] for r in range(c)]
 
 
-def document_work(doc_lengths, c, layout="zigzag"):
+@dataclass(frozen=True)
+class DocumentWork:
+    """``document_work``'s kept scores: [rank][step], per rank, and the ring's, all-gather's
+    and an even split's time in scores."""
+    per_step: list
+    per_rank: list
+    ring: int
+    allgather: int
+    even: float
+
+
+def document_work(doc_lengths, c, layout="zigzag") -> DocumentWork:
     """Ring vs all-gather under a causal document mask, in kept scores: the ring's ranks
     wait for each other every step, so a step lasts its busiest rank's work (``ring``: the
     sum over steps of the per-step maximum); all-gather does each rank's work in one go
     (``allgather``: the busiest rank's total); ``even``: the total over c."""
     steps = document_pairs_per_step(doc_lengths, c, layout)
     per_rank = [sum(row) for row in steps]
-    return {"per_step": steps, "per_rank": per_rank,
-            "ring": sum(max(col) for col in zip(*steps)), "allgather": max(per_rank),
-            "even": sum(per_rank) / c}
+    return DocumentWork(per_step=steps, per_rank=per_rank,
+                        ring=sum(max(col) for col in zip(*steps)), allgather=max(per_rank),
+                        even=sum(per_rank) / c)
 
 
 def summary(model=LLAMA3_405B, b=1, c=16, t=8, flops_per_s=989e12, link_bytes_per_s=50e9):
@@ -230,8 +253,8 @@ def summary(model=LLAMA3_405B, b=1, c=16, t=8, flops_per_s=989e12, link_bytes_pe
         f"  contiguous imbalance {imbalance(model.s, c, 'contiguous'):.2f}, "
         f"zig-zag {imbalance(model.s, c, 'zigzag'):.2f}",
         f"  K/V block per GPU {kv_block_bytes(model, b, c) / t / 2**20:.1f} MiB: step compute "
-        f"{step['compute_s'] * 1e3:.3f} ms, transfer {step['transfer_s'] * 1e3:.3f} ms, "
-        f"hidden: {step['hidden']}",
+        f"{step.compute_s * 1e3:.3f} ms, transfer {step.transfer_s * 1e3:.3f} ms, "
+        f"hidden: {step.hidden}",
         f"  shortest shard that hides its block: "
         f"{shortest_hidden_shard(model, flops_per_s, link_bytes_per_s):.0f} tokens"])
 

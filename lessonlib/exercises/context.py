@@ -15,8 +15,8 @@ def ring_time_ratio(c: int, n: int = 256) -> float:
     """The causal ring's forward time, contiguous over zig-zag, in kept scores: each step
     lasts its busiest rank's work (one document of c n tokens is the plain causal mask)."""
     one_sequence = [c * n]
-    return (document_work(one_sequence, c, "contiguous")["ring"]
-            / document_work(one_sequence, c, "zigzag")["ring"])
+    return (document_work(one_sequence, c, "contiguous").ring
+            / document_work(one_sequence, c, "zigzag").ring)
 
 
 def check_ring_speedup(answer, c: int = 8) -> Verdict:

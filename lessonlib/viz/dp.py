@@ -164,7 +164,7 @@ def allreduce_explorer(points: dict, fits: dict, fresh: dict | None = None):
 
 
 def plot_buckets(grad_bytes: float, world_size: int, bucket_bytes: float, backward_s: float,
-                 fit: dict, measured: dict | None = None):
+                 fit, measured: dict | None = None):
     """Left: the predicted schedule of one step's buckets, with and without overlap, each
     bucket taking the ring time of ``fit``. Right: communication left after backward against
     bucket size; ``measured`` = {bucket_MiB: exposed_s} drawn as markers."""
@@ -174,19 +174,19 @@ def plot_buckets(grad_bytes: float, world_size: int, bucket_bytes: float, backwa
         plan = bucketed_step(grad_bytes, world_size, bucket_bytes, backward_s, fit, overlap)
         left.barh(row + 0.2, backward_s * 1e3, height=0.3, color=COLORS["backward"],
                   label="backward's compute" if overlap else None)
-        for j, (_, start, end) in enumerate(plan["buckets"]):
+        for j, (_, start, end) in enumerate(plan.buckets):
             left.barh(row - 0.2, (end - start) * 1e3, left=start * 1e3, height=0.3,
                       color=COLORS["comm"], alpha=0.5 + 0.5 * (j % 2), edgecolor="white",
                       label="a bucket's all-reduce (shades alternate)" if overlap and not j
                       else None)
-        left.text(plan["end_s"] * 1e3, row, f"  {plan['end_s'] * 1e3:.0f} ms", va="center")
+        left.text(plan.end_s * 1e3, row, f"  {plan.end_s * 1e3:.0f} ms", va="center")
     left.set_yticks([0, 1], ["naive: after\nbackward", "buckets:\noverlapping"])
     left.set(xlabel="ms from the start of backward", ylim=(-0.6, 2.0),
              title=f"predicted: {world_size} ranks, buckets of {bucket_bytes / MiB:g} MiB",
              xlim=(0, None))
     left.legend(fontsize=8, loc="upper left", ncols=2)
     caps = np.logspace(-4, 7, 45, base=2) * MiB
-    exposed = [bucketed_step(grad_bytes, world_size, c, backward_s, fit)["exposed_s"]
+    exposed = [bucketed_step(grad_bytes, world_size, c, backward_s, fit).exposed_s
                for c in caps]
     right.plot(caps / MiB, np.array(exposed) * 1e3, color=COLORS["comm"], label="predicted")
     if measured:

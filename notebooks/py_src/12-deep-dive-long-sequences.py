@@ -410,14 +410,14 @@ port, _ = h100.link(spans_nodes=True)   # one GPU's own port: the c ranks are t 
 peak = h100.gpu.peak_flops
 step = cx.ring_step(llama, b=1, c=16, flops_per_s=peak, link_bytes_per_s=port, t=8)
 block_mib = cx.kv_block_bytes(llama, 1, 16) / 8 / 2**20
-print(f"one ring step per GPU (t = 8, c = 16): computes {step['compute_s'] * 1e3:.3f} ms on "
+print(f"one ring step per GPU (t = 8, c = 16): computes {step.compute_s * 1e3:.3f} ms on "
       f"average under the causal mask, moves its {block_mib:.0f} MiB of K/V in "
-      f"{step['transfer_s'] * 1e3:.3f} ms")
+      f"{step.transfer_s * 1e3:.3f} ms")
 shortest = cx.shortest_hidden_shard(llama, peak, port)
 print(f"a step hides its block from {shortest:,.0f} tokens per rank (s/c) up; at c = 16 a rank "
       f"holds {131072 // 16:,}")
 at_least("a ring step's compute over its block's transfer, per GPU at t = 8 and c = 16,",
-         step["compute_s"] / step["transfer_s"], 1)
+         step.compute_s / step.transfer_s, 1)
 
 # %% [markdown]
 # Per GPU at Llama 3's t = 8, a ring step computes for 0.278 ms and moves its 4 MiB of K and
@@ -462,9 +462,9 @@ every("a method's bytes sent equal the formula on every rank, with and without d
       lambda pairs: all(sent == formula for sent, formula in pairs))
 work = cx.document_work(docs, 4, "zigzag")
 claim("under the document mask the ring's steps last longer than the all-gather's one pass",
-      work["ring"] > work["allgather"],
-      numbers=f"kept scores on the busiest rank: ring {work['ring']:,} summed over its steps, "
-              f"all-gather {work['allgather']:,}, an even split {work['even']:,.0f}")
+      work.ring > work.allgather,
+      numbers=f"kept scores on the busiest rank: ring {work.ring:,} summed over its steps, "
+              f"all-gather {work.allgather:,}, an even split {work.even:,.0f}")
 
 # %% [markdown]
 # Here s = 512, with 8 query heads and 4 key/value heads; the ring repeats K and V to all 8

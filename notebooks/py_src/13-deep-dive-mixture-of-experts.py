@@ -359,14 +359,14 @@ dispatch_bytes = max(sum(r.stats["sent_rows"]) for r in layer) * H * 4      # fl
 sizes = tuple(2**i for i in range(10, 23))                    # 1 KiB to 4 MiB per rank
 *points, held_out = lessonlib.launch(measure.alltoall_sweep, 4, sizes + (dispatch_bytes,))[0]
 fit = fit_alpha_beta([(e, size / e, t) for e, size, t in points], "naive_ring", links="shared")
-predicted = cmoe.alltoall_time_s(4, held_out[1], bandwidth=fit["bandwidth_Bps"],
-                                  latency=fit["alpha_s"], links="shared")
+predicted = cmoe.alltoall_time_s(4, held_out[1], bandwidth=fit.bandwidth_Bps,
+                                  latency=fit.alpha_s, links="shared")
 # a step's all-to-alls: the counts (E integers), then dispatch and return, forward and backward
-bare = cmoe.alltoall_time_s(4, 8 * E, bandwidth=fit["bandwidth_Bps"], latency=fit["alpha_s"],
+bare = cmoe.alltoall_time_s(4, 8 * E, bandwidth=fit.bandwidth_Bps, latency=fit.alpha_s,
                             links="shared") + 4 * predicted
 inside, share = float(np.median(a2a)), float(np.median(a2a / step))
-print(f"fit: alpha = {fit['alpha_s'] * 1e6:.0f} us, B = {fit['bandwidth_Bps'] / 1e9:.2f} GB/s "
-      f"(rms error {fit['rms_relative_error']:.0%} over {fit['points']} sizes)")
+print(f"fit: alpha = {fit.alpha_s * 1e6:.0f} us, B = {fit.bandwidth_Bps / 1e9:.2f} GB/s "
+      f"(rms error {fit.rms_relative_error:.0%} over {fit.points} sizes)")
 print(f"a bare all-to-all of {held_out[1]} bytes per rank: {held_out[2] * 1e3:.2f} ms measured, "
       f"{predicted * 1e3:.2f} ms predicted")
 print(f"MoE layer step {np.median(step) * 1e3:.1f} ms, of which all-to-alls "

@@ -31,8 +31,8 @@ def test_table2_by_hand_for_gpt3():
 
 def test_table2_terms_add_up_to_34_sbh():
     rows = course_vs_table2()
-    assert sum(float(r["table2"]) for r in rows if r["table2"] != "5as/h") == 34
-    assert all(r["why"] for r in rows)
+    assert sum(float(r.table2) for r in rows if r.table2 != "5as/h") == 34
+    assert all(r.why for r in rows)
 
 
 def test_sequence_parallelism_divides_the_course_layer_by_t():
@@ -43,24 +43,24 @@ def test_sequence_parallelism_divides_the_course_layer_by_t():
 
 
 def test_table4_one_layer_of_22b_within_15_percent():
-    rows = {r["mode"]: r for r in k.table4_rows()}
+    rows = {r.mode: r for r in k.table4_rows()}
     assert set(rows) == set(k.TABLE4)
     for r in rows.values():
-        assert abs(r["error"]) < 0.15, r
+        assert abs(r.error) < 0.15, r
     # the order of the overheads is the paper's: full >> selective > selective+SP, SP < 0
-    assert rows["full recompute"]["predicted_overhead"] > 0.30
-    assert 0 < rows["selective recompute"]["predicted_overhead"] < 0.10
-    assert rows["sequence parallel"]["predicted_overhead"] < 0
+    assert rows["full recompute"].predicted_overhead > 0.30
+    assert 0 < rows["selective recompute"].predicted_overhead < 0.10
+    assert rows["sequence parallel"].predicted_overhead < 0
 
 
 def test_table5_iterations_and_what_recompute_costs():
     rows = k.table5_rows()
     assert len(rows) == 8
     for r in rows:
-        bound = 0.15 if r["model"] in ("22B", "175B") else 0.25   # see the module docstring
-        assert abs(r["error"]) < bound, r
+        bound = 0.15 if r.model in ("22B", "175B") else 0.25   # see the module docstring
+        assert abs(r.error) < bound, r
     for r in k.table5_speedups():
-        assert abs(r["error"]) < 0.15, r
+        assert abs(r.error) < 0.15, r
     assert "Table 4" in k.report() and "Table 5" in k.report()
 
 

@@ -24,7 +24,7 @@ same work done.
 
 Run ``python -c "from lessonlib.costmodel import korthikanti2022 as k; print(k.report())"``.
 """
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .hardware import CLUSTERS
 from .model import GPT
@@ -54,7 +54,50 @@ TABLE5_UTILIZATION = {"22B": (41.5, 43.7), "175B": (51.4, 52.8), "530B": (56.0, 
                       "1T": (56.3, 57.0)}
 
 
-def utilization_rows():
+@dataclass(frozen=True)
+class UtilizationRow:
+    """One Table 5 model: published MFU and HFU (%), their ratio, App. A's, and the error."""
+    model: str
+    mfu: float
+    hfu: float
+    published: float
+    predicted: float
+    error: float
+
+
+@dataclass(frozen=True)
+class Table4Row:
+    """One Table 4 mode: published and predicted ms of a layer, the error, and the mode's
+    overhead over the baseline, published and predicted."""
+    mode: str
+    published_ms: float
+    predicted_ms: float
+    error: float
+    published_overhead: float
+    predicted_overhead: float
+
+
+@dataclass(frozen=True)
+class Table5Row:
+    """One Table 5 model and mode: published and predicted iteration seconds, the error."""
+    model: str
+    mode: str
+    published_s: float
+    predicted_s: float
+    error: float
+
+
+@dataclass(frozen=True)
+class Table5Speedup:
+    """One Table 5 model: full recompute's time over selective + SP's, published and
+    predicted, and the error."""
+    model: str
+    published: float
+    predicted: float
+    error: float
+
+
+def utilization_rows() -> list[UtilizationRow]:
     """Per Table 5 model: published HFU / MFU against App. A's FLOP counts, whose ratio is
     (1 + s/(3h) + V/(12hL)) / (1 + s/(6h) + V/(12hL)): the same step, counted two ways."""
     rows = []
@@ -62,8 +105,8 @@ def utilization_rows():
         mfu, hfu = TABLE5_UTILIZATION[name]
         logits = VOCAB / (12 * h * L)
         predicted = (1 + SEQ / (3 * h) + logits) / (1 + SEQ / (6 * h) + logits)
-        rows.append({"model": name, "mfu": mfu, "hfu": hfu, "published": hfu / mfu,
-                     "predicted": predicted, "error": predicted / (hfu / mfu) - 1})
+        rows.append(UtilizationRow(model=name, mfu=mfu, hfu=hfu, published=hfu / mfu,
+                                   predicted=predicted, error=predicted / (hfu / mfu) - 1))
     return rows
 
 
@@ -75,24 +118,23 @@ def layer_time_s(model, layout, cluster):
     return two - one
 
 
-def table4_rows(cluster=None):
+def table4_rows(cluster=None) -> list[Table4Row]:
     """Per Table 4 row: published and predicted ms, the error, and each mode's overhead."""
     cluster = cluster or CLUSTERS["dgx-a100"]
     model = GPT(48, 6144, 64, SEQ, VOCAB, "korthikanti-22B")
-    rows = []
+    times = {}                          # mode: (published ms, predicted ms)
     for name, (sp, recompute, fwd, bwd, combined) in TABLE4.items():
         lay = Layout(t=8, b=4, m=1, recompute=recompute, sequence_parallel=sp)
-        rows.append({"mode": name, "published_ms": combined,
-                     "predicted_ms": 1e3 * layer_time_s(model, lay, cluster)})
-    base = rows[0]
-    for row in rows:
-        row["error"] = row["predicted_ms"] / row["published_ms"] - 1
-        row["published_overhead"] = row["published_ms"] / base["published_ms"] - 1
-        row["predicted_overhead"] = row["predicted_ms"] / base["predicted_ms"] - 1
-    return rows
+        times[name] = (combined, 1e3 * layer_time_s(model, lay, cluster))
+    base_published, base_predicted = times["baseline"]
+    return [Table4Row(mode=name, published_ms=published, predicted_ms=predicted,
+                      error=predicted / published - 1,
+                      published_overhead=published / base_published - 1,
+                      predicted_overhead=predicted / base_predicted - 1)
+            for name, (published, predicted) in times.items()]
 
 
-def table5_rows(cluster=None):
+def table5_rows(cluster=None) -> list[Table5Row]:
     """Per Table 5 model and mode: published and predicted iteration seconds, the error."""
     cluster = cluster or CLUSTERS["dgx-a100"]
     rows = []
@@ -103,21 +145,21 @@ def table5_rows(cluster=None):
             lay = Layout(t=t, p=p, d=gpus // (t * p), b=mb, global_batch=batch, v=v,
                          recompute=recompute, sequence_parallel=sp)
             predicted = estimate(model, lay, cluster).step_time_s
-            rows.append({"model": name, "mode": mode, "published_s": published,
-                         "predicted_s": predicted, "error": predicted / published - 1})
+            rows.append(Table5Row(model=name, mode=mode, published_s=published,
+                                  predicted_s=predicted, error=predicted / published - 1))
     return rows
 
 
-def table5_speedups(cluster=None):
+def table5_speedups(cluster=None) -> list[Table5Speedup]:
     """Per Table 5 model: full recompute's iteration time over selective + SP's, published
     and predicted, and the error of the prediction."""
     rows = table5_rows(cluster)
     out = []
     for full, selective in zip(rows[::2], rows[1::2]):
-        published = full["published_s"] / selective["published_s"]
-        predicted = full["predicted_s"] / selective["predicted_s"]
-        out.append({"model": full["model"], "published": published, "predicted": predicted,
-                    "error": predicted / published - 1})
+        published = full.published_s / selective.published_s
+        predicted = full.predicted_s / selective.predicted_s
+        out.append(Table5Speedup(model=full.model, published=published, predicted=predicted,
+                                 error=predicted / published - 1))
     return out
 
 
@@ -126,15 +168,15 @@ def report(cluster=None) -> str:
     lines = ["Table 4, one 22B layer (ms): published / predicted / error; overhead published "
              "/ predicted"]
     for r in table4_rows(cluster):
-        lines.append(f"  {r['mode']:30s} {r['published_ms']:6.1f} {r['predicted_ms']:6.1f} "
-                     f"{r['error']:+6.1%}   {r['published_overhead']:+6.1%} "
-                     f"{r['predicted_overhead']:+6.1%}")
+        lines.append(f"  {r.mode:30s} {r.published_ms:6.1f} {r.predicted_ms:6.1f} "
+                     f"{r.error:+6.1%}   {r.published_overhead:+6.1%} "
+                     f"{r.predicted_overhead:+6.1%}")
     lines.append("Table 5, iteration (s): published / predicted / error")
     for r in table5_rows(cluster):
-        lines.append(f"  {r['model']:5s} {r['mode']:16s} {r['published_s']:7.2f} "
-                     f"{r['predicted_s']:7.2f} {r['error']:+6.1%}")
+        lines.append(f"  {r.model:5s} {r.mode:16s} {r.published_s:7.2f} "
+                     f"{r.predicted_s:7.2f} {r.error:+6.1%}")
     lines.append("Table 5, full recompute / selective + SP: published / predicted / error")
     for r in table5_speedups(cluster):
-        lines.append(f"  {r['model']:5s} {r['published']:5.2f} {r['predicted']:5.2f} "
-                     f"{r['error']:+6.1%}")
+        lines.append(f"  {r.model:5s} {r.published:5.2f} {r.predicted:5.2f} "
+                     f"{r.error:+6.1%}")
     return "\n".join(lines)

@@ -219,25 +219,35 @@ def course_layer_activation_bytes(b, s, h, a, t=1, sequence_parallel=False,
     return element_size * (replicated + split + core)
 
 
-def course_vs_table2():
+@dataclass(frozen=True)
+class Table2Term:
+    """One term of Korthikanti et al.'s Table 2 beside the course layer's: its name, Table
+    2's bytes (x sbh unless said), the course's elements, and why they differ."""
+    term: str
+    table2: str
+    course: str
+    why: str
+
+
+def course_vs_table2() -> list[Table2Term]:
     """Korthikanti et al. 2022's bytes per layer (16-bit, Table 2, in units of s*b*h
     unless said) beside the course layer's elements, term by term, with why they differ."""
     return [
-        {"term": "LayerNorm inputs", "table2": "4", "course": "2 sbh + 4 sb",
-         "why": "the course also counts each LayerNorm's mean and 1/std (2 per row)"},
-        {"term": "QKV and fc1 inputs (LayerNorm outputs)", "table2": "4", "course": "2 sbh",
-         "why": "same tensors; elements here, bytes at 2 per element there"},
-        {"term": "Q, K, V", "table2": "6", "course": "3 sbh", "why": "same"},
-        {"term": "softmax output, its dropout mask and output", "table2": "5as/h",
-         "course": "a·b·s", "why": "CPU's fused attention kernel keeps only a log-sum-exp per "
-         "row and recomputes the s x s matrix in backward: selective recompute inside the "
-         "kernel; the course has no dropout"},
-        {"term": "attention output (projection input)", "table2": "2", "course": "1 sbh",
-         "why": "the kernel's output and the projection's input are one storage"},
-        {"term": "fc1 output (GeLU input) and fc2 input", "table2": "16", "course": "8 sbh",
-         "why": "same tensors"},
-        {"term": "dropout masks after attention and MLP", "table2": "2", "course": "0",
-         "why": "the course layer has no dropout"},
+        Table2Term(term="LayerNorm inputs", table2="4", course="2 sbh + 4 sb",
+                   why="the course also counts each LayerNorm's mean and 1/std (2 per row)"),
+        Table2Term(term="QKV and fc1 inputs (LayerNorm outputs)", table2="4", course="2 sbh",
+                   why="same tensors; elements here, bytes at 2 per element there"),
+        Table2Term(term="Q, K, V", table2="6", course="3 sbh", why="same"),
+        Table2Term(term="softmax output, its dropout mask and output", table2="5as/h",
+                   course="a·b·s", why="CPU's fused attention kernel keeps only a "
+                   "log-sum-exp per row and recomputes the s x s matrix in backward: "
+                   "selective recompute inside the kernel; the course has no dropout"),
+        Table2Term(term="attention output (projection input)", table2="2", course="1 sbh",
+                   why="the kernel's output and the projection's input are one storage"),
+        Table2Term(term="fc1 output (GeLU input) and fc2 input", table2="16", course="8 sbh",
+                   why="same tensors"),
+        Table2Term(term="dropout masks after attention and MLP", table2="2", course="0",
+                   why="the course layer has no dropout"),
     ]
 
 

@@ -111,7 +111,7 @@ for name, (t, sp, recompute) in modes.items():
 print()
 print(f"{'term':<46} {'Table 2 (x sbh)':>15}  {'course layer':>13}  why")
 for row in cm_memory.course_vs_table2():
-    print(f"{row['term']:<46} {row['table2']:>15}  {row['course']:>13}  {row['why']}")
+    print(f"{row.term:<46} {row.table2:>15}  {row.course:>13}  {row.why}")
 
 # %% [markdown]
 # Table 2 counts Megatron's GPT layer; today's layers keep other tensors. The cost model
@@ -328,29 +328,29 @@ actviz.activation_widget(measured)
 # NBVAL_CHECK_OUTPUT
 print(f"{'Table 4, one 22B layer':<32} {'published':>9} {'predicted':>9}   overhead pub / pred")
 for r in k22.table4_rows():
-    print(f"{r['mode']:<32} {r['published_ms']:7.1f}ms {r['predicted_ms']:7.1f}ms   "
-          f"{r['published_overhead']:+6.1%} / {r['predicted_overhead']:+6.1%}")
-    within(f"{r['mode']}: the published layer time", r["published_ms"],
-           expected=r["predicted_ms"], tolerance=0.15)
-rows4 = {r["mode"]: r for r in k22.table4_rows()}
-share = (rows4["selective recompute"]["predicted_overhead"]
-         / rows4["selective recompute"]["published_overhead"])
+    print(f"{r.mode:<32} {r.published_ms:7.1f}ms {r.predicted_ms:7.1f}ms   "
+          f"{r.published_overhead:+6.1%} / {r.predicted_overhead:+6.1%}")
+    within(f"{r.mode}: the published layer time", r.published_ms,
+           expected=r.predicted_ms, tolerance=0.15)
+rows4 = {r.mode: r for r in k22.table4_rows()}
+share = (rows4["selective recompute"].predicted_overhead
+         / rows4["selective recompute"].published_overhead)
 claim("the model gives selective recompute about the paper's overhead, counting the "
       "attention core's FLOPs and bytes again", 0.7 < share < 1.4, numbers=f"{share:.2f} of it")
 print()
 for r in k22.table5_rows():
-    print(f"Table 5 {r['model']:>5} {r['mode']:<15} published {r['published_s']:6.2f} s, "
-          f"predicted {r['predicted_s']:6.2f} s ({r['error']:+.1%})")
+    print(f"Table 5 {r.model:>5} {r.mode:<15} published {r.published_s:6.2f} s, "
+          f"predicted {r.predicted_s:6.2f} s ({r.error:+.1%})")
 for r in k22.table5_rows()[:4]:
-    within(f"{r['model']} {r['mode']}: the published iteration", r["published_s"],
-           expected=r["predicted_s"], tolerance=0.15)
-fast = [r["error"] for r in k22.table5_rows()]
+    within(f"{r.model} {r.mode}: the published iteration", r.published_s,
+           expected=r.predicted_s, tolerance=0.15)
+fast = [r.error for r in k22.table5_rows()]
 claim("every iteration of Table 5 comes out faster than published, by under 15 %: a cost "
       "the model lacks, as on Megatron-LM 2021's Table 1",
       all(-0.15 < err < 0 for err in fast), numbers=", ".join(f"{x:+.1%}" for x in fast))
 for r in k22.table5_speedups():
-    within(f"{r['model']}: full recompute / selective+SP, published", r["published"],
-           expected=r["predicted"], tolerance=0.15)
+    within(f"{r.model}: full recompute / selective+SP, published", r.published,
+           expected=r.predicted, tolerance=0.15)
 
 # %% [markdown]
 # **MFU or hardware FLOPs?** A TFLOP/s figure means nothing until it says what it counts.
@@ -365,8 +365,8 @@ for r in k22.table5_speedups():
 # %%
 # NBVAL_CHECK_OUTPUT
 for r in k22.utilization_rows():
-    print(f"{r['model']:>5}: MFU {r['mfu']:.1f} %, HFU {r['hfu']:.1f} %")
-    within(f"{r['model']}: HFU / MFU published", r["published"], expected=r["predicted"],
+    print(f"{r.model:>5}: MFU {r.mfu:.1f} %, HFU {r.hfu:.1f} %")
+    within(f"{r.model}: HFU / MFU published", r.published, expected=r.predicted,
            tolerance=0.01)
 
 # %% [markdown]

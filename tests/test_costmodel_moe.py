@@ -28,9 +28,9 @@ def test_a_small_shape_by_hand():
     assert total_params(m) == dense + 4 * 64
     assert active_params(m) == dense + 64
     mem = ep_memory_per_gpu(m, 2)
-    assert mem["experts"] == 16 * 4 * 64 / 2 and mem["dense"] == 16 * dense
+    assert mem.experts == 16 * 4 * 64 / 2 and mem.dense == 16 * dense
     zero = ep_memory_per_gpu(m, 2, d=4, zero1=True)
-    assert zero["experts"] == (4 + 12 / 2) * 4 * 64 / 2 and zero["dense"] == (4 + 12 / 4) * dense
+    assert zero.experts == (4 + 12 / 2) * 4 * 64 / 2 and zero.dense == (4 + 12 / 4) * dense
     with pytest.raises(ValueError, match="e=3 must divide E=4"):
         ep_memory_per_gpu(m, 3)
     with pytest.raises(ValueError, match="k=5 <= E=4"):
@@ -48,30 +48,30 @@ def test_the_all_to_all_pays_e_minus_1_latencies_and_its_off_rank_share():
 def test_expert_parallelism_moves_n_over_k_times_less_than_tensor_parallelism():
     m, c = MOE_MODELS["mixtral-8x7B"], CLUSTERS["dgx-h100"]
     inside = ep_vs_tp(m, 8, 1, 4096, c)
-    assert not inside["across_servers"] and inside["ep_comm_s"] < inside["tp_comm_s"]
+    assert not inside.across_servers and inside.ep_comm_s < inside.tp_comm_s
     bandwidth = c.link(False)[0]
-    assert inside["ep_comm_s"] == pytest.approx(
+    assert inside.ep_comm_s == pytest.approx(
         4 * (7 * c.nvlink_latency_s + 4096 * 2 * 4096 * 2 * 7 / 8 / bandwidth))
-    assert ep_vs_tp(m, 64, 1, 4096, c)["across_servers"]
+    assert ep_vs_tp(m, 64, 1, 4096, c).across_servers
 
 
 def test_choose_e_is_the_smallest_that_fits():
     c = CLUSTERS["dgx-h100"]
     usable = usable_memory_bytes(c.gpu)           # the GPU's memory less the named reserves
     pick = choose_e(MOE_MODELS["deepseek-v3"], 2048, c, p=16)
-    assert pick["fits"] and pick["memory_per_gpu"] <= usable
-    smaller = ep_memory_per_gpu(MOE_MODELS["deepseek-v3"], pick["e"] // 2, 16, 128, True)
-    assert smaller["total"] > usable
-    assert not choose_e(MOE_MODELS["deepseek-v3"], 8, c)["fits"]   # 8 GPUs cannot hold 671 B
+    assert pick.fits and pick.memory_per_gpu <= usable
+    smaller = ep_memory_per_gpu(MOE_MODELS["deepseek-v3"], pick.e // 2, 16, 128, True)
+    assert smaller.total > usable
+    assert not choose_e(MOE_MODELS["deepseek-v3"], 8, c).fits   # 8 GPUs cannot hold 671 B
 
 
 def test_the_trillion_question_for_an_moe():
     answer = one_trillion(MODELS["megatron-1T"].params())
-    assert answer["moe_total"] == pytest.approx(1.0e12, rel=0.01)
-    assert answer["moe_active"] < 40e9
+    assert answer.moe_total == pytest.approx(1.0e12, rel=0.01)
+    assert answer.moe_active < 40e9
     # the same ~16 TB of state to hold, about 27 times fewer FLOPs per token
-    assert answer["moe_state_bytes"] == pytest.approx(answer["dense_state_bytes"], rel=0.02)
-    assert 25 < answer["flops_ratio_dense_over_moe"] < 28
+    assert answer.moe_state_bytes == pytest.approx(answer.dense_state_bytes, rel=0.02)
+    assert 25 < answer.flops_ratio_dense_over_moe < 28
 
 
 def test_across_servers_only_the_off_server_share_crosses_the_network():

@@ -104,13 +104,21 @@ def training_flops_per_token(m: MoEModel) -> float:
     return 6 * active_params(m)
 
 
+@dataclass(frozen=True)
+class EPMemory:
+    """Model state bytes per GPU under expert parallelism: the routed experts', the rest's,
+    and their sum."""
+    experts: float
+    dense: float
+    total: float
+
+
 def ep_memory_per_gpu(m: MoEModel, e: int, p: int = 1, d: int | None = None,
-                      zero1: bool = False) -> dict:
+                      zero1: bool = False) -> EPMemory:
     """Model state per GPU (mixed-precision Adam: 4 bytes of 16-bit weights and gradients
     and 12 of fp32 state per parameter) with the routed experts split over e GPUs, the
     layers over p pipeline stages, and, with ``zero1``, the fp32 state sharded over the d
-    data-parallel GPUs of a stage (an expert's over its d/e copies): {"experts", "dense",
-    "total"} in bytes. Activations are left out."""
+    data-parallel GPUs of a stage (an expert's over its d/e copies), in bytes. Activations are left out."""
     d = e if d is None else d
     if e < 1 or m.E % e or d % e:
         raise ValueError(f"e={e!r} must divide E={m.E} and d={d} (each GPU holds E/e experts; "
@@ -118,9 +126,9 @@ def ep_memory_per_gpu(m: MoEModel, e: int, p: int = 1, d: int | None = None,
     state = BYTES_PER_PARAM - OPTIMIZER_BYTES
     experts = m.moe_layers * m.E * expert_params(m) / (e * p)
     dense = _dense_params(m) / p
-    out = {"experts": experts * (state + OPTIMIZER_BYTES / ((d // e) if zero1 else 1)),
-           "dense": dense * (state + OPTIMIZER_BYTES / (d if zero1 else 1))}
-    return {**out, "total": out["experts"] + out["dense"]}
+    experts = experts * (state + OPTIMIZER_BYTES / ((d // e) if zero1 else 1))
+    dense = dense * (state + OPTIMIZER_BYTES / (d if zero1 else 1))
+    return EPMemory(experts=experts, dense=dense, total=experts + dense)
 
 
 # ---------------------------------------------------------------- the all-to-all
@@ -181,7 +189,19 @@ def tp_layer_comm_s(h: int, t: int, b: int, s: int, cluster, spans_nodes: bool,
     return 2 * ring_allreduce_time_s(t, b * s * h * bytes_per_element, bandwidth, latency)
 
 
-def ep_vs_tp(m: MoEModel, n: int, b: int, s: int, cluster) -> dict:
+@dataclass(frozen=True)
+class EPvsTP:
+    """One MoE layer's communication on n GPUs, expert against tensor parallelism, whether
+    the n GPUs span servers, and the width of each way's expert GEMMs."""
+    n: int
+    ep_comm_s: float
+    tp_comm_s: float
+    across_servers: bool
+    ep_gemm_width: float
+    tp_gemm_width: float
+
+
+def ep_vs_tp(m: MoEModel, n: int, b: int, s: int, cluster) -> EPvsTP:
     """The same experts on n GPUs two ways, for one MoE layer and n micro-batches of b s
     tokens (the same tokens, the same FLOPs per GPU either way):
 
@@ -195,23 +215,33 @@ def ep_vs_tp(m: MoEModel, n: int, b: int, s: int, cluster) -> dict:
     across = n > cluster.gpus_per_node
     ep = moe_layer_comm_s(m, n, b, s, cluster, across)
     tp = n * tp_layer_comm_s(m.h, n, b, s, cluster, across)
-    return {"n": n, "ep_comm_s": ep, "tp_comm_s": tp, "across_servers": across,
-            "ep_gemm_width": m.expert_ffn, "tp_gemm_width": m.expert_ffn / n}
+    return EPvsTP(n=n, ep_comm_s=ep, tp_comm_s=tp, across_servers=across,
+                  ep_gemm_width=m.expert_ffn, tp_gemm_width=m.expert_ffn / n)
 
 
-def choose_e(m: MoEModel, n_gpus: int, cluster, p: int = 1, zero1: bool = True) -> dict:
+@dataclass(frozen=True)
+class EPChoice:
+    """An expert-parallel size e, the model state per GPU it leaves, whether that fits, and
+    whether the e GPUs sit in one server."""
+    e: int
+    memory_per_gpu: float
+    fits: bool
+    inside_server: bool
+
+
+def choose_e(m: MoEModel, n_gpus: int, cluster, p: int = 1, zero1: bool = True) -> EPChoice:
     """The smallest e (dividing E and the n_gpus/p data-parallel GPUs) whose model state
     fits a GPU's usable memory (``usable_memory_bytes``; activations left out), with p pipeline
-    stages: the fewest GPUs an expert's tokens must travel to; {"e", "memory_per_gpu",
-    "fits", "inside_server"}."""
+    stages: the fewest GPUs an expert's tokens must travel to."""
     d = n_gpus // p
     usable = usable_memory_bytes(cluster.gpu)
-    rows = [{"e": e, "memory_per_gpu": ep_memory_per_gpu(m, e, p, d, zero1)["total"],
-             "inside_server": e <= cluster.gpus_per_node}
-            for e in range(1, min(m.E, d) + 1) if m.E % e == 0 and d % e == 0]
-    for row in rows:
-        row["fits"] = row["memory_per_gpu"] <= usable
-    fitting = [r for r in rows if r["fits"]]
+    rows = []
+    for e in range(1, min(m.E, d) + 1):
+        if m.E % e == 0 and d % e == 0:
+            memory = ep_memory_per_gpu(m, e, p, d, zero1).total
+            rows.append(EPChoice(e=e, memory_per_gpu=memory, fits=memory <= usable,
+                                 inside_server=e <= cluster.gpus_per_node))
+    fitting = [r for r in rows if r.fits]
     return fitting[0] if fitting else rows[-1]
 
 
@@ -242,12 +272,26 @@ def describe(m: MoEModel) -> str:
             f"{f', {m.shared} shared' if m.shared else ''}, expert width {m.expert_ffn})")
 
 
-def one_trillion(dense_params: float, moe: MoEModel = MOE_MODELS["moe-1T"]) -> dict:
+@dataclass(frozen=True)
+class OneTrillion:
+    """``one_trillion``'s answer: the MoE's total and active parameters, its model state and
+    the dense model's in bytes, the dense model's FLOPs per token over the MoE's, and the
+    fewest 80 GB GPUs that hold the MoE's state."""
+    moe_total: float
+    moe_active: float
+    moe_state_bytes: float
+    dense_state_bytes: float
+    flops_ratio_dense_over_moe: float
+    min_gpus_80GB: int
+
+
+def one_trillion(dense_params: float, moe: MoEModel = MOE_MODELS["moe-1T"]) -> OneTrillion:
     """The lesson's question asked of a 1 T MoE: the same model state to hold as a dense
     model of ``dense_params``, but only its active parameters' FLOPs per token."""
-    return {"moe_total": total_params(moe), "moe_active": active_params(moe),
-            "moe_state_bytes": BYTES_PER_PARAM * total_params(moe),
-            "dense_state_bytes": BYTES_PER_PARAM * dense_params,
-            "flops_ratio_dense_over_moe": 6 * dense_params / training_flops_per_token(moe),
-            "min_gpus_80GB": math.ceil(BYTES_PER_PARAM * total_params(moe)
-                                       / usable_memory_bytes(GPUS["H100-SXM5"]))}
+    return OneTrillion(moe_total=total_params(moe), moe_active=active_params(moe),
+                       moe_state_bytes=BYTES_PER_PARAM * total_params(moe),
+                       dense_state_bytes=BYTES_PER_PARAM * dense_params,
+                       flops_ratio_dense_over_moe=6 * dense_params
+                       / training_flops_per_token(moe),
+                       min_gpus_80GB=math.ceil(BYTES_PER_PARAM * total_params(moe)
+                                               / usable_memory_bytes(GPUS["H100-SXM5"])))

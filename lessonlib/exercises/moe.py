@@ -27,9 +27,9 @@ def check_smallest_e(answer, model: str = "moe-1T", n_gpus: int = 2048, p: int =
         return not_yet(f"e must divide both the {spec.E} experts and the d = {d} data-parallel "
                        f"GPUs; got {answer!r}.")
     e = int(value)
-    gb = ep_memory_per_gpu(spec, e, p, d, zero1=True)["total"] / 1e9
+    gb = ep_memory_per_gpu(spec, e, p, d, zero1=True).total / 1e9
     usable = usable_memory_bytes(servers.gpu) / 1e9
-    if e == best["e"]:
+    if e == best.e:
         return correct(f"e = {e}: {gb:.1f} GB per GPU of {usable:.0f} GB usable. Each GPU holds "
                        f"E/e = {spec.E // e} experts of every MoE layer in its stage; a smaller e "
                        f"would hold more and overflow, a larger one sends tokens further. The "

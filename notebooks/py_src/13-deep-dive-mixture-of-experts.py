@@ -77,10 +77,10 @@ for name, model in cmoe.MOE_MODELS.items():
     print(cmoe.describe(model) + said)
 one_t = cmoe.one_trillion(cm.MODELS["megatron-1T"].params())
 print(f"\nthe 1 T question again: the dense megatron-1T and moe-1T both hold "
-      f"~{one_t['moe_state_bytes'] / 1e12:.0f} TB of weights, gradients and Adam state "
-      f"(at least {one_t['min_gpus_80GB']} H100 80 GB GPUs just for that), but moe-1T costs "
-      f"{one_t['flops_ratio_dense_over_moe']:.0f} times fewer FLOPs per token: those of a "
-      f"{one_t['moe_active'] / 1e9:.1f} B dense model")
+      f"~{one_t.moe_state_bytes / 1e12:.0f} TB of weights, gradients and Adam state "
+      f"(at least {one_t.min_gpus_80GB} H100 80 GB GPUs just for that), but moe-1T costs "
+      f"{one_t.flops_ratio_dense_over_moe:.0f} times fewer FLOPs per token: those of a "
+      f"{one_t.moe_active / 1e9:.1f} B dense model")
 
 # %% [markdown]
 # So the 1 T MoE is a different job: the memory problem is the same (split the state over
@@ -98,14 +98,14 @@ deepseek, h800s = cmoe.MOE_MODELS["deepseek-v3"], cm.CLUSTERS["hgx-h800"]
 pick = cmoe.choose_e(deepseek, 2048, h800s, p=16)
 print(f"usable: {cm.usable_memory_bytes(h800s.gpu) / 1e9:.0f} of "
       f"{h800s.gpu.memory_bytes / 1e9:.0f} GB per GPU (less cm.memory_reserves())")
-print(f"e = {pick['e']}: {pick['memory_per_gpu'] / 1e9:.0f} GB of model state per GPU, "
-      f"{'inside one server' if pick['inside_server'] else 'across servers'}")
+print(f"e = {pick.e}: {pick.memory_per_gpu / 1e9:.0f} GB of model state per GPU, "
+      f"{'inside one server' if pick.inside_server else 'across servers'}")
 # a GPU receives about k T rows per micro-batch of T tokens whatever e is, over E/e experts
-rows = {e: e * deepseek.k / deepseek.E for e in (pick["e"], 64)}     # per expert, in T
+rows = {e: e * deepseek.k / deepseek.E for e in (pick.e, 64)}     # per expert, in T
 for e, per_expert in rows.items():
     print(f"e = {e:>2}: {deepseek.E // e:>2} experts per GPU and MoE layer, each fed "
           f"{per_expert:g} T rows by the {e} ranks of its group")
-print(f"each expert's GEMM is {rows[64] / rows[pick['e']]:.0f} times taller at e = 64")
+print(f"each expert's GEMM is {rows[64] / rows[pick.e]:.0f} times taller at e = 64")
 
 # %% [markdown]
 # Memory sets only the smallest e. DeepSeek-V3 trained with e = 64, across 8 servers
@@ -412,10 +412,10 @@ print(f"{'model':>13} {'n':>4} {'where':>15} {'EP comm ms':>11} {'TP comm ms':>1
 for model, n in ((mixtral, 2), (mixtral, 4), (mixtral, 8), (deepseek, 8), (deepseek, 64),
                  (deepseek, 256)):
     row = cmoe.ep_vs_tp(model, n, b=1, s=4096, cluster=cluster)
-    print(f"{model.name:>13} {n:>4} {'across servers' if row['across_servers'] else 'one server':>15} "
-          f"{row['ep_comm_s'] * 1e3:>11.2f} {row['tp_comm_s'] * 1e3:>11.2f} "
-          f"{row['tp_comm_s'] / row['ep_comm_s']:>8.1f} "
-          f"{row['ep_gemm_width']:>13} / {row['tp_gemm_width']:<8.0f}")
+    print(f"{model.name:>13} {n:>4} {'across servers' if row.across_servers else 'one server':>15} "
+          f"{row.ep_comm_s * 1e3:>11.2f} {row.tp_comm_s * 1e3:>11.2f} "
+          f"{row.tp_comm_s / row.ep_comm_s:>8.1f} "
+          f"{row.ep_gemm_width:>13} / {row.tp_gemm_width:<8.0f}")
 
 # %% [markdown]
 # At n = k the two move about the same (DeepSeek-V3 sends each token to k = 8 experts);
@@ -461,6 +461,6 @@ moe_1t = cmoe.MOE_MODELS["moe-1T"]
 usable = cm.usable_memory_bytes(cluster.gpu)
 e_solution = next(e_try for e_try in range(1, 129) if moe_1t.E % e_try == 0 and 128 % e_try == 0
                   and cmoe.ep_memory_per_gpu(moe_1t, e_try, p=16, d=128,
-                                             zero1=True)["total"] <= usable)
-assert e_solution == cmoe.choose_e(moe_1t, 2048, cluster, p=16)["e"]
+                                             zero1=True).total <= usable)
+assert e_solution == cmoe.choose_e(moe_1t, 2048, cluster, p=16).e
 ex.check_smallest_e(e_solution)

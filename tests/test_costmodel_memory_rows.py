@@ -99,7 +99,7 @@ def test_dualpipe_puts_both_ends_and_the_spare_slots_on_one_rank():
 
 
 def test_meta_and_deepseek_fit_as_they_ran():
-    ran = {r["row"].source: r["estimate"] for r in ROWS if r["row"].gib is None}
+    ran = {r.row.source: r.estimate for r in ROWS if r.row.gib is None}
     llama = [est for source, est in ran.items() if source.startswith("Llama 3")]
     # Table 4's three rows, its 128K row in both readings; at v = 2, the default for a v no
     # table prints (record.SILENT), the model counts 89 GiB of the 78 usable: a saving the
@@ -110,9 +110,9 @@ def test_meta_and_deepseek_fit_as_they_ran():
 
 
 def test_torchtitan_rows_printed_with_their_errors():
-    titan = [r for r in ROWS if r["row"].gib is not None]
+    titan = [r for r in ROWS if r.row.gib is not None]
     assert len(titan) == 18                      # Tables 1-6
-    assert all(abs(r["error"]) < 0.15 for r in titan)
+    assert all(abs(r.error) < 0.15 for r in titan)
     text = memory_report()
-    assert "memory row" in text and f"{titan[0]['error']:+.1%}" in text
+    assert "memory row" in text and f"{titan[0].error:+.1%}" in text
     assert CLUSTERS["grand-teton-h100-96gb"].gpu.memory_bytes == pytest.approx(96e9)

@@ -35,16 +35,16 @@ MISSED_TODAY |= {f"torchtitan Table 6, 405B CP {c}, {32 * c}K" for c in (1, 2, 4
 MISSED = pytest.mark.xfail(strict=True, reason="today's time terms miss it by more than 15 %")
 
 
-@pytest.mark.parametrize("row", [pytest.param(r, marks=MISSED) if r["run"].source in MISSED_TODAY
-                                 else r for r in ROWS], ids=lambda r: r["run"].source[:48])
+@pytest.mark.parametrize("row", [pytest.param(r, marks=MISSED) if r.run.source in MISSED_TODAY
+                                 else r for r in ROWS], ids=lambda r: r.run.source[:48])
 def test_published_rows_within_15_percent(row):
-    assert abs(row["error"]) < 0.15, (row["predicted"], row["run"].published)
+    assert abs(row.error) < 0.15, (row.predicted, row.run.published)
 
 
 def test_the_report_prints_the_error_as_a_distribution():
     from statistics import median
     from lessonlib.costmodel.published import error_summary, memory_report
-    checked = [r["error"] for r in ROWS if r["run"].role == "checked"]
+    checked = [r.error for r in ROWS if r.run.role == "checked"]
     mid, worst = error_summary(checked)
     assert mid == pytest.approx(median(abs(e) for e in checked)) and abs(worst) >= mid
     text = published_report()
@@ -64,19 +64,19 @@ def test_fp8_pays_its_quantization_kernels():
 
 
 def test_no_row_sets_a_constant_and_the_report_has_every_row():
-    assert all(r["run"].role == "checked" for r in ROWS)
+    assert all(r.run.role == "checked" for r in ROWS)
     text = published_report()
     assert len(text.splitlines()) == len(ROWS) + 3 and "8,192" in text
 
 
 def test_llama_128k_is_printed_in_both_readings_under_palms_count():
-    rows = [r for r in ROWS if r["run"].source.startswith("Llama 3 Table 4, 128K")]
-    assert sorted((r["run"].layout.d, r["run"].n_gpus) for r in rows) == [(4, 8192), (8, 16384)]
+    rows = [r for r in ROWS if r.run.source.startswith("Llama 3 Table 4, 128K")]
+    assert sorted((r.run.layout.d, r.run.n_gpus) for r in rows) == [(4, 8192), (8, 16384)]
     for row in rows:
-        assert row["run"].flops == "palm" and row["mfu"]["palm"] > row["mfu"]["course"]
-        per_gpu = team_flops_per_token(row["run"].model, "palm") * (
-            row["estimate"].tokens_per_s / row["run"].n_gpus)
-        assert row["predicted"] == pytest.approx(per_gpu / 1e12)      # TFLOP/s, PaLM's count
+        assert row.run.flops == "palm" and row.mfu["palm"] > row.mfu["course"]
+        per_gpu = team_flops_per_token(row.run.model, "palm") * (
+            row.estimate.tokens_per_s / row.run.n_gpus)
+        assert row.predicted == pytest.approx(per_gpu / 1e12)      # TFLOP/s, PaLM's count
 
 
 def test_each_team_counts_its_own_flops():
@@ -87,7 +87,7 @@ def test_each_team_counts_its_own_flops():
     for d, seconds, mfu in ((96, 0.57, 0.343), (192, 0.58, 0.333), (288, 0.64, 0.305)):
         assert per_token * 4 * d * 4096 / seconds / (8 * d) / 989e12 == pytest.approx(mfu,
                                                                                       abs=0.008)
-    bloom = next(r for r in ROWS if r["run"].source.startswith("BLOOM"))["run"]
+    bloom = next(r for r in ROWS if r.run.source.startswith("BLOOM")).run
     eq3 = team_flops_per_token(bloom.model, "megatron-eq3") * 2048 * 2048
     assert eq3 / 104.70 / 384 / 1e12 == pytest.approx(149.77, abs=0.05)
     m8 = MODELS["llama3-8B"]
@@ -184,9 +184,9 @@ def test_new_terms_each_move_the_step_the_way_their_source_says():
 
 
 def test_compile_over_eager_is_an_absolute_row_with_its_ratio_beside():
-    row = next(r for r in ROWS if r["run"].source == "torchtitan Table 1, 8B FSDP on 8, compile")
-    assert row["run"].metric == "tokens" and row["run"].published == 6667
-    assert row["ratio"][0] == pytest.approx(6667 / 5762)
+    row = next(r for r in ROWS if r.run.source == "torchtitan Table 1, 8B FSDP on 8, compile")
+    assert row.run.metric == "tokens" and row.run.published == 6667
+    assert row.ratio[0] == pytest.approx(6667 / 5762)
     assert "over eager: 1.157" in published_report()
 
 
@@ -222,7 +222,7 @@ def test_deepseeks_recompute_trades_activations_for_its_up_projections():
     assert rebuilt.memory.activations < 0.8 * kept.memory.activations
     assert not kept.fits
     assert kept.time["compute"] < rebuilt.time["compute"] < 1.03 * kept.time["compute"]
-    row = next(r for r in ROWS if r["run"].source.startswith("DeepSeek"))
+    row = next(r for r in ROWS if r.run.source.startswith("DeepSeek"))
     # with DeepSeek-V3's recompute, FP8 caching and the gates on SwiGLU's recomputed output
     # (no expert output kept), the layout it ran fits
-    assert row["run"].layout.recompute == "norm-up" and row["estimate"].fits
+    assert row.run.layout.recompute == "norm-up" and row.estimate.fits

@@ -21,9 +21,9 @@ def test_a_published_runs_sweep_holds_its_own_point(tmp_path):
     rows = json.loads((out / "table.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["ok", "ok"] and (out / "plot.png").exists()
     own = next(r for r in rows if r["c"] == "16")
-    published = next(r for r in published_rows() if r["run"].source == "Llama 3 Table 4, 128K")
-    assert own["tokens_per_s_per_gpu"] == pytest.approx(published["estimate"].tokens_per_s
-                                                        / published["run"].n_gpus)
+    published = next(r for r in published_rows() if r.run.source == "Llama 3 Table 4, 128K")
+    assert own["tokens_per_s_per_gpu"] == pytest.approx(published.estimate.tokens_per_s
+                                                        / published.run.n_gpus)
     assert "d=8" in next(r for r in rows if r["c"] == "8")["layout"]     # the GPUs kept
 
 

@@ -14,7 +14,7 @@ each. The rows, their sources and their columns are in ``record.py``.
 
 Run ``python -m lessonlib.costmodel --published``.
 """
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from statistics import median
 
 from .compute import team_flops_per_token
@@ -56,11 +56,33 @@ def _mfus(run, est):
     return {f: _mfu(run.model, f, tokens, est.cluster.gpu.peak_flops) for f in counts}
 
 
-def published_rows(runs=None):
-    """Per run: the run, ``predicted`` (in its metric), ``error`` (predicted / published
-    - 1), ``beside`` ([(metric, published, predicted, error)] for its other figures),
-    ``ratio`` ((published, predicted) over its ``versus`` row, or None), ``mfu`` (a dict by
-    count) and the ``estimate``."""
+@dataclass(frozen=True)
+class PublishedRow:
+    """One published run predicted: the run, ``predicted`` (in its metric), ``error``
+    (predicted / published - 1), ``beside`` ([(metric, published, predicted, error)] for its
+    other figures), ``ratio`` ((published, predicted) over its ``versus`` row, or None),
+    ``mfu`` (by FLOP count: the team's and the course's) and the ``estimate``."""
+    run: object
+    predicted: float
+    error: float
+    beside: list
+    ratio: tuple | None
+    mfu: dict
+    estimate: object
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """One memory row predicted: the row, the memory-only ``estimate``, ``predicted`` GiB per
+    GPU and ``error`` against the published GiB (None for a layout that must only fit)."""
+    row: object
+    estimate: object
+    predicted: float
+    error: float | None
+
+
+def published_rows(runs=None) -> list[PublishedRow]:
+    """Per run, a ``PublishedRow``."""
     runs = runs or published_runs()
     out, tokens = [], {}
     for run in runs:
@@ -73,9 +95,9 @@ def published_rows(runs=None):
         if run.versus:
             (base_pub, base_pred), mine = tokens[run.versus], est.tokens_per_s / run.n_gpus
             ratio = (run.published / base_pub, mine / base_pred)
-        out.append({"run": run, "predicted": value, "error": value / run.published - 1,
-                    "beside": [(m, p, q, q / p - 1) for m, p, q in beside], "ratio": ratio,
-                    "mfu": _mfus(run, est), "estimate": est})
+        out.append(PublishedRow(run=run, predicted=value, error=value / run.published - 1,
+                                beside=[(m, p, q, q / p - 1) for m, p, q in beside],
+                                ratio=ratio, mfu=_mfus(run, est), estimate=est))
     return out
 
 
@@ -99,12 +121,12 @@ def error_summary(errors):
 def _summary_line(what, rows):
     """One line: how many rows, the median and the worst error (with its row), how many
     within 15 %; ``rows`` from ``published_rows`` or ``memory_rows``."""
-    errors = [r["error"] for r in rows]
+    errors = [r.error for r in rows]
     if not errors:
         return f"{what}: no rows."
     mid, worst = error_summary(errors)
-    missed = next(r for r in rows if r["error"] == worst)
-    source = (missed.get("run") or missed.get("row")).source
+    missed = next(r for r in rows if r.error == worst)
+    source = (missed.run if isinstance(missed, PublishedRow) else missed.row).source
     return (f"{what}: {len(errors)} rows, median |error| {mid:.1%}, worst {worst:+.1%} "
             f"({source}); {sum(abs(e) <= 0.15 for e in errors)} within 15 %.")
 
@@ -117,20 +139,20 @@ def published_report(runs=None):
     lines = [f"{'run':50} {'GPUs':>6} {'metric':>9} {'published':>9} {'predicted':>9} "
              f"{'error':>7}  {'MFU: team / course':18} beside"]
     for r in rows:
-        run, mfu = r["run"], r["mfu"]
+        run, mfu = r.run, r.mfu
         team = f"{mfu[run.flops]:.1%}" if run.flops in mfu else "-"
         extra = [f"{_UNITS[m][0]} {_value(m, p)} -> {_value(m, q)} ({e:+.1%})"
-                 for m, p, q, e in r["beside"]]
-        if r["ratio"]:
-            pub, pred = r["ratio"]
+                 for m, p, q, e in r.beside]
+        if r.ratio:
+            pub, pred = r.ratio
             extra.append(f"over {run.versus.split(', ')[-1]}: {pub:.3f} -> {pred:.3f}")
         lines.append(f"{run.source[:50]:50} {run.n_gpus:>6} {_UNITS[run.metric][0]:>9} "
                      f"{_value(run.metric, run.published):>9} "
-                     f"{_value(run.metric, r['predicted']):>9} {r['error']:>+7.1%}  "
+                     f"{_value(run.metric, r.predicted):>9} {r.error:>+7.1%}  "
                      f"{team:>6} / {mfu['course']:>6.1%}   {'; '.join(extra)}"
                      + (" [sets the constants]" if run.role != "checked" else ""))
     lines.append(_summary_line("Time (each row in what its team published)",
-                               [r for r in rows if r["run"].role == "checked"])
+                               [r for r in rows if r.run.role == "checked"])
                  + " No row sets a constant: every row is a check.")
     lines.append("MFU: the team's own FLOP count (Korthikanti 2022 App. A; Megatron-LM's for "
                  "Nemotron-4; PaLM's for Llama 3, which its TFLOP/s use; torchtitan's) / the "
@@ -140,15 +162,14 @@ def published_report(runs=None):
     return "\n".join(lines)
 
 
-def memory_rows(runs=None):
-    """Per memory row: the row, the ``estimate`` (memory only), ``predicted`` GiB per GPU and
-    ``error`` against the published GiB (None for a layout that must only fit)."""
+def memory_rows(runs=None) -> list[MemoryRow]:
+    """Per memory row, a ``MemoryRow``."""
     out = []
     for row in runs or memory_runs():
         est = memory_estimate(row.model, row.layout, cluster_of(row))
         gib = est.memory.total / GiB
-        out.append({"row": row, "estimate": est, "predicted": gib,
-                    "error": None if row.gib is None else gib / row.gib - 1})
+        out.append(MemoryRow(row=row, estimate=est, predicted=gib,
+                             error=None if row.gib is None else gib / row.gib - 1))
     return out
 
 
@@ -159,18 +180,18 @@ def memory_report(runs=None):
              f"{'state':>5} {'acts':>5} {'logit':>5} {'work':>5}  usable / verdict"]
     rows = memory_rows(runs)
     for r in rows:
-        row, est = r["row"], r["estimate"]
+        row, est = r.row, r.estimate
         mem = est.memory
         parts = " ".join(f"{x / GiB:5.1f}" for x in (mem.model_state, mem.activations,
                                                      mem.logits, mem.working))
         published = "ran" if row.gib is None else f"{row.gib:.1f}"
-        error = "" if r["error"] is None else f"{r['error']:+.1%}"
+        error = "" if r.error is None else f"{r.error:+.1%}"
         verdict = f"{est.memory_capacity_bytes / GiB:.1f} GiB: " + (
             "fits" if est.fits else "does NOT fit")
-        lines.append(f"{row.source[:44]:44} {published:>9} {r['predicted']:>9.1f} {error:>7}  "
+        lines.append(f"{row.source[:44]:44} {published:>9} {r.predicted:>9.1f} {error:>7}  "
                      f"{parts}  {verdict}")
     lines.append(_summary_line("Memory (GiB per GPU, rows with a published figure)",
-                               [r for r in rows if r["error"] is not None]))
+                               [r for r in rows if r.error is not None]))
     lines.append("GiB per GPU on the busiest GPU: model state, activations held, the output "
                  "layer (final norm's and head's inputs, the loss's float32 peak), transient "
                  "working set (a recomputed layer, FSDP's gathered weights and gradients, "
@@ -183,7 +204,19 @@ PLANNED = ("Llama 3 Table 4, 8,192 GPUs 8K", "Llama 3 Table 4, 16,384 GPUs 8K",
            "Llama 3 Table 4, 128K", "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours")
 
 
-def versus_planner(run):
+@dataclass(frozen=True)
+class VersusPlanner:
+    """A published layout against the planner's best for its setup: the run, both
+    estimates, the ratio of their steps, and the (part, seconds) that separate them,
+    largest first."""
+    run: object
+    published: object
+    best: object
+    ratio: float
+    parts: list
+
+
+def versus_planner(run) -> VersusPlanner:
     """The planner's best layout for the run's setup (model, cluster, GPUs, batch, sequence,
     and its precision and routing) against the published layout: both estimates, the ratio
     of their steps, and the parts of the step that separate them, largest first."""
@@ -196,8 +229,8 @@ def versus_planner(run):
     mine = estimate(run.model, lay, cluster_of(run))
     best = plan.best
     parts = separating_terms(mine, best)
-    return {"run": run, "published": mine, "best": best,
-            "ratio": mine.step_time_s / best.step_time_s, "parts": parts}
+    return VersusPlanner(run=run, published=mine, best=best,
+                         ratio=mine.step_time_s / best.step_time_s, parts=parts)
 
 
 def versus_table(comparisons) -> str:
@@ -205,9 +238,9 @@ def versus_table(comparisons) -> str:
     largest part that separates them, then each layout with its step and memory."""
     lines = []
     for r in comparisons:
-        mine, best = r["published"], r["best"]
-        part, seconds = r["parts"][0]
-        lines.append(f"{r['run'].source}\n  published / best = {r['ratio']:.2f}; the largest "
+        mine, best = r.published, r.best
+        part, seconds = r.parts[0]
+        lines.append(f"{r.run.source}\n  published / best = {r.ratio:.2f}; the largest "
                      f"difference: {part} {seconds:+.2f} s")
         for who, est, tail in (("published", mine, ""), ("best", best,
                                                           f" ({best.layout.schedule})")):
@@ -269,20 +302,20 @@ def explain_versus_planner(run):
     """In words: the published layout's predicted step against the planner's best, and,
     when they differ by more than 10 %, the cost that separates them (and memory)."""
     r = versus_planner(run)
-    mine, best = r["published"], r["best"]
+    mine, best = r.published, r.best
     lines = [f"{run.source}: published {mine.layout.describe()} -> {mine.step_time_s:.2f} s "
              f"per step ({'fits' if mine.fits else 'over memory'}, "
              f"{mine.memory.total / GiB:.0f} GiB); planner's best {best.layout.describe()} "
              f"({best.layout.schedule}) -> {best.step_time_s:.2f} s "
-             f"({best.memory.total / GiB:.0f} GiB): published / best = {r['ratio']:.2f}."]
-    if r["ratio"] > 1.10 or not mine.fits:
-        named = ", ".join(f"{k} {v:+.2f} s" for k, v in r["parts"][:3])
+             f"({best.memory.total / GiB:.0f} GiB): published / best = {r.ratio:.2f}."]
+    if r.ratio > 1.10 or not mine.fits:
+        named = ", ".join(f"{k} {v:+.2f} s" for k, v in r.parts[:3])
         lines.append(f"What separates them (published minus best): {named}"
                      + ("" if mine.fits else f"; and the model counts the published layout "
                         f"{mine.memory.total / GiB:.0f} GiB per GPU, over the "
                         f"{mine.memory_capacity_bytes / GiB:.0f} GiB usable") + ".")
-        if r["ratio"] > 1.10:
-            part = r["parts"][0][0]
+        if r.ratio > 1.10:
+            part = r.parts[0][0]
             lines.append(f"The largest, {part}, is {WHY[part]}." if part in WHY else
                          f"No verdict on the team's choice: the largest, {part}, has no "
                          f"published source in the course's record.")

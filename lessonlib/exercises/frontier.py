@@ -124,7 +124,7 @@ def _versus_meta(d: int):
 def _as_meta_ran_it(d: int, n: int) -> Verdict:
     """t=8, c=16, p=16: Meta's layout, estimated as the published record runs it."""
     vs = _versus_meta(d)
-    mine, best = vs["published"], vs["best"]
+    mine, best = vs.published, vs.best
     memory = ("" if mine.fits else
               f"; the model counts it {mine.memory.total / GB:.0f} GB per GPU, over the "
               f"{mine.memory_capacity_bytes / GB:.0f} GB usable, but the run happened: that "
@@ -135,11 +135,11 @@ def _as_meta_ran_it(d: int, n: int) -> Verdict:
            f"d={d} replicas. As Meta ran it ({mine.layout.describe()}) the cost model gives "
            f"{mine.step_time_s:.1f} s per step{memory}. The planner's best, "
            f"{best.layout.describe()}, takes {best.step_time_s:.1f} s: Meta's is "
-           f"{vs['ratio']:.2f}x its step")
-    if vs["ratio"] <= WITHIN:
+           f"{vs.ratio:.2f}x its step")
+    if vs.ratio <= WITHIN:
         return correct(why + ".")
     # The run happened: Meta's layout is an answer; the model's gap to its planner is named
     # with the term that separates them and its source (deep dive 15).
-    part = vs["parts"][0][0]
+    part = vs.parts[0][0]
     return correct(why + f", more than {WITHIN:.2f}x: most of it is the {part}, "
                          f"{WHY.get(part, 'a term with no published source here')}.")

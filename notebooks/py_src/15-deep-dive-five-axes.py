@@ -138,9 +138,9 @@ for name, published in PUBLISHED_PARAMS.items():
 from lessonlib.costmodel import published as pub
 
 print(pub.published_report(), pub.memory_report(), sep="\n\n")
-record = [r for r in pub.published_rows() if r["run"].role == "checked"]
-middle, worst = pub.error_summary([r["error"] for r in record])
-missed = [r for r in record if abs(r["error"]) > 0.15]
+record = [r for r in pub.published_rows() if r.run.role == "checked"]
+middle, worst = pub.error_summary([r.error for r in record])
+missed = [r for r in record if abs(r.error) > 0.15]
 claim("the model does not yet predict every held-out row within 15 %", len(missed) > 0,
       numbers=f"{len(missed)} of {len(record)} checked rows miss by more than 15 %; median "
               f"|error| {middle:.0%}, worst {worst:+.0%}")
@@ -224,19 +224,19 @@ versus = {run.source: pub.versus_planner(run) for run in pub.published_runs()
 print(pub.versus_table(versus.values()), end="\n\n")
 llama_128k, llama_8k = versus["Llama 3 Table 4, 128K"], versus["Llama 3 Table 4, 16,384 GPUs 8K"]
 every("a verdict on a team's layout names the term and its source", versus,
-      lambda vs: vs["ratio"] <= ex.WITHIN or vs["parts"][0][0] in pub.WHY)
-claim("c grows with the sequence", llama_128k["best"].layout.c > llama_8k["best"].layout.c,
-      numbers=f"the planner's c = {llama_8k['best'].layout.c} at 8K, "
-              f"{llama_128k['best'].layout.c} at 128K")
+      lambda vs: vs.ratio <= ex.WITHIN or vs.parts[0][0] in pub.WHY)
+claim("c grows with the sequence", llama_128k.best.layout.c > llama_8k.best.layout.c,
+      numbers=f"the planner's c = {llama_8k.best.layout.c} at 8K, "
+              f"{llama_128k.best.layout.c} at 128K")
 claim("Meta's three layouts fit as Meta ran them, without recompute, and DeepSeek-V3's as "
       "it ran it, with its own partial recompute",
-      all(vs["published"].fits for vs in versus.values())
-      and versus[pub.PLANNED[-1]]["published"].layout.recompute == "norm-up",
+      all(vs.published.fits for vs in versus.values())
+      and versus[pub.PLANNED[-1]].published.layout.recompute == "norm-up",
       numbers="GiB per GPU against the usable, in the order above: " + ", ".join(
           f"{est.memory.total / 2**30:.0f} of {est.memory_capacity_bytes / 2**30:.0f}"
-          for est in (vs["published"] for vs in versus.values())))
-every(f"a gap over {ex.WITHIN - 1:.0%} is named", versus, lambda vs: vs["ratio"] <= ex.WITHIN
-      or "What separates them" in pub.explain_versus_planner(vs["run"]))
+          for est in (vs.published for vs in versus.values())))
+every(f"a gap over {ex.WITHIN - 1:.0%} is named", versus, lambda vs: vs.ratio <= ex.WITHIN
+      or "What separates them" in pub.explain_versus_planner(vs.run))
 
 # %% [markdown]
 # Whether a difference is real or a gap of the model is a question for each run; the
@@ -247,7 +247,7 @@ every(f"a gap over {ex.WITHIN - 1:.0%} is named", versus, lambda vs: vs["ratio"]
 # NBVAL_CHECK_OUTPUT
 READ = ["Llama 3 Table 4, 8,192 GPUs 8K", "Llama 3 Table 4, 16,384 GPUs 8K"]
 for name in READ:
-    print(pub.explain_versus_planner(versus[name]["run"]), end="\n\n")
+    print(pub.explain_versus_planner(versus[name].run), end="\n\n")
 
 # %% [markdown]
 # **What each memory saving bought.** Each team's layout with one of its savings undone
@@ -256,7 +256,7 @@ for name in READ:
 # %%
 # NBVAL_CHECK_OUTPUT
 for run_name in pub.SAVINGS:
-    rows = pub.memory_savings(versus[run_name]["run"])
+    rows = pub.memory_savings(versus[run_name].run)
     print(run_name)
     for what, est in rows:
         print(f"  {what:<38} {est.memory.total / 2**30:6.1f} of "
@@ -264,7 +264,7 @@ for run_name in pub.SAVINGS:
               f"{'fits' if est.fits else 'does not fit'}")
     every("  undoing each saving costs memory", dict(rows[1:]),
           lambda est, ran=rows[0][1]: est.memory.total > ran.memory.total)
-deepseek = versus[pub.PLANNED[-1]]["published"].memory
+deepseek = versus[pub.PLANNED[-1]].published.memory
 print("DeepSeek-V3's busiest GPU (DualPipe's rank with both ends of the model), GiB: "
       + ", ".join(f"{part} {getattr(deepseek, part) / 2**30:.1f}"
                   for part in ("model_state", "activations", "logits", "working")))

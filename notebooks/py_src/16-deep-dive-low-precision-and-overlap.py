@@ -402,19 +402,19 @@ at_most("the slot's exposed communication with overlap over without", moe.expose
 
 # %%
 # NBVAL_CHECK_OUTPUT
-rows = [r for r in pub.published_rows() if r["ratio"]
-        and ("Float8" in r["run"].source or "async TP" in r["run"].source)]
+rows = [r for r in pub.published_rows() if r.ratio
+        and ("Float8" in r.run.source or "async TP" in r.run.source)]
 print(f"{'run':<52} {'tokens/s per GPU':>17} {'error':>7}   ratio: published -> model")
 for r in rows:
-    (measured, predicted), run = r["ratio"], r["run"]
-    print(f"{run.source:<52} {run.published:>7.0f} -> {r['predicted']:>6.0f} "
-          f"{r['error']:>+7.1%}   {measured:.3f}x -> {predicted:.3f}x")
-async_rows = [r for r in rows if "async TP" in r["run"].source]
+    (measured, predicted), run = r.ratio, r.run
+    print(f"{run.source:<52} {run.published:>7.0f} -> {r.predicted:>6.0f} "
+          f"{r.error:>+7.1%}   {measured:.3f}x -> {predicted:.3f}x")
+async_rows = [r for r in rows if "async TP" in r.run.source]
 claim("the model predicts more tokens per second than torchtitan measured on every Float8 "
       "and async-TP row, and more than twice the gain from async TP that was measured",
-      all(r["error"] > 0 for r in rows) and all(r["ratio"][1] - 1 > 2 * (r["ratio"][0] - 1)
+      all(r.error > 0 for r in rows) and all(r.ratio[1] - 1 > 2 * (r.ratio[0] - 1)
                                                 for r in async_rows),
-      numbers="absolute errors " + ", ".join(f"{r['error']:+.0%}" for r in rows))
+      numbers="absolute errors " + ", ".join(f"{r.error:+.0%}" for r in rows))
 
 # %% [markdown]
 # In absolute tokens per second the model is too high on every one of these rows, by the
@@ -432,7 +432,7 @@ claim("the model predicts more tokens per second than torchtitan measured on eve
 
 # %%
 # NBVAL_CHECK_OUTPUT
-job = next(r["run"] for r in async_rows if "benchmark, 70B" in r["run"].source)
+job = next(r.run for r in async_rows if "benchmark, 70B" in r.run.source)
 gains = overlap_and_precision_gains(job.model, job.layout, cm.CLUSTERS[job.cluster])
 print(gains.table())
 

@@ -30,16 +30,16 @@ TABLE1_MISSES = {76.1, 310.1, 529.6}
 
 
 @pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.xfail(
-    strict=True, reason="over 15 %: a cost the model lacks")) if r["params_billion"]
+    strict=True, reason="over 15 %: a cost the model lacks")) if r.params_billion
     in TABLE1_MISSES else r for r in table1_rows(TABLE1)],
-    ids=lambda r: f"{r['params_billion']}B")
+    ids=lambda r: f"{r.params_billion}B")
 def test_estimate_reproduces_table1_within_15_percent(row):
-    assert row["estimate"].fits, "the published layout must fit in 80 GB"
-    assert abs(row["error"]) < 0.15, (row["predicted"], row["tflops_per_gpu"])
+    assert row.estimate.fits, "the published layout must fit in 80 GB"
+    assert abs(row.error) < 0.15, (row.predicted, row.tflops_per_gpu)
 
 
 def test_table1_rows_are_within_20_percent_and_all_predicted_fast():
-    errors = [r["error"] for r in table1_rows(TABLE1)]
+    errors = [r.error for r in table1_rows(TABLE1)]
     assert 0 < min(errors) and max(errors) < 0.20
 
 

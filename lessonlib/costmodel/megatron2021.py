@@ -10,6 +10,7 @@ full recompute) on a DGX A100 cluster and prints published, predicted and error 
 Run ``python -c "from lessonlib.costmodel import table1_report; print(table1_report())"``.
 """
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 
 from .hardware import CLUSTERS
@@ -50,15 +51,36 @@ def table1_layout(row):
                   v=row["v"], recompute="full", scatter_gather=True)
 
 
-def table1_rows(path=None, cluster=None):
-    """Each row with the model's ``predicted`` TFLOP/s, relative ``error`` and ``estimate``."""
+@dataclass(frozen=True)
+class Table1Row:
+    """One Table 1 row, its published columns (``load_table1``'s) with the model's
+    ``predicted`` TFLOP/s per GPU, the relative ``error`` and the ``estimate``."""
+    params_billion: float
+    heads: int
+    hidden: int
+    layers: int
+    t: int
+    p: int
+    gpus: int
+    batch: int
+    tflops_per_gpu: float
+    percent_peak: int
+    b: int
+    v: int
+    predicted: float
+    error: float
+    estimate: object
+
+
+def table1_rows(path=None, cluster=None) -> list[Table1Row]:
+    """Each row of Table 1 predicted, a ``Table1Row``."""
     cluster = cluster or CLUSTERS["dgx-a100"]
     out = []
     for row in load_table1(path):
         est = estimate(table1_model(row), table1_layout(row), cluster)
         predicted = est.tflops_per_gpu
-        out.append(dict(row, predicted=predicted, estimate=est,
-                        error=(predicted - row["tflops_per_gpu"]) / row["tflops_per_gpu"]))
+        out.append(Table1Row(**row, predicted=predicted, estimate=est,
+                             error=(predicted - row["tflops_per_gpu"]) / row["tflops_per_gpu"]))
     return out
 
 
@@ -67,11 +89,11 @@ def table1_report(path=None, cluster=None):
     lines = [f"{'params':>8} {'t':>2} {'p':>3} {'d':>3} {'b':>3} {'v':>2} {'m':>4} "
              f"{'published':>9} {'predicted':>9} {'error':>7} {'bubble':>7} {'memory GB':>9}"]
     for r in table1_rows(path, cluster):
-        est = r["estimate"]
+        est = r.estimate
         lines.append(
-            f"{r['params_billion']:>7.1f}B {r['t']:>2} {r['p']:>3} {est.layout.d:>3} "
-            f"{r['b']:>3} {r['v']:>2} {est.layout.m:>4} {r['tflops_per_gpu']:>9.0f} "
-            f"{r['predicted']:>9.1f} {r['error']:>+7.1%} {est.bubble_fraction:>7.1%} "
+            f"{r.params_billion:>7.1f}B {r.t:>2} {r.p:>3} {est.layout.d:>3} "
+            f"{r.b:>3} {r.v:>2} {est.layout.m:>4} {r.tflops_per_gpu:>9.0f} "
+            f"{r.predicted:>9.1f} {r.error:>+7.1%} {est.bubble_fraction:>7.1%} "
             f"{est.memory.total / 1e9:>9.1f}")
     lines.append("TFLOP/s per GPU with FLOPs counted by Megatron-LM 2021 Eq. 3; "
                  "bubble = share of wall time.")

@@ -154,11 +154,11 @@ def table1_plot(ax=None):
     rows = table1_rows()
     ax = ax or plt.subplots(figsize=(8, 3.4))[1]
     xs = np.arange(len(rows))
-    ax.bar(xs - 0.2, [r["tflops_per_gpu"] for r in rows], 0.4, label="published", color="0.6")
-    ax.bar(xs + 0.2, [r["predicted"] for r in rows], 0.4, label="cost model", color="#4c72b0")
+    ax.bar(xs - 0.2, [r.tflops_per_gpu for r in rows], 0.4, label="published", color="0.6")
+    ax.bar(xs + 0.2, [r.predicted for r in rows], 0.4, label="cost model", color="#4c72b0")
     for x, r in zip(xs, rows):
-        ax.text(x + 0.2, r["predicted"] + 2, f"{r['error']:+.0%}", ha="center", fontsize=7)
-    ax.set_xticks(xs, [f"{r['params_billion']:g}B\n{r['gpus']} GPUs" for r in rows], fontsize=7)
+        ax.text(x + 0.2, r.predicted + 2, f"{r.error:+.0%}", ha="center", fontsize=7)
+    ax.set_xticks(xs, [f"{r.params_billion:g}B\n{r.gpus} GPUs" for r in rows], fontsize=7)
     ax.set_ylabel("TFLOP/s per GPU")
     ax.set_title("Megatron-LM 2021 Table 1 (Narayanan et al.) against the cost model", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")

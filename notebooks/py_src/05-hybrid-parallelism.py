@@ -214,14 +214,14 @@ at_least("with t = 1 its smallest excess over the bubble",
 # NBVAL_CHECK_OUTPUT
 print(cm.table1_report())
 table1 = cm.table1_rows()
-errors = sorted(r["error"] for r in table1)
+errors = sorted(r.error for r in table1)
 at_most("the largest error of a row, in either direction",
         100 * max(abs(e) for e in errors), 20, unit=" %")
 claim("every row is predicted faster than it ran", errors[0] > 0,
       numbers=f"from {errors[0]:+.1%} to {errors[-1]:+.1%}, median "
               f"{(errors[4] + errors[5]) / 2:+.1%}")
-deep = [r["error"] for r in table1 if r["p"] >= 4]
-shallow = [r["error"] for r in table1 if r["p"] <= 2]
+deep = [r.error for r in table1 if r.p >= 4]
+shallow = [r.error for r in table1 if r.p <= 2]
 claim("every row with a pipeline of 4 or more stages misses by more than any with 1 or 2",
       min(deep) > max(shallow), numbers=f"p <= 2 up to {max(shallow):+.1%}; p >= 4 from "
                                         f"{min(deep):+.1%}")

@@ -22,6 +22,7 @@ GPU box: torchrun --nproc-per-node 8 labs/hybrid.py --json results/hybrid.json
 import os
 import statistics
 import sys
+from dataclasses import asdict
 
 import torch
 
@@ -97,9 +98,9 @@ def build_record(ranks: list[dict], settings: dict, world_size: int) -> dict:
             "param_bytes_per_rank": [r.param_bytes for r in per_rank],
             "expected_param_bytes_per_rank": [
                 4 * expected_param_count(cfg, p, t, r.coords[1]) for r in per_rank],
-            "traffic_per_step_rank0": measured_traffic(per_rank[0].traffic[-1]),
-            "expected_traffic_rank0": expected_traffic(cfg, d, p, t, batch, m, 0,
-                                                       per_rank[0].param_count),
+            "traffic_per_step_rank0": asdict(measured_traffic(per_rank[0].traffic[-1])),
+            "expected_traffic_rank0": asdict(expected_traffic(cfg, d, p, t, batch, m, 0,
+                                                              per_rank[0].param_count)),
             "idle_share_median": statistics.median(r.idle_share for r in per_rank),
             "predicted_bubble": bubble_fraction(p, m),
             "max_weight_diff_vs_one_process": max(r.max_weight_diff for r in per_rank),

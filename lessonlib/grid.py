@@ -200,7 +200,20 @@ def demo_axes(dp: int, pp: int, tp: int, cp: int = 1, ep: int = 1) -> dict:
     return out
 
 
-def demo_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> dict:
+@dataclass(frozen=True)
+class GridDemo:
+    """What ``demo_grid`` saw on one rank: its rank and (dp, pp, tp) coordinates, each
+    axis's group ranks and the sum of the rank ids over it (both by axis name), PyTorch's
+    DeviceMesh view of the same grid, and whether the two agree."""
+    rank: int
+    coords: tuple
+    ranks: dict
+    sums: dict
+    torch: dict
+    agrees_with_torch: bool
+
+
+def demo_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> GridDemo:
     """Build the context on this rank, sum the rank ids over each axis's group (one
     all-reduce per axis), and read PyTorch's DeviceMesh for comparison."""
     from lessonlib import device
@@ -213,8 +226,10 @@ def demo_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> di
         sums[axis] = x.item()
     ranks = {f"{axis}_ranks": ctx.axis(axis).ranks for axis in AXES}
     torch_view = device_mesh_view(dp, pp, tp)
-    return {"rank": ctx.rank, "coords": ctx.coords, **ranks, "sums": sums, "torch": torch_view,
-            "agrees_with_torch": torch_view == {"coords": ctx.coords, **ranks}}
+    return GridDemo(rank=ctx.rank, coords=ctx.coords,
+                    ranks={axis: ctx.axis(axis).ranks for axis in AXES}, sums=sums,
+                    torch=torch_view,
+                    agrees_with_torch=torch_view == {"coords": ctx.coords, **ranks})
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from lessonlib.hybrid import (check_layout, compare_parity, expected_param_count
                               train_layouts)
 from lessonlib.models import HYBRID_CONFIG
 from lessonlib.grid import demo_grid
+from lessonlib.hybrid.traffic import Messages
 from lessonlib.models import GPTConfig
 
 TOL = 1e-5  # float32 rounding of a different summation order
@@ -34,8 +35,8 @@ def grid_then_train():
 @pytest.mark.timeout(240)
 def test_2x2x2_on_8_ranks_equals_one_process(no_children_left):
     results = lessonlib.launch(grid_then_train, 8, timeout=200)
-    assert all(g["agrees_with_torch"] for g, _ in results)
-    assert [g["sums"]["tp"] for g, _ in results] == [1, 1, 5, 5, 9, 9, 13, 13]
+    assert all(g.agrees_with_torch for g, _ in results)
+    assert [g.sums["tp"] for g, _ in results] == [1, 1, 5, 5, 9, 9, 13, 13]
     per_rank = [r for _, r in results]
     assert [r.coords for r in per_rank] == [(i, j, k) for i in (0, 1) for j in (0, 1)
                                                for k in (0, 1)]
@@ -79,12 +80,12 @@ def test_expected_traffic_follows_megatron_counts():
     cfg = GPTConfig(vocab=27, seq=16, hidden=32, heads=4, layers=4)
     t = expected_traffic(cfg, 2, 2, 2, global_batch=8, m=2, stage=0, param_count=100)
     act = 4 * 2 * 16 * 32  # b = 8 / (2 * 2) = 2 sequences of (s, h) float32
-    assert t["tp_all_reduce"] == {"calls": 4 * 2 * 2, "bytes": 16 * act}
-    assert t["pp_send"] == {"calls": 2, "bytes": 2 * act}
-    assert t["dp_all_reduce"] == {"calls": 1, "bytes": 400}
+    assert t.tp_all_reduce == Messages(calls=4 * 2 * 2, bytes=16 * act)
+    assert t.pp_send == Messages(calls=2, bytes=2 * act)
+    assert t.dp_all_reduce == Messages(calls=1, bytes=400)
     middle = expected_traffic(cfg, 1, 4, 1, global_batch=8, m=4, stage=1, param_count=10)
-    assert middle["tp_all_reduce"]["calls"] == 0 and middle["pp_send"]["calls"] == 8
-    assert middle["dp_all_reduce"]["calls"] == 0
+    assert middle.tp_all_reduce.calls == 0 and middle.pp_send.calls == 8
+    assert middle.dp_all_reduce.calls == 0
 
 
 def test_fewer_layers_than_stages_is_rejected_before_any_process(no_children_left):

@@ -13,10 +13,33 @@ GPU box: the same (pure: no process, no device).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from lessonlib.hybrid.build import stage_counts
 from lessonlib.hybrid.checks import check_layout
 from lessonlib.hybrid.recorder import StepTraffic
 from lessonlib.models import GPTConfig
+
+
+@dataclass(frozen=True)
+class Messages:
+    """How many messages of one kind a rank sent in a step, and their payload bytes."""
+    calls: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class StepMessages:
+    """One rank's messages in one step, per axis: TP's all-reduces, PP's sends, DP's
+    all-reduce. ``expected_traffic`` predicts it, ``measured_traffic`` reads it; the two
+    compare with ``==``."""
+    tp_all_reduce: Messages
+    pp_send: Messages
+    dp_all_reduce: Messages
+
+    def items(self) -> list[tuple[str, Messages]]:
+        """(kind, messages) in the order above."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
 
 
 def expected_param_count(cfg: GPTConfig, pp: int, tp: int, stage: int) -> int:
@@ -31,7 +54,7 @@ def expected_param_count(cfg: GPTConfig, pp: int, tp: int, stage: int) -> int:
 
 
 def expected_traffic(cfg: GPTConfig, dp: int, pp: int, tp: int, global_batch: int, m: int,
-                     stage: int, param_count: int) -> dict:
+                     stage: int, param_count: int) -> StepMessages:
     """Messages one rank of pipeline stage ``stage`` sends per step, and their payload bytes
     (float32). TP: 4 all-reduces of b*s*h per layer per micro-batch (g twice forward, f
     twice backward; Megatron-LM 2021 §3.2). PP: one (b, s, h) activation forward and one
@@ -41,16 +64,16 @@ def expected_traffic(cfg: GPTConfig, dp: int, pp: int, tp: int, global_batch: in
     act = 4 * b * cfg.seq * cfg.hidden
     boundaries = (stage > 0) + (stage < pp - 1)
     tp_calls = 4 * layers * m if tp > 1 else 0
-    return {"tp_all_reduce": {"calls": tp_calls, "bytes": tp_calls * act},
-            "pp_send": {"calls": boundaries * m, "bytes": boundaries * m * act},
-            "dp_all_reduce": {"calls": int(dp > 1), "bytes": 4 * param_count * (dp > 1)}}
+    return StepMessages(tp_all_reduce=Messages(tp_calls, tp_calls * act),
+                        pp_send=Messages(boundaries * m, boundaries * m * act),
+                        dp_all_reduce=Messages(int(dp > 1), 4 * param_count * (dp > 1)))
 
 
-def measured_traffic(book: StepTraffic) -> dict:
+def measured_traffic(book: StepTraffic) -> StepMessages:
     """The same three numbers read from one step's ledgers (``RankRun.traffic[i]``)."""
     pipe, dp = book.pipe, book.dp
     zero = {"calls": 0, "bytes": 0}
-    keep = lambda d: {"calls": d["calls"], "bytes": d["bytes"]}  # noqa: E731
-    return {"tp_all_reduce": keep(pipe.get("all_reduce", zero)),
-            "pp_send": keep(pipe.get("send", zero)),
-            "dp_all_reduce": keep(dp.get("all_reduce", zero))}
+    keep = lambda d: Messages(d["calls"], d["bytes"])  # noqa: E731
+    return StepMessages(tp_all_reduce=keep(pipe.get("all_reduce", zero)),
+                        pp_send=keep(pipe.get("send", zero)),
+                        dp_all_reduce=keep(dp.get("all_reduce", zero)))

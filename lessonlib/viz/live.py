@@ -299,10 +299,10 @@ def draw_layout(result: dict, layout: str, m: int = 2):
     axes = ["tp_all_reduce", "pp_send", "dp_all_reduce"]
     fig, ax = plt.subplots(figsize=(7, 3), constrained_layout=True)
     xs = range(len(axes))
-    ax.bar([x - 0.2 for x in xs], [result["measured"][a]["bytes"] / KiB for a in axes], 0.4,
-           label="measured (ledger, rank 0)", color="#4c72b0")
-    ax.bar([x + 0.2 for x in xs], [result["predicted"][a]["bytes"] / KiB for a in axes], 0.4,
-           label="predicted", color="#bbbbbb")
+    ax.bar([x - 0.2 for x in xs], [getattr(result["measured"], a).bytes / KiB for a in axes],
+           0.4, label="measured (ledger, rank 0)", color="#4c72b0")
+    ax.bar([x + 0.2 for x in xs], [getattr(result["predicted"], a).bytes / KiB for a in axes],
+           0.4, label="predicted", color="#bbbbbb")
     ax.set_xticks(list(xs), ["TP all-reduce", "PP sends", "DP all-reduce"])
     ax.set_ylabel("KiB per step, rank 0")
     ax.set_title(f"{layout}: step {1e3 * result['step_time_s']:.0f} ms (measured)", fontsize=10)

@@ -74,9 +74,9 @@ print("GridWarning:", caught[0].message)
 
 ranks = lessonlib.launch(grid.demo_grid, 8, dp=2, pp=2, tp=2)
 for r in ranks:
-    print(f"rank {r['rank']} (dp, pp, tp) = {r['coords']}: sums over tp/pp/dp groups = "
-          f"{r['sums']['tp']:.0f}/{r['sums']['pp']:.0f}/{r['sums']['dp']:.0f}, "
-          f"same groups as DeviceMesh: {r['agrees_with_torch']}")
+    print(f"rank {r.rank} (dp, pp, tp) = {r.coords}: sums over tp/pp/dp groups = "
+          f"{r.sums['tp']:.0f}/{r.sums['pp']:.0f}/{r.sums['dp']:.0f}, "
+          f"same groups as DeviceMesh: {r.agrees_with_torch}")
 
 # %% [markdown]
 # ## 2. Prediction before the run
@@ -99,7 +99,7 @@ for stage in (0, 1):
     count = hybrid.expected_param_count(cfg, pp=2, tp=2, stage=stage)
     traffic = hybrid.expected_traffic(cfg, **GRID, **STEP, stage=stage, param_count=count)
     print(f"stage {stage}: {count:,} parameters per rank; per step " + ", ".join(
-        f"{k} {v['calls']} x = {v['bytes']:,} B" for k, v in traffic.items()))
+        f"{k} {v.calls} x = {v.bytes:,} B" for k, v in traffic.items()))
 print(f"predicted bubble: {cm.bubble_fraction(2, 2):.1%} of the step (wall convention)")
 
 # %% [markdown]
@@ -144,7 +144,7 @@ for r in per_rank:
     got = hybrid.measured_traffic(r.traffic[-1])
     exact[f"rank {r.rank}"] = (got == want, r.param_count == count)
     print(f"{r.rank:>4} {str(r.coords):>9} {r.param_count:>7,} {count:>8,}   "
-          + ", ".join(f"{k} {got[k]['calls']}" for k in got) + f"  ({got == want})")
+          + ", ".join(f"{k} {v.calls}" for k, v in got.items()) + f"  ({got == want})")
 every("a rank sent the predicted messages and holds the predicted parameters", exact, all)
 idle = sorted(r.idle_share for r in per_rank)
 print(f"time outside F and B, median over ranks: {idle[len(idle) // 2]:.0%}; "

@@ -38,6 +38,7 @@ GPU box: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 8 --max-
 import contextlib
 import os
 import sys
+from dataclasses import asdict
 
 import torch
 
@@ -54,7 +55,7 @@ FLAGS = {"lr": "--lr", "optimizer": "--optimizer", "seed": "--seed", "moe": "--m
          "global_batch": "--global-batch"}
 
 
-def check_settings(ap, args) -> dict:
+def check_settings(ap, args) -> long_run.RunSettings:
     labargs.check_positive(ap, args, "world-size", "steps", "checkpoint-every", "keep")
     labargs.check_number(ap, args, "lr")
     model = labargs.gpt_model(ap, args)
@@ -86,7 +87,7 @@ def fail_at(ap, text: str | None, world_size: int) -> tuple[int, int] | None:
     return int(rank), int(step)
 
 
-def check_run(ap, args, held: contextlib.ExitStack) -> dict:
+def check_run(ap, args, held: contextlib.ExitStack) -> long_run.RunSettings:
     """Every setting, the checkpoint folder and the checkpoint to resume from, checked (or
     cleared with ``--fresh``) before any process starts. The folder is held for the run
     (``held``, closed at its end): a second run in it stops here, naming this one's process;
@@ -106,7 +107,8 @@ def check_run(ap, args, held: contextlib.ExitStack) -> dict:
                  "read the folder at once")
     if args.set_aside:
         found = checkpoint.latest(args.checkpoint_dir)
-        for folder in checkpoint_folder.held_ahead(args.checkpoint_dir, args.world_size, found):
+        for folder in checkpoint_folder.held_ahead(args.checkpoint_dir, args.world_size,
+                                                   found.manifest if found else None):
             moved = checkpoint_folder.set_aside(folder)
             print(f"labs/train.py: set {folder} aside as {moved.name} (shards without a "
                   f"manifest; nothing deleted)", file=sys.stderr)
@@ -128,7 +130,7 @@ def check_run(ap, args, held: contextlib.ExitStack) -> dict:
     return settings
 
 
-def measure(args, settings: dict) -> dict:
+def measure(args, settings: long_run.RunSettings) -> dict:
     resume = args.resume
     if lessonlib.launcher.is_main_process():
         # Interrupted saves when starting afresh (kept on disk: never pruned), or what made
@@ -137,11 +139,11 @@ def measure(args, settings: dict) -> dict:
         for problem in skipped:
             print(f"labs/train.py: skipping a newer checkpoint: {problem}", file=sys.stderr)
         start = f"resuming at step {resume['step']}" if resume else "starting at step 0"
-        if resume and any(resume["meta"].get(k) != settings["meta"].get(k)
+        if resume and any(resume["meta"].get(k) != settings.meta.get(k)
                           for k in ("layout", "shard", "order")):
             start += (f" (resharded from {resume['meta']['layout']}, shard "
                       f"{resume['meta'].get('shard', 'none')})")
-        print(f"labs/train.py: {settings['meta']['layout']}, {start} of {args.steps}, "
+        print(f"labs/train.py: {settings.meta['layout']}, {start} of {args.steps}, "
               f"checkpoints every {args.checkpoint_every} steps in {args.checkpoint_dir}",
               file=sys.stderr, flush=True)
     try:
@@ -158,20 +160,24 @@ def measure(args, settings: dict) -> dict:
     return {"ranks": ranks, "resume": resume}
 
 
-def build_record(measured: dict, settings: dict, world_size: int) -> dict:
+def build_record(measured: dict, settings: long_run.RunSettings, world_size: int,
+                 dtype: str) -> dict:
     ranks = measured["ranks"]
-    shown = {k: v for k, v in settings.items() if k != "meta"}
+    shown = settings.as_dict() | {"dtype": dtype}
     summary = long_run.summary(ranks, settings, measured["resume"])
-    record = labkit.result("train", world_size, shown, {"lessonlib": summary}, ranks[0]["info"])
+    record = labkit.result("train", world_size, shown, {"lessonlib": asdict(summary)},
+                           ranks[0]["info"])
     starter = (f"torchrun --nproc-per-node {world_size}"
                if lessonlib.launcher.under_torchrun() else "python")
     record["command"] = " ".join([starter, "labs/train.py", *sys.argv[1:]])
     record["host"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__}
-    record["rows"] = [{"implementation": "lessonlib", "layout": settings["meta"]["layout"],
-                       "shard": settings["axes"]["shard"], "sp": settings["axes"]["sp"],
-                       **{k: summary[k] for k in ("step_time_s", "first_loss", "last_loss",
-                                                  "resumed_from_step", "steps_run_now",
-                                                  "checkpoint_save_s")}}]
+    record["rows"] = [{"implementation": "lessonlib", "layout": settings.meta["layout"],
+                       "shard": settings.axes["shard"], "sp": settings.axes["sp"],
+                       "step_time_s": summary.step_time_s, "first_loss": summary.first_loss,
+                       "last_loss": summary.last_loss,
+                       "resumed_from_step": summary.resumed_from_step,
+                       "steps_run_now": summary.steps_run_now,
+                       "checkpoint_save_s": summary.checkpoint_save_s}]
     record["headline"] = labkit.headline("last_loss", x="steps", series=["implementation"])
     return record
 
@@ -213,8 +219,8 @@ def main(argv=None):
     args = labkit.parse(ap, argv,
                         fp32_only="its pipeline stages receive activations in fp32 buffers")
     with contextlib.ExitStack() as held:        # the checkpoint folder, for the whole run
-        settings = check_run(ap, args, held) | {"dtype": args.dtype}
-        record = build_record(measure(args, settings), settings, args.world_size)
+        settings = check_run(ap, args, held)
+        record = build_record(measure(args, settings), settings, args.world_size, args.dtype)
     return labkit.emit(record, args.json)
 
 

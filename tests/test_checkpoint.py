@@ -53,8 +53,8 @@ def test_a_checkpoint_counts_only_once_every_shard_and_the_manifest_are_written(
     with pytest.raises(RuntimeError, match=r"lacks the shards of ranks \[1\]"):
         checkpoint.commit(tmp_path, 10, 2, META)
     found = checkpoint.latest(tmp_path)
-    assert found["step"] == 5 and found["world_size"] == 2
-    assert checkpoint.load(found["path"], 1)["w"].tolist() == [1, 1, 1]
+    assert found.step == 5 and found.manifest["world_size"] == 2
+    assert checkpoint.load(found.path, 1)["w"].tolist() == [1, 1, 1]
     assert not list(tmp_path.rglob("*.tmp*")), "temporary files must be renamed into place"
 
 
@@ -65,7 +65,7 @@ def test_old_checkpoints_are_pruned_and_a_stale_pointer_is_ignored(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("step_*")) == [
         "step_00000003", "step_00000010", "step_00000015"]
     (tmp_path / checkpoint_folder.LATEST).write_text("step_00000099")
-    assert checkpoint.latest(tmp_path)["step"] == 15
+    assert checkpoint.latest(tmp_path).step == 15
 
 
 def test_resuming_with_other_settings_names_every_difference(tmp_path):
@@ -92,8 +92,8 @@ def _wait_for(what, predicate, timeout, run=None):
 
 def _final_shards(folder):
     found = checkpoint.latest(folder)
-    assert found["step"] == STEPS
-    return [checkpoint.load(found["path"], rank) for rank in range(2)]
+    assert found.step == STEPS
+    return [checkpoint.load(found.path, rank) for rank in range(2)]
 
 
 def _assert_same_state(a, b, where=""):
@@ -128,7 +128,7 @@ def _kill_midway(killed) -> int:
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for(f"the checkpoint of step {KILL_AFTER}",
-                  lambda: (checkpoint.latest(killed) or {}).get("step", 0) >= KILL_AFTER, 120,
+                  lambda: getattr(checkpoint.latest(killed), "step", 0) >= KILL_AFTER, 120,
                   run)
         ranks = psutil.Process(run.pid).children(recursive=True)
         os.kill(run.pid, signal.SIGKILL)               # the parent only, as a preemption would
@@ -139,7 +139,7 @@ def _kill_midway(killed) -> int:
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
-    at_kill = checkpoint.latest(killed)["step"]
+    at_kill = checkpoint.latest(killed).step
     assert KILL_AFTER <= at_kill < STEPS, f"the run was not killed midway (step {at_kill})"
     return at_kill
 
@@ -230,7 +230,7 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes(tmp_path, uninterru
                            env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_for(f"the checkpoint of step {KILL_AFTER}",
-                  lambda: (checkpoint.latest(folder) or {}).get("step", 0) >= KILL_AFTER, 120,
+                  lambda: getattr(checkpoint.latest(folder), "step", 0) >= KILL_AFTER, 120,
                   run)
 
         def rank_one():
@@ -241,7 +241,7 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes(tmp_path, uninterru
                 except psutil.Error:
                     continue
         rank_one().kill()
-        at_kill = checkpoint.latest(folder)["step"]
+        at_kill = checkpoint.latest(folder).step
         run.wait(timeout=240)
     finally:
         if run.poll() is None:
@@ -269,9 +269,9 @@ def test_a_failing_rank_is_named_and_the_next_run_resumes_from_the_last_checkpoi
     with pytest.raises(RankError) as failed:
         long_run.run(settings, fail_at=(1, 25), timeout=120)
     assert failed.value.rank == 1 and "simulated failure of rank 1 at step 25" in str(failed.value)
-    assert checkpoint.latest(tmp_path)["step"] == 20
+    assert checkpoint.latest(tmp_path).step == 20
     resumed = long_run.run(settings, timeout=120)
-    assert resumed["resumed_from_step"] == 20 and resumed["steps_run_now"] == 10
-    assert resumed["losses"] == uninterrupted[1]["losses"][:30]
+    assert resumed.resumed_from_step == 20 and resumed.steps_run_now == 10
+    assert resumed.losses == uninterrupted[1]["losses"][:30]
     with pytest.raises(ValueError, match="already at step 30; use steps >= 30"):
         long_run.run(long_run.plan(2, "t1p2d1", steps=20, checkpoint_dir=str(tmp_path)))

@@ -73,7 +73,7 @@ def test_pruning_never_lets_a_damaged_checkpoint_push_out_a_good_one(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="does not match its manifest"):
         checkpoint.commit(tmp_path, 7, 2, META, keep=1,
                           shards=[{"bytes": 1, "sha256": "00" * 32}] * 2)
-    assert checkpoint.latest(tmp_path)["step"] == 5      # nothing pruned on a bad word
+    assert checkpoint.latest(tmp_path).step == 5      # nothing pruned on a bad word
 
 
 def test_a_save_deletes_no_temporary_file_of_another_process(tmp_path):
@@ -120,13 +120,13 @@ def test_a_diverging_run_stops_on_every_rank_and_keeps_its_good_checkpoints(tmp_
         long_run.run(settings, timeout=150)
     at = int(re.search(r"not finite at step (\d+) \(", str(failed.value)).group(1))
     found = checkpoint.latest(tmp_path)
-    assert found is not None and found["step"] < at and f"step {found['step']}" in str(failed.value)
-    assert max(int(p.name[5:]) for p in tmp_path.glob("step_*")) == found["step"]
+    assert found is not None and found.step < at and f"step {found.step}" in str(failed.value)
+    assert max(int(p.name[5:]) for p in tmp_path.glob("step_*")) == found.step
     for rank in range(2):
-        shard = checkpoint.load(found["path"], rank)
+        shard = checkpoint.load(found.path, rank)
         assert all(torch.isfinite(w).all() for w in shard["model"].values())
         assert all(math.isfinite(x) for step in shard["losses"] for x in step)
-    assert len(list(tmp_path.glob("step_*"))) == settings["keep"]    # both good ones stay
+    assert len(list(tmp_path.glob("step_*"))) == settings.keep    # both good ones stay
 
 
 @pytest.mark.timeout(120)

@@ -34,7 +34,7 @@ def test_fresh_refuses_a_folder_with_a_users_notes_and_deletes_nothing(tmp_path)
     assert "ddp.json, which is not a checkpoint file; nothing was deleted" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert (tmp_path / "notes" / "thesis.txt").read_text() == "two years of work"
-    assert (tmp_path / "ddp.json").exists() and checkpoint.latest(tmp_path)["step"] == 10
+    assert (tmp_path / "ddp.json").exists() and checkpoint.latest(tmp_path).step == 10
 
 
 def test_clearing_the_working_directory_is_refused(tmp_path, monkeypatch):
@@ -43,7 +43,7 @@ def test_clearing_the_working_directory_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"checkpoint_dir='\.' holds README.md"):
         checkpoint_folder.clear(".")
-    assert (tmp_path / "README.md").exists() and checkpoint.latest(".")["step"] == 10
+    assert (tmp_path / "README.md").exists() and checkpoint.latest(".").step == 10
 
 
 def test_a_folder_of_checkpoints_only_is_cleared_interrupted_saves_included(tmp_path):
@@ -64,7 +64,7 @@ def test_anything_the_course_did_not_write_is_named(tmp_path, stranger):
     path.write_text("mine")
     with pytest.raises(ValueError, match="which is not a checkpoint file"):
         checkpoint_folder.clear(tmp_path)
-    assert path.exists() and checkpoint.latest(tmp_path)["step"] == 10
+    assert path.exists() and checkpoint.latest(tmp_path).step == 10
 
 
 def test_pruning_keeps_a_users_file_and_its_folder(tmp_path):

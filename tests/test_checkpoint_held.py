@@ -60,7 +60,7 @@ def test_a_held_folder_after_the_newest_verified_step_is_refused(tmp_path):
     _lose_manifest(_save(tmp_path, 20))
     with pytest.raises(ValueError, match="step_00000020 holds the shards"):
         restart.check_resume(tmp_path, 2, META)
-    assert checkpoint.latest(tmp_path)["step"] == 10   # what the run would resume from
+    assert checkpoint.latest(tmp_path).step == 10   # what the run would resume from
 
 
 def test_a_held_folder_before_the_resume_point_is_kept_and_never_pruned(tmp_path):
@@ -106,7 +106,7 @@ def test_the_lab_sets_held_shards_aside_by_itself_and_starts_afresh(tmp_path):
     assert "set aside as step_00000010.unverified (nothing deleted)" in done.stderr
     assert "starting at step 0 of 20" in done.stderr
     assert len(_shards(tmp_path / "step_00000020.unverified")) == 2
-    assert checkpoint.latest(tmp_path)["step"] == 20
+    assert checkpoint.latest(tmp_path).step == 20
 
 
 MANIFESTS = {  # what is written into the newest manifest, what the one line names
@@ -152,10 +152,10 @@ def test_the_resume_step_is_the_folders_never_the_manifests_word(tmp_path):
         for step in (10, 20):
             for rank in range(2):
                 checkpoint.write_shard(tmp_path, step, rank, {"w": torch.zeros(1)})
-            checkpoint.commit(tmp_path, step, 2, settings["meta"], keep=3)
+            checkpoint.commit(tmp_path, step, 2, settings.meta, keep=3)
         path = checkpoint_folder.step_dir(tmp_path, 20) / checkpoint_folder.MANIFEST
         path.write_text(json.dumps({**json.loads(path.read_text()), "step": bad}))
-        found = restart.check_resume(tmp_path, 2, settings["meta"])
+        found = restart.check_resume(tmp_path, 2, settings.meta)
         assert found["step"] == 10 and "its step is" in found["damaged"][0]
 
 

@@ -47,19 +47,19 @@ def test_ep_without_a_layout_picks_one_whose_d_it_divides(tmp_path):
     without --ep, within the world / e ranks (t*p = 2 of 4, 4 of 8)."""
     for world, plain, want in ((4, (2, 2, 1), (1, 2, 2)), (8, (4, 2, 1), (2, 2, 2))):
         settings = long_run.plan(world, ep=2, checkpoint_dir=str(tmp_path))
-        assert settings["layout"] == want and settings["axes"]["moe"]
-        assert long_run.plan(world, checkpoint_dir=str(tmp_path))["layout"] == plain
+        assert settings.layout == want and settings.axes["moe"]
+        assert long_run.plan(world, checkpoint_dir=str(tmp_path)).layout == plain
 
 
 def _save_shaped(folder, step, settings):
     """A checkpoint of ``settings`` whose shards hold zeros of the shapes its layout places
     on each rank (what ``reshard.mismatch`` reads), without training."""
-    layout, cfg = Layout.of(settings["meta"]), GPTConfig(**settings["model"])
+    layout, cfg = Layout.of(settings.meta), GPTConfig(**settings.model)
     for rank in range(layout.world):
         shapes = [h.shape for h in held(layout, cfg, rank)["model"]]
         checkpoint.write_shard(folder, step, rank, {"model": {
             f"w{i}": torch.zeros(shape) for i, shape in enumerate(shapes)}})
-    return checkpoint.commit(folder, step, layout.world, settings["meta"])
+    return checkpoint.commit(folder, step, layout.world, settings.meta)
 
 
 def test_a_moe_checkpoint_resumed_without_moe_names_the_flag(tmp_path):
@@ -106,7 +106,7 @@ def test_a_second_run_is_refused_naming_the_first_and_a_killed_run_resumes(tmp_p
                              stderr=subprocess.DEVNULL)
     try:
         _wait_for("the first run's checkpoint of step 3",
-                  lambda: (checkpoint.latest(folder) or {}).get("step", 0) >= 3, 120, first)
+                  lambda: getattr(checkpoint.latest(folder), "step", 0) >= 3, 120, first)
         second = labrun.run("train", *command, "--steps", "100000")
         assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
         (line,) = second.stderr.strip().splitlines()
@@ -121,7 +121,7 @@ def test_a_second_run_is_refused_naming_the_first_and_a_killed_run_resumes(tmp_p
     again = labrun.run("train", *command, "--steps", str(at_kill + 2))
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resuming at step" in again.stderr
-    assert checkpoint.latest(folder)["step"] == at_kill + 2
+    assert checkpoint.latest(folder).step == at_kill + 2
     assert checkpoint_folder.LOCK not in os.listdir(folder)  # released at the end
 
 
@@ -167,7 +167,7 @@ def test_a_save_killed_before_its_manifests_rename_is_completed_and_resumed(two_
     assert done.returncode == 0, done.stderr[-2000:]
     assert "completed the interrupted save of step_00000020" in done.stderr
     assert "resuming at step 20 of 22" in done.stderr
-    assert checkpoint.latest(folder)["step"] == 22
+    assert checkpoint.latest(folder).step == 22
 
 
 @pytest.mark.parametrize("edit", [lambda text: text[:len(text) // 2],          # cut short
@@ -204,14 +204,14 @@ def test_a_full_disk_at_a_save_is_one_line_and_the_same_command_resumes(tmp_path
     last = full.stderr.strip().splitlines()[-1]
     assert last.startswith("labs/train.py: ") and "manifest.json could not be written (No " \
         "space left on device); the checkpoints saved before it are intact" in last, last
-    assert checkpoint.latest(folder)["step"] == 10
+    assert checkpoint.latest(folder).step == 10
     assert not list(folder.rglob("*.tmp*"))
     again = labrun.run("train", *command, "--json", str(tmp_path / "again.json"))
     assert again.returncode == 0, again.stderr[-2000:]
     assert "set aside as step_00000020.unverified" in again.stderr
     assert json.loads((tmp_path / "again.json").read_text())["results"]["lessonlib"][
         "resumed_from_step"] == 10
-    assert checkpoint.latest(folder)["step"] == 20
+    assert checkpoint.latest(folder).step == 20
 
 
 def test_a_lock_file_the_course_did_not_write_is_refused_and_kept(tmp_path):

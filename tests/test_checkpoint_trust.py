@@ -58,7 +58,7 @@ def test_an_unverified_newest_checkpoint_is_named_and_skipped(tmp_path, probe):
     with pytest.raises(checkpoint.CheckpointError):
         checkpoint.load(newest, 1)
     _save(tmp_path, 7, keep=2)                    # the resumed run saves again
-    assert checkpoint.latest(tmp_path)["step"] == 7
+    assert checkpoint.latest(tmp_path).step == 7
     assert (checkpoint_folder.step_dir(tmp_path, 5) / checkpoint_folder.MANIFEST).exists()
 
 
@@ -114,4 +114,4 @@ def test_the_lab_names_the_unverified_checkpoint_and_resumes_from_the_verified_o
     assert done.returncode == 0, done.stderr[-1500:]
     assert "skipping a newer checkpoint: " in done.stderr and "lists no SHA-256" in done.stderr
     assert "resuming at step 10 of 20" in done.stderr
-    assert checkpoint.latest(folder)["step"] == 20
+    assert checkpoint.latest(folder).step == 20

@@ -54,7 +54,7 @@ def _save_as(folder, full, t, p, d, step=3):
             "losses": [[2.0 + dp, 4.0 + dp], [1.0, 1.0], [0.5, 0.5]], "coords": [dp, pp, tp]})
     meta = {"layout": f"t{t}p{p}d{d}", "model": long_run.SMALL}
     checkpoint.commit(folder, step, t * p * d, meta)
-    return checkpoint.latest(folder)
+    return checkpoint.latest(folder).manifest
 
 
 @pytest.mark.parametrize("saved,loaded", [((2, 2, 1), (1, 1, 2)), ((2, 2, 1), (1, 1, 1)),
@@ -116,8 +116,8 @@ def test_a_run_saved_on_4_ranks_resumes_on_2_and_on_1_to_the_same_curve(tmp_path
         shutil.rmtree(checkpoint_folder.step_dir(tmp_path / folder, 6))
     for world, layout, folder in ((2, "t1p1d2", "on2"), (1, "t1p1d1", "on1")):
         resumed = long_run.run(plan(world, layout, folder), timeout=200)
-        assert (resumed["resumed_from_step"], resumed["resumed_from_layout"]) == (3, "t2p2d1")
-        assert resumed["losses"][:3] == whole["losses"][:3]       # carried in the checkpoint
-        torch.testing.assert_close(torch.tensor(resumed["losses"][3:], dtype=torch.float64),
-                                   torch.tensor(whole["losses"][3:], dtype=torch.float64),
+        assert (resumed.resumed_from_step, resumed.resumed_from_layout) == (3, "t2p2d1")
+        assert resumed.losses[:3] == whole.losses[:3]       # carried in the checkpoint
+        torch.testing.assert_close(torch.tensor(resumed.losses[3:], dtype=torch.float64),
+                                   torch.tensor(whole.losses[3:], dtype=torch.float64),
                                    **LOSS_TOLERANCE)

@@ -61,7 +61,7 @@ def _save_as(folder, full: dict, layout: Layout, step: int = 3):
             "model": model, "optimizer": {"state": state, "param_groups": []}, "step": step,
             "losses": [[2.0], [1.0], [0.5]], "coords": [0, 0, 0]})
     checkpoint.commit(folder, step, layout.world, _meta(layout))
-    return checkpoint.latest(folder)
+    return checkpoint.latest(folder).manifest
 
 
 def test_five_axis_names_read_back_and_a_three_axis_manifest_is_c_e_1():
@@ -148,9 +148,9 @@ def test_a_five_axis_plan_refuses_before_any_process(tmp_path):
         long_run.plan(4, "t1p1d4", ep=2, moe=False, checkpoint_dir=str(tmp_path))
     with pytest.raises(ValueError, match="cp=3 must divide world_size=4"):
         long_run.plan(4, "t1p1d1", cp=3, checkpoint_dir=str(tmp_path))
-    meta = long_run.plan(4, "t1p2d1", cp=2, shard="zero1", checkpoint_dir=str(tmp_path))["meta"]
+    meta = long_run.plan(4, "t1p2d1", cp=2, shard="zero1", checkpoint_dir=str(tmp_path)).meta
     assert (meta["layout"], meta["shard"], "order" in meta) == ("t1c2p2d1", "zero1", False)
-    assert "shard" not in long_run.plan(2, "t1p2d1", checkpoint_dir=str(tmp_path))["meta"]
+    assert "shard" not in long_run.plan(2, "t1p2d1", checkpoint_dir=str(tmp_path)).meta
 
 
 @pytest.mark.timeout(150)
@@ -174,15 +174,15 @@ def test_a_five_axis_run_killed_resumes_to_its_curve_and_on_another_layout(tmp_p
     whole = long_run.run(plan("whole", cp=2, shard="zero1"), timeout=200)
     with pytest.raises(RankError, match="simulated failure of rank 1 at step 5"):
         long_run.run(plan("killed", cp=2, shard="zero1"), fail_at=(1, 5), timeout=200)
-    assert checkpoint.latest(tmp_path / "killed")["step"] == 3
+    assert checkpoint.latest(tmp_path / "killed").step == 3
     shutil.copytree(tmp_path / "killed", tmp_path / "moved")
     same = long_run.run(plan("killed", cp=2, shard="zero1"), timeout=200)
-    assert same["resumed_from_step"] == 3 and same["losses"] == whole["losses"]
+    assert same.resumed_from_step == 3 and same.losses == whole.losses
     moved = long_run.run(plan("moved", "t1p2d2", shard="fsdp"), timeout=200)
-    assert (moved["resumed_from_step"], moved["resumed_from_layout"]) == (3, "t1c2p2d1")
-    assert moved["losses"][:3] == whole["losses"][:3]
-    torch.testing.assert_close(torch.tensor(moved["losses"][3:], dtype=torch.float64),
-                               torch.tensor(whole["losses"][3:], dtype=torch.float64),
+    assert (moved.resumed_from_step, moved.resumed_from_layout) == (3, "t1c2p2d1")
+    assert moved.losses[:3] == whole.losses[:3]
+    torch.testing.assert_close(torch.tensor(moved.losses[3:], dtype=torch.float64),
+                               torch.tensor(whole.losses[3:], dtype=torch.float64),
                                **LOSS_TOLERANCE)
 
 
@@ -207,12 +207,12 @@ def test_a_three_axis_checkpoint_of_the_lab_resumes_on_a_five_axis_layout(tmp_pa
     first = labrun.run("train", "--world-size", "2", "--layout", "t1p2d1", "--steps", "2",
                        *LAB, *folder)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert "shard" not in checkpoint.latest(tmp_path / "ckpt")["meta"]
+    assert "shard" not in checkpoint.latest(tmp_path / "ckpt").meta
     record = labrun.run_lab("train", "--world-size", "4", "--layout", "t1p2d1", "--cp", "2",
                             "--shard", "zero1", "--steps", "4", *LAB, *folder, tmp_path=tmp_path)
     row = record["rows"][0]
     assert (row["layout"], row["shard"], row["resumed_from_step"]) == ("t1c2p2d1", "zero1", 2)
-    assert checkpoint.latest(tmp_path / "ckpt")["meta"]["shard"] == "zero1"
+    assert checkpoint.latest(tmp_path / "ckpt").meta["shard"] == "zero1"
 
 
 def test_a_checkpoint_in_a_retired_rank_order_is_named_so_not_called_damaged(tmp_path):

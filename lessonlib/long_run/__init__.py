@@ -21,12 +21,13 @@ each file one idea:
 * ``reshard``: resume on another layout, one old shard and one slice at a time.
 
     from lessonlib import long_run as lr
-    print(lr.run(lr.plan(2, steps=40, checkpoint_dir="results/ckpt"))["losses"][-1])
+    print(lr.run(lr.plan(2, steps=40, checkpoint_dir="results/ckpt")).losses[-1])
 
 Laptop:  the two lines above, or ``python labs/train.py --world-size 2``
 GPU box: ``torchrun --nproc-per-node 8 --max-restarts 3 labs/train.py --layout t2p2d2``
 """
-from lessonlib.long_run.training import (SMALL, Diverged, plan, recover, resume_point, run,
-                                        summary, train)
+from lessonlib.long_run.training import (SMALL, Diverged, RunResult, RunSettings, RunSummary,
+                                        plan, recover, resume_point, run, summary, train)
 
-__all__ = ["SMALL", "Diverged", "plan", "recover", "resume_point", "run", "summary", "train"]
+__all__ = ["SMALL", "Diverged", "RunResult", "RunSettings", "RunSummary", "plan", "recover",
+           "resume_point", "run", "summary", "train"]

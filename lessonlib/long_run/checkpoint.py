@@ -38,6 +38,7 @@ import hashlib
 import io
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -233,11 +234,26 @@ def scan(directory, check=None) -> tuple[dict | None, list[str]]:
     return None, problems
 
 
-def latest(directory) -> dict | None:
-    """The newest intact checkpoint's manifest (with its ``path`` and the ``damaged`` newer
-    folders), or None. Pure, so the caller can decide before any process starts."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """The newest intact checkpoint: its step, folder, the run's settings its manifest
+    records (``meta``), the newer folders skipped as damaged, and ``manifest``: the manifest
+    as saved, with ``path`` and ``damaged`` added, what a run resumes from."""
+    step: int
+    path: str
+    meta: dict
+    damaged: list
+    manifest: dict
+
+
+def latest(directory) -> Checkpoint | None:
+    """The newest intact checkpoint, or None. Pure, so the caller can decide before any
+    process starts."""
     found, problems = scan(directory)
-    return None if found is None else {**found, "damaged": problems}
+    if found is None:
+        return None
+    return Checkpoint(step=found["step"], path=found["path"], meta=found["meta"],
+                      damaged=problems, manifest={**found, "damaged": problems})
 
 
 def at_step(directory, step: int) -> dict:
@@ -249,7 +265,7 @@ def at_step(directory, step: int) -> dict:
 
 
 def load(folder, rank: int, map_location=None, manifest: dict | None = None) -> dict:
-    """Rank side: rank ``rank``'s shard in a checkpoint folder (``latest(...)["path"]``),
+    """Rank side: rank ``rank``'s shard in a checkpoint folder (``latest(...).path``),
     checked against the manifest's size and hash, its tensors on ``map_location`` (default:
     this rank's ``device.current_device()``, not the GPU it was saved from)."""
     path = Path(folder) / f"rank_{rank:05d}.pt"

@@ -3,7 +3,7 @@
 Laptop and GPU box alike (matplotlib only)::
 
     from lessonlib.viz import long_run as lrviz
-    lrviz.resume_plot(whole["losses"], resumed["losses"], checkpoint_step=20, failed_step=25)
+    lrviz.resume_plot(whole.losses, resumed.losses, checkpoint_step=20, failed_step=25)
 """
 from __future__ import annotations
 

@@ -80,9 +80,9 @@ crashy = long_run.plan(2, "t1p2d1", steps=STEPS, checkpoint_every=EVERY,
                        checkpoint_dir=str(work / "crashy"))
 whole = long_run.run(smooth)
 print(f"{STEPS} steps, a checkpoint every {EVERY}")
-print(f"uninterrupted: loss {whole['first_loss']:.3f} -> {whole['last_loss']:.3f} in "
-      f"{whole['steps_run_now']} steps, {whole['step_time_s'] * 1e3:.0f} ms per step, "
-      f"{whole['checkpoint_save_s'] * 1e3:.0f} ms per checkpoint")
+print(f"uninterrupted: loss {whole.first_loss:.3f} -> {whole.last_loss:.3f} in "
+      f"{whole.steps_run_now} steps, {whole.step_time_s * 1e3:.0f} ms per step, "
+      f"{whole.checkpoint_save_s * 1e3:.0f} ms per checkpoint")
 
 # %% [markdown]
 # Then the same run, in another folder, where rank 1 fails as it begins step 25
@@ -95,9 +95,9 @@ try:
 except lessonlib.RankError as failure:
     print(f"the launch raised RankError: rank {failure.rank} failed "
           f"({str(failure).splitlines()[0][:60]}...)")
-found = checkpoint.latest(crashy["checkpoint_dir"])
-print(f"newest complete checkpoint: step {found['step']}, "
-      f"{sorted(p.name for p in Path(found['path']).iterdir())}")
+found = checkpoint.latest(crashy.checkpoint_dir)
+print(f"newest complete checkpoint: step {found.step}, "
+      f"{sorted(p.name for p in Path(found.path).iterdir())}")
 
 # %% [markdown]
 # ## 3. The shards against the prediction
@@ -107,8 +107,8 @@ print(f"newest complete checkpoint: step {found['step']}, "
 
 # %%
 # NBVAL_CHECK_OUTPUT
-cfg = GPTConfig(**crashy["model"])
-shards = [checkpoint.load(found["path"], rank) for rank in range(2)]
+cfg = GPTConfig(**crashy.model)
+shards = [checkpoint.load(found.path, rank) for rank in range(2)]
 for rank, shard in enumerate(shards):
     moments = [x for state in shard["optimizer"]["state"].values() for x in state.values()]
     held = sum(x.numel() * x.element_size() for x in [*shard["model"].values(), *moments])
@@ -124,7 +124,7 @@ for rank, shard in enumerate(shards):
 # %%
 # NBVAL_IGNORE_OUTPUT
 for rank in range(2):
-    size = (Path(found["path"]) / f"rank_{rank:05d}.pt").stat().st_size
+    size = (Path(found.path) / f"rank_{rank:05d}.pt").stat().st_size
     print(f"rank {rank}: {size:,} bytes on disk")
 
 # %% [markdown]
@@ -144,9 +144,9 @@ show(training._restore)
 # %%
 # NBVAL_CHECK_OUTPUT
 resumed = long_run.run(crashy)
-since = resumed["resumed_from_step"]
-print(f"resumed from step {since}, ran {resumed['steps_run_now']} steps; the loss curve "
-      f"equals the uninterrupted one: {resumed['losses'] == whole['losses']}")
+since = resumed.resumed_from_step
+print(f"resumed from step {since}, ran {resumed.steps_run_now} steps; the loss curve "
+      f"equals the uninterrupted one: {resumed.losses == whole.losses}")
 print(f"run twice: steps {since + 1} to {FAIL_AT[1] - 1}, between the checkpoint and the "
       f"failure")
 
@@ -155,7 +155,7 @@ print(f"run twice: steps {since + 1} to {FAIL_AT[1] - 1}, between the checkpoint
 # 10 steps is up to 10 steps' work per failure.
 
 # %%
-lrviz.resume_plot(whole["losses"], resumed["losses"], checkpoint_step=since,
+lrviz.resume_plot(whole.losses, resumed.losses, checkpoint_step=since,
                   failed_step=FAIL_AT[1])
 plt.show()
 
@@ -174,16 +174,16 @@ plt.show()
 # NBVAL_CHECK_OUTPUT
 LONGER = STEPS + EVERY                # both runs go on for one more checkpoint's steps
 moved = long_run.run(long_run.plan(2, "t2p1d1", steps=LONGER, checkpoint_every=EVERY,
-                                   checkpoint_dir=crashy["checkpoint_dir"]))
+                                   checkpoint_dir=crashy.checkpoint_dir))
 stayed = long_run.run(long_run.plan(2, "t1p2d1", steps=LONGER, checkpoint_every=EVERY,
-                                    checkpoint_dir=smooth["checkpoint_dir"]))
-print(f"resumed from step {moved['resumed_from_step']} saved on "
-      f"{moved['resumed_from_layout']}, ran {moved['steps_run_now']} steps on t2p1d1")
-print(f"steps 1-{STEPS} equal: {moved['losses'][:STEPS] == stayed['losses'][:STEPS]}")
+                                    checkpoint_dir=smooth.checkpoint_dir))
+print(f"resumed from step {moved.resumed_from_step} saved on "
+      f"{moved.resumed_from_layout}, ran {moved.steps_run_now} steps on t2p1d1")
+print(f"steps 1-{STEPS} equal: {moved.losses[:STEPS] == stayed.losses[:STEPS]}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-gap = max(abs(a - b) / abs(b) for a, b in zip(moved["losses"][STEPS:], stayed["losses"][STEPS:]))
+gap = max(abs(a - b) / abs(b) for a, b in zip(moved.losses[STEPS:], stayed.losses[STEPS:]))
 at_most(f"steps {STEPS + 1}-{LONGER}: the largest loss difference from the run that stayed, "
         f"relative,", gap, 1e-6)
 
@@ -203,12 +203,12 @@ at_most(f"steps {STEPS + 1}-{LONGER}: the largest loss difference from the run t
 
 # %%
 # NBVAL_CHECK_OUTPUT
-newest = Path(checkpoint.latest(smooth["checkpoint_dir"])["path"])
+newest = Path(checkpoint.latest(smooth.checkpoint_dir).path)
 shard = newest / "rank_00001.pt"
 shard.write_bytes(shard.read_bytes()[:300])
-found = checkpoint.latest(smooth["checkpoint_dir"])
-print(f"a restart resumes from step {found['step']}; skipped:")
-for problem in found["damaged"]:  # up to the size the manifest expects (torch's format's)
+found = checkpoint.latest(smooth.checkpoint_dir)
+print(f"a restart resumes from step {found.step}; skipped:")
+for problem in found.damaged:  # up to the size the manifest expects (torch's format's)
     print("  " + problem.replace(str(work), "<work>").split(", its manifest says")[0])
 
 # %% [markdown]

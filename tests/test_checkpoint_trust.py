@@ -4,6 +4,7 @@ newest verified step; it is never the reason a verified one is pruned, and a fol
 manifest is never pruned."""
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -92,10 +93,10 @@ def real_run(tmp_path_factory):
 @pytest.mark.parametrize("layout", ["t2p1d1", "t1p1d2", "t1p4d1"])
 def test_a_manifest_whose_layout_its_shards_do_not_hold_is_skipped(real_run, tmp_path, layout):
     folder = tmp_path / "ckpt"
-    shutil.copytree(real_run["checkpoint_dir"], folder)
+    shutil.copytree(real_run.checkpoint_dir, folder)
     _edit_manifest(checkpoint_folder.step_dir(folder, 20),
                    lambda m: m["meta"].update(layout=layout))
-    found = long_run.resume_point({**real_run, "checkpoint_dir": str(folder)})
+    found = long_run.resume_point(replace(real_run, checkpoint_dir=str(folder)))
     assert found["step"] == 10 and len(found["damaged"]) == 1, found["damaged"]
     assert "step_00000020/manifest.json is damaged: its layout " + layout in found["damaged"][0]
 
@@ -104,7 +105,7 @@ def test_a_manifest_whose_layout_its_shards_do_not_hold_is_skipped(real_run, tmp
 def test_the_lab_names_the_unverified_checkpoint_and_resumes_from_the_verified_one(real_run,
                                                                                  tmp_path):
     folder = tmp_path / "ckpt"
-    shutil.copytree(real_run["checkpoint_dir"], folder)
+    shutil.copytree(real_run.checkpoint_dir, folder)
     _edit_manifest(checkpoint_folder.step_dir(folder, 20), lambda m: m.pop("shards"))
     _flip_a_bit(checkpoint_folder.shard_path(folder, 20, 1))
     done = labrun.run("train", "--world-size", "2", "--layout", "t1p2d1", "--layers", "2",

@@ -12,6 +12,9 @@ published layout against the planner's best and say whether what separates them 
 a gap of the model; ``versus_table(comparisons)`` lines several of them up, three lines
 each. The rows, their sources and their columns are in ``record.py``.
 
+One job: the published record set against the model, row by row, as records
+(``PublishedRow``, ``MemoryRow``, ``VersusPlanner``) and as the reports printed from them.
+
 Run ``python -m lessonlib.costmodel --published``.
 """
 from dataclasses import dataclass, replace

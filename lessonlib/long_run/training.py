@@ -23,6 +23,10 @@ ZeRO-1 the optimizer state of its range), the manifest records the five axes
 (``t1c2p2d1``) and the sharding, and a resume on any other layout, five-axis or not, is
 resharded the same way. Every layout lays its ranks out in the grid's one rank order.
 
+One job: a long run from its checked settings (``RunSettings``) to its summary
+(``RunSummary``), the rank side and the caller side; its length is those two records and
+the resume each side of the launch agrees on.
+
 ``fail_at=(rank, step)`` makes that rank raise at that step, to watch the failure (the
 launcher names the rank and stops the others) and the resume.
 

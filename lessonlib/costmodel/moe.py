@@ -118,7 +118,8 @@ def ep_memory_per_gpu(m: MoEModel, e: int, p: int = 1, d: int | None = None,
     """Model state per GPU (mixed-precision Adam: 4 bytes of 16-bit weights and gradients
     and 12 of fp32 state per parameter) with the routed experts split over e GPUs, the
     layers over p pipeline stages, and, with ``zero1``, the fp32 state sharded over the d
-    data-parallel GPUs of a stage (an expert's over its d/e copies), in bytes. Activations are left out."""
+    data-parallel GPUs of a stage (an expert's over its d/e copies), in bytes. Activations
+    are left out."""
     d = e if d is None else d
     if e < 1 or m.E % e or d % e:
         raise ValueError(f"e={e!r} must divide E={m.E} and d={d} (each GPU holds E/e experts; "

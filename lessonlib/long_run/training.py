@@ -243,7 +243,8 @@ def _check_finite(losses: list[float], trainer: HybridTrainer, step: int, saving
                        f"again with a smaller lr in a new checkpoint folder")
 
 
-def train(settings: RunSettings, resume: dict | None, fail_at: tuple[int, int] | None = None) -> dict:
+def train(settings: RunSettings, resume: dict | None,
+          fail_at: tuple[int, int] | None = None) -> dict:
     """Rank side: build this rank's shard, load its checkpoint when resuming (resharded if
     it was saved on another layout), train to the last step, saving every
     ``checkpoint_every`` steps and at the end; stop with ``Diverged`` at a non-finite loss."""

@@ -161,15 +161,16 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     linear = gemm.layer_gemm_time_s(model, b, gpu, kinds=("linear",), **shape)
     attention = gemm.layer_gemm_time_s(model, b, gpu, kinds=("attention",), **shape)
     # forward, then the backward's two GEMMs of each shape (input and weight gradients); a
-    # fused attention kernel's backward is 2.5x its forward (it recomputes the scores), so
-    # selective recompute adds nothing to it
+    # fused attention kernel's backward does 2.5x its forward's FLOPs at its own measured
+    # rate (it recomputes the scores), so selective recompute adds nothing to it
     fused = not model.legacy
-    backward = gemm.FUSED_BACKWARD_RATIO if fused else 2
+    attention_backward = gemm.fused_attention_s(model, b, gpu, t, c)[1] if fused else \
+        2 * attention
     recompute = {"none": 0.0, "full": linear + attention,
                  "selective": 0.0 if fused else attention,
                  "op": op_recompute_share(model) * linear,
                  "norm-up": norm_up_recompute_share(model) * linear}[lay.recompute]
-    compute = layers * (3 * linear + (1 + backward) * attention + recompute)
+    compute = layers * (3 * linear + attention + attention_backward + recompute)
     if logits:     # the output head stays BF16 (DeepSeek-V3 §3.3.1; torchtitan's float8)
         compute += 3 * logits * gemm.gemm_time_s(gpu, b * s / c, model.V / t, h)
     # SMs given to communication kernels compute nothing (DeepSeek-V3 §3.2.2: 20 of 132)

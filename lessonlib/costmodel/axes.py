@@ -62,6 +62,22 @@ def cp_ring_s(model, lay, cluster, layers, flops_per_s, comm_efficiency):
     return layers * (forwards * fwd + bwd)
 
 
+def cp_merge_s(model, lay, layers, hbm_bytes_per_s):
+    """Seconds one GPU spends per micro-batch on a stage of ``layers`` layers merging and
+    accumulating the ring's c attention calls in float32 (``context.merge_bytes_per_layer``);
+    a recompute merges the forward's again. Charged to the ring only: Llama 3's all-gather
+    (§3.3.2) computes the local queries' attention against the gathered K/V at once, and
+    Ulysses runs one call on all tokens; neither merges. (PyTorch's all-gather rotate method,
+    torchtitan's default, runs the ring's loop and merges too; ``cp_comm`` does not tell it
+    from Llama 3's, so it is priced as Llama 3's.)"""
+    if lay.c == 1 or lay.cp_comm != "ring":
+        return 0.0
+    from .context import merge_bytes_per_layer     # imported here: see ``cp_ring_s``
+    forward, backward = merge_bytes_per_layer(model, lay.b, lay.c, lay.t)
+    forwards = 2 if lay.recompute != "none" else 1
+    return layers * (forwards * forward + backward) / hbm_bytes_per_s
+
+
 def ep_alltoall_s(model, lay, cluster, layers, comm_efficiency):
     """Seconds of the MoE all-to-alls for one micro-batch on a stage of ``layers`` layers
     (its MoE share of them); each rank dispatches its b s/c tokens (s/(c t) under SP)."""

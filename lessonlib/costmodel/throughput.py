@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from .axes import cp_ring_s, dp_time_s, ep_alltoall_s
+from .axes import cp_merge_s, cp_ring_s, dp_time_s, ep_alltoall_s
 from .bubble import bubble_fraction as _bubble_fraction
 from .comm import group_spans_nodes, pp_elements_per_boundary, ring_all_gather_time_s
 from .compute import (attention_core_forward_flops, layer_forward_flops,
@@ -190,6 +190,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
         passes = ELEMENTWISE_PASSES * acts + FORWARD_PASSES * rewritten
         elementwise = layers * passes / c / hbm
     elementwise += logits * loss_bytes(model, b, t, c) / hbm     # the loss over the logits
+    elementwise += cp_merge_s(model, lay, layers, hbm)   # CP's float32 merges
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(
             model, b, t, c, lay.e, lay.fp8_scaling, lay.recompute != "none") / hbm

@@ -27,8 +27,8 @@ Which rows set constants: none; every row is checked. A GEMM runs under the GPU'
 maximum achievable matmul rate (``hardware.MAMF``, a published sweep) and the memory-bound passes
 are counted (``throughput.ELEMENTWISE_PASSES``). The other terms take their numbers from
 their sources, none fitted to a row:
-``gemm.ATTENTION_PEAK_FRACTION`` (FlashAttention-2's 35 % of H100 peak, Shah et al. 2024)
-and its 2.5x backward (Dao et al. 2022, Alg. 4); ``kernels.py``'s eager bytes and "op"
+``gemm.FA2_H100_TFLOPS`` (FlashAttention-2 on H100 by sequence length, Shah et al. 2024,
+Fig. 5 and 6) and its 2.5x backward FLOPs (Dao et al. 2022, Alg. 4); ``kernels.py``'s eager bytes and "op"
 recompute (torchtitan's code); the SwiGLU/GQA activations (Korthikanti's method); DeepSeek-V3's
 20 of 132 SMs (§3.2.2), MLA dims (§2.1.1), MTP (§2.2), FP8 dispatch (§3.3.4), recompute
 (§3.2.3, §3.3.4); torchao's tensorwise casts (``gemm.TENSORWISE_CAST_BYTES``, from its code);

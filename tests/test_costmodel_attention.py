@@ -53,3 +53,17 @@ def test_only_the_ring_pays_its_float32_merges():
     ring, gather = (estimate(m8, replace(lay, cp_comm=k), teton) for k in ("ring", "allgather"))
     assert ring.time["elementwise"] > gather.time["elementwise"]
     assert ring.time["compute"] == gather.time["compute"]
+
+
+def test_torchtitans_cp_gathers_every_heads_kv_and_merges_its_calls():
+    """PyTorch's context_parallel under torchtitan's model: K and V repeated to every query
+    head before SDPA, the all-gather waited for after the first call, c calls merged."""
+    m405, teton = replace(MODELS["llama3-405B"], s=131072), CLUSTERS["grand-teton-h100-96gb"]
+    lay = Layout(t=8, p=8, c=4, d=2, b=1, m=8, zero_stage=3, recompute="full",
+                 sequence_parallel=True, overlap_comm=True)
+    meta, titan = (estimate(m405, replace(lay, cp_comm=k), teton)
+                   for k in ("allgather", "torchtitan"))
+    assert titan.time["cp_comm"] > meta.time["cp_comm"] > 0
+    assert titan.time["elementwise"] > meta.time["elementwise"]
+    assert titan.memory.total > meta.memory.total            # 128 heads' K/V, not 8
+    assert titan.time["compute"] == meta.time["compute"]

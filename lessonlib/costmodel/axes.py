@@ -23,10 +23,10 @@ parallelism and sharded data parallelism add to a step, and where the rank order
 Pure arithmetic, called by ``throughput.estimate``; with c = e = 1 and no shard group each
 function gives exactly what the estimate gave before these axes existed.
 """
-from .comm import (group_spans_nodes, ring_all_gather_time_s, ring_allreduce_time_s,
-                   ring_reduce_scatter_time_s)
 from dataclasses import replace
 
+from .comm import (group_spans_nodes, ring_all_gather_time_s, ring_allreduce_time_s,
+                   ring_reduce_scatter_time_s)
 from .compute import attention_core_forward_flops
 from .memory import GRAD_BYTES, stage_expert_params, stage_params
 from .moe import alltoall_time_s, moe_layer_comm_s

@@ -64,7 +64,8 @@ from .model import MAX, divisors
 # and so torchtitan, by default: "The default value is 'allgather'", torchtitan's
 # job_config.py), or Ulysses' all-to-alls from sequence shards to head shards and back,
 # exposed, c dividing the (KV) heads of a tensor-parallel rank (Jacobs et al. 2023;
-# Megatron-Core's a2a).
+# Megatron-Core's a2a); or what torchtitan runs, PyTorch's all-gather method under its model
+# ("torchtitan": ``axes.cp_torchtitan_s``).
 CP_COMM = ("ring", "allgather", "ulysses", "torchtitan")
 # Bytes per gradient element: bf16, or fp32 accumulation (BLOOM's BF16 optimizer; Megatron's
 # --accumulate-allreduce-grads-in-fp32); the same for Adam's two moments (bf16: DeepSeek-V3).

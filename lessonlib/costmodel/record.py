@@ -28,7 +28,8 @@ maximum achievable matmul rate (``hardware.MAMF``, a published sweep) and the me
 are counted (``throughput.ELEMENTWISE_PASSES``). The other terms take their numbers from
 their sources, none fitted to a row:
 ``gemm.FA2_H100_TFLOPS`` (FlashAttention-2 on H100 by sequence length, Shah et al. 2024,
-Fig. 5 and 6) and its 2.5x backward FLOPs (Dao et al. 2022, Alg. 4); ``kernels.py``'s eager bytes and "op"
+Fig. 5 and 6) and its 2.5x backward FLOPs (Dao et al. 2022, Alg. 4); the CP that torchtitan
+runs (``axes.cp_torchtitan_s``, PyTorch's code); ``kernels.py``'s eager bytes and "op"
 recompute (torchtitan's code); the SwiGLU/GQA activations (Korthikanti's method); DeepSeek-V3's
 20 of 132 SMs (§3.2.2), MLA dims (§2.1.1), MTP (§2.2), FP8 dispatch (§3.3.4), recompute
 (§3.2.3, §3.3.4); torchao's tensorwise casts (``gemm.TENSORWISE_CAST_BYTES``, from its code);
@@ -285,9 +286,9 @@ def _torchtitan_rows():
     """torchtitan's benchmark tables in absolute tokens/s per GPU, each with its settings:
     FSDP (ZeRO-3 with prefetch), its default selective AC read as per-op ('op'), compile as
     fused kernels, Float8 as torchao's tensorwise scaling on every nn.Linear but the output
-    head, all-gather CP (its default rotate method, ``cp_comm="torchtitan"``), PP with as many micro-batches as
-    stages (its default); and the async-TP benchmark. A run measured against another prints
-    the ratio beside."""
+    head, all-gather CP as PyTorch's ``context_parallel`` runs it (its default rotate method:
+    ``cp_comm="torchtitan"``), PP with as many micro-batches as stages (its default); and
+    the async-TP benchmark. A run measured against another prints the ratio beside."""
     m8, m70, m405 = MODELS["llama3-8B"], MODELS["llama3-70B"], MODELS["llama3-405B"]
     rows = []
     for table, gpus, tps in (("Table 1", 8, (5762, 6667, 8532)),
@@ -404,8 +405,8 @@ _TITAN_MEMORY = ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Memory
 
 def _torchtitan_memory_rows():
     """torchtitan's Tables 1-6 as memory rows, with their settings: FSDP (ZeRO-3 as FSDP2
-    runs it), selective AC read as its op-level default, CP all-gather (``cp_comm="torchtitan"``, its default rotate
-    method), PP with its default of as many micro-batches as stages."""
+    runs it), selective AC read as its op-level default, CP all-gather (its default rotate
+    method, ``cp_comm="torchtitan"``), PP with its default of as many micro-batches as stages."""
     m8, m70, m405 = MODELS["llama3-8B"], MODELS["llama3-70B"], MODELS["llama3-405B"]
     teton = "grand-teton-h100-96gb"
     fsdp8 = Layout(d=8, b=2, m=1, zero_stage=3, recompute="op")

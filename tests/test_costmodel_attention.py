@@ -67,3 +67,12 @@ def test_torchtitans_cp_gathers_every_heads_kv_and_merges_its_calls():
     assert titan.time["elementwise"] > meta.time["elementwise"]
     assert titan.memory.total > meta.memory.total            # 128 heads' K/V, not 8
     assert titan.time["compute"] == meta.time["compute"]
+
+
+def test_ulysses_runs_one_call_over_the_whole_sequence_on_its_heads():
+    m8 = replace(MODELS["llama3-8B"], s=65536)
+    ring = fused_attention_s(m8, 1, H100, c=8)
+    ulysses = fused_attention_s(m8, 1, H100, c=8, ulysses=True)
+    flops = attention_core_forward_flops(m8, 1) / 8       # a/c = 4 heads, all s tokens
+    assert ulysses[0] == pytest.approx(flops / attention_flops(H100, 65536, 128))
+    assert ulysses[0] < ring[0]       # one long causal call against eight shorter ones

@@ -162,16 +162,19 @@ def attention_flops(gpu, seqlen, head_dim, causal=True, direction="forward"):
 
 
 @lru_cache(maxsize=4096)   # the planner prices the same layer shapes many times
-def fused_attention_s(model, b, gpu, t=1, c=1):
+def fused_attention_s(model, b, gpu, t=1, c=1, ulysses=False):
     """(forward, backward) seconds of one layer's fused causal attention on one GPU: b
     sequences, a/t heads, s/c queries each. Without context parallelism one causal call
     over s tokens. With c > 1, as PyTorch's ``context_parallel`` (torchtitan's) and
     Megatron-Core's ring run it on load-balanced (zig-zag) shards: c calls a layer, one
     causal on the rank's own n = s/c tokens and c-1 unmasked on half a block (n queries
     against the n/2 earlier keys, or the n/2 later queries against all n), each n^2/2
-    scores; the short side sets the call's length (``_templated_ring_attention``)."""
+    scores; the short side sets the call's length (``_templated_ring_attention``).
+    ``ulysses``: each rank holds a/(t c) heads of the whole sequence, one causal call."""
     qk, v = model.qk_v_head_dims()
     heads, n = b * model.a / t, model.s // c
+    if ulysses:
+        heads, n, c = heads / c, model.s, 1
     flops = heads * n * n / 2 * 2 * (qk + v)      # QK^T and PV of n^2/2 scores a call
     calls = [(n, True)] + [(n / 2, False)] * (c - 1)
     forward = sum(flops / attention_flops(gpu, length, max(qk, v), masked)

@@ -159,13 +159,16 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     n = lay.n_gpus
     shape = dict(t=t, c=c, e=lay.e, precision=lay.precision)
     linear = gemm.layer_gemm_time_s(model, b, gpu, kinds=("linear",), **shape)
-    attention = gemm.layer_gemm_time_s(model, b, gpu, kinds=("attention",), **shape)
     # forward, then the backward's two GEMMs of each shape (input and weight gradients); a
     # fused attention kernel's backward does 2.5x its forward's FLOPs at its own measured
     # rate (it recomputes the scores), so selective recompute adds nothing to it
     fused = not model.legacy
-    attention_backward = gemm.fused_attention_s(model, b, gpu, t, c)[1] if fused else \
-        2 * attention
+    if fused:
+        attention, attention_backward = gemm.fused_attention_s(
+            model, b, gpu, t, c, ulysses=lay.cp_comm == "ulysses")
+    else:
+        attention = gemm.layer_gemm_time_s(model, b, gpu, kinds=("attention",), **shape)
+        attention_backward = 2 * attention
     recompute = {"none": 0.0, "full": linear + attention,
                  "selective": 0.0 if fused else attention,
                  "op": op_recompute_share(model) * linear,

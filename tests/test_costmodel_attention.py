@@ -75,4 +75,5 @@ def test_ulysses_runs_one_call_over_the_whole_sequence_on_its_heads():
     ulysses = fused_attention_s(m8, 1, H100, c=8, ulysses=True)
     flops = attention_core_forward_flops(m8, 1) / 8       # a/c = 4 heads, all s tokens
     assert ulysses[0] == pytest.approx(flops / attention_flops(H100, 65536, 128))
-    assert ulysses[0] < ring[0]       # one long causal call against eight shorter ones
+    # the same scores: the ring's seven unmasked calls of 4K run faster than one masked call
+    assert ring[0] < ulysses[0] < 1.1 * ring[0]

@@ -17,7 +17,7 @@ ROWS = published_rows()
 # row outside this list that leaves 15 % fails.
 MISSED_TODAY = {
     "BLOOM-176B, 384 A100, iteration 85,376", "Llama 3 Table 4, 8,192 GPUs 8K",
-    "Llama 3 Table 4, 128K", "Llama 3 Table 4, 128K, 16,384 GPUs",
+    "Llama 3 Table 4, 128K",
     "Megatron-LM 2021 Table 1, 76.1 B", "Megatron-LM 2021 Table 1, 310.1 B",
     "Megatron-LM 2021 Table 1, 529.6 B",
     "Nemotron-4 15B Table 2, DP 96", "Nemotron-4 15B Table 2, DP 192",
@@ -150,7 +150,7 @@ def test_new_terms_each_move_the_step_the_way_their_source_says():
     from dataclasses import replace
     from lessonlib.costmodel.kernels import eager_layer_forward_bytes, op_recompute_share
     from lessonlib.costmodel.memory import activation_bytes_per_layer
-    from lessonlib.costmodel.gemm import ATTENTION_PEAK_FRACTION
+    from lessonlib.costmodel.gemm import attention_flops
     m8, teton = MODELS["llama3-8B"], CLUSTERS["grand-teton-h100-96gb"]
     # torchtitan's "op" policy recomputes wk, wo and w3 of wq, wk, wv, wo, w1, w3, w2
     assert op_recompute_share(m8) == pytest.approx((1024 + 4096 + 14336) / (
@@ -169,7 +169,7 @@ def test_new_terms_each_move_the_step_the_way_their_source_says():
         (38.25 + small) * sbh)
     assert activation_bytes_per_layer(m405, 1, 8, True) == pytest.approx(
         (31.75 + small) * sbh / 8)
-    assert 0 < ATTENTION_PEAK_FRACTION < 0.5                       # FA2 on H100: 35 %
+    assert 0.3 < attention_flops(GPUS["H100-SXM5"], 16384, 128) / 989e12 < 0.35   # FA2, Fig. 5
     # DeepSeek-V3: MLA's head dims, MTP on the last stage, 20 of 132 SMs on communication
     ds, h800 = MODELS["deepseek-v3"], CLUSTERS["hgx-h800"]
     assert ds.qk_v_head_dims() == (192, 128) and ds.mtp == 1
@@ -192,7 +192,9 @@ def test_compile_over_eager_is_an_absolute_row_with_its_ratio_beside():
 
 def test_explain_says_whether_the_separating_cost_is_real_or_a_gap():
     from lessonlib.costmodel.published import PLANNED, explain_versus_planner, published_runs
-    run = next(r for r in published_runs() if r.source == PLANNED[0])
+    # the 16,384-GPU row: its layout is the furthest from the planner's best (the 8,192-GPU
+    # one is within 10 % of it since attention runs at its measured rate)
+    run = next(r for r in published_runs() if r.source == PLANNED[1])
     text = explain_versus_planner(run)
     assert "The largest, " in text and ("real" in text or "a gap of the model" in text)
     # Meta ran it, so it fit: where the model counts it over memory, the gap is named

@@ -8,7 +8,8 @@ parallelism and sharded data parallelism add to a step, and where the rank order
   t*c <= GPUs per server. ``cp_comm="allgather"`` (Llama 3 §3.3.2) gathers K and V whole,
   exposed; ``"ulysses"`` (DeepSpeed-Ulysses, Jacobs et al. 2023; Megatron-Core's ``a2a``)
   runs four all-to-alls per layer forward (q, k, v to head shards, the output back) and four
-  backward, exposed, each carrying (c-1)/c of its tensor.
+  backward, exposed, each carrying (c-1)/c of its tensor. ``"torchtitan"``: PyTorch's
+  ``context_parallel`` under torchtitan's model (``cp_torchtitan_s``).
 * Expert parallelism (e, carved from d): four all-to-alls per MoE layer and micro-batch
   (``moe.moe_layer_comm_s``), six under full recompute (the forward runs again); the e
   ranks are t*c apart, inside a server while t*c*e fits. Exposed unless ``overlap_comm``.
@@ -22,6 +23,8 @@ parallelism and sharded data parallelism add to a step, and where the rank order
 Pure arithmetic, called by ``throughput.estimate``; with c = e = 1 and no shard group each
 function gives exactly what the estimate gave before these axes existed.
 """
+from dataclasses import replace
+
 from .comm import (group_spans_nodes, ring_all_gather_time_s, ring_allreduce_time_s,
                    ring_reduce_scatter_time_s)
 from .compute import attention_core_forward_flops
@@ -43,6 +46,8 @@ def cp_ring_s(model, lay, cluster, layers, flops_per_s, comm_efficiency):
     bandwidth *= comm_efficiency
     block = kv_block_bytes(model, lay.b, lay.c) / lay.t        # K/V heads split over t
     forwards = 2 if lay.recompute != "none" else 1
+    if lay.cp_comm == "torchtitan":
+        return cp_torchtitan_s(model, lay, layers, flops_per_s, bandwidth, latency)
     if lay.cp_comm == "allgather":
         # Llama 3 §3.3.2: all-gather K and V (GQA-sized) before attention, exposed;
         # reduce-scatter their gradients after it, exposed as well.
@@ -60,6 +65,48 @@ def cp_ring_s(model, lay, cluster, layers, flops_per_s, comm_efficiency):
     fwd = max(0.0, hops + forward / bandwidth - attention)
     bwd = max(0.0, 2 * hops + backward / bandwidth - 2 * attention)
     return layers * (forwards * fwd + bwd)
+
+
+def repeated_kv(model):
+    """``model`` with K and V repeated to every query head, as torchtitan's attention hands
+    them to SDPA (``repeat_kv`` before ``self.sdpa``), so that context parallelism gathers,
+    merges and sends a heads' K and V, not the kv_heads of grouped-query attention."""
+    return replace(model, kv_heads=model.a) if model.kv_heads else model
+
+
+def cp_torchtitan_s(model, lay, layers, flops_per_s, bandwidth, latency):
+    """Exposed seconds of PyTorch's ``context_parallel`` as torchtitan runs it, per
+    micro-batch (``_context_parallel/_attention.py``): the all-gather rotate method gathers
+    K and V (every query head's: ``repeated_kv``) asynchronously and waits for them after the
+    first of the c calls, on the rank's own block, 1/c of its attention; the backward gathers
+    them again and passes the float32 dK, dV round the ring, one hop behind each call (its
+    all-to-all rotater), the backward taken as twice the forward, as for the ring."""
+    from .context import kv_block_bytes     # imported here: see ``cp_ring_s``
+    block = kv_block_bytes(repeated_kv(model), lay.b, lay.c) / lay.t
+    gather = ring_all_gather_time_s(lay.c, lay.c * block, bandwidth, latency)
+    first = attention_core_forward_flops(model, lay.b) / (lay.t * lay.c) / flops_per_s / lay.c
+    hop = latency + 2 * block / bandwidth                # float32: twice the bf16 block
+    forward = max(0.0, gather - first)
+    backward = max(0.0, gather - 2 * first) + lay.c * max(0.0, hop - 2 * first)
+    forwards = 2 if lay.recompute != "none" else 1
+    return layers * (forwards * forward + backward)
+
+
+def cp_merge_s(model, lay, layers, hbm_bytes_per_s):
+    """Seconds one GPU spends per micro-batch on a stage of ``layers`` layers merging and
+    accumulating the ring's c attention calls in float32 (``context.merge_bytes_per_layer``);
+    a recompute merges the forward's again. Charged to the ring and to torchtitan's CP
+    (PyTorch's all-gather rotate method runs the ring's loop, on K and V repeated to every
+    query head); Llama 3's all-gather (§3.3.2) computes the local queries' attention against
+    the gathered K/V at once and Ulysses runs one call on all tokens: neither merges."""
+    if lay.c == 1 or lay.cp_comm not in ("ring", "torchtitan"):
+        return 0.0
+    from .context import merge_bytes_per_layer     # imported here: see ``cp_ring_s``
+    if lay.cp_comm == "torchtitan":
+        model = repeated_kv(model)
+    forward, backward = merge_bytes_per_layer(model, lay.b, lay.c, lay.t)
+    forwards = 2 if lay.recompute != "none" else 1
+    return layers * (forwards * forward + backward) / hbm_bytes_per_s
 
 
 def ep_alltoall_s(model, lay, cluster, layers, comm_efficiency):

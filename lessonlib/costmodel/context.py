@@ -191,6 +191,40 @@ def cp_bytes_sent_per_rank(method, c, b, s, heads, kv_heads, head_dim, bytes_per
     return sent, sent
 
 
+# ---------------------------------------------------------------- merging the c calls
+# PyTorch's ``context_parallel`` (``_context_parallel/_attention.py``, which torchtitan runs)
+# merges the c partial outputs of a layer's attention in float32 with eager kernels, HBM
+# bytes per element of the output (the query's shape) at each step after the first: the
+# block's output cast to float32 (read 2, write 4), ``out - block_out`` (4 + 4, 4),
+# its product with the sigmoid of the log-sum-exp difference (4, 4) and the subtraction
+# from ``out`` (4 + 4, 4).
+MERGE_BYTES = 6 + 12 + 8 + 12
+# Backward, every one of the c steps accumulates the gradients in float32: dQ's
+# ``grad_query += grad_query_`` (read 4 + 2, write 4) per query element; per element of K
+# and of V the same add (10), the float32 ``torch.cat`` that sends them on (4, 4) and, on
+# about half the steps, ``_partial_update``'s chunk-and-cat copy of the whole tensor
+# (4, 4: 4 on average). Each step also copies K and V into one buffer (``torch.cat``,
+# read 2, write 2), forward and backward.
+GRAD_ACCUMULATE_BYTES = 10
+KV_GRAD_BYTES = 10 + 8 + 4
+KV_CAT_BYTES = 2 + 2
+
+
+def merge_bytes_per_layer(model, b, c, t=1):
+    """(forward, backward) HBM bytes one GPU moves per layer outside the attention kernel
+    to run its c calls as PyTorch's context parallelism does: the float32 merge of the
+    c-1 later outputs, the float32 gradient accumulation of all c, the K/V copies."""
+    if c == 1:
+        return 0.0, 0.0
+    qk_dim, v_dim = model.qk_v_head_dims()
+    tokens = b * (model.s // c)
+    out = tokens * model.a / t * v_dim                      # the output, as the query
+    kv = tokens * kv_heads(model) / t * (qk_dim + v_dim)   # K and V together
+    forward = (c - 1) * (MERGE_BYTES * out + KV_CAT_BYTES * kv)
+    backward = c * (GRAD_ACCUMULATE_BYTES * out + (KV_GRAD_BYTES + KV_CAT_BYTES) * kv)
+    return forward, backward
+
+
 def document_of(doc_lengths):
     """Each token's document: [0]*len0 + [1]*len1 + ...; and each document's first token."""
     starts, ids = [], []

@@ -22,11 +22,15 @@ a GPU's own measured MAMF (``labs/gpu_check.py`` measures it).
 
 A fused attention kernel (today's shapes) is not a GEMM library call: it runs QK^T, the
 softmax and PV in one kernel whose softmax and data movement stall the Tensor Cores, so it
-is priced at its own share of peak, ``ATTENTION_PEAK_FRACTION``: FlashAttention-2 reaches
-"only 35 %" of an H100's peak (Shah et al. 2024, FlashAttention-3, abstract and §1; 50-73 %
-on A100, Dao 2023, FlashAttention-2, abstract). Its backward recomputes the scores from Q and
-K instead of reading them (Dao et al. 2022 §3.1; FlashAttention-2 §3.1.2): five s x s
-products against the forward's two, 2.5x the forward, which ``throughput.py`` charges.
+runs at its own measured rate, ``attention_flops``: FlashAttention-2 (PyTorch SDPA's flash
+backend) on an H100 SXM5 as Shah et al. 2024 (FlashAttention-3) measured it, Fig. 5
+(forward) and Fig. 6 (backward), by sequence length, head dim and causal mask: 370 TFLOP/s
+forward at 16K tokens, head dim 128, no mask, but 191 at 512 tokens under a causal mask,
+and 214 to 322 backward (about a third of peak: the paper's "only 35 %"). Its backward
+recomputes the scores from Q and K instead of reading them (Dao et al. 2022 §3.1;
+FlashAttention-2 §3.1.2): five s x s products against the forward's two, 2.5x the
+forward's FLOPs, at the backward's own, lower rate. Context parallelism splits one call into
+c calls per layer on shorter blocks (``fused_attention_s``).
 
 FP8 (``precision="fp8"``) uses the GPU's FP8 MAMF and one byte per element for the linear
 layers' GEMMs only: DeepSeek-V3 (§3.3)
@@ -44,11 +48,24 @@ from functools import lru_cache
 
 # Fraction of datasheet HBM bandwidth that streaming kernels reach (``throughput.py``).
 HBM_EFFICIENCY = 0.8
-# FlashAttention-2's share of H100 peak, forward (Shah et al. 2024, abstract); taken from
-# the paper, not fitted. Applied to every GPU (on an A100 it is pessimistic: 50-73 %).
-ATTENTION_PEAK_FRACTION = 0.35
-# The fused kernel's backward against its forward: dV, dP, dQ, dK and the recomputed QK^T
-# (Dao et al. 2022, Algorithm 4), 5 products of s x s against 2.
+# FlashAttention-2 on an H100 SXM5 (989 TFLOP/s BF16 dense), BF16, in TFLOP/s by sequence
+# length (batch x length = 16K tokens, 2,048 hidden), the "FlashAttention-2" bars of Shah et
+# al. 2024 (FlashAttention-3, arXiv 2407.08608), Fig. 5 (forward; with and without the causal
+# mask) and Fig. 6 (backward, no mask; the paper prints no causal backward). FLOPs as the
+# paper counts them: 4 s^2 d per head forward, half under the causal mask, 2.5x backward.
+FA2_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+FA2_H100_TFLOPS = {
+    ("forward", False, 64): (282, 306, 318, 321, 322, 324),
+    ("forward", True, 64): (180, 229, 262, 284, 295, 299),
+    ("forward", False, 128): (309, 350, 362, 368, 370, 370),
+    ("forward", True, 128): (191, 260, 298, 319, 333, 335),
+    ("forward", True, 256): (208, 251, 278, 293, 297, 298),
+    ("backward", False, 64): (198, 238, 264, 279, 287, 291),
+    ("backward", False, 128): (214, 260, 291, 310, 318, 322),
+}
+FA2_MEASURED_ON_PEAK = 989e12   # the H100 SXM5's dense BF16 peak, the figures' GPU
+# The fused kernel's backward against its forward, in FLOPs: dV, dP, dQ, dK and the
+# recomputed QK^T (Dao et al. 2022, Algorithm 4), 5 products of s x s against 2.
 FUSED_BACKWARD_RATIO = 2.5
 # Output tile of one thread block (NVIDIA's guide: 128 x 128 and 256 x 128 tiles); the
 # tiles of one GEMM run on the SMs in waves.
@@ -102,6 +119,69 @@ def gemm_efficiency(gpu, m, n, k, precision="bf16", writes_output=True):
     """Achieved share of the ``precision`` peak: 2mnk FLOPs over ``gemm_time_s``."""
     seconds = gemm_time_s(gpu, m, n, k, precision, writes_output)
     return 2 * m * n * k / seconds / peak_flops(gpu, precision)
+
+
+def _interpolate(x, xs, ys):
+    """ys at x, linear between the points of xs (ascending), the end values outside."""
+    if x <= xs[0]:
+        return ys[0]
+    for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def _fa2_tflops(direction, causal, seqlen, head_dim):
+    """FlashAttention-2's measured TFLOP/s (``FA2_H100_TFLOPS``) at ``seqlen``, linear in
+    log2 of the length between the measured lengths and in the head dim between the
+    measured dims, the end values beyond them."""
+    dims = sorted(d for (way, masked, d) in FA2_H100_TFLOPS if (way, masked) == (direction,
+                                                                                 causal))
+    log_lengths = [math.log2(n) for n in FA2_SEQLENS]
+    rates = [_interpolate(math.log2(seqlen), log_lengths, FA2_H100_TFLOPS[direction, causal, d])
+             for d in dims]
+    return _interpolate(head_dim, dims, rates)
+
+
+def attention_flops(gpu, seqlen, head_dim, causal=True, direction="forward"):
+    """FLOP/s of a fused attention kernel (FlashAttention-2) over sequences of ``seqlen``
+    tokens on ``gpu``: the measured H100 figures as a share of that H100's peak, times
+    ``gpu``'s peak (on an A100, where FlashAttention-2 reaches 50-73 % of peak, Dao 2023,
+    this is pessimistic). The causal backward, which the paper does not print, is its
+    unmasked backward slowed as the mask slows the forward at that length."""
+    if direction not in ("forward", "backward"):
+        raise ValueError(f"direction={direction!r} must be 'forward' or 'backward'")
+    rate = _fa2_tflops(direction, False, seqlen, head_dim)
+    if causal and direction == "forward":
+        rate = _fa2_tflops("forward", True, seqlen, head_dim)
+    elif causal:                         # the mask's cost, where both forwards were measured
+        both = min(max(head_dim, 64), 128)
+        rate *= (_fa2_tflops("forward", True, seqlen, both)
+                 / _fa2_tflops("forward", False, seqlen, both))
+    return rate * 1e12 / FA2_MEASURED_ON_PEAK * gpu.peak_flops
+
+
+@lru_cache(maxsize=4096)   # the planner prices the same layer shapes many times
+def fused_attention_s(model, b, gpu, t=1, c=1, ulysses=False):
+    """(forward, backward) seconds of one layer's fused causal attention on one GPU: b
+    sequences, a/t heads, s/c queries each. Without context parallelism one causal call
+    over s tokens. With c > 1, as PyTorch's ``context_parallel`` (torchtitan's) and
+    Megatron-Core's ring run it on load-balanced (zig-zag) shards: c calls a layer, one
+    causal on the rank's own n = s/c tokens and c-1 unmasked on half a block (n queries
+    against the n/2 earlier keys, or the n/2 later queries against all n), each n^2/2
+    scores; the short side sets the call's length (``_templated_ring_attention``).
+    ``ulysses``: each rank holds a/(t c) heads of the whole sequence, one causal call."""
+    qk, v = model.qk_v_head_dims()
+    heads, n = b * model.a / t, model.s // c
+    if ulysses:
+        heads, n, c = heads / c, model.s, 1
+    flops = heads * n * n / 2 * 2 * (qk + v)      # QK^T and PV of n^2/2 scores a call
+    calls = [(n, True)] + [(n / 2, False)] * (c - 1)
+    forward = sum(flops / attention_flops(gpu, length, max(qk, v), masked)
+                  for length, masked in calls)
+    backward = sum(FUSED_BACKWARD_RATIO * flops / attention_flops(
+        gpu, length, max(qk, v), masked, "backward") for length, masked in calls)
+    return forward, backward
 
 
 def layer_gemms(model, b, t=1, c=1, e=1):
@@ -192,13 +272,11 @@ def layer_gemm_time_s(model, b, gpu, t=1, c=1, e=1, precision="bf16", kinds=("li
                                                                             "attention")):
     """Seconds of one layer's forward GEMMs of ``kinds`` on one GPU; linear GEMMs at
     ``precision``, the attention score products always in BF16."""
-    total = 0.0
+    fused = not model.legacy          # today's attention: one fused kernel, its own rate
+    total = fused_attention_s(model, b, gpu, t, c)[0] if fused and "attention" in kinds else 0.0
     for m, n, k, count, kind in layer_gemms(model, b, t, c, e):
-        if kind not in kinds:
+        if kind not in kinds or (fused and kind == "attention"):
             continue
-        if kind == "attention" and not model.legacy:     # one fused kernel, its own rate
-            total += count * 2 * m * n * k / (gpu.peak_flops * ATTENTION_PEAK_FRACTION)
-        else:
-            total += count * gemm_time_s(gpu, m, n, k, precision if kind == "linear" else "bf16",
-                                         batch=count)
+        total += count * gemm_time_s(gpu, m, n, k, precision if kind == "linear" else "bf16",
+                                     batch=count)
     return total

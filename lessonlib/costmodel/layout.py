@@ -22,7 +22,9 @@ one layer lighter, making room for the embedding and the output layer: Llama 3 ย
 torchtitan's ``pipeline_parallel_first/last_stage_less_layers``), ``schedule="dualpipe"``
 (DeepSeek-V3), ``recompute="none"`` (Llama 3 at 8K), ``cp_comm`` "ring", "allgather"
 (Llama 3's) or "ulysses" (all-to-alls, c limited by the KV heads), the names of
-``lessonlib.context_parallel``'s methods, ``precision`` "bf16" or "fp8" for the linear
+``lessonlib.context_parallel``'s methods, or "torchtitan" (PyTorch's ``context_parallel`` as
+torchtitan runs it: all-gather, c attention calls merged in float32, K and V repeated to
+every query head; ``axes.cp_ring_s``), ``precision`` "bf16" or "fp8" for the linear
 layers' GEMMs (DeepSeek-V3 ยง3.3), with ``fp8_scaling`` "blockwise" (DeepSeek-V3's 1x128 and
 128x128 tiles) or "tensorwise" (torchao's ``Float8Linear``, torchtitan's Float8), which sets
 the cast kernels' bytes (``gemm.fp8_quantization_bytes``), and ``max_nodes``, node-limited routing (each token's
@@ -62,8 +64,9 @@ from .model import MAX, divisors
 # and so torchtitan, by default: "The default value is 'allgather'", torchtitan's
 # job_config.py), or Ulysses' all-to-alls from sequence shards to head shards and back,
 # exposed, c dividing the (KV) heads of a tensor-parallel rank (Jacobs et al. 2023;
-# Megatron-Core's a2a).
-CP_COMM = ("ring", "allgather", "ulysses")
+# Megatron-Core's a2a); or what torchtitan runs, PyTorch's all-gather method under its model
+# ("torchtitan": ``axes.cp_torchtitan_s``).
+CP_COMM = ("ring", "allgather", "ulysses", "torchtitan")
 # Bytes per gradient element: bf16, or fp32 accumulation (BLOOM's BF16 optimizer; Megatron's
 # --accumulate-allreduce-grads-in-fp32); the same for Adam's two moments (bf16: DeepSeek-V3).
 GRAD_DTYPES = {"bf16": 2, "fp32": 4}

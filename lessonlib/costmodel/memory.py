@@ -288,7 +288,8 @@ def working_bytes(model, t=1, b=1, recompute="full", sequence_parallel=False, ze
       unit's unsharded bf16 gradient and its float32 copy for the reduce-scatter (torchtitan's
       ``mixed_precision_reduce = "float32"``); ZeRO-2 one layer's unsharded gradient;
     * all-gather context parallelism (Llama 3 §3.3.2): one layer's K and V of the whole
-      sequence, gathered in the forward and again in the backward with their gradients.
+      sequence, gathered in the forward and again in the backward with their gradients;
+      under torchtitan's (``cp_comm="torchtitan"``) K and V of every query head.
     """
     work = 0.0
     if recompute in ("full", "op"):
@@ -300,8 +301,9 @@ def working_bytes(model, t=1, b=1, recompute="full", sequence_parallel=False, ze
         work += WEIGHT_BYTES * (head + 2 * layer) + (WEIGHT_BYTES + 4) * max(head, layer)
     elif zero_stage == 2:
         work += GRAD_BYTES * layer
-    if c > 1 and cp_comm == "allgather":
-        kv_dim = max((model.kv_heads or model.a) // t, 1) * (model.h // model.a)
+    if c > 1 and cp_comm in ("allgather", "torchtitan"):   # torchtitan's K/V: every head
+        heads = model.a if cp_comm == "torchtitan" else model.kv_heads or model.a
+        kv_dim = max(heads // t, 1) * (model.h // model.a)
         work += 4 * model.s * b * kv_dim * WEIGHT_BYTES
     return work
 

@@ -28,6 +28,15 @@ and the estimate charges only the rest:
   GEMMs have the same shapes). Not modelled: the GEMMs' slowdown while a transfer shares
   the GPU's memory, and the pieces' own launch costs; so the model's gain is an upper bound.
 
+What a recompute repeats: a full recompute runs the forward's collectives again. torchtitan's
+per-op policy (``recompute="op"``) saves the outputs of matmuls, of the attention kernel
+and of ``reduce_scatter_tensor`` but not of ``all_gather_into_tensor`` (its ``_save_list``),
+so the backward gathers the sequence-parallel input of the QKV and first MLP GEMMs again,
+for their weight gradients: two more all-gathers a layer, charged exposed (the weight
+gradient contracts over the gathered rows, which async TP's fused all-gather-matmul does
+not split). Megatron-LM also re-gathers that input (Korthikanti et al. 2022 §4.2.2) but
+overlaps it with the input-gradient GEMM, so its selective recompute adds nothing here.
+
 Pure arithmetic, called by ``throughput.estimate``. Try ``python -c "from
 lessonlib.costmodel.overlap import async_tp_exposed_s; print(async_tp_exposed_s(2.0, 1.0, 8))"``.
 """
@@ -57,18 +66,20 @@ def sp_gemms_s(model, b, gpu, t=1, c=1, e=1, precision="bf16"):
 def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
     """Exposed seconds of the tensor-parallel collectives for one micro-batch on a stage of
     ``layers`` layers: two all-reduces (or with SP all-gather + reduce-scatter pairs, same
-    bytes) in each forward, two in the backward, a full recompute repeating the forward's;
-    with ``lay.async_tp`` each SP collective hides behind its GEMM (above)."""
+    bytes) in each forward, two in the backward, a full recompute repeating the forward's,
+    torchtitan's per-op recompute two all-gathers (above); with ``lay.async_tp`` each SP
+    collective hides behind its GEMM (above)."""
     t = lay.t
     if t == 1:
         return 0.0
     bandwidth, latency = cluster.group_link(lay.n_gpus, t, 1)
     message = WEIGHT_BYTES * lay.b * model.s * model.h / lay.c
     forwards = 2 if lay.recompute == "full" else 1
-    if not lay.async_tp:
-        return layers * 2 * (forwards + 1) * ring_allreduce_time_s(
-            t, message, bandwidth * comm_efficiency, latency)
     one = ring_all_gather_time_s(t, message, bandwidth * comm_efficiency, latency)
+    regathers = 2 * one if lay.recompute == "op" and lay.sequence_parallel else 0.0
+    if not lay.async_tp:
+        return layers * (2 * (forwards + 1) * ring_allreduce_time_s(
+            t, message, bandwidth * comm_efficiency, latency) + regathers)
     gemms = sp_gemms_s(model, lay.b, cluster.gpu, t, lay.c, lay.e, lay.precision)
     exposed = sum(async_tp_exposed_s(one, g, t) for g in gemms)
-    return layers * (forwards + 1) * exposed
+    return layers * ((forwards + 1) * exposed + regathers)

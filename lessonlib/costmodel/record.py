@@ -30,8 +30,9 @@ Which rows set constants: none; every row is checked. A GEMM runs under the GPU'
 maximum achievable matmul rate (``hardware.MAMF``, a published sweep) and the memory-bound passes
 are counted (``throughput.ELEMENTWISE_PASSES``). The other terms take their numbers from
 their sources, none fitted to a row:
-``gemm.ATTENTION_PEAK_FRACTION`` (FlashAttention-2's 35 % of H100 peak, Shah et al. 2024)
-and its 2.5x backward (Dao et al. 2022, Alg. 4); ``kernels.py``'s eager bytes and "op"
+``gemm.FA2_H100_TFLOPS`` (FlashAttention-2 on H100 by sequence length, Shah et al. 2024,
+Fig. 5 and 6) and its 2.5x backward FLOPs (Dao et al. 2022, Alg. 4); the CP that torchtitan
+runs (``axes.cp_torchtitan_s``, PyTorch's code); ``kernels.py``'s eager bytes and "op"
 recompute (torchtitan's code); the SwiGLU/GQA activations (Korthikanti's method); DeepSeek-V3's
 20 of 132 SMs (§3.2.2), MLA dims (§2.1.1), MTP (§2.2), FP8 dispatch (§3.3.4), recompute
 (§3.2.3, §3.3.4); torchao's tensorwise casts (``gemm.TENSORWISE_CAST_BYTES``, from its code);
@@ -288,9 +289,9 @@ def _torchtitan_rows():
     """torchtitan's benchmark tables in absolute tokens/s per GPU, each with its settings:
     FSDP (ZeRO-3 with prefetch), its default selective AC read as per-op ('op'), compile as
     fused kernels, Float8 as torchao's tensorwise scaling on every nn.Linear but the output
-    head, all-gather CP (its default rotate method), PP with as many micro-batches as
-    stages (its default); and the async-TP benchmark. A run measured against another prints
-    the ratio beside."""
+    head, all-gather CP as PyTorch's ``context_parallel`` runs it (its default rotate method:
+    ``cp_comm="torchtitan"``), PP with as many micro-batches as stages (its default); and
+    the async-TP benchmark. A run measured against another prints the ratio beside."""
     m8, m70, m405 = MODELS["llama3-8B"], MODELS["llama3-70B"], MODELS["llama3-405B"]
     rows = []
     for table, gpus, tps in (("Table 1", 8, (5762, 6667, 8532)),
@@ -309,7 +310,7 @@ def _torchtitan_rows():
                                "batch 2, selective AC", names[i - 1] if i else ""))
     for c, tokens in zip((1, 2, 4, 8), (3890, 2540, 1071, 548)):
         lay = Layout(c=c, d=8 // c, b=1, m=1, zero_stage=3, recompute="full",
-                     cp_comm="allgather", precision="fp8", fp8_scaling="tensorwise",
+                     cp_comm="torchtitan", precision="fp8", fp8_scaling="tensorwise",
                      overlap_comm=True)
         rows.append(_titan(f"torchtitan Table 2, 8B FSDP {8 // c} CP {c}, {32 * c}K",
                            replace(m8, s=32768 * c), lay, tokens,
@@ -339,7 +340,7 @@ def _torchtitan_rows():
         rows.append(_titan(f"torchtitan Table 6, 405B CP {c}, {32 * c}K",
                            replace(m405, s=32768 * c),
                            replace(pp, c=c, d=8 // c, b=1, m=8, global_batch=None,
-                                   cp_comm="allgather"), tokens,
+                                   cp_comm="torchtitan"), tokens,
                            {"gpus": 512, "t": 8, "p": 8, "c": c, "d": 8 // c,
                             "local_batch": 8, "seq": 32768 * c},
                            _TITAN + "4D, compile + Float8 + async TP + 1F1B, local batch 8 "
@@ -408,7 +409,7 @@ _TITAN_MEMORY = ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Memory
 def _torchtitan_memory_rows():
     """torchtitan's Tables 1-6 as memory rows, with their settings: FSDP (ZeRO-3 as FSDP2
     runs it), selective AC read as its op-level default, CP all-gather (its default rotate
-    method), PP with its default of as many micro-batches as stages."""
+    method, ``cp_comm="torchtitan"``), PP with its default of as many micro-batches as stages."""
     m8, m70, m405 = MODELS["llama3-8B"], MODELS["llama3-70B"], MODELS["llama3-405B"]
     teton = "grand-teton-h100-96gb"
     fsdp8 = Layout(d=8, b=2, m=1, zero_stage=3, recompute="op")
@@ -426,7 +427,7 @@ def _torchtitan_memory_rows():
         rows.append(PublishedMemory(
             f"torchtitan Table 2, 8B FSDP {8 // c} CP {c}, {32 * c}K", replace(m8, s=32768 * c),
             teton, Layout(c=c, d=8 // c, b=1, m=1, zero_stage=3, recompute="full",
-                          cp_comm="allgather", precision="fp8", fp8_scaling="tensorwise"),
+                          cp_comm="torchtitan", precision="fp8", fp8_scaling="tensorwise"),
             gib, _TITAN_MEMORY + "local batch 1, full AC, compile + Float8"))
     tp70 = Layout(t=8, d=32, b=16, m=1, zero_stage=3, recompute="full", sequence_parallel=True,
                   precision="fp8", fp8_scaling="tensorwise", tp_plan="pytorch")
@@ -446,7 +447,7 @@ def _torchtitan_memory_rows():
     for c, gib in zip((1, 2, 4, 8), (75.3, 75.9, 77.1, 84.9)):
         rows.append(PublishedMemory(
             f"torchtitan Table 6, 405B CP {c}, {32 * c}K", replace(m405, s=32768 * c), teton,
-            replace(pp, c=c, d=8 // c, b=1, m=8, global_batch=None, cp_comm="allgather"), gib,
+            replace(pp, c=c, d=8 // c, b=1, m=8, global_batch=None, cp_comm="torchtitan"), gib,
             _TITAN_MEMORY + "local batch 8, 1F1B, full AC"))
     return rows
 

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from .axes import cp_ring_s, dp_time_s, ep_alltoall_s
+from .axes import cp_merge_s, cp_ring_s, dp_time_s, ep_alltoall_s
 from .bubble import bubble_fraction as _bubble_fraction
 from .comm import group_spans_nodes, pp_elements_per_boundary, ring_all_gather_time_s
 from .compute import (attention_core_forward_flops, layer_forward_flops,
@@ -159,17 +159,21 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     n = lay.n_gpus
     shape = dict(t=t, c=c, e=lay.e, precision=lay.precision)
     linear = gemm.layer_gemm_time_s(model, b, gpu, kinds=("linear",), **shape)
-    attention = gemm.layer_gemm_time_s(model, b, gpu, kinds=("attention",), **shape)
     # forward, then the backward's two GEMMs of each shape (input and weight gradients); a
-    # fused attention kernel's backward is 2.5x its forward (it recomputes the scores), so
-    # selective recompute adds nothing to it
+    # fused attention kernel's backward does 2.5x its forward's FLOPs at its own measured
+    # rate (it recomputes the scores), so selective recompute adds nothing to it
     fused = not model.legacy
-    backward = gemm.FUSED_BACKWARD_RATIO if fused else 2
+    if fused:
+        attention, attention_backward = gemm.fused_attention_s(
+            model, b, gpu, t, c, ulysses=lay.cp_comm == "ulysses")
+    else:
+        attention = gemm.layer_gemm_time_s(model, b, gpu, kinds=("attention",), **shape)
+        attention_backward = 2 * attention
     recompute = {"none": 0.0, "full": linear + attention,
                  "selective": 0.0 if fused else attention,
                  "op": op_recompute_share(model) * linear,
                  "norm-up": norm_up_recompute_share(model) * linear}[lay.recompute]
-    compute = layers * (3 * linear + (1 + backward) * attention + recompute)
+    compute = layers * (3 * linear + attention + attention_backward + recompute)
     if logits:     # the output head stays BF16 (DeepSeek-V3 §3.3.1; torchtitan's float8)
         compute += 3 * logits * gemm.gemm_time_s(gpu, b * s / c, model.V / t, h)
     # SMs given to communication kernels compute nothing (DeepSeek-V3 §3.2.2: 20 of 132)
@@ -189,6 +193,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
         passes = ELEMENTWISE_PASSES * acts + FORWARD_PASSES * rewritten
         elementwise = layers * passes / c / hbm
     elementwise += logits * loss_bytes(model, b, t, c) / hbm     # the loss over the logits
+    elementwise += cp_merge_s(model, lay, layers, hbm)   # CP's float32 merges
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(
             model, b, t, c, lay.e, lay.fp8_scaling, lay.recompute != "none") / hbm

@@ -109,10 +109,10 @@ class FlightRecorder:
         os.pwrite(self.fd, line[:SLOT].ljust(SLOT), (record % self.size) * SLOT)
 
 
-_recorders: dict[str, Recorder] = {}   # this process's ring, by the launch's folder
+_recorders: dict[str, FlightRecorder] = {}   # this process's ring, by the launch's folder
 
 
-def recorder() -> Recorder | None:
+def recorder() -> FlightRecorder | None:
     """This rank's ring, or None outside a launch or when switched off."""
     folder = os.environ.get(PROGRESS_ENV)
     if folder is None or not dist.is_initialized():

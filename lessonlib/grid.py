@@ -224,12 +224,11 @@ def demo_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> Gr
         x = torch.tensor([float(ctx.rank)], device=device.current_device())
         comm.all_reduce(x, group=ctx.axis(axis).group)
         sums[axis] = x.item()
-    ranks = {f"{axis}_ranks": ctx.axis(axis).ranks for axis in AXES}
-    torch_view = device_mesh_view(dp, pp, tp)
-    return GridDemo(rank=ctx.rank, coords=ctx.coords,
-                    ranks={axis: ctx.axis(axis).ranks for axis in AXES}, sums=sums,
-                    torch=torch_view,
-                    agrees_with_torch=torch_view == {"coords": ctx.coords, **ranks})
+    ranks = {axis: ctx.axis(axis).ranks for axis in AXES}
+    torch_view = device_mesh_view(dp, pp, tp)     # keyed as "coords", "dp_ranks", ...
+    ours = {"coords": ctx.coords, **{f"{axis}_ranks": r for axis, r in ranks.items()}}
+    return GridDemo(rank=ctx.rank, coords=ctx.coords, ranks=ranks, sums=sums, torch=torch_view,
+                    agrees_with_torch=torch_view == ours)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def test_every_live_measurement_runs_and_draws_at_its_smallest_setting():
     assert len(pipe.spans) == 2 and 0 < pipe.row.bubble_mean < 1
     live.draw_pipeline(pipe, "1f1b", 2, 2)
     lay = live.measure_layout("t1p1d2")
-    assert lay["measured"]["dp_all_reduce"] == lay["predicted"]["dp_all_reduce"]
+    assert lay["measured"].dp_all_reduce == lay["predicted"].dp_all_reduce
     live.draw_layout(lay, "t1p1d2")
 
 

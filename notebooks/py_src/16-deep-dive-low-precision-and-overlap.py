@@ -411,15 +411,16 @@ for r in rows:
           f"{r.error:>+7.1%}   {measured:.3f}x -> {predicted:.3f}x")
 async_rows = [r for r in rows if "async TP" in r.run.source]
 claim("the model predicts more tokens per second than torchtitan measured on every Float8 "
-      "and async-TP row, and more than twice the gain from async TP that was measured",
-      all(r.error > 0 for r in rows) and all(r.ratio[1] - 1 > 2 * (r.ratio[0] - 1)
-                                                for r in async_rows),
-      numbers="absolute errors " + ", ".join(f"{r.error:+.0%}" for r in rows))
+      "and async-TP row, and a larger gain from async TP than was measured on every row",
+      all(r.error > 0 for r in rows) and all(r.ratio[1] > r.ratio[0] for r in async_rows),
+      numbers="absolute errors " + ", ".join(f"{r.error:+.0%}" for r in rows)
+              + "; async TP's predicted gain over the measured one: " + ", ".join(
+                  f"{(r.ratio[1] - 1) / (r.ratio[0] - 1):.1f}x" for r in async_rows))
 
 # %% [markdown]
 # In absolute tokens per second the model is too high on every one of these rows, by the
-# errors printed above, and it predicts more than twice the gain torchtitan measured from
-# async TP: it hides each collective up to the GEMM beside it, and leaves out what a real GPU
+# errors printed above, and it predicts a larger gain from async TP than torchtitan
+# measured, by the multiples printed above: it hides each collective up to the GEMM beside it, and leaves out what a real GPU
 # pays for that, the GEMM slowed by a transfer sharing its memory and the cost of each
 # piece. Where the model and the team disagree, the model is missing a cost.
 #
@@ -447,7 +448,7 @@ print(gains.table())
 # version computes, and each gains only up to the compute beside it: torchtitan measured a
 # tenth from async TP and about a quarter from Float8, and the cost model, which hides each
 # collective up to its GEMM, predicts more tokens per second than was measured on every
-# such row, and more than twice the gain from async TP.
+# such row, and a larger gain from async TP than was measured.
 # </div>
 #
 # ## Exercise

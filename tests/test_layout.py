@@ -117,10 +117,13 @@ def test_each_module_says_its_one_job():
 
 
 def packed_lines(source: str) -> list[int]:
-    """Lines that hold two statements (``a = 1; b = 2``) or a compound statement with its
-    body (``if x: return y``): a module packed to look shorter."""
+    """Lines that hold two statements (``a = 1; b = 2``), a compound statement with its
+    body (``if x: return y``) or an ``if`` written as an expression for its side effects
+    (``a() if x else b()``): a module packed to look shorter."""
     out = []
     for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.IfExp):
+            out.append(node.lineno)
         for name in ("body", "orelse", "finalbody", "handlers"):
             body = getattr(node, name, None)
             if isinstance(body, list):
@@ -133,6 +136,7 @@ def packed_lines(source: str) -> list[int]:
 
 def test_the_packing_finder_finds_two_statements_on_a_line():
     assert packed_lines("a = 1; b = 2\nif a:\n    c = 3\nif b: d = 4\n") == [1, 4]
+    assert packed_lines("f() if a else g()\nx = f() if a else g()\n") == [1]
     assert packed_lines("x = [i for i in range(3)]\ndef f():\n    return 1\n") == []
 
 

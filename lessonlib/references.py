@@ -52,7 +52,12 @@ PUBLISHED: dict[str, Source] = {
     "a100": _source(
         "NVIDIA A100 datasheet; DGX A100 (Megatron-LM 2021 §5): 8 x 200 Gb/s HDR InfiniBand",
         ("A100",), peak_tflops=312, memory_gb=80, nvlink_gb_s_each_way=300,
-        infiniband_gbit_s=200, infiniband_gbyte_s=25),
+        infiniband_gbit_s=200, infiniband_gbyte_s=25, sms=108),
+    "mamf": _source(
+        "Bekman, Machine Learning Engineering, \"Maximum Achievable Matmul FLOPS comparison "
+        "table\" (BF16 dense, the best of a sweep of GEMM shapes)",
+        ("maximum achievable matmul", "MAMF"), a100_tflops=271.2, h100_tflops=794.5,
+        h100_fp8_tflops=1402.6),
     "v100": _source("NVIDIA V100 datasheet", ("V100",), peak_tflops=125, nvlink_gb_s=300),
     "h100": _source(
         "NVIDIA H100 SXM5 datasheet (dense, without 2:4 sparsity)", ("H100", "H200"),
@@ -74,7 +79,8 @@ PUBLISHED: dict[str, Source] = {
         "Korthikanti et al. 2022 (arXiv 2205.05198), Table 2, Table 4, §5, App. A",
         ("Korthikanti",), bytes_per_sbh=34, attention_term=5, matmul_flops_per_bsh2=24,
         gpt3_five_a_s_over_h=80, selective_saves_percent=70, selective_costs_percent=2.7,
-        table4_sp_faster_percent=3),  # Table 4: 19.0 ms with SP against 19.6 without
+        table4_sp_faster_percent=3,  # Table 4: 19.0 ms with SP against 19.6 without
+        table4_billion_parameters=22),
     "llama3": _source(
         "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3, Table 4 and §3.3.2",
         ("Llama 3",), billion_parameters=405, layers=126, hidden=16384, ffn=53248, heads=128,
@@ -108,7 +114,9 @@ PUBLISHED: dict[str, Source] = {
         async_tp_70b_fsdp=32, async_tp_8b_gpus=64, async_tp_tensor_parallel=8,
         async_tp_70b_local_batch=16, async_tp_8b_local_batch=12,
         async_tp_70b_tokens_per_s=597.3, async_tp_70b_async_tokens_per_s=652.4,
-        async_tp_8b_tokens_per_s=4378, async_tp_8b_async_tokens_per_s=4809),
+        async_tp_8b_tokens_per_s=4378, async_tp_8b_async_tokens_per_s=4809,
+        table3_compiled_tokens_per_s=6514, table3_float8_tokens_per_s=8380,
+        table4_70b_tokens_per_s=829, table4_70b_async_tokens_per_s=876),
 }
 
 

@@ -3,6 +3,7 @@ importable module) and the damage they do to a shard."""
 import errno
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -47,7 +48,7 @@ def agreed_steps(folder: str, cases: list) -> list:
     for steps in cases:
         mine = steps[dist.get_rank()]
         resume = None if mine is None else checkpoint.at_step(folder, mine)
-        got = training._agreed_resume({"checkpoint_dir": folder}, resume)
+        got = training._agreed_resume(SimpleNamespace(checkpoint_dir=folder), resume)
         agreed.append(None if got is None else got["step"])
     return agreed
 

@@ -193,22 +193,20 @@ at_least("with t = 1 its smallest excess over the bubble",
 
 # %% [markdown]
 # On a CPU each gloo all-reduce has a fixed cost and TP issues four per layer per
-# micro-batch, so more t is slower here: the hardware decides, and a cost model encodes it.
-# At t = 1 the idle share is at least 10 points above the bubble: a stage computes least
-# between messages, so the operating system's copy of each weighs most.
+# micro-batch, so more t is slower here. At t = 1 the idle share is at least 10 points above
+# the bubble: a stage computes least between messages, so the system's copy of each weighs
+# most.
 #
 # ## 5. The cost model at scale: Megatron-LM 2021, Table 1
 #
-# `costmodel.estimate(model, layout, cluster)` predicts memory and TFLOP/s per GPU, splitting
-# the step into matrix products, memory-bound kernels, TP, PP and DP communication and
-# bubble; `recompute` is "full" (the default) or "selective"
-# ([deep dive 14](14-deep-dive-sequence-parallelism.ipynb)). Each matrix product is timed
-# from its shape (`costmodel.gemm`) under the fastest an A100 was measured to run one: 271 of
-# its 312 TFLOP/s, the best of a published sweep of shapes (the "maximum achievable matmul
-# FLOPS"), less what the shape wastes in tiles and in waves over the 108 SMs; the memory-bound
-# kernels are counted as passes over the activations (each reads its input and writes its
-# output, the backward moves twice that). No constant was chosen on this table, so it checks
-# the model ([deep dive 15](15-deep-dive-five-axes.ipynb) holds it to today's runs).
+# `costmodel.estimate(model, layout, cluster)` predicts memory and TFLOP/s per GPU: matrix
+# products, memory-bound kernels, TP, PP and DP communication, bubble; `recompute` is "full"
+# (the default) or "selective" ([deep dive 14](14-deep-dive-sequence-parallelism.ipynb)).
+# Each matrix product is timed from its shape under the A100's maximum achievable matmul
+# FLOPS, 271 of its 312 TFLOP/s (a published sweep), less what tiles and waves over its 108
+# SMs waste; memory-bound kernels are passes over the activations. No constant was chosen
+# on this table: it checks the model ([deep dive 15](15-deep-dive-five-axes.ipynb) holds it
+# to today's runs).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -231,19 +229,16 @@ viz.table1_plot()
 plt.show()
 
 # %% [markdown]
-# Every row runs slower than modelled, and the rows with a deep pipeline miss most. The
-# matrix products alone are not what is missing: the same model predicts the time of one
-# layer of Korthikanti et al. 2022's 22 B model on 8 A100 at t = 8 (their Table 4) closely
-# ([deep dive 14](14-deep-dive-sequence-parallelism.ipynb) checks it). What grows with the
-# pipeline is its communication and the stalls around it (a send waits for its receiver), a
-# cost the model does not yet have; it is reported here as an error, not hidden in a
-# constant.
+# Every row runs slower than modelled, deep pipelines most. The matrix products are not
+# what is missing: the same model times a layer of Korthikanti et al. 2022's 22 B model on
+# 8 A100 (their Table 4) closely ([deep dive 14](14-deep-dive-sequence-parallelism.ipynb)).
+# What grows with the pipeline (its messages, the stalls around them) is a cost the model
+# lacks: an error, not a constant.
 #
 # **Checked on what it was not fitted to:** Megatron-LM 2021's Fig. 13, the 162.2 B model on
 # 64 A100 at batch 32 and 128, t x p = 64: t = 8 best, "up to 2x" lower elsewhere; its shape
 # and its layouts from the paper's run script (`examples/sc21/run_figure_13.sh`: 32 layers,
-# h = 20480, 128 heads, p of 2, 4, 8, 16 or 32, t = 64/p). With every GPU's InfiniBand port,
-# then one per server:
+# h = 20480, 128 heads). With every GPU's InfiniBand port, then one per server:
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -29,7 +29,7 @@
 #
 # The plan: the grid with five axes -> three layouts on 8 ranks, each equal to one process
 # -> the cost model's planner on Llama 3 and DeepSeek-V3, beside their published layouts ->
-# a takeaway -> a design question. About 20 minutes to read, code and outputs included;
+# a takeaway -> a design question. About 25 minutes to read, code and outputs included;
 # Run All takes under half a minute on a 2-core laptop.
 # <!-- numbers: 20 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 
@@ -158,7 +158,7 @@ claim("the model does not yet predict every held-out row within 15 %", len(misse
 #   Table 4's 128K row prints DP 4, which with TP 8, CP 16 and PP 16 makes 8,192 GPUs,
 #   while its GPU column says 16,384: the table contradicts itself there, and both
 #   readings are rows.
-# - **Nemotron-4 15B** (arXiv 2402.16819, Table 2) and **BLOOM-176B** (the BigScience
+# - **Nemotron-4 15B** (Parmar et al. 2024, Table 2) and **BLOOM-176B** (the BigScience
 #   repository's `train/tr11-176B-ml`): step times, with Nemotron-4's MFU by Megatron-LM's
 #   count and BLOOM's TFLOP/s by Eq. 3 beside.
 # - **torchtitan** (its `benchmarks/llama3_h100_202412_torchtitan.md`): tokens per second per
@@ -175,8 +175,8 @@ claim("the model does not yet predict every held-out row within 15 %", len(misse
 # Where the model and a team disagree, the model is assumed to be missing a cost until
 # shown otherwise, and the miss is printed, not closed with a chosen constant. torchtitan's
 # GPUs are held to 500 W, below the datasheet's power (its `docs/performance.md`; its team
-# puts their peak "between SXM and NVL" and does not know it): no source prices that, so the
-# model runs them at the H100 SXM's measured rate and its eager row shows the error.
+# puts their peak between the SXM's and the NVL's without knowing where): no source prices
+# that, so the model runs them at the H100 SXM's measured rate, and its rows show the error.
 # DeepSeek-V3 recomputes its norms and MLA up-projections (§3.2.3), and quantizes every FP8
 # GEMM's input in a separate kernel that reads BF16 from memory and writes FP8 back
 # (§3.5.2).

@@ -203,7 +203,7 @@ at_least("with t = 1 its smallest excess over the bubble",
 # products, memory-bound kernels, TP, PP and DP communication, bubble; `recompute` is "full"
 # (the default) or "selective" ([deep dive 14](14-deep-dive-sequence-parallelism.ipynb)).
 # Each matrix product is timed from its shape under the A100's maximum achievable matmul
-# FLOPS, 271 of its 312 TFLOP/s (a published sweep), less what tiles and waves over its 108
+# FLOPS, 271.2 of its 312 TFLOP/s (a published sweep), less what tiles and waves over its 108
 # SMs waste; memory-bound kernels are passes over the activations. No constant was chosen
 # on this table: it checks the model ([deep dive 15](15-deep-dive-five-axes.ipynb) holds it
 # to today's runs).

@@ -31,7 +31,7 @@
 # -> the cost model's planner on Llama 3 and DeepSeek-V3, beside their published layouts ->
 # a takeaway -> a design question. About 25 minutes to read, code and outputs included;
 # Run All takes under half a minute on a 2-core laptop.
-# <!-- numbers: 20 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
+# <!-- numbers: 25 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 
 # %%
 from lessonlib import grid_layout, hybrid

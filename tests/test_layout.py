@@ -462,16 +462,7 @@ def test_the_shown_functions_are_found_through_imports_and_re_exports(tmp_path):
         ("labs/minimal_ddp.py", "main")]
 
 
-# HybridTrainer.step still times its phases inline; the hybrid package's refactor hands its
-# instruments in, as the pipeline executor's are.
-WAITING_FOR_THE_HYBRID_REFACTOR = {"lessonlib/hybrid_axes/trainer.py: HybridTrainer.step"}
-
-
-@pytest.mark.parametrize("core", [
-    pytest.param(name, marks=pytest.mark.xfail(
-        reason="HybridTrainer.step: instruments move out in the hybrid package refactor",
-        strict=True)) if name in WAITING_FOR_THE_HYBRID_REFACTOR else name
-    for name in sorted(cores())])
+@pytest.mark.parametrize("core", sorted(cores()))
 def test_each_core_is_short_and_free_of_instruments(core):
     path, dotted = cores()[core]
     problems = core_problems(_function(path, dotted))

@@ -59,8 +59,12 @@ def _run_and_stop(argv, how: str, until_processes: int) -> tuple[int, str, list]
     ``until_processes`` processes run below it, stop it, and return its exit status, its
     stderr and every process seen below it."""
     command = argv if how != "parent" else ["sh", "-c", " ".join(argv) + "; true"]
+    # Ctrl-C reaches the sweep as a terminal would deliver it, however the suite was started
+    # (a shell without job control starts its background jobs with SIGINT ignored, and every
+    # process inherits that)
     top = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen, now, deadline = {}, [], time.monotonic() + 60
     try:
         while len(now) < until_processes + (how == "parent") and time.monotonic() < deadline:

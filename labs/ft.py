@@ -105,10 +105,10 @@ def run_replica(args, settings: dict) -> tuple[dict, list[dict], dict]:
     reference = replicas.replay(run)
     rows = [{"replica": r, "killed": r == run.killed,
              "first_life": run.first_life[r].splitlines()[0],
-             "first_update": res["lived"][0].step, "last_update": res["lived"][-1].step,
-             "participants": [s.participants for s in res["lived"]],
-             "max_weight_diff_vs_replay": _max_diff(res["state"], reference),
-             "listening_off_loopback": sorted({p for ip, p in res["listening"]
+             "first_update": res.lived[0].step, "last_update": res.lived[-1].step,
+             "participants": [s.participants for s in res.lived],
+             "max_weight_diff_vs_replay": _max_diff(res.state, reference),
+             "listening_off_loopback": sorted({p for ip, p in res.listening
                                                if ip != "127.0.0.1"})}
             for r, res in run.results.items()]
     results = {"lessonlib": {"lighthouse": list(run.lighthouse), "killed": run.killed,

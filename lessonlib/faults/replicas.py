@@ -73,6 +73,16 @@ class Step:
     at: float          # when it was committed (time.time())
 
 
+@dataclass(frozen=True)
+class ReplicaResult:
+    """A replica's own end of the run: the updates it lived, the (address, port) pairs its
+    process listened on, its store's port, and its final weights."""
+    lived: list
+    listening: list
+    store_port: int
+    state: dict
+
+
 def _wait_until(ready, timeout: float) -> bool:
     """Poll ``ready()`` every 10 ms for up to ``timeout`` seconds: whether it came true."""
     deadline = time.monotonic() + timeout
@@ -159,9 +169,8 @@ def rank_replica(replica: int, lighthouse: str, steps: int, replicas: int,
             time.sleep(0.05)      # one step's work, so a restarted replica finds the run going
     finally:
         manager.shutdown(wait=False)
-    return {"lived": lived, "listening": sorted(set(listening + torchft_setup.listening())),
-            "store_port": store.port,
-            "state": {k: v.clone() for k, v in model.state_dict().items()}}
+    return ReplicaResult(lived, sorted(set(listening + torchft_setup.listening())), store.port,
+                         {k: v.clone() for k, v in model.state_dict().items()})
 
 
 @dataclass(frozen=True)
@@ -223,7 +232,7 @@ def replay(run: ReplicaRun) -> dict:
     the replicas that took part in it, each on its own batch of step k - 1. The killed
     replica's own record died with it: where the quorum counted one more participant than
     the records show, it was the killed replica."""
-    lived = {(s.step, s.replica): s for r in run.results.values() for s in r["lived"]}
+    lived = {(s.step, s.replica): s for r in run.results.values() for s in r.lived}
     last = max(step for step, _ in lived)
     model, optimizer = model_and_optimizer(seed=0)
     for k in range(1, last + 1):

@@ -115,11 +115,11 @@ within("a healthy rank's wait in the all-reduce",
 # NBVAL_CHECK_OUTPUT
 run = replicas.run(replicas=3, steps=6, kill=2, kill_at=2)
 print(f"replica 2's first life: {run.first_life[2].split(' (')[1].split(':')[0]}")
-quorum = [s.participants for s in run.results[0]["lived"]]
+quorum = [s.participants for s in run.results[0].lived]
 claim("the quorum went from 3 replicas to 2, then back to 3", quorum[0] == quorum[-1] == 3
       and min(quorum) == 2, numbers=f"first {quorum[0]}, fewest {min(quorum)}, last {quorum[-1]}")
 reference = replicas.replay(run)
-gaps = {f"replica {r}": max((res["state"][k] - reference[k]).abs().max().item() for k in reference)
+gaps = {f"replica {r}": max((res.state[k] - reference[k]).abs().max().item() for k in reference)
         for r, res in run.results.items()}
 every("the weights equal one process replaying the membership (float64, 1e-10)", gaps,
       lambda gap: gap <= 1e-10)

@@ -62,7 +62,11 @@ PUBLISHED: dict[str, Source] = {
     "h100": _source(
         "NVIDIA H100 SXM5 datasheet (dense, without 2:4 sparsity)", ("H100", "H200"),
         peak_tflops=989, fp8_tflops=1979, memory_gb=80, h200_memory_gb=141,
-        nvlink_gb_s=900, infiniband_gbit_s=400),
+        nvlink_gb_s=900, infiniband_gbit_s=400, power_w=700),
+    "overlap-contention": _source(
+        "Lee et al. 2025, \"Characterizing Compute-Communication Overlap in GPU-Accelerated "
+        "Distributed Deep Learning: Performance and Power Implications\", abstract",
+        ("Lee et al.",), average_slowdown_percent=18.9, worst_slowdown_percent=40.0),
     # DeepSeek-V3's report gives no H800 NVLink specification (§3.1 names the GPU only;
     # §3.2.2, on its all-to-all kernels, says NVLink "offers a bandwidth of 160 GB/s"):
     # 400 GB/s is NVIDIA's figure.

@@ -9,7 +9,8 @@ import pytest
 from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate
 from lessonlib.costmodel import gemm
 from lessonlib.costmodel.gains import overlap_and_precision_gains
-from lessonlib.costmodel.overlap import async_tp_exposed_s, sp_gemms_s
+from lessonlib.costmodel.overlap import (CONTENTION, async_tp_exposed_s, contention_s,
+                                         sp_gemms_s)
 
 TETON, M8 = CLUSTERS["grand-teton-h100-96gb"], MODELS["llama3-8B"]
 
@@ -27,8 +28,11 @@ def test_async_tp_hides_at_most_the_gemm_time_and_nothing_at_t1():
     gemms = sum(sp_gemms_s(M8, 12, TETON.gpu, t=8)) * 7 / 8
     hidden = off.time["tp_comm"] - on.time["tp_comm"]
     assert 0 < hidden <= M8.L * 2 * gemms            # forward and backward, one layer each
-    assert {k: v for k, v in off.time.items() if k != "tp_comm"} == \
-        {k: v for k, v in on.time.items() if k != "tp_comm"}
+    # what it hides slows the compute beside it (Lee et al. 2025), the rest of the step alike
+    assert on.time["contention"] - off.time["contention"] == pytest.approx(
+        contention_s(hidden))
+    assert {k: v for k, v in off.time.items() if k not in ("tp_comm", "contention")} == \
+        {k: v for k, v in on.time.items() if k not in ("tp_comm", "contention")}
     one = Layout(d=8, b=2, m=1, zero_stage=3, sequence_parallel=True)
     assert estimate(M8, replace(one, async_tp=True), TETON).time == \
         estimate(M8, one, TETON).time
@@ -68,3 +72,34 @@ def test_gains_toggle_one_technique_at_a_time():
     assert all(r.ratio > 1 for r in rows.values()) and "DualPipe" in g.skipped
     assert rows["async TP"].without == pytest.approx(rows["FP8 tensorwise"].without)
     assert "async TP" in g.table()
+
+
+def test_hiding_a_transfer_slows_the_compute_beside_it():
+    # 18.9 % slower compute while a transfer runs (Lee et al. 2025): H hidden seconds cost
+    # H x 0.189 / 1.189, and nothing is charged where nothing is hidden
+    assert CONTENTION == 0.189
+    assert contention_s(1.189) == pytest.approx(0.189)
+    plain = estimate(M8, Layout(d=8, b=2, m=1, zero_stage=3, recompute="op"), TETON)
+    assert "contention" not in plain.time
+    fsdp = estimate(M8, Layout(d=8, b=2, m=1, zero_stage=3, recompute="op",
+                               overlap_comm=True), TETON)
+    hidden = plain.time["dp_comm"] - fsdp.time["dp_comm"]
+    assert hidden > 0 and fsdp.time["contention"] == pytest.approx(contention_s(hidden))
+    # SMs set aside for communication (DeepSeek-V3's 20 of 132) already price it
+    ds = MODELS["deepseek-v3"]
+    kw = dict(p=16, d=128, e=64, b=1, global_batch=15360, schedule="dualpipe", zero_stage=1)
+    h800 = CLUSTERS["hgx-h800"]
+    assert "contention" in estimate(ds, Layout(**kw), h800).time
+    assert "contention" not in estimate(ds, Layout(comm_sm_share=20 / 132, **kw), h800).time
+
+
+def test_fsdp_under_a_pipeline_gathers_the_weights_once_a_step():
+    """torchtitan's apply_fsdp keeps a stage's weights gathered across its micro-batches
+    under PP (as memory.memory_per_gpu holds them): one gather a step, not one per
+    micro-batch, forward and backward."""
+    from lessonlib.costmodel.axes import dp_time_s
+    m70, h100 = MODELS["llama3-70B"], CLUSTERS["dgx-h100"]
+    lay = Layout(t=8, p=4, d=4, b=1, m=8, global_batch=32, zero_stage=3, recompute="none")
+    once = dp_time_s(m70, lay, h100, 1.0, 0.8, 0.0)[0]
+    flat = dp_time_s(m70, replace(lay, m=1, global_batch=4), h100, 1.0, 0.8, 0.0)[0]
+    assert once < flat     # m = 1 gathers before the forward and again before the backward

@@ -33,11 +33,13 @@ from .moe import alltoall_time_s, moe_layer_comm_s
 
 
 def cp_ring_s(model, lay, cluster, layers, flops_per_s, comm_efficiency):
-    """Exposed seconds of the K/V ring for one micro-batch on a stage of ``layers`` layers:
-    per layer, the forward's c-1 blocks against the forward attention, the backward's blocks
-    and gradients against twice that; a recompute runs the forward's ring again."""
+    """(exposed, hidden) seconds of the K/V ring for one micro-batch on a stage of ``layers``
+    layers: per layer, the forward's c-1 blocks against the forward attention, the
+    backward's blocks and gradients against twice that; a recompute runs the forward's ring
+    again. ``hidden`` is what runs under attention (``overlap.contention_s``); the
+    all-gather and Ulysses variants hide nothing."""
     if lay.c == 1:
-        return 0.0
+        return 0.0, 0.0
     # Imported here, not at the top: the package imports this module, and ``python -m
     # lessonlib.costmodel.context`` must find context.py not yet imported.
     from .context import kv_block_bytes, ring_bytes_received_per_rank
@@ -52,19 +54,28 @@ def cp_ring_s(model, lay, cluster, layers, flops_per_s, comm_efficiency):
         # Llama 3 §3.3.2: all-gather K and V (GQA-sized) before attention, exposed;
         # reduce-scatter their gradients after it, exposed as well.
         gather = ring_all_gather_time_s(lay.c, lay.c * block, bandwidth, latency)
-        return layers * (forwards + 1) * gather
+        return layers * (forwards + 1) * gather, 0.0
     if lay.cp_comm == "ulysses":
         # q and the output of a/t heads, k and v of kv_heads/t, s/c tokens each (bf16)
         q = 2 * lay.b * (model.s // lay.c) * model.h / lay.t
         one = sum(alltoall_time_s(lay.c, size, bandwidth, latency)
                   for size in (q, block / 2, block / 2, q))
-        return layers * (forwards + 1) * one
+        return layers * (forwards + 1) * one, 0.0
     forward, backward = ring_bytes_received_per_rank(lay.c, block)
     attention = attention_core_forward_flops(model, lay.b) / (lay.t * lay.c) / flops_per_s
     hops = (lay.c - 1) * latency
-    fwd = max(0.0, hops + forward / bandwidth - attention)
-    bwd = max(0.0, 2 * hops + backward / bandwidth - 2 * attention)
-    return layers * (forwards * fwd + bwd)
+    fwd, bwd = hops + forward / bandwidth, 2 * hops + backward / bandwidth
+    return _under(layers, forwards, (fwd, attention), ((bwd, 2 * attention),))
+
+
+def _under(layers, forwards, forward, backward):
+    """(exposed, hidden) seconds of transfers each run under its own compute: ``forward`` a
+    (transfer, compute) pair run ``forwards`` times, ``backward`` a list of pairs run once,
+    for each of ``layers`` layers."""
+    pairs = [forward] * forwards + list(backward)
+    exposed = sum(max(0.0, wire - under) for wire, under in pairs)
+    hidden = sum(min(wire, under) for wire, under in pairs)
+    return layers * exposed, layers * hidden
 
 
 def repeated_kv(model):
@@ -75,7 +86,7 @@ def repeated_kv(model):
 
 
 def cp_torchtitan_s(model, lay, layers, flops_per_s, bandwidth, latency):
-    """Exposed seconds of PyTorch's ``context_parallel`` as torchtitan runs it, per
+    """(exposed, hidden) seconds of PyTorch's ``context_parallel`` as torchtitan runs it, per
     micro-batch (``_context_parallel/_attention.py``): the all-gather rotate method gathers
     K and V (every query head's: ``repeated_kv``) asynchronously and waits for them after the
     first of the c calls, on the rank's own block, 1/c of its attention; the backward gathers
@@ -86,10 +97,9 @@ def cp_torchtitan_s(model, lay, layers, flops_per_s, bandwidth, latency):
     gather = ring_all_gather_time_s(lay.c, lay.c * block, bandwidth, latency)
     first = attention_core_forward_flops(model, lay.b) / (lay.t * lay.c) / flops_per_s / lay.c
     hop = latency + 2 * block / bandwidth                # float32: twice the bf16 block
-    forward = max(0.0, gather - first)
-    backward = max(0.0, gather - 2 * first) + lay.c * max(0.0, hop - 2 * first)
     forwards = 2 if lay.recompute != "none" else 1
-    return layers * (forwards * forward + backward)
+    return _under(layers, forwards, (gather, first),
+                  [(gather, 2 * first)] + [(hop, 2 * first)] * lay.c)
 
 
 def cp_merge_s(model, lay, layers, hbm_bytes_per_s):
@@ -133,8 +143,11 @@ def _exchange_s(lay, nbytes, group, shard, bandwidth, latency):
         # ZeRO-1/2 reduce-scatter gradients and all-gather weights: an all-reduce's bytes.
         return 0.0, ring_allreduce_time_s(group, nbytes, bandwidth, latency)
     # ZeRO-3 gathers the weights before every forward, recompute and backward of every
-    # micro-batch, and reduce-scatters the gradients once (ZeRO §7.2: 1.5x at m=1).
-    gathers = lay.m * (3 if lay.recompute == "full" else 2)
+    # micro-batch, and reduce-scatters the gradients once (ZeRO §7.2: 1.5x at m=1). Under a
+    # pipeline of several micro-batches the weights are gathered once a step and kept
+    # (torchtitan's ``apply_fsdp``: no reshard after the forward "to avoid per-microbatch
+    # all-gathers"), as ``memory.memory_per_gpu`` holds them.
+    gathers = 1 if lay.p > 1 and lay.m > 1 else lay.m * (3 if lay.recompute == "full" else 2)
     rest = ring_reduce_scatter_time_s(shard, nbytes, bandwidth, latency)
     if shard < group:   # HSDP: the shard's gradients all-reduced across the groups
         rest += ring_allreduce_time_s(group // shard, nbytes / shard, bandwidth, latency)
@@ -142,11 +155,12 @@ def _exchange_s(lay, nbytes, group, shard, bandwidth, latency):
 
 
 def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
-    """Exposed seconds of the data-parallel exchange of a step whose compute takes
-    ``compute_s``: dense weights over the d*c replicas, experts over d*c/e."""
+    """(exposed, hidden) seconds of the data-parallel exchange of a step whose compute takes
+    ``compute_s``: dense weights over the d*c replicas, experts over d*c/e; ``hidden`` is
+    the part of FSDP's gathers run under that compute (``overlap.contention_s``)."""
     group = lay.d * lay.c
     if group == 1:
-        return 0.0
+        return 0.0, 0.0
     n = lay.n_gpus
     bandwidth, latency = cluster.group_link(n, lay.d, lay.t * lay.c * lay.p) if lay.d > 1 \
         else (float("inf"), 0.0)
@@ -163,6 +177,5 @@ def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
         more = _exchange_s(lay, experts, group // lay.e, max(1, shard // lay.e), bandwidth,
                            latency)
         gathers, rest = gathers + more[0], rest + more[1]
-    if lay.overlap_comm:
-        gathers = max(0.0, gathers - compute_s)
-    return (1 - dp_overlap) * (gathers + rest)
+    hidden = min(gathers, compute_s) if lay.overlap_comm else 0.0
+    return (1 - dp_overlap) * (gathers - hidden + rest), hidden

@@ -158,7 +158,7 @@ def attention_flops(gpu, seqlen, head_dim, causal=True, direction="forward"):
         both = min(max(head_dim, 64), 128)
         rate *= (_fa2_tflops("forward", True, seqlen, both)
                  / _fa2_tflops("forward", False, seqlen, both))
-    return rate * 1e12 / FA2_MEASURED_ON_PEAK * gpu.peak_flops
+    return rate * 1e12 / FA2_MEASURED_ON_PEAK * gpu.peak_flops * gpu.clock_share
 
 
 @lru_cache(maxsize=4096)   # the planner prices the same layer shapes many times

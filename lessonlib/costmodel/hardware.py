@@ -15,6 +15,12 @@ Two conventions to keep straight:
   TP group of 16 on DGX A100, not 25. A cluster with one port per server
   (``network_ports=1``, ``collectives="flat-ring"``) gets one port's rate.
 
+A GPU held below its datasheet's power runs its Tensor Cores slower
+(``power_limited_share``: torchtitan's 500 W H100s).
+
+One job: the hardware a cost-model estimate runs on, each figure with its source; it runs
+past 300 lines because every preset quotes its datasheet.
+
 Run ``python -m lessonlib.costmodel --help`` to see the presets on the command line; the
 module itself has no script entry point.
 """
@@ -51,6 +57,7 @@ class GPU:
     matmul_flops: float = None    # measured BF16 MAMF; None: the datasheet peak
     fp8_matmul_flops: float = None    # measured FP8 MAMF; None: fp8_peak_flops
     sms: int = 108
+    clock_share: float = 1.0  # of the datasheet part's Tensor Core rate, under a lower power limit
 
 
 # Maximum Achievable Matmul FLOPS, dense BF16 and FP8 (no sparsity), measured as the best
@@ -67,12 +74,31 @@ MAMF = {"V100-SXM2-32GB": (125e12 * 271.2 / 312, None), "A100-80GB": (271.2e12, 
 SMS = {"V100-SXM2-32GB": 80, "A100-80GB": 108, "H100-SXM5": 132, "H200": 132}
 
 
-def _gpu(name, *datasheet, fp8=None, like=None):
-    """A GPU with the MAMF and SM count of ``like`` (default: its own name's)."""
+def _gpu(name, *datasheet, fp8=None, like=None, clock_share=1.0):
+    """A GPU with the MAMF and SM count of ``like`` (default: its own name's), its matmul
+    rates scaled by ``clock_share`` (``power_limited_share``)."""
     like = like or name
     bf16, fp8_mamf = MAMF[like]
-    return GPU(name, *datasheet, fp8, matmul_flops=bf16, fp8_matmul_flops=fp8_mamf,
-               sms=SMS[like])
+    return GPU(name, *datasheet, fp8, matmul_flops=bf16 * clock_share,
+               fp8_matmul_flops=fp8_mamf and fp8_mamf * clock_share, sms=SMS[like],
+               clock_share=clock_share)
+
+
+# Two datasheets of the same 132-SM GH100 at two power limits: the H100 NVL (350-400 W,
+# 1,671 TFLOP/s BF16 with sparsity, 835.5 dense) and the H100 SXM5 (700 W, 989.5 dense).
+GH100_BY_WATTS = ((400, 835.5e12), (700, 989.5e12))
+
+
+def power_limited_share(watts):
+    """The share of the H100 SXM's Tensor Core rate a GH100 keeps under a ``watts`` power
+    limit: linear in the limit between the two datasheets of ``GH100_BY_WATTS`` (a reading:
+    no part between them is measured; the cube-root law of dynamic power, P ~ f V^2 with V
+    ~ f, gives nearly the same, (500/700)^(1/3) = 0.894 against 0.896 at 500 W)."""
+    (low_w, low), (high_w, high) = GH100_BY_WATTS
+    if not low_w <= watts <= high_w:
+        raise ValueError(f"watts={watts} is outside the datasheets' {low_w}-{high_w} W; "
+                         f"give a power limit between them")
+    return (low + (high - low) * (watts - low_w) / (high_w - low_w)) / high
 
 
 GPUS = {
@@ -114,17 +140,19 @@ H800 = _gpu(
 # What 500 W costs, its team says in a footnote: these H100s "are non-standard. They have
 # HBM2e and are limited to a lower TDP. The actual peak TFLOPs should be between SXM and NVL,
 # and we don't know the exact value" (PyTorch forum, "[Distributed w/ TorchTitan] Introducing
-# Async Tensor Parallelism in PyTorch", benchmark configuration). No datasheet and no
-# measured matmul rate exist for this part, so the course takes none: the H100 SXM's peak
-# (989, torchtitan's MFU denominator) and its MAMF, with the 96 GB at 2.4 TB/s that are
-# published. What the 500 W limit costs is left out of the model and shows in torchtitan's
-# rows as an error (``published.py``), not hidden in a chosen rate.
+# Async Tensor Parallelism in PyTorch", benchmark configuration). No measured matmul rate
+# exists for this part. The course places it where its team does, between the two
+# datasheets, by its power limit (``power_limited_share(500)``, 0.896 of the SXM's): its
+# GEMMs and attention run at that share of the H100 SXM's measured rates. Its peak stays
+# the SXM's 989 (torchtitan's MFU denominator), with the 96 GB at 2.4 TB/s that are
+# published.
 H100_96GB = _gpu(
     "H100-96GB", 989e12, 96 * GB, 2400 * GB, 900 * GB,
     "torchtitan docs/performance.md: H100 with 96 GB HBM2e at 2.4 TB/s on Grand Teton, "
     "500 W (96 GB taken as 96e9 bytes, 89.4 GiB: the MiB these parts report is not "
-    "published); BF16 peak and MAMF as the SXM5's (no figure is published for the part at "
-    "500 W; its team: between the NVL's and the SXM's)", fp8=1979e12, like="H100-SXM5")
+    "published); BF16 peak as the SXM5's (MFU's denominator), its MAMF scaled to 500 W "
+    "between the NVL's and the SXM's datasheets (its team: between the two)", fp8=1979e12,
+    like="H100-SXM5", clock_share=power_limited_share(500))
 
 _ALIASES = {"V100": "V100-SXM2-32GB", "A100": "A100-80GB", "H100": "H100-SXM5",
             "H200-SXM": "H200"}

@@ -25,8 +25,18 @@ and the estimate charges only the rest:
   and the reduce-scatter is the mirror image (the first piece's GEMM has nothing to send).
   Each of a layer's four collectives is set against its own GEMM: the QKV projection, the
   attention output, the MLP's first and its second GEMMs (the backward's input-gradient
-  GEMMs have the same shapes). Not modelled: the GEMMs' slowdown while a transfer shares
-  the GPU's memory, and the pieces' own launch costs; so the model's gain is an upper bound.
+  GEMMs have the same shapes). Not modelled: the pieces' own launch costs; so the model's
+  gain is an upper bound.
+
+What hiding costs: a transfer run under compute is not free. NCCL's kernels take SMs and HBM
+bandwidth from the GEMMs beside them; Lee et al. (2025, "Characterizing Compute-Communication
+Overlap in GPU-Accelerated Distributed Deep Learning", abstract) measured "an average
+computational slowdown of 18.9%, with a maximum of 40.0%" against the same compute run alone,
+over GPT and LLaMA models on A100s, H100s, MI250s and MI210s (``CONTENTION``, their average,
+taken for every GPU). While a hidden transfer of H seconds runs, the compute beside it advances
+at 1/(1 + 0.189) of its rate, so the step is longer by H x 0.189 / 1.189
+(``contention_s``): charged to every overlap above, the CP ring's hidden blocks
+(``axes.cp_ring_s``) and DualPipe's all-to-alls included.
 
 What a recompute repeats: a full recompute runs the forward's collectives again. torchtitan's
 per-op policy (``recompute="op"``) saves the outputs of matmuls, of the attention kernel
@@ -43,6 +53,16 @@ lessonlib.costmodel.overlap import async_tp_exposed_s; print(async_tp_exposed_s(
 from .comm import ring_all_gather_time_s, ring_allreduce_time_s
 from .gemm import gemm_time_s, layer_gemms
 from .memory import WEIGHT_BYTES
+
+# How much slower compute runs while a transfer shares the GPU: Lee et al. 2025's average
+# over their models and GPUs (above), one figure for every GPU; no published row set it.
+CONTENTION = 0.189
+
+
+def contention_s(hidden_s):
+    """Seconds a step is longer because ``hidden_s`` seconds of transfers ran under its
+    compute, which meanwhile advanced at 1/(1 + ``CONTENTION``) of its rate."""
+    return hidden_s * CONTENTION / (1 + CONTENTION)
 
 
 def async_tp_exposed_s(collective_s, gemm_s, t):
@@ -64,14 +84,14 @@ def sp_gemms_s(model, b, gpu, t=1, c=1, e=1, precision="bf16"):
 
 
 def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
-    """Exposed seconds of the tensor-parallel collectives for one micro-batch on a stage of
-    ``layers`` layers: two all-reduces (or with SP all-gather + reduce-scatter pairs, same
-    bytes) in each forward, two in the backward, a full recompute repeating the forward's,
-    torchtitan's per-op recompute two all-gathers (above); with ``lay.async_tp`` each SP
-    collective hides behind its GEMM (above)."""
+    """(exposed, hidden) seconds of the tensor-parallel collectives for one micro-batch on a
+    stage of ``layers`` layers: two all-reduces (or with SP all-gather + reduce-scatter
+    pairs, same bytes) in each forward, two in the backward, a full recompute repeating the
+    forward's, torchtitan's per-op recompute two all-gathers (above); with ``lay.async_tp``
+    each SP collective hides behind its GEMM (above), and ``hidden`` is what it hides."""
     t = lay.t
     if t == 1:
-        return 0.0
+        return 0.0, 0.0
     bandwidth, latency = cluster.group_link(lay.n_gpus, t, 1)
     message = WEIGHT_BYTES * lay.b * model.s * model.h / lay.c
     forwards = 2 if lay.recompute == "full" else 1
@@ -79,7 +99,8 @@ def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
     regathers = 2 * one if lay.recompute == "op" and lay.sequence_parallel else 0.0
     if not lay.async_tp:
         return layers * (2 * (forwards + 1) * ring_allreduce_time_s(
-            t, message, bandwidth * comm_efficiency, latency) + regathers)
+            t, message, bandwidth * comm_efficiency, latency) + regathers), 0.0
     gemms = sp_gemms_s(model, lay.b, cluster.gpu, t, lay.c, lay.e, lay.precision)
     exposed = sum(async_tp_exposed_s(one, g, t) for g in gemms)
-    return layers * ((forwards + 1) * exposed + regathers)
+    hidden = len(gemms) * one - exposed
+    return layers * ((forwards + 1) * exposed + regathers), layers * (forwards + 1) * hidden

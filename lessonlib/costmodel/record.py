@@ -36,9 +36,10 @@ runs (``axes.cp_torchtitan_s``, PyTorch's code); ``kernels.py``'s eager bytes an
 recompute (torchtitan's code); the SwiGLU/GQA activations (Korthikanti's method); DeepSeek-V3's
 20 of 132 SMs (§3.2.2), MLA dims (§2.1.1), MTP (§2.2), FP8 dispatch (§3.3.4), recompute
 (§3.2.3, §3.3.4); torchao's tensorwise casts (``gemm.TENSORWISE_CAST_BYTES``, from its code);
-async TP's pieces (``overlap.py``); Grand Teton's 96 GB at 2.4 TB/s. Its 500 W limit is
-priced by no source ("between SXM and NVL" by its team): the model runs those H100s at the
-SXM's measured rate, and torchtitan's rows show what that leaves out.
+async TP's pieces (``overlap.py``) and the compute slowed under every hidden transfer (Lee
+et al. 2025's average, ``overlap.CONTENTION``); Grand Teton's 96 GB at 2.4 TB/s. Its 500 W
+limit, "between SXM and NVL" by its team, is placed between those two datasheets by its
+power (``hardware.power_limited_share``): a reading, not a measurement of the part.
 
 Memory rows (``memory_runs``): torchtitan's peak GiB per GPU (its Tables 1-6, with their
 settings) and the layouts Meta (Llama 3 Table 4) and DeepSeek-V3 ran, which must fit; none

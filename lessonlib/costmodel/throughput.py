@@ -13,6 +13,8 @@ micro-batch and adds up:
 * PP comm: activations and gradients to and from the neighbouring stages;
 
 * CP comm and EP comm (``axes.py``): the K/V ring's exposed part, the MoE all-to-alls;
+* contention: the compute slowed while a hidden transfer shares the GPU
+  (``overlap.contention_s``);
 
 then multiplies by m micro-batches, adds the pipeline bubble ((p-1)/v micro-batch slots,
 Megatron-LM 2021 §2.2), the data-parallel gradient all-reduce at the end of the step and
@@ -48,7 +50,7 @@ from .layout import GRAD_DTYPES, Layout
 from .memory import (WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu,
                      usable_memory_bytes)
 from .model import GPT
-from .overlap import tp_comm_s
+from .overlap import contention_s, tp_comm_s
 
 # --- The constants: set once, for every model, layout and GPU. ---------------------------
 # How fast a GEMM runs is no constant: ``gemm.py`` prices each GEMM of a layer by its shape
@@ -153,8 +155,10 @@ class Estimate:
 
 
 def _stage_microbatch_s(model, lay, cluster, layers, logits):
-    """(gemm, elementwise, tp, pp, cp, ep) seconds of one micro-batch on a stage of ``layers``
-    layers; with context parallelism each of the c ranks does 1/c of the work on s/c tokens."""
+    """(gemm, elementwise, tp, pp, cp, ep, contention) seconds of one micro-batch on a stage
+    of ``layers`` layers; with context parallelism each of the c ranks does 1/c of the work
+    on s/c tokens. Contention: the compute slowed under the transfers it hides
+    (``overlap.contention_s``)."""
     gpu, b, t, s, h, c = cluster.gpu, lay.b, lay.t, model.s, model.h, lay.c
     n = lay.n_gpus
     shape = dict(t=t, c=c, e=lay.e, precision=lay.precision)
@@ -200,7 +204,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
 
     # forward g after attention and MLP, backward f twice; recompute repeats the forward;
     # with SP all-gathers and reduce-scatters, hidden behind their GEMMs under async TP
-    tp = tp_comm_s(model, lay, cluster, layers, COMM_EFFICIENCY)
+    tp, hidden = tp_comm_s(model, lay, cluster, layers, COMM_EFFICIENCY)
     tp_bw, tp_lat = cluster.group_link(n, t, 1)
     tp_bw *= COMM_EFFICIENCY
     pp = 0.0
@@ -213,11 +217,15 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
         pp = 2 * lay.v * one_way  # activations forward, gradients backward, per chunk
     attention_rate = attention_core_forward_flops(model, b) / t / c / attention if \
         attention else gpu.peak_flops
-    cp = cp_ring_s(model, lay, cluster, layers, attention_rate, COMM_EFFICIENCY)
+    cp, cp_hidden = cp_ring_s(model, lay, cluster, layers, attention_rate, COMM_EFFICIENCY)
     ep = ep_alltoall_s(model, lay, cluster, layers, COMM_EFFICIENCY)
+    hidden += cp_hidden
     if lay.overlap_comm or lay.schedule == "dualpipe":   # DualPipe hides its all-to-alls
+        hidden += min(ep, compute)
         ep = max(0.0, ep - compute)
-    return compute, elementwise, tp, pp, cp, ep
+    # SMs set aside for communication (DeepSeek-V3) already price what it takes from compute
+    contended = 0.0 if lay.comm_sm_share else contention_s(hidden)
+    return compute, elementwise, tp, pp, cp, ep, contended
 
 
 # Once per model and batch (and recompute): the thousands of layouts of a plan share them.
@@ -318,13 +326,16 @@ def timed(est):
             "pp_comm": m * per_mb[3],
             # (p-1)/v micro-batch slots idle per step; as a share of the busy time this is
             # bubble_fraction(p, m, v, "ideal") (Megatron-LM 2021 §2.2).
-            "bubble": slot * m * _bubble_fraction(lay.p, m, lay.v, "ideal", lay.schedule),
-            "dp_comm": dp_time_s(model, lay, cluster, m * per_mb[0], COMM_EFFICIENCY,
-                                 DP_OVERLAP)}
+            "bubble": slot * m * _bubble_fraction(lay.p, m, lay.v, "ideal", lay.schedule)}
+    time["dp_comm"], dp_hidden = dp_time_s(model, lay, cluster, m * per_mb[0],
+                                           COMM_EFFICIENCY, DP_OVERLAP)
     time["optimizer"] = optimizer_step_s(est)
-    # The new axes' traffic, only where they are used (c = e = 1 keeps the old keys).
-    time.update({k: m * per_mb[i] for k, i, on in (("cp_comm", 4, lay.c > 1),
-                                                   ("ep_comm", 5, lay.e > 1)) if on})
+    # The new axes' traffic, only where they are used (c = e = 1 keeps the old keys), and
+    # the compute slowed under hidden transfers, only where a transfer is hidden.
+    contention = m * per_mb[6] + (0.0 if lay.comm_sm_share else contention_s(dp_hidden))
+    time.update({k: v for k, v, on in (("cp_comm", m * per_mb[4], lay.c > 1),
+                                       ("ep_comm", m * per_mb[5], lay.e > 1),
+                                       ("contention", contention, contention > 0)) if on})
     check_finite_times(time)
     step = sum(time.values())
     n, peak = lay.n_gpus, cluster.gpu.peak_flops

@@ -34,7 +34,8 @@ GB = 1e9
 PART_NAMES = {"compute": "the matrix products (the slowest stage sets the pace)",
               "elementwise": "the memory-bound kernels", "tp_comm": "the TP all-reduces",
               "pp_comm": "the pipeline's sends", "dp_comm": "the DP gradient all-reduce",
-              "bubble": "the pipeline bubble"}
+              "bubble": "the pipeline bubble",
+              "contention": "the compute slowed beside hidden transfers"}
 QUESTION = {"model": "megatron-1T", "cluster": "dgx-a100", "servers": 128, "global_batch": 2048}
 # Exercise 2, the same question on a new case: GPT-3 on a quarter of the servers.
 GPT3_QUESTION = {"model": "gpt3-175B", "cluster": "dgx-a100", "servers": 32, "global_batch": 1024}
@@ -193,9 +194,9 @@ def check_design(t: int, p: int, d: int, b: int, m: int, zero_stage: int = 0,
         why.append(f"recompute={recompute!r} where the best uses "
                    f"{best.layout.recompute!r}: full recompute runs every layer's forward "
                    f"twice, selective only attention's s x s part (lesson 14)")
-    part = max(est.time, key=lambda k: est.time[k] - best.time[k])
+    part = max(est.time, key=lambda k: est.time[k] - best.time.get(k, 0.0))
     why.append(f"the largest difference is {PART_NAMES.get(part, part)}: "
-               f"{est.time[part]:.0f} s per step against {best.time[part]:.0f} s")
+               f"{est.time[part]:.0f} s per step against {best.time.get(part, 0.0):.0f} s")
     return not_yet(text + f"; yours takes {ratio:.2f}x as long. Why: "
                    + "; ".join(why) + ".")
 

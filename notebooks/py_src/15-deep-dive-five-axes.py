@@ -174,9 +174,12 @@ claim("the model does not yet predict every held-out row within 15 %", len(misse
 #
 # Where the model and a team disagree, the model is assumed to be missing a cost until
 # shown otherwise, and the miss is printed, not closed with a chosen constant. torchtitan's
-# GPUs are held to 500 W, below the datasheet's power (its `docs/performance.md`; its team
-# puts their peak between the SXM's and the NVL's without knowing where): no source prices
-# that, so the model runs them at the H100 SXM's measured rate, and its rows show the error.
+# GPUs are held to 500 W, below the datasheet's 700 (its `docs/performance.md`; its team
+# puts their peak between the SXM's and the NVL's without knowing where): the model places
+# them between those two datasheets by their power limit, a reading, not a measurement.
+# Hiding a transfer under compute is not free either: compute beside a transfer ran 18.9 %
+# slower on average (Lee et al. 2025, abstract), and the model charges that wherever it
+# hides one.
 # DeepSeek-V3 recomputes its norms and MLA up-projections (§3.2.3), and quantizes every FP8
 # GEMM's input in a separate kernel that reads BF16 from memory and writes FP8 back
 # (§3.5.2).
@@ -205,7 +208,8 @@ claim("the model does not yet predict every held-out row within 15 %", len(misse
 #   dive 09's zero-bubble V schedule.
 # - The parts of a step the model prices: `compute`, `elementwise` (memory-bound kernels),
 #   `bubble` (the pipeline's idle time), and each axis's exposed communication: `tp_comm`,
-#   `cp_comm`, `pp_comm`, `ep_comm`, `dp_comm`.
+#   `cp_comm`, `pp_comm`, `ep_comm`, `dp_comm`; and `contention`, the compute slowed while
+#   a hidden transfer shares the GPU.
 # <!-- numbers: 15 because it is 20/132 of the SMs, rounded, as the layouts print it -->
 #
 # **The planner against the published layouts.** For each setup (model, cluster, GPU

@@ -420,9 +420,10 @@ claim("the model predicts more tokens per second than torchtitan measured on eve
 # %% [markdown]
 # In absolute tokens per second the model is too high on every one of these rows, by the
 # errors printed above, and it predicts a larger gain from async TP than torchtitan
-# measured, by the multiples printed above: it hides each collective up to the GEMM beside it, and leaves out what a real GPU
-# pays for that, the GEMM slowed by a transfer sharing its memory and the cost of each
-# piece. Where the model and the team disagree, the model is missing a cost.
+# measured, by the multiples printed above. It hides each collective up to the GEMM beside
+# it and charges the GEMM's slowdown while a transfer shares the GPU, 18.9 % on average in
+# Lee et al.'s measurements (2025, abstract); it leaves out the launch cost of each piece.
+# Where the model and the team disagree, the model is missing a cost.
 #
 # For one job, every technique at a time, the rest of the layout unchanged: Llama 3 70B on
 # 256 H100 as torchtitan's async-TP run had it. DualPipe needs no expert parallelism: "even

@@ -103,3 +103,15 @@ def test_fsdp_under_a_pipeline_gathers_the_weights_once_a_step():
     once = dp_time_s(m70, lay, h100, 1.0, 0.8, 0.0)[0]
     flat = dp_time_s(m70, replace(lay, m=1, global_batch=4), h100, 1.0, 0.8, 0.0)[0]
     assert once < flat     # m = 1 gathers before the forward and again before the backward
+
+
+def test_ddp_buckets_hide_under_the_last_micro_batchs_backward_but_the_last_unit():
+    h100, m8 = CLUSTERS["dgx-h100"], MODELS["llama3-8B"]
+    lay = Layout(d=64, b=1, m=4, global_batch=256, zero_stage=1, recompute="none")
+    plain, overlapped = (estimate(m8, replace(lay, overlap_comm=o), h100) for o in (False, True))
+    exposed = overlapped.time["dp_comm"]
+    # the last layer's share stays exposed; the rest runs under the backward, and slows it
+    assert plain.time["dp_comm"] / m8.L == pytest.approx(exposed)
+    hidden = plain.time["dp_comm"] - exposed
+    assert overlapped.time["contention"] == pytest.approx(contention_s(hidden))
+    assert overlapped.step_time_s < plain.step_time_s

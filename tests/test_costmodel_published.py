@@ -23,7 +23,7 @@ MISSED_TODAY = {
     "Nemotron-4 15B Table 2, DP 96", "Nemotron-4 15B Table 2, DP 192",
     "torchtitan Table 5, 405B 3D, 1F1B", "torchtitan Table 5, 405B 3D, interleaved",
     "torchtitan Table 2, 8B FSDP 8 CP 1, 32K", "torchtitan Table 2, 8B FSDP 2 CP 4, 128K",
-    "torchtitan Table 2, 8B FSDP 1 CP 8, 256K"}
+    "torchtitan Table 2, 8B FSDP 1 CP 8, 256K", "torchtitan Table 4, 70B 2D + async TP"}
 MISSED_TODAY |= {f"torchtitan Table {table}, 8B FSDP on {gpus}, {what}"
                  for table, gpus in (("1", 8), ("3", 128)) for what in ("eager", "compile")}
 MISSED_TODAY |= {f"torchtitan async-TP benchmark, {size} on {gpus}, {tp} TP"

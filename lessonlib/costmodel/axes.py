@@ -17,8 +17,10 @@ parallelism and sharded data parallelism add to a step, and where the rank order
   the gradient all-reduce of plain DP and ZeRO-1/2, or FSDP's (ZeRO-3) weight gathers before
   every forward, recompute and backward, and one reduce-scatter, inside the shard group;
   HSDP adds an all-reduce of the shard across the d/shard_group groups. An expert's
-  gradients are exchanged among its d*c/e copies. FSDP's gathers are taken as exposed
-  unless ``overlap_comm``, then hidden behind the step's compute up to its length.
+  gradients are exchanged among its d*c/e copies. Everything is taken as exposed unless
+  ``overlap_comm``: then the gradients' exchange (DDP's buckets, FSDP's reduce-scatter per
+  unit) runs under the last micro-batch's backward, all but the last unit's, and FSDP's
+  gathers under the rest of the step's compute.
 
 Pure arithmetic, called by ``throughput.estimate``; with c = e = 1 and no shard group each
 function gives exactly what the estimate gave before these axes existed.
@@ -157,7 +159,8 @@ def _exchange_s(lay, nbytes, group, shard, bandwidth, latency):
 def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
     """(exposed, hidden) seconds of the data-parallel exchange of a step whose compute takes
     ``compute_s``: dense weights over the d*c replicas, experts over d*c/e; ``hidden`` is
-    the part of FSDP's gathers run under that compute (``overlap.contention_s``)."""
+    what ``overlap_comm`` runs under that compute (FSDP's gathers, the gradients' buckets;
+    ``overlap.contention_s``)."""
     group = lay.d * lay.c
     if group == 1:
         return 0.0, 0.0
@@ -177,5 +180,13 @@ def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
         more = _exchange_s(lay, experts, group // lay.e, max(1, shard // lay.e), bandwidth,
                            latency)
         gathers, rest = gathers + more[0], rest + more[1]
-    hidden = min(gathers, compute_s) if lay.overlap_comm else 0.0
-    return (1 - dp_overlap) * (gathers - hidden + rest), hidden
+    if not lay.overlap_comm:
+        return (1 - dp_overlap) * (gathers + rest), 0.0
+    # DDP's buckets and FSDP's per-unit reduce-scatters start as the last micro-batch's
+    # backward frees each unit's gradients, so they run under the rest of that backward (its
+    # GEMMs: two thirds of the micro-batch's); the last unit's has nothing left to hide
+    # behind. The gathers hide under whatever compute that leaves.
+    tail = rest / max(1, model.L // lay.p)
+    hidden_rest = min(rest - tail, compute_s / lay.m * 2 / 3)
+    hidden = hidden_rest + min(gathers, compute_s - hidden_rest)
+    return (1 - dp_overlap) * (gathers + rest - hidden), hidden

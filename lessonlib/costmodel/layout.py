@@ -11,8 +11,9 @@ sharded over ``shard_group`` GPUs of d (default all d; fewer is HSDP: shard insi
 replicate across groups). ``overlap_comm``: FSDP's weight all-gathers prefetched (the next
 unit's gather posted before this unit computes) and hidden behind the step's compute up to
 its length, and the MoE all-to-alls hidden behind the stage's compute (DualPipe's overlap,
-which ``schedule="dualpipe"`` implies), else exposed; the gradient reduce-scatter and the
-all-reduces stay exposed. ``async_tp``: sequence parallelism's all-gathers and
+which ``schedule="dualpipe"`` implies), and the gradients' all-reduce or reduce-scatter
+run bucket by bucket (DDP's buckets, FSDP's units) under the last micro-batch's backward,
+else exposed (``axes.dp_time_s``). ``async_tp``: sequence parallelism's all-gathers and
 reduce-scatters split into t pieces overlapping their GEMMs (torchtitan's
 ``enable_async_tensor_parallel``; needs ``sequence_parallel``); ``overlap.py`` says how much
 each hides.

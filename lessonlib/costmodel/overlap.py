@@ -4,11 +4,13 @@ What it teaches: a transfer that runs while a GEMM runs costs nothing, until it 
 than that GEMM. Each overlap of the course hides one kind of traffic behind one kind of work,
 and the estimate charges only the rest:
 
-* DDP's buckets (``alpha_beta.ddp_step_s``): each bucket's all-reduce behind the backward of
-  the layers before it; only the last bucket is exposed.
+* DDP's buckets (``alpha_beta.bucketed_step``; in the estimate ``Layout.overlap_comm``,
+  ``axes.dp_time_s``): each bucket's all-reduce behind the backward of the layers before it;
+  only the last bucket is exposed. FSDP's per-unit reduce-scatters the same way; both run
+  under the last micro-batch's backward, the one whose gradients they carry.
 * FSDP prefetch (``Layout.overlap_comm``, ``axes.dp_time_s``): the next unit's weight
   all-gather posted before this unit computes, forward and backward, so the gathers hide
-  behind the step's compute up to its length; the gradient reduce-scatter stays exposed.
+  behind the rest of the step's compute up to its length.
 * DualPipe (``schedule="dualpipe"`` or ``overlap_comm``, ``throughput.py``): one
   micro-batch's expert all-to-alls behind the other direction's compute (DeepSeek-V3
   §3.2.1), up to the stage's compute.

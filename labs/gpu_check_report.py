@@ -90,7 +90,8 @@ def markdown(machine: dict, rows: list[dict], extra: dict) -> str:
         lines += ["", f"Matrix products: best {calib['measured_mamf_tflops']:.4g} TFLOP/s = "
                   f"**{calib['measured_matmul_efficiency']:.2f}** of the {calib['preset']} dense "
                   f"peak ({calib['peak_tflops']:.0f} TFLOP/s); the cost model's ceiling is the "
-                  f"published MAMF, {calib['assumed_mamf_tflops']:.4g} TFLOP/s. Per size, "
+                  f"published MAMF, {calib['assumed_mamf_tflops']:.4g} TFLOP/s, run in training at "
+                  f"{calib.get('sustained_share', 1.0):.2f} of it (the sustained clock). Per size, "
                   "measured / predicted with the preset / with the refit: " + ", ".join(
                       f"n={g['n']}: {g['measured_tflops']:.3g} / "
                       f"{g['predicted_tflops_preset']:.3g} / {g['predicted_tflops_refit']:.3g}"

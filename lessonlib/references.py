@@ -58,6 +58,11 @@ PUBLISHED: dict[str, Source] = {
         "table\" (BF16 dense, the best of a sweep of GEMM shapes)",
         ("maximum achievable matmul", "MAMF"), a100_tflops=271.2, h100_tflops=794.5,
         h100_fp8_tflops=1402.6),
+    "msmf": _source(
+        "Bekman, Machine Learning Engineering, compute/accelerator/benchmarks, \"What we "
+        "measured: alone vs all-8 concurrent\" (H200 BF16, all 8 GPUs busy, n = 40): MSMF "
+        "698.6 and MAMF 823.9 TFLOP/s", ("MSMF", "Bekman"), msmf_tflops=698.6,
+        mamf_tflops=823.9, sustained_share=0.85),
     "v100": _source("NVIDIA V100 datasheet", ("V100",), peak_tflops=125, nvlink_gb_s=300),
     "h100": _source(
         "NVIDIA H100 SXM5 datasheet (dense, without 2:4 sparsity)", ("H100", "H200"),

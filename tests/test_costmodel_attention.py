@@ -19,7 +19,7 @@ def test_the_rate_is_the_papers_figure_at_every_measured_point():
             continue
         for n, tflops in zip(lengths, figures):
             got = attention_flops(H100, n, dim, causal, direction) / 1e12
-            assert got == pytest.approx(tflops)
+            assert got == pytest.approx(tflops * H100.clock_share)   # the sustained clock
     # between and beyond: monotone in length, the mask and the backward slower
     rates = [attention_flops(H100, n, 128) for n in (256, 700, 3000, 16384, 131072)]
     assert rates == sorted(rates) and rates[-1] == rates[-2]

@@ -4,7 +4,8 @@ What it teaches: the cost model prices a GEMM under the GPU's Maximum Achievable
 FLOPS (``GPU.matmul_flops``, a published sweep's best rate; ``gemm.py``) and a collective by
 the alpha-beta model of its link (``Cluster``'s latency and bandwidth, ``comm.py``). Measure
 both on a real machine (``labkit.gemm_rates``; ``labs/gpu_check.py``'s all-reduce curve),
-and ``calibrate`` refits them: the best measured GEMM rate becomes the GPU's MAMF, a fit of
+and ``calibrate`` refits them: the best measured GEMM rate becomes the GPU's MAMF (run, as
+the preset's, at the share the part sustains in training: ``hardware.SUSTAINED``), a fit of
 alpha and the bus bandwidth to the all-reduce times becomes the NVLink of its servers. It
 returns the measured curve beside the preset's prediction of each point, and what the refit
 changes in the prediction for Megatron-LM 2021's 145.6 B row. The refit is a new ``GPU`` and
@@ -35,8 +36,11 @@ def peak_preset(name: str):
 
 
 def refit_gpu(preset, rates: list[dict]):
-    """``preset`` with the best measured rate of ``rates`` as its BF16 MAMF."""
-    return replace(preset, matmul_flops=max(r["tflops"] for r in rates) * 1e12)
+    """``preset`` with the best measured rate of ``rates`` as its BF16 MAMF: a timing of
+    seconds is a burst, so the refit runs it at the share the preset sustains in training
+    (``GPU.clock_share``, ``hardware.SUSTAINED``)."""
+    return replace(preset, matmul_flops=max(r["tflops"] for r in rates) * 1e12
+                   * preset.clock_share)
 
 
 def refit_cluster(cluster, allreduce: list[tuple]):
@@ -60,15 +64,18 @@ def calibrate(rates: list[dict], gpu_name: str, allreduce: list[tuple] | None = 
     if preset is None:
         return out
     measured = refit_gpu(preset, rates)
+    share = preset.clock_share      # what the part sustains of a burst (hardware.SUSTAINED)
     out.update(preset=preset.name, peak_tflops=preset.peak_flops / 1e12,
-               assumed_mamf_tflops=gemm.matmul_flops(preset) / 1e12,
-               measured_mamf_tflops=measured.matmul_flops / 1e12,
-               measured_matmul_efficiency=measured.matmul_flops / preset.peak_flops,
+               assumed_mamf_tflops=gemm.matmul_flops(preset) / share / 1e12,
+               sustained_share=share,
+               measured_mamf_tflops=measured.matmul_flops / share / 1e12,
+               measured_matmul_efficiency=measured.matmul_flops / share / preset.peak_flops,
                largest_gemm_efficiency=out["largest_gemm_tflops"] * 1e12 / preset.peak_flops)
+    # burst against burst: the model's GEMM time over the sustained share, beside the timing
     out["gemm_curve"] = [
         {"n": r["n"], "measured_tflops": r["tflops"],
          **{f"predicted_tflops_{who}": 2 * r["n"] ** 3 / gemm.gemm_time_s(gpu, *[r["n"]] * 3)
-            / 1e12 for who, gpu in (("preset", preset), ("refit", measured))}}
+            / share / 1e12 for who, gpu in (("preset", preset), ("refit", measured))}}
         for r in rates if "n" in r]
     # What the refit changes in a prediction: Megatron-LM 2021's 145.6 B row, on servers of
     # this GPU.

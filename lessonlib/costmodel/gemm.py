@@ -9,7 +9,8 @@ Multiplication Background User's Guide", "Math and memory bounds"):
 
 The compute ceiling is measured, not chosen: the GPU's Maximum Achievable Matmul FLOPS
 (``GPU.matmul_flops``, ``hardware.MAMF``), the best rate a sweep of shapes found one large
-product to run at (A100 271 of 312 TFLOP/s, H100 795 of 989; FP8 1,403 of 1,979). A shape
+product to run at (A100 271 of 312 TFLOP/s, H100 795 of 989; FP8 1,403 of 1,979), at the
+share of that burst a Hopper GPU sustains in training (``hardware.SUSTAINED``). A shape
 reaches it only when its tiles fill the GPU, and the guide names the two ways they do not
 ("Dimension quantization effects"): tile quantization, C is computed in tiles of ``TILE`` x
 ``TILE``, so M or N of 129 costs as much as 256; and wave quantization, the tiles run on the
@@ -84,8 +85,9 @@ def peak_flops(gpu, precision="bf16"):
 
 
 def matmul_flops(gpu, precision="bf16"):
-    """The fastest ``gpu`` was measured to run one large GEMM in ``precision`` (its MAMF,
-    ``GPU.matmul_flops``); the dense peak where no measurement is recorded."""
+    """The fastest ``gpu`` runs one large GEMM in ``precision`` in training: its measured MAMF
+    at the share it sustains (``GPU.matmul_flops``); the dense peak where no measurement is
+    recorded."""
     peak = peak_flops(gpu, precision)
     measured = gpu.matmul_flops if precision == "bf16" else gpu.fp8_matmul_flops
     return measured or peak

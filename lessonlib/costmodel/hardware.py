@@ -15,8 +15,10 @@ Two conventions to keep straight:
   TP group of 16 on DGX A100, not 25. A cluster with one port per server
   (``network_ports=1``, ``collectives="flat-ring"``) gets one port's rate.
 
-A GPU held below its datasheet's power runs its Tensor Cores slower
-(``power_limited_share``: torchtitan's 500 W H100s).
+A GPU's measured matmul rate (MAMF) is a burst at its boost clock; in training its clock
+settles at the power limit, and a Hopper GPU sustains 0.85 of that rate (``SUSTAINED``,
+measured); one held below its datasheet's power runs slower still
+(``power_limited_share``: torchtitan's 500 W H100s). ``GPU.clock_share`` is the product.
 
 One job: the hardware a cost-model estimate runs on, each figure with its source; it runs
 past 300 lines because every preset quotes its datasheet.
@@ -57,7 +59,7 @@ class GPU:
     matmul_flops: float = None    # measured BF16 MAMF; None: the datasheet peak
     fp8_matmul_flops: float = None    # measured FP8 MAMF; None: fp8_peak_flops
     sms: int = 108
-    clock_share: float = 1.0  # of the datasheet part's Tensor Core rate, under a lower power limit
+    clock_share: float = 1.0  # of the measured burst rates that training sustains (SUSTAINED, power)
 
 
 # Maximum Achievable Matmul FLOPS, dense BF16 and FP8 (no sparsity), measured as the best
@@ -74,10 +76,23 @@ MAMF = {"V100-SXM2-32GB": (125e12 * 271.2 / 312, None), "A100-80GB": (271.2e12, 
 SMS = {"V100-SXM2-32GB": 80, "A100-80GB": 108, "H100-SXM5": 132, "H200": 132}
 
 
+# What a Tensor Core part sustains of its burst rate once its clock settles at the power
+# limit: Maximum Sustainable Matmul FLOPS (MSMF) over MAMF, measured together by mamf-finder
+# (Bekman, Machine Learning Engineering, compute/accelerator/benchmarks, "What we measured:
+# alone vs all-8 concurrent"): H200 BF16 with all 8 GPUs of the node busy, MSMF 698.6 and
+# MAMF 823.9 TFLOP/s (n = 40), 0.848; the H100 SXM is the same GH100 at the same 700 W ("H200
+# is the same" for MAMF). Training runs at the saturated clock, so every Tensor Core kernel
+# (GEMMs, FP8's too, and attention, whose measured rates are bursts) runs at this share. No
+# A100 or V100 figure is published: they keep their burst rates, a gap of the model.
+SUSTAINED = {"H100-SXM5": 698.6 / 823.9, "H200": 698.6 / 823.9}
+
+
 def _gpu(name, *datasheet, fp8=None, like=None, clock_share=1.0):
     """A GPU with the MAMF and SM count of ``like`` (default: its own name's), its matmul
-    rates scaled by ``clock_share`` (``power_limited_share``)."""
+    rates scaled by what it sustains (``SUSTAINED``) and by ``clock_share``
+    (``power_limited_share``)."""
     like = like or name
+    clock_share *= SUSTAINED.get(like, 1.0)
     bf16, fp8_mamf = MAMF[like]
     return GPU(name, *datasheet, fp8, matmul_flops=bf16 * clock_share,
                fp8_matmul_flops=fp8_mamf and fp8_mamf * clock_share, sms=SMS[like],

@@ -27,7 +27,8 @@ row (``SILENT``), never a value chosen for a row. Where a table contradicts itse
 (``contradicts``), and both are printed.
 
 Which rows set constants: none; every row is checked. A GEMM runs under the GPU's measured
-maximum achievable matmul rate (``hardware.MAMF``, a published sweep) and the memory-bound passes
+maximum achievable matmul rate (``hardware.MAMF``, a published sweep) at the share a Hopper
+GPU sustains at its power limit (``hardware.SUSTAINED``, measured) and the memory-bound passes
 are counted (``throughput.ELEMENTWISE_PASSES``). The other terms take their numbers from
 their sources, none fitted to a row:
 ``gemm.FA2_H100_TFLOPS`` (FlashAttention-2 on H100 by sequence length, Shah et al. 2024,

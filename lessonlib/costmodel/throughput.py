@@ -54,8 +54,9 @@ from .overlap import contention_s, tp_comm_s
 
 # --- The constants: set once, for every model, layout and GPU. ---------------------------
 # How fast a GEMM runs is no constant: ``gemm.py`` prices each GEMM of a layer by its shape
-# under the GPU's measured Maximum Achievable Matmul FLOPS (``hardware.MAMF``), with
-# NVIDIA's tile and wave quantization. The others are counted or sourced below; none was
+# under the GPU's measured Maximum Achievable Matmul FLOPS (``hardware.MAMF``) at the share a
+# GPU sustains at its power limit (``hardware.SUSTAINED``), with NVIDIA's tile and wave
+# quantization. The others are counted or sourced below; none was
 # chosen on a published row, so every row of ``published.py`` is a check.
 
 # Fraction of datasheet HBM bandwidth that streaming, elementwise kernels reach.

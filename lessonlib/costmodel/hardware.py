@@ -44,9 +44,10 @@ class GPU:
     (nvidia-smi's total: an "80 GB" H100 shows 81,559 MiB, 79.6 GiB, not 80e9 bytes).
 
     ``matmul_flops`` (and ``fp8_matmul_flops``) is the fastest a single large matrix product
-    was measured to run on the part: its Maximum Achievable Matmul FLOPS (MAMF), the ceiling
-    of ``gemm.py``'s curve; ``sms`` its streaming multiprocessors, over which a GEMM's tiles
-    run in waves. ``peak_flops`` stays the datasheet's: MFU's denominator.
+    was measured to run on the part, its Maximum Achievable Matmul FLOPS (MAMF), times
+    ``clock_share``, what training sustains of that burst: the ceiling of ``gemm.py``'s curve;
+    ``sms`` its streaming multiprocessors, over which a GEMM's tiles run in waves.
+    ``peak_flops`` stays the datasheet's: MFU's denominator.
     """
 
     name: str

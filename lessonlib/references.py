@@ -62,7 +62,7 @@ PUBLISHED: dict[str, Source] = {
         "Bekman, Machine Learning Engineering, compute/accelerator/benchmarks, \"What we "
         "measured: alone vs all-8 concurrent\" (H200 BF16, all 8 GPUs busy, n = 40): MSMF "
         "698.6 and MAMF 823.9 TFLOP/s", ("MSMF", "Bekman"), msmf_tflops=698.6,
-        mamf_tflops=823.9, sustained_share=0.85),
+        mamf_tflops=823.9),
     "v100": _source("NVIDIA V100 datasheet", ("V100",), peak_tflops=125, nvlink_gb_s=300),
     "h100": _source(
         "NVIDIA H100 SXM5 datasheet (dense, without 2:4 sparsity)", ("H100", "H200"),

@@ -7,7 +7,8 @@ import pytest
 from lessonlib.costmodel import CLUSTERS, GPUS, MODELS, Layout, estimate
 from lessonlib.costmodel.compute import attention_core_forward_flops
 from lessonlib.costmodel.context import merge_bytes_per_layer
-from lessonlib.costmodel.gemm import FA2_H100_TFLOPS, attention_flops, fused_attention_s
+from lessonlib.costmodel.gemm import (ATTENTION_H100_TFLOPS, FA2_H100_TFLOPS, attention_flops,
+                                      fused_attention_s)
 
 H100 = GPUS["H100-SXM5"]
 
@@ -28,6 +29,32 @@ def test_the_rate_is_the_papers_figure_at_every_measured_point():
         attention_flops(H100, 4096, 128, False, "backward")
     with pytest.raises(ValueError, match="direction"):
         attention_flops(H100, 4096, 128, direction="sideways")
+
+
+def test_each_kernel_runs_at_its_own_bars_of_the_same_figures():
+    lengths = (512, 1024, 2048, 4096, 8192, 16384)
+    for kernel, table in ATTENTION_H100_TFLOPS.items():
+        for (direction, causal, dim), figures in table.items():
+            for n, tflops in zip(lengths, figures):
+                got = attention_flops(H100, n, dim, causal, direction, kernel) / 1e12
+                assert got == pytest.approx(tflops * H100.clock_share)
+    # cuDNN (Transformer Engine's on Hopper) beats FlashAttention-2 at every measured point
+    for key, figures in ATTENTION_H100_TFLOPS["cudnn"].items():
+        if key in FA2_H100_TFLOPS:
+            assert all(x > y for x, y in zip(figures, FA2_H100_TFLOPS[key]))
+    with pytest.raises(ValueError, match="kernel='fa9' must be one of fa2, cudnn, fa3"):
+        attention_flops(H100, 4096, 128, kernel="fa9")
+    with pytest.raises(ValueError, match="attention_kernel='xformers' must be one of"):
+        Layout(m=1, attention_kernel="xformers")
+    # a layer's attention takes less time under cuDNN, and the step with it
+    m8 = MODELS["llama3-8B"]
+    fa2, cudnn = (fused_attention_s(m8, 1, H100, kernel=k) for k in ("fa2", "cudnn"))
+    assert cudnn[0] < fa2[0] and cudnn[1] < fa2[1]
+    lay = Layout(d=8, m=4, recompute="none")
+    slow, fast = (estimate(m8, replace(lay, attention_kernel=k), CLUSTERS["dgx-h100"])
+                  for k in ("fa2", "cudnn"))
+    assert fast.step_time_s < slow.step_time_s
+    assert "cudnn attention" in fast.layout.describe()
 
 
 def test_context_parallel_calls_do_a_cth_of_the_work_on_their_own_shapes():

@@ -31,7 +31,10 @@ and 214 to 322 backward (about a third of peak: the paper's "only 35 %"). Its ba
 recomputes the scores from Q and K instead of reading them (Dao et al. 2022 §3.1;
 FlashAttention-2 §3.1.2): five s x s products against the forward's two, 2.5x the
 forward's FLOPs, at the backward's own, lower rate. Context parallelism splits one call into
-c calls per layer on shorter blocks (``fused_attention_s``).
+c calls per layer on shorter blocks (``fused_attention_s``). The same figures measure cuDNN's
+fused attention, which Transformer Engine (so Megatron-LM) runs on Hopper, and
+FlashAttention-3: 529 and 602 TFLOP/s forward at 8K tokens under a causal mask against
+FlashAttention-2's 333 (``layout.ATTENTION_KERNELS``).
 
 FP8 (``precision="fp8"``) uses the GPU's FP8 MAMF and one byte per element for the linear
 layers' GEMMs only: DeepSeek-V3 (§3.3)
@@ -39,6 +42,9 @@ and torchao's ``Float8Linear`` (which converts ``nn.Linear``; torchtitan's float
 skips the one named "output") both keep attention's score products and the output head in
 BF16. Its inputs are made by cast kernels, memory-bound, whose bytes depend on the scaling
 (``fp8_quantization_bytes``): DeepSeek-V3's blockwise tiles or torchao's tensorwise scale.
+
+One job: the time of one GEMM or one fused attention call; it runs past 300 lines because
+each kernel's measured rates are tabled here beside the rule that reads them.
 
 Pure arithmetic: ``python -c "from lessonlib.costmodel.gemm import gemm_efficiency;
 from lessonlib.costmodel import GPUS; print(gemm_efficiency(GPUS['H100-SXM5'], 8192, 2048,
@@ -65,6 +71,29 @@ FA2_H100_TFLOPS = {
     ("backward", False, 128): (214, 260, 291, 310, 318, 322),
 }
 FA2_MEASURED_ON_PEAK = 989e12   # the H100 SXM5's dense BF16 peak, the figures' GPU
+# The same figures' bars for cuDNN's fused attention (what Transformer Engine runs on Hopper)
+# and FlashAttention-3, BF16, same shapes and FLOP count; the figures print no causal
+# forward for either at head dim 64 (the nearest measured dim stands in). At 512 tokens,
+# head dim 128, no mask, the two bars read 497 (cuDNN) and 467 (FlashAttention-3).
+ATTENTION_H100_TFLOPS = {
+    "fa2": FA2_H100_TFLOPS,
+    "cudnn": {
+        ("forward", False, 64): (335, 373, 395, 408, 412, 413),
+        ("forward", False, 128): (497, 574, 617, 609, 600, 595),
+        ("forward", True, 128): (315, 410, 484, 518, 529, 539),
+        ("forward", True, 256): (308, 391, 450, 483, 497, 509),
+        ("backward", False, 64): (266, 348, 395, 417, 432, 433),
+        ("backward", False, 128): (305, 408, 465, 499, 518, 516),
+    },
+    "fa3": {
+        ("forward", False, 64): (333, 392, 460, 476, 496, 497),
+        ("forward", False, 128): (467, 565, 625, 638, 646, 648),
+        ("forward", True, 128): (292, 423, 521, 579, 602, 616),
+        ("forward", True, 256): (286, 427, 537, 612, 628, 642),
+        ("backward", False, 64): (272, 363, 422, 453, 472, 474),
+        ("backward", False, 128): (316, 424, 501, 542, 559, 561),
+    },
+}
 # The fused kernel's backward against its forward, in FLOPs: dV, dP, dQ, dK and the
 # recomputed QK^T (Dao et al. 2022, Algorithm 4), 5 products of s x s against 2.
 FUSED_BACKWARD_RATIO = 2.5
@@ -133,38 +162,41 @@ def _interpolate(x, xs, ys):
     return ys[-1]
 
 
-def _fa2_tflops(direction, causal, seqlen, head_dim):
-    """FlashAttention-2's measured TFLOP/s (``FA2_H100_TFLOPS``) at ``seqlen``, linear in
+def _fa2_tflops(direction, causal, seqlen, head_dim, kernel="fa2"):
+    """The ``kernel``'s measured TFLOP/s (``ATTENTION_H100_TFLOPS``) at ``seqlen``, linear in
     log2 of the length between the measured lengths and in the head dim between the
     measured dims, the end values beyond them."""
-    dims = sorted(d for (way, masked, d) in FA2_H100_TFLOPS if (way, masked) == (direction,
-                                                                                 causal))
+    table = ATTENTION_H100_TFLOPS[kernel]
+    dims = sorted(d for (way, masked, d) in table if (way, masked) == (direction, causal))
     log_lengths = [math.log2(n) for n in FA2_SEQLENS]
-    rates = [_interpolate(math.log2(seqlen), log_lengths, FA2_H100_TFLOPS[direction, causal, d])
+    rates = [_interpolate(math.log2(seqlen), log_lengths, table[direction, causal, d])
              for d in dims]
     return _interpolate(head_dim, dims, rates)
 
 
-def attention_flops(gpu, seqlen, head_dim, causal=True, direction="forward"):
-    """FLOP/s of a fused attention kernel (FlashAttention-2) over sequences of ``seqlen``
-    tokens on ``gpu``: the measured H100 figures as a share of that H100's peak, times
-    ``gpu``'s peak (on an A100, where FlashAttention-2 reaches 50-73 % of peak, Dao 2023,
-    this is pessimistic). The causal backward, which the paper does not print, is its
-    unmasked backward slowed as the mask slows the forward at that length."""
+def attention_flops(gpu, seqlen, head_dim, causal=True, direction="forward", kernel="fa2"):
+    """FLOP/s of a fused attention ``kernel`` (``layout.ATTENTION_KERNELS``; FlashAttention-2
+    by default) over sequences of ``seqlen`` tokens on ``gpu``: the measured H100 figures as
+    a share of that H100's peak, times ``gpu``'s peak (on an A100, where FlashAttention-2
+    reaches 50-73 % of peak, Dao 2023, this is pessimistic). The causal backward, which the
+    paper does not print, is its unmasked backward slowed as the mask slows the forward at
+    that length."""
     if direction not in ("forward", "backward"):
         raise ValueError(f"direction={direction!r} must be 'forward' or 'backward'")
-    rate = _fa2_tflops(direction, False, seqlen, head_dim)
+    if kernel not in ATTENTION_H100_TFLOPS:
+        raise ValueError(f"kernel={kernel!r} must be one of {', '.join(ATTENTION_H100_TFLOPS)}")
+    rate = _fa2_tflops(direction, False, seqlen, head_dim, kernel)
     if causal and direction == "forward":
-        rate = _fa2_tflops("forward", True, seqlen, head_dim)
+        rate = _fa2_tflops("forward", True, seqlen, head_dim, kernel)
     elif causal:                         # the mask's cost, where both forwards were measured
         both = min(max(head_dim, 64), 128)
-        rate *= (_fa2_tflops("forward", True, seqlen, both)
-                 / _fa2_tflops("forward", False, seqlen, both))
+        rate *= (_fa2_tflops("forward", True, seqlen, both, kernel)
+                 / _fa2_tflops("forward", False, seqlen, both, kernel))
     return rate * 1e12 / FA2_MEASURED_ON_PEAK * gpu.peak_flops * gpu.clock_share
 
 
 @lru_cache(maxsize=4096)   # the planner prices the same layer shapes many times
-def fused_attention_s(model, b, gpu, t=1, c=1, ulysses=False):
+def fused_attention_s(model, b, gpu, t=1, c=1, ulysses=False, kernel="fa2"):
     """(forward, backward) seconds of one layer's fused causal attention on one GPU: b
     sequences, a/t heads, s/c queries each. Without context parallelism one causal call
     over s tokens. With c > 1, as PyTorch's ``context_parallel`` (torchtitan's) and
@@ -172,17 +204,18 @@ def fused_attention_s(model, b, gpu, t=1, c=1, ulysses=False):
     causal on the rank's own n = s/c tokens and c-1 unmasked on half a block (n queries
     against the n/2 earlier keys, or the n/2 later queries against all n), each n^2/2
     scores; the short side sets the call's length (``_templated_ring_attention``).
-    ``ulysses``: each rank holds a/(t c) heads of the whole sequence, one causal call."""
+    ``ulysses``: each rank holds a/(t c) heads of the whole sequence, one causal call;
+    ``kernel``: which fused kernel (``attention_flops``)."""
     qk, v = model.qk_v_head_dims()
     heads, n = b * model.a / t, model.s // c
     if ulysses:
         heads, n, c = heads / c, model.s, 1
     flops = heads * n * n / 2 * 2 * (qk + v)      # QK^T and PV of n^2/2 scores a call
     calls = [(n, True)] + [(n / 2, False)] * (c - 1)
-    forward = sum(flops / attention_flops(gpu, length, max(qk, v), masked)
+    forward = sum(flops / attention_flops(gpu, length, max(qk, v), masked, kernel=kernel)
                   for length, masked in calls)
     backward = sum(FUSED_BACKWARD_RATIO * flops / attention_flops(
-        gpu, length, max(qk, v), masked, "backward") for length, masked in calls)
+        gpu, length, max(qk, v), masked, "backward", kernel) for length, masked in calls)
     return forward, backward
 
 

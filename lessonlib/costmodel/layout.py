@@ -72,6 +72,12 @@ CP_COMM = ("ring", "allgather", "ulysses", "torchtitan")
 # --accumulate-allreduce-grads-in-fp32); the same for Adam's two moments (bf16: DeepSeek-V3).
 GRAD_DTYPES = {"bf16": 2, "fp32": 4}
 TP_PLANS = ("megatron", "pytorch")
+# Which fused attention kernel runs the score products (``gemm.ATTENTION_H100_TFLOPS``):
+# "fa2", FlashAttention-2, PyTorch SDPA's flash backend (torchtitan); "cudnn", cuDNN's fused
+# attention, which Transformer Engine (Megatron-Core's and NeMo's layers) selects on Hopper
+# ("Select FusedAttention on sm90 and FlashAttention on others for performance", TE
+# pytorch/attention.py since 2023); "fa3", FlashAttention-3.
+ATTENTION_KERNELS = ("fa2", "cudnn", "fa3")
 
 
 def _is_int(value):
@@ -115,6 +121,7 @@ class Layout:
     # Whose tensor-parallel plan: "megatron" (SP keeps the column layers' input shard and
     # gathers it again in backward) or "pytorch" (torchtitan's: keeps the gathered input).
     tp_plan: str = "megatron"
+    attention_kernel: str = "fa2"
 
     def __post_init__(self):
         for name in ("t", "c", "p", "d", "e", "b", "v", "m", "global_batch"):
@@ -138,7 +145,7 @@ class Layout:
                              f"GPU's SMs from 0 to below 1, e.g. 20/132 (DeepSeek-V3)")
         for name, allowed in (("cp_comm", CP_COMM), ("precision", PRECISIONS),
                               ("grad_dtype", GRAD_DTYPES), ("moment_dtype", GRAD_DTYPES),
-                              ("tp_plan", TP_PLANS),
+                              ("tp_plan", TP_PLANS), ("attention_kernel", ATTENTION_KERNELS),
                               ("kernels", KERNELS), ("fp8_scaling", FP8_SCALINGS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of "
@@ -240,6 +247,7 @@ class Layout:
             extras += [f"FP8 {self.fp8_scaling}" if tensorwise else "FP8"]
         extras += [f"routing <= {self.max_nodes} nodes"] if self.max_nodes else []
         extras += ["eager"] if self.kernels == "eager" else []
+        extras += [f"{self.attention_kernel} attention"] if self.attention_kernel != "fa2" else []
         extras += [f"{self.comm_sm_share:.0%} SMs on comm"] if self.comm_sm_share else []
         axes = f"t={self.t} " + (f"c={self.c} " if self.c > 1 else "") + \
             f"p={self.p} d={self.d} " + (f"e={self.e} " if self.e > 1 else "")

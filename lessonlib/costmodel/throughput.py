@@ -170,7 +170,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     fused = not model.legacy
     if fused:
         attention, attention_backward = gemm.fused_attention_s(
-            model, b, gpu, t, c, ulysses=lay.cp_comm == "ulysses")
+            model, b, gpu, t, c, ulysses=lay.cp_comm == "ulysses", kernel=lay.attention_kernel)
     else:
         attention = gemm.layer_gemm_time_s(model, b, gpu, kinds=("attention",), **shape)
         attention_backward = 2 * attention

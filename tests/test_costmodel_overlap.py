@@ -9,8 +9,9 @@ import pytest
 from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate
 from lessonlib.costmodel import gemm
 from lessonlib.costmodel.gains import overlap_and_precision_gains
+from lessonlib.costmodel.comm import ring_all_gather_time_s
 from lessonlib.costmodel.overlap import (CONTENTION, async_tp_exposed_s, contention_s,
-                                         sp_gemms_s)
+                                         pytorch_sp_copy_s, sp_gemms_s, tp_comm_s)
 
 TETON, M8 = CLUSTERS["grand-teton-h100-96gb"], MODELS["llama3-8B"]
 
@@ -38,6 +39,43 @@ def test_async_tp_hides_at_most_the_gemm_time_and_nothing_at_t1():
         estimate(M8, one, TETON).time
     with pytest.raises(ValueError, match="sequence_parallel=True"):
         Layout(t=8, d=1, m=1, async_tp=True)
+
+
+def test_pytorchs_plan_copies_each_gathered_tensor_and_gathers_fp8_inputs_in_fp8():
+    """torch/distributed/_functional_collectives.py: a gather or scatter along dim 1 (the
+    sequence of batch-first activations) costs a chunk + cat of the whole tensor; torchao's
+    PrepareFloat8ModuleInput gathers the forward's inputs in FP8."""
+    lay = Layout(t=8, d=8, b=12, m=1, recompute="op", sequence_parallel=True, zero_stage=3)
+    torch_plan = replace(lay, tp_plan="pytorch")
+    copy = pytorch_sp_copy_s(M8, torch_plan, TETON)
+    assert copy == pytest.approx(2 * 2 * 12 * M8.s * M8.h / (TETON.gpu.hbm_bytes_per_s * 0.8))
+    # Megatron's [s, b, h] layout, a batch of one (a view) and async TP's fused ops pay none
+    assert pytorch_sp_copy_s(M8, lay, TETON) == 0.0
+    assert pytorch_sp_copy_s(M8, replace(torch_plan, b=1, m=12), TETON) == 0.0
+    assert pytorch_sp_copy_s(M8, replace(torch_plan, async_tp=True), TETON) == 0.0
+    megatron, torch = (tp_comm_s(M8, x, TETON, 1, 0.8)[0] for x in (lay, torch_plan))
+    assert torch - megatron == pytest.approx(10 * copy)   # 4 + 4 collectives, 2 regathers
+    # FP8: the forward's two all-gathers carry one byte an element
+    bw, lat = TETON.group_link(64, 8, 1)
+    full, half = (ring_all_gather_time_s(8, x * 12 * M8.s * M8.h, bw * 0.8, lat) for x in (2, 1))
+    fp8 = replace(torch_plan, precision="fp8", fp8_scaling="tensorwise")
+    assert tp_comm_s(M8, fp8, TETON, 1, 0.8)[0] == pytest.approx(
+        torch - 2 * (full - half) - copy)     # two gathers' bytes and copies halved
+    assert tp_comm_s(M8, replace(lay, precision="fp8", fp8_scaling="tensorwise"), TETON, 1,
+                     0.8)[0] == pytest.approx(megatron)
+
+
+def test_async_tp_leaves_the_backwards_input_gradient_reduce_scatters_exposed():
+    """The micro-pipeline pass fuses a reduce-scatter into the one matmul producing it; the
+    input gradients of QKV and the MLP's first GEMMs are sums of matmuls, so theirs run as
+    without async TP: two of a layer's four backward collectives."""
+    lay = Layout(t=8, d=8, b=12, m=1, recompute="none", sequence_parallel=True, zero_stage=3,
+                 tp_plan="pytorch", async_tp=True)
+    exposed, hidden = tp_comm_s(M8, lay, TETON, 1, 0.8)
+    bw, lat = TETON.group_link(64, 8, 1)
+    one = ring_all_gather_time_s(8, 2 * 12 * M8.s * M8.h, bw * 0.8, lat)
+    copy = pytorch_sp_copy_s(M8, replace(lay, async_tp=False), TETON)
+    assert exposed >= 2 * (one + copy) and exposed + hidden == pytest.approx(8 * one + 2 * copy)
 
 
 def test_fp8_speeds_only_the_linear_gemms_and_pays_tensorwise_casts():

@@ -26,9 +26,17 @@ and the estimate charges only the rest:
 
   and the reduce-scatter is the mirror image (the first piece's GEMM has nothing to send).
   Each of a layer's four collectives is set against its own GEMM: the QKV projection, the
-  attention output, the MLP's first and its second GEMMs (the backward's input-gradient
-  GEMMs have the same shapes). Not modelled: the pieces' own launch costs; so the model's
-  gain is an upper bound.
+  attention output, the MLP's first and its second GEMMs. In the backward only two are:
+  the pass (torch/_inductor/fx_passes/micro_pipeline_tp.py) fuses an all-gather into the
+  matmuls that take it as their left operand and a reduce-scatter into the one matmul
+  that produces it (``_find_producer_matmul``). The output gradients' all-gathers feed the
+  input-gradient GEMMs of the attention output and the MLP's second GEMM, and hide; the
+  input gradients of the QKV and the MLP's first GEMMs are sums of three and two matmuls
+  (one per weight that read the gathered input), so their reduce-scatters find no producer
+  matmul and run exposed, as without async TP. This agrees with what its authors measured
+  (PyTorch dev-discuss, "Introducing Async Tensor Parallelism in PyTorch", TL;DR: "Up to
+  ~29% forward pass speedup and ~8% E2E speedup in Llama3 7B"). Not modelled: the pieces'
+  own launch costs; so the model's gain is an upper bound.
 
 What hiding costs: a transfer run under compute is not free. NCCL's kernels take SMs and HBM
 bandwidth from the GEMMs beside them; Lee et al. (2025, "Characterizing Compute-Communication
@@ -49,11 +57,26 @@ gradient contracts over the gathered rows, which async TP's fused all-gather-mat
 not split). Megatron-LM also re-gathers that input (Korthikanti et al. 2022 §4.2.2) but
 overlaps it with the input-gradient GEMM, so its selective recompute adds nothing here.
 
+What PyTorch's plan adds (``tp_plan="pytorch"``, torchtitan's): its activations are batch
+first, [b, s, h], so sequence parallelism shards dim 1, not dim 0 as Megatron's [s, b, h].
+NCCL gathers and scatters along dim 0 only, so PyTorch's functional collectives rearrange
+around it: ``all_gather_tensor`` with ``gather_dim != 0`` runs ``torch.cat(torch.chunk(res,
+group_size, dim=0), dim=gather_dim)`` and ``reduce_scatter_tensor`` with ``scatter_dim != 0``
+chunks and concatenates its input first (torch/distributed/_functional_collectives.py):
+one memory-bound copy of the whole gathered tensor per collective, read and written, exposed
+(the concatenation needs the gathered data; the reduce-scatter needs the copy). Newer code
+takes a view where the shard's leading dims are 1 (b = 1), so only b > 1 pays it
+(``pytorch_sp_copy_s``). Async TP's fused all-gather-matmul instead copies the shard once
+when it is not contiguous ("A_shard needs to be copied once", its docstring), 1/t of that,
+not charged.
+
 Pure arithmetic, called by ``throughput.estimate``. Try ``python -c "from
 lessonlib.costmodel.overlap import async_tp_exposed_s; print(async_tp_exposed_s(2.0, 1.0, 8))"``.
 """
+from dataclasses import replace
+
 from .comm import ring_all_gather_time_s, ring_allreduce_time_s
-from .gemm import gemm_time_s, layer_gemms
+from .gemm import HBM_EFFICIENCY, PRECISIONS, gemm_time_s, layer_gemms
 from .memory import WEIGHT_BYTES
 
 # How much slower compute runs while a transfer shares the GPU: Lee et al. 2025's average
@@ -85,24 +108,55 @@ def sp_gemms_s(model, b, gpu, t=1, c=1, e=1, precision="bf16"):
     return linear[0], linear[1], sum(linear[2::2]), sum(linear[3::2])
 
 
+def pytorch_sp_copy_s(model, lay, cluster):
+    """Seconds of the copy PyTorch's plan adds around one sequence-parallel collective (see
+    above): the gathered [b, s, h] tensor read and written at the HBM's streaming rate; 0
+    for Megatron's plan, without SP, under async TP or with b = 1."""
+    if (lay.tp_plan != "pytorch" or not lay.sequence_parallel or lay.async_tp or lay.t == 1
+            or lay.b == 1):
+        return 0.0
+    gathered = WEIGHT_BYTES * lay.b * model.s * model.h / lay.c
+    return 2 * gathered / (cluster.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
+
+
 def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
     """(exposed, hidden) seconds of the tensor-parallel collectives for one micro-batch on a
     stage of ``layers`` layers: two all-reduces (or with SP all-gather + reduce-scatter
     pairs, same bytes) in each forward, two in the backward, a full recompute repeating the
     forward's, torchtitan's per-op recompute two all-gathers (above); with ``lay.async_tp``
-    each SP collective hides behind its GEMM (above), and ``hidden`` is what it hides."""
+    each SP collective hides behind its GEMM (above), and ``hidden`` is what it hides.
+    Under FP8 PyTorch's plan gathers the forward's inputs in FP8 (torchtitan's float8 TP:
+    torchao's ``PrepareFloat8ModuleInput`` casts before it redistributes), half the bytes;
+    the reduce-scatters and the backward's gathers move BF16."""
     t = lay.t
     if t == 1:
         return 0.0, 0.0
     bandwidth, latency = cluster.group_link(lay.n_gpus, t, 1)
+    bandwidth *= comm_efficiency
     message = WEIGHT_BYTES * lay.b * model.s * model.h / lay.c
     forwards = 2 if lay.recompute == "full" else 1
-    one = ring_all_gather_time_s(t, message, bandwidth * comm_efficiency, latency)
+    one = ring_all_gather_time_s(t, message, bandwidth, latency)
+    fp8_gathers = lay.precision == "fp8" and lay.tp_plan == "pytorch" and lay.sequence_parallel
+    share = PRECISIONS["fp8"] / WEIGHT_BYTES if fp8_gathers else 1.0
+    gather = ring_all_gather_time_s(t, message * share, bandwidth, latency)
     regathers = 2 * one if lay.recompute == "op" and lay.sequence_parallel else 0.0
     if not lay.async_tp:
-        return layers * (2 * (forwards + 1) * ring_allreduce_time_s(
-            t, message, bandwidth * comm_efficiency, latency) + regathers), 0.0
+        if not lay.sequence_parallel:     # two all-reduces a pass
+            return layers * 2 * (forwards + 1) * ring_allreduce_time_s(
+                t, message, bandwidth, latency), 0.0
+        # a pass's two all-gathers and two reduce-scatters, the forward's gathers perhaps
+        # in FP8, and the regathers; each with PyTorch's copy where its plan pays one
+        copies = (2 * forwards * share + 2 * forwards + 4 + (2 if regathers else 0))
+        return layers * (forwards * (2 * gather + 2 * one) + 4 * one + regathers
+                         + copies * pytorch_sp_copy_s(model, lay, cluster)), 0.0
     gemms = sp_gemms_s(model, lay.b, cluster.gpu, t, lay.c, lay.e, lay.precision)
-    exposed = sum(async_tp_exposed_s(one, g, t) for g in gemms)
-    hidden = len(gemms) * one - exposed
-    return layers * ((forwards + 1) * exposed + regathers), layers * (forwards + 1) * hidden
+    # the forward's all-gathers precede the QKV and first MLP GEMMs (gemms 0 and 2); in the
+    # backward the all-gathers of the output gradients precede the input-gradient GEMMs of
+    # the attention output and the MLP's second GEMM (1 and 3), which have those shapes,
+    # and the reduce-scatters follow a sum of GEMMs, which the pass does not fuse (above)
+    forward = [gather, one, gather, one]
+    exposed = (forwards * sum(async_tp_exposed_s(c, g, t) for c, g in zip(forward, gemms))
+               + sum(async_tp_exposed_s(one, g, t) for g in gemms[1::2]))
+    hidden = forwards * sum(forward) + 2 * one - exposed
+    unfused = 2 * (one + pytorch_sp_copy_s(model, replace(lay, async_tp=False), cluster))
+    return layers * (exposed + unfused + regathers), layers * hidden

@@ -296,7 +296,9 @@ def _torchtitan_rows():
     fused kernels, Float8 as torchao's tensorwise scaling on every nn.Linear but the output
     head, all-gather CP as PyTorch's ``context_parallel`` runs it (its default rotate method:
     ``cp_comm="torchtitan"``), PP with as many micro-batches as stages (its default); and
-    the async-TP benchmark. A run measured against another prints the ratio beside."""
+    the async-TP benchmark; TP as PyTorch's plan runs it (``tp_plan="pytorch"``: batch-first
+    activations, the gathered input kept). A run measured against another prints the ratio
+    beside."""
     m8, m70, m405 = MODELS["llama3-8B"], MODELS["llama3-70B"], MODELS["llama3-405B"]
     rows = []
     for table, gpus, tps in (("Table 1", 8, (5762, 6667, 8532)),
@@ -323,14 +325,16 @@ def _torchtitan_rows():
                             "seq": 32768 * c},
                            _TITAN + "compile + Float8, local batch 1, full AC"))
     tp70 = Layout(t=8, d=32, b=16, m=1, zero_stage=3, recompute="full", sequence_parallel=True,
-                  precision="fp8", fp8_scaling="tensorwise", overlap_comm=True)
+                  precision="fp8", fp8_scaling="tensorwise", overlap_comm=True,
+                  tp_plan="pytorch")
     cols = {"gpus": 256, "t": 8, "d": 32, "local_batch": 16, "global_batch": 512, "seq": 8192}
     rows += [_titan("torchtitan Table 4, 70B 2D", m70, tp70, 829, cols,
                     _TITAN + "FSDP 32 x TP 8, compile + Float8, full AC"),
              _titan("torchtitan Table 4, 70B 2D + async TP", m70, replace(tp70, async_tp=True),
                     876, cols, _TITAN + "the same with async TP", "torchtitan Table 4, 70B 2D")]
     pp = Layout(t=8, p=8, d=8, b=4, m=8, zero_stage=3, recompute="full", sequence_parallel=True,
-                precision="fp8", fp8_scaling="tensorwise", async_tp=True, overlap_comm=True)
+                precision="fp8", fp8_scaling="tensorwise", async_tp=True, overlap_comm=True,
+                tp_plan="pytorch")
     cols = {"gpus": 512, "t": 8, "p": 8, "d": 8, "local_batch": 32, "global_batch": 256,
             "seq": 8192}
     rows += [_titan("torchtitan Table 5, 405B 3D, 1F1B", m405, pp, 100, cols,
@@ -352,7 +356,7 @@ def _torchtitan_rows():
                            "as 8 micro-batches of 1, full AC"))
     a70 = replace(tp70, precision="bf16", async_tp=False)
     a8 = Layout(t=8, d=8, b=12, m=1, zero_stage=3, recompute="op", sequence_parallel=True,
-                overlap_comm=True)
+                overlap_comm=True, tp_plan="pytorch")
     c70 = {"gpus": 256, "t": 8, "d": 32, "local_batch": 16, "seq": 8192}
     c8 = {"gpus": 64, "t": 8, "d": 8, "local_batch": 12, "seq": 8192}
     vanilla70, vanilla8 = ("torchtitan async-TP benchmark, 70B on 256, vanilla TP",

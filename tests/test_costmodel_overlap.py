@@ -76,6 +76,10 @@ def test_async_tp_leaves_the_backwards_input_gradient_reduce_scatters_exposed():
     one = ring_all_gather_time_s(8, 2 * 12 * M8.s * M8.h, bw * 0.8, lat)
     copy = pytorch_sp_copy_s(M8, replace(lay, async_tp=False), TETON)
     assert exposed >= 2 * (one + copy) and exposed + hidden == pytest.approx(8 * one + 2 * copy)
+    # Megatron's --tp-comm-overlap hides those behind the weight-gradient GEMMs
+    # (tp_comm_bulk_dgrad): under its plan all eight collectives stand against GEMMs
+    mexposed, mhidden = tp_comm_s(M8, replace(lay, tp_plan="megatron"), TETON, 1, 0.8)
+    assert mexposed + mhidden == pytest.approx(8 * one) and mexposed < exposed - 2 * one
 
 
 def test_fp8_speeds_only_the_linear_gemms_and_pays_tensorwise_casts():

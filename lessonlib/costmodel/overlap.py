@@ -33,7 +33,11 @@ and the estimate charges only the rest:
   input-gradient GEMMs of the attention output and the MLP's second GEMM, and hide; the
   input gradients of the QKV and the MLP's first GEMMs are sums of three and two matmuls
   (one per weight that read the gathered input), so their reduce-scatters find no producer
-  matmul and run exposed, as without async TP. This agrees with what its authors measured
+  matmul and run exposed, as without async TP (under ``tp_plan="pytorch"``). Megatron's
+  ``--tp-comm-overlap`` (Transformer Engine's userbuffers) hides those too: by default
+  ``tp_comm_bulk_dgrad`` "allows Reduce-Scatter overlap with Bprop weight gradient GEMM"
+  (megatron/core/model_parallel_config.py), a GEMM of the same FLOPs, so under its plan all
+  four hide. What PyTorch's pass leaves agrees with what its authors measured
   (PyTorch dev-discuss, "Introducing Async Tensor Parallelism in PyTorch", TL;DR: "Up to
   ~29% forward pass speedup and ~8% E2E speedup in Llama3 7B"). Not modelled: the pieces'
   own launch costs; so the model's gain is an upper bound.
@@ -150,13 +154,16 @@ def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
         return layers * (forwards * (2 * gather + 2 * one) + 4 * one + regathers
                          + copies * pytorch_sp_copy_s(model, lay, cluster)), 0.0
     gemms = sp_gemms_s(model, lay.b, cluster.gpu, t, lay.c, lay.e, lay.precision)
-    # the forward's all-gathers precede the QKV and first MLP GEMMs (gemms 0 and 2); in the
-    # backward the all-gathers of the output gradients precede the input-gradient GEMMs of
-    # the attention output and the MLP's second GEMM (1 and 3), which have those shapes,
-    # and the reduce-scatters follow a sum of GEMMs, which the pass does not fuse (above)
+    # the forward's all-gathers precede the QKV and first MLP GEMMs (gemms 0 and 2); the
+    # backward's input-gradient GEMMs have the forward's shapes. Under PyTorch's pass only
+    # the output gradients' all-gathers, before those of the attention output and the
+    # MLP's second GEMM (1 and 3), hide: the reduce-scatters follow a sum of GEMMs (above)
     forward = [gather, one, gather, one]
+    pytorch = lay.tp_plan == "pytorch"
+    backward = gemms[1::2] if pytorch else gemms
     exposed = (forwards * sum(async_tp_exposed_s(c, g, t) for c, g in zip(forward, gemms))
-               + sum(async_tp_exposed_s(one, g, t) for g in gemms[1::2]))
-    hidden = forwards * sum(forward) + 2 * one - exposed
-    unfused = 2 * (one + pytorch_sp_copy_s(model, replace(lay, async_tp=False), cluster))
+               + sum(async_tp_exposed_s(one, g, t) for g in backward))
+    hidden = forwards * sum(forward) + len(backward) * one - exposed
+    unfused = 2 * (one + pytorch_sp_copy_s(model, replace(lay, async_tp=False), cluster)) \
+        if pytorch else 0.0
     return layers * (exposed + unfused + regathers), layers * hidden

@@ -68,6 +68,10 @@ PUBLISHED: dict[str, Source] = {
         "NVIDIA H100 SXM5 datasheet (dense, without 2:4 sparsity)", ("H100", "H200"),
         peak_tflops=989, fp8_tflops=1979, memory_gb=80, h200_memory_gb=141,
         nvlink_gb_s=900, infiniband_gbit_s=400, power_w=700),
+    "attention-kernels": _source(
+        "Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608), Fig. 5: BF16 forward on an "
+        "H100 SXM5, head dim 128, causal mask, 8K tokens", ("Shah et al.",),
+        fa2_causal_8k_tflops=333, cudnn_causal_8k_tflops=529),
     "overlap-contention": _source(
         "Lee et al. 2025, \"Characterizing Compute-Communication Overlap in GPU-Accelerated "
         "Distributed Deep Learning: Performance and Power Implications\", abstract",

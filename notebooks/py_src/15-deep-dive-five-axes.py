@@ -163,14 +163,22 @@ claim("the model does not yet predict every held-out row within 15 %", len(misse
 #   readings are rows.
 # - **Nemotron-4 15B** (Parmar et al. 2024, Table 2) and **BLOOM-176B** (the BigScience
 #   repository's `train/tr11-176B-ml`): step times, with Nemotron-4's MFU by Megatron-LM's
-#   count and BLOOM's TFLOP/s by Eq. 3 beside.
+#   count and BLOOM's TFLOP/s by Eq. 3 beside. Megatron-LM builds its layers on Transformer
+#   Engine, which runs attention on an H100 in cuDNN's fused kernel: 529 TFLOP/s forward at
+#   8K tokens under a causal mask, where FlashAttention-2, which PyTorch's SDPA and so
+#   torchtitan run, reaches 333 (Shah et al. 2024, Fig. 5); the attention kernel is a
+#   setting of the layout.
 # - **torchtitan** (its `benchmarks/llama3_h100_202412_torchtitan.md`): tokens per second per
 #   GPU on H100s limited to 500 W, every table in absolute figures: FSDP eager, compiled and
 #   with Float8 on 8 and 128 GPUs, the 8B context-parallel sweep, 70B in 2D with and
 #   without async TP, 405B in 3D with 1F1B and interleaved, the 405B context-parallel sweep;
 #   and its async-TP benchmark (`benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`). The
 #   file says its runs without Float8 achieve "33% to 39% MFU"; torchtitan's own FLOP
-#   formula, applied here, turns 5,762 tokens/s into 33.7 %.
+#   formula, applied here, turns 5,762 tokens/s into 33.7 %. Its tensor parallelism is
+#   PyTorch's: activations batch first, so every sequence-parallel collective along the
+#   sequence costs a copy of the gathered tensor (PyTorch's functional collectives gather
+#   along the first dimension only), and async TP's compiler pass fuses the backward's
+#   all-gathers but not its reduce-scatters, whose input is a sum of matmuls.
 # - **DeepSeek-V3** (DeepSeek-AI 2024, Table 1): 14.8T tokens in 2.664M H800 GPU hours is an
 #   average over the whole pre-training (its batch ramp-up included), not a step's
 #   measurement; FP8 GEMMs, DualPipe, EP 64, each token on at most 4 nodes.
@@ -203,6 +211,8 @@ claim("the model does not yet predict every held-out row within 15 %", len(misse
 #   the ring (12).
 # - `DualPipe` and `FP8`: DeepSeek-V3's pipeline schedule, which pairs one micro-batch's
 #   forward with another's backward, and its FP8 GEMMs; deep dive 16 runs both.
+# - `cudnn attention`: attention in cuDNN's fused kernel (Megatron-LM's, through Transformer
+#   Engine); without it, FlashAttention-2 (PyTorch's).
 # - `routing <= 4 nodes`: each token's experts on at most 4 servers (DeepSeek-V3 §2.1.2).
 # - `15% SMs on comm`: the share of each GPU's streaming multiprocessors (SMs) that run
 #   communication kernels instead of compute; DeepSeek-V3: "we allocate 20 out of the 132

@@ -420,10 +420,13 @@ claim("the model predicts more tokens per second than torchtitan measured on eve
 # %% [markdown]
 # In absolute tokens per second the model is too high on every one of these rows, by the
 # errors printed above, and it predicts a larger gain from async TP than torchtitan
-# measured, by the multiples printed above. It hides each collective up to the GEMM beside
-# it and charges the GEMM's slowdown while a transfer shares the GPU, 18.9 % on average in
-# Lee et al.'s measurements (2025, abstract); it leaves out the launch cost of each piece.
-# Where the model and the team disagree, the model is missing a cost.
+# measured, by the multiples printed above. It hides each collective that PyTorch's
+# compiler pass fuses up to the GEMM beside it: the forward's four, and in the backward
+# the two all-gathers only, since the other two reduce-scatter a sum of matmuls, which the
+# pass does not fuse. It charges the GEMM's slowdown while a transfer shares the GPU,
+# 18.9 % on average in Lee et al.'s measurements (2025, abstract); it leaves out the
+# launch cost of each piece. Where the model and the team disagree, the model is missing a
+# cost.
 #
 # For one job, every technique at a time, the rest of the layout unchanged: Llama 3 70B on
 # 256 H100 as torchtitan's async-TP run had it. DualPipe needs no expert parallelism: "even
@@ -448,8 +451,8 @@ print(gains.table())
 # the sequence, the other micro-batch's all-to-all. Each computes exactly what its plain
 # version computes, and each gains only up to the compute beside it: torchtitan measured a
 # tenth from async TP and about a quarter from Float8, and the cost model, which hides each
-# collective up to its GEMM, predicts more tokens per second than was measured on every
-# such row, and a larger gain from async TP than was measured.
+# fused collective up to its GEMM, predicts more tokens per second than was measured on
+# every such row, and a larger gain from async TP than was measured.
 # </div>
 #
 # ## Exercise

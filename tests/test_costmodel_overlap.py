@@ -65,6 +65,32 @@ def test_pytorchs_plan_copies_each_gathered_tensor_and_gathers_fp8_inputs_in_fp8
                      0.8)[0] == pytest.approx(megatron)
 
 
+def test_transformer_engines_fp8_casts_fewer_bytes_and_gathers_fp8_both_ways():
+    """TE's delayed scaling: no amax pass, the norm writes the QKV's and first MLP GEMM's
+    FP8 input, cast and transpose in one pass, the weights cast once a step; its SP
+    gathers carry FP8 forward (the norm's output) and backward (the output gradients)."""
+    m8 = MODELS["llama3-8B"]
+    te, torchao = (gemm.fp8_quantization_bytes(m8, 1, 1, scaling=x) for x in ("te", "tensorwise"))
+    assert 0 < te < torchao / 1.5
+    linear = [g for g in gemm.layer_gemms(m8, 1) if g[4] == "linear"]
+    qkv, proj, up, down = ((m * k, m * n, k * n) for m, n, k, _, _ in linear)
+    assert te == pytest.approx(sum(x * i + 4 * (o + w) for x, (i, o, w) in zip(
+        (2, 4, 2, 4), (qkv, proj, up, down))))
+    # a recompute casts again only what no norm writes; the weights' cast is shared
+    again = gemm.fp8_quantization_bytes(m8, 1, 1, scaling="te", recompute=True)
+    assert again - te == pytest.approx(3 * (proj[0] + down[0]))
+    shared = gemm.fp8_quantization_bytes(m8, 1, 1, scaling="te", microbatches=8)
+    assert te - shared == pytest.approx(4 * 7 / 8 * sum(w for _, _, w in (qkv, proj, up, down)))
+    lay = Layout(t=8, d=8, b=1, m=8, recompute="none", sequence_parallel=True,
+                 precision="fp8", fp8_scaling="te")
+    assert "FP8 te" in lay.describe()
+    bw, lat = TETON.group_link(64, 8, 1)
+    full, half = (ring_all_gather_time_s(8, x * M8.s * M8.h, bw * 0.8, lat) for x in (2, 1))
+    assert tp_comm_s(M8, lay, TETON, 1, 0.8)[0] == pytest.approx(4 * half + 4 * full)
+    plain = replace(lay, precision="bf16")
+    assert tp_comm_s(M8, plain, TETON, 1, 0.8)[0] == pytest.approx(8 * full)
+
+
 def test_async_tp_leaves_the_backwards_input_gradient_reduce_scatters_exposed():
     """The micro-pipeline pass fuses a reduce-scatter into the one matmul producing it; the
     input gradients of QKV and the MLP's first GEMMs are sums of matmuls, so theirs run as

@@ -41,7 +41,8 @@ layers' GEMMs only: DeepSeek-V3 (§3.3)
 and torchao's ``Float8Linear`` (which converts ``nn.Linear``; torchtitan's float8 converter
 skips the one named "output") both keep attention's score products and the output head in
 BF16. Its inputs are made by cast kernels, memory-bound, whose bytes depend on the scaling
-(``fp8_quantization_bytes``): DeepSeek-V3's blockwise tiles or torchao's tensorwise scale.
+(``fp8_quantization_bytes``): DeepSeek-V3's blockwise tiles, torchao's tensorwise scale, or
+Transformer Engine's delayed scaling (Megatron-LM's), whose norms write FP8 themselves.
 
 One job: the time of one GEMM or one fused attention call; it runs past 300 lines because
 each kernel's measured rates are tabled here beside the rule that reads them.
@@ -282,21 +283,42 @@ QUANTIZE_BYTES = 2 + 1
 # recomputed element).
 TENSORWISE_CAST_BYTES = 2 + 2 + 1 + 1
 TENSORWISE_RECAST_BYTES = 2 + 1
-FP8_SCALINGS = ("blockwise", "tensorwise")
+# Transformer Engine's delayed scaling (Megatron-LM's FP8; TE's modules, checked in its
+# pytorch/module/{layernorm_linear,linear,base}.py of 2024): the scale comes from an amax
+# history, so no pass reads a tensor for its amax. The norm before the QKV and the first
+# MLP GEMMs writes FP8 itself (LayerNormLinear), leaving only the transpose the weight
+# gradient takes (``fp8_transpose``: 1 read, 1 written); the inputs of the attention output
+# and the MLP's second GEMM are cast with their transpose in one pass
+# (``fp8_cast_transpose_fused``: 2 read, 1 + 1 written); so is each output gradient
+# (``grad_output_preprocess``); the weights once a step, the first micro-batch's cast kept
+# for the rest (``is_first_microbatch``). By the order of ``layer_gemms``' linear GEMMs:
+TE_INPUT_BYTES = (1 + 1, 2 + 1 + 1, 1 + 1, 2 + 1 + 1)
+TE_CAST_TRANSPOSE_BYTES = 2 + 1 + 1
+FP8_SCALINGS = ("blockwise", "tensorwise", "te")
 
 
 @lru_cache(maxsize=1024)
-def fp8_quantization_bytes(model, b, t=1, c=1, e=1, scaling="blockwise", recompute=False):
+def fp8_quantization_bytes(model, b, t=1, c=1, e=1, scaling="blockwise", recompute=False,
+                           microbatches=1):
     """HBM bytes one layer's FP8 cast kernels move on one GPU, forward and backward.
 
     "blockwise" (DeepSeek-V3's tiles): the linear GEMMs' activation inputs (m x k) twice,
     their output gradients (m x n) once, 3 bytes each. "tensorwise" (torchao): input, weight
     (k x n) and output gradient once, 6 bytes each, and input and weight again at 3 bytes
-    when the layer is recomputed."""
+    when the layer is recomputed. "te" (Transformer Engine, above): ``TE_INPUT_BYTES`` per
+    input element, 4 per output-gradient element, 4 per weight element once in
+    ``microbatches``, and a recompute casting the two inputs no norm writes again."""
     linear = [(m, n, k, count) for m, n, k, count, kind in layer_gemms(model, b, t, c, e)
               if kind == "linear"]
     if scaling == "blockwise":
         return QUANTIZE_BYTES * sum(count * (2 * m * k + m * n) for m, n, k, count in linear)
+    if scaling == "te":   # QKV, attention output, the MLP's first and second; then the router
+        inputs = TE_INPUT_BYTES + (TE_CAST_TRANSPOSE_BYTES,) * (len(linear) - 4)
+        again = (0, TENSORWISE_RECAST_BYTES, 0, TENSORWISE_RECAST_BYTES) + (
+            TENSORWISE_RECAST_BYTES,) * (len(linear) - 4) if recompute else (0,) * len(linear)
+        return sum(count * ((x + y) * m * k
+                            + TE_CAST_TRANSPOSE_BYTES * (m * n + k * n / microbatches))
+                   for (m, n, k, count), x, y in zip(linear, inputs, again))
     again = TENSORWISE_RECAST_BYTES if recompute else 0
     return sum(count * (TENSORWISE_CAST_BYTES * (m * k + k * n + m * n)
                         + again * (m * k + k * n)) for m, n, k, count in linear)

@@ -129,9 +129,11 @@ def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
     pairs, same bytes) in each forward, two in the backward, a full recompute repeating the
     forward's, torchtitan's per-op recompute two all-gathers (above); with ``lay.async_tp``
     each SP collective hides behind its GEMM (above), and ``hidden`` is what it hides.
-    Under FP8 PyTorch's plan gathers the forward's inputs in FP8 (torchtitan's float8 TP:
-    torchao's ``PrepareFloat8ModuleInput`` casts before it redistributes), half the bytes;
-    the reduce-scatters and the backward's gathers move BF16."""
+    Under FP8 the forward's gathers carry FP8, half the bytes: PyTorch's plan (torchtitan's
+    float8 TP: torchao's ``PrepareFloat8ModuleInput`` casts before it redistributes) and
+    Transformer Engine (``fp8_scaling="te"``: its LayerNormLinear's norm writes FP8, which
+    it gathers), which gathers the output gradients in FP8 in the backward too (its
+    ``grad_output_preprocess``); the reduce-scatters move BF16."""
     t = lay.t
     if t == 1:
         return 0.0, 0.0
@@ -140,30 +142,35 @@ def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
     message = WEIGHT_BYTES * lay.b * model.s * model.h / lay.c
     forwards = 2 if lay.recompute == "full" else 1
     one = ring_all_gather_time_s(t, message, bandwidth, latency)
-    fp8_gathers = lay.precision == "fp8" and lay.tp_plan == "pytorch" and lay.sequence_parallel
+    te = lay.precision == "fp8" and lay.fp8_scaling == "te"
+    fp8_gathers = lay.sequence_parallel and (te or (
+        lay.precision == "fp8" and lay.tp_plan == "pytorch"))
     share = PRECISIONS["fp8"] / WEIGHT_BYTES if fp8_gathers else 1.0
     gather = ring_all_gather_time_s(t, message * share, bandwidth, latency)
+    back_gather = gather if te else one
     regathers = 2 * one if lay.recompute == "op" and lay.sequence_parallel else 0.0
     if not lay.async_tp:
         if not lay.sequence_parallel:     # two all-reduces a pass
             return layers * 2 * (forwards + 1) * ring_allreduce_time_s(
                 t, message, bandwidth, latency), 0.0
-        # a pass's two all-gathers and two reduce-scatters, the forward's gathers perhaps
-        # in FP8, and the regathers; each with PyTorch's copy where its plan pays one
+        # a pass's two all-gathers and two reduce-scatters, the gathers perhaps in FP8, and
+        # the regathers; each with PyTorch's copy where its plan pays one
         copies = (2 * forwards * share + 2 * forwards + 4 + (2 if regathers else 0))
-        return layers * (forwards * (2 * gather + 2 * one) + 4 * one + regathers
-                         + copies * pytorch_sp_copy_s(model, lay, cluster)), 0.0
+        return layers * (forwards * (2 * gather + 2 * one) + 2 * back_gather + 2 * one
+                         + regathers + copies * pytorch_sp_copy_s(model, lay, cluster)), 0.0
     gemms = sp_gemms_s(model, lay.b, cluster.gpu, t, lay.c, lay.e, lay.precision)
     # the forward's all-gathers precede the QKV and first MLP GEMMs (gemms 0 and 2); the
-    # backward's input-gradient GEMMs have the forward's shapes. Under PyTorch's pass only
-    # the output gradients' all-gathers, before those of the attention output and the
-    # MLP's second GEMM (1 and 3), hide: the reduce-scatters follow a sum of GEMMs (above)
+    # backward's input-gradient GEMMs have the forward's shapes: its reduce-scatters follow
+    # those of QKV and the first MLP GEMMs, its all-gathers precede those of the attention
+    # output and the MLP's second GEMM (1 and 3). Under PyTorch's pass only those
+    # all-gathers hide: the reduce-scatters follow a sum of GEMMs (above)
     forward = [gather, one, gather, one]
     pytorch = lay.tp_plan == "pytorch"
-    backward = gemms[1::2] if pytorch else gemms
+    backward = list(zip([back_gather] * 2, gemms[1::2])) if pytorch else list(
+        zip([one, back_gather, one, back_gather], gemms))
     exposed = (forwards * sum(async_tp_exposed_s(c, g, t) for c, g in zip(forward, gemms))
-               + sum(async_tp_exposed_s(one, g, t) for g in backward))
-    hidden = forwards * sum(forward) + len(backward) * one - exposed
+               + sum(async_tp_exposed_s(c, g, t) for c, g in backward))
+    hidden = forwards * sum(forward) + sum(c for c, _ in backward) - exposed
     unfused = 2 * (one + pytorch_sp_copy_s(model, replace(lay, async_tp=False), cluster)) \
         if pytorch else 0.0
     return layers * (exposed + unfused + regathers), layers * hidden

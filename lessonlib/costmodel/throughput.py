@@ -201,7 +201,8 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     elementwise += cp_merge_s(model, lay, layers, hbm)   # CP's float32 merges
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(
-            model, b, t, c, lay.e, lay.fp8_scaling, lay.recompute != "none") / hbm
+            model, b, t, c, lay.e, lay.fp8_scaling, lay.recompute != "none",
+            lay.m if lay.fp8_scaling == "te" else 1) / hbm
 
     # forward g after attention and MLP, backward f twice; recompute repeats the forward;
     # with SP all-gathers and reduce-scatters, hidden behind their GEMMs under async TP

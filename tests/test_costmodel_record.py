@@ -26,7 +26,7 @@ def test_a_table_that_contradicts_itself_is_printed_in_both_readings():
 
 def test_what_no_table_prints_takes_one_default_for_every_row():
     interleaved = [r for r in RUNS if r.layout.v > 1 and "Megatron-LM 2021" not in r.source
-                   and "Korthikanti" not in r.source]
+                   and "Korthikanti" not in r.source and "v" not in r.columns]
     # one rule for every row: SILENT's v, or the fewest chunks that fit where it does not
     for r in interleaved:
         assert fewest_chunks_that_fit(r.model, replace(r.layout, v=SILENT["v"]),

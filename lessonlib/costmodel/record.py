@@ -16,7 +16,8 @@ figure and what kind it is, the kind the team published:
 * ``"tokens"``: tokens per second per GPU, which needs no FLOP count at all.
 
 Every other column a table publishes for the row is kept in ``beside`` and predicted too
-(BLOOM's TFLOP/s beside its step; Nemotron-4's MFU beside its step); a row measured against
+(BLOOM's TFLOP/s beside its step; Nemotron-4's MFU beside its step; NeMo's model TFLOP/s
+beside its tokens); a row measured against
 another (``versus``: torch.compile over eager, Float8 over BF16, async TP over vanilla TP)
 prints the ratio of the two beside its absolute figure, never instead.
 
@@ -31,14 +32,17 @@ maximum achievable matmul rate (``hardware.MAMF``, a published sweep) at the sha
 GPU sustains at its power limit (``hardware.SUSTAINED``, measured) and the memory-bound passes
 are counted (``throughput.ELEMENTWISE_PASSES``). The other terms take their numbers from
 their sources, none fitted to a row:
-``gemm.FA2_H100_TFLOPS`` (FlashAttention-2 on H100 by sequence length, Shah et al. 2024,
-Fig. 5 and 6) and its 2.5x backward FLOPs (Dao et al. 2022, Alg. 4); the CP that torchtitan
-runs (``axes.cp_torchtitan_s``, PyTorch's code); ``kernels.py``'s eager bytes and "op"
-recompute (torchtitan's code); the SwiGLU/GQA activations (Korthikanti's method); DeepSeek-V3's
-20 of 132 SMs (§3.2.2), MLA dims (§2.1.1), MTP (§2.2), FP8 dispatch (§3.3.4), recompute
-(§3.2.3, §3.3.4); torchao's tensorwise casts (``gemm.TENSORWISE_CAST_BYTES``, from its code);
-async TP's pieces (``overlap.py``) and the compute slowed under every hidden transfer (Lee
-et al. 2025's average, ``overlap.CONTENTION``); Grand Teton's 96 GB at 2.4 TB/s. Its 500 W
+``gemm.ATTENTION_H100_TFLOPS`` (FlashAttention-2, cuDNN's and FlashAttention-3's fused
+attention on H100 by sequence length, Shah et al. 2024, Fig. 5 and 6) and its 2.5x
+backward FLOPs (Dao et al. 2022, Alg. 4); the CP that torchtitan runs
+(``axes.cp_torchtitan_s``, PyTorch's code); ``kernels.py``'s eager bytes and "op" recompute
+(torchtitan's code); the SwiGLU/GQA activations (Korthikanti's method); DeepSeek-V3's 20 of
+132 SMs (§3.2.2), MLA dims (§2.1.1), MTP (§2.2), FP8 dispatch (§3.3.4), recompute (§3.2.3,
+§3.3.4); torchao's tensorwise casts (``gemm.TENSORWISE_CAST_BYTES``, from its code) and
+Transformer Engine's (``gemm.TE_INPUT_BYTES``, from its code); PyTorch's copies around a
+sequence-parallel collective and the collectives its async-TP pass fuses (``overlap.py``,
+from PyTorch's code) and the compute slowed under every hidden transfer (Lee et al. 2025's
+average, ``overlap.CONTENTION``); Grand Teton's 96 GB at 2.4 TB/s. Its 500 W
 limit, "between SXM and NVL" by its team, is placed between those two datasheets by its
 power (``hardware.power_limited_share``): a reading, not a measurement of the part.
 
@@ -119,13 +123,13 @@ class PublishedRun:
 
 def layout_columns(run):
     """The row's settings as its table's columns would print them: GPUs, each degree,
-    micro-batch, local batch (sequences per data-parallel rank per step), global batch and
-    tokens per batch, sequence length."""
+    model chunks per stage, micro-batch, local batch (sequences per data-parallel rank per
+    step), global batch and tokens per batch, sequence length."""
     lay = run.layout
     batch = lay.global_batch if lay.global_batch is not None else lay.b * lay.m * lay.d
     return {"gpus": lay.n_gpus, "t": lay.t, "c": lay.c, "p": lay.p, "d": lay.d, "e": lay.e,
-            "micro_batch": lay.b, "local_batch": batch // lay.d, "global_batch": batch,
-            "tokens_per_batch": batch * run.model.s, "seq": run.model.s}
+            "v": lay.v, "micro_batch": lay.b, "local_batch": batch // lay.d,
+            "global_batch": batch, "tokens_per_batch": batch * run.model.s, "seq": run.model.s}
 
 
 def contradictions(run):
@@ -216,6 +220,35 @@ def _nemotron_rows():
             columns={"gpus": 8 * d, "t": 8, "d": d, "global_batch": batch,
                      "tokens_per_batch": batch * 4096, "seq": 4096},
             beside=(("mfu", mfu / 100, "megatron-lm"),)))
+    return rows
+
+
+# NeMo's published pre-training benchmarks (NVIDIA/NeMo docs/source/performance/
+# performance_summary.md, container 24.07, DGX-H100, FP8): GPUs, GBS, MBS, TP, PP, CP, VP,
+# tokens/s per GPU, model TFLOP/s per GPU; the Llama 3 rows, 8,192-token sequences.
+NEMO_2407 = [("8B", 8, 128, 1, 1, 1, 2, 1, 12036, 697), ("70B", 64, 128, 1, 4, 4, 2, 5, 1533, 738)]
+_NEMO_NOTE = ("Megatron-Core under NeMo: Transformer Engine's layers, so attention in cuDNN "
+              "on H100 (--transformer-impl transformer_engine, which selects FusedAttention "
+              "on sm90) and FP8 by TE's default recipe, delayed scaling (fp8_scaling='te'); "
+              "context parallelism as Megatron-Core runs it, the ring (p2p); the optimizer "
+              "NeMo's recipes name, distributed fused Adam (ZeRO-1); SP with t > 1, no "
+              "recompute and no overlap, as no column says otherwise (SILENT); model "
+              "TFLOP/s by Megatron-LM's count, which NeMo's uses")
+
+
+def _nemo_rows():
+    rows = []
+    for size, gpus, batch, mbs, t, p, c, v, tokens, tflops in NEMO_2407:
+        d = gpus // (t * p * c)
+        lay = Layout(t=t, p=p, c=c, d=d, v=v, b=mbs, global_batch=batch, zero_stage=1,
+                     recompute=SILENT["recompute"], sequence_parallel=t > 1, precision="fp8",
+                     fp8_scaling="te", attention_kernel="cudnn")
+        rows.append(PublishedRun(
+            f"NeMo 24.07 DGX-H100, Llama 3 {size} FP8", MODELS[f"llama3-{size}"], "dgx-h100",
+            lay, "tokens", tokens, "", note=_NEMO_NOTE,
+            columns={"gpus": gpus, "t": t, "p": p, "c": c, "v": v, "micro_batch": mbs,
+                     "global_batch": batch, "seq": 8192},
+            beside=(("tflops", tflops, "megatron-lm"),)))
     return rows
 
 
@@ -472,4 +505,4 @@ def memory_runs():
 def published_runs():
     """Every published run the course holds the cost model to."""
     return (_megatron_rows() + _korthikanti_rows() + [_bloom_row()] + _nemotron_rows()
-            + _llama_rows() + _torchtitan_rows() + [_deepseek_row()])
+            + _llama_rows() + _torchtitan_rows() + _nemo_rows() + [_deepseek_row()])

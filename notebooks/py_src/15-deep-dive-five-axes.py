@@ -179,6 +179,10 @@ claim("the model does not yet predict every held-out row within 15 %", len(misse
 #   sequence costs a copy of the gathered tensor (PyTorch's functional collectives gather
 #   along the first dimension only), and async TP's compiler pass fuses the backward's
 #   all-gathers but not its reduce-scatters, whose input is a sum of matmuls.
+# - **NeMo** (its `docs/source/performance/performance_summary.md`, container 24.07,
+#   DGX-H100): tokens per second per GPU of Llama 3 8B and 70B in FP8, with the model
+#   TFLOP/s beside; Megatron-Core's layers from Transformer Engine, so attention in cuDNN
+#   and FP8 by its default recipe, delayed scaling, whose norms write FP8 themselves.
 # - **DeepSeek-V3** (DeepSeek-AI 2024, Table 1): 14.8T tokens in 2.664M H800 GPU hours is an
 #   average over the whole pre-training (its batch ramp-up included), not a step's
 #   measurement; FP8 GEMMs, DualPipe, EP 64, each token on at most 4 nodes.
@@ -209,6 +213,8 @@ claim("the model does not yet predict every held-out row within 15 %", len(misse
 #   (§3.3.2).
 # - `CP allgather`: context parallelism with K and V all-gathered, Llama 3's; without it,
 #   the ring (12).
+# - `FP8 tensorwise`, `FP8 te`: FP8 scaled as torchao (torchtitan) or Transformer Engine
+#   (Megatron-LM, NeMo) scales it; they differ in the cast kernels they run.
 # - `DualPipe` and `FP8`: DeepSeek-V3's pipeline schedule, which pairs one micro-batch's
 #   forward with another's backward, and its FP8 GEMMs; deep dive 16 runs both.
 # - `cudnn attention`: attention in cuDNN's fused kernel (Megatron-LM's, through Transformer

@@ -123,3 +123,30 @@ def test_cli_cluster_settings(capsys):
                        "flat-ring", "--json"]) == 0
     flat = json.loads(capsys.readouterr().out)
     assert flat["time_s"]["tp_comm"] > 5 * multi["time_s"]["tp_comm"]
+
+
+def test_nvlink_sharp_speeds_only_all_reduces_inside_an_nvswitch_server():
+    """NCCL's all-reduce runs NVLS on H100/H200 servers: busbw 420-480 GB/s at 5-8 GPUs
+    against the ring's 370 (nccl issues 1455, 1442; nccl-tests 212); nothing else gains."""
+    h100, teton = CLUSTERS["dgx-h100"], CLUSTERS["grand-teton-h100-96gb"]
+    assert h100.allreduce_speedup(64, 8, 1) == pytest.approx(480 / 370)   # a server's TP
+    assert teton.allreduce_speedup(8, 8, 1) == pytest.approx(480 / 370)   # HGX NVSwitches
+    assert h100.allreduce_speedup(8, 6, 1) == pytest.approx(440 / 370)
+    for cluster, args in ((h100, (64, 16, 1)), (h100, (64, 8, 8)), (h100, (8, 4, 1)),
+                          (DGX, (8, 8, 1)), (CLUSTERS["hgx-h800"], (8, 8, 1))):
+        assert cluster.allreduce_speedup(*args) == 1.0, (cluster.name, args)
+    ring = replace(h100, gpu=replace(h100.gpu, nvlink_sharp=False))
+    m8 = MODELS["llama3-8B"]
+
+    def times(lay):
+        return [estimate(m8, lay, c).time for c in (h100, ring)]
+
+    fast, slow = times(Layout(t=8, m=1, recompute="none"))          # TP's all-reduces
+    # the bytes 480/370 times faster; the ring steps' latencies as they were
+    assert slow["tp_comm"] * 370 / 480 < fast["tp_comm"] < slow["tp_comm"] * 0.85
+    fast, slow = times(Layout(t=8, m=1, recompute="none", sequence_parallel=True))
+    assert fast["tp_comm"] == slow["tp_comm"]                        # gathers, scatters
+    fast, slow = times(Layout(d=8, m=1, recompute="none"))           # DDP in one server
+    assert fast["dp_comm"] < slow["dp_comm"]
+    fast, slow = times(Layout(d=8, m=1, recompute="none", zero_stage=1))
+    assert fast["dp_comm"] == slow["dp_comm"]

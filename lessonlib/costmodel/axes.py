@@ -171,11 +171,14 @@ def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
         cp_bw, cp_lat = cluster.group_link(n, lay.c, lay.t)
         bandwidth, latency = min(bandwidth, cp_bw), max(latency, cp_lat)
     bandwidth *= comm_efficiency
+    # DDP's all-reduce of the dense weights' gradients runs NVLS inside one server
+    dense = bandwidth * (cluster.allreduce_speedup(n, lay.d, lay.t * lay.p)
+                         if lay.zero_stage == 0 and lay.c == 1 else 1.0)
     shard = (lay.shard_group or lay.d) * lay.c
     where = (lay.t, lay.p, lay.e, lay.uneven_stages, lay.schedule)
     grads = GRAD_BYTES * stage_params(model, *where)
     experts = GRAD_BYTES * stage_expert_params(model, *where)
-    gathers, rest = _exchange_s(lay, grads - experts, group, shard, bandwidth, latency)
+    gathers, rest = _exchange_s(lay, grads - experts, group, shard, dense, latency)
     if experts and group // lay.e > 1:
         more = _exchange_s(lay, experts, group // lay.e, max(1, shard // lay.e), bandwidth,
                            latency)

@@ -61,6 +61,7 @@ class GPU:
     fp8_matmul_flops: float = None    # measured FP8 MAMF; None: fp8_peak_flops
     sms: int = 108
     clock_share: float = 1.0  # of the measured burst rates that training sustains (SUSTAINED, power)
+    nvlink_sharp: bool = False    # its NVSwitches reduce in the switch (NVLS_ALLREDUCE_BUSBW)
 
 
 # Maximum Achievable Matmul FLOPS, dense BF16 and FP8 (no sparsity), measured as the best
@@ -88,16 +89,33 @@ SMS = {"V100-SXM2-32GB": 80, "A100-80GB": 108, "H100-SXM5": 132, "H200": 132}
 SUSTAINED = {"H100-SXM5": 698.6 / 823.9, "H200": 698.6 / 823.9}
 
 
+# NVLink SHARP (NVLS): inside an HGX/DGX H100 or H200 server the third-generation NVSwitches
+# reduce in the switch, and NCCL's all-reduce uses it by default there ("Now allreduce uses
+# NVLink SHARP by default ... On 8 GPUs, you should reach a peak busBw of ~480GB/s", where
+# every other collective, and the ring, reach 370: NCCL's maintainer, NVIDIA/nccl-tests issue
+# 212; "a 30% improvement using NVLink SHARP" for the all-reduce only, NVIDIA/nccl issue
+# 1442). By group size, busbw measured on 8 H100 SXM with NCCL_ALGO=NVLS at 2-4 GB (NVIDIA/
+# nccl issue 1455): as the ring's up to 4 GPUs, then 420, 440, 460 and 480 GB/s at 5-8. These
+# are peaks: the maintainer notes 256 MB "is too small to reach peak bandwidth", so for a
+# tensor-parallel all-reduce of tens of MB the gain is an upper bound. Only all-reduces gain;
+# all-gathers and reduce-scatters do not (NVIDIA/nccl issue 1506, the maintainer: NVLS
+# "does not promise a bandwidth improvement over point-to-point based operations for
+# allgather and reduce scatter"). The H800's NVLS is not documented: it keeps the ring.
+RING_NVLINK_BUSBW = 370e9
+NVLS_ALLREDUCE_BUSBW = {5: 420e9, 6: 440e9, 7: 460e9, 8: 480e9}
+NVLINK_SHARP = ("H100-SXM5", "H200")
+
+
 def _gpu(name, *datasheet, fp8=None, like=None, clock_share=1.0):
-    """A GPU with the MAMF and SM count of ``like`` (default: its own name's), its matmul
-    rates scaled by what it sustains (``SUSTAINED``) and by ``clock_share``
-    (``power_limited_share``)."""
+    """A GPU with the MAMF, SM count and NVSwitch generation of ``like`` (default: its own
+    name's), its matmul rates scaled by what it sustains (``SUSTAINED``) and by
+    ``clock_share`` (``power_limited_share``)."""
     like = like or name
     clock_share *= SUSTAINED.get(like, 1.0)
     bf16, fp8_mamf = MAMF[like]
     return GPU(name, *datasheet, fp8, matmul_flops=bf16 * clock_share,
                fp8_matmul_flops=fp8_mamf and fp8_mamf * clock_share, sms=SMS[like],
-               clock_share=clock_share)
+               clock_share=clock_share, nvlink_sharp=like in NVLINK_SHARP and name != "H800")
 
 
 # Two datasheets of the same 132-SM GH100 at two power limits: the H100 NVL (350-400 W,
@@ -212,6 +230,9 @@ class Cluster:
       network: for a group spanning DGX servers that is the ports' sum, not one port.
     * "flat-ring": one ring through the group, crossing each server boundary through one
       port, the textbook ring on a cluster with one port per server.
+
+    An all-reduce inside one H100 or H200 server runs faster than its ring: the NVSwitches
+    reduce it (NVLS, ``allreduce_speedup``).
     """
 
     gpu: GPU
@@ -277,6 +298,15 @@ class Cluster:
         latency = ((servers - 1) * self.network_latency_s
                    + (size - servers) * self.nvlink_latency_s) / (size - 1)
         return min(self.nvlink_bytes_per_s, ports * self.network_bytes_per_s), latency
+
+    def allreduce_speedup(self, n_gpus, size, stride):
+        """How much faster an all-reduce of the groups of ``size`` ranks ``stride`` apart
+        runs than the ring ``group_link`` prices: NVLS's busbw over the ring's where the
+        GPU's NVSwitches reduce and each group sits in one server, else 1."""
+        if not self.gpu.nvlink_sharp or size < min(NVLS_ALLREDUCE_BUSBW) or \
+                members_per_node(n_gpus, size, stride, self.gpus_per_node) < size:
+            return 1.0
+        return NVLS_ALLREDUCE_BUSBW[min(size, max(NVLS_ALLREDUCE_BUSBW))] / RING_NVLINK_BUSBW
 
 
 # Port speeds the model turns into finite times, 1 Mb/s to 1 Pb/s: below, a step runs past

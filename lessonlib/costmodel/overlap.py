@@ -150,9 +150,10 @@ def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
     back_gather = gather if te else one
     regathers = 2 * one if lay.recompute == "op" and lay.sequence_parallel else 0.0
     if not lay.async_tp:
-        if not lay.sequence_parallel:     # two all-reduces a pass
+        if not lay.sequence_parallel:     # two all-reduces a pass, NVLS where it runs
+            fast = bandwidth * cluster.allreduce_speedup(lay.n_gpus, t, 1)
             return layers * 2 * (forwards + 1) * ring_allreduce_time_s(
-                t, message, bandwidth, latency), 0.0
+                t, message, fast, latency), 0.0
         # a pass's two all-gathers and two reduce-scatters, the gathers perhaps in FP8, and
         # the regathers; each with PyTorch's copy where its plan pays one
         copies = (2 * forwards * share + 2 * forwards + 4 + (2 if regathers else 0))

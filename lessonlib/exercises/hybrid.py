@@ -236,8 +236,10 @@ def check_h100_best_t(best_t) -> Verdict:
     was = A100_BEST_T
     now = max(h100, key=lambda t: h100[t].tflops_per_gpu)
     old, new = CLUSTERS["dgx-a100"], CLUSTERS["dgx-h100"]
-    faster = (f"compute {new.gpu.peak_flops / old.gpu.peak_flops:.1f}x, NVLink "
-              f"{new.nvlink_bytes_per_s / old.nvlink_bytes_per_s:.1f}x, the network "
+    nvlink = new.nvlink_bytes_per_s / old.nvlink_bytes_per_s
+    faster = (f"compute {new.gpu.peak_flops / old.gpu.peak_flops:.1f}x, NVLink {nvlink:.1f}x "
+              f"({nvlink * new.allreduce_speedup(8, 8, 1):.1f}x for an all-reduce of the "
+              f"server's 8 GPUs, which its NVSwitches reduce), the network "
               f"{new.network_bytes_per_s / old.network_bytes_per_s:.1f}x")
 
     def tp_share(e):

@@ -497,8 +497,10 @@ ex.check_gpt3_design(**gpt3_design_solution)
 
 # %%
 h100 = cm.CLUSTERS["dgx-h100"]
+nvlink = h100.nvlink_bytes_per_s / a100.nvlink_bytes_per_s
 print(f"H100 over A100: compute {h100.gpu.peak_flops / a100.gpu.peak_flops:.1f}x, NVLink "
-      f"{h100.nvlink_bytes_per_s / a100.nvlink_bytes_per_s:.1f}x, InfiniBand "
+      f"{nvlink:.1f}x ({nvlink * h100.allreduce_speedup(8, 8, 1):.1f}x for an all-reduce of "
+      f"the server's 8 GPUs, which its NVSwitches reduce), InfiniBand "
       f"{h100.network_bytes_per_s / a100.network_bytes_per_s:.1f}x")
 h100_best_t = None  # your prediction: 1, 2, 4, 8, 16, 32 or 64
 ex.check_h100_best_t(h100_best_t)

@@ -289,9 +289,11 @@ TENSORWISE_RECAST_BYTES = 2 + 1
 # MLP GEMMs writes FP8 itself (LayerNormLinear), leaving only the transpose the weight
 # gradient takes (``fp8_transpose``: 1 read, 1 written); the inputs of the attention output
 # and the MLP's second GEMM are cast with their transpose in one pass
-# (``fp8_cast_transpose_fused``: 2 read, 1 + 1 written); so is each output gradient
+# (``fp8_cast_transpose_fused``: 2 read, 1 + 1 written; under SP the row-parallel layers
+# transpose apart, a byte more each way, not counted); so is each output gradient
 # (``grad_output_preprocess``); the weights once a step, the first micro-batch's cast kept
-# for the rest (``is_first_microbatch``). By the order of ``layer_gemms``' linear GEMMs:
+# for the rest (``is_first_microbatch``); a recompute's casts are counted as a cast (3).
+# By the order of ``layer_gemms``' linear GEMMs:
 TE_INPUT_BYTES = (1 + 1, 2 + 1 + 1, 1 + 1, 2 + 1 + 1)
 TE_CAST_TRANSPOSE_BYTES = 2 + 1 + 1
 FP8_SCALINGS = ("blockwise", "tensorwise", "te")

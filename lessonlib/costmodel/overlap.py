@@ -69,8 +69,8 @@ group_size, dim=0), dim=gather_dim)`` and ``reduce_scatter_tensor`` with ``scatt
 chunks and concatenates its input first (torch/distributed/_functional_collectives.py):
 one memory-bound copy of the whole gathered tensor per collective, read and written, exposed
 (the concatenation needs the gathered data; the reduce-scatter needs the copy). Newer code
-takes a view where the shard's leading dims are 1 (b = 1), so only b > 1 pays it
-(``pytorch_sp_copy_s``). Async TP's fused all-gather-matmul instead copies the shard once
+gathers into a view where the shard's leading dims are 1 (b = 1); the model charges neither
+collective at b = 1, an assumption for the reduce-scatter (``pytorch_sp_copy_s``). Async TP's fused all-gather-matmul instead copies the shard once
 when it is not contiguous ("A_shard needs to be copied once", its docstring), 1/t of that,
 not charged.
 

@@ -150,3 +150,27 @@ def test_nvlink_sharp_speeds_only_all_reduces_inside_an_nvswitch_server():
     assert fast["dp_comm"] < slow["dp_comm"]
     fast, slow = times(Layout(d=8, m=1, recompute="none", zero_stage=1))
     assert fast["dp_comm"] == slow["dp_comm"]
+
+
+def test_gradients_travel_in_the_reduce_dtype_and_weights_in_16_bits():
+    """Megatron-LM under bf16 and torchtitan's FSDP reduce gradients in fp32: the
+    gradients' half of the exchange doubles, the weights' all-gathers do not."""
+    from lessonlib.costmodel.axes import _exchange_s
+    from lessonlib.costmodel.comm import (ring_all_gather_time_s, ring_allreduce_time_s,
+                                          ring_reduce_scatter_time_s)
+    params, bw, lat = 1e9, 50e9, 1e-5
+    for zero in (0, 1, 3):
+        lay = Layout(d=8, m=1, zero_stage=zero)
+        fp32 = replace(lay, reduce_dtype="fp32")
+        (g16, r16), (g32, r32) = (_exchange_s(x, params, 8, 8, bw, lat) for x in (lay, fp32))
+        assert g32 == g16                                        # weights still 16-bit
+        grads = ring_reduce_scatter_time_s(8, 2 * params, bw, lat)
+        if zero == 0:
+            assert r32 - r16 == pytest.approx(ring_allreduce_time_s(8, 2 * params, bw, 0))
+        else:
+            assert r32 - r16 == pytest.approx(grads - lat * 7)
+        if zero == 1:
+            assert r16 == pytest.approx(grads + ring_all_gather_time_s(8, 2 * params, bw, lat))
+    assert "fp32 reduce" in Layout(m=1, reduce_dtype="fp32").describe()
+    with pytest.raises(ValueError, match="reduce_dtype='fp16' must be one of bf16, fp32"):
+        Layout(m=1, reduce_dtype="fp16")

@@ -30,7 +30,8 @@ from dataclasses import replace
 from .comm import (group_spans_nodes, ring_all_gather_time_s, ring_allreduce_time_s,
                    ring_reduce_scatter_time_s)
 from .compute import attention_core_forward_flops
-from .memory import GRAD_BYTES, stage_expert_params, stage_params
+from .layout import GRAD_DTYPES
+from .memory import WEIGHT_BYTES, stage_expert_params, stage_params
 from .moe import alltoall_time_s, moe_layer_comm_s
 
 
@@ -138,22 +139,28 @@ def ep_alltoall_s(model, lay, cluster, layers, comm_efficiency):
     return moe_layers * one * (6 / 4 if lay.recompute == "full" else 1)
 
 
-def _exchange_s(lay, nbytes, group, shard, bandwidth, latency):
+def _exchange_s(lay, params, group, shard, bandwidth, latency):
     """One parameter group's data-parallel exchange over ``group`` replicas, ZeRO/FSDP
-    sharded over ``shard`` of them: (exposed-able gathers, the rest) in seconds."""
+    sharded over ``shard`` of them: (exposed-able gathers, the rest) in seconds. Gradients
+    travel in ``lay.reduce_dtype``, weights in 16 bits."""
+    grads = GRAD_DTYPES[lay.reduce_dtype] * params
+    weights = WEIGHT_BYTES * params
+    if lay.zero_stage == 0:
+        return 0.0, ring_allreduce_time_s(group, grads, bandwidth, latency)
     if lay.zero_stage < 3:
-        # ZeRO-1/2 reduce-scatter gradients and all-gather weights: an all-reduce's bytes.
-        return 0.0, ring_allreduce_time_s(group, nbytes, bandwidth, latency)
+        # ZeRO-1/2 reduce-scatter gradients and all-gather weights: an all-reduce's steps.
+        return 0.0, (ring_reduce_scatter_time_s(group, grads, bandwidth, latency)
+                     + ring_all_gather_time_s(group, weights, bandwidth, latency))
     # ZeRO-3 gathers the weights before every forward, recompute and backward of every
     # micro-batch, and reduce-scatters the gradients once (ZeRO §7.2: 1.5x at m=1). Under a
     # pipeline of several micro-batches the weights are gathered once a step and kept
     # (torchtitan's ``apply_fsdp``: no reshard after the forward "to avoid per-microbatch
     # all-gathers"), as ``memory.memory_per_gpu`` holds them.
     gathers = 1 if lay.p > 1 and lay.m > 1 else lay.m * (3 if lay.recompute == "full" else 2)
-    rest = ring_reduce_scatter_time_s(shard, nbytes, bandwidth, latency)
+    rest = ring_reduce_scatter_time_s(shard, grads, bandwidth, latency)
     if shard < group:   # HSDP: the shard's gradients all-reduced across the groups
-        rest += ring_allreduce_time_s(group // shard, nbytes / shard, bandwidth, latency)
-    return gathers * ring_all_gather_time_s(shard, nbytes, bandwidth, latency), rest
+        rest += ring_allreduce_time_s(group // shard, grads / shard, bandwidth, latency)
+    return gathers * ring_all_gather_time_s(shard, weights, bandwidth, latency), rest
 
 
 def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
@@ -176,9 +183,9 @@ def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
                          if lay.zero_stage == 0 and lay.c == 1 else 1.0)
     shard = (lay.shard_group or lay.d) * lay.c
     where = (lay.t, lay.p, lay.e, lay.uneven_stages, lay.schedule)
-    grads = GRAD_BYTES * stage_params(model, *where)
-    experts = GRAD_BYTES * stage_expert_params(model, *where)
-    gathers, rest = _exchange_s(lay, grads - experts, group, shard, dense, latency)
+    params = stage_params(model, *where)
+    experts = stage_expert_params(model, *where)
+    gathers, rest = _exchange_s(lay, params - experts, group, shard, dense, latency)
     if experts and group // lay.e > 1:
         more = _exchange_s(lay, experts, group // lay.e, max(1, shard // lay.e), bandwidth,
                            latency)

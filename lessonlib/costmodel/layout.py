@@ -119,6 +119,11 @@ class Layout:
     async_tp: bool = False
     fp8_scaling: str = "blockwise"
     grad_dtype: str = "bf16"     # what gradients accumulate in: "bf16" or "fp32"
+    # what the data-parallel exchange reduces gradients in: Megatron-LM reduces in fp32 under
+    # bf16 (arguments.py: "bfloat16 requires gradient accumulation and all-reduce to be done
+    # in fp32"; NeMo's grad_reduce_in_fp32=True), and so does torchtitan's FSDP
+    # (--training.mixed_precision_reduce, default "float32"); weights still travel in bf16
+    reduce_dtype: str = "bf16"
     moment_dtype: str = "fp32"   # Adam's momentum and variance: "fp32" or "bf16"
     # Whose tensor-parallel plan: "megatron" (SP keeps the column layers' input shard and
     # gathers it again in backward) or "pytorch" (torchtitan's: keeps the gathered input).
@@ -147,6 +152,7 @@ class Layout:
                              f"GPU's SMs from 0 to below 1, e.g. 20/132 (DeepSeek-V3)")
         for name, allowed in (("cp_comm", CP_COMM), ("precision", PRECISIONS),
                               ("grad_dtype", GRAD_DTYPES), ("moment_dtype", GRAD_DTYPES),
+                              ("reduce_dtype", GRAD_DTYPES),
                               ("tp_plan", TP_PLANS), ("attention_kernel", ATTENTION_KERNELS),
                               ("kernels", KERNELS), ("fp8_scaling", FP8_SCALINGS)):
             if getattr(self, name) not in allowed:
@@ -243,6 +249,7 @@ class Layout:
         extras += [f"CP {self.cp_comm}"] if self.c > 1 and self.cp_comm != "ring" else []
         extras += ["async TP"] if self.async_tp else []
         extras += ["fp32 grads"] if self.grad_dtype == "fp32" else []
+        extras += ["fp32 reduce"] if self.reduce_dtype == "fp32" else []
         extras += ["bf16 moments"] if self.moment_dtype == "bf16" else []
         if self.precision != "bf16":      # blockwise, DeepSeek-V3's, printed as plain "FP8"
             tensorwise = self.fp8_scaling != "blockwise"

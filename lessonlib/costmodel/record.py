@@ -205,7 +205,7 @@ def _nemotron_rows():
     for d, batch, seconds, mfu in NEMOTRON:
         lay = Layout(t=8, d=d, b=SILENT["b"], global_batch=batch, zero_stage=1,
                      recompute=SILENT["recompute"], sequence_parallel=True,
-                     attention_kernel="cudnn")
+                     attention_kernel="cudnn", reduce_dtype="fp32")
         rows.append(PublishedRun(
             f"Nemotron-4 15B Table 2, DP {d}", MODELS["nemotron-4-15B"], "dgx-h100", lay,
             "seconds", seconds, "megatron-lm",
@@ -216,7 +216,9 @@ def _nemotron_rows():
                  "num_floating_point_operations), which gives 34.1 / 33.6 / 30.4 % from the "
                  "table's own times; attention by cuDNN, as Megatron-LM runs it on H100 "
                  "(--transformer-impl defaults to transformer_engine, which selects cuDNN's "
-                 "fused attention on sm90)",
+                 "fused attention on sm90); gradients reduced in fp32, as Megatron-LM does "
+                 "under bf16 (arguments.py: 'bfloat16 requires gradient accumulation and "
+                 "all-reduce to be done in fp32')",
             columns={"gpus": 8 * d, "t": 8, "d": d, "global_batch": batch,
                      "tokens_per_batch": batch * 4096, "seq": 4096},
             beside=(("mfu", mfu / 100, "megatron-lm"),)))
@@ -232,7 +234,9 @@ _NEMO_NOTE = ("Megatron-Core under NeMo: Transformer Engine's layers, so attenti
               "on sm90) and FP8 by TE's default recipe, delayed scaling (fp8_scaling='te'); "
               "context parallelism as Megatron-Core runs it, the ring (p2p); the optimizer "
               "NeMo's recipes name, distributed fused Adam (ZeRO-1); SP with t > 1, no "
-              "recompute and no overlap, as no column says otherwise (SILENT); model "
+              "recompute and no overlap, as no column says otherwise (SILENT); gradients "
+              "reduced in fp32 (NeMo's DistributedDataParallelConfig, "
+              "grad_reduce_in_fp32=True); model "
               "TFLOP/s by Megatron-LM's count, which NeMo's uses")
 
 
@@ -242,7 +246,7 @@ def _nemo_rows():
         d = gpus // (t * p * c)
         lay = Layout(t=t, p=p, c=c, d=d, v=v, b=mbs, global_batch=batch, zero_stage=1,
                      recompute=SILENT["recompute"], sequence_parallel=t > 1, precision="fp8",
-                     fp8_scaling="te", attention_kernel="cudnn")
+                     fp8_scaling="te", attention_kernel="cudnn", reduce_dtype="fp32")
         rows.append(PublishedRun(
             f"NeMo 24.07 DGX-H100, Llama 3 {size} FP8", MODELS[f"llama3-{size}"], "dgx-h100",
             lay, "tokens", tokens, "", note=_NEMO_NOTE,
@@ -325,7 +329,8 @@ def _titan(source, model, lay, tokens, columns, note, versus=""):
 
 def _torchtitan_rows():
     """torchtitan's benchmark tables in absolute tokens/s per GPU, each with its settings:
-    FSDP (ZeRO-3 with prefetch), its default selective AC read as per-op ('op'), compile as
+    FSDP (ZeRO-3 with prefetch; its gradients reduce-scattered in fp32, torchtitan's
+    --training.mixed_precision_reduce, whose only choice is "float32"), its default selective AC read as per-op ('op'), compile as
     fused kernels, Float8 as torchao's tensorwise scaling on every nn.Linear but the output
     head, all-gather CP as PyTorch's ``context_parallel`` runs it (its default rotate method:
     ``cp_comm="torchtitan"``), PP with as many micro-batches as stages (its default); and
@@ -336,7 +341,8 @@ def _torchtitan_rows():
     rows = []
     for table, gpus, tps in (("Table 1", 8, (5762, 6667, 8532)),
                              ("Table 3", 128, (5605, 6514, 8380))):
-        lay = Layout(d=gpus, b=2, m=1, zero_stage=3, recompute="op", overlap_comm=True)
+        lay = Layout(d=gpus, b=2, m=1, zero_stage=3, recompute="op", overlap_comm=True,
+                     reduce_dtype="fp32")
         names = [f"torchtitan {table}, 8B FSDP on {gpus}, {what}"
                  for what in ("eager", "compile", "compile + Float8")]
         variants = (replace(lay, kernels="eager"), lay,
@@ -351,7 +357,7 @@ def _torchtitan_rows():
     for c, tokens in zip((1, 2, 4, 8), (3890, 2540, 1071, 548)):
         lay = Layout(c=c, d=8 // c, b=1, m=1, zero_stage=3, recompute="full",
                      cp_comm="torchtitan", precision="fp8", fp8_scaling="tensorwise",
-                     overlap_comm=True)
+                     overlap_comm=True, reduce_dtype="fp32")
         rows.append(_titan(f"torchtitan Table 2, 8B FSDP {8 // c} CP {c}, {32 * c}K",
                            replace(m8, s=32768 * c), lay, tokens,
                            {"gpus": 8, "c": c, "d": 8 // c, "local_batch": 1,
@@ -359,7 +365,7 @@ def _torchtitan_rows():
                            _TITAN + "compile + Float8, local batch 1, full AC"))
     tp70 = Layout(t=8, d=32, b=16, m=1, zero_stage=3, recompute="full", sequence_parallel=True,
                   precision="fp8", fp8_scaling="tensorwise", overlap_comm=True,
-                  tp_plan="pytorch")
+                  tp_plan="pytorch", reduce_dtype="fp32")
     cols = {"gpus": 256, "t": 8, "d": 32, "local_batch": 16, "global_batch": 512, "seq": 8192}
     rows += [_titan("torchtitan Table 4, 70B 2D", m70, tp70, 829, cols,
                     _TITAN + "FSDP 32 x TP 8, compile + Float8, full AC"),
@@ -367,7 +373,7 @@ def _torchtitan_rows():
                     876, cols, _TITAN + "the same with async TP", "torchtitan Table 4, 70B 2D")]
     pp = Layout(t=8, p=8, d=8, b=4, m=8, zero_stage=3, recompute="full", sequence_parallel=True,
                 precision="fp8", fp8_scaling="tensorwise", async_tp=True, overlap_comm=True,
-                tp_plan="pytorch")
+                tp_plan="pytorch", reduce_dtype="fp32")
     cols = {"gpus": 512, "t": 8, "p": 8, "d": 8, "local_batch": 32, "global_batch": 256,
             "seq": 8192}
     rows += [_titan("torchtitan Table 5, 405B 3D, 1F1B", m405, pp, 100, cols,
@@ -389,7 +395,7 @@ def _torchtitan_rows():
                            "as 8 micro-batches of 1, full AC"))
     a70 = replace(tp70, precision="bf16", async_tp=False)
     a8 = Layout(t=8, d=8, b=12, m=1, zero_stage=3, recompute="op", sequence_parallel=True,
-                overlap_comm=True, tp_plan="pytorch")
+                overlap_comm=True, tp_plan="pytorch", reduce_dtype="fp32")
     c70 = {"gpus": 256, "t": 8, "d": 32, "local_batch": 16, "seq": 8192}
     c8 = {"gpus": 64, "t": 8, "d": 8, "local_batch": 12, "seq": 8192}
     vanilla70, vanilla8 = ("torchtitan async-TP benchmark, 70B on 256, vanilla TP",

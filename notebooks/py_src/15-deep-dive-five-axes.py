@@ -167,7 +167,9 @@ claim("the model does not yet predict every held-out row within 15 %", len(misse
 #   Engine, which runs attention on an H100 in cuDNN's fused kernel: 529 TFLOP/s forward at
 #   8K tokens under a causal mask, where FlashAttention-2, which PyTorch's SDPA and so
 #   torchtitan run, reaches 333 (Shah et al. 2024, Fig. 5); the attention kernel is a
-#   setting of the layout.
+#   setting of the layout. Megatron-LM reduces gradients in fp32 under bf16, and nothing
+#   the paper prints says its run overlapped that exchange: priced so, the row is far too
+#   slow, the model's sign that the run hid a cost the paper does not name.
 # - **torchtitan** (its `benchmarks/llama3_h100_202412_torchtitan.md`): tokens per second per
 #   GPU on H100s limited to 500 W, every table in absolute figures: FSDP eager, compiled and
 #   with Float8 on 8 and 128 GPUs, the 8B context-parallel sweep, 70B in 2D with and
@@ -178,7 +180,8 @@ claim("the model does not yet predict every held-out row within 15 %", len(misse
 #   PyTorch's: activations batch first, so every sequence-parallel collective along the
 #   sequence costs a copy of the gathered tensor (PyTorch's functional collectives gather
 #   along the first dimension only), and async TP's compiler pass fuses the backward's
-#   all-gathers but not its reduce-scatters, whose input is a sum of matmuls.
+#   all-gathers but not its reduce-scatters, whose input is a sum of matmuls. Its FSDP
+#   reduce-scatters gradients in fp32 (its only choice of `mixed_precision_reduce`).
 # - **NeMo** (its `docs/source/performance/performance_summary.md`, container 24.07,
 #   DGX-H100): tokens per second per GPU of Llama 3 8B and 70B in FP8, with the model
 #   TFLOP/s beside; Megatron-Core's layers from Transformer Engine, so attention in cuDNN

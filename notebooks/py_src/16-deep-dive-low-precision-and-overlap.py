@@ -370,7 +370,7 @@ at_most("the course's executor against PyTorch's ScheduleDualPipeV", parity.max_
 
 # %%
 # NBVAL_CHECK_OUTPUT
-moe = ep_overlap.run_overlap()
+moe = ep_overlap.run_overlap(reps=16)   # medians of 16: a shared CPU's bursts pass
 print(f"one slot sends {moe.sent_bytes / 1e6:.1f} MB a rank in all-to-alls")
 
 # %%

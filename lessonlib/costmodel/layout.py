@@ -78,7 +78,7 @@ TP_PLANS = ("megatron", "pytorch")
 # "fa2", FlashAttention-2, PyTorch SDPA's flash backend (torchtitan); "cudnn", cuDNN's fused
 # attention, which Transformer Engine (Megatron-Core's and NeMo's layers) selects on Hopper
 # ("Select FusedAttention on sm90 and FlashAttention on others for performance", TE
-# pytorch/attention.py since 2023); "fa3", FlashAttention-3.
+# pytorch/attention.py, January 2024 at the latest); "fa3", FlashAttention-3.
 ATTENTION_KERNELS = ("fa2", "cudnn", "fa3")
 
 

@@ -70,9 +70,9 @@ chunks and concatenates its input first (torch/distributed/_functional_collectiv
 one memory-bound copy of the whole gathered tensor per collective, read and written, exposed
 (the concatenation needs the gathered data; the reduce-scatter needs the copy). Newer code
 gathers into a view where the shard's leading dims are 1 (b = 1); the model charges neither
-collective at b = 1, an assumption for the reduce-scatter (``pytorch_sp_copy_s``). Async TP's fused all-gather-matmul instead copies the shard once
-when it is not contiguous ("A_shard needs to be copied once", its docstring), 1/t of that,
-not charged.
+collective at b = 1, an assumption for the reduce-scatter (``pytorch_sp_copy_s``). Async
+TP's fused all-gather-matmul instead copies the shard once when it is not contiguous
+("A_shard needs to be copied once", its docstring), 1/t of that, not charged.
 
 Pure arithmetic, called by ``throughput.estimate``. Try ``python -c "from
 lessonlib.costmodel.overlap import async_tp_exposed_s; print(async_tp_exposed_s(2.0, 1.0, 8))"``.

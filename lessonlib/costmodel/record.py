@@ -228,7 +228,8 @@ def _nemotron_rows():
 # NeMo's published pre-training benchmarks (NVIDIA/NeMo docs/source/performance/
 # performance_summary.md, container 24.07, DGX-H100, FP8): GPUs, GBS, MBS, TP, PP, CP, VP,
 # tokens/s per GPU, model TFLOP/s per GPU; the Llama 3 rows, 8,192-token sequences.
-NEMO_2407 = [("8B", 8, 128, 1, 1, 1, 2, 1, 12036, 697), ("70B", 64, 128, 1, 4, 4, 2, 5, 1533, 738)]
+NEMO_2407 = [("8B", 8, 128, 1, 1, 1, 2, 1, 12036, 697),
+             ("70B", 64, 128, 1, 4, 4, 2, 5, 1533, 738)]
 _NEMO_NOTE = ("Megatron-Core under NeMo: Transformer Engine's layers, so attention in cuDNN "
               "on H100 (--transformer-impl transformer_engine, which selects FusedAttention "
               "on sm90) and FP8 by TE's default recipe, delayed scaling (fp8_scaling='te'); "
@@ -330,10 +331,10 @@ def _titan(source, model, lay, tokens, columns, note, versus=""):
 def _torchtitan_rows():
     """torchtitan's benchmark tables in absolute tokens/s per GPU, each with its settings:
     FSDP (ZeRO-3 with prefetch; its gradients reduce-scattered in fp32, torchtitan's
-    --training.mixed_precision_reduce, whose only choice is "float32"), its default selective AC read as per-op ('op'), compile as
-    fused kernels, Float8 as torchao's tensorwise scaling on every nn.Linear but the output
-    head, all-gather CP as PyTorch's ``context_parallel`` runs it (its default rotate method:
-    ``cp_comm="torchtitan"``), PP with as many micro-batches as stages (its default); and
+    --training.mixed_precision_reduce, whose only choice is "float32"), its default
+    selective AC read as per-op ('op'), compile as fused kernels, Float8 as torchao's
+    tensorwise scaling on every nn.Linear but the output head, all-gather CP as PyTorch's
+    ``context_parallel`` runs it (its default rotate method: ``cp_comm="torchtitan"``), PP with as many micro-batches as stages (its default); and
     the async-TP benchmark; TP as PyTorch's plan runs it (``tp_plan="pytorch"``: batch-first
     activations, the gathered input kept). A run measured against another prints the ratio
     beside."""

@@ -334,8 +334,8 @@ def _torchtitan_rows():
     --training.mixed_precision_reduce, whose only choice is "float32"), its default
     selective AC read as per-op ('op'), compile as fused kernels, Float8 as torchao's
     tensorwise scaling on every nn.Linear but the output head, all-gather CP as PyTorch's
-    ``context_parallel`` runs it (its default rotate method: ``cp_comm="torchtitan"``), PP with as many micro-batches as stages (its default); and
-    the async-TP benchmark; TP as PyTorch's plan runs it (``tp_plan="pytorch"``: batch-first
+    ``context_parallel`` runs it (its default rotate method: ``cp_comm="torchtitan"``), PP
+    with as many micro-batches as stages (its default); and the async-TP benchmark; TP as PyTorch's plan runs it (``tp_plan="pytorch"``: batch-first
     activations, the gathered input kept). A run measured against another prints the ratio
     beside."""
     m8, m70, m405 = MODELS["llama3-8B"], MODELS["llama3-70B"], MODELS["llama3-405B"]

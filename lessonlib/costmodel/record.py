@@ -329,15 +329,15 @@ def _titan(source, model, lay, tokens, columns, note, versus=""):
 
 
 def _torchtitan_rows():
-    """torchtitan's benchmark tables in absolute tokens/s per GPU, each with its settings:
-    FSDP (ZeRO-3 with prefetch; its gradients reduce-scattered in fp32, torchtitan's
+    """torchtitan's benchmark tables in absolute tokens/s per GPU, each with its settings: FSDP
+    (ZeRO-3 with prefetch; its gradients reduce-scattered in fp32, torchtitan's
     --training.mixed_precision_reduce, whose only choice is "float32"), its default
     selective AC read as per-op ('op'), compile as fused kernels, Float8 as torchao's
     tensorwise scaling on every nn.Linear but the output head, all-gather CP as PyTorch's
     ``context_parallel`` runs it (its default rotate method: ``cp_comm="torchtitan"``), PP
-    with as many micro-batches as stages (its default); and the async-TP benchmark; TP as PyTorch's plan runs it (``tp_plan="pytorch"``: batch-first
-    activations, the gathered input kept). A run measured against another prints the ratio
-    beside."""
+    with as many micro-batches as stages (its default); and the async-TP benchmark; TP as
+    PyTorch's plan runs it (``tp_plan="pytorch"``: batch-first activations, the gathered
+    input kept). A run measured against another prints the ratio beside."""
     m8, m70, m405 = MODELS["llama3-8B"], MODELS["llama3-70B"], MODELS["llama3-405B"]
     rows = []
     for table, gpus, tps in (("Table 1", 8, (5762, 6667, 8532)),

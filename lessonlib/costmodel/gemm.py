@@ -163,7 +163,7 @@ def _interpolate(x, xs, ys):
     return ys[-1]
 
 
-def _fa2_tflops(direction, causal, seqlen, head_dim, kernel="fa2"):
+def _measured_tflops(direction, causal, seqlen, head_dim, kernel="fa2"):
     """The ``kernel``'s measured TFLOP/s (``ATTENTION_H100_TFLOPS``) at ``seqlen``, linear in
     log2 of the length between the measured lengths and in the head dim between the
     measured dims, the end values beyond them."""
@@ -186,13 +186,13 @@ def attention_flops(gpu, seqlen, head_dim, causal=True, direction="forward", ker
         raise ValueError(f"direction={direction!r} must be 'forward' or 'backward'")
     if kernel not in ATTENTION_H100_TFLOPS:
         raise ValueError(f"kernel={kernel!r} must be one of {', '.join(ATTENTION_H100_TFLOPS)}")
-    rate = _fa2_tflops(direction, False, seqlen, head_dim, kernel)
+    rate = _measured_tflops(direction, False, seqlen, head_dim, kernel)
     if causal and direction == "forward":
-        rate = _fa2_tflops("forward", True, seqlen, head_dim, kernel)
+        rate = _measured_tflops("forward", True, seqlen, head_dim, kernel)
     elif causal:                         # the mask's cost, where both forwards were measured
         both = min(max(head_dim, 64), 128)
-        rate *= (_fa2_tflops("forward", True, seqlen, both, kernel)
-                 / _fa2_tflops("forward", False, seqlen, both, kernel))
+        rate *= (_measured_tflops("forward", True, seqlen, both, kernel)
+                 / _measured_tflops("forward", False, seqlen, both, kernel))
     return rate * 1e12 / FA2_MEASURED_ON_PEAK * gpu.peak_flops * gpu.clock_share
 
 

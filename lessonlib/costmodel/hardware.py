@@ -106,16 +106,17 @@ NVLS_ALLREDUCE_BUSBW = {5: 420e9, 6: 440e9, 7: 460e9, 8: 480e9}
 NVLINK_SHARP = ("H100-SXM5", "H200")
 
 
-def _gpu(name, *datasheet, fp8=None, like=None, clock_share=1.0):
-    """A GPU with the MAMF, SM count and NVSwitch generation of ``like`` (default: its own
-    name's), its matmul rates scaled by what it sustains (``SUSTAINED``) and by
-    ``clock_share`` (``power_limited_share``)."""
+def _gpu(name, *datasheet, fp8=None, like=None, clock_share=1.0, nvlink_sharp=None):
+    """A GPU with the MAMF, SM count and NVSwitch generation (``nvlink_sharp``, unless given)
+    of ``like`` (default: its own name's), its matmul rates scaled by what it sustains
+    (``SUSTAINED``) and by ``clock_share`` (``power_limited_share``)."""
     like = like or name
+    nvlink_sharp = like in NVLINK_SHARP if nvlink_sharp is None else nvlink_sharp
     clock_share *= SUSTAINED.get(like, 1.0)
     bf16, fp8_mamf = MAMF[like]
     return GPU(name, *datasheet, fp8, matmul_flops=bf16 * clock_share,
                fp8_matmul_flops=fp8_mamf and fp8_mamf * clock_share, sms=SMS[like],
-               clock_share=clock_share, nvlink_sharp=like in NVLINK_SHARP and name != "H800")
+               clock_share=clock_share, nvlink_sharp=nvlink_sharp)
 
 
 # Two datasheets of the same 132-SM GH100 at two power limits: the H100 NVL (350-400 W,
@@ -166,7 +167,7 @@ H800 = _gpu(
     "H800", 989e12, 81559 * MiB, 3350 * GB, 400 * GB,
     "H100 SXM5's compute and memory with NVLink cut to 400 GB/s; DeepSeek-V3 (DeepSeek-AI "
     "2024, §3.1) trained on 2048 of them, 8 per node, 400 Gb/s InfiniBand per GPU; dense "
-    "FP8 1,979 TFLOP/s as the H100", fp8=1979e12, like="H100-SXM5")
+    "FP8 1,979 TFLOP/s as the H100", fp8=1979e12, like="H100-SXM5", nvlink_sharp=False)
 
 # torchtitan's H100 benchmarks ran on Meta's Grand Teton hosts: "96GB HBM2e with 2.4 TB/sec
 # peak memory bandwidth", "the default 500W power limit, although tuning it up to 700W TDP can

@@ -201,8 +201,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     elementwise += cp_merge_s(model, lay, layers, hbm)   # CP's float32 merges
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(
-            model, b, t, c, lay.e, lay.fp8_scaling, lay.recompute != "none",
-            lay.m if lay.fp8_scaling == "te" else 1) / hbm
+            model, b, t, c, lay.e, lay.fp8_scaling, lay.recompute != "none", lay.m) / hbm
 
     # forward g after attention and MLP, backward f twice; recompute repeats the forward;
     # with SP all-gathers and reduce-scatters, hidden behind their GEMMs under async TP
@@ -225,9 +224,13 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     if lay.overlap_comm or lay.schedule == "dualpipe":   # DualPipe hides its all-to-alls
         hidden += min(ep, compute)
         ep = max(0.0, ep - compute)
-    # SMs set aside for communication (DeepSeek-V3) already price what it takes from compute
-    contended = 0.0 if lay.comm_sm_share else contention_s(hidden)
-    return compute, elementwise, tp, pp, cp, ep, contended
+    return compute, elementwise, tp, pp, cp, ep, _contention_s(lay, hidden)
+
+
+def _contention_s(lay, hidden):
+    """``overlap.contention_s`` of ``hidden`` seconds of transfers, but none where SMs are set
+    aside for communication (DeepSeek-V3): they already price what it takes from compute."""
+    return 0.0 if lay.comm_sm_share else contention_s(hidden)
 
 
 # Once per model and batch (and recompute): the thousands of layouts of a plan share them.
@@ -334,7 +337,7 @@ def timed(est):
     time["optimizer"] = optimizer_step_s(est)
     # The new axes' traffic, only where they are used (c = e = 1 keeps the old keys), and
     # the compute slowed under hidden transfers, only where a transfer is hidden.
-    contention = m * per_mb[6] + (0.0 if lay.comm_sm_share else contention_s(dp_hidden))
+    contention = m * per_mb[6] + _contention_s(lay, dp_hidden)
     time.update({k: v for k, v, on in (("cp_comm", m * per_mb[4], lay.c > 1),
                                        ("ep_comm", m * per_mb[5], lay.e > 1),
                                        ("contention", contention, contention > 0)) if on})

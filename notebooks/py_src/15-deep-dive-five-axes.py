@@ -185,7 +185,10 @@ claim("the model does not yet predict every held-out row within 15 %", len(misse
 # - **NeMo** (its `docs/source/performance/performance_summary.md`, container 24.07,
 #   DGX-H100): tokens per second per GPU of Llama 3 8B and 70B in FP8, with the model
 #   TFLOP/s beside; Megatron-Core's layers from Transformer Engine, so attention in cuDNN
-#   and FP8 by its default recipe, delayed scaling, whose norms write FP8 themselves.
+#   and FP8 by its default recipe, delayed scaling, whose norms write FP8 themselves;
+#   the gradients' exchange overlapped, and the 70B's TP transfers under its GEMMs, as that
+#   release's own launcher configs set them (`overlap_grad_sync`, `overlap_param_sync`,
+#   `ub_tp_comm_overlap`).
 # - **DeepSeek-V3** (DeepSeek-AI 2024, Table 1): 14.8T tokens in 2.664M H800 GPU hours is an
 #   average over the whole pre-training (its batch ramp-up included), not a step's
 #   measurement; FP8 GEMMs, DualPipe, EP 64, each token on at most 4 nodes.

@@ -1,5 +1,6 @@
 """The cost model's low-precision and overlap terms, without processes: async TP hides at most
-the GEMM time beside its collectives and nothing at t = 1; FP8 speeds only the linear GEMMs
+the GEMM time beside its collectives, pays for its GEMMs in t pieces, and does nothing at
+t = 1; FP8 speeds only the linear GEMMs
 and pays tensorwise casts by torchao's count; the gains function toggles one technique at a
 time. (The torchtitan rows within 15 % are in test_costmodel_published.py.)"""
 from dataclasses import replace
@@ -10,8 +11,9 @@ from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate
 from lessonlib.costmodel import gemm
 from lessonlib.costmodel.gains import overlap_and_precision_gains
 from lessonlib.costmodel.comm import ring_all_gather_time_s
-from lessonlib.costmodel.overlap import (CONTENTION, async_tp_exposed_s, contention_s,
-                                         pytorch_sp_copy_s, sp_gemms_s, tp_comm_s)
+from lessonlib.costmodel.overlap import (CONTENTION, async_tp_exposed_s, async_tp_split_s,
+                                         contention_s, pytorch_sp_copy_s, sp_gemms_s,
+                                         tp_comm_s)
 
 TETON, M8 = CLUSTERS["grand-teton-h100-96gb"], MODELS["llama3-8B"]
 
@@ -32,8 +34,17 @@ def test_async_tp_hides_at_most_the_gemm_time_and_nothing_at_t1():
     # what it hides slows the compute beside it (Lee et al. 2025), the rest of the step alike
     assert on.time["contention"] - off.time["contention"] == pytest.approx(
         contention_s(hidden))
-    assert {k: v for k, v in off.time.items() if k not in ("tp_comm", "contention")} == \
-        {k: v for k, v in on.time.items() if k not in ("tp_comm", "contention")}
+    # the fused GEMMs run in t pieces of 1/t of their rows: the compute grows by that alone
+    # (all four forward, the backward's two under Megatron's plan, which this layout runs)
+    split = sp_gemms_s(M8, 12, TETON.gpu, t=8, pieces=8)
+    whole = sp_gemms_s(M8, 12, TETON.gpu, t=8)
+    more = async_tp_split_s(M8, replace(lay, async_tp=True), TETON.gpu)
+    assert more == pytest.approx(2 * (sum(split) - sum(whole))) and more > 0
+    assert on.time["compute"] - off.time["compute"] == pytest.approx(M8.L * more)
+    assert async_tp_split_s(M8, replace(lay, async_tp=True, tp_plan="pytorch"), TETON.gpu) \
+        == pytest.approx(sum(split) - sum(whole) + split[1] - whole[1] + split[3] - whole[3])
+    assert {k: v for k, v in off.time.items() if k not in ("tp_comm", "contention", "compute")} \
+        == {k: v for k, v in on.time.items() if k not in ("tp_comm", "contention", "compute")}
     one = Layout(d=8, b=2, m=1, zero_stage=3, sequence_parallel=True)
     assert estimate(M8, replace(one, async_tp=True), TETON).time == \
         estimate(M8, one, TETON).time

@@ -39,8 +39,12 @@ and the estimate charges only the rest:
   (megatron/core/model_parallel_config.py), a GEMM of the same FLOPs, so under its plan all
   four hide. What PyTorch's pass leaves agrees with what its authors measured
   (PyTorch dev-discuss, "Introducing Async Tensor Parallelism in PyTorch", TL;DR: "Up to
-  ~29% forward pass speedup and ~8% E2E speedup in Llama3 7B"). Not modelled: the pieces'
-  own launch costs; so the model's gain is an upper bound.
+  ~29% forward pass speedup and ~8% E2E speedup in Llama3 7B"). What splitting costs: each
+  fused GEMM runs as t GEMMs of 1/t of its rows, one per shard ("Computing block-wise
+  matmul along the first dim of A", ``_fused_all_gather_matmul_impl`` in
+  torch/distributed/_symmetric_memory), each priced at its own shape (``gemm.py``: its
+  tiles in fewer waves; ``async_tp_split_s``). Not modelled: the pieces' own launch costs;
+  so the model's gain is still an upper bound.
 
 What hiding costs: a transfer run under compute is not free. NCCL's kernels take SMs and HBM
 bandwidth from the GEMMs beside them; Lee et al. (2025, "Characterizing Compute-Communication
@@ -100,16 +104,40 @@ def async_tp_exposed_s(collective_s, gemm_s, t):
     return max(0.0, collective_s - gemm_s * (t - 1) / t)
 
 
-def sp_gemms_s(model, b, gpu, t=1, c=1, e=1, precision="bf16"):
+def sp_gemms_s(model, b, gpu, t=1, c=1, e=1, precision="bf16", pieces=1):
     """Forward seconds of the GEMMs beside a layer's four SP collectives, in order: the QKV
     projection (after the all-gather), the attention output (before the reduce-scatter), the
     MLP's first GEMMs (the router and every expert's and the shared experts' first, after
-    the all-gather) and its second ones (before the reduce-scatter)."""
-    linear = [count * gemm_time_s(gpu, m, n, k, precision)
+    the all-gather) and its second ones (before the reduce-scatter); each run as ``pieces``
+    GEMMs of 1/pieces of its rows (async TP's split, above)."""
+    linear = [count * pieces * gemm_time_s(gpu, m / pieces, n, k, precision)
               for m, n, k, count, kind in layer_gemms(model, b, t, c, e) if kind == "linear"]
     # layer_gemms lists QKV, the attention output, then the MLP's (first, second) pairs and
     # last the router, which reads the gathered input like a first GEMM
     return linear[0], linear[1], sum(linear[2::2]), sum(linear[3::2])
+
+
+def _fused_gemms(lay):
+    """(forward, backward): which of ``sp_gemms_s``'s four GEMMs async TP fuses with a
+    collective in each pass: all four forward; backward, the input-gradient GEMMs of the
+    attention output and the MLP's second GEMMs under PyTorch's pass, all four under
+    Megatron's (above)."""
+    return (0, 1, 2, 3), ((1, 3) if lay.tp_plan == "pytorch" else (0, 1, 2, 3))
+
+
+def async_tp_split_s(model, lay, gpu):
+    """Seconds one layer's micro-batch spends more under async TP because each fused GEMM
+    runs as t pieces (above): the split GEMMs against the whole ones, forward (again under a
+    full recompute) and backward (the input-gradient GEMMs, of the forward's shapes); 0
+    without async TP."""
+    if not lay.async_tp:
+        return 0.0
+    shape = (model, lay.b, gpu, lay.t, lay.c, lay.e, lay.precision)
+    more = [split - whole for split, whole in zip(sp_gemms_s(*shape, pieces=lay.t),
+                                                  sp_gemms_s(*shape))]
+    forward, backward = _fused_gemms(lay)
+    forwards = 2 if lay.recompute == "full" else 1
+    return forwards * sum(more[i] for i in forward) + sum(more[i] for i in backward)
 
 
 def pytorch_sp_copy_s(model, lay, cluster):
@@ -167,8 +195,7 @@ def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
     # all-gathers hide: the reduce-scatters follow a sum of GEMMs (above)
     forward = [gather, one, gather, one]
     pytorch = lay.tp_plan == "pytorch"
-    backward = list(zip([back_gather] * 2, gemms[1::2])) if pytorch else list(
-        zip([one, back_gather, one, back_gather], gemms))
+    backward = [([one, back_gather, one, back_gather][i], gemms[i]) for i in _fused_gemms(lay)[1]]
     exposed = (forwards * sum(async_tp_exposed_s(c, g, t) for c, g in zip(forward, gemms))
                + sum(async_tp_exposed_s(c, g, t) for c, g in backward))
     hidden = forwards * sum(forward) + sum(c for c, _ in backward) - exposed

@@ -50,7 +50,7 @@ from .layout import GRAD_DTYPES, Layout
 from .memory import (WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu,
                      usable_memory_bytes)
 from .model import GPT
-from .overlap import contention_s, tp_comm_s
+from .overlap import async_tp_split_s, contention_s, tp_comm_s
 
 # --- The constants: set once, for every model, layout and GPU. ---------------------------
 # How fast a GEMM runs is no constant: ``gemm.py`` prices each GEMM of a layer by its shape
@@ -178,7 +178,8 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
                  "selective": 0.0 if fused else attention,
                  "op": op_recompute_share(model) * linear,
                  "norm-up": norm_up_recompute_share(model) * linear}[lay.recompute]
-    compute = layers * (3 * linear + attention + attention_backward + recompute)
+    compute = layers * (3 * linear + attention + attention_backward + recompute
+                        + async_tp_split_s(model, lay, gpu))   # async TP's GEMMs in pieces
     if logits:     # the output head stays BF16 (DeepSeek-V3 §3.3.1; torchtitan's float8)
         compute += 3 * logits * gemm.gemm_time_s(gpu, b * s / c, model.V / t, h)
     # SMs given to communication kernels compute nothing (DeepSeek-V3 §3.2.2: 20 of 132)

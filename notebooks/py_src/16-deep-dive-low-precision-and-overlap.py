@@ -425,8 +425,9 @@ claim("the model predicts more tokens per second than torchtitan measured on eve
 # compiler pass fuses up to the GEMM beside it: the forward's four, and in the backward
 # the two all-gathers only, since the other two reduce-scatter a sum of matmuls, which the
 # pass does not fuse. It charges the GEMM's slowdown while a transfer shares the GPU,
-# 18.9 % on average in Lee et al.'s measurements (2025, abstract); it leaves out the
-# launch cost of each piece. Where the model and the team disagree, the model is missing a
+# 18.9 % on average in Lee et al.'s measurements (2025, abstract), and each fused GEMM run
+# as t GEMMs of 1/t of its rows, one per shard, as PyTorch's fused all-gather-matmul runs
+# it; it leaves out the launch cost of each piece. Where the model and the team disagree, the model is missing a
 # cost.
 #
 # For one job, every technique at a time, the rest of the layout unchanged: Llama 3 70B on

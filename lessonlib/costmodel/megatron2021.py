@@ -5,7 +5,9 @@ A100 GPUs and reported the TFLOP/s each GPU achieved (137 to 163, 44-52 % of pea
 table is stored in ``data/megatron2021_table1.csv`` (source in
 ``data/README-megatron2021.md``). ``table1_report()`` rebuilds every run as a ``Layout``
 (d = n/(t*p), m = B/(b*d), the published b and v, interleaved 1F1B with scatter/gather and
-full recompute) on a DGX A100 cluster and prints published, predicted and error per row.
+full recompute, and the DDP the authors' run script chose: PyTorch's, which overlaps the
+gradients' all-reduce with the backward, or Megatron's own, which does not) on a DGX A100
+cluster and prints published, predicted and error per row.
 
 Run ``python -c "from lessonlib.costmodel import table1_report; print(table1_report())"``.
 """
@@ -45,10 +47,12 @@ def table1_model(row):
 
 
 def table1_layout(row):
-    """The paper's layout for one row: d = n/(t*p), m = B/(b*d), interleaved, scatter/gather."""
+    """The paper's layout for one row: d = n/(t*p), m = B/(b*d), interleaved, scatter/gather;
+    the gradients' all-reduce overlapped where the run script chose PyTorch's DDP."""
     t, p = row["t"], row["p"]
     return Layout(t=t, p=p, d=row["gpus"] // (t * p), b=row["b"], global_batch=row["batch"],
-                  v=row["v"], recompute="full", scatter_gather=True)
+                  v=row["v"], recompute="full", scatter_gather=True,
+                  overlap_comm=bool(row.get("ddp_overlap", 0)))
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Table1Row:
     percent_peak: int
     b: int
     v: int
+    ddp_overlap: int
     predicted: float
     error: float
     estimate: object
@@ -86,15 +91,17 @@ def table1_rows(path=None, cluster=None) -> list[Table1Row]:
 
 def table1_report(path=None, cluster=None):
     """A text table: published vs predicted TFLOP/s per GPU for every Table 1 row."""
-    lines = [f"{'params':>8} {'t':>2} {'p':>3} {'d':>3} {'b':>3} {'v':>2} {'m':>4} "
+    lines = [f"{'params':>8} {'t':>2} {'p':>3} {'d':>3} {'b':>3} {'v':>2} {'m':>4} {'DDP':>5} "
              f"{'published':>9} {'predicted':>9} {'error':>7} {'bubble':>7} {'memory GB':>9}"]
     for r in table1_rows(path, cluster):
         est = r.estimate
         lines.append(
             f"{r.params_billion:>7.1f}B {r.t:>2} {r.p:>3} {est.layout.d:>3} "
-            f"{r.b:>3} {r.v:>2} {est.layout.m:>4} {r.tflops_per_gpu:>9.0f} "
+            f"{r.b:>3} {r.v:>2} {est.layout.m:>4} {'torch' if r.ddp_overlap else 'local':>5} "
+            f"{r.tflops_per_gpu:>9.0f} "
             f"{r.predicted:>9.1f} {r.error:>+7.1%} {est.bubble_fraction:>7.1%} "
             f"{est.memory.total / 1e9:>9.1f}")
     lines.append("TFLOP/s per GPU with FLOPs counted by Megatron-LM 2021 Eq. 3; "
-                 "bubble = share of wall time.")
+                 "bubble = share of wall time; DDP: the run script's, PyTorch's (torch: "
+                 "the all-reduce under the backward) or Megatron's (local: after it).")
     return "\n".join(lines)

@@ -147,7 +147,8 @@ def _megatron_rows():
         rows.append(PublishedRun(f"Megatron-LM 2021 Table 1, {r['params_billion']} B",
                                  table1_model(r), "dgx-a100", table1_layout(r), "tflops",
                                  r["tflops_per_gpu"], "megatron-eq3", CHECKED,
-                                 "b and v from the authors' run scripts", columns=columns))
+                                 "b, v and the DDP (PyTorch's, overlapped, or Megatron's "
+                                 "local one) from the authors' run scripts", columns=columns))
     return rows
 
 

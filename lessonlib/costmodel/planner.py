@@ -211,11 +211,13 @@ def explain(plan):
     link = "inside one server, over NVLink" if lay.t <= cluster.gpus_per_node else \
         "across servers, over the network"
     wider, narrower = plan.find(t=lay.t * 2), plan.find(t=lay.t // 2) if lay.t > 1 else None
-    across_bw = cluster.group_link(plan.n_gpus, 2 * cluster.gpus_per_node, 1)[0]
+    # a group spanning two servers, where the job has two (one server: NVLink alone)
+    across = "" if plan.n_gpus <= cluster.gpus_per_node else (
+        f" vs {cluster.group_link(plan.n_gpus, 2 * cluster.gpus_per_node, 1)[0] / GB:.0f} "
+        f"GB/s for a group spanning two servers")
     lines.append(f"Why t={lay.t}: the tensor-parallel all-reduces (several per layer per "
                  f"micro-batch) stay {link} "
-                 f"({cluster.nvlink_bytes_per_s / GB:.0f} GB/s per GPU vs "
-                 f"{across_bw / GB:.0f} GB/s for a group spanning two servers). "
+                 f"({cluster.nvlink_bytes_per_s / GB:.0f} GB/s per GPU{across}). "
                  + (f"The best with t={lay.t * 2} {_outcome(wider, best)}. " if wider else "")
                  + (f"The best with t={lay.t // 2} {_outcome(narrower, best)}." if narrower
                     else ""))

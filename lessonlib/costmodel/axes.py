@@ -19,8 +19,10 @@ parallelism and sharded data parallelism add to a step, and where the rank order
   HSDP adds an all-reduce of the shard across the d/shard_group groups. An expert's
   gradients are exchanged among its d*c/e copies. Everything is taken as exposed unless
   ``overlap_comm``: then the gradients' exchange (DDP's buckets, FSDP's reduce-scatter per
-  unit) runs under the last micro-batch's backward, all but the last unit's, and FSDP's
-  gathers under the rest of the step's compute.
+  unit) runs under the last micro-batch's backward, all but the last unit's, FSDP's
+  gathers under the rest of the step's compute, and ZeRO-1/2's one gather of the updated
+  weights under the next step's first forward, all but the first unit's (Megatron-Core's
+  ``overlap_param_gather``).
 
 Pure arithmetic, called by ``throughput.estimate``; with c = e = 1 and no shard group each
 function gives exactly what the estimate gave before these axes existed.
@@ -148,9 +150,10 @@ def _exchange_s(lay, params, group, shard, bandwidth, latency):
     if lay.zero_stage == 0:
         return 0.0, ring_allreduce_time_s(group, grads, bandwidth, latency)
     if lay.zero_stage < 3:
-        # ZeRO-1/2 reduce-scatter gradients and all-gather weights: an all-reduce's steps.
-        return 0.0, (ring_reduce_scatter_time_s(group, grads, bandwidth, latency)
-                     + ring_all_gather_time_s(group, weights, bandwidth, latency))
+        # ZeRO-1/2 reduce-scatter gradients and all-gather the updated weights once a step:
+        # an all-reduce's steps, the gathers apart (``dp_time_s`` hides them differently)
+        return (ring_all_gather_time_s(group, weights, bandwidth, latency),
+                ring_reduce_scatter_time_s(group, grads, bandwidth, latency))
     # ZeRO-3 gathers the weights before every forward, recompute and backward of every
     # micro-batch, and reduce-scatters the gradients once (ZeRO §7.2: 1.5x at m=1). Under a
     # pipeline of several micro-batches the weights are gathered once a step and kept
@@ -195,8 +198,15 @@ def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
     # DDP's buckets and FSDP's per-unit reduce-scatters start as the last micro-batch's
     # backward frees each unit's gradients, so they run under the rest of that backward (its
     # GEMMs: two thirds of the micro-batch's); the last unit's has nothing left to hide
-    # behind. The gathers hide under whatever compute that leaves.
-    tail = rest / max(1, model.L // lay.p)
-    hidden_rest = min(rest - tail, compute_s / lay.m * 2 / 3)
-    hidden = hidden_rest + min(gathers, compute_s - hidden_rest)
+    # behind. FSDP's gathers, repeated every micro-batch, hide under whatever compute that
+    # leaves. ZeRO-1/2's gather of the updated weights runs once, ahead of the next step's
+    # first forward (Megatron-Core's overlap_param_gather: each layer's gather started as
+    # the forward reaches the one before it), so it hides under one micro-batch's forward,
+    # all but the first unit's.
+    units = max(1, model.L // lay.p)
+    hidden_rest = min(rest - rest / units, compute_s / lay.m * 2 / 3)
+    if lay.zero_stage in (1, 2):
+        hidden = hidden_rest + min(gathers - gathers / units, compute_s / lay.m / 3)
+    else:
+        hidden = hidden_rest + min(gathers, compute_s - hidden_rest)
     return (1 - dp_overlap) * (gathers + rest - hidden), hidden

@@ -33,6 +33,33 @@ def test_the_loss_peaks_at_12_bytes_per_vocabulary_entry_split_by_tp():
     assert gathered.logits == s / 8 * (2 * h + 4) + s * 2 * h + 16 * V * s / 8
 
 
+def test_a_compiled_loss_keeps_the_bf16_logits_and_writes_a_bf16_gradient():
+    """torch.compile's cross entropy: the BF16 logits kept (2V) and the BF16 gradient (2V), 4V
+    a token against eager's 12V; 8 bytes a logit moved against 44; a layout setting that
+    changes the output layer's memory and the loss's traffic, nothing else."""
+    assert layer_bytes.loss_bytes(8192, 2, 128256, compiled=True) == 4 * 128256 * 8192 * 2
+    assert layer_bytes.loss_bytes(8192, 1, 100, heads=2, compiled=True) == 6 * 100 * 8192
+    # under PyTorch's loss parallel the eager rule stays (not read)
+    assert layer_bytes.loss_bytes(8192, 2, 128256, 8, loss_parallel=True, compiled=True) == \
+        layer_bytes.loss_bytes(8192, 2, 128256, 8, loss_parallel=True)
+    from dataclasses import replace
+    from lessonlib.costmodel import Layout, estimate
+    from lessonlib.costmodel.kernels import loss_bytes as loss_traffic
+    lay = Layout(d=8, b=2, m=1, zero_stage=3, recompute="op")
+    eager, compiled = (estimate(M8, replace(lay, loss=x), CLUSTERS["dgx-h200"])
+                       for x in ("eager", "compiled"))
+    assert eager.memory.logits - compiled.memory.logits == 8 * M8.V * M8.s * 2
+    hbm = CLUSTERS["dgx-h200"].gpu.hbm_bytes_per_s * 0.8
+    assert eager.time["elementwise"] - compiled.time["elementwise"] == pytest.approx(
+        (loss_traffic(M8, 2) - loss_traffic(M8, 2, compiled=True)) / hbm)
+    assert loss_traffic(M8, 2, compiled=True) * 44 == loss_traffic(M8, 2) * 8
+    assert {k: v for k, v in eager.time.items() if k != "elementwise"} == \
+        {k: v for k, v in compiled.time.items() if k != "elementwise"}
+    assert "compiled loss" in replace(lay, loss="compiled").describe()
+    with pytest.raises(ValueError, match="loss='fused' must be one of eager, compiled"):
+        Layout(m=1, loss="fused")
+
+
 def test_full_recompute_with_sp_keeps_the_input_at_one_over_t():
     full = activation_bytes_per_layer(M8, 1, 8, False, "full")
     assert full == 2 * M8.s * M8.h
@@ -111,7 +138,7 @@ def test_meta_and_deepseek_fit_as_they_ran():
 
 def test_torchtitan_rows_printed_with_their_errors():
     titan = [r for r in ROWS if r.row.gib is not None]
-    assert len(titan) == 18                      # Tables 1-6
+    assert len(titan) == 20                      # Tables 1-6, and the H200 benchmark
     assert all(abs(r.error) < 0.15 for r in titan)
     text = memory_report()
     assert "memory row" in text and f"{titan[0].error:+.1%}" in text

@@ -57,12 +57,17 @@ KERNELS = ("fused", "eager")
 # moves more: in-place subtract, exp and divide, each a read and a write. Not fused by
 # either; counted the same under torch.compile, which may fuse it (an over-count there).
 LOSS_BYTES = 6 + 16 + 4 + 12 + 6
+# Compiled (``Layout.loss``, ``layer_bytes.loss_bytes``): the forward reads the BF16 logits
+# twice (their maximum, then the sum of exponentials), the backward reads them once and
+# writes the BF16 gradient, in the kernels inductor generates (torch 2.13).
+COMPILED_LOSS_BYTES = 2 + 2 + 2 + 2
 
 
-def loss_bytes(model, b=1, t=1, c=1):
+def loss_bytes(model, b=1, t=1, c=1, compiled=False):
     """HBM bytes the cross entropy over one micro-batch's logits moves on one GPU, forward
-    and backward: b s/c tokens, V/t logits each."""
-    return LOSS_BYTES * b * model.s / c * model.V / t
+    and backward: b s/c tokens, V/t logits each; ``compiled``: under torch.compile."""
+    per_logit = COMPILED_LOSS_BYTES if compiled else LOSS_BYTES
+    return per_logit * b * model.s / c * model.V / t
 
 
 def eager_layer_forward_bytes(model, b=1, t=1, c=1):

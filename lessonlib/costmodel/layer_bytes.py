@@ -146,7 +146,7 @@ def moe_bytes(s, b, h, experts, k, ffn, shared, recompute="none", fused=True, fp
     return s * b * (norm + router + sort + routed + shared * expert)
 
 
-def loss_bytes(s, b, V, t=1, heads=1, loss_parallel=False):
+def loss_bytes(s, b, V, t=1, heads=1, loss_parallel=False, compiled=False):
     """Bytes the output layer's loss peaks at, per micro-batch, one of t vocabulary-parallel
     ranks: the backward of a float32 cross-entropy holds the saved float32 log-probabilities
     (4V per token and head), the gradient arriving at them (4V) and the one it returns (4V) at
@@ -159,22 +159,33 @@ def loss_bytes(s, b, V, t=1, heads=1, loss_parallel=False):
     builds ``grad_input = torch.zeros_like(x)`` and returns ``(grad_input + torch.exp(x)) *
     grad_output``: beside the saved log-probabilities x, the zeros, ``exp(x)`` and their sum
     are alive at once, then the zeros, the sum and the product: 4V more than CUDA's fused
-    ``log_softmax_backward``."""
+    ``log_softmax_backward``.
+
+    ``compiled`` (``Layout.loss``): under torch.compile the forward keeps the BF16 logits
+    (2V) and two float32 numbers a token, and computes the log-sum-exp in two reading passes
+    without writing float32 logits; the backward writes the BF16 gradient (2V) in one fused
+    kernel. 4V a token and head at the peak, read from the code inductor generates for
+    ``F.cross_entropy(pred.float(), labels)`` (torch 2.13: one [tokens, V] buffer, the BF16
+    gradient, besides per-token ones). Under PyTorch's loss parallel (t > 1) the eager rule
+    stays: not read."""
+    if compiled and not (loss_parallel and t > 1):
+        return s * b * (2 * heads + 2) * V / t
     transient = 12 if loss_parallel and t > 1 else 8
     return s * b * (4 * heads + transient) * V / t
 
 
 def output_layer_bytes(s, b, h, V, t=1, sequence_parallel=False, heads=1, gathered=False,
-                       layer_norm=False):
+                       layer_norm=False, compiled_loss=False):
     """Bytes on the stage with the output layer at the loss's peak, per micro-batch: the final
     RMSNorm's input and 1/rms (``layer_norm``: a LayerNorm's mean and 1/std; s/t rows under
     SP), the head's input, which the matmul keeps
     for its weight gradient (all s rows where the plan all-gathers the sequence into the
     head: PyTorch's, torchtitan's ``"output": ColwiseParallel(input_layouts=Shard(1), ...)``;
     Megatron keeps its shard and gathers again in backward), and ``loss_bytes`` (``gathered``
-    also means PyTorch's loss parallel). Outside every layer, so no recompute mode drops it."""
+    also means PyTorch's loss parallel; ``compiled_loss``: under torch.compile). Outside every
+    layer, so no recompute mode drops it."""
     rows = s * b / t if sequence_parallel else s * b
     head_rows = s * b if gathered or not sequence_parallel else rows
     stats = 2 * STATS if layer_norm else STATS
     return (rows * (2 * h + stats) + head_rows * 2 * h) * heads + loss_bytes(
-        s, b, V, t, heads, gathered)
+        s, b, V, t, heads, gathered, compiled_loss)

@@ -33,7 +33,9 @@ layers' GEMMs (DeepSeek-V3 §3.3), with ``fp8_scaling`` "blockwise" (DeepSeek-V3
 ``max_nodes``, node-limited routing (each token's experts on at most that many servers, 4
 for DeepSeek-V3, §2.1.2). ``kernels``: "fused"
 (Megatron's fused kernels, torch.compile) or "eager" (one kernel per elementwise op,
-``kernels.py``); ``recompute="op"``: torchtitan's op-level selective checkpointing;
+``kernels.py``); ``loss``: the cross entropy "eager" (float32 log-probabilities kept) or
+"compiled" (torch.compile's fused kernels: the BF16 logits kept, ``LOSSES``);
+``recompute="op"``: torchtitan's op-level selective checkpointing;
 ``recompute="norm-up"``: DeepSeek-V3's (norms, MLA up-projections and SwiGLU's output
 rebuilt in the backward, §3.2.3, §3.3.4); ``comm_sm_share``: the share of SMs given to
 communication kernels, which compute nothing (DeepSeek-V3 §3.5.1: "20 out of the 132 SMs").
@@ -80,6 +82,12 @@ TP_PLANS = ("megatron", "pytorch")
 # ("Select FusedAttention on sm90 and FlashAttention on others for performance", TE
 # pytorch/attention.py, January 2024 at the latest); "fa3", FlashAttention-3.
 ATTENTION_KERNELS = ("fa2", "cudnn", "fa3")
+# How the cross entropy over the logits runs (``layer_bytes.loss_bytes``, ``kernels.py``):
+# "eager", as PyTorch runs F.cross_entropy on float32 logits (Megatron's, and torchtitan's
+# until 2025: its ``loss_fn = torch.compile(loss_fn)`` commented out in December 2024), or
+# "compiled", under torch.compile (torchtitan from April 2025, ``build_cross_entropy_loss``:
+# "Compiling the loss function with torch.compile" when training.compile is on).
+LOSSES = ("eager", "compiled")
 
 
 def _is_int(value):
@@ -129,6 +137,7 @@ class Layout:
     # gathers it again in backward) or "pytorch" (torchtitan's: keeps the gathered input).
     tp_plan: str = "megatron"
     attention_kernel: str = "fa2"
+    loss: str = "eager"
 
     def __post_init__(self):
         for name in ("t", "c", "p", "d", "e", "b", "v", "m", "global_batch"):
@@ -154,7 +163,8 @@ class Layout:
                               ("grad_dtype", GRAD_DTYPES), ("moment_dtype", GRAD_DTYPES),
                               ("reduce_dtype", GRAD_DTYPES),
                               ("tp_plan", TP_PLANS), ("attention_kernel", ATTENTION_KERNELS),
-                              ("kernels", KERNELS), ("fp8_scaling", FP8_SCALINGS)):
+                              ("kernels", KERNELS), ("fp8_scaling", FP8_SCALINGS),
+                              ("loss", LOSSES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of "
                                  f"{', '.join(allowed)}")
@@ -256,6 +266,7 @@ class Layout:
             extras += [f"FP8 {self.fp8_scaling}" if tensorwise else "FP8"]
         extras += [f"routing <= {self.max_nodes} nodes"] if self.max_nodes else []
         extras += ["eager"] if self.kernels == "eager" else []
+        extras += ["compiled loss"] if self.loss == "compiled" else []
         extras += [f"{self.attention_kernel} attention"] if self.attention_kernel != "fa2" else []
         extras += [f"{self.comm_sm_share:.0%} SMs on comm"] if self.comm_sm_share else []
         axes = f"t={self.t} " + (f"c={self.c} " if self.c > 1 else "") + \

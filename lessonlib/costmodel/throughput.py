@@ -198,7 +198,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
                                                           lay.recompute)
         passes = ELEMENTWISE_PASSES * acts + FORWARD_PASSES * rewritten
         elementwise = layers * passes / c / hbm
-    elementwise += logits * loss_bytes(model, b, t, c) / hbm     # the loss over the logits
+    elementwise += logits * loss_bytes(model, b, t, c, lay.loss == "compiled") / hbm  # loss
     elementwise += cp_merge_s(model, lay, layers, hbm)   # CP's float32 merges
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(
@@ -299,7 +299,8 @@ def memory_estimate(model, layout, cluster):
                          lay.sequence_parallel, lay.zero_stage, lay.schedule, lay.c, lay.e,
                          lay.shard_group, lay.uneven_stages, GRAD_DTYPES[lay.grad_dtype],
                          lay.kernels != "eager", lay.cp_comm, lay.precision == "fp8",
-                         4 + 2 * GRAD_DTYPES[lay.moment_dtype], lay.tp_plan == "pytorch")
+                         4 + 2 * GRAD_DTYPES[lay.moment_dtype], lay.tp_plan == "pytorch",
+                         lay.loss == "compiled")
     return Estimate(model=model, layout=lay, cluster=cluster, memory=mem,
                     memory_capacity_bytes=usable_memory_bytes(cluster.gpu, sum(
                         n > 1 for n in (lay.t, lay.c, lay.p, lay.d, lay.e))))

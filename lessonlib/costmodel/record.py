@@ -326,13 +326,14 @@ _ASYNC = ("torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, its 
 
 # A benchmark met after the model's time terms were set, so a held-out check of them: Llama
 # 3.1 8B under FSDP on 4 and 8 hosts of 8 H200s (400 Gb/s per GPU), June 2025 (torchtitan
-# benchmarks/llama3_8b_h200_2025-06_torchtitan.md, by the Trainy team): GPUs, TPS/GPU and
+# benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md, first published as
+# llama3_8b_h200_2025-06_torchtitan.md, by the Trainy team): GPUs, TPS/GPU and
 # Memory(GiB) at the 100th step. Its time rows came in at +0.5 and +2.2 % as the model
 # stood. Its memory rows did not (+36 %): they led to the compiled loss (``Layout.loss``),
 # read in torchtitan's code of that date and the kernels inductor generates, not fitted.
 H200_2506 = [(32, 10938, 47.96), (64, 10753, 46.97)]
-_H200 = ("torchtitan benchmarks/llama3_8b_h200_2025-06_torchtitan.md (Trainy, June 2025), "
-         "its command: llama3_8b.toml (FSDP over every GPU, 8,192 tokens, selective AC "
+_H200 = ("torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md (Trainy, June "
+         "2025), its command: llama3_8b.toml (FSDP over every GPU, 8,192 tokens, selective AC "
          "'op'), local batch 2, --training.compile (the loss compiled too: torchtitan "
          "e7c0cae's build_cross_entropy_loss), Float8 (torchao, tensorwise); "
          "--float8.enable_fsdp_float8_all_gather not modelled: the weights' gathers counted "

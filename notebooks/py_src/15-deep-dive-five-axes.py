@@ -200,8 +200,8 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   the gradients' exchange overlapped, and the 70B's TP transfers under its GEMMs, as that
 #   release's own launcher configs set them (`overlap_grad_sync`, `overlap_param_sync`,
 #   `ub_tp_comm_overlap`).
-# - **torchtitan on H200** (its `benchmarks/llama3_8b_h200_2025-06_torchtitan.md`, by the
-#   Trainy team): Llama 3.1 8B under FSDP on 32 and 64 H200s, compiled, with Float8. Met
+# - **torchtitan on H200** (its `benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md`,
+#   by the Trainy team): Llama 3.1 8B under FSDP on 32 and 64 H200s, compiled, with Float8. Met
 #   after the model's time terms were set, it is a held-out check of them. Its memory rows
 #   missed (as the check below the tables prints) and led to a term the model lacked:
 #   from April 2025 torchtitan

@@ -93,7 +93,8 @@ def megatron_training_days(n_params, n_tokens, n_gpus, flops_per_gpu):
     return megatron_training_time_s(n_params, n_tokens, n_gpus, flops_per_gpu) / SECONDS_PER_DAY
 
 
-FLOP_COUNTS = ("course", "megatron-eq3", "korthikanti", "palm", "torchtitan", "megatron-lm")
+FLOP_COUNTS = ("course", "megatron-eq3", "korthikanti", "palm", "torchtitan",
+               "torchtitan-2024-04", "megatron-lm")
 
 
 def team_flops_per_token(model, formula="course"):
@@ -110,6 +111,9 @@ def team_flops_per_token(model, formula="course"):
       rows use;
     * "torchtitan": the same, as torchtitan's ``get_num_flop_per_token`` writes it ("we
       follow the convention and do not account for sparsity in causal attention");
+    * "torchtitan-2024-04": torchtitan's first count (its April 2024 ``train.py``:
+      ``get_num_params(model)``, every parameter, the token embedding too, then ``6 *
+      num_params + 12 * l * h * q * t``), which its first published MFU used;
     * "megatron-lm": Megatron-LM's ``num_floating_point_operations`` (megatron/training/
       training.py), the count NeMo's model TFLOP/s and Nemotron-4's MFU use: 12 s L h^2
       (1 + kv/a + s/h + ffn/h (x 3/2 if gated) + V/(2 L h)) per sequence; every score
@@ -124,6 +128,8 @@ def team_flops_per_token(model, formula="course"):
         return 72 * L * s * h**2 * (1 + s / (6 * h) + V / (12 * h * L)) / s
     if formula in ("palm", "torchtitan"):
         return 6 * (model.params() - V * h) + 12 * L * h * s
+    if formula == "torchtitan-2024-04":
+        return 6 * model.params() + 12 * L * h * s
     if formula == "megatron-lm":
         if model.moe is not None or model.head_dims is not None:
             raise ValueError(f"formula='megatron-lm' is written here for dense models with "

@@ -158,7 +158,8 @@ def published_report(runs=None):
                                [r for r in rows if r.run.role == "checked"])
                  + " No row sets a constant: every row is a check.")
     lines.append("MFU: the team's own FLOP count (Korthikanti 2022 App. A; Megatron-LM's for "
-                 "Nemotron-4; PaLM's for Llama 3, which its TFLOP/s use; torchtitan's) / the "
+                 "Nemotron-4; PaLM's for Llama 3, which its TFLOP/s use; torchtitan's, its "
+                 "April 2024 rows by its count of then, the embedding included) / the "
                  "course's (today's shapes' causal scores halved). TFLOP/s: by the team's "
                  "count (Megatron-LM 2021 Eq. 3 counts recompute: hardware FLOPs). "
                  "DeepSeek-V3's row is an average over its whole pre-training, not a step.")

@@ -356,6 +356,31 @@ def _h200_rows():
             for gpus, tps, _ in H200_2506]
 
 
+# Met after the model's terms were set too, and held out the same way: torchtitan's first
+# published figures (docs/performance.md, April 2024), Llama 3 under FSDP on 64 A100 80GB:
+# model, AC, tokens/s per GPU ("WPS") and MFU by torchtitan's count of then (every
+# parameter, the embedding too: ``compute.team_flops_per_token``, "torchtitan-2024-04").
+A100_2404 = [("8B", "op", 2973, 0.582), ("70B", "full", 331, 0.517)]
+_A100 = ("torchtitan docs/performance.md (April 2024): 'Llama 3 models with FSDP2 on 64 A100 "
+         "(80GB) GPUs', local batch 1, 8,192 tokens (its llama3 tomls), no torch.compile "
+         "(the tomls' compile = false, so eager kernels), FSDP2 reducing in fp32 "
+         "(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)), "
+         "its prefetch; the servers' network not printed: a DGX A100's taken, FSDP's traffic "
+         "hidden under compute either way; ")
+
+
+def _a100_rows():
+    return [PublishedRun(f"torchtitan April 2024, {size} FSDP on 64 A100, {ac} AC",
+                         MODELS[f"llama3-{size}"], "dgx-a100",
+                         Layout(d=64, b=1, m=1, zero_stage=3, recompute=ac, overlap_comm=True,
+                                kernels="eager", reduce_dtype="fp32"),
+                         "tokens", tps, "torchtitan-2024-04", note=_A100 + "WPS per GPU",
+                         columns={"gpus": 64, "d": 64, "local_batch": 1, "global_batch": 64,
+                                  "seq": 8192},
+                         beside=(("mfu", mfu, "torchtitan-2024-04"),))
+            for size, ac, tps, mfu in A100_2404]
+
+
 _FLOAT8 = ("torch.compile and torchao's Float8Linear with tensorwise scaling on every nn.Linear "
            "but the output head (torchtitan's float8 converter skips 'output'); FSDP's float8 "
            "all-gather taken as off (the file names no option; torchtitan's default and its "
@@ -556,4 +581,4 @@ def published_runs():
     """Every published run the course holds the cost model to."""
     return (_megatron_rows() + _korthikanti_rows() + [_bloom_row()] + _nemotron_rows()
             + _llama_rows() + _torchtitan_rows() + _nemo_rows() + [_deepseek_row()]
-            + _h200_rows())
+            + _h200_rows() + _a100_rows())

@@ -208,6 +208,9 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   compiles its loss too, and a compiled cross entropy keeps the BF16 logits, where the
 #   eager one keeps float32 log-probabilities (`Layout.loss`, read in the kernels inductor
 #   generates, not fitted).
+# - **torchtitan's first figures** (its `docs/performance.md` of April 2024): Llama 3 8B and
+#   70B under FSDP on 64 A100s, eager, read from its configs of that date, with its MFU by
+#   its count of then, which counted the token embedding; held out as the H200 rows are.
 # - **DeepSeek-V3** (DeepSeek-AI 2024, Table 1): 14.8T tokens in 2.664M H800 GPU hours is an
 #   average over the whole pre-training (its batch ramp-up included), not a step's
 #   measurement; FP8 GEMMs, DualPipe, EP 64, each token on at most 4 nodes.

@@ -55,7 +55,8 @@ KERNELS = ("fused", "eager")
 # input's gradient (12), and the cast back to BF16 for the output layer's GEMMs (4, 2).
 # Megatron's vocab-parallel cross entropy (``_VocabParallelCrossEntropy``, float32 logits)
 # moves more: in-place subtract, exp and divide, each a read and a write. Not fused by
-# either; counted the same under torch.compile, which may fuse it (an over-count there).
+# either, nor where torch.compile compiles the model but not the loss (torchtitan's until
+# April 2025).
 LOSS_BYTES = 6 + 16 + 4 + 12 + 6
 # Compiled (``Layout.loss``, ``layer_bytes.loss_bytes``): the forward reads the BF16 logits
 # twice (their maximum, then the sum of exponentials), the backward reads them once and

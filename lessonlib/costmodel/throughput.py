@@ -198,7 +198,9 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
                                                           lay.recompute)
         passes = ELEMENTWISE_PASSES * acts + FORWARD_PASSES * rewritten
         elementwise = layers * passes / c / hbm
-    elementwise += logits * loss_bytes(model, b, t, c, lay.loss == "compiled") / hbm  # loss
+    # the loss over the logits; compiled, unless PyTorch's loss parallel runs it (t > 1)
+    compiled_loss = lay.loss == "compiled" and not (lay.tp_plan == "pytorch" and t > 1)
+    elementwise += logits * loss_bytes(model, b, t, c, compiled_loss) / hbm
     elementwise += cp_merge_s(model, lay, layers, hbm)   # CP's float32 merges
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(

@@ -12,8 +12,8 @@ from lessonlib.costmodel import gemm
 from lessonlib.costmodel.gains import overlap_and_precision_gains
 from lessonlib.costmodel.comm import ring_all_gather_time_s
 from lessonlib.costmodel.overlap import (CONTENTION, async_tp_exposed_s, async_tp_split_s,
-                                         contention_s, pytorch_sp_copy_s, sp_gemms_s,
-                                         tp_comm_s)
+                                         contention_s, p2p_exposed_share, pytorch_sp_copy_s,
+                                         sp_gemms_s, tp_comm_s)
 
 TETON, M8 = CLUSTERS["grand-teton-h100-96gb"], MODELS["llama3-8B"]
 
@@ -194,3 +194,24 @@ def test_ddp_buckets_hide_under_the_last_micro_batchs_backward_but_the_last_unit
     hidden = plain.time["dp_comm"] - exposed
     assert overlapped.time["contention"] == pytest.approx(contention_s(hidden))
     assert overlapped.step_time_s < plain.step_time_s
+
+
+def test_overlapped_sends_leave_only_the_warm_up_and_flush_exposed():
+    """Megatron-Core's overlap_p2p_comm: the interleaved schedule's sends run under other
+    chunks' compute but in the first stage's warm-up and flush, (p-1)*2 + (v-1)*p chunks of
+    the m*v (get_pp_rank_microbatches); what it hides slows the compute beside it."""
+    assert p2p_exposed_share(4, 64, 5) == pytest.approx((3 * 2 + 4 * 4) / 320)
+    assert p2p_exposed_share(8, 4, 2) == 1.0                  # all warm-up: nothing to hide
+    h100 = CLUSTERS["dgx-h100"]
+    m70 = MODELS["llama3-70B"]
+    lay = Layout(t=4, p=4, d=4, v=5, b=1, global_batch=256, sequence_parallel=True,
+                 recompute="none")
+    off, on = (estimate(m70, replace(lay, overlap_p2p=x), h100) for x in (False, True))
+    share = p2p_exposed_share(4, lay.m, 5)
+    assert on.time["pp_comm"] == pytest.approx(off.time["pp_comm"] * share)
+    hidden = off.time["pp_comm"] - on.time["pp_comm"]
+    assert on.time.get("contention", 0.0) == pytest.approx(contention_s(hidden))
+    assert "overlapped sends" in on.layout.describe()
+    for bad in (dict(v=1), dict(schedule="zbv")):
+        with pytest.raises(ValueError, match="overlap_p2p=True .* needs v > 1"):
+            replace(lay, overlap_p2p=True, **bad)

@@ -33,7 +33,9 @@ layers' GEMMs (DeepSeek-V3 §3.3), with ``fp8_scaling`` "blockwise" (DeepSeek-V3
 ``max_nodes``, node-limited routing (each token's experts on at most that many servers, 4
 for DeepSeek-V3, §2.1.2). ``kernels``: "fused"
 (Megatron's fused kernels, torch.compile) or "eager" (one kernel per elementwise op,
-``kernels.py``); ``loss``: the cross entropy "eager" (float32 log-probabilities kept) or
+``kernels.py``); ``overlap_p2p``: the interleaved schedule's sends and receives posted
+ahead and waited for only when needed (Megatron-Core's ``overlap_p2p_comm``), hidden but
+in its warm-up and flush (``overlap.p2p_exposed_share``); ``loss``: the cross entropy "eager" (float32 log-probabilities kept) or
 "compiled" (torch.compile's fused kernels: the BF16 logits kept, ``LOSSES``);
 ``recompute="op"``: torchtitan's op-level selective checkpointing;
 ``recompute="norm-up"``: DeepSeek-V3's (norms, MLA up-projections and SwiGLU's output
@@ -118,6 +120,7 @@ class Layout:
     zero_stage: int = 0
     shard_group: int = None
     overlap_comm: bool = False
+    overlap_p2p: bool = False
     uneven_stages: bool = False
     cp_comm: str = "ring"
     precision: str = "bf16"
@@ -152,7 +155,7 @@ class Layout:
             raise ValueError(f"schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}")
         if not _is_int(self.zero_stage) or self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r} must be 0, 1, 2 or 3")
-        for name in ("overlap_comm", "uneven_stages", "async_tp"):
+        for name in ("overlap_comm", "overlap_p2p", "uneven_stages", "async_tp"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if isinstance(self.comm_sm_share, bool) or not isinstance(
@@ -170,6 +173,10 @@ class Layout:
                                  f"{', '.join(allowed)}")
         if self.max_nodes is not None:
             positive_int("max_nodes", self.max_nodes, most=MAX)
+        if self.overlap_p2p and (self.v == 1 or self.schedule != "1f1b"):
+            raise ValueError(f"overlap_p2p=True overlaps the interleaved 1F1B schedule's sends "
+                             f"(Megatron-Core's overlap_p2p_comm); it needs v > 1 and "
+                             f"schedule='1f1b', not v={self.v}, schedule={self.schedule!r}")
         if self.async_tp and not self.sequence_parallel:
             raise ValueError("async_tp=True splits sequence parallelism's all-gathers and "
                              "reduce-scatters; set sequence_parallel=True")
@@ -258,6 +265,7 @@ class Layout:
         extras += ["uneven stages"] if self.uneven_stages else []
         extras += [f"CP {self.cp_comm}"] if self.c > 1 and self.cp_comm != "ring" else []
         extras += ["async TP"] if self.async_tp else []
+        extras += ["overlapped sends"] if self.overlap_p2p else []
         extras += ["fp32 grads"] if self.grad_dtype == "fp32" else []
         extras += ["fp32 reduce"] if self.reduce_dtype == "fp32" else []
         extras += ["bf16 moments"] if self.moment_dtype == "bf16" else []

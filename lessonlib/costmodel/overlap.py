@@ -14,6 +14,14 @@ and the estimate charges only the rest:
 * DualPipe (``schedule="dualpipe"`` or ``overlap_comm``, ``throughput.py``): one
   micro-batch's expert all-to-alls behind the other direction's compute (DeepSeek-V3
   §3.2.1), up to the stage's compute.
+* The interleaved pipeline's sends and receives (``Layout.overlap_p2p``, Megatron-Core's
+  ``overlap_p2p_comm``, on by default in today's Megatron-LM, whose
+  ``--no-overlap-p2p-communication`` turns it off): each is posted ahead and waited for only when its tensor
+  is needed, so it runs under another chunk's compute, but in the warm-up and the flush,
+  which run it in turn ("--overlap-p2p-communication-warmup-flush" is off by default). The
+  first stage's warm-up is (p-1)*2 + (v-1)*p forward chunks (Megatron-Core's
+  ``get_pp_rank_microbatches``) and its flush as many backward ones, of the m*v of each
+  (``p2p_exposed_share``).
 * Asynchronous TP (``Layout.async_tp``, here): sequence parallelism's all-gather before a
   column-parallel GEMM, and its reduce-scatter after a row-parallel one, each split into t
   pieces, one per rank's shard (torchtitan's ``enable_async_tensor_parallel``, torch.compile's
@@ -96,6 +104,13 @@ def contention_s(hidden_s):
     """Seconds a step is longer because ``hidden_s`` seconds of transfers ran under its
     compute, which meanwhile advanced at 1/(1 + ``CONTENTION``) of its rate."""
     return hidden_s * CONTENTION / (1 + CONTENTION)
+
+
+def p2p_exposed_share(p, m, v):
+    """The share of the interleaved schedule's sends and receives left exposed under
+    Megatron-Core's overlap_p2p_comm: its warm-up's and flush's, (p-1)*2 + (v-1)*p chunks of
+    the m*v a direction (above), at most all."""
+    return min(1.0, ((p - 1) * 2 + (v - 1) * p) / (m * v))
 
 
 def async_tp_exposed_s(collective_s, gemm_s, t):

@@ -242,9 +242,9 @@ _NEMO_NOTE = ("Megatron-Core under NeMo: Transformer Engine's layers, so attenti
               "(NeMo-Framework-Launcher 24.07, conf/training/llama/llama3_8b.yaml and "
               "llama3_70b.yaml: 'overlap_grad_sync: true', 'overlap_param_sync: true'; the "
               "70B's 'ub_tp_comm_overlap: true', TP's transfers under its GEMMs as "
-              "Megatron-Core splits them; its 'overlap_p2p_comm: true' is not modelled, the "
-              "pipeline's sends stay exposed); model TFLOP/s by Megatron-LM's count, which "
-              "NeMo's uses")
+              "Megatron-Core splits them, and 'overlap_p2p_comm: true', the interleaved "
+              "pipeline's sends under other chunks' compute); model TFLOP/s by Megatron-LM's "
+              "count, which NeMo's uses")
 
 
 def _nemo_rows():
@@ -254,7 +254,7 @@ def _nemo_rows():
         lay = Layout(t=t, p=p, c=c, d=d, v=v, b=mbs, global_batch=batch, zero_stage=1,
                      recompute=SILENT["recompute"], sequence_parallel=t > 1, precision="fp8",
                      fp8_scaling="te", attention_kernel="cudnn", reduce_dtype="fp32",
-                     overlap_comm=True, async_tp=t > 1)
+                     overlap_comm=True, async_tp=t > 1, overlap_p2p=v > 1)
         rows.append(PublishedRun(
             f"NeMo 24.07 DGX-H100, Llama 3 {size} FP8", MODELS[f"llama3-{size}"], "dgx-h100",
             lay, "tokens", tokens, "", note=_NEMO_NOTE,

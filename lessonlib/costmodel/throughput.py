@@ -50,7 +50,7 @@ from .layout import GRAD_DTYPES, Layout
 from .memory import (WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu,
                      usable_memory_bytes)
 from .model import GPT
-from .overlap import async_tp_split_s, contention_s, tp_comm_s
+from .overlap import async_tp_split_s, contention_s, p2p_exposed_share, tp_comm_s
 
 # --- The constants: set once, for every model, layout and GPU. ---------------------------
 # How fast a GEMM runs is no constant: ``gemm.py`` prices each GEMM of a layer by its shape
@@ -219,6 +219,10 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
         if lay.scatter_gather and t > 1:
             one_way += ring_all_gather_time_s(t, WEIGHT_BYTES * b * s * h / c, tp_bw, tp_lat)
         pp = 2 * lay.v * one_way  # activations forward, gradients backward, per chunk
+        if lay.overlap_p2p:       # hidden but in the warm-up and the flush
+            exposed = pp * p2p_exposed_share(lay.p, lay.m, lay.v)
+            hidden += pp - exposed
+            pp = exposed
     attention_rate = attention_core_forward_flops(model, b) / t / c / attention if \
         attention else gpu.peak_flops
     cp, cp_hidden = cp_ring_s(model, lay, cluster, layers, attention_rate, COMM_EFFICIENCY)

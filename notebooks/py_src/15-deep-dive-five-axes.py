@@ -197,9 +197,10 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   DGX-H100): tokens per second per GPU of Llama 3 8B and 70B in FP8, with the model
 #   TFLOP/s beside; Megatron-Core's layers from Transformer Engine, so attention in cuDNN
 #   and FP8 by its default recipe, delayed scaling, whose norms write FP8 themselves;
-#   the gradients' exchange overlapped, and the 70B's TP transfers under its GEMMs, as that
-#   release's own launcher configs set them (`overlap_grad_sync`, `overlap_param_sync`,
-#   `ub_tp_comm_overlap`).
+#   the gradients' exchange overlapped, and the 70B's TP transfers under its GEMMs and its
+#   pipeline's sends under other chunks' compute, as that release's own launcher configs
+#   set them (`overlap_grad_sync`, `overlap_param_sync`, `ub_tp_comm_overlap`,
+#   `overlap_p2p_comm`).
 # - **torchtitan on H200** (its `benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md`,
 #   by the Trainy team): Llama 3.1 8B under FSDP on 32 and 64 H200s, compiled, with Float8. Met
 #   after the model's time terms were set, it is a held-out check of them. Its memory rows
@@ -246,6 +247,8 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 # - `DualPipe` and `FP8`: DeepSeek-V3's pipeline schedule, which pairs one micro-batch's
 #   forward with another's backward, and its FP8 GEMMs; deep dive 16 runs both.
 # - `compiled loss`: the cross entropy under torch.compile, its logits kept in BF16.
+# - `overlapped sends`: the interleaved pipeline's sends and receives under other chunks'
+#   compute, all but the warm-up's and the flush's (Megatron-Core's `overlap_p2p_comm`).
 # - `cudnn attention`: attention in cuDNN's fused kernel (Megatron-LM's, through Transformer
 #   Engine); without it, FlashAttention-2 (PyTorch's).
 # - `routing <= 4 nodes`: each token's experts on at most 4 servers (DeepSeek-V3 §2.1.2).

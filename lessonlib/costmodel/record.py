@@ -362,7 +362,8 @@ def _h200_rows():
 # parameter, the embedding too: ``compute.team_flops_per_token``, "torchtitan-2024-04").
 A100_2404 = [("8B", "op", 2973, 0.582), ("70B", "full", 331, 0.517)]
 _A100 = ("torchtitan docs/performance.md (April 2024): 'Llama 3 models with FSDP2 on 64 A100 "
-         "(80GB) GPUs', local batch 1, 8,192 tokens (its llama3 tomls), no torch.compile "
+         "(80GB) GPUs', local batch 1 (the file), 8,192 tokens (its llama3 tomls), no "
+         "torch.compile "
          "(the tomls' compile = false, so eager kernels), FSDP2 reducing in fp32 "
          "(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)), "
          "its prefetch; the servers' network not printed: a DGX A100's taken, FSDP's traffic "

@@ -180,13 +180,20 @@ def _bloom_row():
     """BLOOM-176B at iteration 85,376 (bigscience train/tr11-176B-ml/README.md): its log line
     and its replica setup."""
     bloom = GPT(70, 14336, 112, 2048, 250880, "bloom-176B")
-    lay = Layout(t=4, p=12, d=8, b=2, global_batch=2048, zero_stage=1, recompute="full")
+    lay = Layout(t=4, p=12, d=8, b=2, global_batch=2048, zero_stage=1, recompute="full",
+                 grad_dtype="fp32", reduce_dtype="fp32")
     return PublishedRun(
         "BLOOM-176B, 384 A100, iteration 85,376", bloom, JEAN_ZAY, lay, "seconds", 104.70,
         "megatron-eq3",
         note="'elapsed time per iteration (s): 104.70 ... global batch size: 2048 ... TFLOPs: "
              "149.77' (the log at the end of the first epoch); 'TP=4 PP=12 DP=8 MBS=2', "
-             "SEQ_LEN=2048, ZeRO-1 in DeepSpeed's BF16 optimizer, activation checkpointing "
+             "SEQ_LEN=2048, ZeRO-1 in DeepSpeed's BF16 optimizer, which accumulates the "
+             "gradients in fp32 and reduces those (bf16_optimizer.py: 'hp_grad.data.add_("
+             "lp.grad.data.to(hp_grad.dtype)', get_grads_for_reduction returns "
+             "self.fp32_groups_gradients_flat; the engine all-reduces them whole, "
+             "buffered_allreduce_fallback, where the model counts ZeRO-1's reduce-scatter, "
+             "half those bytes: not modelled), "
+             "activation checkpointing "
              "('it's the hardware TFLOPs that we calculate - using the 4*2 co-efficient', "
              "Megatron-LM 2021 Eq. 3: 149.76 from the step); 70 layers, h 14336, 112 heads, "
              "the 250,680-token vocabulary padded to 250,880 (a multiple of 128 x TP), "

@@ -146,6 +146,13 @@ def moe_bytes(s, b, h, experts, k, ffn, shared, recompute="none", fused=True, fp
     return s * b * (norm + router + sort + routed + shared * expert)
 
 
+def compiled_loss_runs(compiled, loss_parallel, t):
+    """Whether a loss set to compile is priced compiled (``loss_bytes``, and its traffic in
+    ``kernels.loss_bytes``): not under PyTorch's loss parallel (t > 1), whose compiled form
+    is not read, so the eager rule stays there."""
+    return compiled and not (loss_parallel and t > 1)
+
+
 def loss_bytes(s, b, V, t=1, heads=1, loss_parallel=False, compiled=False):
     """Bytes the output layer's loss peaks at, per micro-batch, one of t vocabulary-parallel
     ranks: the backward of a float32 cross-entropy holds the saved float32 log-probabilities
@@ -167,8 +174,8 @@ def loss_bytes(s, b, V, t=1, heads=1, loss_parallel=False, compiled=False):
     kernel. 4V a token and head at the peak, read from the code inductor generates for
     ``F.cross_entropy(pred.float(), labels)`` (torch 2.13: one [tokens, V] buffer, the BF16
     gradient, besides per-token ones). Under PyTorch's loss parallel (t > 1) the eager rule
-    stays: not read."""
-    if compiled and not (loss_parallel and t > 1):
+    stays (``compiled_loss_runs``)."""
+    if compiled_loss_runs(compiled, loss_parallel, t):
         return s * b * (2 * heads + 2) * V / t
     transient = 12 if loss_parallel and t > 1 else 8
     return s * b * (4 * heads + transient) * V / t

@@ -46,6 +46,7 @@ from . import gemm
 from .hardware import Cluster
 from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, loss_bytes,
                       norm_up_recompute_share, op_recompute_share)
+from .layer_bytes import compiled_loss_runs
 from .layout import GRAD_DTYPES, Layout
 from .memory import (WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu,
                      usable_memory_bytes)
@@ -198,9 +199,8 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
                                                           lay.recompute)
         passes = ELEMENTWISE_PASSES * acts + FORWARD_PASSES * rewritten
         elementwise = layers * passes / c / hbm
-    # the loss over the logits; compiled, unless PyTorch's loss parallel runs it (t > 1)
-    compiled_loss = lay.loss == "compiled" and not (lay.tp_plan == "pytorch" and t > 1)
-    elementwise += logits * loss_bytes(model, b, t, c, compiled_loss) / hbm
+    compiled_loss = compiled_loss_runs(lay.loss == "compiled", lay.tp_plan == "pytorch", t)
+    elementwise += logits * loss_bytes(model, b, t, c, compiled_loss) / hbm   # the loss
     elementwise += cp_merge_s(model, lay, layers, hbm)   # CP's float32 merges
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(

@@ -175,14 +175,14 @@ def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
     if group == 1:
         return 0.0, 0.0
     n = lay.n_gpus
-    bandwidth, latency = cluster.group_link(n, lay.d, lay.t * lay.c * lay.p) if lay.d > 1 \
+    bandwidth, latency = cluster.group_link(n, lay.d, lay.t * lay.c) if lay.d > 1 \
         else (float("inf"), 0.0)
     if lay.c > 1:
         cp_bw, cp_lat = cluster.group_link(n, lay.c, lay.t)
         bandwidth, latency = min(bandwidth, cp_bw), max(latency, cp_lat)
     bandwidth *= comm_efficiency
     # DDP's all-reduce of the dense weights' gradients runs NVLS inside one server
-    dense = bandwidth * (cluster.allreduce_speedup(n, lay.d, lay.t * lay.p)
+    dense = bandwidth * (cluster.allreduce_speedup(n, lay.d, lay.t * lay.c)
                          if lay.zero_stage == 0 and lay.c == 1 else 1.0)
     shard = (lay.shard_group or lay.d) * lay.c
     where = (lay.t, lay.p, lay.e, lay.uneven_stages, lay.schedule)

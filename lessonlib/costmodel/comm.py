@@ -22,12 +22,12 @@ Bytes each parallelism sends, per micro-batch (Megatron-LM 2021, Narayanan et al
   optimisation (§4.1), once forward and once backward.
 * data parallel, per step: an all-reduce of the gradients of the GPU's parameters.
 
-Groups follow the grid ``arange(n).view(d, p, t)`` with t innermost: a TP group is t
-consecutive GPUs, a PP group strides by t, a DP group by t*p. A group whose members are all
-in one server talks over NVLink. How fast one that spans servers goes depends on how many of
-its members share each server (``members_per_node``): ``Cluster.group_link`` in
-``hardware.py`` turns that into a bandwidth, one network port per member on DGX-class
-servers.
+Groups follow the grid ``arange(n).view(p, d, t)`` with t innermost (``layout.py``'s rank
+order): a TP group is t consecutive GPUs, a DP group strides by t, a PP group by t*d. A
+group whose members are all in one server talks over NVLink. How fast one that spans servers
+goes depends on how many of its members share each server (``members_per_node``):
+``Cluster.group_link`` in ``hardware.py`` turns that into a bandwidth, one network port per
+member on DGX-class servers.
 
 Try ``python -c "from lessonlib.costmodel import ring_allreduce_time_s as f;
 print(f(8, 1e9, 300e9))"``.

@@ -42,11 +42,12 @@ in its warm-up and flush (``overlap.p2p_exposed_share``); ``loss``: the cross en
 rebuilt in the backward, §3.2.3, §3.3.4); ``comm_sm_share``: the share of SMs given to
 communication kernels, which compute nothing (DeepSeek-V3 §3.5.1: "20 out of the 132 SMs").
 
-Rank order, innermost first: tp, cp, (ep), dp, pp, Megatron-Core's. The estimate places the
-CP ring inside a server when t*c <= GPUs per server and the EP all-to-all inside one when
-t*c*e fits; the pipeline and data-parallel groups keep the placement the Table 1 calibration
-used (pipeline groups at stride t, data-parallel groups at stride t*p), so that every layout
-with c = e = 1 gives the numbers it gave before the new axes. Every
+Rank order, innermost first: tp, cp, (ep), dp, pp: Megatron-Core's default
+(parallel_state's order "tp-cp-ep-dp-pp"), Megatron-LM's since 2020 (data-parallel groups t
+apart inside each pipeline stage's block of n/p ranks), DeepSpeed's pipe-data-model topology
+and torchtitan's mesh (pp, dp_replicate, dp_shard, cp, tp, outermost first). So the CP ring
+stays inside a server when t*c <= GPUs per server, the EP all-to-all when t*c*e fits, a
+data-parallel group's members are t*c apart and a pipeline's n/p apart. Every
 setting is checked when the layout is built, and ``check(model)`` checks it against a
 model's shape, so a bad value fails at once with one line naming it, before any estimate.
 

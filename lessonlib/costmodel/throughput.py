@@ -213,7 +213,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     tp_bw *= COMM_EFFICIENCY
     pp = 0.0
     if lay.p > 1:
-        pp_bw, pp_lat = cluster.link(group_spans_nodes(n, lay.p, t, cluster.gpus_per_node))
+        pp_bw, pp_lat = cluster.link(group_spans_nodes(n, lay.p, n // lay.p, cluster.gpus_per_node))
         message = WEIGHT_BYTES * pp_elements_per_boundary(b, s, h, t, lay.scatter_gather) / c
         one_way = pp_lat + message / (pp_bw * COMM_EFFICIENCY)
         if lay.scatter_gather and t > 1:

@@ -43,9 +43,10 @@ from lessonlib.viz.source import show
 # ## 1. The grid: every rank gets three coordinates
 #
 # The ranks form one box, `torch.arange(world).view(dp, pp, tp)`, **t innermost**: a TP
-# group is t *consecutive* ranks, a PP group strides by t, a DP group by t·p. Servers hold
-# consecutive ranks, so a TP group stays in one server when t divides its size. Below:
-# (d, p, t) = (2, 2, 2) on servers of 4 GPUs, and a real job's (2, 4, 8) on servers of 8.
+# group is t *consecutive* ranks, a PP group strides by t, a DP group by t·p (Megatron-Core,
+# like the cost model, swaps pp and dp). Servers hold consecutive ranks: a TP group stays in
+# one server when t divides its size. Below: (d, p, t) = (2, 2, 2) on 4-GPU servers, and a
+# real job's (2, 4, 8) on 8-GPU servers.
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -207,6 +207,26 @@ MODELS = {
     # beside 1/std, 4 bytes per token more than the RMSNorm the activation count assumes.
     "nemotron-4-15B": GPT(32, 6144, 48, 4096, 256000, "nemotron-4-15B", kv_heads=8,
                           ffn=24576, tied_embeddings=False, mlp="relu2"),
+    # Llama 2 (Touvron et al. 2023, arXiv 2307.09288, Table 1 and §2): 4K-token context,
+    # a 32k-token vocabulary, grouped-query attention for the 70B (8 KV heads); layers, hidden,
+    # heads and SwiGLU widths as NeMo-Framework-Launcher 24.07 builds them (conf/training/
+    # llama/llama2_{7b,13b,70b}.yaml), untied output layer.
+    "llama2-7B": GPT(32, 4096, 32, 4096, 32000, "llama2-7B", ffn=11008, tied_embeddings=False),
+    "llama2-13B": GPT(40, 5120, 40, 4096, 32000, "llama2-13B", ffn=13824,
+                      tied_embeddings=False),
+    "llama2-70B": GPT(80, 8192, 64, 4096, 32000, "llama2-70B", kv_heads=8, ffn=28672,
+                      tied_embeddings=False),
+    # Nemotron-3 8B and 22B and Nemotron-4 340B as NeMo-Framework-Launcher 24.07 builds them
+    # (conf/training/nemotron/nemotron_{8b,22b,340b}.yaml): squared-ReLU MLPs of 4h, untied,
+    # every head its own K/V but the 340B's 8 query groups; the configs load a SentencePiece
+    # model without naming its size: Nemotron-4's 256,000 tokens (arXiv 2402.16819, §2), a
+    # reading.
+    "nemotron-3-8B": GPT(32, 4096, 32, 4096, 256000, "nemotron-3-8B", ffn=16384,
+                         tied_embeddings=False, mlp="relu2"),
+    "nemotron-3-22B": GPT(40, 6144, 48, 4096, 256000, "nemotron-3-22B", ffn=24576,
+                          tied_embeddings=False, mlp="relu2"),
+    "nemotron-4-340B": GPT(96, 18432, 96, 4096, 256000, "nemotron-4-340B", kv_heads=8,
+                           ffn=73728, tied_embeddings=False, mlp="relu2"),
     # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437): 671 B total, 37 B active, 4K tokens,
     # 128 heads of multi-head latent attention; its experts as ``moe.py`` builds them.
     "deepseek-v3": GPT(61, 7168, 128, 4096, 129280, "deepseek-v3", tied_embeddings=False,

@@ -194,12 +194,13 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   all-gathers but not its reduce-scatters, whose input is a sum of matmuls. Its FSDP
 #   reduce-scatters gradients in fp32 (its only choice of `mixed_precision_reduce`).
 # - **NeMo** (its `docs/source/performance/performance_summary.md`, container 24.07,
-#   DGX-H100): tokens per second per GPU of Llama 3 8B and 70B in FP8, with the model
-#   TFLOP/s beside; Megatron-Core's layers from Transformer Engine, so attention in cuDNN
-#   and FP8 by its default recipe, delayed scaling, whose norms write FP8 themselves;
-#   the gradients' exchange overlapped, and the 70B's TP transfers under its GEMMs and its
-#   pipeline's sends under other chunks' compute, as that release's own launcher configs
-#   set them (`overlap_grad_sync`, `overlap_param_sync`, `ub_tp_comm_overlap`,
+#   DGX-H100): tokens per second per GPU in FP8, with the model TFLOP/s beside, of Llama 3
+#   8B and 70B, then, held out, the same table's Llama 2 7B, 13B and 70B, Nemotron-3 8B and
+#   22B and Nemotron-4 340B; Megatron-Core's layers from Transformer Engine, so attention in
+#   cuDNN and FP8 by its default recipe, delayed scaling, whose norms write FP8 themselves;
+#   the gradients' exchange overlapped, TP's transfers under its GEMMs and the pipeline's
+#   sends under other chunks' compute where that release's own launcher config of the model
+#   sets them (`overlap_grad_sync`, `overlap_param_sync`, `ub_tp_comm_overlap`,
 #   `overlap_p2p_comm`).
 # - **torchtitan on H200** (its `benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md`,
 #   by the Trainy team): Llama 3.1 8B under FSDP on 32 and 64 H200s, compiled, with Float8. Met

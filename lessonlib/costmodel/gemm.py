@@ -236,7 +236,9 @@ def layer_gemms(model, b, t=1, c=1, e=1):
         qkv, ffn, gate = 3 * h, 4 * h, 1             # QKV; a GeLU MLP of 4h
     else:
         attention = model.moe.attention if model.moe else model.attention_params()
-        qkv, ffn, gate = attention / h - h, model.ffn or 4 * h, 2   # SwiGLU: gate and up
+        # SwiGLU's first matrix is two (gate and up); a squared-ReLU MLP's is one
+        qkv, ffn = attention / h - h, model.ffn or 4 * h
+        gate = 2 if model.mlp == "swiglu" else 1
     out = [(tokens, qkv / t, h, 1, "linear"), (tokens, h, h / t, 1, "linear")]
     causal = 1.0 if model.legacy else 0.5            # share of the s x s scores computed
     heads = b * a / t

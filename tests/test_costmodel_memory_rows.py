@@ -37,10 +37,10 @@ def test_a_compiled_loss_keeps_the_bf16_logits_and_writes_a_bf16_gradient():
     """torch.compile's cross entropy: the BF16 logits kept (2V) and the BF16 gradient (2V), 4V
     a token against eager's 12V; 8 bytes a logit moved against 44; a layout setting that
     changes the output layer's memory and the loss's traffic, nothing else."""
-    assert layer_bytes.loss_bytes(8192, 2, 128256, compiled=True) == 4 * 128256 * 8192 * 2
-    assert layer_bytes.loss_bytes(8192, 1, 100, heads=2, compiled=True) == 6 * 100 * 8192
+    assert layer_bytes.loss_bytes(8192, 2, 128256, loss="compiled") == 4 * 128256 * 8192 * 2
+    assert layer_bytes.loss_bytes(8192, 1, 100, heads=2, loss="compiled") == 6 * 100 * 8192
     # under PyTorch's loss parallel the eager rule stays (not read)
-    assert layer_bytes.loss_bytes(8192, 2, 128256, 8, loss_parallel=True, compiled=True) == \
+    assert layer_bytes.loss_bytes(8192, 2, 128256, 8, loss_parallel=True, loss="compiled") == \
         layer_bytes.loss_bytes(8192, 2, 128256, 8, loss_parallel=True)
     from dataclasses import replace
     from lessonlib.costmodel import Layout, estimate
@@ -51,8 +51,8 @@ def test_a_compiled_loss_keeps_the_bf16_logits_and_writes_a_bf16_gradient():
     assert eager.memory.logits - compiled.memory.logits == 8 * M8.V * M8.s * 2
     hbm = CLUSTERS["dgx-h200"].gpu.hbm_bytes_per_s * 0.8
     assert eager.time["elementwise"] - compiled.time["elementwise"] == pytest.approx(
-        (loss_traffic(M8, 2) - loss_traffic(M8, 2, compiled=True)) / hbm)
-    assert loss_traffic(M8, 2, compiled=True) * 44 == loss_traffic(M8, 2) * 8
+        (loss_traffic(M8, 2) - loss_traffic(M8, 2, loss="compiled")) / hbm)
+    assert loss_traffic(M8, 2, loss="compiled") * 44 == loss_traffic(M8, 2) * 8
     assert {k: v for k, v in eager.time.items() if k != "elementwise"} == \
         {k: v for k, v in compiled.time.items() if k != "elementwise"}
     assert "compiled loss" in replace(lay, loss="compiled").describe()
@@ -143,3 +143,14 @@ def test_torchtitan_rows_printed_with_their_errors():
     text = memory_report()
     assert "memory row" in text and f"{titan[0].error:+.1%}" in text
     assert CLUSTERS["grand-teton-h100-96gb"].gpu.memory_bytes == pytest.approx(96e9)
+
+
+def test_megatrons_cross_entropy_works_in_place_on_its_float32_softmax():
+    """Megatron's vocab-parallel cross entropy: 52 bytes a logit unfused, 28 fused (its
+    ``cross_entropy_loss_fusion``); at the peak the float32 softmax (4V) and the BF16
+    gradient cast from it (2V), against eager PyTorch's 12V."""
+    from lessonlib.costmodel.kernels import loss_bytes as loss_traffic
+    assert [loss_traffic(M8, 1, loss=x) / (M8.s * M8.V) for x in
+            ("eager", "megatron", "megatron-fused")] == [44, 52, 28]
+    for kind in ("megatron", "megatron-fused"):
+        assert layer_bytes.loss_bytes(8192, 2, 128256, 8, loss=kind) == 6 * 128256 * 8192 * 2 / 8

@@ -53,22 +53,33 @@ KERNELS = ("fused", "eager")
 # sum of exponentials and for the output it writes (12, 4); backward, the NLL gradient
 # written dense (4), log-softmax's backward reading it and the saved output and writing the
 # input's gradient (12), and the cast back to BF16 for the output layer's GEMMs (4, 2).
-# Megatron's vocab-parallel cross entropy (``_VocabParallelCrossEntropy``, float32 logits)
-# moves more: in-place subtract, exp and divide, each a read and a write. Not fused by
-# either, nor where torch.compile compiles the model but not the loss (torchtitan's until
+# Not fused where torch.compile compiles the model but not the loss (torchtitan's until
 # April 2025).
 LOSS_BYTES = 6 + 16 + 4 + 12 + 6
 # Compiled (``Layout.loss``, ``layer_bytes.loss_bytes``): the forward reads the BF16 logits
 # twice (their maximum, then the sum of exponentials), the backward reads them once and
 # writes the BF16 gradient, in the kernels inductor generates (torch 2.13).
 COMPILED_LOSS_BYTES = 2 + 2 + 2 + 2
+# Megatron's ``vocab_parallel_cross_entropy`` on ``logits.float()`` (Megatron-Core
+# tensor_parallel/cross_entropy.py, core_r0.8.0; Megatron-LM's mpu of 2021 runs the same
+# ops), one kernel per op: the cast (2, 4); the maximum (4); in place, subtract it (4, 4),
+# exponentiate (4, 4); sum (4); divide by the sum (4, 4); backward, in place on the saved
+# softmax, multiply by the loss's gradient (4, 4), and the cast back to BF16 (4, 2).
+MEGATRON_LOSS_BYTES = 6 + 4 + 8 + 8 + 4 + 8 + 8 + 6
+# Its fused form (``cross_entropy_loss_fusion``, fusions/fused_cross_entropy.py): the same
+# steps as four ``jit_fuser`` functions, torch.compile since torch 2.2 (core/jit.py), each one
+# kernel: cast with the maximum (2, 4); subtract, exponentiate and sum (4, 4); divide (4,
+# 4); the gradient, written in BF16 (4, 2).
+MEGATRON_FUSED_LOSS_BYTES = 6 + 8 + 8 + 6
+LOSS_BYTES_BY_KIND = {"eager": LOSS_BYTES, "compiled": COMPILED_LOSS_BYTES,
+                      "megatron": MEGATRON_LOSS_BYTES,
+                      "megatron-fused": MEGATRON_FUSED_LOSS_BYTES}
 
 
-def loss_bytes(model, b=1, t=1, c=1, compiled=False):
+def loss_bytes(model, b=1, t=1, c=1, loss="eager"):
     """HBM bytes the cross entropy over one micro-batch's logits moves on one GPU, forward
-    and backward: b s/c tokens, V/t logits each; ``compiled``: under torch.compile."""
-    per_logit = COMPILED_LOSS_BYTES if compiled else LOSS_BYTES
-    return per_logit * b * model.s / c * model.V / t
+    and backward: b s/c tokens, V/t logits each; ``loss``: how it runs (``Layout.loss``)."""
+    return LOSS_BYTES_BY_KIND[loss] * b * model.s / c * model.V / t
 
 
 def eager_layer_forward_bytes(model, b=1, t=1, c=1):

@@ -146,14 +146,14 @@ def moe_bytes(s, b, h, experts, k, ffn, shared, recompute="none", fused=True, fp
     return s * b * (norm + router + sort + routed + shared * expert)
 
 
-def compiled_loss_runs(compiled, loss_parallel, t):
-    """Whether a loss set to compile is priced compiled (``loss_bytes``, and its traffic in
-    ``kernels.loss_bytes``): not under PyTorch's loss parallel (t > 1), whose compiled form
-    is not read, so the eager rule stays there."""
-    return compiled and not (loss_parallel and t > 1)
+def loss_runs(loss, loss_parallel, t):
+    """How a loss set to ``loss`` (``Layout.loss``) is priced (``loss_bytes``, and its
+    traffic in ``kernels.loss_bytes``): as set, but a compiled one under PyTorch's loss
+    parallel (t > 1), whose compiled form is not read, keeps the eager rule."""
+    return "eager" if loss == "compiled" and loss_parallel and t > 1 else loss
 
 
-def loss_bytes(s, b, V, t=1, heads=1, loss_parallel=False, compiled=False):
+def loss_bytes(s, b, V, t=1, heads=1, loss_parallel=False, loss="eager"):
     """Bytes the output layer's loss peaks at, per micro-batch, one of t vocabulary-parallel
     ranks: the backward of a float32 cross-entropy holds the saved float32 log-probabilities
     (4V per token and head), the gradient arriving at them (4V) and the one it returns (4V) at
@@ -168,31 +168,38 @@ def loss_bytes(s, b, V, t=1, heads=1, loss_parallel=False, compiled=False):
     are alive at once, then the zeros, the sum and the product: 4V more than CUDA's fused
     ``log_softmax_backward``.
 
-    ``compiled`` (``Layout.loss``): under torch.compile the forward keeps the BF16 logits
+    ``loss="compiled"`` (``Layout.loss``): under torch.compile the forward keeps the BF16 logits
     (2V) and two float32 numbers a token, and computes the log-sum-exp in two reading passes
     without writing float32 logits; the backward writes the BF16 gradient (2V) in one fused
     kernel. 4V a token and head at the peak, read from the code inductor generates for
     ``F.cross_entropy(pred.float(), labels)`` (torch 2.13: one [tokens, V] buffer, the BF16
     gradient, besides per-token ones). Under PyTorch's loss parallel (t > 1) the eager rule
-    stays (``compiled_loss_runs``)."""
-    if compiled_loss_runs(compiled, loss_parallel, t):
+    stays (``loss_runs``).
+
+    ``loss="megatron"`` or ``"megatron-fused"`` (Megatron's vocab-parallel cross entropy,
+    ``kernels.MEGATRON_LOSS_BYTES``): each head keeps its float32 softmax (4V), which the
+    backward turns into the gradient in place, then casts to BF16 (2V)."""
+    loss = loss_runs(loss, loss_parallel, t)
+    if loss == "compiled":
         return s * b * (2 * heads + 2) * V / t
+    if loss.startswith("megatron"):
+        return s * b * (4 * heads + 2) * V / t
     transient = 12 if loss_parallel and t > 1 else 8
     return s * b * (4 * heads + transient) * V / t
 
 
 def output_layer_bytes(s, b, h, V, t=1, sequence_parallel=False, heads=1, gathered=False,
-                       layer_norm=False, compiled_loss=False):
+                       layer_norm=False, loss="eager"):
     """Bytes on the stage with the output layer at the loss's peak, per micro-batch: the final
     RMSNorm's input and 1/rms (``layer_norm``: a LayerNorm's mean and 1/std; s/t rows under
     SP), the head's input, which the matmul keeps
     for its weight gradient (all s rows where the plan all-gathers the sequence into the
     head: PyTorch's, torchtitan's ``"output": ColwiseParallel(input_layouts=Shard(1), ...)``;
     Megatron keeps its shard and gathers again in backward), and ``loss_bytes`` (``gathered``
-    also means PyTorch's loss parallel; ``compiled_loss``: under torch.compile). Outside every
+    also means PyTorch's loss parallel; ``loss``: how it runs, ``Layout.loss``). Outside every
     layer, so no recompute mode drops it."""
     rows = s * b / t if sequence_parallel else s * b
     head_rows = s * b if gathered or not sequence_parallel else rows
     stats = 2 * STATS if layer_norm else STATS
     return (rows * (2 * h + stats) + head_rows * 2 * h) * heads + loss_bytes(
-        s, b, V, t, heads, gathered, compiled_loss)
+        s, b, V, t, heads, gathered, loss)

@@ -35,8 +35,9 @@ for DeepSeek-V3, §2.1.2). ``kernels``: "fused"
 (Megatron's fused kernels, torch.compile) or "eager" (one kernel per elementwise op,
 ``kernels.py``); ``overlap_p2p``: the interleaved schedule's sends and receives posted
 ahead and waited for only when needed (Megatron-Core's ``overlap_p2p_comm``), hidden but
-in its warm-up and flush (``overlap.p2p_exposed_share``); ``loss``: the cross entropy "eager" (float32 log-probabilities kept) or
-"compiled" (torch.compile's fused kernels: the BF16 logits kept, ``LOSSES``);
+in its warm-up and flush (``overlap.p2p_exposed_share``); ``loss``: the cross entropy
+"eager" (float32 log-probabilities kept), "compiled" (torch.compile's fused kernels: the BF16
+logits kept) or Megatron's, unfused or fused (``LOSSES``);
 ``recompute="op"``: torchtitan's op-level selective checkpointing;
 ``recompute="norm-up"``: DeepSeek-V3's (norms, MLA up-projections and SwiGLU's output
 rebuilt in the backward, §3.2.3, §3.3.4); ``comm_sm_share``: the share of SMs given to
@@ -86,11 +87,13 @@ TP_PLANS = ("megatron", "pytorch")
 # pytorch/attention.py, January 2024 at the latest); "fa3", FlashAttention-3.
 ATTENTION_KERNELS = ("fa2", "cudnn", "fa3")
 # How the cross entropy over the logits runs (``layer_bytes.loss_bytes``, ``kernels.py``):
-# "eager", as PyTorch runs F.cross_entropy on float32 logits (Megatron's, and torchtitan's
-# until 2025: its ``loss_fn = torch.compile(loss_fn)`` commented out in December 2024), or
+# "eager", as PyTorch runs F.cross_entropy on float32 logits (torchtitan's until 2025: its
+# ``loss_fn = torch.compile(loss_fn)`` commented out in December 2024), or
 # "compiled", under torch.compile (torchtitan from April 2025, ``build_cross_entropy_loss``:
-# "Compiling the loss function with torch.compile" when training.compile is on).
-LOSSES = ("eager", "compiled")
+# "Compiling the loss function with torch.compile" when training.compile is on);
+# "megatron", Megatron's vocab-parallel cross entropy, its in-place ops one kernel each, or
+# "megatron-fused", the same under Megatron-Core's ``cross_entropy_loss_fusion``.
+LOSSES = ("eager", "compiled", "megatron", "megatron-fused")
 
 
 def _is_int(value):
@@ -275,7 +278,7 @@ class Layout:
             extras += [f"FP8 {self.fp8_scaling}" if tensorwise else "FP8"]
         extras += [f"routing <= {self.max_nodes} nodes"] if self.max_nodes else []
         extras += ["eager"] if self.kernels == "eager" else []
-        extras += ["compiled loss"] if self.loss == "compiled" else []
+        extras += [f"{self.loss} loss"] if self.loss != "eager" else []
         extras += [f"{self.attention_kernel} attention"] if self.attention_kernel != "fa2" else []
         extras += [f"{self.comm_sm_share:.0%} SMs on comm"] if self.comm_sm_share else []
         axes = f"t={self.t} " + (f"c={self.c} " if self.c > 1 else "") + \

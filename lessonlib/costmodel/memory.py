@@ -345,7 +345,7 @@ def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
                    sequence_parallel=False, zero_stage=0, schedule="1f1b", c=1, e=1,
                    shard=None, uneven=False, grad_bytes=GRAD_BYTES, fused=True,
                    cp_comm="ring", fp8=False, optimizer_bytes=OPTIMIZER_BYTES,
-                   gathered=False, compiled_loss=False):
+                   gathered=False, loss="eager"):
     """MemoryBreakdown of the busiest GPU for a (t, c, p, d, e) layout and micro-batching
     (b, m): the first pipeline stage (most micro-batches in flight) or the last (the
     output layer, ``layer_bytes.output_layer_bytes``), whichever holds more; one GPU holds
@@ -379,7 +379,7 @@ def memory_per_gpu(model, t=1, p=1, d=1, b=1, m=1, v=1, recompute="full",
     work = working_bytes(model, t, b, recompute, sequence_parallel, zero_stage, c, e,
                          cp_comm, fused, gathered)
     output = lb.output_layer_bytes(model.s / c, b, model.h, model.V, t, sequence_parallel,
-                                   1 + model.mtp, gathered, model.legacy, compiled_loss)
+                                   1 + model.mtp, gathered, model.legacy, loss)
     if schedule == "dualpipe":
         per_layer = activation_bytes_per_layer(model, b, t, sequence_parallel, recompute,
                                                fused, fp8, gathered) / c

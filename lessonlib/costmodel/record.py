@@ -165,7 +165,7 @@ def _korthikanti_rows():
     rows = []
     for name, L, h, a, p, gpus, batch, mb, v, seconds, mfu in KORTHIKANTI:
         lay = Layout(t=8, p=p, d=gpus // (8 * p), b=mb, global_batch=batch, v=v,
-                     recompute="selective", sequence_parallel=True)
+                     recompute="selective", sequence_parallel=True, loss="megatron")
         rows.append(PublishedRun(
             f"Korthikanti 2022 Table 5, {name} selective + SP", GPT(L, h, a, 2048, 51200, name),
             "dgx-a100", lay, "seconds", seconds, "korthikanti",
@@ -181,7 +181,7 @@ def _bloom_row():
     and its replica setup."""
     bloom = GPT(70, 14336, 112, 2048, 250880, "bloom-176B")
     lay = Layout(t=4, p=12, d=8, b=2, global_batch=2048, zero_stage=1, recompute="full",
-                 grad_dtype="fp32", reduce_dtype="fp32")
+                 grad_dtype="fp32", reduce_dtype="fp32", loss="megatron")
     return PublishedRun(
         "BLOOM-176B, 384 A100, iteration 85,376", bloom, JEAN_ZAY, lay, "seconds", 104.70,
         "megatron-eq3",
@@ -213,7 +213,7 @@ def _nemotron_rows():
     for d, batch, seconds, mfu in NEMOTRON:
         lay = Layout(t=8, d=d, b=SILENT["b"], global_batch=batch, zero_stage=1,
                      recompute=SILENT["recompute"], sequence_parallel=True,
-                     attention_kernel="cudnn", reduce_dtype="fp32")
+                     attention_kernel="cudnn", reduce_dtype="fp32", loss="megatron")
         rows.append(PublishedRun(
             f"Nemotron-4 15B Table 2, DP {d}", MODELS["nemotron-4-15B"], "dgx-h100", lay,
             "seconds", seconds, "megatron-lm",
@@ -257,15 +257,16 @@ NEMO_2407 = [("llama3-8B", 8, 128, 1, 8192, 1, 1, 2, 1, 12036, 697),
 # state); the others name no recompute and no grad_sync_dtype, so fp32, which NeMo's
 # communication-overlap guide calls "the default precision". Its file is laid out PP 12 x
 # VP 8, where the table prints PP 8 x VP 12: the table's columns are taken, the file's other
-# settings with them, a reading.
+# settings with them, a reading. Where a file sets 'cross_entropy_loss_fusion: true' the loss
+# is Megatron's fused one; elsewhere Megatron-Core's default, unfused.
 NEMO_2407_CONFIG = {
-    "llama3-8B": dict(async_tp=False, overlap_p2p=False),
-    "llama3-70B": dict(async_tp=True, overlap_p2p=True),
+    "llama3-8B": dict(async_tp=False, overlap_p2p=False, loss="megatron-fused"),
+    "llama3-70B": dict(async_tp=True, overlap_p2p=True, loss="megatron-fused"),
     "llama2-7B": dict(async_tp=False, overlap_p2p=False),
     "llama2-13B": dict(async_tp=False, overlap_p2p=True),
     "llama2-70B": dict(async_tp=True, overlap_p2p=True),
-    "nemotron-3-8B": dict(async_tp=True, overlap_p2p=False),
-    "nemotron-3-22B": dict(async_tp=True, overlap_p2p=True),
+    "nemotron-3-8B": dict(async_tp=True, overlap_p2p=False, loss="megatron-fused"),
+    "nemotron-3-22B": dict(async_tp=True, overlap_p2p=True, loss="megatron-fused"),
     "nemotron-4-340B": dict(async_tp=False, overlap_p2p=False, recompute="selective",
                             reduce_dtype="bf16", moment_dtype="bf16")}
 _NEMO_NOTE = ("Megatron-Core under NeMo: Transformer Engine's layers, so attention in cuDNN "
@@ -282,7 +283,7 @@ def _nemo_rows():
     for name, gpus, batch, mbs, seq, t, p, c, v, tokens, tflops in NEMO_2407:
         d = gpus // (t * p * c)
         settings = {"recompute": SILENT["recompute"], "reduce_dtype": "fp32",
-                    **NEMO_2407_CONFIG[name]}
+                    "loss": "megatron", **NEMO_2407_CONFIG[name]}
         lay = Layout(t=t, p=p, c=c, d=d, v=v, b=mbs, global_batch=batch, zero_stage=1,
                      sequence_parallel=t > 1, precision="fp8", fp8_scaling="te",
                      attention_kernel="cudnn", overlap_comm=True, **settings)
@@ -446,7 +447,8 @@ DGXC_2411 = [
 # What each config sets that the tables do not print (llama3.1/llama3.1_8b.yaml,
 # llama3.1_70b.yaml, nemotron/nemotron4-15b-synth.yaml, nemotron4-340b-synth.yaml): all four
 # name distributed fused Adam (ZeRO-1), 'overlap_grad_sync' and 'overlap_param_sync' true and
-# 'grad_sync_dtype: bf16'; 'ub_tp_comm_overlap' and 'overlap_p2p_comm' as below; the 340B
+# 'grad_sync_dtype: bf16' and 'cross_entropy_loss_fusion: true' (Megatron's fused loss);
+# 'ub_tp_comm_overlap' and 'overlap_p2p_comm' as below; the 340B
 # selective recompute and its optimizer state in bf16 ('dtype: bf16'), the others none.
 DGXC_2411_CONFIG = {
     "llama3-8B": dict(async_tp=False, overlap_p2p=False),
@@ -458,9 +460,7 @@ _DGXC_NOTE = ("NVIDIA/dgxc-benchmarking 24.11.1, the workload's README (training
               "and config: Megatron-Core under NeMo, Transformer Engine's layers (attention "
               "in cuDNN), FP8 by TE's delayed scaling where the run is FP8 (launch.sh: "
               "'model.fp8', 'model.fp8_hybrid'), the settings DGXC_2411_CONFIG reads from "
-              "the config. Not modelled: the FP8 runs keep FP8 weights ('fp8_params'), and "
-              "every config fuses the cross entropy ('cross_entropy_loss_fusion'), priced "
-              "eager here")
+              "the config. Not modelled: the FP8 runs keep FP8 weights ('fp8_params')")
 
 
 def _dgxc_rows():
@@ -471,7 +471,7 @@ def _dgxc_rows():
             lay = Layout(t=t, p=p, c=c, d=gpus // (t * p * c), v=v, b=mbs, global_batch=batch,
                          zero_stage=1, sequence_parallel=t > 1, precision=precision,
                          fp8_scaling="te", attention_kernel="cudnn", reduce_dtype="bf16",
-                         overlap_comm=True, **settings)
+                         overlap_comm=True, loss="megatron-fused", **settings)
             model = MODELS[name]
             rows.append(PublishedRun(
                 f"NVIDIA DGXC 24.11, {_DGXC_NAMES[name]} {precision.upper()} on {gpus}",

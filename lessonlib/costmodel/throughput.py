@@ -46,7 +46,7 @@ from . import gemm
 from .hardware import Cluster
 from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, loss_bytes,
                       norm_up_recompute_share, op_recompute_share)
-from .layer_bytes import compiled_loss_runs
+from .layer_bytes import loss_runs
 from .layout import GRAD_DTYPES, Layout
 from .memory import (WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu,
                      usable_memory_bytes)
@@ -199,8 +199,8 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
                                                           lay.recompute)
         passes = ELEMENTWISE_PASSES * acts + FORWARD_PASSES * rewritten
         elementwise = layers * passes / c / hbm
-    compiled_loss = compiled_loss_runs(lay.loss == "compiled", lay.tp_plan == "pytorch", t)
-    elementwise += logits * loss_bytes(model, b, t, c, compiled_loss) / hbm   # the loss
+    loss = loss_runs(lay.loss, lay.tp_plan == "pytorch", t)
+    elementwise += logits * loss_bytes(model, b, t, c, loss) / hbm   # the loss
     elementwise += cp_merge_s(model, lay, layers, hbm)   # CP's float32 merges
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(
@@ -306,7 +306,7 @@ def memory_estimate(model, layout, cluster):
                          lay.shard_group, lay.uneven_stages, GRAD_DTYPES[lay.grad_dtype],
                          lay.kernels != "eager", lay.cp_comm, lay.precision == "fp8",
                          4 + 2 * GRAD_DTYPES[lay.moment_dtype], lay.tp_plan == "pytorch",
-                         lay.loss == "compiled")
+                         lay.loss)
     return Estimate(model=model, layout=lay, cluster=cluster, memory=mem,
                     memory_capacity_bytes=usable_memory_bytes(cluster.gpu, sum(
                         n > 1 for n in (lay.t, lay.c, lay.p, lay.d, lay.e))))

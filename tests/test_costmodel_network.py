@@ -175,3 +175,17 @@ def test_gradients_travel_in_the_reduce_dtype_and_weights_in_16_bits():
     assert "fp32 reduce" in Layout(m=1, reduce_dtype="fp32").describe()
     with pytest.raises(ValueError, match="reduce_dtype='fp16' must be one of bf16, fp32"):
         Layout(m=1, reduce_dtype="fp16")
+
+
+def test_deepspeeds_bf16_optimizer_all_reduces_the_gradients_whole():
+    """ZeRO-1 under DeepSpeed's BF16 optimizer (BLOOM's): the gradients all-reduced, not
+    reduce-scattered; the weights' gather unchanged."""
+    from lessonlib.costmodel.axes import _exchange_s
+    from lessonlib.costmodel.comm import ring_allreduce_time_s
+    lay = Layout(d=8, m=1, zero_stage=1)
+    whole = replace(lay, zero_reduce="all-reduce")
+    (g1, r1), (g2, r2) = (_exchange_s(x, 1e9, 8, 8, 50e9, 1e-5) for x in (lay, whole))
+    assert g2 == g1 and r2 == pytest.approx(ring_allreduce_time_s(8, 2e9, 50e9, 1e-5))
+    assert r2 > 1.9 * r1 and "grads all-reduced" in whole.describe()
+    with pytest.raises(ValueError, match="zero_reduce='ring' must be one of reduce-scatter"):
+        Layout(m=1, zero_reduce="ring")

@@ -151,9 +151,12 @@ def _exchange_s(lay, params, group, shard, bandwidth, latency):
         return 0.0, ring_allreduce_time_s(group, grads, bandwidth, latency)
     if lay.zero_stage < 3:
         # ZeRO-1/2 reduce-scatter gradients and all-gather the updated weights once a step:
-        # an all-reduce's steps, the gathers apart (``dp_time_s`` hides them differently)
+        # an all-reduce's steps, the gathers apart (``dp_time_s`` hides them differently);
+        # ``zero_reduce="all-reduce"`` exchanges the gradients whole first
+        reduce = ring_allreduce_time_s if lay.zero_reduce == "all-reduce" else \
+            ring_reduce_scatter_time_s
         return (ring_all_gather_time_s(group, weights, bandwidth, latency),
-                ring_reduce_scatter_time_s(group, grads, bandwidth, latency))
+                reduce(group, grads, bandwidth, latency))
     # ZeRO-3 gathers the weights before every forward, recompute and backward of every
     # micro-batch, and reduce-scatters the gradients once (ZeRO §7.2: 1.5x at m=1). Under a
     # pipeline of several micro-batches the weights are gathered once a step and kept

@@ -94,6 +94,7 @@ ATTENTION_KERNELS = ("fa2", "cudnn", "fa3")
 # "megatron", Megatron's vocab-parallel cross entropy, its in-place ops one kernel each, or
 # "megatron-fused", the same under Megatron-Core's ``cross_entropy_loss_fusion``.
 LOSSES = ("eager", "compiled", "megatron", "megatron-fused")
+ZERO_REDUCES = ("reduce-scatter", "all-reduce")
 
 
 def _is_int(value):
@@ -140,6 +141,12 @@ class Layout:
     # (--training.mixed_precision_reduce, default "float32"); weights still travel in bf16
     reduce_dtype: str = "bf16"
     moment_dtype: str = "fp32"   # Adam's momentum and variance: "fp32" or "bf16"
+    # How ZeRO-1/2 exchange the gradients: "reduce-scatter" (each replica gets its shard:
+    # Megatron's distributed optimizer, DeepSpeed's ZeRO) or "all-reduce", whole, before
+    # each replica updates its shard (DeepSpeed's BF16 optimizer: its
+    # get_grads_for_reduction hands the engine the fp32 gradients, which
+    # buffered_allreduce_fallback all-reduces, "currently for BF16 optimizer")
+    zero_reduce: str = "reduce-scatter"
     # Whose tensor-parallel plan: "megatron" (SP keeps the column layers' input shard and
     # gathers it again in backward) or "pytorch" (torchtitan's: keeps the gathered input).
     tp_plan: str = "megatron"
@@ -171,7 +178,7 @@ class Layout:
                               ("reduce_dtype", GRAD_DTYPES),
                               ("tp_plan", TP_PLANS), ("attention_kernel", ATTENTION_KERNELS),
                               ("kernels", KERNELS), ("fp8_scaling", FP8_SCALINGS),
-                              ("loss", LOSSES)):
+                              ("loss", LOSSES), ("zero_reduce", ZERO_REDUCES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of "
                                  f"{', '.join(allowed)}")
@@ -273,6 +280,7 @@ class Layout:
         extras += ["fp32 grads"] if self.grad_dtype == "fp32" else []
         extras += ["fp32 reduce"] if self.reduce_dtype == "fp32" else []
         extras += ["bf16 moments"] if self.moment_dtype == "bf16" else []
+        extras += ["grads all-reduced"] if self.zero_reduce == "all-reduce" else []
         if self.precision != "bf16":      # blockwise, DeepSeek-V3's, printed as plain "FP8"
             tensorwise = self.fp8_scaling != "blockwise"
             extras += [f"FP8 {self.fp8_scaling}" if tensorwise else "FP8"]

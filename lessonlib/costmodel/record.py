@@ -181,7 +181,8 @@ def _bloom_row():
     and its replica setup."""
     bloom = GPT(70, 14336, 112, 2048, 250880, "bloom-176B")
     lay = Layout(t=4, p=12, d=8, b=2, global_batch=2048, zero_stage=1, recompute="full",
-                 grad_dtype="fp32", reduce_dtype="fp32", loss="megatron")
+                 grad_dtype="fp32", reduce_dtype="fp32", loss="megatron",
+                 zero_reduce="all-reduce")
     return PublishedRun(
         "BLOOM-176B, 384 A100, iteration 85,376", bloom, JEAN_ZAY, lay, "seconds", 104.70,
         "megatron-eq3",
@@ -191,8 +192,7 @@ def _bloom_row():
              "gradients in fp32 and reduces those (bf16_optimizer.py: 'hp_grad.data.add_("
              "lp.grad.data.to(hp_grad.dtype)', get_grads_for_reduction returns "
              "self.fp32_groups_gradients_flat; the engine all-reduces them whole, "
-             "buffered_allreduce_fallback, where the model counts ZeRO-1's reduce-scatter, "
-             "half those bytes: not modelled), "
+             "buffered_allreduce_fallback: zero_reduce='all-reduce'), "
              "activation checkpointing "
              "('it's the hardware TFLOPs that we calculate - using the 4*2 co-efficient', "
              "Megatron-LM 2021 Eq. 3: 149.76 from the step); 70 layers, h 14336, 112 heads, "

@@ -213,10 +213,16 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     tp_bw *= COMM_EFFICIENCY
     pp = 0.0
     if lay.p > 1:
-        pp_bw, pp_lat = cluster.link(group_spans_nodes(n, lay.p, n // lay.p, cluster.gpus_per_node))
-        message = WEIGHT_BYTES * pp_elements_per_boundary(b, s, h, t, lay.scatter_gather) / c
+        pp_bw, pp_lat = cluster.link(group_spans_nodes(n, lay.p, n // lay.p,
+                                                       cluster.gpus_per_node))
+        # Megatron-LM 2021's scatter/gather (§4.1) sends 1/t of the boundary and all-gathers
+        # it inside the server; under SP each TP rank holds s/t of its rows already and sends
+        # them (Megatron-Core's get_tensor_shapes: seq_length // TP size), and the gather is
+        # SP's own, in the next layer (``tp_comm_s``)
+        split = lay.scatter_gather or lay.sequence_parallel
+        message = WEIGHT_BYTES * pp_elements_per_boundary(b, s, h, t, split) / c
         one_way = pp_lat + message / (pp_bw * COMM_EFFICIENCY)
-        if lay.scatter_gather and t > 1:
+        if lay.scatter_gather and not lay.sequence_parallel and t > 1:
             one_way += ring_all_gather_time_s(t, WEIGHT_BYTES * b * s * h / c, tp_bw, tp_lat)
         pp = 2 * lay.v * one_way  # activations forward, gradients backward, per chunk
         if lay.overlap_p2p:       # hidden but in the warm-up and the flush

@@ -426,24 +426,20 @@ def _a100_rows():
 # setting the table does not print read from that file. Met after the model's time terms
 # were set, held out; of each table the fewest and the most GPUs. Its Llama 3.1 405B recipe
 # is not here: it runs a proxy (a GPT-2 tokenizer, 16 query groups) the model's presets lack.
-# Model, file, precision: (t, p, c, v, micro-batch), {GPUs: (global batch, seconds)}.
+# Model, file, (t, p, c, v, micro-batch), {precision: {GPUs: (global batch, seconds)}}.
 DGXC_2411 = [
-    ("llama3-8B", "llama3.1/README_8b.md", "bf16", (1, 1, 2, 1, 1),
-     {8: (128, 12.91), 128: (2048, 13.10)}),
-    ("llama3-8B", "llama3.1/README_8b.md", "fp8", (1, 1, 2, 1, 1),
-     {8: (128, 9.67), 128: (2048, 9.82)}),
-    ("llama3-70B", "llama3.1/README_70b.md", "bf16", (4, 4, 2, 5, 1),
-     {64: (128, 14.72), 2048: (4096, 14.98)}),
-    ("llama3-70B", "llama3.1/README_70b.md", "fp8", (4, 4, 2, 5, 1),
-     {64: (128, 11.01), 2048: (4096, 11.39)}),
-    ("nemotron-4-15B", "nemotron/README_15b.md", "bf16", (4, 1, 1, 1, 4),
-     {16: (64, 2.83), 2048: (8192, 2.96)}),
-    ("nemotron-4-15B", "nemotron/README_15b.md", "fp8", (4, 1, 1, 1, 4),
-     {16: (64, 2.08), 2048: (8192, 2.18)}),
-    ("nemotron-4-340B", "nemotron/README_340b.md", "bf16", (8, 8, 1, 12, 1),
-     {128: (32, 4.61), 2048: (512, 4.84)}),
-    ("nemotron-4-340B", "nemotron/README_340b.md", "fp8", (8, 8, 1, 12, 1),
-     {128: (32, 3.16), 2048: (512, 3.49)})]
+    ("llama3-8B", "llama3.1/README_8b.md", (1, 1, 2, 1, 1),
+     {"bf16": {8: (128, 12.91), 128: (2048, 13.10)},
+      "fp8": {8: (128, 9.67), 128: (2048, 9.82)}}),
+    ("llama3-70B", "llama3.1/README_70b.md", (4, 4, 2, 5, 1),
+     {"bf16": {64: (128, 14.72), 2048: (4096, 14.98)},
+      "fp8": {64: (128, 11.01), 2048: (4096, 11.39)}}),
+    ("nemotron-4-15B", "nemotron/README_15b.md", (4, 1, 1, 1, 4),
+     {"bf16": {16: (64, 2.83), 2048: (8192, 2.96)},
+      "fp8": {16: (64, 2.08), 2048: (8192, 2.18)}}),
+    ("nemotron-4-340B", "nemotron/README_340b.md", (8, 8, 1, 12, 1),
+     {"bf16": {128: (32, 4.61), 2048: (512, 4.84)},
+      "fp8": {128: (32, 3.16), 2048: (512, 3.49)}})]
 # What each config sets that the tables do not print (llama3.1/llama3.1_8b.yaml,
 # llama3.1_70b.yaml, nemotron/nemotron4-15b-synth.yaml, nemotron4-340b-synth.yaml): all four
 # name distributed fused Adam (ZeRO-1), 'overlap_grad_sync' and 'overlap_param_sync' true and
@@ -465,14 +461,16 @@ _DGXC_NOTE = ("NVIDIA/dgxc-benchmarking 24.11.1, the workload's README (training
 
 def _dgxc_rows():
     rows = []
-    for name, readme, precision, (t, p, c, v, mbs), columns in DGXC_2411:
+    for name, readme, (t, p, c, v, mbs), tables in DGXC_2411:
+        model = MODELS[name]
         settings = {"recompute": SILENT["recompute"], **DGXC_2411_CONFIG[name]}
-        for gpus, (batch, seconds) in columns.items():
+        steps = [(x, gpus, step) for x, columns in tables.items() for gpus, step in
+                 columns.items()]
+        for precision, gpus, (batch, seconds) in steps:
             lay = Layout(t=t, p=p, c=c, d=gpus // (t * p * c), v=v, b=mbs, global_batch=batch,
                          zero_stage=1, sequence_parallel=t > 1, precision=precision,
                          fp8_scaling="te", attention_kernel="cudnn", reduce_dtype="bf16",
                          overlap_comm=True, loss="megatron-fused", **settings)
-            model = MODELS[name]
             rows.append(PublishedRun(
                 f"NVIDIA DGXC 24.11, {_DGXC_NAMES[name]} {precision.upper()} on {gpus}",
                 model, "dgx-h100", lay, "seconds", seconds, "",

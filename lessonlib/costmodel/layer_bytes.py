@@ -168,10 +168,10 @@ def loss_bytes(s, b, V, t=1, heads=1, loss_parallel=False, loss="eager"):
     are alive at once, then the zeros, the sum and the product: 4V more than CUDA's fused
     ``log_softmax_backward``.
 
-    ``loss="compiled"`` (``Layout.loss``): under torch.compile the forward keeps the BF16 logits
-    (2V) and two float32 numbers a token, and computes the log-sum-exp in two reading passes
-    without writing float32 logits; the backward writes the BF16 gradient (2V) in one fused
-    kernel. 4V a token and head at the peak, read from the code inductor generates for
+    ``loss="compiled"`` (``Layout.loss``): under torch.compile the forward keeps the BF16
+    logits (2V) and two float32 numbers a token, and computes the log-sum-exp in two reading
+    passes without writing float32 logits; the backward writes the BF16 gradient (2V) in one
+    fused kernel. 4V a token and head at the peak, read from the code inductor generates for
     ``F.cross_entropy(pred.float(), labels)`` (torch 2.13: one [tokens, V] buffer, the BF16
     gradient, besides per-token ones). Under PyTorch's loss parallel (t > 1) the eager rule
     stays (``loss_runs``).

@@ -213,6 +213,25 @@ def test_cli_bad_input_exit_2_one_line(capsys, extra, setting):
     assert err.count("\n") == 1 and setting in err
 
 
+def test_cli_sets_how_the_layout_runs(capsys):
+    """Every Layout setting a published run needs is a flag: NeMo's Llama 3 70B in FP8."""
+    run = ["--model", "llama3-70B", "--cluster", "dgx-h100", "--gpus", "64", "--t", "4",
+           "--p", "4", "--c", "2", "--v", "5", "--global-batch", "128", "--recompute", "none",
+           "--sequence-parallel", "--zero", "1", "--overlap-comm", "--json"]
+    assert main(run) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(run + ["--precision", "fp8", "--fp8-scaling", "te", "--attention-kernel",
+                       "cudnn", "--loss", "megatron-fused", "--async-tp", "--overlap-p2p",
+                       "--reduce-dtype", "fp32"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["step_time_s"] < plain["step_time_s"]
+    for words in ("FP8 te", "async TP", "overlapped sends", "cudnn attention", "fp32 reduce",
+                  "megatron-fused loss"):
+        assert words in out["layout"], words
+    assert main(run + ["--async-tp", "--comm-sm-share", "1.5"]) == 2
+    assert "comm_sm_share=1.5" in capsys.readouterr().err
+
+
 def test_costmodel_never_imports_torch():
     package = Path(__file__).resolve().parents[1] / "lessonlib" / "costmodel"
     for source in package.glob("*.py"):

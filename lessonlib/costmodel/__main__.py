@@ -33,6 +33,12 @@ from .model import GPT, MODELS, get_model
 from .planner import PLAN_SCHEDULES, plan
 from .published import memory_report, published_report
 from .search import explain_axes, plan_job
+from .bubble import SCHEDULES
+from .gemm import FP8_SCALINGS, PRECISIONS
+from .kernels import KERNELS
+from .layout import (ATTENTION_KERNELS, CP_COMM, GRAD_DTYPES, LOSSES, TP_PLANS,
+                     ZERO_REDUCES)
+from .memory import RECOMPUTE_MODES
 from .throughput import Layout, estimate
 
 
@@ -66,17 +72,38 @@ def build_parser():
     lay.add_argument("--global-batch", type=int, help="B, sequences per step")
     lay.add_argument("--m", type=int, help="micro-batches per step (instead of B)")
     lay.add_argument("--v", type=int, default=1, help="interleaved chunks per stage")
-    lay.add_argument("--recompute", choices=("none", "selective", "full"),
+    lay.add_argument("--recompute", choices=RECOMPUTE_MODES,
                      help="default: full; --plan: SP + selective where t > 1")
     lay.add_argument("--sequence-parallel", action="store_true")
     lay.add_argument("--no-scatter-gather", action="store_true")
-    lay.add_argument("--schedule", choices=("1f1b", "gpipe", "zb-h1", "zbv"),
+    lay.add_argument("--schedule", choices=SCHEDULES,
                      help="default: 1f1b; --plan: the best of 1f1b, zb-h1 and zbv")
     lay.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over d")
     lay.add_argument("--shard-group", type=int,
                      help="ZeRO/FSDP shard group inside d (fewer than d: HSDP)")
     lay.add_argument("--overlap-comm", action="store_true",
                      help="FSDP gathers and MoE all-to-alls hidden behind compute")
+    how = ap.add_argument_group("how the layout runs (an estimate's; Layout's settings)")
+    for flag, choices, text in (
+            ("--precision", PRECISIONS, "the linear GEMMs' (default bf16)"),
+            ("--fp8-scaling", FP8_SCALINGS, "FP8's scaling recipe (default blockwise)"),
+            ("--attention-kernel", ATTENTION_KERNELS, "fused attention (default fa2)"),
+            ("--loss", LOSSES, "how the cross entropy runs (default eager)"),
+            ("--grad-dtype", tuple(GRAD_DTYPES), "gradients accumulate in (default bf16)"),
+            ("--reduce-dtype", tuple(GRAD_DTYPES), "the DP exchange reduces in (default bf16)"),
+            ("--moment-dtype", tuple(GRAD_DTYPES), "Adam's moments (default fp32)"),
+            ("--zero-reduce", ZERO_REDUCES, "ZeRO-1/2's gradient exchange"),
+            ("--kernels", KERNELS, "elementwise kernels (default fused)"),
+            ("--cp-comm", CP_COMM, "context parallelism's exchange (default ring)"),
+            ("--tp-plan", TP_PLANS, "whose tensor-parallel plan (default megatron)")):
+        how.add_argument(flag, choices=choices, help=text)
+    for flag, text in (("--async-tp", "SP's transfers under their GEMMs (needs SP)"),
+                       ("--overlap-p2p", "the interleaved pipeline's sends overlapped"),
+                       ("--uneven-stages", "first and last stage one layer lighter")):
+        how.add_argument(flag, action="store_true", help=text)
+    how.add_argument("--comm-sm-share", type=float,
+                     help="share of SMs given to communication kernels, 0 to below 1")
+    how.add_argument("--max-nodes", type=int, help="node-limited routing (MoE)")
     hw = ap.add_argument_group("hardware")
     hw.add_argument("--cluster", help=f"preset: {', '.join(CLUSTERS)}")
     hw.add_argument("--gpu", default="A100-80GB", help=f"one of {', '.join(GPUS)}")
@@ -125,7 +152,11 @@ POSITIVE = {"layers": "layers", "hidden": "hidden", "heads": "heads", "seq": "se
             "vocab": "vocab", "t": "t", "c": "c", "e": "e", "p": "p", "d": "d", "b": "microbatch",
             "global_batch": "global-batch", "m": "m", "v": "v", "gpus": "gpus",
             "gpus_per_node": "gpus-per-node", "network_ports": "network-ports",
-            "shard_group": "shard-group"}
+            "shard_group": "shard-group", "max_nodes": "max-nodes"}
+# Layout's settings the "how the layout runs" flags set, by their attribute on ``args``.
+RUN_SETTINGS = ("precision", "fp8_scaling", "attention_kernel", "loss", "grad_dtype",
+                "reduce_dtype", "moment_dtype", "zero_reduce", "kernels", "cp_comm", "tp_plan",
+                "async_tp", "overlap_p2p", "uneven_stages", "comm_sm_share", "max_nodes")
 
 
 def check_args(args):
@@ -171,7 +202,9 @@ def _layout(args):
                   scatter_gather=not args.no_scatter_gather,
                   schedule=args.schedule or "1f1b",
                   zero_stage=args.zero, shard_group=args.shard_group,
-                  overlap_comm=args.overlap_comm)
+                  overlap_comm=args.overlap_comm,
+                  **{k: getattr(args, k) for k in RUN_SETTINGS if getattr(args, k) not in (
+                      None, False)})
 
 
 def _run(args):

@@ -230,6 +230,10 @@ def test_cli_sets_how_the_layout_runs(capsys):
         assert words in out["layout"], words
     assert main(run + ["--async-tp", "--comm-sm-share", "1.5"]) == 2
     assert "comm_sm_share=1.5" in capsys.readouterr().err
+    # a plan gives every candidate the settings any layout can take
+    plan = ["--model", "llama3-8B", "--cluster", "dgx-h100", "--gpus", "16",
+            "--global-batch", "64", "--plan", "--precision", "fp8", "--attention-kernel", "cudnn"]
+    assert main(plan) == 0 and "FP8 cudnn attention" in capsys.readouterr().out
 
 
 def test_costmodel_never_imports_torch():

@@ -153,10 +153,13 @@ POSITIVE = {"layers": "layers", "hidden": "hidden", "heads": "heads", "seq": "se
             "global_batch": "global-batch", "m": "m", "v": "v", "gpus": "gpus",
             "gpus_per_node": "gpus-per-node", "network_ports": "network-ports",
             "shard_group": "shard-group", "max_nodes": "max-nodes"}
-# Layout's settings the "how the layout runs" flags set, by their attribute on ``args``.
-RUN_SETTINGS = ("precision", "fp8_scaling", "attention_kernel", "loss", "grad_dtype",
-                "reduce_dtype", "moment_dtype", "zero_reduce", "kernels", "cp_comm", "tp_plan",
-                "async_tp", "overlap_p2p", "uneven_stages", "comm_sm_share", "max_nodes")
+# Layout's settings the "how the layout runs" flags set, by their attribute on ``args``:
+# those any layout can take (a plan gives them to every candidate), then those tied to a
+# layout's shape (async TP needs SP, overlapped sends an interleaved pipeline).
+ANY_LAYOUT = ("precision", "fp8_scaling", "attention_kernel", "loss", "grad_dtype",
+              "reduce_dtype", "moment_dtype", "zero_reduce", "kernels", "cp_comm", "tp_plan")
+RUN_SETTINGS = ANY_LAYOUT + ("async_tp", "overlap_p2p", "uneven_stages", "comm_sm_share",
+                             "max_nodes")
 
 
 def check_args(args):
@@ -226,6 +229,7 @@ def _run(args):
         chosen = {"recompute": args.recompute} if args.recompute else {}
         chosen |= {"sequence_parallel": True} if args.sequence_parallel else {}
         chosen |= {"schedule": args.schedule} if args.schedule else {}
+        chosen |= {k: getattr(args, k) for k in ANY_LAYOUT if getattr(args, k)}
         result = plan(model, cluster, args.gpus, args.global_batch, zero_stage=args.zero,
                       schedules=PLAN_SCHEDULES, **chosen)
         if not args.json:

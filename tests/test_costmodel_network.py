@@ -189,3 +189,5 @@ def test_deepspeeds_bf16_optimizer_all_reduces_the_gradients_whole():
     assert r2 > 1.9 * r1 and "grads all-reduced" in whole.describe()
     with pytest.raises(ValueError, match="zero_reduce='ring' must be one of reduce-scatter"):
         Layout(m=1, zero_reduce="ring")
+    with pytest.raises(ValueError, match="zero_stage=3 has no such choice"):
+        Layout(d=8, m=1, zero_stage=3, zero_reduce="all-reduce")

@@ -188,6 +188,10 @@ class Layout:
             raise ValueError(f"overlap_p2p=True overlaps the interleaved 1F1B schedule's sends "
                              f"(Megatron-Core's overlap_p2p_comm); it needs v > 1 and "
                              f"schedule='1f1b', not v={self.v}, schedule={self.schedule!r}")
+        if self.zero_reduce == "all-reduce" and self.zero_stage not in (1, 2):
+            raise ValueError(f"zero_reduce='all-reduce' is how ZeRO-1/2 exchange gradients "
+                             f"(DeepSpeed's BF16 optimizer); zero_stage={self.zero_stage} has "
+                             f"no such choice: use zero_stage=1 or 2, or leave zero_reduce")
         if self.async_tp and not self.sequence_parallel:
             raise ValueError("async_tp=True splits sequence parallelism's all-gathers and "
                              "reduce-scatters; set sequence_parallel=True")

@@ -205,7 +205,9 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 # - **NVIDIA's DGX Cloud recipes** (NVIDIA/dgxc-benchmarking, release 24.11.1): step times
 #   of Llama 3.1 8B and 70B and Nemotron-4 15B and 340B on H100 servers, in BF16 and in
 #   FP8, at the fewest and the most GPUs of each table; every setting a table does not print
-#   is read from the workload's own config. Held out, as the NeMo rows after Llama 3 are.
+#   is read from the workload's own config. Held out, as the NeMo rows after Llama 3 are,
+#   but for what the NeMo Nemotron rows' misses led to: two corrections read in code, a
+#   squared-ReLU MLP's matrix products and a pipeline send under sequence parallelism.
 # - **torchtitan on H200** (its `benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md`,
 #   by the Trainy team): Llama 3.1 8B under FSDP on 32 and 64 H200s, compiled, with Float8. Met
 #   after the model's time terms were set, it is a held-out check of them. Its memory rows

@@ -26,19 +26,18 @@ from dataclasses import replace
 
 from lessonlib.argcheck import positive_int
 
+from .bubble import SCHEDULES
+from .gemm import FP8_SCALINGS, PRECISIONS
 from .hardware import (COLLECTIVE_ALGORITHMS, CLUSTERS, GPUS, check_network_gbit, get_cluster,
                        get_gpu, make_cluster)
+from .kernels import KERNELS
+from .layout import ATTENTION_KERNELS, CP_COMM, GRAD_DTYPES, LOSSES, TP_PLANS, ZERO_REDUCES
 from .megatron2021 import table1_report
+from .memory import RECOMPUTE_MODES
 from .model import GPT, MODELS, get_model
 from .planner import PLAN_SCHEDULES, plan
 from .published import memory_report, published_report
 from .search import explain_axes, plan_job
-from .bubble import SCHEDULES
-from .gemm import FP8_SCALINGS, PRECISIONS
-from .kernels import KERNELS
-from .layout import (ATTENTION_KERNELS, CP_COMM, GRAD_DTYPES, LOSSES, TP_PLANS,
-                     ZERO_REDUCES)
-from .memory import RECOMPUTE_MODES
 from .throughput import Layout, estimate
 
 

@@ -238,13 +238,13 @@ def _nemotron_rows():
 # NeMo's published pre-training benchmarks (NVIDIA/NeMo docs/source/performance/
 # performance_summary.md, container 24.07, DGX-H100, FP8, as first published: 4c73f77,
 # August 2024; the file's two later revisions, "vboost numbers" the first, moved each of
-# these rows by 2 % at most): model, GPUs, GBS, MBS, sequence,
-# TP, PP, CP, VP, tokens/s per GPU, model TFLOP/s per GPU. The Llama 3 rows were met first;
-# the Llama 2 and Nemotron rows of the same table were added after the time terms were set,
-# held out. The Nemotron rows' misses then led to two corrections read in code (a squared-ReLU
-# MLP's GEMMs, ``gemm.layer_gemms``; a pipeline send under SP, ``throughput``), so those rows
-# are no longer a clean held-out test; the Llama rows are. Its GPT-3 rows are not here: the model prices a GPT-3 layer with the unfused
-# attention of 2021, where NeMo runs it fused.
+# these rows by 2 % at most): model, GPUs, GBS, MBS, sequence, TP, PP, CP, VP, tokens/s per
+# GPU, model TFLOP/s per GPU. The Llama 3 rows were met first; the Llama 2 and Nemotron rows
+# of the same table were added after the time terms were set, held out. The Nemotron rows'
+# misses then led to two corrections read in code (a squared-ReLU MLP's GEMMs,
+# ``gemm.layer_gemms``; a pipeline send under SP, ``throughput``), so those rows are no
+# longer a clean held-out test; the Llama rows are. Its GPT-3 rows are not here: the model
+# prices a GPT-3 layer with the unfused attention of 2021, where NeMo runs it fused.
 NEMO_2407 = [("llama3-8B", 8, 128, 1, 8192, 1, 1, 2, 1, 12036, 697),
              ("llama3-70B", 64, 128, 1, 8192, 4, 4, 2, 5, 1533, 738),
              ("llama2-7B", 8, 128, 1, 4096, 1, 1, 1, 1, 16847, 776),
@@ -431,9 +431,10 @@ def _a100_rows():
 # times on H100 servers in BF16 and in FP8, each workload run by its own config, every
 # setting the table does not print read from that file. Met after the model's time terms
 # were set, held out (but for the two corrections the NeMo Nemotron rows led to, which these
-# rows' Nemotron-4 figures confirmed); of each table the fewest and the most GPUs. Its Llama 3.1 405B recipe
-# is not here: it runs a proxy (a GPT-2 tokenizer, 16 query groups) the model's presets lack.
-# Model, file, (t, p, c, v, micro-batch), {precision: {GPUs: (global batch, seconds)}}.
+# rows' Nemotron-4 figures confirmed); of each table the fewest and the most GPUs. Its Llama
+# 3.1 405B recipe is not here: it runs a proxy (a GPT-2 tokenizer, 16 query groups) the
+# model's presets lack. Model, file, (t, p, c, v, micro-batch), {precision: {GPUs: (global
+# batch, seconds)}}.
 DGXC_2411 = [
     ("llama3-8B", "llama3.1/README_8b.md", (1, 1, 2, 1, 1),
      {"bf16": {8: (128, 12.91), 128: (2048, 13.10)},

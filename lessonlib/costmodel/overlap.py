@@ -16,10 +16,10 @@ and the estimate charges only the rest:
   §3.2.1), up to the stage's compute.
 * The interleaved pipeline's sends and receives (``Layout.overlap_p2p``, Megatron-Core's
   ``overlap_p2p_comm``, on by default in today's Megatron-LM, whose
-  ``--no-overlap-p2p-communication`` turns it off): each is posted ahead and waited for only when its tensor
-  is needed, so it runs under another chunk's compute, but in the warm-up and the flush,
-  which run it in turn ("--overlap-p2p-communication-warmup-flush" is off by default). The
-  first stage's warm-up is (p-1)*2 + (v-1)*p forward chunks (Megatron-Core's
+  ``--no-overlap-p2p-communication`` turns it off): each is posted ahead and waited for only
+  when its tensor is needed, so it runs under another chunk's compute, but in the warm-up
+  and the flush, which run it in turn ("--overlap-p2p-communication-warmup-flush" is off by
+  default). The first stage's warm-up is (p-1)*2 + (v-1)*p forward chunks (Megatron-Core's
   ``get_pp_rank_microbatches``) and its flush as many backward ones, of the m*v of each
   (``p2p_exposed_share``).
 * Asynchronous TP (``Layout.async_tp``, here): sequence parallelism's all-gather before a
@@ -210,7 +210,8 @@ def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
     # all-gathers hide: the reduce-scatters follow a sum of GEMMs (above)
     forward = [gather, one, gather, one]
     pytorch = lay.tp_plan == "pytorch"
-    backward = [([one, back_gather, one, back_gather][i], gemms[i]) for i in _fused_gemms(lay)[1]]
+    collectives = [one, back_gather, one, back_gather]    # the backward's, beside gemms
+    backward = [(collectives[i], gemms[i]) for i in _fused_gemms(lay)[1]]
     exposed = (forwards * sum(async_tp_exposed_s(c, g, t) for c, g in zip(forward, gemms))
                + sum(async_tp_exposed_s(c, g, t) for c, g in backward))
     hidden = forwards * sum(forward) + sum(c for c, _ in backward) - exposed

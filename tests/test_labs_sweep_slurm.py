@@ -30,6 +30,9 @@ for (( i = 0; i <= last; i++ )); do echo PENDING > "$FAKE_QUEUE/$job/$i"; done
   for (( i = 0; i <= last; i++ )); do
     echo RUNNING > "$FAKE_QUEUE/$job/$i"
     log="${output//\%a/$i}"
+    # The template's port from the job id may be taken here (tests run side by side); a
+    # taken port makes torchrun wait a minute as a client, then fail. Ask the kernel.
+    RDZV_PORT=$("$FAKE_PYTHON" -c "$FREE_PORT") \
     SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_JOB_ID=$job SLURM_JOB_ID=$(( job * 10 + i )) \
       SLURM_JOB_NODELIST=fake-node SLURM_NNODES=1 SLURM_SUBMIT_DIR="$PWD" \
       SLURM_CPUS_PER_TASK=1 bash "$@" > "$log" 2>&1
@@ -53,6 +56,9 @@ while [ "${1#-}" != "$1" ]; do shift; done
 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 exec "$@"
 """
 
+FREE_PORT = ('import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); '
+             'print(s.getsockname()[1])')
+
 SCONTROL = """#!/usr/bin/env bash
 [ "$1 $2" = "show hostnames" ] && echo 127.0.0.1
 """
@@ -68,7 +74,8 @@ def stand_in_slurm(folder: Path) -> dict:
         path.chmod(0o755)
     (folder / "queue").mkdir()
     return {**os.environ, "PATH": f"{folder / 'bin'}:{os.environ['PATH']}",
-            "FAKE_QUEUE": str(folder / "queue"), "PYTHONPATH": str(ROOT)}
+            "FAKE_QUEUE": str(folder / "queue"), "FAKE_PYTHON": sys.executable,
+            "FREE_PORT": FREE_PORT, "PYTHONPATH": str(ROOT)}
 
 
 def sweep(env, *args, timeout=120):

@@ -40,6 +40,9 @@ fi
 step_file="${TMPDIR:-/tmp}/fake-srun-step-$SLURM_JOB_ID"
 step=$(( $(cat "$step_file" 2>/dev/null || echo -1) + 1 ))
 echo "$step" > "$step_file"
+# rank_env.sh derives the port from the job id, which on a cluster's own nodes is free; on
+# a shared machine it may not be, so each step takes one the kernel hands out.
+export MASTER_PORT="${MASTER_PORT:-$("$FREE_PORT_PYTHON" -c "$FREE_PORT")}"
 pids=()
 for (( i = 0; i < ntasks; i++ )); do
     SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_NTASKS=$ntasks SLURM_STEP_ID=$step \
@@ -53,6 +56,13 @@ exit $status
 SH
 chmod +x "$fake/scontrol" "$fake/srun"
 
+# A port the kernel hands out (bound, read, released) for the rendezvous, unless one is set:
+# the templates' port from the job id can be taken on a machine that runs other things.
+FREE_PORT='import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+FREE_PORT_PYTHON="${PYTHON:-python3}"
+[ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && FREE_PORT_PYTHON=.venv/bin/python
+export FREE_PORT FREE_PORT_PYTHON
+[ "$TEMPLATE" = torchrun ] && export RDZV_PORT="${RDZV_PORT:-$("$FREE_PORT_PYTHON" -c "$FREE_PORT")}"
 export PATH="$fake:$PATH" TMPDIR="$fake"
 export SLURM_JOB_ID="$$" SLURM_JOB_NODELIST="fake-node" SLURM_NNODES=1
 export SLURM_SUBMIT_DIR="${SLURM_SUBMIT_DIR:-$PWD}" SLURM_CPUS_PER_TASK=1

@@ -119,7 +119,7 @@ PUBLISHED: dict[str, Source] = {
         "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (its Table 1; the text says "
         "\"33% to 39% MFU\"; 33.7 and 39.0 are the course's, by torchtitan's own FLOP count "
         "per token) and asyncTP_llama3_h100_2025-06_torchtitan.md (its table and commands: "
-        "BF16, torch.compile, FSDP x TP 8)", ("torchtitan",),
+        "BF16 and Float8 tensorwise, torch.compile, FSDP x TP 8)", ("torchtitan",),
         eager_tokens_per_s=5762, compiled_tokens_per_s=6667, float8_tokens_per_s=8532,
         eager_mfu_by_its_formula=33.7, compiled_mfu_by_its_formula=39.0, mfu_low=33,
         power_limit_w=500, async_tp_70b=1.09,
@@ -128,6 +128,8 @@ PUBLISHED: dict[str, Source] = {
         async_tp_70b_local_batch=16, async_tp_8b_local_batch=12,
         async_tp_70b_tokens_per_s=597.3, async_tp_70b_async_tokens_per_s=652.4,
         async_tp_8b_tokens_per_s=4378, async_tp_8b_async_tokens_per_s=4809,
+        async_tp_70b_float8_tokens_per_s=809.8, async_tp_70b_float8_async_tokens_per_s=942.4,
+        async_tp_8b_float8_tokens_per_s=5078.1, async_tp_8b_float8_async_tokens_per_s=5570.1,
         table3_compiled_tokens_per_s=6514, table3_float8_tokens_per_s=8380,
         table4_70b_tokens_per_s=829, table4_70b_async_tokens_per_s=876),
 }

@@ -185,7 +185,8 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   GPU on H100s limited to 500 W, every table in absolute figures: FSDP eager, compiled and
 #   with Float8 on 8 and 128 GPUs, the 8B context-parallel sweep, 70B in 2D with and
 #   without async TP, 405B in 3D with 1F1B and interleaved, the 405B context-parallel sweep;
-#   and its async-TP benchmark (`benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`). The
+#   and its async-TP benchmark (`benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`),
+#   whose Float8 rows are held out. The
 #   file says its runs without Float8 achieve "33% to 39% MFU"; torchtitan's own FLOP
 #   formula, applied here, turns 5,762 tokens/s into 33.7 %. Its tensor parallelism is
 #   PyTorch's: activations batch first, so every sequence-parallel collective along the

@@ -395,10 +395,12 @@ at_most("the slot's exposed communication with overlap over without", moe.expose
 # The cost model holds the techniques to torchtitan's measurements on H100s, in what
 # torchtitan published: tokens per second per GPU. Float8 (its Llama 3.1 8B runs with
 # torch.compile, 6,667 -> 8,532 on 8 GPUs and 6,514 -> 8,380 on 128) and async TP (Llama 3
-# 70B on 256 H100, 597.3 -> 652.4 in its async-TP benchmark and 829 -> 876 with Float8 in
-# its Table 4; Llama 3 8B on 64 H100, 4,378 -> 4,809). Each row's error is absolute; the
-# ratio over the same run without the technique is printed beside, with no constant of
-# the model chosen on any published row:
+# 70B on 256 H100, 597.3 -> 652.4 in its async-TP benchmark, 809.8 -> 942.4 there with
+# Float8, and 829 -> 876 with Float8 in its Table 4; Llama 3 8B on 64 H100, 4,378 -> 4,809,
+# and 5,078.1 -> 5,570.1 with Float8). The benchmark's Float8 rows were added after the
+# model's terms were set, held out. Each row's error is absolute; the ratio over the same
+# run without the technique is printed beside, with no constant of the model chosen on any
+# published row:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -410,18 +412,20 @@ for r in rows:
     print(f"{run.source:<52} {run.published:>7.0f} -> {r.predicted:>6.0f} "
           f"{r.error:>+7.1%}   {measured:.3f}x -> {predicted:.3f}x")
 async_rows = [r for r in rows if "async TP" in r.run.source]
-claim("the model predicts more tokens per second than torchtitan measured on every "
+bf16_async = [r for r in async_rows if "Float8" not in r.run.source]
+claim("the model predicts more tokens per second than torchtitan measured on every BF16 "
       "async-TP row, and a larger gain from async TP than was measured on every row",
-      all(r.error > 0 for r in async_rows)
+      all(r.error > 0 for r in bf16_async)
       and all(r.ratio[1] > r.ratio[0] for r in async_rows),
       numbers="absolute errors " + ", ".join(f"{r.error:+.1%}" for r in rows)
               + "; async TP's predicted gain over the measured one: " + ", ".join(
                   f"{(r.ratio[1] - 1) / (r.ratio[0] - 1):.1f}x" for r in async_rows))
 
 # %% [markdown]
-# In absolute tokens per second the model is too high on every async-TP row, by the errors
-# printed above (the Float8 rows' are printed there too), and it predicts a larger gain
-# from async TP than torchtitan measured, by the multiples printed above. It hides each collective that PyTorch's
+# In absolute tokens per second the model is too high on both BF16 async-TP rows, by the
+# errors printed above (the Float8 rows' are printed there too), and on every row it
+# predicts a larger gain from async TP than torchtitan measured, by the multiples printed
+# above. It hides each collective that PyTorch's
 # compiler pass fuses up to the GEMM beside it: the forward's four, and in the backward
 # the two all-gathers only, since the other two reduce-scatter a sum of matmuls, which the
 # pass does not fuse. It charges the GEMM's slowdown while a transfer shares the GPU,
@@ -439,7 +443,8 @@ claim("the model predicts more tokens per second than torchtitan measured on eve
 
 # %%
 # NBVAL_CHECK_OUTPUT
-job = next(r.run for r in async_rows if "benchmark, 70B" in r.run.source)
+job = next(r.run for r in async_rows
+           if "async-TP, 70B" in r.run.source and "Float8" not in r.run.source)
 gains = overlap_and_precision_gains(job.model, job.layout, cm.CLUSTERS[job.cluster])
 print(gains.table())
 
@@ -452,9 +457,10 @@ print(gains.table())
 # it beside compute that does not need it yet: the next unit's weights, the next piece of
 # the sequence, the other micro-batch's all-to-all. Each computes exactly what its plain
 # version computes, and each gains only up to the compute beside it: torchtitan measured a
-# tenth from async TP and about a quarter from Float8, and the cost model, which hides each
-# fused collective up to its GEMM, predicts more tokens per second than was measured on
-# every async-TP row, and a larger gain from async TP than was measured.
+# tenth to a sixth from async TP and about a quarter from Float8, and the cost model, which
+# hides each fused collective up to its GEMM, predicts more tokens per second than was
+# measured on both BF16 async-TP rows, and a larger gain from async TP than was measured on
+# every row.
 # </div>
 #
 # ## Exercise

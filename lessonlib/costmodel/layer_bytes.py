@@ -67,7 +67,8 @@ def gpt_layer_bytes(s, b, h, a, t=1, sequence_parallel=False, recompute="none",
 
 def mlp_bytes(ffn, mlp="swiglu", fused=True):
     """Bytes per token the MLP's hidden tensors keep, ``ffn`` wide: SwiGLU's w1 x, w3 x and
-    their product (and SiLU's output when not fused); squared ReLU's ReLU output and square."""
+    their product (and SiLU's output when not fused); squared ReLU's ReLU output and square,
+    GeLU's input and output."""
     if mlp == "swiglu":
         return 2 * (3 if fused else 4) * ffn
     return 2 * 2 * ffn

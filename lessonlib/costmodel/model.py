@@ -28,6 +28,10 @@ from lessonlib.argcheck import positive_int
 
 from .moe import MOE_MODELS, MoEModel, active_params, expert_params, total_params
 
+# The MLPs a shape with ``ffn`` can have: gated SwiGLU, or one of two ungated activations
+# (the same two matrices and the same FLOPs; ``layer_bytes.mlp_bytes`` keeps two tensors).
+MLPS = ("swiglu", "relu2", "gelu")
+
 # The largest size, count or batch the cost model takes: 2**31 - 1 keeps every product it
 # forms (FLOPs, bytes) far inside a float's range, and no real run comes near it.
 MAX = 2**31 - 1
@@ -61,8 +65,9 @@ class GPT:
     # MLA's latents (DeepSeek-V3 §2.1.1, §4.2): the query latent d_c' (1536), the key/value
     # latent d_c (512) and the shared rotary key d_h^R (64) that the up-projections read.
     mla_latents: tuple | None = None
-    # The MLP of a shape with ``ffn``: "swiglu" (three h x ffn matrices, Llama) or "relu2"
-    # (two, squared ReLU: Nemotron-4, arXiv 2402.16819 §2).
+    # The MLP of a shape with ``ffn``: "swiglu" (three h x ffn matrices, Llama), "relu2"
+    # (two, squared ReLU: Nemotron-4, arXiv 2402.16819 §2) or "gelu" (two: GPT-3's MLP,
+    # Megatron-LM's default, on today's layer).
     mlp: str = "swiglu"
 
     @property
@@ -85,8 +90,8 @@ class GPT:
                              f"heads={self.a} (each key/value head serves a/kv_heads query heads)")
         if self.ffn is not None:
             positive_int("ffn", self.ffn, most=MAX)
-        if self.mlp not in ("swiglu", "relu2"):
-            raise ValueError(f"mlp={self.mlp!r} must be 'swiglu' or 'relu2'")
+        if self.mlp not in MLPS:
+            raise ValueError(f"mlp={self.mlp!r} must be one of {', '.join(map(repr, MLPS))}")
         if self.moe is not None and (self.moe.L, self.moe.h, self.moe.V) != (self.L, self.h,
                                                                               self.V):
             raise ValueError(f"moe={self.moe.name!r} has L={self.moe.L}, h={self.moe.h}, "

@@ -75,12 +75,13 @@ SILENT = {"b": 1, "v": 2, "recompute": "none"}
 
 
 def fewest_chunks_that_fit(model, lay, cluster):
-    """``lay`` with SILENT's v, or the fewest chunks per stage above it with which the run
-    fits in memory: the rule for every interleaved row whose team prints no v (each further
-    chunk buys memory with more point-to-point messages, so a team stops where it fits)."""
+    """``lay`` with SILENT's v, or the fewest chunks per stage above it, up to a layer per
+    chunk, that divide the stage's layers and with which the run fits in memory: the rule
+    for every interleaved row whose team prints no v (each further chunk buys memory with
+    more point-to-point messages, so a team stops where it fits)."""
     from .throughput import estimate        # the record is data; only this rule needs a model
     cluster = get_cluster(cluster) if isinstance(cluster, str) else cluster
-    for v in range(SILENT["v"], 17):
+    for v in range(SILENT["v"], -(-model.L // lay.p) + 1):     # up to a layer per chunk
         try:
             candidate = replace(lay, v=v)
             if estimate(model, candidate, cluster).fits:
@@ -231,6 +232,56 @@ def _nemotron_rows():
                  "all-reduce to be done in fp32')",
             columns={"gpus": 8 * d, "t": 8, "d": d, "global_batch": batch,
                      "tokens_per_batch": batch * 4096, "seq": 4096},
+            beside=(("mfu", mfu / 100, "megatron-lm"),)))
+    return rows
+
+
+# Megatron-Core r0.8.0's weak scaling on H100 (NVIDIA/Megatron-LM README, "Training Speed
+# and Scalability", images/model_table.png, commit f2e5db4, July 2024): GPT models with a
+# 131,072-token vocabulary and 4,096-token sequences. Size, heads, hidden, layers, TP, PP,
+# DP, GPUs, batch, per-GPU TFLOP/s, MFU %. Added after the time terms were set, held out.
+MCORE_WEAK = [("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8, 41),
+              ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9, 47),
+              ("16B", 48, 6144, 32, 4, 1, 48, 192, 192, 489.1, 49),
+              ("32B", 56, 7168, 48, 8, 1, 48, 384, 192, 459.6, 46),
+              ("70B", 64, 8192, 84, 8, 2, 48, 768, 384, 419.7, 42),
+              ("119B", 80, 10240, 92, 8, 4, 48, 1536, 768, 420.5, 43),
+              ("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8, 44),
+              ("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4, 48),
+              ("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9, 47)]
+_MCORE_NOTE = (
+    "Megatron-LM README (core r0.8.0, H100): 'fine-grained overlapping of data-parallel "
+    "(--overlap-grad-reduce --overlap-param-gather), tensor-parallel (--tp-comm-overlap) and "
+    "pipeline-parallel communication (enabled by default)'; --overlap-param-gather needs the "
+    "distributed optimizer (ZeRO-1) and --tp-comm-overlap sequence parallelism (arguments.py); "
+    "Megatron-LM's defaults for what the README does not print: GeLU MLP of 4h (no "
+    "--swiglu), every head its own K/V, attention in cuDNN through Transformer Engine, "
+    "gradients reduced in fp32, the unfused loss; embeddings untied, as the sizes count "
+    "(177B: 12 L h^2 + 2 V h); pipelines interleaved, since the README overlaps their "
+    "communication and Megatron-LM does so only with virtual stages (arguments.py turns "
+    "overlap_p2p_comm off without them); v not printed: the rule for every interleaved row "
+    "(fewest_chunks_that_fit), which must divide a stage's layers (23 for 119B, 7 for "
+    "462B); micro-batch and recompute not printed: SILENT; per-GPU TFLOP/s by "
+    "Megatron-LM's count, MFU beside")
+
+
+def _mcore_rows():
+    rows = []
+    for size, a, h, L, t, p, d, gpus, batch, tflops, mfu in MCORE_WEAK:
+        model = GPT(L, h, a, 4096, 131072, f"mcore-gpt-{size}", ffn=4 * h,
+                    tied_embeddings=False, mlp="gelu")
+        lay = Layout(t=t, p=p, d=d, b=SILENT["b"], global_batch=batch, zero_stage=1,
+                     recompute=SILENT["recompute"], sequence_parallel=t > 1,
+                     async_tp=t > 1, overlap_comm=True, attention_kernel="cudnn",
+                     reduce_dtype="fp32", loss="megatron")
+        if p > 1:
+            lay = fewest_chunks_that_fit(model, replace(lay, v=SILENT["v"], overlap_p2p=True),
+                                         "dgx-h100")
+        rows.append(PublishedRun(
+            f"Megatron-Core weak scaling, GPT {size}", model, "dgx-h100", lay, "tflops",
+            tflops, "megatron-lm", note=_MCORE_NOTE,
+            columns={"gpus": gpus, "t": t, "p": p, "d": d, "global_batch": batch,
+                     "seq": 4096},
             beside=(("mfu", mfu / 100, "megatron-lm"),)))
     return rows
 
@@ -700,4 +751,4 @@ def published_runs():
     """Every published run the course holds the cost model to."""
     return (_megatron_rows() + _korthikanti_rows() + [_bloom_row()] + _nemotron_rows()
             + _llama_rows() + _torchtitan_rows() + _nemo_rows() + [_deepseek_row()]
-            + _h200_rows() + _a100_rows() + _dgxc_rows())
+            + _h200_rows() + _a100_rows() + _dgxc_rows() + _mcore_rows())

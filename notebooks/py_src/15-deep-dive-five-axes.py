@@ -29,9 +29,9 @@
 #
 # The plan: the grid with five axes -> three layouts on 8 ranks, each equal to one process
 # -> the cost model's planner on Llama 3 and DeepSeek-V3, beside their published layouts ->
-# a takeaway -> a design question. About 25 minutes to read, code and outputs included;
+# a takeaway -> a design question. About 30 minutes to read, code and outputs included;
 # Run All takes under half a minute on a 2-core laptop.
-# <!-- numbers: 25 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
+# <!-- numbers: 30 because it is the reading time: markdown words / 200 + code lines / 10 + output lines / 20 -->
 
 # %%
 from dataclasses import replace
@@ -209,6 +209,11 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   is read from the workload's own config. Held out, as the NeMo rows after Llama 3 are,
 #   but for what the NeMo Nemotron rows' misses led to: two corrections read in code, a
 #   squared-ReLU MLP's matrix products and a pipeline send under sequence parallelism.
+# - **Megatron-Core's weak scaling** (the Megatron-LM README's H100 table of July 2024): nine
+#   GPT models, per-GPU TFLOP/s by Megatron-LM's count, held out. The README names the
+#   overlaps it ran and Megatron-LM's defaults give the rest (a GeLU MLP, an unfused loss);
+#   it overlaps the pipeline's sends, which Megatron-LM does only with virtual stages, so
+#   its pipelines are read as interleaved.
 # - **torchtitan on H200** (its `benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md`,
 #   by the Trainy team): Llama 3.1 8B under FSDP on 32 and 64 H200s, compiled, with Float8. Met
 #   after the model's time terms were set, it is a held-out check of them. Its memory rows

@@ -196,6 +196,24 @@ def test_ddp_buckets_hide_under_the_last_micro_batchs_backward_but_the_last_unit
     assert overlapped.step_time_s < plain.step_time_s
 
 
+def test_interleaved_chunks_exchange_under_the_chunks_after_them():
+    """Megatron-Core starts a chunk's gradient buckets at its last micro-batch's backward,
+    and the interleaved backward runs the chunks last to first, p micro-batches each: on
+    the first stage chunk j's exchange has j*p chunk backwards after its own to run under,
+    where v = 1 keeps the last micro-batch's backward alone."""
+    from lessonlib.costmodel.axes import dp_time_s
+    m70, h100 = MODELS["llama3-70B"], CLUSTERS["dgx-h100"]
+    lay = Layout(t=8, p=4, d=32, b=1, m=8, global_batch=256, zero_stage=1, recompute="none",
+                 sequence_parallel=True, overlap_comm=True)
+    plain = dp_time_s(m70, lay, h100, 0.4, 0.8, 0.0)         # a step's compute: 0.4 s
+    chunked = dp_time_s(m70, replace(lay, v=2), h100, 0.4, 0.8, 0.0)
+    assert sum(plain) == pytest.approx(sum(chunked))          # the same bytes in all
+    assert chunked[0] < plain[0]                               # more of them hidden
+    # v = 1: the gradients under one micro-batch's backward, the gathers under its forward:
+    # 0.05 s in all here, what the exchange has to hide it behind
+    assert plain[1] == pytest.approx(0.4 / 8)
+
+
 def test_overlapped_sends_leave_only_the_warm_up_and_flush_exposed():
     """Megatron-Core's overlap_p2p_comm: the interleaved schedule's sends run under other
     chunks' compute but in the first stage's warm-up and flush, (p-1)*2 + (v-1)*p chunks of

@@ -205,11 +205,32 @@ def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
     # leaves. ZeRO-1/2's gather of the updated weights runs once, ahead of the next step's
     # first forward (Megatron-Core's overlap_param_gather: each layer's gather started as
     # the forward reaches the one before it), so it hides under one micro-batch's forward,
-    # all but the first unit's.
+    # all but the first unit's. Under the interleaved schedule each model chunk's exchange
+    # has more compute beside it (``_chunk_hidden``).
     units = max(1, model.L // lay.p)
-    hidden_rest = min(rest - rest / units, compute_s / lay.m * 2 / 3)
-    if lay.zero_stage in (1, 2):
-        hidden = hidden_rest + min(gathers - gathers / units, compute_s / lay.m / 3)
-    else:
+    if lay.zero_stage == 3:
+        hidden_rest = min(rest - rest / units, compute_s / lay.m * 2 / 3)
         hidden = hidden_rest + min(gathers, compute_s - hidden_rest)
+        return (1 - dp_overlap) * (gathers + rest - hidden), hidden
+    one = compute_s / lay.m             # a micro-batch: a third forward, two backward
+    hidden = (_chunk_hidden(rest, lay, units, one * 2 / 3)
+              + _chunk_hidden(gathers, lay, units, one / 3))
     return (1 - dp_overlap) * (gathers + rest - hidden), hidden
+
+
+def _chunk_hidden(seconds, lay, units, window):
+    """Seconds of a DDP or ZeRO-1/2 exchange (``seconds`` for the stage's ``units`` units)
+    hidden under compute, chunk by chunk. Megatron-Core starts a model chunk's gradient
+    buckets at that chunk's last micro-batch's backward (``schedules.py``: grad sync enabled
+    by ``is_last_microbatch_for_model_chunk``), and the interleaved schedule's backward runs
+    the chunks from last to first, p micro-batches each (``get_model_chunk_id``), so on the
+    first stage chunk j's exchange has its own last backward and j*p chunk backwards after
+    it to run under; its weights' gather, chained bucket by bucket through the forward
+    pre-hooks, has as many forwards before the chunk's first. Chunk 0's last unit has
+    nothing after it. ``window``: one micro-batch's backward (two thirds of its GEMMs) for
+    the gradients, its forward (a third) for the gathers; a chunk's is 1/v of it."""
+    if seconds == 0:
+        return 0.0
+    chunk, units = seconds / lay.v, max(1, units // lay.v)
+    return sum(min(chunk - (chunk / units if j == 0 else 0.0),
+                   (1 + j * lay.p) * window / lay.v) for j in range(lay.v))

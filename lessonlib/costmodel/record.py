@@ -37,7 +37,9 @@ attention on H100 by sequence length, Shah et al. 2024, Fig. 5 and 6) and its 2.
 backward FLOPs (Dao et al. 2022, Alg. 4); the CP that torchtitan runs
 (``axes.cp_torchtitan_s``, PyTorch's code); ``kernels.py``'s eager bytes and "op" recompute
 (torchtitan's code) and Megatron's cross entropy (``kernels.MEGATRON_LOSS_BYTES``, from
-its code); the ranks in Megatron-Core's order (``layout.py``); the SwiGLU/GQA activations
+its code); the ranks in Megatron-Core's order (``layout.py``) and each model chunk's
+data-parallel exchange under the interleaved schedule (``axes._chunk_hidden``, from its
+schedules.py); the SwiGLU/GQA activations
 (Korthikanti's method); DeepSeek-V3's 20 of
 132 SMs (§3.2.2), MLA dims (§2.1.1), MTP (§2.2), FP8 dispatch (§3.3.4), recompute (§3.2.3,
 §3.3.4); torchao's tensorwise casts (``gemm.TENSORWISE_CAST_BYTES``, from its code) and

@@ -210,7 +210,8 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   but for what the NeMo Nemotron rows' misses led to: two corrections read in code, a
 #   squared-ReLU MLP's matrix products and a pipeline send under sequence parallelism.
 # - **Megatron-Core's weak scaling** (the Megatron-LM README's H100 table of July 2024): nine
-#   GPT models, per-GPU TFLOP/s by Megatron-LM's count, held out. The README names the
+#   GPT models, per-GPU TFLOP/s by Megatron-LM's count, and the two ends of its strong
+#   scaling of the 177B model, whose MFU the text gives, all held out. The README names the
 #   overlaps it ran and Megatron-LM's defaults give the rest (a GeLU MLP, an unfused loss);
 #   it overlaps the pipeline's sends, which Megatron-LM does only with virtual stages, so
 #   its pipelines are read as interleaved.

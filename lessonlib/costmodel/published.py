@@ -208,6 +208,14 @@ PLANNED = ("Llama 3 Table 4, 8,192 GPUs 8K", "Llama 3 Table 4, 16,384 GPUs 8K",
            "Llama 3 Table 4, 128K", "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours")
 
 
+# What a team's framework and recipe set whatever the degrees: every layout the planner
+# weighs against the team's takes them too, so that a verdict is about the layout alone.
+# (Async TP, overlapped sends and ZeRO's all-reduce depend on the degrees: left out.)
+TEAM_SETTINGS = ("precision", "max_nodes", "cp_comm", "kernels", "comm_sm_share",
+                 "fp8_scaling", "grad_dtype", "reduce_dtype", "moment_dtype", "tp_plan",
+                 "attention_kernel", "loss")
+
+
 @dataclass(frozen=True)
 class VersusPlanner:
     """A published layout against the planner's best for its setup: the run, both
@@ -226,8 +234,7 @@ def versus_planner(run) -> VersusPlanner:
     of their steps, and the parts of the step that separate them, largest first."""
     from .search import plan_job      # the planner sits above this module's estimate
     lay = run.layout
-    fixed = {"precision": lay.precision, "max_nodes": lay.max_nodes, "cp_comm": lay.cp_comm,
-             "kernels": lay.kernels, "comm_sm_share": lay.comm_sm_share}
+    fixed = {name: getattr(lay, name) for name in TEAM_SETTINGS}
     plan = plan_job(run.model, cluster_of(run), lay.n_gpus, lay.global_batch,
                     overlap_comm=lay.overlap_comm, **fixed)
     mine = estimate(run.model, lay, cluster_of(run))

@@ -35,3 +35,16 @@ def test_what_no_table_prints_takes_one_default_for_every_row():
     llama = [r for r in RUNS if r.source.startswith("Llama 3")]
     assert {(r.layout.b, r.layout.recompute) for r in llama} == {(SILENT["b"],
                                                                    SILENT["recompute"])}
+
+
+def test_megatron_cores_gpt_sizes_are_its_tables():
+    """The weak-scaling table prints each model's size, heads, hidden size and layers; with
+    a GeLU MLP of 4h and untied embeddings each shape is its printed size, within how loosely
+    the table rounds (1.75B printed 1.7B, 31.5B printed 32B); tied, 1.7B would be 1.48B."""
+    from lessonlib.costmodel.record import MCORE_WEAK
+    runs = {r.source.rsplit(" ", 1)[-1]: r for r in RUNS if "Core weak" in r.source}
+    for size, *_ in MCORE_WEAK:
+        model = runs[size].model
+        assert model.params() == pytest.approx(float(size[:-1]) * 1e9, rel=0.03), size
+    tied = replace(runs["1.7B"].model, tied_embeddings=True)
+    assert tied.params() < 0.9 * 1.7e9

@@ -289,7 +289,7 @@ def _mcore_rows():
     # 4,608 H100s at 1,152 sequences throughout, 'a reduction in MFU from 47% to 42%'. The
     # figure prints no layout: TP 8 x PP 6 as the table's 177B row, the same model and batch
     # (its 2,304-GPU point), a reading; held out.
-    model, lay = rows[6].model, rows[6].layout
+    model, lay = next((r.model, r.layout) for r in rows if r.source.endswith(" 177B"))
     for gpus, mfu in ((96, 47), (4608, 42)):
         d = gpus // (lay.t * lay.p)
         rows.append(PublishedRun(

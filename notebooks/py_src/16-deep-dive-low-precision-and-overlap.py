@@ -412,7 +412,7 @@ for r in rows:
     print(f"{run.source:<52} {run.published:>7.0f} -> {r.predicted:>6.0f} "
           f"{r.error:>+7.1%}   {measured:.3f}x -> {predicted:.3f}x")
 async_rows = [r for r in rows if "async TP" in r.run.source]
-bf16_async = [r for r in async_rows if "Float8" not in r.run.source]
+bf16_async = [r for r in async_rows if r.run.layout.precision == "bf16"]
 claim("the model predicts more tokens per second than torchtitan measured on every BF16 "
       "async-TP row, and a larger gain from async TP than was measured on every row",
       all(r.error > 0 for r in bf16_async)
@@ -443,8 +443,7 @@ claim("the model predicts more tokens per second than torchtitan measured on eve
 
 # %%
 # NBVAL_CHECK_OUTPUT
-job = next(r.run for r in async_rows
-           if "async-TP, 70B" in r.run.source and "Float8" not in r.run.source)
+job = next(r.run for r in bf16_async if "70B" in r.run.source)
 gains = overlap_and_precision_gains(job.model, job.layout, cm.CLUSTERS[job.cluster])
 print(gains.table())
 

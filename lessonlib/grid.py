@@ -57,6 +57,19 @@ def new_groups(lines: list[list[int]]) -> list:
     return [comm.new_group(line) for line in lines]
 
 
+def destroy_groups(groups) -> None:
+    """Destroy ``groups`` (every rank of the world calls it). Under gloo a group's pairs
+    connect as it is made, and a rank that returns from ``new_group`` first may leave while
+    a slower peer still connects to it (gloo then fails that peer: "Connection closed by
+    peer", seen here once in some twenty runs of a layout whose groups carried nothing): a
+    world barrier first, as ``launcher.rank`` does before a rank leaves. NCCL makes its
+    communicators at their first call and needs none."""
+    if dist.get_backend() == "gloo":
+        dist.barrier()
+    for group in groups:
+        dist.destroy_process_group(group)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Axis:
     """One axis of the grid as this rank sees it: ``size`` ranks along it, this rank's
@@ -125,8 +138,7 @@ class ParallelContext:
         """Destroy every group this rank joined once the layout is done (every member calls
         it). Under NCCL each group holds communicators and GPU buffers until destroyed, so a
         run that tries layout after layout would otherwise pile them up."""
-        for group in self.made or (self.axis(a).group for a in ("tp", "pp", "dp")):
-            dist.destroy_process_group(group)
+        destroy_groups(self.made or [self.axis(a).group for a in ("tp", "pp", "dp")])
 
     @property
     def coords(self) -> tuple[int, int, int]:

@@ -39,7 +39,7 @@ from lessonlib.argcheck import positive_int
 from lessonlib.context_parallel.layout import positions_on
 from lessonlib.context_parallel.methods import check_method, context_attention
 from lessonlib.data_parallel.ladder import allreduce_flat_gradients, gradients
-from lessonlib.grid import Axis, ParallelContext
+from lessonlib.grid import Axis, ParallelContext, destroy_groups
 from lessonlib.models import Block, Embed, TinyGPT, lm_loss
 
 
@@ -63,7 +63,7 @@ class ContextParallelGrid:
         return cls(ctx.axis("cp"), ctx.axis("dp"))
 
     def destroy(self) -> None:
-        dist.destroy_process_group(self.cp.group)
+        destroy_groups([self.cp.group])
 
 
 def shard_embedding(embed: nn.Module, idx, group, layout: str = "zigzag"):

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from lessonlib import bug_switches, comm
 from lessonlib.argcheck import positive_int
-from lessonlib.grid import Axis, ParallelContext
+from lessonlib.grid import Axis, ParallelContext, destroy_groups
 from lessonlib.models.moe import moe_layers
 
 
@@ -57,8 +57,7 @@ class ExpertParallelContext:
         return cls(d, ctx.axis("ep"), ctx.axis("edp"))
 
     def destroy(self) -> None:
-        for axis in (self.ep, self.edp):
-            dist.destroy_process_group(axis.group)
+        destroy_groups([self.ep.group, self.edp.group])
 
 
 def expert_parameters(module) -> list:

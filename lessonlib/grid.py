@@ -59,9 +59,9 @@ def new_groups(lines: list[list[int]]) -> list:
 
 def destroy_groups(groups) -> None:
     """Destroy ``groups`` (every rank of the world calls it). Under gloo a group's pairs
-    connect as it is made, and a rank that returns from ``new_group`` first may leave while
-    a slower peer still connects to it (gloo then fails that peer: "Connection closed by
-    peer", seen here once in some twenty runs of a layout whose groups carried nothing): a
+    connect as it is made, and a rank that returns from ``new_group`` first may destroy it
+    while a slower peer still connects (gloo then fails that peer: "Connection closed by
+    peer", seen here twice in some thirty runs of a layout whose groups carried nothing): a
     world barrier first, as ``launcher.rank`` does before a rank leaves. NCCL makes its
     communicators at their first call and needs none."""
     if dist.get_backend() == "gloo":

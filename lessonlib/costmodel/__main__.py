@@ -31,7 +31,8 @@ from .gemm import FP8_SCALINGS, PRECISIONS
 from .hardware import (COLLECTIVE_ALGORITHMS, CLUSTERS, GPUS, check_network_gbit, get_cluster,
                        get_gpu, make_cluster)
 from .kernels import KERNELS
-from .layout import ATTENTION_KERNELS, CP_COMM, GRAD_DTYPES, LOSSES, TP_PLANS, ZERO_REDUCES
+from .layout import (ATTENTION_KERNELS, CP_COMM, DEGREE_FREE, GRAD_DTYPES, LOSSES, TP_PLANS,
+                     ZERO_REDUCES)
 from .megatron2021 import table1_report
 from .memory import RECOMPUTE_MODES
 from .model import GPT, MODELS, get_model
@@ -155,8 +156,7 @@ POSITIVE = {"layers": "layers", "hidden": "hidden", "heads": "heads", "seq": "se
 # Layout's settings the "how the layout runs" flags set, by their attribute on ``args``:
 # those any layout can take (a plan gives them to every candidate), then those tied to a
 # layout's shape (async TP needs SP, overlapped sends an interleaved pipeline).
-ANY_LAYOUT = ("precision", "fp8_scaling", "attention_kernel", "loss", "grad_dtype",
-              "reduce_dtype", "moment_dtype", "zero_reduce", "kernels", "cp_comm", "tp_plan")
+ANY_LAYOUT = DEGREE_FREE + ("zero_reduce",)     # --plan fixes the ZeRO stage (--zero)
 RUN_SETTINGS = ANY_LAYOUT + ("async_tp", "overlap_p2p", "uneven_stages", "comm_sm_share",
                              "max_nodes")
 

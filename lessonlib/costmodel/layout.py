@@ -95,6 +95,13 @@ ATTENTION_KERNELS = ("fa2", "cudnn", "fa3")
 # "megatron-fused", the same under Megatron-Core's ``cross_entropy_loss_fusion``.
 LOSSES = ("eager", "compiled", "megatron", "megatron-fused")
 ZERO_REDUCES = ("reduce-scatter", "all-reduce")
+# The settings of how a layout runs that any layout can take whatever its degrees (the
+# framework's and recipe's: precision and its scaling, dtypes, kernels, the loss, the CP
+# method, whose TP plan): the CLI's --plan and the planner against a team give them to every
+# candidate. Async TP (needs SP), overlapped sends (an interleaved pipeline) and ZeRO's
+# all-reduce (ZeRO-1/2) depend on the degrees.
+DEGREE_FREE = ("precision", "fp8_scaling", "attention_kernel", "loss", "grad_dtype",
+               "reduce_dtype", "moment_dtype", "kernels", "cp_comm", "tp_plan")
 
 
 def _is_int(value):

@@ -22,6 +22,7 @@ from statistics import median
 
 from .compute import team_flops_per_token
 from .hardware import CLUSTERS, GiB
+from .layout import DEGREE_FREE
 from .planner import separating_terms
 from .record import memory_runs, published_runs
 from .throughput import estimate, memory_estimate
@@ -208,12 +209,10 @@ PLANNED = ("Llama 3 Table 4, 8,192 GPUs 8K", "Llama 3 Table 4, 16,384 GPUs 8K",
            "Llama 3 Table 4, 128K", "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours")
 
 
-# What a team's framework and recipe set whatever the degrees: every layout the planner
-# weighs against the team's takes them too, so that a verdict is about the layout alone.
-# (Async TP, overlapped sends and ZeRO's all-reduce depend on the degrees: left out.)
-TEAM_SETTINGS = ("precision", "max_nodes", "cp_comm", "kernels", "comm_sm_share",
-                 "fp8_scaling", "grad_dtype", "reduce_dtype", "moment_dtype", "tp_plan",
-                 "attention_kernel", "loss")
+# What a team's framework and recipe set whatever the degrees (``layout.DEGREE_FREE``), its
+# routing and its SMs for communication: every layout the planner weighs against the team's
+# takes them too, so that a verdict is about the layout alone.
+TEAM_SETTINGS = DEGREE_FREE + ("max_nodes", "comm_sm_share")
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,9 @@ data-parallel group's members are t*c apart and a pipeline's n/p apart. Every
 setting is checked when the layout is built, and ``check(model)`` checks it against a
 model's shape, so a bad value fails at once with one line naming it, before any estimate.
 
+One job: what a layout is and which ones are valid; it runs past 300 lines because each
+setting's choices are listed here with their sources, beside the checks that read them.
+
 Try ``python -c "from lessonlib.costmodel import Layout; print(Layout(t=8, p=12, d=4,
 global_batch=1536).describe())"``.
 """

@@ -21,6 +21,21 @@ def test_a_shared_axis_that_cuts_one_panel_short_is_caught():
     plt.close(fig)
 
 
+def test_a_bar_autoscale_snapped_past_is_inside_but_one_cut_short_is_not():
+    """Notebook 03's measured timeline: matplotlib snaps the left limit to the nearest bar
+    edge within 1e-5 of the span, here the second bar's, 1 us past the first's; that is
+    no hidden data. A bar a thousandth of the span past the limit still is."""
+    fig, ax = plt.subplots()
+    for row, left in enumerate((4.830, 4.831, 185.0)):
+        ax.barh(row, 5.0, left=left, color="C0", label="spans" if row == 0 else None)
+    ax.legend()
+    fig.canvas.draw()
+    assert ax.get_xlim()[0] == 4.831 and figure_check.problems(fig) == []
+    ax.set_xlim(5.0, None)
+    assert "beyond the axes'" in figure_check.problems(fig)[0]
+    plt.close(fig)
+
+
 def test_series_need_a_legend_and_spans_or_error_bars_are_not_series():
     fig, ax = plt.subplots()
     ax.plot([1, 2], [1, 2])

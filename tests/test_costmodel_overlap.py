@@ -233,3 +233,21 @@ def test_overlapped_sends_leave_only_the_warm_up_and_flush_exposed():
     for bad in (dict(v=1), dict(schedule="zbv")):
         with pytest.raises(ValueError, match="overlap_p2p=True .* needs v > 1"):
             replace(lay, overlap_p2p=True, **bad)
+
+
+def test_the_exchange_runs_beside_the_whole_backward_not_only_its_gemms():
+    """The gradients' buckets run on their own stream (Megatron-Core's async_op, FSDP's
+    streams), beside every kernel of the last micro-batch's backward: a step whose exposed
+    TP collectives make its backward longer hides more of its DP exchange."""
+    from lessonlib.costmodel.axes import dp_time_s
+    m70, h100 = MODELS["llama3-70B"], CLUSTERS["dgx-h100"]
+    lay = Layout(t=8, d=32, b=1, m=4, global_batch=128, zero_stage=1, recompute="none",
+                 sequence_parallel=True, overlap_comm=True)
+    gemms = dp_time_s(m70, lay, h100, 0.4, 0.8, 0.0)
+    busier = dp_time_s(m70, lay, h100, 0.6, 0.8, 0.0)      # 0.2 s of exposed TP beside
+    assert sum(gemms) == pytest.approx(sum(busier))          # the same bytes in all
+    assert busier[1] > gemms[1] and busier[0] < gemms[0]
+    est = estimate(m70, lay, h100)
+    per_step = sum(est.time[k] for k in ("compute", "elementwise", "tp_comm", "pp_comm"))
+    assert est.time["dp_comm"] == pytest.approx(
+        dp_time_s(m70, lay, h100, per_step, 0.8, 0.0)[0])

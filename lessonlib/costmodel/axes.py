@@ -169,11 +169,16 @@ def _exchange_s(lay, params, group, shard, bandwidth, latency):
     return gathers * ring_all_gather_time_s(shard, weights, bandwidth, latency), rest
 
 
-def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
-    """(exposed, hidden) seconds of the data-parallel exchange of a step whose compute takes
-    ``compute_s``: dense weights over the d*c replicas, experts over d*c/e; ``hidden`` is
-    what ``overlap_comm`` runs under that compute (FSDP's gathers, the gradients' buckets;
-    ``overlap.contention_s``)."""
+def dp_time_s(model, lay, cluster, busy_s, comm_efficiency, dp_overlap):
+    """(exposed, hidden) seconds of the data-parallel exchange of a step whose micro-batches
+    keep the stage busy ``busy_s`` (GEMMs, memory-bound kernels and the TP, PP, CP and EP
+    transfers left exposed): dense weights over the d*c replicas, experts over d*c/e;
+    ``hidden`` is what ``overlap_comm`` runs beside that (FSDP's gathers, the gradients'
+    buckets; ``overlap.contention_s``). The exchange runs on a stream of its own
+    (Megatron-Core core_v0.8.0 launches its buckets with ``async_op=overlap_grad_reduce``,
+    param_and_grad_buffer.py, on the communicator's NCCL stream; FSDP2 gathers and
+    reduce-scatters on streams of its own), so it runs beside every kernel of the backward
+    on the compute stream, the TP collectives among them, not only beside the GEMMs."""
     group = lay.d * lay.c
     if group == 1:
         return 0.0, 0.0
@@ -199,9 +204,9 @@ def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
     if not lay.overlap_comm:
         return (1 - dp_overlap) * (gathers + rest), 0.0
     # DDP's buckets and FSDP's per-unit reduce-scatters start as the last micro-batch's
-    # backward frees each unit's gradients, so they run under the rest of that backward (its
-    # GEMMs: two thirds of the micro-batch's); the last unit's has nothing left to hide
-    # behind. FSDP's gathers, repeated every micro-batch, hide under whatever compute that
+    # backward frees each unit's gradients, so they run under the rest of that backward (two
+    # thirds of the micro-batch's busy time); the last unit's has nothing left to hide
+    # behind. FSDP's gathers, repeated every micro-batch, hide under whatever busy time that
     # leaves. ZeRO-1/2's gather of the updated weights runs once, ahead of the next step's
     # first forward (Megatron-Core's overlap_param_gather: each layer's gather started as
     # the forward reaches the one before it), so it hides under one micro-batch's forward,
@@ -209,10 +214,10 @@ def dp_time_s(model, lay, cluster, compute_s, comm_efficiency, dp_overlap):
     # has more compute beside it (``_chunk_hidden``).
     units = max(1, model.L // lay.p)
     if lay.zero_stage == 3:
-        hidden_rest = min(rest - rest / units, compute_s / lay.m * 2 / 3)
-        hidden = hidden_rest + min(gathers, compute_s - hidden_rest)
+        hidden_rest = min(rest - rest / units, busy_s / lay.m * 2 / 3)
+        hidden = hidden_rest + min(gathers, busy_s - hidden_rest)
         return (1 - dp_overlap) * (gathers + rest - hidden), hidden
-    one = compute_s / lay.m             # a micro-batch: a third forward, two backward
+    one = busy_s / lay.m                # a micro-batch: a third forward, two backward
     hidden = (_chunk_hidden(rest, lay, units, one * 2 / 3)
               + _chunk_hidden(gathers, lay, units, one / 3))
     return (1 - dp_overlap) * (gathers + rest - hidden), hidden

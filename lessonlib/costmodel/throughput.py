@@ -346,7 +346,8 @@ def timed(est):
             # (p-1)/v micro-batch slots idle per step; as a share of the busy time this is
             # bubble_fraction(p, m, v, "ideal") (Megatron-LM 2021 §2.2).
             "bubble": slot * m * _bubble_fraction(lay.p, m, lay.v, "ideal", lay.schedule)}
-    time["dp_comm"], dp_hidden = dp_time_s(model, lay, cluster, m * per_mb[0],
+    # the exchange runs beside the micro-batches' every kernel and exposed transfer
+    time["dp_comm"], dp_hidden = dp_time_s(model, lay, cluster, m * sum(per_mb[:6]),
                                            COMM_EFFICIENCY, DP_OVERLAP)
     time["optimizer"] = optimizer_step_s(est)
     # The new axes' traffic, only where they are used (c = e = 1 keeps the old keys), and

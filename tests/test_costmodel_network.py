@@ -8,6 +8,7 @@ import pytest
 from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate, make_cluster, tp_sweep
 from lessonlib.costmodel.__main__ import main
 from lessonlib.costmodel.comm import members_per_node
+from lessonlib.costmodel.layout import GRAD_DTYPES
 
 DGX = CLUSTERS["dgx-a100"]  # 8 GPUs per server, one 200 Gb/s (25 GB/s) port per GPU
 FLAT = replace(DGX, collectives="flat-ring")
@@ -180,14 +181,39 @@ def test_gradients_travel_in_the_reduce_dtype_and_weights_in_16_bits():
 def test_deepspeeds_bf16_optimizer_all_reduces_the_gradients_whole():
     """ZeRO-1 under DeepSpeed's BF16 optimizer (BLOOM's): the gradients all-reduced, not
     reduce-scattered; the weights' gather unchanged."""
-    from lessonlib.costmodel.axes import _exchange_s
-    from lessonlib.costmodel.comm import ring_allreduce_time_s
+    from lessonlib.costmodel.axes import _exchange_s, exchange_collectives
+    from lessonlib.costmodel.comm import ring_all_gather_time_s, ring_allreduce_time_s
     lay = Layout(d=8, m=1, zero_stage=1)
     whole = replace(lay, zero_reduce="all-reduce")
     (g1, r1), (g2, r2) = (_exchange_s(x, 1e9, 8, 8, 50e9, 1e-5) for x in (lay, whole))
-    assert g2 == g1 and r2 == pytest.approx(ring_allreduce_time_s(8, 2e9, 50e9, 1e-5))
+    # DeepSpeed all-reduces in buffers of 5e8 elements: two here, each paying its latency
+    assert exchange_collectives(whole, 1e9, 8, 1) == 2
+    assert r2 == pytest.approx(2 * ring_allreduce_time_s(8, 1e9, 50e9, 1e-5))
+    assert g2 == pytest.approx(2 * ring_all_gather_time_s(8, 1e9, 50e9, 1e-5))
+    assert g1 == pytest.approx(ring_all_gather_time_s(8, 2e9, 50e9, 1e-5))
     assert r2 > 1.9 * r1 and "grads all-reduced" in whole.describe()
     with pytest.raises(ValueError, match="zero_reduce='ring' must be one of reduce-scatter"):
         Layout(m=1, zero_reduce="ring")
     with pytest.raises(ValueError, match="zero_stage=3 has no such choice"):
         Layout(d=8, m=1, zero_stage=3, zero_reduce="all-reduce")
+
+
+def test_an_exchange_runs_as_buckets_or_units_each_paying_its_latency():
+    """The data-parallel exchange is many collectives, not one: Megatron-Core's buckets of
+    max(40M, 1M x d) parameters, PyTorch DDP's of 25 MiB, FSDP's one per layer, DeepSpeed's
+    buffers of 5e8 elements; one piece where Megatron reduces without overlap. The bytes are
+    the same; each piece pays its ring's latency."""
+    import math
+    from lessonlib.costmodel.axes import _exchange_s, exchange_collectives
+    zero1 = Layout(d=64, m=1, zero_stage=1, overlap_comm=True)
+    assert exchange_collectives(zero1, 8e9, 64, 32) == 125          # 8e9 / (1M x 64)
+    assert exchange_collectives(zero1, 8e9, 16, 32) == 200       # the 40M floor at d = 16
+    assert exchange_collectives(replace(zero1, overlap_comm=False), 8e9, 64, 32) == 1
+    ddp = Layout(d=64, m=1, zero_stage=0, overlap_comm=True)
+    assert exchange_collectives(ddp, 8e9, 64, 32) == math.ceil(
+        8e9 * GRAD_DTYPES[ddp.reduce_dtype] / 2 ** 20 / 25)
+    assert exchange_collectives(Layout(d=64, m=1, zero_stage=3), 8e9, 64, 32) == 32
+    once = _exchange_s(replace(zero1, overlap_comm=False), 8e9, 64, 64, 50e9, 1e-5)
+    buckets = _exchange_s(zero1, 8e9, 64, 64, 50e9, 1e-5)
+    for one, many in zip(once, buckets):       # the gathers, then the reduce-scatters
+        assert many - one == pytest.approx(124 * 63 * 1e-5)

@@ -17,7 +17,9 @@ parallelism and sharded data parallelism add to a step, and where the rank order
   the gradient all-reduce of plain DP and ZeRO-1/2, or FSDP's (ZeRO-3) weight gathers before
   every forward, recompute and backward, and one reduce-scatter, inside the shard group;
   HSDP adds an all-reduce of the shard across the d/shard_group groups. An expert's
-  gradients are exchanged among its d*c/e copies. Everything is taken as exposed unless
+  gradients are exchanged among its d*c/e copies. The exchange runs as the frameworks cut
+  it, in buckets or one unit at a time, each piece a collective paying its ring's latency
+  (``exchange_collectives``). Everything is taken as exposed unless
   ``overlap_comm``: then the gradients' exchange (DDP's buckets, FSDP's reduce-scatter per
   unit) runs under the last micro-batch's backward, all but the last unit's, FSDP's
   gathers under the rest of the step's compute, and ZeRO-1/2's one gather of the updated
@@ -27,6 +29,7 @@ parallelism and sharded data parallelism add to a step, and where the rank order
 Pure arithmetic, called by ``throughput.estimate``; with c = e = 1 and no shard group each
 function gives exactly what the estimate gave before these axes existed.
 """
+import math
 from dataclasses import replace
 
 from .comm import (group_spans_nodes, ring_all_gather_time_s, ring_allreduce_time_s,
@@ -141,10 +144,47 @@ def ep_alltoall_s(model, lay, cluster, layers, comm_efficiency):
     return moe_layers * one * (6 / 4 if lay.recompute == "full" else 1)
 
 
-def _exchange_s(lay, params, group, shard, bandwidth, latency):
+# How many collectives an exchange runs as, each paying its ring's latency (the alpha of
+# every step; ``comm.ring_reduce_scatter_time_s``): PyTorch DDP's buckets of 25 MiB
+# (``bucket_cap_mb``); Megatron-Core's distributed optimizer's of max(40M, 1M x d)
+# parameters ("larger DP sizes need larger buckets to ensure collectives do not become
+# latency-bound", core_v0.8.0 distributed_data_parallel_config.py); DeepSpeed's gradient
+# all-reduce in buffers of 5e8 elements (engine.py, ``buffered_allreduce_fallback``); FSDP,
+# one unit (a layer) at a time. Without ``overlap_comm`` Megatron reduces its whole buffer at
+# once (Megatron-Core sets ``bucket_size`` to None without ``overlap_grad_reduce``; the local
+# DDP of 2021 all-reduced its contiguous buffer in one call).
+DDP_BUCKET_BYTES = 25 * 2 ** 20
+MCORE_BUCKET_PARAMS, MCORE_BUCKET_PARAMS_PER_REPLICA = 40_000_000, 1_000_000
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+
+
+def exchange_collectives(lay, params, group, units):
+    """How many collectives the data-parallel exchange of ``params`` parameters over
+    ``group`` replicas runs as (above): FSDP's per unit of ``units``, else buckets."""
+    if lay.zero_stage == 3:
+        return units
+    if lay.zero_reduce == "all-reduce" and lay.zero_stage > 0:
+        return max(1, math.ceil(params / DEEPSPEED_BUCKET_ELEMENTS))
+    if not lay.overlap_comm:
+        return 1
+    if lay.zero_stage == 0:
+        return max(1, math.ceil(params * GRAD_DTYPES[lay.reduce_dtype] / DDP_BUCKET_BYTES))
+    return max(1, math.ceil(params / max(MCORE_BUCKET_PARAMS,
+                                         MCORE_BUCKET_PARAMS_PER_REPLICA * group)))
+
+
+def _exchange_s(lay, params, group, shard, bandwidth, latency, units=1):
     """One parameter group's data-parallel exchange over ``group`` replicas, ZeRO/FSDP
-    sharded over ``shard`` of them: (exposed-able gathers, the rest) in seconds. Gradients
+    sharded over ``shard`` of them: (exposed-able gathers, the rest) in seconds, run as
+    ``exchange_collectives`` collectives of equal size, each paying its latency. Gradients
     travel in ``lay.reduce_dtype``, weights in 16 bits."""
+    k = exchange_collectives(lay, params, group, units)
+    gathers, rest = _exchange_once_s(lay, params / k, group, shard, bandwidth, latency)
+    return k * gathers, k * rest
+
+
+def _exchange_once_s(lay, params, group, shard, bandwidth, latency):
+    """``_exchange_s`` as one collective of each kind."""
     grads = GRAD_DTYPES[lay.reduce_dtype] * params
     weights = WEIGHT_BYTES * params
     if lay.zero_stage == 0:
@@ -196,10 +236,11 @@ def dp_time_s(model, lay, cluster, busy_s, comm_efficiency, dp_overlap):
     where = (lay.t, lay.p, lay.e, lay.uneven_stages, lay.schedule)
     params = stage_params(model, *where)
     experts = stage_expert_params(model, *where)
-    gathers, rest = _exchange_s(lay, params - experts, group, shard, dense, latency)
+    units = max(1, model.L // lay.p)
+    gathers, rest = _exchange_s(lay, params - experts, group, shard, dense, latency, units)
     if experts and group // lay.e > 1:
         more = _exchange_s(lay, experts, group // lay.e, max(1, shard // lay.e), bandwidth,
-                           latency)
+                           latency, units)
         gathers, rest = gathers + more[0], rest + more[1]
     if not lay.overlap_comm:
         return (1 - dp_overlap) * (gathers + rest), 0.0
@@ -212,7 +253,6 @@ def dp_time_s(model, lay, cluster, busy_s, comm_efficiency, dp_overlap):
     # the forward reaches the one before it), so it hides under one micro-batch's forward,
     # all but the first unit's. Under the interleaved schedule each model chunk's exchange
     # has more compute beside it (``_chunk_hidden``).
-    units = max(1, model.L // lay.p)
     if lay.zero_stage == 3:
         hidden_rest = min(rest - rest / units, busy_s / lay.m * 2 / 3)
         hidden = hidden_rest + min(gathers, busy_s - hidden_rest)

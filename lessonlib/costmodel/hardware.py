@@ -216,8 +216,11 @@ class Cluster:
     one per GPU, as in DGX servers). The latencies are the alpha of the alpha-beta model,
     one ring step's fixed cost: on NVLink about 5 us (nccl-tests' smallest all-reduce on two
     A100 SXM4s takes 10.1 us, two steps; NVIDIA/nccl issue 583), across servers taken as
-    twice that, an order of magnitude, not a measurement. ``calibration.refit_cluster`` fits
-    both to a machine's own all-reduce times.
+    twice that, an order of magnitude, not a measurement. NCCL's own tuner assumes the same
+    order for the large messages of training (its Simple protocol, ring): 3.4 us a step on
+    NVLink, 14 across the network, and 8.4 more a collective (src/graph/tuning.cc,
+    ``ncclTunerConstantsDefaults``). ``calibration.refit_cluster`` fits both to a machine's
+    own all-reduce times.
 
     ``collectives`` says how a group that spans servers crosses the network:
 

@@ -39,8 +39,9 @@ backward FLOPs (Dao et al. 2022, Alg. 4); the CP that torchtitan runs
 (torchtitan's code) and Megatron's cross entropy (``kernels.MEGATRON_LOSS_BYTES``, from
 its code); the ranks in Megatron-Core's order (``layout.py``) and each model chunk's
 data-parallel exchange under the interleaved schedule (``axes._chunk_hidden``, from its
-schedules.py); the SwiGLU/GQA activations
-(Korthikanti's method); DeepSeek-V3's 20 of
+schedules.py); the data-parallel exchange in the buckets or units each framework cuts it
+into, each paying its latency (``axes.exchange_collectives``, from their code); the
+SwiGLU/GQA activations (Korthikanti's method); DeepSeek-V3's 20 of
 132 SMs (§3.2.2), MLA dims (§2.1.1), MTP (§2.2), FP8 dispatch (§3.3.4), recompute (§3.2.3,
 §3.3.4); torchao's tensorwise casts (``gemm.TENSORWISE_CAST_BYTES``, from its code) and
 Transformer Engine's (``gemm.TE_INPUT_BYTES``, from its code); PyTorch's copies around a

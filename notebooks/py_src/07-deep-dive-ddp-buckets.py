@@ -97,7 +97,7 @@ show(ddp.plan_buckets, ddp.DataParallel._launch_ready_buckets)
 # (the timeline's GPT, several bucket caps): the communication still running after
 # backward's compute, against the model of `alpha_beta.bucketed_step` with this machine's
 # fitted `dist.all_reduce` (its fit: [deep dive 11](11-deep-dive-laptop-measurements.ipynb);
-# gradients assumed ready at a steady rate during backward):
+# gradients assumed ready at a steady rate during the backward each cap measured):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -112,7 +112,7 @@ print(f"{'cap MiB':>8} {'buckets':>8} {'backward ms':>12} {'left after, measured
 above = 0
 for cap, c in caps.items():
     guess = alpha_beta.bucketed_step(grad_bytes, n=2, bucket_bytes=cap * MiB,
-                                     backward_s=backward_s, fit=torch_fit).exposed_s
+                                     backward_s=c.backward_s, fit=torch_fit).exposed_s
     above += measured[cap] > guess
     print(f"{cap:>8} {c.buckets:>8} {c.backward_s * 1e3:>12.1f} "
           f"{measured[cap] * 1e3:>18.1f} ms {guess * 1e3:>7.1f} ms")

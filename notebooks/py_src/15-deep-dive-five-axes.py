@@ -197,8 +197,10 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 # - **NeMo** (its `docs/source/performance/performance_summary.md`, container 24.07,
 #   DGX-H100): tokens per second per GPU in FP8, with the model TFLOP/s beside, of Llama 3
 #   8B and 70B, then, held out, the same table's Llama 2 7B, 13B and 70B, Nemotron-3 8B and
-#   22B and Nemotron-4 340B; Megatron-Core's layers from Transformer Engine, so attention in
-#   cuDNN and FP8 by its default recipe, delayed scaling, whose norms write FP8 themselves;
+#   22B and Nemotron-4 340B, and last its GPT-3 5B, 20B and 175B (the models of NeMo's own
+#   GPT-3 recipes, a GeLU MLP and attention fused); Megatron-Core's layers from Transformer
+#   Engine, so attention in cuDNN and FP8 by its default recipe, delayed scaling, whose
+#   norms write FP8 themselves;
 #   the gradients' exchange overlapped, TP's transfers under its GEMMs and the pipeline's
 #   sends under other chunks' compute where that release's own launcher config of the model
 #   sets them (`overlap_grad_sync`, `overlap_param_sync`, `ub_tp_comm_overlap`,

@@ -122,6 +122,11 @@ def error_summary(errors):
     return median(abs(e) for e in errors), max(errors, key=abs)
 
 
+# A row the model misses by more than this is missed (``published_report``'s count, and
+# ``tests/test_costmodel_published.py``'s bar).
+MISSED_BEYOND = 0.15
+
+
 def _summary_line(what, rows):
     """One line: how many rows, the median and the worst error (with its row), how many
     within 15 %; ``rows`` from ``published_rows`` or ``memory_rows``."""
@@ -132,7 +137,7 @@ def _summary_line(what, rows):
     missed = next(r for r in rows if r.error == worst)
     source = (missed.run if isinstance(missed, PublishedRow) else missed.row).source
     return (f"{what}: {len(errors)} rows, median |error| {mid:.1%}, worst {worst:+.1%} "
-            f"({source}); {sum(abs(e) <= 0.15 for e in errors)} within 15 %.")
+            f"({source}); {sum(abs(e) <= MISSED_BEYOND for e in errors)} within 15 %.")
 
 
 def published_report(runs=None):
@@ -276,7 +281,11 @@ WHY = {
                "compute's length",
     "compute": "a difference of stage shapes: the layouts split the 61 layers (and MTP) "
                "differently, and the model prices each GEMM by its shape",
-    "dp_comm": "real: the data-parallel exchange at the end of the step",
+    "dp_comm": "real: the data-parallel exchange, its bytes through each GPU's share of "
+               "the network ports at the bus bandwidth nccl-tests measures, hidden only "
+               "beside the last micro-batch's backward (Megatron-Core syncs gradients there "
+               "and under no_sync before, schedules.py) and cut into buckets that each pay "
+               "their latency (axes.exchange_collectives)",
     "elementwise": "real: memory-bound kernels on each GPU's share of the activations",
     "contention": "real: compute runs slower beside the transfers it hides, 18.9 % on average "
                   "(Lee et al. 2025, abstract)",
@@ -331,6 +340,11 @@ def explain_versus_planner(run):
             lines.append(f"The largest, {part}, is {WHY[part]}." if part in WHY else
                          f"No verdict on the team's choice: the largest, {part}, has no "
                          f"published source in the course's record.")
+            error = published_rows([run])[0].error
+            if abs(error) > MISSED_BEYOND:
+                lines.append(f"But the model misses this run itself by {error:+.1%}: until "
+                             f"that is explained, the gap is the model's, not evidence "
+                             f"against the team's choice.")
         if not mine.fits:
             why = next((v for k, v in MEMORY_GAPS.items() if run.source.startswith(k)), "")
             lines.append(f"Memory: {MEMORY_GAP}" + (f"; {why}" if why else "") + ".")

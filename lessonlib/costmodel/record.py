@@ -599,9 +599,8 @@ def _dgxc_rows():
                  {name: _DGXC_2504_NOTE for name in DGXC_2504_CONFIG}))
     rows = []
     for release, table, config, notes in releases:
-        for name, (t, p, c, v, mbs), tables in table:
-            rows += _dgxc_table_rows(release, name, (t, p, c, v, mbs), tables, config[name],
-                                     notes[name])
+        for name, shape, tables in table:
+            rows += _dgxc_table_rows(release, name, shape, tables, config[name], notes[name])
     return rows
 
 

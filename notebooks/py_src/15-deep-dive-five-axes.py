@@ -211,8 +211,8 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   is read from the workload's own config. Held out, as the NeMo rows after Llama 3 are,
 #   but for what the NeMo Nemotron rows' misses led to: two corrections read in code, a
 #   squared-ReLU MLP's matrix products and a pipeline send under sequence parallelism.
-#   Then its release 25.04, held out: the same Llama models and the largest one, read from
-#   the NeMo performance recipes at the commit the release pins.
+#   Then its release 25.04, held out: the same Llama models and the largest one, and the
+#   smaller Nemotron, read from the NeMo performance recipes at the commit the release pins.
 # - **Megatron-Core's weak scaling** (the Megatron-LM README's H100 table of July 2024): nine
 #   GPT models, per-GPU TFLOP/s by Megatron-LM's count, and the two ends of its strong
 #   scaling of the 177B model, whose MFU the text gives, all held out. The README names the

@@ -262,3 +262,11 @@ def test_a_verdict_against_a_team_is_withheld_where_the_model_misses_the_run():
     assert "the model misses this run itself by -3" in missed
     met = explain_versus_planner(runs["Megatron-Core weak scaling, GPT 16B"])
     assert "The largest, " in met and "misses this run itself" not in met
+
+
+def test_a_verdict_on_a_row_measured_against_another_names_its_own_error():
+    """A row printed beside another (torchtitan's compile over eager) is judged on its own
+    figure: the verdict's check of the model's miss needs no other row."""
+    from lessonlib.costmodel.published import explain_versus_planner, published_runs
+    run = next(r for r in published_runs() if r.source.endswith("8B FSDP on 8, compile"))
+    assert run.versus and explain_versus_planner(run).startswith(run.source)

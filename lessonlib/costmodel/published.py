@@ -340,7 +340,7 @@ def explain_versus_planner(run):
             lines.append(f"The largest, {part}, is {WHY[part]}." if part in WHY else
                          f"No verdict on the team's choice: the largest, {part}, has no "
                          f"published source in the course's record.")
-            error = published_rows([run])[0].error
+            error = _figure(run, mine, run.metric, run.flops) / run.published - 1
             if abs(error) > MISSED_BEYOND:
                 lines.append(f"But the model misses this run itself by {error:+.1%}: until "
                              f"that is explained, the gap is the model's, not evidence "

@@ -573,10 +573,10 @@ _DGXC_NOTE = ("NVIDIA/dgxc-benchmarking 24.11.1, the workload's README (training
 # pretrain_performance_optimizations) set: the distributed optimizer with the exchange
 # overlapped, gradients reduced in bf16 ('grad_reduce_in_fp32 = False'), Megatron's fused
 # loss ('cross_entropy_loss_fusion'), 'tp_comm_overlap' for 70B, 405B and 15B, not 8B; the
-# pipeline's sends overlapped where v > 1
-# (MegatronCommOverlapCallback); the 405B's first and last stages a layer lighter
-# ('account_for_embedding_in_pipeline_split', '..._loss_...'); FP8 by TE's delayed scaling
-# ('bf16_with_fp8_mixed': fp8 'hybrid', 'fp8_params' true, not modelled); no recompute.
+# pipeline's sends overlapped where v > 1 (MegatronCommOverlapCallback); the 405B's first
+# and last stages a layer lighter ('account_for_embedding_in_pipeline_split', '..._loss_...');
+# FP8 by TE's delayed scaling ('bf16_with_fp8_mixed': fp8 'hybrid', 'fp8_params' true, not
+# modelled); no recompute.
 DGXC_2504 = [
     ("llama3-8B", (1, 1, 2, 1, 1),
      {"bf16": {8: (128, 12.27), 128: (2048, 12.33)},

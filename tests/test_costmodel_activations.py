@@ -87,3 +87,21 @@ def test_the_sp_exercise_checker():
                           (None, "my_sp_ratio"), ("x", "one number")):
         verdict = ex.check_sp_activation_ratio(answer)
         assert not verdict and words in str(verdict), verdict
+
+
+def test_selective_recompute_runs_a_fused_attention_forward_again():
+    # Megatron-Core checkpoints its core attention under 'selective', Transformer Engine's
+    # fused kernel included (core_v0.8.0 attention.py, checkpoint_core_attention): the
+    # backward pays one more fused forward, which the kernel's own time sets
+    from dataclasses import replace
+    from lessonlib.costmodel import CLUSTERS
+    from lessonlib.costmodel.gemm import fused_attention_s
+    from lessonlib.costmodel.throughput import Layout, estimate
+    model, cluster = MODELS["llama3-8B"], CLUSTERS["dgx-h100"]
+    assert not model.legacy
+    lay = Layout(t=1, d=8, b=1, m=4, zero_stage=1)
+    none, selective = (estimate(model, replace(lay, recompute=r), cluster)
+                       for r in ("none", "selective"))
+    forward = fused_attention_s(model, lay.b, cluster.gpu)[0]
+    extra = selective.time["compute"] - none.time["compute"]
+    assert extra == pytest.approx(lay.m * model.L * forward, rel=1e-9)

@@ -167,7 +167,11 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
     linear = gemm.layer_gemm_time_s(model, b, gpu, kinds=("linear",), **shape)
     # forward, then the backward's two GEMMs of each shape (input and weight gradients); a
     # fused attention kernel's backward does 2.5x its forward's FLOPs at its own measured
-    # rate (it recomputes the scores), so selective recompute adds nothing to it
+    # rate (it recomputes the scores). Selective recompute runs the attention's forward
+    # again, fused kernel or not: Megatron-Core wraps its core attention, Transformer
+    # Engine's fused kernel included, in ``tensor_parallel.checkpoint`` whenever
+    # recompute_granularity is 'selective' (core_v0.8.0, transformer/attention.py,
+    # ``checkpoint_core_attention``), though the fused kernel saves no s x s tensor
     fused = not model.legacy
     if fused:
         attention, attention_backward = gemm.fused_attention_s(
@@ -176,7 +180,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
         attention = gemm.layer_gemm_time_s(model, b, gpu, kinds=("attention",), **shape)
         attention_backward = 2 * attention
     recompute = {"none": 0.0, "full": linear + attention,
-                 "selective": 0.0 if fused else attention,
+                 "selective": attention,
                  "op": op_recompute_share(model) * linear,
                  "norm-up": norm_up_recompute_share(model) * linear}[lay.recompute]
     compute = layers * (3 * linear + attention + attention_backward + recompute

@@ -205,6 +205,10 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   sends under other chunks' compute where that release's own launcher config of the model
 #   sets them (`overlap_grad_sync`, `overlap_param_sync`, `ub_tp_comm_overlap`,
 #   `overlap_p2p_comm`).
+#   Then, held out, NeMo's long-sequence table (`performance_long_sequence.md`): Llama 2
+#   7B in FP8 at 4K to 1M tokens, the longer sequences split by context parallelism, model
+#   TFLOP/s per GPU. The model's error there grows with the sequence, as on
+#   torchtitan's context-parallel sweeps: a cost it lacks at long sequences, still unknown.
 # - **NVIDIA's DGX Cloud recipes** (NVIDIA/dgxc-benchmarking, release 24.11.1): step times
 #   of Llama 3.1 8B and 70B and Nemotron-4 15B and 340B on H100 servers, in BF16 and in
 #   FP8, at the fewest and the most GPUs of each table; every setting a table does not print

@@ -11,9 +11,9 @@ from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate
 from lessonlib.costmodel import gemm
 from lessonlib.costmodel.gains import overlap_and_precision_gains
 from lessonlib.costmodel.comm import ring_all_gather_time_s
-from lessonlib.costmodel.overlap import (CONTENTION, async_tp_exposed_s, async_tp_split_s,
-                                         contention_s, p2p_exposed_share, pytorch_sp_copy_s,
-                                         sp_gemms_s, tp_comm_s)
+from lessonlib.costmodel.overlap import (CONTENTION, async_tp_exposed_s, async_tp_reduce_s,
+                                         async_tp_split_s, contention_s, p2p_exposed_share,
+                                         pytorch_sp_copy_s, sp_gemms_s, tp_comm_s)
 
 TETON, M8 = CLUSTERS["grand-teton-h100-96gb"], MODELS["llama3-8B"]
 
@@ -112,11 +112,29 @@ def test_async_tp_leaves_the_backwards_input_gradient_reduce_scatters_exposed():
     bw, lat = TETON.group_link(64, 8, 1)
     one = ring_all_gather_time_s(8, 2 * 12 * M8.s * M8.h, bw * 0.8, lat)
     copy = pytorch_sp_copy_s(M8, replace(lay, async_tp=False), TETON)
-    assert exposed >= 2 * (one + copy) and exposed + hidden == pytest.approx(8 * one + 2 * copy)
+    reduce = async_tp_reduce_s(M8, lay, TETON)     # the fused reduce-scatters' late sums
+    assert exposed >= 2 * (one + copy) + reduce
+    assert exposed + hidden == pytest.approx(8 * one + 2 * copy + reduce)
     # Megatron's --tp-comm-overlap hides those behind the weight-gradient GEMMs
     # (tp_comm_bulk_dgrad): under its plan all eight collectives stand against GEMMs
     mexposed, mhidden = tp_comm_s(M8, replace(lay, tp_plan="megatron"), TETON, 1, 0.8)
     assert mexposed + mhidden == pytest.approx(8 * one) and mexposed < exposed - 2 * one
+
+
+def test_pytorchs_fused_reduce_scatter_sums_its_partials_after_the_exchange():
+    """_fused_matmul_reduce_scatter_impl sums the t stacked partials of the whole output in
+    one kernel after the last piece arrives: the forward's two of them read b s h and write
+    b s h / t each, exposed; Megatron's userbuffers pay none, nor does a layout without
+    async TP."""
+    lay = Layout(t=8, d=8, b=12, m=1, recompute="none", sequence_parallel=True, zero_stage=3,
+                 tp_plan="pytorch", async_tp=True)
+    partials = 2 * 12 * M8.s * M8.h
+    hbm = TETON.gpu.hbm_bytes_per_s * gemm.HBM_EFFICIENCY
+    assert async_tp_reduce_s(M8, lay, TETON) == pytest.approx(2 * partials * (1 + 1 / 8) / hbm)
+    assert async_tp_reduce_s(M8, replace(lay, recompute="full"), TETON) == pytest.approx(
+        2 * async_tp_reduce_s(M8, lay, TETON))
+    for other in (replace(lay, tp_plan="megatron"), replace(lay, async_tp=False)):
+        assert async_tp_reduce_s(M8, other, TETON) == 0.0
 
 
 def test_fp8_speeds_only_the_linear_gemms_and_pays_tensorwise_casts():

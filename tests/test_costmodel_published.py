@@ -21,7 +21,6 @@ MISSED_TODAY = {
     "Megatron-LM 2021 Table 1, 310.1 B", "Megatron-LM 2021 Table 1, 529.6 B",
     "torchtitan Table 2, 8B FSDP 2 CP 4, 128K", "torchtitan Table 2, 8B FSDP 1 CP 8, 256K",
     "torchtitan Table 6, 405B CP 2, 64K", "torchtitan Table 6, 405B CP 8, 256K",
-    "torchtitan async-TP, 8B on 64, async TP",
     "DeepSeek-V3 Table 1: 14.8T tokens in 2.664M H800 GPU hours"}
 MISSED_TODAY |= {f"Nemotron-4 15B Table 2, DP {d}" for d in (96, 192, 288)}
 MISSED_TODAY |= {f"Megatron-Core weak scaling, GPT {size}" for size in ("1.7B", "32B")}

@@ -51,8 +51,14 @@ and the estimate charges only the rest:
   fused GEMM runs as t GEMMs of 1/t of its rows, one per shard ("Computing block-wise
   matmul along the first dim of A", ``_fused_all_gather_matmul_impl`` in
   torch/distributed/_symmetric_memory), each priced at its own shape (``gemm.py``: its
-  tiles in fewer waves; ``async_tp_split_s``). Not modelled: the pieces' own launch costs;
-  so the model's gain is still an upper bound.
+  tiles in fewer waves; ``async_tp_split_s``). And PyTorch's fused matmul-reduce-scatter
+  (``_fused_matmul_reduce_scatter_impl``) sums late: it computes every rank's partial
+  output, the whole b s/c x h, exchanges the pieces (``_pipelined_produce_and_all2all``) and
+  only then adds up the t pieces of its own rows, "in a single reduction kernel" that reads
+  the stacked partials and writes its 1/t, after the last piece has arrived, so exposed
+  (``async_tp_reduce_s``); NCCL's reduce-scatter sums inside its own kernel, in the
+  transfer's time. Not modelled: the pieces' own launch costs; so the model's gain is still
+  an upper bound.
 
 What hiding costs: a transfer run under compute is not free. NCCL's kernels take SMs and HBM
 bandwidth from the GEMMs beside them; Lee et al. (2025, "Characterizing Compute-Communication
@@ -155,6 +161,20 @@ def async_tp_split_s(model, lay, gpu):
     return forwards * sum(more[i] for i in forward) + sum(more[i] for i in backward)
 
 
+def async_tp_reduce_s(model, lay, cluster):
+    """Seconds per layer and micro-batch of the reduction kernels PyTorch's fused
+    matmul-reduce-scatters run after their exchange (above): each reads the b s/c x h
+    stacked partials and writes its 1/t, at the HBM's streaming rate; the forward's two (the
+    attention output's and the MLP's second), again under a full recompute. 0 without async
+    TP and under Megatron's plan, whose userbuffers reduce each piece as it arrives."""
+    if not lay.async_tp or lay.tp_plan != "pytorch" or lay.t == 1:
+        return 0.0
+    partials = WEIGHT_BYTES * lay.b * model.s * model.h / lay.c
+    forwards = 2 if lay.recompute == "full" else 1
+    one = partials * (1 + 1 / lay.t) / (cluster.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
+    return forwards * 2 * one
+
+
 def pytorch_sp_copy_s(model, lay, cluster):
     """Seconds of the copy PyTorch's plan adds around one sequence-parallel collective (see
     above): the gathered [b, s, h] tensor read and written at the HBM's streaming rate; 0
@@ -217,4 +237,5 @@ def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
     hidden = forwards * sum(forward) + sum(c for c, _ in backward) - exposed
     unfused = 2 * (one + pytorch_sp_copy_s(model, replace(lay, async_tp=False), cluster)) \
         if pytorch else 0.0
-    return layers * (exposed + unfused + regathers), layers * hidden
+    return (layers * (exposed + unfused + regathers + async_tp_reduce_s(model, lay, cluster)),
+            layers * hidden)

@@ -224,8 +224,9 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   it overlaps the pipeline's sends, which Megatron-LM does only with virtual stages, so
 #   its pipelines are read as interleaved.
 # - **torchtitan on H200** (its `benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md`,
-#   by the Trainy team): Llama 3.1 8B under FSDP on 32 and 64 H200s, compiled, with Float8. Met
-#   after the model's time terms were set, it is a held-out check of them. Its memory rows
+#   by the Trainy team): torchtitan's 8B Llama under FSDP on 32 and 64 H200s, compiled,
+#   with Float8. Met after the model's time terms were set, it is a held-out check of them.
+#   Its memory rows
 #   missed (as the check below the tables prints) and led to a term the model lacked:
 #   from April 2025 torchtitan
 #   compiles its loss too, and a compiled cross entropy keeps the BF16 logits, where the

@@ -413,26 +413,31 @@ for r in rows:
           f"{r.error:>+7.1%}   {measured:.3f}x -> {predicted:.3f}x")
 async_rows = [r for r in rows if "async TP" in r.run.source]
 bf16_async = [r for r in async_rows if r.run.layout.precision == "bf16"]
+below = [r.run.source for r in async_rows if r.ratio[1] <= r.ratio[0]]
 claim("the model predicts more tokens per second than torchtitan measured on every BF16 "
-      "async-TP row, and a larger gain from async TP than was measured on every row",
+      "async-TP row, and a larger gain from async TP than was measured on every row but the "
+      "70B Float8 one of the async-TP benchmark, where it predicts about the gain measured",
       all(r.error > 0 for r in bf16_async)
-      and all(r.ratio[1] > r.ratio[0] for r in async_rows),
+      and below == ["torchtitan async-TP, 70B on 256, Float8 async TP"]
+      and all(abs(r.ratio[1] / r.ratio[0] - 1) < 0.01 for r in async_rows
+              if r.run.source in below),
       numbers="absolute errors " + ", ".join(f"{r.error:+.1%}" for r in rows)
               + "; async TP's predicted gain over the measured one: " + ", ".join(
                   f"{(r.ratio[1] - 1) / (r.ratio[0] - 1):.1f}x" for r in async_rows))
 
 # %% [markdown]
 # In absolute tokens per second the model is too high on both BF16 async-TP rows, by the
-# errors printed above (the Float8 rows' are printed there too), and on every row it
-# predicts a larger gain from async TP than torchtitan measured, by the multiples printed
-# above. It hides each collective that PyTorch's
+# errors printed above (the Float8 rows' are printed there too), and on every row but one
+# it predicts a larger gain from async TP than torchtitan measured, by the multiples printed
+# above; on the benchmark's 70B Float8 row it predicts about the gain measured. It hides each collective that PyTorch's
 # compiler pass fuses up to the GEMM beside it: the forward's four, and in the backward
 # the two all-gathers only, since the other two reduce-scatter a sum of matmuls, which the
 # pass does not fuse. It charges the GEMM's slowdown while a transfer shares the GPU,
 # 18.9 % on average in Lee et al.'s measurements (2025, abstract), and each fused GEMM run
 # as t GEMMs of 1/t of its rows, one per shard, as PyTorch's fused all-gather-matmul runs
-# it; it leaves out the launch cost of each piece. Where the model and the team disagree, the model is missing a
-# cost.
+# it, and the sum its fused matmul-reduce-scatter runs only after the exchange, one
+# memory-bound kernel over every rank's partial output; it leaves out the launch cost of
+# each piece. Where the model and the team disagree, the model is missing a cost.
 #
 # For one job, every technique at a time, the rest of the layout unchanged: Llama 3 70B on
 # 256 H100 as torchtitan's async-TP run had it. DualPipe needs no expert parallelism: "even
@@ -459,7 +464,7 @@ print(gains.table())
 # tenth to a sixth from async TP and about a quarter from Float8, and the cost model, which
 # hides each fused collective up to its GEMM, predicts more tokens per second than was
 # measured on both BF16 async-TP rows, and a larger gain from async TP than was measured on
-# every row.
+# all rows but one.
 # </div>
 #
 # ## Exercise

@@ -241,3 +241,24 @@ def test_costmodel_never_imports_torch():
     for source in package.glob("*.py"):
         text = source.read_text()
         assert "import torch" not in text and "from torch" not in text, source.name
+
+
+def test_the_embeddings_dense_gradient_is_paid_each_micro_batch_on_its_stage():
+    """PyTorch's embedding backward zeroes a gradient of the whole V/t x h table and the
+    framework moves it into its buffer: 2 + 2 bytes, then the reduce dtype written (and read
+    too where Megatron's ZeRO-1/2 adds it into its main grad), on the first stage only."""
+    from dataclasses import replace
+    from lessonlib.costmodel import gemm
+    from lessonlib.costmodel.kernels import embedding_grad_bytes
+    from lessonlib.costmodel.throughput import _stage_microbatch_s
+    m, cluster = MODELS["llama3-8B"], CLUSTERS["dgx-h100"]
+    assert embedding_grad_bytes(m, 2, 4, True) == (2 + 2 + 8) * m.V / 2 * m.h
+    assert embedding_grad_bytes(m, 1, 2, False) == (2 + 2 + 2) * m.V * m.h
+    lay = Layout(t=2, p=2, d=2, b=1, m=4, zero_stage=1, reduce_dtype="fp32")
+    first, other = (_stage_microbatch_s(m, lay, cluster, 16, 0, embedding=e) for e in (1, 0))
+    hbm = cluster.gpu.hbm_bytes_per_s * gemm.HBM_EFFICIENCY
+    assert first[1] - other[1] == pytest.approx(embedding_grad_bytes(m, 2, 4, True) / hbm)
+    fsdp = replace(lay, zero_stage=3, p=1, d=4, global_batch=None)
+    assert _stage_microbatch_s(m, fsdp, cluster, 32, 1)[1] - _stage_microbatch_s(
+        m, fsdp, cluster, 32, 1, embedding=0)[1] == pytest.approx(
+            embedding_grad_bytes(m, 2, 4, False) / hbm)

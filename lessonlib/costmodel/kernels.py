@@ -76,6 +76,28 @@ LOSS_BYTES_BY_KIND = {"eager": LOSS_BYTES, "compiled": COMPILED_LOSS_BYTES,
                       "megatron-fused": MEGATRON_FUSED_LOSS_BYTES}
 
 
+# The input embedding's backward (PyTorch's embedding_dense_backward on CUDA,
+# EmbeddingBackwardKernel.cu: ``at::zeros({num_weights, grad.size(-1)})``, then a scatter of
+# the micro-batch's rows into it) writes a dense gradient of the whole table, V/t x h on a
+# GPU of a vocabulary-parallel embedding, zeroed first: 2 bytes per element (BF16). Then
+# the framework reads it (2) and writes it into its exchange's buffer in the reduce dtype:
+# FSDP2 copies it into its reduce-scatter input (``foreach_reduce``), PyTorch DDP into its
+# bucket; Megatron-Core's ZeRO-1/2 and DDP add it into the persistent main-grad buffer
+# (``param.main_grad.add_(param.grad.data)``, distributed_data_parallel.py, core_v0.8.0),
+# which also reads that buffer. Per micro-batch, on the stage that holds the embedding.
+EMBEDDING_GRAD_ZEROS = 2
+EMBEDDING_GRAD_READ = 2
+
+
+def embedding_grad_bytes(model, t=1, reduce_bytes=4, accumulates=True):
+    """HBM bytes one GPU moves per micro-batch for the input embedding's dense gradient
+    (above): zeroed, read, written into the exchange's buffer in ``reduce_bytes`` per element,
+    and that buffer also read where it ``accumulates`` (Megatron's main grad)."""
+    per_element = (EMBEDDING_GRAD_ZEROS + EMBEDDING_GRAD_READ
+                   + reduce_bytes * (2 if accumulates else 1))
+    return per_element * model.V / t * model.h
+
+
 def loss_bytes(model, b=1, t=1, c=1, loss="eager"):
     """HBM bytes the cross entropy over one micro-batch's logits moves on one GPU, forward
     and backward: b s/c tokens, V/t logits each; ``loss``: how it runs (``Layout.loss``)."""

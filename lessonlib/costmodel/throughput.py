@@ -6,7 +6,8 @@ micro-batch and adds up:
 * compute: the stage's GEMMs (forward, backward, recompute), each at the rate its shape
   allows (``gemm.py``: a roofline under the measured achievable peak, BF16 or FP8);
 * elementwise: memory-bound kernels (layer norm, GeLU, softmax, dropout) streaming the layer's
-  activations through HBM;
+  activations through HBM; the loss over the logits on the last stage, and on the first the
+  input embedding's dense gradient of the whole table (``kernels.embedding_grad_bytes``);
 * TP comm: the tensor-parallel all-reduces (NVLink inside a server; across servers, the
   ports of the group's members together, ``Cluster.group_link``), hidden behind their GEMMs
   under async TP (``overlap.py``);
@@ -44,8 +45,8 @@ from .compute import (attention_core_forward_flops, layer_forward_flops,
                       megatron_flops_per_iteration, model_flops_per_iteration)
 from . import gemm
 from .hardware import Cluster
-from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, loss_bytes,
-                      norm_up_recompute_share, op_recompute_share)
+from .kernels import (BACKWARD_TRAFFIC, eager_layer_forward_bytes, embedding_grad_bytes,
+                      loss_bytes, norm_up_recompute_share, op_recompute_share)
 from .layer_bytes import loss_runs
 from .layout import GRAD_DTYPES, Layout
 from .memory import (WEIGHT_BYTES, MemoryBreakdown, activation_bytes_per_layer, memory_per_gpu,
@@ -156,7 +157,7 @@ class Estimate:
                 f"{'fits' if self.fits else 'does NOT fit'})")
 
 
-def _stage_microbatch_s(model, lay, cluster, layers, logits):
+def _stage_microbatch_s(model, lay, cluster, layers, logits, embedding=1):
     """(gemm, elementwise, tp, pp, cp, ep, contention) seconds of one micro-batch on a stage
     of ``layers`` layers; with context parallelism each of the c ranks does 1/c of the work
     on s/c tokens. Contention: the compute slowed under the transfers it hides
@@ -205,6 +206,8 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits):
         elementwise = layers * passes / c / hbm
     loss = loss_runs(lay.loss, lay.tp_plan == "pytorch", t)
     elementwise += logits * loss_bytes(model, b, t, c, loss) / hbm   # the loss
+    elementwise += embedding * embedding_grad_bytes(      # the embedding's dense gradient
+        model, t, GRAD_DTYPES[lay.reduce_dtype], lay.zero_stage in (1, 2)) / hbm
     elementwise += cp_merge_s(model, lay, layers, hbm)   # CP's float32 merges
     if lay.precision == "fp8":        # the cast kernels around every FP8 GEMM
         elementwise += layers * gemm.fp8_quantization_bytes(
@@ -334,12 +337,13 @@ def timed(est):
     if lay.uneven_stages and lay.p > 1:
         full = (model.L + 2) // lay.p
         first = _stage_microbatch_s(model, lay, cluster, full, logits=0)
-        last = _stage_microbatch_s(model, lay, cluster, full - 1 + mtp, logits=1 + mtp)
+        last = _stage_microbatch_s(model, lay, cluster, full - 1 + mtp, logits=1 + mtp,
+                                   embedding=0)
     else:
         first = _stage_microbatch_s(model, lay, cluster, -(-model.L // lay.p) + (
             mtp if lay.p == 1 else 0), logits=(1 + mtp) if lay.p == 1 else 0)
         last = _stage_microbatch_s(model, lay, cluster, model.L // lay.p + mtp,
-                                   logits=1 + mtp)
+                                   logits=1 + mtp, embedding=int(lay.p == 1))
     if lay.schedule == "dualpipe":    # the first and the last stage on one rank (§3.2.3)
         last = tuple((x + y) / 2 for x, y in zip(first, last))
     per_mb = max(first, last, key=sum)

@@ -430,6 +430,7 @@ def _nemo_long_rows():
                      "seq": 1024 * k}))
     return rows
 
+
 _NEMO_NAMES = {"llama3": "Llama 3", "llama2": "Llama 2", "nemotron-3": "Nemotron-3",
                "nemotron-4": "Nemotron-4"}
 

@@ -217,3 +217,19 @@ def test_an_exchange_runs_as_buckets_or_units_each_paying_its_latency():
     buckets = _exchange_s(zero1, 8e9, 64, 64, 50e9, 1e-5)
     for one, many in zip(once, buckets):       # the gathers, then the reduce-scatters
         assert many - one == pytest.approx(124 * 63 * 1e-5)
+
+
+def test_fsdp2_copies_each_gathered_unit_and_each_gradient_on_the_compute_stream():
+    """foreach_all_gather_copy_out after every gather (16 bits read and written) and
+    foreach_reduce_scatter_copy_in before the reduce-scatter (16 bits read, the reduce dtype
+    written): under ZeRO-3 only, over more than one GPU."""
+    from lessonlib.costmodel.axes import fsdp_copies_s
+    from lessonlib.costmodel.memory import stage_params
+    m, hbm = MODELS["llama3-8B"], 1e12
+    lay = Layout(d=8, b=2, m=1, zero_stage=3, recompute="none", reduce_dtype="fp32")
+    params = stage_params(m, 1, 1)
+    assert fsdp_copies_s(m, lay, hbm) == pytest.approx((2 * 4 + 2 + 4) * params / hbm)
+    assert fsdp_copies_s(m, replace(lay, recompute="full"), hbm) == pytest.approx(
+        (3 * 4 + 2 + 4) * params / hbm)
+    for other in (replace(lay, zero_stage=1), replace(lay, d=1, global_batch=None)):
+        assert fsdp_copies_s(m, other, hbm) == 0.0

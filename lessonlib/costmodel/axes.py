@@ -24,7 +24,12 @@ parallelism and sharded data parallelism add to a step, and where the rank order
   unit) runs under the last micro-batch's backward, all but the last unit's, FSDP's
   gathers under the rest of the step's compute, and ZeRO-1/2's one gather of the updated
   weights under the next step's first forward, all but the first unit's (Megatron-Core's
-  ``overlap_param_gather``).
+  ``overlap_param_gather``). FSDP2 also copies each gathered unit into its parameters and
+  each unit's gradients into the reduce-scatter's input on the compute stream
+  (``fsdp_copies_s``).
+
+One job: what the axes beyond t and p add to a step; it runs past 300 lines because each
+of the three has its own collectives and its own rule for what hides them.
 
 Pure arithmetic, called by ``throughput.estimate``; with c = e = 1 and no shard group each
 function gives exactly what the estimate gave before these axes existed.
@@ -197,16 +202,37 @@ def _exchange_once_s(lay, params, group, shard, bandwidth, latency):
             ring_reduce_scatter_time_s
         return (ring_all_gather_time_s(group, weights, bandwidth, latency),
                 reduce(group, grads, bandwidth, latency))
-    # ZeRO-3 gathers the weights before every forward, recompute and backward of every
-    # micro-batch, and reduce-scatters the gradients once (ZeRO §7.2: 1.5x at m=1). Under a
-    # pipeline of several micro-batches the weights are gathered once a step and kept
-    # (torchtitan's ``apply_fsdp``: no reshard after the forward "to avoid per-microbatch
-    # all-gathers"), as ``memory.memory_per_gpu`` holds them.
-    gathers = 1 if lay.p > 1 and lay.m > 1 else lay.m * (3 if lay.recompute == "full" else 2)
     rest = ring_reduce_scatter_time_s(shard, grads, bandwidth, latency)
     if shard < group:   # HSDP: the shard's gradients all-reduced across the groups
         rest += ring_allreduce_time_s(group // shard, grads / shard, bandwidth, latency)
-    return gathers * ring_all_gather_time_s(shard, weights, bandwidth, latency), rest
+    return zero3_gathers(lay) * ring_all_gather_time_s(shard, weights, bandwidth, latency), rest
+
+
+def zero3_gathers(lay):
+    """How often a step all-gathers each ZeRO-3 unit's weights: before every forward,
+    recompute and backward of every micro-batch (the gradients are reduce-scattered once, ZeRO
+    §7.2: 1.5x at m=1); under a pipeline of several micro-batches once a step, kept
+    (torchtitan's ``apply_fsdp``: no reshard after the forward "to avoid per-microbatch
+    all-gathers"), as ``memory.memory_per_gpu`` holds them."""
+    return 1 if lay.p > 1 and lay.m > 1 else lay.m * (3 if lay.recompute == "full" else 2)
+
+
+def fsdp_copies_s(model, lay, hbm_bytes_per_s):
+    """Seconds a step spends on FSDP2's copies on the compute stream, memory-bound: after
+    each all-gather, ``split_with_sizes_copy`` from the gathered buffer into the unit's
+    parameters, 16 bits read and written (``foreach_all_gather_copy_out``, run on the current
+    stream once the gather's event is waited for); before each reduce-scatter, ``chunk_cat``
+    of the 16-bit gradients into its input in the reduce dtype
+    (``foreach_reduce_scatter_copy_in``, run before the reduce-scatter stream waits on the
+    current one; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, torch 2.13).
+    FSDP2 since torchtitan's first release (its ``fully_shard``). 0 but under ZeRO-3 over
+    more than one GPU."""
+    if lay.zero_stage != 3 or (lay.shard_group or lay.d) * lay.c == 1:
+        return 0.0
+    params = stage_params(model, lay.t, lay.p, lay.e, lay.uneven_stages, lay.schedule)
+    per_param = (zero3_gathers(lay) * 2 * WEIGHT_BYTES
+                 + WEIGHT_BYTES + GRAD_DTYPES[lay.reduce_dtype])
+    return per_param * params / hbm_bytes_per_s
 
 
 def dp_time_s(model, lay, cluster, busy_s, comm_efficiency, dp_overlap):

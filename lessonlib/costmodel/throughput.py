@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from .axes import cp_merge_s, cp_ring_s, dp_time_s, ep_alltoall_s
+from .axes import cp_merge_s, cp_ring_s, dp_time_s, ep_alltoall_s, fsdp_copies_s
 from .bubble import bubble_fraction as _bubble_fraction
 from .comm import group_spans_nodes, pp_elements_per_boundary, ring_all_gather_time_s
 from .compute import (attention_core_forward_flops, layer_forward_flops,
@@ -349,7 +349,10 @@ def timed(est):
     per_mb = max(first, last, key=sum)
     slot = sum(per_mb)
     m = lay.m
-    time = {"compute": m * per_mb[0], "elementwise": m * per_mb[1], "tp_comm": m * per_mb[2],
+    hbm = cluster.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
+    time = {"compute": m * per_mb[0],
+            "elementwise": m * per_mb[1] + fsdp_copies_s(model, lay, hbm),   # FSDP2's copies
+            "tp_comm": m * per_mb[2],
             "pp_comm": m * per_mb[3],
             # (p-1)/v micro-batch slots idle per step; as a share of the busy time this is
             # bubble_fraction(p, m, v, "ideal") (Megatron-LM 2021 §2.2).

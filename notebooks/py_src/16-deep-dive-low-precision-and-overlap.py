@@ -428,16 +428,17 @@ claim("the model predicts more tokens per second than torchtitan measured on eve
 # %% [markdown]
 # In absolute tokens per second the model is too high on both BF16 async-TP rows, by the
 # errors printed above (the Float8 rows' are printed there too), and on every row but one
-# it predicts a larger gain from async TP than torchtitan measured, by the multiples printed
-# above; on the benchmark's 70B Float8 row it predicts about the gain measured. It hides each collective that PyTorch's
-# compiler pass fuses up to the GEMM beside it: the forward's four, and in the backward
-# the two all-gathers only, since the other two reduce-scatter a sum of matmuls, which the
-# pass does not fuse. It charges the GEMM's slowdown while a transfer shares the GPU,
-# 18.9 % on average in Lee et al.'s measurements (2025, abstract), and each fused GEMM run
-# as t GEMMs of 1/t of its rows, one per shard, as PyTorch's fused all-gather-matmul runs
-# it, and the sum its fused matmul-reduce-scatter runs only after the exchange, one
-# memory-bound kernel over every rank's partial output; it leaves out the launch cost of
-# each piece. Where the model and the team disagree, the model is missing a cost.
+# it predicts a larger gain from async TP than torchtitan measured, by the multiples
+# printed above; on the benchmark's 70B Float8 row it predicts about the gain measured. It
+# hides each collective that PyTorch's compiler pass fuses up to the GEMM beside it: the
+# forward's four, and in the backward the two all-gathers only, since the other two
+# reduce-scatter a sum of matmuls, which the pass does not fuse. It charges the GEMM's
+# slowdown while a transfer shares the GPU, 18.9 % on average in Lee et al.'s measurements
+# (2025, abstract), and each fused GEMM run as t GEMMs of 1/t of its rows, one per shard,
+# as PyTorch's fused all-gather-matmul runs it, and the sum its fused matmul-reduce-scatter
+# runs only after the exchange, one memory-bound kernel over every rank's partial output;
+# it leaves out the launch cost of each piece. Where the model and the team disagree, the
+# model is missing a cost.
 #
 # For one job, every technique at a time, the rest of the layout unchanged: Llama 3 70B on
 # 256 H100 as torchtitan's async-TP run had it. DualPipe needs no expert parallelism: "even

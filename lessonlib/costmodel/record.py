@@ -363,15 +363,22 @@ _NEMO_NOTE = ("Megatron-Core under NeMo: Transformer Engine's layers, so attenti
               "TFLOP/s by Megatron-LM's count, which NeMo's uses")
 
 
+def _nemo_layout(t, **settings):
+    """A layout as NeMo runs Megatron-Core (``_NEMO_NOTE``): the distributed optimizer with
+    its exchange overlapped, SP with t > 1, Transformer Engine's cuDNN attention and, in FP8,
+    its delayed scaling; ``settings`` the rest of the row's."""
+    return Layout(t=t, zero_stage=1, sequence_parallel=t > 1, fp8_scaling="te",
+                  attention_kernel="cudnn", overlap_comm=True, **settings)
+
+
 def _nemo_rows():
     rows = []
     for name, gpus, batch, mbs, seq, t, p, c, v, tokens, tflops in NEMO_2407:
         d = gpus // (t * p * c)
         settings = {"recompute": SILENT["recompute"], "reduce_dtype": "fp32",
                     "loss": "megatron", **NEMO_2407_CONFIG[name]}
-        lay = Layout(t=t, p=p, c=c, d=d, v=v, b=mbs, global_batch=batch, zero_stage=1,
-                     sequence_parallel=t > 1, precision="fp8", fp8_scaling="te",
-                     attention_kernel="cudnn", overlap_comm=True, **settings)
+        lay = _nemo_layout(t, p=p, c=c, d=d, v=v, b=mbs, global_batch=batch, precision="fp8",
+                           **settings)
         model = MODELS[name]
         family, size = name.rsplit("-", 1)
         rows.append(PublishedRun(
@@ -384,11 +391,9 @@ def _nemo_rows():
             in NEMO_2407_GPT3:
         vocab = -(-GPT2_VOCAB // (128 * t)) * 128 * t
         model = GPT(L, h, a, 2048, vocab, f"nemo-gpt3-{size}", ffn=4 * h, mlp="gelu")
-        lay = Layout(t=t, p=p, d=gpus // (t * p), v=v, b=mbs, global_batch=batch,
-                     zero_stage=1, sequence_parallel=t > 1, precision="fp8",
-                     fp8_scaling="te", attention_kernel="cudnn", overlap_comm=True,
-                     recompute=SILENT["recompute"], reduce_dtype="fp32", loss="megatron",
-                     async_tp=tp_overlap, overlap_p2p=p2p_overlap)
+        lay = _nemo_layout(t, p=p, d=gpus // (t * p), v=v, b=mbs, global_batch=batch,
+                           precision="fp8", recompute=SILENT["recompute"], reduce_dtype="fp32",
+                           loss="megatron", async_tp=tp_overlap, overlap_p2p=p2p_overlap)
         rows.append(PublishedRun(
             f"NeMo 24.07 DGX-H100, GPT-3 {size} FP8 on {gpus}", model, "dgx-h100", lay,
             "tokens", tokens, "", note=_NEMO_NOTE + "; the GPT-3 rows: NEMO_2407_GPT3",
@@ -418,10 +423,8 @@ NEMO_2403_LONG = [(4, 4, 1024, 1, 1, 4, 1, 768), (8, 8, 512, 1, 2, 4, 1, 730),
 def _nemo_long_rows():
     rows = []
     for k, gpus, batch, t, p, d, c, tflops in NEMO_2403_LONG:
-        lay = Layout(t=t, p=p, c=c, d=d, b=1, global_batch=batch, zero_stage=1,
-                     sequence_parallel=t > 1, precision="fp8", fp8_scaling="te",
-                     attention_kernel="cudnn", overlap_comm=True, recompute="none",
-                     reduce_dtype="fp32", loss="megatron")
+        lay = _nemo_layout(t, p=p, c=c, d=d, b=1, global_batch=batch, precision="fp8",
+                           recompute="none", reduce_dtype="fp32", loss="megatron")
         rows.append(PublishedRun(
             f"NeMo 24.03 long sequence, Llama 2 7B FP8, {k}K", replace(
                 MODELS["llama2-7B"], s=1024 * k), "dgx-h100", lay, "tflops", tflops,
@@ -652,10 +655,9 @@ def _dgxc_table_rows(release, name, shape, tables, config, note):
     settings = {"recompute": SILENT["recompute"], **config}
     for precision, columns in tables.items():
         for gpus, (batch, seconds) in columns.items():
-            lay = Layout(t=t, p=p, c=c, d=gpus // (t * p * c), v=v, b=mbs, global_batch=batch,
-                         zero_stage=1, sequence_parallel=t > 1, precision=precision,
-                         fp8_scaling="te", attention_kernel="cudnn", reduce_dtype="bf16",
-                         overlap_comm=True, loss="megatron-fused", **settings)
+            lay = _nemo_layout(t, p=p, c=c, d=gpus // (t * p * c), v=v, b=mbs,
+                               global_batch=batch, precision=precision, reduce_dtype="bf16",
+                               loss="megatron-fused", **settings)
             rows.append(PublishedRun(
                 f"NVIDIA DGXC {release}, {_DGXC_NAMES[name]} {precision.upper()} on {gpus}",
                 model, "dgx-h100", lay, "seconds", seconds, "", note=note,

@@ -274,3 +274,26 @@ def test_a_verdict_on_a_row_measured_against_another_names_its_own_error():
     from lessonlib.costmodel.published import explain_versus_planner, published_runs
     run = next(r for r in published_runs() if r.source.endswith("8B FSDP on 8, compile"))
     assert run.versus and explain_versus_planner(run).startswith(run.source)
+
+
+def test_the_gap_is_sized_against_the_attention_it_would_come_from():
+    """``attention_time_s`` is the attention cores' share of the step the estimate already
+    holds (selective recompute adds exactly one forward of them to the compute), and ``attention_gap``
+    measures a row's miss in that time: zero where the prediction meets the figure, the
+    published step recovered from a rate by scaling the predicted one."""
+    from dataclasses import replace
+    from lessonlib.costmodel.published import attention_gap, published_step_s
+    from lessonlib.costmodel.throughput import attention_time_s, layer_attention_s
+    row = next(r for r in ROWS if r.run.source.endswith("Llama 2 7B FP8, 1024K"))
+    est, lay = row.estimate, row.run.layout
+    forward, backward = layer_attention_s(est.model, lay, est.cluster.gpu)
+    assert attention_time_s(est) == pytest.approx(lay.m * est.model.L * (forward + backward))
+    again = estimate(est.model, replace(lay, recompute="selective"), est.cluster)
+    assert (again.time["compute"] - est.time["compute"] == pytest.approx(
+        attention_time_s(again) - attention_time_s(est)))
+    assert published_step_s(row) == pytest.approx(
+        est.step_time_s * (1 + row.error))          # a rate 22 % high: a step 22 % short
+    met = replace(row, predicted=row.run.published, error=0.0)
+    assert attention_gap(met)[1] == pytest.approx(0.0, abs=1e-12)
+    share, gap = attention_gap(row)
+    assert 0.5 < share < 1 and gap == pytest.approx(row.error / share)

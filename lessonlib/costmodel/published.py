@@ -25,7 +25,7 @@ from .hardware import CLUSTERS, GiB
 from .layout import DEGREE_FREE
 from .planner import separating_terms
 from .record import memory_runs, published_runs
-from .throughput import estimate, memory_estimate
+from .throughput import attention_time_s, estimate, memory_estimate
 
 
 def cluster_of(run):
@@ -120,6 +120,26 @@ def error_summary(errors):
     if not errors:
         return None, None
     return median(abs(e) for e in errors), max(errors, key=abs)
+
+
+def published_step_s(row):
+    """The step time a time row's published figure implies: the figure itself for a step
+    time, else the predicted step scaled by predicted over published (TFLOP/s, MFU and
+    tokens/s per GPU each run inversely to the step)."""
+    if row.run.metric == "seconds":
+        return row.run.published
+    return row.estimate.step_time_s * row.predicted / row.run.published
+
+
+def attention_gap(row):
+    """(attention's share of the predicted step, the gap between the published and the
+    predicted step as a share of the predicted attention time) for a time row
+    (``throughput.attention_time_s``). Where rows whose attention share differs widely
+    all miss by about the same share of their attention time, the cost the model lacks
+    grows with attention, not with the rest of the step."""
+    attention = attention_time_s(row.estimate)
+    step = row.estimate.step_time_s
+    return attention / step, (published_step_s(row) - step) / attention
 
 
 # A row the model misses by more than this is missed (``published_report``'s count, and

@@ -157,6 +157,31 @@ class Estimate:
                 f"{'fits' if self.fits else 'does NOT fit'})")
 
 
+def layer_attention_s(model, lay, gpu):
+    """(forward, backward) seconds of one layer's attention core (the score products and
+    their softmax) for one micro-batch on one GPU: today's layers one fused kernel at its
+    measured rate (``gemm.fused_attention_s``), Megatron-LM 2021's two GEMMs per head, its
+    backward twice their time."""
+    if not model.legacy:
+        return gemm.fused_attention_s(model, lay.b, gpu, lay.t, lay.c,
+                                      ulysses=lay.cp_comm == "ulysses",
+                                      kernel=lay.attention_kernel)
+    attention = gemm.layer_gemm_time_s(model, lay.b, gpu, kinds=("attention",), t=lay.t,
+                                       c=lay.c, e=lay.e, precision=lay.precision)
+    return attention, 2 * attention
+
+
+def attention_time_s(est):
+    """Seconds of a step's attention cores on the first stage's GPU (``layer_attention_s``
+    for each of its layers and micro-batches, the forward run again under full or selective
+    recompute): how much of ``est``'s step a slower or a repeated attention would move."""
+    model, lay = est.model, est.layout
+    forward, backward = layer_attention_s(model, lay, est.cluster.gpu)
+    again = forward if lay.recompute in ("full", "selective") else 0.0
+    layers = -(-model.L // lay.p)
+    return lay.m * layers * (forward + backward + again) / (1 - lay.comm_sm_share)
+
+
 def _stage_microbatch_s(model, lay, cluster, layers, logits, embedding=1):
     """(gemm, elementwise, tp, pp, cp, ep, contention) seconds of one micro-batch on a stage
     of ``layers`` layers; with context parallelism each of the c ranks does 1/c of the work
@@ -173,13 +198,7 @@ def _stage_microbatch_s(model, lay, cluster, layers, logits, embedding=1):
     # Engine's fused kernel included, in ``tensor_parallel.checkpoint`` whenever
     # recompute_granularity is 'selective' (core_v0.8.0, transformer/attention.py,
     # ``checkpoint_core_attention``), though the fused kernel saves no s x s tensor
-    fused = not model.legacy
-    if fused:
-        attention, attention_backward = gemm.fused_attention_s(
-            model, b, gpu, t, c, ulysses=lay.cp_comm == "ulysses", kernel=lay.attention_kernel)
-    else:
-        attention = gemm.layer_gemm_time_s(model, b, gpu, kinds=("attention",), **shape)
-        attention_backward = 2 * attention
+    attention, attention_backward = layer_attention_s(model, lay, gpu)
     recompute = {"none": 0.0, "full": linear + attention,
                  "selective": attention,
                  "op": op_recompute_share(model) * linear,

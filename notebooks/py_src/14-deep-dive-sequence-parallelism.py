@@ -320,9 +320,10 @@ actviz.activation_widget(measured)
 # Nothing here is fitted to these tables, nor to any other: a GEMM runs at the rate its
 # shape allows under the A100's measured maximum achievable matmul rate (a published sweep),
 # and the memory-bound kernels' passes are counted, so each row is a **check**. Table 4
-# times one layer of a 22B model (t = 8, micro-batch 4) on A100s; the model's layer time is
-# the difference of two one-stage estimates (L = 2 minus L = 1). Table 5 times whole
-# iterations.
+# times one layer of a 22B model (t = 8, micro-batch 4) on A100s, its forward and backward;
+# the model's layer time is the difference of two one-stage estimates (L = 2 minus L = 1),
+# less the optimizer's step, which grows with the layers' weights but is no part of a
+# layer's forward or backward. Table 5 times whole iterations.
 
 # %%
 # NBVAL_CHECK_OUTPUT

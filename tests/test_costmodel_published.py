@@ -278,9 +278,9 @@ def test_a_verdict_on_a_row_measured_against_another_names_its_own_error():
 
 def test_the_gap_is_sized_against_the_attention_it_would_come_from():
     """``attention_time_s`` is the attention cores' share of the step the estimate already
-    holds (selective recompute adds exactly one forward of them to the compute), and ``attention_gap``
-    measures a row's miss in that time: zero where the prediction meets the figure, the
-    published step recovered from a rate by scaling the predicted one."""
+    holds (selective recompute adds exactly one forward of them to the compute), and
+    ``attention_gap`` measures a row's miss in that time: zero where the prediction meets
+    the figure, the published step recovered from a rate by scaling the predicted one."""
     from dataclasses import replace
     from lessonlib.costmodel.published import attention_gap, published_step_s
     from lessonlib.costmodel.throughput import attention_time_s, layer_attention_s
@@ -292,7 +292,7 @@ def test_the_gap_is_sized_against_the_attention_it_would_come_from():
     assert (again.time["compute"] - est.time["compute"] == pytest.approx(
         attention_time_s(again) - attention_time_s(est)))
     assert published_step_s(row) == pytest.approx(
-        est.step_time_s * (1 + row.error))          # a rate 22 % high: a step 22 % short
+        est.step_time_s * (1 + row.error))    # a rate 22 % high: the real step 22 % longer
     met = replace(row, predicted=row.run.published, error=0.0)
     assert attention_gap(met)[1] == pytest.approx(0.0, abs=1e-12)
     share, gap = attention_gap(row)

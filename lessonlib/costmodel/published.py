@@ -131,15 +131,26 @@ def published_step_s(row):
     return row.estimate.step_time_s * row.predicted / row.run.published
 
 
+def gap_shares(row):
+    """The gap between a time row's published and predicted step in units of each part of
+    the predicted step that takes any time (``Estimate.time``'s parts, and "attention", the
+    attention cores inside "compute": ``throughput.attention_time_s``): -1.0 for a part
+    means the run took the predicted step less that whole part. A miss the size of one part
+    says where to look first; it does not say the part is wrong."""
+    est = row.estimate
+    gap = published_step_s(row) - est.step_time_s
+    parts = {**est.time, "attention": attention_time_s(est)}
+    return {part: gap / seconds for part, seconds in parts.items() if seconds > 0}
+
+
 def attention_gap(row):
     """(attention's share of the predicted step, the gap between the published and the
     predicted step as a share of the predicted attention time) for a time row
-    (``throughput.attention_time_s``). Where rows whose attention share differs widely
-    all miss by about the same share of their attention time, the cost the model lacks
-    grows with attention, not with the rest of the step."""
-    attention = attention_time_s(row.estimate)
-    step = row.estimate.step_time_s
-    return attention / step, (published_step_s(row) - step) / attention
+    (``gap_shares``). Where rows whose attention share differs widely all miss by about the
+    same share of their attention time, the cost the model lacks grows with attention, not
+    with the rest of the step."""
+    return (attention_time_s(row.estimate) / row.estimate.step_time_s,
+            gap_shares(row)["attention"])
 
 
 # A row the model misses by more than this is missed (``published_report``'s count, and

@@ -300,18 +300,19 @@ def test_the_gap_is_sized_against_the_attention_it_would_come_from():
 
 
 def test_a_miss_is_sized_in_each_part_of_the_step():
-    """``gap_shares`` gives the gap in units of every part of the step that takes time: a
-    run that took the predicted step less its whole exposed data-parallel exchange reads
-    -1 in "dp_comm" (here built from a TFLOP/s row, whose step runs inversely to its
-    figure); a row met exactly has no gap in any unit."""
+    """``gap_share`` gives the gap in units of one part of the step: a run that took the
+    predicted step less its whole exposed data-parallel exchange reads -1 in "dp_comm"
+    (here built from a TFLOP/s row, whose step runs inversely to its figure); a row met
+    exactly has no gap in any unit; a part the step spends no time in is refused."""
     from dataclasses import replace
-    from lessonlib.costmodel.published import gap_shares
+    from lessonlib.costmodel.published import gap_share
     row = next(r for r in ROWS if r.run.source == "Megatron-Core weak scaling, GPT 32B")
     step, exchange = row.estimate.step_time_s, row.estimate.time["dp_comm"]
     assert row.run.metric == "tflops" and exchange > 0
     hidden = replace(row, run=replace(row.run, published=row.predicted * step / (step - exchange)))
-    shares = gap_shares(hidden)
-    assert set(shares) >= {"compute", "dp_comm", "attention"}
-    assert shares["dp_comm"] == pytest.approx(-1.0)
+    assert gap_share(hidden, "dp_comm") == pytest.approx(-1.0)
     met = replace(row, predicted=row.run.published, error=0.0)
-    assert all(share == pytest.approx(0.0, abs=1e-12) for share in gap_shares(met).values())
+    for part in ("compute", "dp_comm", "attention"):
+        assert gap_share(met, part) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="part='bubble'.*spends no time"):
+        gap_share(row, "bubble")

@@ -131,26 +131,30 @@ def published_step_s(row):
     return row.estimate.step_time_s * row.predicted / row.run.published
 
 
-def gap_shares(row):
-    """The gap between a time row's published and predicted step in units of each part of
-    the predicted step that takes any time (``Estimate.time``'s parts, and "attention", the
-    attention cores inside "compute": ``throughput.attention_time_s``): -1.0 for a part
-    means the run took the predicted step less that whole part. A miss the size of one part
-    says where to look first; it does not say the part is wrong."""
+def gap_share(row, part):
+    """The gap between a time row's published and predicted step in units of one ``part``
+    of the predicted step: one of ``Estimate.time``'s parts, or "attention", the attention
+    cores inside "compute" (``throughput.attention_time_s``). -1.0 means the run took the
+    predicted step less that whole part. A miss the size of one part says where to look
+    first; it does not say the part is wrong. ValueError for a part the step spends no
+    time in."""
     est = row.estimate
-    gap = published_step_s(row) - est.step_time_s
-    parts = {**est.time, "attention": attention_time_s(est)}
-    return {part: gap / seconds for part, seconds in parts.items() if seconds > 0}
+    seconds = attention_time_s(est) if part == "attention" else est.time.get(part, 0.0)
+    if seconds <= 0:
+        spent = [name for name, value in est.time.items() if value > 0]
+        raise ValueError(f"part={part!r}: this step spends no time there; use 'attention' "
+                         f"or one of {', '.join(spent)}")
+    return (published_step_s(row) - est.step_time_s) / seconds
 
 
 def attention_gap(row):
     """(attention's share of the predicted step, the gap between the published and the
     predicted step as a share of the predicted attention time) for a time row
-    (``gap_shares``). Where rows whose attention share differs widely all miss by about the
+    (``gap_share``). Where rows whose attention share differs widely all miss by about the
     same share of their attention time, the cost the model lacks grows with attention, not
     with the rest of the step."""
     return (attention_time_s(row.estimate) / row.estimate.step_time_s,
-            gap_shares(row)["attention"])
+            gap_share(row, "attention"))
 
 
 # A row the model misses by more than this is missed (``published_report``'s count, and

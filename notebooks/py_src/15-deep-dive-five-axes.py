@@ -168,7 +168,7 @@ claim("on torchtitan's 8B context-parallel sweep it is not: within a tenth of at
       all(abs(g) < 0.1 for g in titan[:2]) and all(g > 0.25 for g in titan[2:]),
       numbers=", ".join(f"CP {r.run.layout.c} {g:+.0%}" for r, g in zip(sweep, titan)))
 mcore = next(r for r in record if r.run.source.endswith("GPT 32B"))
-exchange = pub.gap_shares(mcore)["dp_comm"]            # the gap, in exposed exchanges
+exchange = pub.gap_share(mcore, "dp_comm")            # the gap, in exposed exchanges
 whole = pub.published_rows([replace(mcore.run, layout=replace(mcore.run.layout, b=4, m=1))])[0]
 claim("Megatron-Core's GPT 32B misses by about its whole exposed data-parallel exchange, and "
       "is met with its four sequences in one micro-batch, whose backward hides it",
@@ -260,7 +260,7 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   overlaps it ran and Megatron-LM's defaults give the rest (a GeLU MLP, an unfused loss);
 #   it overlaps the pipeline's sends, which Megatron-LM does only with virtual stages, so
 #   its pipelines are read as interleaved. Its worst miss, the GPT 32B, is the size of its
-#   whole exposed data-parallel exchange (`published.gap_shares`, checked below the
+#   whole exposed data-parallel exchange (`published.gap_share`, checked below the
 #   tables): read at one sequence per micro-batch, as every row whose team prints none is,
 #   its float32 gradients wait for the last micro-batch's backward (Megatron-Core's
 #   `schedules.py`), too short to hide them; with its four sequences in one micro-batch the

@@ -249,9 +249,9 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 #   context-parallel sweeps. How large the missing cost is says where to look
 #   (`published.attention_gap`): on every row of NeMo's table, with or without context
 #   parallelism, the run took longer than predicted by about a quarter of the model's
-#   attention time, while attention's share of the step grows fivefold. So the cost grows
-#   with attention: that container's cuDNN attention ran slower than the 2024 rates the
-#   model reads, or attention ran once more. Neither has a source: no rate of that cuDNN
+#   attention time, while attention's share of the step grows nearly fivefold. So the cost
+#   grows with attention: that container's cuDNN attention ran slower than the 2024 rates
+#   the model reads, or attention ran once more. Neither has a source: no rate of that cuDNN
 #   is published, and NeMo's own long-context configs (launcher `24.05`, e.g.
 #   `gpt3/5b_64k.yaml`) set no recompute, so the model charges neither and the rows stay
 #   missed. The same measure tells torchtitan's 8B sweep apart: there the gap appears only

@@ -7,6 +7,8 @@
     python -m lessonlib.costmodel --table1
     python -m lessonlib.costmodel --published    # every published run, predicted vs measured,
                                                  # the error's median and worst
+    python -m lessonlib.costmodel --measured data/measured_runs_example.csv  # your own runs:
+                                                 # the error, and each job's layouts ranked
     python -m lessonlib.costmodel --model llama3-405B --seq 131072 --t 8 --c 16 --p 16 \
         --gpus 16384 --global-batch 128 --cluster dgx-h100 --zero 1 --recompute full
     python -m lessonlib.costmodel --model deepseek-v3 --p 16 --e 64 --gpus 2048 \
@@ -22,7 +24,7 @@ with status 2, before anything is estimated; so do flags argparse cannot read.
 import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from lessonlib.argcheck import positive_int
 
@@ -34,6 +36,7 @@ from .kernels import KERNELS
 from .layout import (ATTENTION_KERNELS, CP_COMM, DEGREE_FREE, GRAD_DTYPES, LOSSES, TP_PLANS,
                      ZERO_REDUCES)
 from .megatron2021 import table1_report
+from .measured import judge, measured_report, read_runs
 from .memory import RECOMPUTE_MODES
 from .model import GPT, MODELS, get_model
 from .planner import PLAN_SCHEDULES, plan
@@ -122,6 +125,10 @@ def build_parser():
                      help="compare with Megatron-LM 2021 Table 1 and exit")
     out.add_argument("--published", action="store_true",
                      help="every published run the course quotes, predicted, and exit")
+    out.add_argument("--measured", metavar="CSV",
+                     help="your measured runs (a CSV, lessonlib/costmodel/measured.py): the "
+                          "error per run and whether the model ranks each job's layouts in "
+                          "the measured order")
     out.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return ap
 
@@ -215,6 +222,17 @@ def _run(args):
         return table1_report()
     if args.published:
         return published_report() + "\n\n" + memory_report()
+    if args.measured:
+        runs = read_runs(args.measured)
+        if not args.json:
+            return measured_report(runs)
+        result = judge(runs)
+        return _json({"runs": [{"name": r.run.source, "metric": r.run.metric,
+                                "measured": r.run.published, "predicted": r.predicted,
+                                "error": r.error, "predicted_gib": gib, "measured_gib": peak,
+                                "fits": fits}
+                               for r, (gib, peak, _, fits) in zip(result.rows, result.memory)],
+                      "jobs": [asdict(job) for job in result.jobs]})
     model, cluster = _model(args), _cluster(args)
     if args.plan5:
         if args.gpus is None or args.global_batch is None:

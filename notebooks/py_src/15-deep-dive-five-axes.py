@@ -197,6 +197,29 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
               + ", ".join(f"{r.error:+.0%}" for r in h200))
 
 # %% [markdown]
+# **Your own runs.** The record holds what teams chose to publish; the runs that matter to
+# you are your own. `python -m lessonlib.costmodel --measured runs.csv` reads a CSV of runs
+# you measured, one per line (the model, the cluster, the layout's settings by name and one
+# measured figure; `costmodel/measured.py` lists the columns), predicts each as the record
+# is predicted, and then, job by job (one model on one cluster and GPU count), counts the
+# pairs of layouts it puts in the order they ran: to choose a layout, the order matters as
+# much as the number. `data/measured_runs_example.csv` holds torchtitan's benchmark runs so:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from lessonlib.costmodel import measured
+
+example = measured.read_runs(measured.EXAMPLE_CSV)
+print(measured.measured_report(example))
+jobs = measured.judge(example).jobs
+wrong = [job for job in jobs if job.agree < job.pairs]
+claim("the model orders every pair of torchtitan's layouts as they ran but one, and its "
+      "first choice in every job ran fastest",
+      sum(j.pairs - j.agree for j in jobs) == 1 and all(j.first_choice == 1 for j in jobs),
+      numbers=f"{sum(j.agree for j in jobs)} of {sum(j.pairs for j in jobs)} pairs; out of "
+              f"order in {wrong[0].job}")
+
+# %% [markdown]
 # How each row is read, from its note in `costmodel/record.py`. No row is read on its own:
 # its settings follow its table's columns (a test fails if they contradict them), and what
 # no table prints takes one default for every row (`record.SILENT`: one sequence per

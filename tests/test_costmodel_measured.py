@@ -2,6 +2,7 @@
 the same runs the record holds, the error as ``--published`` computes it, each job's layouts
 ranked, and one clear line for a cell that cannot be read."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -50,7 +51,7 @@ def _write(tmp_path, header, *lines):
 
 def _layouts():
     """Four layouts of Llama 3 8B (4K tokens) on 16 H100s, and their predicted tokens/s."""
-    model = MODELS["llama3-8B"].__class__(**{**MODELS["llama3-8B"].__dict__, "s": 4096})
+    model = replace(MODELS["llama3-8B"], s=4096)
     cells = [dict(t=1, p=1, d=16, zero_stage=3, recompute="none"),
              dict(t=2, p=1, d=8, zero_stage=1, recompute="selective", sequence_parallel=True),
              dict(t=1, p=2, d=8, zero_stage=1, recompute="full"),

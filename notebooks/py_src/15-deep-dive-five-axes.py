@@ -217,7 +217,7 @@ claim("the model orders every pair of torchtitan's layouts as they ran but one, 
       "first choice in every job ran fastest",
       sum(j.pairs - j.agree for j in jobs) == 1 and all(j.first_choice == 1 for j in jobs),
       numbers=f"{sum(j.agree for j in jobs)} of {sum(j.pairs for j in jobs)} pairs; out of "
-              f"order in {wrong[0].job}")
+              f"order in {'; '.join(job.job for job in wrong) or 'none'}")
 
 # %% [markdown]
 # How each row is read, from its note in `costmodel/record.py`. No row is read on its own:

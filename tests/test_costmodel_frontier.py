@@ -15,6 +15,24 @@ def test_preset_params_within_one_percent_of_published(name):
     assert MODELS[name].params() == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
 
 
+def test_a_tied_shape_with_rotary_positions_keeps_no_position_table():
+    """Llama 3.2 ties its output layer to the embedding but rotates positions: no s x h table
+    in its parameters or on its first stage, at any sequence length; GPT-2's tied shape
+    keeps one; Megatron-LM 2021's layer cannot drop it (Eq. 2 counts it)."""
+    from lessonlib.costmodel.memory import stage_params
+    small = MODELS["llama3.2-1B"]
+    assert small.tied_embeddings and not small.keeps_position_table
+    assert small.params() == 16 * small.layer_params() + small.V * small.h
+    longer = replace(small, s=131072)
+    assert longer.params() == small.params()
+    assert stage_params(longer, 1, 1) == stage_params(small, 1, 1)
+    gpt2 = MODELS["gpt2-small"]
+    assert gpt2.keeps_position_table and stage_params(replace(gpt2, s=2048), 1, 1) \
+        - stage_params(gpt2, 1, 1) == 1024 * gpt2.h
+    with pytest.raises(ValueError, match="position_table=False needs today's layer: set ffn"):
+        replace(gpt2, position_table=False)
+
+
 def test_deepseek_active_params_and_dense_presets_are_all_active():
     assert MODELS["deepseek-v3"].active_params() == pytest.approx(37e9, rel=0.03)
     assert MODELS["llama3-8B"].active_params() == MODELS["llama3-8B"].params()

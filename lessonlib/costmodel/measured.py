@@ -15,7 +15,7 @@ The CSV, one run per line (a header line names the columns; an empty cell takes 
 * ``name``: how the report names the run (default: its line number);
 * the model: ``model``, a preset (``model.MODELS``), with ``seq`` to change its sequence
   length; or its shape: ``layers``, ``hidden``, ``heads``, ``seq``, ``vocab`` (and
-  ``kv_heads``, ``ffn``, ``mlp``, ``tied_embeddings``);
+  ``kv_heads``, ``ffn``, ``mlp``, ``tied_embeddings``, ``position_table``);
 * the cluster: ``cluster``, a preset (``hardware.CLUSTERS``; default dgx-h100); or ``gpu``
   with ``gpus_per_node``, ``network_gbit``, ``network_ports``, ``collectives``;
 * the layout: any of ``Layout``'s settings by name (``t``, ``c``, ``p``, ``d``, ``b``,
@@ -57,7 +57,8 @@ METRICS = {"tokens_per_s_per_gpu": "tokens", "step_s": "seconds", "tflops_per_gp
            "mfu": "mfu"}
 DEFAULT_FLOPS = {"tflops": "megatron-eq3", "mfu": "course"}
 SHAPE = {"layers": "L", "hidden": "h", "heads": "a", "seq": "s", "vocab": "V",
-         "kv_heads": "kv_heads", "ffn": "ffn", "mlp": "mlp", "tied_embeddings": "tied_embeddings"}
+         "kv_heads": "kv_heads", "ffn": "ffn", "mlp": "mlp", "tied_embeddings": "tied_embeddings",
+         "position_table": "position_table"}
 CLUSTER_COLUMNS = ("cluster", "gpu", "gpus_per_node", "network_gbit", "network_ports",
                    "collectives")
 LAYOUT_FIELDS = {f.name: f for f in fields(Layout)}
@@ -112,12 +113,11 @@ def _model(line, cells):
         if key in shape:
             shape[key] = _number(line, next(c for c, k in SHAPE.items() if k == key),
                                  shape[key])
-    if "tied_embeddings" in shape:
-        text = shape["tied_embeddings"].lower()
-        if text not in TRUE + FALSE:
-            raise _bad(line, "tied_embeddings", shape["tied_embeddings"],
-                       "must be true or false")
-        shape["tied_embeddings"] = text in TRUE
+    for key in ("tied_embeddings", "position_table"):
+        if key in shape:
+            if shape[key].lower() not in TRUE + FALSE:
+                raise _bad(line, key, shape[key], "must be true or false")
+            shape[key] = shape[key].lower() in TRUE
     if "model" in cells:
         base = get_model(cells["model"])
         if set(shape) - {"s"}:

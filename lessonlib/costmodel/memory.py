@@ -151,7 +151,7 @@ def stage_params(model, t, p, e=1, uneven=False, schedule="1f1b"):
     """
     layers = layers_per_stage(model.L, p, uneven) * stage_copies(schedule) * \
         model.layer_params(e)
-    positions = model.s * model.h if model.tied_embeddings and model.moe is None else 0
+    positions = model.s * model.h if model.keeps_position_table else 0
     return (layers + model.V * model.h) / t + positions
 
 

@@ -14,9 +14,10 @@ is Megatron-LM 2021's and every count above holds exactly): ``kv_heads`` (groupe
 attention: K and V projections of h x kv_heads*h/a, counted once ``ffn`` is set), ``ffn`` (a
 SwiGLU feed-forward of any width: three h x ffn matrices, no biases, RMSNorm),
 ``tied_embeddings`` (False: a separate V x h output layer; rotary positions, no position
-table) and ``moe`` (a ``costmodel.moe.MoEModel``: the same shape with routed experts, whose
-total and active counts ``moe.py`` owns). ``llama3-8B/70B/405B`` and ``deepseek-v3`` are
-presets of that kind.
+table; ``position_table=False`` drops the table from a tied shape with rotary positions,
+Llama 3.2's) and ``moe`` (a ``costmodel.moe.MoEModel``: the same shape with routed experts,
+whose total and active counts ``moe.py`` owns). ``llama3-8B/70B/405B``,
+``llama3.2-1B/3B`` and ``deepseek-v3`` are presets of that kind.
 
 Try ``python -m lessonlib.costmodel --model gpt3-175B --t 8 --p 12 --d 4 --microbatch 1
 --global-batch 1536``.
@@ -69,6 +70,18 @@ class GPT:
     # (two, squared ReLU: Nemotron-4, arXiv 2402.16819 §2) or "gelu" (two: GPT-3's MLP,
     # Megatron-LM's default, on today's layer).
     mlp: str = "swiglu"
+    # Whether the model keeps a learned s x h position table. None: the tied dense shapes do
+    # (GPT-2's and Megatron-LM 2021's), the rest rotate their positions (RoPE); False for a
+    # tied shape with rotary positions (Llama 3.2 1B and 3B, whose config.json ties the
+    # output layer to the embedding and sets rope_theta).
+    position_table: bool | None = None
+
+    @property
+    def keeps_position_table(self):
+        """``position_table``, or where it is None the default: a tied dense shape keeps one."""
+        if self.position_table is None:
+            return self.tied_embeddings and self.moe is None
+        return self.position_table
 
     @property
     def legacy(self):
@@ -90,6 +103,14 @@ class GPT:
                              f"heads={self.a} (each key/value head serves a/kv_heads query heads)")
         if self.ffn is not None:
             positive_int("ffn", self.ffn, most=MAX)
+        if self.position_table not in (None, True, False):
+            raise ValueError(f"position_table={self.position_table!r} must be True, False or "
+                             f"None (the shape's default)")
+        if self.ffn is None and self.moe is None and self.tied_embeddings \
+                and not self.keeps_position_table:
+            raise ValueError("position_table=False needs today's layer: set ffn (its MLP "
+                             "width), since Megatron-LM 2021's layer and Eq. 2 count the "
+                             "position table")
         if self.mlp not in MLPS:
             raise ValueError(f"mlp={self.mlp!r} must be one of {', '.join(map(repr, MLPS))}")
         if self.moe is not None and (self.moe.L, self.moe.h, self.moe.V) != (self.L, self.h,
@@ -128,11 +149,13 @@ class GPT:
         return m.attention + 2 * m.h + m.shared * expert_params(m) + m.h * m.E
 
     def embedding_params(self):
-        """Token (V x h) and position (s x h) embeddings, the output layer sharing the first
-        (Megatron-LM 2021); untied: token embedding, output layer and the final norm."""
+        """Token (V x h) and position (s x h, where ``position_table``) embeddings, the output
+        layer sharing the first (Megatron-LM 2021); untied: token embedding, output layer and
+        the final norm."""
+        positions = self.s * self.h if self.keeps_position_table else 0
         if self.tied_embeddings and self.moe is None:
-            return (self.V + self.s) * self.h
-        return 2 * self.V * self.h + self.h
+            return self.V * self.h + positions
+        return 2 * self.V * self.h + self.h + positions
 
     def params(self):
         """Total parameters: Megatron-LM 2021 Eq. 2, or the sum over this shape's parts."""
@@ -206,6 +229,14 @@ MODELS = {
                       tied_embeddings=False),
     "llama3-405B": GPT(126, 16384, 128, 8192, 128256, "llama3-405B", kv_heads=8, ffn=53248,
                        tied_embeddings=False),
+    # Llama 3.2 1B and 3B (Meta's config.json of meta-llama/Llama-3.2-1B and -3B): SwiGLU of
+    # 8,192, 8 KV heads, V = 128256, the output layer tied to the embedding, rotary positions
+    # (no position table), pretrained at 8K tokens (original_max_position_embeddings);
+    # 1.23 B and 3.21 B in total (its model card).
+    "llama3.2-1B": GPT(16, 2048, 32, 8192, 128256, "llama3.2-1B", kv_heads=8, ffn=8192,
+                       position_table=False),
+    "llama3.2-3B": GPT(28, 3072, 24, 8192, 128256, "llama3.2-3B", kv_heads=8, ffn=8192,
+                       position_table=False),
     # Nemotron-4 15B (arXiv 2402.16819, Table 1): 32 layers, h 6144, 48 heads, 8 KV heads,
     # 4K tokens, V 256,000, untied; its MLP two matrices of 24,576 with squared ReLU (NeMo's
     # config); 12.5 B non-embedding + 3.1 B embedding parameters. Its LayerNorm keeps a mean
@@ -241,6 +272,7 @@ MODELS = {
 
 # The published totals the presets are checked against (tests), from the sources above.
 PUBLISHED_PARAMS = {"llama3-8B": 8.03e9, "llama3-70B": 70.6e9, "llama3-405B": 405e9,
+                    "llama3.2-1B": 1.23e9, "llama3.2-3B": 3.21e9,
                     "deepseek-v3": 671e9}
 
 

@@ -112,8 +112,8 @@ for name, axes in beyond.items():
 # layer's forward in the backward, `selective` only attention's s × s part, `none` keeps
 # everything); `cm.explain_axes` says why each value won. The model shapes
 # are the published ones: grouped-query attention with kv key/value heads, SwiGLU MLPs of
-# width ffn, untied embeddings, and for DeepSeek-V3 E = 256 experts of which k = 8 serve
-# each token:
+# width ffn, untied embeddings (Llama 3.2's 1B and 3B tie theirs, with rotary positions and
+# no position table), and for DeepSeek-V3 E = 256 experts of which k = 8 serve each token:
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -161,3 +161,11 @@ def test_the_command_line_prints_the_example(capsys):
     assert main(["--measured", str(EXAMPLE), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert len(result["runs"]) == 15 and [j["agree"] for j in result["jobs"]] == [3, 1, 1, 6, 5]
+
+
+def test_a_pair_the_model_prices_alike_agrees_with_neither_order(tmp_path):
+    """Two runs of one layout measured apart: the model cannot order them (tau 0)."""
+    path = _write(tmp_path, "name,model,d,global_batch,step_s", "slow,llama3-8B,8,8,3",
+                  "fast,llama3-8B,8,8,2")
+    (job,) = judge(read_runs(path)).jobs
+    assert (job.agree, job.pairs, job.tau) == (0, 1, 0.0)

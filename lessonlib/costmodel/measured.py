@@ -25,7 +25,9 @@ The CSV, one run per line (a header line names the columns; an empty cell takes 
   ``tflops_per_gpu`` and ``mfu`` (a fraction of the dense BF16 peak), with ``flops``
   naming the FLOP count behind TFLOP/s or MFU (``compute.team_flops_per_token``; default
   "megatron-eq3", the hardware count, for TFLOP/s and "course" for MFU); and, if you
-  measured it, ``peak_gib``, the peak memory per GPU;
+  measured it, ``peak_gib``, the peak memory per GPU (``torch.cuda.max_memory_reserved()``,
+  which torchtitan logs: the allocator's fragmentation, which the model leaves out,
+  included);
 * ``job``: which runs are layouts of one job, to rank together (default: same model, GPU
   count and cluster).
 
@@ -226,8 +228,9 @@ def read_runs(path):
 class JobRanking:
     """The layouts of one job in the measured and in the predicted order: ``names``, the
     measured and predicted tokens/s per GPU, the pairs in the same order (``agree``) of
-    ``pairs`` compared (measured ties left out), Kendall's tau, and what the layout the model
-    ranks first ran at as a share of the fastest measured (``first_choice``)."""
+    ``pairs`` compared (measured ties left out; a pair the model prices alike agrees with
+    neither order), Kendall's tau, and what the layout the model ranks first ran at as a
+    share of the fastest measured (``first_choice``)."""
     job: str
     names: tuple
     measured: tuple
@@ -257,8 +260,11 @@ def rank_jobs(runs, rows):
         model = [r.estimate.tokens_per_s / r.run.n_gpus for r in members]
         compared = [(i, j) for i, j in combinations(range(len(members)), 2)
                     if real[i] != real[j]]
-        agree = sum((real[i] > real[j]) == (model[i] > model[j]) for i, j in compared)
-        tau = (2 * agree - len(compared)) / len(compared) if compared else None
+        # a pair the model prices alike counts neither way (Kendall's tau-a)
+        agree = sum((real[i] > real[j]) == (model[i] > model[j]) for i, j in compared
+                    if model[i] != model[j])
+        ties = sum(model[i] == model[j] for i, j in compared)
+        tau = (2 * agree + ties - len(compared)) / len(compared) if compared else None
         first = max(range(len(members)), key=model.__getitem__)
         out.append(JobRanking(job, tuple(r.run.source for r in members), tuple(real),
                               tuple(model), agree, len(compared), tau, real[first] / max(real)))

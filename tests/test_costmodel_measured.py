@@ -146,6 +146,15 @@ def test_a_bad_cell_names_its_line_in_the_file(tmp_path):
         read_runs(path)
 
 
+def test_d_is_the_gpus_the_other_axes_leave(tmp_path):
+    path = _write(tmp_path, "model,gpus,t,p,global_batch,step_s", "llama3-70B,64,8,2,64,20")
+    (run,) = read_runs(path)
+    assert (run.run.layout.t, run.run.layout.p, run.run.layout.d) == (8, 2, 4)
+    with pytest.raises(ValueError, match=r"^line 2: gpus='60' is not divisible by t\*c\*p"):
+        read_runs(_write(tmp_path, "model,gpus,t,p,global_batch,step_s",
+                         "llama3-70B,60,8,2,64,20"))
+
+
 def test_a_missing_or_empty_file_is_named(tmp_path):
     with pytest.raises(ValueError, match="is not a file"):
         read_runs(tmp_path / "nothing.csv")

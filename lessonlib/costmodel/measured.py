@@ -20,7 +20,7 @@ The CSV, one run per line (a header line names the columns; an empty cell takes 
   with ``gpus_per_node``, ``network_gbit``, ``network_ports``, ``collectives``;
 * the layout: any of ``Layout``'s settings by name (``t``, ``c``, ``p``, ``d``, ``b``,
   ``global_batch``, ``v``, ``recompute``, ``zero_stage``, ``overlap_comm``, ...), and ``gpus``
-  to check t*c*p*d against;
+  to check t*c*p*d against (or, without ``d``, to set d to the GPUs the other axes leave);
 * what you measured, exactly one of ``tokens_per_s_per_gpu``, ``step_s``,
   ``tflops_per_gpu`` and ``mfu`` (a fraction of the dense BF16 peak), with ``flops``
   naming the FLOP count behind TFLOP/s or MFU (``compute.team_flops_per_token``; default
@@ -188,7 +188,14 @@ def _parse_run(line, cells):
                          f"{', '.join(COLUMNS)}")
     model, cluster = _model(line, cells), _cluster(line, cells)
     metric, value, flops = _measured(line, cells)
-    layout = Layout(**{k: _setting(line, k, v) for k, v in cells.items() if k in LAYOUT_FIELDS})
+    settings = {k: _setting(line, k, v) for k, v in cells.items() if k in LAYOUT_FIELDS}
+    if "gpus" in cells and "d" not in cells:      # d: the GPUs the other axes leave
+        gpus = _number(line, "gpus", cells["gpus"])
+        others = settings.get("t", 1) * settings.get("c", 1) * settings.get("p", 1)
+        if gpus % others:
+            raise _bad(line, "gpus", cells["gpus"], f"is not divisible by t*c*p = {others}")
+        settings["d"] = gpus // others
+    layout = Layout(**settings)
     layout.check(model)
     if flops:
         team_flops_per_token(model, flops)

@@ -39,8 +39,8 @@ and sequence parallelism against that paper's Tables 4 and 5), ``record`` (every
 run the course holds the model to, as data), ``published`` (those runs predicted, and
 ``published_report()``), ``measured`` (your own measured runs, read from a CSV, against the
 model: the error, and the order of each job's layouts), ``overlap`` (what async TP, FSDP
-prefetch and DualPipe hide, up to the compute beside them), ``gains`` (what FP8 and each overlap buy a job, with and
-without), ``calibration`` (a machine's
+prefetch and DualPipe hide, up to the compute beside them), ``gains`` (what FP8 and each
+overlap buy a job, with and without), ``calibration`` (a machine's
 measured GEMM rates and all-reduce times refit into a new GPU and cluster), ``context`` (context parallelism: causal work per rank,
 the key/value ring, activations / c), ``moe`` (mixture-of-experts shapes: total vs active
 parameters, expert-parallel memory, the all-to-all), ``resilience`` (what a straggler costs a

@@ -167,6 +167,8 @@ def test_the_command_line_prints_the_example(capsys):
     out = capsys.readouterr().out
     assert "Time: 15 runs, median |error|" in out
     assert "5 of 6 pairs in the measured order" in out
+    assert ("Over 5 jobs: 16 of 17 pairs in the measured order; the model's first choice ran "
+            "fastest in 5, and at 100.0% of the fastest at worst.") in out
     assert main(["--measured", str(EXAMPLE), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert len(result["runs"]) == 15 and [j["agree"] for j in result["jobs"]] == [3, 1, 1, 6, 5]

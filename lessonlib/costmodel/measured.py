@@ -331,6 +331,12 @@ def measured_report(runs):
     if not result.jobs:
         lines.append("No job has two runs to rank (a job: one model on one cluster and GPU "
                      "count, or the job column).")
+    if len(result.jobs) > 1:
+        agree, pairs = sum(j.agree for j in result.jobs), sum(j.pairs for j in result.jobs)
+        fastest = sum(j.first_choice == 1 for j in result.jobs)
+        lines.append(f"Over {len(result.jobs)} jobs: {agree} of {pairs} pairs in the measured "
+                     f"order; the model's first choice ran fastest in {fastest}, and at "
+                     f"{min(j.first_choice for j in result.jobs):.1%} of the fastest at worst.")
     for job in result.jobs:
         best = max(range(len(job.names)), key=job.measured.__getitem__)
         first = max(range(len(job.names)), key=job.predicted.__getitem__)

@@ -10,6 +10,7 @@ import pytest
 from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate
 from lessonlib.costmodel.__main__ import main
 from lessonlib.costmodel.measured import EXAMPLE_CSV as EXAMPLE
+from lessonlib.costmodel.measured import HELD_OUT_CSV
 from lessonlib.costmodel.measured import judge, measured_report, read_runs
 from lessonlib.costmodel.published import cluster_of, published_rows
 from lessonlib.costmodel.record import published_runs
@@ -42,6 +43,18 @@ def test_the_example_ranks_each_benchmarks_layouts():
     eight = jobs["torchtitan async-TP benchmark: Llama 3 8B on 64 H100"]
     assert (eight.agree, eight.pairs) == (5, 6)
     assert all(job.tau == 1.0 for job in jobs.values() if job is not eight)
+
+
+def test_the_held_out_sweep_reads_as_the_chronicle_prints_it():
+    """BigScience's sweep: 16 runs of four shapes on 48 Jean Zay nodes (384 GPUs), TP 8,
+    batch 2048; in every job a micro-batch of 4 ran fastest (what the chronicle concludes)."""
+    runs = read_runs(HELD_OUT_CSV)
+    assert len(runs) == 16 and {m.run.n_gpus for m in runs} == {384}
+    assert {(m.run.layout.t, m.run.layout.global_batch) for m in runs} == {(8, 2048)}
+    jobs = judge(runs).jobs
+    assert len(jobs) == 4
+    b = {m.run.source: m.run.layout.b for m in runs}
+    assert all(b[j.names[j.measured.index(max(j.measured))]] == 4 for j in jobs)
 
 
 def _write(tmp_path, header, *lines):

@@ -222,7 +222,7 @@ claim("the model orders every pair of torchtitan's layouts as they ran but one, 
 # %% [markdown]
 # Those runs are in the record. A harder test is a sweep no term of the model was shaped on:
 # before BLOOM, BigScience timed ~180-200B models of four shapes on 48 Jean Zay nodes in
-# several data-parallel x pipeline x micro-batch layouts and kept the fastest
+# several data-parallel x pipeline x micro-batch layouts to find the fastest
 # (`train/tr11-176B-ml/chronicles-prequel.md`, "48 node contenders" and "Final round
 # comparison"); `data/measured_runs_bigscience_2022.csv` holds them:
 # <!-- numbers: 180 because it is the chronicle's own size range, 181B to 196B in its tables -->
@@ -256,11 +256,11 @@ claim("what a micro-batch of 4 instead of 1 saved them is about a tenth of a sec
 # So the model ranks torchtitan's settings but not BigScience's layouts. Their larger
 # micro-batches bought far more than the model's GEMMs gain from them, even after the larger
 # pipeline bubble the model charges for them: each micro-batch they ran cost a fixed time
-# the model leaves out, about 0.1 s on a stage of 12 layers. Its source is not named in the
-# chronicle; the same scripts made every CUDA call synchronous (`CUDA_LAUNCH_BLOCKING=1`,
-# against a hang), which exposes each kernel's launch, though the team measured no cost from
-# it at 160 GPUs. Until that cost has a measured source, the model's choice of micro-batch
-# is its weakest ranking.
+# the model leaves out, about 0.1 s on a stage of 12 layers. The chronicle does not name
+# it. BLOOM's own script made every CUDA call synchronous (`CUDA_LAUNCH_BLOCKING=1`, its
+# cure for a hang), which exposes each kernel's launch; but the team measured no cost from
+# that at 160 GPUs, and the chronicle does not say whether these runs set it. Until the cost
+# has a measured source, the model's choice of micro-batch is its weakest ranking.
 # <!-- numbers: 160 because it is the chronicle's measurement: 90.29 and 90.25 TFLOP/s at 160 GPUs, blocking and not -->
 
 # %% [markdown]

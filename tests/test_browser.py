@@ -479,6 +479,11 @@ const w = panelOf(arguments[0]);
 return w ? {dirty: w.context.model.dirty} : null;
 """
 
+JS_SAVE = JS_PANEL + """
+const [path, done] = [arguments[0], arguments[arguments.length - 1]];
+panelOf(path).context.save().then(() => done('ok'), e => done('error: ' + e));
+"""
+
 JS_RESTART = JS_PANEL + """
 const [path, done] = [arguments[0], arguments[arguments.length - 1]];
 panelOf(path).sessionContext.restartKernel().then(() => done('ok'), e => done('error: ' + e));
@@ -585,9 +590,18 @@ def first_hour(browser, lab, where: str) -> None:
         return stored if all(c.get("execution_count") for c in stored.cells
                              if c.cell_type == "code") else None
 
-    stored = wait_for(browser, "JupyterLab to autosave what Run All left", AUTOSAVE_WAIT_S,
-                      autosaved)
-    assert folding_problems(stored, f"{where} as autosaved after Run All") == []
+    try:
+        stored = wait_for(browser, "JupyterLab to autosave what Run All left", AUTOSAVE_WAIT_S,
+                          autosaved)
+        how = "autosaved"
+    except AssertionError:
+        # A save that took seconds on a busy machine stretches the next autosave past the
+        # wait; what a save writes is the same either way, so save as Ctrl-S would
+        print(f"  no autosave within {AUTOSAVE_WAIT_S} s: saved by the notebook's own save")
+        assert browser.execute_async_script(JS_SAVE, where) == "ok"
+        stored = wait_for(browser, "the notebook's own save", 60, autosaved)
+        how = "saved"
+    assert folding_problems(stored, f"{where} as {how} after Run All") == []
 
 
 def test_every_core_notebook_is_tested_in_the_browser():

@@ -99,13 +99,17 @@ def _number(line, column, text, kind=int, zero=False):
     return value
 
 
+def _boolean(line, column, text):
+    if text.lower() in TRUE + FALSE:
+        return text.lower() in TRUE
+    raise _bad(line, column, text, f"must be true or false ({', '.join(TRUE + FALSE)})")
+
+
 def _setting(line, name, text):
     """A ``Layout`` setting from its cell, by the type of its default."""
     default = LAYOUT_FIELDS[name].default
     if isinstance(default, bool):
-        if text.lower() in TRUE + FALSE:
-            return text.lower() in TRUE
-        raise _bad(line, name, text, f"must be true or false ({', '.join(TRUE + FALSE)})")
+        return _boolean(line, name, text)
     if isinstance(default, (int, float)) or default is None:
         kind = float if isinstance(default, float) else int
         return _number(line, name, text, kind, zero=default == 0)
@@ -113,16 +117,13 @@ def _setting(line, name, text):
 
 
 def _model(line, cells):
-    shape = {SHAPE[k]: v for k, v in cells.items() if k in SHAPE}
-    for key in ("L", "h", "a", "s", "V", "kv_heads", "ffn"):
-        if key in shape:
-            shape[key] = _number(line, next(c for c, k in SHAPE.items() if k == key),
-                                 shape[key])
-    for key in ("tied_embeddings", "position_table"):
-        if key in shape:
-            if shape[key].lower() not in TRUE + FALSE:
-                raise _bad(line, key, shape[key], "must be true or false")
-            shape[key] = shape[key].lower() in TRUE
+    shape = {}
+    for column, key in SHAPE.items():
+        if column in cells:
+            text = cells[column]
+            shape[key] = (text if column == "mlp" else _boolean(line, column, text)
+                          if column in ("tied_embeddings", "position_table")
+                          else _number(line, column, text))
     if "model" in cells:
         base = get_model(cells["model"])
         if set(shape) - {"s"}:
@@ -250,6 +251,16 @@ class JobRanking:
     tau: float | None
     first_choice: float
 
+    @property
+    def fastest(self):
+        """The name of the run measured fastest."""
+        return self.names[self.measured.index(max(self.measured))]
+
+    @property
+    def first(self):
+        """The name of the run the model ranks first."""
+        return self.names[self.predicted.index(max(self.predicted))]
+
 
 def _measured_tokens(row):
     """Tokens/s per GPU that a row's measurement implies (``published_step_s``)."""
@@ -341,12 +352,10 @@ def measured_report(runs):
                      f"order; the model's first choice ran fastest in {fastest}, and at "
                      f"{min(j.first_choice for j in result.jobs):.1%} of the fastest at worst.")
     for job in result.jobs:
-        best = max(range(len(job.names)), key=job.measured.__getitem__)
-        first = max(range(len(job.names)), key=job.predicted.__getitem__)
         order = (f"{job.agree} of {job.pairs} pairs in the measured order (Kendall's tau "
                  f"{job.tau:+.2f})" if job.pairs else "every run measured alike")
-        choice = (f"the model's first choice, {job.names[first]}, ran fastest" if first == best
-                  else f"the model's first choice, {job.names[first]}, ran at "
-                       f"{job.first_choice:.1%} of the fastest, {job.names[best]}")
+        choice = (f"the model's first choice, {job.first}, ran fastest" if job.first == job.fastest
+                  else f"the model's first choice, {job.first}, ran at "
+                       f"{job.first_choice:.1%} of the fastest, {job.fastest}")
         lines.append(f"{job.job}, {len(job.names)} layouts: {order}; {choice}.")
     return "\n".join(lines)

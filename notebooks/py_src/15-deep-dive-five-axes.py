@@ -233,8 +233,7 @@ held = measured.read_runs(measured.HELD_OUT_CSV)
 print(measured.measured_report(held))
 judged = measured.judge(held)
 b = {run.run.source: run.run.layout.b for run in held}
-picked = [(b[j.names[j.predicted.index(max(j.predicted))]],
-           b[j.names[j.measured.index(max(j.measured))]]) for j in judged.jobs]
+picked = [(b[j.first], b[j.fastest]) for j in judged.jobs]
 agree, pairs = sum(j.agree for j in judged.jobs), sum(j.pairs for j in judged.jobs)
 claim("on BigScience's held-out sweep the model orders at most half the pairs of layouts as "
       "they ran, and in every job its first choice has a smaller micro-batch than the fastest",

@@ -10,7 +10,7 @@ import pytest
 from lessonlib.costmodel import CLUSTERS, MODELS, Layout, estimate
 from lessonlib.costmodel.__main__ import main
 from lessonlib.costmodel.measured import EXAMPLE_CSV as EXAMPLE
-from lessonlib.costmodel.measured import HELD_OUT_CSV
+from lessonlib.costmodel.measured import HELD_OUT_CSV, HELD_OUT_H100_CSV
 from lessonlib.costmodel.measured import judge, measured_report, read_runs
 from lessonlib.costmodel.published import cluster_of, published_rows
 from lessonlib.costmodel.record import published_runs
@@ -55,6 +55,30 @@ def test_the_held_out_sweep_reads_as_the_chronicle_prints_it():
     assert len(jobs) == 4
     b = {m.run.source: m.run.layout.b for m in runs}
     assert all(b[j.fastest] == 4 for j in jobs)
+
+
+# Megatron-Bridge's performance summary, DGX-H100 pre-training, Llama 3 rows as first
+# printed: (GPUs, FP8, GBS, MBS, sequence, FSDP, TP, PP, CP, VP, tokens/s per GPU)
+MEGATRON_BRIDGE_H100 = [(8, "FP8-CS", 128, 1, 8192, True, 1, 1, 1, None, 14079),
+                        (64, "FP8-CS", 128, 1, 8192, False, 4, 8, 1, 5, 1619),
+                        (1024, "FP8-CS", 512, 1, 8192, False, 8, 8, 2, 8, 302),
+                        (64, "FP8", 256, 1, 8192, False, 4, 8, 1, 5, 1621),
+                        (1024, "FP8", 1536, 1, 8192, False, 8, 8, 2, 8, 311)]
+
+
+def test_the_held_out_h100_runs_read_as_the_summary_prints_them():
+    """Megatron-Bridge's Llama 3 rows on DGX-H100: each line's GPUs, batch, micro-batch,
+    sequence, FSDP (ZeRO-3, else the distributed optimizer), TP, PP, CP and VP as the table
+    prints them, in FP8 without recompute; one job per line (releases are not ranked against
+    each other)."""
+    runs = read_runs(HELD_OUT_H100_CSV)
+    read = [(m.run.n_gpus, m.run.layout.global_batch, m.run.layout.b, m.run.model.s,
+             m.run.layout.zero_stage == 3, m.run.layout.t, m.run.layout.p, m.run.layout.c,
+             m.run.layout.v if m.run.layout.p > 1 else None, m.run.published) for m in runs]
+    assert read == [row[:1] + row[2:] for row in MEGATRON_BRIDGE_H100]
+    assert {(m.run.layout.precision, m.run.layout.recompute, m.run.metric) for m in runs} == \
+        {("fp8", "none", "tokens")}
+    assert len({m.job for m in runs}) == len(runs)
 
 
 def _write(tmp_path, header, *lines):

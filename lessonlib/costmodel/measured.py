@@ -33,8 +33,10 @@ The CSV, one run per line (a header line names the columns; an empty cell takes 
 
 A bad cell stops the read with one line naming the line, the column, the value and what
 would work. ``data/measured_runs_example.csv`` holds torchtitan's published benchmark runs
-in this form, ``data/measured_runs_bigscience_2022.csv`` BigScience's timed layouts of
-~180-200B models before BLOOM, which no term of the model was shaped on.
+in this form. Two sets of runs no term of the model was shaped on are held out beside it:
+``data/measured_runs_bigscience_2022.csv``, BigScience's timed layouts of ~180-200B models
+before BLOOM, and ``data/measured_runs_megatron_bridge_h100.csv``, NVIDIA's Megatron-Bridge
+benchmarks of Llama 3 8B, 70B and 405B on DGX-H100 (releases 25.09 and 26.02).
 
 One job: measured runs read and set against the model; it runs past 300 lines because a
 CSV cell that cannot be read gets its own line naming what would work.
@@ -53,10 +55,12 @@ from .published import MISSED_BEYOND, error_summary, published_rows, published_s
 from .record import CHECKED, PublishedRun
 from .throughput import Layout
 
-# torchtitan's published benchmark runs in this form (the module docstring), and BigScience's
-# layout sweep before BLOOM, held out (none of its runs shaped the model)
+# torchtitan's published benchmark runs in this form (the module docstring), and two sets held
+# out (none of their runs shaped the model): BigScience's layout sweep before BLOOM and
+# Megatron-Bridge's Llama 3 benchmarks on H100
 EXAMPLE_CSV = Path(__file__).resolve().parents[2] / "data" / "measured_runs_example.csv"
 HELD_OUT_CSV = EXAMPLE_CSV.with_name("measured_runs_bigscience_2022.csv")
+HELD_OUT_H100_CSV = EXAMPLE_CSV.with_name("measured_runs_megatron_bridge_h100.csv")
 # What a run may say it measured, and the ``published`` metric each becomes.
 METRICS = {"tokens_per_s_per_gpu": "tokens", "step_s": "seconds", "tflops_per_gpu": "tflops",
            "mfu": "mfu"}

@@ -102,6 +102,30 @@ def test_transformer_engines_fp8_casts_fewer_bytes_and_gathers_fp8_both_ways():
     assert tp_comm_s(M8, plain, TETON, 1, 0.8)[0] == pytest.approx(8 * full)
 
 
+def test_transformer_engines_current_scaling_takes_each_amax_and_caches_the_weights():
+    """TE's current scaling: an amax pass before every cast but where the norm takes the
+    amax as it writes (its output then cast once with its transpose), the output gradients
+    likewise, the weights cast once a step as under delayed scaling; so between TE's
+    delayed scaling and torchao's, and gathering FP8 as TE does."""
+    m8 = MODELS["llama3-8B"]
+    current, te, torchao = (gemm.fp8_quantization_bytes(m8, 1, 1, scaling=x, microbatches=8)
+                            for x in ("te-current", "te", "tensorwise"))
+    assert te < current < torchao
+    linear = [g for g in gemm.layer_gemms(m8, 1) if g[4] == "linear"]
+    shapes = [(m * k, m * n, k * n) for m, n, k, _, _ in linear]
+    assert current == pytest.approx(sum(x * i + 6 * (o + w / 8) for x, (i, o, w) in zip(
+        (4, 6, 4, 6), shapes)))
+    again = gemm.fp8_quantization_bytes(m8, 1, 1, scaling="te-current", microbatches=8,
+                                        recompute=True)
+    assert again - current == pytest.approx(sum(x * i for x, (i, _, _) in zip(
+        (3, 5, 3, 5), shapes)))
+    lay = Layout(t=8, d=8, b=1, m=8, recompute="none", sequence_parallel=True,
+                 precision="fp8", fp8_scaling="te-current")
+    assert "FP8 te-current" in lay.describe()
+    assert tp_comm_s(M8, lay, TETON, 1, 0.8) == tp_comm_s(
+        M8, replace(lay, fp8_scaling="te"), TETON, 1, 0.8)
+
+
 def test_async_tp_leaves_the_backwards_input_gradient_reduce_scatters_exposed():
     """The micro-pipeline pass fuses a reduce-scatter into the one matmul producing it; the
     input gradients of QKV and the MLP's first GEMMs are sums of matmuls, so theirs run as

@@ -298,7 +298,22 @@ TENSORWISE_RECAST_BYTES = 2 + 1
 # By the order of ``layer_gemms``' linear GEMMs:
 TE_INPUT_BYTES = (1 + 1, 2 + 1 + 1, 1 + 1, 2 + 1 + 1)
 TE_CAST_TRANSPOSE_BYTES = 2 + 1 + 1
-FP8_SCALINGS = ("blockwise", "tensorwise", "te")
+# Transformer Engine's current scaling ("te-current", Float8CurrentScaling: Megatron-Bridge's
+# "fp8_cs", NVIDIA's H100 benchmark recipe): the scale comes from the tensor's own amax, as
+# torchao's does, but inside TE's modules (checked in its pytorch/csrc of 2025). Its
+# quantizer reads the whole tensor for the amax before the cast and its transpose
+# (``Float8CurrentScalingQuantizer::quantize_impl``: nvte_compute_amax, then the cast): the
+# inputs of the attention output and the MLP's second GEMM, and every output gradient,
+# 2 + 2 + 1 + 1 bytes an element. A norm cannot write FP8 before it knows the amax: it writes
+# its BF16 output and takes the amax on the way (``FUSED_NORM_AMAX_FP8`` in
+# normalization.cpp), then ``quantize_with_amax`` reads it once (2) and writes FP8 and its
+# transpose (1 + 1). The weights are cast once a step, as under delayed scaling: TE keeps
+# the first micro-batch's cast for any quantizer (``get_weight_workspace`` with
+# ``is_first_microbatch``), amax and cast and transpose, 6 bytes an element. A recompute
+# repeats each input's forward cast, its amax pass included where the norm does not take it.
+TE_CURRENT_INPUT_BYTES = (2 + 1 + 1, 2 + 2 + 1 + 1, 2 + 1 + 1, 2 + 2 + 1 + 1)
+TE_CURRENT_RECAST_BYTES = (2 + 1, 2 + 2 + 1, 2 + 1, 2 + 2 + 1)
+FP8_SCALINGS = ("blockwise", "tensorwise", "te", "te-current")
 
 
 @lru_cache(maxsize=1024)
@@ -311,11 +326,22 @@ def fp8_quantization_bytes(model, b, t=1, c=1, e=1, scaling="blockwise", recompu
     (k x n) and output gradient once, 6 bytes each, and input and weight again at 3 bytes
     when the layer is recomputed. "te" (Transformer Engine, above): ``TE_INPUT_BYTES`` per
     input element, 4 per output-gradient element, 4 per weight element once in
-    ``microbatches``, and a recompute casting the two inputs no norm writes again."""
+    ``microbatches``, and a recompute casting the two inputs no norm writes again.
+    "te-current" (TE's current scaling): ``TE_CURRENT_INPUT_BYTES`` per input element, 6 per
+    output-gradient element, 6 per weight element once in ``microbatches``, a recompute
+    ``TE_CURRENT_RECAST_BYTES``."""
     linear = [(m, n, k, count) for m, n, k, count, kind in layer_gemms(model, b, t, c, e)
               if kind == "linear"]
     if scaling == "blockwise":
         return QUANTIZE_BYTES * sum(count * (2 * m * k + m * n) for m, n, k, count in linear)
+    if scaling == "te-current":   # as "te" below, each cast with its amax pass
+        extra = len(linear) - 4
+        inputs = TE_CURRENT_INPUT_BYTES + (TENSORWISE_CAST_BYTES,) * extra
+        again = (TE_CURRENT_RECAST_BYTES + (TE_CURRENT_RECAST_BYTES[1],) * extra
+                 if recompute else (0,) * len(linear))
+        return sum(count * ((x + y) * m * k
+                            + TENSORWISE_CAST_BYTES * (m * n + k * n / microbatches))
+                   for (m, n, k, count), x, y in zip(linear, inputs, again))
     if scaling == "te":   # QKV, attention output, the MLP's first and second; then the router
         inputs = TE_INPUT_BYTES + (TE_CAST_TRANSPOSE_BYTES,) * (len(linear) - 4)
         again = (0, TENSORWISE_RECAST_BYTES, 0, TENSORWISE_RECAST_BYTES) + (

@@ -27,8 +27,9 @@ torchtitan's ``pipeline_parallel_first/last_stage_less_layers``), ``schedule="du
 torchtitan runs it: all-gather, c attention calls merged in float32, K and V repeated to
 every query head; ``axes.cp_ring_s``), ``precision`` "bf16" or "fp8" for the linear
 layers' GEMMs (DeepSeek-V3 §3.3), with ``fp8_scaling`` "blockwise" (DeepSeek-V3's 1x128 and
-128x128 tiles), "tensorwise" (torchao's ``Float8Linear``, torchtitan's Float8) or "te"
-(Transformer Engine's delayed scaling, Megatron-LM's), which sets the cast kernels' bytes
+128x128 tiles), "tensorwise" (torchao's ``Float8Linear``, torchtitan's Float8), "te"
+(Transformer Engine's delayed scaling, Megatron-LM's) or "te-current" (its current scaling,
+the FP8-CS of Megatron-Bridge's H100 benchmarks), which sets the cast kernels' bytes
 (``gemm.fp8_quantization_bytes``); ``attention_kernel`` (``ATTENTION_KERNELS``); and
 ``max_nodes``, node-limited routing (each token's experts on at most that many servers, 4
 for DeepSeek-V3, §2.1.2). ``kernels``: "fused"

@@ -195,8 +195,9 @@ def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
     Under FP8 the forward's gathers carry FP8, half the bytes: PyTorch's plan (torchtitan's
     float8 TP: torchao's ``PrepareFloat8ModuleInput`` casts before it redistributes) and
     Transformer Engine (``fp8_scaling="te"``: its LayerNormLinear's norm writes FP8, which
-    it gathers), which gathers the output gradients in FP8 in the backward too (its
-    ``grad_output_preprocess``); the reduce-scatters move BF16."""
+    it gathers; "te-current" alike, the amax reduced over the TP group before the cast), which
+    gathers the output gradients in FP8 in the backward too (its ``grad_output_preprocess``);
+    the reduce-scatters move BF16."""
     t = lay.t
     if t == 1:
         return 0.0, 0.0
@@ -205,7 +206,7 @@ def tp_comm_s(model, lay, cluster, layers, comm_efficiency):
     message = WEIGHT_BYTES * lay.b * model.s * model.h / lay.c
     forwards = 2 if lay.recompute == "full" else 1
     one = ring_all_gather_time_s(t, message, bandwidth, latency)
-    te = lay.precision == "fp8" and lay.fp8_scaling == "te"
+    te = lay.precision == "fp8" and lay.fp8_scaling in ("te", "te-current")
     fp8_gathers = lay.sequence_parallel and (te or (
         lay.precision == "fp8" and lay.tp_plan == "pytorch"))
     share = PRECISIONS["fp8"] / WEIGHT_BYTES if fp8_gathers else 1.0

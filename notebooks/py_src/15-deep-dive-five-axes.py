@@ -266,7 +266,10 @@ claim("what a micro-batch of 4 instead of 1 saved them is about a tenth of a sec
 # One more held-out set, on the hardware most of today's runs use: NVIDIA's own benchmarks
 # of Llama 3 8B, 70B and 405B on DGX-H100 in FP8 (Megatron-Bridge's performance summary,
 # the first release that printed each layout), read with the settings of its recipes, which the
-# file's header lists. Each is one layout of its job, so they test the number, not the order:
+# file's header lists. Their FP8 is Transformer Engine's current scaling, each cast taking
+# its tensor's amax first and the weights cast once a step (`fp8_scaling="te-current"`,
+# priced from TE's code in `costmodel/gemm.py`). Each is one layout of its job, so they test
+# the number, not the order:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -274,23 +277,22 @@ h100_runs = measured.read_runs(measured.HELD_OUT_H100_CSV)
 print(measured.measured_report(h100_runs))
 h100 = measured.judge(h100_runs).rows
 errors = sorted(abs(r.error) for r in h100)
-claim("on Megatron-Bridge's held-out H100 runs the model is slower than every one, by about "
-      "a tenth (the median), and within 15 % of each",
-      all(-0.15 < r.error < 0 for r in h100) and 0.05 < errors[len(errors) // 2] < 0.15,
+claim("on Megatron-Bridge's held-out H100 runs the model is within 15 % of every one, slower "
+      "than every one, and within a tenth at the median",
+      all(-0.15 < r.error < 0 for r in h100) and errors[len(errors) // 2] < 0.1,
       numbers=", ".join(f"{r.error:+.0%}" for r in h100))
-as_te = [cm.estimate(r.run.model, replace(r.run.layout, fp8_scaling="te"),
-                     cm.CLUSTERS[r.run.cluster]).tokens_per_s / r.run.n_gpus / r.run.published - 1
-         for r in h100]
-claim("  read with Transformer Engine's casts, the weights cast once a step, every run comes "
-      "within a tenth", all(abs(e) < 0.1 for e in as_te),
-      numbers=", ".join(f"{e:+.0%}" for e in as_te))
+as_torchao = [cm.estimate(r.run.model, replace(r.run.layout, fp8_scaling="tensorwise"),
+                          cm.CLUSTERS[r.run.cluster]).tokens_per_s / r.run.n_gpus
+              / r.run.published - 1 for r in h100]
+claim("  read as torchao's casts, which cast the weights again every micro-batch, every run "
+      "is predicted slower still, by more than a tenth",
+      all(t < min(r.error, -0.1) for t, r in zip(as_torchao, h100)),
+      numbers=", ".join(f"{e:+.0%}" for e in as_torchao))
 
 # %% [markdown]
-# So on the runs nearest a student's own, the model errs on the slow side. The file's header
-# says where that could come from: it reads Transformer Engine's FP8 current scaling as
-# torchao's, whose weights are cast again every micro-batch, while Transformer Engine casts
-# them once a step. Which reading is right is a measurement on an H100 the course has not
-# made; both are printed.
+# So on the runs nearest a student's own the model errs on the slow side: a plan made with
+# it promises less than NVIDIA's tuned recipes deliver. Read as torchao's casts, the same
+# runs would all miss by more than a tenth; which casts a run makes is worth knowing.
 # <!-- numbers: 15 because it is the bound every published row is held to -->
 
 # %% [markdown]

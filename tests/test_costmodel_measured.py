@@ -148,14 +148,17 @@ def test_a_shape_and_a_cluster_by_their_columns(tmp_path):
 @pytest.mark.parametrize("header, line, says", [
     ("model,t,d,global_batch,tokens_per_s_per_gpu,speed", "llama3-8B,1,8,8,1000,9",
      "line 2: unknown column 'speed'; the columns are"),
-    ("model,t,d,global_batch,tokens_per_s_per_gpu", "llama3-8B,3,8,8,1000", "line 2: t=3"),
+    ("model,t,d,global_batch,recompute,tokens_per_s_per_gpu", "llama3-8B,3,8,8,none,1000",
+     "line 2: t=3"),
     ("model,d,global_batch,mfu", "llama3-8B,8,8,45", "line 2: mfu='45' must be a fraction of "
      "peak (0.45 for a percentage)"),
     ("model,d,global_batch,mfu,step_s", "llama3-8B,8,8,0.4,2",
      "line 2: give exactly one measured figure"),
     ("model,d,global_batch", "llama3-8B,8,8", "line 2: give exactly one measured figure"),
-    ("model,d,gpus,global_batch,step_s", "llama3-8B,8,16,8,2",
+    ("model,d,gpus,global_batch,recompute,step_s", "llama3-8B,8,16,8,none,2",
      "line 2: gpus='16' does not match t*c*p*d = 1*1*1*8 = 8"),
+    ("model,d,global_batch,step_s", "llama3-8B,8,8,2", "line 2: recompute is not given; say "
+     "what the run recomputed: none, selective, full, op, norm-up"),
     ("d,global_batch,step_s", "8,8,2", "line 2: the model is not set"),
     ("model,cluster,d,global_batch,step_s", "llama3-8B,dgx-z100,8,8,2",
      "line 2: cluster='dgx-z100' is not a known cluster; use one of"),
@@ -179,19 +182,20 @@ def test_a_bad_cell_is_one_line_before_anything_is_predicted(tmp_path, capsys, h
 
 def test_a_bad_cell_names_its_line_in_the_file(tmp_path):
     """Comment lines count: the error names the line as an editor shows it."""
-    path = _write(tmp_path, "# my runs", "model,d,global_batch,step_s", "llama3-8B,8,8,2",
-                  "# the next one is wrong", "llama3-8B,8,8,-2")
+    path = _write(tmp_path, "# my runs", "model,d,global_batch,recompute,step_s",
+                  "llama3-8B,8,8,none,2", "# the next one is wrong", "llama3-8B,8,8,none,-2")
     with pytest.raises(ValueError, match="^line 5: step_s='-2' must be a positive number"):
         read_runs(path)
 
 
 def test_d_is_the_gpus_the_other_axes_leave(tmp_path):
-    path = _write(tmp_path, "model,gpus,t,p,global_batch,step_s", "llama3-70B,64,8,2,64,20")
+    path = _write(tmp_path, "model,gpus,t,p,global_batch,recompute,step_s",
+                  "llama3-70B,64,8,2,64,full,20")
     (run,) = read_runs(path)
     assert (run.run.layout.t, run.run.layout.p, run.run.layout.d) == (8, 2, 4)
     with pytest.raises(ValueError, match=r"^line 2: gpus='60' is not divisible by t\*c\*p"):
-        read_runs(_write(tmp_path, "model,gpus,t,p,global_batch,step_s",
-                         "llama3-70B,60,8,2,64,20"))
+        read_runs(_write(tmp_path, "model,gpus,t,p,global_batch,recompute,step_s",
+                         "llama3-70B,60,8,2,64,full,20"))
 
 
 def test_a_missing_or_empty_file_is_named(tmp_path):
@@ -215,7 +219,8 @@ def test_the_command_line_prints_the_example(capsys):
 
 def test_a_pair_the_model_prices_alike_agrees_with_neither_order(tmp_path):
     """Two runs of one layout measured apart: the model cannot order them (tau 0)."""
-    path = _write(tmp_path, "name,model,d,global_batch,step_s", "slow,llama3-8B,8,8,3",
-                  "fast,llama3-8B,8,8,2")
+    path = _write(tmp_path, "name,model,d,global_batch,recompute,step_s",
+                  "slow,llama3-8B,8,8,full,3",
+                  "fast,llama3-8B,8,8,full,2")
     (job,) = judge(read_runs(path)).jobs
     assert (job.agree, job.pairs, job.tau) == (0, 1, 0.0)

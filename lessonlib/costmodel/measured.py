@@ -10,7 +10,8 @@ where you measured it, and then, job by job (the layouts of one model on one clu
 GPU count), how many pairs of layouts the model puts in the measured order (Kendall's tau),
 and what the layout it ranks first ran at against the fastest you measured.
 
-The CSV, one run per line (a header line names the columns; an empty cell takes the default):
+The CSV, one run per line (a header line names the columns; an empty cell takes the default,
+but for ``recompute``, which every run must give: a full recompute adds a forward pass):
 
 * ``name``: how the report names the run (default: its line number);
 * the model: ``model``, a preset (``model.MODELS``), with ``seq`` to change its sequence
@@ -50,6 +51,7 @@ from pathlib import Path
 
 from .compute import team_flops_per_token
 from .hardware import GiB, get_cluster, get_gpu, make_cluster
+from .layout import RECOMPUTE_MODES
 from .model import GPT, get_model
 from .published import MISSED_BEYOND, error_summary, published_rows, published_step_s
 from .record import CHECKED, PublishedRun
@@ -203,6 +205,11 @@ def _parse_run(line, cells):
         if gpus % others:
             raise _bad(line, "gpus", cells["gpus"], f"is not divisible by t*c*p = {others}")
         settings["d"] = gpus // others
+    if "recompute" not in settings:
+        raise ValueError(f"line {line}: recompute is not given; say what the run recomputed: "
+                         f"{', '.join(RECOMPUTE_MODES)} (no default here: Layout's, full, is "
+                         f"Megatron-LM 2021's, and today's frameworks recompute nothing unless "
+                         f"told)")
     layout = Layout(**settings)
     layout.check(model)
     if flops:

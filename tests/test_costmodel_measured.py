@@ -159,6 +159,9 @@ def test_a_shape_and_a_cluster_by_their_columns(tmp_path):
      "line 2: gpus='16' does not match t*c*p*d = 1*1*1*8 = 8"),
     ("model,d,global_batch,step_s", "llama3-8B,8,8,2", "line 2: recompute is not given; say "
      "what the run recomputed: none, selective, full, op, norm-up"),
+    ("model,d,global_batch,recompute,precision,step_s", "llama3-8B,8,8,none,fp8,2",
+     "line 2: precision=fp8 needs fp8_scaling, how its casts scale: blockwise, tensorwise, "
+     "te, te-current"),
     ("d,global_batch,step_s", "8,8,2", "line 2: the model is not set"),
     ("model,cluster,d,global_batch,step_s", "llama3-8B,dgx-z100,8,8,2",
      "line 2: cluster='dgx-z100' is not a known cluster; use one of"),

@@ -11,7 +11,8 @@ GPU count), how many pairs of layouts the model puts in the measured order (Kend
 and what the layout it ranks first ran at against the fastest you measured.
 
 The CSV, one run per line (a header line names the columns; an empty cell takes the default,
-but for ``recompute``, which every run must give: a full recompute adds a forward pass):
+but for ``recompute``, which every run must give: a full recompute adds a forward pass; and
+``fp8_scaling`` with ``precision`` fp8):
 
 * ``name``: how the report names the run (default: its line number);
 * the model: ``model``, a preset (``model.MODELS``), with ``seq`` to change its sequence
@@ -50,6 +51,7 @@ from itertools import combinations
 from pathlib import Path
 
 from .compute import team_flops_per_token
+from .gemm import FP8_SCALINGS
 from .hardware import GiB, get_cluster, get_gpu, make_cluster
 from .layout import RECOMPUTE_MODES
 from .model import GPT, get_model
@@ -210,6 +212,11 @@ def _parse_run(line, cells):
                          f"{', '.join(RECOMPUTE_MODES)} (no default here: Layout's, full, is "
                          f"Megatron-LM 2021's, and today's frameworks recompute nothing unless "
                          f"told)")
+    if settings.get("precision") == "fp8" and "fp8_scaling" not in settings:
+        raise ValueError(f"line {line}: precision=fp8 needs fp8_scaling, how its casts scale: "
+                         f"{', '.join(FP8_SCALINGS)} (torchao's Float8 is tensorwise, "
+                         f"Transformer Engine's delayed scaling te, its current scaling "
+                         f"te-current)")
     layout = Layout(**settings)
     layout.check(model)
     if flops:

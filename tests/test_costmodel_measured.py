@@ -79,6 +79,7 @@ def test_the_held_out_h100_runs_read_as_the_summary_prints_them():
     # FP8 as the recipes run it on H100 (FP8_CS: Transformer Engine's current scaling)
     assert {(m.run.layout.precision, m.run.layout.fp8_scaling, m.run.layout.recompute,
              m.run.metric) for m in runs} == {("fp8", "te-current", "none", "tokens")}
+    assert [m.run.layout.fsdp_impl for m in runs if m.run.layout.zero_stage == 3] == ["megatron"]
     assert len({m.job for m in runs}) == len(runs)
 
 

@@ -222,7 +222,8 @@ def test_an_exchange_runs_as_buckets_or_units_each_paying_its_latency():
 def test_fsdp2_copies_each_gathered_unit_and_each_gradient_on_the_compute_stream():
     """foreach_all_gather_copy_out after every gather (16 bits read and written) and
     foreach_reduce_scatter_copy_in before the reduce-scatter (16 bits read, the reduce dtype
-    written): under ZeRO-3 only, over more than one GPU."""
+    written): under FSDP2's ZeRO-3 only, over more than one GPU; Megatron-Core's FSDP, whose
+    parameters are views of the gathered bucket, copies nothing."""
     from lessonlib.costmodel.axes import fsdp_copies_s
     from lessonlib.costmodel.memory import stage_params
     m, hbm = MODELS["llama3-8B"], 1e12
@@ -231,5 +232,10 @@ def test_fsdp2_copies_each_gathered_unit_and_each_gradient_on_the_compute_stream
     assert fsdp_copies_s(m, lay, hbm) == pytest.approx((2 * 4 + 2 + 4) * params / hbm)
     assert fsdp_copies_s(m, replace(lay, recompute="full"), hbm) == pytest.approx(
         (3 * 4 + 2 + 4) * params / hbm)
-    for other in (replace(lay, zero_stage=1), replace(lay, d=1, global_batch=None)):
+    for other in (replace(lay, zero_stage=1), replace(lay, d=1, global_batch=None),
+                  replace(lay, fsdp_impl="megatron")):
         assert fsdp_copies_s(m, other, hbm) == 0.0
+    assert "Megatron FSDP" in replace(lay, fsdp_impl="megatron").describe()
+    with pytest.raises(ValueError, match="^fsdp_impl='deepspeed' must be one of pytorch, "
+                                         "megatron$"):
+        replace(lay, fsdp_impl="deepspeed")

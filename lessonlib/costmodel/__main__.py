@@ -33,8 +33,8 @@ from .gemm import FP8_SCALINGS, PRECISIONS
 from .hardware import (COLLECTIVE_ALGORITHMS, CLUSTERS, GPUS, check_network_gbit, get_cluster,
                        get_gpu, make_cluster)
 from .kernels import KERNELS
-from .layout import (ATTENTION_KERNELS, CP_COMM, DEGREE_FREE, GRAD_DTYPES, LOSSES, TP_PLANS,
-                     ZERO_REDUCES)
+from .layout import (ATTENTION_KERNELS, CP_COMM, DEGREE_FREE, FSDP_IMPLS, GRAD_DTYPES, LOSSES,
+                     TP_PLANS, ZERO_REDUCES)
 from .megatron2021 import table1_report
 from .measured import judge, measured_report, read_runs
 from .memory import RECOMPUTE_MODES
@@ -98,7 +98,8 @@ def build_parser():
             ("--zero-reduce", ZERO_REDUCES, "ZeRO-1/2's gradient exchange"),
             ("--kernels", KERNELS, "elementwise kernels (default fused)"),
             ("--cp-comm", CP_COMM, "context parallelism's exchange (default ring)"),
-            ("--tp-plan", TP_PLANS, "whose tensor-parallel plan (default megatron)")):
+            ("--tp-plan", TP_PLANS, "whose tensor-parallel plan (default megatron)"),
+            ("--fsdp-impl", FSDP_IMPLS, "whose ZeRO-3 (default pytorch: FSDP2)")):
         how.add_argument(flag, choices=choices, help=text)
     for flag, text in (("--async-tp", "SP's transfers under their GEMMs (needs SP)"),
                        ("--overlap-p2p", "the interleaved pipeline's sends overlapped"),

@@ -225,9 +225,10 @@ def fsdp_copies_s(model, lay, hbm_bytes_per_s):
     of the 16-bit gradients into its input in the reduce dtype
     (``foreach_reduce_scatter_copy_in``, run before the reduce-scatter stream waits on the
     current one; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, torch 2.13).
-    FSDP2 since torchtitan's first release (its ``fully_shard``). 0 but under ZeRO-3 over
-    more than one GPU."""
-    if lay.zero_stage != 3 or (lay.shard_group or lay.d) * lay.c == 1:
+    FSDP2 since torchtitan's first release (its ``fully_shard``). 0 but under FSDP2's ZeRO-3
+    over more than one GPU: Megatron-Core's FSDP copies neither way (``layout.FSDP_IMPLS``)."""
+    if lay.zero_stage != 3 or (lay.shard_group or lay.d) * lay.c == 1 or \
+            lay.fsdp_impl == "megatron":
         return 0.0
     params = stage_params(model, lay.t, lay.p, lay.e, lay.uneven_stages, lay.schedule)
     per_param = (zero3_gathers(lay) * 2 * WEIGHT_BYTES

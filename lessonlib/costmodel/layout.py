@@ -84,6 +84,13 @@ CP_COMM = ("ring", "allgather", "ulysses", "torchtitan")
 # --accumulate-allreduce-grads-in-fp32); the same for Adam's two moments (bf16: DeepSeek-V3).
 GRAD_DTYPES = {"bf16": 2, "fp32": 4}
 TP_PLANS = ("megatron", "pytorch")
+# Whose ZeRO-3 (``zero_stage=3``): "pytorch", FSDP2's ``fully_shard`` (torchtitan's), which
+# copies each gathered unit into its parameters and each gradient into the reduce-scatter's
+# input (``axes.fsdp_copies_s``); or "megatron", Megatron-Core's own FSDP (Megatron-Bridge's
+# ``use_megatron_fsdp``), which gathers into a bucket its parameters are views of
+# (``fetch_bucket(set_param_data=True)``: ``p.data = get_item_from_bucket(...)``) and
+# accumulates the gradients in the buffer it reduce-scatters (``main_grad``): no copies.
+FSDP_IMPLS = ("pytorch", "megatron")
 # Which fused attention kernel runs the score products (``gemm.ATTENTION_H100_TFLOPS``):
 # "fa2", FlashAttention-2, PyTorch SDPA's flash backend (torchtitan); "cudnn", cuDNN's fused
 # attention, which Transformer Engine (Megatron-Core's and NeMo's layers) selects on Hopper
@@ -105,7 +112,7 @@ ZERO_REDUCES = ("reduce-scatter", "all-reduce")
 # candidate. Async TP (needs SP), overlapped sends (an interleaved pipeline) and ZeRO's
 # all-reduce (ZeRO-1/2) depend on the degrees.
 DEGREE_FREE = ("precision", "fp8_scaling", "attention_kernel", "loss", "grad_dtype",
-               "reduce_dtype", "moment_dtype", "kernels", "cp_comm", "tp_plan")
+               "reduce_dtype", "moment_dtype", "kernels", "cp_comm", "tp_plan", "fsdp_impl")
 
 
 def _is_int(value):
@@ -161,6 +168,7 @@ class Layout:
     # Whose tensor-parallel plan: "megatron" (SP keeps the column layers' input shard and
     # gathers it again in backward) or "pytorch" (torchtitan's: keeps the gathered input).
     tp_plan: str = "megatron"
+    fsdp_impl: str = "pytorch"   # whose ZeRO-3: FSDP2's or Megatron-Core's (FSDP_IMPLS)
     attention_kernel: str = "fa2"
     loss: str = "eager"
 
@@ -187,7 +195,8 @@ class Layout:
         for name, allowed in (("cp_comm", CP_COMM), ("precision", PRECISIONS),
                               ("grad_dtype", GRAD_DTYPES), ("moment_dtype", GRAD_DTYPES),
                               ("reduce_dtype", GRAD_DTYPES),
-                              ("tp_plan", TP_PLANS), ("attention_kernel", ATTENTION_KERNELS),
+                              ("tp_plan", TP_PLANS), ("fsdp_impl", FSDP_IMPLS),
+                              ("attention_kernel", ATTENTION_KERNELS),
                               ("kernels", KERNELS), ("fp8_scaling", FP8_SCALINGS),
                               ("loss", LOSSES), ("zero_reduce", ZERO_REDUCES)):
             if getattr(self, name) not in allowed:
@@ -285,6 +294,8 @@ class Layout:
         extras += [f"recompute={self.recompute}"]
         extras += ["SP"] if self.sequence_parallel else []
         extras += [f"ZeRO-{self.zero_stage}"] if self.zero_stage else []
+        extras += ["Megatron FSDP"] if self.zero_stage == 3 and self.fsdp_impl == "megatron" \
+            else []
         extras += [f"shard {self.shard_group} (HSDP)"] if self.shard_group not in (
             None, self.d) else []
         extras += ["DualPipe"] if self.schedule == "dualpipe" else []

@@ -199,8 +199,9 @@ claim("the H200 rows' memory misses by more than a quarter with an eager loss, a
 # %% [markdown]
 # **Your own runs.** The record holds what teams chose to publish; the runs that matter to
 # you are your own. `python -m lessonlib.costmodel --measured runs.csv` reads a CSV of runs
-# you measured, one per line (the model, the cluster, the layout's settings by name and one
-# measured figure; `costmodel/measured.py` lists the columns), predicts each as the record
+# you measured, one per line (the model, the cluster, the layout's settings by name, what it
+# recomputed always among them, and one measured figure; `costmodel/measured.py` lists the
+# columns), predicts each as the record
 # is predicted, and then, job by job (one model on one cluster and GPU count), counts the
 # pairs of layouts it puts in the order they ran: to choose a layout, the order matters as
 # much as the number. `data/measured_runs_example.csv` holds torchtitan's benchmark runs so:

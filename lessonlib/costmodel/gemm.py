@@ -313,6 +313,13 @@ TE_CAST_TRANSPOSE_BYTES = 2 + 1 + 1
 # repeats each input's forward cast, its amax pass included where the norm does not take it.
 TE_CURRENT_INPUT_BYTES = (2 + 1 + 1, 2 + 2 + 1 + 1, 2 + 1 + 1, 2 + 2 + 1 + 1)
 TE_CURRENT_RECAST_BYTES = (2 + 1, 2 + 2 + 1, 2 + 1, 2 + 2 + 1)
+# Transformer Engine's two recipes by the order of ``layer_gemms``' linear GEMMs: bytes per
+# input element, per input element a recompute casts again, and per element of a cast with
+# its transpose (an output gradient, a weight once a step, any GEMM past the four).
+TE_RECIPES = {"te": (TE_INPUT_BYTES, (0, TENSORWISE_RECAST_BYTES, 0, TENSORWISE_RECAST_BYTES),
+                     TE_CAST_TRANSPOSE_BYTES),
+              "te-current": (TE_CURRENT_INPUT_BYTES, TE_CURRENT_RECAST_BYTES,
+                             TENSORWISE_CAST_BYTES)}
 FP8_SCALINGS = ("blockwise", "tensorwise", "te", "te-current")
 
 
@@ -334,20 +341,12 @@ def fp8_quantization_bytes(model, b, t=1, c=1, e=1, scaling="blockwise", recompu
               if kind == "linear"]
     if scaling == "blockwise":
         return QUANTIZE_BYTES * sum(count * (2 * m * k + m * n) for m, n, k, count in linear)
-    if scaling == "te-current":   # as "te" below, each cast with its amax pass
+    if scaling in TE_RECIPES:   # QKV, attention output, the MLP's first and second; the router
+        inputs, recasts, cast = TE_RECIPES[scaling]
         extra = len(linear) - 4
-        inputs = TE_CURRENT_INPUT_BYTES + (TENSORWISE_CAST_BYTES,) * extra
-        again = (TE_CURRENT_RECAST_BYTES + (TE_CURRENT_RECAST_BYTES[1],) * extra
-                 if recompute else (0,) * len(linear))
-        return sum(count * ((x + y) * m * k
-                            + TENSORWISE_CAST_BYTES * (m * n + k * n / microbatches))
-                   for (m, n, k, count), x, y in zip(linear, inputs, again))
-    if scaling == "te":   # QKV, attention output, the MLP's first and second; then the router
-        inputs = TE_INPUT_BYTES + (TE_CAST_TRANSPOSE_BYTES,) * (len(linear) - 4)
-        again = (0, TENSORWISE_RECAST_BYTES, 0, TENSORWISE_RECAST_BYTES) + (
-            TENSORWISE_RECAST_BYTES,) * (len(linear) - 4) if recompute else (0,) * len(linear)
-        return sum(count * ((x + y) * m * k
-                            + TE_CAST_TRANSPOSE_BYTES * (m * n + k * n / microbatches))
+        inputs += (cast,) * extra
+        again = recasts + (recasts[1],) * extra if recompute else (0,) * len(linear)
+        return sum(count * ((x + y) * m * k + cast * (m * n + k * n / microbatches))
                    for (m, n, k, count), x, y in zip(linear, inputs, again))
     again = TENSORWISE_RECAST_BYTES if recompute else 0
     return sum(count * (TENSORWISE_CAST_BYTES * (m * k + k * n + m * n)
